@@ -1,0 +1,799 @@
+//! The admin API's declarative objects, shaped like Kubernetes objects.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::names::{check_dns_label, check_label};
+
+/// Object metadata, as in Kubernetes' `ObjectMeta` (the subset Drover uses).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectMeta {
+    pub name: String,
+    /// Set by the coordinator at creation; never changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// Incremented by the coordinator whenever the spec changes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+    /// The store revision of the last write; send it back to update with
+    /// optimistic concurrency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub creation_timestamp: Option<OffsetDateTime>,
+    /// Set when deletion was requested; the object goes once cleanup is done.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deletion_timestamp: Option<OffsetDateTime>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A condition, as in Kubernetes' `metav1.Condition`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub last_transition_time: OffsetDateTime,
+}
+
+/// Sets a condition, keeping its transition time when the status is unchanged.
+/// Returns whether anything changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+) -> bool {
+    let status = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) if c.status == status && c.reason == reason && c.message == message => false,
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = crate::now();
+            }
+            c.status = status.to_owned();
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+            true
+        }
+        None => {
+            conditions.push(Condition {
+                type_: type_.to_owned(),
+                status: status.to_owned(),
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+                last_transition_time: crate::now(),
+            });
+            true
+        }
+    }
+}
+
+/// A label selector (`matchLabels` only, which is all pools need).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl LabelSelector {
+    /// Whether every selector label is present with the same value.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
+
+// ---------------------------------------------------------------- Cluster
+
+/// A declared Kubernetes cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cluster {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ClusterSpec,
+    #[serde(default)]
+    pub status: ClusterStatus,
+}
+
+/// What the cluster should be. Versions, counts and templates only: no
+/// commands, so the coordinator decides how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// A Kubernetes release such as `v1.31.2`.
+    pub kubernetes_version: String,
+    pub control_plane: ControlPlaneSpec,
+    #[serde(default)]
+    pub worker_pools: Vec<WorkerPoolSpec>,
+    #[serde(default)]
+    pub network: NetworkSpec,
+    pub provider: ProviderSpec,
+    /// `host:port` of a load balancer in front of the API servers. When
+    /// unset, the first control-plane machine's address is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
+}
+
+/// The control-plane pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ControlPlaneSpec {
+    /// 1, 3 or 5 (etcd quorum needs an odd count).
+    pub replicas: u32,
+    /// Extra labels a pool machine must carry to serve here.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub selector: LabelSelector,
+}
+
+/// A pool of worker machines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerPoolSpec {
+    pub name: String,
+    pub replicas: u32,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub selector: LabelSelector,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// Pod and service networks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkSpec {
+    #[serde(default = "default_pod_subnet")]
+    pub pod_subnet: String,
+    #[serde(default = "default_service_subnet")]
+    pub service_subnet: String,
+    #[serde(default = "default_dns_domain")]
+    pub dns_domain: String,
+}
+
+fn default_pod_subnet() -> String {
+    "10.244.0.0/16".into()
+}
+fn default_service_subnet() -> String {
+    "10.96.0.0/12".into()
+}
+fn default_dns_domain() -> String {
+    "cluster.local".into()
+}
+
+impl Default for NetworkSpec {
+    fn default() -> Self {
+        Self {
+            pod_subnet: default_pod_subnet(),
+            service_subnet: default_service_subnet(),
+            dns_domain: default_dns_domain(),
+        }
+    }
+}
+
+/// Where machines come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum ProviderSpec {
+    /// Claim machines that registered themselves into a pool.
+    Pool(PoolProviderSpec),
+}
+
+impl ProviderSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProviderSpec::Pool(_) => "pool",
+        }
+    }
+}
+
+/// The `pool` provider: which self-registered machines the cluster may claim.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolProviderSpec {
+    /// Only machines that registered into this pool are claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub selector: LabelSelector,
+}
+
+/// The observed state of a cluster, written by the coordinator.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterStatus {
+    #[serde(default)]
+    pub phase: ClusterPhase,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub observed_generation: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
+    /// The machine that ran `kubeadm init`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_machine: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Counts for one pool of a cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolStatus {
+    pub name: String,
+    pub desired: u32,
+    pub assigned: u32,
+    pub running: u32,
+}
+
+/// A cluster's lifecycle phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClusterPhase {
+    /// Waiting for machines to claim.
+    #[default]
+    Pending,
+    /// Machines are bootstrapping.
+    Provisioning,
+    /// Every desired machine is Running.
+    Running,
+    /// Deletion requested; machines are being released.
+    Deleting,
+}
+
+impl fmt::Display for ClusterPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// The name of the control-plane pool in machine assignments and status.
+pub const CONTROL_PLANE_POOL: &str = "control-plane";
+
+/// One refused field of a document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    /// A path such as `spec.workerPools[1].replicas`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl Cluster {
+    /// Checks everything serde cannot: names, versions, counts, networks.
+    /// Returns every problem at once so a user fixes a document in one pass.
+    pub fn validate(&self) -> Result<(), Vec<FieldError>> {
+        let mut errs = Vec::new();
+        let mut err = |field: &str, message: String| {
+            errs.push(FieldError {
+                field: field.to_owned(),
+                message,
+            })
+        };
+        if self.api_version != crate::API_VERSION {
+            err(
+                "apiVersion",
+                format!("must be {:?}, got {:?}", crate::API_VERSION, self.api_version),
+            );
+        }
+        if self.kind != "Cluster" {
+            err("kind", format!("must be \"Cluster\", got {:?}", self.kind));
+        }
+        if let Err(e) = check_dns_label("cluster name", &self.metadata.name) {
+            err("metadata.name", e.to_string());
+        }
+        for (k, v) in &self.metadata.labels {
+            if let Err(e) = check_label("label key", k, false) {
+                err("metadata.labels", e.to_string());
+            }
+            if let Err(e) = check_label("label value", v, true) {
+                err("metadata.labels", e.to_string());
+            }
+        }
+        if let Err(why) = check_kubernetes_version(&self.spec.kubernetes_version) {
+            err("spec.kubernetesVersion", why);
+        }
+        let cp = self.spec.control_plane.replicas;
+        if cp == 0 || cp % 2 == 0 || cp > 7 {
+            err(
+                "spec.controlPlane.replicas",
+                format!("must be 1, 3, 5 or 7 (etcd needs an odd number of members), got {cp}"),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, pool) in self.spec.worker_pools.iter().enumerate() {
+            if let Err(e) = check_dns_label("worker pool name", &pool.name) {
+                err(&format!("spec.workerPools[{i}].name"), e.to_string());
+            }
+            if pool.name == CONTROL_PLANE_POOL {
+                err(
+                    &format!("spec.workerPools[{i}].name"),
+                    format!("{CONTROL_PLANE_POOL:?} is reserved for the control plane"),
+                );
+            }
+            if !seen.insert(pool.name.as_str()) {
+                err(
+                    &format!("spec.workerPools[{i}].name"),
+                    format!("duplicate worker pool name {:?}", pool.name),
+                );
+            }
+            if pool.replicas > 1000 {
+                err(
+                    &format!("spec.workerPools[{i}].replicas"),
+                    format!("must be at most 1000, got {}", pool.replicas),
+                );
+            }
+        }
+        let pod = parse_cidr(&self.spec.network.pod_subnet);
+        if let Err(why) = &pod {
+            err("spec.network.podSubnet", why.clone());
+        }
+        let svc = parse_cidr(&self.spec.network.service_subnet);
+        if let Err(why) = &svc {
+            err("spec.network.serviceSubnet", why.clone());
+        }
+        if let (Ok(a), Ok(b)) = (&pod, &svc) {
+            if cidrs_overlap(*a, *b) {
+                err(
+                    "spec.network.serviceSubnet",
+                    "must not overlap spec.network.podSubnet".into(),
+                );
+            }
+        }
+        if let Err(e) = check_dns_subdomain(&self.spec.network.dns_domain) {
+            err("spec.network.dnsDomain", e);
+        }
+        if let Some(ep) = &self.spec.control_plane_endpoint {
+            if let Err(why) = check_host_port(ep) {
+                err("spec.controlPlaneEndpoint", why);
+            }
+        }
+        match &self.spec.provider {
+            ProviderSpec::Pool(p) => {
+                if let Some(pool) = &p.pool {
+                    if let Err(e) = check_dns_label("pool name", pool) {
+                        err("spec.provider.pool.pool", e.to_string());
+                    }
+                }
+            }
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs)
+        }
+    }
+
+    /// The desired replica count of each pool, control plane first.
+    pub fn desired_pools(&self) -> Vec<(String, u32)> {
+        let mut v = vec![(
+            CONTROL_PLANE_POOL.to_owned(),
+            self.spec.control_plane.replicas,
+        )];
+        v.extend(
+            self.spec
+                .worker_pools
+                .iter()
+                .map(|p| (p.name.clone(), p.replicas)),
+        );
+        v
+    }
+}
+
+/// Checks `vMAJOR.MINOR.PATCH` with an optional pre-release suffix.
+pub fn check_kubernetes_version(v: &str) -> Result<(), String> {
+    let rest = v
+        .strip_prefix('v')
+        .ok_or_else(|| format!("must look like v1.31.2, got {v:?}"))?;
+    let core = rest.split(['-', '+']).next().unwrap_or_default();
+    let parts: Vec<&str> = core.split('.').collect();
+    if parts.len() != 3 || parts.iter().any(|p| p.is_empty() || p.parse::<u32>().is_err()) {
+        return Err(format!("must look like v1.31.2, got {v:?}"));
+    }
+    if parts[0] != "1" || parts[1].parse::<u32>().unwrap_or(0) < 29 {
+        return Err(format!(
+            "kubeadm config v1beta4 needs Kubernetes v1.29 or later, got {v:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `a.b.c.d/n` or an IPv6 CIDR.
+pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), String> {
+    let (ip, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("must be a CIDR such as 10.244.0.0/16, got {s:?}"))?;
+    let ip: IpAddr = ip
+        .parse()
+        .map_err(|_| format!("{ip:?} is not an IP address"))?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| *l <= max)
+        .ok_or_else(|| format!("prefix length must be 0..={max}, got {len:?}"))?;
+    Ok((ip, len))
+}
+
+fn cidrs_overlap(a: (IpAddr, u8), b: (IpAddr, u8)) -> bool {
+    match (a.0, b.0) {
+        (IpAddr::V4(x), IpAddr::V4(y)) => {
+            let len = a.1.min(b.1) as u32;
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            (u32::from(x) & mask) == (u32::from(y) & mask)
+        }
+        (IpAddr::V6(x), IpAddr::V6(y)) => {
+            let len = a.1.min(b.1) as u32;
+            let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+            (u128::from(x) & mask) == (u128::from(y) & mask)
+        }
+        _ => false,
+    }
+}
+
+fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 253 {
+        return Err("must be a DNS name of 1 to 253 characters".into());
+    }
+    for part in s.split('.') {
+        check_dns_label("DNS domain part", part).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Checks `host:port`.
+pub fn check_host_port(s: &str) -> Result<(), String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("must be host:port, got {s:?}"))?;
+    if host.is_empty() {
+        return Err(format!("must be host:port, got {s:?}"));
+    }
+    port.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .map(|_| ())
+        .ok_or_else(|| format!("port must be 1..=65535, got {port:?}"))
+}
+
+// ---------------------------------------------------------------- Machine
+
+/// A machine known to the coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Machine {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: MachineSpec,
+    #[serde(default)]
+    pub status: MachineStatus,
+}
+
+/// What the coordinator wants of the machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineSpec {
+    /// The registration pool the machine registered into.
+    pub pool: String,
+    /// The cluster the machine serves, when claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment: Option<Assignment>,
+}
+
+/// A machine's place in a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Assignment {
+    pub cluster: String,
+    /// The cluster's UID, so a machine never joins a re-created namesake.
+    pub cluster_uid: String,
+    /// `control-plane` or a worker pool name.
+    pub machine_pool: String,
+    pub role: MachineRole,
+    /// Bumped on every change of the assignment; the agent rejects config
+    /// bundles older than the one it applied.
+    pub generation: u64,
+}
+
+/// What a machine does in its cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MachineRole {
+    /// The first control-plane machine: runs `kubeadm init`.
+    Init,
+    /// Another control-plane machine: `kubeadm join --control-plane`.
+    ControlPlane,
+    /// A worker: `kubeadm join`.
+    Worker,
+}
+
+impl MachineRole {
+    pub fn is_control_plane(self) -> bool {
+        matches!(self, MachineRole::Init | MachineRole::ControlPlane)
+    }
+}
+
+impl fmt::Display for MachineRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MachineRole::Init => "control-plane(init)",
+            MachineRole::ControlPlane => "control-plane",
+            MachineRole::Worker => "worker",
+        })
+    }
+}
+
+/// A machine's lifecycle phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MachinePhase {
+    /// Registered and waiting in its pool.
+    #[default]
+    Registered,
+    /// Claimed by a cluster; has not started bootstrapping.
+    Assigned,
+    /// Running kubeadm.
+    Bootstrapping,
+    /// Joined its cluster and reporting.
+    Running,
+    /// Bootstrap failed; see `status.bootstrap.failure`.
+    Failed,
+    /// Being reset to return to its pool.
+    Releasing,
+}
+
+impl fmt::Display for MachinePhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// What the coordinator knows about a machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineStatus {
+    #[serde(default)]
+    pub phase: MachinePhase,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hostname: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    /// Where this machine's API server listens, when it is control plane.
+    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    pub api_server_port: u16,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub agent_version: String,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_heartbeat_time: Option<OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::wire::HealthReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<crate::wire::BootstrapReport>,
+    /// The assignment generation the agent last applied.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub applied_generation: u64,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub certificate_not_after: Option<OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+fn is_zero_u16(v: &u16) -> bool {
+    *v == 0
+}
+
+// ------------------------------------------------------ RegistrationToken
+
+/// A token under which machines register themselves into a pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegistrationToken {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: RegistrationTokenSpec,
+    #[serde(default)]
+    pub status: RegistrationTokenStatus,
+}
+
+/// What a registration token allows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegistrationTokenSpec {
+    pub pool: String,
+    /// Labels given to every machine registering with it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// How many machines may register with it.
+    pub max_uses: u32,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+/// How a registration token has been used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegistrationTokenStatus {
+    #[serde(default)]
+    pub uses: u32,
+    /// Machines that registered with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<String>,
+}
+
+/// The request body of `POST /v1/registrationtokens`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateRegistrationToken {
+    pub pool: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Seconds until the token and its ticket expire.
+    pub ttl_seconds: u64,
+    pub max_uses: u32,
+}
+
+/// The answer to `POST /v1/registrationtokens`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreatedRegistrationToken {
+    pub token: RegistrationToken,
+    /// The document to hand to `drover-agent --bootstrap`.
+    pub bootstrap: crate::wire::BootstrapDocument,
+}
+
+/// An admin kubeconfig minted for a cluster.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeconfigResponse {
+    pub kubeconfig: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+}
+
+/// An RFC 9457 problem document, the body of every API error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Problem {
+    #[serde(rename = "type", default = "default_problem_type")]
+    pub type_: String,
+    pub title: String,
+    pub status: u16,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    /// Field-level errors of a refused document.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+}
+
+fn default_problem_type() -> String {
+    "about:blank".into()
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.title, self.status)?;
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        for e in &self.errors {
+            write!(f, "\n  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> &'static str {
+        r#"apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: demo
+spec:
+  kubernetesVersion: v1.31.2
+  controlPlane:
+    replicas: 1
+  workerPools:
+    - name: default
+      replicas: 2
+  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: dev
+"#
+    }
+
+    #[test]
+    fn parses_and_validates() {
+        let c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.spec.network.pod_subnet, "10.244.0.0/16");
+        assert_eq!(c.desired_pools().len(), 2);
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let doc = sample().replace("replicas: 2", "replicas: 2\n      replica: 3");
+        let e = serde_saphyr::from_str::<Cluster>(&doc).unwrap_err().to_string();
+        assert!(e.contains("replica"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_fields() {
+        let mut c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        c.spec.control_plane.replicas = 2;
+        c.spec.kubernetes_version = "1.31".into();
+        c.spec.network.service_subnet = "10.244.1.0/24".into();
+        c.metadata.name = "../x".into();
+        let errs = c.validate().unwrap_err();
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.name",
+                "spec.kubernetesVersion",
+                "spec.controlPlane.replicas",
+                "spec.network.serviceSubnet"
+            ]
+        );
+    }
+
+    #[test]
+    fn selector_matches() {
+        let s = LabelSelector {
+            match_labels: [("a".to_string(), "1".to_string())].into(),
+        };
+        assert!(s.matches(&[("a".into(), "1".into()), ("b".into(), "2".into())].into()));
+        assert!(!s.matches(&[("a".into(), "2".into())].into()));
+    }
+}

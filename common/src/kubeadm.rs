@@ -1,0 +1,594 @@
+//! kubeadm configuration, API `kubeadm.k8s.io/v1beta4`, and the kubelet
+//! configuration kubeadm passes on.
+//!
+//! The types are strict (unknown fields are errors, as kubeadm's own strict
+//! decoding makes them) so that the coordinator can only render what kubeadm
+//! accepts and the test stand-in can parse it back the way kubeadm would.
+
+use serde::{Deserialize, Serialize};
+
+use crate::pin::CaPin;
+use crate::token::BootstrapToken;
+
+pub const KUBEADM_API_VERSION: &str = "kubeadm.k8s.io/v1beta4";
+pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+
+/// The files of the shared CA set that control-plane machines receive,
+/// relative to the certificates directory. kubeadm derives every leaf
+/// certificate from them.
+pub const SHARED_CA_FILES: [&str; 8] = [
+    "ca.crt",
+    "ca.key",
+    "front-proxy-ca.crt",
+    "front-proxy-ca.key",
+    "etcd/ca.crt",
+    "etcd/ca.key",
+    "sa.key",
+    "sa.pub",
+];
+
+/// kubeadm's default certificates directory.
+pub const CERTIFICATES_DIR: &str = "/etc/kubernetes/pki";
+
+/// A `{name, value}` argument, the v1beta4 form of extra arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Arg {
+    pub name: String,
+    pub value: String,
+}
+
+/// `BootstrapToken` in `InitConfiguration.bootstrapTokens`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BootstrapTokenSpec {
+    pub token: BootstrapToken,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A Go duration such as `900s` or `24h0m0s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usages: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
+/// `NodeRegistrationOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeRegistration {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cri_socket: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taints: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kubelet_extra_args: Vec<Arg>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore_preflight_errors: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_serial: Option<bool>,
+}
+
+/// `APIEndpoint`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiEndpoint {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub advertise_address: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bind_port: u16,
+}
+
+fn is_zero(v: &u16) -> bool {
+    *v == 0
+}
+
+/// `Timeouts` (all Go durations).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Timeouts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_component_health_check: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_health_check: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_api_call: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_api_call: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_bootstrap: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_manifests: Option<String>,
+}
+
+/// `InitConfiguration`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InitConfiguration {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bootstrap_tokens: Vec<BootstrapTokenSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(default)]
+    pub node_registration: NodeRegistration,
+    #[serde(default, rename = "localAPIEndpoint")]
+    pub local_api_endpoint: ApiEndpoint,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip_phases: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patches: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<Timeouts>,
+}
+
+/// `Networking`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Networking {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub service_subnet: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_subnet: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dns_domain: String,
+}
+
+/// `APIServer`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiServer {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<Arg>,
+    #[serde(default, rename = "certSANs", skip_serializing_if = "Vec::is_empty")]
+    pub cert_sans: Vec<String>,
+}
+
+/// `ClusterConfiguration`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterConfiguration {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<serde_json::Value>,
+    #[serde(default)]
+    pub networking: Networking,
+    pub kubernetes_version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub control_plane_endpoint: String,
+    #[serde(default, rename = "apiServer")]
+    pub api_server: ApiServer,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_manager: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub certificates_dir: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_repository: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feature_gates: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub encryption_algorithm: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_validity_period: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_certificate_validity_period: Option<String>,
+}
+
+/// `BootstrapTokenDiscovery`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BootstrapTokenDiscovery {
+    pub token: BootstrapToken,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api_server_endpoint: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ca_cert_hashes: Vec<CaPin>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsafe_skip_ca_verification: Option<bool>,
+}
+
+/// `Discovery`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Discovery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_token: Option<BootstrapTokenDiscovery>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_bootstrap_token: Option<String>,
+}
+
+/// `JoinControlPlane`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinControlPlane {
+    #[serde(default, rename = "localAPIEndpoint")]
+    pub local_api_endpoint: ApiEndpoint,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_key: Option<String>,
+}
+
+/// `JoinConfiguration`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinConfiguration {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(default)]
+    pub node_registration: NodeRegistration,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert_path: Option<String>,
+    pub discovery: Discovery,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<JoinControlPlane>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip_phases: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patches: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<Timeouts>,
+}
+
+/// The part of `KubeletConfiguration` Drover sets. Other fields are passed
+/// through untouched when parsing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletConfiguration {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub healthz_bind_address: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub healthz_port: u16,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cgroup_driver: String,
+}
+
+/// A parsed multi-document kubeadm config file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeadmConfig {
+    pub init: Option<InitConfiguration>,
+    pub cluster: Option<ClusterConfiguration>,
+    pub join: Option<JoinConfiguration>,
+    pub kubelet: Option<KubeletConfiguration>,
+}
+
+/// Why a kubeadm config was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("config is not valid YAML: {0}")]
+    Yaml(String),
+    #[error("document {index} has no apiVersion/kind")]
+    NoTypeMeta { index: usize },
+    #[error("document {index}: unsupported apiVersion {api_version:?} for kind {kind:?}; this kubeadm reads kubeadm.k8s.io/v1beta4")]
+    UnsupportedVersion {
+        index: usize,
+        api_version: String,
+        kind: String,
+    },
+    #[error("document {index}: unknown kind {kind:?}")]
+    UnknownKind { index: usize, kind: String },
+    #[error("document {index} ({kind}): strict decoding error: {detail}")]
+    Strict {
+        index: usize,
+        kind: String,
+        detail: String,
+    },
+    #[error("kind {0} appears more than once")]
+    Duplicate(String),
+}
+
+/// Parses a kubeadm config file strictly, as kubeadm does.
+pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+    let mut out = KubeadmConfig::default();
+    for (index, doc) in docs.into_iter().enumerate() {
+        if doc.is_null() {
+            continue;
+        }
+        let api_version = doc.get("apiVersion").and_then(|v| v.as_str());
+        let kind = doc.get("kind").and_then(|v| v.as_str());
+        let (Some(api_version), Some(kind)) = (api_version, kind) else {
+            return Err(ConfigError::NoTypeMeta { index });
+        };
+        let (api_version, kind) = (api_version.to_owned(), kind.to_owned());
+        let strict = |detail: serde_json::Error| ConfigError::Strict {
+            index,
+            kind: kind.clone(),
+            detail: detail.to_string(),
+        };
+        let expected = if kind == "KubeletConfiguration" {
+            KUBELET_API_VERSION
+        } else {
+            KUBEADM_API_VERSION
+        };
+        if matches!(
+            kind.as_str(),
+            "InitConfiguration"
+                | "ClusterConfiguration"
+                | "JoinConfiguration"
+                | "KubeletConfiguration"
+        ) && api_version != expected
+        {
+            return Err(ConfigError::UnsupportedVersion {
+                index,
+                api_version,
+                kind,
+            });
+        }
+        match kind.as_str() {
+            "InitConfiguration" => {
+                put(&mut out.init, serde_json::from_value(doc).map_err(strict)?, &kind)?
+            }
+            "ClusterConfiguration" => {
+                put(&mut out.cluster, serde_json::from_value(doc).map_err(strict)?, &kind)?
+            }
+            "JoinConfiguration" => {
+                put(&mut out.join, serde_json::from_value(doc).map_err(strict)?, &kind)?
+            }
+            "KubeletConfiguration" => {
+                put(&mut out.kubelet, serde_json::from_value(doc).map_err(strict)?, &kind)?
+            }
+            _ => return Err(ConfigError::UnknownKind { index, kind }),
+        }
+    }
+    Ok(out)
+}
+
+fn put<T>(slot: &mut Option<T>, v: T, kind: &str) -> Result<(), ConfigError> {
+    if slot.is_some() {
+        return Err(ConfigError::Duplicate(kind.to_owned()));
+    }
+    *slot = Some(v);
+    Ok(())
+}
+
+/// Node-local settings for rendering a config.
+#[derive(Debug, Clone)]
+pub struct NodeParams {
+    pub node_name: String,
+    pub advertise_address: String,
+    pub api_server_port: u16,
+    pub kubelet_healthz_port: u16,
+}
+
+/// Cluster-wide settings for rendering a config.
+#[derive(Debug, Clone)]
+pub struct ClusterParams {
+    pub cluster_name: String,
+    pub kubernetes_version: String,
+    pub control_plane_endpoint: String,
+    pub pod_subnet: String,
+    pub service_subnet: String,
+    pub dns_domain: String,
+}
+
+fn kubelet_config(node: &NodeParams) -> KubeletConfiguration {
+    KubeletConfiguration {
+        api_version: KUBELET_API_VERSION.into(),
+        kind: "KubeletConfiguration".into(),
+        healthz_bind_address: "127.0.0.1".into(),
+        healthz_port: node.kubelet_healthz_port,
+        cgroup_driver: "systemd".into(),
+    }
+}
+
+fn node_registration(node: &NodeParams) -> NodeRegistration {
+    NodeRegistration {
+        name: Some(node.node_name.clone()),
+        kubelet_extra_args: vec![Arg {
+            name: "node-ip".into(),
+            value: node.advertise_address.clone(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn to_yaml_docs(docs: &[serde_json::Value]) -> String {
+    docs.iter()
+        .map(|d| serde_saphyr::to_string(d).expect("config serializes"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Renders the config for `kubeadm init` on the first control-plane machine.
+/// `token` goes into `bootstrapTokens`, so kubeadm registers it and signs
+/// `cluster-info` for it.
+pub fn render_init(
+    cluster: &ClusterParams,
+    node: &NodeParams,
+    token: &BootstrapToken,
+    token_ttl_seconds: u64,
+) -> String {
+    let init = InitConfiguration {
+        api_version: KUBEADM_API_VERSION.into(),
+        kind: "InitConfiguration".into(),
+        bootstrap_tokens: vec![BootstrapTokenSpec {
+            token: token.clone(),
+            description: Some("minted by drover for joining machines".into()),
+            ttl: Some(format!("{token_ttl_seconds}s")),
+            expires: None,
+            usages: vec!["signing".into(), "authentication".into()],
+            groups: vec!["system:bootstrappers:kubeadm:default-node-token".into()],
+        }],
+        dry_run: None,
+        node_registration: node_registration(node),
+        local_api_endpoint: ApiEndpoint {
+            advertise_address: node.advertise_address.clone(),
+            bind_port: node.api_server_port,
+        },
+        certificate_key: None,
+        skip_phases: vec![],
+        patches: None,
+        timeouts: None,
+    };
+    let cc = ClusterConfiguration {
+        api_version: KUBEADM_API_VERSION.into(),
+        kind: "ClusterConfiguration".into(),
+        etcd: None,
+        networking: Networking {
+            service_subnet: cluster.service_subnet.clone(),
+            pod_subnet: cluster.pod_subnet.clone(),
+            dns_domain: cluster.dns_domain.clone(),
+        },
+        kubernetes_version: cluster.kubernetes_version.clone(),
+        control_plane_endpoint: cluster.control_plane_endpoint.clone(),
+        api_server: ApiServer::default(),
+        controller_manager: None,
+        scheduler: None,
+        dns: None,
+        proxy: None,
+        certificates_dir: CERTIFICATES_DIR.into(),
+        image_repository: None,
+        feature_gates: None,
+        cluster_name: cluster.cluster_name.clone(),
+        encryption_algorithm: "ECDSA-P256".into(),
+        certificate_validity_period: None,
+        ca_certificate_validity_period: None,
+    };
+    to_yaml_docs(&[
+        serde_json::to_value(init).expect("serializes"),
+        serde_json::to_value(cc).expect("serializes"),
+        serde_json::to_value(kubelet_config(node)).expect("serializes"),
+    ])
+}
+
+/// Renders the config for `kubeadm join`; with `control_plane` set, for a
+/// control-plane join (the shared CA set is pre-provisioned, so no
+/// certificate key is used).
+pub fn render_join(
+    cluster: &ClusterParams,
+    node: &NodeParams,
+    token: &BootstrapToken,
+    ca_cert_hash: &CaPin,
+    control_plane: bool,
+) -> String {
+    let join = JoinConfiguration {
+        api_version: KUBEADM_API_VERSION.into(),
+        kind: "JoinConfiguration".into(),
+        dry_run: None,
+        node_registration: node_registration(node),
+        ca_cert_path: None,
+        discovery: Discovery {
+            bootstrap_token: Some(BootstrapTokenDiscovery {
+                token: token.clone(),
+                api_server_endpoint: cluster.control_plane_endpoint.clone(),
+                ca_cert_hashes: vec![ca_cert_hash.clone()],
+                unsafe_skip_ca_verification: None,
+            }),
+            file: None,
+            tls_bootstrap_token: None,
+        },
+        control_plane: control_plane.then(|| JoinControlPlane {
+            local_api_endpoint: ApiEndpoint {
+                advertise_address: node.advertise_address.clone(),
+                bind_port: node.api_server_port,
+            },
+            certificate_key: None,
+        }),
+        skip_phases: vec![],
+        patches: None,
+        timeouts: None,
+    };
+    to_yaml_docs(&[
+        serde_json::to_value(join).expect("serializes"),
+        serde_json::to_value(kubelet_config(node)).expect("serializes"),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> ClusterParams {
+        ClusterParams {
+            cluster_name: "demo".into(),
+            kubernetes_version: "v1.31.2".into(),
+            control_plane_endpoint: "10.0.0.1:6443".into(),
+            pod_subnet: "10.244.0.0/16".into(),
+            service_subnet: "10.96.0.0/12".into(),
+            dns_domain: "cluster.local".into(),
+        }
+    }
+
+    fn node() -> NodeParams {
+        NodeParams {
+            node_name: "n1".into(),
+            advertise_address: "10.0.0.1".into(),
+            api_server_port: 6443,
+            kubelet_healthz_port: 10248,
+        }
+    }
+
+    #[test]
+    fn init_round_trips_strictly() {
+        let token = BootstrapToken::generate();
+        let text = render_init(&cluster(), &node(), &token, 900);
+        assert!(text.contains("apiVersion: kubeadm.k8s.io/v1beta4"), "{text}");
+        assert!(text.contains("localAPIEndpoint"), "{text}");
+        let cfg = parse_config(&text).unwrap();
+        let init = cfg.init.unwrap();
+        assert_eq!(init.bootstrap_tokens[0].token, token);
+        assert_eq!(init.node_registration.kubelet_extra_args[0].name, "node-ip");
+        let cc = cfg.cluster.unwrap();
+        assert_eq!(cc.encryption_algorithm, "ECDSA-P256");
+        assert_eq!(cc.control_plane_endpoint, "10.0.0.1:6443");
+        assert_eq!(cfg.kubelet.unwrap().healthz_port, 10248);
+        assert!(cfg.join.is_none());
+    }
+
+    #[test]
+    fn join_round_trips_strictly() {
+        let token = BootstrapToken::generate();
+        let pin: CaPin = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+            .parse()
+            .unwrap();
+        let text = render_join(&cluster(), &node(), &token, &pin, true);
+        let cfg = parse_config(&text).unwrap();
+        let join = cfg.join.unwrap();
+        let d = join.discovery.bootstrap_token.unwrap();
+        assert_eq!(d.ca_cert_hashes, vec![pin]);
+        assert_eq!(join.control_plane.unwrap().certificate_key, None);
+    }
+
+    #[test]
+    fn strictness() {
+        let bad = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbogus: 1\n";
+        assert!(matches!(parse_config(bad), Err(ConfigError::Strict { .. })));
+        let old = "apiVersion: kubeadm.k8s.io/v1beta3\nkind: InitConfiguration\n";
+        assert!(matches!(
+            parse_config(old),
+            Err(ConfigError::UnsupportedVersion { .. })
+        ));
+        let badtoken = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n- token: ABC.def\n";
+        assert!(matches!(parse_config(badtoken), Err(ConfigError::Strict { .. })));
+        // v1beta3's map form of extraArgs is refused by v1beta4.
+        let maps = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nnodeRegistration:\n  kubeletExtraArgs:\n    node-ip: 1.2.3.4\n";
+        assert!(matches!(parse_config(maps), Err(ConfigError::Strict { .. })));
+    }
+}
