@@ -597,6 +597,9 @@ pub struct MachineStatus {
     /// Where this machine's API server listens, when it is control plane.
     #[serde(default, skip_serializing_if = "is_zero_u16")]
     pub api_server_port: u16,
+    /// Where this machine's kubelet serves `/healthz`.
+    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    pub kubelet_healthz_port: u16,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub agent_version: String,
     #[serde(

@@ -297,3 +297,10 @@ mod tests {
         assert!(!info.is_ca);
     }
 }
+
+/// Generates the service-account signing key pair kubeadm expects as
+/// `sa.key` / `sa.pub`, returning `(private_pem, public_pem)`.
+pub fn generate_service_account_key() -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(PkiError::KeyGen)?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
+}

@@ -1,1 +1,154 @@
-fn main() {}
+//! `drover`: the coordinator (`drover serve`) and the operator CLI.
+
+mod api;
+mod app;
+mod bootstrap;
+mod cli;
+mod client;
+mod duration;
+mod jointokens;
+mod kubeconfig;
+mod reconcile;
+mod secrets;
+mod serve;
+mod server;
+mod store;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for invalid configuration or flags (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+/// Drover runs Kubernetes clusters as a service.
+#[derive(Debug, Parser)]
+#[command(name = "drover", version, about)]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the coordinator.
+    Serve(ServeArgs),
+    /// Create or update objects from a YAML file.
+    Apply(cli::ApplyArgs),
+    /// List objects.
+    Get(cli::GetArgs),
+    /// Show one object in detail.
+    Describe(cli::DescribeArgs),
+    /// Delete an object.
+    Delete(cli::DeleteArgs),
+    /// Print an admin kubeconfig for a cluster.
+    Kubeconfig(cli::KubeconfigArgs),
+    /// Manage registration tokens for self-registering machines.
+    Token(cli::TokenArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Directory for the embedded store and the CA certificate.
+    #[arg(long, env = "DROVER_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7443")]
+    listen: std::net::SocketAddr,
+    /// URL agents use to reach this coordinator (repeatable); defaults to the listen address.
+    #[arg(long = "advertise-url")]
+    advertise_urls: Vec<String>,
+    /// Extra DNS name or IP for the serving certificate (repeatable).
+    #[arg(long = "san")]
+    sans: Vec<String>,
+    /// How often agents heartbeat.
+    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    heartbeat_interval: std::time::Duration,
+    /// Silence after which a machine counts as dead.
+    #[arg(long, default_value = "40s", value_parser = duration::parse)]
+    heartbeat_timeout: std::time::Duration,
+    /// Lifetime of machine client certificates.
+    #[arg(long, default_value = "24h", value_parser = duration::parse)]
+    machine_cert_ttl: std::time::Duration,
+    /// Lifetime of the kubeadm join tokens the coordinator mints.
+    #[arg(long, default_value = "30m", value_parser = duration::parse)]
+    join_token_ttl: std::time::Duration,
+    /// Where to write the client config at first start (default: $DROVER_CONFIG or ~/.config/drover/config.yaml).
+    #[arg(long)]
+    client_config: Option<PathBuf>,
+    /// How long open connections may take to finish after SIGTERM.
+    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    drain_timeout: std::time::Duration,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing(&cli.log_format, matches!(cli.command, Command::Serve(_)));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match cli.command {
+        Command::Serve(args) => {
+            let cfg = serve::ServeConfig {
+                data_dir: args.data_dir,
+                listen: args.listen,
+                advertise_urls: args.advertise_urls,
+                extra_sans: args.sans,
+                heartbeat_interval: args.heartbeat_interval,
+                heartbeat_timeout: args.heartbeat_timeout,
+                machine_cert_ttl: args.machine_cert_ttl,
+                join_token_ttl: args.join_token_ttl,
+                client_config: args.client_config.unwrap_or_else(client::default_config_path),
+                drain: args.drain_timeout,
+            };
+            let cfg = match cfg.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("drover serve: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            match runtime.block_on(serve::run(cfg)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "coordinator failed");
+                    eprintln!("drover serve: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        other => match runtime.block_on(cli::run(other)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn init_tracing(format: &str, server: bool) {
+    let default = if server { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DROVER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,1 +1,425 @@
+//! Harness for Drover's end-to-end tests: real `drover serve` and
+//! `drover-agent` processes on loopback, the strict stand-in kubeadm, and
+//! helpers that wait on conditions with deadlines.
 
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The directory holding the workspace's built binaries.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test>-<hash>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    dir.to_path_buf()
+}
+
+/// Path of a workspace binary, checked to exist.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is not built; run `cargo build --workspace --bins` first (scripts/test does)",
+        p.display()
+    );
+    p
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; tests run few enough
+/// processes that a race is unlikely, and a taken port fails loudly).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// Polls `cond` every 100 ms until it returns `Some`, or panics after
+/// `timeout` with `what` and the last observation.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    let mut last;
+    loop {
+        match cond() {
+            Ok(v) => return v,
+            Err(e) => last = e,
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}; last observation: {last}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Settings for a test coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorOptions {
+    pub heartbeat_interval: &'static str,
+    pub heartbeat_timeout: &'static str,
+}
+
+impl Default for CoordinatorOptions {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: "1s",
+            heartbeat_timeout: "5s",
+        }
+    }
+}
+
+/// A running `drover serve`, killed on drop.
+pub struct Coordinator {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub admin_token: String,
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+    opts: CoordinatorOptions,
+}
+
+impl Coordinator {
+    /// Starts a coordinator with a new data directory under `dir`.
+    pub fn start(dir: &Path, opts: CoordinatorOptions) -> Self {
+        let mut c = Self {
+            dir: dir.to_path_buf(),
+            port: free_port(),
+            admin_token: String::new(),
+            child: None,
+            log: Default::default(),
+            opts,
+        };
+        c.spawn();
+        c
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(bin("drover"))
+            .args(["serve", "--data-dir"])
+            .arg(self.dir.join("data"))
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--heartbeat-interval", self.opts.heartbeat_interval])
+            .args(["--heartbeat-timeout", self.opts.heartbeat_timeout])
+            .env("DROVER_CONFIG", self.client_config())
+            .env("DROVER_LOG", "info,drover=debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start drover serve");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                log.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        let stderr = child.stderr.take().unwrap();
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                log.lock().unwrap().push(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(t) = line.strip_prefix("Admin token (shown once, stored only as a hash): ") {
+                        self.admin_token = t.trim().to_owned();
+                    }
+                    if line.starts_with("Listening on ") {
+                        break;
+                    }
+                }
+                Err(_) => panic!(
+                    "drover serve did not start listening; its output:\n{}",
+                    self.log.lock().unwrap().join("\n")
+                ),
+            }
+        }
+        self.child = Some(child);
+    }
+
+    /// The client config file `drover serve` wrote at first start.
+    pub fn client_config(&self) -> PathBuf {
+        self.dir.join("client.yaml")
+    }
+
+    /// Kills the coordinator (SIGKILL, as a crash would).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same data directory and port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Everything the coordinator printed so far.
+    pub fn output(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Runs a `drover` CLI command against this coordinator.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(bin("drover"))
+            .args(args)
+            .env("DROVER_CONFIG", self.client_config())
+            .env_remove("DROVER_ADDR")
+            .env_remove("DROVER_TOKEN")
+            .env_remove("DROVER_CA")
+            .output()
+            .expect("run drover")
+    }
+
+    /// Runs a CLI command that must succeed; returns its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "drover {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Creates a registration token and writes its bootstrap document.
+    pub fn token(&self, pool: &str, labels: &str, uses: u32, ttl: &str, file: &Path) {
+        self.cli_ok(&[
+            "token",
+            "create",
+            "--pool",
+            pool,
+            "--labels",
+            labels,
+            "--uses",
+            &uses.to_string(),
+            "--ttl",
+            ttl,
+            "-o",
+            file.to_str().unwrap(),
+        ]);
+    }
+
+    /// Reads machines as JSON.
+    pub fn machines(&self) -> Vec<serde_json::Value> {
+        let out = self.cli_ok(&["get", "machines", "-o", "json"]);
+        serde_json::from_str(&out).expect("machines json")
+    }
+
+    /// Reads one cluster as JSON, if it exists.
+    pub fn cluster(&self, name: &str) -> Option<serde_json::Value> {
+        let out = self.cli(&["get", "clusters", name, "-o", "json"]);
+        if !out.status.success() {
+            return None;
+        }
+        let v: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).ok()?;
+        v.into_iter().next()
+    }
+
+    /// Waits until the cluster's phase is `phase`.
+    pub fn wait_cluster_phase(&self, name: &str, phase: &str, timeout: Duration) {
+        wait_for(&format!("cluster {name} to be {phase}"), timeout, || {
+            let c = self.cluster(name).ok_or("cluster not found")?;
+            let p = c["status"]["phase"].as_str().unwrap_or("").to_owned();
+            if p == phase {
+                Ok(())
+            } else {
+                Err(format!(
+                    "phase {p}; machines: {}",
+                    self.cli_ok(&["get", "machines", "-o", "wide"])
+                ))
+            }
+        })
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- coordinator output ---\n{}", self.output());
+        }
+    }
+}
+
+/// Ports one simulated machine uses on 127.0.0.1.
+#[derive(Debug, Clone, Copy)]
+pub struct MachinePorts {
+    pub api_server: u16,
+    pub kubelet: u16,
+}
+
+impl MachinePorts {
+    pub fn free() -> Self {
+        Self {
+            api_server: free_port(),
+            kubelet: free_port(),
+        }
+    }
+}
+
+/// A running `drover-agent` with its own root directory. On drop it is
+/// killed and the stand-in daemons it started are stopped.
+pub struct Agent {
+    pub root: PathBuf,
+    pub ports: MachinePorts,
+    pub hostname: String,
+    bootstrap: PathBuf,
+    child: Option<Child>,
+    log_path: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent for a new machine rooted at `root`.
+    pub fn start(root: &Path, hostname: &str, bootstrap: &Path) -> Self {
+        std::fs::create_dir_all(root).unwrap();
+        let mut a = Self {
+            root: root.to_path_buf(),
+            ports: MachinePorts::free(),
+            hostname: hostname.to_owned(),
+            bootstrap: bootstrap.to_path_buf(),
+            child: None,
+            log_path: root.join("agent.log"),
+        };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .unwrap();
+        let child = Command::new(bin("drover-agent"))
+            .arg("--bootstrap")
+            .arg(&self.bootstrap)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--kubeadm")
+            .arg(bin("kubeadm"))
+            .args(["--advertise-address", "127.0.0.1"])
+            .args(["--api-server-port", &self.ports.api_server.to_string()])
+            .args([
+                "--kubelet-healthz-url",
+                &format!("http://127.0.0.1:{}/healthz", self.ports.kubelet),
+            ])
+            .args(["--hostname", &self.hostname])
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start drover-agent");
+        self.child = Some(child);
+    }
+
+    /// Kills the agent process (SIGKILL); its machine's daemons keep running.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the agent again on the same root.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Whether the agent process has exited, with its status.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Every kubeadm invocation the stand-in recorded for this machine.
+    pub fn kubeadm_calls(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.root.join("var/log/kubeadm-invocations.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The subcommands (argv[1], argv[2] for `token create`) kubeadm ran.
+    pub fn kubeadm_subcommands(&self) -> Vec<String> {
+        self.kubeadm_calls()
+            .iter()
+            .filter_map(|c| {
+                let argv = c["argv"].as_array()?;
+                let sub = argv.get(1)?.as_str()?.to_owned();
+                Some(if sub == "token" {
+                    format!("token {}", argv.get(2).and_then(|v| v.as_str()).unwrap_or(""))
+                } else {
+                    sub
+                })
+            })
+            .collect()
+    }
+
+    /// Stops the stand-in daemons (kubelet, API server) of this machine.
+    pub fn stop_daemons(&self) {
+        let dir = self.root.join("run/standin");
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                if let Ok(pid) = std::fs::read_to_string(e.path()) {
+                    if let Ok(pid) = pid.trim().parse::<i32>() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        self.stop_daemons();
+        if std::thread::panicking() {
+            eprintln!("--- agent {} log ---\n{}", self.hostname, self.log());
+        }
+    }
+}
+
+/// A cluster document for the pool provider.
+pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String {
+    format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  kubernetesVersion: v1.31.2
+  controlPlane:
+    replicas: {cp}
+  workerPools:
+    - name: default
+      replicas: {workers}
+  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: {env}
+"
+    )
+}

@@ -1,0 +1,338 @@
+//! The machine API client: JSON over HTTPS to the coordinator replicas, in
+//! order, failing over to the next replica when one cannot be reached.
+
+use std::error::Error as StdError;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use drover_common::api::Problem;
+use drover_common::bundle::SignedBundle;
+use drover_common::wire::{
+    ConfigNotReady, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
+    RenewRequest, RenewResponse,
+};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::tls::{find_pin_mismatch, PinMismatch};
+
+/// Paths of the machine API.
+pub const REGISTER_PATH: &str = "/v1/machine/register";
+pub const HEARTBEAT_PATH: &str = "/v1/machine/heartbeat";
+pub const CONFIG_PATH: &str = "/v1/machine/config";
+pub const CERTIFICATE_PATH: &str = "/v1/machine/certificate";
+
+/// Timeouts of coordinator requests.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub request: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(5),
+            request: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Why a call to the coordinator did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("cannot build the HTTPS client: {0}")]
+    Client(String),
+    #[error(transparent)]
+    PinMismatch(#[from] PinMismatch),
+    #[error("cannot reach any coordinator: {0}")]
+    Unreachable(String),
+    #[error("{method} {url} was refused with {status}: {problem}")]
+    Refused {
+        method: Method,
+        url: String,
+        status: StatusCode,
+        problem: Problem,
+    },
+    #[error("{method} {url} answered {status} with a body the agent cannot read: {detail}")]
+    BadAnswer {
+        method: Method,
+        url: String,
+        status: StatusCode,
+        detail: String,
+    },
+}
+
+impl ApiError {
+    /// The HTTP status of a refusal.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ApiError::Refused { status, .. } | ApiError::BadAnswer { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Whether the coordinator refused this machine's client certificate.
+    pub fn is_unauthorized(&self) -> bool {
+        matches!(
+            self.status(),
+            Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+        )
+    }
+}
+
+/// The answers of `GET /v1/machine/config`.
+#[derive(Debug)]
+pub enum ConfigAnswer {
+    Bundle(SignedBundle),
+    NotReady(ConfigNotReady),
+    NotAssigned,
+}
+
+/// A client for the coordinator replicas.
+#[derive(Debug)]
+pub struct CoordinatorClient {
+    urls: Vec<String>,
+    http: reqwest::Client,
+    /// The replica that answered last; tried first next time.
+    preferred: AtomicUsize,
+}
+
+/// A raw answer.
+struct Answer {
+    method: Method,
+    url: String,
+    status: StatusCode,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        serde_json::from_slice(&self.body).map_err(|e| ApiError::BadAnswer {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            status: self.status,
+            detail: e.to_string(),
+        })
+    }
+
+    fn problem(&self) -> Problem {
+        serde_json::from_slice::<Problem>(&self.body).unwrap_or_else(|_| {
+            let text = String::from_utf8_lossy(&self.body);
+            Problem {
+                type_: "about:blank".into(),
+                title: self
+                    .status
+                    .canonical_reason()
+                    .unwrap_or("Unexpected status")
+                    .into(),
+                status: self.status.as_u16(),
+                detail: text.chars().take(300).collect(),
+                errors: vec![],
+            }
+        })
+    }
+
+    fn refused(self) -> ApiError {
+        let problem = self.problem();
+        ApiError::Refused {
+            method: self.method,
+            url: self.url,
+            status: self.status,
+            problem,
+        }
+    }
+}
+
+/// An error and all its sources on one line.
+pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+impl CoordinatorClient {
+    /// A client for `urls` (`https://host:port`) using the given TLS setup.
+    pub fn new(
+        urls: &[String],
+        tls: rustls::ClientConfig,
+        timeouts: Timeouts,
+    ) -> Result<Self, ApiError> {
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .connect_timeout(timeouts.connect)
+            .timeout(timeouts.request)
+            .user_agent(concat!("drover-agent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ApiError::Client(error_chain(&e)))?;
+        Ok(Self {
+            urls: urls
+                .iter()
+                .map(|u| u.trim_end_matches('/').to_owned())
+                .collect(),
+            http,
+            preferred: AtomicUsize::new(0),
+        })
+    }
+
+    async fn call<B: Serialize + ?Sized>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<Answer, ApiError> {
+        let n = self.urls.len();
+        let start = self.preferred.load(Ordering::Relaxed) % n.max(1);
+        let mut failures = Vec::new();
+        let mut mismatch = None;
+        for i in 0..n {
+            let index = (start + i) % n;
+            let url = format!("{}{path}", self.urls[index]);
+            let mut request = self
+                .http
+                .request(method.clone(), &url)
+                .header(reqwest::header::ACCEPT, "application/json");
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let response = match request.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(m) = find_pin_mismatch(&e) {
+                        tracing::debug!(url = %url, "{m}");
+                        mismatch = Some(m);
+                    } else {
+                        let chain = error_chain(&e);
+                        tracing::debug!(url = %url, error = %chain, "coordinator unreachable");
+                        failures.push(format!("{url}: {chain}"));
+                    }
+                    continue;
+                }
+            };
+            let status = response.status();
+            let body = match response.bytes().await {
+                Ok(b) => b.to_vec(),
+                Err(e) => {
+                    failures.push(format!("{url}: reading the answer: {}", error_chain(&e)));
+                    continue;
+                }
+            };
+            self.preferred.store(index, Ordering::Relaxed);
+            return Ok(Answer {
+                method,
+                url,
+                status,
+                body,
+            });
+        }
+        match mismatch {
+            Some(m) => Err(ApiError::PinMismatch(m)),
+            None => Err(ApiError::Unreachable(failures.join("; "))),
+        }
+    }
+
+    /// `POST /v1/machine/register`.
+    pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ApiError> {
+        let answer = self.call(Method::POST, REGISTER_PATH, Some(req)).await?;
+        match answer.status {
+            StatusCode::CREATED | StatusCode::OK => answer.json(),
+            _ => Err(answer.refused()),
+        }
+    }
+
+    /// `POST /v1/machine/heartbeat`.
+    pub async fn heartbeat(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
+        let answer = self.call(Method::POST, HEARTBEAT_PATH, Some(req)).await?;
+        match answer.status {
+            StatusCode::OK => answer.json(),
+            _ => Err(answer.refused()),
+        }
+    }
+
+    /// `GET /v1/machine/config`.
+    pub async fn config(&self) -> Result<ConfigAnswer, ApiError> {
+        let answer = self.call::<()>(Method::GET, CONFIG_PATH, None).await?;
+        match answer.status {
+            StatusCode::OK => answer.json().map(ConfigAnswer::Bundle),
+            StatusCode::CONFLICT => Ok(ConfigAnswer::NotReady(not_ready(&answer.body))),
+            StatusCode::NOT_FOUND => Ok(ConfigAnswer::NotAssigned),
+            _ => Err(answer.refused()),
+        }
+    }
+
+    /// `POST /v1/machine/certificate`.
+    pub async fn renew(&self, req: &RenewRequest) -> Result<RenewResponse, ApiError> {
+        let answer = self.call(Method::POST, CERTIFICATE_PATH, Some(req)).await?;
+        match answer.status {
+            StatusCode::OK | StatusCode::CREATED => answer.json(),
+            _ => Err(answer.refused()),
+        }
+    }
+}
+
+/// Reads a 409 answer: a `ConfigNotReady`, or a problem document carrying its
+/// fields as extension members, or at worst any problem document.
+fn not_ready(body: &[u8]) -> ConfigNotReady {
+    if let Ok(nr) = serde_json::from_slice::<ConfigNotReady>(body) {
+        return nr;
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let text = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    let reason = text("reason")
+        .or_else(|| text("detail").filter(|d| !d.is_empty()))
+        .or_else(|| text("title"))
+        .unwrap_or_else(|| "the coordinator has no config for this machine yet".into());
+    let retry_after_seconds = value
+        .get("retryAfterSeconds")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(5);
+    ConfigNotReady {
+        reason,
+        retry_after_seconds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_ready_forms() {
+        let nr = not_ready(br#"{"reason":"waiting for init","retryAfterSeconds":7}"#);
+        assert_eq!(
+            (nr.reason.as_str(), nr.retry_after_seconds),
+            ("waiting for init", 7)
+        );
+        let nr = not_ready(
+            br#"{"type":"about:blank","title":"Config not ready","status":409,"detail":"no join token yet","retryAfterSeconds":3}"#,
+        );
+        assert_eq!(
+            (nr.reason.as_str(), nr.retry_after_seconds),
+            ("no join token yet", 3)
+        );
+        let nr = not_ready(b"garbage");
+        assert_eq!(nr.retry_after_seconds, 5);
+    }
+
+    #[test]
+    fn problem_fallback_for_plain_bodies() {
+        let answer = Answer {
+            method: Method::POST,
+            url: "https://c/v1/machine/register".into(),
+            status: StatusCode::BAD_GATEWAY,
+            body: b"upstream down".to_vec(),
+        };
+        let p = answer.problem();
+        assert_eq!(p.status, 502);
+        assert_eq!(p.title, "Bad Gateway");
+        assert_eq!(p.detail, "upstream down");
+    }
+}

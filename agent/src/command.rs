@@ -1,0 +1,383 @@
+//! Running kubeadm: the exact command lines, and a runner that keeps the tail
+//! of the combined output for the bootstrap report.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use drover_common::api::MachineRole;
+use drover_common::token::BootstrapToken;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+
+/// How many output lines are kept for reports.
+pub const OUTPUT_TAIL_LINES: usize = 30;
+
+/// The longest output line kept; longer lines are cut.
+const MAX_LINE_CHARS: usize = 2048;
+
+/// A command to run, with the strings that must never appear in logs or
+/// reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    pub program: String,
+    pub args: Vec<String>,
+    /// Secrets replaced by `<redacted>` in the displayed command and output.
+    pub redact: Vec<String>,
+}
+
+impl CommandSpec {
+    fn new(program: &str, args: &[&str]) -> Self {
+        Self {
+            program: program.to_owned(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            redact: Vec::new(),
+        }
+    }
+
+    /// The command line as a shell would show it, secrets redacted.
+    pub fn display(&self) -> String {
+        let line = std::iter::once(&self.program)
+            .chain(&self.args)
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.redact_text(&line)
+    }
+
+    /// Replaces every secret in `text`.
+    pub fn redact_text(&self, text: &str) -> String {
+        self.redact
+            .iter()
+            .filter(|s| !s.is_empty())
+            .fold(text.to_owned(), |t, s| t.replace(s.as_str(), "<redacted>"))
+    }
+}
+
+fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@+%".contains(c));
+    if plain {
+        arg.to_owned()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// Appends `--rootfs <root>` unless the root is `/`.
+fn push_rootfs(spec: &mut CommandSpec, root: &Path) {
+    if root != Path::new("/") {
+        spec.args.push("--rootfs".into());
+        spec.args.push(root.display().to_string());
+    }
+}
+
+/// `kubeadm init|join --config <path> [--rootfs <root>]`. The config path is
+/// the path inside the root, because kubeadm chroots into the root first.
+pub fn kubeadm_bootstrap(
+    kubeadm: &str,
+    role: MachineRole,
+    config_path: &str,
+    root: &Path,
+) -> CommandSpec {
+    let verb = match role {
+        MachineRole::Init => "init",
+        MachineRole::ControlPlane | MachineRole::Worker => "join",
+    };
+    let mut spec = CommandSpec::new(kubeadm, &[verb, "--config", config_path]);
+    push_rootfs(&mut spec, root);
+    spec
+}
+
+/// `kubeadm reset -f [--rootfs <root>]`.
+pub fn kubeadm_reset(kubeadm: &str, root: &Path) -> CommandSpec {
+    let mut spec = CommandSpec::new(kubeadm, &["reset", "-f"]);
+    push_rootfs(&mut spec, root);
+    spec
+}
+
+/// `kubeadm token create <token> --ttl <n>s --kubeconfig <root>/etc/kubernetes/admin.conf`.
+/// `token create` has no `--rootfs`, so the kubeconfig path is the host path.
+pub fn kubeadm_token_create(
+    kubeadm: &str,
+    token: &BootstrapToken,
+    ttl_seconds: u64,
+    root: &Path,
+) -> CommandSpec {
+    let kubeconfig = root.join("etc/kubernetes/admin.conf");
+    let mut spec = CommandSpec::new(
+        kubeadm,
+        &[
+            "token",
+            "create",
+            &token.to_string(),
+            "--ttl",
+            &format!("{ttl_seconds}s"),
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ],
+    );
+    spec.redact.push(token.secret().to_owned());
+    spec
+}
+
+/// The last lines of a command's output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputTail {
+    lines: VecDeque<String>,
+    capacity: usize,
+}
+
+impl OutputTail {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            lines: VecDeque::with_capacity(capacity.min(64)),
+            capacity,
+        }
+    }
+
+    /// Adds a line, dropping the oldest when full.
+    pub fn push(&mut self, line: String) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.lines.len() == self.capacity {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line);
+    }
+
+    pub fn into_lines(self) -> Vec<String> {
+        self.lines.into()
+    }
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandOutcome {
+    /// The command line, secrets redacted.
+    pub command: String,
+    /// Whether it exited 0.
+    pub success: bool,
+    /// The exit code; `None` when killed by a signal or never started.
+    pub exit_code: Option<i32>,
+    /// The last lines of combined stdout and stderr, secrets redacted; the
+    /// spawn error when the command could not start.
+    pub output_tail: Vec<String>,
+}
+
+impl CommandOutcome {
+    /// The outcome as a wire failure report.
+    pub fn to_failure(&self) -> drover_common::wire::CommandFailure {
+        drover_common::wire::CommandFailure {
+            command: self.command.clone(),
+            exit_code: self.exit_code,
+            output_tail: self.output_tail.clone(),
+            at: drover_common::now(),
+        }
+    }
+
+    /// A short description for directive results and logs.
+    pub fn summary(&self) -> String {
+        let status = match (self.success, self.exit_code) {
+            (true, _) => "succeeded".to_owned(),
+            (false, Some(code)) => format!("exited with code {code}"),
+            (false, None) if self.output_tail.is_empty() => "was killed".to_owned(),
+            (false, None) => "did not run".to_owned(),
+        };
+        let mut text = format!("{} {status}", self.command);
+        if !self.success && !self.output_tail.is_empty() {
+            text.push_str(":\n");
+            text.push_str(&self.output_tail.join("\n"));
+        }
+        text
+    }
+}
+
+/// Runs a command to completion, keeping the last `tail_lines` lines of its
+/// combined output. The child gets its own process group so a terminal's
+/// Ctrl-C meant for the agent does not interrupt kubeadm halfway, and it is
+/// not killed when the agent stops waiting for it.
+pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
+    let command = spec.display();
+    let mut cmd = tokio::process::Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            return CommandOutcome {
+                command,
+                success: false,
+                exit_code: None,
+                output_tail: vec![format!("cannot start {}: {e}", spec.program)],
+            }
+        }
+    };
+    tracing::info!(command = %command, pid = child.id(), "started command");
+    let tail = Arc::new(Mutex::new(OutputTail::new(tail_lines)));
+    let stdout = child.stdout.take().map(|s| collect(s, tail.clone(), spec));
+    let stderr = child.stderr.take().map(|s| collect(s, tail.clone(), spec));
+    let status = async {
+        let (_, _, status) = tokio::join!(
+            async {
+                if let Some(f) = stdout {
+                    f.await
+                }
+            },
+            async {
+                if let Some(f) = stderr {
+                    f.await
+                }
+            },
+            child.wait()
+        );
+        status
+    }
+    .await;
+    let output_tail = std::mem::take(&mut *tail.lock().expect("tail lock")).into_lines();
+    match status {
+        Ok(status) => CommandOutcome {
+            command,
+            success: status.success(),
+            exit_code: status.code(),
+            output_tail,
+        },
+        Err(e) => {
+            let mut output_tail = output_tail;
+            output_tail.push(format!("cannot wait for the command: {e}"));
+            CommandOutcome {
+                command,
+                success: false,
+                exit_code: None,
+                output_tail,
+            }
+        }
+    }
+}
+
+async fn collect(
+    stream: impl AsyncRead + Unpin,
+    tail: Arc<Mutex<OutputTail>>,
+    spec: &CommandSpec,
+) {
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&buf);
+                let text = text.trim_end_matches(['\n', '\r']);
+                let mut line = spec.redact_text(text);
+                if line.chars().count() > MAX_LINE_CHARS {
+                    line = line.chars().take(MAX_LINE_CHARS).collect::<String>() + "…";
+                }
+                tracing::debug!(program = %spec.program, "{line}");
+                tail.lock().expect("tail lock").push(line);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_last_lines() {
+        let mut tail = OutputTail::new(3);
+        for i in 0..10 {
+            tail.push(format!("line {i}"));
+        }
+        assert_eq!(tail.into_lines(), ["line 7", "line 8", "line 9"]);
+        let mut short = OutputTail::new(30);
+        short.push("only".into());
+        assert_eq!(short.into_lines(), ["only"]);
+        let mut none = OutputTail::new(0);
+        none.push("x".into());
+        assert!(none.into_lines().is_empty());
+    }
+
+    #[test]
+    fn command_lines() {
+        let root = Path::new("/");
+        assert_eq!(
+            kubeadm_bootstrap("kubeadm", MachineRole::Init, "/etc/drover/kubeadm.yaml", root)
+                .display(),
+            "kubeadm init --config /etc/drover/kubeadm.yaml"
+        );
+        let chroot = Path::new("/var/tmp/m1 root");
+        assert_eq!(
+            kubeadm_bootstrap(
+                "/usr/bin/kubeadm",
+                MachineRole::ControlPlane,
+                "/etc/drover/kubeadm.yaml",
+                chroot
+            )
+            .display(),
+            "/usr/bin/kubeadm join --config /etc/drover/kubeadm.yaml --rootfs '/var/tmp/m1 root'"
+        );
+        assert_eq!(
+            kubeadm_bootstrap("kubeadm", MachineRole::Worker, "/k.yaml", Path::new("/r")).args,
+            ["join", "--config", "/k.yaml", "--rootfs", "/r"]
+        );
+        assert_eq!(kubeadm_reset("kubeadm", root).args, ["reset", "-f"]);
+        assert_eq!(
+            kubeadm_reset("kubeadm", Path::new("/r")).args,
+            ["reset", "-f", "--rootfs", "/r"]
+        );
+        let token: BootstrapToken = "abcdef.0123456789abcdef".parse().unwrap();
+        let create = kubeadm_token_create("kubeadm", &token, 3600, Path::new("/r"));
+        assert_eq!(
+            create.args,
+            [
+                "token",
+                "create",
+                "abcdef.0123456789abcdef",
+                "--ttl",
+                "3600s",
+                "--kubeconfig",
+                "/r/etc/kubernetes/admin.conf"
+            ]
+        );
+        assert_eq!(
+            create.display(),
+            "kubeadm token create abcdef.<redacted> --ttl 3600s --kubeconfig /r/etc/kubernetes/admin.conf"
+        );
+    }
+
+    #[tokio::test]
+    async fn run_captures_combined_tail_and_exit_code() {
+        let spec = CommandSpec {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                "for i in $(seq 1 40); do echo out $i; done; echo secret-value >&2; exit 3".into(),
+            ],
+            redact: vec!["secret-value".into()],
+        };
+        let outcome = run(&spec, OUTPUT_TAIL_LINES).await;
+        assert!(!outcome.success);
+        assert_eq!(outcome.exit_code, Some(3));
+        assert_eq!(outcome.output_tail.len(), OUTPUT_TAIL_LINES);
+        assert!(outcome.output_tail.contains(&"out 40".to_string()));
+        assert!(outcome.output_tail.contains(&"<redacted>".to_string()));
+        assert!(!outcome.output_tail.contains(&"out 10".to_string()));
+        assert!(outcome.summary().contains("exited with code 3"));
+
+        let missing = CommandSpec::new("/nonexistent/kubeadm", &["init"]);
+        let outcome = run(&missing, OUTPUT_TAIL_LINES).await;
+        assert!(!outcome.success);
+        assert_eq!(outcome.exit_code, None);
+        assert!(outcome.output_tail[0].contains("cannot start /nonexistent/kubeadm"));
+        assert_eq!(outcome.to_failure().command, "/nonexistent/kubeadm init");
+    }
+}

@@ -1,0 +1,242 @@
+//! Writing the files of a config bundle under the agent's root.
+//!
+//! Bundle paths are absolute machine paths such as `/etc/drover/kubeadm.yaml`.
+//! They are joined under the root only when every component is a plain name,
+//! so a bundle cannot escape the root with `..`. Files are written atomically
+//! (temporary file in the same directory, fsync, rename), so kubeadm never
+//! reads half a file.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use drover_common::bundle::BundleFile;
+
+/// Why a bundle path is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("bundle path {0:?} is not absolute")]
+    NotAbsolute(String),
+    #[error("bundle path {0:?} contains a `..` component")]
+    ParentComponent(String),
+    #[error("bundle path {0:?} names no file")]
+    NoFileName(String),
+    #[error("bundle path {0:?} contains a NUL byte")]
+    Nul(String),
+}
+
+/// Why a bundle file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error("bundle file {path} has mode {mode:#o}; only permission bits (at most 0o777) are allowed")]
+    Mode { path: String, mode: u32 },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+}
+
+/// Joins an absolute bundle path under `root`, refusing relative paths and
+/// `..` components.
+pub fn safe_join(root: &Path, path: &str) -> Result<PathBuf, PathError> {
+    if path.contains('\0') {
+        return Err(PathError::Nul(path.to_owned()));
+    }
+    if !path.starts_with('/') {
+        return Err(PathError::NotAbsolute(path.to_owned()));
+    }
+    let mut out = root.to_path_buf();
+    let mut named = false;
+    for component in Path::new(path).components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(name) => {
+                out.push(name);
+                named = true;
+            }
+            Component::ParentDir => return Err(PathError::ParentComponent(path.to_owned())),
+            Component::Prefix(_) => return Err(PathError::NotAbsolute(path.to_owned())),
+        }
+    }
+    if !named || path.ends_with('/') {
+        return Err(PathError::NoFileName(path.to_owned()));
+    }
+    Ok(out)
+}
+
+/// Writes `content` to `path` atomically with the given permission bits,
+/// creating missing parent directories with mode 0755.
+pub fn write_atomic(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".drover-tmp-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let result = (|| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        // Set the final mode explicitly: the creation mode is subject to the
+        // umask, and a private file must never be readable, even briefly.
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        file.write_all(content)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Writes every bundle file under `root`. All paths and modes are checked
+/// before anything is written. Returns the bundle paths written.
+pub fn write_bundle_files(root: &Path, files: &[BundleFile]) -> Result<Vec<String>, FileError> {
+    let mut targets = Vec::with_capacity(files.len());
+    for file in files {
+        if file.mode > 0o777 {
+            return Err(FileError::Mode {
+                path: file.path.clone(),
+                mode: file.mode,
+            });
+        }
+        targets.push(safe_join(root, &file.path)?);
+    }
+    let mut written = Vec::with_capacity(files.len());
+    for (file, target) in files.iter().zip(targets) {
+        write_atomic(&target, file.content.as_bytes(), file.mode).map_err(|source| {
+            FileError::Write {
+                path: target.clone(),
+                source,
+            }
+        })?;
+        written.push(file.path.clone());
+    }
+    Ok(written)
+}
+
+/// Removes bundle files again (those that still exist). Returns the paths
+/// that could not be removed, with the reason.
+pub fn remove_bundle_files(root: &Path, paths: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for path in paths {
+        match safe_join(root, path) {
+            Ok(target) => match fs::remove_file(&target) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => problems.push(format!("{}: {e}", target.display())),
+            },
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_join_rules() {
+        let root = Path::new("/srv/root");
+        assert_eq!(
+            safe_join(root, "/etc/drover/kubeadm.yaml").unwrap(),
+            PathBuf::from("/srv/root/etc/drover/kubeadm.yaml")
+        );
+        assert_eq!(
+            safe_join(root, "/etc/./kubernetes//pki/ca.crt").unwrap(),
+            PathBuf::from("/srv/root/etc/kubernetes/pki/ca.crt")
+        );
+        assert_eq!(
+            safe_join(Path::new("/"), "/etc/x").unwrap(),
+            PathBuf::from("/etc/x")
+        );
+        assert_eq!(
+            safe_join(root, "etc/x"),
+            Err(PathError::NotAbsolute("etc/x".into()))
+        );
+        assert_eq!(
+            safe_join(root, "../etc/x"),
+            Err(PathError::NotAbsolute("../etc/x".into()))
+        );
+        assert_eq!(
+            safe_join(root, "/etc/../../x"),
+            Err(PathError::ParentComponent("/etc/../../x".into()))
+        );
+        assert_eq!(
+            safe_join(root, "/etc/kubernetes/.."),
+            Err(PathError::ParentComponent("/etc/kubernetes/..".into()))
+        );
+        assert!(matches!(safe_join(root, "/"), Err(PathError::NoFileName(_))));
+        assert!(matches!(safe_join(root, "/etc/"), Err(PathError::NoFileName(_))));
+        assert!(matches!(safe_join(root, ""), Err(PathError::NotAbsolute(_))));
+        assert!(matches!(safe_join(root, "/a\0b"), Err(PathError::Nul(_))));
+    }
+
+    #[test]
+    fn writes_files_with_modes_and_refuses_escapes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |path: &str, mode| BundleFile {
+            path: path.into(),
+            mode,
+            content: format!("content of {path}"),
+        };
+        let written = write_bundle_files(
+            dir.path(),
+            &[
+                file("/etc/drover/kubeadm.yaml", 0o600),
+                file("/etc/kubernetes/pki/ca.crt", 0o644),
+            ],
+        )
+        .unwrap();
+        assert_eq!(written.len(), 2);
+        let cfg = dir.path().join("etc/drover/kubeadm.yaml");
+        assert_eq!(
+            fs::read_to_string(&cfg).unwrap(),
+            "content of /etc/drover/kubeadm.yaml"
+        );
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&cfg), 0o600);
+        assert_eq!(mode(&dir.path().join("etc/kubernetes/pki/ca.crt")), 0o644);
+        // Overwriting changes content and mode; no temporary file remains.
+        write_bundle_files(dir.path(), &[file("/etc/drover/kubeadm.yaml", 0o640)]).unwrap();
+        assert_eq!(mode(&cfg), 0o640);
+        assert_eq!(
+            fs::read_dir(dir.path().join("etc/drover")).unwrap().count(),
+            1
+        );
+
+        // A bad path anywhere means nothing is written.
+        let err = write_bundle_files(
+            dir.path(),
+            &[file("/etc/new.yaml", 0o600), file("/etc/../../evil", 0o600)],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains(".."), "{err}");
+        assert!(!dir.path().join("etc/new.yaml").exists());
+        assert!(matches!(
+            write_bundle_files(dir.path(), &[file("/etc/suid", 0o4755)]),
+            Err(FileError::Mode { .. })
+        ));
+
+        assert!(remove_bundle_files(dir.path(), &written).is_empty());
+        assert!(!cfg.exists());
+        // Removing again is fine.
+        assert!(remove_bundle_files(dir.path(), &written).is_empty());
+    }
+}

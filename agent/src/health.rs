@@ -1,0 +1,234 @@
+//! Health probes sent with every heartbeat: kubelet `/healthz`, the API
+//! server's `/readyz` on control-plane machines, and free disk space.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drover_common::wire::{HealthReport, Probe, ProbeState};
+
+use crate::api::error_chain;
+use crate::tls;
+
+/// How long one probe may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Which probes to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbePlan {
+    /// Probe the kubelet (after bootstrap finished); otherwise report Unknown.
+    pub kubelet: bool,
+    pub api_server: ApiServerPlan,
+}
+
+/// Whether and where to probe the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiServerPlan {
+    /// Not a control-plane machine, or not bootstrapped: no API server probe.
+    None,
+    /// Probe `https://<addr>/readyz`.
+    Probe(SocketAddr),
+    /// Should probe, but cannot; reported as Unknown with this message.
+    Unknown(String),
+}
+
+/// Runs the probes.
+#[derive(Debug)]
+pub struct Prober {
+    root: PathBuf,
+    kubelet_url: reqwest::Url,
+    kubelet: Option<reqwest::Client>,
+    /// The API server client and the CA bundle it was built from, rebuilt
+    /// when `ca.crt` changes (a reset and a new cluster bring a new CA).
+    api_server: Option<(Vec<u8>, reqwest::Client)>,
+}
+
+impl Prober {
+    pub fn new(root: &Path, kubelet_url: reqwest::Url) -> Self {
+        Self {
+            root: root.to_owned(),
+            kubelet_url,
+            kubelet: None,
+            api_server: None,
+        }
+    }
+
+    /// Runs the planned probes concurrently.
+    pub async fn report(&mut self, plan: &ProbePlan) -> HealthReport {
+        let kubelet_client = if plan.kubelet {
+            self.kubelet_client()
+        } else {
+            Ok(None)
+        };
+        let api_client = match &plan.api_server {
+            ApiServerPlan::Probe(_) => self.api_server_client().map(Some),
+            _ => Ok(None),
+        };
+        let kubelet = async {
+            match kubelet_client {
+                Ok(Some(client)) => get_probe(&client, self.kubelet_url.as_str()).await,
+                Ok(None) => Probe::default(),
+                Err(message) => unknown(message),
+            }
+        };
+        let api_server = async {
+            match (&plan.api_server, api_client) {
+                (ApiServerPlan::None, _) => None,
+                (ApiServerPlan::Unknown(message), _) => Some(unknown(message.clone())),
+                (ApiServerPlan::Probe(addr), Ok(Some(client))) => {
+                    Some(get_probe(&client, &format!("https://{addr}/readyz")).await)
+                }
+                (ApiServerPlan::Probe(_), Ok(None)) => Some(Probe::default()),
+                (ApiServerPlan::Probe(_), Err(message)) => Some(unknown(message)),
+            }
+        };
+        let (kubelet, api_server) = tokio::join!(kubelet, api_server);
+        HealthReport {
+            kubelet,
+            api_server,
+            disk_free_bytes: disk_free_bytes(&self.root),
+        }
+    }
+
+    fn kubelet_client(&mut self) -> Result<Option<reqwest::Client>, String> {
+        if self.kubelet.is_none() {
+            self.kubelet = Some(probe_client(
+                tls::trust_nothing_config().map_err(|e| e.to_string())?,
+            )?);
+        }
+        Ok(self.kubelet.clone())
+    }
+
+    fn api_server_client(&mut self) -> Result<reqwest::Client, String> {
+        let ca_path = self.root.join("etc/kubernetes/pki/ca.crt");
+        let ca = std::fs::read(&ca_path)
+            .map_err(|e| format!("cannot read the cluster CA {}: {e}", ca_path.display()))?;
+        if let Some((cached, client)) = &self.api_server {
+            if *cached == ca {
+                return Ok(client.clone());
+            }
+        }
+        let config = tls::trust_only_config(&String::from_utf8_lossy(&ca), "the cluster CA")
+            .map_err(|e| format!("{}: {e}", ca_path.display()))?;
+        let client = probe_client(config)?;
+        self.api_server = Some((ca, client.clone()));
+        Ok(client)
+    }
+}
+
+fn probe_client(config: rustls::ClientConfig) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .timeout(PROBE_TIMEOUT)
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()
+        .map_err(|e| format!("cannot build the probe client: {}", error_chain(&e)))
+}
+
+fn unknown(message: String) -> Probe {
+    Probe {
+        state: ProbeState::Unknown,
+        message,
+    }
+}
+
+async fn get_probe(client: &reqwest::Client, url: &str) -> Probe {
+    match client.get(url).send().await {
+        Ok(response) if response.status() == reqwest::StatusCode::OK => Probe {
+            state: ProbeState::Healthy,
+            message: String::new(),
+        },
+        Ok(response) => {
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            let body: String = body.trim().chars().take(200).collect();
+            Probe {
+                state: ProbeState::Unhealthy,
+                message: format!("GET {url}: HTTP {status}: {body}")
+                    .trim_end_matches([':', ' '])
+                    .to_owned(),
+            }
+        }
+        Err(e) => Probe {
+            state: ProbeState::Unhealthy,
+            message: format!("GET {url}: {}", error_chain(&e)),
+        },
+    }
+}
+
+/// Free bytes for unprivileged users on the file system holding `root`.
+pub fn disk_free_bytes(root: &Path) -> u64 {
+    match nix::sys::statvfs::statvfs(root) {
+        Ok(s) => (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64),
+        Err(e) => {
+            tracing::debug!(root = %root.display(), error = %e, "statvfs failed");
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Serves one canned HTTP answer per connection.
+    async fn serve(answer: &'static str) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn.write_all(answer.as_bytes()).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn kubelet_probe_states() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = serve("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+        let bad = serve(
+            "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\nsick",
+        )
+        .await;
+        let plan = ProbePlan {
+            kubelet: true,
+            api_server: ApiServerPlan::None,
+        };
+        let url = |a: SocketAddr| format!("http://{a}/healthz").parse().unwrap();
+
+        let report = Prober::new(dir.path(), url(ok)).report(&plan).await;
+        assert_eq!(report.kubelet.state, ProbeState::Healthy);
+        assert!(report.api_server.is_none());
+        assert!(report.disk_free_bytes > 0);
+
+        let report = Prober::new(dir.path(), url(bad)).report(&plan).await;
+        assert_eq!(report.kubelet.state, ProbeState::Unhealthy);
+        assert!(report.kubelet.message.contains("500"), "{:?}", report.kubelet);
+        assert!(report.kubelet.message.contains("sick"), "{:?}", report.kubelet);
+
+        // Nothing listens on a port just released.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let report = Prober::new(dir.path(), url(closed)).report(&plan).await;
+        assert_eq!(report.kubelet.state, ProbeState::Unhealthy);
+
+        // Before bootstrap finished nothing is probed.
+        let report = Prober::new(dir.path(), url(closed))
+            .report(&ProbePlan {
+                kubelet: false,
+                api_server: ApiServerPlan::Probe(closed),
+            })
+            .await;
+        assert_eq!(report.kubelet.state, ProbeState::Unknown);
+        let api = report.api_server.unwrap();
+        assert_eq!(api.state, ProbeState::Unknown);
+        assert!(api.message.contains("ca.crt"), "{api:?}");
+    }
+}

@@ -1,0 +1,358 @@
+//! TLS for the agent.
+//!
+//! Before registration the agent trusts nothing but the CA pin from its
+//! bootstrap document: [`PinnedCaVerifier`] finds the certificate in the
+//! server's chain whose public key matches the pin, then verifies the server
+//! certificate against it as the only root (signature, validity, host name).
+//! After registration the coordinator CA received at registration is the only
+//! root, and the agent presents its client certificate.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+
+use drover_common::pin::CaPin;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, OtherError, RootCertStore, SignatureScheme};
+
+/// The one crypto provider the agent uses, chosen explicitly.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Why a TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {what}: {detail}")]
+    Pem { what: &'static str, detail: String },
+    #[error("{what} holds no certificate")]
+    NoCertificate { what: &'static str },
+    #[error("cannot use {what} as a trust root: {detail}")]
+    Root { what: &'static str, detail: String },
+    #[error("cannot build the TLS configuration: {0}")]
+    Config(String),
+}
+
+/// The server's chain holds no certificate matching the pin.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PinMismatch {
+    pub pinned: CaPin,
+    /// Pins of the certificates the server presented, server certificate
+    /// first; the coordinator sends its CA last.
+    pub presented: Vec<CaPin>,
+}
+
+impl fmt::Display for PinMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the coordinator's CA does not match the pinned {}: ",
+            self.pinned
+        )?;
+        match self.presented.as_slice() {
+            [] => write!(f, "the server presented no certificate")?,
+            [only] => write!(
+                f,
+                "the server presented only its own certificate, with pin {only}"
+            )?,
+            [.., ca] => write!(
+                f,
+                "the server presented a CA with pin {ca} ({} certificates in its chain)",
+                self.presented.len()
+            )?,
+        }
+        write!(
+            f,
+            "; check caPin in the bootstrap document (refusing to talk to this server)"
+        )
+    }
+}
+
+/// A server certificate verifier that trusts only the CA matching a pin.
+#[derive(Debug)]
+pub struct PinnedCaVerifier {
+    pin: CaPin,
+    provider: Arc<CryptoProvider>,
+}
+
+impl PinnedCaVerifier {
+    pub fn new(pin: CaPin, provider: Arc<CryptoProvider>) -> Self {
+        Self { pin, provider }
+    }
+}
+
+impl ServerCertVerifier for PinnedCaVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let chain = || std::iter::once(end_entity).chain(intermediates);
+        let Some(ca) = chain().find(|c| self.pin.matches_cert_der(c)) else {
+            let mismatch = PinMismatch {
+                pinned: self.pin.clone(),
+                presented: chain()
+                    .filter_map(|c| CaPin::from_cert_der(c).ok())
+                    .collect(),
+            };
+            return Err(rustls::Error::Other(OtherError(Arc::new(mismatch))));
+        };
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+        verifier.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Finds a [`PinMismatch`] anywhere in an error's chain, looking inside
+/// `io::Error` and `rustls::Error` wrappers, which hide their payload from
+/// `source()`.
+pub fn find_pin_mismatch(err: &(dyn StdError + 'static)) -> Option<PinMismatch> {
+    let mut next: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(m) = e.downcast_ref::<PinMismatch>() {
+            return Some(m.clone());
+        }
+        if let Some(rustls::Error::Other(OtherError(inner))) = e.downcast_ref::<rustls::Error>() {
+            if let Some(m) = find_pin_mismatch(inner.as_ref()) {
+                return Some(m);
+            }
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(inner) = io.get_ref() {
+                if let Some(m) = find_pin_mismatch(inner) {
+                    return Some(m);
+                }
+            }
+        }
+        next = e.source();
+    }
+    None
+}
+
+fn builder() -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>, TlsError> {
+    ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))
+}
+
+/// The configuration used before registration: only the pinned CA is trusted,
+/// and no client certificate is presented.
+pub fn pinned_config(pin: &CaPin) -> Result<ClientConfig, TlsError> {
+    Ok(builder()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier::new(
+            pin.clone(),
+            provider(),
+        )))
+        .with_no_client_auth())
+}
+
+/// Parses every certificate of a PEM document.
+pub fn certs_from_pem(
+    pem: &str,
+    what: &'static str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            what,
+            detail: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate { what });
+    }
+    Ok(certs)
+}
+
+fn roots_from_pem(pem: &str, what: &'static str) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in certs_from_pem(pem, what)? {
+        roots.add(cert).map_err(|e| TlsError::Root {
+            what,
+            detail: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// The mutual-TLS configuration used after registration: the coordinator CA
+/// is the only root, and the agent presents its client certificate.
+pub fn mtls_config(
+    coordinator_ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<ClientConfig, TlsError> {
+    let roots = roots_from_pem(coordinator_ca_pem, "the coordinator CA certificate")?;
+    let chain = certs_from_pem(cert_pem, "the client certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| TlsError::Pem {
+        what: "the client key",
+        detail: e.to_string(),
+    })?;
+    builder()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| TlsError::Config(e.to_string()))
+}
+
+/// A configuration trusting only the CA certificates of a PEM document.
+pub fn trust_only_config(ca_pem: &str, what: &'static str) -> Result<ClientConfig, TlsError> {
+    Ok(builder()?
+        .with_root_certificates(roots_from_pem(ca_pem, what)?)
+        .with_no_client_auth())
+}
+
+/// A configuration trusting nothing, for clients that only speak plain HTTP
+/// (reqwest needs some TLS configuration to build a client).
+pub fn trust_nothing_config() -> Result<ClientConfig, TlsError> {
+    Ok(builder()?
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
+
+    pub(crate) fn server_leaf(ca: &CertificateAuthority) -> (String, String) {
+        let issued = ca
+            .issue(&LeafSpec {
+                common_name: "coordinator".into(),
+                organizations: vec![],
+                dns_names: vec!["localhost".into()],
+                ip_addresses: vec!["127.0.0.1".parse().unwrap()],
+                usage: LeafUsage::Server,
+                validity: time::Duration::hours(1),
+            })
+            .unwrap();
+        (issued.cert_pem, issued.key_pem.unwrap())
+    }
+
+    fn der(pem: &str) -> CertificateDer<'static> {
+        certs_from_pem(pem, "test").unwrap().remove(0)
+    }
+
+    fn verify(
+        pin: &CaPin,
+        leaf: &CertificateDer<'_>,
+        rest: &[CertificateDer<'_>],
+        name: &str,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        PinnedCaVerifier::new(pin.clone(), provider()).verify_server_cert(
+            leaf,
+            rest,
+            &ServerName::try_from(name.to_owned()).unwrap(),
+            &[],
+            UnixTime::now(),
+        )
+    }
+
+    #[test]
+    fn pinned_verifier_accepts_matching_ca() {
+        let ca = CertificateAuthority::generate("coordinator-ca").unwrap();
+        let pin = CaPin::from_cert_der(&ca.cert_der()).unwrap();
+        let (leaf, _) = server_leaf(&ca);
+        let ca_der = der(&ca.cert_pem);
+        verify(&pin, &der(&leaf), &[ca_der.clone()], "localhost").unwrap();
+        verify(&pin, &der(&leaf), &[ca_der.clone()], "127.0.0.1").unwrap();
+        // The pin only selects the root; the host name is still checked.
+        let err = verify(&pin, &der(&leaf), &[ca_der], "example.com").unwrap_err();
+        assert!(
+            matches!(err, rustls::Error::InvalidCertificate(_)),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn pinned_verifier_refuses_other_ca_with_message() {
+        let ca = CertificateAuthority::generate("coordinator-ca").unwrap();
+        let other = CertificateAuthority::generate("someone-else").unwrap();
+        let pinned = CaPin::from_cert_der(&other.cert_der()).unwrap();
+        let presented = CaPin::from_cert_der(&ca.cert_der()).unwrap();
+        let (leaf, _) = server_leaf(&ca);
+        let err = verify(&pinned, &der(&leaf), &[der(&ca.cert_pem)], "localhost").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!(
+                "the coordinator's CA does not match the pinned {pinned}"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&presented.to_string()), "{text}");
+        let mismatch = find_pin_mismatch(&err).expect("mismatch is found in the error");
+        assert_eq!(mismatch.pinned, pinned);
+        assert_eq!(mismatch.presented.last(), Some(&presented));
+
+        // Wrapped the way tokio-rustls and hyper wrap it, it is still found.
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, err);
+        assert_eq!(find_pin_mismatch(&io), Some(mismatch));
+    }
+
+    #[test]
+    fn leaf_signed_by_pinned_ca_but_sent_without_it_is_refused() {
+        // A chain without the CA cannot prove anything about the pin.
+        let ca = CertificateAuthority::generate("coordinator-ca").unwrap();
+        let pin = CaPin::from_cert_der(&ca.cert_der()).unwrap();
+        let (leaf, _) = server_leaf(&ca);
+        let err = verify(&pin, &der(&leaf), &[], "localhost").unwrap_err();
+        assert!(err.to_string().contains("only its own certificate"), "{err}");
+    }
+
+    #[test]
+    fn configs_build() {
+        let ca = CertificateAuthority::generate("coordinator-ca").unwrap();
+        let (leaf, key) = server_leaf(&ca);
+        mtls_config(&ca.cert_pem, &leaf, &key).unwrap();
+        trust_only_config(&ca.cert_pem, "ca").unwrap();
+        assert!(matches!(
+            trust_only_config("", "the cluster CA"),
+            Err(TlsError::NoCertificate { .. })
+        ));
+        trust_nothing_config().unwrap();
+    }
+}

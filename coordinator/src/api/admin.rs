@@ -1,0 +1,357 @@
+//! Admin API handlers: declarative clusters, machines, registration tokens,
+//! kubeconfigs.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::Json;
+use drover_common::api::{
+    Cluster, ClusterStatus, CreateRegistrationToken, CreatedRegistrationToken, FieldError,
+    KubeconfigResponse, Machine, ObjectMeta, RegistrationToken, RegistrationTokenSpec,
+    RegistrationTokenStatus,
+};
+use drover_common::names::{check_dns_label, check_label};
+use drover_common::ticket::{new_nonce, TicketClaims, TicketGrant};
+use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
+use drover_common::API_VERSION;
+
+use super::{Admin, ApiError};
+use crate::app::App;
+use crate::store::Kind;
+
+/// The longest a registration token may live.
+const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
+
+pub async fn list_clusters(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+) -> Result<Json<Vec<Cluster>>, ApiError> {
+    Ok(Json(app.clusters()?))
+}
+
+pub async fn get_cluster(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<Cluster>, ApiError> {
+    app.cluster(&name)?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("cluster", &name))
+}
+
+/// Parses a Cluster document, YAML or JSON by content type, strictly.
+fn parse_cluster(headers: &HeaderMap, body: &[u8]) -> Result<Cluster, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request("the document is not UTF-8 text"))?;
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let parsed = if is_json {
+        serde_json::from_str::<Cluster>(text).map_err(|e| e.to_string())
+    } else {
+        serde_saphyr::from_str::<Cluster>(text).map_err(|e| e.to_string())
+    };
+    parsed.map_err(|e| {
+        ApiError::invalid(
+            "the Cluster document does not match the schema; nothing was changed",
+            vec![FieldError {
+                field: "(document)".into(),
+                message: e,
+            }],
+        )
+    })
+}
+
+/// `PUT /v1/clusters/{name}`: create or update a cluster (what `drover apply` sends).
+pub async fn apply_cluster(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Cluster>), ApiError> {
+    admin.require_write()?;
+    let mut desired = parse_cluster(&headers, &body)?;
+    if let Err(errors) = desired.validate() {
+        return Err(ApiError::invalid(
+            format!("Cluster {name:?} is invalid; nothing was changed"),
+            errors,
+        ));
+    }
+    if desired.metadata.name != name {
+        return Err(ApiError::bad_request(format!(
+            "metadata.name {:?} does not match the URL's name {name:?}",
+            desired.metadata.name
+        )));
+    }
+    let now = drover_common::now();
+    match app.cluster(&name)? {
+        None => {
+            if desired.metadata.resource_version.is_some() {
+                return Err(ApiError::not_found("cluster", &name));
+            }
+            desired.metadata.uid = Some(uuid::Uuid::new_v4().to_string());
+            desired.metadata.generation = 1;
+            desired.metadata.creation_timestamp = Some(now);
+            desired.metadata.deletion_timestamp = None;
+            desired.status = ClusterStatus::default();
+            app.store.create_json(Kind::Cluster, &name, &desired)?;
+            tracing::info!(cluster = %name, by = %admin.token_id, "cluster created");
+            app.reconcile_now.notify_one();
+            let created = app.cluster(&name)?.ok_or_else(|| ApiError::not_found("cluster", &name))?;
+            Ok((StatusCode::CREATED, Json(created)))
+        }
+        Some(mut current) => {
+            if let Some(rv) = &desired.metadata.resource_version {
+                if Some(rv) != current.metadata.resource_version.as_ref() {
+                    return Err(ApiError::conflict(format!(
+                        "cluster {name} has resourceVersion {}, the document says {rv}; fetch it again and reapply",
+                        current.metadata.resource_version.as_deref().unwrap_or("?")
+                    )));
+                }
+            }
+            if current.metadata.deletion_timestamp.is_some() {
+                return Err(ApiError::conflict(format!(
+                    "cluster {name} is being deleted; wait until it is gone to create it again"
+                )));
+            }
+            if current.spec.provider != desired.spec.provider {
+                return Err(ApiError::invalid(
+                    format!("Cluster {name:?} is invalid; nothing was changed"),
+                    vec![FieldError {
+                        field: "spec.provider".into(),
+                        message: "is immutable; delete the cluster and create it again to move it".into(),
+                    }],
+                ));
+            }
+            let spec_changed = current.spec != desired.spec;
+            if !spec_changed && current.metadata.labels == desired.metadata.labels {
+                return Ok((StatusCode::OK, Json(current)));
+            }
+            if spec_changed {
+                current.metadata.generation += 1;
+            }
+            current.spec = desired.spec;
+            current.metadata.labels = desired.metadata.labels;
+            app.write_cluster(&current)?;
+            tracing::info!(cluster = %name, generation = current.metadata.generation, by = %admin.token_id, "cluster updated");
+            app.reconcile_now.notify_one();
+            let updated = app.cluster(&name)?.ok_or_else(|| ApiError::not_found("cluster", &name))?;
+            Ok((StatusCode::OK, Json(updated)))
+        }
+    }
+}
+
+/// `DELETE /v1/clusters/{name}`: marks the cluster for deletion; the
+/// reconciler releases its machines, then removes it.
+pub async fn delete_cluster(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Path(name): Path<String>,
+) -> Result<(StatusCode, Json<Cluster>), ApiError> {
+    admin.require_write()?;
+    let mut c = app
+        .cluster(&name)?
+        .ok_or_else(|| ApiError::not_found("cluster", &name))?;
+    if c.metadata.deletion_timestamp.is_none() {
+        c.metadata.deletion_timestamp = Some(drover_common::now());
+        app.write_cluster(&c)?;
+        tracing::info!(cluster = %name, by = %admin.token_id, "cluster deletion requested");
+    }
+    app.reconcile_now.notify_one();
+    let c = app.cluster(&name)?.unwrap_or(c);
+    Ok((StatusCode::ACCEPTED, Json(c)))
+}
+
+pub async fn list_machines(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+) -> Result<Json<Vec<Machine>>, ApiError> {
+    Ok(Json(app.machines()?))
+}
+
+pub async fn get_machine(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<Machine>, ApiError> {
+    app.machine(&name)?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("machine", &name))
+}
+
+/// `POST /v1/registrationtokens`: a token and the bootstrap document that carries its ticket.
+pub async fn create_token(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Json(req): Json<CreateRegistrationToken>,
+) -> Result<(StatusCode, Json<CreatedRegistrationToken>), ApiError> {
+    admin.require_write()?;
+    let mut errors = vec![];
+    if let Err(e) = check_dns_label("pool name", &req.pool) {
+        errors.push(FieldError {
+            field: "pool".into(),
+            message: e.to_string(),
+        });
+    }
+    for (k, v) in &req.labels {
+        for e in [check_label("label key", k, false), check_label("label value", v, true)]
+            .into_iter()
+            .filter_map(Result::err)
+        {
+            errors.push(FieldError {
+                field: "labels".into(),
+                message: e.to_string(),
+            });
+        }
+    }
+    if req.ttl_seconds == 0 || req.ttl_seconds > MAX_TOKEN_TTL_SECONDS {
+        errors.push(FieldError {
+            field: "ttlSeconds".into(),
+            message: format!("must be between 1 and {MAX_TOKEN_TTL_SECONDS}, got {}", req.ttl_seconds),
+        });
+    }
+    if req.max_uses == 0 || req.max_uses > 100_000 {
+        errors.push(FieldError {
+            field: "maxUses".into(),
+            message: format!("must be between 1 and 100000, got {}", req.max_uses),
+        });
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::invalid("the registration token request is invalid", errors));
+    }
+    let now = drover_common::now();
+    let expires_at = now + time::Duration::seconds(req.ttl_seconds as i64);
+    let id = format!("rt-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let token = RegistrationToken {
+        api_version: API_VERSION.into(),
+        kind: "RegistrationToken".into(),
+        metadata: ObjectMeta {
+            name: id.clone(),
+            uid: Some(uuid::Uuid::new_v4().to_string()),
+            generation: 1,
+            creation_timestamp: Some(now),
+            ..Default::default()
+        },
+        spec: RegistrationTokenSpec {
+            pool: req.pool.clone(),
+            labels: req.labels,
+            max_uses: req.max_uses,
+            expires_at,
+            revoked: false,
+        },
+        status: RegistrationTokenStatus::default(),
+    };
+    app.store.create_json(Kind::RegistrationToken, &id, &token)?;
+    let ticket = app.ticket_key.sign(&TicketClaims {
+        grant: TicketGrant::PoolRegistration {
+            token_id: id.clone(),
+            pool: req.pool,
+        },
+        issued_at: now.unix_timestamp(),
+        expires_at: expires_at.unix_timestamp(),
+        nonce: new_nonce(),
+    });
+    tracing::info!(token = %id, by = %admin.token_id, "registration token created");
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedRegistrationToken {
+            token,
+            bootstrap: BootstrapDocument {
+                api_version: API_VERSION.into(),
+                kind: BOOTSTRAP_KIND.into(),
+                coordinators: app.settings.advertise_urls.clone(),
+                ca_pin: app.ca_pin.clone(),
+                ticket,
+            },
+        }),
+    ))
+}
+
+pub async fn list_tokens(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+) -> Result<Json<Vec<RegistrationToken>>, ApiError> {
+    Ok(Json(
+        app.store
+            .list_json::<RegistrationToken>(Kind::RegistrationToken)?
+            .into_iter()
+            .map(|(mut t, rev)| {
+                t.metadata.resource_version = Some(rev.to_string());
+                t
+            })
+            .collect(),
+    ))
+}
+
+pub async fn revoke_token_put(
+    state: State<Arc<App>>,
+    admin: Admin,
+    path: Path<String>,
+) -> Result<Json<RegistrationToken>, ApiError> {
+    revoke_token(state, admin, path).await
+}
+
+/// `DELETE /v1/registrationtokens/{name}`: revokes a token; tickets issued
+/// under it stop working at once.
+pub async fn revoke_token(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<RegistrationToken>, ApiError> {
+    admin.require_write()?;
+    let (mut t, rev) = app
+        .store
+        .get_json::<RegistrationToken>(Kind::RegistrationToken, &name)?
+        .ok_or_else(|| ApiError::not_found("registration token", &name))?;
+    t.spec.revoked = true;
+    app.store
+        .update_json(Kind::RegistrationToken, &name, &t, Some(rev))?;
+    tracing::info!(token = %name, by = %admin.token_id, "registration token revoked");
+    Ok(Json(t))
+}
+
+/// The request of `POST /v1/clusters/{name}/kubeconfig`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeconfigRequest {
+    #[serde(default = "default_kubeconfig_ttl")]
+    pub ttl_seconds: u64,
+}
+
+fn default_kubeconfig_ttl() -> u64 {
+    3600
+}
+
+/// Mints an admin kubeconfig with a short-lived client certificate signed by
+/// the cluster CA.
+pub async fn kubeconfig(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Path(name): Path<String>,
+    body: Option<Json<KubeconfigRequest>>,
+) -> Result<Json<KubeconfigResponse>, ApiError> {
+    admin.require_write()?;
+    let ttl = body.map(|b| b.0.ttl_seconds).unwrap_or(3600);
+    if ttl == 0 || ttl > 24 * 3600 {
+        return Err(ApiError::bad_request("ttlSeconds must be between 1 and 86400"));
+    }
+    let cluster = app
+        .cluster(&name)?
+        .ok_or_else(|| ApiError::not_found("cluster", &name))?;
+    let endpoint = cluster.status.control_plane_endpoint.clone().ok_or_else(|| {
+        ApiError::conflict(format!(
+            "cluster {name} has no control-plane endpoint yet; wait until its first control-plane machine is assigned"
+        ))
+    })?;
+    let pki = crate::reconcile::load_pki(&app, &cluster)?.ok_or_else(|| {
+        ApiError::conflict(format!("cluster {name} has no PKI yet; wait for the reconciler"))
+    })?;
+    let kc = crate::kubeconfig::admin_kubeconfig(&name, &endpoint, &pki.ca.ca(), ttl, &admin.token_id)
+        .map_err(ApiError::internal)?;
+    tracing::info!(cluster = %name, by = %admin.token_id, ttl, "admin kubeconfig issued");
+    Ok(Json(kc))
+}

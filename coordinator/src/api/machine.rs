@@ -1,0 +1,632 @@
+//! Machine API handlers: registration with a ticket, then heartbeats,
+//! config bundles and certificate renewal over mutual TLS.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use drover_common::api::{
+    Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus, ObjectMeta, RegistrationToken,
+};
+use drover_common::pki::{cert_info, LeafSpec, LeafUsage};
+use drover_common::ticket::TicketGrant;
+use drover_common::wire::{
+    AgentPhase, AssignmentNotice, ConfigNotReady, Directive, DirectiveAction, HeartbeatRequest,
+    HeartbeatResponse, MachineFacts, RegisterRequest, RegisterResponse, RenewRequest,
+    RenewResponse,
+};
+use drover_common::API_VERSION;
+use rand::Rng;
+
+use super::{ApiError, Body};
+use crate::app::{App, Liveness};
+use crate::jointokens::{directive_id, ClusterJoinTokens, JoinTokenDecision};
+use crate::server::PeerCertificate;
+use crate::store::{encode, Kind, Op, StoreError};
+
+/// The organization every machine certificate carries.
+pub const MACHINE_ORG: &str = "drover:machines";
+
+/// `POST /v1/machine/register`: redeem a ticket, get a client certificate.
+pub async fn register(
+    State(app): State<Arc<App>>,
+    Body(req): Body<RegisterRequest>,
+) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    let now = drover_common::now();
+    let claims = app
+        .ticket_key
+        .verify(&req.ticket, now.unix_timestamp())
+        .map_err(|e| {
+            tracing::warn!(error = %e, hostname = %req.facts.hostname, "registration refused");
+            ApiError::unauthorized(e.to_string())
+        })?;
+    check_facts(&req.facts)?;
+    let TicketGrant::PoolRegistration { token_id, pool } = claims.grant else {
+        return Err(ApiError::forbidden(
+            "this ticket is bound to a machine the coordinator creates; such machines register through their provider",
+        ));
+    };
+    let suffix: String = {
+        let mut rng = rand::rng();
+        (0..6)
+            .map(|_| {
+                let i = rng.random_range(0..36u8);
+                (if i < 10 { b'0' + i } else { b'a' + i - 10 }) as char
+            })
+            .collect()
+    };
+    let name = format!("{pool}-{suffix}");
+    let uid = uuid::Uuid::new_v4().to_string();
+    let issued = app
+        .ca
+        .sign_csr(
+            &req.csr_pem,
+            &LeafSpec {
+                common_name: name.clone(),
+                organizations: vec![MACHINE_ORG.into()],
+                dns_names: vec![],
+                ip_addresses: vec![],
+                usage: LeafUsage::Client,
+                validity: time::Duration::try_from(app.settings.machine_cert_ttl)
+                    .unwrap_or(time::Duration::hours(24)),
+            },
+        )
+        .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
+
+    // Redeem the ticket and create the machine in one transaction; a
+    // concurrent redemption of the same token makes the revision check fail
+    // and this one re-reads the token.
+    for _ in 0..16 {
+        let (mut token, rev) = app
+            .store
+            .get_json::<RegistrationToken>(Kind::RegistrationToken, &token_id)?
+            .ok_or_else(|| {
+                ApiError::unauthorized(format!(
+                    "registration token {token_id} no longer exists; create a new one with `drover token create`"
+                ))
+            })?;
+        if token.spec.revoked {
+            return Err(ApiError::unauthorized(format!(
+                "registration token {token_id} was revoked"
+            )));
+        }
+        if token.spec.expires_at <= now {
+            return Err(ApiError::unauthorized(format!(
+                "registration token {token_id} expired at {}",
+                token.spec.expires_at
+            )));
+        }
+        if token.status.uses >= token.spec.max_uses {
+            tracing::warn!(token = %token_id, hostname = %req.facts.hostname, "replayed ticket refused");
+            return Err(ApiError::conflict(format!(
+                "ticket already used: registration token {token_id} allows {} registration(s) and all were used; create a new token with `drover token create`",
+                token.spec.max_uses
+            )));
+        }
+        token.status.uses += 1;
+        token.status.machines.push(name.clone());
+        let mut labels = token.spec.labels.clone();
+        labels.insert("drover.dev/pool".into(), pool.clone());
+        let machine = Machine {
+            api_version: API_VERSION.into(),
+            kind: "Machine".into(),
+            metadata: ObjectMeta {
+                name: name.clone(),
+                uid: Some(uid.clone()),
+                generation: 1,
+                labels,
+                creation_timestamp: Some(now),
+                ..Default::default()
+            },
+            spec: MachineSpec {
+                pool: pool.clone(),
+                assignment: None,
+            },
+            status: MachineStatus {
+                phase: MachinePhase::Registered,
+                hostname: req.facts.hostname.clone(),
+                addresses: req.facts.addresses.clone(),
+                api_server_port: req.facts.api_server_port,
+                kubelet_healthz_port: req.facts.kubelet_healthz_port,
+                agent_version: req.facts.agent_version.clone(),
+                last_heartbeat_time: Some(now),
+                certificate_not_after: Some(issued.not_after),
+                ..Default::default()
+            },
+        };
+        match app.store.txn(vec![
+            Op::Update {
+                kind: Kind::RegistrationToken,
+                name: token_id.clone(),
+                body: encode(&token),
+                expected_revision: Some(rev),
+            },
+            Op::Create {
+                kind: Kind::Machine,
+                name: name.clone(),
+                body: encode(&machine),
+            },
+        ]) {
+            Ok(_) => {
+                app.liveness
+                    .lock()
+                    .expect("liveness lock")
+                    .insert(name.clone(), Liveness { last_seen: now });
+                tracing::info!(machine = %name, pool = %pool, token = %token_id, hostname = %req.facts.hostname, "machine registered");
+                app.reconcile_now.notify_one();
+                return Ok((
+                    StatusCode::CREATED,
+                    Json(RegisterResponse {
+                        machine_name: name,
+                        machine_uid: uid,
+                        certificate_pem: issued.cert_pem,
+                        not_after: issued.not_after,
+                        coordinator_ca_pem: app.ca.cert_pem.clone(),
+                        heartbeat_interval_seconds: app.settings.heartbeat_interval.as_secs().max(1),
+                    }),
+                ));
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::internal(format!(
+        "registration token {token_id} is under heavy concurrent use; retry"
+    )))
+}
+
+fn check_facts(f: &MachineFacts) -> Result<(), ApiError> {
+    let mut problems = vec![];
+    if f.hostname.is_empty()
+        || f.hostname.len() > 253
+        || !f
+            .hostname
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+    {
+        problems.push(format!("hostname {:?} is not a valid host name", f.hostname));
+    }
+    if f.addresses.is_empty() || f.addresses.len() > 16 {
+        problems.push("addresses must list 1 to 16 IP addresses".to_string());
+    }
+    for a in &f.addresses {
+        if a.parse::<IpAddr>().is_err() {
+            problems.push(format!("address {a:?} is not an IP address"));
+        }
+    }
+    if f.api_server_port == 0 || f.kubelet_healthz_port == 0 {
+        problems.push("apiServerPort and kubeletHealthzPort must be set".to_string());
+    }
+    if f.agent_version.len() > 64 {
+        problems.push("agentVersion is too long".to_string());
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "machine facts are invalid: {}",
+            problems.join("; ")
+        )))
+    }
+}
+
+/// Finds the machine a verified client certificate belongs to.
+fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> {
+    let der = peer.0.as_ref().ok_or_else(|| {
+        ApiError::unauthorized(
+            "this call needs the machine's client certificate (mutual TLS); register first",
+        )
+    })?;
+    let info = cert_info(der).map_err(|e| ApiError::unauthorized(e.to_string()))?;
+    if !info.organizations.iter().any(|o| o == MACHINE_ORG) {
+        return Err(ApiError::forbidden("the client certificate is not a machine certificate"));
+    }
+    app.machine(&info.common_name)?.ok_or_else(|| {
+        ApiError::unauthorized(format!(
+            "machine {} is not known to this coordinator (it was deleted); it needs a new ticket",
+            info.common_name
+        ))
+    })
+}
+
+/// `POST /v1/machine/heartbeat`: record liveness and what changed, answer
+/// with the assignment and directives.
+pub async fn heartbeat(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<PeerCertificate>,
+    Body(hb): Body<HeartbeatRequest>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    let machine = authenticate(&app, &peer)?;
+    let name = machine.metadata.name.clone();
+    let now = drover_common::now();
+    app.liveness
+        .lock()
+        .expect("liveness lock")
+        .insert(name.clone(), Liveness { last_seen: now });
+
+    // Directive results first: registered join tokens become usable.
+    if let Some(a) = &machine.spec.assignment {
+        let done: Vec<String> = hb
+            .directive_results
+            .iter()
+            .filter(|r| r.id.starts_with("token-"))
+            .map(|r| {
+                if !r.ok {
+                    tracing::warn!(machine = %name, directive = %r.id, message = %r.message, "join token registration failed");
+                }
+                r.id.clone()
+            })
+            .collect();
+        if !done.is_empty() {
+            activate_tokens(&app, &a.cluster, &hb, &done)?;
+        }
+    }
+
+    let mut woke = false;
+    let updated = app
+        .update_machine::<ApiError>(&name, |m| {
+            let before = m.status.clone();
+            let before_spec = m.spec.clone();
+            apply_heartbeat(m, &hb);
+            let changed = m.status != before || m.spec != before_spec;
+            if changed {
+                m.status.last_heartbeat_time = Some(now);
+                woke = true;
+            }
+            Ok(changed)
+        })?
+        .ok_or_else(|| ApiError::unauthorized(format!("machine {name} was deleted")))?;
+    if woke {
+        tracing::info!(machine = %name, phase = %updated.status.phase, "machine status changed");
+        app.reconcile_now.notify_one();
+    }
+
+    let mut directives = vec![];
+    let mut assignment = None;
+    if let Some(a) = &updated.spec.assignment {
+        if updated.status.phase == MachinePhase::Releasing {
+            directives.push(Directive {
+                id: format!("reset-g{}", a.generation),
+                action: DirectiveAction::Reset {
+                    reason: format!("released from cluster {}", a.cluster),
+                },
+            });
+        } else {
+            assignment = Some(AssignmentNotice {
+                cluster: a.cluster.clone(),
+                role: a.role,
+                generation: a.generation,
+            });
+            if a.role.is_control_plane() && updated.status.phase == MachinePhase::Running {
+                if let Some((tokens, _)) = app
+                    .store
+                    .get_json::<ClusterJoinTokens>(Kind::JoinTokens, &a.cluster)?
+                {
+                    if tokens.cluster_uid == a.cluster_uid && is_token_registrar(&app, &updated)? {
+                        for t in tokens.pending(now) {
+                            directives.push(Directive {
+                                id: directive_id(&t.token),
+                                action: DirectiveAction::CreateBootstrapToken {
+                                    token: t.token.clone(),
+                                    ttl_seconds: (t.expires_at - now).whole_seconds().max(1) as u64,
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Json(HeartbeatResponse {
+        heartbeat_interval_seconds: app.settings.heartbeat_interval.as_secs().max(1),
+        assignment,
+        directives,
+    }))
+}
+
+/// Folds a heartbeat into a machine. Pure, so it is unit-tested.
+pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
+    let releasing = m.status.phase == MachinePhase::Releasing;
+    if releasing {
+        if hb.phase == AgentPhase::Waiting && hb.applied_generation == 0 {
+            // The agent reset itself: the machine is back in its pool.
+            m.spec.assignment = None;
+            m.status.phase = MachinePhase::Registered;
+            m.status.bootstrap = None;
+            m.status.applied_generation = 0;
+        }
+    } else {
+        let assigned = m.spec.assignment.is_some();
+        let current_gen = m.spec.assignment.as_ref().map(|a| a.generation);
+        // Reports about an older assignment say nothing about the current one.
+        let about_current = hb.applied_generation == 0 || Some(hb.applied_generation) == current_gen;
+        m.status.phase = match hb.phase {
+            AgentPhase::Waiting if assigned => MachinePhase::Assigned,
+            AgentPhase::Waiting => MachinePhase::Registered,
+            _ if !about_current => m.status.phase,
+            AgentPhase::Bootstrapping => MachinePhase::Bootstrapping,
+            AgentPhase::Running => MachinePhase::Running,
+            AgentPhase::Failed => MachinePhase::Failed,
+            AgentPhase::Resetting => MachinePhase::Releasing,
+        };
+        if about_current {
+            m.status.bootstrap = hb.bootstrap.clone();
+            m.status.applied_generation = hb.applied_generation;
+        }
+    }
+    m.status.health = Some(hb.health.clone());
+}
+
+/// The control-plane machine that registers join tokens: the init machine
+/// while it runs, else the first running control-plane machine by name.
+fn is_token_registrar(app: &App, m: &Machine) -> Result<bool, StoreError> {
+    let Some(a) = &m.spec.assignment else {
+        return Ok(false);
+    };
+    let mut candidates: Vec<Machine> = app
+        .machines()?
+        .into_iter()
+        .filter(|o| {
+            o.status.phase == MachinePhase::Running
+                && o.spec
+                    .assignment
+                    .as_ref()
+                    .is_some_and(|oa| oa.cluster_uid == a.cluster_uid && oa.role.is_control_plane())
+        })
+        .collect();
+    candidates.sort_by_key(|o| {
+        (
+            o.spec.assignment.as_ref().map(|a| a.role) != Some(MachineRole::Init),
+            o.metadata.name.clone(),
+        )
+    });
+    Ok(candidates
+        .first()
+        .is_some_and(|c| c.metadata.name == m.metadata.name))
+}
+
+fn activate_tokens(
+    app: &App,
+    cluster: &str,
+    hb: &HeartbeatRequest,
+    ids: &[String],
+) -> Result<(), ApiError> {
+    for _ in 0..16 {
+        let Some((mut tokens, rev)) = app
+            .store
+            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, cluster)?
+        else {
+            return Ok(());
+        };
+        let mut changed = false;
+        for r in hb.directive_results.iter().filter(|r| r.ok && ids.contains(&r.id)) {
+            if let Some(id) = r.id.strip_prefix("token-") {
+                changed |= tokens.activate(id);
+            }
+        }
+        if !changed {
+            return Ok(());
+        }
+        match app
+            .store
+            .update_json(Kind::JoinTokens, cluster, &tokens, Some(rev))
+        {
+            Ok(_) => {
+                tracing::info!(cluster, "join token registered in the cluster");
+                return Ok(());
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::internal("join tokens kept changing"))
+}
+
+/// `GET /v1/machine/config`: the signed bundle for the machine's assignment.
+pub async fn config(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<PeerCertificate>,
+) -> Result<Json<drover_common::bundle::SignedBundle>, ApiError> {
+    let machine = authenticate(&app, &peer)?;
+    let bundle = crate::bootstrap::bundle_for(&app, &machine)?;
+    Ok(Json(bundle))
+}
+
+/// Builds the "not yet" answer for a machine that must wait.
+pub fn not_ready(app: &App, reason: String) -> ApiError {
+    let retry = app.settings.heartbeat_interval.as_secs().clamp(1, 5);
+    let mut e = ApiError::new(StatusCode::CONFLICT, "Config not ready", reason.clone());
+    tracing::debug!(%reason, "config not ready");
+    e.not_ready = Some(ConfigNotReady {
+        reason,
+        retry_after_seconds: retry,
+    });
+    e
+}
+
+/// Mints a join token or reports why a joiner waits.
+pub fn join_token_for(
+    app: &App,
+    cluster: &str,
+    cluster_uid: &str,
+) -> Result<drover_common::token::BootstrapToken, ApiError> {
+    let now = drover_common::now();
+    let ttl = time::Duration::try_from(app.settings.join_token_ttl).unwrap_or(time::Duration::minutes(30));
+    for _ in 0..16 {
+        let existing = app
+            .store
+            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, cluster)?;
+        let (mut tokens, rev) = match existing {
+            Some((t, rev)) if t.cluster_uid == cluster_uid => (t, Some(rev)),
+            Some((_, rev)) => (
+                ClusterJoinTokens {
+                    cluster_uid: cluster_uid.to_owned(),
+                    tokens: vec![],
+                },
+                Some(rev),
+            ),
+            None => (
+                ClusterJoinTokens {
+                    cluster_uid: cluster_uid.to_owned(),
+                    tokens: vec![],
+                },
+                None,
+            ),
+        };
+        let pruned = tokens.prune(now);
+        match tokens.decide(now, ttl) {
+            JoinTokenDecision::Use(t) => {
+                if pruned {
+                    let _ = store_tokens(app, cluster, &tokens, rev);
+                }
+                return Ok(t);
+            }
+            JoinTokenDecision::Wait => {
+                return Err(not_ready(
+                    app,
+                    format!("waiting for a control-plane machine of cluster {cluster} to register a join token"),
+                ))
+            }
+            JoinTokenDecision::Mint(t) => {
+                let id = t.token.id().to_owned();
+                tokens.tokens.push(t);
+                match store_tokens(app, cluster, &tokens, rev) {
+                    Ok(()) => {
+                        tracing::info!(cluster, token_id = %id, "join token minted; a control-plane agent will register it");
+                        return Err(not_ready(
+                            app,
+                            format!("join token {id} minted for cluster {cluster}; waiting for a control-plane machine to register it"),
+                        ));
+                    }
+                    Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Err(ApiError::internal("join tokens kept changing"))
+}
+
+fn store_tokens(
+    app: &App,
+    cluster: &str,
+    tokens: &ClusterJoinTokens,
+    rev: Option<u64>,
+) -> Result<(), StoreError> {
+    match rev {
+        Some(rev) => app
+            .store
+            .update_json(Kind::JoinTokens, cluster, tokens, Some(rev))
+            .map(|_| ()),
+        None => app
+            .store
+            .create_json(Kind::JoinTokens, cluster, tokens)
+            .map(|_| ()),
+    }
+}
+
+/// `POST /v1/machine/certificate`: a fresh client certificate for a new key.
+pub async fn renew(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<PeerCertificate>,
+    Body(req): Body<RenewRequest>,
+) -> Result<Json<RenewResponse>, ApiError> {
+    let machine = authenticate(&app, &peer)?;
+    let name = machine.metadata.name.clone();
+    let issued = app
+        .ca
+        .sign_csr(
+            &req.csr_pem,
+            &LeafSpec {
+                common_name: name.clone(),
+                organizations: vec![MACHINE_ORG.into()],
+                dns_names: vec![],
+                ip_addresses: vec![],
+                usage: LeafUsage::Client,
+                validity: time::Duration::try_from(app.settings.machine_cert_ttl)
+                    .unwrap_or(time::Duration::hours(24)),
+            },
+        )
+        .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
+    let not_after = issued.not_after;
+    app.update_machine::<ApiError>(&name, |m| {
+        m.status.certificate_not_after = Some(not_after);
+        Ok(true)
+    })?;
+    tracing::info!(machine = %name, %not_after, "machine certificate renewed");
+    Ok(Json(RenewResponse {
+        certificate_pem: issued.cert_pem,
+        not_after,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::Assignment;
+    use drover_common::wire::HealthReport;
+
+    fn machine(phase: MachinePhase, generation: Option<u64>) -> Machine {
+        Machine {
+            api_version: API_VERSION.into(),
+            kind: "Machine".into(),
+            metadata: ObjectMeta {
+                name: "m".into(),
+                ..Default::default()
+            },
+            spec: MachineSpec {
+                pool: "p".into(),
+                assignment: generation.map(|g| Assignment {
+                    cluster: "c".into(),
+                    cluster_uid: "u".into(),
+                    machine_pool: "control-plane".into(),
+                    role: MachineRole::Init,
+                    generation: g,
+                }),
+            },
+            status: MachineStatus {
+                phase,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn hb(phase: AgentPhase, generation: u64) -> HeartbeatRequest {
+        HeartbeatRequest {
+            phase,
+            applied_generation: generation,
+            health: HealthReport::default(),
+            bootstrap: None,
+            directive_results: vec![],
+        }
+    }
+
+    #[test]
+    fn waiting_agent_with_assignment_is_assigned() {
+        let mut m = machine(MachinePhase::Registered, Some(2));
+        apply_heartbeat(&mut m, &hb(AgentPhase::Waiting, 0));
+        assert_eq!(m.status.phase, MachinePhase::Assigned);
+        apply_heartbeat(&mut m, &hb(AgentPhase::Running, 2));
+        assert_eq!(m.status.phase, MachinePhase::Running);
+    }
+
+    #[test]
+    fn stale_generation_reports_are_ignored() {
+        let mut m = machine(MachinePhase::Assigned, Some(3));
+        apply_heartbeat(&mut m, &hb(AgentPhase::Running, 2));
+        assert_eq!(m.status.phase, MachinePhase::Assigned);
+    }
+
+    #[test]
+    fn releasing_machine_returns_to_pool_after_reset() {
+        let mut m = machine(MachinePhase::Releasing, Some(3));
+        apply_heartbeat(&mut m, &hb(AgentPhase::Running, 3));
+        assert_eq!(m.status.phase, MachinePhase::Releasing);
+        assert!(m.spec.assignment.is_some());
+        apply_heartbeat(&mut m, &hb(AgentPhase::Waiting, 0));
+        assert_eq!(m.status.phase, MachinePhase::Registered);
+        assert!(m.spec.assignment.is_none());
+    }
+}

@@ -1,0 +1,242 @@
+//! The coordinator's HTTP API: the admin API (bearer tokens) and the machine
+//! API (a ticket to register, mutual TLS after that).
+
+pub mod admin;
+pub mod machine;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use drover_common::api::{FieldError, Problem};
+
+use crate::app::App;
+use crate::secrets::{hash_token, AdminRole, AdminTokens, ADMIN_TOKENS};
+use crate::store::{Kind, StoreError};
+
+/// The largest request body accepted, in bytes.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Builds the router for the whole API.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/clusters", get(admin::list_clusters))
+        .route(
+            "/v1/clusters/{name}",
+            get(admin::get_cluster)
+                .put(admin::apply_cluster)
+                .delete(admin::delete_cluster),
+        )
+        .route("/v1/clusters/{name}/kubeconfig", post(admin::kubeconfig))
+        .route("/v1/machines", get(admin::list_machines))
+        .route("/v1/machines/{name}", get(admin::get_machine))
+        .route(
+            "/v1/registrationtokens",
+            get(admin::list_tokens).post(admin::create_token),
+        )
+        .route("/v1/registrationtokens/{name}", put(admin::revoke_token_put).delete(admin::revoke_token))
+        .route("/v1/machine/register", post(machine::register))
+        .route("/v1/machine/heartbeat", post(machine::heartbeat))
+        .route("/v1/machine/config", get(machine::config))
+        .route("/v1/machine/certificate", post(machine::renew))
+        .fallback(|| async { ApiError::not_found("route", "this path") })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .with_state(app)
+}
+
+/// An API failure, rendered as an RFC 9457 problem document.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub title: String,
+    pub detail: String,
+    pub errors: Vec<FieldError>,
+    pub retry_after: Option<u64>,
+    /// Set for a machine that must wait for its config: the body is then a
+    /// `ConfigNotReady` the agent reads, not a problem document.
+    pub not_ready: Option<drover_common::wire::ConfigNotReady>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, title: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            title: title.into(),
+            detail: detail.into(),
+            errors: vec![],
+            retry_after: None,
+            not_ready: None,
+        }
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "Bad request", detail)
+    }
+
+    pub fn invalid(detail: impl Into<String>, errors: Vec<FieldError>) -> Self {
+        Self {
+            errors,
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid document", detail)
+        }
+    }
+
+    pub fn not_found(kind: &str, name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "Not found",
+            format!("{kind} {name} does not exist"),
+        )
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", detail)
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "Forbidden", detail)
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "Conflict", detail)
+    }
+
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Internal error",
+            detail.to_string(),
+        )
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match &e {
+            StoreError::NotFound { kind, name } => ApiError::not_found(kind, name),
+            StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => {
+                ApiError::conflict(e.to_string())
+            }
+            StoreError::Corrupt { .. } | StoreError::Backend(_) => ApiError::internal(e),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Some(nr) = self.not_ready {
+            let secs = nr.retry_after_seconds;
+            let mut resp = (self.status, axum::Json(nr)).into_response();
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            return resp;
+        }
+        let problem = Problem {
+            type_: "about:blank".into(),
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: self.detail,
+            errors: self.errors,
+        };
+        let mut resp = (self.status, axum::Json(problem)).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// An authenticated admin caller.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub token_id: String,
+    pub role: AdminRole,
+}
+
+impl Admin {
+    /// Refuses callers who may only read.
+    pub fn require_write(&self) -> Result<(), ApiError> {
+        match self.role {
+            AdminRole::Admin => Ok(()),
+            AdminRole::Viewer => Err(ApiError::forbidden(format!(
+                "token {} has the viewer role and cannot change anything",
+                self.token_id
+            ))),
+        }
+    }
+}
+
+impl FromRequestParts<Arc<App>> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
+        let value = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                ApiError::unauthorized(
+                    "missing `Authorization: Bearer <token>`; pass --token or set DROVER_TOKEN",
+                )
+            })?;
+        let token = value.strip_prefix("Bearer ").ok_or_else(|| {
+            ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
+        })?;
+        let hash = hash_token(token.trim());
+        let tokens = app
+            .store
+            .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?
+            .map(|(t, _)| t)
+            .unwrap_or_default();
+        let record = tokens
+            .tokens
+            .iter()
+            .find(|t| constant_time_eq(t.sha256.as_bytes(), hash.as_bytes()))
+            .ok_or_else(|| ApiError::unauthorized("the admin token is not valid for this coordinator"))?;
+        Ok(Admin {
+            token_id: record.id.clone(),
+            role: record.role,
+        })
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON body whose rejections are problem documents, like every other error.
+pub struct Body<T>(pub T);
+
+impl<T, S> axum::extract::FromRequest<S> for Body<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Body(v)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let title = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "Request body too large"
+                } else {
+                    "Malformed request body"
+                };
+                Err(ApiError::new(status, title, rejection.body_text()))
+            }
+        }
+    }
+}

@@ -1,0 +1,629 @@
+//! The operator commands: apply, get, describe, delete, kubeconfig, token.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use drover_common::api::{
+    Cluster, CreateRegistrationToken, CreatedRegistrationToken, KubeconfigResponse, Machine,
+    RegistrationToken,
+};
+use drover_common::wire::ProbeState;
+use time::OffsetDateTime;
+
+use crate::client::{Client, ConnectArgs};
+use crate::Command;
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The YAML file holding one Cluster.
+    #[arg(short = 'f', long = "filename")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Resource {
+    #[value(alias = "cluster")]
+    Clusters,
+    #[value(alias = "machine")]
+    Machines,
+    #[value(alias = "token", alias = "registrationtokens")]
+    Tokens,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Wide,
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GetArgs {
+    pub resource: Resource,
+    /// Show only this object.
+    pub name: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Single {
+    Cluster,
+    Machine,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DescribeArgs {
+    pub kind: Single,
+    pub name: String,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DeleteArgs {
+    pub kind: Single,
+    pub name: String,
+    /// Wait until the object is gone.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "10m", value_parser = crate::duration::parse)]
+    pub timeout: std::time::Duration,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct KubeconfigArgs {
+    pub cluster: String,
+    /// Lifetime of the client certificate.
+    #[arg(long, default_value = "1h", value_parser = crate::duration::parse)]
+    pub ttl: std::time::Duration,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: TokenCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Create a registration token and print its bootstrap document.
+    Create {
+        /// The pool machines registering with it join.
+        #[arg(long)]
+        pool: String,
+        #[arg(long, default_value = "1h", value_parser = crate::duration::parse)]
+        ttl: std::time::Duration,
+        /// How many machines may register with it.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+        /// Labels for the machines, as k=v,k2=v2.
+        #[arg(long, value_parser = parse_labels, default_value = "")]
+        labels: BTreeMap<String, String>,
+        /// Write the bootstrap document to this file instead of standard output.
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        conn: ConnectArgs,
+    },
+    /// List registration tokens.
+    List {
+        #[command(flatten)]
+        conn: ConnectArgs,
+    },
+    /// Revoke a registration token.
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        conn: ConnectArgs,
+    },
+}
+
+fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for pair in s.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("label {pair:?} must be key=value"))?;
+        out.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    Ok(out)
+}
+
+/// Runs one operator command.
+pub async fn run(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Serve(_) => unreachable!("serve is handled by main"),
+        Command::Apply(a) => apply(a).await,
+        Command::Get(g) => get(g).await,
+        Command::Describe(d) => describe(d).await,
+        Command::Delete(d) => delete(d).await,
+        Command::Kubeconfig(k) => {
+            let client = Client::connect(&k.conn)?;
+            let resp: KubeconfigResponse = client
+                .post(
+                    &format!("/v1/clusters/{}/kubeconfig", k.cluster),
+                    &serde_json::json!({"ttlSeconds": k.ttl.as_secs()}),
+                )
+                .await?;
+            print!("{}", resp.kubeconfig);
+            eprintln!("# client certificate expires at {}", resp.expires_at);
+            Ok(())
+        }
+        Command::Token(t) => token(t.command).await,
+    }
+}
+
+async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("cannot read {}", a.file.display()))?;
+    // Find the name locally for the URL; the coordinator does the strict checks.
+    #[derive(serde::Deserialize)]
+    struct Head {
+        kind: Option<String>,
+        metadata: Option<HeadMeta>,
+    }
+    #[derive(serde::Deserialize)]
+    struct HeadMeta {
+        name: Option<String>,
+    }
+    let head: Head = serde_saphyr::from_str(&text)
+        .with_context(|| format!("{} is not a YAML document", a.file.display()))?;
+    match head.kind.as_deref() {
+        Some("Cluster") => {}
+        Some(k) => bail!("{}: kind {k:?} cannot be applied; only Cluster can", a.file.display()),
+        None => bail!("{}: the document has no kind", a.file.display()),
+    }
+    let name = head
+        .metadata
+        .and_then(|m| m.name)
+        .with_context(|| format!("{}: metadata.name is missing", a.file.display()))?;
+    if drover_common::names::check_dns_label("cluster name", &name).is_err() {
+        bail!("{}: metadata.name {name:?} is not a valid name (lowercase letters, digits and '-')", a.file.display());
+    }
+    let client = Client::connect(&a.conn)?;
+    let c: Cluster = client.put_yaml(&format!("/v1/clusters/{name}"), text).await?;
+    println!(
+        "cluster/{} applied (generation {}, resourceVersion {})",
+        c.metadata.name,
+        c.metadata.generation,
+        c.metadata.resource_version.unwrap_or_default()
+    );
+    Ok(())
+}
+
+async fn get(g: GetArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&g.conn)?;
+    match g.resource {
+        Resource::Clusters => {
+            let list: Vec<Cluster> = match &g.name {
+                Some(n) => vec![client.get(&format!("/v1/clusters/{n}")).await?],
+                None => client.get("/v1/clusters").await?,
+            };
+            emit(&list, g.output, clusters_table)
+        }
+        Resource::Machines => {
+            let list: Vec<Machine> = match &g.name {
+                Some(n) => vec![client.get(&format!("/v1/machines/{n}")).await?],
+                None => client.get("/v1/machines").await?,
+            };
+            emit(&list, g.output, machines_table)
+        }
+        Resource::Tokens => {
+            let list: Vec<RegistrationToken> = client.get("/v1/registrationtokens").await?;
+            emit(&list, g.output, tokens_table)
+        }
+    }
+}
+
+fn emit<T: serde::Serialize>(
+    list: &[T],
+    output: Output,
+    table: fn(&[T], bool) -> Vec<Vec<String>>,
+) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(list)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&list)?),
+        Output::Table | Output::Wide => print_table(&table(list, output == Output::Wide)),
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    let Some(first) = rows.first() else { return };
+    let mut widths = vec![0; first.len()];
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i + 1 == r.len() {
+                    c.clone()
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        println!("{}", line.join("   ").trim_end());
+    }
+}
+
+/// "5s", "3m", "2h", "4d".
+pub fn age(t: Option<OffsetDateTime>) -> String {
+    let Some(t) = t else { return "-".into() };
+    let s = (drover_common::now() - t).whole_seconds().max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+fn clusters_table(list: &[Cluster], wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["NAME", "PHASE", "VERSION", "CONTROL-PLANE", "WORKERS", "ENDPOINT", "AGE"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()];
+    if wide {
+        rows[0].extend(["PROVIDER".into(), "GENERATION".into()]);
+    }
+    for c in list {
+        let cp = c.status.pools.iter().find(|p| p.name == drover_common::api::CONTROL_PLANE_POOL);
+        let (wr, wd) = c
+            .status
+            .pools
+            .iter()
+            .filter(|p| p.name != drover_common::api::CONTROL_PLANE_POOL)
+            .fold((0, 0), |(r, d), p| (r + p.running, d + p.desired));
+        let wd = if c.status.pools.is_empty() {
+            c.spec.worker_pools.iter().map(|p| p.replicas).sum()
+        } else {
+            wd
+        };
+        let phase = if c.metadata.deletion_timestamp.is_some() {
+            "Deleting".to_string()
+        } else {
+            c.status.phase.to_string()
+        };
+        let mut row = vec![
+            c.metadata.name.clone(),
+            phase,
+            c.spec.kubernetes_version.clone(),
+            format!(
+                "{}/{}",
+                cp.map(|p| p.running).unwrap_or(0),
+                c.spec.control_plane.replicas
+            ),
+            format!("{wr}/{wd}"),
+            c.status.control_plane_endpoint.clone().unwrap_or_else(|| "-".into()),
+            age(c.metadata.creation_timestamp),
+        ];
+        if wide {
+            row.push(c.spec.provider.name().into());
+            row.push(c.metadata.generation.to_string());
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+/// A one-word summary of a machine's health.
+pub fn health_summary(m: &Machine) -> String {
+    let Some(h) = &m.status.health else {
+        return "-".into();
+    };
+    let mut bad = vec![];
+    let mut unknown = true;
+    if h.kubelet.state != ProbeState::Unknown {
+        unknown = false;
+    }
+    if h.kubelet.state == ProbeState::Unhealthy {
+        bad.push("kubelet");
+    }
+    if let Some(a) = &h.api_server {
+        if a.state != ProbeState::Unknown {
+            unknown = false;
+        }
+        if a.state == ProbeState::Unhealthy {
+            bad.push("apiserver");
+        }
+    }
+    if !bad.is_empty() {
+        format!("Unhealthy({})", bad.join(","))
+    } else if unknown {
+        "Unknown".into()
+    } else {
+        "Healthy".into()
+    }
+}
+
+fn machines_table(list: &[Machine], wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["NAME", "CLUSTER", "POOL", "ROLE", "PHASE", "ADDRESS", "HEARTBEAT", "HEALTH", "AGE"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()];
+    if wide {
+        rows[0].extend(["HOSTNAME".into(), "REG-POOL".into(), "GENERATION".into(), "AGENT".into(), "UID".into()]);
+    }
+    for m in list {
+        let a = m.spec.assignment.as_ref();
+        let mut row = vec![
+            m.metadata.name.clone(),
+            a.map(|a| a.cluster.clone()).unwrap_or_else(|| "-".into()),
+            a.map(|a| a.machine_pool.clone()).unwrap_or_else(|| "-".into()),
+            a.map(|a| a.role.to_string()).unwrap_or_else(|| "-".into()),
+            m.status.phase.to_string(),
+            m.status.addresses.first().cloned().unwrap_or_else(|| "-".into()),
+            age(m.status.last_heartbeat_time),
+            health_summary(m),
+            age(m.metadata.creation_timestamp),
+        ];
+        if wide {
+            row.extend([
+                m.status.hostname.clone(),
+                m.spec.pool.clone(),
+                a.map(|a| a.generation.to_string()).unwrap_or_else(|| "-".into()),
+                m.status.agent_version.clone(),
+                m.metadata.uid.clone().unwrap_or_default(),
+            ]);
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+fn tokens_table(list: &[RegistrationToken], _wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["NAME", "POOL", "USES", "EXPIRES", "REVOKED", "LABELS"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()];
+    for t in list {
+        rows.push(vec![
+            t.metadata.name.clone(),
+            t.spec.pool.clone(),
+            format!("{}/{}", t.status.uses, t.spec.max_uses),
+            t.spec
+                .expires_at
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            t.spec.revoked.to_string(),
+            t.spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ]);
+    }
+    rows
+}
+
+async fn describe(d: DescribeArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&d.conn)?;
+    match d.kind {
+        Single::Machine => {
+            let m: Machine = client.get(&format!("/v1/machines/{}", d.name)).await?;
+            print!("{}", describe_machine(&m));
+        }
+        Single::Cluster => {
+            let c: Cluster = client.get(&format!("/v1/clusters/{}", d.name)).await?;
+            let machines: Vec<Machine> = client.get("/v1/machines").await?;
+            print!("{}", describe_cluster(&c, &machines));
+        }
+    }
+    Ok(())
+}
+
+/// The text of `drover describe machine`.
+pub fn describe_machine(m: &Machine) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let s = &m.status;
+    let _ = writeln!(o, "Name:           {}", m.metadata.name);
+    let _ = writeln!(o, "UID:            {}", m.metadata.uid.as_deref().unwrap_or("-"));
+    let _ = writeln!(o, "Registered in:  pool {}", m.spec.pool);
+    let labels: Vec<String> = m.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(o, "Labels:         {}", labels.join(","));
+    match &m.spec.assignment {
+        Some(a) => {
+            let _ = writeln!(o, "Cluster:        {} (pool {}, generation {})", a.cluster, a.machine_pool, a.generation);
+            let _ = writeln!(o, "Role:           {}", a.role);
+        }
+        None => {
+            let _ = writeln!(o, "Cluster:        - (unassigned)");
+        }
+    }
+    let _ = writeln!(o, "Phase:          {}", s.phase);
+    let _ = writeln!(o, "Hostname:       {}", s.hostname);
+    let _ = writeln!(o, "Addresses:      {}", s.addresses.join(", "));
+    let _ = writeln!(o, "API port:       {}", s.api_server_port);
+    let _ = writeln!(o, "Agent version:  {}", s.agent_version);
+    let _ = writeln!(o, "Last heartbeat: {} ago", age(s.last_heartbeat_time));
+    if let Some(t) = s.certificate_not_after {
+        let _ = writeln!(o, "Certificate:    valid until {t}");
+    }
+    let _ = writeln!(o, "Health:         {}", health_summary(m));
+    if let Some(h) = &s.health {
+        let _ = writeln!(o, "  kubelet:      {:?} {}", h.kubelet.state, h.kubelet.message);
+        if let Some(a) = &h.api_server {
+            let _ = writeln!(o, "  apiserver:    {:?} {}", a.state, a.message);
+        }
+        let _ = writeln!(o, "  disk free:    {} MiB", h.disk_free_bytes / (1024 * 1024));
+    }
+    if let Some(b) = &s.bootstrap {
+        let _ = writeln!(o, "Bootstrap:      step {}", b.step);
+        if let Some(f) = &b.failure {
+            let _ = writeln!(o, "  failed at:    {}", f.at);
+            let _ = writeln!(o, "  command:      {}", f.command);
+            let _ = writeln!(
+                o,
+                "  exit code:    {}",
+                f.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "none (did not run or was killed)".into())
+            );
+            let _ = writeln!(o, "  output (last {} lines):", f.output_tail.len());
+            for l in &f.output_tail {
+                let _ = writeln!(o, "    | {l}");
+            }
+        }
+    }
+    if !s.conditions.is_empty() {
+        let _ = writeln!(o, "Conditions:");
+        for c in &s.conditions {
+            let _ = writeln!(o, "  {} = {} ({}) {}", c.type_, c.status, c.reason, c.message);
+        }
+    }
+    o
+}
+
+fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "Name:           {}", c.metadata.name);
+    let _ = writeln!(o, "UID:            {}", c.metadata.uid.as_deref().unwrap_or("-"));
+    let _ = writeln!(o, "Version:        {}", c.spec.kubernetes_version);
+    let _ = writeln!(o, "Provider:       {}", c.spec.provider.name());
+    let _ = writeln!(o, "Phase:          {}", c.status.phase);
+    let _ = writeln!(o, "Endpoint:       {}", c.status.control_plane_endpoint.as_deref().unwrap_or("-"));
+    let _ = writeln!(o, "Init machine:   {}", c.status.init_machine.as_deref().unwrap_or("-"));
+    let _ = writeln!(o, "Pools:");
+    for p in &c.status.pools {
+        let _ = writeln!(o, "├─ {}: {}/{} running, {} assigned", p.name, p.running, p.desired, p.assigned);
+        let uid = c.metadata.uid.as_deref();
+        for m in machines.iter().filter(|m| {
+            m.spec.assignment.as_ref().is_some_and(|a| Some(a.cluster_uid.as_str()) == uid && a.machine_pool == p.name)
+        }) {
+            let _ = writeln!(o, "│   └─ {} {} {} {}", m.metadata.name, m.spec.assignment.as_ref().map(|a| a.role.to_string()).unwrap_or_default(), m.status.phase, health_summary(m));
+        }
+    }
+    if !c.status.conditions.is_empty() {
+        let _ = writeln!(o, "Conditions:");
+        for cd in &c.status.conditions {
+            let _ = writeln!(o, "  {} = {} ({}) {}", cd.type_, cd.status, cd.reason, cd.message);
+        }
+    }
+    o
+}
+
+async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&d.conn)?;
+    match d.kind {
+        Single::Cluster => {
+            let _: Cluster = client.delete(&format!("/v1/clusters/{}", d.name)).await?;
+            println!("cluster/{} deletion requested; its machines are reset and return to their pools", d.name);
+            if d.wait {
+                let deadline = std::time::Instant::now() + d.timeout;
+                let tty = std::io::stderr().is_terminal();
+                loop {
+                    match client.get::<Cluster>(&format!("/v1/clusters/{}", d.name)).await {
+                        Err(e) if e.to_string().contains("does not exist") => break,
+                        Err(e) => return Err(e),
+                        Ok(c) => {
+                            let assigned: u32 = c.status.pools.iter().map(|p| p.assigned).sum();
+                            if tty {
+                                eprint!("\rwaiting for {} machine(s) to be released...   ", assigned);
+                            }
+                        }
+                    }
+                    if std::time::Instant::now() > deadline {
+                        bail!("cluster {} still exists after {:?}", d.name, d.timeout);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                if tty {
+                    eprintln!();
+                }
+                println!("cluster/{} deleted", d.name);
+            }
+            Ok(())
+        }
+        Single::Machine => bail!(
+            "machines are deleted through their cluster in this release: scale the pool down or delete the cluster"
+        ),
+    }
+}
+
+async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
+    match cmd {
+        TokenCommand::Create {
+            pool,
+            ttl,
+            uses,
+            labels,
+            output,
+            conn,
+        } => {
+            let client = Client::connect(&conn)?;
+            let created: CreatedRegistrationToken = client
+                .post(
+                    "/v1/registrationtokens",
+                    &CreateRegistrationToken {
+                        pool,
+                        labels,
+                        ttl_seconds: ttl.as_secs(),
+                        max_uses: uses,
+                    },
+                )
+                .await?;
+            let doc = created.bootstrap.to_yaml();
+            match output {
+                Some(path) => {
+                    write_private(&path, &doc)?;
+                    eprintln!(
+                        "token {} created; bootstrap document written to {}",
+                        created.token.metadata.name,
+                        path.display()
+                    );
+                }
+                None => {
+                    print!("{doc}");
+                    eprintln!("# token {} created", created.token.metadata.name);
+                }
+            }
+            Ok(())
+        }
+        TokenCommand::List { conn } => {
+            let client = Client::connect(&conn)?;
+            let list: Vec<RegistrationToken> = client.get("/v1/registrationtokens").await?;
+            print_table(&tokens_table(&list, false));
+            Ok(())
+        }
+        TokenCommand::Revoke { name, conn } => {
+            let client = Client::connect(&conn)?;
+            let _: RegistrationToken = client.delete(&format!("/v1/registrationtokens/{name}")).await?;
+            println!("token {name} revoked");
+            Ok(())
+        }
+    }
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! The operator CLI's connection to a coordinator: where it is, how to trust
+//! it, and the admin token, from flags, environment or the config file that
+//! `drover serve` writes at first start.
+
+use std::path::{Path, PathBuf};
+
+
+use anyhow::{bail, Context};
+use drover_common::api::Problem;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The client config file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientConfigFile {
+    pub server: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl ClientConfigFile {
+    /// Writes the file with mode 0600 (it holds the admin token).
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(serde_saphyr::to_string(self).expect("serializes").as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(tmp, path)
+    }
+}
+
+/// The default client config path: `$DROVER_CONFIG`, else
+/// `$XDG_CONFIG_HOME/drover/config.yaml`, else `~/.config/drover/config.yaml`.
+pub fn default_config_path() -> PathBuf {
+    if let Ok(p) = std::env::var("DROVER_CONFIG") {
+        return PathBuf::from(p);
+    }
+    if let Ok(x) = std::env::var("XDG_CONFIG_HOME") {
+        return PathBuf::from(x).join("drover/config.yaml");
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(".config/drover/config.yaml")
+}
+
+/// Connection flags shared by every client command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConnectArgs {
+    /// Coordinator URL, e.g. https://127.0.0.1:7443.
+    #[arg(long, env = "DROVER_ADDR", global = true)]
+    pub addr: Option<String>,
+    /// Admin token.
+    #[arg(long, env = "DROVER_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM file of the coordinator CA.
+    #[arg(long, env = "DROVER_CA", global = true)]
+    pub ca: Option<PathBuf>,
+    /// Client config file (default: $DROVER_CONFIG or ~/.config/drover/config.yaml).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// A connected admin client.
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    /// Resolves the connection: flags and environment win over the file.
+    pub fn connect(args: &ConnectArgs) -> anyhow::Result<Self> {
+        let path = args.config.clone().unwrap_or_else(default_config_path);
+        let file: Option<ClientConfigFile> = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(
+                serde_saphyr::from_str(&text)
+                    .with_context(|| format!("client config {} is invalid", path.display()))?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let base = args
+            .addr
+            .clone()
+            .or_else(|| file.as_ref().map(|f| f.server.clone()))
+            .with_context(|| {
+                format!(
+                    "no coordinator address: pass --addr, set DROVER_ADDR, or run `drover serve` once to write {}",
+                    path.display()
+                )
+            })?;
+        let token = args
+            .token
+            .clone()
+            .or_else(|| file.as_ref().and_then(|f| f.token.clone()))
+            .context("no admin token: pass --token or set DROVER_TOKEN")?;
+        let ca_path = args
+            .ca
+            .clone()
+            .or_else(|| file.as_ref().and_then(|f| f.ca_file.clone().map(PathBuf::from)))
+            .context("no coordinator CA: pass --ca or set DROVER_CA (the data directory's ca.crt)")?;
+        let ca_pem = std::fs::read(&ca_path)
+            .with_context(|| format!("cannot read the coordinator CA {}", ca_path.display()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&ca_pem) {
+            roots
+                .add(cert.with_context(|| format!("{} is not a PEM certificate", ca_path.display()))?)
+                .context("unusable CA certificate")?;
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(crate::server::provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .timeout(std::time::Duration::from_secs(30))
+            .build()?;
+        Ok(Self {
+            http,
+            base: base.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<T> {
+        let resp = req
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the coordinator at {}", self.base))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await?;
+        if !status.is_success() {
+            match serde_json::from_slice::<Problem>(&bytes) {
+                Ok(p) => bail!("{p}"),
+                Err(_) => bail!("{status}: {}", String::from_utf8_lossy(&bytes)),
+            }
+        }
+        serde_json::from_slice(&bytes).with_context(|| format!("unexpected answer ({status})"))
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.send(self.http.get(format!("{}{path}", self.base))).await
+    }
+
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.send(self.http.delete(format!("{}{path}", self.base))).await
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
+    pub async fn put_yaml<T: DeserializeOwned>(&self, path: &str, body: String) -> anyhow::Result<T> {
+        self.send(
+            self.http
+                .put(format!("{}{path}", self.base))
+                .header("content-type", "application/yaml")
+                .body(body),
+        )
+        .await
+    }
+}
+

@@ -1,0 +1,230 @@
+//! `drover serve`: configuration, first start, and the running coordinator.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_common::pin::CaPin;
+
+use crate::app::{App, Settings};
+use crate::client::ClientConfigFile;
+use crate::reconcile::LoopStatus;
+use crate::store::Store;
+
+/// Validated settings of `drover serve`, built before any socket is bound.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub advertise_urls: Vec<String>,
+    pub extra_sans: Vec<String>,
+    pub heartbeat_interval: Duration,
+    pub heartbeat_timeout: Duration,
+    pub machine_cert_ttl: Duration,
+    pub join_token_ttl: Duration,
+    pub client_config: PathBuf,
+    pub drain: Duration,
+}
+
+/// A configuration error: exit code 64.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl ServeConfig {
+    /// Checks every setting together; the first problem found is reported.
+    pub fn validate(self) -> Result<Self, ConfigError> {
+        if self.heartbeat_interval.is_zero() {
+            return Err(ConfigError("--heartbeat-interval must be positive".into()));
+        }
+        if self.heartbeat_timeout < self.heartbeat_interval * 2 {
+            return Err(ConfigError(format!(
+                "--heartbeat-timeout ({:?}) must be at least twice --heartbeat-interval ({:?}), or one lost heartbeat marks a machine dead",
+                self.heartbeat_timeout, self.heartbeat_interval
+            )));
+        }
+        if self.machine_cert_ttl < Duration::from_secs(600) {
+            return Err(ConfigError("--machine-cert-ttl must be at least 10m".into()));
+        }
+        if self.join_token_ttl < Duration::from_secs(600) || self.join_token_ttl > Duration::from_secs(24 * 3600) {
+            return Err(ConfigError("--join-token-ttl must be between 10m and 24h".into()));
+        }
+        for url in &self.advertise_urls {
+            if !url.starts_with("https://") || url.len() <= "https://".len() {
+                return Err(ConfigError(format!(
+                    "--advertise-url {url:?} must be an https:// URL"
+                )));
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError("--data-dir must not be empty".into()));
+        }
+        if self.data_dir.exists() && !self.data_dir.is_dir() {
+            return Err(ConfigError(format!(
+                "--data-dir {} exists and is not a directory",
+                self.data_dir.display()
+            )));
+        }
+        Ok(self)
+    }
+}
+
+/// Runs the coordinator until SIGTERM or SIGINT.
+pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("cannot create data directory {}", cfg.data_dir.display()))?;
+    set_mode(&cfg.data_dir, 0o700)?;
+    let db = cfg.data_dir.join("drover.db");
+    let store = Store::open_sqlite(&db)
+        .with_context(|| format!("cannot open the store {}", db.display()))?;
+    let secrets = crate::secrets::load_or_init(&store).context("cannot load the coordinator's keys")?;
+    let ca_pin = CaPin::from_cert_pem(&secrets.ca.cert_pem).context("coordinator CA is unreadable")?;
+    let ca_path = cfg.data_dir.join("ca.crt");
+    std::fs::write(&ca_path, &secrets.ca.cert_pem)
+        .with_context(|| format!("cannot write {}", ca_path.display()))?;
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let bound = listener.local_addr()?;
+    let advertise_urls = if cfg.advertise_urls.is_empty() {
+        vec![default_url(bound)]
+    } else {
+        cfg.advertise_urls.clone()
+    };
+    let (dns, ips) = sans(bound, &advertise_urls, &cfg.extra_sans);
+    let tls = crate::server::server_config(&secrets.ca, dns, ips)?;
+
+    if let Some(token) = &secrets.first_admin_token {
+        let file = ClientConfigFile {
+            server: advertise_urls[0].clone(),
+            ca_file: Some(ca_path.display().to_string()),
+            token: Some(token.clone()),
+        };
+        file.write(&cfg.client_config)
+            .with_context(|| format!("cannot write {}", cfg.client_config.display()))?;
+        println!("Drover coordinator initialised in {}.", cfg.data_dir.display());
+        println!("Admin token (shown once, stored only as a hash): {token}");
+        println!(
+            "Client config written to {} (server, CA file and token).",
+            cfg.client_config.display()
+        );
+    }
+    println!("CA pin: {ca_pin}");
+    println!("Listening on https://{bound} (advertised as {})", advertise_urls.join(", "));
+
+    let app = Arc::new(App {
+        store,
+        ca: secrets.ca,
+        ca_pin,
+        ticket_key: secrets.ticket_key,
+        settings: Settings {
+            advertise_urls,
+            heartbeat_interval: cfg.heartbeat_interval,
+            heartbeat_timeout: cfg.heartbeat_timeout,
+            machine_cert_ttl: cfg.machine_cert_ttl,
+            join_token_ttl: cfg.join_token_ttl,
+            reconcile_period: Duration::from_secs(2).min(cfg.heartbeat_interval),
+        },
+        liveness: Mutex::new(Default::default()),
+        reconcile_now: Default::default(),
+    });
+    grace_after_start(&app);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let loop_status = Arc::new(Mutex::new(LoopStatus {
+        name: "cluster-reconciler",
+        ..Default::default()
+    }));
+    let reconciler = tokio::spawn(crate::reconcile::run_loop(
+        app.clone(),
+        loop_status.clone(),
+        stop_rx,
+    ));
+    let router = crate::api::router(app.clone());
+    tracing::info!(%bound, "coordinator serving");
+    crate::server::run(listener, tls, router, shutdown_signal(), cfg.drain).await;
+    let _ = stop_tx.send(true);
+    let _ = reconciler.await;
+    tracing::info!("coordinator stopped");
+    Ok(())
+}
+
+/// After a start, every known machine gets a fresh grace period: the
+/// coordinator was not listening, so silence says nothing about machines.
+fn grace_after_start(app: &App) {
+    let now = drover_common::now();
+    if let Ok(machines) = app.machines() {
+        let mut live = app.liveness.lock().expect("liveness lock");
+        for m in machines {
+            live.insert(m.metadata.name, crate::app::Liveness { last_seen: now });
+        }
+    }
+}
+
+fn default_url(bound: SocketAddr) -> String {
+    match bound.ip() {
+        ip if ip.is_unspecified() => {
+            let host = nix_hostname().unwrap_or_else(|| "localhost".into());
+            format!("https://{host}:{}", bound.port())
+        }
+        IpAddr::V6(ip) => format!("https://[{ip}]:{}", bound.port()),
+        IpAddr::V4(ip) => format!("https://{ip}:{}", bound.port()),
+    }
+}
+
+fn nix_hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+fn sans(bound: SocketAddr, urls: &[String], extra: &[String]) -> (Vec<String>, Vec<IpAddr>) {
+    let mut dns = vec!["localhost".to_string()];
+    let mut ips: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()];
+    if let Some(h) = nix_hostname() {
+        dns.push(h);
+    }
+    if !bound.ip().is_unspecified() {
+        ips.push(bound.ip());
+    }
+    let hosts = urls.iter().filter_map(|u| {
+        let rest = u.strip_prefix("https://")?;
+        let hostport = rest.split('/').next()?;
+        let host = if let Some(v6) = hostport.strip_prefix('[') {
+            v6.split(']').next()?
+        } else {
+            hostport.rsplit_once(':').map(|(h, _)| h).unwrap_or(hostport)
+        };
+        Some(host.to_owned())
+    });
+    for h in hosts.chain(extra.iter().cloned()) {
+        match h.parse::<IpAddr>() {
+            Ok(ip) => ips.push(ip),
+            Err(_) => dns.push(h),
+        }
+    }
+    dns.sort();
+    dns.dedup();
+    ips.sort();
+    ips.dedup();
+    (dns, ips)
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received; draining"),
+        _ = int.recv() => tracing::info!("SIGINT received; draining"),
+    }
+}

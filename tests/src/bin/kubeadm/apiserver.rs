@@ -1,0 +1,507 @@
+//! The stand-in API server (`kubeadm __standin-apiserver`): HTTPS with the
+//! node's `apiserver.crt`, optional client certificates from the cluster CA,
+//! and the few endpoints bootstrap needs.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use drover_common::token::BootstrapToken;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::certs::{render_cluster_info_kubeconfig, subject};
+use crate::daemon;
+use crate::store::{self, Added, StoredToken};
+use crate::util::Root;
+
+pub struct Opts {
+    pub bind: String,
+    pub cert_dir: String,
+    pub server: String,
+}
+
+struct State {
+    root: Root,
+    cert_dir: String,
+    server: String,
+}
+
+type Resp = Response<Full<Bytes>>;
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+enum Identity {
+    Anonymous,
+    Cert { cn: String, groups: Vec<String> },
+    Bootstrap { id: String },
+}
+
+impl Identity {
+    fn user(&self) -> String {
+        match self {
+            Self::Anonymous => "system:anonymous".into(),
+            Self::Cert { cn, .. } => cn.clone(),
+            Self::Bootstrap { id } => format!("system:bootstrap:{id}"),
+        }
+    }
+
+    fn is_admin(&self) -> bool {
+        matches!(self, Self::Cert { groups, .. }
+            if groups.iter().any(|g| g == "system:masters" || g == "kubeadm:cluster-admins"))
+    }
+}
+
+pub fn run(root: Root, opts: Opts) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(root, opts))
+}
+
+async fn serve(root: Root, opts: Opts) -> Result<()> {
+    daemon::claim_pid_file(&root, "apiserver")?;
+    let result = serve_inner(&root, opts).await;
+    daemon::release_pid_file(&root, "apiserver");
+    result
+}
+
+async fn serve_inner(root: &Root, opts: Opts) -> Result<()> {
+    let read = |f: &str| {
+        let logical = format!("{}/{f}", opts.cert_dir);
+        std::fs::read_to_string(root.path(&logical)).with_context(|| format!("open {logical}"))
+    };
+    let tls = crate::net::server_config(&read("apiserver.crt")?, &read("apiserver.key")?, &read("ca.crt")?)?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind(&opts.bind)
+        .await
+        .with_context(|| format!("failed to listen on {}", opts.bind))?;
+    println!(
+        "standin-apiserver: listening on https://{} (pid {}, root {})",
+        opts.bind,
+        std::process::id(),
+        root.dir().display()
+    );
+    let state = Arc::new(State {
+        root: root.clone(),
+        cert_dir: opts.cert_dir,
+        server: opts.server,
+    });
+    let watchdog = daemon::watchdog(root.clone(), "apiserver");
+    tokio::pin!(watchdog);
+    let term = daemon::termination();
+    tokio::pin!(term);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((tcp, _)) = accepted else { continue };
+                let acceptor = acceptor.clone();
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await else {
+                        return;
+                    };
+                    let peer = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| subject(c.as_ref()));
+                    let svc = hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        let peer = peer.clone();
+                        async move { Ok::<_, Infallible>(route(&state, peer, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+            sig = &mut term => {
+                println!("standin-apiserver: received {}, shutting down", sig?);
+                return Ok(());
+            }
+            _ = &mut watchdog => return Ok(()),
+        }
+    }
+}
+
+fn text(code: StatusCode, body: &str) -> Resp {
+    Response::builder()
+        .status(code)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("valid response")
+}
+
+fn json_resp(code: StatusCode, v: &serde_json::Value) -> Resp {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(v.to_string())))
+        .expect("valid response")
+}
+
+/// A Kubernetes `Status` error.
+fn status(code: StatusCode, reason: &str, message: &str) -> Resp {
+    json_resp(
+        code,
+        &json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code.as_u16(),
+        }),
+    )
+}
+
+fn forbidden(who: &Identity, verb: &str, resource: &str, ns: &str) -> Resp {
+    status(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        &format!(
+            "{resource} is forbidden: User \"{}\" cannot {verb} resource \"{resource}\" in API group \"\" in the namespace \"{ns}\"",
+            who.user()
+        ),
+    )
+}
+
+const CLUSTER_INFO: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
+const KUBEADM_CONFIG: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
+const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
+
+async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let who = match authenticate(state, peer, &req) {
+        Ok(w) => w,
+        Err(resp) => return resp,
+    };
+    match (method, path.as_str()) {
+        (Method::GET, "/livez" | "/readyz" | "/healthz") => text(StatusCode::OK, "ok"),
+        (Method::GET, "/version") => version(state),
+        (Method::GET, CLUSTER_INFO) => cluster_info(state),
+        (Method::GET, KUBEADM_CONFIG) => {
+            let allowed = who.is_admin()
+                || matches!(who, Identity::Bootstrap { .. })
+                || matches!(&who, Identity::Cert { groups, .. } if groups.iter().any(|g| g == "system:nodes"));
+            if !allowed {
+                return forbidden(&who, "get", "configmaps", "kube-system");
+            }
+            kubeadm_config(state)
+        }
+        (Method::POST, SECRETS) => {
+            if !who.is_admin() {
+                return forbidden(&who, "create", "secrets", "kube-system");
+            }
+            create_secret(state, req).await
+        }
+        (Method::GET, p) if p.starts_with(SECRETS) && p[SECRETS.len()..].starts_with('/') => {
+            if !who.is_admin() {
+                return forbidden(&who, "get", "secrets", "kube-system");
+            }
+            get_secret(state, &p[SECRETS.len() + 1..])
+        }
+        (_, "/livez" | "/readyz" | "/healthz" | "/version" | CLUSTER_INFO | KUBEADM_CONFIG | SECRETS) => {
+            status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        }
+        _ => status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"),
+    }
+}
+
+fn authenticate(state: &State, peer: Option<(String, Vec<String>)>, req: &Request<Incoming>) -> Result<Identity, Resp> {
+    if let Some(auth) = req.headers().get("authorization") {
+        let unauthorized = || status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        let value = auth.to_str().map_err(|_| unauthorized())?;
+        let bearer = value.strip_prefix("Bearer ").ok_or_else(unauthorized)?;
+        let token: BootstrapToken = bearer.trim().parse().map_err(|_| unauthorized())?;
+        let tokens = store::load_tokens(&state.root).map_err(|_| unauthorized())?;
+        let ok = tokens.iter().any(|t| {
+            t.id == token.id() && t.secret == token.secret() && !t.expired() && t.has_usage("authentication")
+        });
+        if !ok {
+            return Err(unauthorized());
+        }
+        return Ok(Identity::Bootstrap {
+            id: token.id().to_owned(),
+        });
+    }
+    Ok(match peer {
+        Some((cn, groups)) => Identity::Cert { cn, groups },
+        None => Identity::Anonymous,
+    })
+}
+
+fn version(state: &State) -> Resp {
+    let v = store::load_cluster_config(&state.root)
+        .and_then(|y| serde_saphyr::from_str::<serde_json::Value>(&y).ok())
+        .and_then(|d| d.get("kubernetesVersion").and_then(|v| v.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| crate::KUBEADM_VERSION.to_owned());
+    let parsed = crate::util::parse_version(&v).ok();
+    json_resp(
+        StatusCode::OK,
+        &json!({
+            "major": parsed.map(|p| p.major.to_string()).unwrap_or_default(),
+            "minor": parsed.map(|p| p.minor.to_string()).unwrap_or_default(),
+            "gitVersion": v,
+            "platform": "linux/amd64",
+        }),
+    )
+}
+
+fn cluster_info(state: &State) -> Resp {
+    let ca_logical = format!("{}/ca.crt", state.cert_dir);
+    let ca_pem = match std::fs::read_to_string(state.root.path(&ca_logical)) {
+        Ok(p) => p,
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &format!("open {ca_logical}: {e}")),
+    };
+    let kubeconfig = render_cluster_info_kubeconfig(&state.server, &ca_pem);
+    let tokens = match store::load_tokens(&state.root) {
+        Ok(t) => t,
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &format!("{e:#}")),
+    };
+    let mut data = BTreeMap::new();
+    for t in tokens.iter().filter(|t| !t.expired() && t.has_usage("signing")) {
+        data.insert(
+            format!("jws-kcs-{}", t.id),
+            drover_common::jws::sign_detached(&kubeconfig, &t.id, &t.secret),
+        );
+    }
+    data.insert("kubeconfig".to_owned(), kubeconfig);
+    json_resp(
+        StatusCode::OK,
+        &json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": data,
+        }),
+    )
+}
+
+fn kubeadm_config(state: &State) -> Resp {
+    match store::load_cluster_config(&state.root) {
+        Some(yaml) => json_resp(
+            StatusCode::OK,
+            &json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+                "data": {"ClusterConfiguration": yaml},
+            }),
+        ),
+        None => status(StatusCode::NOT_FOUND, "NotFound", "configmaps \"kubeadm-config\" not found"),
+    }
+}
+
+fn secret_json(t: &StoredToken) -> serde_json::Value {
+    let mut data = BTreeMap::new();
+    let mut put = |k: &str, v: &str| {
+        data.insert(k.to_owned(), B64.encode(v.as_bytes()));
+    };
+    put("token-id", &t.id);
+    put("token-secret", &t.secret);
+    if let Some(e) = &t.expires {
+        put("expiration", e);
+    }
+    if let Some(d) = &t.description {
+        put("description", d);
+    }
+    for u in &t.usages {
+        put(&format!("usage-bootstrap-{u}"), "true");
+    }
+    if !t.groups.is_empty() {
+        put("auth-extra-groups", &t.groups.join(","));
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": format!("bootstrap-token-{}", t.id), "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "data": data,
+    })
+}
+
+fn get_secret(state: &State, name: &str) -> Resp {
+    let tokens = store::load_tokens(&state.root).unwrap_or_default();
+    match tokens
+        .iter()
+        .find(|t| format!("bootstrap-token-{}", t.id) == name && !t.expired())
+    {
+        Some(t) => json_resp(StatusCode::OK, &secret_json(t)),
+        None => status(StatusCode::NOT_FOUND, "NotFound", &format!("secrets \"{name}\" not found")),
+    }
+}
+
+async fn create_secret(state: &State, req: Request<Incoming>) -> Resp {
+    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return status(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", "request body too large or unreadable"),
+    };
+    let token = match parse_token_secret(&body) {
+        Ok(t) => t,
+        Err((code, reason, msg)) => return status(code, reason, &msg),
+    };
+    let name = format!("bootstrap-token-{}", token.id);
+    match store::add_token(&state.root, token.clone(), false) {
+        Ok(Added::Created) => {
+            println!("standin-apiserver: created secret kube-system/{name}");
+            json_resp(StatusCode::CREATED, &secret_json(&token))
+        }
+        Ok(Added::AlreadyExists) => status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            &format!("secrets \"{name}\" already exists"),
+        ),
+        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &format!("{e:#}")),
+    }
+}
+
+type Reject = (StatusCode, &'static str, String);
+
+fn invalid(msg: impl Into<String>) -> Reject {
+    (StatusCode::UNPROCESSABLE_ENTITY, "Invalid", msg.into())
+}
+
+/// Validates a `bootstrap.kubernetes.io/token` Secret strictly.
+fn parse_token_secret(body: &[u8]) -> Result<StoredToken, Reject> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, "BadRequest", m);
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON body: {e}")))?;
+    if v.get("apiVersion").and_then(|x| x.as_str()) != Some("v1")
+        || v.get("kind").and_then(|x| x.as_str()) != Some("Secret")
+    {
+        return Err(bad("the body must be a v1 Secret".into()));
+    }
+    for key in v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()).unwrap_or_default() {
+        if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "type" | "data" | "stringData" | "immutable") {
+            return Err(bad(format!("strict decoding error: unknown field \"{key}\"")));
+        }
+    }
+    let meta = v.get("metadata").cloned().unwrap_or_default();
+    let name = meta.get("name").and_then(|x| x.as_str()).unwrap_or_default().to_owned();
+    if name.is_empty() {
+        return Err(invalid("Secret \"\" is invalid: metadata.name: Required value: name or generateName is required"));
+    }
+    if let Some(ns) = meta.get("namespace").and_then(|x| x.as_str()) {
+        if ns != "kube-system" {
+            return Err(bad("the namespace of the provided object does not match the namespace sent on the request".into()));
+        }
+    }
+    let ty = v.get("type").and_then(|x| x.as_str()).unwrap_or("Opaque");
+    if ty != "bootstrap.kubernetes.io/token" {
+        return Err(invalid(format!(
+            "Secret {name:?}: the stand-in API server stores only type bootstrap.kubernetes.io/token, got {ty:?}"
+        )));
+    }
+    let mut fields: BTreeMap<String, String> = BTreeMap::new();
+    if let Some(data) = v.get("data") {
+        let obj = data.as_object().ok_or_else(|| bad("data must be a map".into()))?;
+        for (k, val) in obj {
+            let s = val.as_str().ok_or_else(|| bad(format!("data[{k}] must be a base64 string")))?;
+            let bytes = B64
+                .decode(s)
+                .map_err(|e| bad(format!("data[{k}]: illegal base64 data: {e}")))?;
+            let s = String::from_utf8(bytes).map_err(|_| invalid(format!("data[{k}] is not UTF-8")))?;
+            fields.insert(k.clone(), s);
+        }
+    }
+    if let Some(sd) = v.get("stringData") {
+        let obj = sd.as_object().ok_or_else(|| bad("stringData must be a map".into()))?;
+        for (k, val) in obj {
+            let s = val.as_str().ok_or_else(|| bad(format!("stringData[{k}] must be a string")))?;
+            fields.insert(k.clone(), s.to_owned());
+        }
+    }
+    for k in fields.keys() {
+        if !matches!(
+            k.as_str(),
+            "token-id" | "token-secret" | "expiration" | "description" | "usage-bootstrap-authentication" | "usage-bootstrap-signing" | "auth-extra-groups"
+        ) {
+            return Err(invalid(format!("Secret {name:?}: unknown bootstrap token key {k:?}")));
+        }
+    }
+    let id = fields.get("token-id").cloned().unwrap_or_default();
+    let secret = fields.get("token-secret").cloned().unwrap_or_default();
+    let token: BootstrapToken = format!("{id}.{secret}").parse().map_err(|e| {
+        invalid(format!("Secret {name:?}: token-id/token-secret do not form a bootstrap token: {e}"))
+    })?;
+    if name != format!("bootstrap-token-{id}") {
+        return Err(invalid(format!("Secret {name:?}: a bootstrap token Secret must be named bootstrap-token-{id}")));
+    }
+    let expires = match fields.get("expiration") {
+        Some(e) => {
+            let at = OffsetDateTime::parse(e, &Rfc3339)
+                .map_err(|err| invalid(format!("Secret {name:?}: expiration {e:?} is not RFC 3339: {err}")))?;
+            Some(at.format(&Rfc3339).expect("formats"))
+        }
+        None => None,
+    };
+    let mut usages = Vec::new();
+    for u in ["authentication", "signing"] {
+        if fields.get(&format!("usage-bootstrap-{u}")).map(String::as_str) == Some("true") {
+            usages.push(u.to_owned());
+        }
+    }
+    let groups: Vec<String> = fields
+        .get("auth-extra-groups")
+        .map(|g| g.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+        .unwrap_or_default();
+    for g in &groups {
+        if !g.starts_with("system:bootstrappers:") {
+            return Err(invalid(format!("Secret {name:?}: auth-extra-groups: {g:?} must start with system:bootstrappers:")));
+        }
+    }
+    Ok(StoredToken {
+        id: token.id().to_owned(),
+        secret: token.secret().to_owned(),
+        expires,
+        usages,
+        groups,
+        description: fields.get("description").cloned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_parsing() {
+        let good = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "bootstrap-token-abcdef", "namespace": "kube-system"},
+            "type": "bootstrap.kubernetes.io/token",
+            "stringData": {"token-id": "abcdef", "token-secret": "0123456789abcdef",
+                "expiration": "2099-01-01T00:00:00Z",
+                "usage-bootstrap-authentication": "true", "usage-bootstrap-signing": "true"}
+        });
+        let t = parse_token_secret(good.to_string().as_bytes()).unwrap();
+        assert_eq!(t.id, "abcdef");
+        assert_eq!(t.usages, vec!["authentication", "signing"]);
+        let mut wrong_name = good.clone();
+        wrong_name["metadata"]["name"] = json!("bootstrap-token-zzzzzz");
+        assert!(parse_token_secret(wrong_name.to_string().as_bytes()).is_err());
+        let mut bad_secret = good.clone();
+        bad_secret["stringData"]["token-secret"] = json!("SHORT");
+        assert!(parse_token_secret(bad_secret.to_string().as_bytes()).is_err());
+        let mut opaque = good;
+        opaque["type"] = json!("Opaque");
+        assert!(parse_token_secret(opaque.to_string().as_bytes()).is_err());
+    }
+}

@@ -1,0 +1,318 @@
+//! End to end: a real coordinator, real agents, the strict stand-in kubeadm.
+
+use std::path::Path;
+use std::time::Duration;
+
+use drover_tests::*;
+
+const BOOT: Duration = Duration::from_secs(90);
+
+fn machine_by_host<'a>(machines: &'a [serde_json::Value], host: &str) -> &'a serde_json::Value {
+    machines
+        .iter()
+        .find(|m| m["status"]["hostname"] == host)
+        .unwrap_or_else(|| panic!("no machine with hostname {host}"))
+}
+
+fn apply(c: &Coordinator, dir: &Path, yaml: &str) {
+    let f = dir.join(format!("cluster-{}.yaml", rand_suffix()));
+    std::fs::write(&f, yaml).unwrap();
+    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+fn exists(root: &Path, rel: &str) -> bool {
+    root.join(rel.trim_start_matches('/')).exists()
+}
+
+#[test]
+fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 3, "1h", &boot);
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| Agent::start(&tmp.path().join(format!("m{i}")), &format!("node-{i}"), &boot))
+        .collect();
+    wait_for("3 machines to register", BOOT, || {
+        let n = c.machines().len();
+        if n == 3 { Ok(()) } else { Err(format!("{n} registered")) }
+    });
+    apply(&c, tmp.path(), &pool_cluster_yaml("demo", 1, 2, "dev"));
+    c.wait_cluster_phase("demo", "Running", BOOT);
+
+    let machines = c.machines();
+    let mut init_root = None;
+    for a in &agents {
+        let m = machine_by_host(&machines, &a.hostname);
+        let role = m["spec"]["assignment"]["role"].as_str().unwrap().to_owned();
+        assert_eq!(m["status"]["phase"], "Running", "{m}");
+        let subs = a.kubeadm_subcommands();
+        match role.as_str() {
+            "init" => {
+                init_root = Some(a.root.clone());
+                assert_eq!(subs.iter().filter(|s| *s == "init").count(), 1, "{subs:?}");
+                assert!(!subs.contains(&"join".to_string()));
+                for f in drover_common::kubeadm::SHARED_CA_FILES {
+                    assert!(exists(&a.root, &format!("etc/kubernetes/pki/{f}")), "{f} missing on the init machine");
+                }
+                assert!(exists(&a.root, "etc/kubernetes/admin.conf"));
+            }
+            "worker" => {
+                assert_eq!(subs, vec!["join".to_string()], "worker ran {subs:?}");
+                // kubeadm join wrote ca.crt from cluster-info; no CA key ever reached a worker.
+                assert!(exists(&a.root, "etc/kubernetes/kubelet.conf"));
+                for key in ["ca.key", "etcd/ca.key", "front-proxy-ca.key", "sa.key"] {
+                    assert!(!exists(&a.root, &format!("etc/kubernetes/pki/{key}")), "{key} on a worker");
+                }
+                let argv: Vec<String> = serde_json::from_value(a.kubeadm_calls()[0]["argv"].clone()).unwrap();
+                assert_eq!(argv[1..3], ["join".to_string(), "--config".to_string()]);
+                assert_eq!(argv[3], "/etc/drover/kubeadm.yaml");
+                assert!(argv.contains(&"--rootfs".to_string()));
+            }
+            other => panic!("unexpected role {other}"),
+        }
+        // Every call the stand-in saw succeeded.
+        for call in a.kubeadm_calls() {
+            assert_eq!(call["exit"], 0, "kubeadm call failed: {call}");
+        }
+    }
+    let init_root = init_root.expect("an init machine");
+    // The workers joined with a token the init machine registered (kubeadm init or token create).
+    let cp_subs: Vec<String> = agents.iter().find(|a| a.root == init_root).unwrap().kubeadm_subcommands();
+    assert!(cp_subs.iter().all(|s| s == "init" || s == "token create"), "{cp_subs:?}");
+
+    // Operator views.
+    let table = c.cli_ok(&["get", "machines"]);
+    assert!(table.contains("HEARTBEAT") && table.matches("Running").count() == 3, "{table}");
+    let wide = c.cli_ok(&["get", "machines", "-o", "wide"]);
+    assert!(wide.contains("node-0"), "{wide}");
+    let clusters = c.cli_ok(&["get", "clusters"]);
+    assert!(clusters.contains("demo") && clusters.contains("Running") && clusters.contains("2/2"), "{clusters}");
+    let name = machine_by_host(&machines, "node-1")["metadata"]["name"].as_str().unwrap().to_owned();
+    let described = c.cli_ok(&["describe", "machine", &name]);
+    assert!(described.contains("Phase:          Running") && described.contains("kubelet:      Healthy"), "{described}");
+    let kc = c.cli_ok(&["kubeconfig", "demo"]);
+    let endpoint = c.cluster("demo").unwrap()["status"]["controlPlaneEndpoint"].as_str().unwrap().to_owned();
+    assert!(kc.contains(&format!("server: https://{endpoint}")), "{kc}");
+    assert!(kc.contains("client-certificate-data"));
+
+    // Deleting the cluster resets every machine and returns it to the pool.
+    c.cli_ok(&["delete", "cluster", "demo", "--wait", "--timeout", "90s"]);
+    assert!(c.cluster("demo").is_none());
+    wait_for("machines back in the pool", BOOT, || {
+        let ms = c.machines();
+        let free = ms.iter().filter(|m| m["status"]["phase"] == "Registered" && m["spec"]["assignment"].is_null()).count();
+        if free == 3 { Ok(()) } else { Err(format!("{free} free")) }
+    });
+    for a in &agents {
+        assert_eq!(a.kubeadm_subcommands().last().map(String::as_str), Some("reset"));
+        assert!(!exists(&a.root, "etc/kubernetes/admin.conf"));
+        assert!(!exists(&a.root, "etc/kubernetes/kubelet.conf"));
+    }
+
+    // The released machines can serve a new cluster.
+    apply(&c, tmp.path(), &pool_cluster_yaml("again", 1, 0, "dev"));
+    c.wait_cluster_phase("again", "Running", BOOT);
+}
+
+#[test]
+fn three_control_planes_one_init_two_joins_with_shared_ca_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("cp", "env=ha", 3, "1h", &boot);
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| Agent::start(&tmp.path().join(format!("cp{i}")), &format!("cp-{i}"), &boot))
+        .collect();
+    wait_for("3 machines to register", BOOT, || {
+        let n = c.machines().len();
+        if n == 3 { Ok(()) } else { Err(format!("{n} registered")) }
+    });
+    apply(&c, tmp.path(), &pool_cluster_yaml("ha", 3, 0, "ha"));
+    c.wait_cluster_phase("ha", "Running", BOOT);
+    let mut inits = 0;
+    let mut joins = 0;
+    let mut ca = None;
+    for a in &agents {
+        let subs = a.kubeadm_subcommands();
+        inits += subs.iter().filter(|s| *s == "init").count();
+        joins += subs.iter().filter(|s| *s == "join").count();
+        for f in drover_common::kubeadm::SHARED_CA_FILES {
+            assert!(exists(&a.root, &format!("etc/kubernetes/pki/{f}")), "{f} missing on {}", a.hostname);
+        }
+        let this_ca = std::fs::read_to_string(a.root.join("etc/kubernetes/pki/ca.crt")).unwrap();
+        if let Some(prev) = &ca {
+            assert_eq!(prev, &this_ca, "control-plane machines must share one cluster CA");
+        }
+        ca = Some(this_ca);
+        if subs.contains(&"join".to_string()) {
+            let cfg = std::fs::read_to_string(a.root.join("etc/drover/kubeadm.yaml")).unwrap();
+            let parsed = drover_common::kubeadm::parse_config(&cfg).unwrap();
+            let join = parsed.join.expect("JoinConfiguration");
+            assert!(join.control_plane.is_some(), "control-plane join expected");
+            assert!(join.control_plane.unwrap().certificate_key.is_none());
+            assert!(exists(&a.root, "etc/kubernetes/admin.conf"));
+        }
+    }
+    assert_eq!((inits, joins), (1, 2));
+}
+
+fn bootstrap_doc(path: &Path) -> serde_json::Value {
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn write_doc(path: &Path, v: &serde_json::Value) {
+    std::fs::write(path, serde_saphyr::to_string(v).unwrap()).unwrap();
+}
+
+fn wait_exit(a: &mut Agent) -> i32 {
+    wait_for("the agent to exit", Duration::from_secs(30), || {
+        a.try_exit()
+            .map(|s| s.code().unwrap_or(-1))
+            .ok_or_else(|| a.log())
+    })
+}
+
+#[test]
+fn bad_tickets_and_wrong_pins_are_refused_with_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+
+    // Forged: a ticket whose signature was altered.
+    let good = tmp.path().join("good.yaml");
+    c.token("default", "env=dev", 1, "1h", &good);
+    let mut doc = bootstrap_doc(&good);
+    let ticket = doc["ticket"].as_str().unwrap().to_owned();
+    let (signed, _) = ticket.rsplit_once('.').unwrap();
+    doc["ticket"] = format!("{signed}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA").into();
+    let forged = tmp.path().join("forged.yaml");
+    write_doc(&forged, &doc);
+    let mut a = Agent::start(&tmp.path().join("forged"), "forged", &forged);
+    assert_eq!(wait_exit(&mut a), 2);
+    assert!(a.log().contains("signature is invalid"), "{}", a.log());
+
+    // Wrong CA pin: the agent refuses the coordinator before sending anything.
+    let mut doc = bootstrap_doc(&good);
+    doc["caPin"] = "sha256:0000000000000000000000000000000000000000000000000000000000000000".into();
+    let wrong_pin = tmp.path().join("wrongpin.yaml");
+    write_doc(&wrong_pin, &doc);
+    let mut a = Agent::start(&tmp.path().join("wrongpin"), "wrongpin", &wrong_pin);
+    let deadline_log = wait_for("the agent to report the pin mismatch", Duration::from_secs(30), || {
+        let log = a.log();
+        if log.contains("does not match") && log.contains("sha256:0000") {
+            Ok(log)
+        } else {
+            Err(log)
+        }
+    });
+    assert!(deadline_log.contains("pinned"), "{deadline_log}");
+    a.kill();
+    assert!(c.machines().is_empty(), "nothing registered with a wrong pin");
+
+    // Replayed: the single-use ticket works once, then is refused.
+    let first = Agent::start(&tmp.path().join("first"), "first", &good);
+    wait_for("the first machine to register", BOOT, || {
+        if c.machines().len() == 1 { Ok(()) } else { Err(first.log()) }
+    });
+    let mut replay = Agent::start(&tmp.path().join("replay"), "replay", &good);
+    assert_eq!(wait_exit(&mut replay), 2);
+    assert!(replay.log().contains("already used"), "{}", replay.log());
+    assert_eq!(c.machines().len(), 1);
+
+    // Expired: a ticket used after its TTL.
+    let short = tmp.path().join("short.yaml");
+    c.token("default", "env=dev", 1, "1s", &short);
+    let claims_exp = {
+        let doc = bootstrap_doc(&short);
+        let t = doc["ticket"].as_str().unwrap().to_owned();
+        let body = t.split('.').nth(1).unwrap().to_owned();
+        use base64::Engine;
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(body).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&json).unwrap()["expiresAt"].as_i64().unwrap()
+    };
+    wait_for("the short ticket to expire", Duration::from_secs(10), || {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        if now > claims_exp { Ok(()) } else { Err(format!("now {now}, expires {claims_exp}")) }
+    });
+    let mut late = Agent::start(&tmp.path().join("late"), "late", &short);
+    assert_eq!(wait_exit(&mut late), 2);
+    assert!(late.log().contains("expired"), "{}", late.log());
+    assert_eq!(c.machines().len(), 1);
+}
+
+#[test]
+fn killed_agent_resumes_and_restarted_coordinator_keeps_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 2, "1h", &boot);
+    let mut cp = Agent::start(&tmp.path().join("cp"), "cp", &boot);
+    let mut w = Agent::start(&tmp.path().join("w"), "w", &boot);
+    wait_for("2 machines to register", BOOT, || {
+        let n = c.machines().len();
+        if n == 2 { Ok(()) } else { Err(format!("{n} registered")) }
+    });
+    apply(&c, tmp.path(), &pool_cluster_yaml("keep", 1, 1, "dev"));
+    // Kill the worker's agent as soon as it is assigned, before it can finish.
+    wait_for("the worker to be assigned", BOOT, || {
+        let ms = c.machines();
+        let m = machine_by_host(&ms, "w");
+        if m["spec"]["assignment"].is_object() { Ok(()) } else { Err(m.to_string()) }
+    });
+    w.kill();
+    w.restart();
+    c.wait_cluster_phase("keep", "Running", BOOT);
+
+    // Restart the init machine's agent: it resumes and never runs init again.
+    cp.kill();
+    cp.restart();
+    wait_for("the restarted agent to heartbeat", BOOT, || {
+        let log = cp.log();
+        if log.matches("resum").count() >= 1 || log.matches("heartbeat").count() >= 2 {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    c.wait_cluster_phase("keep", "Running", BOOT);
+    assert_eq!(cp.kubeadm_subcommands().iter().filter(|s| *s == "init").count(), 1);
+    assert_eq!(c.machines().len(), 2, "a restarted agent must not register again");
+
+    // Restart the coordinator: clusters, machines and the admin token survive.
+    let before = c.cli_ok(&["get", "machines", "-o", "json"]);
+    let before: Vec<serde_json::Value> = serde_json::from_str(&before).unwrap();
+    c.restart();
+    assert!(c.admin_token.len() > 10, "first start printed the admin token");
+    let after = c.machines();
+    assert_eq!(
+        before.iter().map(|m| m["metadata"]["uid"].clone()).collect::<Vec<_>>(),
+        after.iter().map(|m| m["metadata"]["uid"].clone()).collect::<Vec<_>>()
+    );
+    assert_eq!(c.cluster("keep").unwrap()["status"]["phase"], "Running");
+    // Agents keep reporting to the restarted coordinator.
+    wait_for("a fresh heartbeat after the restart", Duration::from_secs(30), || {
+        let out = c.cli_ok(&["get", "machines"]);
+        let fresh = out
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                l.split_whitespace()
+                    .nth(6)
+                    .and_then(|a| a.strip_suffix('s'))
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .is_some_and(|n| n <= 3)
+            })
+            .count();
+        if fresh == 2 { Ok(()) } else { Err(out) }
+    });
+    // The admin token from the first start still works after the restart.
+    let out = c.cli(&["get", "clusters"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
