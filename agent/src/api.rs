@@ -53,7 +53,7 @@ pub enum ApiError {
         method: Method,
         url: String,
         status: StatusCode,
-        problem: Problem,
+        problem: Box<Problem>,
     },
     #[error("{method} {url} answered {status} with a body the agent cannot read: {detail}")]
     BadAnswer {
@@ -135,7 +135,7 @@ impl Answer {
     }
 
     fn refused(self) -> ApiError {
-        let problem = self.problem();
+        let problem = Box::new(self.problem());
         ApiError::Refused {
             method: self.method,
             url: self.url,

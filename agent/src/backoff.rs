@@ -60,7 +60,10 @@ mod tests {
         assert_eq!(b.next_delay_with(0.5), Duration::from_millis(500));
         for _ in 0..50 {
             let d = b.next_delay();
-            assert!(d >= Duration::from_secs(1) && d <= Duration::from_secs(30), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(1) && d <= Duration::from_secs(30),
+                "{d:?}"
+            );
         }
     }
 }

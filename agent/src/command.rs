@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 
 use drover_common::api::MachineRole;
 use drover_common::token::BootstrapToken;
@@ -12,6 +11,9 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
 /// How many output lines are kept for reports.
 pub const OUTPUT_TAIL_LINES: usize = 30;
+
+/// How long output is still read after the command exited.
+const OUTPUT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The longest output line kept; longer lines are cut.
 const MAX_LINE_CHARS: usize = 2048;
@@ -197,51 +199,56 @@ impl CommandOutcome {
 }
 
 /// Runs a command to completion, keeping the last `tail_lines` lines of its
-/// combined output. The child gets its own process group so a terminal's
-/// Ctrl-C meant for the agent does not interrupt kubeadm halfway, and it is
-/// not killed when the agent stops waiting for it.
+/// combined output. stdout and stderr share one pipe, as with `2>&1`, so the
+/// tail keeps the order the command wrote in and its final error line is
+/// never displaced by earlier output. The child gets its own process group so
+/// a terminal's Ctrl-C meant for the agent does not interrupt kubeadm
+/// halfway, and it is not killed when the agent stops waiting for it.
 pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
     let command = spec.display();
+    let not_started = |e: String| CommandOutcome {
+        command: command.clone(),
+        success: false,
+        exit_code: None,
+        output_tail: vec![format!("cannot start {}: {e}", spec.program)],
+    };
+    let (reader, writer) = match output_pipe() {
+        Ok(p) => p,
+        Err(e) => return not_started(format!("cannot create an output pipe: {e}")),
+    };
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(false);
-    let mut child = match cmd.spawn() {
+    match writer.try_clone() {
+        Ok(w) => cmd.stdout(Stdio::from(w)).stderr(Stdio::from(writer)),
+        Err(e) => return not_started(format!("cannot create an output pipe: {e}")),
+    };
+    let spawned = cmd.spawn();
+    // The command holds the write ends; dropping it closes the agent's
+    // copies, so the reader sees end-of-file when the child exits.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(child) => child,
-        Err(e) => {
-            return CommandOutcome {
-                command,
-                success: false,
-                exit_code: None,
-                output_tail: vec![format!("cannot start {}: {e}", spec.program)],
+        Err(e) => return not_started(e.to_string()),
+    };
+    tracing::info!(command = %command, pid = child.id(), "started command");
+    let mut tail = OutputTail::new(tail_lines);
+    let status = {
+        let mut output = std::pin::pin!(collect(reader, &mut tail, spec));
+        tokio::select! {
+            () = &mut output => child.wait().await,
+            status = child.wait() => {
+                // A descendant that outlives the command (a daemon it
+                // started) may keep the pipe open: read what is left, but
+                // only for a moment.
+                let _ = tokio::time::timeout(OUTPUT_DRAIN, &mut output).await;
+                status
             }
         }
     };
-    tracing::info!(command = %command, pid = child.id(), "started command");
-    let tail = Arc::new(Mutex::new(OutputTail::new(tail_lines)));
-    let stdout = child.stdout.take().map(|s| collect(s, tail.clone(), spec));
-    let stderr = child.stderr.take().map(|s| collect(s, tail.clone(), spec));
-    let status = async {
-        let (_, _, status) = tokio::join!(
-            async {
-                if let Some(f) = stdout {
-                    f.await
-                }
-            },
-            async {
-                if let Some(f) = stderr {
-                    f.await
-                }
-            },
-            child.wait()
-        );
-        status
-    }
-    .await;
-    let output_tail = std::mem::take(&mut *tail.lock().expect("tail lock")).into_lines();
+    let mut output_tail = tail.into_lines();
     match status {
         Ok(status) => CommandOutcome {
             command,
@@ -250,7 +257,6 @@ pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
             output_tail,
         },
         Err(e) => {
-            let mut output_tail = output_tail;
             output_tail.push(format!("cannot wait for the command: {e}"));
             CommandOutcome {
                 command,
@@ -262,11 +268,16 @@ pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
     }
 }
 
-async fn collect(
-    stream: impl AsyncRead + Unpin,
-    tail: Arc<Mutex<OutputTail>>,
-    spec: &CommandSpec,
-) {
+/// A pipe whose read end is async and whose write end goes to the child.
+fn output_pipe() -> std::io::Result<(tokio::net::unix::pipe::Receiver, std::os::fd::OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    Ok((
+        tokio::net::unix::pipe::Receiver::from_owned_fd(read)?,
+        write,
+    ))
+}
+
+async fn collect(stream: impl AsyncRead + Unpin, tail: &mut OutputTail, spec: &CommandSpec) {
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
     loop {
@@ -281,7 +292,7 @@ async fn collect(
                     line = line.chars().take(MAX_LINE_CHARS).collect::<String>() + "…";
                 }
                 tracing::debug!(program = %spec.program, "{line}");
-                tail.lock().expect("tail lock").push(line);
+                tail.push(line);
             }
         }
     }
@@ -310,8 +321,13 @@ mod tests {
     fn command_lines() {
         let root = Path::new("/");
         assert_eq!(
-            kubeadm_bootstrap("kubeadm", MachineRole::Init, "/etc/drover/kubeadm.yaml", root)
-                .display(),
+            kubeadm_bootstrap(
+                "kubeadm",
+                MachineRole::Init,
+                "/etc/drover/kubeadm.yaml",
+                root
+            )
+            .display(),
             "kubeadm init --config /etc/drover/kubeadm.yaml"
         );
         let chroot = Path::new("/var/tmp/m1 root");
@@ -354,13 +370,20 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_descendant_holding_the_output_does_not_block() {
+        let spec = CommandSpec::new("/bin/sh", &["-c", "sleep 5 & echo started"]);
+        let outcome = run(&spec, OUTPUT_TAIL_LINES).await;
+        assert!(outcome.success, "{outcome:?}");
+    }
+
     #[tokio::test]
     async fn run_captures_combined_tail_and_exit_code() {
         let spec = CommandSpec {
             program: "/bin/sh".into(),
             args: vec![
                 "-c".into(),
-                "for i in $(seq 1 40); do echo out $i; done; echo secret-value >&2; exit 3".into(),
+                "for i in $(seq 1 40); do echo out $i; echo err $i >&2; done; echo secret-value >&2; exit 3".into(),
             ],
             redact: vec!["secret-value".into()],
         };
@@ -368,9 +391,12 @@ mod tests {
         assert!(!outcome.success);
         assert_eq!(outcome.exit_code, Some(3));
         assert_eq!(outcome.output_tail.len(), OUTPUT_TAIL_LINES);
-        assert!(outcome.output_tail.contains(&"out 40".to_string()));
-        assert!(outcome.output_tail.contains(&"<redacted>".to_string()));
-        assert!(!outcome.output_tail.contains(&"out 10".to_string()));
+        // One pipe keeps the order: the last lines are exactly the last written.
+        assert_eq!(
+            outcome.output_tail[OUTPUT_TAIL_LINES - 3..],
+            ["out 40", "err 40", "<redacted>"]
+        );
+        assert_eq!(outcome.output_tail[0], "err 26");
         assert!(outcome.summary().contains("exited with code 3"));
 
         let missing = CommandSpec::new("/nonexistent/kubeadm", &["init"]);

@@ -31,7 +31,9 @@ pub enum PathError {
 pub enum FileError {
     #[error(transparent)]
     Path(#[from] PathError),
-    #[error("bundle file {path} has mode {mode:#o}; only permission bits (at most 0o777) are allowed")]
+    #[error(
+        "bundle file {path} has mode {mode:#o}; only permission bits (at most 0o777) are allowed"
+    )]
     Mode { path: String, mode: u32 },
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
@@ -182,9 +184,18 @@ mod tests {
             safe_join(root, "/etc/kubernetes/.."),
             Err(PathError::ParentComponent("/etc/kubernetes/..".into()))
         );
-        assert!(matches!(safe_join(root, "/"), Err(PathError::NoFileName(_))));
-        assert!(matches!(safe_join(root, "/etc/"), Err(PathError::NoFileName(_))));
-        assert!(matches!(safe_join(root, ""), Err(PathError::NotAbsolute(_))));
+        assert!(matches!(
+            safe_join(root, "/"),
+            Err(PathError::NoFileName(_))
+        ));
+        assert!(matches!(
+            safe_join(root, "/etc/"),
+            Err(PathError::NoFileName(_))
+        ));
+        assert!(matches!(
+            safe_join(root, ""),
+            Err(PathError::NotAbsolute(_))
+        ));
         assert!(matches!(safe_join(root, "/a\0b"), Err(PathError::Nul(_))));
     }
 

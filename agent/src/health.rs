@@ -157,15 +157,33 @@ async fn get_probe(client: &reqwest::Client, url: &str) -> Probe {
     }
 }
 
-/// Free bytes for unprivileged users on the file system holding `root`.
+/// Free bytes for unprivileged users on the file system holding `root`,
+/// rounded down by [`quantize_free_bytes`].
 pub fn disk_free_bytes(root: &Path) -> u64 {
     match nix::sys::statvfs::statvfs(root) {
-        Ok(s) => (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64),
+        // The field types differ between platforms, hence the allowance.
+        #[allow(clippy::useless_conversion)]
+        Ok(s) => {
+            let unit = u64::from(s.fragment_size());
+            quantize_free_bytes(
+                u64::from(s.blocks_available()).saturating_mul(unit),
+                u64::from(s.blocks()).saturating_mul(unit),
+            )
+        }
         Err(e) => {
             tracing::debug!(root = %root.display(), error = %e, "statvfs failed");
             0
         }
     }
+}
+
+/// Rounds free space down to about 1/1024 of the file system size, in whole
+/// MiB (at least 1 MiB). Free space moves with every log line; reporting it to the byte
+/// would make every heartbeat look like a change to the coordinator, while
+/// this precision is plenty to see a disk filling up.
+pub fn quantize_free_bytes(free: u64, total: u64) -> u64 {
+    let step = ((total / 1024) >> 20).max(1) << 20;
+    free / step * step
 }
 
 #[cfg(test)]
@@ -187,6 +205,20 @@ mod tests {
         addr
     }
 
+    #[test]
+    fn free_space_is_rounded_down() {
+        const MIB: u64 = 1 << 20;
+        // A small file system: 1 MiB steps.
+        assert_eq!(quantize_free_bytes(5 * MIB + 123, 100 * MIB), 5 * MIB);
+        assert_eq!(quantize_free_bytes(MIB - 1, 100 * MIB), 0);
+        // 100 GiB: 100 MiB steps, so small changes report the same value.
+        let total = 100 * 1024 * MIB;
+        let a = quantize_free_bytes(40 * 1024 * MIB + 3 * MIB, total);
+        let b = quantize_free_bytes(40 * 1024 * MIB + 7 * MIB, total);
+        assert_eq!(a, b);
+        assert!(a <= 40 * 1024 * MIB + 3 * MIB);
+    }
+
     #[tokio::test]
     async fn kubelet_probe_states() {
         let dir = tempfile::tempdir().unwrap();
@@ -205,11 +237,20 @@ mod tests {
         assert_eq!(report.kubelet.state, ProbeState::Healthy);
         assert!(report.api_server.is_none());
         assert!(report.disk_free_bytes > 0);
+        assert_eq!(report.disk_free_bytes % (1 << 20), 0);
 
         let report = Prober::new(dir.path(), url(bad)).report(&plan).await;
         assert_eq!(report.kubelet.state, ProbeState::Unhealthy);
-        assert!(report.kubelet.message.contains("500"), "{:?}", report.kubelet);
-        assert!(report.kubelet.message.contains("sick"), "{:?}", report.kubelet);
+        assert!(
+            report.kubelet.message.contains("500"),
+            "{:?}",
+            report.kubelet
+        );
+        assert!(
+            report.kubelet.message.contains("sick"),
+            "{:?}",
+            report.kubelet
+        );
 
         // Nothing listens on a port just released.
         let closed = {

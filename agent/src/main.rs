@@ -1,1 +1,333 @@
-fn main() {}
+//! `drover-agent`: the Drover machine agent.
+//!
+//! It registers the machine with the coordinator using the single-use ticket
+//! of its bootstrap document, fetches its signed config bundle, runs
+//! `kubeadm init` or `kubeadm join`, and reports heartbeats with health for
+//! the machine's whole life.
+//!
+//! Exit codes: 0 after SIGTERM/SIGINT, 1 on an unexpected error, 2 when the
+//! coordinator refuses the registration for good (bad ticket, wrong CA pin),
+//! 64 for bad flags or an unreadable or invalid bootstrap document.
+
+mod agent;
+mod api;
+mod backoff;
+mod command;
+mod files;
+mod health;
+mod register;
+mod state;
+mod tls;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Parser, ValueEnum};
+use drover_common::wire::BootstrapDocument;
+
+use crate::agent::{Agent, Origin, Settings, Shutdown};
+use crate::state::StateStore;
+
+/// Exit code for a refused registration.
+const EXIT_REFUSED: u8 = 2;
+/// Exit code for bad flags or configuration (EX_USAGE).
+const EXIT_USAGE: u8 = 64;
+
+/// The Drover machine agent.
+#[derive(Debug, Parser)]
+#[command(name = "drover-agent", version, about, long_about = None)]
+struct Cli {
+    /// The bootstrap document (YAML or JSON) with the coordinator URLs, the CA
+    /// pin and the registration ticket. Required until the agent has
+    /// registered and saved its state.
+    #[arg(long, value_name = "FILE")]
+    bootstrap: Option<PathBuf>,
+
+    /// The machine's root directory. kubeadm runs with `--rootfs` when it is
+    /// not `/`.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    root: PathBuf,
+
+    /// The kubeadm program.
+    #[arg(long, value_name = "PATH", default_value = "kubeadm")]
+    kubeadm: String,
+
+    /// Where the agent keeps its state [default: <root>/var/lib/drover-agent].
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+
+    /// The address other machines reach this one on [default: the local
+    /// address the OS uses to reach the coordinator].
+    #[arg(long, value_name = "IP")]
+    advertise_address: Option<IpAddr>,
+
+    /// The port the API server listens on if this machine is control plane.
+    #[arg(long, value_name = "N", default_value_t = 6443, value_parser = clap::value_parser!(u16).range(1..))]
+    api_server_port: u16,
+
+    /// The kubelet health URL.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:10248/healthz", value_parser = parse_healthz_url)]
+    kubelet_healthz_url: reqwest::Url,
+
+    /// The host name to report [default: the system host name].
+    #[arg(long, value_name = "NAME")]
+    hostname: Option<String>,
+
+    /// The log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_healthz_url(s: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    if url.scheme() != "http" {
+        return Err("the kubelet health endpoint is plain http://".into());
+    }
+    if url.host_str().is_none() {
+        return Err("the URL has no host".into());
+    }
+    Ok(url)
+}
+
+/// How the agent ends, with its exit code.
+enum Exit {
+    Usage(anyhow::Error),
+    Refused(anyhow::Error),
+    Failure(anyhow::Error),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(EXIT_USAGE),
+            };
+        }
+    };
+    if let Err(e) = init_logging(cli.log_format) {
+        eprintln!("drover-agent: cannot set up logging: {e:#}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    // One thread is plenty: the agent mostly sleeps between heartbeats.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Exit::Usage(e)) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(Exit::Refused(e)) => {
+            tracing::error!("{e:#}");
+            ExitCode::from(EXIT_REFUSED)
+        }
+        Err(Exit::Failure(e)) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    }
+    .map_err(|e| anyhow!(e))
+}
+
+async fn run(cli: Cli) -> Result<(), Exit> {
+    let settings = resolve_settings(&cli).map_err(Exit::Usage)?;
+    let store = StateStore::new(&settings.state_dir);
+    let saved = store.load().map_err(|e| Exit::Failure(anyhow!(e)))?;
+    // Read the bootstrap document before anything else, so a bad one is
+    // reported at once.
+    let doc = match (&saved, &cli.bootstrap) {
+        (Some(_), Some(path)) => {
+            tracing::info!(
+                bootstrap = %path.display(),
+                state = %store.path().display(),
+                "already registered; ignoring the bootstrap document (its ticket is single-use)"
+            );
+            None
+        }
+        (Some(_), None) => None,
+        (None, Some(path)) => Some(read_bootstrap(path).map_err(Exit::Usage)?),
+        (None, None) => {
+            return Err(Exit::Usage(anyhow!(
+                "--bootstrap FILE is required: there is no saved state in {} yet, so the agent must register",
+                settings.state_dir.display()
+            )))
+        }
+    };
+
+    let (trigger, mut shutdown) = Shutdown::new();
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Exit::Failure(anyhow!("cannot handle SIGTERM: {e}")))?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = sigterm.recv() => tracing::info!("SIGTERM received; shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received; shutting down"),
+        }
+        trigger.trigger();
+    });
+
+    let (state, origin) = match (saved, doc) {
+        (Some(state), _) => (state, Origin::Saved),
+        (None, Some(doc)) => {
+            match register::register(&doc, &settings, &store, &mut shutdown).await {
+                Ok(Some(r)) => (
+                    r.state,
+                    Origin::Registered {
+                        heartbeat_interval: r.heartbeat_interval,
+                    },
+                ),
+                Ok(None) => {
+                    tracing::info!("shut down before registration finished");
+                    return Ok(());
+                }
+                Err(e) if e.is_permanent_refusal() => return Err(Exit::Refused(anyhow!(e))),
+                Err(e) => return Err(Exit::Failure(anyhow!(e))),
+            }
+        }
+        (None, None) => unreachable!("checked above"),
+    };
+    let agent =
+        Agent::new(settings, store, state, origin).map_err(|e| Exit::Failure(anyhow!(e)))?;
+    agent
+        .run(shutdown)
+        .await
+        .map_err(|e| Exit::Failure(anyhow!(e)))
+}
+
+fn read_bootstrap(path: &std::path::Path) -> anyhow::Result<BootstrapDocument> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the bootstrap document {}", path.display()))?;
+    BootstrapDocument::parse(&text)
+        .with_context(|| format!("invalid bootstrap document {}", path.display()))
+}
+
+fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
+    let root = cli
+        .root
+        .canonicalize()
+        .with_context(|| format!("--root {}", cli.root.display()))?;
+    if !root.is_dir() {
+        bail!("--root {}: not a directory", cli.root.display());
+    }
+    let state_dir = match &cli.state_dir {
+        Some(dir) if dir.is_relative() => std::env::current_dir()
+            .context("cannot resolve --state-dir")?
+            .join(dir),
+        Some(dir) => dir.clone(),
+        None => root.join("var/lib/drover-agent"),
+    };
+    let hostname = match &cli.hostname {
+        Some(name) => name.clone(),
+        None => nix::unistd::gethostname()
+            .context("cannot read the host name; pass --hostname")?
+            .into_string()
+            .map_err(|_| anyhow!("the host name is not UTF-8; pass --hostname"))?,
+    };
+    if hostname.is_empty()
+        || hostname
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        bail!("--hostname {hostname:?}: must be a non-empty name without spaces");
+    }
+    Ok(Settings {
+        root,
+        kubeadm: cli.kubeadm.clone(),
+        state_dir,
+        advertise_address: cli.advertise_address,
+        api_server_port: cli.api_server_port,
+        kubelet_healthz_url: cli.kubelet_healthz_url.clone(),
+        hostname,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_defaults_and_errors() {
+        let cli = Cli::try_parse_from(["drover-agent"]).unwrap();
+        assert_eq!(cli.root, PathBuf::from("/"));
+        assert_eq!(cli.kubeadm, "kubeadm");
+        assert_eq!(cli.api_server_port, 6443);
+        assert_eq!(
+            cli.kubelet_healthz_url.as_str(),
+            "http://127.0.0.1:10248/healthz"
+        );
+        assert_eq!(cli.log_format, LogFormat::Text);
+        let settings =
+            resolve_settings(&Cli::try_parse_from(["drover-agent", "--hostname", "h"]).unwrap())
+                .unwrap();
+        assert_eq!(settings.state_dir, PathBuf::from("/var/lib/drover-agent"));
+        assert_eq!(settings.kubelet_healthz_port(), 10248);
+
+        for bad in [
+            vec!["drover-agent", "--api-server-port", "0"],
+            vec!["drover-agent", "--advertise-address", "not-an-ip"],
+            vec![
+                "drover-agent",
+                "--kubelet-healthz-url",
+                "https://127.0.0.1/healthz",
+            ],
+            vec!["drover-agent", "--log-format", "xml"],
+            vec!["drover-agent", "--frobnicate"],
+        ] {
+            assert!(Cli::try_parse_from(&bad).is_err(), "{bad:?}");
+        }
+        let cli = Cli::try_parse_from(["drover-agent", "--root", "/nonexistent/root"]).unwrap();
+        let err = resolve_settings(&cli).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("--root /nonexistent/root"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn bootstrap_errors_name_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.yaml");
+        let err = read_bootstrap(&missing).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("cannot read the bootstrap document"),
+            "{err:#}"
+        );
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "apiVersion: drover.dev/v1alpha1\nkind: Nope\n").unwrap();
+        let err = format!("{:#}", read_bootstrap(&bad).unwrap_err());
+        assert!(err.contains("invalid bootstrap document"), "{err}");
+    }
+}

@@ -160,25 +160,29 @@ pub async fn register(
                 }
             }
             Err(e) => {
-                tracing::warn!(attempt, error = %e, "cannot determine the advertise address");
+                tracing::warn!(attempt, error = %e, "cannot determine the advertise address; retrying");
                 Err(None)
             }
         };
+        let delay = backoff.next_delay();
         match outcome {
             Ok(response) => break response,
             Err(Some(ApiError::PinMismatch(m))) => return Err(m.into()),
             Err(Some(ApiError::Refused {
                 status, problem, ..
             })) if permanent_status(status) => {
-                return Err(refused(status, problem));
+                return Err(refused(status, *problem));
             }
             Err(Some(e)) => {
-                tracing::warn!(attempt, error = %e, "registration failed; retrying");
+                tracing::warn!(
+                    attempt,
+                    retry_in_ms = delay.as_millis() as u64,
+                    error = %e,
+                    "registration failed; retrying"
+                );
             }
             Err(None) => {}
         }
-        let delay = backoff.next_delay();
-        tracing::info!(attempt, retry_in_ms = delay.as_millis() as u64, "waiting before the next registration attempt");
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = shutdown.requested() => return Ok(None),
@@ -193,7 +197,7 @@ pub async fn register(
     tracing::info!(
         machine = %state.machine_name,
         uid = %state.machine_uid,
-        certificate_not_after = %state.certificate_not_after,
+        certificate_not_after = %crate::agent::rfc3339(state.certificate_not_after),
         "registered"
     );
     Ok(Some(Registered {
@@ -307,7 +311,9 @@ mod tests {
 
     #[tokio::test]
     async fn local_address_towards_loopback() {
-        let ip = local_address_towards("https://127.0.0.1:8443").await.unwrap();
+        let ip = local_address_towards("https://127.0.0.1:8443")
+            .await
+            .unwrap();
         assert!(ip.is_loopback(), "{ip}");
     }
 }

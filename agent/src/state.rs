@@ -97,6 +97,9 @@ pub struct BootstrapProgress {
 pub enum BootstrapStep {
     /// Assigned; the config bundle has not been applied yet.
     Assigned,
+    /// `kubeadm reset -f` runs before bootstrapping again, after an
+    /// interrupted join or before retrying a failed bootstrap.
+    Resetting,
     /// The bundle's files are on disk; kubeadm has not been started.
     FilesWritten,
     /// kubeadm was started. Written before the process is spawned, so a crash
@@ -192,8 +195,9 @@ pub enum ResumeAction {
     MarkDone,
     /// `kubeadm init` was interrupted: report failure and never rerun it.
     InitInterrupted,
-    /// `kubeadm join` was interrupted: `kubeadm reset -f`, then join again.
-    ResetAndRejoin,
+    /// `kubeadm join` (or a reset before a retry) was interrupted:
+    /// `kubeadm reset -f`, then fetch the bundle and bootstrap again.
+    ResetAndRetry,
     /// Bootstrap had finished: keep running.
     Running,
     /// Bootstrap had failed: keep reporting the failure.
@@ -208,6 +212,7 @@ pub fn decide_resume(state: &State, files: ResumeFiles) -> ResumeAction {
     };
     match (&progress.step, progress.assignment.role) {
         (BootstrapStep::Assigned | BootstrapStep::FilesWritten, _) => ResumeAction::FetchConfig,
+        (BootstrapStep::Resetting, _) => ResumeAction::ResetAndRetry,
         (BootstrapStep::KubeadmStarted, MachineRole::Init) => {
             if files.admin_conf {
                 ResumeAction::MarkDone
@@ -219,7 +224,7 @@ pub fn decide_resume(state: &State, files: ResumeFiles) -> ResumeAction {
             if files.kubelet_conf {
                 ResumeAction::MarkDone
             } else {
-                ResumeAction::ResetAndRejoin
+                ResumeAction::ResetAndRetry
             }
         }
         (BootstrapStep::Done, _) => ResumeAction::Running,
@@ -236,7 +241,9 @@ pub enum StateError {
     Read { path: PathBuf, source: io::Error },
     #[error("the state file {path} is corrupt ({detail}); move it away to start over (the machine must then register again with a new ticket)")]
     Corrupt { path: PathBuf, detail: String },
-    #[error("the state file {path} has layout version {found}, this agent understands {STATE_VERSION}")]
+    #[error(
+        "the state file {path} has layout version {found}, this agent understands {STATE_VERSION}"
+    )]
     Version { path: PathBuf, found: u32 },
     #[error("cannot write the state file {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
@@ -475,13 +482,19 @@ pub(crate) mod tests {
         for role in [ControlPlane, Worker] {
             assert_eq!(
                 decide_resume(&with_step(role, KubeadmStarted), none),
-                ResumeAction::ResetAndRejoin
+                ResumeAction::ResetAndRetry
             );
             assert_eq!(
                 decide_resume(&with_step(role, KubeadmStarted), kubelet),
                 ResumeAction::MarkDone
             );
         }
+        // An interrupted reset before a retry is simply run again; init is
+        // only ever run after it finished.
+        assert_eq!(
+            decide_resume(&with_step(Init, Resetting), admin),
+            ResumeAction::ResetAndRetry
+        );
         assert_eq!(
             decide_resume(&with_step(Worker, Done), none),
             ResumeAction::Running

@@ -185,10 +185,7 @@ fn builder() -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier
 pub fn pinned_config(pin: &CaPin) -> Result<ClientConfig, TlsError> {
     Ok(builder()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier::new(
-            pin.clone(),
-            provider(),
-        )))
+        .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier::new(pin.clone(), provider())))
         .with_no_client_auth())
 }
 
@@ -298,8 +295,20 @@ pub(crate) mod tests {
         let pin = CaPin::from_cert_der(&ca.cert_der()).unwrap();
         let (leaf, _) = server_leaf(&ca);
         let ca_der = der(&ca.cert_pem);
-        verify(&pin, &der(&leaf), &[ca_der.clone()], "localhost").unwrap();
-        verify(&pin, &der(&leaf), &[ca_der.clone()], "127.0.0.1").unwrap();
+        verify(
+            &pin,
+            &der(&leaf),
+            std::slice::from_ref(&ca_der),
+            "localhost",
+        )
+        .unwrap();
+        verify(
+            &pin,
+            &der(&leaf),
+            std::slice::from_ref(&ca_der),
+            "127.0.0.1",
+        )
+        .unwrap();
         // The pin only selects the root; the host name is still checked.
         let err = verify(&pin, &der(&leaf), &[ca_der], "example.com").unwrap_err();
         assert!(
@@ -340,7 +349,10 @@ pub(crate) mod tests {
         let pin = CaPin::from_cert_der(&ca.cert_der()).unwrap();
         let (leaf, _) = server_leaf(&ca);
         let err = verify(&pin, &der(&leaf), &[], "localhost").unwrap_err();
-        assert!(err.to_string().contains("only its own certificate"), "{err}");
+        assert!(
+            err.to_string().contains("only its own certificate"),
+            "{err}"
+        );
     }
 
     #[test]

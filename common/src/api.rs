@@ -309,7 +309,11 @@ impl Cluster {
         if self.api_version != crate::API_VERSION {
             err(
                 "apiVersion",
-                format!("must be {:?}, got {:?}", crate::API_VERSION, self.api_version),
+                format!(
+                    "must be {:?}, got {:?}",
+                    crate::API_VERSION,
+                    self.api_version
+                ),
             );
         }
         if self.kind != "Cluster" {
@@ -330,7 +334,7 @@ impl Cluster {
             err("spec.kubernetesVersion", why);
         }
         let cp = self.spec.control_plane.replicas;
-        if cp == 0 || cp % 2 == 0 || cp > 7 {
+        if cp == 0 || cp.is_multiple_of(2) || cp > 7 {
             err(
                 "spec.controlPlane.replicas",
                 format!("must be 1, 3, 5 or 7 (etcd needs an odd number of members), got {cp}"),
@@ -423,7 +427,11 @@ pub fn check_kubernetes_version(v: &str) -> Result<(), String> {
         .ok_or_else(|| format!("must look like v1.31.2, got {v:?}"))?;
     let core = rest.split(['-', '+']).next().unwrap_or_default();
     let parts: Vec<&str> = core.split('.').collect();
-    if parts.len() != 3 || parts.iter().any(|p| p.is_empty() || p.parse::<u32>().is_err()) {
+    if parts.len() != 3
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || p.parse::<u32>().is_err())
+    {
         return Err(format!("must look like v1.31.2, got {v:?}"));
     }
     if parts[0] != "1" || parts[1].parse::<u32>().unwrap_or(0) < 29 {
@@ -460,7 +468,11 @@ fn cidrs_overlap(a: (IpAddr, u8), b: (IpAddr, u8)) -> bool {
         }
         (IpAddr::V6(x), IpAddr::V6(y)) => {
             let len = a.1.min(b.1) as u32;
-            let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len)
+            };
             (u128::from(x) & mask) == (u128::from(y) & mask)
         }
         _ => false,
@@ -767,7 +779,9 @@ spec:
     #[test]
     fn unknown_field_is_named() {
         let doc = sample().replace("replicas: 2", "replicas: 2\n      replica: 3");
-        let e = serde_saphyr::from_str::<Cluster>(&doc).unwrap_err().to_string();
+        let e = serde_saphyr::from_str::<Cluster>(&doc)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("replica"), "{e}");
     }
 

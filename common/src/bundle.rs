@@ -74,7 +74,8 @@ pub fn sign(bundle: &ConfigBundle, key_pem: &str) -> Result<SignedBundle, Bundle
         &rng,
     )
     .map_err(|e| BundleError::Key(e.to_string()))?;
-    let payload = serde_json::to_string(bundle).map_err(|e| BundleError::Malformed(e.to_string()))?;
+    let payload =
+        serde_json::to_string(bundle).map_err(|e| BundleError::Malformed(e.to_string()))?;
     let sig = pair
         .sign(&rng, payload.as_bytes())
         .map_err(|_| BundleError::Sign)?;
@@ -100,8 +101,8 @@ pub fn verify(
     UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_ASN1, point)
         .verify(signed.payload.as_bytes(), &sig)
         .map_err(|_| BundleError::BadSignature)?;
-    let bundle: ConfigBundle = serde_json::from_str(&signed.payload)
-        .map_err(|e| BundleError::Malformed(e.to_string()))?;
+    let bundle: ConfigBundle =
+        serde_json::from_str(&signed.payload).map_err(|e| BundleError::Malformed(e.to_string()))?;
     if bundle.machine_uid != machine_uid {
         return Err(BundleError::WrongMachine {
             expected: machine_uid.to_owned(),

@@ -93,7 +93,12 @@ mod tests {
             Err(JwsError::BadSignature("joshua".into()))
         );
         assert_eq!(
-            verify_detached("other content", EXPECTED, "joshua", "my voice is my passcode"),
+            verify_detached(
+                "other content",
+                EXPECTED,
+                "joshua",
+                "my voice is my passcode"
+            ),
             Err(JwsError::BadSignature("joshua".into()))
         );
         assert_eq!(

@@ -98,9 +98,17 @@ pub struct Timeouts {
     pub control_plane_component_health_check: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet_health_check: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "kubernetesAPICall",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub kubernetes_api_call: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "etcdAPICall",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub etcd_api_call: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_bootstrap: Option<String>,
@@ -204,7 +212,11 @@ pub struct BootstrapTokenDiscovery {
     pub api_server_endpoint: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ca_cert_hashes: Vec<CaPin>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "unsafeSkipCAVerification",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub unsafe_skip_ca_verification: Option<bool>,
 }
 
@@ -342,18 +354,26 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
             });
         }
         match kind.as_str() {
-            "InitConfiguration" => {
-                put(&mut out.init, serde_json::from_value(doc).map_err(strict)?, &kind)?
-            }
-            "ClusterConfiguration" => {
-                put(&mut out.cluster, serde_json::from_value(doc).map_err(strict)?, &kind)?
-            }
-            "JoinConfiguration" => {
-                put(&mut out.join, serde_json::from_value(doc).map_err(strict)?, &kind)?
-            }
-            "KubeletConfiguration" => {
-                put(&mut out.kubelet, serde_json::from_value(doc).map_err(strict)?, &kind)?
-            }
+            "InitConfiguration" => put(
+                &mut out.init,
+                serde_json::from_value(doc).map_err(strict)?,
+                &kind,
+            )?,
+            "ClusterConfiguration" => put(
+                &mut out.cluster,
+                serde_json::from_value(doc).map_err(strict)?,
+                &kind,
+            )?,
+            "JoinConfiguration" => put(
+                &mut out.join,
+                serde_json::from_value(doc).map_err(strict)?,
+                &kind,
+            )?,
+            "KubeletConfiguration" => put(
+                &mut out.kubelet,
+                serde_json::from_value(doc).map_err(strict)?,
+                &kind,
+            )?,
             _ => return Err(ConfigError::UnknownKind { index, kind }),
         }
     }
@@ -549,7 +569,10 @@ mod tests {
     fn init_round_trips_strictly() {
         let token = BootstrapToken::generate();
         let text = render_init(&cluster(), &node(), &token, 900);
-        assert!(text.contains("apiVersion: kubeadm.k8s.io/v1beta4"), "{text}");
+        assert!(
+            text.contains("apiVersion: kubeadm.k8s.io/v1beta4"),
+            "{text}"
+        );
         assert!(text.contains("localAPIEndpoint"), "{text}");
         let cfg = parse_config(&text).unwrap();
         let init = cfg.init.unwrap();
@@ -577,6 +600,30 @@ mod tests {
     }
 
     #[test]
+    fn go_acronym_spellings() {
+        // kubeadm's Go types keep acronyms upper case in JSON names.
+        let real = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\ndiscovery:\n  bootstrapToken:\n    token: abcdef.0123456789abcdef\n    apiServerEndpoint: 10.0.0.1:6443\n    unsafeSkipCAVerification: true\ntimeouts:\n  kubernetesAPICall: 1m0s\n  etcdAPICall: 2m0s\n";
+        let join = parse_config(real).unwrap().join.unwrap();
+        assert_eq!(
+            join.discovery
+                .bootstrap_token
+                .unwrap()
+                .unsafe_skip_ca_verification,
+            Some(true)
+        );
+        let wrong = real.replace("unsafeSkipCAVerification", "unsafeSkipCaVerification");
+        assert!(matches!(
+            parse_config(&wrong),
+            Err(ConfigError::Strict { .. })
+        ));
+        let wrong = real.replace("etcdAPICall", "etcdApiCall");
+        assert!(matches!(
+            parse_config(&wrong),
+            Err(ConfigError::Strict { .. })
+        ));
+    }
+
+    #[test]
     fn strictness() {
         let bad = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbogus: 1\n";
         assert!(matches!(parse_config(bad), Err(ConfigError::Strict { .. })));
@@ -586,9 +633,15 @@ mod tests {
             Err(ConfigError::UnsupportedVersion { .. })
         ));
         let badtoken = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nbootstrapTokens:\n- token: ABC.def\n";
-        assert!(matches!(parse_config(badtoken), Err(ConfigError::Strict { .. })));
+        assert!(matches!(
+            parse_config(badtoken),
+            Err(ConfigError::Strict { .. })
+        ));
         // v1beta3's map form of extraArgs is refused by v1beta4.
         let maps = "apiVersion: kubeadm.k8s.io/v1beta4\nkind: InitConfiguration\nnodeRegistration:\n  kubeletExtraArgs:\n    node-ip: 1.2.3.4\n";
-        assert!(matches!(parse_config(maps), Err(ConfigError::Strict { .. })));
+        assert!(matches!(
+            parse_config(maps),
+            Err(ConfigError::Strict { .. })
+        ));
     }
 }

@@ -91,7 +91,16 @@ mod tests {
     #[test]
     fn dns_labels() {
         assert!(check_dns_label("name", "demo-1").is_ok());
-        for bad in ["", "Demo", "a/b", "../etc", "-a", "a-", "a.b", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "Demo",
+            "a/b",
+            "../etc",
+            "-a",
+            "a-",
+            "a.b",
+            &"a".repeat(64),
+        ] {
             assert!(check_dns_label("name", bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -38,7 +38,8 @@ impl CaPin {
 
     /// Pins the public key of the first certificate in a PEM document.
     pub fn from_cert_pem(pem: &str) -> Result<Self, PinError> {
-        let der = crate::pki::first_cert_der(pem).map_err(|e| PinError::BadCertificate(e.to_string()))?;
+        let der =
+            crate::pki::first_cert_der(pem).map_err(|e| PinError::BadCertificate(e.to_string()))?;
         Self::from_cert_der(&der)
     }
 
@@ -103,8 +104,14 @@ mod tests {
         let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
         let spki = parsed.public_key().raw;
         let pin = CaPin::from_cert_der(&der).unwrap();
-        assert_eq!(pin.to_string(), format!("sha256:{}", hex::encode(Sha256::digest(spki))));
-        assert_ne!(pin.to_string(), format!("sha256:{}", hex::encode(Sha256::digest(&der))));
+        assert_eq!(
+            pin.to_string(),
+            format!("sha256:{}", hex::encode(Sha256::digest(spki)))
+        );
+        assert_ne!(
+            pin.to_string(),
+            format!("sha256:{}", hex::encode(Sha256::digest(&der)))
+        );
         // Hashing empty input, the mistake the `openssl rsa -pubin` recipe makes
         // for ECDSA keys, must never produce the pin.
         assert_ne!(pin, CaPin::from_spki_der(&[]));
@@ -129,7 +136,12 @@ mod tests {
             Err(PinError::MissingPrefix(_))
         ));
         assert_eq!("sha256:abcd".parse::<CaPin>(), Err(PinError::BadLength(4)));
-        assert!(matches!(good.to_uppercase().replace("SHA256:", "sha256:").parse::<CaPin>(), Err(PinError::BadHex(_))));
+        assert!(matches!(
+            good.to_uppercase()
+                .replace("SHA256:", "sha256:")
+                .parse::<CaPin>(),
+            Err(PinError::BadHex(_))
+        ));
         assert!(matches!(
             good.replace('e', "z").parse::<CaPin>(),
             Err(PinError::BadHex(_))

@@ -15,10 +15,7 @@ pub enum PkiError {
     #[error("cannot generate a key pair: {0}")]
     KeyGen(rcgen::Error),
     #[error("cannot read the private key of {what}: {source}")]
-    BadKey {
-        what: String,
-        source: rcgen::Error,
-    },
+    BadKey { what: String, source: rcgen::Error },
     #[error("cannot read the certificate of {what}: {detail}")]
     BadCert { what: String, detail: String },
     #[error("cannot read the certificate signing request: {0}")]
@@ -138,7 +135,8 @@ impl CertificateAuthority {
     /// the key is taken from the CSR: subject, names and usage come from the
     /// caller, so a machine cannot ask for an identity it was not given.
     pub fn sign_csr(&self, csr_pem: &str, spec: &LeafSpec) -> Result<IssuedCert, PkiError> {
-        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(PkiError::BadCsr)?;
+        let mut csr =
+            CertificateSigningRequestParams::from_pem(csr_pem).map_err(PkiError::BadCsr)?;
         csr.params = leaf_params(spec)?;
         let not_after = csr.params.not_after;
         let cert = csr
@@ -268,6 +266,13 @@ pub fn cert_info(der: &[u8]) -> Result<CertInfo, PkiError> {
     })
 }
 
+/// Generates the service-account signing key pair kubeadm expects as
+/// `sa.key` / `sa.pub`, returning `(private_pem, public_pem)`.
+pub fn generate_service_account_key() -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(PkiError::KeyGen)?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,11 +301,4 @@ mod tests {
         assert_eq!(info.organizations, vec!["drover:machines".to_string()]);
         assert!(!info.is_ca);
     }
-}
-
-/// Generates the service-account signing key pair kubeadm expects as
-/// `sa.key` / `sa.pub`, returning `(private_pem, public_pem)`.
-pub fn generate_service_account_key() -> Result<(String, String), PkiError> {
-    let key = KeyPair::generate().map_err(PkiError::KeyGen)?;
-    Ok((key.serialize_pem(), key.public_key_pem()))
 }

@@ -62,7 +62,9 @@ pub struct TicketKey(Vec<u8>);
 pub enum TicketError {
     #[error("ticket is longer than {MAX_TICKET_LEN} bytes")]
     TooLong,
-    #[error("ticket is malformed: {0}; copy the whole bootstrap document from `drover token create`")]
+    #[error(
+        "ticket is malformed: {0}; copy the whole bootstrap document from `drover token create`"
+    )]
     Malformed(&'static str),
     #[error("ticket signature is invalid: it was not issued by this coordinator or was altered")]
     BadSignature,
@@ -120,8 +122,8 @@ impl TicketKey {
         let json = URL_SAFE_NO_PAD
             .decode(body)
             .map_err(|_| TicketError::Malformed("claims are not base64url"))?;
-        let claims: TicketClaims =
-            serde_json::from_slice(&json).map_err(|_| TicketError::Malformed("claims are not valid"))?;
+        let claims: TicketClaims = serde_json::from_slice(&json)
+            .map_err(|_| TicketError::Malformed("claims are not valid"))?;
         if now >= claims.expires_at {
             return Err(TicketError::Expired {
                 expired_at: claims.expires_at,
@@ -196,7 +198,10 @@ mod tests {
             k.verify(&format!("dt1.{body}.{mac}"), 0),
             Err(TicketError::BadSignature)
         );
-        assert!(matches!(k.verify("garbage", 0), Err(TicketError::Malformed(_))));
+        assert!(matches!(
+            k.verify("garbage", 0),
+            Err(TicketError::Malformed(_))
+        ));
         assert_eq!(k.verify(&"a".repeat(5000), 0), Err(TicketError::TooLong));
     }
 }

@@ -27,7 +27,9 @@ pub enum TokenFormatError {
     MissingDot,
     #[error("bootstrap token id must be exactly 6 characters of [a-z0-9], got {0} characters")]
     IdLength(usize),
-    #[error("bootstrap token secret must be exactly 16 characters of [a-z0-9], got {0} characters")]
+    #[error(
+        "bootstrap token secret must be exactly 16 characters of [a-z0-9], got {0} characters"
+    )]
     SecretLength(usize),
     #[error("bootstrap token may contain only lowercase letters and digits, found {0:?}")]
     BadCharacter(char),
@@ -63,7 +65,10 @@ impl FromStr for BootstrapToken {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (id, secret) = s.split_once('.').ok_or(TokenFormatError::MissingDot)?;
-        if let Some(c) = s.chars().find(|c| *c != '.' && !ALPHABET.contains(&(*c as u8))) {
+        if let Some(c) = s
+            .chars()
+            .find(|c| *c != '.' && !ALPHABET.contains(&(*c as u8)))
+        {
             return Err(TokenFormatError::BadCharacter(c));
         }
         if id.len() != ID_LEN {

@@ -35,7 +35,10 @@ pub enum BootstrapDocumentError {
     #[error("bootstrap document is not valid YAML or JSON: {0}")]
     Parse(String),
     #[error("bootstrap document field {field}: {message}")]
-    Field { field: &'static str, message: String },
+    Field {
+        field: &'static str,
+        message: String,
+    },
 }
 
 impl BootstrapDocument {

@@ -19,9 +19,11 @@ pub const KUBEADM_CONFIG_PATH: &str = "/etc/drover/kubeadm.yaml";
 /// Builds and signs the bundle for a machine's current assignment.
 pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, ApiError> {
     let name = &machine.metadata.name;
-    let a = machine.spec.assignment.as_ref().ok_or_else(|| {
-        ApiError::not_found("assignment of machine", name)
-    })?;
+    let a = machine
+        .spec
+        .assignment
+        .as_ref()
+        .ok_or_else(|| ApiError::not_found("assignment of machine", name))?;
     if machine.status.phase == MachinePhase::Releasing {
         return Err(ApiError::not_found("assignment of machine", name));
     }
@@ -30,14 +32,33 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, ApiError
         .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()))
         .ok_or_else(|| ApiError::not_found("cluster", &a.cluster))?;
     if cluster.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError::conflict(format!("cluster {} is being deleted", a.cluster)));
+        return Err(ApiError::conflict(format!(
+            "cluster {} is being deleted",
+            a.cluster
+        )));
     }
-    let pki = crate::reconcile::load_pki(app, &cluster)?
-        .ok_or_else(|| not_ready(app, format!("the PKI of cluster {} is not created yet", a.cluster)))?;
-    let endpoint = cluster.status.control_plane_endpoint.clone().ok_or_else(|| {
-        not_ready(app, format!("cluster {} has no control-plane endpoint yet", a.cluster))
+    let pki = crate::reconcile::load_pki(app, &cluster)?.ok_or_else(|| {
+        not_ready(
+            app,
+            format!("the PKI of cluster {} is not created yet", a.cluster),
+        )
     })?;
-    let address = machine.status.addresses.first().cloned().unwrap_or_default();
+    let endpoint = cluster
+        .status
+        .control_plane_endpoint
+        .clone()
+        .ok_or_else(|| {
+            not_ready(
+                app,
+                format!("cluster {} has no control-plane endpoint yet", a.cluster),
+            )
+        })?;
+    let address = machine
+        .status
+        .addresses
+        .first()
+        .cloned()
+        .unwrap_or_default();
     let node = NodeParams {
         node_name: machine.status.hostname.clone(),
         advertise_address: address,
@@ -116,9 +137,11 @@ fn shared_ca_files(pki: &ClusterPki) -> Vec<BundleFile> {
 /// Joiners wait until the init machine has finished `kubeadm init`.
 fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), ApiError> {
     let name = &cluster.metadata.name;
-    let init = cluster.status.init_machine.as_deref().ok_or_else(|| {
-        not_ready(app, format!("cluster {name} has no init machine yet"))
-    })?;
+    let init = cluster
+        .status
+        .init_machine
+        .as_deref()
+        .ok_or_else(|| not_ready(app, format!("cluster {name} has no init machine yet")))?;
     let phase = app.machine(init)?.map(|m| m.status.phase);
     match phase {
         Some(MachinePhase::Running) => Ok(()),
@@ -132,11 +155,15 @@ fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), ApiError> {
 
 /// Mints the token that goes into the init machine's InitConfiguration and
 /// records it as registered: kubeadm init itself creates it.
-fn init_token(app: &App, cluster: &Cluster) -> Result<drover_common::token::BootstrapToken, ApiError> {
+fn init_token(
+    app: &App,
+    cluster: &Cluster,
+) -> Result<drover_common::token::BootstrapToken, ApiError> {
     let now = drover_common::now();
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
     let name = &cluster.metadata.name;
-    let ttl = time::Duration::try_from(app.settings.join_token_ttl).unwrap_or(time::Duration::minutes(30));
+    let ttl = time::Duration::try_from(app.settings.join_token_ttl)
+        .unwrap_or(time::Duration::minutes(30));
     let token = JoinToken {
         token: drover_common::token::BootstrapToken::generate(),
         state: TokenState::Active,
@@ -144,7 +171,9 @@ fn init_token(app: &App, cluster: &Cluster) -> Result<drover_common::token::Boot
         expires_at: now + ttl,
     };
     for _ in 0..16 {
-        let existing = app.store.get_json::<ClusterJoinTokens>(Kind::JoinTokens, name)?;
+        let existing = app
+            .store
+            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, name)?;
         let mut tokens = match &existing {
             Some((t, _)) if t.cluster_uid == uid => t.clone(),
             _ => ClusterJoinTokens {
@@ -155,7 +184,9 @@ fn init_token(app: &App, cluster: &Cluster) -> Result<drover_common::token::Boot
         tokens.prune(now);
         tokens.tokens.push(token.clone());
         let r = match existing {
-            Some((_, rev)) => app.store.update_json(Kind::JoinTokens, name, &tokens, Some(rev)),
+            Some((_, rev)) => app
+                .store
+                .update_json(Kind::JoinTokens, name, &tokens, Some(rev)),
             None => app.store.create_json(Kind::JoinTokens, name, &tokens),
         };
         match r {

@@ -183,7 +183,10 @@ async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not a YAML document", a.file.display()))?;
     match head.kind.as_deref() {
         Some("Cluster") => {}
-        Some(k) => bail!("{}: kind {k:?} cannot be applied; only Cluster can", a.file.display()),
+        Some(k) => bail!(
+            "{}: kind {k:?} cannot be applied; only Cluster can",
+            a.file.display()
+        ),
         None => bail!("{}: the document has no kind", a.file.display()),
     }
     let name = head
@@ -191,10 +194,15 @@ async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
         .and_then(|m| m.name)
         .with_context(|| format!("{}: metadata.name is missing", a.file.display()))?;
     if drover_common::names::check_dns_label("cluster name", &name).is_err() {
-        bail!("{}: metadata.name {name:?} is not a valid name (lowercase letters, digits and '-')", a.file.display());
+        bail!(
+            "{}: metadata.name {name:?} is not a valid name (lowercase letters, digits and '-')",
+            a.file.display()
+        );
     }
     let client = Client::connect(&a.conn)?;
-    let c: Cluster = client.put_yaml(&format!("/v1/clusters/{name}"), text).await?;
+    let c: Cluster = client
+        .put_yaml(&format!("/v1/clusters/{name}"), text)
+        .await?;
     println!(
         "cluster/{} applied (generation {}, resourceVersion {})",
         c.metadata.name,
@@ -278,15 +286,27 @@ pub fn age(t: Option<OffsetDateTime>) -> String {
 }
 
 fn clusters_table(list: &[Cluster], wide: bool) -> Vec<Vec<String>> {
-    let mut rows = vec![vec!["NAME", "PHASE", "VERSION", "CONTROL-PLANE", "WORKERS", "ENDPOINT", "AGE"]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>()];
+    let mut rows = vec![vec![
+        "NAME",
+        "PHASE",
+        "VERSION",
+        "CONTROL-PLANE",
+        "WORKERS",
+        "ENDPOINT",
+        "AGE",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>()];
     if wide {
         rows[0].extend(["PROVIDER".into(), "GENERATION".into()]);
     }
     for c in list {
-        let cp = c.status.pools.iter().find(|p| p.name == drover_common::api::CONTROL_PLANE_POOL);
+        let cp = c
+            .status
+            .pools
+            .iter()
+            .find(|p| p.name == drover_common::api::CONTROL_PLANE_POOL);
         let (wr, wd) = c
             .status
             .pools
@@ -313,7 +333,10 @@ fn clusters_table(list: &[Cluster], wide: bool) -> Vec<Vec<String>> {
                 c.spec.control_plane.replicas
             ),
             format!("{wr}/{wd}"),
-            c.status.control_plane_endpoint.clone().unwrap_or_else(|| "-".into()),
+            c.status
+                .control_plane_endpoint
+                .clone()
+                .unwrap_or_else(|| "-".into()),
             age(c.metadata.creation_timestamp),
         ];
         if wide {
@@ -356,22 +379,43 @@ pub fn health_summary(m: &Machine) -> String {
 }
 
 fn machines_table(list: &[Machine], wide: bool) -> Vec<Vec<String>> {
-    let mut rows = vec![vec!["NAME", "CLUSTER", "POOL", "ROLE", "PHASE", "ADDRESS", "HEARTBEAT", "HEALTH", "AGE"]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>()];
+    let mut rows = vec![vec![
+        "NAME",
+        "CLUSTER",
+        "POOL",
+        "ROLE",
+        "PHASE",
+        "ADDRESS",
+        "HEARTBEAT",
+        "HEALTH",
+        "AGE",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>()];
     if wide {
-        rows[0].extend(["HOSTNAME".into(), "REG-POOL".into(), "GENERATION".into(), "AGENT".into(), "UID".into()]);
+        rows[0].extend([
+            "HOSTNAME".into(),
+            "REG-POOL".into(),
+            "GENERATION".into(),
+            "AGENT".into(),
+            "UID".into(),
+        ]);
     }
     for m in list {
         let a = m.spec.assignment.as_ref();
         let mut row = vec![
             m.metadata.name.clone(),
             a.map(|a| a.cluster.clone()).unwrap_or_else(|| "-".into()),
-            a.map(|a| a.machine_pool.clone()).unwrap_or_else(|| "-".into()),
+            a.map(|a| a.machine_pool.clone())
+                .unwrap_or_else(|| "-".into()),
             a.map(|a| a.role.to_string()).unwrap_or_else(|| "-".into()),
             m.status.phase.to_string(),
-            m.status.addresses.first().cloned().unwrap_or_else(|| "-".into()),
+            m.status
+                .addresses
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "-".into()),
             age(m.status.last_heartbeat_time),
             health_summary(m),
             age(m.metadata.creation_timestamp),
@@ -380,7 +424,8 @@ fn machines_table(list: &[Machine], wide: bool) -> Vec<Vec<String>> {
             row.extend([
                 m.status.hostname.clone(),
                 m.spec.pool.clone(),
-                a.map(|a| a.generation.to_string()).unwrap_or_else(|| "-".into()),
+                a.map(|a| a.generation.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 m.status.agent_version.clone(),
                 m.metadata.uid.clone().unwrap_or_default(),
             ]);
@@ -438,13 +483,26 @@ pub fn describe_machine(m: &Machine) -> String {
     let mut o = String::new();
     let s = &m.status;
     let _ = writeln!(o, "Name:           {}", m.metadata.name);
-    let _ = writeln!(o, "UID:            {}", m.metadata.uid.as_deref().unwrap_or("-"));
+    let _ = writeln!(
+        o,
+        "UID:            {}",
+        m.metadata.uid.as_deref().unwrap_or("-")
+    );
     let _ = writeln!(o, "Registered in:  pool {}", m.spec.pool);
-    let labels: Vec<String> = m.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let labels: Vec<String> = m
+        .metadata
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     let _ = writeln!(o, "Labels:         {}", labels.join(","));
     match &m.spec.assignment {
         Some(a) => {
-            let _ = writeln!(o, "Cluster:        {} (pool {}, generation {})", a.cluster, a.machine_pool, a.generation);
+            let _ = writeln!(
+                o,
+                "Cluster:        {} (pool {}, generation {})",
+                a.cluster, a.machine_pool, a.generation
+            );
             let _ = writeln!(o, "Role:           {}", a.role);
         }
         None => {
@@ -462,11 +520,19 @@ pub fn describe_machine(m: &Machine) -> String {
     }
     let _ = writeln!(o, "Health:         {}", health_summary(m));
     if let Some(h) = &s.health {
-        let _ = writeln!(o, "  kubelet:      {:?} {}", h.kubelet.state, h.kubelet.message);
+        let _ = writeln!(
+            o,
+            "  kubelet:      {:?} {}",
+            h.kubelet.state, h.kubelet.message
+        );
         if let Some(a) = &h.api_server {
             let _ = writeln!(o, "  apiserver:    {:?} {}", a.state, a.message);
         }
-        let _ = writeln!(o, "  disk free:    {} MiB", h.disk_free_bytes / (1024 * 1024));
+        let _ = writeln!(
+            o,
+            "  disk free:    {} MiB",
+            h.disk_free_bytes / (1024 * 1024)
+        );
     }
     if let Some(b) = &s.bootstrap {
         let _ = writeln!(o, "Bootstrap:      step {}", b.step);
@@ -476,7 +542,9 @@ pub fn describe_machine(m: &Machine) -> String {
             let _ = writeln!(
                 o,
                 "  exit code:    {}",
-                f.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "none (did not run or was killed)".into())
+                f.exit_code
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "none (did not run or was killed)".into())
             );
             let _ = writeln!(o, "  output (last {} lines):", f.output_tail.len());
             for l in &f.output_tail {
@@ -487,7 +555,11 @@ pub fn describe_machine(m: &Machine) -> String {
     if !s.conditions.is_empty() {
         let _ = writeln!(o, "Conditions:");
         for c in &s.conditions {
-            let _ = writeln!(o, "  {} = {} ({}) {}", c.type_, c.status, c.reason, c.message);
+            let _ = writeln!(
+                o,
+                "  {} = {} ({}) {}",
+                c.type_, c.status, c.reason, c.message
+            );
         }
     }
     o
@@ -497,26 +569,60 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(o, "Name:           {}", c.metadata.name);
-    let _ = writeln!(o, "UID:            {}", c.metadata.uid.as_deref().unwrap_or("-"));
+    let _ = writeln!(
+        o,
+        "UID:            {}",
+        c.metadata.uid.as_deref().unwrap_or("-")
+    );
     let _ = writeln!(o, "Version:        {}", c.spec.kubernetes_version);
     let _ = writeln!(o, "Provider:       {}", c.spec.provider.name());
     let _ = writeln!(o, "Phase:          {}", c.status.phase);
-    let _ = writeln!(o, "Endpoint:       {}", c.status.control_plane_endpoint.as_deref().unwrap_or("-"));
-    let _ = writeln!(o, "Init machine:   {}", c.status.init_machine.as_deref().unwrap_or("-"));
+    let _ = writeln!(
+        o,
+        "Endpoint:       {}",
+        c.status.control_plane_endpoint.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(
+        o,
+        "Init machine:   {}",
+        c.status.init_machine.as_deref().unwrap_or("-")
+    );
     let _ = writeln!(o, "Pools:");
     for p in &c.status.pools {
-        let _ = writeln!(o, "├─ {}: {}/{} running, {} assigned", p.name, p.running, p.desired, p.assigned);
+        let _ = writeln!(
+            o,
+            "├─ {}: {}/{} running, {} assigned",
+            p.name, p.running, p.desired, p.assigned
+        );
         let uid = c.metadata.uid.as_deref();
         for m in machines.iter().filter(|m| {
-            m.spec.assignment.as_ref().is_some_and(|a| Some(a.cluster_uid.as_str()) == uid && a.machine_pool == p.name)
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| Some(a.cluster_uid.as_str()) == uid && a.machine_pool == p.name)
         }) {
-            let _ = writeln!(o, "│   └─ {} {} {} {}", m.metadata.name, m.spec.assignment.as_ref().map(|a| a.role.to_string()).unwrap_or_default(), m.status.phase, health_summary(m));
+            let _ = writeln!(
+                o,
+                "│   └─ {} {} {} {}",
+                m.metadata.name,
+                m.spec
+                    .assignment
+                    .as_ref()
+                    .map(|a| a.role.to_string())
+                    .unwrap_or_default(),
+                m.status.phase,
+                health_summary(m)
+            );
         }
     }
     if !c.status.conditions.is_empty() {
         let _ = writeln!(o, "Conditions:");
         for cd in &c.status.conditions {
-            let _ = writeln!(o, "  {} = {} ({}) {}", cd.type_, cd.status, cd.reason, cd.message);
+            let _ = writeln!(
+                o,
+                "  {} = {} ({}) {}",
+                cd.type_, cd.status, cd.reason, cd.message
+            );
         }
     }
     o
@@ -607,7 +713,9 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
         }
         TokenCommand::Revoke { name, conn } => {
             let client = Client::connect(&conn)?;
-            let _: RegistrationToken = client.delete(&format!("/v1/registrationtokens/{name}")).await?;
+            let _: RegistrationToken = client
+                .delete(&format!("/v1/registrationtokens/{name}"))
+                .await?;
             println!("token {name} revoked");
             Ok(())
         }

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-
 use anyhow::{bail, Context};
 use drover_common::api::Problem;
 use rustls::pki_types::pem::PemObject;
@@ -38,7 +37,11 @@ impl ClientConfigFile {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
-        f.write_all(serde_saphyr::to_string(self).expect("serializes").as_bytes())?;
+        f.write_all(
+            serde_saphyr::to_string(self)
+                .expect("serializes")
+                .as_bytes(),
+        )?;
         f.sync_all()?;
         std::fs::rename(tmp, path)
     }
@@ -111,14 +114,23 @@ impl Client {
         let ca_path = args
             .ca
             .clone()
-            .or_else(|| file.as_ref().and_then(|f| f.ca_file.clone().map(PathBuf::from)))
-            .context("no coordinator CA: pass --ca or set DROVER_CA (the data directory's ca.crt)")?;
+            .or_else(|| {
+                file.as_ref()
+                    .and_then(|f| f.ca_file.clone().map(PathBuf::from))
+            })
+            .context(
+                "no coordinator CA: pass --ca or set DROVER_CA (the data directory's ca.crt)",
+            )?;
         let ca_pem = std::fs::read(&ca_path)
             .with_context(|| format!("cannot read the coordinator CA {}", ca_path.display()))?;
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(&ca_pem) {
             roots
-                .add(cert.with_context(|| format!("{} is not a PEM certificate", ca_path.display()))?)
+                .add(
+                    cert.with_context(|| {
+                        format!("{} is not a PEM certificate", ca_path.display())
+                    })?,
+                )
                 .context("unusable CA certificate")?;
         }
         let tls = rustls::ClientConfig::builder_with_provider(crate::server::provider())
@@ -154,19 +166,29 @@ impl Client {
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        self.send(self.http.get(format!("{}{path}", self.base))).await
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        self.send(self.http.delete(format!("{}{path}", self.base))).await
+        self.send(self.http.delete(format!("{}{path}", self.base)))
+            .await
     }
 
-    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> anyhow::Result<T> {
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
         self.send(self.http.post(format!("{}{path}", self.base)).json(body))
             .await
     }
 
-    pub async fn put_yaml<T: DeserializeOwned>(&self, path: &str, body: String) -> anyhow::Result<T> {
+    pub async fn put_yaml<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: String,
+    ) -> anyhow::Result<T> {
         self.send(
             self.http
                 .put(format!("{}{path}", self.base))
@@ -176,4 +198,3 @@ impl Client {
         .await
     }
 }
-

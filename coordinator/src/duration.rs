@@ -13,7 +13,9 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     while !rest.is_empty() {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
-            return Err(format!("{s:?} is not a duration; use a value such as 10s, 5m or 1h"));
+            return Err(format!(
+                "{s:?} is not a duration; use a value such as 10s, 5m or 1h"
+            ));
         }
         let n: u64 = rest[..digits]
             .parse()
@@ -29,7 +31,11 @@ pub fn parse(s: &str) -> Result<Duration, String> {
             "h" => Duration::from_secs(n * 3600),
             "d" => Duration::from_secs(n * 86400),
             "" => return Err(format!("{s:?} needs a unit (ms, s, m, h or d)")),
-            other => return Err(format!("{s:?}: unknown unit {other:?}; use ms, s, m, h or d")),
+            other => {
+                return Err(format!(
+                    "{s:?}: unknown unit {other:?}; use ms, s, m, h or d"
+                ))
+            }
         };
         total += d;
     }

@@ -76,7 +76,9 @@ impl ClusterJoinTokens {
             return JoinTokenDecision::Use(t.token.clone());
         }
         if self.tokens.iter().any(|t| {
-            t.state == TokenState::Pending && now - t.created_at <= PENDING_GIVE_UP && t.expires_at > now
+            t.state == TokenState::Pending
+                && now - t.created_at <= PENDING_GIVE_UP
+                && t.expires_at > now
         }) {
             return JoinTokenDecision::Wait;
         }
@@ -132,7 +134,10 @@ mod tests {
             panic!("expected a mint")
         };
         s.tokens.push(t.clone());
-        assert_eq!(s.decide(t0() + Duration::seconds(5), ttl), JoinTokenDecision::Wait);
+        assert_eq!(
+            s.decide(t0() + Duration::seconds(5), ttl),
+            JoinTokenDecision::Wait
+        );
         assert_eq!(s.pending(t0()).count(), 1);
         assert!(s.activate(t.token.id()));
         assert!(!s.activate(t.token.id()));

@@ -110,7 +110,9 @@ fn main() -> ExitCode {
                 heartbeat_timeout: args.heartbeat_timeout,
                 machine_cert_ttl: args.machine_cert_ttl,
                 join_token_ttl: args.join_token_ttl,
-                client_config: args.client_config.unwrap_or_else(client::default_config_path),
+                client_config: args
+                    .client_config
+                    .unwrap_or_else(client::default_config_path),
                 drain: args.drain_timeout,
             };
             let cfg = match cfg.validate() {

@@ -129,10 +129,9 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
         let mut count = in_pool.len() as u32;
         let mut new_assignments = 0;
         while count < desired {
-            let Some(pos) = free
-                .iter()
-                .position(|m| selector.matches(&m.metadata.labels) && !taken.contains(m.metadata.name.as_str()))
-            else {
+            let Some(pos) = free.iter().position(|m| {
+                selector.matches(&m.metadata.labels) && !taken.contains(m.metadata.name.as_str())
+            }) else {
                 break;
             };
             let m = free.remove(pos);
@@ -170,7 +169,10 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
             for m in in_pool.iter().take((count - desired) as usize) {
                 steps.push(Step::Release {
                     machine: m.metadata.name.clone(),
-                    reason: format!("pool {pool_name} of cluster {} scaled down", cluster.metadata.name),
+                    reason: format!(
+                        "pool {pool_name} of cluster {} scaled down",
+                        cluster.metadata.name
+                    ),
                 });
             }
             count = desired;
@@ -217,14 +219,22 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
         &mut status.conditions,
         "MachinesAvailable",
         waiting == 0,
-        if waiting == 0 { "AllClaimed" } else { "WaitingForMachines" },
+        if waiting == 0 {
+            "AllClaimed"
+        } else {
+            "WaitingForMachines"
+        },
         &msg,
     );
     drover_common::api::set_condition(
         &mut status.conditions,
         "Ready",
         all_running,
-        if all_running { "AllRunning" } else { "Provisioning" },
+        if all_running {
+            "AllRunning"
+        } else {
+            "Provisioning"
+        },
         "",
     );
     if status != cluster.status {
@@ -286,7 +296,8 @@ pub fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Reconcil
                 }
                 Some((old, rev)) if old.cluster_uid != uid => {
                     // A leftover of a deleted namesake: never reuse its CA.
-                    app.store.update_json(Kind::Secret, &name, &pki, Some(rev))?;
+                    app.store
+                        .update_json(Kind::Secret, &name, &pki, Some(rev))?;
                 }
                 Some(_) => return Ok(()),
             }
@@ -312,7 +323,12 @@ pub fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Reconcil
                 m.status.phase = MachinePhase::Assigned;
                 Ok(true)
             })?;
-            if done.is_some_and(|m| m.spec.assignment.as_ref().is_some_and(|a| a.cluster_uid == uid)) {
+            if done.is_some_and(|m| {
+                m.spec
+                    .assignment
+                    .as_ref()
+                    .is_some_and(|a| a.cluster_uid == uid)
+            }) {
                 tracing::info!(cluster = %cname, machine = %machine, pool = %machine_pool, role = %role, "machine assigned");
             }
         }
@@ -433,9 +449,10 @@ pub async fn run_loop(
     loop {
         let started = Instant::now();
         let app2 = app.clone();
-        let errors = tokio::task::spawn_blocking(move || reconcile_all(&app2, drover_common::now()))
-            .await
-            .unwrap_or_else(|e| vec![format!("reconcile pass panicked: {e}")]);
+        let errors =
+            tokio::task::spawn_blocking(move || reconcile_all(&app2, drover_common::now()))
+                .await
+                .unwrap_or_else(|e| vec![format!("reconcile pass panicked: {e}")]);
         {
             let mut s = status.lock().expect("loop status lock");
             s.runs += 1;

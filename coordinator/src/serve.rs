@@ -45,10 +45,16 @@ impl ServeConfig {
             )));
         }
         if self.machine_cert_ttl < Duration::from_secs(600) {
-            return Err(ConfigError("--machine-cert-ttl must be at least 10m".into()));
+            return Err(ConfigError(
+                "--machine-cert-ttl must be at least 10m".into(),
+            ));
         }
-        if self.join_token_ttl < Duration::from_secs(600) || self.join_token_ttl > Duration::from_secs(24 * 3600) {
-            return Err(ConfigError("--join-token-ttl must be between 10m and 24h".into()));
+        if self.join_token_ttl < Duration::from_secs(600)
+            || self.join_token_ttl > Duration::from_secs(24 * 3600)
+        {
+            return Err(ConfigError(
+                "--join-token-ttl must be between 10m and 24h".into(),
+            ));
         }
         for url in &self.advertise_urls {
             if !url.starts_with("https://") || url.len() <= "https://".len() {
@@ -79,8 +85,10 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let db = cfg.data_dir.join("drover.db");
     let store = Store::open_sqlite(&db)
         .with_context(|| format!("cannot open the store {}", db.display()))?;
-    let secrets = crate::secrets::load_or_init(&store).context("cannot load the coordinator's keys")?;
-    let ca_pin = CaPin::from_cert_pem(&secrets.ca.cert_pem).context("coordinator CA is unreadable")?;
+    let secrets =
+        crate::secrets::load_or_init(&store).context("cannot load the coordinator's keys")?;
+    let ca_pin =
+        CaPin::from_cert_pem(&secrets.ca.cert_pem).context("coordinator CA is unreadable")?;
     let ca_path = cfg.data_dir.join("ca.crt");
     std::fs::write(&ca_path, &secrets.ca.cert_pem)
         .with_context(|| format!("cannot write {}", ca_path.display()))?;
@@ -105,7 +113,10 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         };
         file.write(&cfg.client_config)
             .with_context(|| format!("cannot write {}", cfg.client_config.display()))?;
-        println!("Drover coordinator initialised in {}.", cfg.data_dir.display());
+        println!(
+            "Drover coordinator initialised in {}.",
+            cfg.data_dir.display()
+        );
         println!("Admin token (shown once, stored only as a hash): {token}");
         println!(
             "Client config written to {} (server, CA file and token).",
@@ -113,7 +124,10 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         );
     }
     println!("CA pin: {ca_pin}");
-    println!("Listening on https://{bound} (advertised as {})", advertise_urls.join(", "));
+    println!(
+        "Listening on https://{bound} (advertised as {})",
+        advertise_urls.join(", ")
+    );
 
     let app = Arc::new(App {
         store,
@@ -197,7 +211,10 @@ fn sans(bound: SocketAddr, urls: &[String], extra: &[String]) -> (Vec<String>, V
         let host = if let Some(v6) = hostport.strip_prefix('[') {
             v6.split(']').next()?
         } else {
-            hostport.rsplit_once(':').map(|(h, _)| h).unwrap_or(hostport)
+            hostport
+                .rsplit_once(':')
+                .map(|(h, _)| h)
+                .unwrap_or(hostport)
         };
         Some(host.to_owned())
     });

@@ -77,9 +77,7 @@ pub fn server_config(
     )
     .map_err(|e| TlsSetupError::Pem(e.to_string()))?;
     let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(chain[1].clone())
-        .map_err(TlsSetupError::Rustls)?;
+    roots.add(chain[1].clone()).map_err(TlsSetupError::Rustls)?;
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
         .allow_unauthenticated()
         .build()
@@ -137,11 +135,14 @@ pub async fn run(
                 .and_then(|c| c.first())
                 .map(|c| c.clone().into_owned());
             let peer_cert = PeerCertificate(cert);
-            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(peer_cert.clone());
-                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
-                app.clone().oneshot(req)
-            });
+            let service = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(peer_cert.clone());
+                    req.extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    app.clone().oneshot(req)
+                },
+            );
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()

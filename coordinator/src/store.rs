@@ -176,8 +176,9 @@ impl Store {
     /// Reads every object of a kind, ordered by name.
     pub fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
         let conn = self.backend.conn.lock().expect("store lock poisoned");
-        let mut stmt =
-            conn.prepare_cached("SELECT name, revision, body FROM objects WHERE kind = ?1 ORDER BY name")?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT name, revision, body FROM objects WHERE kind = ?1 ORDER BY name",
+        )?;
         let rows = stmt.query_map(params![kind.as_str()], |r| {
             Ok(Record {
                 name: r.get(0)?,
@@ -239,7 +240,10 @@ impl Store {
                 }
             }
         }
-        tx.execute("UPDATE revision SET value = ?1 WHERE id = 0", params![revision])?;
+        tx.execute(
+            "UPDATE revision SET value = ?1 WHERE id = 0",
+            params![revision],
+        )?;
         tx.commit()?;
         drop(conn);
         for (kind, name, deleted) in changes {
@@ -274,7 +278,12 @@ impl Store {
     }
 
     /// Creates one object.
-    pub fn create_json<T: Serialize>(&self, kind: Kind, name: &str, v: &T) -> Result<u64, StoreError> {
+    pub fn create_json<T: Serialize>(
+        &self,
+        kind: Kind,
+        name: &str,
+        v: &T,
+    ) -> Result<u64, StoreError> {
         self.txn(vec![Op::Create {
             kind,
             name: name.to_owned(),
@@ -299,7 +308,12 @@ impl Store {
     }
 
     /// Deletes one object, conditional on its revision when given.
-    pub fn delete(&self, kind: Kind, name: &str, expected_revision: Option<u64>) -> Result<u64, StoreError> {
+    pub fn delete(
+        &self,
+        kind: Kind,
+        name: &str,
+        expected_revision: Option<u64>,
+    ) -> Result<u64, StoreError> {
         self.txn(vec![Op::Delete {
             kind,
             name: name.to_owned(),
@@ -377,7 +391,10 @@ mod tests {
             s.update_json(Kind::Cluster, "a", &3u32, Some(r1)),
             Err(StoreError::Conflict { .. })
         ));
-        assert_eq!(s.get_json::<u32>(Kind::Cluster, "a").unwrap(), Some((2, r2)));
+        assert_eq!(
+            s.get_json::<u32>(Kind::Cluster, "a").unwrap(),
+            Some((2, r2))
+        );
         s.delete(Kind::Cluster, "a", Some(r2)).unwrap();
         assert!(s.get(Kind::Cluster, "a").unwrap().is_none());
     }

@@ -39,7 +39,11 @@ pub fn free_port() -> u16 {
 
 /// Polls `cond` every 100 ms until it returns `Some`, or panics after
 /// `timeout` with `what` and the last observation.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Result<T, String>) -> T {
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> Result<T, String>,
+) -> T {
     let deadline = Instant::now() + timeout;
     let mut last;
     loop {
@@ -129,7 +133,9 @@ impl Coordinator {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(t) = line.strip_prefix("Admin token (shown once, stored only as a hash): ") {
+                    if let Some(t) =
+                        line.strip_prefix("Admin token (shown once, stored only as a hash): ")
+                    {
                         self.admin_token = t.trim().to_owned();
                     }
                     if line.starts_with("Listening on ") {
@@ -340,7 +346,9 @@ impl Agent {
 
     /// Whether the agent process has exited, with its status.
     pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// The agent's log so far.
@@ -365,7 +373,10 @@ impl Agent {
                 let argv = c["argv"].as_array()?;
                 let sub = argv.get(1)?.as_str()?.to_owned();
                 Some(if sub == "token" {
-                    format!("token {}", argv.get(2).and_then(|v| v.as_str()).unwrap_or(""))
+                    format!(
+                        "token {}",
+                        argv.get(2).and_then(|v| v.as_str()).unwrap_or("")
+                    )
                 } else {
                     sub
                 })

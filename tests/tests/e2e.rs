@@ -38,11 +38,21 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     let boot = tmp.path().join("boot.yaml");
     c.token("default", "env=dev", 3, "1h", &boot);
     let agents: Vec<Agent> = (0..3)
-        .map(|i| Agent::start(&tmp.path().join(format!("m{i}")), &format!("node-{i}"), &boot))
+        .map(|i| {
+            Agent::start(
+                &tmp.path().join(format!("m{i}")),
+                &format!("node-{i}"),
+                &boot,
+            )
+        })
         .collect();
     wait_for("3 machines to register", BOOT, || {
         let n = c.machines().len();
-        if n == 3 { Ok(()) } else { Err(format!("{n} registered")) }
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} registered"))
+        }
     });
     apply(&c, tmp.path(), &pool_cluster_yaml("demo", 1, 2, "dev"));
     c.wait_cluster_phase("demo", "Running", BOOT);
@@ -60,7 +70,10 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
                 assert_eq!(subs.iter().filter(|s| *s == "init").count(), 1, "{subs:?}");
                 assert!(!subs.contains(&"join".to_string()));
                 for f in drover_common::kubeadm::SHARED_CA_FILES {
-                    assert!(exists(&a.root, &format!("etc/kubernetes/pki/{f}")), "{f} missing on the init machine");
+                    assert!(
+                        exists(&a.root, &format!("etc/kubernetes/pki/{f}")),
+                        "{f} missing on the init machine"
+                    );
                 }
                 assert!(exists(&a.root, "etc/kubernetes/admin.conf"));
             }
@@ -69,9 +82,13 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
                 // kubeadm join wrote ca.crt from cluster-info; no CA key ever reached a worker.
                 assert!(exists(&a.root, "etc/kubernetes/kubelet.conf"));
                 for key in ["ca.key", "etcd/ca.key", "front-proxy-ca.key", "sa.key"] {
-                    assert!(!exists(&a.root, &format!("etc/kubernetes/pki/{key}")), "{key} on a worker");
+                    assert!(
+                        !exists(&a.root, &format!("etc/kubernetes/pki/{key}")),
+                        "{key} on a worker"
+                    );
                 }
-                let argv: Vec<String> = serde_json::from_value(a.kubeadm_calls()[0]["argv"].clone()).unwrap();
+                let argv: Vec<String> =
+                    serde_json::from_value(a.kubeadm_calls()[0]["argv"].clone()).unwrap();
                 assert_eq!(argv[1..3], ["join".to_string(), "--config".to_string()]);
                 assert_eq!(argv[3], "/etc/drover/kubeadm.yaml");
                 assert!(argv.contains(&"--rootfs".to_string()));
@@ -85,21 +102,44 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     }
     let init_root = init_root.expect("an init machine");
     // The workers joined with a token the init machine registered (kubeadm init or token create).
-    let cp_subs: Vec<String> = agents.iter().find(|a| a.root == init_root).unwrap().kubeadm_subcommands();
-    assert!(cp_subs.iter().all(|s| s == "init" || s == "token create"), "{cp_subs:?}");
+    let cp_subs: Vec<String> = agents
+        .iter()
+        .find(|a| a.root == init_root)
+        .unwrap()
+        .kubeadm_subcommands();
+    assert!(
+        cp_subs.iter().all(|s| s == "init" || s == "token create"),
+        "{cp_subs:?}"
+    );
 
     // Operator views.
     let table = c.cli_ok(&["get", "machines"]);
-    assert!(table.contains("HEARTBEAT") && table.matches("Running").count() == 3, "{table}");
+    assert!(
+        table.contains("HEARTBEAT") && table.matches("Running").count() == 3,
+        "{table}"
+    );
     let wide = c.cli_ok(&["get", "machines", "-o", "wide"]);
     assert!(wide.contains("node-0"), "{wide}");
     let clusters = c.cli_ok(&["get", "clusters"]);
-    assert!(clusters.contains("demo") && clusters.contains("Running") && clusters.contains("2/2"), "{clusters}");
-    let name = machine_by_host(&machines, "node-1")["metadata"]["name"].as_str().unwrap().to_owned();
+    assert!(
+        clusters.contains("demo") && clusters.contains("Running") && clusters.contains("2/2"),
+        "{clusters}"
+    );
+    let name = machine_by_host(&machines, "node-1")["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let described = c.cli_ok(&["describe", "machine", &name]);
-    assert!(described.contains("Phase:          Running") && described.contains("kubelet:      Healthy"), "{described}");
+    assert!(
+        described.contains("Phase:          Running")
+            && described.contains("kubelet:      Healthy"),
+        "{described}"
+    );
     let kc = c.cli_ok(&["kubeconfig", "demo"]);
-    let endpoint = c.cluster("demo").unwrap()["status"]["controlPlaneEndpoint"].as_str().unwrap().to_owned();
+    let endpoint = c.cluster("demo").unwrap()["status"]["controlPlaneEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(kc.contains(&format!("server: https://{endpoint}")), "{kc}");
     assert!(kc.contains("client-certificate-data"));
 
@@ -108,11 +148,21 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     assert!(c.cluster("demo").is_none());
     wait_for("machines back in the pool", BOOT, || {
         let ms = c.machines();
-        let free = ms.iter().filter(|m| m["status"]["phase"] == "Registered" && m["spec"]["assignment"].is_null()).count();
-        if free == 3 { Ok(()) } else { Err(format!("{free} free")) }
+        let free = ms
+            .iter()
+            .filter(|m| m["status"]["phase"] == "Registered" && m["spec"]["assignment"].is_null())
+            .count();
+        if free == 3 {
+            Ok(())
+        } else {
+            Err(format!("{free} free"))
+        }
     });
     for a in &agents {
-        assert_eq!(a.kubeadm_subcommands().last().map(String::as_str), Some("reset"));
+        assert_eq!(
+            a.kubeadm_subcommands().last().map(String::as_str),
+            Some("reset")
+        );
         assert!(!exists(&a.root, "etc/kubernetes/admin.conf"));
         assert!(!exists(&a.root, "etc/kubernetes/kubelet.conf"));
     }
@@ -129,11 +179,21 @@ fn three_control_planes_one_init_two_joins_with_shared_ca_set() {
     let boot = tmp.path().join("boot.yaml");
     c.token("cp", "env=ha", 3, "1h", &boot);
     let agents: Vec<Agent> = (0..3)
-        .map(|i| Agent::start(&tmp.path().join(format!("cp{i}")), &format!("cp-{i}"), &boot))
+        .map(|i| {
+            Agent::start(
+                &tmp.path().join(format!("cp{i}")),
+                &format!("cp-{i}"),
+                &boot,
+            )
+        })
         .collect();
     wait_for("3 machines to register", BOOT, || {
         let n = c.machines().len();
-        if n == 3 { Ok(()) } else { Err(format!("{n} registered")) }
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} registered"))
+        }
     });
     apply(&c, tmp.path(), &pool_cluster_yaml("ha", 3, 0, "ha"));
     c.wait_cluster_phase("ha", "Running", BOOT);
@@ -145,11 +205,18 @@ fn three_control_planes_one_init_two_joins_with_shared_ca_set() {
         inits += subs.iter().filter(|s| *s == "init").count();
         joins += subs.iter().filter(|s| *s == "join").count();
         for f in drover_common::kubeadm::SHARED_CA_FILES {
-            assert!(exists(&a.root, &format!("etc/kubernetes/pki/{f}")), "{f} missing on {}", a.hostname);
+            assert!(
+                exists(&a.root, &format!("etc/kubernetes/pki/{f}")),
+                "{f} missing on {}",
+                a.hostname
+            );
         }
         let this_ca = std::fs::read_to_string(a.root.join("etc/kubernetes/pki/ca.crt")).unwrap();
         if let Some(prev) = &ca {
-            assert_eq!(prev, &this_ca, "control-plane machines must share one cluster CA");
+            assert_eq!(
+                prev, &this_ca,
+                "control-plane machines must share one cluster CA"
+            );
         }
         ca = Some(this_ca);
         if subs.contains(&"join".to_string()) {
@@ -204,22 +271,33 @@ fn bad_tickets_and_wrong_pins_are_refused_with_clear_errors() {
     let wrong_pin = tmp.path().join("wrongpin.yaml");
     write_doc(&wrong_pin, &doc);
     let mut a = Agent::start(&tmp.path().join("wrongpin"), "wrongpin", &wrong_pin);
-    let deadline_log = wait_for("the agent to report the pin mismatch", Duration::from_secs(30), || {
-        let log = a.log();
-        if log.contains("does not match") && log.contains("sha256:0000") {
-            Ok(log)
-        } else {
-            Err(log)
-        }
-    });
+    let deadline_log = wait_for(
+        "the agent to report the pin mismatch",
+        Duration::from_secs(30),
+        || {
+            let log = a.log();
+            if log.contains("does not match") && log.contains("sha256:0000") {
+                Ok(log)
+            } else {
+                Err(log)
+            }
+        },
+    );
     assert!(deadline_log.contains("pinned"), "{deadline_log}");
     a.kill();
-    assert!(c.machines().is_empty(), "nothing registered with a wrong pin");
+    assert!(
+        c.machines().is_empty(),
+        "nothing registered with a wrong pin"
+    );
 
     // Replayed: the single-use ticket works once, then is refused.
     let first = Agent::start(&tmp.path().join("first"), "first", &good);
     wait_for("the first machine to register", BOOT, || {
-        if c.machines().len() == 1 { Ok(()) } else { Err(first.log()) }
+        if c.machines().len() == 1 {
+            Ok(())
+        } else {
+            Err(first.log())
+        }
     });
     let mut replay = Agent::start(&tmp.path().join("replay"), "replay", &good);
     assert_eq!(wait_exit(&mut replay), 2);
@@ -234,13 +312,28 @@ fn bad_tickets_and_wrong_pins_are_refused_with_clear_errors() {
         let t = doc["ticket"].as_str().unwrap().to_owned();
         let body = t.split('.').nth(1).unwrap().to_owned();
         use base64::Engine;
-        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(body).unwrap();
-        serde_json::from_slice::<serde_json::Value>(&json).unwrap()["expiresAt"].as_i64().unwrap()
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(body)
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&json).unwrap()["expiresAt"]
+            .as_i64()
+            .unwrap()
     };
-    wait_for("the short ticket to expire", Duration::from_secs(10), || {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        if now > claims_exp { Ok(()) } else { Err(format!("now {now}, expires {claims_exp}")) }
-    });
+    wait_for(
+        "the short ticket to expire",
+        Duration::from_secs(10),
+        || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            if now > claims_exp {
+                Ok(())
+            } else {
+                Err(format!("now {now}, expires {claims_exp}"))
+            }
+        },
+    );
     let mut late = Agent::start(&tmp.path().join("late"), "late", &short);
     assert_eq!(wait_exit(&mut late), 2);
     assert!(late.log().contains("expired"), "{}", late.log());
@@ -253,66 +346,116 @@ fn killed_agent_resumes_and_restarted_coordinator_keeps_state() {
     let mut c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     let boot = tmp.path().join("boot.yaml");
     c.token("default", "env=dev", 2, "1h", &boot);
-    let mut cp = Agent::start(&tmp.path().join("cp"), "cp", &boot);
-    let mut w = Agent::start(&tmp.path().join("w"), "w", &boot);
+    let mut agents = [
+        Agent::start(&tmp.path().join("a"), "a", &boot),
+        Agent::start(&tmp.path().join("b"), "b", &boot),
+    ];
     wait_for("2 machines to register", BOOT, || {
         let n = c.machines().len();
-        if n == 2 { Ok(()) } else { Err(format!("{n} registered")) }
+        if n == 2 {
+            Ok(())
+        } else {
+            Err(format!("{n} registered"))
+        }
     });
     apply(&c, tmp.path(), &pool_cluster_yaml("keep", 1, 1, "dev"));
     // Kill the worker's agent as soon as it is assigned, before it can finish.
-    wait_for("the worker to be assigned", BOOT, || {
+    let (init_host, worker_host) = wait_for("both machines to be assigned", BOOT, || {
         let ms = c.machines();
-        let m = machine_by_host(&ms, "w");
-        if m["spec"]["assignment"].is_object() { Ok(()) } else { Err(m.to_string()) }
+        let role = |h: &str| {
+            machine_by_host(&ms, h)["spec"]["assignment"]["role"]
+                .as_str()
+                .map(str::to_owned)
+        };
+        match (role("a").as_deref(), role("b").as_deref()) {
+            (Some("init"), Some("worker")) => Ok(("a", "b")),
+            (Some("worker"), Some("init")) => Ok(("b", "a")),
+            other => Err(format!("{other:?}")),
+        }
     });
-    w.kill();
-    w.restart();
+    let idx = |h: &str| agents.iter().position(|a| a.hostname == h).unwrap();
+    let (ci, wi) = (idx(init_host), idx(worker_host));
+    agents[wi].kill();
+    agents[wi].restart();
     c.wait_cluster_phase("keep", "Running", BOOT);
 
     // Restart the init machine's agent: it resumes and never runs init again.
-    cp.kill();
-    cp.restart();
-    wait_for("the restarted agent to heartbeat", BOOT, || {
-        let log = cp.log();
-        if log.matches("resum").count() >= 1 || log.matches("heartbeat").count() >= 2 {
+    agents[ci].kill();
+    let lines_before = agents[ci].log().lines().count();
+    agents[ci].restart();
+    wait_for("the restarted agent to resume", BOOT, || {
+        let log = agents[ci].log();
+        let new: Vec<&str> = log.lines().skip(lines_before).collect();
+        if new.iter().any(|l| l.contains("heartbeat")) {
             Ok(())
         } else {
-            Err(log)
+            Err(new.join("\n"))
         }
     });
     c.wait_cluster_phase("keep", "Running", BOOT);
-    assert_eq!(cp.kubeadm_subcommands().iter().filter(|s| *s == "init").count(), 1);
-    assert_eq!(c.machines().len(), 2, "a restarted agent must not register again");
+    assert_eq!(
+        agents[ci]
+            .kubeadm_subcommands()
+            .iter()
+            .filter(|s| *s == "init")
+            .count(),
+        1
+    );
+    assert_eq!(
+        c.machines().len(),
+        2,
+        "a restarted agent must not register again"
+    );
 
     // Restart the coordinator: clusters, machines and the admin token survive.
     let before = c.cli_ok(&["get", "machines", "-o", "json"]);
     let before: Vec<serde_json::Value> = serde_json::from_str(&before).unwrap();
     c.restart();
-    assert!(c.admin_token.len() > 10, "first start printed the admin token");
+    assert!(
+        c.admin_token.len() > 10,
+        "first start printed the admin token"
+    );
     let after = c.machines();
     assert_eq!(
-        before.iter().map(|m| m["metadata"]["uid"].clone()).collect::<Vec<_>>(),
-        after.iter().map(|m| m["metadata"]["uid"].clone()).collect::<Vec<_>>()
+        before
+            .iter()
+            .map(|m| m["metadata"]["uid"].clone())
+            .collect::<Vec<_>>(),
+        after
+            .iter()
+            .map(|m| m["metadata"]["uid"].clone())
+            .collect::<Vec<_>>()
     );
     assert_eq!(c.cluster("keep").unwrap()["status"]["phase"], "Running");
     // Agents keep reporting to the restarted coordinator.
-    wait_for("a fresh heartbeat after the restart", Duration::from_secs(30), || {
-        let out = c.cli_ok(&["get", "machines"]);
-        let fresh = out
-            .lines()
-            .skip(1)
-            .filter(|l| {
-                l.split_whitespace()
-                    .nth(6)
-                    .and_then(|a| a.strip_suffix('s'))
-                    .and_then(|n| n.parse::<u32>().ok())
-                    .is_some_and(|n| n <= 3)
-            })
-            .count();
-        if fresh == 2 { Ok(()) } else { Err(out) }
-    });
+    wait_for(
+        "a fresh heartbeat after the restart",
+        Duration::from_secs(30),
+        || {
+            let out = c.cli_ok(&["get", "machines"]);
+            let fresh = out
+                .lines()
+                .skip(1)
+                .filter(|l| {
+                    l.split_whitespace()
+                        .nth(6)
+                        .and_then(|a| a.strip_suffix('s'))
+                        .and_then(|n| n.parse::<u32>().ok())
+                        .is_some_and(|n| n <= 3)
+                })
+                .count();
+            if fresh == 2 {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        },
+    );
     // The admin token from the first start still works after the restart.
     let out = c.cli(&["get", "clusters"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -101,7 +101,9 @@ pub async fn apply_cluster(
             app.store.create_json(Kind::Cluster, &name, &desired)?;
             tracing::info!(cluster = %name, by = %admin.token_id, "cluster created");
             app.reconcile_now.notify_one();
-            let created = app.cluster(&name)?.ok_or_else(|| ApiError::not_found("cluster", &name))?;
+            let created = app
+                .cluster(&name)?
+                .ok_or_else(|| ApiError::not_found("cluster", &name))?;
             Ok((StatusCode::CREATED, Json(created)))
         }
         Some(mut current) => {
@@ -123,7 +125,8 @@ pub async fn apply_cluster(
                     format!("Cluster {name:?} is invalid; nothing was changed"),
                     vec![FieldError {
                         field: "spec.provider".into(),
-                        message: "is immutable; delete the cluster and create it again to move it".into(),
+                        message: "is immutable; delete the cluster and create it again to move it"
+                            .into(),
                     }],
                 ));
             }
@@ -139,7 +142,9 @@ pub async fn apply_cluster(
             app.write_cluster(&current)?;
             tracing::info!(cluster = %name, generation = current.metadata.generation, by = %admin.token_id, "cluster updated");
             app.reconcile_now.notify_one();
-            let updated = app.cluster(&name)?.ok_or_else(|| ApiError::not_found("cluster", &name))?;
+            let updated = app
+                .cluster(&name)?
+                .ok_or_else(|| ApiError::not_found("cluster", &name))?;
             Ok((StatusCode::OK, Json(updated)))
         }
     }
@@ -198,9 +203,12 @@ pub async fn create_token(
         });
     }
     for (k, v) in &req.labels {
-        for e in [check_label("label key", k, false), check_label("label value", v, true)]
-            .into_iter()
-            .filter_map(Result::err)
+        for e in [
+            check_label("label key", k, false),
+            check_label("label value", v, true),
+        ]
+        .into_iter()
+        .filter_map(Result::err)
         {
             errors.push(FieldError {
                 field: "labels".into(),
@@ -211,7 +219,10 @@ pub async fn create_token(
     if req.ttl_seconds == 0 || req.ttl_seconds > MAX_TOKEN_TTL_SECONDS {
         errors.push(FieldError {
             field: "ttlSeconds".into(),
-            message: format!("must be between 1 and {MAX_TOKEN_TTL_SECONDS}, got {}", req.ttl_seconds),
+            message: format!(
+                "must be between 1 and {MAX_TOKEN_TTL_SECONDS}, got {}",
+                req.ttl_seconds
+            ),
         });
     }
     if req.max_uses == 0 || req.max_uses > 100_000 {
@@ -221,7 +232,10 @@ pub async fn create_token(
         });
     }
     if !errors.is_empty() {
-        return Err(ApiError::invalid("the registration token request is invalid", errors));
+        return Err(ApiError::invalid(
+            "the registration token request is invalid",
+            errors,
+        ));
     }
     let now = drover_common::now();
     let expires_at = now + time::Duration::seconds(req.ttl_seconds as i64);
@@ -245,7 +259,8 @@ pub async fn create_token(
         },
         status: RegistrationTokenStatus::default(),
     };
-    app.store.create_json(Kind::RegistrationToken, &id, &token)?;
+    app.store
+        .create_json(Kind::RegistrationToken, &id, &token)?;
     let ticket = app.ticket_key.sign(&TicketClaims {
         grant: TicketGrant::PoolRegistration {
             token_id: id.clone(),
@@ -337,7 +352,9 @@ pub async fn kubeconfig(
     admin.require_write()?;
     let ttl = body.map(|b| b.0.ttl_seconds).unwrap_or(3600);
     if ttl == 0 || ttl > 24 * 3600 {
-        return Err(ApiError::bad_request("ttlSeconds must be between 1 and 86400"));
+        return Err(ApiError::bad_request(
+            "ttlSeconds must be between 1 and 86400",
+        ));
     }
     let cluster = app
         .cluster(&name)?
@@ -348,10 +365,13 @@ pub async fn kubeconfig(
         ))
     })?;
     let pki = crate::reconcile::load_pki(&app, &cluster)?.ok_or_else(|| {
-        ApiError::conflict(format!("cluster {name} has no PKI yet; wait for the reconciler"))
+        ApiError::conflict(format!(
+            "cluster {name} has no PKI yet; wait for the reconciler"
+        ))
     })?;
-    let kc = crate::kubeconfig::admin_kubeconfig(&name, &endpoint, &pki.ca.ca(), ttl, &admin.token_id)
-        .map_err(ApiError::internal)?;
+    let kc =
+        crate::kubeconfig::admin_kubeconfig(&name, &endpoint, &pki.ca.ca(), ttl, &admin.token_id)
+            .map_err(ApiError::internal)?;
     tracing::info!(cluster = %name, by = %admin.token_id, ttl, "admin kubeconfig issued");
     Ok(Json(kc))
 }

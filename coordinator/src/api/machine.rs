@@ -164,7 +164,11 @@ pub async fn register(
                         certificate_pem: issued.cert_pem,
                         not_after: issued.not_after,
                         coordinator_ca_pem: app.ca.cert_pem.clone(),
-                        heartbeat_interval_seconds: app.settings.heartbeat_interval.as_secs().max(1),
+                        heartbeat_interval_seconds: app
+                            .settings
+                            .heartbeat_interval
+                            .as_secs()
+                            .max(1),
                     }),
                 ));
             }
@@ -186,7 +190,10 @@ fn check_facts(f: &MachineFacts) -> Result<(), ApiError> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
     {
-        problems.push(format!("hostname {:?} is not a valid host name", f.hostname));
+        problems.push(format!(
+            "hostname {:?} is not a valid host name",
+            f.hostname
+        ));
     }
     if f.addresses.is_empty() || f.addresses.len() > 16 {
         problems.push("addresses must list 1 to 16 IP addresses".to_string());
@@ -221,7 +228,9 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
     })?;
     let info = cert_info(der).map_err(|e| ApiError::unauthorized(e.to_string()))?;
     if !info.organizations.iter().any(|o| o == MACHINE_ORG) {
-        return Err(ApiError::forbidden("the client certificate is not a machine certificate"));
+        return Err(ApiError::forbidden(
+            "the client certificate is not a machine certificate",
+        ));
     }
     app.machine(&info.common_name)?.ok_or_else(|| {
         ApiError::unauthorized(format!(
@@ -304,7 +313,10 @@ pub async fn heartbeat(
                     .store
                     .get_json::<ClusterJoinTokens>(Kind::JoinTokens, &a.cluster)?
                 {
-                    if tokens.cluster_uid == a.cluster_uid && is_token_registrar(&app, &updated)? {
+                    if tokens.cluster_uid == a.cluster_uid
+                        && tokens.pending(now).next().is_some()
+                        && is_token_registrar(&app, &updated)?
+                    {
                         for t in tokens.pending(now) {
                             directives.push(Directive {
                                 id: directive_id(&t.token),
@@ -341,7 +353,8 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
         let assigned = m.spec.assignment.is_some();
         let current_gen = m.spec.assignment.as_ref().map(|a| a.generation);
         // Reports about an older assignment say nothing about the current one.
-        let about_current = hb.applied_generation == 0 || Some(hb.applied_generation) == current_gen;
+        let about_current =
+            hb.applied_generation == 0 || Some(hb.applied_generation) == current_gen;
         m.status.phase = match hb.phase {
             AgentPhase::Waiting if assigned => MachinePhase::Assigned,
             AgentPhase::Waiting => MachinePhase::Registered,
@@ -365,17 +378,16 @@ fn is_token_registrar(app: &App, m: &Machine) -> Result<bool, StoreError> {
     let Some(a) = &m.spec.assignment else {
         return Ok(false);
     };
-    let mut candidates: Vec<Machine> = app
-        .machines()?
-        .into_iter()
-        .filter(|o| {
-            o.status.phase == MachinePhase::Running
-                && o.spec
-                    .assignment
-                    .as_ref()
-                    .is_some_and(|oa| oa.cluster_uid == a.cluster_uid && oa.role.is_control_plane())
-        })
-        .collect();
+    let mut candidates: Vec<Machine> =
+        app.machines()?
+            .into_iter()
+            .filter(|o| {
+                o.status.phase == MachinePhase::Running
+                    && o.spec.assignment.as_ref().is_some_and(|oa| {
+                        oa.cluster_uid == a.cluster_uid && oa.role.is_control_plane()
+                    })
+            })
+            .collect();
     candidates.sort_by_key(|o| {
         (
             o.spec.assignment.as_ref().map(|a| a.role) != Some(MachineRole::Init),
@@ -401,7 +413,11 @@ fn activate_tokens(
             return Ok(());
         };
         let mut changed = false;
-        for r in hb.directive_results.iter().filter(|r| r.ok && ids.contains(&r.id)) {
+        for r in hb
+            .directive_results
+            .iter()
+            .filter(|r| r.ok && ids.contains(&r.id))
+        {
             if let Some(id) = r.id.strip_prefix("token-") {
                 changed |= tokens.activate(id);
             }
@@ -439,10 +455,10 @@ pub fn not_ready(app: &App, reason: String) -> ApiError {
     let retry = app.settings.heartbeat_interval.as_secs().clamp(1, 5);
     let mut e = ApiError::new(StatusCode::CONFLICT, "Config not ready", reason.clone());
     tracing::debug!(%reason, "config not ready");
-    e.not_ready = Some(ConfigNotReady {
+    e.not_ready = Some(Box::new(ConfigNotReady {
         reason,
         retry_after_seconds: retry,
-    });
+    }));
     e
 }
 
@@ -453,7 +469,8 @@ pub fn join_token_for(
     cluster_uid: &str,
 ) -> Result<drover_common::token::BootstrapToken, ApiError> {
     let now = drover_common::now();
-    let ttl = time::Duration::try_from(app.settings.join_token_ttl).unwrap_or(time::Duration::minutes(30));
+    let ttl = time::Duration::try_from(app.settings.join_token_ttl)
+        .unwrap_or(time::Duration::minutes(30));
     for _ in 0..16 {
         let existing = app
             .store

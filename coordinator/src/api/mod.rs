@@ -39,14 +39,19 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/registrationtokens",
             get(admin::list_tokens).post(admin::create_token),
         )
-        .route("/v1/registrationtokens/{name}", put(admin::revoke_token_put).delete(admin::revoke_token))
+        .route(
+            "/v1/registrationtokens/{name}",
+            put(admin::revoke_token_put).delete(admin::revoke_token),
+        )
         .route("/v1/machine/register", post(machine::register))
         .route("/v1/machine/heartbeat", post(machine::heartbeat))
         .route("/v1/machine/config", get(machine::config))
         .route("/v1/machine/certificate", post(machine::renew))
         .fallback(|| async { ApiError::not_found("route", "this path") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_BODY_BYTES,
+        ))
         .with_state(app)
 }
 
@@ -57,10 +62,9 @@ pub struct ApiError {
     pub title: String,
     pub detail: String,
     pub errors: Vec<FieldError>,
-    pub retry_after: Option<u64>,
     /// Set for a machine that must wait for its config: the body is then a
     /// `ConfigNotReady` the agent reads, not a problem document.
-    pub not_ready: Option<drover_common::wire::ConfigNotReady>,
+    pub not_ready: Option<Box<drover_common::wire::ConfigNotReady>>,
 }
 
 impl ApiError {
@@ -70,7 +74,6 @@ impl ApiError {
             title: title.into(),
             detail: detail.into(),
             errors: vec![],
-            retry_after: None,
             not_ready: None,
         }
     }
@@ -132,7 +135,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let Some(nr) = self.not_ready {
             let secs = nr.retry_after_seconds;
-            let mut resp = (self.status, axum::Json(nr)).into_response();
+            let mut resp = (self.status, axum::Json(*nr)).into_response();
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
             return resp;
@@ -149,10 +152,6 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if let Some(secs) = self.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
         resp
     }
 }
@@ -203,7 +202,9 @@ impl FromRequestParts<Arc<App>> for Admin {
             .tokens
             .iter()
             .find(|t| constant_time_eq(t.sha256.as_bytes(), hash.as_bytes()))
-            .ok_or_else(|| ApiError::unauthorized("the admin token is not valid for this coordinator"))?;
+            .ok_or_else(|| {
+                ApiError::unauthorized("the admin token is not valid for this coordinator")
+            })?;
         Ok(Admin {
             token_id: record.id.clone(),
             role: record.role,

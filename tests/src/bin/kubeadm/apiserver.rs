@@ -83,7 +83,11 @@ async fn serve_inner(root: &Root, opts: Opts) -> Result<()> {
         let logical = format!("{}/{f}", opts.cert_dir);
         std::fs::read_to_string(root.path(&logical)).with_context(|| format!("open {logical}"))
     };
-    let tls = crate::net::server_config(&read("apiserver.crt")?, &read("apiserver.key")?, &read("ca.crt")?)?;
+    let tls = crate::net::server_config(
+        &read("apiserver.crt")?,
+        &read("apiserver.key")?,
+        &read("ca.crt")?,
+    )?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let listener = TcpListener::bind(&opts.bind)
         .await
@@ -188,9 +192,8 @@ const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
 async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
-    let who = match authenticate(state, peer, &req) {
-        Ok(w) => w,
-        Err(resp) => return resp,
+    let Some(who) = authenticate(state, peer, &req) else {
+        return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
     };
     match (method, path.as_str()) {
         (Method::GET, "/livez" | "/readyz" | "/healthz") => text(StatusCode::OK, "ok"),
@@ -217,31 +220,44 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
             }
             get_secret(state, &p[SECRETS.len() + 1..])
         }
-        (_, "/livez" | "/readyz" | "/healthz" | "/version" | CLUSTER_INFO | KUBEADM_CONFIG | SECRETS) => {
-            status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "the server does not allow this method on the requested resource")
-        }
-        _ => status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"),
+        (
+            _,
+            "/livez" | "/readyz" | "/healthz" | "/version" | CLUSTER_INFO | KUBEADM_CONFIG
+            | SECRETS,
+        ) => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        ),
+        _ => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
     }
 }
 
-fn authenticate(state: &State, peer: Option<(String, Vec<String>)>, req: &Request<Incoming>) -> Result<Identity, Resp> {
+/// The caller's identity; `None` when it presented invalid credentials.
+fn authenticate(
+    state: &State,
+    peer: Option<(String, Vec<String>)>,
+    req: &Request<Incoming>,
+) -> Option<Identity> {
     if let Some(auth) = req.headers().get("authorization") {
-        let unauthorized = || status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
-        let value = auth.to_str().map_err(|_| unauthorized())?;
-        let bearer = value.strip_prefix("Bearer ").ok_or_else(unauthorized)?;
-        let token: BootstrapToken = bearer.trim().parse().map_err(|_| unauthorized())?;
-        let tokens = store::load_tokens(&state.root).map_err(|_| unauthorized())?;
+        let bearer = auth.to_str().ok()?.strip_prefix("Bearer ")?;
+        let token: BootstrapToken = bearer.trim().parse().ok()?;
+        let tokens = store::load_tokens(&state.root).ok()?;
         let ok = tokens.iter().any(|t| {
-            t.id == token.id() && t.secret == token.secret() && !t.expired() && t.has_usage("authentication")
+            t.id == token.id()
+                && t.secret == token.secret()
+                && !t.expired()
+                && t.has_usage("authentication")
         });
-        if !ok {
-            return Err(unauthorized());
-        }
-        return Ok(Identity::Bootstrap {
+        return ok.then(|| Identity::Bootstrap {
             id: token.id().to_owned(),
         });
     }
-    Ok(match peer {
+    Some(match peer {
         Some((cn, groups)) => Identity::Cert { cn, groups },
         None => Identity::Anonymous,
     })
@@ -250,7 +266,11 @@ fn authenticate(state: &State, peer: Option<(String, Vec<String>)>, req: &Reques
 fn version(state: &State) -> Resp {
     let v = store::load_cluster_config(&state.root)
         .and_then(|y| serde_saphyr::from_str::<serde_json::Value>(&y).ok())
-        .and_then(|d| d.get("kubernetesVersion").and_then(|v| v.as_str()).map(str::to_owned))
+        .and_then(|d| {
+            d.get("kubernetesVersion")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        })
         .unwrap_or_else(|| crate::KUBEADM_VERSION.to_owned());
     let parsed = crate::util::parse_version(&v).ok();
     json_resp(
@@ -268,15 +288,30 @@ fn cluster_info(state: &State) -> Resp {
     let ca_logical = format!("{}/ca.crt", state.cert_dir);
     let ca_pem = match std::fs::read_to_string(state.root.path(&ca_logical)) {
         Ok(p) => p,
-        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &format!("open {ca_logical}: {e}")),
+        Err(e) => {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &format!("open {ca_logical}: {e}"),
+            )
+        }
     };
     let kubeconfig = render_cluster_info_kubeconfig(&state.server, &ca_pem);
     let tokens = match store::load_tokens(&state.root) {
         Ok(t) => t,
-        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &format!("{e:#}")),
+        Err(e) => {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &format!("{e:#}"),
+            )
+        }
     };
     let mut data = BTreeMap::new();
-    for t in tokens.iter().filter(|t| !t.expired() && t.has_usage("signing")) {
+    for t in tokens
+        .iter()
+        .filter(|t| !t.expired() && t.has_usage("signing"))
+    {
         data.insert(
             format!("jws-kcs-{}", t.id),
             drover_common::jws::sign_detached(&kubeconfig, &t.id, &t.secret),
@@ -305,7 +340,11 @@ fn kubeadm_config(state: &State) -> Resp {
                 "data": {"ClusterConfiguration": yaml},
             }),
         ),
-        None => status(StatusCode::NOT_FOUND, "NotFound", "configmaps \"kubeadm-config\" not found"),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "configmaps \"kubeadm-config\" not found",
+        ),
     }
 }
 
@@ -344,14 +383,24 @@ fn get_secret(state: &State, name: &str) -> Resp {
         .find(|t| format!("bootstrap-token-{}", t.id) == name && !t.expired())
     {
         Some(t) => json_resp(StatusCode::OK, &secret_json(t)),
-        None => status(StatusCode::NOT_FOUND, "NotFound", &format!("secrets \"{name}\" not found")),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("secrets \"{name}\" not found"),
+        ),
     }
 }
 
 async fn create_secret(state: &State, req: Request<Incoming>) -> Resp {
     let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(_) => return status(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", "request body too large or unreadable"),
+        Err(_) => {
+            return status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                "request body too large or unreadable",
+            )
+        }
     };
     let token = match parse_token_secret(&body) {
         Ok(t) => t,
@@ -368,7 +417,11 @@ async fn create_secret(state: &State, req: Request<Incoming>) -> Resp {
             "AlreadyExists",
             &format!("secrets \"{name}\" already exists"),
         ),
-        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &format!("{e:#}")),
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &format!("{e:#}"),
+        ),
     }
 }
 
@@ -388,13 +441,26 @@ fn parse_token_secret(body: &[u8]) -> Result<StoredToken, Reject> {
     {
         return Err(bad("the body must be a v1 Secret".into()));
     }
-    for key in v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()).unwrap_or_default() {
-        if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "type" | "data" | "stringData" | "immutable") {
-            return Err(bad(format!("strict decoding error: unknown field \"{key}\"")));
+    for key in v
+        .as_object()
+        .map(|o| o.keys().cloned().collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        if !matches!(
+            key.as_str(),
+            "apiVersion" | "kind" | "metadata" | "type" | "data" | "stringData" | "immutable"
+        ) {
+            return Err(bad(format!(
+                "strict decoding error: unknown field \"{key}\""
+            )));
         }
     }
     let meta = v.get("metadata").cloned().unwrap_or_default();
-    let name = meta.get("name").and_then(|x| x.as_str()).unwrap_or_default().to_owned();
+    let name = meta
+        .get("name")
+        .and_then(|x| x.as_str())
+        .unwrap_or_default()
+        .to_owned();
     if name.is_empty() {
         return Err(invalid("Secret \"\" is invalid: metadata.name: Required value: name or generateName is required"));
     }
@@ -411,60 +477,95 @@ fn parse_token_secret(body: &[u8]) -> Result<StoredToken, Reject> {
     }
     let mut fields: BTreeMap<String, String> = BTreeMap::new();
     if let Some(data) = v.get("data") {
-        let obj = data.as_object().ok_or_else(|| bad("data must be a map".into()))?;
+        let obj = data
+            .as_object()
+            .ok_or_else(|| bad("data must be a map".into()))?;
         for (k, val) in obj {
-            let s = val.as_str().ok_or_else(|| bad(format!("data[{k}] must be a base64 string")))?;
+            let s = val
+                .as_str()
+                .ok_or_else(|| bad(format!("data[{k}] must be a base64 string")))?;
             let bytes = B64
                 .decode(s)
                 .map_err(|e| bad(format!("data[{k}]: illegal base64 data: {e}")))?;
-            let s = String::from_utf8(bytes).map_err(|_| invalid(format!("data[{k}] is not UTF-8")))?;
+            let s =
+                String::from_utf8(bytes).map_err(|_| invalid(format!("data[{k}] is not UTF-8")))?;
             fields.insert(k.clone(), s);
         }
     }
     if let Some(sd) = v.get("stringData") {
-        let obj = sd.as_object().ok_or_else(|| bad("stringData must be a map".into()))?;
+        let obj = sd
+            .as_object()
+            .ok_or_else(|| bad("stringData must be a map".into()))?;
         for (k, val) in obj {
-            let s = val.as_str().ok_or_else(|| bad(format!("stringData[{k}] must be a string")))?;
+            let s = val
+                .as_str()
+                .ok_or_else(|| bad(format!("stringData[{k}] must be a string")))?;
             fields.insert(k.clone(), s.to_owned());
         }
     }
     for k in fields.keys() {
         if !matches!(
             k.as_str(),
-            "token-id" | "token-secret" | "expiration" | "description" | "usage-bootstrap-authentication" | "usage-bootstrap-signing" | "auth-extra-groups"
+            "token-id"
+                | "token-secret"
+                | "expiration"
+                | "description"
+                | "usage-bootstrap-authentication"
+                | "usage-bootstrap-signing"
+                | "auth-extra-groups"
         ) {
-            return Err(invalid(format!("Secret {name:?}: unknown bootstrap token key {k:?}")));
+            return Err(invalid(format!(
+                "Secret {name:?}: unknown bootstrap token key {k:?}"
+            )));
         }
     }
     let id = fields.get("token-id").cloned().unwrap_or_default();
     let secret = fields.get("token-secret").cloned().unwrap_or_default();
     let token: BootstrapToken = format!("{id}.{secret}").parse().map_err(|e| {
-        invalid(format!("Secret {name:?}: token-id/token-secret do not form a bootstrap token: {e}"))
+        invalid(format!(
+            "Secret {name:?}: token-id/token-secret do not form a bootstrap token: {e}"
+        ))
     })?;
     if name != format!("bootstrap-token-{id}") {
-        return Err(invalid(format!("Secret {name:?}: a bootstrap token Secret must be named bootstrap-token-{id}")));
+        return Err(invalid(format!(
+            "Secret {name:?}: a bootstrap token Secret must be named bootstrap-token-{id}"
+        )));
     }
     let expires = match fields.get("expiration") {
         Some(e) => {
-            let at = OffsetDateTime::parse(e, &Rfc3339)
-                .map_err(|err| invalid(format!("Secret {name:?}: expiration {e:?} is not RFC 3339: {err}")))?;
+            let at = OffsetDateTime::parse(e, &Rfc3339).map_err(|err| {
+                invalid(format!(
+                    "Secret {name:?}: expiration {e:?} is not RFC 3339: {err}"
+                ))
+            })?;
             Some(at.format(&Rfc3339).expect("formats"))
         }
         None => None,
     };
     let mut usages = Vec::new();
     for u in ["authentication", "signing"] {
-        if fields.get(&format!("usage-bootstrap-{u}")).map(String::as_str) == Some("true") {
+        if fields
+            .get(&format!("usage-bootstrap-{u}"))
+            .map(String::as_str)
+            == Some("true")
+        {
             usages.push(u.to_owned());
         }
     }
     let groups: Vec<String> = fields
         .get("auth-extra-groups")
-        .map(|g| g.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+        .map(|g| {
+            g.split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
         .unwrap_or_default();
     for g in &groups {
         if !g.starts_with("system:bootstrappers:") {
-            return Err(invalid(format!("Secret {name:?}: auth-extra-groups: {g:?} must start with system:bootstrappers:")));
+            return Err(invalid(format!(
+                "Secret {name:?}: auth-extra-groups: {g:?} must start with system:bootstrappers:"
+            )));
         }
     }
     Ok(StoredToken {

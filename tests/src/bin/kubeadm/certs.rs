@@ -147,12 +147,12 @@ const ALG_RSA: &[u8] = &[
     0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
 ];
 const ALG_EC_P256: &[u8] = &[
-    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86,
-    0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48,
+    0xce, 0x3d, 0x03, 0x01, 0x07,
 ];
 const ALG_EC_P384: &[u8] = &[
-    0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81,
-    0x04, 0x00, 0x22,
+    0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81, 0x04,
+    0x00, 0x22,
 ];
 
 /// Loads a private key in any of the PEM forms kubeadm reads: PKCS#8
@@ -163,7 +163,9 @@ pub fn load_key(pem: &str, what: &str) -> Result<KeyPair> {
     let unreadable = || anyhow!("{what}: unsupported or malformed private key");
     match &der {
         PrivateKeyDer::Pkcs8(_) => KeyPair::try_from(&der).map_err(|e| {
-            anyhow!("{what}: cannot read the private key ({e}); kubeadm supports RSA and ECDSA keys")
+            anyhow!(
+                "{what}: cannot read the private key ({e}); kubeadm supports RSA and ECDSA keys"
+            )
         }),
         PrivateKeyDer::Pkcs1(k) => {
             let p8 = wrap_pkcs8(ALG_RSA, k.secret_pkcs1_der());
@@ -211,7 +213,11 @@ pub struct SharedCaSet {
 
 /// Checks that `cert_dir` holds exactly the shared CA set (nothing missing,
 /// nothing else) and that every piece is usable, then loads it.
-pub fn check_shared_ca_set(root: &Root, cert_dir: &str, alg: EncryptionAlgorithm) -> Result<SharedCaSet> {
+pub fn check_shared_ca_set(
+    root: &Root,
+    cert_dir: &str,
+    alg: EncryptionAlgorithm,
+) -> Result<SharedCaSet> {
     // Nothing missing.
     for f in SHARED_CA_FILES {
         let logical = format!("{cert_dir}/{f}");
@@ -244,7 +250,7 @@ pub fn check_shared_ca_set(root: &Root, cert_dir: &str, alg: EncryptionAlgorithm
         front_proxy: load("front-proxy-ca", "front-proxy-ca")?,
         etcd: load("etcd/ca", "etcd/ca")?,
     };
-    check_sa_pair(root, cert_dir, alg)?;
+    check_sa_pair(root, cert_dir)?;
     Ok(set)
 }
 
@@ -273,11 +279,18 @@ fn collect_files(dir: &std::path::Path, prefix: &str, out: &mut Vec<String>) -> 
 
 /// Loads and checks one CA of the set: CA:TRUE, keyCertSign, valid now, key
 /// type matching `encryptionAlgorithm`, key matching the certificate.
-pub fn load_ca(root: &Root, cert_dir: &str, base: &str, name: &str, alg: EncryptionAlgorithm) -> Result<Ca> {
+pub fn load_ca(
+    root: &Root,
+    cert_dir: &str,
+    base: &str,
+    name: &str,
+    alg: EncryptionAlgorithm,
+) -> Result<Ca> {
     let crt_logical = format!("{cert_dir}/{base}.crt");
     let key_logical = format!("{cert_dir}/{base}.key");
-    let cert_pem = std::fs::read_to_string(root.path(&crt_logical))
-        .with_context(|| format!("failure loading {name} certificate authority: open {crt_logical}"))?;
+    let cert_pem = std::fs::read_to_string(root.path(&crt_logical)).with_context(|| {
+        format!("failure loading {name} certificate authority: open {crt_logical}")
+    })?;
     let cert_der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
         .map_err(|e| anyhow!("failure loading {name} certificate authority: {crt_logical} holds no PEM certificate: {e}"))?
         .to_vec();
@@ -287,7 +300,11 @@ pub fn load_ca(root: &Root, cert_dir: &str, base: &str, name: &str, alg: Encrypt
     if bc != Some(true) {
         bail!("{name} certificate authority {crt_logical} is not a CA: it lacks basicConstraints CA:TRUE");
     }
-    let ku = cert.key_usage().ok().flatten().map(|k| k.value.key_cert_sign());
+    let ku = cert
+        .key_usage()
+        .ok()
+        .flatten()
+        .map(|k| k.value.key_cert_sign());
     if ku != Some(true) {
         bail!("{name} certificate authority {crt_logical} lacks the keyCertSign key usage");
     }
@@ -302,8 +319,9 @@ pub fn load_ca(root: &Root, cert_dir: &str, base: &str, name: &str, alg: Encrypt
     }
     let cert_kind = spki_kind(cert.public_key());
     check_kind(&cert_kind, alg, &crt_logical)?;
-    let key_pem = std::fs::read_to_string(root.path(&key_logical))
-        .with_context(|| format!("failure loading {name} certificate authority: open {key_logical}"))?;
+    let key_pem = std::fs::read_to_string(root.path(&key_logical)).with_context(|| {
+        format!("failure loading {name} certificate authority: open {key_logical}")
+    })?;
     let key = load_key(&key_pem, &key_logical)?;
     check_kind(&key_kind(&key), alg, &key_logical)?;
     if key.der_bytes() != cert.public_key().subject_public_key.data.as_ref() {
@@ -329,13 +347,18 @@ fn check_kind(kind: &KeyKind, alg: EncryptionAlgorithm, what: &str) -> Result<()
     Ok(())
 }
 
-fn check_sa_pair(root: &Root, cert_dir: &str, alg: EncryptionAlgorithm) -> Result<()> {
+fn check_sa_pair(root: &Root, cert_dir: &str) -> Result<()> {
     let key_logical = format!("{cert_dir}/sa.key");
     let pub_logical = format!("{cert_dir}/sa.pub");
     let key_pem = std::fs::read_to_string(root.path(&key_logical))
         .with_context(|| format!("open {key_logical}"))?;
     let key = load_key(&key_pem, &key_logical)?;
-    check_kind(&key_kind(&key), alg, &key_logical)?;
+    // kubeadm uses an existing service-account key of any supported type,
+    // whatever encryptionAlgorithm says.
+    match key_kind(&key) {
+        KeyKind::EcP256 | KeyKind::EcP384 | KeyKind::Rsa(_) => {}
+        other => bail!("{key_logical} holds a {other} key; kubeadm supports only RSA and ECDSA service-account keys"),
+    }
     let pub_pem = std::fs::read_to_string(root.path(&pub_logical))
         .with_context(|| format!("open {pub_logical}"))?;
     let spki = SubjectPublicKeyInfoDer::from_pem_slice(pub_pem.as_bytes())
@@ -406,8 +429,14 @@ fn leaf_params(spec: &LeafSpec, validity: Duration) -> Result<CertificateParams>
 }
 
 /// Issues a leaf certificate with a fresh key signed by `ca`.
-pub fn issue(ca: &Ca, spec: &LeafSpec, alg: EncryptionAlgorithm, validity: Duration) -> Result<Issued> {
-    let key = KeyPair::generate_for(alg.leaf_alg()).map_err(|e| anyhow!("cannot generate a key: {e}"))?;
+pub fn issue(
+    ca: &Ca,
+    spec: &LeafSpec,
+    alg: EncryptionAlgorithm,
+    validity: Duration,
+) -> Result<Issued> {
+    let key =
+        KeyPair::generate_for(alg.leaf_alg()).map_err(|e| anyhow!("cannot generate a key: {e}"))?;
     let cert = leaf_params(spec, validity)?
         .signed_by(&key, &ca.issuer()?)
         .map_err(|e| anyhow!("cannot sign the certificate for {}: {e}", spec.cn))?;
@@ -455,16 +484,11 @@ pub fn render_kubeconfig(
     let context = format!("{user}@{cluster_name}");
     let user_block = match creds {
         Some(c) => format!(
-            "    client-certificate-data: {}\n    client-key-data: {}\n",
+            "  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
             B64.encode(c.cert_pem.as_bytes()),
             B64.encode(c.key_pem.as_bytes())
         ),
-        None => "    {}\n".into(),
-    };
-    let user_block = if creds.is_some() {
-        format!("  user:\n{user_block}")
-    } else {
-        "  user: {}\n".into()
+        None => "  user: {}\n".into(),
     };
     format!(
         "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {ca}\n    server: {server}\n  name: {cluster_name}\ncontexts:\n- context:\n    cluster: {cluster_name}\n    user: {user}\n  name: {context}\ncurrent-context: {context}\nkind: Config\npreferences: {{}}\nusers:\n- name: {user}\n{user_block}",
@@ -527,26 +551,27 @@ pub fn parse_kubeconfig(text: &str, base_dir: Option<&std::path::Path>) -> Resul
     let cluster = pick(&clusters, "cluster", "cluster")
         .ok_or_else(|| anyhow!("invalid kubeconfig: no cluster"))?;
     let user = pick(&users, "user", "user").unwrap_or(serde_json::Value::Null);
-    let data_or_file = |obj: &serde_json::Value, data_key: &str, file_key: &str| -> Result<Option<String>> {
-        if let Some(d) = obj.get(data_key).and_then(|v| v.as_str()) {
-            let bytes = B64
-                .decode(d.trim())
-                .map_err(|e| anyhow!("invalid kubeconfig: {data_key} is not base64: {e}"))?;
-            return Ok(Some(String::from_utf8(bytes).map_err(|_| {
-                anyhow!("invalid kubeconfig: {data_key} is not PEM text")
-            })?));
-        }
-        if let Some(f) = obj.get(file_key).and_then(|v| v.as_str()) {
-            let path = match base_dir {
-                Some(b) if !f.starts_with('/') => b.join(f),
-                _ => std::path::PathBuf::from(f),
-            };
-            return Ok(Some(
-                std::fs::read_to_string(&path).with_context(|| format!("open {f}"))?,
-            ));
-        }
-        Ok(None)
-    };
+    let data_or_file =
+        |obj: &serde_json::Value, data_key: &str, file_key: &str| -> Result<Option<String>> {
+            if let Some(d) = obj.get(data_key).and_then(|v| v.as_str()) {
+                let bytes = B64
+                    .decode(d.trim())
+                    .map_err(|e| anyhow!("invalid kubeconfig: {data_key} is not base64: {e}"))?;
+                return Ok(Some(String::from_utf8(bytes).map_err(|_| {
+                    anyhow!("invalid kubeconfig: {data_key} is not PEM text")
+                })?));
+            }
+            if let Some(f) = obj.get(file_key).and_then(|v| v.as_str()) {
+                let path = match base_dir {
+                    Some(b) if !f.starts_with('/') => b.join(f),
+                    _ => std::path::PathBuf::from(f),
+                };
+                return Ok(Some(
+                    std::fs::read_to_string(&path).with_context(|| format!("open {f}"))?,
+                ));
+            }
+            Ok(None)
+        };
     let server = cluster
         .get("server")
         .and_then(|v| v.as_str())
@@ -554,7 +579,11 @@ pub fn parse_kubeconfig(text: &str, base_dir: Option<&std::path::Path>) -> Resul
         .to_owned();
     Ok(Kubeconfig {
         server,
-        ca_pem: data_or_file(&cluster, "certificate-authority-data", "certificate-authority")?,
+        ca_pem: data_or_file(
+            &cluster,
+            "certificate-authority-data",
+            "certificate-authority",
+        )?,
         client_cert_pem: data_or_file(&user, "client-certificate-data", "client-certificate")?,
         client_key_pem: data_or_file(&user, "client-key-data", "client-key")?,
     })
@@ -578,7 +607,10 @@ mod tests {
         assert_eq!(back.der_bytes(), k.der_bytes());
         assert_eq!(key_kind(&back), KeyKind::EcP256);
         let k384 = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
-        assert_eq!(key_kind(&load_key(&k384.serialize_pem(), "k").unwrap()), KeyKind::EcP384);
+        assert_eq!(
+            key_kind(&load_key(&k384.serialize_pem(), "k").unwrap()),
+            KeyKind::EcP384
+        );
         assert!(load_key("garbage", "k").is_err());
     }
 
@@ -589,7 +621,13 @@ mod tests {
             cert_pem: "CERT".into(),
             key_pem: "KEY".into(),
         };
-        let text = render_kubeconfig("kubernetes", "https://10.0.0.1:6443", &ca.cert_pem, "kubernetes-admin", Some(&creds));
+        let text = render_kubeconfig(
+            "kubernetes",
+            "https://10.0.0.1:6443",
+            &ca.cert_pem,
+            "kubernetes-admin",
+            Some(&creds),
+        );
         let kc = parse_kubeconfig(&text, None).unwrap();
         assert_eq!(kc.server, "https://10.0.0.1:6443");
         assert_eq!(kc.ca_pem.as_deref(), Some(ca.cert_pem.as_str()));

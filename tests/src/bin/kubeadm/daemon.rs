@@ -90,7 +90,10 @@ pub async fn watchdog(root: Root, name: &'static str) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         if read_pid(&path) != Some(me) {
-            println!("standin-{name}: pid file {} is gone; exiting", path.display());
+            println!(
+                "standin-{name}: pid file {} is gone; exiting",
+                path.display()
+            );
             return;
         }
     }
@@ -168,7 +171,6 @@ where
     Fut: std::future::Future<Output = std::result::Result<(), String>>,
 {
     let start = Instant::now();
-    let mut last = String::from("not probed yet");
     loop {
         if let Some(status) = child.try_wait()? {
             bail!(
@@ -177,10 +179,10 @@ where
                 log_tail(root, name)
             );
         }
-        match probe().await {
+        let last = match probe().await {
             Ok(()) => return Ok(start.elapsed()),
-            Err(e) => last = e,
-        }
+            Err(e) => e,
+        };
         if start.elapsed() >= timeout {
             return Err(anyhow!(
                 "the stand-in {name} (pid {}) did not become healthy within {:?}: {last}",

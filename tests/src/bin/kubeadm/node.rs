@@ -85,7 +85,8 @@ impl ClusterSettings {
             Some(d) => {
                 let d = crate::util::parse_go_duration_std(d)
                     .context("ClusterConfiguration.certificateValidityPeriod")?;
-                time::Duration::try_from(d).map_err(|e| anyhow!("certificateValidityPeriod: {e}"))?
+                time::Duration::try_from(d)
+                    .map_err(|e| anyhow!("certificateValidityPeriod: {e}"))?
             }
             None => time::Duration::days(365),
         };
@@ -126,7 +127,8 @@ impl ClusterSettings {
         };
         let controller_manager_extra_args = component(&cc.controller_manager, "controllerManager")?;
         let scheduler_extra_args = component(&cc.scheduler, "scheduler")?;
-        let (mut etcd_extra_args, mut etcd_server_sans, mut etcd_peer_sans) = (vec![], vec![], vec![]);
+        let (mut etcd_extra_args, mut etcd_server_sans, mut etcd_peer_sans) =
+            (vec![], vec![], vec![]);
         let mut etcd_data_dir = "/var/lib/etcd".to_owned();
         if let Some(etcd) = &cc.etcd {
             check_keys(etcd, "etcd", &["local", "external"])?;
@@ -137,10 +139,19 @@ impl ClusterSettings {
                 check_keys(
                     local,
                     "etcd.local",
-                    &["imageRepository", "imageTag", "dataDir", "extraArgs", "extraEnvs", "serverCertSANs", "peerCertSANs"],
+                    &[
+                        "imageRepository",
+                        "imageTag",
+                        "dataDir",
+                        "extraArgs",
+                        "extraEnvs",
+                        "serverCertSANs",
+                        "peerCertSANs",
+                    ],
                 )?;
                 etcd_extra_args = extra_args(local.get("extraArgs"), "etcd.local.extraArgs")?;
-                etcd_server_sans = string_list(local.get("serverCertSANs"), "etcd.local.serverCertSANs")?;
+                etcd_server_sans =
+                    string_list(local.get("serverCertSANs"), "etcd.local.serverCertSANs")?;
                 etcd_peer_sans = string_list(local.get("peerCertSANs"), "etcd.local.peerCertSANs")?;
                 if let Some(d) = local.get("dataDir").and_then(|d| d.as_str()) {
                     etcd_data_dir = d.to_owned();
@@ -198,7 +209,10 @@ impl ClusterSettings {
     /// port) or `https://<advertise>:<port>`.
     pub fn server_url(&self, advertise: &str, bind_port: u16) -> String {
         match &self.control_plane_endpoint {
-            Some((host, port)) => format!("https://{}", join_host_port(host, port.unwrap_or(bind_port))),
+            Some((host, port)) => format!(
+                "https://{}",
+                join_host_port(host, port.unwrap_or(bind_port))
+            ),
             None => format!("https://{}", join_host_port(advertise, bind_port)),
         }
     }
@@ -242,7 +256,10 @@ fn fmt_sans(dns: &[String], ips: &[IpAddr]) -> String {
     format!(
         "DNS names [{}] and IPs [{}]",
         dns.join(" "),
-        ips.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" ")
+        ips.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
     )
 }
 
@@ -267,14 +284,18 @@ pub fn write_leaf_certs(
         }
     };
     let v = cs.cert_validity;
-    let issue_and_write = |ca: &certs::Ca, base: &str, spec: LeafSpec, show_sans: bool| -> Result<()> {
-        println!("[certs] Generating {base:?} certificate and key");
-        if show_sans {
-            println!("[certs] {base} serving cert is signed for {}", fmt_sans(&spec.dns, &spec.ips));
-        }
-        let issued = certs::issue(ca, &spec, cs.alg, v)?;
-        certs::write_leaf(root, cd, base, &issued)
-    };
+    let issue_and_write =
+        |ca: &certs::Ca, base: &str, spec: LeafSpec, show_sans: bool| -> Result<()> {
+            println!("[certs] Generating {base:?} certificate and key");
+            if show_sans {
+                println!(
+                    "[certs] {base} serving cert is signed for {}",
+                    fmt_sans(&spec.dns, &spec.ips)
+                );
+            }
+            let issued = certs::issue(ca, &spec, cs.alg, v)?;
+            certs::write_leaf(root, cd, base, &issued)
+        };
     println!("[certs] Using existing ca certificate authority");
     if !skip.skipped(&sub("apiserver")) {
         let mut dns = vec![
@@ -318,12 +339,21 @@ pub fn write_leaf_certs(
     }
     println!("[certs] Using existing front-proxy-ca certificate authority");
     if !skip.skipped(&sub("front-proxy-client")) {
-        issue_and_write(&set.front_proxy, "front-proxy-client", client_spec("front-proxy-client", &[]), false)?;
+        issue_and_write(
+            &set.front_proxy,
+            "front-proxy-client",
+            client_spec("front-proxy-client", &[]),
+            false,
+        )?;
     }
     println!("[certs] Using existing etcd/ca certificate authority");
     let etcd_sans = |extra: &[String]| {
         let mut dns = vec!["localhost".to_owned(), node.name.clone()];
-        let mut ips = vec![node.advertise, IpAddr::from([127, 0, 0, 1]), "::1".parse().expect("ip")];
+        let mut ips = vec![
+            node.advertise,
+            IpAddr::from([127, 0, 0, 1]),
+            "::1".parse().expect("ip"),
+        ];
         ips.dedup();
         san_split(extra, &mut dns, &mut ips);
         (dns, ips)
@@ -333,7 +363,14 @@ pub fn write_leaf_certs(
         issue_and_write(
             &set.etcd,
             "etcd/server",
-            LeafSpec { cn: node.name.clone(), orgs: vec![], dns, ips, server: true, client: true },
+            LeafSpec {
+                cn: node.name.clone(),
+                orgs: vec![],
+                dns,
+                ips,
+                server: true,
+                client: true,
+            },
             true,
         )?;
     }
@@ -342,15 +379,32 @@ pub fn write_leaf_certs(
         issue_and_write(
             &set.etcd,
             "etcd/peer",
-            LeafSpec { cn: node.name.clone(), orgs: vec![], dns, ips, server: true, client: true },
+            LeafSpec {
+                cn: node.name.clone(),
+                orgs: vec![],
+                dns,
+                ips,
+                server: true,
+                client: true,
+            },
             true,
         )?;
     }
     if !skip.skipped(&sub("etcd-healthcheck-client")) {
-        issue_and_write(&set.etcd, "etcd/healthcheck-client", client_spec("kube-etcd-healthcheck-client", &[]), false)?;
+        issue_and_write(
+            &set.etcd,
+            "etcd/healthcheck-client",
+            client_spec("kube-etcd-healthcheck-client", &[]),
+            false,
+        )?;
     }
     if !skip.skipped(&sub("apiserver-etcd-client")) {
-        issue_and_write(&set.etcd, "apiserver-etcd-client", client_spec("kube-apiserver-etcd-client", &[]), false)?;
+        issue_and_write(
+            &set.etcd,
+            "apiserver-etcd-client",
+            client_spec("kube-apiserver-etcd-client", &[]),
+            false,
+        )?;
     }
     println!("[certs] Using the existing \"sa\" key");
     Ok(())
@@ -375,7 +429,12 @@ pub struct KubeconfigSpec {
     pub server: String,
 }
 
-pub fn write_kubeconfigs(root: &Root, cs: &ClusterSettings, set: &SharedCaSet, specs: &[KubeconfigSpec]) -> Result<()> {
+pub fn write_kubeconfigs(
+    root: &Root,
+    cs: &ClusterSettings,
+    set: &SharedCaSet,
+    specs: &[KubeconfigSpec],
+) -> Result<()> {
     println!("[kubeconfig] Using kubeconfig folder {KUBERNETES_DIR:?}");
     for s in specs {
         println!("[kubeconfig] Writing {:?} kubeconfig file", s.file);
@@ -388,8 +447,18 @@ pub fn write_kubeconfigs(root: &Root, cs: &ClusterSettings, set: &SharedCaSet, s
             client: true,
         };
         let issued = certs::issue(&set.ca, &spec, cs.alg, cs.cert_validity)?;
-        let text = certs::render_kubeconfig(&cs.cluster_name, &s.server, &set.ca.cert_pem, &s.user, Some(&issued));
-        write_file(&root.path(format!("{KUBERNETES_DIR}/{}", s.file)), text.as_bytes(), 0o600)?;
+        let text = certs::render_kubeconfig(
+            &cs.cluster_name,
+            &s.server,
+            &set.ca.cert_pem,
+            &s.user,
+            Some(&issued),
+        );
+        write_file(
+            &root.path(format!("{KUBERNETES_DIR}/{}", s.file)),
+            text.as_bytes(),
+            0o600,
+        )?;
     }
     Ok(())
 }
@@ -403,10 +472,18 @@ fn merged_args(base: Vec<(String, String)>, extra: &[Arg]) -> Vec<String> {
             args.push((a.name.clone(), a.value.clone()));
         }
     }
-    args.into_iter().map(|(n, v)| format!("--{n}={v}")).collect()
+    args.into_iter()
+        .map(|(n, v)| format!("--{n}={v}"))
+        .collect()
 }
 
-fn pod_manifest(component: &str, image: &str, command: &str, args: &[String], annotation: Option<(&str, String)>) -> String {
+fn pod_manifest(
+    component: &str,
+    image: &str,
+    command: &str,
+    args: &[String],
+    annotation: Option<(&str, String)>,
+) -> String {
     let mut s = String::from("apiVersion: v1\nkind: Pod\nmetadata:\n");
     if let Some((k, v)) = annotation {
         s.push_str(&format!("  annotations:\n    {k}: {v}\n"));
@@ -415,7 +492,10 @@ fn pod_manifest(component: &str, image: &str, command: &str, args: &[String], an
         "  labels:\n    component: {component}\n    tier: control-plane\n  name: {component}\n  namespace: kube-system\nspec:\n  containers:\n  - command:\n    - {command}\n"
     ));
     for a in args {
-        s.push_str(&format!("    - {}\n", serde_json::to_string(a).expect("string")));
+        s.push_str(&format!(
+            "    - {}\n",
+            serde_json::to_string(a).expect("string")
+        ));
     }
     s.push_str(&format!(
         "    image: {image}\n    imagePullPolicy: IfNotPresent\n    name: {component}\n  hostNetwork: true\n  priority: 2000001000\n  priorityClassName: system-node-critical\n  securityContext:\n    seccompProfile:\n      type: RuntimeDefault\nstatus: {{}}\n"
@@ -425,7 +505,13 @@ fn pod_manifest(component: &str, image: &str, command: &str, args: &[String], an
 
 /// Writes the kube-apiserver, kube-controller-manager and kube-scheduler
 /// static Pod manifests.
-pub fn write_control_plane_manifests(root: &Root, cs: &ClusterSettings, node: &ControlPlaneNode, skip: &SkipPhases, phase: &str) -> Result<()> {
+pub fn write_control_plane_manifests(
+    root: &Root,
+    cs: &ClusterSettings,
+    node: &ControlPlaneNode,
+    skip: &SkipPhases,
+    phase: &str,
+) -> Result<()> {
     let cd = &cs.cert_dir;
     let image = |c: &str| format!("{}/{c}:{}", cs.image_repository, cs.kubernetes_version);
     let sub = |name: &str| {
@@ -451,18 +537,42 @@ pub fn write_control_plane_manifests(root: &Root, cs: &ClusterSettings, node: &C
                 p("etcd-certfile", format!("{cd}/apiserver-etcd-client.crt")),
                 p("etcd-keyfile", format!("{cd}/apiserver-etcd-client.key")),
                 p("etcd-servers", "https://127.0.0.1:2379".into()),
-                p("kubelet-client-certificate", format!("{cd}/apiserver-kubelet-client.crt")),
-                p("kubelet-client-key", format!("{cd}/apiserver-kubelet-client.key")),
-                p("kubelet-preferred-address-types", "InternalIP,ExternalIP,Hostname".into()),
-                p("proxy-client-cert-file", format!("{cd}/front-proxy-client.crt")),
-                p("proxy-client-key-file", format!("{cd}/front-proxy-client.key")),
+                p(
+                    "kubelet-client-certificate",
+                    format!("{cd}/apiserver-kubelet-client.crt"),
+                ),
+                p(
+                    "kubelet-client-key",
+                    format!("{cd}/apiserver-kubelet-client.key"),
+                ),
+                p(
+                    "kubelet-preferred-address-types",
+                    "InternalIP,ExternalIP,Hostname".into(),
+                ),
+                p(
+                    "proxy-client-cert-file",
+                    format!("{cd}/front-proxy-client.crt"),
+                ),
+                p(
+                    "proxy-client-key-file",
+                    format!("{cd}/front-proxy-client.key"),
+                ),
                 p("requestheader-allowed-names", "front-proxy-client".into()),
-                p("requestheader-client-ca-file", format!("{cd}/front-proxy-ca.crt")),
-                p("requestheader-extra-headers-prefix", "X-Remote-Extra-".into()),
+                p(
+                    "requestheader-client-ca-file",
+                    format!("{cd}/front-proxy-ca.crt"),
+                ),
+                p(
+                    "requestheader-extra-headers-prefix",
+                    "X-Remote-Extra-".into(),
+                ),
                 p("requestheader-group-headers", "X-Remote-Group".into()),
                 p("requestheader-username-headers", "X-Remote-User".into()),
                 p("secure-port", node.bind_port.to_string()),
-                p("service-account-issuer", format!("https://kubernetes.default.svc.{}", cs.dns_domain)),
+                p(
+                    "service-account-issuer",
+                    format!("https://kubernetes.default.svc.{}", cs.dns_domain),
+                ),
                 p("service-account-key-file", format!("{cd}/sa.pub")),
                 p("service-account-signing-key-file", format!("{cd}/sa.key")),
                 p("service-cluster-ip-range", cs.service_subnet.clone()),
@@ -481,7 +591,11 @@ pub fn write_control_plane_manifests(root: &Root, cs: &ClusterSettings, node: &C
                 join_host_port(&node.advertise.to_string(), node.bind_port),
             )),
         );
-        write_file(&root.path(format!("{MANIFESTS_DIR}/kube-apiserver.yaml")), text.as_bytes(), 0o600)?;
+        write_file(
+            &root.path(format!("{MANIFESTS_DIR}/kube-apiserver.yaml")),
+            text.as_bytes(),
+            0o600,
+        )?;
     }
     if !skip.skipped(&sub("controller-manager")) {
         println!("[control-plane] Creating static Pod manifest for \"kube-controller-manager\"");
@@ -497,7 +611,10 @@ pub fn write_control_plane_manifests(root: &Root, cs: &ClusterSettings, node: &C
             p("controllers", "*,bootstrapsigner,tokencleaner".into()),
             p("kubeconfig", kc),
             p("leader-elect", "true".into()),
-            p("requestheader-client-ca-file", format!("{cd}/front-proxy-ca.crt")),
+            p(
+                "requestheader-client-ca-file",
+                format!("{cd}/front-proxy-ca.crt"),
+            ),
             p("root-ca-file", format!("{cd}/ca.crt")),
             p("service-account-private-key-file", format!("{cd}/sa.key")),
             p("service-cluster-ip-range", cs.service_subnet.clone()),
@@ -508,8 +625,18 @@ pub fn write_control_plane_manifests(root: &Root, cs: &ClusterSettings, node: &C
             base.push(p("cluster-cidr", cs.pod_subnet.clone()));
         }
         let args = merged_args(base, &cs.controller_manager_extra_args);
-        let text = pod_manifest("kube-controller-manager", &image("kube-controller-manager"), "kube-controller-manager", &args, None);
-        write_file(&root.path(format!("{MANIFESTS_DIR}/kube-controller-manager.yaml")), text.as_bytes(), 0o600)?;
+        let text = pod_manifest(
+            "kube-controller-manager",
+            &image("kube-controller-manager"),
+            "kube-controller-manager",
+            &args,
+            None,
+        );
+        write_file(
+            &root.path(format!("{MANIFESTS_DIR}/kube-controller-manager.yaml")),
+            text.as_bytes(),
+            0o600,
+        )?;
     }
     if !skip.skipped(&sub("scheduler")) {
         println!("[control-plane] Creating static Pod manifest for \"kube-scheduler\"");
@@ -524,14 +651,28 @@ pub fn write_control_plane_manifests(root: &Root, cs: &ClusterSettings, node: &C
             ],
             &cs.scheduler_extra_args,
         );
-        let text = pod_manifest("kube-scheduler", &image("kube-scheduler"), "kube-scheduler", &args, None);
-        write_file(&root.path(format!("{MANIFESTS_DIR}/kube-scheduler.yaml")), text.as_bytes(), 0o600)?;
+        let text = pod_manifest(
+            "kube-scheduler",
+            &image("kube-scheduler"),
+            "kube-scheduler",
+            &args,
+            None,
+        );
+        write_file(
+            &root.path(format!("{MANIFESTS_DIR}/kube-scheduler.yaml")),
+            text.as_bytes(),
+            0o600,
+        )?;
     }
     Ok(())
 }
 
 /// Writes the local etcd static Pod manifest.
-pub fn write_etcd_manifest(root: &Root, cs: &ClusterSettings, node: &ControlPlaneNode) -> Result<()> {
+pub fn write_etcd_manifest(
+    root: &Root,
+    cs: &ClusterSettings,
+    node: &ControlPlaneNode,
+) -> Result<()> {
     println!("[etcd] Creating static Pod manifest for local etcd in {MANIFESTS_DIR:?}");
     let cd = &cs.cert_dir;
     let adv = node.advertise.to_string();
@@ -546,7 +687,10 @@ pub fn write_etcd_manifest(root: &Root, cs: &ClusterSettings, node: &ControlPlan
         p("initial-advertise-peer-urls", peer_url.clone()),
         p("initial-cluster", format!("{}={peer_url}", node.name)),
         p("key-file", format!("{cd}/etcd/server.key")),
-        p("listen-client-urls", format!("https://127.0.0.1:2379,{client_url}")),
+        p(
+            "listen-client-urls",
+            format!("https://127.0.0.1:2379,{client_url}"),
+        ),
         p("listen-metrics-urls", "http://127.0.0.1:2381".into()),
         p("listen-peer-urls", peer_url),
         p("name", node.name.clone()),
@@ -566,9 +710,16 @@ pub fn write_etcd_manifest(root: &Root, cs: &ClusterSettings, node: &ControlPlan
         &format!("{}/etcd:{ETCD_IMAGE_TAG}", cs.image_repository),
         "etcd",
         &args,
-        Some(("kubeadm.kubernetes.io/etcd.advertise-client-urls", client_url)),
+        Some((
+            "kubeadm.kubernetes.io/etcd.advertise-client-urls",
+            client_url,
+        )),
     );
-    write_file(&root.path(format!("{MANIFESTS_DIR}/etcd.yaml")), text.as_bytes(), 0o600)?;
+    write_file(
+        &root.path(format!("{MANIFESTS_DIR}/etcd.yaml")),
+        text.as_bytes(),
+        0o600,
+    )?;
     std::fs::create_dir_all(root.path(&cs.etcd_data_dir))
         .with_context(|| format!("cannot create {}", cs.etcd_data_dir))?;
     Ok(())
@@ -622,7 +773,8 @@ pub fn write_kubelet_files(
     default("healthzPort", 10248.into());
     default("rotateCertificates", true.into());
     default("staticPodPath", MANIFESTS_DIR.into());
-    let text = serde_saphyr::to_string(&doc).map_err(|e| anyhow!("cannot render the kubelet config: {e}"))?;
+    let text = serde_saphyr::to_string(&doc)
+        .map_err(|e| anyhow!("cannot render the kubelet config: {e}"))?;
     let mut flags = vec![format!(
         "--container-runtime-endpoint={}",
         reg.cri_socket
@@ -641,7 +793,10 @@ pub fn write_kubelet_files(
         format!("KUBELET_KUBEADM_ARGS=\"{}\"\n", flags.join(" ")).as_bytes(),
         0o644,
     )?;
-    println!("[kubelet-start] Writing kubelet configuration to file \"{}\"", kubelet::CONFIG_FILE);
+    println!(
+        "[kubelet-start] Writing kubelet configuration to file \"{}\"",
+        kubelet::CONFIG_FILE
+    );
     write_file(&root.path(kubelet::CONFIG_FILE), text.as_bytes(), 0o644)
 }
 
@@ -670,7 +825,9 @@ pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
                     r.status(),
                     r.text().await.unwrap_or_default()
                 )),
-                Err(e) => Err(format!("the HTTP call equal to 'curl -sSL {url}' failed with error: {e}")),
+                Err(e) => Err(format!(
+                    "the HTTP call equal to 'curl -sSL {url}' failed with error: {e}"
+                )),
             }
         }
     })
@@ -682,7 +839,14 @@ pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
 
 /// Starts the stand-in API server on `bind` and waits until /readyz answers
 /// (verifying its serving certificate against the cluster CA).
-pub async fn start_apiserver(root: &Root, bind: &str, cert_dir: &str, server: &str, ca_pem: &str, timeout: Duration) -> Result<()> {
+pub async fn start_apiserver(
+    root: &Root,
+    bind: &str,
+    cert_dir: &str,
+    server: &str,
+    ca_pem: &str,
+    timeout: Duration,
+) -> Result<()> {
     let mut child = daemon::spawn(
         root,
         "apiserver",
@@ -699,7 +863,10 @@ pub async fn start_apiserver(root: &Root, bind: &str, cert_dir: &str, server: &s
         "[api-check] Waiting for a healthy API server. This can take up to {}",
         crate::util::format_go_duration(timeout)
     );
-    let client = crate::net::http_client(crate::net::client_config(ca_pem, None)?, Duration::from_secs(2))?;
+    let client = crate::net::http_client(
+        crate::net::client_config(ca_pem, None)?,
+        Duration::from_secs(2),
+    )?;
     let url = format!("https://{bind}/readyz");
     let took = daemon::wait_ready(&mut child, root, "apiserver", timeout, || {
         let client = client.clone();

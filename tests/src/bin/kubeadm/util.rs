@@ -104,12 +104,6 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     Ok(())
 }
 
-/// Reads a file, naming the kubeadm-visible path in the error.
-pub fn read_to_string(root: &Root, logical: &str) -> Result<String> {
-    let host = root.path(logical);
-    std::fs::read_to_string(&host).with_context(|| format!("open {logical}"))
-}
-
 /// Parses a Go `time.Duration` string (`900s`, `15m0s`, `24h0m0s`, `1h30m`,
 /// `1.5h`, `0`), returning nanoseconds. Mirrors Go's `time.ParseDuration`.
 pub fn parse_go_duration(input: &str) -> Result<i128> {
@@ -168,7 +162,9 @@ pub fn parse_go_duration(input: &str) -> Result<i128> {
         let mut value = int_val.checked_mul(scale).ok_or_else(invalid)?;
         if !frac_part.is_empty() {
             let digits = frac_part.len().min(30) as u32;
-            let frac: i128 = frac_part[..digits as usize].parse().map_err(|_| invalid())?;
+            let frac: i128 = frac_part[..digits as usize]
+                .parse()
+                .map_err(|_| invalid())?;
             value += frac * scale / 10i128.pow(digits);
         }
         total = total.checked_add(value).ok_or_else(invalid)?;
@@ -544,24 +540,6 @@ impl Preflight {
     }
 }
 
-/// Polls `cond` every 50 ms until it returns `Some` or the deadline passes.
-pub async fn poll_until<T, F, Fut>(timeout: std::time::Duration, mut cond: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = cond().await {
-            return Some(v);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -585,7 +563,10 @@ mod tests {
             format_go_duration(std::time::Duration::from_secs(86400)),
             "24h0m0s"
         );
-        assert_eq!(format_go_duration(std::time::Duration::from_secs(61)), "1m1s");
+        assert_eq!(
+            format_go_duration(std::time::Duration::from_secs(61)),
+            "1m1s"
+        );
     }
 
     #[test]
@@ -599,8 +580,14 @@ mod tests {
             split_host_port("10.0.0.1:6443").unwrap(),
             ("10.0.0.1".into(), Some(6443))
         );
-        assert_eq!(split_host_port("[::1]:6443").unwrap(), ("::1".into(), Some(6443)));
-        assert_eq!(split_host_port("cp.example").unwrap(), ("cp.example".into(), None));
+        assert_eq!(
+            split_host_port("[::1]:6443").unwrap(),
+            ("::1".into(), Some(6443))
+        );
+        assert_eq!(
+            split_host_port("cp.example").unwrap(),
+            ("cp.example".into(), None)
+        );
         assert_eq!(
             cidr_nth_ip("10.96.0.0/12", 1).unwrap().to_string(),
             "10.96.0.1"

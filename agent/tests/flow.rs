@@ -1,0 +1,883 @@
+//! The agent binary against an in-process fake coordinator and a fake
+//! kubeadm: registration, heartbeats, bootstrap, directives, reset, restart
+//! and refusals. The fake coordinator speaks the real wire types over mutual
+//! TLS; the fake kubeadm records its command lines and writes the files real
+//! kubeadm writes.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_common::api::{MachineRole, Problem};
+use drover_common::bundle::{self, BundleFile, ConfigBundle};
+use drover_common::pin::CaPin;
+use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
+use drover_common::wire::{
+    AgentPhase, AssignmentNotice, BootstrapDocument, ConfigNotReady, Directive, DirectiveAction,
+    HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse, RenewRequest,
+    RenewResponse,
+};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::sync::mpsc;
+
+const TICKET: &str = "ticket-for-test";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// What the fake coordinator knows and is told to answer.
+struct FakeState {
+    ca: CertificateAuthority,
+    registrations: u32,
+    renewals: u32,
+    machine_uid: String,
+    /// Validity of issued client certificates.
+    client_validity: time::Duration,
+    assignment: Option<AssignmentNotice>,
+    directives: Vec<Directive>,
+    /// How many config requests are answered 409 before the bundle.
+    not_ready: u32,
+    config_requests: u32,
+}
+
+struct Fake {
+    addr: SocketAddr,
+    state: Arc<Mutex<FakeState>>,
+    heartbeats: mpsc::UnboundedReceiver<HeartbeatRequest>,
+}
+
+fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(body).unwrap())))
+        .unwrap()
+}
+
+fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Full<Bytes>> {
+    let p = Problem {
+        type_: "about:blank".into(),
+        title: title.into(),
+        status: status.as_u16(),
+        detail: detail.into(),
+        errors: vec![],
+    };
+    let mut r = json_response(status, &p);
+    r.headers_mut()
+        .insert("content-type", "application/problem+json".parse().unwrap());
+    r
+}
+
+fn client_spec(uid: &str, validity: time::Duration) -> LeafSpec {
+    LeafSpec {
+        common_name: uid.into(),
+        organizations: vec!["drover:machines".into()],
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: LeafUsage::Client,
+        validity,
+    }
+}
+
+async fn handle(
+    state: Arc<Mutex<FakeState>>,
+    heartbeats: mpsc::UnboundedSender<HeartbeatRequest>,
+    client_cn: Option<String>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let body = req.into_body().collect().await?.to_bytes();
+    let mut s = state.lock().unwrap();
+    if path != "/v1/machine/register" && client_cn.as_deref() != Some(s.machine_uid.as_str()) {
+        return Ok(problem(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "client certificate required",
+        ));
+    }
+    let response = match (method.as_str(), path.as_str()) {
+        ("POST", "/v1/machine/register") => {
+            let r: RegisterRequest = serde_json::from_slice(&body).unwrap();
+            if r.ticket != TICKET {
+                return Ok(problem(
+                    StatusCode::FORBIDDEN,
+                    "Ticket refused",
+                    "the ticket signature does not verify",
+                ));
+            }
+            assert_eq!(r.facts.hostname, "test-host");
+            assert_eq!(r.facts.addresses, ["127.0.0.1"]);
+            assert_eq!(r.facts.api_server_port, 16443);
+            s.registrations += 1;
+            let cert =
+                s.ca.sign_csr(&r.csr_pem, &client_spec(&s.machine_uid, s.client_validity))
+                    .unwrap();
+            json_response(
+                StatusCode::CREATED,
+                &RegisterResponse {
+                    machine_name: "m-test".into(),
+                    machine_uid: s.machine_uid.clone(),
+                    certificate_pem: cert.cert_pem,
+                    not_after: cert.not_after,
+                    coordinator_ca_pem: s.ca.cert_pem.clone(),
+                    heartbeat_interval_seconds: 1,
+                },
+            )
+        }
+        ("POST", "/v1/machine/heartbeat") => {
+            let hb: HeartbeatRequest = serde_json::from_slice(&body).unwrap();
+            for result in &hb.directive_results {
+                s.directives.retain(|d| d.id != result.id);
+                if result.ok && result.id.starts_with("reset") {
+                    s.assignment = None;
+                }
+            }
+            let _ = heartbeats.send(hb);
+            json_response(
+                StatusCode::OK,
+                &HeartbeatResponse {
+                    heartbeat_interval_seconds: 1,
+                    assignment: s.assignment.clone(),
+                    directives: s.directives.clone(),
+                },
+            )
+        }
+        ("GET", "/v1/machine/config") => {
+            s.config_requests += 1;
+            let Some(a) = s.assignment.clone() else {
+                return Ok(problem(StatusCode::NOT_FOUND, "Not assigned", ""));
+            };
+            if s.not_ready > 0 {
+                s.not_ready -= 1;
+                return Ok(json_response(
+                    StatusCode::CONFLICT,
+                    &ConfigNotReady {
+                        reason: "waiting for the init machine".into(),
+                        retry_after_seconds: 1,
+                    },
+                ));
+            }
+            let mut files = vec![BundleFile {
+                path: "/etc/drover/kubeadm.yaml".into(),
+                mode: 0o600,
+                content: format!("kind: for-{}\n", a.role),
+            }];
+            if a.role.is_control_plane() {
+                files.push(BundleFile {
+                    path: "/etc/kubernetes/pki/ca.crt".into(),
+                    mode: 0o644,
+                    content: s.ca.cert_pem.clone(),
+                });
+            }
+            let b = ConfigBundle {
+                machine_uid: s.machine_uid.clone(),
+                cluster: a.cluster,
+                role: a.role,
+                generation: a.generation,
+                kubernetes_version: "v1.31.2".into(),
+                files,
+                kubeadm_config_path: "/etc/drover/kubeadm.yaml".into(),
+                issued_at: drover_common::now(),
+            };
+            json_response(StatusCode::OK, &bundle::sign(&b, &s.ca.key_pem).unwrap())
+        }
+        ("POST", "/v1/machine/certificate") => {
+            let r: RenewRequest = serde_json::from_slice(&body).unwrap();
+            s.renewals += 1;
+            let cert =
+                s.ca.sign_csr(
+                    &r.csr_pem,
+                    &client_spec(&s.machine_uid, time::Duration::hours(1)),
+                )
+                .unwrap();
+            json_response(
+                StatusCode::OK,
+                &RenewResponse {
+                    certificate_pem: cert.cert_pem,
+                    not_after: cert.not_after,
+                },
+            )
+        }
+        _ => problem(StatusCode::NOT_FOUND, "Not found", &path),
+    };
+    Ok(response)
+}
+
+async fn start_fake(ca: CertificateAuthority) -> Fake {
+    let leaf = ca
+        .issue(&LeafSpec {
+            common_name: "coordinator".into(),
+            organizations: vec![],
+            dns_names: vec!["localhost".into()],
+            ip_addresses: vec!["127.0.0.1".parse().unwrap()],
+            usage: LeafUsage::Server,
+            validity: time::Duration::hours(1),
+        })
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from(ca.cert_der())).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .unwrap();
+    // The chain ends with the CA, as the real coordinator sends it.
+    let chain = vec![
+        CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap(),
+        CertificateDer::from(ca.cert_der()),
+    ];
+    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.unwrap().as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = Arc::new(Mutex::new(FakeState {
+        ca,
+        registrations: 0,
+        renewals: 0,
+        machine_uid: "uid-test-1".into(),
+        client_validity: time::Duration::hours(1),
+        assignment: None,
+        directives: vec![],
+        not_ready: 1,
+        config_requests: 0,
+    }));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let shared = state.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            let state = shared.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let cn = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| drover_common::pki::cert_info(c).unwrap().common_name);
+                let service = hyper::service::service_fn(move |req| {
+                    handle(state.clone(), tx.clone(), cn.clone(), req)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    Fake {
+        addr,
+        state,
+        heartbeats: rx,
+    }
+}
+
+impl Fake {
+    /// Waits for a heartbeat matching `pred`, returning it.
+    async fn heartbeat_where(
+        &mut self,
+        what: &str,
+        pred: impl Fn(&HeartbeatRequest) -> bool,
+    ) -> HeartbeatRequest {
+        let mut seen = VecDeque::new();
+        let found = tokio::time::timeout(WAIT, async {
+            while let Some(hb) = self.heartbeats.recv().await {
+                if pred(&hb) {
+                    return Some(hb);
+                }
+                seen.push_back(format!(
+                    "{:?} gen {} {:?}",
+                    hb.phase, hb.applied_generation, hb.bootstrap
+                ));
+                if seen.len() > 5 {
+                    seen.pop_front();
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(hb)) => hb,
+            _ => panic!("no heartbeat {what}; last seen: {seen:#?}"),
+        }
+    }
+
+    fn set(&self, f: impl FnOnce(&mut FakeState)) {
+        f(&mut self.state.lock().unwrap());
+    }
+
+    fn get<T>(&self, f: impl FnOnce(&FakeState) -> T) -> T {
+        f(&self.state.lock().unwrap())
+    }
+}
+
+/// A machine: a root directory, a fake kubeadm and a bootstrap document.
+struct Machine {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    kubeadm: PathBuf,
+    bootstrap: PathBuf,
+}
+
+const FAKE_KUBEADM: &str = r#"#!/bin/sh
+# Records its command line and writes the files real kubeadm writes.
+echo "$*" >> "$FAKE_KUBEADM_LOG"
+root=/
+prev=
+for a in "$@"; do
+  if [ "$prev" = "--rootfs" ]; then root="$a"; fi
+  prev="$a"
+done
+if [ "$1" = "$FAKE_KUBEADM_HANG_ON" ]; then echo $$ > "$FAKE_KUBEADM_PID"; exec sleep 600; fi
+case "$1" in
+  init)
+    test -f "$root/etc/drover/kubeadm.yaml" || { echo "config missing" >&2; exit 1; }
+    mkdir -p "$root/etc/kubernetes"
+    touch "$root/etc/kubernetes/admin.conf" "$root/etc/kubernetes/kubelet.conf"
+    echo "Your Kubernetes control-plane has initialized successfully!"
+    ;;
+  join)
+    if [ -n "$FAKE_KUBEADM_FAIL_JOIN" ]; then
+      echo "[preflight] Running pre-flight checks"
+      echo "error execution phase preflight: couldn't validate the identity of the API Server" >&2
+      exit 1
+    fi
+    mkdir -p "$root/etc/kubernetes"
+    touch "$root/etc/kubernetes/kubelet.conf"
+    ;;
+  reset)
+    rm -rf "$root/etc/kubernetes"
+    ;;
+  token)
+    echo "$3"
+    ;;
+esac
+exit 0
+"#;
+
+impl Machine {
+    fn new(coordinator: SocketAddr, pin: &CaPin, ticket: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let kubeadm = dir.path().join("kubeadm");
+        std::fs::write(&kubeadm, FAKE_KUBEADM).unwrap();
+        std::fs::set_permissions(&kubeadm, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let doc = BootstrapDocument {
+            api_version: drover_common::API_VERSION.into(),
+            kind: drover_common::wire::BOOTSTRAP_KIND.into(),
+            // The first replica is down: the agent fails over.
+            coordinators: vec![
+                "https://127.0.0.1:1".into(),
+                format!("https://127.0.0.1:{}", coordinator.port()),
+            ],
+            ca_pin: pin.clone(),
+            ticket: ticket.into(),
+        };
+        let bootstrap = dir.path().join("bootstrap.yaml");
+        std::fs::write(&bootstrap, doc.to_yaml()).unwrap();
+        let root = root.canonicalize().unwrap();
+        Self {
+            dir,
+            root,
+            kubeadm,
+            bootstrap,
+        }
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("kubeadm.log")
+    }
+
+    fn kubeadm_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.log())
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn stderr_path(&self, run: u32) -> PathBuf {
+        self.dir.path().join(format!("agent-{run}.log"))
+    }
+
+    fn spawn(&self, run: u32, with_bootstrap: bool, env: &[(&str, &str)]) -> tokio::process::Child {
+        self.spawn_with_args(run, with_bootstrap, env, &[])
+    }
+
+    fn spawn_with_args(
+        &self,
+        run: u32,
+        with_bootstrap: bool,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> tokio::process::Child {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-agent"));
+        cmd.arg("--root")
+            .arg(&self.root)
+            .arg("--kubeadm")
+            .arg(&self.kubeadm)
+            .args(["--hostname", "test-host", "--api-server-port", "16443"])
+            .args(["--kubelet-healthz-url", "http://127.0.0.1:1/healthz"])
+            .env("FAKE_KUBEADM_LOG", self.log())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.stderr_path(run)).unwrap())
+            .kill_on_drop(true);
+        if with_bootstrap {
+            cmd.arg("--bootstrap").arg(&self.bootstrap);
+        }
+        cmd.args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().unwrap()
+    }
+
+    fn stderr(&self, run: u32) -> String {
+        std::fs::read_to_string(self.stderr_path(run)).unwrap_or_default()
+    }
+}
+
+async fn exit_code(child: &mut tokio::process::Child) -> i32 {
+    tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("agent exits")
+        .unwrap()
+        .code()
+        .expect("exit code")
+}
+
+fn terminate(child: &tokio::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn full_lifecycle_init_token_reset_rejoin_restart() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut fake = start_fake(ca).await;
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn(1, true, &[]);
+
+    let hb = fake
+        .heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
+        .await;
+    assert_eq!(hb.applied_generation, 0);
+    assert!(hb.bootstrap.is_none());
+    assert_eq!(fake.get(|s| s.registrations), 1);
+    let state_file = m.root.join("var/lib/drover-agent/state.json");
+    assert_eq!(mode(&state_file), 0o600);
+    assert_eq!(mode(state_file.parent().unwrap()), 0o700);
+
+    // Assigned as the init machine: one 409, then the bundle, then kubeadm init.
+    fake.set(|s| {
+        s.assignment = Some(AssignmentNotice {
+            cluster: "demo".into(),
+            role: MachineRole::Init,
+            generation: 1,
+        })
+    });
+    let hb = fake
+        .heartbeat_where("Running gen 1", |h| {
+            h.phase == AgentPhase::Running && h.applied_generation == 1
+        })
+        .await;
+    assert_eq!(hb.bootstrap.unwrap().step, "kubeadm-init");
+    // The API server is probed on a control-plane machine; nothing listens.
+    assert!(hb.health.api_server.is_some());
+    assert!(fake.get(|s| s.config_requests) >= 2);
+    let root = m.root.display().to_string();
+    assert_eq!(
+        m.kubeadm_calls(),
+        [format!(
+            "init --config /etc/drover/kubeadm.yaml --rootfs {root}"
+        )]
+    );
+    let cfg = m.root.join("etc/drover/kubeadm.yaml");
+    assert_eq!(
+        std::fs::read_to_string(&cfg).unwrap(),
+        "kind: for-control-plane(init)\n"
+    );
+    assert_eq!(mode(&cfg), 0o600);
+    assert!(
+        m.stderr(1).contains("waiting for the init machine"),
+        "{}",
+        m.stderr(1)
+    );
+
+    // A bootstrap token directive runs once, and its result is reported.
+    fake.set(|s| {
+        s.directives.push(Directive {
+            id: "token-1".into(),
+            action: DirectiveAction::CreateBootstrapToken {
+                token: "abcdef.0123456789abcdef".parse().unwrap(),
+                ttl_seconds: 3600,
+            },
+        })
+    });
+    let hb = fake
+        .heartbeat_where("token result", |h| !h.directive_results.is_empty())
+        .await;
+    let result = &hb.directive_results[0];
+    assert_eq!(result.id, "token-1");
+    assert!(result.ok, "{result:?}");
+    assert!(!result.message.contains("0123456789abcdef"), "{result:?}");
+    assert_eq!(
+        m.kubeadm_calls()[1],
+        format!("token create abcdef.0123456789abcdef --ttl 3600s --kubeconfig {root}/etc/kubernetes/admin.conf")
+    );
+
+    // Reset: back to Waiting with generation 0, files gone.
+    fake.set(|s| {
+        s.directives.push(Directive {
+            id: "reset-1".into(),
+            action: DirectiveAction::Reset {
+                reason: "cluster deleted".into(),
+            },
+        })
+    });
+    let hb = fake
+        .heartbeat_where("reset result", |h| {
+            h.directive_results.iter().any(|r| r.id == "reset-1")
+        })
+        .await;
+    assert_eq!(hb.phase, AgentPhase::Waiting);
+    assert_eq!(hb.applied_generation, 0);
+    assert!(hb.directive_results[0].ok, "{hb:?}");
+    assert_eq!(m.kubeadm_calls()[2], format!("reset -f --rootfs {root}"));
+    assert!(!cfg.exists());
+    assert!(!m.root.join("etc/kubernetes/pki/ca.crt").exists());
+
+    // Assigned again, as a worker with a newer generation: kubeadm join.
+    fake.set(|s| {
+        s.assignment = Some(AssignmentNotice {
+            cluster: "other".into(),
+            role: MachineRole::Worker,
+            generation: 2,
+        })
+    });
+    let hb = fake
+        .heartbeat_where("Running gen 2", |h| {
+            h.phase == AgentPhase::Running && h.applied_generation == 2
+        })
+        .await;
+    assert_eq!(hb.bootstrap.unwrap().step, "kubeadm-join");
+    assert!(hb.health.api_server.is_none());
+    assert_eq!(
+        m.kubeadm_calls()[3],
+        format!("join --config /etc/drover/kubeadm.yaml --rootfs {root}")
+    );
+    // A worker never gets the cluster CA.
+    assert!(!m.root.join("etc/kubernetes/pki/ca.crt").exists());
+
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+
+    // Restarted without --bootstrap: no second registration, still running.
+    let mut agent = m.spawn(2, false, &[]);
+    let hb = fake
+        .heartbeat_where("Running after restart", |h| h.phase == AgentPhase::Running)
+        .await;
+    assert_eq!(hb.applied_generation, 2);
+    assert_eq!(fake.get(|s| s.registrations), 1);
+    assert_eq!(m.kubeadm_calls().len(), 4, "{:?}", m.kubeadm_calls());
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+}
+
+/// Starts an agent whose kubeadm hangs in `verb`, stops the agent while
+/// kubeadm runs, then kills kubeadm as a reboot would.
+async fn interrupt_kubeadm(fake: &mut Fake, m: &Machine, verb: &str) {
+    let pid_file = m.dir.path().join("kubeadm.pid");
+    let mut agent = m.spawn(
+        1,
+        true,
+        &[
+            ("FAKE_KUBEADM_HANG_ON", verb),
+            ("FAKE_KUBEADM_PID", pid_file.to_str().unwrap()),
+        ],
+    );
+    let step = format!("kubeadm-{verb}");
+    fake.heartbeat_where(&step, |h| {
+        h.phase == AgentPhase::Bootstrapping && h.bootstrap.as_ref().is_some_and(|b| b.step == step)
+    })
+    .await;
+    tokio::time::timeout(WAIT, async {
+        while !pid_file.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("kubeadm started");
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+    let kubeadm_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(kubeadm_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+#[tokio::test]
+async fn interrupted_join_is_reset_and_joined_again() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut fake = start_fake(ca).await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = Some(AssignmentNotice {
+            cluster: "demo".into(),
+            role: MachineRole::ControlPlane,
+            generation: 2,
+        });
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    interrupt_kubeadm(&mut fake, &m, "join").await;
+
+    let mut agent = m.spawn_with_args(2, false, &[], &["--log-format", "json"]);
+    let hb = fake
+        .heartbeat_where("Running", |h| h.phase == AgentPhase::Running)
+        .await;
+    assert_eq!(hb.applied_generation, 2);
+    let root = m.root.display().to_string();
+    assert_eq!(
+        m.kubeadm_calls(),
+        [
+            format!("join --config /etc/drover/kubeadm.yaml --rootfs {root}"),
+            format!("reset -f --rootfs {root}"),
+            format!("join --config /etc/drover/kubeadm.yaml --rootfs {root}"),
+        ]
+    );
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+    // Every line of the JSON log is a JSON object with a message.
+    let log = m.stderr(2);
+    assert!(log.lines().count() > 2, "{log}");
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["message"].is_string(), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn interrupted_init_is_never_rerun() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut fake = start_fake(ca).await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = Some(AssignmentNotice {
+            cluster: "demo".into(),
+            role: MachineRole::Init,
+            generation: 1,
+        });
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    interrupt_kubeadm(&mut fake, &m, "init").await;
+
+    let mut agent = m.spawn(2, false, &[]);
+    let hb = fake
+        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    let report = hb.bootstrap.unwrap();
+    assert_eq!(report.step, "kubeadm-init");
+    let failure = report.failure.unwrap();
+    assert!(
+        failure.output_tail[0].contains("interrupted"),
+        "{failure:?}"
+    );
+    assert!(failure.output_tail[0].contains("reset"), "{failure:?}");
+    assert_eq!(m.kubeadm_calls().len(), 1, "{:?}", m.kubeadm_calls());
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+}
+
+#[tokio::test]
+async fn failed_join_reports_command_and_output_tail() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut fake = start_fake(ca).await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = Some(AssignmentNotice {
+            cluster: "demo".into(),
+            role: MachineRole::Worker,
+            generation: 4,
+        });
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn(1, true, &[("FAKE_KUBEADM_FAIL_JOIN", "1")]);
+    let hb = fake
+        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    assert_eq!(hb.applied_generation, 4);
+    let report = hb.bootstrap.unwrap();
+    assert_eq!(report.step, "kubeadm-join");
+    let failure = report.failure.unwrap();
+    assert_eq!(failure.exit_code, Some(1));
+    assert_eq!(
+        failure.command,
+        format!(
+            "{} join --config /etc/drover/kubeadm.yaml --rootfs {}",
+            m.kubeadm.display(),
+            m.root.display()
+        )
+    );
+    assert!(
+        failure
+            .output_tail
+            .iter()
+            .any(|l| l.contains("couldn't validate the identity")),
+        "{failure:?}"
+    );
+    // Not retried automatically.
+    fake.heartbeat_where("another Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    assert_eq!(m.kubeadm_calls().len(), 1);
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+}
+
+#[tokio::test]
+async fn short_lived_certificate_is_renewed() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut fake = start_fake(ca).await;
+    // Valid from 5 minutes in the past (the PKI helper backdates) to 1 minute
+    // ahead: two thirds of its life are over, so it is renewed at once.
+    fake.set(|s| s.client_validity = time::Duration::minutes(1));
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn(1, true, &[]);
+    tokio::time::timeout(WAIT, async {
+        while fake.get(|s| s.renewals) == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("renewed");
+    // Heartbeats keep working with the renewed certificate.
+    let _ = fake.heartbeat_where("after renewal", |_| true).await;
+    let _ = fake.heartbeat_where("after renewal", |_| true).await;
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(m.root.join("var/lib/drover-agent/state.json")).unwrap(),
+    )
+    .unwrap();
+    let not_after = time::OffsetDateTime::parse(
+        state["certificateNotAfter"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert!(not_after > drover_common::now() + time::Duration::minutes(30));
+    assert_eq!(fake.get(|s| s.renewals), 1);
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+}
+
+#[tokio::test]
+async fn wrong_pin_is_refused_with_a_clear_message() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let real = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let other = CertificateAuthority::generate("not-the-coordinator").unwrap();
+    let pinned = CaPin::from_cert_pem(&other.cert_pem).unwrap();
+    let fake = start_fake(ca).await;
+    let m = Machine::new(fake.addr, &pinned, TICKET);
+    let mut agent = m.spawn(1, true, &[]);
+    assert_eq!(exit_code(&mut agent).await, 2);
+    let log = m.stderr(1);
+    assert!(
+        log.contains(&format!(
+            "the coordinator's CA does not match the pinned {pinned}"
+        )),
+        "{log}"
+    );
+    assert!(log.contains(&real.to_string()), "{log}");
+    assert_eq!(fake.get(|s| s.registrations), 0);
+}
+
+#[tokio::test]
+async fn refused_ticket_exits_2_with_the_problem() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let fake = start_fake(ca).await;
+    let m = Machine::new(fake.addr, &pin, "forged-ticket");
+    let mut agent = m.spawn(1, true, &[]);
+    assert_eq!(exit_code(&mut agent).await, 2);
+    let log = m.stderr(1);
+    assert!(log.contains("Ticket refused"), "{log}");
+    assert!(
+        log.contains("the ticket signature does not verify"),
+        "{log}"
+    );
+    assert!(!m.root.join("var/lib/drover-agent/state.json").exists());
+}
+
+#[tokio::test]
+async fn usage_errors_exit_64() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let m = Machine::new("127.0.0.1:1".parse().unwrap(), &pin, TICKET);
+
+    // No state and no bootstrap document.
+    let mut agent = m.spawn(1, false, &[]);
+    assert_eq!(exit_code(&mut agent).await, 64);
+    assert!(
+        m.stderr(1).contains("--bootstrap FILE is required"),
+        "{}",
+        m.stderr(1)
+    );
+
+    // An invalid bootstrap document.
+    std::fs::write(
+        &m.bootstrap,
+        "apiVersion: drover.dev/v1alpha1\nkind: BootstrapConfig\ncoordinators: []\n",
+    )
+    .unwrap();
+    let mut agent = m.spawn(2, true, &[]);
+    assert_eq!(exit_code(&mut agent).await, 64);
+    assert!(
+        m.stderr(2).contains("invalid bootstrap document"),
+        "{}",
+        m.stderr(2)
+    );
+
+    // A bad flag.
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-agent"))
+        .args(["--log-format", "xml"])
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(64));
+}

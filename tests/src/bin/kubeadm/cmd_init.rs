@@ -1,0 +1,406 @@
+//! `kubeadm init --config PATH`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use drover_common::kubeadm::BootstrapTokenSpec;
+use drover_common::pin::CaPin;
+use drover_common::token::BootstrapToken;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+use crate::certs::check_shared_ca_set;
+use crate::node::{self, ClusterSettings, ControlPlaneNode, KubeconfigSpec, MANIFESTS_DIR};
+use crate::store::{self, StoredToken};
+use crate::util::{
+    join_host_port, parse_go_duration_std, IgnoreSet, InPhase, Preflight, Root, SkipPhases,
+    INIT_PHASES,
+};
+
+pub struct InitOpts {
+    pub config: PathBuf,
+    pub ignore_preflight_errors: Vec<String>,
+    pub skip_phases: Vec<String>,
+    pub dry_run: bool,
+    pub node_name: Option<String>,
+    pub skip_token_print: bool,
+}
+
+pub const DEFAULT_TOKEN_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+const STANDIN_DEFAULT_WAIT: Duration = Duration::from_secs(10);
+
+/// Reads the config file (resolved under the root, as after kubeadm's chroot).
+pub fn read_config(root: &Root, path: &std::path::Path) -> Result<String> {
+    let host = root.path(path);
+    std::fs::read_to_string(&host).map_err(|e| {
+        anyhow!(
+            "unable to read config from {:?} (resolved under --rootfs to {:?}): {e}",
+            path.display().to_string(),
+            host.display().to_string()
+        )
+    })
+}
+
+/// Validates a node name as kubeadm does (a DNS-1123 subdomain).
+pub fn check_node_name(name: &str) -> Result<()> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        bail!("nodeRegistration.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character");
+    }
+    Ok(())
+}
+
+/// Checks the validity of `groups` the way kubeadm does.
+pub fn check_token_groups(groups: &[String], what: &str) -> Result<()> {
+    for g in groups {
+        let rest = g.strip_prefix("system:bootstrappers:").unwrap_or("");
+        let ok = !rest.is_empty()
+            && rest.len() <= 256
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b':' || b == b'-')
+            && rest
+                .bytes()
+                .last()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !ok {
+            bail!("{what}: Invalid value: {g:?}: bootstrap group {g:?} is invalid (must match \\Asystem:bootstrappers:[a-z0-9:-]{{0,255}}[a-z0-9]\\z)");
+        }
+    }
+    Ok(())
+}
+
+pub fn check_token_usages(usages: &[String], what: &str) -> Result<()> {
+    for u in usages {
+        if u != "signing" && u != "authentication" {
+            bail!("{what}: Invalid value: {u:?}: invalid bootstrap token usage string: {u}, valid usage options: authentication,signing");
+        }
+    }
+    Ok(())
+}
+
+fn token_from_spec(spec: &BootstrapTokenSpec, i: usize) -> Result<StoredToken> {
+    let what = format!("bootstrapTokens[{i}]");
+    let usages = if spec.usages.is_empty() {
+        vec!["signing".to_owned(), "authentication".to_owned()]
+    } else {
+        spec.usages.clone()
+    };
+    check_token_usages(&usages, &format!("{what}.usages"))?;
+    let groups = if spec.groups.is_empty() {
+        vec![DEFAULT_TOKEN_GROUP.to_owned()]
+    } else {
+        spec.groups.clone()
+    };
+    check_token_groups(&groups, &format!("{what}.groups"))?;
+    let t = match &spec.expires {
+        Some(e) => {
+            let at = OffsetDateTime::parse(e, &Rfc3339)
+                .map_err(|err| anyhow!("{what}.expires: {e:?} is not an RFC 3339 time: {err}"))?;
+            let mut t =
+                StoredToken::new(&spec.token, None, usages, groups, spec.description.clone());
+            t.expires = Some(at.format(&Rfc3339).expect("formats"));
+            t
+        }
+        None => {
+            let ttl = match &spec.ttl {
+                Some(ttl) => parse_go_duration_std(ttl).with_context(|| format!("{what}.ttl"))?,
+                None => Duration::from_secs(24 * 3600),
+            };
+            StoredToken::new(
+                &spec.token,
+                Some(ttl),
+                usages,
+                groups,
+                spec.description.clone(),
+            )
+        }
+    };
+    Ok(t)
+}
+
+fn timeout_from(t: Option<&String>, what: &str) -> Result<Duration> {
+    match t {
+        Some(s) => parse_go_duration_std(s).with_context(|| format!("timeouts.{what}")),
+        None => Ok(STANDIN_DEFAULT_WAIT),
+    }
+}
+
+pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
+    let text = read_config(root, &o.config)?;
+    let cfg = crate::kconfig::parse(&text)?;
+    if cfg.join.is_some() {
+        bail!("the config holds a JoinConfiguration: `kubeadm init` reads InitConfiguration and ClusterConfiguration (use `kubeadm join` for a JoinConfiguration)");
+    }
+    let init = cfg.init.ok_or_else(|| {
+        anyhow!("the config holds no InitConfiguration (apiVersion kubeadm.k8s.io/v1beta4)")
+    })?;
+    let cc = cfg.cluster.ok_or_else(|| {
+        anyhow!("the config holds no ClusterConfiguration (apiVersion kubeadm.k8s.io/v1beta4)")
+    })?;
+    let cs = ClusterSettings::from_config(&cc)?;
+    if init.certificate_key.is_some() {
+        bail!("InitConfiguration.certificateKey is set: it only serves `--upload-certs`, which Drover never uses (it copies the shared CA set to control-plane machines)");
+    }
+    if init.patches.is_some() {
+        bail!("InitConfiguration.patches: the stand-in kubeadm does not apply patches");
+    }
+    let dry_run = o.dry_run || init.dry_run == Some(true);
+    let node_name = o
+        .node_name
+        .clone()
+        .or_else(|| init.node_registration.name.clone())
+        .unwrap_or_else(crate::util::hostname);
+    check_node_name(&node_name)?;
+    let advertise = node::parse_advertise(
+        &init.local_api_endpoint.advertise_address,
+        "localAPIEndpoint",
+    )?;
+    let bind_port = match init.local_api_endpoint.bind_port {
+        0 => 6443,
+        p => p,
+    };
+    let skip = SkipPhases::new(INIT_PHASES, &[&o.skip_phases, &init.skip_phases])?;
+    let ignore = IgnoreSet::new(&[
+        &o.ignore_preflight_errors,
+        &init.node_registration.ignore_preflight_errors,
+    ])?;
+    let timeouts = init.timeouts.clone().unwrap_or_default();
+    let kubelet_wait = timeout_from(timeouts.kubelet_health_check.as_ref(), "kubeletHealthCheck")?;
+    let api_wait = timeout_from(
+        timeouts.control_plane_component_health_check.as_ref(),
+        "controlPlaneComponentHealthCheck",
+    )?;
+    let mut tokens = init
+        .bootstrap_tokens
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| token_from_spec(spec, i))
+        .collect::<Result<Vec<_>>>()?;
+    if tokens.is_empty() {
+        // kubeadm's default: one random token valid for 24 h.
+        tokens.push(StoredToken::new(
+            &BootstrapToken::generate(),
+            Some(Duration::from_secs(24 * 3600)),
+            vec!["signing".into(), "authentication".into()],
+            vec![DEFAULT_TOKEN_GROUP.into()],
+            None,
+        ));
+    }
+    let kubelet_doc = node::raw_kubelet_doc(&text);
+    let (kubelet_host, kubelet_port) = kubelet_doc
+        .as_ref()
+        .map(crate::kubelet::healthz_from_doc)
+        .unwrap_or_else(|| ("127.0.0.1".into(), 10248));
+
+    println!("[init] Using Kubernetes version: {}", cs.kubernetes_version);
+    if !skip.skipped("preflight") {
+        println!("[preflight] Running pre-flight checks");
+        let mut pf = Preflight::default();
+        for m in [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "etcd",
+        ] {
+            pf.file_available(root, &format!("{MANIFESTS_DIR}/{m}.yaml"));
+        }
+        pf.file_available(root, "/etc/kubernetes/admin.conf");
+        pf.file_available(root, "/etc/kubernetes/kubelet.conf");
+        pf.port(&advertise.to_string(), bind_port);
+        pf.port(&kubelet_host, kubelet_port);
+        pf.dir_available(root, &cs.etcd_data_dir);
+        pf.finish(&ignore)?;
+        println!("[preflight] Pulling images required for setting up a Kubernetes cluster");
+        println!("[preflight] This might take a minute or two, depending on the speed of your internet connection");
+    }
+
+    let set = check_shared_ca_set(root, &cs.cert_dir, cs.alg).in_phase("certs/ca")?;
+    let pin = CaPin::from_cert_der(&set.ca.cert_der).map_err(|e| anyhow!("{e}"))?;
+    let server = cs.server_url(&advertise.to_string(), bind_port);
+    let local_server = format!(
+        "https://{}",
+        join_host_port(&advertise.to_string(), bind_port)
+    );
+    let cp_node = ControlPlaneNode {
+        name: node_name.clone(),
+        advertise,
+        bind_port,
+        joining: false,
+    };
+
+    if dry_run {
+        println!(
+            "[dryrun] The shared CA set in {:?} is complete and valid",
+            cs.cert_dir
+        );
+        println!("[dryrun] Would write the leaf certificates, kubeconfigs, static Pod manifests and kubelet files under {}", root.dir().display());
+        println!(
+            "[dryrun] Would start the stand-in kubelet and API server on {}",
+            join_host_port(&advertise.to_string(), bind_port)
+        );
+        println!(
+            "[dryrun] Would register {} bootstrap token(s)",
+            tokens.len()
+        );
+        println!("[dryrun] Finished dry-running successfully. Above are the resources that would be created");
+        return Ok(());
+    }
+
+    if !skip.skipped("certs") {
+        node::write_leaf_certs(root, &cs, &set, &cp_node, &skip, "certs").in_phase("certs")?;
+    }
+    if !skip.skipped("kubeconfig") {
+        let specs: Vec<KubeconfigSpec> = [
+            (
+                "admin.conf",
+                "admin",
+                "kubernetes-admin".to_owned(),
+                vec!["kubeadm:cluster-admins"],
+                &server,
+            ),
+            (
+                "super-admin.conf",
+                "super-admin",
+                "kubernetes-super-admin".to_owned(),
+                vec!["system:masters"],
+                &server,
+            ),
+            (
+                "kubelet.conf",
+                "kubelet",
+                format!("system:node:{node_name}"),
+                vec!["system:nodes"],
+                &server,
+            ),
+            (
+                "controller-manager.conf",
+                "controller-manager",
+                "system:kube-controller-manager".to_owned(),
+                vec![],
+                &local_server,
+            ),
+            (
+                "scheduler.conf",
+                "scheduler",
+                "system:kube-scheduler".to_owned(),
+                vec![],
+                &local_server,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, phase, ..)| !skip.skipped(&format!("kubeconfig/{phase}")))
+        .map(|(file, _, user, orgs, server)| KubeconfigSpec {
+            file,
+            user,
+            orgs: orgs.into_iter().map(str::to_owned).collect(),
+            server: server.clone(),
+        })
+        .collect();
+        node::write_kubeconfigs(root, &cs, &set, &specs).in_phase("kubeconfig")?;
+    }
+    if !skip.skipped("etcd/local") {
+        node::write_etcd_manifest(root, &cs, &cp_node).in_phase("etcd/local")?;
+    }
+    if !skip.skipped("control-plane") {
+        node::write_control_plane_manifests(root, &cs, &cp_node, &skip, "control-plane")
+            .in_phase("control-plane")?;
+    }
+    if !skip.skipped("kubelet-start") {
+        node::write_kubelet_files(
+            root,
+            kubelet_doc,
+            cs.service_ips(10).first().copied(),
+            &cs.dns_domain,
+            &node_name,
+            &init.node_registration,
+        )
+        .in_phase("kubelet-start")?;
+        node::start_kubelet(root, kubelet_wait)
+            .await
+            .in_phase("kubelet-start")?;
+    }
+    println!("[wait-control-plane] Waiting for the kubelet to boot up the control plane as static Pods from directory {MANIFESTS_DIR:?}");
+    store::ensure_store(root).in_phase("wait-control-plane")?;
+    node::start_apiserver(
+        root,
+        &join_host_port(&advertise.to_string(), bind_port),
+        &cs.cert_dir,
+        &server,
+        &set.ca.cert_pem,
+        api_wait,
+    )
+    .await
+    .in_phase("wait-control-plane")?;
+    if !skip.skipped("upload-config/kubeadm") {
+        println!("[upload-config] Storing the configuration used in ConfigMap \"kubeadm-config\" in the \"kube-system\" Namespace");
+        let yaml = serde_saphyr::to_string(&cc).map_err(|e| anyhow!("{e}"));
+        store::save_cluster_config(root, &yaml.in_phase("upload-config/kubeadm")?)
+            .in_phase("upload-config/kubeadm")?;
+    }
+    if !skip.skipped("upload-config/kubelet") {
+        println!("[kubelet] Creating a ConfigMap \"kubelet-config\" in namespace kube-system with the configuration for the kubelets in the cluster");
+    }
+    println!("[upload-certs] Skipping phase. Please see --upload-certs");
+    if !skip.skipped("mark-control-plane") {
+        println!("[mark-control-plane] Marking the node {node_name} as control-plane by adding the labels: [node-role.kubernetes.io/control-plane node.kubernetes.io/exclude-from-external-load-balancers]");
+        println!("[mark-control-plane] Marking the node {node_name} as control-plane by adding the taints [node-role.kubernetes.io/control-plane:NoSchedule]");
+    }
+    if !skip.skipped("bootstrap-token") {
+        for t in &tokens {
+            println!("[bootstrap-token] Using token: {}.{}", t.id, t.secret);
+        }
+        println!(
+            "[bootstrap-token] Configuring bootstrap tokens, cluster-info ConfigMap, RBAC Roles"
+        );
+        for t in &tokens {
+            store::add_token(root, t.clone(), true).in_phase("bootstrap-token")?;
+        }
+        println!("[bootstrap-token] Creating the \"cluster-info\" ConfigMap in the \"kube-public\" namespace");
+    } else {
+        tokens.clear();
+    }
+    if !skip.skipped("kubelet-finalize") {
+        println!("[kubelet-finalize] Updating \"/etc/kubernetes/kubelet.conf\" to point to a rotatable kubelet client certificate and key");
+    }
+    let dns_disabled = cc
+        .dns
+        .as_ref()
+        .and_then(|d| d.get("disabled"))
+        .and_then(|d| d.as_bool())
+        == Some(true);
+    let proxy_disabled = cc
+        .proxy
+        .as_ref()
+        .and_then(|d| d.get("disabled"))
+        .and_then(|d| d.as_bool())
+        == Some(true);
+    if !skip.skipped("addon/coredns") && !dns_disabled {
+        println!("[addons] Applied essential addon: CoreDNS");
+    }
+    if !skip.skipped("addon/kube-proxy") && !proxy_disabled {
+        println!("[addons] Applied essential addon: kube-proxy");
+    }
+    println!("\nYour Kubernetes control-plane has initialized successfully!\n");
+    println!("To start using your cluster, you need to run the following as a regular user:\n");
+    println!("  mkdir -p $HOME/.kube\n  sudo cp -i /etc/kubernetes/admin.conf $HOME/.kube/config\n  sudo chown $(id -u):$(id -g) $HOME/.kube/config\n");
+    if !skip.skipped("show-join-command") && !o.skip_token_print {
+        if let Some(t) = tokens.first() {
+            let endpoint = server.trim_start_matches("https://");
+            println!("Then you can join any number of worker nodes by running the following on each as root:\n");
+            println!(
+                "kubeadm join {endpoint} --token {}.{} \\\n\t--discovery-token-ca-cert-hash {pin}",
+                t.id, t.secret
+            );
+        }
+    }
+    Ok(())
+}

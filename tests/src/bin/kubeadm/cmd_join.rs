@@ -1,0 +1,509 @@
+//! `kubeadm join --config PATH`: bootstrap-token discovery as kubeadm does
+//! it, then a worker or a control-plane join.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use drover_common::pin::CaPin;
+use drover_common::token::BootstrapToken;
+use serde_json::Value;
+
+use crate::certs::{self, check_shared_ca_set, LeafSpec};
+use crate::cmd_init::{check_node_name, read_config};
+use crate::net::{self, is_connect_error, status_message};
+use crate::node::{self, ClusterSettings, ControlPlaneNode, KubeconfigSpec, MANIFESTS_DIR};
+use crate::store;
+use crate::util::{
+    join_host_port, parse_go_duration_std, split_host_port, write_file, IgnoreSet, InPhase,
+    Preflight, Root, SkipPhases, JOIN_PHASES,
+};
+
+pub struct JoinOpts {
+    pub config: PathBuf,
+    pub ignore_preflight_errors: Vec<String>,
+    pub skip_phases: Vec<String>,
+    pub dry_run: bool,
+    pub node_name: Option<String>,
+}
+
+const STANDIN_DEFAULT_WAIT: Duration = Duration::from_secs(10);
+
+/// The outcome of discovery: the validated cluster CA and the server that
+/// `cluster-info` names.
+struct Discovered {
+    ca_pem: String,
+    ca_pin: CaPin,
+    server: String,
+}
+
+const CLUSTER_INFO_PATH: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
+
+async fn fetch_json(
+    client: &reqwest::Client,
+    url: &str,
+    bearer: Option<&str>,
+    deadline: tokio::time::Instant,
+) -> Result<Value> {
+    loop {
+        let mut req = client.get(url);
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        match req.send().await {
+            Ok(resp) => {
+                let code = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                if !code.is_success() {
+                    bail!("Get {url:?}: {} ({})", status_message(&body), code.as_u16());
+                }
+                return serde_json::from_str(&body)
+                    .map_err(|e| anyhow!("Get {url:?}: invalid JSON: {e}"));
+            }
+            Err(e) if is_connect_error(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => bail!("Get {url:?}: {e}{}", source_chain(&e)),
+        }
+    }
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
+}
+
+/// Token-based discovery: fetch `cluster-info` without trusting the server,
+/// check the JWS for our token id, pin the CA, then fetch again over TLS
+/// verified against that CA.
+async fn discover(
+    endpoint: &str,
+    token: &BootstrapToken,
+    pins: &[CaPin],
+    unsafe_skip: bool,
+    timeout: Duration,
+) -> Result<Discovered> {
+    let url = format!("https://{endpoint}{CLUSTER_INFO_PATH}");
+    let deadline = tokio::time::Instant::now() + timeout;
+    let insecure = net::http_client(net::insecure_client_config(), Duration::from_secs(5))?;
+    let cm = fetch_json(&insecure, &url, None, deadline)
+        .await
+        .map_err(|e| anyhow!("couldn't validate the identity of the API Server: failed to request the cluster-info ConfigMap: {e:#}"))?;
+    let data = cm.get("data").cloned().unwrap_or_default();
+    let kubeconfig = data
+        .get("kubeconfig")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| anyhow!("couldn't validate the identity of the API Server: there is no kubeconfig in the cluster-info ConfigMap"))?
+        .to_owned();
+    let id = token.id();
+    let jws = data
+        .get(format!("jws-kcs-{id}"))
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| {
+            anyhow!("couldn't validate the identity of the API Server: there is no JWS signed token in the cluster-info ConfigMap. This token id {id:?} is invalid for this cluster, can't connect")
+        })?;
+    drover_common::jws::verify_detached(&kubeconfig, jws, id, token.secret()).map_err(|_| {
+        anyhow!("couldn't validate the identity of the API Server: failed to verify JWS signature of received cluster info object, can't trust this API Server")
+    })?;
+    let kc = certs::parse_kubeconfig(&kubeconfig, None).map_err(|e| {
+        anyhow!(
+            "couldn't validate the identity of the API Server: the cluster-info kubeconfig: {e:#}"
+        )
+    })?;
+    let ca_pem = kc
+        .ca_pem
+        .ok_or_else(|| anyhow!("couldn't validate the identity of the API Server: the cluster-info kubeconfig holds no certificate-authority-data"))?;
+    let ca_der = drover_common::pki::first_cert_der(&ca_pem).map_err(|e| {
+        anyhow!(
+            "couldn't validate the identity of the API Server: the cluster CA in cluster-info: {e}"
+        )
+    })?;
+    let ca_pin = CaPin::from_cert_der(&ca_der).map_err(|e| anyhow!("{e}"))?;
+    if !unsafe_skip && !pins.contains(&ca_pin) {
+        bail!("couldn't validate the identity of the API Server: cluster CA found in cluster-info ConfigMap is not signed by any of the public keys provided (the cluster CA's pin is {ca_pin}; caCertHashes holds {})",
+            pins.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", "));
+    }
+    // The secure re-fetch: the server must present a certificate from this CA.
+    let secure = net::http_client(net::client_config(&ca_pem, None)?, Duration::from_secs(5))?;
+    let again = fetch_json(&secure, &url, None, deadline).await.map_err(|e| {
+        anyhow!("couldn't validate the identity of the API Server: failed to request cluster-info over TLS verified with the cluster CA: {e:#}")
+    })?;
+    if again
+        .get("data")
+        .and_then(|d| d.get("kubeconfig"))
+        .and_then(|v| v.as_str())
+        != Some(kubeconfig.as_str())
+    {
+        bail!("couldn't validate the identity of the API Server: the cluster-info fetched over verified TLS differs from the signed one");
+    }
+    Ok(Discovered {
+        ca_pem,
+        ca_pin,
+        server: kc.server,
+    })
+}
+
+async fn fetch_cluster_configuration(
+    endpoint: &str,
+    ca_pem: &str,
+    token: &BootstrapToken,
+    timeout: Duration,
+) -> Result<String> {
+    let url = format!("https://{endpoint}/api/v1/namespaces/kube-system/configmaps/kubeadm-config");
+    let client = net::http_client(net::client_config(ca_pem, None)?, Duration::from_secs(5))?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let cm = fetch_json(&client, &url, Some(&token.to_string()), deadline)
+        .await
+        .map_err(|e| anyhow!("unable to fetch the kubeadm-config ConfigMap: {e:#}"))?;
+    cm.get("data")
+        .and_then(|d| d.get("ClusterConfiguration"))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            anyhow!("unable to fetch the kubeadm-config ConfigMap: it has no ClusterConfiguration")
+        })
+}
+
+pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
+    let text = read_config(root, &o.config)?;
+    let cfg = crate::kconfig::parse(&text)?;
+    if cfg.init.is_some() || cfg.cluster.is_some() {
+        bail!("the config holds an InitConfiguration or ClusterConfiguration: `kubeadm join` reads a JoinConfiguration (the cluster's ClusterConfiguration comes from the kubeadm-config ConfigMap)");
+    }
+    let join = cfg.join.ok_or_else(|| {
+        anyhow!("the config holds no JoinConfiguration (apiVersion kubeadm.k8s.io/v1beta4)")
+    })?;
+    if join.discovery.file.is_some() {
+        bail!("discovery.file: the stand-in kubeadm supports only bootstrap token discovery");
+    }
+    let bt = join.discovery.bootstrap_token.clone().ok_or_else(|| {
+        anyhow!("discovery: Invalid value: \"\": bootstrapToken or file must be set")
+    })?;
+    if bt.api_server_endpoint.is_empty() {
+        bail!("discovery.bootstrapToken.apiServerEndpoint: Required value");
+    }
+    match split_host_port(&bt.api_server_endpoint) {
+        Ok((_, Some(_))) => {}
+        _ => bail!(
+            "discovery.bootstrapToken.apiServerEndpoint: Invalid value: {:?}: must be host:port",
+            bt.api_server_endpoint
+        ),
+    }
+    let unsafe_skip = bt.unsafe_skip_ca_verification == Some(true);
+    if bt.ca_cert_hashes.is_empty() && !unsafe_skip {
+        bail!("discovery.bootstrapToken.caCertHashes: Invalid value: \"\": using token-based discovery without caCertHashes can be unsafe. Set unsafeSkipCAVerification as true in your kubeadm config file or pass --discovery-token-unsafe-skip-ca-verification flag to continue");
+    }
+    let tls_token: BootstrapToken = match &join.discovery.tls_bootstrap_token {
+        Some(t) => t
+            .parse()
+            .map_err(|e| anyhow!("discovery.tlsBootstrapToken: Invalid value: {e}"))?,
+        None => bt.token.clone(),
+    };
+    if join.patches.is_some() {
+        bail!("JoinConfiguration.patches: the stand-in kubeadm does not apply patches");
+    }
+    let cp = join.control_plane.clone();
+    if let Some(cp) = &cp {
+        if cp.certificate_key.is_some() {
+            bail!("controlPlane.certificateKey is set: Drover copies the shared CA set to control-plane machines and joins without --certificate-key (no certificates are downloaded from the cluster); remove certificateKey");
+        }
+    }
+    let dry_run = o.dry_run || join.dry_run == Some(true);
+    let node_name = o
+        .node_name
+        .clone()
+        .or_else(|| join.node_registration.name.clone())
+        .unwrap_or_else(crate::util::hostname);
+    check_node_name(&node_name)?;
+    let cp_endpoint = match &cp {
+        Some(cp) => {
+            let adv = node::parse_advertise(
+                &cp.local_api_endpoint.advertise_address,
+                "controlPlane.localAPIEndpoint",
+            )?;
+            let port = match cp.local_api_endpoint.bind_port {
+                0 => 6443,
+                p => p,
+            };
+            Some((adv, port))
+        }
+        None => None,
+    };
+    let skip = SkipPhases::new(JOIN_PHASES, &[&o.skip_phases, &join.skip_phases])?;
+    let ignore = IgnoreSet::new(&[
+        &o.ignore_preflight_errors,
+        &join.node_registration.ignore_preflight_errors,
+    ])?;
+    let timeouts = join.timeouts.clone().unwrap_or_default();
+    let t = |v: Option<&String>, what: &str| -> Result<Duration> {
+        match v {
+            Some(s) => parse_go_duration_std(s).map_err(|e| anyhow!("timeouts.{what}: {e}")),
+            None => Ok(STANDIN_DEFAULT_WAIT),
+        }
+    };
+    let discovery_wait = t(timeouts.discovery.as_ref(), "discovery")?;
+    let kubelet_wait = t(timeouts.kubelet_health_check.as_ref(), "kubeletHealthCheck")?;
+    let api_wait = t(
+        timeouts.control_plane_component_health_check.as_ref(),
+        "controlPlaneComponentHealthCheck",
+    )?;
+    let ca_cert_path = join
+        .ca_cert_path
+        .clone()
+        .unwrap_or_else(|| "/etc/kubernetes/pki/ca.crt".to_owned());
+    let kubelet_doc = node::raw_kubelet_doc(&text);
+    let (kubelet_host, kubelet_port) = kubelet_doc
+        .as_ref()
+        .map(crate::kubelet::healthz_from_doc)
+        .unwrap_or_else(|| ("127.0.0.1".into(), 10248));
+    if kubelet_doc.is_some() {
+        println!("[config] NOTE (stand-in): real kubeadm join ignores a KubeletConfiguration document and downloads the kubelet configuration from the cluster; the stand-in honours it so that several machines can share one host");
+    }
+
+    println!("[preflight] Running pre-flight checks");
+    if !skip.skipped("preflight") {
+        let mut pf = Preflight::default();
+        pf.file_available(root, "/etc/kubernetes/kubelet.conf");
+        pf.file_available(root, "/etc/kubernetes/bootstrap-kubelet.conf");
+        pf.port(&kubelet_host, kubelet_port);
+        match &cp_endpoint {
+            None => {
+                pf.file_available(root, &ca_cert_path);
+                let pki = ca_cert_path
+                    .rsplit_once('/')
+                    .map(|(d, _)| d)
+                    .unwrap_or("/etc/kubernetes/pki");
+                for key in ["ca.key", "front-proxy-ca.key", "etcd/ca.key", "sa.key"] {
+                    let logical = format!("{pki}/{key}");
+                    if root.path(&logical).exists() {
+                        pf.error(
+                            format!("FileAvailable-{}", logical.replace('/', "-")),
+                            format!("{logical} exists: a worker must never hold a CA or service-account key"),
+                        );
+                    }
+                }
+            }
+            Some((adv, port)) => {
+                for m in [
+                    "kube-apiserver",
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                    "etcd",
+                ] {
+                    pf.file_available(root, &format!("{MANIFESTS_DIR}/{m}.yaml"));
+                }
+                pf.file_available(root, "/etc/kubernetes/admin.conf");
+                pf.port(&adv.to_string(), *port);
+            }
+        }
+        pf.finish(&ignore)?;
+    }
+    let disc = discover(
+        &bt.api_server_endpoint,
+        &bt.token,
+        &bt.ca_cert_hashes,
+        unsafe_skip,
+        discovery_wait,
+    )
+    .await
+    .in_phase("preflight")?;
+    println!("[preflight] Reading configuration from the cluster...");
+    println!("[preflight] FYI: You can look at this config file with 'kubectl -n kube-system get cm kubeadm-config -o yaml'");
+    let cc_yaml = fetch_cluster_configuration(
+        &bt.api_server_endpoint,
+        &disc.ca_pem,
+        &tls_token,
+        discovery_wait,
+    )
+    .await
+    .in_phase("preflight")?;
+    let cc = crate::kconfig::parse(&cc_yaml)
+        .map_err(|e| anyhow!("the kubeadm-config ConfigMap: {e:#}"))
+        .in_phase("preflight")?
+        .cluster
+        .ok_or_else(|| anyhow!("the kubeadm-config ConfigMap holds no ClusterConfiguration"))
+        .in_phase("preflight")?;
+    let cs = ClusterSettings::from_config(&cc).in_phase("preflight")?;
+
+    let Some((advertise, bind_port)) = cp_endpoint else {
+        // Worker join.
+        if dry_run {
+            println!("[dryrun] Would write {ca_cert_path}, /etc/kubernetes/kubelet.conf and the kubelet files, and start the stand-in kubelet");
+            return Ok(());
+        }
+        if !skip.skipped("kubelet-start") {
+            write_file(&root.path(&ca_cert_path), disc.ca_pem.as_bytes(), 0o644)
+                .in_phase("kubelet-start")?;
+            let user = format!("system:node:{node_name}");
+            let creds = certs::self_signed_client(&LeafSpec {
+                cn: user.clone(),
+                orgs: vec!["system:nodes".into()],
+                dns: vec![],
+                ips: vec![],
+                server: false,
+                client: true,
+            })
+            .in_phase("kubelet-start")?;
+            let text = certs::render_kubeconfig(
+                &cs.cluster_name,
+                &disc.server,
+                &disc.ca_pem,
+                &user,
+                Some(&creds),
+            );
+            write_file(
+                &root.path("/etc/kubernetes/kubelet.conf"),
+                text.as_bytes(),
+                0o600,
+            )
+            .in_phase("kubelet-start")?;
+            node::write_kubelet_files(
+                root,
+                kubelet_doc,
+                cs.service_ips(10).first().copied(),
+                &cs.dns_domain,
+                &node_name,
+                &join.node_registration,
+            )
+            .in_phase("kubelet-start")?;
+            node::start_kubelet(root, kubelet_wait)
+                .await
+                .in_phase("kubelet-start")?;
+            println!("[kubelet-start] Waiting for the kubelet to perform the TLS Bootstrap");
+        }
+        println!("\nThis node has joined the cluster:\n* Certificate signing request was sent to apiserver and a response was received.\n* The Kubelet was informed of the new secure connection details.\n");
+        println!("Run 'kubectl get nodes' on the control-plane to see this node join the cluster.");
+        return Ok(());
+    };
+
+    // Control-plane join.
+    if cs.control_plane_endpoint.is_none() {
+        return Err(anyhow!(
+            "unable to add a new control plane instance to a cluster that doesn't have a stable controlPlaneEndpoint address\n\nPlease ensure that:\n* The cluster has a stable controlPlaneEndpoint address."
+        ))
+        .in_phase("preflight");
+    }
+    crate::util::check_control_plane_version(&cs.kubernetes_version).in_phase("preflight")?;
+    let set = check_shared_ca_set(root, &cs.cert_dir, cs.alg).in_phase("preflight")?;
+    let local_pin = CaPin::from_cert_der(&set.ca.cert_der).map_err(|e| anyhow!("{e}"))?;
+    if local_pin != disc.ca_pin {
+        return Err(anyhow!(
+            "the local cluster CA {}/ca.crt (pin {local_pin}) is not the CA this cluster publishes in cluster-info (pin {}): the shared CA set belongs to another cluster",
+            cs.cert_dir,
+            disc.ca_pin
+        ))
+        .in_phase("preflight");
+    }
+    let cp_node = ControlPlaneNode {
+        name: node_name.clone(),
+        advertise,
+        bind_port,
+        joining: true,
+    };
+    if dry_run {
+        println!("[dryrun] The shared CA set is complete, valid and matches the cluster");
+        println!("[dryrun] Would write the leaf certificates, kubeconfigs, static Pod manifests and kubelet files, and start the stand-in kubelet and API server on {}", join_host_port(&advertise.to_string(), bind_port));
+        return Ok(());
+    }
+    let server = cs.server_url(&advertise.to_string(), bind_port);
+    let local_server = format!(
+        "https://{}",
+        join_host_port(&advertise.to_string(), bind_port)
+    );
+    println!(
+        "[preflight] Running pre-flight checks before initializing the new control plane instance"
+    );
+    if !skip.skipped("control-plane-prepare/certs") {
+        node::write_leaf_certs(
+            root,
+            &cs,
+            &set,
+            &cp_node,
+            &skip,
+            "control-plane-prepare/certs",
+        )
+        .in_phase("control-plane-prepare/certs")?;
+    }
+    if !skip.skipped("control-plane-prepare/kubeconfig") {
+        let specs = vec![
+            KubeconfigSpec {
+                file: "admin.conf",
+                user: "kubernetes-admin".into(),
+                orgs: vec!["kubeadm:cluster-admins".into()],
+                server: server.clone(),
+            },
+            KubeconfigSpec {
+                file: "controller-manager.conf",
+                user: "system:kube-controller-manager".into(),
+                orgs: vec![],
+                server: local_server.clone(),
+            },
+            KubeconfigSpec {
+                file: "scheduler.conf",
+                user: "system:kube-scheduler".into(),
+                orgs: vec![],
+                server: local_server.clone(),
+            },
+        ];
+        node::write_kubeconfigs(root, &cs, &set, &specs)
+            .in_phase("control-plane-prepare/kubeconfig")?;
+    }
+    if !skip.skipped("control-plane-prepare/control-plane") {
+        node::write_control_plane_manifests(
+            root,
+            &cs,
+            &cp_node,
+            &skip,
+            "control-plane-prepare/control-plane",
+        )
+        .in_phase("control-plane-prepare/control-plane")?;
+    }
+    if !skip.skipped("kubelet-start") {
+        let kubelet_spec = KubeconfigSpec {
+            file: "kubelet.conf",
+            user: format!("system:node:{node_name}"),
+            orgs: vec!["system:nodes".into()],
+            server: server.clone(),
+        };
+        node::write_kubeconfigs(root, &cs, &set, &[kubelet_spec]).in_phase("kubelet-start")?;
+        node::write_kubelet_files(
+            root,
+            kubelet_doc,
+            cs.service_ips(10).first().copied(),
+            &cs.dns_domain,
+            &node_name,
+            &join.node_registration,
+        )
+        .in_phase("kubelet-start")?;
+        node::start_kubelet(root, kubelet_wait)
+            .await
+            .in_phase("kubelet-start")?;
+    }
+    if !skip.skipped("control-plane-join/etcd") {
+        node::write_etcd_manifest(root, &cs, &cp_node).in_phase("control-plane-join/etcd")?;
+        println!("[etcd] Announced new etcd member joining to the existing etcd cluster");
+    }
+    store::ensure_store(root).in_phase("wait-control-plane")?;
+    store::save_cluster_config(root, &cc_yaml).in_phase("wait-control-plane")?;
+    node::start_apiserver(
+        root,
+        &join_host_port(&advertise.to_string(), bind_port),
+        &cs.cert_dir,
+        &server,
+        &set.ca.cert_pem,
+        api_wait,
+    )
+    .await
+    .in_phase("wait-control-plane")?;
+    if !skip.skipped("control-plane-join/mark-control-plane") {
+        println!("[mark-control-plane] Marking the node {node_name} as control-plane by adding the labels: [node-role.kubernetes.io/control-plane node.kubernetes.io/exclude-from-external-load-balancers]");
+        println!("[mark-control-plane] Marking the node {node_name} as control-plane by adding the taints [node-role.kubernetes.io/control-plane:NoSchedule]");
+    }
+    println!("\nThis node has joined the cluster and a new control plane instance was created:\n\n* Certificate signing request was sent to apiserver and approval was received.\n* The Kubelet was informed of the new secure connection details.\n* Control plane label and taint were applied to the new node.\n* The Kubernetes control plane instances scaled up.\n* A new etcd member was added to the local/stacked etcd cluster.\n");
+    Ok(())
+}

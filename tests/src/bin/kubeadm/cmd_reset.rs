@@ -1,0 +1,125 @@
+//! `kubeadm reset -f`: stop the stand-in daemons and remove what init/join
+//! wrote.
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::daemon;
+use crate::store::STORE_DIR;
+use crate::util::{phase_err, Root};
+
+pub struct ResetOpts {
+    pub force: bool,
+    pub cert_dir: Option<String>,
+    pub cleanup_tmp_dir: bool,
+    pub dry_run: bool,
+}
+
+fn clean_dir_contents(root: &Root, logical: &str, dry_run: bool) -> Result<()> {
+    let host = root.path(logical);
+    let Ok(rd) = std::fs::read_dir(&host) else {
+        return Ok(());
+    };
+    for entry in rd.flatten() {
+        remove_path(&entry.path(), dry_run)?;
+    }
+    Ok(())
+}
+
+fn remove_path(p: &Path, dry_run: bool) -> Result<()> {
+    if dry_run {
+        return Ok(());
+    }
+    let meta = match std::fs::symlink_metadata(p) {
+        Ok(m) => m,
+        Err(_) => return Ok(()),
+    };
+    let r = if meta.is_dir() {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_file(p)
+    };
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("failed to delete {}: {e}", p.display())),
+    }
+}
+
+pub fn run(root: &Root, o: ResetOpts) -> Result<()> {
+    println!("[reset] WARNING: Changes made to this host by 'kubeadm init' or 'kubeadm join' will be reverted.");
+    if !o.force {
+        println!("[reset] Are you sure you want to proceed? [y/N]: ");
+        return Err(phase_err(
+            "preflight",
+            "won't proceed; the user didn't answer (Y|n) in order to continue (the stand-in never prompts: pass -f/--force)",
+        ));
+    }
+    println!("[preflight] Running pre-flight checks");
+    // Like kubeadm, take certificatesDir from the cluster's kubeadm-config
+    // (here the stand-in API server's copy) unless --cert-dir says otherwise.
+    let cert_dir = o
+        .cert_dir
+        .clone()
+        .or_else(|| {
+            let yaml = crate::store::load_cluster_config(root)?;
+            let doc: serde_json::Value = serde_saphyr::from_str(&yaml).ok()?;
+            doc.get("certificatesDir")
+                .and_then(|d| d.as_str())
+                .filter(|d| d.starts_with('/'))
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| drover_common::kubeadm::CERTIFICATES_DIR.to_owned());
+    if o.dry_run {
+        println!(
+            "[dryrun] Would stop the stand-in daemons and delete the files kubeadm wrote under {}",
+            root.dir().display()
+        );
+        return Ok(());
+    }
+    println!("[reset] Deleted contents of the etcd data directory: /var/lib/etcd");
+    println!("[reset] Stopping the kubelet service");
+    for line in daemon::stop_all(root) {
+        println!("[reset] {line}");
+    }
+    println!("[reset] Unmounting mounted directories in \"/var/lib/kubelet\"");
+    let dirs = [
+        "/etc/kubernetes/manifests".to_owned(),
+        "/var/lib/kubelet".to_owned(),
+        cert_dir.clone(),
+        "/var/lib/etcd".to_owned(),
+    ];
+    println!(
+        "[reset] Deleting contents of directories: [{}]",
+        dirs.join(" ")
+    );
+    for d in &dirs {
+        clean_dir_contents(root, d, false)?;
+    }
+    remove_path(&root.path(STORE_DIR), false)?;
+    if o.cleanup_tmp_dir {
+        clean_dir_contents(root, "/etc/kubernetes/tmp", false)?;
+    }
+    let mut deleted = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(root.path("/etc/kubernetes")) {
+        let mut confs: Vec<_> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "conf"))
+            .collect();
+        confs.sort();
+        for p in confs {
+            if let Some(name) = p.file_name() {
+                deleted.push(format!("/etc/kubernetes/{}", name.to_string_lossy()));
+            }
+            remove_path(&p, false)?;
+        }
+    }
+    println!("[reset] Deleting files: [{}]", deleted.join(" "));
+    println!();
+    println!("The reset process does not clean CNI configuration. To do so, you must remove /etc/cni/net.d\n");
+    println!("The reset process does not reset or clean up iptables rules or IPVS tables.\nIf you wish to reset iptables, you must do so manually by using the \"iptables\" command.\n");
+    println!("The reset process does not clean your kubeconfig files and you must remove them manually.\nPlease, check the contents of the $HOME/.kube/config file.");
+    Ok(())
+}

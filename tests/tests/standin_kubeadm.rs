@@ -1,0 +1,727 @@
+//! Tests of the strict stand-in `kubeadm` binary: every machine is a temporary
+//! root directory passed as `--rootfs`; the stand-in daemons are stopped by a
+//! guard (`kubeadm reset -f`, then SIGKILL of leftover pids) even on failure.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use drover_common::kubeadm::{render_init, render_join, ClusterParams, NodeParams};
+use drover_common::pin::CaPin;
+use drover_common::pki::CertificateAuthority;
+use drover_common::token::BootstrapToken;
+use serde_json::Value;
+
+const KUBEADM: &str = env!("CARGO_BIN_EXE_kubeadm");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+/// A process exists and is not a zombie.
+fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z') | Some('X') | None
+        ),
+        Err(_) => false,
+    }
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One machine: a root directory. Dropping it resets the machine.
+struct Machine {
+    dir: tempfile::TempDir,
+}
+
+impl Machine {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp root"),
+        }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The host path of a path inside the machine.
+    fn path(&self, logical: &str) -> PathBuf {
+        self.root().join(logical.trim_start_matches('/'))
+    }
+
+    fn write(&self, logical: &str, contents: &str) {
+        let p = self.path(logical);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, contents).unwrap();
+    }
+
+    /// Runs `kubeadm <args> --rootfs <root>`.
+    fn kubeadm(&self, args: &[&str]) -> Output {
+        let mut all: Vec<&str> = args.to_vec();
+        let root = self.root().to_str().unwrap().to_owned();
+        all.push("--rootfs");
+        all.push(&root);
+        run(&all)
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        let Ok(rd) = std::fs::read_dir(self.path("/run/standin")) else {
+            return vec![];
+        };
+        rd.filter_map(|e| e.ok())
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|s| s.trim().parse().ok())
+            .collect()
+    }
+
+    fn invocations(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.path("/var/log/kubeadm-invocations.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("invocation log line is JSON"))
+            .collect()
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        let pids = self.pids();
+        let _ = self.kubeadm(&["reset", "-f"]);
+        for pid in pids {
+            if pid_alive(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(KUBEADM)
+        .args(args)
+        .output()
+        .expect("run the stand-in kubeadm")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn assert_ok(o: &Output) {
+    assert!(o.status.success(), "kubeadm failed: {}", text(o));
+}
+
+fn assert_fails_with(o: &Output, needle: &str) {
+    assert_eq!(o.status.code(), Some(1), "expected exit 1: {}", text(o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains(needle),
+        "stderr lacks {needle:?}: {}",
+        text(o)
+    );
+}
+
+/// The shared CA set of one cluster.
+struct SharedCas {
+    ca: CertificateAuthority,
+    front_proxy: CertificateAuthority,
+    etcd: CertificateAuthority,
+    sa_key: String,
+    sa_pub: String,
+}
+
+impl SharedCas {
+    fn generate() -> Self {
+        let sa = rcgen::KeyPair::generate().unwrap();
+        Self {
+            ca: CertificateAuthority::generate("kubernetes").unwrap(),
+            front_proxy: CertificateAuthority::generate("front-proxy-ca").unwrap(),
+            etcd: CertificateAuthority::generate("etcd-ca").unwrap(),
+            sa_key: sa.serialize_pem(),
+            sa_pub: sa.public_key_pem(),
+        }
+    }
+
+    fn pin(&self) -> CaPin {
+        CaPin::from_cert_der(&self.ca.cert_der()).unwrap()
+    }
+
+    fn provision(&self, m: &Machine) {
+        let pki = "/etc/kubernetes/pki";
+        for (name, ca) in [
+            ("ca", &self.ca),
+            ("front-proxy-ca", &self.front_proxy),
+            ("etcd/ca", &self.etcd),
+        ] {
+            m.write(&format!("{pki}/{name}.crt"), &ca.cert_pem);
+            m.write(&format!("{pki}/{name}.key"), &ca.key_pem);
+        }
+        m.write(&format!("{pki}/sa.key"), &self.sa_key);
+        m.write(&format!("{pki}/sa.pub"), &self.sa_pub);
+    }
+}
+
+/// A self-signed certificate with keyCertSign, CA:TRUE only if `is_ca`.
+fn self_signed_ca(alg: &'static rcgen::SignatureAlgorithm, is_ca: bool) -> (String, String) {
+    let key = rcgen::KeyPair::generate_for(alg).unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = if is_ca {
+        rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained)
+    } else {
+        rcgen::IsCa::ExplicitNoCa
+    };
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let cert = p.self_signed(&key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn cluster_params(api_port: u16) -> ClusterParams {
+    ClusterParams {
+        cluster_name: "demo".into(),
+        kubernetes_version: "v1.31.2".into(),
+        control_plane_endpoint: format!("127.0.0.1:{api_port}"),
+        pod_subnet: "10.244.0.0/16".into(),
+        service_subnet: "10.96.0.0/12".into(),
+        dns_domain: "cluster.local".into(),
+    }
+}
+
+fn node_params(name: &str, api_port: u16) -> NodeParams {
+    NodeParams {
+        node_name: name.into(),
+        advertise_address: "127.0.0.1".into(),
+        api_server_port: api_port,
+        kubelet_healthz_port: free_port(),
+    }
+}
+
+const CONFIG: &str = "/etc/drover/kubeadm.yaml";
+
+/// An initialised single control-plane cluster.
+struct Cluster {
+    cas: SharedCas,
+    params: ClusterParams,
+    token: BootstrapToken,
+    cp: Machine,
+}
+
+fn init_cluster() -> Cluster {
+    let api_port = free_port();
+    let params = cluster_params(api_port);
+    let token = BootstrapToken::generate();
+    let cas = SharedCas::generate();
+    let cp = Machine::new();
+    cas.provision(&cp);
+    cp.write(
+        CONFIG,
+        &render_init(&params, &node_params("cp-1", api_port), &token, 900),
+    );
+    let out = cp.kubeadm(&["init", "--config", CONFIG]);
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("Your Kubernetes control-plane has initialized successfully!"));
+    Cluster {
+        cas,
+        params,
+        token,
+        cp,
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// GET over TLS verified with the cluster CA, optionally with a client cert.
+fn https_get(url: &str, ca_pem: &str) -> (u16, String) {
+    let mut roots = rustls::RootCertStore::empty();
+    let der = drover_common::pki::first_cert_der(ca_pem).unwrap();
+    roots.add(der.into()).unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    block_on(async {
+        let r = client.get(url).send().await.expect("GET");
+        let code = r.status().as_u16();
+        (code, r.text().await.unwrap())
+    })
+}
+
+fn http_get(url: &str) -> Option<(u16, String)> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    block_on(async {
+        let r = client.get(url).send().await.ok()?;
+        let code = r.status().as_u16();
+        Some((code, r.text().await.ok()?))
+    })
+}
+
+fn cluster_info(c: &Cluster) -> Value {
+    let (code, body) = https_get(
+        &format!(
+            "https://{}/api/v1/namespaces/kube-public/configmaps/cluster-info",
+            c.params.control_plane_endpoint
+        ),
+        &c.cas.ca.cert_pem,
+    );
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn worker_join(
+    c: &Cluster,
+    name: &str,
+    token: &BootstrapToken,
+    pin: &CaPin,
+) -> (Machine, NodeParams, Output) {
+    let m = Machine::new();
+    let node = node_params(name, 0);
+    m.write(CONFIG, &render_join(&c.params, &node, token, pin, false));
+    let out = m.kubeadm(&["join", "--config", CONFIG]);
+    (m, node, out)
+}
+
+#[test]
+fn version_short() {
+    let m = Machine::new();
+    let out = m.kubeadm(&["version", "-o", "short"]);
+    assert_ok(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v1.31.2");
+}
+
+#[test]
+fn unknown_flags_and_commands_are_refused() {
+    let m = Machine::new();
+    assert_fails_with(&m.kubeadm(&["init", "--foo"]), "unknown flag: --foo");
+    assert_fails_with(
+        &m.kubeadm(&["frobnicate"]),
+        "unknown command \"frobnicate\"",
+    );
+    assert_fails_with(
+        &m.kubeadm(&["version", "-o", "xml"]),
+        "invalid output format: xml",
+    );
+    assert_fails_with(&m.kubeadm(&["reset"]), "won't proceed");
+    // `token create` takes an absolute --kubeconfig; its log goes to the root above it.
+    let kubeconfig = m.path("/etc/kubernetes/admin.conf");
+    assert_fails_with(
+        &run(&[
+            "token",
+            "create",
+            "ABCDEF.0123456789abcdef",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ]),
+        "was not of the form",
+    );
+    let log = m.invocations();
+    assert_eq!(log.len(), 5, "{log:?}");
+    assert!(log.iter().all(|l| l["exit"] == 1), "{log:?}");
+    assert_eq!(log[4]["argv"][1], "token");
+}
+
+#[test]
+fn init_refuses_flags_mixed_with_config() {
+    let m = Machine::new();
+    let out = m.kubeadm(&["init", "--config", CONFIG, "--token", "abc"]);
+    assert_fails_with(&out, "can not mix '--config' with arguments [token]");
+    let out = m.kubeadm(&[
+        "join",
+        "--config",
+        CONFIG,
+        "--discovery-token-ca-cert-hash",
+        "sha256:00",
+        "--control-plane",
+    ]);
+    assert_fails_with(
+        &out,
+        "can not mix '--config' with arguments [control-plane discovery-token-ca-cert-hash]",
+    );
+    // Every call is recorded, failures included.
+    let log = m.invocations();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(log[0]["exit"], 1);
+    assert_eq!(log[0]["argv"][1], "init");
+}
+
+#[test]
+fn init_refuses_incomplete_or_extra_ca_files() {
+    let api_port = free_port();
+    let params = cluster_params(api_port);
+    let cas = SharedCas::generate();
+    let config = render_init(
+        &params,
+        &node_params("cp-1", api_port),
+        &BootstrapToken::generate(),
+        900,
+    );
+
+    let missing = Machine::new();
+    cas.provision(&missing);
+    std::fs::remove_file(missing.path("/etc/kubernetes/pki/etcd/ca.key")).unwrap();
+    missing.write(CONFIG, &config);
+    let out = missing.kubeadm(&["init", "--config", CONFIG]);
+    assert_fails_with(&out, "/etc/kubernetes/pki/etcd/ca.key is missing");
+    assert!(!missing.path("/etc/kubernetes/admin.conf").exists());
+
+    let extra = Machine::new();
+    cas.provision(&extra);
+    extra.write("/etc/kubernetes/pki/apiserver.crt", "left over");
+    extra.write(CONFIG, &config);
+    let out = extra.kubeadm(&["init", "--config", CONFIG]);
+    assert_fails_with(&out, "unexpected file /etc/kubernetes/pki/apiserver.crt");
+
+    // Keys must match encryptionAlgorithm: P-256 keys under RSA-2048 are refused.
+    let rsa = Machine::new();
+    cas.provision(&rsa);
+    rsa.write(CONFIG, &config.replace("ECDSA-P256", "RSA-2048"));
+    let out = rsa.kubeadm(&["init", "--config", CONFIG]);
+    assert_fails_with(&out, "encryptionAlgorithm is RSA-2048");
+
+    // A CA key that is not the certificate's key is refused.
+    let mismatch = Machine::new();
+    cas.provision(&mismatch);
+    mismatch.write("/etc/kubernetes/pki/ca.key", &cas.etcd.key_pem);
+    mismatch.write(CONFIG, &config);
+    let out = mismatch.kubeadm(&["init", "--config", CONFIG]);
+    assert_fails_with(&out, "does not match the certificate");
+
+    // kubeadm refuses Ed25519 CAs, and CA certificates must be CAs.
+    let ed = Machine::new();
+    cas.provision(&ed);
+    let (cert, key) = self_signed_ca(&rcgen::PKCS_ED25519, true);
+    ed.write("/etc/kubernetes/pki/front-proxy-ca.crt", &cert);
+    ed.write("/etc/kubernetes/pki/front-proxy-ca.key", &key);
+    ed.write(CONFIG, &config);
+    assert_fails_with(&ed.kubeadm(&["init", "--config", CONFIG]), "Ed25519");
+    let not_ca = Machine::new();
+    cas.provision(&not_ca);
+    let (cert, key) = self_signed_ca(&rcgen::PKCS_ECDSA_P256_SHA256, false);
+    not_ca.write("/etc/kubernetes/pki/etcd/ca.crt", &cert);
+    not_ca.write("/etc/kubernetes/pki/etcd/ca.key", &key);
+    not_ca.write(CONFIG, &config);
+    assert_fails_with(&not_ca.kubeadm(&["init", "--config", CONFIG]), "CA:TRUE");
+
+    // Malformed hashes and tokens in a config are strict decoding errors.
+    let bad = Machine::new();
+    let join = render_join(
+        &params,
+        &node_params("w", 0),
+        &BootstrapToken::generate(),
+        &cas.pin(),
+        false,
+    );
+    bad.write(CONFIG, &join.replace(&cas.pin().to_string(), "sha256:1234"));
+    assert_fails_with(
+        &bad.kubeadm(&["join", "--config", CONFIG]),
+        "CA pin must have 64",
+    );
+
+    // An unsupported Kubernetes version is refused.
+    let old = Machine::new();
+    cas.provision(&old);
+    old.write(CONFIG, &config.replace("v1.31.2", "v1.29.0"));
+    let out = old.kubeadm(&["init", "--config", CONFIG]);
+    assert_fails_with(&out, "control plane version >= 1.30.0");
+}
+
+#[test]
+fn init_join_token_and_reset() {
+    let c = init_cluster();
+
+    // init wrote what kubeadm writes.
+    for f in [
+        "/etc/kubernetes/admin.conf",
+        "/etc/kubernetes/super-admin.conf",
+        "/etc/kubernetes/kubelet.conf",
+        "/etc/kubernetes/controller-manager.conf",
+        "/etc/kubernetes/scheduler.conf",
+        "/etc/kubernetes/manifests/kube-apiserver.yaml",
+        "/etc/kubernetes/manifests/etcd.yaml",
+        "/etc/kubernetes/pki/apiserver.crt",
+        "/etc/kubernetes/pki/etcd/server.key",
+        "/etc/kubernetes/pki/apiserver-etcd-client.crt",
+        "/var/lib/kubelet/config.yaml",
+    ] {
+        assert!(c.cp.path(f).is_file(), "init did not write {f}");
+    }
+    let manifest =
+        std::fs::read_to_string(c.cp.path("/etc/kubernetes/manifests/kube-apiserver.yaml"))
+            .unwrap();
+    assert!(
+        manifest.contains("registry.k8s.io/kube-apiserver:v1.31.2"),
+        "{manifest}"
+    );
+    let admin = std::fs::read_to_string(c.cp.path("/etc/kubernetes/admin.conf")).unwrap();
+    assert!(
+        admin.contains(&format!(
+            "server: https://{}",
+            c.params.control_plane_endpoint
+        )),
+        "{admin}"
+    );
+    let doc: Value = serde_saphyr::from_str(&admin).unwrap();
+    let cert_b64 = doc["users"][0]["user"]["client-certificate-data"]
+        .as_str()
+        .unwrap();
+    use base64::Engine;
+    let cert_pem = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(cert_b64)
+            .unwrap(),
+    )
+    .unwrap();
+    let info =
+        drover_common::pki::cert_info(&drover_common::pki::first_cert_der(&cert_pem).unwrap())
+            .unwrap();
+    assert_eq!(info.common_name, "kubernetes-admin");
+    assert_eq!(
+        info.organizations,
+        vec!["kubeadm:cluster-admins".to_string()]
+    );
+
+    // cluster-info is served, signed for the init token.
+    let ci = cluster_info(&c);
+    let jws_key = format!("jws-kcs-{}", c.token.id());
+    let kubeconfig = ci["data"]["kubeconfig"].as_str().unwrap();
+    let jws = ci["data"][&jws_key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {jws_key} in {ci}"));
+    drover_common::jws::verify_detached(kubeconfig, jws, c.token.id(), c.token.secret()).unwrap();
+
+    // A worker joins with the token and the CA pin.
+    let (w1, w1_node, out) = worker_join(&c, "worker-1", &c.token, &c.cas.pin());
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("This node has joined the cluster"));
+    assert_eq!(
+        std::fs::read_to_string(w1.path("/etc/kubernetes/pki/ca.crt")).unwrap(),
+        c.cas.ca.cert_pem
+    );
+    assert!(w1.path("/etc/kubernetes/kubelet.conf").is_file());
+    assert!(!w1.path("/etc/kubernetes/pki/ca.key").exists());
+
+    // Its kubelet answers, and fails while told to.
+    let healthz = format!("http://127.0.0.1:{}/healthz", w1_node.kubelet_healthz_port);
+    assert_eq!(http_get(&healthz), Some((200, "ok".into())));
+    w1.write("/var/lib/kubelet/standin-fail", "");
+    assert_eq!(http_get(&healthz).map(|r| r.0), Some(500));
+    std::fs::remove_file(w1.path("/var/lib/kubelet/standin-fail")).unwrap();
+    assert_eq!(http_get(&healthz).map(|r| r.0), Some(200));
+
+    // A wrong pin is refused.
+    let other = CertificateAuthority::generate("other").unwrap();
+    let wrong_pin = CaPin::from_cert_der(&other.cert_der()).unwrap();
+    let (_w, _, out) = worker_join(&c, "worker-wrong-pin", &c.token, &wrong_pin);
+    assert_fails_with(&out, "is not signed by any of the public keys provided");
+
+    // A token the cluster never registered has no JWS.
+    let stranger = BootstrapToken::generate();
+    let (_w, _, out) = worker_join(&c, "worker-stranger", &stranger, &c.cas.pin());
+    assert_fails_with(
+        &out,
+        "there is no JWS signed token in the cluster-info ConfigMap",
+    );
+    assert_fails_with(
+        &out,
+        &format!(
+            "This token id \"{}\" is invalid for this cluster",
+            stranger.id()
+        ),
+    );
+
+    // `token create` registers a new token through the API server; joining with it works.
+    let new_token = BootstrapToken::generate();
+    let admin_path = c.cp.path("/etc/kubernetes/admin.conf");
+    let out = run(&[
+        "token",
+        "create",
+        &new_token.to_string(),
+        "--ttl",
+        "15m0s",
+        "--kubeconfig",
+        admin_path.to_str().unwrap(),
+    ]);
+    assert_ok(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        new_token.to_string()
+    );
+    let ci = cluster_info(&c);
+    assert!(
+        ci["data"][format!("jws-kcs-{}", new_token.id())].is_string(),
+        "{ci}"
+    );
+    // Creating it again conflicts.
+    let out = run(&[
+        "token",
+        "create",
+        &new_token.to_string(),
+        "--kubeconfig",
+        admin_path.to_str().unwrap(),
+    ]);
+    assert_fails_with(&out, "already exists");
+    let (w2, _, out) = worker_join(&c, "worker-2", &new_token, &c.cas.pin());
+    assert_ok(&out);
+    // token create was logged in the root named by the kubeconfig.
+    assert!(c
+        .cp
+        .invocations()
+        .iter()
+        .any(|i| i["argv"][1] == "token" && i["exit"] == 0));
+
+    // A worker that already holds ca.crt is refused by preflight.
+    let stale = Machine::new();
+    stale.write("/etc/kubernetes/pki/ca.crt", &c.cas.ca.cert_pem);
+    stale.write(
+        CONFIG,
+        &render_join(
+            &c.params,
+            &node_params("stale", 0),
+            &c.token,
+            &c.cas.pin(),
+            false,
+        ),
+    );
+    let out = stale.kubeadm(&["join", "--config", CONFIG]);
+    assert_fails_with(
+        &out,
+        "[ERROR FileAvailable--etc-kubernetes-pki-ca.crt]: /etc/kubernetes/pki/ca.crt already exists",
+    );
+
+    // A second init on the same root is refused by preflight.
+    let out = c.cp.kubeadm(&["init", "--config", CONFIG]);
+    assert_fails_with(
+        &out,
+        "[ERROR FileAvailable--etc-kubernetes-manifests-kube-apiserver.yaml]",
+    );
+
+    // A control-plane join with the copied shared set starts its own API server.
+    let cp2 = Machine::new();
+    c.cas.provision(&cp2);
+    let cp2_port = free_port();
+    cp2.write(
+        CONFIG,
+        &render_join(
+            &c.params,
+            &node_params("cp-2", cp2_port),
+            &c.token,
+            &c.cas.pin(),
+            true,
+        ),
+    );
+    let out = cp2.kubeadm(&["join", "--config", CONFIG]);
+    assert_ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("This node has joined the cluster and a new control plane instance was created"));
+    let (code, body) = https_get(
+        &format!("https://127.0.0.1:{cp2_port}/readyz"),
+        &c.cas.ca.cert_pem,
+    );
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    assert!(cp2.path("/etc/kubernetes/admin.conf").is_file());
+
+    // The invocation log recorded init.
+    let log = c.cp.invocations();
+    assert_eq!(log[0]["argv"][1], "init");
+    assert_eq!(log[0]["exit"], 0);
+
+    // reset -f stops the daemons and removes the files, on every machine.
+    for m in [&c.cp, &w1, &w2, &cp2] {
+        let pids = m.pids();
+        assert!(
+            !pids.is_empty(),
+            "no daemons recorded in {}",
+            m.root().display()
+        );
+        assert!(pids.iter().all(|p| pid_alive(*p)));
+        assert_ok(&m.kubeadm(&["reset", "-f"]));
+        wait_for("daemons to exit", Duration::from_secs(10), || {
+            pids.iter().all(|p| !pid_alive(*p))
+        });
+        assert!(m.pids().is_empty());
+        assert!(!m.path("/etc/kubernetes/kubelet.conf").exists());
+        assert!(!m.path("/var/lib/kubelet/config.yaml").exists());
+        assert!(!m.path("/etc/kubernetes/pki/ca.crt").exists());
+    }
+    assert!(!c.cp.path("/etc/kubernetes/admin.conf").exists());
+    assert!(!c
+        .cp
+        .path("/etc/kubernetes/manifests/kube-apiserver.yaml")
+        .exists());
+    assert!(!c.cp.path("/var/lib/standin-apiserver").exists());
+    assert!(
+        http_get(&healthz).is_none(),
+        "the worker's kubelet still answers"
+    );
+}
+
+#[test]
+fn expired_token_is_not_signed() {
+    // A token with a 1s TTL disappears from cluster-info once it expires.
+    let c = init_cluster();
+    let short = BootstrapToken::generate();
+    let admin = c.cp.path("/etc/kubernetes/admin.conf");
+    let out = run(&[
+        "token",
+        "create",
+        &short.to_string(),
+        "--ttl",
+        "1s",
+        "--kubeconfig",
+        admin.to_str().unwrap(),
+    ]);
+    assert_ok(&out);
+    let key = format!("jws-kcs-{}", short.id());
+    wait_for("the token to expire", Duration::from_secs(10), || {
+        cluster_info(&c)["data"].get(&key).is_none()
+    });
+    let (_w, _, out) = worker_join(&c, "late-worker", &short, &c.cas.pin());
+    assert_fails_with(&out, "there is no JWS signed token");
+    // The init token still works.
+    assert!(cluster_info(&c)["data"][format!("jws-kcs-{}", c.token.id())].is_string());
+}
