@@ -459,3 +459,90 @@ fn killed_agent_resumes_and_restarted_coordinator_keeps_state() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn failed_bootstrap_is_visible_without_logging_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 1, "1h", &boot);
+    let a = Agent::start(&tmp.path().join("m"), "broken", &boot);
+    // Something else holds the port the API server must listen on, so
+    // kubeadm's preflight fails as it would on a real machine.
+    let _squatter = std::net::TcpListener::bind(("127.0.0.1", a.ports.api_server)).unwrap();
+    wait_for("the machine to register", BOOT, || {
+        if c.machines().len() == 1 {
+            Ok(())
+        } else {
+            Err(a.log())
+        }
+    });
+    apply(&c, tmp.path(), &pool_cluster_yaml("broken", 1, 0, "dev"));
+    let name = wait_for("the machine to fail", BOOT, || {
+        let ms = c.machines();
+        let m = &ms[0];
+        if m["status"]["phase"] == "Failed" {
+            Ok(m["metadata"]["name"].as_str().unwrap().to_owned())
+        } else {
+            Err(m.to_string())
+        }
+    });
+    let out = c.cli_ok(&["describe", "machine", &name]);
+    assert!(out.contains("Phase:          Failed"), "{out}");
+    assert!(
+        out.contains("kubeadm init --config /etc/drover/kubeadm.yaml --rootfs"),
+        "{out}"
+    );
+    assert!(out.contains("exit code:    1"), "{out}");
+    assert!(
+        out.contains(&format!("Port-{}", a.ports.api_server)),
+        "{out}"
+    );
+    let table = c.cli_ok(&["get", "machines"]);
+    assert!(table.contains("Failed"), "{table}");
+    // The cluster does not pretend to be running.
+    assert_ne!(c.cluster("broken").unwrap()["status"]["phase"], "Running");
+}
+
+#[test]
+fn bad_cluster_documents_are_refused_and_change_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    apply(&c, tmp.path(), &pool_cluster_yaml("stable", 1, 2, "dev"));
+    let before = c.cluster("stable").unwrap();
+
+    let cases = [
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev")
+                .replace("replicas: 2", "replicas: 2\n      replcas: 3"),
+            "unknown field `replcas`",
+        ),
+        (
+            pool_cluster_yaml("stable", 2, 2, "dev"),
+            "spec.controlPlane.replicas",
+        ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "1.31"),
+            "spec.kubernetesVersion",
+        ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace("replicas: 2", "replicas: two"),
+            "replicas",
+        ),
+        ("kind: Cluster\nmetadata: [oops\n".to_string(), "YAML"),
+    ];
+    for (doc, expected) in cases {
+        let f = tmp.path().join("bad.yaml");
+        std::fs::write(&f, &doc).unwrap();
+        let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
+        assert!(!out.status.success(), "accepted:\n{doc}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "error for {expected:?} was: {err}");
+    }
+    let after = c.cluster("stable").unwrap();
+    assert_eq!(
+        before["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"]
+    );
+    assert_eq!(before["spec"], after["spec"]);
+}
