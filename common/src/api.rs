@@ -143,6 +143,78 @@ pub struct ClusterSpec {
     /// unset, the first control-plane machine's address is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<String>,
+    /// When machines count as unhealthy and how many may be replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthPolicy>,
+}
+
+/// Overrides of the coordinator's health and remediation defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthPolicy {
+    /// Silence after which a machine is unhealthy, e.g. `40s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout: Option<String>,
+    /// Longest time from creation to Running, e.g. `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_timeout: Option<String>,
+    /// How long a machine may report a failing kubelet or node, e.g. `2m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_timeout: Option<String>,
+    /// Remediation pauses for a pool when more than this share of it is
+    /// unhealthy, e.g. `40%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unhealthy: Option<String>,
+}
+
+/// Parses a duration such as `500ms`, `40s`, `10m`, `2h` or `1h30m`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration; use a value such as 10s, 5m or 1h".into());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(format!(
+                "{s:?} is not a duration; use a value such as 10s, 5m or 1h"
+            ));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{s:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let d = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            "d" => Duration::from_secs(n.saturating_mul(86400)),
+            "" => return Err(format!("{s:?} needs a unit (ms, s, m, h or d)")),
+            other => {
+                return Err(format!(
+                    "{s:?}: unknown unit {other:?}; use ms, s, m, h or d"
+                ))
+            }
+        };
+        total = total.saturating_add(d);
+    }
+    Ok(total)
+}
+
+/// Parses a percentage such as `40%` into a number from 0 to 100.
+pub fn parse_percent(s: &str) -> Result<u32, String> {
+    s.trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .filter(|n| *n <= 100)
+        .ok_or_else(|| format!("must be a percentage such as 40%, got {s:?}"))
 }
 
 /// The control-plane pool.
@@ -208,14 +280,30 @@ impl Default for NetworkSpec {
 pub enum ProviderSpec {
     /// Claim machines that registered themselves into a pool.
     Pool(PoolProviderSpec),
+    /// Create machines as containers on a Docker network of the cluster's own.
+    Docker(DockerProviderSpec),
 }
 
 impl ProviderSpec {
     pub fn name(&self) -> &'static str {
         match self {
             ProviderSpec::Pool(_) => "pool",
+            ProviderSpec::Docker(_) => "docker",
         }
     }
+
+    /// Whether the coordinator creates and deletes the cluster's machines.
+    pub fn creates_machines(&self) -> bool {
+        !matches!(self, ProviderSpec::Pool(_))
+    }
+}
+
+/// The `docker` provider: machines are containers from a node image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DockerProviderSpec {
+    /// A node image with `drover-agent` as its entrypoint.
+    pub image: String,
 }
 
 /// The `pool` provider: which self-registered machines the cluster may claim.
@@ -242,6 +330,9 @@ pub struct ClusterStatus {
     /// The machine that ran `kubeadm init`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_machine: Option<String>,
+    /// Whether `kubeadm init` has succeeded once for this cluster.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub initialized: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<PoolStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -396,6 +487,40 @@ impl Cluster {
                     }
                 }
             }
+            ProviderSpec::Docker(d) => {
+                if d.image.is_empty()
+                    || d.image.len() > 255
+                    || d.image.chars().any(|c| c.is_whitespace() || c.is_control())
+                {
+                    err(
+                        "spec.provider.docker.image",
+                        format!(
+                            "must be an image reference such as drover-node:test, got {:?}",
+                            d.image
+                        ),
+                    );
+                }
+            }
+        }
+        if let Some(h) = &self.spec.health {
+            for (field, v) in [
+                ("spec.health.heartbeatTimeout", &h.heartbeat_timeout),
+                ("spec.health.startupTimeout", &h.startup_timeout),
+                ("spec.health.unhealthyTimeout", &h.unhealthy_timeout),
+            ] {
+                if let Some(v) = v {
+                    match parse_duration(v) {
+                        Ok(d) if d.is_zero() => err(field, "must be positive".into()),
+                        Ok(_) => {}
+                        Err(e) => err(field, e),
+                    }
+                }
+            }
+            if let Some(m) = &h.max_unhealthy {
+                if let Err(e) = parse_percent(m) {
+                    err("spec.health.maxUnhealthy", e);
+                }
+            }
         }
         if errs.is_empty() {
             Ok(())
@@ -522,8 +647,13 @@ pub struct Machine {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineSpec {
-    /// The registration pool the machine registered into.
+    /// The registration pool the machine registered into (empty for
+    /// machines a provider created).
+    #[serde(default)]
     pub pool: String,
+    /// The provider that created the machine, when the coordinator made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
     /// The cluster the machine serves, when claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment: Option<Assignment>,
@@ -575,6 +705,9 @@ impl fmt::Display for MachineRole {
 /// A machine's lifecycle phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MachinePhase {
+    /// Recorded by the coordinator; the provider is creating it or it has
+    /// not registered yet.
+    Provisioning,
     /// Registered and waiting in its pool.
     #[default]
     Registered,
@@ -588,6 +721,10 @@ pub enum MachinePhase {
     Failed,
     /// Being reset to return to its pool.
     Releasing,
+    /// Being deleted through its provider.
+    Deleting,
+    /// Gone; kept for a while so its history can be read.
+    Deleted,
 }
 
 impl fmt::Display for MachinePhase {
@@ -635,6 +772,42 @@ pub struct MachineStatus {
     pub certificate_not_after: Option<OffsetDateTime>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The provider's id for the machine (a container or instance id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// Whether the machine's single-use ticket was redeemed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ticket_redeemed: bool,
+    /// What happened to the machine, oldest first (the last 30 events).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+/// Something that happened to an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Event {
+    #[serde(with = "time::serde::rfc3339")]
+    pub time: OffsetDateTime,
+    /// A CamelCase word, e.g. `Created`, `Unhealthy`, `Replaced`.
+    pub reason: String,
+    pub message: String,
+}
+
+/// How many events an object keeps.
+pub const MAX_EVENTS: usize = 30;
+
+/// Appends an event, dropping the oldest beyond [`MAX_EVENTS`].
+pub fn push_event(events: &mut Vec<Event>, reason: &str, message: impl Into<String>) {
+    events.push(Event {
+        time: crate::now(),
+        reason: reason.to_owned(),
+        message: message.into(),
+    });
+    if events.len() > MAX_EVENTS {
+        let drop = events.len() - MAX_EVENTS;
+        events.drain(..drop);
+    }
 }
 
 fn is_zero_u16(v: &u16) -> bool {

@@ -36,6 +36,7 @@ pub enum TicketGrant {
     #[serde(rename_all = "camelCase")]
     Machine {
         cluster: String,
+        machine: String,
         machine_uid: String,
     },
 }

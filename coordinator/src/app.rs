@@ -20,13 +20,21 @@ pub struct Settings {
     /// URLs agents use to reach this coordinator.
     pub advertise_urls: Vec<String>,
     pub heartbeat_interval: Duration,
-    pub heartbeat_timeout: Duration,
     /// Lifetime of machine client certificates.
     pub machine_cert_ttl: Duration,
     /// Lifetime of kubeadm join tokens the coordinator mints.
     pub join_token_ttl: Duration,
     /// Period of the cluster reconcile loop when nothing wakes it earlier.
     pub reconcile_period: Duration,
+    /// Health and remediation defaults; clusters may override them.
+    pub health_defaults: crate::health::Policy,
+}
+
+/// A request to serve the API on one more address (a Docker network's
+/// gateway), answered with the port or why not.
+pub struct ListenRequest {
+    pub ip: std::net::IpAddr,
+    pub reply: tokio::sync::oneshot::Sender<Result<u16, String>>,
 }
 
 /// What the coordinator remembers of a machine between heartbeats without
@@ -46,6 +54,10 @@ pub struct App {
     pub liveness: Mutex<HashMap<String, Liveness>>,
     /// Wakes the cluster reconciler now instead of at its next period.
     pub reconcile_now: Notify,
+    /// The Docker provider, connected on first use.
+    pub docker: tokio::sync::OnceCell<crate::provider::docker::DockerProvider>,
+    /// Asks the server to listen on more addresses.
+    pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
 }
 
 impl App {
@@ -130,13 +142,48 @@ impl App {
             .update_json(Kind::Cluster, &c.metadata.name, &stored, rev)
     }
 
-    /// Whether a machine heartbeated within the heartbeat timeout.
-    pub fn is_alive(&self, machine: &str, now: OffsetDateTime) -> bool {
+    /// When a machine last heartbeated (or the coordinator started).
+    pub fn last_seen(&self, machine: &str) -> Option<OffsetDateTime> {
         self.liveness
             .lock()
             .expect("liveness lock")
             .get(machine)
-            .is_some_and(|l| now - l.last_seen <= self.settings.heartbeat_timeout)
+            .map(|l| l.last_seen)
+    }
+
+    /// The Docker provider, connecting on first use.
+    pub async fn docker(
+        &self,
+    ) -> Result<&crate::provider::docker::DockerProvider, crate::provider::ProviderError> {
+        self.docker
+            .get_or_try_init(|| async {
+                // The pin identifies this installation across restarts.
+                let owner = self.ca_pin.to_string();
+                let owner = owner.trim_start_matches("sha256:")[..16].to_owned();
+                crate::provider::docker::DockerProvider::connect(owner).await
+            })
+            .await
+    }
+
+    /// Whether anything in the store uses the Docker provider.
+    pub fn docker_in_use(&self) -> bool {
+        self.docker.initialized()
+            || self.clusters().is_ok_and(|cs| {
+                cs.iter()
+                    .any(|c| matches!(c.spec.provider, drover_common::api::ProviderSpec::Docker(_)))
+            })
+    }
+
+    /// Makes the API reachable on `ip` (at the main port), for machines on
+    /// a network whose gateway that is.
+    pub async fn listen_on(&self, ip: std::net::IpAddr) -> Result<u16, String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.listen_requests
+            .send(ListenRequest { ip, reply })
+            .map_err(|_| "the server is shutting down".to_string())?;
+        answer
+            .await
+            .map_err(|_| "the server is shutting down".to_string())?
     }
 }
 

@@ -75,7 +75,7 @@ pub struct DeleteArgs {
     #[arg(long)]
     pub wait: bool,
     /// How long --wait waits.
-    #[arg(long, default_value = "10m", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "10m", value_parser = drover_common::api::parse_duration)]
     pub timeout: std::time::Duration,
     #[command(flatten)]
     pub conn: ConnectArgs,
@@ -85,7 +85,7 @@ pub struct DeleteArgs {
 pub struct KubeconfigArgs {
     pub cluster: String,
     /// Lifetime of the client certificate.
-    #[arg(long, default_value = "1h", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "1h", value_parser = drover_common::api::parse_duration)]
     pub ttl: std::time::Duration,
     #[command(flatten)]
     pub conn: ConnectArgs,
@@ -104,7 +104,7 @@ pub enum TokenCommand {
         /// The pool machines registering with it join.
         #[arg(long)]
         pool: String,
-        #[arg(long, default_value = "1h", value_parser = crate::duration::parse)]
+        #[arg(long, default_value = "1h", value_parser = drover_common::api::parse_duration)]
         ttl: std::time::Duration,
         /// How many machines may register with it.
         #[arg(long, default_value_t = 1)]

@@ -5,9 +5,11 @@ mod app;
 mod bootstrap;
 mod cli;
 mod client;
-mod duration;
+mod health;
 mod jointokens;
 mod kubeconfig;
+mod provider;
+mod provisioner;
 mod reconcile;
 mod secrets;
 mod serve;
@@ -66,22 +68,22 @@ struct ServeArgs {
     #[arg(long = "san")]
     sans: Vec<String>,
     /// How often agents heartbeat.
-    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
     heartbeat_interval: std::time::Duration,
     /// Silence after which a machine counts as dead.
-    #[arg(long, default_value = "40s", value_parser = duration::parse)]
+    #[arg(long, default_value = "40s", value_parser = drover_common::api::parse_duration)]
     heartbeat_timeout: std::time::Duration,
     /// Lifetime of machine client certificates.
-    #[arg(long, default_value = "24h", value_parser = duration::parse)]
+    #[arg(long, default_value = "24h", value_parser = drover_common::api::parse_duration)]
     machine_cert_ttl: std::time::Duration,
     /// Lifetime of the kubeadm join tokens the coordinator mints.
-    #[arg(long, default_value = "30m", value_parser = duration::parse)]
+    #[arg(long, default_value = "30m", value_parser = drover_common::api::parse_duration)]
     join_token_ttl: std::time::Duration,
     /// Where to write the client config at first start (default: $DROVER_CONFIG or ~/.config/drover/config.yaml).
     #[arg(long)]
     client_config: Option<PathBuf>,
     /// How long open connections may take to finish after SIGTERM.
-    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
     drain_timeout: std::time::Duration,
 }
 

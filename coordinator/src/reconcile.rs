@@ -3,43 +3,81 @@
 //! function) and applies them (the executor). It never sees events, only
 //! objects, so running it twice changes nothing the second time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover_common::api::{
-    Assignment, Cluster, ClusterPhase, ClusterStatus, Machine, MachinePhase, MachineRole,
-    PoolStatus, ProviderSpec, CONTROL_PLANE_POOL,
+    push_event, set_condition, Assignment, Cluster, ClusterPhase, ClusterStatus, Machine,
+    MachinePhase, MachineRole, MachineSpec, MachineStatus, ObjectMeta, PoolStatus, ProviderSpec,
+    CONTROL_PLANE_POOL,
 };
 use time::OffsetDateTime;
 
 use crate::app::App;
+use crate::health::{quorum, unhealthy_reason, Policy};
+use crate::provider::InstanceState;
 use crate::secrets::{cluster_pki_name, ClusterPki};
 use crate::store::{Kind, StoreError};
+
+/// How long deleted machines stay visible for `describe`.
+pub const TOMBSTONE_TTL: time::Duration = time::Duration::hours(1);
 
 /// One change the executor makes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// Generate the cluster's CA set.
     EnsurePki,
-    /// Claim a free machine for a pool.
+    /// Claim a free pool machine.
     Assign {
         machine: String,
         machine_pool: String,
         role: MachineRole,
     },
-    /// Return a machine to its registration pool.
+    /// Return a pool machine to its registration pool.
     Release { machine: String, reason: String },
+    /// Record a new provider machine in the store (the intent), before any
+    /// provider call.
+    CreateMachine {
+        machine_pool: String,
+        role: MachineRole,
+        /// The machine this one replaces, if any.
+        replaces: Option<String>,
+    },
+    /// Ask the provider for a recorded machine (idempotent).
+    Provision { machine: String },
+    /// Start deleting a provider machine.
+    DeleteMachine {
+        machine: String,
+        reason: String,
+        /// Whether it is deleted because it is unhealthy.
+        remediation: bool,
+    },
+    /// Delete a machine marked Deleting through its provider.
+    Destroy { machine: String },
+    /// Forget a tombstone past its time.
+    Forget { machine: String },
     /// Record the cluster's observed state.
     SetStatus(ClusterStatus),
-    /// Every machine is released: remove the cluster and its secrets.
+    /// Every machine is gone: remove the cluster, its network and its secrets.
     Finalize,
 }
 
 /// What the planner needs to know beyond the objects.
 pub struct Observed<'a> {
+    pub now: OffsetDateTime,
     pub has_pki: bool,
-    pub alive: &'a dyn Fn(&str) -> bool,
+    /// The last heartbeat of a machine, by name.
+    pub last_seen: &'a dyn Fn(&str) -> Option<OffsetDateTime>,
+    /// What the provider reports of a machine, by machine UID.
+    pub instance: &'a dyn Fn(&str) -> Option<InstanceState>,
+    pub policy: Policy,
+}
+
+impl Observed<'_> {
+    fn alive(&self, name: &str) -> bool {
+        (self.last_seen)(name).is_some_and(|t| self.now - t <= self.policy.heartbeat_timeout)
+    }
 }
 
 /// Plans the steps that bring `cluster` closer to its spec. Pure.
@@ -54,34 +92,65 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
                 .is_some_and(|a| a.cluster_uid == uid)
         })
         .collect();
-    let mut steps = vec![];
-
-    if cluster.metadata.deletion_timestamp.is_some() {
-        for m in &mine {
-            if m.status.phase != MachinePhase::Releasing {
-                steps.push(Step::Release {
-                    machine: m.metadata.name.clone(),
-                    reason: format!("cluster {} is being deleted", cluster.metadata.name),
-                });
-            }
-        }
-        if mine.is_empty() {
-            steps.push(Step::Finalize);
-        } else {
-            let mut status = cluster.status.clone();
-            status.phase = ClusterPhase::Deleting;
-            if status != cluster.status {
-                steps.push(Step::SetStatus(status));
-            }
-        }
-        return steps;
+    if cluster.spec.provider.creates_machines() {
+        plan_provider(cluster, &mine, observed)
+    } else {
+        plan_pool(cluster, &mine, machines, observed)
     }
+}
 
+fn deleting_steps(cluster: &Cluster, mine: &[&Machine], provider: bool) -> Vec<Step> {
+    let mut steps = vec![];
+    let live: Vec<&&Machine> = mine
+        .iter()
+        .filter(|m| m.status.phase != MachinePhase::Deleted)
+        .collect();
+    for m in &live {
+        let name = m.metadata.name.clone();
+        if provider {
+            match m.status.phase {
+                MachinePhase::Deleting => steps.push(Step::Destroy { machine: name }),
+                _ => steps.push(Step::DeleteMachine {
+                    machine: name,
+                    reason: format!("cluster {} is being deleted", cluster.metadata.name),
+                    remediation: false,
+                }),
+            }
+        } else if m.status.phase != MachinePhase::Releasing {
+            steps.push(Step::Release {
+                machine: name,
+                reason: format!("cluster {} is being deleted", cluster.metadata.name),
+            });
+        }
+    }
+    if live.is_empty() {
+        steps.push(Step::Finalize);
+    } else {
+        let mut status = cluster.status.clone();
+        status.phase = ClusterPhase::Deleting;
+        if status != cluster.status {
+            steps.push(Step::SetStatus(status));
+        }
+    }
+    steps
+}
+
+fn plan_pool(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    machines: &[Machine],
+    observed: &Observed<'_>,
+) -> Vec<Step> {
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return deleting_steps(cluster, mine, false);
+    }
     if !observed.has_pki {
         return vec![Step::EnsurePki];
     }
-
-    let ProviderSpec::Pool(provider) = &cluster.spec.provider;
+    let ProviderSpec::Pool(provider) = &cluster.spec.provider else {
+        unreachable!("plan_pool is called for pool clusters only")
+    };
+    let mut steps = vec![];
     let mut taken: BTreeSet<&str> = BTreeSet::new();
     let mut free: Vec<&Machine> = machines
         .iter()
@@ -91,43 +160,20 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
                 && m.metadata.deletion_timestamp.is_none()
                 && provider.pool.as_ref().is_none_or(|p| *p == m.spec.pool)
                 && provider.selector.matches(&m.metadata.labels)
-                && (observed.alive)(&m.metadata.name)
+                && observed.alive(&m.metadata.name)
         })
         .collect();
     free.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
-    let mut status = cluster.status.clone();
-    status.observed_generation = cluster.metadata.generation;
-    status.pools.clear();
-    let mut init_machine = status.init_machine.clone().filter(|init| {
-        mine.iter()
-            .any(|m| &m.metadata.name == init && m.status.phase != MachinePhase::Releasing)
-    });
+    let mut status = base_status(cluster);
+    let mut init_machine = current_init(cluster, mine);
     let mut assigned_any = false;
     let mut all_running = true;
 
     for (pool_name, desired) in cluster.desired_pools() {
-        let selector = if pool_name == CONTROL_PLANE_POOL {
-            &cluster.spec.control_plane.selector
-        } else {
-            &cluster
-                .spec
-                .worker_pools
-                .iter()
-                .find(|p| p.name == pool_name)
-                .expect("desired_pools lists spec pools")
-                .selector
-        };
-        let mut in_pool: Vec<&Machine> = mine
-            .iter()
-            .copied()
-            .filter(|m| {
-                m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str()) == Some(&pool_name)
-                    && m.status.phase != MachinePhase::Releasing
-            })
-            .collect();
+        let selector = pool_selector(cluster, &pool_name);
+        let mut in_pool = pool_members(mine, &pool_name);
         let mut count = in_pool.len() as u32;
-        let mut new_assignments = 0;
         while count < desired {
             let Some(pos) = free.iter().position(|m| {
                 selector.matches(&m.metadata.labels) && !taken.contains(m.metadata.name.as_str())
@@ -136,16 +182,7 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
             };
             let m = free.remove(pos);
             taken.insert(&m.metadata.name);
-            let role = if pool_name == CONTROL_PLANE_POOL {
-                if init_machine.is_none() {
-                    init_machine = Some(m.metadata.name.clone());
-                    MachineRole::Init
-                } else {
-                    MachineRole::ControlPlane
-                }
-            } else {
-                MachineRole::Worker
-            };
+            let role = next_role(&pool_name, &mut init_machine, &m.metadata.name);
             steps.push(Step::Assign {
                 machine: m.metadata.name.clone(),
                 machine_pool: pool_name.clone(),
@@ -155,7 +192,6 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
                 status.control_plane_endpoint = Some(endpoint_for(cluster, m));
             }
             count += 1;
-            new_assignments += 1;
         }
         if count > desired {
             // Scale down: release machines that are not the init machine,
@@ -177,16 +213,9 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
             }
             count = desired;
         }
-        let running = in_pool
-            .iter()
-            .filter(|m| m.status.phase == MachinePhase::Running)
-            .count() as u32;
-        if running < desired {
-            all_running = false;
-        }
-        if count > 0 || new_assignments > 0 {
-            assigned_any = true;
-        }
+        let running = count_running(&in_pool);
+        all_running &= running >= desired;
+        assigned_any |= count > 0;
         status.pools.push(PoolStatus {
             name: pool_name.clone(),
             desired,
@@ -194,17 +223,14 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
             running: running.min(desired),
         });
     }
-    if let Some(ep) = &cluster.spec.control_plane_endpoint {
-        status.control_plane_endpoint = Some(ep.clone());
-    }
-    status.init_machine = init_machine;
-    status.phase = if all_running {
-        ClusterPhase::Running
-    } else if assigned_any {
-        ClusterPhase::Provisioning
-    } else {
-        ClusterPhase::Pending
-    };
+    finish_status(
+        cluster,
+        mine,
+        &mut status,
+        init_machine,
+        all_running,
+        assigned_any,
+    );
     let waiting: u32 = status
         .pools
         .iter()
@@ -215,7 +241,7 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
     } else {
         String::new()
     };
-    drover_common::api::set_condition(
+    set_condition(
         &mut status.conditions,
         "MachinesAvailable",
         waiting == 0,
@@ -226,7 +252,377 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
         },
         &msg,
     );
-    drover_common::api::set_condition(
+    if status != cluster.status {
+        steps.push(Step::SetStatus(status));
+    }
+    steps
+}
+
+fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
+    let mut steps = vec![];
+    for m in mine {
+        if m.status.phase == MachinePhase::Deleted
+            && m.metadata
+                .deletion_timestamp
+                .is_some_and(|t| observed.now - t > TOMBSTONE_TTL)
+        {
+            steps.push(Step::Forget {
+                machine: m.metadata.name.clone(),
+            });
+        }
+    }
+    if cluster.metadata.deletion_timestamp.is_some() {
+        steps.extend(deleting_steps(cluster, mine, true));
+        return steps;
+    }
+    if !observed.has_pki {
+        steps.push(Step::EnsurePki);
+        return steps;
+    }
+    let mut status = base_status(cluster);
+    let live: Vec<&Machine> = mine
+        .iter()
+        .copied()
+        .filter(|m| !matches!(m.status.phase, MachinePhase::Deleted))
+        .collect();
+    let mut init_machine = current_init(cluster, &live);
+    let initialized = cluster.status.initialized
+        || init_machine
+            .as_ref()
+            .and_then(|i| live.iter().find(|m| &m.metadata.name == i))
+            .is_some_and(|m| m.status.phase == MachinePhase::Running);
+    if init_machine.is_none() && initialized {
+        // The init machine is gone after it initialized the cluster: the
+        // cluster keeps its initialized state; new control-plane machines join.
+        init_machine = None;
+    }
+    let mut all_running = true;
+    let mut assigned_any = false;
+    let mut paused = vec![];
+
+    // Machines already being deleted are finished first.
+    for m in &live {
+        if m.status.phase == MachinePhase::Deleting {
+            steps.push(Step::Destroy {
+                machine: m.metadata.name.clone(),
+            });
+        }
+    }
+
+    for (pool_name, desired) in cluster.desired_pools() {
+        let is_cp = pool_name == CONTROL_PLANE_POOL;
+        let members: Vec<&Machine> = live
+            .iter()
+            .copied()
+            .filter(|m| {
+                m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str()) == Some(&pool_name)
+            })
+            .collect();
+        let active: Vec<&Machine> = members
+            .iter()
+            .copied()
+            .filter(|m| m.status.phase != MachinePhase::Deleting)
+            .collect();
+        let deleting_here = members.len() - active.len();
+
+        // Provision what was recorded but not yet created.
+        for m in &active {
+            if m.status.provider_id.is_none() {
+                steps.push(Step::Provision {
+                    machine: m.metadata.name.clone(),
+                });
+            }
+        }
+
+        // Health.
+        let unhealthy: Vec<(&Machine, String)> = active
+            .iter()
+            .filter_map(|m| {
+                let uid = m.metadata.uid.as_deref().unwrap_or_default();
+                unhealthy_reason(
+                    m,
+                    observed.now,
+                    (observed.last_seen)(&m.metadata.name),
+                    (observed.instance)(uid),
+                    &observed.policy,
+                )
+                .map(|r| (*m, r))
+            })
+            .collect();
+        let allowed = observed
+            .policy
+            .max_unhealthy(desired.max(active.len() as u32));
+        let mut remediate: Vec<(&Machine, String)> = vec![];
+        if unhealthy.len() as u32 > allowed {
+            paused.push(format!(
+                "pool {pool_name}: {} of {} machines are unhealthy, more than maxUnhealthy {}% allows ({allowed}); remediation paused",
+                unhealthy.len(),
+                active.len(),
+                observed.policy.max_unhealthy_percent
+            ));
+        } else if is_cp {
+            // One control-plane machine at a time, and only while the rest
+            // keeps etcd quorum (before init there is no etcd to protect).
+            if deleting_here == 0 {
+                if let Some((m, why)) = unhealthy.first() {
+                    let healthy_others = active
+                        .iter()
+                        .filter(|o| o.metadata.name != m.metadata.name)
+                        .filter(|o| o.status.phase == MachinePhase::Running)
+                        .filter(|o| {
+                            !unhealthy
+                                .iter()
+                                .any(|(u, _)| u.metadata.name == o.metadata.name)
+                        })
+                        .count() as u32;
+                    let members_after = (active.len() as u32).saturating_sub(1);
+                    if !initialized
+                        || (members_after > 0 && healthy_others >= quorum(members_after))
+                    {
+                        remediate.push((m, why.clone()));
+                    } else {
+                        paused.push(format!(
+                            "control plane: {} is unhealthy ({why}) but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated",
+                            m.metadata.name,
+                            active.len()
+                        ));
+                    }
+                }
+            }
+        } else {
+            remediate = unhealthy.clone();
+        }
+        for (m, why) in &remediate {
+            steps.push(Step::DeleteMachine {
+                machine: m.metadata.name.clone(),
+                reason: format!("unhealthy: {why}"),
+                remediation: true,
+            });
+        }
+        let remaining: Vec<&Machine> = active
+            .iter()
+            .copied()
+            .filter(|m| {
+                !remediate
+                    .iter()
+                    .any(|(r, _)| r.metadata.name == m.metadata.name)
+            })
+            .collect();
+        let mut count = remaining.len() as u32;
+
+        // Machines this pool lost to remediation and not yet replaced.
+        let mut to_replace: Vec<String> = members
+            .iter()
+            .chain(mine.iter().filter(|m| {
+                m.status.phase == MachinePhase::Deleted
+                    && m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str())
+                        == Some(&pool_name)
+            }))
+            .filter(|m| needs_replacement_link(m))
+            .map(|m| m.metadata.name.clone())
+            .chain(remediate.iter().map(|(m, _)| m.metadata.name.clone()))
+            .collect();
+        to_replace.sort();
+        to_replace.dedup();
+
+        // Scale up. Control-plane machines come one at a time, and the
+        // others only once the first has initialized the cluster.
+        while count < desired {
+            if is_cp {
+                let busy = remaining
+                    .iter()
+                    .any(|m| m.status.phase != MachinePhase::Running);
+                if busy || (count > 0 && !initialized) {
+                    break;
+                }
+            }
+            let role = if is_cp {
+                if !initialized && init_machine.is_none() {
+                    MachineRole::Init
+                } else {
+                    MachineRole::ControlPlane
+                }
+            } else {
+                MachineRole::Worker
+            };
+            if role == MachineRole::Init {
+                // The executor names it; the status records it after creation.
+                init_machine = None;
+            }
+            steps.push(Step::CreateMachine {
+                machine_pool: pool_name.clone(),
+                role,
+                replaces: to_replace.pop(),
+            });
+            count += 1;
+            if is_cp {
+                break;
+            }
+        }
+        // Scale down: unhealthy first (already removed above), then newest,
+        // never the init machine while it is needed.
+        if count > desired {
+            let mut victims: Vec<&Machine> = remaining.clone();
+            victims.sort_by_key(|m| {
+                (
+                    Some(&m.metadata.name) == init_machine.as_ref(),
+                    m.status.phase == MachinePhase::Running,
+                    std::cmp::Reverse(m.metadata.creation_timestamp),
+                )
+            });
+            let excess = (count - desired) as usize;
+            let take = if is_cp { excess.min(1) } else { excess };
+            for m in victims.iter().take(take) {
+                steps.push(Step::DeleteMachine {
+                    machine: m.metadata.name.clone(),
+                    reason: format!(
+                        "pool {pool_name} of cluster {} scaled down to {desired}",
+                        cluster.metadata.name
+                    ),
+                    remediation: false,
+                });
+            }
+            count = desired;
+        }
+        let running = count_running(&remaining);
+        all_running &= running >= desired && unhealthy.is_empty();
+        assigned_any |= !members.is_empty();
+        status.pools.push(PoolStatus {
+            name: pool_name.clone(),
+            desired,
+            assigned: count.min(remaining.len() as u32),
+            running: running.min(desired),
+        });
+    }
+    finish_status(
+        cluster,
+        &live,
+        &mut status,
+        init_machine,
+        all_running,
+        assigned_any,
+    );
+    status.initialized = initialized;
+    set_condition(
+        &mut status.conditions,
+        "RemediationAllowed",
+        paused.is_empty(),
+        if paused.is_empty() {
+            "WithinLimits"
+        } else {
+            "RemediationPaused"
+        },
+        &paused.join("; "),
+    );
+    if status != cluster.status {
+        steps.push(Step::SetStatus(status));
+    }
+    steps
+}
+
+fn needs_replacement_link(m: &Machine) -> bool {
+    let remediated = m.status.events.iter().any(|e| e.reason == "Remediating");
+    let linked = m.status.events.iter().any(|e| e.reason == "ReplacedBy");
+    remediated && !linked
+}
+
+fn base_status(cluster: &Cluster) -> ClusterStatus {
+    let mut status = cluster.status.clone();
+    status.observed_generation = cluster.metadata.generation;
+    status.pools.clear();
+    status
+}
+
+/// The recorded init machine, if it is still a member of the cluster.
+fn current_init(cluster: &Cluster, mine: &[&Machine]) -> Option<String> {
+    cluster.status.init_machine.clone().filter(|init| {
+        mine.iter().any(|m| {
+            &m.metadata.name == init
+                && !matches!(
+                    m.status.phase,
+                    MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
+                )
+        })
+    })
+}
+
+fn pool_selector<'a>(cluster: &'a Cluster, pool: &str) -> &'a drover_common::api::LabelSelector {
+    if pool == CONTROL_PLANE_POOL {
+        &cluster.spec.control_plane.selector
+    } else {
+        &cluster
+            .spec
+            .worker_pools
+            .iter()
+            .find(|p| p.name == pool)
+            .expect("desired_pools lists spec pools")
+            .selector
+    }
+}
+
+fn pool_members<'a>(mine: &[&'a Machine], pool: &str) -> Vec<&'a Machine> {
+    mine.iter()
+        .copied()
+        .filter(|m| {
+            m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str()) == Some(pool)
+                && m.status.phase != MachinePhase::Releasing
+        })
+        .collect()
+}
+
+fn count_running(machines: &[&Machine]) -> u32 {
+    machines
+        .iter()
+        .filter(|m| m.status.phase == MachinePhase::Running)
+        .count() as u32
+}
+
+fn next_role(pool: &str, init_machine: &mut Option<String>, candidate: &str) -> MachineRole {
+    if pool == CONTROL_PLANE_POOL {
+        if init_machine.is_none() {
+            *init_machine = Some(candidate.to_owned());
+            MachineRole::Init
+        } else {
+            MachineRole::ControlPlane
+        }
+    } else {
+        MachineRole::Worker
+    }
+}
+
+fn finish_status(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    status: &mut ClusterStatus,
+    init_machine: Option<String>,
+    all_running: bool,
+    assigned_any: bool,
+) {
+    if let Some(ep) = &cluster.spec.control_plane_endpoint {
+        status.control_plane_endpoint = Some(ep.clone());
+    } else if let Some(init) = init_machine
+        .as_ref()
+        .and_then(|i| mine.iter().find(|m| &m.metadata.name == i))
+    {
+        if !init.status.addresses.is_empty() {
+            status.control_plane_endpoint = Some(endpoint_for(cluster, init));
+        }
+    }
+    status.init_machine = init_machine.or_else(|| cluster.status.init_machine.clone());
+    if status.init_machine.as_ref().is_some_and(|i| {
+        mine.iter()
+            .any(|m| &m.metadata.name == i && m.status.phase == MachinePhase::Running)
+    }) {
+        status.initialized = true;
+    }
+    status.phase = if all_running {
+        ClusterPhase::Running
+    } else if assigned_any {
+        ClusterPhase::Provisioning
+    } else {
+        ClusterPhase::Pending
+    };
+    set_condition(
         &mut status.conditions,
         "Ready",
         all_running,
@@ -237,10 +633,6 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
         },
         "",
     );
-    if status != cluster.status {
-        steps.push(Step::SetStatus(status));
-    }
-    steps
 }
 
 fn endpoint_for(cluster: &Cluster, init: &Machine) -> String {
@@ -276,11 +668,24 @@ pub enum ReconcileError {
         cluster: String,
         source: drover_common::pki::PkiError,
     },
+    #[error(transparent)]
+    Provider(#[from] crate::provider::ProviderError),
+}
+
+fn random_suffix() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| {
+            let i = rng.random_range(0..36u8);
+            (if i < 10 { b'0' + i } else { b'a' + i - 10 }) as char
+        })
+        .collect()
 }
 
 /// Applies one step. Each step re-reads what it changes, so a plan made from
 /// slightly old objects cannot overwrite newer ones.
-pub fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), ReconcileError> {
+pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), ReconcileError> {
     let cname = &cluster.metadata.name;
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
     match step {
@@ -321,6 +726,11 @@ pub fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Reconcil
                     generation: m.metadata.generation,
                 });
                 m.status.phase = MachinePhase::Assigned;
+                push_event(
+                    &mut m.status.events,
+                    "Assigned",
+                    format!("claimed by cluster {cname} as {role} in pool {machine_pool}"),
+                );
                 Ok(true)
             })?;
             if done.is_some_and(|m| {
@@ -344,10 +754,127 @@ pub fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Reconcil
                 } else {
                     m.status.phase = MachinePhase::Releasing;
                 }
+                push_event(&mut m.status.events, "Released", reason.clone());
                 Ok(true)
             })?;
             tracing::info!(cluster = %cname, machine = %machine, %reason, "machine released");
         }
+        Step::CreateMachine {
+            machine_pool,
+            role,
+            replaces,
+        } => {
+            let short = if machine_pool == CONTROL_PLANE_POOL {
+                "cp"
+            } else {
+                machine_pool.as_str()
+            };
+            let name = format!("{cname}-{short}-{}", random_suffix());
+            let now = drover_common::now();
+            let mut status = MachineStatus {
+                phase: MachinePhase::Provisioning,
+                ..Default::default()
+            };
+            push_event(
+                &mut status.events,
+                "Created",
+                format!(
+                    "recorded for cluster {cname}, pool {machine_pool}, role {role}{}",
+                    replaces
+                        .as_ref()
+                        .map(|r| format!(", replacing {r}"))
+                        .unwrap_or_default()
+                ),
+            );
+            let machine = Machine {
+                api_version: drover_common::API_VERSION.into(),
+                kind: "Machine".into(),
+                metadata: ObjectMeta {
+                    name: name.clone(),
+                    uid: Some(uuid::Uuid::new_v4().to_string()),
+                    generation: 1,
+                    creation_timestamp: Some(now),
+                    labels: [
+                        ("drover.dev/cluster".to_string(), cname.clone()),
+                        ("drover.dev/pool".to_string(), machine_pool.clone()),
+                    ]
+                    .into(),
+                    ..Default::default()
+                },
+                spec: MachineSpec {
+                    pool: String::new(),
+                    provider: Some(cluster.spec.provider.name().to_owned()),
+                    assignment: Some(Assignment {
+                        cluster: cname.clone(),
+                        cluster_uid: uid.clone(),
+                        machine_pool: machine_pool.clone(),
+                        role: *role,
+                        generation: 1,
+                    }),
+                },
+                status,
+            };
+            app.store.create_json(Kind::Machine, &name, &machine)?;
+            tracing::info!(cluster = %cname, machine = %name, pool = %machine_pool, role = %role, "machine recorded");
+            if *role == MachineRole::Init {
+                app.update_cluster::<StoreError>(cname, |c| {
+                    if c.metadata.uid.as_deref() != Some(uid.as_str()) {
+                        return Ok(false);
+                    }
+                    c.status.init_machine = Some(name.clone());
+                    Ok(true)
+                })?;
+            }
+            if let Some(old) = replaces {
+                app.update_machine::<StoreError>(old, |m| {
+                    push_event(
+                        &mut m.status.events,
+                        "ReplacedBy",
+                        format!("replaced by {name}"),
+                    );
+                    Ok(true)
+                })?;
+            }
+        }
+        Step::Provision { machine } => {
+            crate::provisioner::provision(app, cluster, machine).await?;
+        }
+        Step::DeleteMachine {
+            machine,
+            reason,
+            remediation,
+        } => {
+            app.update_machine::<StoreError>(machine, |m| {
+                if matches!(
+                    m.status.phase,
+                    MachinePhase::Deleting | MachinePhase::Deleted
+                ) {
+                    return Ok(false);
+                }
+                m.status.phase = MachinePhase::Deleting;
+                m.metadata.deletion_timestamp = Some(drover_common::now());
+                if *remediation {
+                    push_event(&mut m.status.events, "Unhealthy", reason.clone());
+                    push_event(
+                        &mut m.status.events,
+                        "Remediating",
+                        "deleting to replace it",
+                    );
+                } else {
+                    push_event(&mut m.status.events, "Deleting", reason.clone());
+                }
+                Ok(true)
+            })?;
+            tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started");
+            crate::provisioner::destroy(app, cluster, machine).await?;
+        }
+        Step::Destroy { machine } => {
+            crate::provisioner::destroy(app, cluster, machine).await?;
+        }
+        Step::Forget { machine } => match app.store.delete(Kind::Machine, machine, None) {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        },
         Step::SetStatus(status) => {
             app.update_cluster::<StoreError>(cname, |c| {
                 if c.metadata.uid != cluster.metadata.uid || c.status == *status {
@@ -356,11 +883,30 @@ pub fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Reconcil
                 if c.status.phase != status.phase {
                     tracing::info!(cluster = %cname, from = %c.status.phase, to = %status.phase, "cluster phase changed");
                 }
+                // The executor may have named a new init machine meanwhile.
+                let init = c.status.init_machine.clone();
                 c.status = status.clone();
+                if c.status.init_machine.is_none() {
+                    c.status.init_machine = init;
+                }
                 Ok(true)
             })?;
         }
         Step::Finalize => {
+            if cluster.spec.provider.creates_machines() {
+                crate::provisioner::delete_cluster_resources(app, cluster).await?;
+            }
+            // Tombstones of the cluster's machines go with it.
+            for m in app.machines()? {
+                if m.status.phase == MachinePhase::Deleted
+                    && m.spec
+                        .assignment
+                        .as_ref()
+                        .is_some_and(|a| a.cluster_uid == uid)
+                {
+                    let _ = app.store.delete(Kind::Machine, &m.metadata.name, None);
+                }
+            }
             let rev = cluster
                 .metadata
                 .resource_version
@@ -397,13 +943,22 @@ pub struct LoopStatus {
 
 /// One pass over every cluster. Returns the errors met (each names its
 /// cluster); one cluster failing never stops the others.
-pub fn reconcile_all(app: &App, now: OffsetDateTime) -> Vec<String> {
+pub async fn reconcile_all(app: &App) -> Vec<String> {
     let mut errors = vec![];
     let clusters = match app.clusters() {
         Ok(c) => c,
         Err(e) => return vec![format!("cannot list clusters: {e}")],
     };
+    // What providers report, once per pass.
+    let mut instances: HashMap<String, InstanceState> = HashMap::new();
+    if clusters.iter().any(|c| c.spec.provider.creates_machines()) {
+        match crate::provisioner::observe(app).await {
+            Ok(list) => instances = list,
+            Err(e) => errors.push(format!("cannot list provider machines: {e}")),
+        }
+    }
     for cluster in clusters {
+        let now = drover_common::now();
         // Re-read machines per cluster: an earlier cluster may have claimed some.
         let machines = match app.machines() {
             Ok(m) => m,
@@ -416,17 +971,22 @@ pub fn reconcile_all(app: &App, now: OffsetDateTime) -> Vec<String> {
                 continue;
             }
         };
-        let alive = |name: &str| app.is_alive(name, now);
+        let last_seen = |name: &str| app.last_seen(name);
+        let instance = |uid: &str| instances.get(uid).copied();
+        let policy = Policy::for_cluster(&cluster, app.settings.health_defaults);
         let steps = plan(
             &cluster,
             &machines,
             &Observed {
+                now,
                 has_pki,
-                alive: &alive,
+                last_seen: &last_seen,
+                instance: &instance,
+                policy,
             },
         );
         for step in &steps {
-            if let Err(e) = execute(app, &cluster, step) {
+            if let Err(e) = execute(app, &cluster, step).await {
                 let msg = format!("cluster {}: {step:?}: {e}", cluster.metadata.name);
                 tracing::warn!(error = %msg, "reconcile step failed");
                 errors.push(msg);
@@ -437,8 +997,8 @@ pub fn reconcile_all(app: &App, now: OffsetDateTime) -> Vec<String> {
     errors
 }
 
-/// Runs the reconcile loop until `shutdown` fires: every `period`, or at
-/// once when something calls `app.reconcile_now.notify_one()`.
+/// Runs the reconcile loop until `shutdown` fires: every `period`, on store
+/// changes, or at once when something calls `app.reconcile_now.notify_one()`.
 pub async fn run_loop(
     app: Arc<App>,
     status: Arc<Mutex<LoopStatus>>,
@@ -448,19 +1008,13 @@ pub async fn run_loop(
     let mut changes = app.store.watch();
     loop {
         let started = Instant::now();
-        let app2 = app.clone();
-        let errors =
-            tokio::task::spawn_blocking(move || reconcile_all(&app2, drover_common::now()))
-                .await
-                .unwrap_or_else(|e| vec![format!("reconcile pass panicked: {e}")]);
+        let errors = reconcile_all(&app).await;
         {
             let mut s = status.lock().expect("loop status lock");
             s.runs += 1;
             s.last_run_millis = started.elapsed().as_millis() as u64;
             s.last_errors = errors.clone();
         }
-        // Errors back off to the period; a clean pass that changed things is
-        // usually followed by a wake-up from the writes it made.
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = app.reconcile_now.notified() => {
@@ -479,13 +1033,11 @@ pub async fn run_loop(
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use drover_common::api::{
-        ControlPlaneSpec, LabelSelector, MachineSpec, MachineStatus, NetworkSpec, ObjectMeta,
-        PoolProviderSpec, WorkerPoolSpec,
+        ControlPlaneSpec, LabelSelector, NetworkSpec, PoolProviderSpec, WorkerPoolSpec,
     };
     use std::collections::BTreeMap;
 
@@ -518,6 +1070,7 @@ mod tests {
                     },
                 }),
                 control_plane_endpoint: None,
+                health: None,
             },
             status: ClusterStatus::default(),
         }
@@ -534,6 +1087,7 @@ mod tests {
             },
             spec: MachineSpec {
                 pool: "p".into(),
+                provider: None,
                 assignment: None,
             },
             status: MachineStatus {
@@ -544,20 +1098,30 @@ mod tests {
         }
     }
 
-    fn alive(_: &str) -> bool {
-        true
+    fn seen_now(_: &str) -> Option<OffsetDateTime> {
+        Some(drover_common::now())
+    }
+
+    fn no_instance(_: &str) -> Option<InstanceState> {
+        None
+    }
+
+    fn obs<'a>(
+        has_pki: bool,
+        last_seen: &'a dyn Fn(&str) -> Option<OffsetDateTime>,
+    ) -> Observed<'a> {
+        Observed {
+            now: drover_common::now(),
+            has_pki,
+            last_seen,
+            instance: &no_instance,
+            policy: Policy::defaults(Duration::from_secs(40)),
+        }
     }
 
     #[test]
     fn pki_comes_first() {
-        let steps = plan(
-            &cluster(1, 2),
-            &[free("a", "dev")],
-            &Observed {
-                has_pki: false,
-                alive: &alive,
-            },
-        );
+        let steps = plan(&cluster(1, 2), &[free("a", "dev")], &obs(false, &seen_now));
         assert_eq!(steps, vec![Step::EnsurePki]);
     }
 
@@ -569,14 +1133,7 @@ mod tests {
             free("c", "dev"),
             free("d", "dev"),
         ];
-        let steps = plan(
-            &cluster(1, 2),
-            &machines,
-            &Observed {
-                has_pki: true,
-                alive: &alive,
-            },
-        );
+        let steps = plan(&cluster(1, 2), &machines, &obs(true, &seen_now));
         let assigns: Vec<_> = steps
             .iter()
             .filter_map(|s| match s {
@@ -602,14 +1159,11 @@ mod tests {
 
     #[test]
     fn dead_machines_are_not_claimed() {
-        let dead = |n: &str| n != "a";
+        let dead = |n: &str| (n != "a").then(drover_common::now);
         let steps = plan(
             &cluster(1, 0),
             &[free("a", "dev"), free("b", "dev")],
-            &Observed {
-                has_pki: true,
-                alive: &dead,
-            },
+            &obs(true, &dead),
         );
         assert!(steps.contains(&Step::Assign {
             machine: "b".into(),
@@ -630,10 +1184,7 @@ mod tests {
             generation: 2,
         });
         m.status.phase = MachinePhase::Running;
-        let obs = Observed {
-            has_pki: true,
-            alive: &alive,
-        };
+        let obs = obs(true, &seen_now);
         let steps = plan(&c, std::slice::from_ref(&m), &obs);
         let Some(Step::SetStatus(st)) = steps.last() else {
             panic!()
@@ -656,12 +1207,235 @@ mod tests {
             generation: 2,
         });
         m.status.phase = MachinePhase::Running;
-        let obs = Observed {
-            has_pki: true,
-            alive: &alive,
-        };
+        let obs = obs(true, &seen_now);
         let steps = plan(&c, std::slice::from_ref(&m), &obs);
         assert!(matches!(steps[0], Step::Release { .. }));
         assert_eq!(plan(&c, &[], &obs), vec![Step::Finalize]);
+    }
+
+    fn docker_cluster(cp: u32, workers: u32) -> Cluster {
+        let mut c = cluster(cp, workers);
+        c.spec.provider = ProviderSpec::Docker(drover_common::api::DockerProviderSpec {
+            image: "drover-node:test".into(),
+        });
+        c
+    }
+
+    fn created(name: &str, pool: &str, role: MachineRole, phase: MachinePhase) -> Machine {
+        let mut m = free(name, "dev");
+        m.metadata.uid = Some(format!("uid-{name}"));
+        m.metadata.creation_timestamp = Some(drover_common::now());
+        m.spec.provider = Some("docker".into());
+        m.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: pool.into(),
+            role,
+            generation: 1,
+        });
+        m.status.phase = phase;
+        m.status.provider_id = Some(format!("ctr-{name}"));
+        m.status.ticket_redeemed = true;
+        m
+    }
+
+    fn creates(steps: &[Step]) -> Vec<(String, MachineRole)> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::CreateMachine {
+                    machine_pool, role, ..
+                } => Some((machine_pool.clone(), *role)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn deletes(steps: &[Step]) -> Vec<String> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::DeleteMachine { machine, .. } => Some(machine.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn provider_cluster_starts_with_the_init_machine_and_workers() {
+        let steps = plan(&docker_cluster(3, 2), &[], &obs(true, &seen_now));
+        assert_eq!(
+            creates(&steps),
+            vec![
+                (CONTROL_PLANE_POOL.to_string(), MachineRole::Init),
+                ("w".to_string(), MachineRole::Worker),
+                ("w".to_string(), MachineRole::Worker)
+            ]
+        );
+        // With the init machine recorded but not running, no other control plane yet.
+        let mut c = docker_cluster(3, 0);
+        c.status.init_machine = Some("i".into());
+        let init = created(
+            "i",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Bootstrapping,
+        );
+        assert!(creates(&plan(&c, &[init], &obs(true, &seen_now))).is_empty());
+    }
+
+    #[test]
+    fn stopped_worker_is_replaced() {
+        let mut c = docker_cluster(1, 2);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let stopped = |uid: &str| (uid == "uid-w2").then_some(InstanceState::Stopped);
+        let o = Observed {
+            instance: &stopped,
+            ..obs(true, &seen_now)
+        };
+        let steps = plan(&c, &machines, &o);
+        assert_eq!(deletes(&steps), vec!["w2".to_string()]);
+        assert!(steps.contains(&Step::CreateMachine {
+            machine_pool: "w".into(),
+            role: MachineRole::Worker,
+            replaces: Some("w2".into()),
+        }));
+    }
+
+    #[test]
+    fn too_many_unhealthy_pauses_remediation() {
+        let mut c = docker_cluster(1, 2);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let silent = |n: &str| {
+            Some(if n.starts_with('w') {
+                drover_common::now() - time::Duration::minutes(5)
+            } else {
+                drover_common::now()
+            })
+        };
+        let steps = plan(&c, &machines, &obs(true, &silent));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let Some(Step::SetStatus(st)) = steps.last() else {
+            panic!("{steps:?}")
+        };
+        let cond = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .unwrap();
+        assert_eq!(cond.status, "False");
+        assert!(
+            cond.message.contains("remediation paused"),
+            "{}",
+            cond.message
+        );
+    }
+
+    #[test]
+    fn lone_initialized_control_plane_is_not_remediated() {
+        let mut c = docker_cluster(1, 0);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![created(
+            "i",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Running,
+        )];
+        let silent = |_: &str| Some(drover_common::now() - time::Duration::minutes(5));
+        let steps = plan(&c, &machines, &obs(true, &silent));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+    }
+
+    #[test]
+    fn three_control_planes_remediate_one_keeping_quorum() {
+        let mut c = docker_cluster(3, 0);
+        c.status.init_machine = Some("a".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created(
+                "b",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+            created(
+                "c",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+        ];
+        let one_silent = |n: &str| {
+            Some(if n == "c" {
+                drover_common::now() - time::Duration::minutes(5)
+            } else {
+                drover_common::now()
+            })
+        };
+        assert_eq!(
+            deletes(&plan(&c, &machines, &obs(true, &one_silent))),
+            vec!["c".to_string()]
+        );
+        let two_silent = |n: &str| {
+            Some(if n == "a" {
+                drover_common::now()
+            } else {
+                drover_common::now() - time::Duration::minutes(5)
+            })
+        };
+        // Two of three unhealthy: over maxUnhealthy, and quorum would break anyway.
+        assert!(deletes(&plan(&c, &machines, &obs(true, &two_silent))).is_empty());
+    }
+
+    #[test]
+    fn scale_down_removes_newest_worker() {
+        let mut c = docker_cluster(1, 1);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let mut old = created("w1", "w", MachineRole::Worker, MachinePhase::Running);
+        old.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::hours(1));
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            old,
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        assert_eq!(
+            deletes(&plan(&c, &machines, &obs(true, &seen_now))),
+            vec!["w2".to_string()]
+        );
     }
 }

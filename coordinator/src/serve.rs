@@ -129,6 +129,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         advertise_urls.join(", ")
     );
 
+    let (listen_tx, mut listen_rx) =
+        tokio::sync::mpsc::unbounded_channel::<crate::app::ListenRequest>();
     let app = Arc::new(App {
         store,
         ca: secrets.ca,
@@ -137,13 +139,15 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         settings: Settings {
             advertise_urls,
             heartbeat_interval: cfg.heartbeat_interval,
-            heartbeat_timeout: cfg.heartbeat_timeout,
             machine_cert_ttl: cfg.machine_cert_ttl,
             join_token_ttl: cfg.join_token_ttl,
             reconcile_period: Duration::from_secs(2).min(cfg.heartbeat_interval),
+            health_defaults: crate::health::Policy::defaults(cfg.heartbeat_timeout),
         },
         liveness: Mutex::new(Default::default()),
         reconcile_now: Default::default(),
+        docker: Default::default(),
+        listen_requests: listen_tx,
     });
     grace_after_start(&app);
 
@@ -157,11 +161,64 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         loop_status.clone(),
         stop_rx,
     ));
+    let sweeper = tokio::spawn(crate::provisioner::run_sweeper(
+        app.clone(),
+        Duration::from_secs(15),
+        stop_tx.subscribe(),
+    ));
     let router = crate::api::router(app.clone());
+
+    // Extra listeners on Docker network gateways, at the main port.
+    let extra = {
+        let tls = tls.clone();
+        let router = router.clone();
+        let stop = stop_tx.subscribe();
+        let drain = cfg.drain;
+        tokio::spawn(async move {
+            let mut listening = std::collections::HashSet::new();
+            let mut servers = vec![];
+            while let Some(req) = listen_rx.recv().await {
+                if bound.ip().is_unspecified()
+                    || req.ip == bound.ip()
+                    || listening.contains(&req.ip)
+                {
+                    let _ = req.reply.send(Ok(bound.port()));
+                    continue;
+                }
+                let addr = SocketAddr::new(req.ip, bound.port());
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => {
+                        tracing::info!(%addr, "also listening on a machine network");
+                        listening.insert(req.ip);
+                        let mut stop = stop.clone();
+                        servers.push(tokio::spawn(crate::server::run(
+                            l,
+                            tls.clone(),
+                            router.clone(),
+                            async move {
+                                let _ = stop.changed().await;
+                            },
+                            drain,
+                        )));
+                        let _ = req.reply.send(Ok(bound.port()));
+                    }
+                    Err(e) => {
+                        let _ = req.reply.send(Err(format!("cannot listen on {addr}: {e}")));
+                    }
+                }
+            }
+            for s in servers {
+                let _ = s.await;
+            }
+        })
+    };
     tracing::info!(%bound, "coordinator serving");
     crate::server::run(listener, tls, router, shutdown_signal(), cfg.drain).await;
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
+    let _ = sweeper.await;
+    drop(app);
+    extra.abort();
     tracing::info!("coordinator stopped");
     Ok(())
 }
@@ -197,7 +254,10 @@ fn nix_hostname() -> Option<String> {
 }
 
 fn sans(bound: SocketAddr, urls: &[String], extra: &[String]) -> (Vec<String>, Vec<IpAddr>) {
-    let mut dns = vec!["localhost".to_string()];
+    let mut dns = vec![
+        "localhost".to_string(),
+        crate::provider::docker::COORDINATOR_HOST.to_string(),
+    ];
     let mut ips: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()];
     if let Some(h) = nix_hostname() {
         dns.push(h);

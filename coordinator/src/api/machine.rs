@@ -8,7 +8,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use drover_common::api::{
-    Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus, ObjectMeta, RegistrationToken,
+    push_event, set_condition, Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus,
+    ObjectMeta, RegistrationToken,
 };
 use drover_common::pki::{cert_info, LeafSpec, LeafUsage};
 use drover_common::ticket::TicketGrant;
@@ -43,10 +44,15 @@ pub async fn register(
             ApiError::unauthorized(e.to_string())
         })?;
     check_facts(&req.facts)?;
-    let TicketGrant::PoolRegistration { token_id, pool } = claims.grant else {
-        return Err(ApiError::forbidden(
-            "this ticket is bound to a machine the coordinator creates; such machines register through their provider",
-        ));
+    let (token_id, pool) = match claims.grant {
+        TicketGrant::PoolRegistration { token_id, pool } => (token_id, pool),
+        TicketGrant::Machine {
+            cluster,
+            machine,
+            machine_uid,
+        } => {
+            return register_created_machine(&app, &req, &cluster, &machine, &machine_uid).await;
+        }
     };
     let suffix: String = {
         let mut rng = rand::rng();
@@ -61,18 +67,7 @@ pub async fn register(
     let uid = uuid::Uuid::new_v4().to_string();
     let issued = app
         .ca
-        .sign_csr(
-            &req.csr_pem,
-            &LeafSpec {
-                common_name: name.clone(),
-                organizations: vec![MACHINE_ORG.into()],
-                dns_names: vec![],
-                ip_addresses: vec![],
-                usage: LeafUsage::Client,
-                validity: time::Duration::try_from(app.settings.machine_cert_ttl)
-                    .unwrap_or(time::Duration::hours(24)),
-            },
-        )
+        .sign_csr(&req.csr_pem, &machine_leaf(&app, &name))
         .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
 
     // Redeem the ticket and create the machine in one transaction; a
@@ -122,6 +117,7 @@ pub async fn register(
             },
             spec: MachineSpec {
                 pool: pool.clone(),
+                provider: None,
                 assignment: None,
             },
             status: MachineStatus {
@@ -133,6 +129,11 @@ pub async fn register(
                 agent_version: req.facts.agent_version.clone(),
                 last_heartbeat_time: Some(now),
                 certificate_not_after: Some(issued.not_after),
+                events: vec![drover_common::api::Event {
+                    time: now,
+                    reason: "Registered".into(),
+                    message: format!("registered into pool {pool} with token {token_id}"),
+                }],
                 ..Default::default()
             },
         };
@@ -179,6 +180,108 @@ pub async fn register(
     Err(ApiError::internal(format!(
         "registration token {token_id} is under heavy concurrent use; retry"
     )))
+}
+
+/// Registration of a machine the coordinator created: the ticket names the
+/// machine; redeeming it is recorded on the machine in the same write that
+/// stores its facts, so it works once.
+async fn register_created_machine(
+    app: &App,
+    req: &RegisterRequest,
+    cluster: &str,
+    machine: &str,
+    machine_uid: &str,
+) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    let now = drover_common::now();
+    let current = app.machine(machine)?.ok_or_else(|| {
+        ApiError::unauthorized(format!(
+            "machine {machine} of cluster {cluster} no longer exists; its ticket died with it"
+        ))
+    })?;
+    let assigned_cluster = current.spec.assignment.as_ref().map(|a| a.cluster.as_str());
+    if current.metadata.uid.as_deref() != Some(machine_uid) || assigned_cluster != Some(cluster) {
+        return Err(ApiError::unauthorized(format!(
+            "this ticket was issued for another incarnation of machine {machine}"
+        )));
+    }
+    if matches!(
+        current.status.phase,
+        MachinePhase::Deleting | MachinePhase::Deleted
+    ) {
+        return Err(ApiError::unauthorized(format!(
+            "machine {machine} is being deleted; its ticket is no longer valid"
+        )));
+    }
+    if current.status.ticket_redeemed {
+        tracing::warn!(machine, hostname = %req.facts.hostname, "replayed machine ticket refused");
+        return Err(ApiError::conflict(format!(
+            "ticket already used: machine {machine} has registered; a ticket is redeemed once"
+        )));
+    }
+    let issued = app
+        .ca
+        .sign_csr(&req.csr_pem, &machine_leaf(app, machine))
+        .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
+    // The write is conditional on the revision read above: of two
+    // concurrent redemptions, one fails with a conflict.
+    let mut m = current;
+    m.status.ticket_redeemed = true;
+    m.status.phase = MachinePhase::Assigned;
+    m.status.hostname = req.facts.hostname.clone();
+    m.status.addresses = req.facts.addresses.clone();
+    m.status.api_server_port = req.facts.api_server_port;
+    m.status.kubelet_healthz_port = req.facts.kubelet_healthz_port;
+    m.status.agent_version = req.facts.agent_version.clone();
+    m.status.last_heartbeat_time = Some(now);
+    m.status.certificate_not_after = Some(issued.not_after);
+    push_event(
+        &mut m.status.events,
+        "Registered",
+        format!(
+            "agent {} registered from {}",
+            req.facts.agent_version,
+            req.facts.addresses.join(", ")
+        ),
+    );
+    match app.write_machine(&m) {
+        Ok(_) => {}
+        Err(StoreError::Conflict { .. }) => {
+            return Err(ApiError::conflict(format!(
+                "machine {machine} changed while registering; if this ticket was used concurrently, it is spent"
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    app.liveness
+        .lock()
+        .expect("liveness lock")
+        .insert(machine.to_owned(), Liveness { last_seen: now });
+    tracing::info!(machine, cluster, hostname = %req.facts.hostname, "created machine registered");
+    app.reconcile_now.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(RegisterResponse {
+            machine_name: machine.to_owned(),
+            machine_uid: machine_uid.to_owned(),
+            certificate_pem: issued.cert_pem,
+            not_after: issued.not_after,
+            coordinator_ca_pem: app.ca.cert_pem.clone(),
+            heartbeat_interval_seconds: app.settings.heartbeat_interval.as_secs().max(1),
+        }),
+    ))
+}
+
+/// The certificate a machine gets: its name as CN, the machine group.
+fn machine_leaf(app: &App, machine: &str) -> LeafSpec {
+    LeafSpec {
+        common_name: machine.to_owned(),
+        organizations: vec![MACHINE_ORG.into()],
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: LeafUsage::Client,
+        validity: time::Duration::try_from(app.settings.machine_cert_ttl)
+            .unwrap_or(time::Duration::hours(24)),
+    }
 }
 
 fn check_facts(f: &MachineFacts) -> Result<(), ApiError> {
@@ -232,12 +335,14 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
             "the client certificate is not a machine certificate",
         ));
     }
-    app.machine(&info.common_name)?.ok_or_else(|| {
-        ApiError::unauthorized(format!(
-            "machine {} is not known to this coordinator (it was deleted); it needs a new ticket",
-            info.common_name
-        ))
-    })
+    app.machine(&info.common_name)?
+        .filter(|m| m.status.phase != MachinePhase::Deleted)
+        .ok_or_else(|| {
+            ApiError::unauthorized(format!(
+                "machine {} is not known to this coordinator (it was deleted); it needs a new ticket",
+                info.common_name
+            ))
+        })
 }
 
 /// `POST /v1/machine/heartbeat`: record liveness and what changed, answer
@@ -340,6 +445,11 @@ pub async fn heartbeat(
 
 /// Folds a heartbeat into a machine. Pure, so it is unit-tested.
 pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
+    let before_phase = m.status.phase;
+    if matches!(before_phase, MachinePhase::Deleting | MachinePhase::Deleted) {
+        m.status.health = Some(hb.health.clone());
+        return;
+    }
     let releasing = m.status.phase == MachinePhase::Releasing;
     if releasing {
         if hb.phase == AgentPhase::Waiting && hb.applied_generation == 0 {
@@ -370,6 +480,54 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
         }
     }
     m.status.health = Some(hb.health.clone());
+    if m.status.phase == MachinePhase::Running {
+        let (healthy, reason, message) = health_verdict(&hb.health);
+        set_condition(
+            &mut m.status.conditions,
+            crate::health::HEALTHY_CONDITION,
+            healthy,
+            reason,
+            &message,
+        );
+    }
+    if m.status.phase != before_phase {
+        let (reason, message) = match m.status.phase {
+            MachinePhase::Bootstrapping => ("Bootstrapping", "kubeadm is running".to_string()),
+            MachinePhase::Running => (
+                "Bootstrapped",
+                "kubeadm finished; the node is reporting".to_string(),
+            ),
+            MachinePhase::Failed => (
+                "BootstrapFailed",
+                m.status
+                    .bootstrap
+                    .as_ref()
+                    .and_then(|b| b.failure.as_ref())
+                    .map(|f| format!("`{}` exited with {:?}", f.command, f.exit_code))
+                    .unwrap_or_else(|| "bootstrap failed".into()),
+            ),
+            MachinePhase::Registered if before_phase == MachinePhase::Releasing => (
+                "ReturnedToPool",
+                "reset done; waiting in the pool".to_string(),
+            ),
+            other => ("PhaseChanged", format!("now {other}")),
+        };
+        push_event(&mut m.status.events, reason, message);
+    }
+}
+
+/// Whether a health report is healthy, with a stable reason and message.
+fn health_verdict(h: &drover_common::wire::HealthReport) -> (bool, &'static str, String) {
+    use drover_common::wire::ProbeState;
+    if h.kubelet.state == ProbeState::Unhealthy {
+        return (false, "KubeletUnhealthy", h.kubelet.message.clone());
+    }
+    if let Some(a) = &h.api_server {
+        if a.state == ProbeState::Unhealthy {
+            return (false, "ApiServerUnhealthy", a.message.clone());
+        }
+    }
+    (true, "Healthy", String::new())
 }
 
 /// The control-plane machine that registers join tokens: the init machine
@@ -554,18 +712,7 @@ pub async fn renew(
     let name = machine.metadata.name.clone();
     let issued = app
         .ca
-        .sign_csr(
-            &req.csr_pem,
-            &LeafSpec {
-                common_name: name.clone(),
-                organizations: vec![MACHINE_ORG.into()],
-                dns_names: vec![],
-                ip_addresses: vec![],
-                usage: LeafUsage::Client,
-                validity: time::Duration::try_from(app.settings.machine_cert_ttl)
-                    .unwrap_or(time::Duration::hours(24)),
-            },
-        )
+        .sign_csr(&req.csr_pem, &machine_leaf(&app, &name))
         .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
     let not_after = issued.not_after;
     app.update_machine::<ApiError>(&name, |m| {
@@ -595,6 +742,7 @@ mod tests {
             },
             spec: MachineSpec {
                 pool: "p".into(),
+                provider: None,
                 assignment: generation.map(|g| Assignment {
                     cluster: "c".into(),
                     cluster_uid: "u".into(),

@@ -1,0 +1,421 @@
+//! The `docker` provider: each machine is a container from a node image on a
+//! Docker network of the cluster's own (the Cluster API Docker provider is
+//! the model). User data goes in as a cloud-init NoCloud seed, copied into
+//! the container before it starts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, HostConfig, Ipam, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptions, InspectNetworkOptions, ListContainersOptions, ListNetworksOptions,
+    RemoveContainerOptions, StartContainerOptions, UploadToContainerOptions,
+};
+use bollard::Docker;
+
+use super::{
+    InstanceState, MachineRequest, ProviderError, ProviderMachine, ProviderNetwork, LABEL_CLUSTER,
+    LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
+};
+
+/// The host name containers use for the coordinator; it resolves to their
+/// network's gateway, where the coordinator listens.
+pub const COORDINATOR_HOST: &str = "drover-coordinator";
+/// Where the NoCloud seed goes inside the container.
+pub const SEED_DIR: &str = "/var/lib/cloud/seed/nocloud";
+
+const PROVIDER: &str = "docker";
+
+/// A connection to the Docker engine, scoped to one coordinator's objects.
+#[derive(Clone)]
+pub struct DockerProvider {
+    docker: Docker,
+    /// Value of the managed-by label: this coordinator's identity, so two
+    /// coordinators on one engine never sweep each other's containers.
+    owner: String,
+}
+
+/// A cluster network and the address of the host on it.
+#[derive(Debug, Clone)]
+pub struct ClusterNetwork {
+    pub name: String,
+    pub gateway: IpAddr,
+}
+
+fn failed(action: &'static str, object: impl Into<String>, e: DockerError) -> ProviderError {
+    ProviderError::Failed {
+        provider: PROVIDER,
+        action,
+        object: object.into(),
+        detail: e.to_string(),
+    }
+}
+
+fn status_code(e: &DockerError) -> Option<u16> {
+    match e {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+impl DockerProvider {
+    /// Connects to the engine named by `DOCKER_HOST` (default: the local
+    /// socket) and agrees on an API version with it.
+    pub async fn connect(owner: String) -> Result<Self, ProviderError> {
+        let docker = Docker::connect_with_defaults()
+            .map_err(|e| ProviderError::Unavailable {
+                provider: PROVIDER,
+                detail: e.to_string(),
+            })?
+            .negotiate_version()
+            .await
+            .map_err(|e| ProviderError::Unavailable {
+                provider: PROVIDER,
+                detail: e.to_string(),
+            })?;
+        Ok(Self { docker, owner })
+    }
+
+    /// The name of a cluster's network.
+    pub fn network_name(cluster: &str) -> String {
+        format!("drover-{cluster}")
+    }
+
+    /// The name of a machine's container.
+    pub fn container_name(cluster: &str, machine: &str) -> String {
+        format!("drover-{cluster}-{machine}")
+    }
+
+    fn cluster_labels(&self, cluster: &str, cluster_uid: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (LABEL_MANAGED.to_owned(), self.owner.clone()),
+            (LABEL_CLUSTER.to_owned(), cluster.to_owned()),
+            (LABEL_CLUSTER_UID.to_owned(), cluster_uid.to_owned()),
+        ])
+    }
+
+    /// Creates the cluster's network unless it exists; returns it with its gateway.
+    pub async fn ensure_network(
+        &self,
+        cluster: &str,
+        cluster_uid: &str,
+    ) -> Result<ClusterNetwork, ProviderError> {
+        let name = Self::network_name(cluster);
+        let inspect = || async {
+            self.docker
+                .inspect_network(&name, None::<InspectNetworkOptions>)
+                .await
+        };
+        let net = match inspect().await {
+            Ok(n) => n,
+            Err(e) if status_code(&e) == Some(404) => {
+                let req = NetworkCreateRequest {
+                    name: name.clone(),
+                    driver: Some("bridge".into()),
+                    labels: Some(self.cluster_labels(cluster, cluster_uid)),
+                    ..Default::default()
+                };
+                match self.docker.create_network(req).await {
+                    Ok(_) => tracing::info!(network = %name, cluster, "docker network created"),
+                    // Someone created it meanwhile: inspect decides below.
+                    Err(e) if status_code(&e) == Some(409) => {}
+                    Err(e) => return Err(failed("create network", &name, e)),
+                }
+                inspect()
+                    .await
+                    .map_err(|e| failed("inspect network", &name, e))?
+            }
+            Err(e) => return Err(failed("inspect network", &name, e)),
+        };
+        let labels = net.labels.clone().unwrap_or_default();
+        if labels.get(LABEL_CLUSTER_UID).map(String::as_str) != Some(cluster_uid)
+            || labels.get(LABEL_MANAGED) != Some(&self.owner)
+        {
+            return Err(ProviderError::Foreign {
+                object: format!("docker network {name}"),
+                detail: format!("labels {labels:?}"),
+            });
+        }
+        let gateway = net
+            .ipam
+            .as_ref()
+            .and_then(|i: &Ipam| i.config.as_ref())
+            .and_then(|c| c.iter().find_map(|c| c.gateway.as_ref()))
+            .and_then(|g| g.parse::<IpAddr>().ok())
+            .ok_or_else(|| ProviderError::Failed {
+                provider: PROVIDER,
+                action: "read the gateway of",
+                object: format!("docker network {name}"),
+                detail: "the network has no IPv4 gateway".into(),
+            })?;
+        Ok(ClusterNetwork { name, gateway })
+    }
+
+    /// Creates and starts a machine's container. Idempotent: a container with
+    /// the machine's name and UID label is adopted, not created twice.
+    pub async fn create(
+        &self,
+        req: &MachineRequest,
+        network: &ClusterNetwork,
+    ) -> Result<String, ProviderError> {
+        let name = Self::container_name(&req.cluster, &req.machine);
+        let mut labels = self.cluster_labels(&req.cluster, &req.cluster_uid);
+        labels.insert(LABEL_MACHINE.into(), req.machine.clone());
+        labels.insert(LABEL_MACHINE_UID.into(), req.machine_uid.clone());
+        let body = ContainerCreateBody {
+            image: Some(req.image.clone()),
+            hostname: Some(req.machine.clone()),
+            labels: Some(labels),
+            host_config: Some(HostConfig {
+                network_mode: Some(network.name.clone()),
+                extra_hosts: Some(vec![format!("{COORDINATOR_HOST}:{}", network.gateway)]),
+                // Docker's init reaps the orphans kubeadm's daemons leave.
+                init: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptions {
+            name: Some(name.clone()),
+            ..Default::default()
+        };
+        let id = match self.docker.create_container(Some(opts), body).await {
+            Ok(r) => {
+                tracing::info!(container = %name, machine = %req.machine, "container created");
+                r.id
+            }
+            Err(e) if status_code(&e) == Some(409) => {
+                let existing = self
+                    .docker
+                    .inspect_container(&name, None)
+                    .await
+                    .map_err(|e| failed("inspect container", &name, e))?;
+                let uid = existing
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.labels.as_ref())
+                    .and_then(|l| l.get(LABEL_MACHINE_UID).cloned());
+                if uid.as_deref() != Some(req.machine_uid.as_str()) {
+                    return Err(ProviderError::Foreign {
+                        object: format!("container {name}"),
+                        detail: format!("its machine UID label is {uid:?}"),
+                    });
+                }
+                let running = existing
+                    .state
+                    .as_ref()
+                    .and_then(|s| s.running)
+                    .unwrap_or(false);
+                let id = existing.id.unwrap_or_default();
+                if running {
+                    tracing::info!(container = %name, "container already exists and runs; adopted");
+                    return Ok(id);
+                }
+                tracing::info!(container = %name, "container already exists; adopted");
+                id
+            }
+            Err(e) if status_code(&e) == Some(404) => {
+                return Err(ProviderError::Failed {
+                    provider: PROVIDER,
+                    action: "create container",
+                    object: name,
+                    detail: format!(
+                        "image {} not found; build it (scripts/build-node-image) or fix spec.provider.docker.image",
+                        req.image
+                    ),
+                })
+            }
+            Err(e) => return Err(failed("create container", &name, e)),
+        };
+        let tar = seed_archive(&req.user_data, &req.machine, &req.machine_uid).map_err(|e| {
+            ProviderError::Failed {
+                provider: PROVIDER,
+                action: "pack the seed for",
+                object: name.clone(),
+                detail: e.to_string(),
+            }
+        })?;
+        self.docker
+            .upload_to_container(
+                &name,
+                Some(UploadToContainerOptions {
+                    path: "/".into(),
+                    ..Default::default()
+                }),
+                bollard::body_full(tar.into()),
+            )
+            .await
+            .map_err(|e| failed("copy user data into", &name, e))?;
+        match self
+            .docker
+            .start_container(&name, None::<StartContainerOptions>)
+            .await
+        {
+            Ok(()) => {}
+            // 304: already started.
+            Err(e) if status_code(&e) == Some(304) => {}
+            Err(e) => return Err(failed("start container", &name, e)),
+        }
+        Ok(id)
+    }
+
+    /// Removes a machine's container; a missing one is already deleted.
+    pub async fn delete(&self, cluster: &str, machine: &str) -> Result<(), ProviderError> {
+        let name = Self::container_name(cluster, machine);
+        self.remove_container(&name).await
+    }
+
+    /// Removes a container by name or id, whatever its state.
+    pub async fn remove_container(&self, name: &str) -> Result<(), ProviderError> {
+        match self
+            .docker
+            .remove_container(
+                name,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(container = %name, "container removed");
+                Ok(())
+            }
+            Err(e) if status_code(&e) == Some(404) => Ok(()),
+            // 409: removal already in progress.
+            Err(e) if status_code(&e) == Some(409) => Ok(()),
+            Err(e) => Err(failed("remove container", name, e)),
+        }
+    }
+
+    /// Removes a cluster's network; a missing one is already deleted.
+    pub async fn delete_network(&self, cluster: &str) -> Result<(), ProviderError> {
+        self.remove_network(&Self::network_name(cluster)).await
+    }
+
+    /// Removes a network by name.
+    pub async fn remove_network(&self, name: &str) -> Result<(), ProviderError> {
+        match self.docker.remove_network(name).await {
+            Ok(()) => {
+                tracing::info!(network = %name, "docker network removed");
+                Ok(())
+            }
+            Err(e) if status_code(&e) == Some(404) => Ok(()),
+            Err(e) => Err(failed("remove network", name, e)),
+        }
+    }
+
+    /// Every container this coordinator created, in any state.
+    pub async fn list(&self) -> Result<Vec<ProviderMachine>, ProviderError> {
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![format!("{LABEL_MANAGED}={}", self.owner)],
+        )]);
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| failed("list containers", "of this coordinator", e))?;
+        Ok(list
+            .into_iter()
+            .map(|c| {
+                use bollard::models::ContainerSummaryStateEnum as S;
+                let state = match c.state {
+                    Some(S::RUNNING) | Some(S::RESTARTING) => InstanceState::Running,
+                    Some(S::PAUSED) => InstanceState::Paused,
+                    Some(S::CREATED) | Some(S::EMPTY) | None => InstanceState::Pending,
+                    _ => InstanceState::Stopped,
+                };
+                ProviderMachine {
+                    provider_id: c.id.unwrap_or_default(),
+                    labels: c
+                        .labels
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect::<BTreeMap<_, _>>(),
+                    state,
+                }
+            })
+            .collect())
+    }
+
+    /// Every network this coordinator created.
+    pub async fn list_networks(&self) -> Result<Vec<ProviderNetwork>, ProviderError> {
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![format!("{LABEL_MANAGED}={}", self.owner)],
+        )]);
+        let list = self
+            .docker
+            .list_networks(Some(ListNetworksOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(|e| failed("list networks", "of this coordinator", e))?;
+        Ok(list
+            .into_iter()
+            .map(|n| ProviderNetwork {
+                name: n.name.unwrap_or_default(),
+                labels: n.labels.unwrap_or_default().into_iter().collect(),
+            })
+            .collect())
+    }
+}
+
+/// A tar archive holding the NoCloud seed: `user-data` (the bootstrap
+/// document) and `meta-data` (instance id and host name).
+fn seed_archive(user_data: &str, machine: &str, machine_uid: &str) -> std::io::Result<Vec<u8>> {
+    let meta = format!("instance-id: {machine_uid}\nlocal-hostname: {machine}\n");
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut dir = String::new();
+    for part in SEED_DIR.trim_start_matches('/').split('/') {
+        dir.push_str(part);
+        dir.push('/');
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_cksum();
+        builder.append_data(&mut h, &dir, std::io::empty())?;
+    }
+    for (file, content, mode) in [
+        ("user-data", user_data, 0o600),
+        ("meta-data", meta.as_str(), 0o644),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(mode);
+        h.set_size(content.len() as u64);
+        h.set_cksum();
+        builder.append_data(&mut h, format!("{dir}{file}"), content.as_bytes())?;
+    }
+    builder.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_archive_holds_user_and_meta_data() {
+        let tar_bytes = seed_archive("ticket: x\n", "m1", "uid-1").unwrap();
+        let mut archive = tar::Archive::new(&tar_bytes[..]);
+        let mut files = BTreeMap::new();
+        for e in archive.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut e, &mut s).unwrap();
+            files.insert(path, s);
+        }
+        assert_eq!(files["var/lib/cloud/seed/nocloud/user-data"], "ticket: x\n");
+        assert!(files["var/lib/cloud/seed/nocloud/meta-data"].contains("local-hostname: m1"));
+    }
+}
