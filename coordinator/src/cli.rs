@@ -20,6 +20,12 @@ pub struct ApplyArgs {
     /// The YAML file holding one Cluster.
     #[arg(short = 'f', long = "filename")]
     pub file: PathBuf,
+    /// Wait until the cluster is Running, showing progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "15m", value_parser = drover_common::api::parse_duration)]
+    pub timeout: std::time::Duration,
     #[command(flatten)]
     pub conn: ConnectArgs,
 }
@@ -49,6 +55,9 @@ pub struct GetArgs {
     pub name: Option<String>,
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
+    /// Include deleted machines kept for their history.
+    #[arg(short = 'a', long)]
+    pub all: bool,
     #[command(flatten)]
     pub conn: ConnectArgs,
 }
@@ -163,6 +172,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Token(t) => token(t.command).await,
+        Command::Scale(s) => scale(s).await,
     }
 }
 
@@ -209,7 +219,116 @@ async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
         c.metadata.generation,
         c.metadata.resource_version.unwrap_or_default()
     );
+    if a.wait {
+        wait_running(&client, &name, c.metadata.generation, a.timeout).await?;
+    }
     Ok(())
+}
+
+/// Polls the cluster until it is Running at `generation`, printing a line
+/// whenever its progress changes (a live line on a terminal).
+async fn wait_running(
+    client: &Client,
+    name: &str,
+    generation: u64,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let started = std::time::Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut last = String::new();
+    loop {
+        let c: Cluster = client.get(&format!("/v1/clusters/{name}")).await?;
+        let pools: Vec<String> = c
+            .status
+            .pools
+            .iter()
+            .map(|p| format!("{} {}/{}", p.name, p.running, p.desired))
+            .collect();
+        let line = format!("{} [{}]", c.status.phase, pools.join(", "));
+        if line != last {
+            if tty {
+                eprint!(
+                    "\r\x1b[2K{:>4}s  cluster/{name}: {line}",
+                    started.elapsed().as_secs()
+                );
+            } else {
+                eprintln!(
+                    "{:>4}s  cluster/{name}: {line}",
+                    started.elapsed().as_secs()
+                );
+            }
+            last = line;
+        }
+        if c.status.phase == drover_common::api::ClusterPhase::Running
+            && c.status.observed_generation >= generation
+        {
+            if tty {
+                eprintln!();
+            }
+            println!("cluster/{name} is Running");
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            if tty {
+                eprintln!();
+            }
+            bail!(
+                "cluster {name} is not Running after {:?} (it is {}); see `drover describe cluster {name}`",
+                timeout,
+                c.status.phase
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// `drover scale`: change one pool's replica count.
+pub async fn scale(s: ScaleArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&s.conn)?;
+    let mut c: Cluster = client.get(&format!("/v1/clusters/{}", s.cluster)).await?;
+    if s.pool == drover_common::api::CONTROL_PLANE_POOL {
+        c.spec.control_plane.replicas = s.replicas;
+    } else {
+        let pool = c
+            .spec
+            .worker_pools
+            .iter_mut()
+            .find(|p| p.name == s.pool)
+            .with_context(|| format!("cluster {} has no pool {:?}", s.cluster, s.pool))?;
+        pool.replicas = s.replicas;
+    }
+    c.status = Default::default();
+    let generation_before = c.metadata.generation;
+    let yaml = serde_saphyr::to_string(&c)?;
+    let updated: Cluster = client
+        .put_yaml(&format!("/v1/clusters/{}", s.cluster), yaml)
+        .await?;
+    println!(
+        "cluster/{} pool {} scaled to {} (generation {} -> {})",
+        s.cluster, s.pool, s.replicas, generation_before, updated.metadata.generation
+    );
+    if s.wait {
+        wait_running(&client, &s.cluster, updated.metadata.generation, s.timeout).await?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ScaleArgs {
+    pub cluster: String,
+    /// The pool: `control-plane` or a worker pool name.
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+    #[arg(long)]
+    pub replicas: u32,
+    /// Wait until the cluster is Running again.
+    #[arg(long)]
+    pub wait: bool,
+    #[arg(long, default_value = "15m", value_parser = drover_common::api::parse_duration)]
+    pub timeout: std::time::Duration,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
 }
 
 async fn get(g: GetArgs) -> anyhow::Result<()> {
@@ -225,7 +344,14 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
         Resource::Machines => {
             let list: Vec<Machine> = match &g.name {
                 Some(n) => vec![client.get(&format!("/v1/machines/{n}")).await?],
-                None => client.get("/v1/machines").await?,
+                None => client
+                    .get::<Vec<Machine>>("/v1/machines")
+                    .await?
+                    .into_iter()
+                    .filter(|m| {
+                        g.all || m.status.phase != drover_common::api::MachinePhase::Deleted
+                    })
+                    .collect(),
             };
             emit(&list, g.output, machines_table)
         }
@@ -552,13 +678,39 @@ pub fn describe_machine(m: &Machine) -> String {
             }
         }
     }
+    if let Some(p) = &s.provider_id {
+        let _ = writeln!(
+            o,
+            "Provider ID:    {} ({})",
+            p,
+            m.spec.provider.as_deref().unwrap_or("-")
+        );
+    }
     if !s.conditions.is_empty() {
         let _ = writeln!(o, "Conditions:");
         for c in &s.conditions {
             let _ = writeln!(
                 o,
-                "  {} = {} ({}) {}",
-                c.type_, c.status, c.reason, c.message
+                "  {} = {} since {} ({}) {}",
+                c.type_,
+                c.status,
+                c.last_transition_time
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default(),
+                c.reason,
+                c.message
+            );
+        }
+    }
+    if !s.events.is_empty() {
+        let _ = writeln!(o, "Events:");
+        for e in &s.events {
+            let _ = writeln!(
+                o,
+                "  {:>6} ago  {:<16} {}",
+                age(Some(e.time)),
+                e.reason,
+                e.message
             );
         }
     }

@@ -51,6 +51,8 @@ enum Command {
     Kubeconfig(cli::KubeconfigArgs),
     /// Manage registration tokens for self-registering machines.
     Token(cli::TokenArgs),
+    /// Change the replica count of one pool of a cluster.
+    Scale(cli::ScaleArgs),
 }
 
 #[derive(Debug, clap::Args)]

@@ -186,10 +186,15 @@ pub async fn observe(app: &App) -> Result<HashMap<String, InstanceState>, Provid
 /// clusters that no longer exist. Returns what it removed.
 pub async fn sweep(app: &App) -> Result<Vec<String>, ReconcileError> {
     let docker: DockerProvider = app.docker().await?.clone();
+    // List the provider first: a machine is recorded before its container is
+    // created, so every container listed here has its record in the store
+    // read next, unless it is an orphan.
+    let containers = docker.list().await?;
+    let networks = docker.list_networks().await?;
     let machines = app.machines()?;
     let clusters = app.clusters()?;
     let mut removed = vec![];
-    for pm in docker.list().await? {
+    for pm in containers {
         let known = pm.machine_uid().is_some_and(|uid| {
             machines.iter().any(|m| {
                 m.metadata.uid.as_deref() == Some(uid) && m.status.phase != MachinePhase::Deleted
@@ -201,7 +206,7 @@ pub async fn sweep(app: &App) -> Result<Vec<String>, ReconcileError> {
             removed.push(format!("container {}", short(&pm.provider_id)));
         }
     }
-    for net in docker.list_networks().await? {
+    for net in networks {
         let uid = net.labels.get(crate::provider::LABEL_CLUSTER_UID);
         let known = clusters
             .iter()

@@ -299,6 +299,15 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
     let mut all_running = true;
     let mut assigned_any = false;
     let mut paused = vec![];
+    // Remediation resumes only one pass after a pause ends, and the executor
+    // then gives every machine a fresh grace period: machines coming back
+    // from a partition return one by one, and the last ones must not be
+    // replaced for being a little late.
+    let was_paused = cluster
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "RemediationAllowed" && c.status == "False");
 
     // Machines already being deleted are finished first.
     for m in &live {
@@ -391,6 +400,9 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
             }
         } else {
             remediate = unhealthy.clone();
+        }
+        if was_paused {
+            remediate.clear();
         }
         for (m, why) in &remediate {
             steps.push(Step::DeleteMachine {
@@ -876,6 +888,22 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             Err(e) => return Err(e.into()),
         },
         Step::SetStatus(status) => {
+            let allowed = |st: &ClusterStatus| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "RemediationAllowed" && c.status == "True")
+            };
+            if !allowed(&cluster.status)
+                && cluster
+                    .status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "RemediationAllowed")
+                && allowed(status)
+            {
+                grant_grace(app, &uid);
+                tracing::info!(cluster = %cname, "remediation resumes; every machine gets a fresh grace period");
+            }
             app.update_cluster::<StoreError>(cname, |c| {
                 if c.metadata.uid != cluster.metadata.uid || c.status == *status {
                     return Ok(false);
@@ -929,6 +957,22 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// Gives every machine of a cluster a fresh heartbeat grace period.
+fn grant_grace(app: &App, cluster_uid: &str) {
+    let now = drover_common::now();
+    let Ok(machines) = app.machines() else { return };
+    let mut live = app.liveness.lock().expect("liveness lock");
+    for m in machines {
+        if m.spec
+            .assignment
+            .as_ref()
+            .is_some_and(|a| a.cluster_uid == cluster_uid)
+        {
+            live.insert(m.metadata.name, crate::app::Liveness { last_seen: now });
+        }
+    }
 }
 
 /// What the reconcile loop reports about itself.
@@ -1437,5 +1481,48 @@ mod tests {
             deletes(&plan(&c, &machines, &obs(true, &seen_now))),
             vec!["w2".to_string()]
         );
+    }
+
+    #[test]
+    fn no_remediation_in_the_pass_that_ends_a_pause() {
+        let mut c = docker_cluster(1, 2);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        set_condition(
+            &mut c.status.conditions,
+            "RemediationAllowed",
+            false,
+            "RemediationPaused",
+            "x",
+        );
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        // w1 is back, w2 is still a little late.
+        let late = |n: &str| {
+            Some(if n == "w2" {
+                drover_common::now() - time::Duration::minutes(1)
+            } else {
+                drover_common::now()
+            })
+        };
+        let steps = plan(&c, &machines, &obs(true, &late));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let Some(Step::SetStatus(st)) = steps.last() else {
+            panic!("{steps:?}")
+        };
+        let cond = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .unwrap();
+        assert_eq!(cond.status, "True");
     }
 }

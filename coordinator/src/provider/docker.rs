@@ -170,8 +170,6 @@ impl DockerProvider {
             host_config: Some(HostConfig {
                 network_mode: Some(network.name.clone()),
                 extra_hosts: Some(vec![format!("{COORDINATOR_HOST}:{}", network.gateway)]),
-                // Docker's init reaps the orphans kubeadm's daemons leave.
-                init: Some(true),
                 ..Default::default()
             }),
             ..Default::default()

@@ -1,0 +1,560 @@
+//! The docker provider against the real Docker engine: clusters of
+//! containers from the locally built test node image, and the faults the
+//! remediation loop must handle (kill, pause, failing kubelet, network cut,
+//! a coordinator killed mid-create).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use drover_tests::*;
+
+const BOOT: Duration = Duration::from_secs(120);
+const IMAGE: &str = "drover-node:test";
+
+fn docker(args: &[&str]) -> std::process::Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("run docker")
+}
+
+fn docker_ok(args: &[&str]) -> String {
+    let out = docker(args);
+    assert!(
+        out.status.success(),
+        "docker {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Builds the test node image once (scripts/build-node-image is idempotent).
+fn ensure_image() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = Command::new(root.join("scripts/build-node-image"))
+            .arg("--bin-dir")
+            .arg(bin_dir())
+            .current_dir(&root)
+            .output()
+            .expect("run scripts/build-node-image");
+        assert!(
+            out.status.success(),
+            "building the node image failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+/// Removes every container and network of a cluster, even when the test failed.
+struct DockerCleanup(String);
+
+impl Drop for DockerCleanup {
+    fn drop(&mut self) {
+        let ids = docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=drover.dev/cluster={}", self.0),
+        ]);
+        for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
+            let _ = docker(&["rm", "-f", id]);
+        }
+        let _ = docker(&["network", "rm", &format!("drover-{}", self.0)]);
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{prefix}-{:05x}", n % 0xfffff)
+}
+
+fn docker_cluster_yaml(name: &str, cp: u32, workers: u32, health: &str) -> String {
+    format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  kubernetesVersion: v1.31.2
+  controlPlane:
+    replicas: {cp}
+  workerPools:
+    - name: default
+      replicas: {workers}
+  provider:
+    docker:
+      image: {IMAGE}
+{health}"
+    )
+}
+
+fn apply(c: &Coordinator, dir: &Path, yaml: &str) {
+    let f = dir.join("cluster.yaml");
+    std::fs::write(&f, yaml).unwrap();
+    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+}
+
+fn containers(cluster: &str) -> Vec<String> {
+    docker_ok(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label=drover.dev/cluster={cluster}"),
+    ])
+    .split_whitespace()
+    .map(str::to_owned)
+    .collect()
+}
+
+fn networks(cluster: &str) -> Vec<String> {
+    docker_ok(&[
+        "network",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=drover.dev/cluster={cluster}"),
+    ])
+    .split_whitespace()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// Live (not deleted) machines of a cluster as JSON.
+fn live_machines(c: &Coordinator, cluster: &str) -> Vec<serde_json::Value> {
+    c.machines()
+        .into_iter()
+        .filter(|m| {
+            m["spec"]["assignment"]["cluster"] == cluster && m["status"]["phase"] != "Deleted"
+        })
+        .collect()
+}
+
+fn all_machines(c: &Coordinator) -> Vec<serde_json::Value> {
+    let out = c.cli_ok(&["get", "machines", "-a", "-o", "json"]);
+    serde_json::from_str(&out).unwrap()
+}
+
+fn name_of(m: &serde_json::Value) -> String {
+    m["metadata"]["name"].as_str().unwrap().to_owned()
+}
+
+fn container_of(cluster: &str, machine: &str) -> String {
+    format!("drover-{cluster}-{machine}")
+}
+
+fn worker_names(c: &Coordinator, cluster: &str) -> Vec<String> {
+    let mut v: Vec<String> = live_machines(c, cluster)
+        .iter()
+        .filter(|m| m["spec"]["assignment"]["role"] == "worker")
+        .map(name_of)
+        .collect();
+    v.sort();
+    v
+}
+
+fn start(tmp: &Path, interval: &'static str, timeout: &'static str) -> Coordinator {
+    ensure_image();
+    Coordinator::start(
+        tmp,
+        CoordinatorOptions {
+            heartbeat_interval: interval,
+            heartbeat_timeout: timeout,
+        },
+    )
+}
+
+/// Waits until `old` is gone and a Running machine replaced it.
+fn wait_replaced(c: &Coordinator, cluster: &str, old: &str) -> String {
+    wait_for(&format!("{old} to be replaced"), BOOT, || {
+        let all = all_machines(c);
+        let old_m = all
+            .iter()
+            .find(|m| name_of(m) == old)
+            .ok_or("old machine forgotten")?;
+        let replaced_by = old_m["status"]["events"]
+            .as_array()
+            .and_then(|ev| ev.iter().find(|e| e["reason"] == "ReplacedBy"))
+            .and_then(|e| e["message"].as_str())
+            .and_then(|m| m.strip_prefix("replaced by "))
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{old}: {}", old_m["status"]))?;
+        let new = all
+            .iter()
+            .find(|m| name_of(m) == replaced_by)
+            .ok_or("replacement not listed")?;
+        if new["status"]["phase"] == "Running" && old_m["status"]["phase"] == "Deleted" {
+            Ok(replaced_by)
+        } else {
+            Err(format!(
+                "old {} new {}",
+                old_m["status"]["phase"], new["status"]["phase"]
+            ))
+        }
+    });
+    let new = all_machines(c)
+        .iter()
+        .find(|m| name_of(m) == old)
+        .and_then(|m| {
+            m["status"]["events"].as_array().and_then(|ev| {
+                ev.iter()
+                    .find(|e| e["reason"] == "ReplacedBy")
+                    .and_then(|e| {
+                        e["message"]
+                            .as_str()
+                            .map(|s| s.trim_start_matches("replaced by ").to_owned())
+                    })
+            })
+        })
+        .unwrap();
+    assert!(!containers(cluster).is_empty());
+    new
+}
+
+#[test]
+fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(tmp.path(), "1s", "5s");
+    let name = unique("dk");
+    let _cleanup = DockerCleanup(name.clone());
+    let f = tmp.path().join("c.yaml");
+    std::fs::write(&f, docker_cluster_yaml(&name, 1, 2, "")).unwrap();
+    let out = c.cli(&[
+        "apply",
+        "-f",
+        f.to_str().unwrap(),
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        progress.contains("control-plane"),
+        "progress lines expected: {progress}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("is Running"));
+
+    let machines = live_machines(&c, &name);
+    assert_eq!(machines.len(), 3);
+    let ctrs = containers(&name);
+    assert_eq!(ctrs.len(), 3, "one container per machine");
+    for m in &machines {
+        assert_eq!(m["status"]["phase"], "Running");
+        let uid = m["metadata"]["uid"].as_str().unwrap();
+        let labels = docker_ok(&[
+            "inspect",
+            "-f",
+            "{{index .Config.Labels \"drover.dev/machine-uid\"}} {{.HostConfig.NetworkMode}}",
+            &container_of(&name, &name_of(m)),
+        ]);
+        assert_eq!(labels.trim(), format!("{uid} drover-{name}"));
+    }
+    let described = c.cli_ok(&["describe", "machine", &name_of(&machines[0])]);
+    for reason in ["Created", "ProviderCreated", "Registered", "Bootstrapped"] {
+        assert!(
+            described.contains(reason),
+            "{reason} missing from:\n{described}"
+        );
+    }
+    let tree = c.cli_ok(&["describe", "cluster", &name]);
+    assert!(
+        tree.contains("├─ control-plane: 1/1 running") && tree.contains("├─ default: 2/2 running"),
+        "{tree}"
+    );
+
+    c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "120s"]);
+    assert!(containers(&name).is_empty(), "containers left behind");
+    assert!(networks(&name).is_empty(), "network left behind");
+    assert!(live_machines(&c, &name).is_empty());
+}
+
+#[test]
+fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(tmp.path(), "1s", "4s");
+    let name = unique("heal");
+    let _cleanup = DockerCleanup(name.clone());
+    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 2, ""));
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let workers = worker_names(&c, &name);
+
+    // A killed machine: its provider reports it stopped.
+    docker_ok(&["kill", &container_of(&name, &workers[0])]);
+    let new = wait_replaced(&c, &name, &workers[0]);
+    let described = c.cli_ok(&["describe", "machine", &workers[0]]);
+    assert!(
+        described.contains("Unhealthy") && described.contains("stopped"),
+        "{described}"
+    );
+    assert!(
+        described.contains(&format!("replaced by {new}")),
+        "{described}"
+    );
+    let new_desc = c.cli_ok(&["describe", "machine", &new]);
+    assert!(
+        new_desc.contains(&format!("replacing {}", workers[0])),
+        "{new_desc}"
+    );
+    c.wait_cluster_phase(&name, "Running", BOOT);
+
+    // A hung machine: paused, so it stops heartbeating.
+    docker_ok(&["pause", &container_of(&name, &workers[1])]);
+    wait_replaced(&c, &name, &workers[1]);
+    let described = c.cli_ok(&["describe", "machine", &workers[1]]);
+    assert!(described.contains("no heartbeat"), "{described}");
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    assert_eq!(
+        containers(&name).len(),
+        3,
+        "exactly the desired containers remain"
+    );
+}
+
+#[test]
+fn failing_kubelet_is_replaced_after_the_unhealthy_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(tmp.path(), "1s", "5s");
+    let name = unique("kubelet");
+    let _cleanup = DockerCleanup(name.clone());
+    let health = "  health:\n    unhealthyTimeout: 3s\n";
+    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 1, health));
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let worker = worker_names(&c, &name).remove(0);
+    // Tell the stand-in kubelet inside the container to fail its healthz.
+    let flag = tmp.path().join("standin-fail");
+    std::fs::write(&flag, "fail\n").unwrap();
+    docker_ok(&[
+        "cp",
+        flag.to_str().unwrap(),
+        &format!(
+            "{}:/var/lib/kubelet/standin-fail",
+            container_of(&name, &worker)
+        ),
+    ]);
+    wait_for("the kubelet failure to be reported", BOOT, || {
+        let out = c.cli_ok(&["get", "machines"]);
+        if out.contains("Unhealthy(kubelet)") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
+    wait_replaced(&c, &name, &worker);
+    let described = c.cli_ok(&["describe", "machine", &worker]);
+    assert!(described.contains("reported unhealthy"), "{described}");
+    assert!(described.contains("KubeletUnhealthy"), "{described}");
+}
+
+#[test]
+fn partition_beyond_max_unhealthy_replaces_nothing_and_heals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(tmp.path(), "1s", "3s");
+    let name = unique("part");
+    let _cleanup = DockerCleanup(name.clone());
+    apply(
+        &c,
+        tmp.path(),
+        &docker_cluster_yaml(&name, 1, 2, "  health:\n    maxUnhealthy: 40%\n"),
+    );
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let before = worker_names(&c, &name);
+    let net = format!("drover-{name}");
+    for w in &before {
+        docker_ok(&["network", "disconnect", &net, &container_of(&name, w)]);
+    }
+    // Both workers go silent: 2 of 2 is more than 40% allows, so the
+    // coordinator pauses remediation instead of replacing them.
+    let msg = wait_for("remediation to pause", BOOT, || {
+        let cl = c.cluster(&name).ok_or("cluster gone")?;
+        let cond = cl["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["type"] == "RemediationAllowed")
+                    .cloned()
+            })
+            .ok_or("no condition yet")?;
+        if cond["status"] == "False" {
+            Ok(cond["message"].as_str().unwrap_or_default().to_owned())
+        } else {
+            Err(cond.to_string())
+        }
+    });
+    assert!(msg.contains("remediation paused"), "{msg}");
+    assert_eq!(
+        worker_names(&c, &name),
+        before,
+        "no worker may be replaced during the partition"
+    );
+    let described = c.cli_ok(&["describe", "cluster", &name]);
+    assert!(described.contains("RemediationPaused"), "{described}");
+
+    for w in &before {
+        docker_ok(&["network", "connect", &net, &container_of(&name, w)]);
+    }
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    wait_for("remediation to be allowed again", BOOT, || {
+        let cl = c.cluster(&name).ok_or("cluster gone")?;
+        let ok = cl["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "RemediationAllowed" && c["status"] == "True")
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(cl["status"].to_string())
+        }
+    });
+    assert_eq!(
+        worker_names(&c, &name),
+        before,
+        "healed without replacement"
+    );
+    assert!(all_machines(&c)
+        .iter()
+        .all(|m| m["status"]["phase"] != "Deleted"));
+}
+
+#[test]
+fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = start(tmp.path(), "1s", "5s");
+    let name = unique("crash");
+    let _cleanup = DockerCleanup(name.clone());
+    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, ""));
+    // Kill the coordinator as soon as the first container exists, while the
+    // others are still being created.
+    wait_for("the first container", BOOT, || {
+        if containers(&name).is_empty() {
+            Err("none yet".into())
+        } else {
+            Ok(())
+        }
+    });
+    c.kill();
+    // An orphan: labelled as this coordinator's, for a machine it never recorded.
+    let pin = c
+        .output()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("CA pin: sha256:")
+                .map(|p| p[..16].to_owned())
+        })
+        .expect("CA pin printed");
+    let orphan = format!("drover-{name}-orphan");
+    docker_ok(&[
+        "create",
+        "--name",
+        &orphan,
+        "--label",
+        &format!("drover.dev/managed-by={pin}"),
+        "--label",
+        &format!("drover.dev/cluster={name}"),
+        "--label",
+        "drover.dev/machine-uid=00000000-0000-0000-0000-000000000000",
+        IMAGE,
+    ]);
+    c.restart();
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    wait_for("the orphan to be swept", BOOT, || {
+        let n = containers(&name).len();
+        if n == 4 {
+            Ok(())
+        } else {
+            Err(format!("{n} containers"))
+        }
+    });
+    let machines = live_machines(&c, &name);
+    assert_eq!(machines.len(), 4);
+    let mut expected: Vec<String> = machines
+        .iter()
+        .map(|m| container_of(&name, &name_of(m)))
+        .collect();
+    expected.sort();
+    let mut actual: Vec<String> = containers(&name)
+        .iter()
+        .map(|id| {
+            docker_ok(&["inspect", "-f", "{{.Name}}", id])
+                .trim()
+                .trim_start_matches('/')
+                .to_owned()
+        })
+        .collect();
+    actual.sort();
+    assert_eq!(actual, expected);
+}
+
+#[test]
+fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = start(tmp.path(), "1s", "5s");
+    let name = unique("scale");
+    let _cleanup = DockerCleanup(name.clone());
+    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, ""));
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let mut workers: Vec<(String, String)> = live_machines(&c, &name)
+        .iter()
+        .filter(|m| m["spec"]["assignment"]["role"] == "worker")
+        .map(|m| {
+            (
+                m["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+                name_of(m),
+            )
+        })
+        .collect();
+    workers.sort();
+    let oldest = workers[0].1.clone();
+    c.cli_ok(&[
+        "scale",
+        &name,
+        "--pool",
+        "default",
+        "--replicas",
+        "1",
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    wait_for("two workers to go", BOOT, || {
+        let w = worker_names(&c, &name);
+        if w.len() == 1 {
+            Ok(w)
+        } else {
+            Err(format!("{w:?}"))
+        }
+    });
+    assert_eq!(worker_names(&c, &name), vec![oldest]);
+    wait_for("their containers to go", BOOT, || {
+        let n = containers(&name).len();
+        if n == 2 {
+            Ok(())
+        } else {
+            Err(format!("{n} containers"))
+        }
+    });
+    c.cli_ok(&[
+        "scale",
+        &name,
+        "--pool",
+        "default",
+        "--replicas",
+        "2",
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    assert_eq!(worker_names(&c, &name).len(), 2);
+}
