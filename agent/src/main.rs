@@ -5,9 +5,13 @@
 //! `kubeadm init` or `kubeadm join`, and reports heartbeats with health for
 //! the machine's whole life.
 //!
+//! On first start the bootstrap document comes from `--bootstrap FILE`, or
+//! else from the cloud-init NoCloud seed (`--nocloud-dir`, file `user-data`);
+//! later starts resume from the saved state.
+//!
 //! Exit codes: 0 after SIGTERM/SIGINT, 1 on an unexpected error, 2 when the
 //! coordinator refuses the registration for good (bad ticket, wrong CA pin),
-//! 64 for bad flags or an unreadable or invalid bootstrap document.
+//! 64 for bad flags or a missing, unreadable or invalid bootstrap document.
 
 mod agent;
 mod api;
@@ -15,12 +19,13 @@ mod backoff;
 mod command;
 mod files;
 mod health;
+mod nocloud;
 mod register;
 mod state;
 mod tls;
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context};
@@ -40,10 +45,17 @@ const EXIT_USAGE: u8 = 64;
 #[command(name = "drover-agent", version, about, long_about = None)]
 struct Cli {
     /// The bootstrap document (YAML or JSON) with the coordinator URLs, the CA
-    /// pin and the registration ticket. Required until the agent has
-    /// registered and saved its state.
+    /// pin and the registration ticket. Read only until the agent has
+    /// registered and saved its state; without it the NoCloud seed is read.
     #[arg(long, value_name = "FILE")]
     bootstrap: Option<PathBuf>,
+
+    /// The cloud-init NoCloud seed directory (the machine's own, not under
+    /// --root). Its `user-data` holds the bootstrap document, bare or as the
+    /// `drover_bootstrap` key of a #cloud-config, when --bootstrap is not
+    /// given; `local-hostname` in its `meta-data` is the default --hostname.
+    #[arg(long, value_name = "DIR", default_value = nocloud::DEFAULT_DIR)]
+    nocloud_dir: PathBuf,
 
     /// The machine's root directory. kubeadm runs with `--rootfs` when it is
     /// not `/`.
@@ -71,7 +83,8 @@ struct Cli {
     #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:10248/healthz", value_parser = parse_healthz_url)]
     kubelet_healthz_url: reqwest::Url,
 
-    /// The host name to report [default: the system host name].
+    /// The host name to report [default: `local-hostname` of the NoCloud
+    /// meta-data, else the system host name].
     #[arg(long, value_name = "NAME")]
     hostname: Option<String>,
 
@@ -120,6 +133,14 @@ fn main() -> ExitCode {
     if let Err(e) = init_logging(cli.log_format) {
         eprintln!("drover-agent: cannot set up logging: {e:#}");
         return ExitCode::from(EXIT_USAGE);
+    }
+    if std::process::id() == 1 {
+        // The agent waits only for its own kubeadm children; daemons kubeadm
+        // leaves behind are reparented to PID 1 and would stay zombies.
+        tracing::warn!(
+            "running as PID 1: exited orphans are not reaped; run the agent under an init \
+             (systemd, tini, `docker run --init`), as the Drover node images do"
+        );
     }
     // One thread is plenty: the agent mostly sleeps between heartbeats.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -179,13 +200,7 @@ async fn run(cli: Cli) -> Result<(), Exit> {
             None
         }
         (Some(_), None) => None,
-        (None, Some(path)) => Some(read_bootstrap(path).map_err(Exit::Usage)?),
-        (None, None) => {
-            return Err(Exit::Usage(anyhow!(
-                "--bootstrap FILE is required: there is no saved state in {} yet, so the agent must register",
-                settings.state_dir.display()
-            )))
-        }
+        (None, _) => Some(first_boot_document(&cli, store.path()).map_err(Exit::Usage)?),
     };
 
     let (trigger, mut shutdown) = Shutdown::new();
@@ -227,7 +242,29 @@ async fn run(cli: Cli) -> Result<(), Exit> {
         .map_err(|e| Exit::Failure(anyhow!(e)))
 }
 
-fn read_bootstrap(path: &std::path::Path) -> anyhow::Result<BootstrapDocument> {
+/// The bootstrap document of a first start: `--bootstrap FILE`, else the
+/// NoCloud seed's user data. The error names every place looked at.
+fn first_boot_document(cli: &Cli, state_file: &Path) -> anyhow::Result<BootstrapDocument> {
+    if let Some(path) = &cli.bootstrap {
+        return read_bootstrap(path);
+    }
+    let user_data = nocloud::user_data_path(&cli.nocloud_dir);
+    match nocloud::read_bootstrap(&cli.nocloud_dir)? {
+        Some(doc) => {
+            tracing::info!(source = %user_data.display(), "read the bootstrap document from the NoCloud seed");
+            Ok(doc)
+        }
+        None => bail!(
+            "no bootstrap document: the agent has not registered yet and looked at \
+             --bootstrap FILE (not given), saved state {} (none), \
+             NoCloud user data {} (none); pass --bootstrap FILE or provide user data",
+            state_file.display(),
+            user_data.display()
+        ),
+    }
+}
+
+fn read_bootstrap(path: &Path) -> anyhow::Result<BootstrapDocument> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the bootstrap document {}", path.display()))?;
     BootstrapDocument::parse(&text)
@@ -251,10 +288,13 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
     };
     let hostname = match &cli.hostname {
         Some(name) => name.clone(),
-        None => nix::unistd::gethostname()
-            .context("cannot read the host name; pass --hostname")?
-            .into_string()
-            .map_err(|_| anyhow!("the host name is not UTF-8; pass --hostname"))?,
+        None => match nocloud::local_hostname(&cli.nocloud_dir)? {
+            Some(name) => name,
+            None => nix::unistd::gethostname()
+                .context("cannot read the host name; pass --hostname")?
+                .into_string()
+                .map_err(|_| anyhow!("the host name is not UTF-8; pass --hostname"))?,
+        },
     };
     if hostname.is_empty()
         || hostname
@@ -314,6 +354,110 @@ mod tests {
             format!("{err:#}").contains("--root /nonexistent/root"),
             "{err:#}"
         );
+    }
+
+    const DOC: &str = "apiVersion: drover.dev/v1alpha1
+kind: BootstrapConfig
+coordinators:
+- https://drover.example:7443
+caPin: sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+ticket: dt1.seed.ticket
+";
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("drover-agent").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn nocloud_default_dir() {
+        assert_eq!(
+            cli(&[]).nocloud_dir,
+            PathBuf::from("/var/lib/cloud/seed/nocloud")
+        );
+    }
+
+    #[test]
+    fn first_boot_reads_the_nocloud_seed() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = dir.path().join("seed");
+        let seed_arg = seed.to_str().unwrap();
+        let state = dir.path().join("state/state.json");
+
+        // Nothing anywhere: the error names every place looked at.
+        let err = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap_err();
+        let err = format!("{err:#}");
+        assert!(err.contains("--bootstrap FILE (not given)"), "{err}");
+        assert!(err.contains(&state.display().to_string()), "{err}");
+        assert!(
+            err.contains(&seed.join("user-data").display().to_string()),
+            "{err}"
+        );
+
+        // A bare document in the seed.
+        std::fs::create_dir_all(&seed).unwrap();
+        std::fs::write(seed.join("user-data"), DOC).unwrap();
+        let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap();
+        assert_eq!(doc.ticket, "dt1.seed.ticket");
+
+        // The same inside a #cloud-config.
+        let indented: String = DOC.lines().map(|l| format!("  {l}\n")).collect();
+        std::fs::write(
+            seed.join("user-data"),
+            format!("#cloud-config\nruncmd: []\ndrover_bootstrap: |\n{indented}"),
+        )
+        .unwrap();
+        let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap();
+        assert_eq!(doc.ticket, "dt1.seed.ticket");
+
+        // --bootstrap wins over the seed.
+        let file = dir.path().join("bootstrap.yaml");
+        std::fs::write(&file, DOC.replace("dt1.seed.ticket", "dt1.file.ticket")).unwrap();
+        let doc = first_boot_document(
+            &cli(&[
+                "--nocloud-dir",
+                seed_arg,
+                "--bootstrap",
+                file.to_str().unwrap(),
+            ]),
+            &state,
+        )
+        .unwrap();
+        assert_eq!(doc.ticket, "dt1.file.ticket");
+
+        // A broken seed is reported with its path.
+        std::fs::write(seed.join("user-data"), "#cloud-config\nruncmd: []\n").unwrap();
+        let err = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap_err();
+        let err = format!("{err:#}");
+        assert!(err.contains("invalid NoCloud user data"), "{err}");
+        assert!(err.contains("drover_bootstrap"), "{err}");
+    }
+
+    #[test]
+    fn hostname_from_nocloud_meta_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let seed = dir.path().to_str().unwrap();
+        std::fs::write(
+            dir.path().join("meta-data"),
+            "instance-id: iid-1\nlocal-hostname: seeded-1\n",
+        )
+        .unwrap();
+        let settings = resolve_settings(&cli(&["--nocloud-dir", seed])).unwrap();
+        assert_eq!(settings.hostname, "seeded-1");
+        let settings =
+            resolve_settings(&cli(&["--nocloud-dir", seed, "--hostname", "flag-1"])).unwrap();
+        assert_eq!(settings.hostname, "flag-1");
+        // Without meta-data, the system host name.
+        std::fs::remove_file(dir.path().join("meta-data")).unwrap();
+        let settings = resolve_settings(&cli(&["--nocloud-dir", seed])).unwrap();
+        assert!(!settings.hostname.is_empty());
+        assert_ne!(settings.hostname, "seeded-1");
+        // Broken meta-data is an error naming the file, not silently ignored.
+        std::fs::write(dir.path().join("meta-data"), "local-hostname: [x]\n").unwrap();
+        let err = format!(
+            "{:#}",
+            resolve_settings(&cli(&["--nocloud-dir", seed])).unwrap_err()
+        );
+        assert!(err.contains("meta-data"), "{err}");
     }
 
     #[test]

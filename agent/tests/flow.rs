@@ -440,6 +440,9 @@ impl Machine {
             .arg(&self.kubeadm)
             .args(["--hostname", "test-host", "--api-server-port", "16443"])
             .args(["--kubelet-healthz-url", "http://127.0.0.1:1/healthz"])
+            // Never the real machine's seed: the test's own.
+            .arg("--nocloud-dir")
+            .arg(self.nocloud_dir())
             .env("FAKE_KUBEADM_LOG", self.log())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -454,6 +457,12 @@ impl Machine {
             cmd.env(k, v);
         }
         cmd.spawn().unwrap()
+    }
+
+    /// The NoCloud seed directory the agent is pointed at (empty unless a
+    /// test writes to it).
+    fn nocloud_dir(&self) -> PathBuf {
+        self.dir.path().join("nocloud")
     }
 
     fn stderr(&self, run: u32) -> String {
@@ -849,14 +858,34 @@ async fn usage_errors_exit_64() {
     let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
     let m = Machine::new("127.0.0.1:1".parse().unwrap(), &pin, TICKET);
 
-    // No state and no bootstrap document.
+    // No state, no bootstrap document, no NoCloud seed: every place looked
+    // at is named.
     let mut agent = m.spawn(1, false, &[]);
     assert_eq!(exit_code(&mut agent).await, 64);
+    let stderr = m.stderr(1);
+    assert!(stderr.contains("no bootstrap document"), "{stderr}");
+    assert!(stderr.contains("--bootstrap FILE (not given)"), "{stderr}");
+    assert!(stderr.contains("state.json"), "{stderr}");
     assert!(
-        m.stderr(1).contains("--bootstrap FILE is required"),
-        "{}",
-        m.stderr(1)
+        stderr.contains(&m.nocloud_dir().join("user-data").display().to_string()),
+        "{stderr}"
     );
+
+    // A #cloud-config seed without the drover_bootstrap key.
+    std::fs::create_dir_all(m.nocloud_dir()).unwrap();
+    std::fs::write(
+        m.nocloud_dir().join("user-data"),
+        "#cloud-config\nhostname: x\n",
+    )
+    .unwrap();
+    let mut agent = m.spawn(3, false, &[]);
+    assert_eq!(exit_code(&mut agent).await, 64);
+    assert!(
+        m.stderr(3).contains("invalid NoCloud user data"),
+        "{}",
+        m.stderr(3)
+    );
+    std::fs::remove_file(m.nocloud_dir().join("user-data")).unwrap();
 
     // An invalid bootstrap document.
     std::fs::write(
@@ -880,4 +909,45 @@ async fn usage_errors_exit_64() {
         .await
         .unwrap();
     assert_eq!(status.code(), Some(64));
+}
+
+#[tokio::test]
+async fn registers_from_a_nocloud_cloud_config_seed() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut fake = start_fake(ca).await;
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    // The bootstrap document as the drover_bootstrap key of a #cloud-config,
+    // no --bootstrap flag.
+    let doc = std::fs::read_to_string(&m.bootstrap).unwrap();
+    let indented: String = doc.lines().map(|l| format!("  {l}\n")).collect();
+    std::fs::create_dir_all(m.nocloud_dir()).unwrap();
+    std::fs::write(
+        m.nocloud_dir().join("user-data"),
+        format!("#cloud-config\npackage_update: false\ndrover_bootstrap: |\n{indented}"),
+    )
+    .unwrap();
+    let mut agent = m.spawn(1, false, &[]);
+    fake.heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
+        .await;
+    assert_eq!(fake.get(|s| s.registrations), 1);
+    assert!(m.root.join("var/lib/drover-agent/state.json").exists());
+    assert!(
+        m.stderr(1)
+            .contains("read the bootstrap document from the NoCloud seed"),
+        "{}",
+        m.stderr(1)
+    );
+
+    // A restart resumes from the saved state; the seed (single-use ticket)
+    // is not read again.
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+    let mut agent = m.spawn(2, false, &[]);
+    fake.heartbeat_where("Waiting again", |h| h.phase == AgentPhase::Waiting)
+        .await;
+    assert_eq!(fake.get(|s| s.registrations), 1);
+    assert!(!m.stderr(2).contains("NoCloud"), "{}", m.stderr(2));
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
 }

@@ -82,18 +82,62 @@ pub struct Coordinator {
     child: Option<Child>,
     log: Arc<Mutex<Vec<String>>>,
     opts: CoordinatorOptions,
+    /// `--listen` of `drover serve`.
+    listen: String,
+    /// More `drover serve` flags (from `start_with_args`).
+    extra_args: Vec<String>,
+    /// The URL CLI commands use instead of the client config's server.
+    cli_addr: Option<String>,
 }
 
 impl Coordinator {
     /// Starts a coordinator with a new data directory under `dir`.
     pub fn start(dir: &Path, opts: CoordinatorOptions) -> Self {
+        let port = free_port();
         let mut c = Self {
             dir: dir.to_path_buf(),
-            port: free_port(),
+            port,
             admin_token: String::new(),
             child: None,
             log: Default::default(),
             opts,
+            listen: format!("127.0.0.1:{port}"),
+            extra_args: Vec::new(),
+            cli_addr: None,
+        };
+        c.spawn();
+        c
+    }
+
+    /// Starts a coordinator listening on `listen` (a concrete `IP:PORT`,
+    /// e.g. a test Docker network's gateway) with more `drover serve` flags
+    /// (`--san`, `--advertise-url`, ...). CLI commands then talk to
+    /// `https://<listen>` whatever the advertised URL is, so the serving
+    /// certificate must cover the listen IP (`--san IP`, or the coordinator's
+    /// default SANs).
+    pub fn start_with_args(
+        dir: &Path,
+        opts: CoordinatorOptions,
+        extra_args: &[&str],
+        listen: &str,
+    ) -> Self {
+        let addr: std::net::SocketAddr = listen
+            .parse()
+            .unwrap_or_else(|e| panic!("listen {listen:?} is not IP:PORT: {e}"));
+        assert!(
+            !addr.ip().is_unspecified() && addr.port() != 0,
+            "listen {listen:?} must be a concrete address and port"
+        );
+        let mut c = Self {
+            dir: dir.to_path_buf(),
+            port: addr.port(),
+            admin_token: String::new(),
+            child: None,
+            log: Default::default(),
+            opts,
+            listen: addr.to_string(),
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            cli_addr: Some(format!("https://{addr}")),
         };
         c.spawn();
         c
@@ -103,9 +147,10 @@ impl Coordinator {
         let mut child = Command::new(bin("drover"))
             .args(["serve", "--data-dir"])
             .arg(self.dir.join("data"))
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--listen", &self.listen])
             .args(["--heartbeat-interval", self.opts.heartbeat_interval])
             .args(["--heartbeat-timeout", self.opts.heartbeat_timeout])
+            .args(&self.extra_args)
             .env("DROVER_CONFIG", self.client_config())
             .env("DROVER_LOG", "info,drover=debug")
             .stdout(Stdio::piped())
@@ -177,14 +222,16 @@ impl Coordinator {
 
     /// Runs a `drover` CLI command against this coordinator.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(bin("drover"))
-            .args(args)
+        let mut cmd = Command::new(bin("drover"));
+        cmd.args(args)
             .env("DROVER_CONFIG", self.client_config())
             .env_remove("DROVER_ADDR")
             .env_remove("DROVER_TOKEN")
-            .env_remove("DROVER_CA")
-            .output()
-            .expect("run drover")
+            .env_remove("DROVER_CA");
+        if let Some(addr) = &self.cli_addr {
+            cmd.env("DROVER_ADDR", addr);
+        }
+        cmd.output().expect("run drover")
     }
 
     /// Runs a CLI command that must succeed; returns its stdout.
