@@ -58,6 +58,12 @@ pub struct App {
     pub docker: tokio::sync::OnceCell<crate::provider::docker::DockerProvider>,
     /// Asks the server to listen on more addresses.
     pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
+    /// Who changed what, and when.
+    pub audit: crate::audit::AuditLog,
+    /// Limits registrations per source address.
+    pub register_limiter: crate::ratelimit::RateLimiter,
+    /// One key rotation at a time.
+    pub rotation: Mutex<()>,
 }
 
 impl App {

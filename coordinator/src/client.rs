@@ -4,12 +4,20 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use drover_common::api::Problem;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+/// The error for a refused request: its problem document when it has one.
+fn failure(status: reqwest::StatusCode, body: &[u8]) -> anyhow::Error {
+    match serde_json::from_slice::<Problem>(body) {
+        Ok(p) => anyhow::anyhow!("{p}"),
+        Err(_) => anyhow::anyhow!("{status}: {}", String::from_utf8_lossy(body)),
+    }
+}
 
 /// The client config file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -157,12 +165,25 @@ impl Client {
         let status = resp.status();
         let bytes = resp.bytes().await?;
         if !status.is_success() {
-            match serde_json::from_slice::<Problem>(&bytes) {
-                Ok(p) => bail!("{p}"),
-                Err(_) => bail!("{status}: {}", String::from_utf8_lossy(&bytes)),
-            }
+            return Err(failure(status, &bytes));
         }
         serde_json::from_slice(&bytes).with_context(|| format!("unexpected answer ({status})"))
+    }
+
+    /// A DELETE whose answer has no body.
+    pub async fn delete_empty(&self, path: &str) -> anyhow::Result<()> {
+        let resp = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the coordinator at {}", self.base))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(failure(status, &resp.bytes().await?))
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {

@@ -2,14 +2,17 @@
 
 mod api;
 mod app;
+mod audit;
 mod bootstrap;
 mod cli;
 mod client;
 mod health;
 mod jointokens;
+mod keyring;
 mod kubeconfig;
 mod provider;
 mod provisioner;
+mod ratelimit;
 mod reconcile;
 mod secrets;
 mod serve;
@@ -53,6 +56,12 @@ enum Command {
     Token(cli::TokenArgs),
     /// Change the replica count of one pool of a cluster.
     Scale(cli::ScaleArgs),
+    /// Manage admin tokens (roles admin and viewer).
+    AdminToken(cli::AdminTokenArgs),
+    /// Manage the keys that encrypt secrets at rest.
+    Keys(cli::KeysArgs),
+    /// Show the audit log.
+    Audit(cli::AuditArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -84,6 +93,15 @@ struct ServeArgs {
     /// Where to write the client config at first start (default: $DROVER_CONFIG or ~/.config/drover/config.yaml).
     #[arg(long)]
     client_config: Option<PathBuf>,
+    /// File of base64 keys that encrypt secrets at rest, the first encrypting
+    /// (default: DATA_DIR/encryption.key, created at first start). The
+    /// environment variable DROVER_ENCRYPTION_KEY overrides it.
+    #[arg(long)]
+    encryption_key_file: Option<PathBuf>,
+    /// Registrations accepted per second from one source address, with a
+    /// burst of five times as many (0 disables the limit).
+    #[arg(long, default_value_t = 20)]
+    registration_rate: u32,
     /// How long open connections may take to finish after SIGTERM.
     #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
     drain_timeout: std::time::Duration,
@@ -118,6 +136,8 @@ fn main() -> ExitCode {
                     .client_config
                     .unwrap_or_else(client::default_config_path),
                 drain: args.drain_timeout,
+                encryption_key_file: args.encryption_key_file,
+                registration_rate: args.registration_rate,
             };
             let cfg = match cfg.validate() {
                 Ok(c) => c,

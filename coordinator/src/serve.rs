@@ -25,6 +25,10 @@ pub struct ServeConfig {
     pub join_token_ttl: Duration,
     pub client_config: PathBuf,
     pub drain: Duration,
+    /// The keyring file; default `DATA_DIR/encryption.key`.
+    pub encryption_key_file: Option<PathBuf>,
+    /// Registrations allowed per second from one source address (0: no limit).
+    pub registration_rate: u32,
 }
 
 /// A configuration error: exit code 64.
@@ -85,6 +89,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let db = cfg.data_dir.join("drover.db");
     let store = Store::open_sqlite(&db)
         .with_context(|| format!("cannot open the store {}", db.display()))?;
+    let store = open_sealed(store, &cfg)?;
     let secrets =
         crate::secrets::load_or_init(&store).context("cannot load the coordinator's keys")?;
     let ca_pin =
@@ -148,6 +153,13 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         reconcile_now: Default::default(),
         docker: Default::default(),
         listen_requests: listen_tx,
+        audit: crate::audit::AuditLog::open(&cfg.data_dir.join("audit.log"))
+            .with_context(|| format!("cannot open {}", cfg.data_dir.join("audit.log").display()))?,
+        register_limiter: crate::ratelimit::RateLimiter::new(
+            cfg.registration_rate,
+            cfg.registration_rate.saturating_mul(5),
+        ),
+        rotation: Mutex::new(()),
     });
     grace_after_start(&app);
 
@@ -221,6 +233,43 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     extra.abort();
     tracing::info!("coordinator stopped");
     Ok(())
+}
+
+/// Loads the encryption keyring and checks every secret opens with it
+/// before anything else runs; a store whose secrets cannot be decrypted is
+/// refused with the reason.
+fn open_sealed(store: Store, cfg: &ServeConfig) -> anyhow::Result<Store> {
+    use anyhow::Context;
+    let first_start = !store.has_secrets()?;
+    let key_file = cfg
+        .encryption_key_file
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("encryption.key"));
+    if !first_start && std::env::var(crate::keyring::KEY_ENV).is_err() && !key_file.exists() {
+        anyhow::bail!(
+            "refusing to start: the store {} holds encrypted secrets but the encryption key file {} does not exist; start with the key this store was written with (--encryption-key-file or {})",
+            cfg.data_dir.join("drover.db").display(),
+            key_file.display(),
+            crate::keyring::KEY_ENV
+        );
+    }
+    let (keyring, created) = crate::keyring::Keyring::load(&key_file, first_start)
+        .context("refusing to start: cannot load the encryption key")?;
+    if created {
+        tracing::warn!(
+            key_file = %key_file.display(),
+            key_id = keyring.primary_id(),
+            "generated the encryption key for secrets at rest; keep it out of store backups, or move it and pass --encryption-key-file"
+        );
+    }
+    let store = store.with_keyring(std::sync::Arc::new(std::sync::RwLock::new(keyring)));
+    let resealed = store
+        .reseal_all()
+        .context("refusing to start: the store's secrets cannot be decrypted with this key")?;
+    if resealed > 0 {
+        tracing::info!(resealed, "re-encrypted secrets with the primary key");
+    }
+    Ok(store)
 }
 
 /// After a start, every known machine gets a fresh grace period: the

@@ -10,7 +10,7 @@
 //! The embedded backend is SQLite in one file of the data directory.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::de::DeserializeOwned;
@@ -30,6 +30,11 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Kinds whose bodies are encrypted at rest.
+    pub fn is_sealed(self) -> bool {
+        matches!(self, Kind::Secret | Kind::JoinTokens)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Cluster => "clusters",
@@ -96,6 +101,8 @@ pub enum StoreError {
     },
     #[error("store backend failed: {0}")]
     Backend(String),
+    #[error(transparent)]
+    Sealed(#[from] crate::keyring::KeyError),
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -118,6 +125,8 @@ pub struct Change {
 pub struct Store {
     backend: Arc<Sqlite>,
     changes: broadcast::Sender<Change>,
+    /// Seals secret kinds at rest; `None` only in tests of the store itself.
+    keyring: Option<Arc<RwLock<crate::keyring::Keyring>>>,
 }
 
 struct Sqlite {
@@ -148,16 +157,46 @@ impl Store {
                 conn: Mutex::new(conn),
             }),
             changes,
+            keyring: None,
         })
     }
 
-    /// Subscribes to committed changes.
-    pub fn watch(&self) -> broadcast::Receiver<Change> {
-        self.changes.subscribe()
+    /// Encrypts secret kinds with `keyring` from now on.
+    pub fn with_keyring(mut self, keyring: Arc<RwLock<crate::keyring::Keyring>>) -> Self {
+        self.keyring = Some(keyring);
+        self
     }
 
-    /// Reads one object.
-    pub fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
+    /// The keyring, if the store encrypts.
+    pub fn keyring(&self) -> Option<&Arc<RwLock<crate::keyring::Keyring>>> {
+        self.keyring.as_ref()
+    }
+
+    fn seal(&self, kind: Kind, name: &str, body: &[u8]) -> Vec<u8> {
+        match (&self.keyring, kind.is_sealed()) {
+            (Some(k), true) => k
+                .read()
+                .expect("keyring lock")
+                .seal(&format!("{}/{name}", kind.as_str()), body),
+            _ => body.to_vec(),
+        }
+    }
+
+    fn open(&self, kind: Kind, r: Record) -> Result<Record, StoreError> {
+        match (&self.keyring, kind.is_sealed()) {
+            (Some(k), true) => {
+                let body = k
+                    .read()
+                    .expect("keyring lock")
+                    .open(&format!("{}/{}", kind.as_str(), r.name), &r.body)?;
+                Ok(Record { body, ..r })
+            }
+            _ => Ok(r),
+        }
+    }
+
+    /// Reads one object as stored (still sealed).
+    pub fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
         let conn = self.backend.conn.lock().expect("store lock poisoned");
         let row = conn
             .query_row(
@@ -173,8 +212,8 @@ impl Store {
         }))
     }
 
-    /// Reads every object of a kind, ordered by name.
-    pub fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
+    /// Reads every object of a kind as stored (still sealed).
+    pub fn list_raw(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
         let conn = self.backend.conn.lock().expect("store lock poisoned");
         let mut stmt = conn.prepare_cached(
             "SELECT name, revision, body FROM objects WHERE kind = ?1 ORDER BY name",
@@ -189,9 +228,96 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(Into::into)
     }
 
+    /// Checks that every sealed record opens with the keyring and re-seals
+    /// those not sealed with the primary key (records written before
+    /// encryption, or under a key being rotated out). Returns how many
+    /// records were re-sealed. Fails without changing anything when any
+    /// record cannot be opened.
+    pub fn reseal_all(&self) -> Result<usize, StoreError> {
+        let Some(keyring) = &self.keyring else {
+            return Ok(0);
+        };
+        let mut todo = vec![];
+        for kind in [Kind::Secret, Kind::JoinTokens] {
+            for r in self.list_raw(kind)? {
+                let primary = keyring
+                    .read()
+                    .expect("keyring lock")
+                    .primary_id()
+                    .to_owned();
+                let sealed_with = crate::keyring::Keyring::sealed_with(&r.body);
+                let opened = self.open(kind, r.clone())?;
+                if sealed_with.as_deref() != Some(primary.as_str()) {
+                    todo.push((kind, opened));
+                }
+            }
+        }
+        let n = todo.len();
+        for (kind, r) in todo {
+            match self.txn(vec![Op::Update {
+                kind,
+                name: r.name.clone(),
+                body: r.body,
+                expected_revision: Some(r.revision),
+            }]) {
+                // A concurrent write re-sealed it with the primary key anyway.
+                Ok(_) | Err(StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Whether the store holds any secret yet (a first start has none).
+    pub fn has_secrets(&self) -> Result<bool, StoreError> {
+        Ok(!self.list_raw(Kind::Secret)?.is_empty())
+    }
+
+    /// Subscribes to committed changes.
+    pub fn watch(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
+    /// Reads one object.
+    pub fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
+        self.get_raw(kind, name)?
+            .map(|r| self.open(kind, r))
+            .transpose()
+    }
+
+    /// Reads every object of a kind, ordered by name.
+    pub fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
+        self.list_raw(kind)?
+            .into_iter()
+            .map(|r| self.open(kind, r))
+            .collect()
+    }
+
     /// Applies operations atomically; returns the revision the transaction
     /// committed at. Nothing is written if any precondition fails.
     pub fn txn(&self, ops: Vec<Op>) -> Result<u64, StoreError> {
+        let ops: Vec<Op> = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Create { kind, name, body } => Op::Create {
+                    body: self.seal(kind, &name, &body),
+                    kind,
+                    name,
+                },
+                Op::Update {
+                    kind,
+                    name,
+                    body,
+                    expected_revision,
+                } => Op::Update {
+                    body: self.seal(kind, &name, &body),
+                    kind,
+                    name,
+                    expected_revision,
+                },
+                other => other,
+            })
+            .collect();
         let mut conn = self.backend.conn.lock().expect("store lock poisoned");
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let revision: i64 =
@@ -435,5 +561,39 @@ mod tests {
             Some(("v".to_string(), rev))
         );
         assert!(s.create_json(Kind::Secret, "k2", &"v").unwrap() > rev);
+    }
+
+    #[test]
+    fn secrets_are_sealed_on_disk_and_need_the_key() {
+        use crate::keyring::{KeySource, Keyring};
+        use base64::Engine;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+        let ring = |k: &str| Arc::new(RwLock::new(Keyring::parse(k, KeySource::Env).unwrap()));
+        let s = Store::open_sqlite(&path).unwrap().with_keyring(ring(&key));
+        s.create_json(Kind::Secret, "ca", &"PRIVATE KEY MATERIAL")
+            .unwrap();
+        s.create_json(Kind::Cluster, "c", &"public").unwrap();
+        assert_eq!(
+            s.get_json::<String>(Kind::Secret, "ca").unwrap().unwrap().0,
+            "PRIVATE KEY MATERIAL"
+        );
+        let raw = s.get_raw(Kind::Secret, "ca").unwrap().unwrap().body;
+        assert!(!String::from_utf8_lossy(&raw).contains("PRIVATE"));
+        assert!(
+            String::from_utf8_lossy(&s.get_raw(Kind::Cluster, "c").unwrap().unwrap().body)
+                .contains("public")
+        );
+        drop(s);
+        let other = base64::engine::general_purpose::STANDARD.encode([8u8; 32]);
+        let s = Store::open_sqlite(&path)
+            .unwrap()
+            .with_keyring(ring(&other));
+        assert!(matches!(s.reseal_all(), Err(StoreError::Sealed(_))));
+        assert!(matches!(
+            s.get(Kind::Secret, "ca"),
+            Err(StoreError::Sealed(_))
+        ));
     }
 }

@@ -162,7 +162,9 @@ impl Coordinator {
         let log = self.log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                log.lock().unwrap().push(line.clone());
+                log.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(line.clone());
                 let _ = tx.send(line);
             }
         });
@@ -170,7 +172,7 @@ impl Coordinator {
         let log = self.log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                log.lock().unwrap().push(line);
+                log.lock().unwrap_or_else(|e| e.into_inner()).push(line);
             }
         });
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -189,7 +191,10 @@ impl Coordinator {
                 }
                 Err(_) => panic!(
                     "drover serve did not start listening; its output:\n{}",
-                    self.log.lock().unwrap().join("\n")
+                    self.log
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .join("\n")
                 ),
             }
         }
@@ -217,7 +222,10 @@ impl Coordinator {
 
     /// Everything the coordinator printed so far.
     pub fn output(&self) -> String {
-        self.log.lock().unwrap().join("\n")
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .join("\n")
     }
 
     /// Runs a `drover` CLI command against this coordinator.

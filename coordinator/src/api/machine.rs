@@ -33,8 +33,25 @@ pub const MACHINE_ORG: &str = "drover:machines";
 /// `POST /v1/machine/register`: redeem a ticket, get a client certificate.
 pub async fn register(
     State(app): State<Arc<App>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     Body(req): Body<RegisterRequest>,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    if let Err(wait) = app
+        .register_limiter
+        .check(peer.ip(), std::time::Instant::now())
+    {
+        tracing::warn!(source = %peer.ip(), "registration rate limit hit");
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many registrations",
+            format!(
+                "too many registrations from {}; retry in {wait} s",
+                peer.ip()
+            ),
+        );
+        e.retry_after = Some(wait);
+        return Err(e);
+    }
     let now = drover_common::now();
     let claims = app
         .ticket_key

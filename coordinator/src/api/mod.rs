@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod machine;
+pub mod security;
 
 use std::sync::Arc;
 
@@ -47,7 +48,19 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/machine/heartbeat", post(machine::heartbeat))
         .route("/v1/machine/config", get(machine::config))
         .route("/v1/machine/certificate", post(machine::renew))
+        .route(
+            "/v1/admintokens",
+            get(security::list_admin_tokens).post(security::create_admin_token),
+        )
+        .route(
+            "/v1/admintokens/{id}",
+            axum::routing::delete(security::revoke_admin_token),
+        )
+        .route("/v1/keys", get(security::list_keys))
+        .route("/v1/keys/rotate", post(security::rotate_keys))
+        .route("/v1/audit", get(security::read_audit))
         .fallback(|| async { ApiError::not_found("route", "this path") })
+        .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(
             MAX_BODY_BYTES,
@@ -62,6 +75,8 @@ pub struct ApiError {
     pub title: String,
     pub detail: String,
     pub errors: Vec<FieldError>,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
     /// Set for a machine that must wait for its config: the body is then a
     /// `ConfigNotReady` the agent reads, not a problem document.
     pub not_ready: Option<Box<drover_common::wire::ConfigNotReady>>,
@@ -74,6 +89,7 @@ impl ApiError {
             title: title.into(),
             detail: detail.into(),
             errors: vec![],
+            retry_after: None,
             not_ready: None,
         }
     }
@@ -126,7 +142,9 @@ impl From<StoreError> for ApiError {
             StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => {
                 ApiError::conflict(e.to_string())
             }
-            StoreError::Corrupt { .. } | StoreError::Backend(_) => ApiError::internal(e),
+            StoreError::Corrupt { .. } | StoreError::Backend(_) | StoreError::Sealed(_) => {
+                ApiError::internal(e)
+            }
         }
     }
 }
@@ -152,6 +170,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         resp
     }
 }
@@ -180,36 +202,87 @@ impl FromRequestParts<Arc<App>> for Admin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
-        let value = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                ApiError::unauthorized(
-                    "missing `Authorization: Bearer <token>`; pass --token or set DROVER_TOKEN",
-                )
-            })?;
-        let token = value.strip_prefix("Bearer ").ok_or_else(|| {
-            ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
-        })?;
-        let hash = hash_token(token.trim());
-        let tokens = app
-            .store
-            .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?
-            .map(|(t, _)| t)
-            .unwrap_or_default();
-        let record = tokens
-            .tokens
-            .iter()
-            .find(|t| constant_time_eq(t.sha256.as_bytes(), hash.as_bytes()))
-            .ok_or_else(|| {
-                ApiError::unauthorized("the admin token is not valid for this coordinator")
-            })?;
-        Ok(Admin {
-            token_id: record.id.clone(),
-            role: record.role,
-        })
+        resolve_admin(app, &parts.headers)
     }
+}
+
+/// Authenticates an admin bearer token; the one place tokens are checked.
+pub fn resolve_admin(app: &App, headers: &axum::http::HeaderMap) -> Result<Admin, ApiError> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            ApiError::unauthorized(
+                "missing `Authorization: Bearer <token>`; pass --token or set DROVER_TOKEN",
+            )
+        })?;
+    let token = value.strip_prefix("Bearer ").ok_or_else(|| {
+        ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
+    })?;
+    let hash = hash_token(token.trim());
+    let tokens = app
+        .store
+        .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?
+        .map(|(t, _)| t)
+        .unwrap_or_default();
+    let record = tokens
+        .tokens
+        .iter()
+        .find(|t| constant_time_eq(t.sha256.as_bytes(), hash.as_bytes()))
+        .ok_or_else(|| {
+            ApiError::unauthorized("the admin token is not valid for this coordinator")
+        })?;
+    Ok(Admin {
+        token_id: record.id.clone(),
+        role: record.role,
+    })
+}
+
+/// Records every request that may change something in the audit log: who
+/// (admin token id, machine, or anonymous with the source address), what
+/// (method, path, outcome) and when.
+pub async fn audit(
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use axum::http::Method;
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(req).await;
+    }
+    let method = req.method().to_string();
+    let path = req.uri().path().to_owned();
+    let source = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip().to_string())
+        .unwrap_or_default();
+    let actor = if req.headers().contains_key(header::AUTHORIZATION) {
+        match resolve_admin(&app, req.headers()) {
+            Ok(a) => format!("admin-token:{} ({:?})", a.token_id, a.role).to_lowercase(),
+            Err(_) => "invalid-admin-token".to_owned(),
+        }
+    } else if let Some(cn) = req
+        .extensions()
+        .get::<crate::server::PeerCertificate>()
+        .and_then(|p| p.0.as_ref())
+        .and_then(|der| drover_common::pki::cert_info(der).ok())
+        .map(|i| i.common_name)
+    {
+        format!("machine:{cn}")
+    } else {
+        "anonymous".to_owned()
+    };
+    let resp = next.run(req).await;
+    app.audit.record(crate::audit::AuditEntry {
+        time: drover_common::now(),
+        actor,
+        source,
+        method,
+        path,
+        status: resp.status().as_u16(),
+    });
+    resp
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

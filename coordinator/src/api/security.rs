@@ -1,0 +1,240 @@
+//! Admin tokens, encryption keys and the audit log.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::{Admin, ApiError, Body};
+use crate::app::App;
+use crate::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
+use crate::store::{Kind, StoreError};
+
+/// `POST /v1/admintokens`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateAdminToken {
+    pub role: AdminRole,
+}
+
+/// An admin token as listed: never its secret.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminTokenInfo {
+    pub id: String,
+    pub role: AdminRole,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: time::OffsetDateTime,
+}
+
+/// The answer to a creation: the only time the secret is shown.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedAdminToken {
+    pub id: String,
+    pub role: AdminRole,
+    pub token: String,
+}
+
+fn modify_tokens(
+    app: &App,
+    mut change: impl FnMut(&mut AdminTokens) -> Result<(), ApiError>,
+) -> Result<(), ApiError> {
+    for _ in 0..16 {
+        let (mut tokens, rev) = app
+            .store
+            .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?
+            .ok_or_else(|| ApiError::internal("the admin token list is missing"))?;
+        change(&mut tokens)?;
+        match app
+            .store
+            .update_json(Kind::Secret, ADMIN_TOKENS, &tokens, Some(rev))
+        {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::internal("the admin token list kept changing"))
+}
+
+pub async fn create_admin_token(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Body(req): Body<CreateAdminToken>,
+) -> Result<(StatusCode, Json<CreatedAdminToken>), ApiError> {
+    admin.require_write()?;
+    let (token, record) = new_admin_token(req.role);
+    let id = record.id.clone();
+    modify_tokens(&app, |t| {
+        t.tokens.push(record.clone());
+        Ok(())
+    })?;
+    tracing::info!(token = %id, role = ?req.role, by = %admin.token_id, "admin token created");
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedAdminToken {
+            id,
+            role: req.role,
+            token,
+        }),
+    ))
+}
+
+pub async fn list_admin_tokens(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+) -> Result<Json<Vec<AdminTokenInfo>>, ApiError> {
+    admin.require_write()?;
+    let tokens = app
+        .store
+        .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?
+        .map(|(t, _)| t)
+        .unwrap_or_default();
+    Ok(Json(
+        tokens
+            .tokens
+            .into_iter()
+            .map(|t| AdminTokenInfo {
+                id: t.id,
+                role: t.role,
+                created_at: t.created_at,
+            })
+            .collect(),
+    ))
+}
+
+pub async fn revoke_admin_token(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    admin.require_write()?;
+    modify_tokens(&app, |t| {
+        let Some(pos) = t.tokens.iter().position(|r| r.id == id) else {
+            return Err(ApiError::not_found("admin token", &id));
+        };
+        let admins = t
+            .tokens
+            .iter()
+            .filter(|r| r.role == AdminRole::Admin)
+            .count();
+        if t.tokens[pos].role == AdminRole::Admin && admins == 1 {
+            return Err(ApiError::conflict(format!(
+                "admin token {id} is the last one with the admin role; create another before revoking it"
+            )));
+        }
+        t.tokens.remove(pos);
+        Ok(())
+    })?;
+    tracing::info!(token = %id, by = %admin.token_id, "admin token revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The keyring's state.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeysInfo {
+    /// The key that encrypts, then older keys still accepted.
+    pub key_ids: Vec<String>,
+    /// Records re-encrypted by the rotation that produced this answer.
+    #[serde(default)]
+    pub resealed: usize,
+}
+
+pub async fn list_keys(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+) -> Result<Json<KeysInfo>, ApiError> {
+    admin.require_write()?;
+    let ring = app
+        .store
+        .keyring()
+        .ok_or_else(|| ApiError::internal("this store does not encrypt"))?;
+    Ok(Json(KeysInfo {
+        key_ids: ring.read().expect("keyring lock").ids(),
+        resealed: 0,
+    }))
+}
+
+/// `POST /v1/keys/rotate`: a new key encrypts from now on, every secret is
+/// re-encrypted with it while the old key still opens them, then the old
+/// key is dropped from the keyring file. Requests keep being served.
+pub async fn rotate_keys(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+) -> Result<Json<KeysInfo>, ApiError> {
+    admin.require_write()?;
+    let ring = app
+        .store
+        .keyring()
+        .ok_or_else(|| ApiError::internal("this store does not encrypt"))?
+        .clone();
+    let app2 = app.clone();
+    let by = admin.token_id.clone();
+    let result = tokio::task::spawn_blocking(move || -> Result<KeysInfo, ApiError> {
+        let _rotation = app2.rotation.lock().expect("rotation lock");
+        let previous = {
+            let mut r = ring.write().expect("keyring lock");
+            let previous = r.clone();
+            r.push_primary(crate::keyring::Key::generate());
+            if let Err(e) = r.save() {
+                *r = previous;
+                return Err(ApiError::conflict(e.to_string()));
+            }
+            previous
+        };
+        // Re-seal until a pass finds nothing left under an old key: a write
+        // that sealed just before the switch is caught by the next pass.
+        let mut total = 0;
+        for _ in 0..5 {
+            let n = app2.store.reseal_all()?;
+            total += n;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut r = ring.write().expect("keyring lock");
+        r.retire_old();
+        r.save().map_err(|e| ApiError::internal(e.to_string()))?;
+        tracing::info!(
+            from = previous.primary_id(),
+            to = r.primary_id(),
+            resealed = total,
+            %by,
+            "encryption key rotated"
+        );
+        Ok(KeysInfo {
+            key_ids: r.ids(),
+            resealed: total,
+        })
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    Ok(Json(result))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AuditQuery {
+    #[serde(default = "default_limit")]
+    pub limit: usize,
+}
+
+fn default_limit() -> usize {
+    100
+}
+
+pub async fn read_audit(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    Query(q): Query<AuditQuery>,
+) -> Result<Json<Vec<crate::audit::AuditEntry>>, ApiError> {
+    admin.require_write()?;
+    Ok(Json(
+        app.audit
+            .tail(q.limit.min(10_000))
+            .map_err(ApiError::internal)?,
+    ))
+}
