@@ -489,3 +489,291 @@ spec:
 "
     )
 }
+
+/// Helpers for tests that use the Docker engine.
+pub mod docker {
+    use std::path::Path;
+    use std::process::Command;
+
+    use super::bin_dir;
+
+    pub fn docker(args: &[&str]) -> std::process::Output {
+        Command::new("docker")
+            .args(args)
+            .output()
+            .expect("run docker")
+    }
+
+    pub fn docker_ok(args: &[&str]) -> String {
+        let out = docker(args);
+        assert!(
+            out.status.success(),
+            "docker {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Builds the test node image once (scripts/build-node-image is idempotent).
+    pub fn ensure_image() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let out = Command::new(root.join("scripts/build-node-image"))
+                .arg("--bin-dir")
+                .arg(bin_dir())
+                .current_dir(&root)
+                .output()
+                .expect("run scripts/build-node-image");
+            assert!(
+                out.status.success(),
+                "building the node image failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        });
+    }
+
+    /// Removes every container and network of a cluster, even when the test failed.
+    pub struct DockerCleanup(pub String);
+
+    impl Drop for DockerCleanup {
+        fn drop(&mut self) {
+            let ids = docker(&[
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=drover.dev/cluster={}", self.0),
+            ]);
+            for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
+                let _ = docker(&["rm", "-f", id]);
+            }
+            let _ = docker(&["network", "rm", &format!("drover-{}", self.0)]);
+        }
+    }
+}
+
+/// A raw HTTPS client for the coordinator's API, for tests that send what
+/// the CLI and the agent never would.
+pub struct Api {
+    rt: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    base: String,
+}
+
+/// An answer: status, content type and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: String,
+}
+
+impl Answer {
+    /// The answer as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Asserts this is a problem document with `status` whose detail or
+    /// title contains `needle`.
+    pub fn assert_problem(&self, status: u16, needle: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert!(
+            self.content_type.starts_with("application/problem+json"),
+            "not a problem document: {self:?}"
+        );
+        let p = self.json();
+        let text = format!("{} {} {}", p["title"], p["detail"], p["errors"]);
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+}
+
+impl Api {
+    /// A client trusting `ca_pem`, presenting `identity` (certificate and
+    /// key PEM) when given.
+    pub fn new(base: &str, ca_pem: &str, identity: Option<(&str, &str)>) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let cfg = match identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    CertificateDer::pem_slice_iter(cert.as_bytes())
+                        .map(Result::unwrap)
+                        .collect(),
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        let tls = std::sync::Arc::new(cfg.clone());
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(cfg)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        Self {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            client,
+            tls,
+            base: base.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// Sends a request; `body` is `(content type, bytes)`.
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Answer {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some((ct, bytes)) = body {
+            req = req.header("content-type", ct).body(bytes);
+        }
+        self.rt.block_on(async {
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    // Status 0: the connection itself was refused (TLS).
+                    let mut chain = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        chain.push_str(": ");
+                        chain.push_str(&s.to_string());
+                        src = s.source();
+                    }
+                    return Answer {
+                        status: 0,
+                        content_type: String::new(),
+                        body: chain,
+                    };
+                }
+            };
+            let status = resp.status().as_u16();
+            let content_type = resp
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body = resp.text().await.unwrap_or_default();
+            Answer {
+                status,
+                content_type,
+                body,
+            }
+        })
+    }
+
+    /// A JSON request.
+    pub fn json(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        v: &serde_json::Value,
+    ) -> Answer {
+        self.send(
+            method,
+            path,
+            token,
+            Some(("application/json", serde_json::to_vec(v).unwrap())),
+        )
+    }
+}
+
+impl Coordinator {
+    /// The coordinator CA certificate (PEM).
+    pub fn ca_pem(&self) -> String {
+        std::fs::read_to_string(self.dir.join("data/ca.crt")).expect("ca.crt")
+    }
+
+    /// The base URL tests reach it on.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// A raw API client, optionally with a machine identity.
+    pub fn api(&self, identity: Option<(&str, &str)>) -> Api {
+        Api::new(&self.url(), &self.ca_pem(), identity)
+    }
+}
+
+impl Agent {
+    /// The agent's persisted state (identity and progress).
+    pub fn state(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.root.join("var/lib/drover-agent/state.json"))
+            .expect("agent state");
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+impl Api {
+    /// Announces a body of `announced` bytes but sends only `prefix`, then
+    /// reads the answer: how a server must treat an oversized upload
+    /// (refuse from the headers, without reading it all).
+    pub fn send_announced(
+        &self,
+        method: &str,
+        path: &str,
+        announced: usize,
+        prefix: &[u8],
+    ) -> Answer {
+        use rustls::pki_types::ServerName;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let hostport = self.base.trim_start_matches("https://").to_owned();
+        let cfg = self.tls.clone();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\nContent-Length: {announced}\r\n\r\n"
+        );
+        self.rt.block_on(async move {
+            let tcp = tokio::net::TcpStream::connect(&hostport).await.unwrap();
+            let connector = tokio_rustls::TlsConnector::from(cfg);
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut tls = connector.connect(name, tcp).await.unwrap();
+            tls.write_all(head.as_bytes()).await.unwrap();
+            let _ = tls.write_all(prefix).await;
+            let _ = tls.flush().await;
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut buf)).await;
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            let status = text
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let content_type = text
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-type: ")
+                        .map(str::to_owned)
+                })
+                .unwrap_or_default();
+            let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+            Answer {
+                status,
+                content_type,
+                body,
+            }
+        })
+    }
+}

@@ -4,67 +4,13 @@
 //! a coordinator killed mid-create).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
+use drover_tests::docker::*;
 use drover_tests::*;
 
 const BOOT: Duration = Duration::from_secs(120);
 const IMAGE: &str = "drover-node:test";
-
-fn docker(args: &[&str]) -> std::process::Output {
-    Command::new("docker")
-        .args(args)
-        .output()
-        .expect("run docker")
-}
-
-fn docker_ok(args: &[&str]) -> String {
-    let out = docker(args);
-    assert!(
-        out.status.success(),
-        "docker {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Builds the test node image once (scripts/build-node-image is idempotent).
-fn ensure_image() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = Command::new(root.join("scripts/build-node-image"))
-            .arg("--bin-dir")
-            .arg(bin_dir())
-            .current_dir(&root)
-            .output()
-            .expect("run scripts/build-node-image");
-        assert!(
-            out.status.success(),
-            "building the node image failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-}
-
-/// Removes every container and network of a cluster, even when the test failed.
-struct DockerCleanup(String);
-
-impl Drop for DockerCleanup {
-    fn drop(&mut self) {
-        let ids = docker(&[
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=drover.dev/cluster={}", self.0),
-        ]);
-        for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
-            let _ = docker(&["rm", "-f", id]);
-        }
-        let _ = docker(&["network", "rm", &format!("drover-{}", self.0)]);
-    }
-}
 
 fn unique(prefix: &str) -> String {
     let n = std::time::SystemTime::now()

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
@@ -71,7 +70,7 @@ pub async fn apply_cluster(
     admin: Admin,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    super::RawBody(body): super::RawBody,
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
     admin.require_write()?;
     let mut desired = parse_cluster(&headers, &body)?;

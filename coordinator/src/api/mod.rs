@@ -62,9 +62,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(|| async { ApiError::not_found("route", "this path") })
         .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(
-            MAX_BODY_BYTES,
-        ))
+        .layer(axum::middleware::from_fn(refuse_oversized))
         .with_state(app)
 }
 
@@ -287,6 +285,48 @@ pub async fn audit(
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Refuses a request whose announced body is larger than [`MAX_BODY_BYTES`]
+/// before reading any of it; bodies without a length are cut off by the
+/// extractors at the same size.
+async fn refuse_oversized(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = announced.filter(|n| *n > MAX_BODY_BYTES as u64) {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            format!("the body is {n} bytes; the limit is {MAX_BODY_BYTES} bytes"),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// A raw body whose rejections (too large, unreadable) are problem documents.
+pub struct RawBody(pub axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => Ok(RawBody(b)),
+            Err(rejection) => Err(ApiError::new(
+                rejection.status(),
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    "Request body too large"
+                } else {
+                    "Unreadable request body"
+                },
+                rejection.body_text(),
+            )),
+        }
+    }
 }
 
 /// A JSON body whose rejections are problem documents, like every other error.
