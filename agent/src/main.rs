@@ -19,6 +19,7 @@ mod backoff;
 mod command;
 mod files;
 mod health;
+mod imds;
 mod nocloud;
 mod register;
 mod state;
@@ -56,6 +57,11 @@ struct Cli {
     /// given; `local-hostname` in its `meta-data` is the default --hostname.
     #[arg(long, value_name = "DIR", default_value = nocloud::DEFAULT_DIR)]
     nocloud_dir: PathBuf,
+    /// The EC2 instance metadata endpoint, read when there is no bootstrap
+    /// file and no NoCloud seed [default: $AWS_EC2_METADATA_SERVICE_ENDPOINT
+    /// or http://169.254.169.254].
+    #[arg(long, value_name = "URL")]
+    imds_endpoint: Option<String>,
 
     /// The machine's root directory. kubeadm runs with `--rootfs` when it is
     /// not `/`.
@@ -200,7 +206,15 @@ async fn run(cli: Cli) -> Result<(), Exit> {
             None
         }
         (Some(_), None) => None,
-        (None, _) => Some(first_boot_document(&cli, store.path()).map_err(Exit::Usage)?),
+        (None, _) => Some(
+            first_boot_document(
+                &cli,
+                store.path(),
+                (!imds::disabled()).then(|| imds::endpoint(cli.imds_endpoint.as_deref())),
+            )
+            .await
+            .map_err(Exit::Usage)?,
+        ),
     };
 
     let (trigger, mut shutdown) = Shutdown::new();
@@ -243,25 +257,39 @@ async fn run(cli: Cli) -> Result<(), Exit> {
 }
 
 /// The bootstrap document of a first start: `--bootstrap FILE`, else the
-/// NoCloud seed's user data. The error names every place looked at.
-fn first_boot_document(cli: &Cli, state_file: &Path) -> anyhow::Result<BootstrapDocument> {
+/// NoCloud seed's user data, else EC2 instance metadata (IMDSv2) unless
+/// `AWS_EC2_METADATA_DISABLED=true`. The error names every place looked at.
+async fn first_boot_document(
+    cli: &Cli,
+    state_file: &Path,
+    imds_endpoint: Option<String>,
+) -> anyhow::Result<BootstrapDocument> {
     if let Some(path) = &cli.bootstrap {
         return read_bootstrap(path);
     }
     let user_data = nocloud::user_data_path(&cli.nocloud_dir);
-    match nocloud::read_bootstrap(&cli.nocloud_dir)? {
-        Some(doc) => {
-            tracing::info!(source = %user_data.display(), "read the bootstrap document from the NoCloud seed");
-            Ok(doc)
-        }
-        None => bail!(
-            "no bootstrap document: the agent has not registered yet and looked at \
-             --bootstrap FILE (not given), saved state {} (none), \
-             NoCloud user data {} (none); pass --bootstrap FILE or provide user data",
-            state_file.display(),
-            user_data.display()
-        ),
+    if let Some(doc) = nocloud::read_bootstrap(&cli.nocloud_dir)? {
+        tracing::info!(source = %user_data.display(), "read the bootstrap document from the NoCloud seed");
+        return Ok(doc);
     }
+    let imds = if let Some(endpoint) = imds_endpoint {
+        match imds::read_bootstrap(&endpoint).await? {
+            Some(doc) => {
+                tracing::info!(source = %endpoint, "read the bootstrap document from instance metadata (IMDSv2)");
+                return Ok(doc);
+            }
+            None => format!("instance metadata user data at {endpoint} (none)"),
+        }
+    } else {
+        format!("instance metadata (disabled by {})", imds::DISABLED_ENV)
+    };
+    bail!(
+        "no bootstrap document: the agent has not registered yet and looked at \
+         --bootstrap FILE (not given), saved state {} (none), \
+         NoCloud user data {} (none), {imds}; pass --bootstrap FILE or provide user data",
+        state_file.display(),
+        user_data.display()
+    )
 }
 
 fn read_bootstrap(path: &Path) -> anyhow::Result<BootstrapDocument> {
@@ -376,15 +404,17 @@ ticket: dt1.seed.ticket
         );
     }
 
-    #[test]
-    fn first_boot_reads_the_nocloud_seed() {
+    #[tokio::test]
+    async fn first_boot_reads_the_nocloud_seed() {
         let dir = tempfile::tempdir().unwrap();
         let seed = dir.path().join("seed");
         let seed_arg = seed.to_str().unwrap();
         let state = dir.path().join("state/state.json");
 
         // Nothing anywhere: the error names every place looked at.
-        let err = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap_err();
+        let err = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state, None)
+            .await
+            .unwrap_err();
         let err = format!("{err:#}");
         assert!(err.contains("--bootstrap FILE (not given)"), "{err}");
         assert!(err.contains(&state.display().to_string()), "{err}");
@@ -396,7 +426,9 @@ ticket: dt1.seed.ticket
         // A bare document in the seed.
         std::fs::create_dir_all(&seed).unwrap();
         std::fs::write(seed.join("user-data"), DOC).unwrap();
-        let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap();
+        let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state, None)
+            .await
+            .unwrap();
         assert_eq!(doc.ticket, "dt1.seed.ticket");
 
         // The same inside a #cloud-config.
@@ -406,7 +438,9 @@ ticket: dt1.seed.ticket
             format!("#cloud-config\nruncmd: []\ndrover_bootstrap: |\n{indented}"),
         )
         .unwrap();
-        let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap();
+        let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state, None)
+            .await
+            .unwrap();
         assert_eq!(doc.ticket, "dt1.seed.ticket");
 
         // --bootstrap wins over the seed.
@@ -420,13 +454,17 @@ ticket: dt1.seed.ticket
                 file.to_str().unwrap(),
             ]),
             &state,
+            None,
         )
+        .await
         .unwrap();
         assert_eq!(doc.ticket, "dt1.file.ticket");
 
         // A broken seed is reported with its path.
         std::fs::write(seed.join("user-data"), "#cloud-config\nruncmd: []\n").unwrap();
-        let err = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state).unwrap_err();
+        let err = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state, None)
+            .await
+            .unwrap_err();
         let err = format!("{err:#}");
         assert!(err.contains("invalid NoCloud user data"), "{err}");
         assert!(err.contains("drover_bootstrap"), "{err}");

@@ -445,6 +445,8 @@ impl Machine {
             .arg(self.nocloud_dir())
             .env("FAKE_KUBEADM_LOG", self.log())
             .env("RUST_LOG", "info")
+            // Tests never reach for the real link-local metadata service.
+            .env("AWS_EC2_METADATA_DISABLED", "true")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.stderr_path(run)).unwrap())
@@ -903,6 +905,7 @@ async fn usage_errors_exit_64() {
 
     // A bad flag.
     let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-agent"))
+        .env("AWS_EC2_METADATA_DISABLED", "true")
         .args(["--log-format", "xml"])
         .stderr(Stdio::null())
         .status()

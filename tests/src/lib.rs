@@ -364,6 +364,8 @@ impl Agent {
             .open(&self.log_path)
             .unwrap();
         let child = Command::new(bin("drover-agent"))
+            // Tests never reach for the real link-local metadata service.
+            .env("AWS_EC2_METADATA_DISABLED", "true")
             .arg("--bootstrap")
             .arg(&self.bootstrap)
             .arg("--root")
