@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 use crate::names::{check_dns_label, check_label};
 
 /// Object metadata, as in Kubernetes' `ObjectMeta` (the subset Drover uses).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ObjectMeta {
     pub name: String,
@@ -46,7 +46,7 @@ fn is_zero(v: &u64) -> bool {
 }
 
 /// A condition, as in Kubernetes' `metav1.Condition`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Condition {
     #[serde(rename = "type")]
@@ -96,7 +96,7 @@ pub fn set_condition(
 }
 
 /// A label selector (`matchLabels` only, which is all pools need).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelSelector {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -115,7 +115,7 @@ impl LabelSelector {
 // ---------------------------------------------------------------- Cluster
 
 /// A declared Kubernetes cluster.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Cluster {
     pub api_version: String,
@@ -128,7 +128,7 @@ pub struct Cluster {
 
 /// What the cluster should be. Versions, counts and templates only: no
 /// commands, so the coordinator decides how.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
     /// A Kubernetes release such as `v1.31.2`.
@@ -149,7 +149,7 @@ pub struct ClusterSpec {
 }
 
 /// Overrides of the coordinator's health and remediation defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthPolicy {
     /// Silence after which a machine is unhealthy, e.g. `40s`.
@@ -218,7 +218,7 @@ pub fn parse_percent(s: &str) -> Result<u32, String> {
 }
 
 /// The control-plane pool.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ControlPlaneSpec {
     /// 1, 3 or 5 (etcd quorum needs an odd count).
@@ -229,7 +229,7 @@ pub struct ControlPlaneSpec {
 }
 
 /// A pool of worker machines.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerPoolSpec {
     pub name: String,
@@ -243,7 +243,7 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
 }
 
 /// Pod and service networks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NetworkSpec {
     #[serde(default = "default_pod_subnet")]
@@ -275,7 +275,7 @@ impl Default for NetworkSpec {
 }
 
 /// Where machines come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum ProviderSpec {
     /// Claim machines that registered themselves into a pool.
@@ -299,7 +299,7 @@ impl ProviderSpec {
 }
 
 /// The `docker` provider: machines are containers from a node image.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DockerProviderSpec {
     /// A node image with `drover-agent` as its entrypoint.
@@ -307,7 +307,7 @@ pub struct DockerProviderSpec {
 }
 
 /// The `pool` provider: which self-registered machines the cluster may claim.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolProviderSpec {
     /// Only machines that registered into this pool are claimed.
@@ -318,7 +318,7 @@ pub struct PoolProviderSpec {
 }
 
 /// The observed state of a cluster, written by the coordinator.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterStatus {
     #[serde(default)]
@@ -340,7 +340,7 @@ pub struct ClusterStatus {
 }
 
 /// Counts for one pool of a cluster.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolStatus {
     pub name: String,
@@ -350,7 +350,7 @@ pub struct PoolStatus {
 }
 
 /// A cluster's lifecycle phase.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum ClusterPhase {
     /// Waiting for machines to claim.
     #[default]
@@ -373,7 +373,7 @@ impl fmt::Display for ClusterPhase {
 pub const CONTROL_PLANE_POOL: &str = "control-plane";
 
 /// One refused field of a document.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FieldError {
     /// A path such as `spec.workerPools[1].replicas`.
     pub field: String,
@@ -632,7 +632,7 @@ pub fn check_host_port(s: &str) -> Result<(), String> {
 // ---------------------------------------------------------------- Machine
 
 /// A machine known to the coordinator.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Machine {
     pub api_version: String,
@@ -644,7 +644,7 @@ pub struct Machine {
 }
 
 /// What the coordinator wants of the machine.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineSpec {
     /// The registration pool the machine registered into (empty for
@@ -660,7 +660,7 @@ pub struct MachineSpec {
 }
 
 /// A machine's place in a cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Assignment {
     pub cluster: String,
@@ -675,7 +675,7 @@ pub struct Assignment {
 }
 
 /// What a machine does in its cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum MachineRole {
     /// The first control-plane machine: runs `kubeadm init`.
@@ -703,7 +703,7 @@ impl fmt::Display for MachineRole {
 }
 
 /// A machine's lifecycle phase.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum MachinePhase {
     /// Recorded by the coordinator; the provider is creating it or it has
     /// not registered yet.
@@ -734,7 +734,7 @@ impl fmt::Display for MachinePhase {
 }
 
 /// What the coordinator knows about a machine.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineStatus {
     #[serde(default)]
@@ -784,7 +784,7 @@ pub struct MachineStatus {
 }
 
 /// Something that happened to an object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Event {
     #[serde(with = "time::serde::rfc3339")]
@@ -817,7 +817,7 @@ fn is_zero_u16(v: &u16) -> bool {
 // ------------------------------------------------------ RegistrationToken
 
 /// A token under which machines register themselves into a pool.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegistrationToken {
     pub api_version: String,
@@ -829,7 +829,7 @@ pub struct RegistrationToken {
 }
 
 /// What a registration token allows.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegistrationTokenSpec {
     pub pool: String,
@@ -845,7 +845,7 @@ pub struct RegistrationTokenSpec {
 }
 
 /// How a registration token has been used.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegistrationTokenStatus {
     #[serde(default)]
@@ -856,7 +856,7 @@ pub struct RegistrationTokenStatus {
 }
 
 /// The request body of `POST /v1/registrationtokens`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateRegistrationToken {
     pub pool: String,
@@ -868,7 +868,7 @@ pub struct CreateRegistrationToken {
 }
 
 /// The answer to `POST /v1/registrationtokens`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreatedRegistrationToken {
     pub token: RegistrationToken,
@@ -877,7 +877,7 @@ pub struct CreatedRegistrationToken {
 }
 
 /// An admin kubeconfig minted for a cluster.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubeconfigResponse {
     pub kubeconfig: String,
@@ -886,7 +886,7 @@ pub struct KubeconfigResponse {
 }
 
 /// An RFC 9457 problem document, the body of every API error.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Problem {
     #[serde(rename = "type", default = "default_problem_type")]

@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 use crate::api::MachineRole;
 
 /// A file to write on the machine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BundleFile {
     /// Absolute path on the machine (under the agent's root).
@@ -23,7 +23,7 @@ pub struct BundleFile {
 }
 
 /// The content of a config bundle.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigBundle {
     pub machine_uid: String,
@@ -41,7 +41,7 @@ pub struct ConfigBundle {
 }
 
 /// A bundle as sent: its JSON text and an ECDSA P-256 signature over it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SignedBundle {
     pub payload: String,

@@ -80,6 +80,24 @@ impl fmt::Debug for CaPin {
     }
 }
 
+/// OpenAPI: a string in kubeadm's `--discovery-token-ca-cert-hash` format.
+impl utoipa::PartialSchema for CaPin {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(r"^sha256:[0-9a-f]{64}$"))
+            .description(Some(
+                "`sha256:` and the lowercase hex SHA-256 of the CA certificate's DER SubjectPublicKeyInfo.",
+            ))
+            .examples([
+                "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            ])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for CaPin {}
+
 impl serde::Serialize for CaPin {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)

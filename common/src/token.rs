@@ -67,7 +67,7 @@ impl FromStr for BootstrapToken {
         let (id, secret) = s.split_once('.').ok_or(TokenFormatError::MissingDot)?;
         if let Some(c) = s
             .chars()
-            .find(|c| *c != '.' && !ALPHABET.contains(&(*c as u8)))
+            .find(|c| *c != '.' && !(c.is_ascii() && ALPHABET.contains(&(*c as u8))))
         {
             return Err(TokenFormatError::BadCharacter(c));
         }
@@ -76,6 +76,9 @@ impl FromStr for BootstrapToken {
         }
         if secret.len() != SECRET_LEN {
             return Err(TokenFormatError::SecretLength(secret.len()));
+        }
+        if secret.contains('.') {
+            return Err(TokenFormatError::BadCharacter('.'));
         }
         Ok(Self {
             id: id.to_owned(),
@@ -96,6 +99,22 @@ impl fmt::Debug for BootstrapToken {
         write!(f, "BootstrapToken({}.<redacted>)", self.id)
     }
 }
+
+/// OpenAPI: a string in kubeadm's bootstrap token format.
+impl utoipa::PartialSchema for BootstrapToken {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(r"^[a-z0-9]{6}\.[a-z0-9]{16}$"))
+            .description(Some(
+                "A kubeadm bootstrap token: 6 and 16 characters of [a-z0-9] joined by a dot.",
+            ))
+            .examples(["abcdef.0123456789abcdef"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for BootstrapToken {}
 
 impl serde::Serialize for BootstrapToken {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -148,6 +167,18 @@ mod tests {
         assert_eq!(
             "abcdef.0123456789abcdef.x".parse::<BootstrapToken>(),
             Err(TokenFormatError::BadCharacter('.')).or(Err(TokenFormatError::SecretLength(18)))
+        );
+    }
+
+    #[test]
+    fn fuzzer_findings_are_refused() {
+        // Found by fuzz/fuzz_targets/bootstrap_token.rs: a dot in the secret
+        // and a non-ASCII character whose low byte is a letter.
+        assert!("94kj75.t.tr2u5ayut0415m".parse::<BootstrapToken>().is_err());
+        assert!("abcdef................".parse::<BootstrapToken>().is_err());
+        assert_eq!(
+            "abcd\u{161}.0123456789abcdef".parse::<BootstrapToken>(),
+            Err(TokenFormatError::BadCharacter('\u{161}'))
         );
     }
 

@@ -17,7 +17,7 @@ pub const BOOTSTRAP_KIND: &str = "BootstrapConfig";
 /// The document an agent boots from: where the coordinator is, how to
 /// recognise it, and the ticket that lets this machine register. It holds no
 /// other secret.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapDocument {
     pub api_version: String,
@@ -88,7 +88,7 @@ impl BootstrapDocument {
 }
 
 /// Facts a machine reports about itself at registration.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineFacts {
     pub hostname: String,
@@ -102,7 +102,7 @@ pub struct MachineFacts {
 }
 
 /// `POST /v1/machine/register`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterRequest {
     pub ticket: String,
@@ -112,7 +112,7 @@ pub struct RegisterRequest {
 }
 
 /// The answer to a registration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterResponse {
     pub machine_name: String,
@@ -127,14 +127,14 @@ pub struct RegisterResponse {
 }
 
 /// `POST /v1/machine/certificate`: renew the client certificate.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RenewRequest {
     pub csr_pem: String,
 }
 
 /// The answer to a renewal.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RenewResponse {
     pub certificate_pem: String,
@@ -143,7 +143,7 @@ pub struct RenewResponse {
 }
 
 /// Health of one probed component.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum ProbeState {
     #[default]
     Unknown,
@@ -152,7 +152,7 @@ pub enum ProbeState {
 }
 
 /// One probe's latest result.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Probe {
     pub state: ProbeState,
@@ -161,7 +161,7 @@ pub struct Probe {
 }
 
 /// What the agent saw when it last probed its machine.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthReport {
     /// kubelet `/healthz`.
@@ -186,7 +186,7 @@ impl HealthReport {
 }
 
 /// Where bootstrap stands, as the agent reports it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapReport {
     /// The step in progress or last finished, e.g. `kubeadm-join`.
@@ -196,7 +196,7 @@ pub struct BootstrapReport {
 }
 
 /// A failed command, with enough to debug it without logging in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandFailure {
     /// The command line as run.
@@ -211,7 +211,7 @@ pub struct CommandFailure {
 }
 
 /// What the agent is doing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum AgentPhase {
     /// Registered and unassigned.
     #[default]
@@ -223,7 +223,7 @@ pub enum AgentPhase {
 }
 
 /// `POST /v1/machine/heartbeat`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeartbeatRequest {
     pub phase: AgentPhase,
@@ -238,7 +238,7 @@ pub struct HeartbeatRequest {
 }
 
 /// The answer to a heartbeat.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeartbeatResponse {
     /// When to send the next heartbeat.
@@ -251,7 +251,7 @@ pub struct HeartbeatResponse {
 }
 
 /// Tells an agent it belongs to a cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AssignmentNotice {
     pub cluster: String,
@@ -260,7 +260,7 @@ pub struct AssignmentNotice {
 }
 
 /// Something the coordinator asks an agent to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Directive {
     /// Unique; echoed in the result.
@@ -269,7 +269,7 @@ pub struct Directive {
 }
 
 /// The actions a heartbeat reply can carry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub enum DirectiveAction {
     /// Register a kubeadm bootstrap token in the cluster
@@ -285,7 +285,7 @@ pub enum DirectiveAction {
 }
 
 /// The outcome of a directive.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DirectiveResult {
     pub id: String,
@@ -295,7 +295,7 @@ pub struct DirectiveResult {
 }
 
 /// The answer of `GET /v1/machine/config` while the machine cannot bootstrap yet.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigNotReady {
     pub reason: String,

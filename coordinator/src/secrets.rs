@@ -49,7 +49,7 @@ struct StoredTicketKey {
 }
 
 /// A role an admin token grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AdminRole {
     Admin,

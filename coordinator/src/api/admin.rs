@@ -23,6 +23,17 @@ use crate::store::Kind;
 /// The longest a registration token may live.
 const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
 
+/// `GET /v1/clusters`: every cluster.
+#[utoipa::path(
+    get,
+    path = "/v1/clusters",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "Every cluster, by name.", body = Vec<Cluster>),
+        (status = 401, response = super::openapi::Unauthorized),
+    ),
+)]
 pub async fn list_clusters(
     State(app): State<Arc<App>>,
     _admin: Admin,
@@ -30,6 +41,19 @@ pub async fn list_clusters(
     Ok(Json(app.clusters()?))
 }
 
+/// `GET /v1/clusters/{name}`: one cluster.
+#[utoipa::path(
+    get,
+    path = "/v1/clusters/{name}",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
+    responses(
+        (status = 200, description = "The cluster.", body = Cluster),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+    ),
+)]
 pub async fn get_cluster(
     State(app): State<Arc<App>>,
     _admin: Admin,
@@ -65,6 +89,37 @@ fn parse_cluster(headers: &HeaderMap, body: &[u8]) -> Result<Cluster, ApiError> 
 }
 
 /// `PUT /v1/clusters/{name}`: create or update a cluster (what `drover apply` sends).
+///
+/// The document is YAML unless sent as `application/json`; it is parsed
+/// strictly (unknown fields are errors) and validated as a whole. Its
+/// `metadata.name` must be the URL's name; a `metadata.resourceVersion`
+/// makes the update conditional on it. `status` and the other metadata the
+/// coordinator sets are ignored.
+#[utoipa::path(
+    put,
+    path = "/v1/clusters/{name}",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
+    request_body(
+        description = "A Cluster document, YAML (what `drover apply -f` sends) or JSON.",
+        content(
+            (Cluster = "application/yaml", example = super::openapi::example_cluster),
+            (Cluster = "application/json", example = super::openapi::example_cluster),
+        ),
+    ),
+    responses(
+        (status = 200, description = "The cluster was updated, or already matched the document.", body = Cluster),
+        (status = 201, description = "The cluster was created.", body = Cluster),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 422, response = super::openapi::Unprocessable),
+    ),
+)]
 pub async fn apply_cluster(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -151,6 +206,20 @@ pub async fn apply_cluster(
 
 /// `DELETE /v1/clusters/{name}`: marks the cluster for deletion; the
 /// reconciler releases its machines, then removes it.
+#[utoipa::path(
+    delete,
+    path = "/v1/clusters/{name}",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
+    responses(
+        (status = 202, description = "Deletion was requested (or already under way); the cluster as marked.", body = Cluster),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ),
+)]
 pub async fn delete_cluster(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -170,6 +239,17 @@ pub async fn delete_cluster(
     Ok((StatusCode::ACCEPTED, Json(c)))
 }
 
+/// `GET /v1/machines`: every machine.
+#[utoipa::path(
+    get,
+    path = "/v1/machines",
+    tag = "machines",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "Every machine, by name.", body = Vec<Machine>),
+        (status = 401, response = super::openapi::Unauthorized),
+    ),
+)]
 pub async fn list_machines(
     State(app): State<Arc<App>>,
     _admin: Admin,
@@ -177,6 +257,19 @@ pub async fn list_machines(
     Ok(Json(app.machines()?))
 }
 
+/// `GET /v1/machines/{name}`: one machine.
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{name}",
+    tag = "machines",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
+    responses(
+        (status = 200, description = "The machine.", body = Machine),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 404, response = super::openapi::NotFound),
+    ),
+)]
 pub async fn get_machine(
     State(app): State<Arc<App>>,
     _admin: Admin,
@@ -188,10 +281,30 @@ pub async fn get_machine(
 }
 
 /// `POST /v1/registrationtokens`: a token and the bootstrap document that carries its ticket.
+#[utoipa::path(
+    post,
+    path = "/v1/registrationtokens",
+    tag = "registration-tokens",
+    security(("adminToken" = [])),
+    request_body(
+        content = CreateRegistrationToken,
+        example = json!({"pool": "default", "labels": {"env": "dev"}, "ttlSeconds": 3600, "maxUses": 1}),
+    ),
+    responses(
+        (status = 201, description = "The token, and the bootstrap document (with its ticket) to hand to `drover-agent --bootstrap`.", body = CreatedRegistrationToken),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::Unprocessable),
+    ),
+)]
 pub async fn create_token(
     State(app): State<Arc<App>>,
     admin: Admin,
-    Json(req): Json<CreateRegistrationToken>,
+    super::Body(req): super::Body<CreateRegistrationToken>,
 ) -> Result<(StatusCode, Json<CreatedRegistrationToken>), ApiError> {
     admin.require_write()?;
     let mut errors = vec![];
@@ -285,6 +398,17 @@ pub async fn create_token(
     ))
 }
 
+/// `GET /v1/registrationtokens`: every registration token (never a ticket).
+#[utoipa::path(
+    get,
+    path = "/v1/registrationtokens",
+    tag = "registration-tokens",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "Every registration token, by name.", body = Vec<RegistrationToken>),
+        (status = 401, response = super::openapi::Unauthorized),
+    ),
+)]
 pub async fn list_tokens(
     State(app): State<Arc<App>>,
     _admin: Admin,
@@ -301,6 +425,21 @@ pub async fn list_tokens(
     ))
 }
 
+/// `PUT /v1/registrationtokens/{name}`: the same as `DELETE`.
+#[utoipa::path(
+    put,
+    path = "/v1/registrationtokens/{name}",
+    tag = "registration-tokens",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
+    responses(
+        (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ),
+)]
 pub async fn revoke_token_put(
     state: State<Arc<App>>,
     admin: Admin,
@@ -311,6 +450,20 @@ pub async fn revoke_token_put(
 
 /// `DELETE /v1/registrationtokens/{name}`: revokes a token; tickets issued
 /// under it stop working at once.
+#[utoipa::path(
+    delete,
+    path = "/v1/registrationtokens/{name}",
+    tag = "registration-tokens",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
+    responses(
+        (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ),
+)]
 pub async fn revoke_token(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -329,7 +482,7 @@ pub async fn revoke_token(
 }
 
 /// The request of `POST /v1/clusters/{name}/kubeconfig`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubeconfigRequest {
     #[serde(default = "default_kubeconfig_ttl")]
@@ -342,13 +495,48 @@ fn default_kubeconfig_ttl() -> u64 {
 
 /// Mints an admin kubeconfig with a short-lived client certificate signed by
 /// the cluster CA.
+///
+/// The body is optional; without one (and without a `Content-Type`) the
+/// certificate lives an hour.
+#[utoipa::path(
+    post,
+    path = "/v1/clusters/{name}/kubeconfig",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
+    request_body(
+        content = Option<KubeconfigRequest>,
+        example = json!({"ttlSeconds": 3600}),
+    ),
+    responses(
+        (status = 200, description = "An admin kubeconfig with a client certificate signed by the cluster CA.", body = KubeconfigResponse),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::Unprocessable),
+    ),
+)]
 pub async fn kubeconfig(
     State(app): State<Arc<App>>,
     admin: Admin,
     Path(name): Path<String>,
-    body: Option<Json<KubeconfigRequest>>,
+    body: Result<Option<Json<KubeconfigRequest>>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<KubeconfigResponse>, ApiError> {
     admin.require_write()?;
+    // An unusable body is refused with a problem document, like every other.
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        let title = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "Request body too large"
+        } else {
+            "Malformed request body"
+        };
+        ApiError::new(status, title, rejection.body_text())
+    })?;
     let ttl = body.map(|b| b.0.ttl_seconds).unwrap_or(3600);
     if ttl == 0 || ttl > 24 * 3600 {
         return Err(ApiError::bad_request(

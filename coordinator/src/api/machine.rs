@@ -31,6 +31,39 @@ use crate::store::{encode, Kind, Op, StoreError};
 pub const MACHINE_ORG: &str = "drover:machines";
 
 /// `POST /v1/machine/register`: redeem a ticket, get a client certificate.
+///
+/// The only machine call without a client certificate: the ticket from the
+/// bootstrap document authenticates it, once.
+#[utoipa::path(
+    post,
+    path = "/v1/machine/register",
+    tag = "machine",
+    security(()),
+    request_body(
+        content = RegisterRequest,
+        example = json!({
+            "ticket": "dt1.eyJncmFudCI6e319.c2lnbmF0dXJl",
+            "csrPem": super::openapi::EXAMPLE_CSR,
+            "facts": {
+                "hostname": "node-1",
+                "addresses": ["192.0.2.10"],
+                "apiServerPort": 6443,
+                "kubeletHealthzPort": 10248,
+                "agentVersion": "0.1.0"
+            }
+        }),
+    ),
+    responses(
+        (status = 201, description = "Registered: the machine's name and client certificate.", body = RegisterResponse),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, description = "The ticket is invalid, expired or revoked, or its machine is gone.", body = super::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The ticket was already used.", body = super::Problem, content_type = "application/problem+json"),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::Unprocessable),
+        (status = 429, response = super::openapi::TooManyRequests),
+    ),
+)]
 pub async fn register(
     State(app): State<Arc<App>>,
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
@@ -364,6 +397,22 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
 
 /// `POST /v1/machine/heartbeat`: record liveness and what changed, answer
 /// with the assignment and directives.
+#[utoipa::path(
+    post,
+    path = "/v1/machine/heartbeat",
+    tag = "machine",
+    security(("machineCertificate" = [])),
+    request_body = HeartbeatRequest,
+    responses(
+        (status = 200, description = "The machine's assignment and the directives it is to carry out.", body = HeartbeatResponse),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::Unprocessable),
+        (status = 401, response = super::openapi::MachineUnauthorized),
+        (status = 403, response = super::openapi::MachineForbidden),
+    ),
+)]
 pub async fn heartbeat(
     State(app): State<Arc<App>>,
     Extension(peer): Extension<PeerCertificate>,
@@ -616,6 +665,25 @@ fn activate_tokens(
 }
 
 /// `GET /v1/machine/config`: the signed bundle for the machine's assignment.
+#[utoipa::path(
+    get,
+    path = "/v1/machine/config",
+    tag = "machine",
+    security(("machineCertificate" = [])),
+    responses(
+        (status = 200, description = "The config bundle, signed with the coordinator CA key.", body = drover_common::bundle::SignedBundle),
+        (status = 401, response = super::openapi::MachineUnauthorized),
+        (status = 403, response = super::openapi::MachineForbidden),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, description = "The machine cannot bootstrap yet (a `ConfigNotReady` to retry after `retryAfterSeconds`), or its state conflicts (a problem document).",
+            headers(("Retry-After" = u64, description = "Seconds to wait before asking again (with a `ConfigNotReady`).")),
+            content(
+                (ConfigNotReady = "application/json"),
+                (super::Problem = "application/problem+json"),
+            ),
+        ),
+    ),
+)]
 pub async fn config(
     State(app): State<Arc<App>>,
     Extension(peer): Extension<PeerCertificate>,
@@ -720,6 +788,22 @@ fn store_tokens(
 }
 
 /// `POST /v1/machine/certificate`: a fresh client certificate for a new key.
+#[utoipa::path(
+    post,
+    path = "/v1/machine/certificate",
+    tag = "machine",
+    security(("machineCertificate" = [])),
+    request_body(content = RenewRequest, example = json!({"csrPem": super::openapi::EXAMPLE_CSR})),
+    responses(
+        (status = 200, description = "A new client certificate for the CSR's key.", body = RenewResponse),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::Unprocessable),
+        (status = 401, response = super::openapi::MachineUnauthorized),
+        (status = 403, response = super::openapi::MachineForbidden),
+    ),
+)]
 pub async fn renew(
     State(app): State<Arc<App>>,
     Extension(peer): Extension<PeerCertificate>,

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod machine;
+pub mod openapi;
 pub mod security;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route("/v1/clusters", get(admin::list_clusters))
         .route(
             "/v1/clusters/{name}",
@@ -63,6 +65,7 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_oversized))
+        .layer(axum::middleware::from_fn(close_if_body_unread))
         .with_state(app)
 }
 
@@ -307,6 +310,74 @@ async fn refuse_oversized(req: axum::extract::Request, next: axum::middleware::N
     next.run(req).await
 }
 
+/// Answers `Connection: close` when the request announced a body that was
+/// not read to its end (an answer given before the body was needed, such as
+/// a 401 or 405, or a body cut off at the size limit). hyper closes such a
+/// connection after the answer, since the unread rest of the body stands
+/// between it and the next request; without the header a client that reuses
+/// the connection in the meantime loses its next request to the closing
+/// socket.
+async fn close_if_body_unread(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = req.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()) != Some(0));
+    if !has_body {
+        return next.run(req).await;
+    }
+    let read = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let req = req.map(|inner| {
+        axum::body::Body::new(ReadToEnd {
+            inner,
+            read: read.clone(),
+        })
+    });
+    let mut resp = next.run(req).await;
+    if !read.load(std::sync::atomic::Ordering::Acquire) {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// A request body that records whether it was read to its end.
+struct ReadToEnd {
+    inner: axum::body::Body,
+    read: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl hyper::body::Body for ReadToEnd {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            self.read.store(true, std::sync::atomic::Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let end = self.inner.is_end_stream();
+        if end {
+            self.read.store(true, std::sync::atomic::Ordering::Release);
+        }
+        end
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A raw body whose rejections (too large, unreadable) are problem documents.
 pub struct RawBody(pub axum::body::Bytes);
 
@@ -352,5 +423,55 @@ where
                 Err(ApiError::new(status, title, rejection.body_text()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    fn post_body(path: &str, body: &'static str) -> axum::extract::Request {
+        axum::extract::Request::post(path)
+            .header(header::CONTENT_LENGTH, body.len())
+            .body(axum::body::Body::from(body))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn answer_before_the_body_is_read_closes_the_connection() {
+        let router = Router::new()
+            .route("/ignores", post(|| async { StatusCode::UNAUTHORIZED }))
+            .route("/reads", post(|body: String| async move { body }))
+            .layer(axum::middleware::from_fn(close_if_body_unread));
+        let closes = |resp: &Response| resp.headers().get(header::CONNECTION).cloned();
+
+        let resp = router
+            .clone()
+            .oneshot(post_body("/ignores", "{}"))
+            .await
+            .unwrap();
+        assert_eq!(closes(&resp), Some(HeaderValue::from_static("close")));
+        // A method the route does not serve: answered 405 without reading.
+        let req = axum::extract::Request::put("/reads")
+            .header(header::CONTENT_LENGTH, 2)
+            .body(axum::body::Body::from("{}"))
+            .unwrap();
+        let resp = router.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(closes(&resp), Some(HeaderValue::from_static("close")));
+
+        let resp = router
+            .clone()
+            .oneshot(post_body("/reads", "{}"))
+            .await
+            .unwrap();
+        assert_eq!(closes(&resp), None);
+        let resp = router
+            .clone()
+            .oneshot(post_body("/ignores", ""))
+            .await
+            .unwrap();
+        assert_eq!(closes(&resp), None);
     }
 }

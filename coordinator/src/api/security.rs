@@ -13,14 +13,14 @@ use crate::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
 use crate::store::{Kind, StoreError};
 
 /// `POST /v1/admintokens`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateAdminToken {
     pub role: AdminRole,
 }
 
 /// An admin token as listed: never its secret.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdminTokenInfo {
     pub id: String,
@@ -30,7 +30,7 @@ pub struct AdminTokenInfo {
 }
 
 /// The answer to a creation: the only time the secret is shown.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatedAdminToken {
     pub id: String,
@@ -60,6 +60,24 @@ fn modify_tokens(
     Err(ApiError::internal("the admin token list kept changing"))
 }
 
+/// `POST /v1/admintokens`: a new admin token; its secret is shown only here.
+#[utoipa::path(
+    post,
+    path = "/v1/admintokens",
+    tag = "security",
+    security(("adminToken" = [])),
+    request_body(content = CreateAdminToken, example = json!({"role": "viewer"})),
+    responses(
+        (status = 201, description = "The token, with its secret (shown once).", body = CreatedAdminToken),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 409, response = super::openapi::Conflict),
+        (status = 413, response = super::openapi::PayloadTooLarge),
+        (status = 415, response = super::openapi::UnsupportedMediaType),
+        (status = 422, response = super::openapi::Unprocessable),
+    ),
+)]
 pub async fn create_admin_token(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -83,6 +101,18 @@ pub async fn create_admin_token(
     ))
 }
 
+/// `GET /v1/admintokens`: every admin token, never a secret.
+#[utoipa::path(
+    get,
+    path = "/v1/admintokens",
+    tag = "security",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "Every admin token.", body = Vec<AdminTokenInfo>),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+    ),
+)]
 pub async fn list_admin_tokens(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -106,6 +136,22 @@ pub async fn list_admin_tokens(
     ))
 }
 
+/// `DELETE /v1/admintokens/{id}`: revokes an admin token; the last one with
+/// the admin role cannot be revoked.
+#[utoipa::path(
+    delete,
+    path = "/v1/admintokens/{id}",
+    tag = "security",
+    security(("adminToken" = [])),
+    params(("id" = String, Path, description = "The token's id (8 hex digits).", example = "0a1b2c3d")),
+    responses(
+        (status = 204, description = "Revoked."),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::NotFound),
+        (status = 409, response = super::openapi::Conflict),
+    ),
+)]
 pub async fn revoke_admin_token(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -134,7 +180,7 @@ pub async fn revoke_admin_token(
 }
 
 /// The keyring's state.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeysInfo {
     /// The key that encrypts, then older keys still accepted.
@@ -144,6 +190,18 @@ pub struct KeysInfo {
     pub resealed: usize,
 }
 
+/// `GET /v1/keys`: the ids of the keys that encrypt secrets at rest.
+#[utoipa::path(
+    get,
+    path = "/v1/keys",
+    tag = "security",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "The key that encrypts, then older keys still accepted.", body = KeysInfo),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+    ),
+)]
 pub async fn list_keys(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -162,6 +220,18 @@ pub async fn list_keys(
 /// `POST /v1/keys/rotate`: a new key encrypts from now on, every secret is
 /// re-encrypted with it while the old key still opens them, then the old
 /// key is dropped from the keyring file. Requests keep being served.
+#[utoipa::path(
+    post,
+    path = "/v1/keys/rotate",
+    tag = "security",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "The keys after rotation and how many records were re-encrypted.", body = KeysInfo),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 409, response = super::openapi::Conflict),
+    ),
+)]
 pub async fn rotate_keys(
     State(app): State<Arc<App>>,
     admin: Admin,
@@ -216,8 +286,10 @@ pub async fn rotate_keys(
     Ok(Json(result))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
+    /// How many of the newest entries to return (default 100, at most 10000).
     #[serde(default = "default_limit")]
     pub limit: usize,
 }
@@ -226,12 +298,28 @@ fn default_limit() -> usize {
     100
 }
 
+/// `GET /v1/audit`: the newest audit log entries, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "security",
+    security(("adminToken" = [])),
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "The last `limit` audit entries (at most 10000).", body = Vec<crate::audit::AuditEntry>),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+    ),
+)]
 pub async fn read_audit(
     State(app): State<Arc<App>>,
     admin: Admin,
-    Query(q): Query<AuditQuery>,
+    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<crate::audit::AuditEntry>>, ApiError> {
     admin.require_write()?;
+    // A malformed query is refused with a problem document, like every other.
+    let Query(q) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
     Ok(Json(
         app.audit
             .tail(q.limit.min(10_000))

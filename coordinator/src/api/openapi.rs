@@ -1,0 +1,317 @@
+//! The API's OpenAPI 3.1 document, built from the handlers' `#[utoipa::path]`
+//! annotations and the wire types' schemas, served unauthenticated at
+//! `GET /openapi.json` (it describes the API, it holds no secret).
+//! `scripts/schemathesis` fuzzes a running coordinator against it.
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use drover_common::api::Problem;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::{admin, machine, security};
+
+/// The name of the admin bearer-token security scheme.
+pub const ADMIN_TOKEN: &str = "adminToken";
+/// The name of the machine client-certificate (mutual TLS) security scheme.
+pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
+
+/// A PEM CSR for a P-256 key (whose private half was thrown away), the
+/// documents' example: only its key is used, the subject is ignored.
+pub const EXAMPLE_CSR: &str = "-----BEGIN CERTIFICATE REQUEST-----\nMIHNMHQCAQAwEjEQMA4GA1UEAwwHZXhhbXBsZTBZMBMGByqGSM49AgEGCCqGSM49\nAwEHA0IABJQrnsz6UTOwFSXjkXXJzbBmqebQgSQSDC6yGkC7J+xzat6J7QmjEyaF\n1RHctYFpoUvW8M/KPnELq7FwfRTFbPOgADAKBggqhkjOPQQDAgNJADBGAiEAvTrI\nv0C/3OAc5Mhpu5J41YXEl5vurKq76WYc7jDsMD8CIQCLFxSV8c+JHB1DUiwa1QIs\nqh5vJHbr4r0W5tb8la7PqQ==\n-----END CERTIFICATE REQUEST-----\n";
+
+/// The documents' example Cluster: one control-plane machine and two
+/// workers claimed from the pool machines labelled `env: dev`.
+pub fn example_cluster() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": drover_common::API_VERSION,
+        "kind": "Cluster",
+        "metadata": {"name": "demo", "labels": {"env": "dev"}},
+        "spec": {
+            "kubernetesVersion": "v1.31.2",
+            "controlPlane": {"replicas": 1},
+            "workerPools": [{"name": "default", "replicas": 2}],
+            "provider": {"pool": {"selector": {"matchLabels": {"env": "dev"}}}}
+        }
+    })
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Drover coordinator API",
+        description = "The admin API (bearer admin tokens, roles `admin` and `viewer`) and the \
+            machine API (a ticket to register, mutual TLS with the issued machine certificate \
+            after that). Every error is an RFC 9457 problem document \
+            (`application/problem+json`); a refused request changes nothing.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    paths(
+        healthz,
+        openapi_json,
+        admin::list_clusters,
+        admin::get_cluster,
+        admin::apply_cluster,
+        admin::delete_cluster,
+        admin::kubeconfig,
+        admin::list_machines,
+        admin::get_machine,
+        admin::list_tokens,
+        admin::create_token,
+        admin::revoke_token_put,
+        admin::revoke_token,
+        machine::register,
+        machine::heartbeat,
+        machine::config,
+        machine::renew,
+        security::list_admin_tokens,
+        security::create_admin_token,
+        security::revoke_admin_token,
+        security::list_keys,
+        security::rotate_keys,
+        security::read_audit,
+    ),
+    components(
+        schemas(Problem, drover_common::api::FieldError),
+        responses(
+            BadRequest,
+            Unauthorized,
+            MachineUnauthorized,
+            Forbidden,
+            MachineForbidden,
+            NotFound,
+            Conflict,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+            Unprocessable,
+            TooManyRequests,
+        ),
+    ),
+    modifiers(&SecuritySchemes),
+    tags(
+        (name = "clusters", description = "Declarative clusters (admin API)."),
+        (name = "machines", description = "Machines known to the coordinator (admin API)."),
+        (name = "registration-tokens", description = "Tokens under which machines register into a pool (admin API)."),
+        (name = "security", description = "Admin tokens, encryption keys and the audit log (admin role only)."),
+        (name = "machine", description = "The machine API the agent calls."),
+        (name = "meta", description = "Health and this document."),
+    ),
+)]
+pub struct ApiDoc;
+
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        optional_kubeconfig_body(doc);
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            ADMIN_TOKEN,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An admin token (`drv_<id>_<secret>`), as printed at first start or \
+                         made by `drover admin-token create`. Role `viewer` may only read.",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            MACHINE_CERTIFICATE,
+            SecurityScheme::MutualTls {
+                description: Some(
+                    "The machine's client certificate, issued at registration and signed by \
+                     the coordinator CA (CN = machine name, O = drover:machines)."
+                        .into(),
+                ),
+                extensions: None,
+            },
+        );
+    }
+}
+
+/// The kubeconfig request body is optional (absent, with no `Content-Type`),
+/// never `null`: `Option<KubeconfigRequest>` in the annotation makes the body
+/// not required, and this drops the `null` alternative it also adds.
+fn optional_kubeconfig_body(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::schema::Schema;
+    use utoipa::openapi::RefOr;
+    let body = doc
+        .paths
+        .paths
+        .get_mut("/v1/clusters/{name}/kubeconfig")
+        .and_then(|item| item.post.as_mut())
+        .and_then(|op| op.request_body.as_mut());
+    for content in body.into_iter().flat_map(|b| b.content.values_mut()) {
+        let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema else {
+            continue;
+        };
+        let not_null: Vec<_> = one_of
+            .items
+            .iter()
+            .filter(|s| {
+                !matches!(s, RefOr::T(Schema::Object(o))
+                    if o.schema_type == utoipa::openapi::schema::SchemaType::Type(utoipa::openapi::Type::Null))
+            })
+            .cloned()
+            .collect();
+        if let [only] = not_null.as_slice() {
+            content.schema = Some(only.clone());
+        }
+    }
+}
+
+/// The document as JSON, built once.
+pub fn document() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        ApiDoc::openapi()
+            .to_pretty_json()
+            .expect("the OpenAPI document serializes")
+    })
+}
+
+/// `GET /openapi.json`: this document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document of this API.", body = Object, content_type = "application/json"),
+    ),
+)]
+pub async fn openapi_json() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], document())
+}
+
+/// `GET /healthz`: whether the coordinator serves requests (documentation
+/// only: the route's handler is a closure in [`super::router`]).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The coordinator serves requests.", body = String, content_type = "text/plain", example = "ok"),
+    ),
+)]
+#[allow(dead_code)]
+fn healthz() {}
+
+/// The request is malformed: unparseable JSON, or a value the operation refuses.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct BadRequest(Problem);
+
+/// No valid admin token: the `Authorization: Bearer <token>` header is
+/// missing, malformed, or names a token this coordinator does not know.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct Unauthorized(Problem);
+
+/// No valid machine identity: the call was made without the machine's client
+/// certificate (mutual TLS), or the machine it names was deleted.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct MachineUnauthorized(Problem);
+
+/// The admin token has the `viewer` role, which may only read.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct Forbidden(Problem);
+
+/// The client certificate is valid but not a machine certificate.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct MachineForbidden(Problem);
+
+/// No such object.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct NotFound(Problem);
+
+/// The request conflicts with the object's current state (a stale
+/// `resourceVersion`, an object being deleted, a concurrent change); fetch
+/// it again and retry.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct Conflict(Problem);
+
+/// The body is larger than 1 MiB; refused from its announced length before
+/// it is read.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct PayloadTooLarge(Problem);
+
+/// The body is not sent as `Content-Type: application/json`.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct UnsupportedMediaType(Problem);
+
+/// The document does not match the schema or fails validation; `errors`
+/// names every refused field.
+#[derive(utoipa::ToResponse)]
+#[response(content_type = "application/problem+json")]
+#[allow(dead_code)]
+pub struct Unprocessable(Problem);
+
+/// Too many registrations from this source address.
+#[derive(utoipa::ToResponse)]
+#[response(
+    content_type = "application/problem+json",
+    headers(("Retry-After" = u64, description = "Seconds to wait before retrying."))
+)]
+#[allow(dead_code)]
+pub struct TooManyRequests(Problem);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_is_json_with_every_route() {
+        let doc: serde_json::Value = serde_json::from_str(document()).unwrap();
+        assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+        let paths = doc["paths"].as_object().unwrap();
+        for p in [
+            "/healthz",
+            "/openapi.json",
+            "/v1/clusters/{name}",
+            "/v1/machine/register",
+            "/v1/audit",
+        ] {
+            assert!(paths.contains_key(p), "{p} is missing");
+        }
+        let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
+        assert_eq!(operations, 23);
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(
+            schemas["CaPin"]["pattern"].as_str(),
+            Some("^sha256:[0-9a-f]{64}$")
+        );
+        assert_eq!(
+            schemas["BootstrapToken"]["pattern"].as_str(),
+            Some("^[a-z0-9]{6}\\.[a-z0-9]{16}$")
+        );
+        // An optional body, never `null`.
+        let kubeconfig = &paths["/v1/clusters/{name}/kubeconfig"]["post"]["requestBody"];
+        assert_eq!(kubeconfig.get("required"), None);
+        assert_eq!(
+            kubeconfig["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/KubeconfigRequest"
+        );
+        let put = &paths["/v1/clusters/{name}"]["put"]["requestBody"]["content"];
+        assert!(put.get("application/yaml").is_some() && put.get("application/json").is_some());
+    }
+}
