@@ -38,6 +38,8 @@ pub enum TicketGrant {
         cluster: String,
         machine: String,
         machine_uid: String,
+        /// The role the machine was created for.
+        role: crate::api::MachineRole,
     },
 }
 

@@ -52,6 +52,12 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
             cluster: cluster.metadata.name.clone(),
             machine: machine.to_owned(),
             machine_uid: machine_uid.clone(),
+            role: m
+                .spec
+                .assignment
+                .as_ref()
+                .map(|a| a.role)
+                .unwrap_or(drover_common::api::MachineRole::Worker),
         },
         issued_at: now.unix_timestamp(),
         expires_at: (now + ttl).unix_timestamp(),

@@ -33,6 +33,7 @@ fn genuine() -> &'static (String, TicketClaims) {
                 cluster: "demo".into(),
                 machine: "demo-control-plane-0".into(),
                 machine_uid: "5f0c7a1e-4a5b-4c1d-9e2f-0123456789ab".into(),
+                role: drover_common::api::MachineRole::Worker,
             },
             issued_at: NOW - 60,
             expires_at: NOW + 3600,

@@ -464,3 +464,71 @@ fn machine_tickets_are_single_use_and_die_with_their_machine() {
     // Its ticket died with it.
     register(&ticket).assert_problem(401, "");
 }
+
+#[test]
+fn registration_is_rate_limited_and_silent_clients_are_cut_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let c = Coordinator::start_with_args(
+        tmp.path(),
+        CoordinatorOptions::default(),
+        &["--registration-rate", "1"],
+        &format!("127.0.0.1:{port}"),
+    );
+    let api = c.api(None);
+    let body = serde_json::json!({"ticket": "dt1.e30.AAAA", "csrPem": "x", "facts": {"hostname": "h", "addresses": ["127.0.0.1"], "apiServerPort": 6443, "kubeletHealthzPort": 10248, "agentVersion": "x"}});
+    let answers: Vec<Answer> = (0..12)
+        .map(|_| api.json("POST", "/v1/machine/register", None, &body))
+        .collect();
+    let limited: Vec<&Answer> = answers.iter().filter(|a| a.status == 429).collect();
+    assert!(
+        !limited.is_empty(),
+        "a burst of 12 must hit a limit of 1/s (burst 5): {answers:?}"
+    );
+    limited[0].assert_problem(429, "retry in");
+    // Refused registrations before the limit were refused for their ticket.
+    answers[0].assert_problem(401, "signature");
+
+    // A client that connects and never starts TLS is disconnected.
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buf = [0u8; 16];
+    let n = s
+        .read(&mut buf)
+        .expect("the server closes the connection, not the test's timeout");
+    assert_eq!(n, 0, "expected EOF");
+}
+
+#[test]
+fn a_ticket_altered_to_name_another_cluster_is_refused() {
+    use base64::Engine;
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("pool-a", "env=a", 1, "1h", &boot);
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&boot).unwrap()).unwrap();
+    let ticket = doc["ticket"].as_str().unwrap().to_owned();
+    let parts: Vec<&str> = ticket.split('.').collect();
+    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut claims: serde_json::Value =
+        serde_json::from_slice(&engine.decode(parts[1]).unwrap()).unwrap();
+    claims["grant"]["pool"] = "pool-b".into();
+    let altered = format!(
+        "{}.{}.{}",
+        parts[0],
+        engine.encode(serde_json::to_vec(&claims).unwrap()),
+        parts[2]
+    );
+    let (_k, csr) = drover_common::pki::generate_key_and_csr("x").unwrap();
+    c.api(None)
+        .json(
+            "POST",
+            "/v1/machine/register",
+            None,
+            &serde_json::json!({"ticket": altered, "csrPem": csr, "facts": {"hostname": "x", "addresses": ["127.0.0.1"], "apiServerPort": 6443, "kubeletHealthzPort": 10248, "agentVersion": "x"}}),
+        )
+        .assert_problem(401, "signature is invalid");
+    assert!(c.machines().is_empty());
+}

@@ -100,8 +100,10 @@ pub async fn register(
             cluster,
             machine,
             machine_uid,
+            role,
         } => {
-            return register_created_machine(&app, &req, &cluster, &machine, &machine_uid).await;
+            return register_created_machine(&app, &req, &cluster, &machine, &machine_uid, role)
+                .await;
         }
     };
     let suffix: String = {
@@ -241,6 +243,7 @@ async fn register_created_machine(
     cluster: &str,
     machine: &str,
     machine_uid: &str,
+    role: MachineRole,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
     let now = drover_common::now();
     let current = app.machine(machine)?.ok_or_else(|| {
@@ -248,8 +251,12 @@ async fn register_created_machine(
             "machine {machine} of cluster {cluster} no longer exists; its ticket died with it"
         ))
     })?;
-    let assigned_cluster = current.spec.assignment.as_ref().map(|a| a.cluster.as_str());
-    if current.metadata.uid.as_deref() != Some(machine_uid) || assigned_cluster != Some(cluster) {
+    let assigned = current
+        .spec
+        .assignment
+        .as_ref()
+        .map(|a| (a.cluster.as_str(), a.role));
+    if current.metadata.uid.as_deref() != Some(machine_uid) || assigned != Some((cluster, role)) {
         return Err(ApiError::unauthorized(format!(
             "this ticket was issued for another incarnation of machine {machine}"
         )));
