@@ -548,3 +548,74 @@ fn bad_cluster_documents_are_refused_and_change_nothing() {
     assert_eq!(before["metadata"]["uid"], after["metadata"]["uid"]);
     assert_eq!(before["spec"], after["spec"]);
 }
+
+#[test]
+fn clients_find_the_coordinator_through_flags_environment_or_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let ca = tmp.path().join("data/ca.crt");
+    let run = |envs: &[(&str, String)], args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin("drover"));
+        cmd.args(args)
+            .env("DROVER_CONFIG", tmp.path().join("no-such-config.yaml"))
+            .env_remove("DROVER_ADDR")
+            .env_remove("DROVER_TOKEN")
+            .env_remove("DROVER_CA");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    // The environment alone.
+    let out = run(
+        &[
+            ("DROVER_ADDR", c.url()),
+            ("DROVER_TOKEN", c.admin_token.clone()),
+            ("DROVER_CA", ca.display().to_string()),
+        ],
+        &["get", "clusters"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Flags alone.
+    let out = run(
+        &[],
+        &[
+            "get",
+            "clusters",
+            "--addr",
+            &c.url(),
+            "--token",
+            &c.admin_token,
+            "--ca",
+            ca.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing: a clear error saying what to pass.
+    let out = run(&[], &["get", "clusters"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--addr") && err.contains("DROVER_ADDR"),
+        "{err}"
+    );
+    // A wrong token is refused with a clear error.
+    let out = run(
+        &[
+            ("DROVER_ADDR", c.url()),
+            ("DROVER_TOKEN", "drv_00000000_wrong".into()),
+            ("DROVER_CA", ca.display().to_string()),
+        ],
+        &["get", "clusters"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid"));
+}
