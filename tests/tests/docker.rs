@@ -165,9 +165,11 @@ fn wait_replaced(c: &Coordinator, cluster: &str, old: &str) -> String {
 #[test]
 fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(tmp.path(), "1s", "5s");
+    // Declared before the coordinator, so it is dropped after it: a
+    // coordinator still running would re-create what the cleanup removes.
     let name = unique("dk");
     let _cleanup = DockerCleanup(name.clone());
+    let c = start(tmp.path(), "1s", "5s");
     let f = tmp.path().join("c.yaml");
     std::fs::write(&f, docker_cluster_yaml(&name, 1, 2, "")).unwrap();
     let out = c.cli(&[
@@ -227,9 +229,11 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
 #[test]
 fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(tmp.path(), "1s", "4s");
+    // Declared before the coordinator, so it is dropped after it: a
+    // coordinator still running would re-create what the cleanup removes.
     let name = unique("heal");
     let _cleanup = DockerCleanup(name.clone());
+    let c = start(tmp.path(), "1s", "4s");
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 2, ""));
     c.wait_cluster_phase(&name, "Running", BOOT);
     let workers = worker_names(&c, &name);
@@ -269,9 +273,11 @@ fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
 #[test]
 fn failing_kubelet_is_replaced_after_the_unhealthy_timeout() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(tmp.path(), "1s", "5s");
+    // Declared before the coordinator, so it is dropped after it: a
+    // coordinator still running would re-create what the cleanup removes.
     let name = unique("kubelet");
     let _cleanup = DockerCleanup(name.clone());
+    let c = start(tmp.path(), "1s", "5s");
     let health = "  health:\n    unhealthyTimeout: 3s\n";
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 1, health));
     c.wait_cluster_phase(&name, "Running", BOOT);
@@ -304,9 +310,11 @@ fn failing_kubelet_is_replaced_after_the_unhealthy_timeout() {
 #[test]
 fn partition_beyond_max_unhealthy_replaces_nothing_and_heals() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(tmp.path(), "1s", "3s");
+    // Declared before the coordinator, so it is dropped after it: a
+    // coordinator still running would re-create what the cleanup removes.
     let name = unique("part");
     let _cleanup = DockerCleanup(name.clone());
+    let c = start(tmp.path(), "1s", "3s");
     apply(
         &c,
         tmp.path(),
@@ -374,9 +382,11 @@ fn partition_beyond_max_unhealthy_replaces_nothing_and_heals() {
 #[test]
 fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut c = start(tmp.path(), "1s", "5s");
+    // Declared before the coordinator, so it is dropped after it: a
+    // coordinator still running would re-create what the cleanup removes.
     let name = unique("crash");
     let _cleanup = DockerCleanup(name.clone());
+    let mut c = start(tmp.path(), "1s", "5s");
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, ""));
     // Kill the coordinator as soon as the first container exists, while the
     // others are still being created.
@@ -443,9 +453,11 @@ fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
 #[test]
 fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = start(tmp.path(), "1s", "5s");
+    // Declared before the coordinator, so it is dropped after it: a
+    // coordinator still running would re-create what the cleanup removes.
     let name = unique("scale");
     let _cleanup = DockerCleanup(name.clone());
+    let c = start(tmp.path(), "1s", "5s");
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, ""));
     c.wait_cluster_phase(&name, "Running", BOOT);
     let mut workers: Vec<(String, String)> = live_machines(&c, &name)

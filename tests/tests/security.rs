@@ -376,9 +376,10 @@ fn a_store_copied_without_its_key_is_refused_and_rotation_keeps_serving() {
 fn machine_tickets_are_single_use_and_die_with_their_machine() {
     ensure_image();
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     let name = format!("tk-{:05x}", std::process::id() % 0xfffff);
+    // Dropped after the coordinator, which would otherwise re-create containers.
     let _cleanup = DockerCleanup(name.clone());
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     apply(
         &c,
         tmp.path(),
