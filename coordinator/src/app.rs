@@ -126,26 +126,23 @@ impl App {
 
     /// Writes a machine, conditional on the revision it was read at.
     pub fn write_machine(&self, m: &Machine) -> Result<u64, StoreError> {
-        let mut stored = m.clone();
-        let rev = stored
-            .metadata
-            .resource_version
-            .take()
-            .and_then(|r| r.parse().ok());
-        self.store
-            .update_json(Kind::Machine, &m.metadata.name, &stored, rev)
+        self.write_object(m)
     }
 
     /// Writes a cluster, conditional on the revision it was read at.
     pub fn write_cluster(&self, c: &Cluster) -> Result<u64, StoreError> {
-        let mut stored = c.clone();
+        self.write_object(c)
+    }
+
+    fn write_object<T: StoredObject>(&self, o: &T) -> Result<u64, StoreError> {
+        let mut stored = o.clone();
         let rev = stored
-            .metadata
+            .meta_mut()
             .resource_version
             .take()
             .and_then(|r| r.parse().ok());
         self.store
-            .update_json(Kind::Cluster, &c.metadata.name, &stored, rev)
+            .update_json(T::KIND, &stored.meta_mut().name.clone(), &stored, rev)
     }
 
     /// When a machine last heartbeated (or the coordinator started).
@@ -193,6 +190,26 @@ impl App {
     }
 }
 
+/// The API objects the coordinator reads and writes with optimistic concurrency.
+pub trait StoredObject: Clone + serde::Serialize {
+    const KIND: Kind;
+    fn meta_mut(&mut self) -> &mut drover_common::api::ObjectMeta;
+}
+
+impl StoredObject for Machine {
+    const KIND: Kind = Kind::Machine;
+    fn meta_mut(&mut self) -> &mut drover_common::api::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl StoredObject for Cluster {
+    const KIND: Kind = Kind::Cluster;
+    fn meta_mut(&mut self) -> &mut drover_common::api::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 impl App {
     /// Read-modify-write of a machine with optimistic concurrency: `change`
     /// edits the freshly read machine and says whether it changed anything;
@@ -200,54 +217,45 @@ impl App {
     pub fn update_machine<E: From<StoreError>>(
         &self,
         name: &str,
-        mut change: impl FnMut(&mut Machine) -> Result<bool, E>,
+        change: impl FnMut(&mut Machine) -> Result<bool, E>,
     ) -> Result<Option<Machine>, E> {
-        for _ in 0..16 {
-            let Some(mut m) = self.machine(name)? else {
-                return Ok(None);
-            };
-            if !change(&mut m)? {
-                return Ok(Some(m));
-            }
-            match self.write_machine(&m) {
-                Ok(rev) => {
-                    m.metadata.resource_version = Some(rev.to_string());
-                    return Ok(Some(m));
-                }
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(StoreError::Backend(format!(
-            "machine {name} kept changing under 16 consecutive updates"
-        ))
-        .into())
+        self.update_object(name, |n| self.machine(n), change)
     }
 
     /// Read-modify-write of a cluster, like [`App::update_machine`].
     pub fn update_cluster<E: From<StoreError>>(
         &self,
         name: &str,
-        mut change: impl FnMut(&mut Cluster) -> Result<bool, E>,
+        change: impl FnMut(&mut Cluster) -> Result<bool, E>,
     ) -> Result<Option<Cluster>, E> {
+        self.update_object(name, |n| self.cluster(n), change)
+    }
+
+    fn update_object<T: StoredObject, E: From<StoreError>>(
+        &self,
+        name: &str,
+        read: impl Fn(&str) -> Result<Option<T>, StoreError>,
+        mut change: impl FnMut(&mut T) -> Result<bool, E>,
+    ) -> Result<Option<T>, E> {
         for _ in 0..16 {
-            let Some(mut c) = self.cluster(name)? else {
+            let Some(mut o) = read(name)? else {
                 return Ok(None);
             };
-            if !change(&mut c)? {
-                return Ok(Some(c));
+            if !change(&mut o)? {
+                return Ok(Some(o));
             }
-            match self.write_cluster(&c) {
+            match self.write_object(&o) {
                 Ok(rev) => {
-                    c.metadata.resource_version = Some(rev.to_string());
-                    return Ok(Some(c));
+                    o.meta_mut().resource_version = Some(rev.to_string());
+                    return Ok(Some(o));
                 }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         Err(StoreError::Backend(format!(
-            "cluster {name} kept changing under 16 consecutive updates"
+            "{} {name} kept changing under 16 consecutive updates",
+            T::KIND.as_str()
         ))
         .into())
     }
