@@ -48,16 +48,26 @@ pub fn endpoint(flag: Option<&str>) -> String {
 
 /// What one attempt found.
 enum Attempt {
-    Found(String),
+    Found(Instance),
     /// The instance has no user data.
     None,
     /// Worth retrying (unreachable, 5xx, throttled).
     Retry(String),
 }
 
-/// Fetches the user data, retrying while the service is unreachable.
-/// `Ok(None)` when the instance has no user data.
-pub async fn user_data(endpoint: &str) -> anyhow::Result<Option<String>> {
+/// What the agent reads of its instance at first boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    /// The raw user data.
+    pub user_data: String,
+    /// The EC2 instance ID (`meta-data/instance-id`), which the coordinator
+    /// checks against the instance it launched for the ticket's machine.
+    pub instance_id: String,
+}
+
+/// Fetches the user data and instance ID, retrying while the service is
+/// unreachable. `Ok(None)` when the instance has no user data.
+pub async fn instance(endpoint: &str) -> anyhow::Result<Option<Instance>> {
     let http = reqwest::Client::builder()
         .tls_backend_preconfigured(crate::tls::trust_nothing_config().map_err(|e| anyhow!(e))?)
         .timeout(REQUEST_TIMEOUT)
@@ -69,7 +79,7 @@ pub async fn user_data(endpoint: &str) -> anyhow::Result<Option<String>> {
     let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(5));
     loop {
         match attempt(&http, endpoint).await {
-            Attempt::Found(text) => return Ok(Some(text)),
+            Attempt::Found(i) => return Ok(Some(i)),
             Attempt::None => return Ok(None),
             Attempt::Retry(why) => {
                 if started.elapsed() > GIVE_UP_AFTER {
@@ -83,6 +93,30 @@ pub async fn user_data(endpoint: &str) -> anyhow::Result<Option<String>> {
                 tokio::time::sleep(delay).await;
             }
         }
+    }
+}
+
+/// One metadata read: `Ok(None)` on 404, `Err` with a reason worth a retry.
+async fn get(
+    http: &reqwest::Client,
+    endpoint: &str,
+    token: &str,
+    path: &str,
+) -> Result<Option<String>, String> {
+    match http
+        .get(format!("{endpoint}/latest/{path}"))
+        .header("X-aws-ec2-metadata-token", token)
+        .send()
+        .await
+    {
+        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Ok(None),
+        Ok(r) if r.status().is_success() => r
+            .text()
+            .await
+            .map(Some)
+            .map_err(|e| format!("reading {path}: {e}")),
+        Ok(r) => Err(format!("{path} request answered {}", r.status())),
+        Err(e) => Err(format!("{path} request failed: {e}")),
     }
 }
 
@@ -101,28 +135,27 @@ async fn attempt(http: &reqwest::Client, endpoint: &str) -> Attempt {
         Ok(r) => return Attempt::Retry(format!("token request answered {}", r.status())),
         Err(e) => return Attempt::Retry(format!("token request failed: {e}")),
     };
-    match http
-        .get(format!("{endpoint}/latest/user-data"))
-        .header("X-aws-ec2-metadata-token", token)
-        .send()
-        .await
-    {
-        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Attempt::None,
-        Ok(r) if r.status().is_success() => match r.text().await {
-            Ok(t) => Attempt::Found(t),
-            Err(e) => Attempt::Retry(format!("reading user data: {e}")),
-        },
-        Ok(r) => Attempt::Retry(format!("user data request answered {}", r.status())),
-        Err(e) => Attempt::Retry(format!("user data request failed: {e}")),
+    let user_data = match get(http, endpoint, &token, "user-data").await {
+        Ok(Some(u)) => u,
+        Ok(None) => return Attempt::None,
+        Err(why) => return Attempt::Retry(why),
+    };
+    match get(http, endpoint, &token, "meta-data/instance-id").await {
+        Ok(Some(id)) if !id.trim().is_empty() => Attempt::Found(Instance {
+            user_data,
+            instance_id: id.trim().to_owned(),
+        }),
+        Ok(_) => Attempt::Retry("the metadata service has no instance-id".into()),
+        Err(why) => Attempt::Retry(why),
     }
 }
 
-/// The bootstrap document in the instance's user data, in any of the
-/// formats the NoCloud seed accepts.
-pub async fn read_bootstrap(endpoint: &str) -> anyhow::Result<Option<BootstrapDocument>> {
-    match user_data(endpoint).await? {
-        Some(text) => crate::nocloud::parse_user_data(&text)
-            .map(Some)
+/// The bootstrap document in the instance's user data (in any of the
+/// formats the NoCloud seed accepts), with the instance ID.
+pub async fn read_bootstrap(endpoint: &str) -> anyhow::Result<Option<(BootstrapDocument, String)>> {
+    match instance(endpoint).await? {
+        Some(i) => crate::nocloud::parse_user_data(&i.user_data)
+            .map(|doc| Some((doc, i.instance_id)))
             .with_context(|| format!("invalid user data from instance metadata at {endpoint}")),
         None => Ok(None),
     }
@@ -166,6 +199,8 @@ mod tests {
                     } else {
                         "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
                     }
+                } else if req.starts_with("GET /latest/meta-data/instance-id") {
+                    "HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\ni-0123456789abcdef0".to_string()
                 } else {
                     "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
                 };
@@ -178,14 +213,20 @@ mod tests {
     #[tokio::test]
     async fn token_then_user_data_after_retries() {
         let (ep, hits) = serve(Some("hello"), 2).await;
-        assert_eq!(user_data(&ep).await.unwrap().as_deref(), Some("hello"));
+        assert_eq!(
+            instance(&ep).await.unwrap(),
+            Some(Instance {
+                user_data: "hello".into(),
+                instance_id: "i-0123456789abcdef0".into()
+            })
+        );
         assert!(hits.load(Ordering::SeqCst) >= 4);
     }
 
     #[tokio::test]
     async fn no_user_data_is_final() {
         let (ep, _) = serve(None, 0).await;
-        assert_eq!(user_data(&ep).await.unwrap(), None);
+        assert_eq!(instance(&ep).await.unwrap(), None);
     }
 
     #[test]

@@ -230,8 +230,16 @@ async fn run(cli: Cli) -> Result<(), Exit> {
 
     let (state, origin) = match (saved, doc) {
         (Some(state), _) => (state, Origin::Saved),
-        (None, Some(doc)) => {
-            match register::register(&doc, &settings, &store, &mut shutdown).await {
+        (None, Some(boot)) => {
+            match register::register(
+                &boot.doc,
+                boot.instance_id.as_deref(),
+                &settings,
+                &store,
+                &mut shutdown,
+            )
+            .await
+            {
                 Ok(Some(r)) => (
                     r.state,
                     Origin::Registered {
@@ -263,20 +271,23 @@ async fn first_boot_document(
     cli: &Cli,
     state_file: &Path,
     imds_endpoint: Option<String>,
-) -> anyhow::Result<BootstrapDocument> {
+) -> anyhow::Result<FirstBoot> {
     if let Some(path) = &cli.bootstrap {
-        return read_bootstrap(path);
+        return Ok(FirstBoot::from(read_bootstrap(path)?));
     }
     let user_data = nocloud::user_data_path(&cli.nocloud_dir);
     if let Some(doc) = nocloud::read_bootstrap(&cli.nocloud_dir)? {
         tracing::info!(source = %user_data.display(), "read the bootstrap document from the NoCloud seed");
-        return Ok(doc);
+        return Ok(FirstBoot::from(doc));
     }
     let imds = if let Some(endpoint) = imds_endpoint {
         match imds::read_bootstrap(&endpoint).await? {
-            Some(doc) => {
-                tracing::info!(source = %endpoint, "read the bootstrap document from instance metadata (IMDSv2)");
-                return Ok(doc);
+            Some((doc, instance_id)) => {
+                tracing::info!(source = %endpoint, %instance_id, "read the bootstrap document from instance metadata (IMDSv2)");
+                return Ok(FirstBoot {
+                    doc,
+                    instance_id: Some(instance_id),
+                });
             }
             None => format!("instance metadata user data at {endpoint} (none)"),
         }
@@ -290,6 +301,23 @@ async fn first_boot_document(
         state_file.display(),
         user_data.display()
     )
+}
+
+/// What a first start registers with.
+#[derive(Debug)]
+struct FirstBoot {
+    doc: BootstrapDocument,
+    /// The cloud instance, when the document came from instance metadata.
+    instance_id: Option<String>,
+}
+
+impl From<BootstrapDocument> for FirstBoot {
+    fn from(doc: BootstrapDocument) -> Self {
+        Self {
+            doc,
+            instance_id: None,
+        }
+    }
 }
 
 fn read_bootstrap(path: &Path) -> anyhow::Result<BootstrapDocument> {
@@ -429,7 +457,7 @@ ticket: dt1.seed.ticket
         let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state, None)
             .await
             .unwrap();
-        assert_eq!(doc.ticket, "dt1.seed.ticket");
+        assert_eq!(doc.doc.ticket, "dt1.seed.ticket");
 
         // The same inside a #cloud-config.
         let indented: String = DOC.lines().map(|l| format!("  {l}\n")).collect();
@@ -441,7 +469,7 @@ ticket: dt1.seed.ticket
         let doc = first_boot_document(&cli(&["--nocloud-dir", seed_arg]), &state, None)
             .await
             .unwrap();
-        assert_eq!(doc.ticket, "dt1.seed.ticket");
+        assert_eq!(doc.doc.ticket, "dt1.seed.ticket");
 
         // --bootstrap wins over the seed.
         let file = dir.path().join("bootstrap.yaml");
@@ -458,7 +486,7 @@ ticket: dt1.seed.ticket
         )
         .await
         .unwrap();
-        assert_eq!(doc.ticket, "dt1.file.ticket");
+        assert_eq!(doc.doc.ticket, "dt1.file.ticket");
 
         // A broken seed is reported with its path.
         std::fs::write(seed.join("user-data"), "#cloud-config\nruncmd: []\n").unwrap();

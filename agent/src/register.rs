@@ -120,6 +120,7 @@ pub struct Registered {
 /// and saves the new identity. Returns `None` when shutdown was requested.
 pub async fn register(
     doc: &BootstrapDocument,
+    instance_id: Option<&str>,
     settings: &Settings,
     store: &StateStore,
     shutdown: &mut Shutdown,
@@ -152,6 +153,7 @@ pub async fn register(
                         api_server_port: settings.api_server_port,
                         kubelet_healthz_port: settings.kubelet_healthz_port(),
                         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                        instance_id: instance_id.map(str::to_owned),
                     },
                 };
                 tokio::select! {

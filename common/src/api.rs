@@ -282,6 +282,8 @@ pub enum ProviderSpec {
     Pool(PoolProviderSpec),
     /// Create machines as containers on a Docker network of the cluster's own.
     Docker(DockerProviderSpec),
+    /// Create machines as EC2 instances.
+    Aws(crate::aws::AwsProviderSpec),
 }
 
 impl ProviderSpec {
@@ -289,6 +291,20 @@ impl ProviderSpec {
         match self {
             ProviderSpec::Pool(_) => "pool",
             ProviderSpec::Docker(_) => "docker",
+            ProviderSpec::Aws(_) => "aws",
+        }
+    }
+
+    /// The field a spec update may not change, if `new` changes one: the
+    /// provider itself and an AWS region are fixed for a cluster's life;
+    /// AWS machine templates and tags may change (new machines use them).
+    pub fn immutable_change(&self, new: &ProviderSpec) -> Option<(&'static str, &'static str)> {
+        const MOVE: &str = "is immutable; delete the cluster and create it again to move it";
+        match (self, new) {
+            (ProviderSpec::Aws(a), ProviderSpec::Aws(b)) => {
+                (a.region != b.region).then_some(("spec.provider.aws.region", MOVE))
+            }
+            (a, b) => (a != b).then_some(("spec.provider", MOVE)),
         }
     }
 
@@ -501,6 +517,16 @@ impl Cluster {
                     );
                 }
             }
+            ProviderSpec::Aws(_) => {}
+        }
+        if let ProviderSpec::Aws(a) = &self.spec.provider {
+            let pools: Vec<&str> = self
+                .spec
+                .worker_pools
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect();
+            a.validate(&pools, &mut |f, m| err(f, m));
         }
         if let Some(h) = &self.spec.health {
             for (field, v) in [
@@ -775,6 +801,10 @@ pub struct MachineStatus {
     /// The provider's id for the machine (a container or instance id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<String>,
+    /// Where the provider placed the machine: its subnet on `aws`. Chosen
+    /// and recorded before the first create call, so retries agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
     /// Whether the machine's single-use ticket was redeemed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ticket_redeemed: bool,

@@ -5,6 +5,7 @@
 //! coordinator and the agent agree on formats by construction.
 
 pub mod api;
+pub mod aws;
 pub mod bundle;
 pub mod jws;
 pub mod kubeadm;

@@ -99,6 +99,11 @@ pub struct MachineFacts {
     /// The port its kubelet serves `/healthz` on.
     pub kubelet_healthz_port: u16,
     pub agent_version: String,
+    /// The cloud instance the agent runs on, read from instance metadata;
+    /// the coordinator checks it against the instance it launched for the
+    /// ticket's machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
 }
 
 /// `POST /v1/machine/register`.

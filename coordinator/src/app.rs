@@ -56,6 +56,11 @@ pub struct App {
     pub reconcile_now: Notify,
     /// The Docker provider, connected on first use.
     pub docker: tokio::sync::OnceCell<crate::provider::docker::DockerProvider>,
+    /// EC2 clients by region, made on first use.
+    #[cfg(feature = "aws")]
+    pub aws: Mutex<HashMap<String, crate::provider::aws::AwsProvider>>,
+    /// Back-off of failed provider creates, per machine.
+    pub provision_retries: crate::provisioner::ProvisionRetries,
     /// Asks the server to listen on more addresses.
     pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
     /// Who changed what, and when.
@@ -64,6 +69,8 @@ pub struct App {
     pub register_limiter: crate::ratelimit::RateLimiter,
     /// One key rotation at a time.
     pub rotation: Mutex<()>,
+    /// What the cluster reconcile loop reports about itself.
+    pub reconciler: std::sync::Arc<Mutex<crate::reconcile::LoopStatus>>,
 }
 
 impl App {
@@ -154,18 +161,47 @@ impl App {
             .map(|l| l.last_seen)
     }
 
+    /// The value of the managed-by label or tag on everything this
+    /// installation creates: the CA pin's first 16 hex digits, which stay
+    /// the same across restarts and differ between installations.
+    pub fn owner(&self) -> String {
+        let pin = self.ca_pin.to_string();
+        pin.trim_start_matches("sha256:")[..16].to_owned()
+    }
+
     /// The Docker provider, connecting on first use.
     pub async fn docker(
         &self,
     ) -> Result<&crate::provider::docker::DockerProvider, crate::provider::ProviderError> {
         self.docker
-            .get_or_try_init(|| async {
-                // The pin identifies this installation across restarts.
-                let owner = self.ca_pin.to_string();
-                let owner = owner.trim_start_matches("sha256:")[..16].to_owned();
-                crate::provider::docker::DockerProvider::connect(owner).await
-            })
+            .get_or_try_init(|| crate::provider::docker::DockerProvider::connect(self.owner()))
             .await
+    }
+
+    /// The EC2 client of a region, made on first use.
+    #[cfg(feature = "aws")]
+    pub async fn aws(&self, region: &str) -> crate::provider::aws::AwsProvider {
+        if let Some(c) = self.aws.lock().expect("aws clients lock").get(region) {
+            return c.clone();
+        }
+        let c = crate::provider::aws::AwsProvider::connect(region, self.owner()).await;
+        self.aws
+            .lock()
+            .expect("aws clients lock")
+            .entry(region.to_owned())
+            .or_insert(c)
+            .clone()
+    }
+
+    /// The regions this coordinator has made EC2 clients for.
+    #[cfg(feature = "aws")]
+    pub fn aws_regions(&self) -> std::collections::BTreeSet<String> {
+        self.aws
+            .lock()
+            .expect("aws clients lock")
+            .keys()
+            .cloned()
+            .collect()
     }
 
     /// Whether anything in the store uses the Docker provider.

@@ -66,9 +66,27 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// Directory for the embedded store and the CA certificate.
+    /// Directory for the embedded store, the encryption key, the audit log
+    /// and the CA certificate.
     #[arg(long, env = "DROVER_DATA_DIR")]
     data_dir: PathBuf,
+    /// Where objects are kept: `sqlite` (DATA_DIR/drover.db), `sqlite:DIR`
+    /// (DIR/drover.db), or `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`, an
+    /// etcd cluster several coordinator replicas share (keys under PREFIX,
+    /// default /drover). The data directory keeps the encryption key and
+    /// the audit log either way.
+    #[arg(long, env = "DROVER_STORE", default_value = "sqlite")]
+    store: store::Location,
+    /// CA certificates (PEM) that signed the etcd servers' certificates;
+    /// connects to etcd over TLS.
+    #[arg(long)]
+    etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) to present to etcd, with --etcd-key-file.
+    #[arg(long)]
+    etcd_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert-file.
+    #[arg(long)]
+    etcd_key_file: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7443")]
     listen: std::net::SocketAddr,
@@ -138,6 +156,10 @@ fn main() -> ExitCode {
                 drain: args.drain_timeout,
                 encryption_key_file: args.encryption_key_file,
                 registration_rate: args.registration_rate,
+                store: args.store,
+                etcd_ca_file: args.etcd_ca_file,
+                etcd_cert_file: args.etcd_cert_file,
+                etcd_key_file: args.etcd_key_file,
             };
             let cfg = match cfg.validate() {
                 Ok(c) => c,

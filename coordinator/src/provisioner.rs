@@ -3,18 +3,25 @@
 
 use std::collections::HashMap;
 
-use drover_common::api::{push_event, Cluster, MachinePhase, ProviderSpec};
-use drover_common::ticket::{new_nonce, TicketClaims, TicketGrant};
+use drover_common::api::{push_event, Cluster, Machine, MachinePhase, ProviderSpec};
+use drover_common::ticket::{TicketClaims, TicketGrant};
 use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
 
 use crate::app::App;
 use crate::provider::docker::{DockerProvider, COORDINATOR_HOST};
-use crate::provider::{InstanceState, MachineRequest, ProviderError};
+use crate::provider::{CloudErrorClass, InstanceState, MachineRequest, ProviderError};
 use crate::reconcile::ReconcileError;
 use crate::store::StoreError;
 
 /// How long a machine ticket lives beyond the startup timeout.
 const TICKET_SLACK: time::Duration = time::Duration::minutes(5);
+
+/// What a successful create reports.
+struct Created {
+    provider_id: String,
+    /// The `ProviderCreated` event's message.
+    message: String,
+}
 
 /// Creates the provider machine for a recorded machine. Idempotent.
 pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<(), ReconcileError> {
@@ -24,9 +31,124 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
     if m.status.provider_id.is_some() || m.status.phase != MachinePhase::Provisioning {
         return Ok(());
     }
-    let ProviderSpec::Docker(spec) = &cluster.spec.provider else {
-        return Ok(());
+    let result = match &cluster.spec.provider {
+        ProviderSpec::Pool(_) => return Ok(()),
+        ProviderSpec::Docker(spec) => provision_docker(app, cluster, &m, &spec.image).await,
+        #[cfg(feature = "aws")]
+        ProviderSpec::Aws(spec) => provision_aws(app, cluster, &m, spec).await,
+        #[cfg(not(feature = "aws"))]
+        ProviderSpec::Aws(_) => Err(ProviderError::NotBuilt { provider: "aws" }),
     };
+    match result {
+        Ok(created) => {
+            app.provision_retries.succeeded(machine);
+            app.update_machine::<StoreError>(machine, |m| {
+                if m.status.provider_id.as_deref() == Some(created.provider_id.as_str()) {
+                    return Ok(false);
+                }
+                m.status.provider_id = Some(created.provider_id.clone());
+                set_provider_condition(m, true, "Created", "");
+                push_event(
+                    &mut m.status.events,
+                    "ProviderCreated",
+                    created.message.clone(),
+                );
+                Ok(true)
+            })?;
+            Ok(())
+        }
+        Err(e) => {
+            let class = e.class();
+            let (attempt, delay) = app.provision_retries.failed(
+                machine,
+                cluster.metadata.generation,
+                class,
+                drover_common::now(),
+            );
+            let msg = format!(
+                "{e}; attempt {attempt}, next in {}s{}",
+                delay.as_secs().max(1),
+                if class == CloudErrorClass::InvalidConfiguration {
+                    " or as soon as the cluster spec changes"
+                } else {
+                    ""
+                }
+            );
+            tracing::warn!(cluster = %cluster.metadata.name, machine, attempt, retry_in_s = delay.as_secs(), reason = class.reason(), error = %e, "provider create failed");
+            app.update_machine::<StoreError>(machine, |m| {
+                Ok(set_provider_condition(m, false, class.reason(), &msg))
+            })?;
+            Err(e.into())
+        }
+    }
+}
+
+/// The machine's bootstrap document: its single-use ticket and where to
+/// redeem it. Deterministic for a machine (issued at its creation, with its
+/// UID as nonce), so a retried create sends byte-identical user data, which
+/// EC2's client-token idempotency requires.
+fn bootstrap_document(
+    app: &App,
+    cluster: &Cluster,
+    m: &Machine,
+    coordinators: Vec<String>,
+) -> BootstrapDocument {
+    let machine_uid = m.metadata.uid.clone().unwrap_or_default();
+    let issued = m
+        .metadata
+        .creation_timestamp
+        .unwrap_or_else(drover_common::now);
+    let policy = crate::health::Policy::for_cluster(cluster, app.settings.health_defaults);
+    let ttl = time::Duration::try_from(policy.startup_timeout)
+        .unwrap_or(time::Duration::minutes(10))
+        + TICKET_SLACK;
+    let ticket = app.ticket_key.sign(&TicketClaims {
+        grant: TicketGrant::Machine {
+            cluster: cluster.metadata.name.clone(),
+            machine: m.metadata.name.clone(),
+            machine_uid: machine_uid.clone(),
+            role: m
+                .spec
+                .assignment
+                .as_ref()
+                .map(|a| a.role)
+                .unwrap_or(drover_common::api::MachineRole::Worker),
+        },
+        issued_at: issued.unix_timestamp(),
+        expires_at: (issued + ttl).unix_timestamp(),
+        nonce: machine_uid,
+    });
+    BootstrapDocument {
+        api_version: drover_common::API_VERSION.into(),
+        kind: BOOTSTRAP_KIND.into(),
+        coordinators,
+        ca_pin: app.ca_pin.clone(),
+        ticket,
+    }
+}
+
+fn machine_request(
+    cluster: &Cluster,
+    m: &Machine,
+    user_data: String,
+    image: &str,
+) -> MachineRequest {
+    MachineRequest {
+        cluster: cluster.metadata.name.clone(),
+        cluster_uid: cluster.metadata.uid.clone().unwrap_or_default(),
+        machine: m.metadata.name.clone(),
+        machine_uid: m.metadata.uid.clone().unwrap_or_default(),
+        user_data,
+        image: image.to_owned(),
+    }
+}
+
+async fn provision_docker(
+    app: &App,
+    cluster: &Cluster,
+    m: &Machine,
+    image: &str,
+) -> Result<Created, ProviderError> {
     let docker = app.docker().await?;
     let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
     let network = docker
@@ -41,73 +163,118 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
             object: format!("docker network {}", network.name),
             detail,
         })?;
-    let machine_uid = m.metadata.uid.clone().unwrap_or_default();
-    let now = drover_common::now();
-    let policy = crate::health::Policy::for_cluster(cluster, app.settings.health_defaults);
-    let ttl = time::Duration::try_from(policy.startup_timeout)
-        .unwrap_or(time::Duration::minutes(10))
-        + TICKET_SLACK;
-    let ticket = app.ticket_key.sign(&TicketClaims {
-        grant: TicketGrant::Machine {
-            cluster: cluster.metadata.name.clone(),
-            machine: machine.to_owned(),
-            machine_uid: machine_uid.clone(),
-            role: m
-                .spec
-                .assignment
-                .as_ref()
-                .map(|a| a.role)
-                .unwrap_or(drover_common::api::MachineRole::Worker),
-        },
-        issued_at: now.unix_timestamp(),
-        expires_at: (now + ttl).unix_timestamp(),
-        nonce: new_nonce(),
-    });
-    let doc = BootstrapDocument {
-        api_version: drover_common::API_VERSION.into(),
-        kind: BOOTSTRAP_KIND.into(),
-        coordinators: vec![format!("https://{COORDINATOR_HOST}:{port}")],
-        ca_pin: app.ca_pin.clone(),
-        ticket,
-    };
-    let req = MachineRequest {
-        cluster: cluster.metadata.name.clone(),
-        cluster_uid,
-        machine: machine.to_owned(),
-        machine_uid,
-        user_data: doc.to_yaml(),
-        image: spec.image.clone(),
-    };
-    let result = docker.create(&req, &network).await;
-    match result {
-        Ok(id) => {
-            app.update_machine::<StoreError>(machine, |m| {
-                if m.status.provider_id.as_deref() == Some(id.as_str()) {
+    let doc = bootstrap_document(
+        app,
+        cluster,
+        m,
+        vec![format!("https://{COORDINATOR_HOST}:{port}")],
+    );
+    let req = machine_request(cluster, m, doc.to_yaml(), image);
+    let id = docker.create(&req, &network).await?;
+    Ok(Created {
+        message: format!(
+            "container {} created on network {}",
+            short(&id),
+            network.name
+        ),
+        provider_id: id,
+    })
+}
+
+#[cfg(feature = "aws")]
+async fn provision_aws(
+    app: &App,
+    cluster: &Cluster,
+    m: &Machine,
+    spec: &drover_common::aws::AwsProviderSpec,
+) -> Result<Created, ProviderError> {
+    use crate::provider::aws::{choose_subnet, user_data, Launch};
+    let pool = m
+        .spec
+        .assignment
+        .as_ref()
+        .map(|a| a.machine_pool.clone())
+        .unwrap_or_default();
+    let template = spec.template(&pool).ok_or_else(|| ProviderError::Failed {
+        provider: "aws",
+        action: "find the machine template for",
+        object: format!("machine {}", m.metadata.name),
+        detail: format!("spec.provider.aws has no template for pool {pool}"),
+    })?;
+    // Record the subnet before the launch: a retried launch must send the
+    // same parameters under the same client token.
+    let subnet = match m
+        .status
+        .failure_domain
+        .clone()
+        .filter(|s| template.subnets.contains(s))
+    {
+        Some(s) => s,
+        None => {
+            let machines = app.machines().map_err(|e| ProviderError::Failed {
+                provider: "aws",
+                action: "choose a subnet for",
+                object: format!("machine {}", m.metadata.name),
+                detail: e.to_string(),
+            })?;
+            let in_use: Vec<&str> = machines
+                .iter()
+                .filter(|o| o.metadata.name != m.metadata.name)
+                .filter(|o| o.status.phase != MachinePhase::Deleted)
+                .filter(|o| {
+                    o.spec
+                        .assignment
+                        .as_ref()
+                        .map(|a| (&a.cluster_uid, &a.machine_pool))
+                        == m.spec
+                            .assignment
+                            .as_ref()
+                            .map(|a| (&a.cluster_uid, &a.machine_pool))
+                })
+                .filter_map(|o| o.status.failure_domain.as_deref())
+                .collect();
+            let chosen = choose_subnet(template, &in_use)
+                .unwrap_or_default()
+                .to_owned();
+            app.update_machine::<StoreError>(&m.metadata.name, |m| {
+                if m.status.failure_domain.as_deref() == Some(chosen.as_str()) {
                     return Ok(false);
                 }
-                m.status.provider_id = Some(id.clone());
-                set_provider_condition(m, true, "Created", "");
-                push_event(
-                    &mut m.status.events,
-                    "ProviderCreated",
-                    format!(
-                        "container {} created on network {}",
-                        short(&id),
-                        network.name
-                    ),
-                );
+                m.status.failure_domain = Some(chosen.clone());
                 Ok(true)
+            })
+            .map_err(|e| ProviderError::Failed {
+                provider: "aws",
+                action: "record the subnet of",
+                object: format!("machine {}", m.metadata.name),
+                detail: e.to_string(),
             })?;
-            Ok(())
+            chosen
         }
-        Err(e) => {
-            let msg = e.to_string();
-            app.update_machine::<StoreError>(machine, |m| {
-                Ok(set_provider_condition(m, false, "CreateFailed", &msg))
-            })?;
-            Err(e.into())
-        }
-    }
+    };
+    let doc = bootstrap_document(app, cluster, m, app.settings.advertise_urls.clone());
+    let req = machine_request(
+        cluster,
+        m,
+        user_data(&cluster.metadata.name, &m.metadata.name, &doc.to_yaml()),
+        &template.ami,
+    );
+    let aws = app.aws(&spec.region).await;
+    let id = aws
+        .create(&Launch {
+            machine: &req,
+            template,
+            subnet: &subnet,
+            tags: spec.tags_for(template),
+        })
+        .await?;
+    Ok(Created {
+        message: format!(
+            "instance {id} launched in {subnet} ({}, {}, region {})",
+            template.ami, template.instance_type, spec.region
+        ),
+        provider_id: id,
+    })
 }
 
 fn set_provider_condition(
@@ -142,12 +309,28 @@ pub async fn destroy(app: &App, cluster: &Cluster, machine: &str) -> Result<(), 
     if m.status.phase != MachinePhase::Deleting {
         return Ok(());
     }
-    if let ProviderSpec::Docker(_) = &cluster.spec.provider {
-        app.docker()
-            .await?
-            .delete(&cluster.metadata.name, machine)
-            .await?;
+    match &cluster.spec.provider {
+        ProviderSpec::Pool(_) => {}
+        ProviderSpec::Docker(_) => {
+            app.docker()
+                .await?
+                .delete(&cluster.metadata.name, machine)
+                .await?
+        }
+        #[cfg(feature = "aws")]
+        ProviderSpec::Aws(spec) => {
+            app.aws(&spec.region)
+                .await
+                .delete_machine(
+                    m.metadata.uid.as_deref().unwrap_or_default(),
+                    m.status.provider_id.as_deref(),
+                )
+                .await?
+        }
+        #[cfg(not(feature = "aws"))]
+        ProviderSpec::Aws(_) => return Err(ProviderError::NotBuilt { provider: "aws" }.into()),
     }
+    app.provision_retries.succeeded(machine);
     app.liveness.lock().expect("liveness lock").remove(machine);
     app.update_machine::<StoreError>(machine, |m| {
         if m.status.phase == MachinePhase::Deleted {
@@ -176,21 +359,178 @@ pub async fn delete_cluster_resources(app: &App, cluster: &Cluster) -> Result<()
     Ok(())
 }
 
-/// The state of every provider machine, by machine UID.
-pub async fn observe(app: &App) -> Result<HashMap<String, InstanceState>, ProviderError> {
-    let docker = app.docker().await?;
-    Ok(docker
-        .list()
-        .await?
-        .into_iter()
-        .filter_map(|pm| pm.machine_uid().map(|u| (u.to_owned(), pm.state)))
-        .collect())
+/// The state of every provider machine, by machine UID, from every
+/// provider (and AWS region) the clusters use. A provider that cannot be
+/// listed is reported in the errors and its machines stay unknown (never
+/// "gone"), so a cloud outage does not look like dead machines.
+pub async fn observe(
+    app: &App,
+    clusters: &[Cluster],
+) -> (HashMap<String, InstanceState>, Vec<ProviderError>) {
+    let mut states = HashMap::new();
+    let mut errors = vec![];
+    let mut add = |list: Vec<crate::provider::ProviderMachine>| {
+        for pm in list {
+            if let Some(uid) = pm.machine_uid() {
+                // EC2 lists terminated instances for a while; a live one for
+                // the same machine wins.
+                let entry = states.entry(uid.to_owned()).or_insert(pm.state);
+                if *entry == InstanceState::Stopped {
+                    *entry = pm.state;
+                }
+            }
+        }
+    };
+    if clusters
+        .iter()
+        .any(|c| matches!(c.spec.provider, ProviderSpec::Docker(_)))
+    {
+        match async { app.docker().await?.list().await }.await {
+            Ok(list) => add(list),
+            Err(e) => errors.push(e),
+        }
+    }
+    #[cfg(feature = "aws")]
+    for region in aws_regions(app, clusters) {
+        match app.aws(&region).await.list().await {
+            Ok(list) => add(list),
+            Err(e) => errors.push(e),
+        }
+    }
+    (states, errors)
+}
+
+/// Every region an `aws` cluster uses now, or that this coordinator has
+/// launched in since it started (a deleted cluster may have left instances).
+#[cfg(feature = "aws")]
+fn aws_regions(app: &App, clusters: &[Cluster]) -> std::collections::BTreeSet<String> {
+    let mut regions = app.aws_regions();
+    for c in clusters {
+        if let ProviderSpec::Aws(a) = &c.spec.provider {
+            regions.insert(a.region.clone());
+        }
+    }
+    regions
+}
+
+/// Per-machine back-off of failed creates, kept in memory: a restart
+/// retries at once, which is what an operator restarting it wants.
+#[derive(Default)]
+pub struct ProvisionRetries(std::sync::Mutex<HashMap<String, Retry>>);
+
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    attempts: u32,
+    not_before: time::OffsetDateTime,
+    /// The cluster generation the failures were met at: a new spec (a fixed
+    /// AMI, say) is tried at once.
+    generation: u64,
+}
+
+impl ProvisionRetries {
+    /// When the machine's next create may run, if it must wait.
+    pub fn not_before(&self, machine: &str, generation: u64) -> Option<time::OffsetDateTime> {
+        self.0
+            .lock()
+            .expect("retry lock")
+            .get(machine)
+            .filter(|r| r.generation == generation)
+            .map(|r| r.not_before)
+    }
+
+    /// Records a failure; returns the attempt number and the delay before
+    /// the next one (exponential per failure class, with ±20 % jitter).
+    pub fn failed(
+        &self,
+        machine: &str,
+        generation: u64,
+        class: CloudErrorClass,
+        now: time::OffsetDateTime,
+    ) -> (u32, std::time::Duration) {
+        use rand::Rng;
+        let mut map = self.0.lock().expect("retry lock");
+        let attempts = map
+            .get(machine)
+            .filter(|r| r.generation == generation)
+            .map_or(0, |r| r.attempts)
+            + 1;
+        let (base, max) = class.backoff();
+        let exp = base.saturating_mul(1u32 << (attempts - 1).min(16)).min(max);
+        let jitter = rand::rng().random_range(0.8..1.2);
+        let delay = exp.mul_f64(jitter);
+        map.insert(
+            machine.to_owned(),
+            Retry {
+                attempts,
+                not_before: now + delay,
+                generation,
+            },
+        );
+        (attempts, delay)
+    }
+
+    /// Forgets a machine's failures.
+    pub fn succeeded(&self, machine: &str) {
+        self.0.lock().expect("retry lock").remove(machine);
+    }
 }
 
 /// Removes provider objects the store does not know: containers whose
 /// machine is not recorded (or only as a tombstone), and networks of
 /// clusters that no longer exist. Returns what it removed.
 pub async fn sweep(app: &App) -> Result<Vec<String>, ReconcileError> {
+    let mut removed = vec![];
+    if app.docker_in_use() {
+        removed.extend(sweep_docker(app).await?);
+    }
+    #[cfg(feature = "aws")]
+    {
+        let clusters = app.clusters()?;
+        for region in aws_regions(app, &clusters) {
+            removed.extend(sweep_aws(app, &region).await?);
+        }
+    }
+    Ok(removed)
+}
+
+/// Whether a provider object labelled with this machine UID belongs to a
+/// machine the store knows (and has not deleted).
+fn machine_known(machines: &[Machine], uid: Option<&str>) -> bool {
+    uid.is_some_and(|uid| {
+        machines.iter().any(|m| {
+            m.metadata.uid.as_deref() == Some(uid) && m.status.phase != MachinePhase::Deleted
+        })
+    })
+}
+
+/// Terminates instances of this coordinator that no known machine owns.
+#[cfg(feature = "aws")]
+async fn sweep_aws(app: &App, region: &str) -> Result<Vec<String>, ReconcileError> {
+    let aws = app.aws(region).await;
+    // Instances first, then the store: a machine is recorded before its
+    // instance is launched.
+    let instances = aws.instances().await?;
+    let machines = app.machines()?;
+    let mut removed = vec![];
+    for i in instances {
+        if matches!(i.state_name.as_str(), "terminated" | "shutting-down")
+            || machine_known(
+                &machines,
+                i.tags
+                    .get(crate::provider::LABEL_MACHINE_UID)
+                    .map(String::as_str),
+            )
+        {
+            continue;
+        }
+        aws.terminate(&i.instance_id).await?;
+        tracing::warn!(instance = %i.instance_id, region, tags = ?i.tags, "orphan instance terminated");
+        removed.push(format!("instance {} ({region})", i.instance_id));
+    }
+    Ok(removed)
+}
+
+async fn sweep_docker(app: &App) -> Result<Vec<String>, ReconcileError> {
     let docker: DockerProvider = app.docker().await?.clone();
     // List the provider first: a machine is recorded before its container is
     // created, so every container listed here has its record in the store
@@ -201,12 +541,7 @@ pub async fn sweep(app: &App) -> Result<Vec<String>, ReconcileError> {
     let clusters = app.clusters()?;
     let mut removed = vec![];
     for pm in containers {
-        let known = pm.machine_uid().is_some_and(|uid| {
-            machines.iter().any(|m| {
-                m.metadata.uid.as_deref() == Some(uid) && m.status.phase != MachinePhase::Deleted
-            })
-        });
-        if !known {
+        if !machine_known(&machines, pm.machine_uid()) {
             docker.remove_container(&pm.provider_id).await?;
             tracing::warn!(container = %short(&pm.provider_id), labels = ?pm.labels, "orphan container removed");
             removed.push(format!("container {}", short(&pm.provider_id)));
@@ -240,7 +575,7 @@ pub async fn run_sweeper(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
-        if app.docker_in_use() {
+        {
             match sweep(&app).await {
                 Ok(r) if !r.is_empty() => tracing::info!(removed = ?r, "orphan sweep"),
                 Ok(_) => {}
@@ -251,5 +586,127 @@ pub async fn run_sweeper(
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(period) => {}
         }
+    }
+}
+
+/// Why a machine's registration cannot go ahead.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "aws"), allow(dead_code))]
+pub enum InstanceCheckError {
+    /// The presenting instance is not the machine's: refuse for good.
+    Refused(String),
+    /// The provider could not answer now: the agent should retry.
+    Unavailable(String),
+}
+
+/// Checks that a machine ticket is presented from the machine the provider
+/// created for it. On `aws`: the instance ID the agent read from instance
+/// metadata must be the instance launched for the machine, running, and
+/// carry this coordinator's tags for the machine's UID. Other providers have
+/// nothing to check.
+pub async fn verify_instance(
+    app: &App,
+    cluster: &Cluster,
+    m: &Machine,
+    reported: Option<&str>,
+) -> Result<(), InstanceCheckError> {
+    match &cluster.spec.provider {
+        ProviderSpec::Pool(_) | ProviderSpec::Docker(_) => Ok(()),
+        #[cfg(feature = "aws")]
+        ProviderSpec::Aws(spec) => verify_aws_instance(app, spec, m, reported).await,
+        #[cfg(not(feature = "aws"))]
+        ProviderSpec::Aws(_) => {
+            let _ = (app, m, reported);
+            Err(InstanceCheckError::Refused(
+                ProviderError::NotBuilt { provider: "aws" }.to_string(),
+            ))
+        }
+    }
+}
+
+#[cfg(feature = "aws")]
+async fn verify_aws_instance(
+    app: &App,
+    spec: &drover_common::aws::AwsProviderSpec,
+    m: &Machine,
+    reported: Option<&str>,
+) -> Result<(), InstanceCheckError> {
+    use InstanceCheckError::{Refused, Unavailable};
+    let name = &m.metadata.name;
+    let uid = m.metadata.uid.as_deref().unwrap_or_default();
+    let Some(reported) = reported else {
+        return Err(Refused(format!(
+            "machine {name} runs on EC2 but the agent reported no instance ID; it must read its bootstrap document from instance metadata (IMDSv2), not a file"
+        )));
+    };
+    if let Some(launched) = m.status.provider_id.as_deref() {
+        if launched != reported {
+            return Err(Refused(format!(
+                "the ticket of machine {name} belongs to instance {launched}, but it was presented from instance {reported}"
+            )));
+        }
+    }
+    let facts = app
+        .aws(&spec.region)
+        .await
+        .describe(reported)
+        .await
+        .map_err(|e| Unavailable(format!("cannot check instance {reported}: {e}")))?
+        .ok_or_else(|| {
+            Refused(format!(
+                "instance {reported} does not exist in region {}",
+                spec.region
+            ))
+        })?;
+    let tag = |k: &str| facts.tags.get(k).map(String::as_str);
+    if tag(crate::provider::LABEL_MANAGED) != Some(app.owner().as_str())
+        || tag(crate::provider::LABEL_MACHINE_UID) != Some(uid)
+    {
+        return Err(Refused(format!(
+            "instance {reported} was not launched by this coordinator for machine {name} (its {} tag is {:?})",
+            crate::provider::LABEL_MACHINE_UID,
+            tag(crate::provider::LABEL_MACHINE_UID)
+        )));
+    }
+    match facts.state {
+        InstanceState::Running => Ok(()),
+        InstanceState::Pending => Err(Unavailable(format!(
+            "instance {reported} is still pending; retry when it runs"
+        ))),
+        InstanceState::Stopped | InstanceState::Paused => Err(Refused(format!(
+            "instance {reported} is {}; only a running instance may register",
+            facts.state_name
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_exponentially_and_reset_on_a_new_spec() {
+        let r = ProvisionRetries::default();
+        let now = drover_common::now();
+        assert_eq!(r.not_before("m", 1), None);
+        let mut last = std::time::Duration::ZERO;
+        for n in 1..=4 {
+            let (attempt, delay) = r.failed("m", 1, CloudErrorClass::Throttled, now);
+            assert_eq!(attempt, n);
+            // 2 s doubling, ±20 %: each delay is above the last.
+            assert!(delay > last, "{delay:?} after {last:?}");
+            last = delay;
+            assert_eq!(r.not_before("m", 1), Some(now + delay));
+        }
+        // Never beyond the class's ceiling (plus jitter).
+        for _ in 0..20 {
+            let (_, delay) = r.failed("m", 1, CloudErrorClass::Throttled, now);
+            assert!(delay <= std::time::Duration::from_secs(144), "{delay:?}");
+        }
+        // A new cluster generation is tried at once and counts afresh.
+        assert_eq!(r.not_before("m", 2), None);
+        assert_eq!(r.failed("m", 2, CloudErrorClass::Throttled, now).0, 1);
+        r.succeeded("m");
+        assert_eq!(r.not_before("m", 2), None);
     }
 }

@@ -3,7 +3,7 @@
 //! function) and applies them (the executor). It never sees events, only
 //! objects, so running it twice changes nothing the second time.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -71,6 +71,8 @@ pub struct Observed<'a> {
     pub last_seen: &'a dyn Fn(&str) -> Option<OffsetDateTime>,
     /// What the provider reports of a machine, by machine UID.
     pub instance: &'a dyn Fn(&str) -> Option<InstanceState>,
+    /// When a machine whose create failed may be tried again, by name.
+    pub retry_not_before: &'a dyn Fn(&str) -> Option<OffsetDateTime>,
     pub policy: Policy,
 }
 
@@ -334,9 +336,12 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
             .collect();
         let deleting_here = members.len() - active.len();
 
-        // Provision what was recorded but not yet created.
+        // Provision what was recorded but not yet created, unless its last
+        // attempt failed and its back-off has not run out.
         for m in &active {
-            if m.status.provider_id.is_none() {
+            if m.status.provider_id.is_none()
+                && (observed.retry_not_before)(&m.metadata.name).is_none_or(|t| t <= observed.now)
+            {
                 steps.push(Step::Provision {
                     machine: m.metadata.name.clone(),
                 });
@@ -976,12 +981,16 @@ fn grant_grace(app: &App, cluster_uid: &str) {
 }
 
 /// What the reconcile loop reports about itself.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LoopStatus {
-    pub name: &'static str,
+    /// The loop's name, such as `cluster-reconciler`.
+    pub name: String,
+    /// Passes completed since the coordinator started.
     pub runs: u64,
+    /// How long the last pass took.
     pub last_run_millis: u64,
+    /// What went wrong in the last pass, each naming its object.
     pub last_errors: Vec<String>,
 }
 
@@ -994,13 +1003,12 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
         Err(e) => return vec![format!("cannot list clusters: {e}")],
     };
     // What providers report, once per pass.
-    let mut instances: HashMap<String, InstanceState> = HashMap::new();
-    if clusters.iter().any(|c| c.spec.provider.creates_machines()) {
-        match crate::provisioner::observe(app).await {
-            Ok(list) => instances = list,
-            Err(e) => errors.push(format!("cannot list provider machines: {e}")),
-        }
-    }
+    let (instances, provider_errors) = crate::provisioner::observe(app, &clusters).await;
+    errors.extend(
+        provider_errors
+            .into_iter()
+            .map(|e| format!("cannot list provider machines: {e}")),
+    );
     for cluster in clusters {
         let now = drover_common::now();
         // Re-read machines per cluster: an earlier cluster may have claimed some.
@@ -1017,6 +1025,8 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
         };
         let last_seen = |name: &str| app.last_seen(name);
         let instance = |uid: &str| instances.get(uid).copied();
+        let generation = cluster.metadata.generation;
+        let retry_not_before = |name: &str| app.provision_retries.not_before(name, generation);
         let policy = Policy::for_cluster(&cluster, app.settings.health_defaults);
         let steps = plan(
             &cluster,
@@ -1026,6 +1036,7 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
                 has_pki,
                 last_seen: &last_seen,
                 instance: &instance,
+                retry_not_before: &retry_not_before,
                 policy,
             },
         );
@@ -1150,6 +1161,10 @@ mod tests {
         None
     }
 
+    fn no_retry(_: &str) -> Option<OffsetDateTime> {
+        None
+    }
+
     fn obs<'a>(
         has_pki: bool,
         last_seen: &'a dyn Fn(&str) -> Option<OffsetDateTime>,
@@ -1159,6 +1174,7 @@ mod tests {
             has_pki,
             last_seen,
             instance: &no_instance,
+            retry_not_before: &no_retry,
             policy: Policy::defaults(Duration::from_secs(40)),
         }
     }
@@ -1303,6 +1319,48 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_failed_create_waits_out_its_back_off() {
+        let c = docker_cluster(1, 1);
+        let mut pending = created("w1", "w", MachineRole::Worker, MachinePhase::Provisioning);
+        pending.status.provider_id = None;
+        pending.status.ticket_redeemed = false;
+        let machines = vec![
+            created(
+                "cp1",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            pending,
+        ];
+        let provisions = |o: &Observed<'_>| {
+            plan(&c, &machines, o)
+                .into_iter()
+                .filter(|s| matches!(s, Step::Provision { .. }))
+                .count()
+        };
+        let base = obs(true, &seen_now);
+        let later = base.now + time::Duration::seconds(30);
+        let waiting = |name: &str| (name == "w1").then_some(later);
+        assert_eq!(provisions(&base), 1);
+        assert_eq!(
+            provisions(&Observed {
+                retry_not_before: &waiting,
+                ..obs(true, &seen_now)
+            }),
+            0
+        );
+        assert_eq!(
+            provisions(&Observed {
+                retry_not_before: &waiting,
+                now: later,
+                ..obs(true, &seen_now)
+            }),
+            1
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use drover_common::pin::CaPin;
 use crate::app::{App, Settings};
 use crate::client::ClientConfigFile;
 use crate::reconcile::LoopStatus;
-use crate::store::Store;
+use crate::store::{EtcdOptions, EtcdTls, Location, Store, TlsFile};
 
 /// Validated settings of `drover serve`, built before any socket is bound.
 #[derive(Debug, Clone)]
@@ -29,6 +29,12 @@ pub struct ServeConfig {
     pub encryption_key_file: Option<PathBuf>,
     /// Registrations allowed per second from one source address (0: no limit).
     pub registration_rate: u32,
+    /// Where objects are kept (`--store`).
+    pub store: Location,
+    /// TLS to etcd: `--etcd-ca-file`, `--etcd-cert-file`, `--etcd-key-file`.
+    pub etcd_ca_file: Option<PathBuf>,
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
 }
 
 /// A configuration error: exit code 64.
@@ -76,8 +82,81 @@ impl ServeConfig {
                 self.data_dir.display()
             )));
         }
+        self.etcd_tls()?;
         Ok(self)
     }
+
+    /// Checks `--store` with the etcd TLS flags; reads and checks the TLS
+    /// files, if any were given.
+    fn etcd_tls(&self) -> Result<Option<EtcdTls>, ConfigError> {
+        store_settings(
+            &self.store,
+            self.etcd_ca_file.as_deref(),
+            self.etcd_cert_file.as_deref(),
+            self.etcd_key_file.as_deref(),
+        )
+    }
+}
+
+/// See `ServeConfig::etcd_tls`.
+fn store_settings(
+    store: &Location,
+    ca: Option<&Path>,
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<Option<EtcdTls>, ConfigError> {
+    match store {
+        Location::Etcd { .. } => {}
+        Location::Sqlite(dir) => {
+            let flags = [
+                ("--etcd-ca-file", ca),
+                ("--etcd-cert-file", cert),
+                ("--etcd-key-file", key),
+            ];
+            if let Some((flag, _)) = flags.iter().find(|(_, v)| v.is_some()) {
+                return Err(ConfigError(format!(
+                    "{flag} is for an etcd store, but --store is {store}"
+                )));
+            }
+            if let Some(dir) = dir.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+                return Err(ConfigError(format!(
+                    "--store sqlite:{} exists and is not a directory",
+                    dir.display()
+                )));
+            }
+            return Ok(None);
+        }
+    }
+    let pair = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ConfigError(
+                "--etcd-cert-file needs --etcd-key-file, its private key".into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError(
+                "--etcd-key-file needs --etcd-cert-file, its certificate".into(),
+            ))
+        }
+    };
+    let Some(ca) = ca else {
+        return match pair {
+            Some(_) => Err(ConfigError(
+                "--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers".into(),
+            )),
+            None => Ok(None),
+        };
+    };
+    EtcdTls::from_files(ca, pair).map(Some).map_err(|e| {
+        let flag = match e.file {
+            TlsFile::Ca => "--etcd-ca-file",
+            TlsFile::Cert => "--etcd-cert-file",
+            TlsFile::Key => "--etcd-key-file",
+        };
+        ConfigError(format!("{flag} {e}"))
+    })
 }
 
 /// Runs the coordinator until SIGTERM or SIGINT.
@@ -86,9 +165,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create data directory {}", cfg.data_dir.display()))?;
     set_mode(&cfg.data_dir, 0o700)?;
-    let db = cfg.data_dir.join("drover.db");
-    let store = Store::open_sqlite(&db)
-        .with_context(|| format!("cannot open the store {}", db.display()))?;
+    let store = open_store(&cfg)?;
     let store = open_sealed(store, &cfg)?;
     let secrets =
         crate::secrets::load_or_init(&store).context("cannot load the coordinator's keys")?;
@@ -152,6 +229,9 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         liveness: Mutex::new(Default::default()),
         reconcile_now: Default::default(),
         docker: Default::default(),
+        #[cfg(feature = "aws")]
+        aws: Default::default(),
+        provision_retries: Default::default(),
         listen_requests: listen_tx,
         audit: crate::audit::AuditLog::open(&cfg.data_dir.join("audit.log"))
             .with_context(|| format!("cannot open {}", cfg.data_dir.join("audit.log").display()))?,
@@ -160,17 +240,17 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             cfg.registration_rate.saturating_mul(5),
         ),
         rotation: Mutex::new(()),
+        reconciler: Arc::new(Mutex::new(LoopStatus {
+            name: "cluster-reconciler".into(),
+            ..Default::default()
+        })),
     });
     grace_after_start(&app);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let loop_status = Arc::new(Mutex::new(LoopStatus {
-        name: "cluster-reconciler",
-        ..Default::default()
-    }));
     let reconciler = tokio::spawn(crate::reconcile::run_loop(
         app.clone(),
-        loop_status.clone(),
+        app.reconciler.clone(),
         stop_rx,
     ));
     let sweeper = tokio::spawn(crate::provisioner::run_sweeper(
@@ -235,6 +315,28 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Opens the store `--store` names: SQLite in the data directory (or the
+/// directory given), or etcd.
+fn open_store(cfg: &ServeConfig) -> anyhow::Result<Store> {
+    use anyhow::Context;
+    match &cfg.store {
+        Location::Sqlite(dir) => {
+            let dir = dir.as_deref().unwrap_or(&cfg.data_dir);
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the store directory {}", dir.display()))?;
+            let db = dir.join("drover.db");
+            Store::open_sqlite(&db)
+                .with_context(|| format!("cannot open the store {}", db.display()))
+        }
+        Location::Etcd { endpoints, prefix } => {
+            let mut options = EtcdOptions::new(endpoints.clone(), prefix.clone());
+            options.tls = cfg.etcd_tls()?;
+            Store::open_etcd(&options)
+                .with_context(|| format!("cannot open the store {}", cfg.store))
+        }
+    }
+}
+
 /// Loads the encryption keyring and checks every secret opens with it
 /// before anything else runs; a store whose secrets cannot be decrypted is
 /// refused with the reason.
@@ -247,8 +349,8 @@ fn open_sealed(store: Store, cfg: &ServeConfig) -> anyhow::Result<Store> {
         .unwrap_or_else(|| cfg.data_dir.join("encryption.key"));
     if !first_start && std::env::var(crate::keyring::KEY_ENV).is_err() && !key_file.exists() {
         anyhow::bail!(
-            "refusing to start: the store {} holds encrypted secrets but the encryption key file {} does not exist; start with the key this store was written with (--encryption-key-file or {})",
-            cfg.data_dir.join("drover.db").display(),
+            "refusing to start: the store ({}) holds encrypted secrets but the encryption key file {} does not exist; start with the key this store was written with (--encryption-key-file or {})",
+            store.describe(),
             key_file.display(),
             crate::keyring::KEY_ENV
         );
@@ -352,5 +454,72 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received; draining"),
         _ = int.recv() => tracing::info!("SIGINT received; draining"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_flags_are_checked_before_anything_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = drover_common::pki::CertificateAuthority::generate("etcd CA").unwrap();
+        let ca_file = dir.path().join("ca.crt");
+        std::fs::write(&ca_file, &ca.cert_pem).unwrap();
+        let key_file = dir.path().join("ca.key");
+        std::fs::write(&key_file, &ca.key_pem).unwrap();
+        let (sqlite, etcd) = (
+            Location::Sqlite(None),
+            "etcd://127.0.0.1:2379".parse().unwrap(),
+        );
+        let refused =
+            |store: &Location, ca: Option<&Path>, cert: Option<&Path>, key: Option<&Path>| {
+                match store_settings(store, ca, cert, key) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => panic!("accepted {store} {ca:?} {cert:?} {key:?}"),
+                }
+            };
+        assert!(store_settings(&sqlite, None, None, None).unwrap().is_none());
+        assert!(store_settings(&etcd, None, None, None).unwrap().is_none());
+        assert!(store_settings(&etcd, Some(&ca_file), None, None)
+            .unwrap()
+            .is_some());
+        // The CA's own certificate and key make a client identity too.
+        assert!(
+            store_settings(&etcd, Some(&ca_file), Some(&ca_file), Some(&key_file))
+                .unwrap()
+                .is_some()
+        );
+
+        let msg = refused(&sqlite, Some(&ca_file), None, None);
+        assert!(msg.contains("--etcd-ca-file is for an etcd store"), "{msg}");
+        let msg = refused(&etcd, Some(&ca_file), Some(&ca_file), None);
+        assert!(msg.contains("--etcd-key-file"), "{msg}");
+        let msg = refused(&etcd, Some(&ca_file), None, Some(&key_file));
+        assert!(
+            msg.contains("--etcd-key-file needs --etcd-cert-file"),
+            "{msg}"
+        );
+        let msg = refused(&etcd, None, Some(&ca_file), Some(&key_file));
+        assert!(msg.contains("needs --etcd-ca-file"), "{msg}");
+        let missing = dir.path().join("missing.crt");
+        let msg = refused(&etcd, Some(&missing), None, None);
+        assert!(
+            msg.contains("--etcd-ca-file") && msg.contains("missing.crt"),
+            "{msg}"
+        );
+        let msg = refused(&etcd, Some(&key_file), None, None);
+        assert!(
+            msg.contains("--etcd-ca-file") && msg.contains("no PEM certificate"),
+            "{msg}"
+        );
+        let msg = refused(&etcd, Some(&ca_file), Some(&key_file), Some(&key_file));
+        assert!(msg.contains("--etcd-cert-file"), "{msg}");
+        let msg = refused(&etcd, Some(&ca_file), Some(&ca_file), Some(&ca_file));
+        assert!(msg.contains("--etcd-key-file"), "{msg}");
+        let file = Location::Sqlite(Some(ca_file.clone()));
+        let msg = refused(&file, None, None, None);
+        assert!(msg.contains("--store sqlite:"), "{msg}");
     }
 }

@@ -63,6 +63,8 @@ pub fn wait_for<T>(
 pub struct CoordinatorOptions {
     pub heartbeat_interval: &'static str,
     pub heartbeat_timeout: &'static str,
+    /// Extra environment of `drover serve` (e.g. the AWS SDK's).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for CoordinatorOptions {
@@ -70,6 +72,7 @@ impl Default for CoordinatorOptions {
         Self {
             heartbeat_interval: "1s",
             heartbeat_timeout: "5s",
+            env: Vec::new(),
         }
     }
 }
@@ -153,6 +156,7 @@ impl Coordinator {
             .args(&self.extra_args)
             .env("DROVER_CONFIG", self.client_config())
             .env("DROVER_LOG", "info,drover=debug")
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -199,6 +203,17 @@ impl Coordinator {
             }
         }
         self.child = Some(child);
+    }
+
+    /// How many passes the cluster reconciler has completed.
+    pub fn reconciler_runs(&self) -> u64 {
+        let answer = self
+            .api(None)
+            .send("GET", "/v1/status", Some(&self.admin_token), None);
+        assert_eq!(answer.status, 200, "{answer:?}");
+        answer.json()["loops"][0]["runs"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no reconciler in {answer:?}"))
     }
 
     /// The client config file `drover serve` wrote at first start.
@@ -336,20 +351,34 @@ pub struct Agent {
     pub root: PathBuf,
     pub ports: MachinePorts,
     pub hostname: String,
-    bootstrap: PathBuf,
+    boot: Boot,
     child: Option<Child>,
     log_path: PathBuf,
+}
+
+/// Where a test agent finds its bootstrap document.
+#[derive(Debug, Clone)]
+pub enum Boot {
+    /// `--bootstrap FILE`.
+    File(PathBuf),
+    /// Instance metadata (IMDSv2) at this endpoint, as on EC2.
+    Imds(String),
 }
 
 impl Agent {
     /// Starts an agent for a new machine rooted at `root`.
     pub fn start(root: &Path, hostname: &str, bootstrap: &Path) -> Self {
+        Self::boot(root, hostname, Boot::File(bootstrap.to_path_buf()))
+    }
+
+    /// Starts an agent that reads its bootstrap document as `boot` says.
+    pub fn boot(root: &Path, hostname: &str, boot: Boot) -> Self {
         std::fs::create_dir_all(root).unwrap();
         let mut a = Self {
             root: root.to_path_buf(),
             ports: MachinePorts::free(),
             hostname: hostname.to_owned(),
-            bootstrap: bootstrap.to_path_buf(),
+            boot,
             child: None,
             log_path: root.join("agent.log"),
         };
@@ -363,11 +392,23 @@ impl Agent {
             .append(true)
             .open(&self.log_path)
             .unwrap();
-        let child = Command::new(bin("drover-agent"))
-            // Tests never reach for the real link-local metadata service.
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .arg("--bootstrap")
-            .arg(&self.bootstrap)
+        let mut cmd = Command::new(bin("drover-agent"));
+        match &self.boot {
+            Boot::File(path) => {
+                // Tests never reach for the real link-local metadata service.
+                cmd.env("AWS_EC2_METADATA_DISABLED", "true")
+                    .arg("--bootstrap")
+                    .arg(path);
+            }
+            Boot::Imds(endpoint) => {
+                cmd.env_remove("AWS_EC2_METADATA_DISABLED")
+                    .args(["--imds-endpoint", endpoint]);
+            }
+        }
+        let child = cmd
+            // Never the host's own seed.
+            .arg("--nocloud-dir")
+            .arg(self.root.join("var/lib/cloud/seed/nocloud"))
             .arg("--root")
             .arg(&self.root)
             .arg("--kubeadm")
@@ -493,6 +534,8 @@ spec:
 }
 
 /// Helpers for tests that use the Docker engine.
+pub mod aws;
+
 pub mod docker {
     use std::path::Path;
     use std::process::Command;

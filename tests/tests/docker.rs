@@ -111,6 +111,7 @@ fn start(tmp: &Path, interval: &'static str, timeout: &'static str) -> Coordinat
         CoordinatorOptions {
             heartbeat_interval: interval,
             heartbeat_timeout: timeout,
+            ..Default::default()
         },
     )
 }

@@ -15,6 +15,7 @@ use drover_common::names::{check_dns_label, check_label};
 use drover_common::ticket::{new_nonce, TicketClaims, TicketGrant};
 use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
 use drover_common::API_VERSION;
+use serde::{Deserialize, Serialize};
 
 use super::{Admin, ApiError};
 use crate::app::App;
@@ -174,13 +175,16 @@ pub async fn apply_cluster(
                     "cluster {name} is being deleted; wait until it is gone to create it again"
                 )));
             }
-            if current.spec.provider != desired.spec.provider {
+            if let Some((field, message)) = current
+                .spec
+                .provider
+                .immutable_change(&desired.spec.provider)
+            {
                 return Err(ApiError::invalid(
                     format!("Cluster {name:?} is invalid; nothing was changed"),
                     vec![FieldError {
-                        field: "spec.provider".into(),
-                        message: "is immutable; delete the cluster and create it again to move it"
-                            .into(),
+                        field: field.into(),
+                        message: message.into(),
                     }],
                 ));
             }
@@ -237,6 +241,35 @@ pub async fn delete_cluster(
     app.reconcile_now.notify_one();
     let c = app.cluster(&name)?.unwrap_or(c);
     Ok((StatusCode::ACCEPTED, Json(c)))
+}
+
+/// What a coordinator reports about itself.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatorStatus {
+    /// The coordinator's version.
+    pub version: String,
+    /// Its background loops.
+    pub loops: Vec<crate::reconcile::LoopStatus>,
+}
+
+/// `GET /v1/status`: the coordinator's version and its background loops.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    tag = "coordinator",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "The coordinator and its loops.", body = CoordinatorStatus),
+        (status = 401, response = super::openapi::Unauthorized),
+    ),
+)]
+pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<CoordinatorStatus> {
+    let reconciler = app.reconciler.lock().expect("loop status lock").clone();
+    Json(CoordinatorStatus {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        loops: vec![reconciler],
+    })
 }
 
 /// `GET /v1/machines`: every machine.

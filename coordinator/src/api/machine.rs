@@ -57,6 +57,8 @@ pub const MACHINE_ORG: &str = "drover:machines";
         (status = 201, description = "Registered: the machine's name and client certificate.", body = RegisterResponse),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, description = "The ticket is invalid, expired or revoked, or its machine is gone.", body = super::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The ticket is presented from another cloud instance than the one launched for its machine.", body = super::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The cloud provider could not confirm the instance now; retry after `Retry-After` seconds.", body = super::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The ticket was already used.", body = super::Problem, content_type = "application/problem+json"),
         (status = 413, response = super::openapi::PayloadTooLarge),
         (status = 415, response = super::openapi::UnsupportedMediaType),
@@ -274,6 +276,31 @@ async fn register_created_machine(
         return Err(ApiError::conflict(format!(
             "ticket already used: machine {machine} has registered; a ticket is redeemed once"
         )));
+    }
+    let owner = app.cluster(cluster)?.ok_or_else(|| {
+        ApiError::unauthorized(format!(
+            "cluster {cluster} no longer exists; the ticket of machine {machine} died with it"
+        ))
+    })?;
+    if let Err(e) =
+        crate::provisioner::verify_instance(app, &owner, &current, req.facts.instance_id.as_deref())
+            .await
+    {
+        return Err(match e {
+            crate::provisioner::InstanceCheckError::Refused(why) => {
+                tracing::warn!(machine, cluster, instance = ?req.facts.instance_id, reason = %why, "registration from the wrong instance refused");
+                ApiError::forbidden(why)
+            }
+            crate::provisioner::InstanceCheckError::Unavailable(why) => {
+                let mut e = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Instance check unavailable",
+                    why,
+                );
+                e.retry_after = Some(5);
+                e
+            }
+        });
     }
     let issued = app
         .ca

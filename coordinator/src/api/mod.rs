@@ -37,6 +37,7 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route("/v1/clusters/{name}/kubeconfig", post(admin::kubeconfig))
         .route("/v1/machines", get(admin::list_machines))
+        .route("/v1/status", get(admin::status))
         .route("/v1/machines/{name}", get(admin::get_machine))
         .route(
             "/v1/registrationtokens",

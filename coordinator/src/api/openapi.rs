@@ -57,6 +57,7 @@ pub fn example_cluster() -> serde_json::Value {
         admin::delete_cluster,
         admin::kubeconfig,
         admin::list_machines,
+        admin::status,
         admin::get_machine,
         admin::list_tokens,
         admin::create_token,
@@ -96,6 +97,7 @@ pub fn example_cluster() -> serde_json::Value {
         (name = "registration-tokens", description = "Tokens under which machines register into a pool (admin API)."),
         (name = "security", description = "Admin tokens, encryption keys and the audit log (admin role only)."),
         (name = "machine", description = "The machine API the agent calls."),
+        (name = "coordinator", description = "The coordinator's own state: version and background loops (admin API)."),
         (name = "meta", description = "Health and this document."),
     ),
 )]
@@ -290,11 +292,12 @@ mod tests {
             "/v1/clusters/{name}",
             "/v1/machine/register",
             "/v1/audit",
+            "/v1/status",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 23);
+        assert_eq!(operations, 24);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -1,0 +1,379 @@
+//! The `aws` provider's part of a cluster spec: a region, and one machine
+//! template per pool (AMI, instance type, subnets, security groups, instance
+//! profile, tags). Validation here catches malformed identifiers before any
+//! call to EC2; whether they exist is for EC2 to say at launch.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The `aws` provider: machines are EC2 instances launched from an AMI with
+/// `drover-agent` baked in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AwsProviderSpec {
+    /// The region instances run in, such as `eu-west-1`.
+    pub region: String,
+    /// Tags put on every instance of the cluster, beside Drover's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// The machine template of the control-plane pool.
+    pub control_plane: AwsMachineTemplate,
+    /// One machine template per worker pool, keyed by pool name; every pool
+    /// in `spec.workerPools` needs one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub worker_pools: BTreeMap<String, AwsMachineTemplate>,
+}
+
+/// How the instances of one pool are launched.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AwsMachineTemplate {
+    /// An AMI with `drover-agent` installed (see `images/aws`).
+    pub ami: String,
+    /// Such as `m6i.large`.
+    pub instance_type: String,
+    /// Subnet IDs; machines are spread over them.
+    pub subnets: Vec<String>,
+    /// Security group IDs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<String>,
+    /// An IAM instance profile, by name or ARN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_profile: Option<String>,
+    /// Tags for this pool's instances; they override cluster-wide tags.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// EC2 allows 50 tags per resource; Drover sets this many of its own.
+pub const RESERVED_TAG_COUNT: usize = 6;
+/// EC2's limit on raw user data.
+pub const MAX_USER_DATA: usize = 16 * 1024;
+
+impl AwsProviderSpec {
+    /// The template of a pool, by pool name.
+    pub fn template(&self, pool: &str) -> Option<&AwsMachineTemplate> {
+        if pool == crate::api::CONTROL_PLANE_POOL {
+            Some(&self.control_plane)
+        } else {
+            self.worker_pools.get(pool)
+        }
+    }
+
+    /// The user tags of a pool's instances: cluster-wide ones overridden by
+    /// the pool's.
+    pub fn tags_for(&self, template: &AwsMachineTemplate) -> BTreeMap<String, String> {
+        let mut tags = self.tags.clone();
+        tags.extend(template.tags.clone());
+        tags
+    }
+
+    /// Checks the spec against the cluster's pools; each error names its
+    /// field (under `spec.provider.aws`) and what is wrong.
+    pub fn validate(&self, worker_pools: &[&str], err: &mut dyn FnMut(&str, String)) {
+        const BASE: &str = "spec.provider.aws";
+        if let Err(why) = check_region(&self.region) {
+            err(&format!("{BASE}.region"), why);
+        }
+        check_tags(&self.tags, &format!("{BASE}.tags"), err);
+        check_template(&self.control_plane, &format!("{BASE}.controlPlane"), err);
+        for (name, t) in &self.worker_pools {
+            let base = format!("{BASE}.workerPools.{name}");
+            if !worker_pools.contains(&name.as_str()) {
+                err(
+                    &base,
+                    format!("there is no worker pool {name:?} in spec.workerPools; remove this template or add the pool"),
+                );
+            }
+            check_template(t, &base, err);
+            let merged = self.tags_for(t).len();
+            if merged + RESERVED_TAG_COUNT > 50 {
+                err(
+                    &format!("{base}.tags"),
+                    format!("{merged} tags with the cluster-wide ones; EC2 allows 50 per instance and Drover sets {RESERVED_TAG_COUNT}"),
+                );
+            }
+        }
+        let merged = self.tags_for(&self.control_plane).len();
+        if merged + RESERVED_TAG_COUNT > 50 {
+            err(
+                &format!("{BASE}.controlPlane.tags"),
+                format!("{merged} tags with the cluster-wide ones; EC2 allows 50 per instance and Drover sets {RESERVED_TAG_COUNT}"),
+            );
+        }
+        for pool in worker_pools {
+            if !self.worker_pools.contains_key(*pool) {
+                err(
+                    &format!("{BASE}.workerPools"),
+                    format!("worker pool {pool:?} has no machine template; add {BASE}.workerPools.{pool} with ami, instanceType and subnets"),
+                );
+            }
+        }
+    }
+}
+
+fn check_template(t: &AwsMachineTemplate, base: &str, err: &mut dyn FnMut(&str, String)) {
+    if let Err(why) = check_id("ami", &t.ami) {
+        err(&format!("{base}.ami"), why);
+    }
+    if let Err(why) = check_instance_type(&t.instance_type) {
+        err(&format!("{base}.instanceType"), why);
+    }
+    if t.subnets.is_empty() {
+        err(
+            &format!("{base}.subnets"),
+            "needs at least one subnet ID such as subnet-0abc1234".into(),
+        );
+    }
+    for (i, s) in t.subnets.iter().enumerate() {
+        if let Err(why) = check_id("subnet", s) {
+            err(&format!("{base}.subnets[{i}]"), why);
+        }
+    }
+    for (i, s) in t.security_groups.iter().enumerate() {
+        if let Err(why) = check_id("sg", s) {
+            err(&format!("{base}.securityGroups[{i}]"), why);
+        }
+    }
+    if let Some(p) = &t.instance_profile {
+        if let Err(why) = check_instance_profile(p) {
+            err(&format!("{base}.instanceProfile"), why);
+        }
+    }
+    check_tags(&t.tags, &format!("{base}.tags"), err);
+}
+
+/// A region name such as `us-east-1` or `ap-southeast-2`.
+pub fn check_region(r: &str) -> Result<(), String> {
+    let parts: Vec<&str> = r.split('-').collect();
+    let ok = parts.len() >= 3
+        && parts[..parts.len() - 1]
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts
+            .last()
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if ok && r.len() <= 32 {
+        Ok(())
+    } else {
+        Err(format!("must be a region such as us-east-1, got {r:?}"))
+    }
+}
+
+/// An EC2 resource ID: `<prefix>-` and 8 or 17 lowercase hex digits.
+fn check_id(prefix: &str, id: &str) -> Result<(), String> {
+    let ok = id
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|hex| {
+            (8..=17).contains(&hex.len())
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "must be an ID such as {prefix}-0abc12345def67890, got {id:?}"
+        ))
+    }
+}
+
+fn check_instance_type(t: &str) -> Result<(), String> {
+    let ok = t.len() <= 64
+        && t.split_once('.').is_some_and(|(family, size)| {
+            let part = |s: &str| {
+                !s.is_empty()
+                    && s.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            };
+            part(family) && part(size)
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "must be an instance type such as m6i.large, got {t:?}"
+        ))
+    }
+}
+
+fn check_instance_profile(p: &str) -> Result<(), String> {
+    let name_ok = |n: &str| {
+        (1..=128).contains(&n.len())
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+=,.@_-".contains(&b))
+    };
+    let ok = match p.strip_prefix("arn:") {
+        Some(rest) => rest
+            .split_once(":iam::")
+            .and_then(|(_, r)| r.split_once(":instance-profile/"))
+            .is_some_and(|(account, path)| {
+                account.len() == 12
+                    && account.bytes().all(|b| b.is_ascii_digit())
+                    && path.rsplit('/').next().is_some_and(name_ok)
+            }),
+        None => name_ok(p),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "must be an instance profile name or ARN (arn:aws:iam::123456789012:instance-profile/NAME), got {p:?}"
+        ))
+    }
+}
+
+fn check_tags(tags: &BTreeMap<String, String>, field: &str, err: &mut dyn FnMut(&str, String)) {
+    for (k, v) in tags {
+        let lower = k.to_ascii_lowercase();
+        if k.is_empty() || k.chars().count() > 128 {
+            err(field, format!("tag key {k:?} must be 1 to 128 characters"));
+        } else if lower.starts_with("aws:") {
+            err(
+                field,
+                format!("tag key {k:?}: the aws: prefix is reserved by AWS"),
+            );
+        } else if lower.starts_with("drover.dev/") || k == "Name" {
+            err(
+                field,
+                format!("tag key {k:?} is set by Drover itself; choose another key"),
+            );
+        }
+        if v.chars().count() > 256 {
+            err(
+                field,
+                format!("the value of tag {k:?} is longer than 256 characters"),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template() -> AwsMachineTemplate {
+        AwsMachineTemplate {
+            ami: "ami-12c6146b".into(),
+            instance_type: "t3.medium".into(),
+            subnets: vec!["subnet-0abc1234".into()],
+            security_groups: vec!["sg-0123456789abcdef0".into()],
+            instance_profile: Some("drover-node".into()),
+            tags: BTreeMap::new(),
+        }
+    }
+
+    fn errors(spec: &AwsProviderSpec, pools: &[&str]) -> Vec<(String, String)> {
+        let mut v = vec![];
+        spec.validate(pools, &mut |f, m| v.push((f.to_owned(), m)));
+        v
+    }
+
+    #[test]
+    fn a_good_spec_passes() {
+        let spec = AwsProviderSpec {
+            region: "eu-west-1".into(),
+            tags: BTreeMap::from([("team".into(), "infra".into())]),
+            control_plane: template(),
+            worker_pools: BTreeMap::from([("default".into(), template())]),
+        };
+        assert_eq!(errors(&spec, &["default"]), vec![]);
+        let mut arn = template();
+        arn.instance_profile =
+            Some("arn:aws:iam::123456789012:instance-profile/nodes/drover-node".into());
+        assert!(check_template_ok(&arn));
+    }
+
+    fn check_template_ok(t: &AwsMachineTemplate) -> bool {
+        let mut n = 0;
+        check_template(t, "x", &mut |_, _| n += 1);
+        n == 0
+    }
+
+    #[test]
+    fn malformed_identifiers_are_named() {
+        let mut t = template();
+        t.ami = "ubuntu-22.04".into();
+        t.instance_type = "large".into();
+        t.subnets = vec!["subnet-XYZ".into()];
+        t.security_groups = vec!["default".into()];
+        t.instance_profile = Some("arn:aws:iam::12:role/x".into());
+        t.tags = BTreeMap::from([("aws:foo".into(), "x".into())]);
+        let spec = AwsProviderSpec {
+            region: "Europe".into(),
+            tags: BTreeMap::from([("drover.dev/cluster".into(), "x".into())]),
+            control_plane: t,
+            worker_pools: BTreeMap::new(),
+        };
+        let fields: Vec<String> = errors(&spec, &[]).into_iter().map(|(f, _)| f).collect();
+        for f in [
+            "spec.provider.aws.region",
+            "spec.provider.aws.tags",
+            "spec.provider.aws.controlPlane.ami",
+            "spec.provider.aws.controlPlane.instanceType",
+            "spec.provider.aws.controlPlane.subnets[0]",
+            "spec.provider.aws.controlPlane.securityGroups[0]",
+            "spec.provider.aws.controlPlane.instanceProfile",
+            "spec.provider.aws.controlPlane.tags",
+        ] {
+            assert!(
+                fields.iter().any(|x| x == f),
+                "no error for {f}: {fields:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_worker_pool_needs_a_template_and_no_template_is_spare() {
+        let spec = AwsProviderSpec {
+            region: "us-east-1".into(),
+            tags: BTreeMap::new(),
+            control_plane: template(),
+            worker_pools: BTreeMap::from([("gpu".into(), template())]),
+        };
+        let errs = errors(&spec, &["default"]);
+        assert!(errs
+            .iter()
+            .any(|(f, m)| f == "spec.provider.aws.workerPools" && m.contains("\"default\"")));
+        assert!(
+            errs.iter()
+                .any(|(f, m)| f == "spec.provider.aws.workerPools.gpu"
+                    && m.contains("no worker pool"))
+        );
+    }
+
+    #[test]
+    fn too_many_tags_are_refused() {
+        let mut spec = AwsProviderSpec {
+            region: "us-east-1".into(),
+            tags: BTreeMap::new(),
+            control_plane: template(),
+            worker_pools: BTreeMap::new(),
+        };
+        spec.tags = (0..45).map(|i| (format!("k{i}"), "v".into())).collect();
+        assert!(errors(&spec, &[])
+            .iter()
+            .any(|(f, m)| f == "spec.provider.aws.controlPlane.tags" && m.contains("50")));
+    }
+
+    #[test]
+    fn pool_tags_override_cluster_tags() {
+        let mut t = template();
+        t.tags = BTreeMap::from([("team".into(), "gpu".into())]);
+        let spec = AwsProviderSpec {
+            region: "us-east-1".into(),
+            tags: BTreeMap::from([
+                ("team".into(), "infra".into()),
+                ("env".into(), "prod".into()),
+            ]),
+            control_plane: template(),
+            worker_pools: BTreeMap::new(),
+        };
+        let tags = spec.tags_for(&t);
+        assert_eq!(tags["team"], "gpu");
+        assert_eq!(tags["env"], "prod");
+    }
+}

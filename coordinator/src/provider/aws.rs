@@ -1,0 +1,458 @@
+//! The `aws` provider: each machine is an EC2 instance launched from an AMI
+//! with `drover-agent` baked in (see `images/aws`).
+//!
+//! - `RunInstances` carries the machine UID as its client token, so a
+//!   create retried after a lost answer never launches a second instance;
+//!   before launching, the provider also looks the machine up by tag.
+//! - Every instance (and its volumes) is tagged with the coordinator, the
+//!   cluster and the machine, so the sweeper finds what the store forgot.
+//! - User data is a `#cloud-config` carrying the bootstrap document under
+//!   `drover_bootstrap`; cloud-init ignores the key and the agent reads it
+//!   from instance metadata (IMDSv2, which the instance is launched to require).
+//! - Credentials, region defaults and the endpoint come from the SDK's
+//!   standard chain, so `AWS_ENDPOINT_URL` points it at an emulator.
+//! - Errors are classified ([`CloudErrorClass`]) so the executor can back off
+//!   by kind: throttling briefly, capacity and quota longer, bad
+//!   configuration until the spec changes.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata};
+use aws_sdk_ec2::types::{
+    Filter, HttpTokensState, IamInstanceProfileSpecification, Instance,
+    InstanceMetadataEndpointState, InstanceMetadataOptionsRequest, InstanceStateName, InstanceType,
+    ResourceType, Tag, TagSpecification,
+};
+use aws_sdk_ec2::Client;
+use base64::Engine as _;
+
+use super::{
+    CloudErrorClass, InstanceState, MachineRequest, ProviderError, ProviderMachine, LABEL_CLUSTER,
+    LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
+};
+use drover_common::aws::{AwsMachineTemplate, MAX_USER_DATA};
+
+const PROVIDER: &str = "aws";
+
+/// An EC2 client for one region, scoped to one coordinator's instances.
+#[derive(Clone)]
+pub struct AwsProvider {
+    client: Client,
+    region: String,
+    /// Value of the managed-by tag: this coordinator's identity.
+    owner: String,
+    /// The last listing and when it was made, shared by every clone.
+    listed: std::sync::Arc<std::sync::Mutex<Option<Listing>>>,
+}
+
+/// A listing of the region's instances and when it was made.
+type Listing = (std::time::Instant, Vec<ProviderMachine>);
+
+/// How long a listing serves the reconcile loop, which runs every couple of
+/// seconds and on every store change: `DescribeInstances` is rate-limited
+/// per account, and a terminated instance still shows within this long.
+pub const LIST_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How one machine is launched.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    pub machine: &'a MachineRequest,
+    pub template: &'a AwsMachineTemplate,
+    /// The subnet chosen for this machine (recorded before the launch).
+    pub subnet: &'a str,
+    /// User tags (cluster-wide merged with the pool's).
+    pub tags: BTreeMap<String, String>,
+}
+
+/// What EC2 reports of one instance.
+#[derive(Debug, Clone)]
+pub struct InstanceFacts {
+    pub instance_id: String,
+    pub state: InstanceState,
+    /// EC2's own state name (`running`, `terminated`, ...).
+    pub state_name: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl AwsProvider {
+    /// A client for `region` from the SDK's standard configuration chain
+    /// (environment, profile, container or instance credentials;
+    /// `AWS_ENDPOINT_URL`). The SDK retries throttled and transient calls
+    /// three times with jittered back-off before an error reaches Drover.
+    pub async fn connect(region: &str, owner: String) -> Self {
+        let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(region.to_owned()))
+            .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(3))
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(std::time::Duration::from_secs(5))
+                    .operation_attempt_timeout(std::time::Duration::from_secs(20))
+                    .operation_timeout(std::time::Duration::from_secs(60))
+                    .build(),
+            )
+            .load()
+            .await;
+        Self {
+            client: Client::new(&config),
+            region: region.to_owned(),
+            owner,
+            listed: Default::default(),
+        }
+    }
+
+    fn error<E>(
+        &self,
+        action: &'static str,
+        object: impl Into<String>,
+        e: aws_sdk_ec2::error::SdkError<E>,
+    ) -> ProviderError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        let code = e.code().map(str::to_owned);
+        let class = match &e {
+            aws_sdk_ec2::error::SdkError::ServiceError(_) => {
+                CloudErrorClass::from_code(code.as_deref().unwrap_or_default())
+            }
+            // Timeouts, connection failures, unreadable answers.
+            _ => CloudErrorClass::Transient,
+        };
+        let detail = match (code.as_deref(), e.message()) {
+            (Some(c), Some(m)) => format!("{c}: {m}"),
+            _ => DisplayErrorContext(&e).to_string(),
+        };
+        ProviderError::Cloud {
+            provider: PROVIDER,
+            action,
+            object: object.into(),
+            class,
+            detail: format!("{detail} (region {})", self.region),
+        }
+    }
+
+    fn tags(&self, req: &MachineRequest, user: &BTreeMap<String, String>) -> Vec<Tag> {
+        let mut tags: BTreeMap<String, String> = user.clone();
+        tags.insert(LABEL_MANAGED.into(), self.owner.clone());
+        tags.insert(LABEL_CLUSTER.into(), req.cluster.clone());
+        tags.insert(LABEL_CLUSTER_UID.into(), req.cluster_uid.clone());
+        tags.insert(LABEL_MACHINE.into(), req.machine.clone());
+        tags.insert(LABEL_MACHINE_UID.into(), req.machine_uid.clone());
+        tags.insert(
+            "Name".into(),
+            format!("drover-{}-{}", req.cluster, req.machine),
+        );
+        tags.into_iter()
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect()
+    }
+
+    /// Launches the machine's instance unless it exists; returns its ID.
+    /// Idempotent twice over: an instance tagged with the machine UID is
+    /// adopted, and the client token makes EC2 itself return the first
+    /// launch when a retried call arrives.
+    pub async fn create(&self, launch: &Launch<'_>) -> Result<String, ProviderError> {
+        let req = launch.machine;
+        if req.user_data.len() > MAX_USER_DATA {
+            return Err(ProviderError::Failed {
+                provider: PROVIDER,
+                action: "launch",
+                object: format!("machine {}", req.machine),
+                detail: format!(
+                    "user data is {} bytes; EC2 allows {MAX_USER_DATA}",
+                    req.user_data.len()
+                ),
+            });
+        }
+        if let Some(existing) = self.find_machine(&req.machine_uid).await? {
+            tracing::info!(machine = %req.machine, instance = %existing.instance_id, state = %existing.state_name, "instance already exists; adopted");
+            return Ok(existing.instance_id);
+        }
+        let tags = self.tags(req, &launch.tags);
+        let t = launch.template;
+        let mut call = self
+            .client
+            .run_instances()
+            .image_id(&t.ami)
+            .instance_type(InstanceType::from(t.instance_type.as_str()))
+            .min_count(1)
+            .max_count(1)
+            .client_token(&req.machine_uid)
+            .subnet_id(launch.subnet)
+            .set_security_group_ids(
+                (!t.security_groups.is_empty()).then(|| t.security_groups.clone()),
+            )
+            .user_data(base64::engine::general_purpose::STANDARD.encode(&req.user_data))
+            .metadata_options(
+                InstanceMetadataOptionsRequest::builder()
+                    .http_endpoint(InstanceMetadataEndpointState::Enabled)
+                    .http_tokens(HttpTokensState::Required)
+                    .http_put_response_hop_limit(1)
+                    .build(),
+            );
+        for resource in [ResourceType::Instance, ResourceType::Volume] {
+            call = call.tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(resource)
+                    .set_tags(Some(tags.clone()))
+                    .build(),
+            );
+        }
+        if let Some(profile) = &t.instance_profile {
+            let spec = if profile.starts_with("arn:") {
+                IamInstanceProfileSpecification::builder().arn(profile)
+            } else {
+                IamInstanceProfileSpecification::builder().name(profile)
+            };
+            call = call.iam_instance_profile(spec.build());
+        }
+        let out = call.send().await.map_err(|e| {
+            self.error(
+                "launch an instance for",
+                format!("machine {}", req.machine),
+                e,
+            )
+        })?;
+        let id = out
+            .instances()
+            .first()
+            .and_then(Instance::instance_id)
+            .ok_or_else(|| ProviderError::Failed {
+                provider: PROVIDER,
+                action: "launch an instance for",
+                object: format!("machine {}", req.machine),
+                detail: "RunInstances answered without an instance".into(),
+            })?
+            .to_owned();
+        tracing::info!(machine = %req.machine, instance = %id, subnet = %launch.subnet, ami = %t.ami, instance_type = %t.instance_type, region = %self.region, "instance launched");
+        Ok(id)
+    }
+
+    /// Terminates an instance; one already gone counts as terminated.
+    pub async fn terminate(&self, instance_id: &str) -> Result<(), ProviderError> {
+        match self
+            .client
+            .terminate_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(instance = %instance_id, region = %self.region, "instance terminated");
+                Ok(())
+            }
+            Err(e) if e.code() == Some("InvalidInstanceID.NotFound") => Ok(()),
+            Err(e) => Err(self.error("terminate", format!("instance {instance_id}"), e)),
+        }
+    }
+
+    /// Terminates every instance of a machine (by its UID tag) and the one
+    /// recorded for it, if any.
+    pub async fn delete_machine(
+        &self,
+        machine_uid: &str,
+        recorded: Option<&str>,
+    ) -> Result<(), ProviderError> {
+        let mut ids: Vec<String> = self
+            .list_filtered(vec![tag_filter(LABEL_MACHINE_UID, machine_uid)])
+            .await?
+            .into_iter()
+            .filter(|i| i.state_name != "terminated")
+            .map(|i| i.instance_id)
+            .collect();
+        if let Some(r) = recorded {
+            if !ids.iter().any(|i| i == r) {
+                ids.push(r.to_owned());
+            }
+        }
+        for id in ids {
+            self.terminate(&id).await?;
+        }
+        Ok(())
+    }
+
+    /// The instance launched for a machine UID that is not terminated.
+    pub async fn find_machine(
+        &self,
+        machine_uid: &str,
+    ) -> Result<Option<InstanceFacts>, ProviderError> {
+        Ok(self
+            .list_filtered(vec![tag_filter(LABEL_MACHINE_UID, machine_uid)])
+            .await?
+            .into_iter()
+            .find(|i| !matches!(i.state_name.as_str(), "terminated" | "shutting-down")))
+    }
+
+    /// One instance by ID; `None` when EC2 does not know it.
+    pub async fn describe(
+        &self,
+        instance_id: &str,
+    ) -> Result<Option<InstanceFacts>, ProviderError> {
+        match self
+            .client
+            .describe_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(out
+                .reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .find_map(facts)),
+            Err(e) if e.code().is_some_and(|c| c.starts_with("InvalidInstanceID")) => Ok(None),
+            Err(e) => Err(self.error("describe", format!("instance {instance_id}"), e)),
+        }
+    }
+
+    /// Every instance this coordinator launched in the region, terminated
+    /// ones included (EC2 lists them for about an hour).
+    pub async fn instances(&self) -> Result<Vec<InstanceFacts>, ProviderError> {
+        self.list_filtered(vec![]).await
+    }
+
+    /// [`AwsProvider::instances`] in the provider-neutral shape, from a
+    /// listing at most [`LIST_TTL`] old.
+    pub async fn list(&self) -> Result<Vec<ProviderMachine>, ProviderError> {
+        if let Some((at, list)) = &*self.listed.lock().expect("listing lock") {
+            if at.elapsed() < LIST_TTL {
+                return Ok(list.clone());
+            }
+        }
+        let list: Vec<ProviderMachine> = self
+            .instances()
+            .await?
+            .into_iter()
+            .map(|i| ProviderMachine {
+                provider_id: i.instance_id,
+                labels: i.tags,
+                state: i.state,
+            })
+            .collect();
+        *self.listed.lock().expect("listing lock") =
+            Some((std::time::Instant::now(), list.clone()));
+        Ok(list)
+    }
+
+    async fn list_filtered(
+        &self,
+        mut filters: Vec<Filter>,
+    ) -> Result<Vec<InstanceFacts>, ProviderError> {
+        filters.push(tag_filter(LABEL_MANAGED, &self.owner));
+        let mut found = vec![];
+        let mut next: Option<String> = None;
+        loop {
+            let out = self
+                .client
+                .describe_instances()
+                .set_filters(Some(filters.clone()))
+                .set_next_token(next.take())
+                .send()
+                .await
+                .map_err(|e| self.error("list instances", "of this coordinator", e))?;
+            found.extend(
+                out.reservations()
+                    .iter()
+                    .flat_map(|r| r.instances())
+                    .filter_map(facts),
+            );
+            match out.next_token() {
+                Some(t) if !t.is_empty() => next = Some(t.to_owned()),
+                _ => return Ok(found),
+            }
+        }
+    }
+}
+
+fn tag_filter(key: &str, value: &str) -> Filter {
+    Filter::builder()
+        .name(format!("tag:{key}"))
+        .values(value)
+        .build()
+}
+
+fn facts(i: &Instance) -> Option<InstanceFacts> {
+    let name = i.state().and_then(|s| s.name()).cloned();
+    let state = match &name {
+        Some(InstanceStateName::Running) => InstanceState::Running,
+        Some(InstanceStateName::Pending) | None => InstanceState::Pending,
+        // Stopping, stopped, shutting down, terminated: it will not serve
+        // again by itself.
+        Some(_) => InstanceState::Stopped,
+    };
+    Some(InstanceFacts {
+        instance_id: i.instance_id()?.to_owned(),
+        state,
+        state_name: name.map(|n| n.as_str().to_owned()).unwrap_or_default(),
+        tags: i
+            .tags()
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_owned(),
+                    t.value().unwrap_or_default().to_owned(),
+                ))
+            })
+            .collect(),
+    })
+}
+
+/// The user data of a machine: a `#cloud-config` that carries the bootstrap
+/// document for the agent and asks cloud-init for nothing else.
+pub fn user_data(cluster: &str, machine: &str, document: &str) -> String {
+    let mut out = format!(
+        "#cloud-config\n# Drover machine {machine} of cluster {cluster}; drover-agent reads drover_bootstrap.\ndrover_bootstrap: |\n"
+    );
+    for line in document.lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The subnet for a new machine: the template's subnet holding the fewest
+/// of the pool's machines, so a pool spreads over availability zones.
+pub fn choose_subnet<'a>(template: &'a AwsMachineTemplate, in_use: &[&str]) -> Option<&'a str> {
+    template
+        .subnets
+        .iter()
+        .min_by_key(|s| in_use.iter().filter(|u| *u == s).count())
+        .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnets_fill_evenly_in_order() {
+        let t = AwsMachineTemplate {
+            ami: "ami-12c6146b".into(),
+            instance_type: "t3.medium".into(),
+            subnets: vec!["subnet-a".into(), "subnet-b".into(), "subnet-c".into()],
+            security_groups: vec![],
+            instance_profile: None,
+            tags: BTreeMap::new(),
+        };
+        assert_eq!(choose_subnet(&t, &[]), Some("subnet-a"));
+        assert_eq!(choose_subnet(&t, &["subnet-a"]), Some("subnet-b"));
+        assert_eq!(
+            choose_subnet(&t, &["subnet-a", "subnet-b"]),
+            Some("subnet-c")
+        );
+        assert_eq!(
+            choose_subnet(&t, &["subnet-a", "subnet-b", "subnet-c", "subnet-b"]),
+            Some("subnet-a")
+        );
+    }
+
+    #[test]
+    fn user_data_is_cloud_config_the_agent_reads() {
+        let doc = "apiVersion: drover.dev/v1alpha1\nkind: BootstrapDocument\nticket: dt1.x.y\n";
+        let ud = user_data("prod", "prod-cp-abcde", doc);
+        assert!(ud.starts_with("#cloud-config\n"));
+        assert!(ud.contains("drover_bootstrap: |\n  apiVersion: drover.dev/v1alpha1\n"));
+        let value: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
+        assert_eq!(value["drover_bootstrap"].as_str().unwrap(), doc);
+    }
+}

@@ -1,0 +1,190 @@
+//! The embedded backend: SQLite in one file of the data directory (WAL,
+//! `synchronous=FULL`). One connection behind a mutex serialises every
+//! transaction; the global revision is a row of its own, bumped by each.
+//! Changes are broadcast after commit, so only this process's writes are
+//! seen: SQLite serves a single coordinator.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use tokio::sync::broadcast;
+
+use super::{Backend, Change, Kind, Op, Record, StoreError};
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+pub(super) struct Sqlite {
+    conn: Mutex<Connection>,
+    path: std::path::PathBuf,
+    changes: broadcast::Sender<Change>,
+}
+
+impl Sqlite {
+    /// Opens (creating if needed) the database at `path`.
+    pub(super) fn open(
+        path: &Path,
+        changes: broadcast::Sender<Change>,
+    ) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS objects (
+                kind TEXT NOT NULL,
+                name TEXT NOT NULL,
+                revision INTEGER NOT NULL,
+                body BLOB NOT NULL,
+                PRIMARY KEY (kind, name)
+            );
+            CREATE TABLE IF NOT EXISTS revision (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL);
+            INSERT OR IGNORE INTO revision (id, value) VALUES (0, 0);",
+        )?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            path: path.to_owned(),
+            changes,
+        })
+    }
+}
+
+impl Backend for Sqlite {
+    fn describe(&self) -> String {
+        format!("SQLite database {}", self.path.display())
+    }
+
+    fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
+        let conn = self.conn.lock().expect("store lock poisoned");
+        let row = conn
+            .query_row(
+                "SELECT revision, body FROM objects WHERE kind = ?1 AND name = ?2",
+                params![kind.as_str(), name],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)),
+            )
+            .optional()?;
+        Ok(row.map(|(revision, body)| Record {
+            name: name.to_owned(),
+            revision: revision as u64,
+            body,
+        }))
+    }
+
+    fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
+        let conn = self.conn.lock().expect("store lock poisoned");
+        let mut stmt = conn.prepare_cached(
+            "SELECT name, revision, body FROM objects WHERE kind = ?1 ORDER BY name",
+        )?;
+        let rows = stmt.query_map(params![kind.as_str()], |r| {
+            Ok(Record {
+                name: r.get(0)?,
+                revision: r.get::<_, i64>(1)? as u64,
+                body: r.get(2)?,
+            })
+        })?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(Into::into)
+    }
+
+    fn txn(&self, ops: Vec<Op>) -> Result<u64, StoreError> {
+        let mut conn = self.conn.lock().expect("store lock poisoned");
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let revision: i64 =
+            tx.query_row("SELECT value FROM revision WHERE id = 0", [], |r| r.get(0))?;
+        let revision = revision + 1;
+        let mut changes = Vec::with_capacity(ops.len());
+        for op in &ops {
+            match op {
+                Op::Create { kind, name, body } => {
+                    let n = tx.execute(
+                        "INSERT OR IGNORE INTO objects (kind, name, revision, body) VALUES (?1, ?2, ?3, ?4)",
+                        params![kind.as_str(), name, revision, body],
+                    )?;
+                    if n == 0 {
+                        return Err(StoreError::AlreadyExists {
+                            kind: kind.as_str(),
+                            name: name.clone(),
+                        });
+                    }
+                    changes.push((*kind, name.clone(), false));
+                }
+                Op::Update {
+                    kind,
+                    name,
+                    body,
+                    expected_revision,
+                } => {
+                    check_revision(&tx, *kind, name, *expected_revision)?;
+                    tx.execute(
+                        "UPDATE objects SET revision = ?3, body = ?4 WHERE kind = ?1 AND name = ?2",
+                        params![kind.as_str(), name, revision, body],
+                    )?;
+                    changes.push((*kind, name.clone(), false));
+                }
+                Op::Delete {
+                    kind,
+                    name,
+                    expected_revision,
+                } => {
+                    check_revision(&tx, *kind, name, *expected_revision)?;
+                    tx.execute(
+                        "DELETE FROM objects WHERE kind = ?1 AND name = ?2",
+                        params![kind.as_str(), name],
+                    )?;
+                    changes.push((*kind, name.clone(), true));
+                }
+            }
+        }
+        tx.execute(
+            "UPDATE revision SET value = ?1 WHERE id = 0",
+            params![revision],
+        )?;
+        tx.commit()?;
+        drop(conn);
+        for (kind, name, deleted) in changes {
+            // Nobody listening is fine: watchers re-list on start.
+            let _ = self.changes.send(Change {
+                kind,
+                name,
+                revision: revision as u64,
+                deleted,
+            });
+        }
+        Ok(revision as u64)
+    }
+}
+
+fn check_revision(
+    tx: &rusqlite::Transaction<'_>,
+    kind: Kind,
+    name: &str,
+    expected: Option<u64>,
+) -> Result<(), StoreError> {
+    let found: Option<i64> = tx
+        .query_row(
+            "SELECT revision FROM objects WHERE kind = ?1 AND name = ?2",
+            params![kind.as_str(), name],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(found) = found else {
+        return Err(StoreError::NotFound {
+            kind: kind.as_str(),
+            name: name.to_owned(),
+        });
+    };
+    if let Some(expected) = expected {
+        if expected != found as u64 {
+            return Err(StoreError::Conflict {
+                kind: kind.as_str(),
+                name: name.to_owned(),
+                expected,
+                found: found as u64,
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! What the `aws` provider's tests run against: the moto EC2 emulator in
+//! server mode on loopback (installed by `scripts/moto`), a recording proxy
+//! in front of it that can also answer a call with an EC2 error (to play
+//! throttling), an IMDSv2 endpoint per instance that serves that instance's
+//! user data and ID, and an EC2 client for the test's own checks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_ec2::types::{Filter, InstanceAttributeName, InstanceStateName};
+use base64::Engine as _;
+
+use crate::{free_port, wait_for};
+
+/// The region every test uses.
+pub const REGION: &str = "us-east-1";
+
+/// A moto server on a loopback port, killed on drop.
+pub struct Moto {
+    pub url: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Moto {
+    /// Starts moto (installing it into `.venv/moto` on first use) with AMI
+    /// validation on, so an unknown AMI fails as it does on EC2.
+    pub fn start(log_dir: &std::path::Path) -> Self {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let script = root.join("scripts/moto");
+        let status = Command::new(&script)
+            .arg("install")
+            .status()
+            .expect("run scripts/moto install");
+        assert!(status.success(), "scripts/moto install failed");
+        let port = free_port();
+        let log = log_dir.join("moto.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(&script)
+            .args(["serve", &port.to_string()])
+            .env("MOTO_ENABLE_AMI_VALIDATION", "true")
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start moto");
+        let url = format!("http://127.0.0.1:{port}");
+        let probe = format!("127.0.0.1:{port}");
+        wait_for("moto to listen", Duration::from_secs(60), || {
+            std::net::TcpStream::connect(&probe)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        Self { url, child, log }
+    }
+
+    /// moto's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One EC2 API call the proxy saw: its action and form parameters.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub action: String,
+    pub params: BTreeMap<String, String>,
+}
+
+struct ProxyState {
+    upstream: String,
+    /// Plain HTTP to moto; reqwest still wants a TLS configuration.
+    client: reqwest::Client,
+    calls: Mutex<Vec<Call>>,
+    /// Action → (calls left to fail, HTTP status, EC2 error code).
+    faults: Mutex<HashMap<String, (u32, u16, String)>>,
+}
+
+/// A recording, fault-injecting HTTP proxy in front of moto, and the
+/// per-instance metadata endpoints: all on one background runtime.
+pub struct Ec2Proxy {
+    pub url: String,
+    state: Arc<ProxyState>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Ec2Proxy {
+    pub fn start(upstream: &str) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let state = Arc::new(ProxyState {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            client: reqwest::Client::builder()
+                .tls_backend_preconfigured(tls)
+                .no_proxy()
+                .build()
+                .unwrap(),
+            calls: Default::default(),
+            faults: Default::default(),
+        });
+        let app = axum::Router::new()
+            .fallback(forward)
+            .with_state(state.clone());
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Self { url, state, rt }
+    }
+
+    /// Every call of `action` so far, oldest first.
+    pub fn calls(&self, action: &str) -> Vec<Call> {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.action == action)
+            .cloned()
+            .collect()
+    }
+
+    /// Answers the next `count` calls of `action` with an EC2 error.
+    pub fn fail_next(&self, action: &str, count: u32, status: u16, code: &str) {
+        self.state
+            .faults
+            .lock()
+            .unwrap()
+            .insert(action.to_owned(), (count, status, code.to_owned()));
+    }
+
+    /// Serves IMDSv2 for one instance: `PUT /latest/api/token` (the TTL
+    /// header required), then `GET /latest/user-data` and
+    /// `GET /latest/meta-data/instance-id` with that token. Returns its URL.
+    pub fn imds(&self, instance_id: &str, user_data: &str) -> String {
+        let token = format!("token-{instance_id}");
+        let state = Arc::new((token, instance_id.to_owned(), user_data.to_owned()));
+        let app = axum::Router::new().fallback(imds).with_state(state);
+        let listener = self
+            .rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        self.rt
+            .spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+}
+
+async fn forward(
+    axum::extract::State(state): axum::extract::State<Arc<ProxyState>>,
+    method: http::Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let params: BTreeMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
+    let action = params.get("Action").cloned().unwrap_or_default();
+    state.calls.lock().unwrap().push(Call {
+        action: action.clone(),
+        params,
+    });
+    {
+        let mut faults = state.faults.lock().unwrap();
+        if let Some((left, status, code)) = faults.get_mut(&action) {
+            if *left > 0 {
+                *left -= 1;
+                let body = format!(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error></Errors><RequestID>test-proxy</RequestID></Response>"
+                );
+                return (
+                    http::StatusCode::from_u16(*status).unwrap(),
+                    [("content-type", "text/xml")],
+                    body,
+                )
+                    .into_response();
+            }
+        }
+    }
+    let mut req = state.client.request(
+        method,
+        format!(
+            "{}{}",
+            state.upstream,
+            uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")
+        ),
+    );
+    for (k, v) in &headers {
+        if k != http::header::HOST && k != http::header::CONTENT_LENGTH {
+            req = req.header(k, v);
+        }
+    }
+    match req.body(body).send().await {
+        Ok(r) => {
+            let status = r.status();
+            let ct = r
+                .headers()
+                .get("content-type")
+                .cloned()
+                .unwrap_or(http::HeaderValue::from_static("text/xml"));
+            let bytes = r.bytes().await.unwrap_or_default();
+            (status, [(http::header::CONTENT_TYPE, ct)], bytes).into_response()
+        }
+        Err(e) => (http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}
+
+async fn imds(
+    axum::extract::State(state): axum::extract::State<Arc<(String, String, String)>>,
+    method: http::Method,
+    uri: http::Uri,
+    headers: http::HeaderMap,
+) -> (http::StatusCode, String) {
+    let (token, instance_id, user_data) = &*state;
+    if method == http::Method::PUT && uri.path() == "/latest/api/token" {
+        if headers
+            .get("x-aws-ec2-metadata-token-ttl-seconds")
+            .is_none()
+        {
+            return (http::StatusCode::BAD_REQUEST, "missing TTL header".into());
+        }
+        return (http::StatusCode::OK, token.clone());
+    }
+    if headers
+        .get("x-aws-ec2-metadata-token")
+        .and_then(|v| v.to_str().ok())
+        != Some(token.as_str())
+    {
+        return (http::StatusCode::UNAUTHORIZED, String::new());
+    }
+    match (method, uri.path()) {
+        (http::Method::GET, "/latest/user-data") => (http::StatusCode::OK, user_data.clone()),
+        (http::Method::GET, "/latest/meta-data/instance-id") => {
+            (http::StatusCode::OK, instance_id.clone())
+        }
+        _ => (http::StatusCode::NOT_FOUND, String::new()),
+    }
+}
+
+/// An instance as the test sees it.
+#[derive(Debug, Clone)]
+pub struct TestInstance {
+    pub id: String,
+    pub state: String,
+    pub tags: BTreeMap<String, String>,
+    pub subnet: String,
+    pub image: String,
+}
+
+/// The test's own EC2 client, straight to moto.
+pub struct Ec2 {
+    client: aws_sdk_ec2::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Ec2 {
+    pub fn new(endpoint: &str) -> Self {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = aws_sdk_ec2::Config::builder()
+            .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+            .region(aws_sdk_ec2::config::Region::new(REGION))
+            .endpoint_url(endpoint)
+            .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+                "testing",
+                "testing",
+                None,
+                None,
+                "drover-tests",
+            ))
+            .build();
+        Self {
+            client: aws_sdk_ec2::Client::from_conf(config),
+            rt,
+        }
+    }
+
+    /// The environment that points a coordinator's SDK at `endpoint`.
+    pub fn coordinator_env(endpoint: &str) -> Vec<(String, String)> {
+        [
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+            ("AWS_CONFIG_FILE", "/dev/null"),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    /// An AMI moto knows.
+    pub fn some_ami(&self) -> String {
+        self.rt.block_on(async {
+            let out = self.client.describe_images().send().await.unwrap();
+            let mut ids: Vec<String> = out
+                .images()
+                .iter()
+                .filter_map(|i| i.image_id().map(str::to_owned))
+                .collect();
+            ids.sort();
+            ids.into_iter().next().expect("moto has AMIs")
+        })
+    }
+
+    /// The default VPC's subnets, sorted.
+    pub fn default_subnets(&self) -> Vec<String> {
+        self.rt.block_on(async {
+            let out = self
+                .client
+                .describe_subnets()
+                .filters(
+                    Filter::builder()
+                        .name("default-for-az")
+                        .values("true")
+                        .build(),
+                )
+                .send()
+                .await
+                .unwrap();
+            let mut v: Vec<String> = out
+                .subnets()
+                .iter()
+                .filter_map(|s| s.subnet_id().map(str::to_owned))
+                .collect();
+            v.sort();
+            v
+        })
+    }
+
+    /// A new security group in the default VPC.
+    pub fn security_group(&self, name: &str) -> String {
+        self.rt.block_on(async {
+            self.client
+                .create_security_group()
+                .group_name(name)
+                .description("drover test nodes")
+                .send()
+                .await
+                .unwrap()
+                .group_id()
+                .unwrap()
+                .to_owned()
+        })
+    }
+
+    /// Every instance tagged with `drover.dev/cluster=<cluster>`.
+    pub fn instances(&self, cluster: &str) -> Vec<TestInstance> {
+        self.rt.block_on(async {
+            let out = self
+                .client
+                .describe_instances()
+                .filters(
+                    Filter::builder()
+                        .name("tag:drover.dev/cluster")
+                        .values(cluster)
+                        .build(),
+                )
+                .send()
+                .await
+                .unwrap();
+            out.reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .map(|i| TestInstance {
+                    id: i.instance_id().unwrap_or_default().to_owned(),
+                    state: i
+                        .state()
+                        .and_then(|s| s.name())
+                        .map(|n| n.as_str().to_owned())
+                        .unwrap_or_default(),
+                    tags: i
+                        .tags()
+                        .iter()
+                        .map(|t| {
+                            (
+                                t.key().unwrap_or_default().to_owned(),
+                                t.value().unwrap_or_default().to_owned(),
+                            )
+                        })
+                        .collect(),
+                    subnet: i.subnet_id().unwrap_or_default().to_owned(),
+                    image: i.image_id().unwrap_or_default().to_owned(),
+                })
+                .collect()
+        })
+    }
+
+    /// The instances of a cluster that are not terminated.
+    pub fn live_instances(&self, cluster: &str) -> Vec<TestInstance> {
+        self.instances(cluster)
+            .into_iter()
+            .filter(|i| i.state != InstanceStateName::Terminated.as_str())
+            .collect()
+    }
+
+    /// An instance's user data, decoded.
+    pub fn user_data(&self, instance_id: &str) -> String {
+        self.rt.block_on(async {
+            let out = self
+                .client
+                .describe_instance_attribute()
+                .instance_id(instance_id)
+                .attribute(InstanceAttributeName::UserData)
+                .send()
+                .await
+                .unwrap();
+            let b64 = out
+                .user_data()
+                .and_then(|u| u.value())
+                .unwrap_or_default()
+                .to_owned();
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap(),
+            )
+            .unwrap()
+        })
+    }
+
+    /// Terminates an instance behind the coordinator's back.
+    pub fn terminate(&self, instance_id: &str) {
+        self.rt.block_on(async {
+            self.client
+                .terminate_instances()
+                .instance_ids(instance_id)
+                .send()
+                .await
+                .unwrap();
+        });
+    }
+
+    /// Launches an instance tagged as if this coordinator had made it for
+    /// a machine the store does not know (an orphan).
+    pub fn launch_orphan(
+        &self,
+        ami: &str,
+        subnet: &str,
+        tags: &BTreeMap<String, String>,
+    ) -> String {
+        use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+        self.rt.block_on(async {
+            let out = self
+                .client
+                .run_instances()
+                .image_id(ami)
+                .instance_type(aws_sdk_ec2::types::InstanceType::T3Micro)
+                .min_count(1)
+                .max_count(1)
+                .subnet_id(subnet)
+                .tag_specifications(
+                    TagSpecification::builder()
+                        .resource_type(ResourceType::Instance)
+                        .set_tags(Some(
+                            tags.iter()
+                                .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                                .collect(),
+                        ))
+                        .build(),
+                )
+                .send()
+                .await
+                .unwrap();
+            out.instances()[0].instance_id().unwrap().to_owned()
+        })
+    }
+}
