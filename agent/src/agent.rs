@@ -476,7 +476,10 @@ impl Agent {
             directive_results: self.state.pending_results.clone(),
         };
         let answer = tokio::select! {
-            r = self.api.heartbeat(&request) => r,
+            r = self.api.heartbeat(
+                &request,
+                self.interval.clamp(Duration::from_secs(2), Duration::from_secs(20)),
+            ) => r,
             () = shutdown.requested() => return Err(Stopped),
         };
         match answer {

@@ -189,6 +189,18 @@ impl CoordinatorClient {
         path: &str,
         body: Option<&B>,
     ) -> Result<Answer, ApiError> {
+        self.call_within(method, path, body, None).await
+    }
+
+    /// [`CoordinatorClient::call`] with each URL given at most `timeout`
+    /// (instead of the client's request timeout) before the next is tried.
+    async fn call_within<B: Serialize + ?Sized>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Option<Duration>,
+    ) -> Result<Answer, ApiError> {
         let n = self.urls.len();
         let start = self.preferred.load(Ordering::Relaxed) % n.max(1);
         let mut failures = Vec::new();
@@ -202,6 +214,9 @@ impl CoordinatorClient {
                 .header(reqwest::header::ACCEPT, "application/json");
             if let Some(body) = body {
                 request = request.json(body);
+            }
+            if let Some(t) = timeout {
+                request = request.timeout(t);
             }
             let response = match request.send().await {
                 Ok(r) => r,
@@ -225,6 +240,13 @@ impl CoordinatorClient {
                     continue;
                 }
             };
+            // A follower of a highly available coordinator: the leader is
+            // another of the URLs.
+            if status == StatusCode::MISDIRECTED_REQUEST {
+                tracing::debug!(url = %url, "coordinator is not the leader; trying the next");
+                failures.push(format!("{url}: not the leader"));
+                continue;
+            }
             self.preferred.store(index, Ordering::Relaxed);
             return Ok(Answer {
                 method,
@@ -248,9 +270,18 @@ impl CoordinatorClient {
         }
     }
 
-    /// `POST /v1/machine/heartbeat`.
-    pub async fn heartbeat(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, ApiError> {
-        let answer = self.call(Method::POST, HEARTBEAT_PATH, Some(req)).await?;
+    /// `POST /v1/machine/heartbeat`, giving each coordinator at most
+    /// `timeout`: a heartbeat later than its interval is worth less than
+    /// trying the next coordinator (a hung leader must not make the machine
+    /// look silent to the new one).
+    pub async fn heartbeat(
+        &self,
+        req: &HeartbeatRequest,
+        timeout: Duration,
+    ) -> Result<HeartbeatResponse, ApiError> {
+        let answer = self
+            .call_within(Method::POST, HEARTBEAT_PATH, Some(req), Some(timeout))
+            .await?;
         match answer.status {
             StatusCode::OK => answer.json(),
             _ => Err(answer.refused()),

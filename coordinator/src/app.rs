@@ -71,6 +71,8 @@ pub struct App {
     pub rotation: Mutex<()>,
     /// What the cluster reconcile loop reports about itself.
     pub reconciler: std::sync::Arc<Mutex<crate::reconcile::LoopStatus>>,
+    /// This replica and whether it leads.
+    pub leadership: crate::leader::Leadership,
 }
 
 impl App {

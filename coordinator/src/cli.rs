@@ -38,6 +38,9 @@ pub enum Resource {
     Machines,
     #[value(alias = "token", alias = "registrationtokens")]
     Tokens,
+    /// The coordinator replicas sharing the store, and the leader.
+    #[value(alias = "coordinator")]
+    Coordinators,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -362,7 +365,31 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
             let list: Vec<RegistrationToken> = client.get("/v1/registrationtokens").await?;
             emit(&list, g.output, tokens_table)
         }
+        Resource::Coordinators => {
+            let list: Vec<crate::api::admin::CoordinatorEntry> =
+                client.get("/v1/coordinators").await?;
+            emit(&list, g.output, coordinators_table)
+        }
     }
+}
+
+fn coordinators_table(
+    list: &[crate::api::admin::CoordinatorEntry],
+    _wide: bool,
+) -> Vec<Vec<String>> {
+    let mut rows = vec![["ID", "ROLE", "URL", "VERSION", "AGE"]
+        .map(String::from)
+        .to_vec()];
+    for c in list {
+        rows.push(vec![
+            c.replica.id.clone(),
+            if c.leader { "leader" } else { "follower" }.into(),
+            c.replica.url.clone(),
+            c.replica.version.clone(),
+            age(Some(c.replica.started_at)),
+        ]);
+    }
+    rows
 }
 
 fn emit<T: serde::Serialize>(

@@ -10,6 +10,8 @@ mod health;
 mod jointokens;
 mod keyring;
 mod kubeconfig;
+mod leader;
+mod migrate;
 mod provider;
 mod provisioner;
 mod ratelimit;
@@ -35,7 +37,18 @@ struct Cli {
     #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
     #[command(subcommand)]
-    command: Command,
+    command: TopCommand,
+}
+
+/// The operator commands, and `drover store`, which works on a store
+/// directly rather than through a coordinator.
+#[derive(Debug, Subcommand)]
+enum TopCommand {
+    #[command(flatten)]
+    Main(Command),
+    /// Work on a stopped coordinator's store: `drover store migrate` moves
+    /// it from SQLite to etcd.
+    Store(migrate::StoreArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +136,10 @@ struct ServeArgs {
     /// How long open connections may take to finish after SIGTERM.
     #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
     drain_timeout: std::time::Duration,
+    /// With an etcd store: the leader's lease. A new leader takes over
+    /// within this long after the old one dies.
+    #[arg(long, default_value = "15s", value_parser = drover_common::api::parse_duration)]
+    leader_lease: std::time::Duration,
 }
 
 fn main() -> ExitCode {
@@ -134,12 +151,19 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_tracing(&cli.log_format, matches!(cli.command, Command::Serve(_)));
+    init_tracing(
+        &cli.log_format,
+        matches!(cli.command, TopCommand::Main(Command::Serve(_))),
+    );
+    let command = match cli.command {
+        TopCommand::Store(args) => return migrate::run(args),
+        TopCommand::Main(command) => command,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match cli.command {
+    match command {
         Command::Serve(args) => {
             let cfg = serve::ServeConfig {
                 data_dir: args.data_dir,
@@ -156,6 +180,7 @@ fn main() -> ExitCode {
                 drain: args.drain_timeout,
                 encryption_key_file: args.encryption_key_file,
                 registration_rate: args.registration_rate,
+                leader_lease: args.leader_lease,
                 store: args.store,
                 etcd_ca_file: args.etcd_ca_file,
                 etcd_cert_file: args.etcd_cert_file,

@@ -575,8 +575,8 @@ pub async fn run_sweeper(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
-        {
-            match sweep(&app).await {
+        if let Some(term) = app.leadership.term() {
+            match crate::store::fenced(term, sweep(&app)).await {
                 Ok(r) if !r.is_empty() => tracing::info!(removed = ?r, "orphan sweep"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),

@@ -1063,12 +1063,15 @@ pub async fn run_loop(
     let mut changes = app.store.watch();
     loop {
         let started = Instant::now();
-        let errors = reconcile_all(&app).await;
-        {
+        // Only the leader reconciles, and every write of its pass is fenced
+        // by its term.
+        // A follower's loop idles: `runs` counts passes made as leader.
+        if let Some(term) = app.leadership.term() {
+            let errors = crate::store::fenced(term, reconcile_all(&app)).await;
             let mut s = status.lock().expect("loop status lock");
             s.runs += 1;
             s.last_run_millis = started.elapsed().as_millis() as u64;
-            s.last_errors = errors.clone();
+            s.last_errors = errors;
         }
         tokio::select! {
             _ = shutdown.changed() => return,

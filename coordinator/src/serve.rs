@@ -29,6 +29,8 @@ pub struct ServeConfig {
     pub encryption_key_file: Option<PathBuf>,
     /// Registrations allowed per second from one source address (0: no limit).
     pub registration_rate: u32,
+    /// The leadership lease among replicas sharing an etcd store.
+    pub leader_lease: Duration,
     /// Where objects are kept (`--store`).
     pub store: Location,
     /// TLS to etcd: `--etcd-ca-file`, `--etcd-cert-file`, `--etcd-key-file`.
@@ -83,6 +85,12 @@ impl ServeConfig {
             )));
         }
         self.etcd_tls()?;
+        if self.leader_lease < Duration::from_secs(2) {
+            return Err(ConfigError(format!(
+                "--leader-lease {:?} is too short; use at least 2s (the leader renews it every third of it)",
+                self.leader_lease
+            )));
+        }
         Ok(self)
     }
 
@@ -213,7 +221,18 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
 
     let (listen_tx, mut listen_rx) =
         tokio::sync::mpsc::unbounded_channel::<crate::app::ListenRequest>();
+    let me = crate::leader::ReplicaInfo {
+        id: default_url(bound).trim_start_matches("https://").to_owned(),
+        url: default_url(bound),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        started_at: drover_common::now(),
+    };
+    let leadership = match store.election() {
+        Some(_) => crate::leader::Leadership::follower(me),
+        None => crate::leader::Leadership::sole(me),
+    };
     let app = Arc::new(App {
+        leadership,
         store,
         ca: secrets.ca,
         ca_pin,
@@ -253,6 +272,14 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         app.reconciler.clone(),
         stop_rx,
     ));
+    let election = app.store.election().cloned().map(|election| {
+        tokio::spawn(crate::leader::run(
+            app.clone(),
+            election,
+            cfg.leader_lease,
+            stop_tx.subscribe(),
+        ))
+    });
     let sweeper = tokio::spawn(crate::provisioner::run_sweeper(
         app.clone(),
         Duration::from_secs(15),
@@ -309,6 +336,9 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
     let _ = sweeper.await;
+    if let Some(e) = election {
+        let _ = e.await;
+    }
     drop(app);
     extra.abort();
     tracing::info!("coordinator stopped");

@@ -491,3 +491,89 @@ impl Ec2 {
         })
     }
 }
+
+/// Where a test cluster's instances go: an AMI moto knows, two default
+/// subnets and a security group.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub ami: String,
+    pub subnets: Vec<String>,
+    pub sg: String,
+}
+
+impl Placement {
+    pub fn new(ec2: &Ec2, sg_name: &str) -> Self {
+        let subnets = ec2.default_subnets();
+        assert!(subnets.len() >= 2, "moto's default VPC has {subnets:?}");
+        Self {
+            ami: ec2.some_ami(),
+            subnets,
+            sg: ec2.security_group(sg_name),
+        }
+    }
+
+    /// A cluster of one control plane and `workers` in pool `default`, on
+    /// `ami` (the placement's unless given).
+    pub fn cluster_yaml(&self, name: &str, workers: u32, ami: Option<&str>) -> String {
+        format!(
+            "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  kubernetesVersion: v1.31.2
+  controlPlane:
+    replicas: 1
+  workerPools:
+    - name: default
+      replicas: {workers}
+  provider:
+    aws:
+      region: {REGION}
+      tags:
+        team: infra
+      controlPlane:
+        ami: {ami}
+        instanceType: m6i.large
+        subnets: [{s0}]
+        securityGroups: [{sg}]
+      workerPools:
+        default:
+          ami: {ami}
+          instanceType: t3.medium
+          subnets: [{s0}, {s1}]
+          securityGroups: [{sg}]
+          tags:
+            team: apps
+",
+            ami = ami.unwrap_or(&self.ami),
+            s0 = self.subnets[0],
+            s1 = self.subnets[1],
+            sg = self.sg,
+        )
+    }
+}
+
+/// Plays the boot of every live instance of `cluster` that has no agent in
+/// `agents` yet: an agent rooted under `dir` reading the instance's own user
+/// data and ID from its IMDSv2.
+pub fn boot_new_instances(
+    ec2: &Ec2,
+    proxy: &Ec2Proxy,
+    dir: &std::path::Path,
+    cluster: &str,
+    agents: &mut BTreeMap<String, crate::Agent>,
+) {
+    for i in ec2.live_instances(cluster) {
+        if agents.contains_key(&i.id) {
+            continue;
+        }
+        let imds = proxy.imds(&i.id, &ec2.user_data(&i.id));
+        let agent = crate::Agent::boot(
+            &dir.join(&i.id),
+            &i.tags["drover.dev/machine"],
+            crate::Boot::Imds(imds),
+        );
+        agents.insert(i.id.clone(), agent);
+    }
+}

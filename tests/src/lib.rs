@@ -207,18 +207,31 @@ impl Coordinator {
 
     /// How many passes the cluster reconciler has completed.
     pub fn reconciler_runs(&self) -> u64 {
-        let answer = self
-            .api(None)
-            .send("GET", "/v1/status", Some(&self.admin_token), None);
-        assert_eq!(answer.status, 200, "{answer:?}");
-        answer.json()["loops"][0]["runs"]
+        let status = self.status();
+        status["loops"][0]["runs"]
             .as_u64()
-            .unwrap_or_else(|| panic!("no reconciler in {answer:?}"))
+            .unwrap_or_else(|| panic!("no reconciler in {status}"))
     }
 
     /// The client config file `drover serve` wrote at first start.
     pub fn client_config(&self) -> PathBuf {
         self.dir.join("client.yaml")
+    }
+
+    /// Sends `signal` to the coordinator process (SIGSTOP pauses it, SIGCONT
+    /// resumes it).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = self.child.as_ref().expect("coordinator runs").id();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+    }
+
+    /// `GET /v1/status` of this replica.
+    pub fn status(&self) -> serde_json::Value {
+        let answer = self
+            .api(None)
+            .send("GET", "/v1/status", Some(&self.admin_token), None);
+        assert_eq!(answer.status, 200, "{answer:?}");
+        answer.json()
     }
 
     /// Kills the coordinator (SIGKILL, as a crash would).
@@ -535,6 +548,7 @@ spec:
 
 /// Helpers for tests that use the Docker engine.
 pub mod aws;
+pub mod etcd;
 
 pub mod docker {
     use std::path::Path;

@@ -31,7 +31,7 @@ struct World {
     c: Coordinator,
     ami: String,
     subnets: Vec<String>,
-    sg: String,
+    placement: Placement,
     dir: std::path::PathBuf,
     agents: BTreeMap<String, Agent>,
 }
@@ -41,10 +41,7 @@ impl World {
         let moto = Moto::start(tmp);
         let proxy = Ec2Proxy::start(&moto.url);
         let ec2 = Ec2::new(&moto.url);
-        let ami = ec2.some_ami();
-        let subnets = ec2.default_subnets();
-        assert!(subnets.len() >= 2, "moto's default VPC has {subnets:?}");
-        let sg = ec2.security_group(&unique("drover-nodes"));
+        let placement = Placement::new(&ec2, &unique("drover-nodes"));
         let c = Coordinator::start(
             tmp,
             CoordinatorOptions {
@@ -58,50 +55,16 @@ impl World {
             proxy,
             ec2,
             c,
-            ami,
-            subnets,
-            sg,
+            ami: placement.ami.clone(),
+            subnets: placement.subnets.clone(),
+            placement,
             dir: tmp.to_path_buf(),
             agents: BTreeMap::new(),
         }
     }
 
     fn cluster_yaml(&self, name: &str, workers: u32, ami: &str) -> String {
-        format!(
-            "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  kubernetesVersion: v1.31.2
-  controlPlane:
-    replicas: 1
-  workerPools:
-    - name: default
-      replicas: {workers}
-  provider:
-    aws:
-      region: {REGION}
-      tags:
-        team: infra
-      controlPlane:
-        ami: {ami}
-        instanceType: m6i.large
-        subnets: [{s0}]
-        securityGroups: [{sg}]
-      workerPools:
-        default:
-          ami: {ami}
-          instanceType: t3.medium
-          subnets: [{s0}, {s1}]
-          securityGroups: [{sg}]
-          tags:
-            team: apps
-",
-            s0 = self.subnets[0],
-            s1 = self.subnets[1],
-            sg = self.sg,
-        )
+        self.placement.cluster_yaml(name, workers, Some(ami))
     }
 
     fn apply(&self, yaml: &str) {
@@ -110,22 +73,9 @@ spec:
         self.c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
     }
 
-    /// Plays the boot of every live instance that has no agent yet: an agent
-    /// reading the instance's own user data and ID from its IMDSv2.
+    /// Plays the boot of every live instance that has no agent yet.
     fn boot_new_instances(&mut self, cluster: &str) {
-        for i in self.ec2.live_instances(cluster) {
-            if self.agents.contains_key(&i.id) {
-                continue;
-            }
-            let user_data = self.ec2.user_data(&i.id);
-            let imds = self.proxy.imds(&i.id, &user_data);
-            let agent = Agent::boot(
-                &self.dir.join(&i.id),
-                &i.tags["drover.dev/machine"],
-                Boot::Imds(imds),
-            );
-            self.agents.insert(i.id.clone(), agent);
-        }
+        boot_new_instances(&self.ec2, &self.proxy, &self.dir, cluster, &mut self.agents);
     }
 
     fn machines(&self, cluster: &str) -> Vec<serde_json::Value> {

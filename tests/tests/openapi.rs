@@ -28,6 +28,8 @@ const OPERATIONS: &[&str] = &[
     "GET /v1/keys",
     "POST /v1/keys/rotate",
     "GET /v1/audit",
+    "GET /v1/status",
+    "GET /v1/coordinators",
 ];
 
 #[test]

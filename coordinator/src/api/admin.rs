@@ -249,6 +249,13 @@ pub async fn delete_cluster(
 pub struct CoordinatorStatus {
     /// The coordinator's version.
     pub version: String,
+    /// This replica.
+    pub replica: crate::leader::ReplicaInfo,
+    /// Whether this replica leads (runs the loops, answers machines).
+    pub leader: bool,
+    /// The leader's URL, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_url: Option<String>,
     /// Its background loops.
     pub loops: Vec<crate::reconcile::LoopStatus>,
 }
@@ -268,8 +275,45 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
     let reconciler = app.reconciler.lock().expect("loop status lock").clone();
     Json(CoordinatorStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        replica: app.leadership.me.clone(),
+        leader: matches!(app.leadership.role(), crate::leader::Role::Leader { .. }),
+        leader_url: app.leadership.leader_url(),
         loops: vec![reconciler],
     })
+}
+
+/// One coordinator replica and whether it leads.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatorEntry {
+    #[serde(flatten)]
+    pub replica: crate::leader::ReplicaInfo,
+    pub leader: bool,
+}
+
+/// `GET /v1/coordinators`: every coordinator replica sharing this store,
+/// and which one leads.
+#[utoipa::path(
+    get,
+    path = "/v1/coordinators",
+    tag = "coordinator",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "The replicas, by id.", body = Vec<CoordinatorEntry>),
+        (status = 401, response = super::openapi::Unauthorized),
+    ),
+)]
+pub async fn coordinators(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+) -> Result<Json<Vec<CoordinatorEntry>>, ApiError> {
+    Ok(Json(
+        crate::leader::replicas(&app)
+            .await?
+            .into_iter()
+            .map(|(replica, leader)| CoordinatorEntry { replica, leader })
+            .collect(),
+    ))
 }
 
 /// `GET /v1/machines`: every machine.

@@ -8,7 +8,7 @@ pub mod security;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, FromRequestParts};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -25,6 +25,17 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// Builds the router for the whole API.
 pub fn router(app: Arc<App>) -> Router {
+    // The machine API is the leader's: it holds the heartbeat deadlines and
+    // its writes are fenced by its term.
+    let machine_api = Router::new()
+        .route("/v1/machine/register", post(machine::register))
+        .route("/v1/machine/heartbeat", post(machine::heartbeat))
+        .route("/v1/machine/config", get(machine::config))
+        .route("/v1/machine/certificate", post(machine::renew))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            leader_only,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/openapi.json", get(openapi::openapi_json))
@@ -47,10 +58,8 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/registrationtokens/{name}",
             put(admin::revoke_token_put).delete(admin::revoke_token),
         )
-        .route("/v1/machine/register", post(machine::register))
-        .route("/v1/machine/heartbeat", post(machine::heartbeat))
-        .route("/v1/machine/config", get(machine::config))
-        .route("/v1/machine/certificate", post(machine::renew))
+        .route("/v1/coordinators", get(admin::coordinators))
+        .merge(machine_api)
         .route(
             "/v1/admintokens",
             get(security::list_admin_tokens).post(security::create_admin_token),
@@ -68,6 +77,34 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn(refuse_oversized))
         .layer(axum::middleware::from_fn(close_if_body_unread))
         .with_state(app)
+}
+
+/// Serves a machine API request on the leader, inside its term's fence; a
+/// follower answers 421 and names the leader, and the agent tries its next
+/// coordinator URL.
+async fn leader_only(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match app.leadership.term() {
+        Some(term) => crate::store::fenced(term, next.run(req)).await,
+        None => {
+            let detail = match app.leadership.leader_url() {
+                Some(url) => format!(
+                    "coordinator {} is a follower; the leader is {url}",
+                    app.leadership.me.id
+                ),
+                None => format!(
+                    "coordinator {} is a follower and no leader is elected yet; retry shortly",
+                    app.leadership.me.id
+                ),
+            };
+            let mut e = ApiError::new(StatusCode::MISDIRECTED_REQUEST, "Not the leader", detail);
+            e.retry_after = Some(1);
+            e.into_response()
+        }
+    }
 }
 
 /// An API failure, rendered as an RFC 9457 problem document.
@@ -146,6 +183,16 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Corrupt { .. } | StoreError::Backend(_) | StoreError::Sealed(_) => {
                 ApiError::internal(e)
+            }
+            // Deposed mid-request: the caller tries the next coordinator.
+            StoreError::Fenced { .. } => {
+                let mut a = ApiError::new(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "Not the leader",
+                    e.to_string(),
+                );
+                a.retry_after = Some(1);
+                a
             }
         }
     }

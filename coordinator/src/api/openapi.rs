@@ -58,6 +58,7 @@ pub fn example_cluster() -> serde_json::Value {
         admin::kubeconfig,
         admin::list_machines,
         admin::status,
+        admin::coordinators,
         admin::get_machine,
         admin::list_tokens,
         admin::create_token,
@@ -297,7 +298,7 @@ mod tests {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 24);
+        assert_eq!(operations, 25);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -79,7 +79,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::broadcast;
 
-use super::{Backend, Change, Kind, Op, Record, StoreError};
+use super::{Backend, Change, Fence, Kind, Op, Record, StoreError};
 
 /// Objects read per range request when listing a kind.
 const PAGE: i64 = 256;
@@ -261,10 +261,27 @@ impl Members {
         &self,
         what: &str,
         idempotent: bool,
-        mut request: F,
+        request: F,
     ) -> Result<T, StoreError>
     where
         F: FnMut(KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.request_with(what, idempotent, |m| m.kv.clone(), request)
+            .await
+    }
+
+    /// [`Members::request`] with the client `pick` takes from the member
+    /// (its KV client, or the whole client for leases).
+    async fn request_with<C, T, F, Fut>(
+        &self,
+        what: &str,
+        idempotent: bool,
+        pick: impl Fn(&Member) -> C,
+        mut request: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnMut(C) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let n = self.list.len();
@@ -280,7 +297,7 @@ impl Members {
             } else {
                 left
             };
-            match tokio::time::timeout(cap, request(member.kv.clone())).await {
+            match tokio::time::timeout(cap, request(pick(member))).await {
                 Ok(Ok(v)) => {
                     self.preferred.store(index, Ordering::Relaxed);
                     return Ok(v);
@@ -603,14 +620,25 @@ impl Backend for Etcd {
         })
     }
 
-    fn txn(&self, ops: Vec<Op>) -> Result<u64, StoreError> {
-        let plan = Plan::new(&ops, |kind, name| self.key(kind, name));
+    fn txn(&self, ops: Vec<Op>, fence: Option<Fence>) -> Result<u64, StoreError> {
+        let mut plan = Plan::new(&ops, |kind, name| self.key(kind, name));
         let what = format!("transaction on {}", plan.keys.join(", "));
-        let reads: Vec<TxnOp> = plan
+        let leader_key = leader_key(&self.prefix);
+        let mut reads: Vec<TxnOp> = plan
             .keys
             .iter()
             .map(|k| TxnOp::get(k.as_str(), None))
             .collect();
+        if let Some(Fence(term)) = fence {
+            // The leader key is created once per term and never rewritten:
+            // its create revision names the term.
+            plan.compares.push(Compare::create_revision(
+                leader_key.as_str(),
+                CompareOp::Equal,
+                i64::try_from(term).unwrap_or(-1),
+            ));
+            reads.push(TxnOp::get(leader_key.as_str(), None));
+        }
         let doomed = plan.doomed;
         let txn = if doomed {
             // Fails whatever etcd holds; read the keys to say how.
@@ -622,7 +650,8 @@ impl Backend for Etcd {
                 .or_else(reads)
         };
         let members = self.members.clone();
-        let (committed, revision, snapshot) = self.call(async move {
+        let fence_key = leader_key.clone();
+        let (committed, revision, snapshot, term_now) = self.call(async move {
             let resp = members
                 .request(&what, doomed, |mut kv| {
                     let txn = txn.clone();
@@ -631,20 +660,36 @@ impl Backend for Etcd {
                 .await?;
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0) as u64;
             let mut snapshot = HashMap::new();
+            let mut term_now = None;
             if !resp.succeeded() || doomed {
                 for r in resp.op_responses() {
                     if let TxnOpResponse::Get(g) = r {
                         for kv in g.kvs() {
                             let key = String::from_utf8_lossy(kv.key()).into_owned();
-                            snapshot.insert(key, kv.mod_revision() as u64);
+                            if key == fence_key {
+                                term_now = Some(kv.create_revision() as u64);
+                            } else {
+                                snapshot.insert(key, kv.mod_revision() as u64);
+                            }
                         }
                     }
                 }
             }
-            Ok((resp.succeeded() && !doomed, revision, snapshot))
+            Ok((resp.succeeded() && !doomed, revision, snapshot, term_now))
         })?;
         if committed {
             return Ok(revision);
+        }
+        if let Some(Fence(term)) = fence {
+            if term_now != Some(term) {
+                return Err(StoreError::Fenced {
+                    term,
+                    detail: match term_now {
+                        Some(t) => format!("term {t} began since"),
+                        None => "no coordinator holds the lease now".into(),
+                    },
+                });
+            }
         }
         match replay(
             &ops,
@@ -658,6 +703,221 @@ impl Backend for Etcd {
                 "a precondition failed, but none fails on the state read with it",
             )),
         }
+    }
+}
+
+/// The key whose holder leads: it exists while the leader's lease lives.
+fn leader_key(prefix: &str) -> String {
+    format!("{prefix}_leader")
+}
+
+/// Leader election and the replica registry on the store's etcd, sharing
+/// its members (and their fail-over) and its client thread.
+#[derive(Clone)]
+pub struct Election {
+    members: Arc<Members>,
+    runtime: tokio::runtime::Handle,
+    prefix: String,
+}
+
+impl Etcd {
+    /// The election on this store's etcd.
+    pub(super) fn election(&self) -> Election {
+        Election {
+            members: self.members.clone(),
+            runtime: self.runtime.clone(),
+            prefix: self.prefix.clone(),
+        }
+    }
+}
+
+impl Election {
+    /// Runs `fut` on the etcd thread and awaits it without blocking the caller.
+    async fn on_etcd<T: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.runtime.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Backend(
+                "etcd: the client thread has stopped".into(),
+            ))
+        })
+    }
+
+    fn replica_key(&self, id: &str) -> String {
+        format!("{}_coordinators/{id}", self.prefix)
+    }
+
+    /// Grants a lease of `ttl`; returns its id.
+    pub async fn grant(&self, ttl: Duration) -> Result<i64, StoreError> {
+        let members = self.members.clone();
+        let secs = ttl.as_secs().max(1) as i64;
+        self.on_etcd(async move {
+            let resp = members
+                .request_with(
+                    "grant a lease",
+                    true,
+                    |m| m.client.lease_client(),
+                    |mut lease| async move { lease.grant(secs, None).await },
+                )
+                .await?;
+            Ok(resp.id())
+        })
+        .await
+    }
+
+    /// Renews a lease once; returns its time left (zero: it has expired).
+    pub async fn keep_alive(&self, lease: i64) -> Result<Duration, StoreError> {
+        let members = self.members.clone();
+        self.on_etcd(async move {
+            members
+                .request_with(
+                    "renew the lease",
+                    true,
+                    |m| m.client.lease_client(),
+                    |mut client| async move {
+                        let renew = async {
+                            let (mut keeper, mut stream) = client.keep_alive(lease).await?;
+                            keeper.keep_alive().await?;
+                            Ok(stream.message().await?.map(|r| r.ttl()).unwrap_or(0))
+                        };
+                        match renew.await {
+                            Ok(ttl) => Ok(Duration::from_secs(ttl.max(0) as u64)),
+                            // Expired or revoked: nothing left to renew.
+                            Err(etcd_client::Error::LeaseKeepAliveError(m))
+                                if m.contains("not found") =>
+                            {
+                                Ok(Duration::ZERO)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    },
+                )
+                .await
+        })
+        .await
+    }
+
+    /// Revokes a lease: its keys (leadership, registration) go at once.
+    pub async fn resign(&self, lease: i64) -> Result<(), StoreError> {
+        let members = self.members.clone();
+        self.on_etcd(async move {
+            members
+                .request_with(
+                    "revoke the lease",
+                    true,
+                    |m| m.client.lease_client(),
+                    |mut client| async move { client.revoke(lease).await.map(|_| ()) },
+                )
+                .await
+        })
+        .await
+    }
+
+    /// Becomes leader under `lease` if nobody leads. `Ok(term)` when this
+    /// replica leads (now or already), else `Err(the leader's value)`.
+    pub async fn campaign(
+        &self,
+        lease: i64,
+        value: Vec<u8>,
+    ) -> Result<Result<Fence, Vec<u8>>, StoreError> {
+        let members = self.members.clone();
+        let key = leader_key(&self.prefix);
+        self.on_etcd(async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    value.clone(),
+                    Some(etcd_client::PutOptions::new().with_lease(lease)),
+                )])
+                .or_else([TxnOp::get(key.as_str(), None)]);
+            let resp = members
+                .request("campaign for leadership", false, |mut kv| {
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await?;
+            if resp.succeeded() {
+                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                return Ok(Ok(Fence(rev as u64)));
+            }
+            for r in resp.op_responses() {
+                if let TxnOpResponse::Get(g) = r {
+                    if let Some(kv) = g.kvs().first() {
+                        // A retried campaign that had won: the key is ours.
+                        if kv.lease() == lease && kv.value() == value.as_slice() {
+                            return Ok(Ok(Fence(kv.create_revision() as u64)));
+                        }
+                        return Ok(Err(kv.value().to_vec()));
+                    }
+                }
+            }
+            Ok(Err(vec![]))
+        })
+        .await
+    }
+
+    /// The leader's value and term, if anyone leads.
+    pub async fn leader(&self) -> Result<Option<(Vec<u8>, Fence)>, StoreError> {
+        let members = self.members.clone();
+        let key = leader_key(&self.prefix);
+        self.on_etcd(async move {
+            let resp = members
+                .request("read the leader", true, |mut kv| {
+                    let key = key.clone();
+                    async move { kv.get(key, None).await }
+                })
+                .await?;
+            Ok(resp
+                .kvs()
+                .first()
+                .map(|kv| (kv.value().to_vec(), Fence(kv.create_revision() as u64))))
+        })
+        .await
+    }
+
+    /// Records this replica under `lease`, so it disappears with it.
+    pub async fn announce(&self, id: &str, value: Vec<u8>, lease: i64) -> Result<(), StoreError> {
+        let members = self.members.clone();
+        let key = self.replica_key(id);
+        self.on_etcd(async move {
+            members
+                .request("announce this coordinator", true, |mut kv| {
+                    let (key, value) = (key.clone(), value.clone());
+                    async move {
+                        kv.put(
+                            key,
+                            value,
+                            Some(etcd_client::PutOptions::new().with_lease(lease)),
+                        )
+                        .await
+                        .map(|_| ())
+                    }
+                })
+                .await
+        })
+        .await
+    }
+
+    /// Every live replica's announcement.
+    pub async fn replicas(&self) -> Result<Vec<Vec<u8>>, StoreError> {
+        let members = self.members.clone();
+        let key = self.replica_key("");
+        self.on_etcd(async move {
+            let resp = members
+                .request("list the coordinators", true, |mut kv| {
+                    let key = key.clone();
+                    async move { kv.get(key, Some(GetOptions::new().with_prefix())).await }
+                })
+                .await?;
+            Ok(resp.kvs().iter().map(|kv| kv.value().to_vec()).collect())
+        })
+        .await
     }
 }
 

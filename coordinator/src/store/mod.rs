@@ -25,7 +25,7 @@ mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_etcd;
 
-pub use etcd::{EtcdOptions, EtcdTls, TlsFile};
+pub use etcd::{Election, EtcdOptions, EtcdTls, TlsFile};
 
 /// The kinds of object the store holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,6 +125,8 @@ pub enum StoreError {
     },
     #[error("store backend failed: {0}")]
     Backend(String),
+    #[error("write refused: this coordinator's leadership term {term} has ended ({detail}); the new leader makes this change")]
+    Fenced { term: u64, detail: String },
     #[error(transparent)]
     Sealed(#[from] crate::keyring::KeyError),
 }
@@ -153,7 +155,10 @@ pub struct Change {
 trait Backend: Send + Sync {
     fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError>;
     fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError>;
-    fn txn(&self, ops: Vec<Op>) -> Result<u64, StoreError>;
+    /// With a `fence`, the transaction also requires that leadership term
+    /// to be current, and fails with [`StoreError::Fenced`] otherwise. A
+    /// single-replica backend has one term forever and ignores it.
+    fn txn(&self, ops: Vec<Op>, fence: Option<Fence>) -> Result<u64, StoreError>;
     /// Where the data lives, for messages ("SQLite database /d/drover.db").
     fn describe(&self) -> String;
 }
@@ -250,6 +255,23 @@ fn parse_endpoint(ep: &str) -> Result<String, String> {
     }
 }
 
+/// A leadership term: the revision at which this replica's leader key was
+/// created. Writes made inside [`fenced`] carry it, and the store commits
+/// them only while that term is current, so a leader that was paused past
+/// its lease and wakes up late cannot change anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence(pub u64);
+
+tokio::task_local! {
+    static FENCE: Fence;
+}
+
+/// Runs `work` (one reconcile pass, one machine API request) with every
+/// store write it makes fenced by `term`.
+pub async fn fenced<F: std::future::Future>(term: Fence, work: F) -> F::Output {
+    FENCE.scope(term, work).await
+}
+
 /// The store handle, cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -257,6 +279,8 @@ pub struct Store {
     changes: broadcast::Sender<Change>,
     /// Seals secret kinds at rest; `None` only in tests of the store itself.
     keyring: Option<Arc<RwLock<crate::keyring::Keyring>>>,
+    /// Leader election, on a store several replicas share (etcd).
+    election: Option<etcd::Election>,
 }
 
 impl Store {
@@ -272,7 +296,10 @@ impl Store {
     pub fn open_etcd(options: &EtcdOptions) -> Result<Self, StoreError> {
         let (changes, _) = broadcast::channel(1024);
         let backend = etcd::Etcd::open(options, changes.clone())?;
-        Ok(Self::new(Arc::new(backend), changes))
+        let election = backend.election();
+        let mut store = Self::new(Arc::new(backend), changes);
+        store.election = Some(election);
+        Ok(store)
     }
 
     fn new(backend: Arc<dyn Backend>, changes: broadcast::Sender<Change>) -> Self {
@@ -280,7 +307,15 @@ impl Store {
             backend,
             changes,
             keyring: None,
+            election: None,
         }
+    }
+
+    /// Leader election among the replicas sharing this store; `None` for a
+    /// store only one coordinator can open (SQLite), whose single replica
+    /// always leads.
+    pub fn election(&self) -> Option<&etcd::Election> {
+        self.election.as_ref()
     }
 
     /// Where the data lives, for messages.
@@ -422,7 +457,8 @@ impl Store {
                 other => other,
             })
             .collect();
-        self.backend.txn(ops)
+        let fence = FENCE.try_with(|f| *f).ok();
+        self.backend.txn(ops, fence)
     }
 
     /// Reads and decodes one object.
@@ -1004,6 +1040,71 @@ mod tests {
             (c.name.as_str(), c.revision, c.deleted),
             ("from-b", r, true)
         );
+    }
+
+    #[test]
+    fn etcd_fences_writes_of_a_deposed_leader() {
+        let Some(etcd) = TestEtcd::start() else {
+            return;
+        };
+        let (a, b) = (etcd.open(), etcd.open());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (ea, eb) = (a.election().unwrap(), b.election().unwrap());
+            let lease_a = ea.grant(Duration::from_secs(5)).await.unwrap();
+            let term_a = ea.campaign(lease_a, b"a".to_vec()).await.unwrap().unwrap();
+            // A second campaign under the same lease finds its own term.
+            assert_eq!(
+                ea.campaign(lease_a, b"a".to_vec()).await.unwrap(),
+                Ok(term_a)
+            );
+            let lease_b = eb.grant(Duration::from_secs(5)).await.unwrap();
+            assert_eq!(
+                eb.campaign(lease_b, b"b".to_vec()).await.unwrap(),
+                Err(b"a".to_vec())
+            );
+            assert!(ea.keep_alive(lease_a).await.unwrap() > Duration::ZERO);
+
+            // The leader writes inside its term.
+            let r = fenced(term_a, async { a.create_json(Kind::Cluster, "c", &1u32) })
+                .await
+                .unwrap();
+
+            // Its lease ends (as when it is paused past it); b takes over.
+            ea.resign(lease_a).await.unwrap();
+            assert_eq!(ea.keep_alive(lease_a).await.unwrap(), Duration::ZERO);
+            let term_b = eb.campaign(lease_b, b"b".to_vec()).await.unwrap().unwrap();
+            assert_ne!(term_a, term_b);
+            assert_eq!(ea.leader().await.unwrap(), Some((b"b".to_vec(), term_b)));
+
+            // The old leader's late writes are refused and change nothing.
+            let late = fenced(term_a, async {
+                a.update_json(Kind::Cluster, "c", &2u32, Some(r))
+            })
+            .await;
+            assert!(
+                matches!(late, Err(StoreError::Fenced { term, .. }) if term == term_a.0),
+                "{late:?}"
+            );
+            assert_eq!(a.get_json::<u32>(Kind::Cluster, "c").unwrap(), Some((1, r)));
+            // Unfenced writes (the admin API on any replica) go through, and
+            // so do the new leader's.
+            let r2 = a.update_json(Kind::Cluster, "c", &3u32, Some(r)).unwrap();
+            fenced(term_b, async {
+                b.update_json(Kind::Cluster, "c", &4u32, Some(r2))
+            })
+            .await
+            .unwrap();
+            // The registry lists replicas while their leases live.
+            eb.announce("b", b"info-b".to_vec(), lease_b).await.unwrap();
+            assert_eq!(eb.replicas().await.unwrap(), vec![b"info-b".to_vec()]);
+            eb.resign(lease_b).await.unwrap();
+            assert!(eb.replicas().await.unwrap().is_empty());
+            assert_eq!(eb.leader().await.unwrap(), None);
+        });
     }
 
     #[test]

@@ -89,7 +89,7 @@ impl Backend for Sqlite {
         rows.collect::<Result<Vec<_>, _>>().map_err(Into::into)
     }
 
-    fn txn(&self, ops: Vec<Op>) -> Result<u64, StoreError> {
+    fn txn(&self, ops: Vec<Op>, _fence: Option<super::Fence>) -> Result<u64, StoreError> {
         let mut conn = self.conn.lock().expect("store lock poisoned");
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let revision: i64 =

@@ -1,0 +1,238 @@
+//! Leadership: which replica runs the reconcile loops, holds the heartbeat
+//! deadlines and answers the machine API.
+//!
+//! On SQLite the one replica always leads (term 0). On etcd every replica
+//! campaigns for a leader key bound to its own lease of `--leader-lease`;
+//! the one that creates the key leads until its lease ends, and the key's
+//! create revision is its term. Everything the leader writes on behalf of
+//! leadership (a reconcile pass, a machine API request) runs inside
+//! [`crate::store::fenced`] with that term, so etcd commits it only while
+//! the term is current: a leader paused past its lease that wakes up late
+//! has its writes refused before it notices it was deposed.
+//!
+//! The leader steps down when it cannot renew its lease for a whole TTL,
+//! when the lease has expired, or when the leader key names another term;
+//! a new leader forgets every heartbeat deadline and gives every machine a
+//! fresh grace period, since machines were heartbeating to the old leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use crate::app::App;
+use crate::store::{Election, Fence};
+
+/// One coordinator replica, as announced to the others.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaInfo {
+    /// `host:port` of the replica's API.
+    pub id: String,
+    /// Its API's URL.
+    pub url: String,
+    pub version: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+}
+
+/// What this replica is now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Role {
+    Leader {
+        term: Fence,
+        since: OffsetDateTime,
+    },
+    Follower {
+        /// The leader, when one is known.
+        leader: Option<ReplicaInfo>,
+    },
+}
+
+/// This replica's identity and role, readable by every task.
+pub struct Leadership {
+    pub me: ReplicaInfo,
+    role: watch::Sender<Role>,
+}
+
+impl Leadership {
+    /// A replica that leads for its whole life (its store is its own).
+    pub fn sole(me: ReplicaInfo) -> Self {
+        let since = me.started_at;
+        Self {
+            me,
+            role: watch::Sender::new(Role::Leader {
+                term: Fence(0),
+                since,
+            }),
+        }
+    }
+
+    /// A replica that follows until it wins an election.
+    pub fn follower(me: ReplicaInfo) -> Self {
+        Self {
+            me,
+            role: watch::Sender::new(Role::Follower { leader: None }),
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.role.borrow().clone()
+    }
+
+    /// The current term, when this replica leads.
+    pub fn term(&self) -> Option<Fence> {
+        match &*self.role.borrow() {
+            Role::Leader { term, .. } => Some(*term),
+            Role::Follower { .. } => None,
+        }
+    }
+
+    /// The leader's URL, when another replica leads and is known.
+    pub fn leader_url(&self) -> Option<String> {
+        match &*self.role.borrow() {
+            Role::Leader { .. } => Some(self.me.url.clone()),
+            Role::Follower { leader } => leader.as_ref().map(|l| l.url.clone()),
+        }
+    }
+
+    fn set(&self, role: Role) {
+        self.role.send_if_modified(|r| {
+            if *r == role {
+                false
+            } else {
+                *r = role;
+                true
+            }
+        });
+    }
+}
+
+/// Runs the election until `shutdown`; on shutdown a leader resigns, so
+/// another replica takes over at once instead of after the lease.
+pub async fn run(
+    app: Arc<App>,
+    election: Election,
+    ttl: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let value = serde_json::to_vec(&app.leadership.me).expect("replica info serializes");
+    let period = ttl / 3;
+    'lease: loop {
+        let asked = tokio::time::Instant::now();
+        let lease = match election.grant(ttl).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot get a leadership lease; retrying");
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(period) => continue 'lease,
+                }
+            }
+        };
+        // The lease is safe to count on from before it was asked for.
+        let mut renewed = asked;
+        if let Err(e) = election
+            .announce(&app.leadership.me.id, value.clone(), lease)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot announce this coordinator");
+        }
+        loop {
+            match app.leadership.term() {
+                None => match election.campaign(lease, value.clone()).await {
+                    Ok(Ok(term)) => become_leader(&app, term),
+                    Ok(Err(leader)) => app.leadership.set(Role::Follower {
+                        leader: serde_json::from_slice(&leader).ok(),
+                    }),
+                    Err(e) => tracing::warn!(error = %e, "campaign failed"),
+                },
+                Some(term) => match election.leader().await {
+                    Ok(Some((_, t))) if t == term => {}
+                    Ok(Some((_, t))) => step_down(&app, &format!("term {} began", t.0)),
+                    Ok(None) => step_down(&app, "the leader key is gone"),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the leader key"),
+                },
+            }
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    if app.leadership.term().is_some() {
+                        step_down(&app, "shutting down");
+                    }
+                    if let Err(e) = election.resign(lease).await {
+                        tracing::warn!(error = %e, "cannot resign the lease; it expires by itself");
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(period) => {}
+            }
+            let before = tokio::time::Instant::now();
+            match election.keep_alive(lease).await {
+                Ok(left) if !left.is_zero() => renewed = before,
+                Ok(_) => {
+                    if app.leadership.term().is_some() {
+                        step_down(&app, "its lease expired");
+                    }
+                    continue 'lease;
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot renew the leadership lease"),
+            }
+            if renewed.elapsed() >= ttl {
+                if app.leadership.term().is_some() {
+                    step_down(&app, "its lease could not be renewed within its TTL");
+                }
+                continue 'lease;
+            }
+        }
+    }
+}
+
+fn become_leader(app: &App, term: Fence) {
+    // Machines heartbeated to the old leader: every deadline starts afresh.
+    let now = drover_common::now();
+    // Read first: reading machines takes the liveness lock too.
+    let machines = app.machines().unwrap_or_default();
+    {
+        let mut live = app.liveness.lock().expect("liveness lock");
+        live.clear();
+        for m in machines {
+            live.insert(m.metadata.name, crate::app::Liveness { last_seen: now });
+        }
+    }
+    app.leadership.set(Role::Leader { term, since: now });
+    tracing::info!(term = term.0, id = %app.leadership.me.id, "this coordinator leads; every machine gets a fresh grace period");
+    app.reconcile_now.notify_one();
+}
+
+fn step_down(app: &App, why: &str) {
+    app.leadership.set(Role::Follower { leader: None });
+    app.liveness.lock().expect("liveness lock").clear();
+    tracing::warn!(id = %app.leadership.me.id, reason = why, "this coordinator no longer leads");
+}
+
+/// Every replica and which one leads.
+pub async fn replicas(app: &App) -> Result<Vec<(ReplicaInfo, bool)>, crate::store::StoreError> {
+    let Some(election) = app.store.election() else {
+        return Ok(vec![(app.leadership.me.clone(), true)]);
+    };
+    let leader: Option<ReplicaInfo> = election
+        .leader()
+        .await?
+        .and_then(|(v, _)| serde_json::from_slice(&v).ok());
+    let mut list: Vec<ReplicaInfo> = election
+        .replicas()
+        .await?
+        .iter()
+        .filter_map(|v| serde_json::from_slice(v).ok())
+        .collect();
+    list.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(list
+        .into_iter()
+        .map(|r| {
+            let leads = leader.as_ref().is_some_and(|l| l.id == r.id);
+            (r, leads)
+        })
+        .collect())
+}

@@ -1,0 +1,264 @@
+//! High availability: three `drover serve` replicas on a real three-member
+//! etcd cluster, running an `aws` cluster against moto (its agents hold all
+//! three coordinator URLs). The leader is killed, an etcd member is killed,
+//! and a leader is paused past its lease and resumed; the cluster keeps
+//! Running and no machine is replaced because of any of it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use drover_tests::aws::*;
+use drover_tests::etcd::EtcdCluster;
+use drover_tests::*;
+use nix::sys::signal::Signal;
+
+const BOOT: Duration = Duration::from_secs(90);
+const LEASE: &str = "3s";
+
+struct Ha {
+    etcd: EtcdCluster,
+    _moto: Moto,
+    proxy: Ec2Proxy,
+    ec2: Ec2,
+    placement: Placement,
+    replicas: Vec<Coordinator>,
+    dir: std::path::PathBuf,
+    agents: BTreeMap<String, Agent>,
+}
+
+impl Ha {
+    fn start(tmp: &Path) -> Self {
+        let etcd = EtcdCluster::start(3);
+        let moto = Moto::start(tmp);
+        let proxy = Ec2Proxy::start(&moto.url);
+        let ec2 = Ec2::new(&moto.url);
+        let placement = Placement::new(&ec2, "drover-ha");
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("https://127.0.0.1:{p}"))
+            .collect();
+        let key = tmp.join("encryption.key");
+        let mut replicas: Vec<Coordinator> = vec![];
+        for (i, port) in ports.iter().enumerate() {
+            let mut args = vec![
+                "--store".to_owned(),
+                etcd.store_url(),
+                "--encryption-key-file".to_owned(),
+                key.display().to_string(),
+                "--leader-lease".to_owned(),
+                LEASE.to_owned(),
+            ];
+            for u in &urls {
+                args.extend(["--advertise-url".to_owned(), u.clone()]);
+            }
+            let dir = tmp.join(format!("replica-{i}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            if let Some(first) = replicas.first() {
+                // Only the first start writes the client config and prints
+                // the admin token; the others share them.
+                std::fs::copy(first.client_config(), dir.join("client.yaml")).unwrap();
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut c = Coordinator::start_with_args(
+                &dir,
+                CoordinatorOptions {
+                    heartbeat_interval: "1s",
+                    heartbeat_timeout: "6s",
+                    env: Ec2::coordinator_env(&proxy.url),
+                },
+                &args,
+                &format!("127.0.0.1:{port}"),
+            );
+            if let Some(first) = replicas.first() {
+                c.admin_token = first.admin_token.clone();
+            }
+            replicas.push(c);
+        }
+        Self {
+            etcd,
+            _moto: moto,
+            proxy,
+            ec2,
+            placement,
+            replicas,
+            dir: tmp.to_path_buf(),
+            agents: BTreeMap::new(),
+        }
+    }
+
+    /// The replicas still running (not killed), by index.
+    fn alive(&self, except: &BTreeSet<usize>) -> Vec<usize> {
+        (0..self.replicas.len())
+            .filter(|i| !except.contains(i))
+            .collect()
+    }
+
+    /// Waits until exactly one of `among` says it leads; returns it.
+    fn wait_leader(&self, among: &[usize], timeout: Duration) -> usize {
+        wait_for("one leader", timeout, || {
+            let leaders: Vec<usize> = among
+                .iter()
+                .copied()
+                .filter(|i| self.replicas[*i].status()["leader"] == true)
+                .collect();
+            match leaders.as_slice() {
+                [one] => Ok(*one),
+                other => Err(format!("leaders: {other:?}")),
+            }
+        })
+    }
+
+    /// Waits until the leader `i` has made `n` more reconcile passes.
+    fn passes(&self, i: usize, n: u64) {
+        let start = self.replicas[i].reconciler_runs();
+        wait_for(&format!("{n} passes on replica {i}"), BOOT, || {
+            let now = self.replicas[i].reconciler_runs();
+            if now >= start + n {
+                Ok(())
+            } else {
+                Err(format!("{now} of {}", start + n))
+            }
+        });
+    }
+
+    fn machines(&self, via: usize, cluster: &str) -> Vec<serde_json::Value> {
+        self.replicas[via]
+            .machines()
+            .into_iter()
+            .filter(|m| m["spec"]["assignment"]["cluster"] == cluster)
+            .collect()
+    }
+
+    /// Asserts the cluster runs on exactly `names`, none of them ever judged
+    /// unhealthy, every one heartbeating to the current leader.
+    fn assert_undisturbed(&self, via: usize, cluster: &str, names: &BTreeSet<String>) {
+        let c = self.replicas[via].cluster(cluster).unwrap();
+        assert_eq!(c["status"]["phase"], "Running", "{c}");
+        let ms = self.machines(via, cluster);
+        let now: BTreeSet<String> = ms
+            .iter()
+            .filter(|m| m["status"]["phase"] != "Deleted")
+            .map(|m| m["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(&now, names, "machines changed");
+        for m in &ms {
+            let events = m["status"]["events"].to_string();
+            assert!(!events.contains("Unhealthy"), "{events}");
+        }
+        assert_eq!(self.ec2.live_instances(cluster).len(), names.len());
+    }
+}
+
+#[test]
+fn ha_replicas_fail_over_without_replacing_machines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut ha = Ha::start(tmp.path());
+    let mut dead = BTreeSet::new();
+
+    // One leader; every replica lists all three.
+    let leader = ha.wait_leader(&[0, 1, 2], BOOT);
+    let listed = ha.replicas[0].cli_ok(&["get", "coordinators", "-o", "json"]);
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert_eq!(listed.iter().filter(|c| c["leader"] == true).count(), 1);
+    let table = ha.replicas[1].cli_ok(&["get", "coordinators"]);
+    assert!(
+        table.contains("leader") && table.contains("follower"),
+        "{table}"
+    );
+
+    // A follower answers the machine API with 421 and names the leader.
+    let follower = (leader + 1) % 3;
+    let answer = ha.replicas[follower].api(None).send(
+        "POST",
+        "/v1/machine/heartbeat",
+        None,
+        Some(("application/json", b"{}".to_vec())),
+    );
+    answer.assert_problem(421, &ha.replicas[leader].url());
+
+    // A cluster, applied through a follower, made by the leader.
+    let name = "ha";
+    let f = ha.dir.join("cluster.yaml");
+    std::fs::write(&f, ha.placement.cluster_yaml(name, 2, None)).unwrap();
+    ha.replicas[follower].cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    wait_for("three instances", BOOT, || {
+        let n = ha.ec2.live_instances(name).len();
+        if n == 3 {
+            Ok(())
+        } else {
+            Err(format!("{n}"))
+        }
+    });
+    for i in ha.ec2.live_instances(name) {
+        let ud = ha.ec2.user_data(&i.id);
+        for r in &ha.replicas {
+            assert!(ud.contains(&r.url()), "every replica's URL in {ud}");
+        }
+    }
+    boot_new_instances(&ha.ec2, &ha.proxy, &ha.dir, name, &mut ha.agents);
+    ha.replicas[leader].wait_cluster_phase(name, "Running", BOOT);
+    let names: BTreeSet<String> = ha
+        .machines(leader, name)
+        .iter()
+        .map(|m| m["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names.len(), 3);
+
+    // 1. The leader dies. Another takes over within the lease, and after
+    //    well over a heartbeat timeout nothing was replaced.
+    let killed_at = Instant::now();
+    ha.replicas[leader].kill();
+    dead.insert(leader);
+    let second = ha.wait_leader(&ha.alive(&dead), BOOT);
+    eprintln!(
+        "leader {leader} killed; replica {second} leads after {:?} (lease {LEASE})",
+        killed_at.elapsed()
+    );
+    ha.passes(second, 15);
+    ha.assert_undisturbed(second, name, &names);
+
+    // 2. One etcd member dies: the same leader, the same machines, and
+    //    writes still work.
+    ha.etcd.kill_member(0);
+    ha.passes(second, 10);
+    assert_eq!(ha.wait_leader(&ha.alive(&dead), BOOT), second);
+    ha.replicas[second].token("spare", "role=spare", 1, "10m", &ha.dir.join("spare.yaml"));
+    ha.assert_undisturbed(second, name, &names);
+
+    // 3. The leader is paused past its lease. The third replica takes over;
+    //    the paused one, resumed, finds itself deposed, and nothing it had
+    //    planned in its stale view (every machine silent for a while) is
+    //    written.
+    ha.replicas[second].signal(Signal::SIGSTOP);
+    let others: Vec<usize> = ha
+        .alive(&dead)
+        .into_iter()
+        .filter(|i| *i != second)
+        .collect();
+    let third = ha.wait_leader(&others, BOOT);
+    ha.passes(third, 5);
+    ha.replicas[second].signal(Signal::SIGCONT);
+    wait_for("the resumed replica to step down", BOOT, || {
+        let s = ha.replicas[second].status();
+        if s["leader"] == false {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    });
+    assert!(
+        ha.replicas[second].output().contains("no longer leads"),
+        "{}",
+        ha.replicas[second].output()
+    );
+    ha.passes(third, 15);
+    assert_eq!(ha.wait_leader(&ha.alive(&dead), BOOT), third);
+    ha.assert_undisturbed(third, name, &names);
+
+    // Deleting works through any replica and terminates every instance.
+    ha.replicas[second].cli_ok(&["delete", "cluster", name, "--wait", "--timeout", "90s"]);
+    assert_eq!(ha.ec2.live_instances(name).len(), 0);
+}
