@@ -1142,7 +1142,16 @@ mod tests {
             .stdin(std::fs::File::open(&db).unwrap())
             .spawn()
             .unwrap();
-        let found = processes_holding(&db);
+        let expected = format!("pid {} (sleep 60)", holder.id());
+        // Until the child has exec'd, /proc shows the test's command line.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let found = loop {
+            let found = processes_holding(&db);
+            if found.contains(&expected) || std::time::Instant::now() > deadline {
+                break found;
+            }
+            std::thread::yield_now();
+        };
         let unreachable = EtcdOptions::new(vec!["127.0.0.1:1".into()], "/drover");
         let msg = err(migrate(
             &plan(dir.path(), unreachable, &key, false),
@@ -1150,7 +1159,6 @@ mod tests {
         ));
         let _ = holder.kill();
         let _ = holder.wait();
-        let expected = format!("pid {} (sleep 60)", holder.id());
         assert!(found.contains(&expected), "{expected} not in {found:?}");
         assert!(msg.contains(&expected), "{msg}");
         assert!(msg.contains("stop the coordinator first"), "{msg}");
