@@ -12,6 +12,9 @@
 //! Exit codes: 0 after SIGTERM/SIGINT, 1 on an unexpected error, 2 when the
 //! coordinator refuses the registration for good (bad ticket, wrong CA pin),
 //! 64 for bad flags or a missing, unreadable or invalid bootstrap document.
+//!
+//! `drover-agent simulate` instead runs a fleet of simulated machines in one
+//! process against a real coordinator, to size it (see `simulate.rs`).
 
 mod agent;
 mod api;
@@ -22,6 +25,7 @@ mod health;
 mod imds;
 mod nocloud;
 mod register;
+mod simulate;
 mod state;
 mod tls;
 
@@ -30,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context};
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use drover_common::wire::BootstrapDocument;
 
 use crate::agent::{Agent, Origin, Settings, Shutdown};
@@ -43,8 +47,17 @@ const EXIT_USAGE: u8 = 64;
 
 /// The Drover machine agent.
 #[derive(Debug, Parser)]
-#[command(name = "drover-agent", version, about, long_about = None)]
+#[command(
+    name = "drover-agent",
+    version,
+    about,
+    long_about = None,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
     /// The bootstrap document (YAML or JSON) with the coordinator URLs, the CA
     /// pin and the registration ticket. Read only until the agent has
     /// registered and saved its state; without it the NoCloud seed is read.
@@ -99,6 +112,14 @@ struct Cli {
     log_format: LogFormat,
 }
 
+/// Commands other than running the agent.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run N simulated machines against a real coordinator (real HTTPS and
+    /// mutual TLS) to size it, and print a summary.
+    Simulate(simulate::SimulateArgs),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum LogFormat {
     Text,
@@ -124,7 +145,7 @@ enum Exit {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -139,6 +160,9 @@ fn main() -> ExitCode {
     if let Err(e) = init_logging(cli.log_format) {
         eprintln!("drover-agent: cannot set up logging: {e:#}");
         return ExitCode::from(EXIT_USAGE);
+    }
+    if let Some(Command::Simulate(args)) = cli.command.take() {
+        return simulate::main(args);
     }
     if std::process::id() == 1 {
         // The agent waits only for its own kubeadm children; daemons kubeadm
@@ -377,7 +401,21 @@ mod tests {
     #[test]
     fn cli_defaults_and_errors() {
         let cli = Cli::try_parse_from(["drover-agent"]).unwrap();
+        assert!(cli.command.is_none());
         assert_eq!(cli.root, PathBuf::from("/"));
+        let cli = Cli::try_parse_from([
+            "drover-agent",
+            "simulate",
+            "--bootstrap",
+            "b.yaml",
+            "--machines",
+            "7",
+        ])
+        .unwrap();
+        match cli.command {
+            Some(Command::Simulate(a)) => assert_eq!(a.machines, 7),
+            None => panic!("no subcommand"),
+        }
         assert_eq!(cli.kubeadm, "kubeadm");
         assert_eq!(cli.api_server_port, 6443);
         assert_eq!(
@@ -401,6 +439,18 @@ mod tests {
             ],
             vec!["drover-agent", "--log-format", "xml"],
             vec!["drover-agent", "--frobnicate"],
+            // The agent's flags do not mix with the simulator.
+            vec![
+                "drover-agent",
+                "--root",
+                "/",
+                "simulate",
+                "--bootstrap",
+                "b",
+                "--machines",
+                "1",
+            ],
+            vec!["drover-agent", "simulate", "--machines", "1"],
         ] {
             assert!(Cli::try_parse_from(&bad).is_err(), "{bad:?}");
         }

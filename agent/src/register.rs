@@ -61,7 +61,7 @@ impl RegisterError {
 
 /// Whether a refusal status is final. A 4xx means the ticket was refused
 /// (bad, forged, expired or already used); 408 and 429 are worth retrying.
-fn permanent_status(status: StatusCode) -> bool {
+pub(crate) fn permanent_status(status: StatusCode) -> bool {
     status.is_client_error()
         && status != StatusCode::REQUEST_TIMEOUT
         && status != StatusCode::TOO_MANY_REQUESTS

@@ -224,14 +224,34 @@ pub fn mtls_config(
     cert_pem: &str,
     key_pem: &str,
 ) -> Result<ClientConfig, TlsError> {
+    mtls_config_with(coordinator_verifier(coordinator_ca_pem)?, cert_pem, key_pem)
+}
+
+/// A server certificate verifier trusting only the coordinator CA, which
+/// many client configurations can share (the fleet simulator builds one for
+/// all its machines).
+pub fn coordinator_verifier(
+    coordinator_ca_pem: &str,
+) -> Result<Arc<WebPkiServerVerifier>, TlsError> {
     let roots = roots_from_pem(coordinator_ca_pem, "the coordinator CA certificate")?;
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))
+}
+
+/// [`mtls_config`] with a verifier from [`coordinator_verifier`].
+pub fn mtls_config_with(
+    verifier: Arc<WebPkiServerVerifier>,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<ClientConfig, TlsError> {
     let chain = certs_from_pem(cert_pem, "the client certificate")?;
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| TlsError::Pem {
         what: "the client key",
         detail: e.to_string(),
     })?;
     builder()?
-        .with_root_certificates(roots)
+        .with_webpki_verifier(verifier)
         .with_client_auth_cert(chain, key)
         .map_err(|e| TlsError::Config(e.to_string()))
 }

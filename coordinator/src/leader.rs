@@ -119,7 +119,11 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let value = serde_json::to_vec(&app.leadership.me).expect("replica info serializes");
+    // The lease is renewed every third of its TTL; a follower campaigns far
+    // more often (a cheap compare in etcd), so it takes over within about
+    // a tenth of the TTL of the old lease expiring.
     let period = ttl / 3;
+    let poll = (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
     'lease: loop {
         let asked = tokio::time::Instant::now();
         let lease = match election.grant(ttl).await {
@@ -134,6 +138,7 @@ pub async fn run(
         };
         // The lease is safe to count on from before it was asked for.
         let mut renewed = asked;
+        let mut next_renewal = asked + period;
         if let Err(e) = election
             .announce(&app.leadership.me.id, value.clone(), lease)
             .await
@@ -166,9 +171,13 @@ pub async fn run(
                     }
                     return;
                 }
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(if app.leadership.term().is_some() { period } else { poll }) => {}
+            }
+            if tokio::time::Instant::now() < next_renewal {
+                continue;
             }
             let before = tokio::time::Instant::now();
+            next_renewal = before + period;
             match election.keep_alive(lease).await {
                 Ok(left) if !left.is_zero() => renewed = before,
                 Ok(_) => {

@@ -41,7 +41,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 
 use crate::keyring::{KeyError, KeySource, Keyring, KEY_ENV};
-use crate::store::{EtcdOptions, EtcdTls, Kind, Location, Op, Record, Store, StoreError, TlsFile};
+use crate::store::{EtcdOptions, Kind, Location, Op, Record, Store, StoreError};
 
 /// Objects per etcd transaction (etcd's `--max-txn-ops` default is 128).
 const MAX_TXN_OPS: usize = 100;
@@ -185,11 +185,12 @@ impl Plan {
             }
         };
         let mut dest = EtcdOptions::new(endpoints, prefix);
-        dest.tls = etcd_tls(
+        dest.tls = crate::serve::etcd_tls(
             a.etcd_ca_file.as_deref(),
             a.etcd_cert_file.as_deref(),
             a.etcd_key_file.as_deref(),
-        )?;
+        )
+        .map_err(Usage)?;
         let mut tls_flags = String::new();
         for (flag, file) in [
             ("--etcd-ca-file", &a.etcd_ca_file),
@@ -234,44 +235,6 @@ fn load_keyring(dir: &Path, file: Option<&Path>) -> Result<Keyring, Usage> {
             )),
             e => Usage(format!("{flag}: {e}")),
         })
-}
-
-/// The destination's TLS from the etcd flags, as `drover serve` checks them.
-fn etcd_tls(
-    ca: Option<&Path>,
-    cert: Option<&Path>,
-    key: Option<&Path>,
-) -> Result<Option<EtcdTls>, Usage> {
-    let pair = match (cert, key) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        (Some(_), None) => {
-            return Err(Usage(
-                "--etcd-cert-file needs --etcd-key-file, its private key".into(),
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(Usage(
-                "--etcd-key-file needs --etcd-cert-file, its certificate".into(),
-            ))
-        }
-    };
-    let Some(ca) = ca else {
-        return match pair {
-            Some(_) => Err(Usage(
-                "--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers".into(),
-            )),
-            None => Ok(None),
-        };
-    };
-    EtcdTls::from_files(ca, pair).map(Some).map_err(|e| {
-        let flag = match e.file {
-            TlsFile::Ca => "--etcd-ca-file",
-            TlsFile::Cert => "--etcd-cert-file",
-            TlsFile::Key => "--etcd-key-file",
-        };
-        Usage(format!("{flag} {e}"))
-    })
 }
 
 /// One object to copy: as read from the source, and as it will be written.

@@ -135,25 +135,31 @@ fn store_settings(
             return Ok(None);
         }
     }
+    etcd_tls(ca, cert, key).map_err(ConfigError)
+}
+
+/// The etcd TLS settings from `--etcd-ca-file`, `--etcd-cert-file` and
+/// `--etcd-key-file`, read and checked; the error names the flag.
+pub(crate) fn etcd_tls(
+    ca: Option<&Path>,
+    cert: Option<&Path>,
+    key: Option<&Path>,
+) -> Result<Option<EtcdTls>, String> {
     let pair = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
         (Some(_), None) => {
-            return Err(ConfigError(
-                "--etcd-cert-file needs --etcd-key-file, its private key".into(),
-            ))
+            return Err("--etcd-cert-file needs --etcd-key-file, its private key".into())
         }
         (None, Some(_)) => {
-            return Err(ConfigError(
-                "--etcd-key-file needs --etcd-cert-file, its certificate".into(),
-            ))
+            return Err("--etcd-key-file needs --etcd-cert-file, its certificate".into())
         }
     };
     let Some(ca) = ca else {
         return match pair {
-            Some(_) => Err(ConfigError(
-                "--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers".into(),
-            )),
+            Some(_) => {
+                Err("--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers".into())
+            }
             None => Ok(None),
         };
     };
@@ -163,7 +169,7 @@ fn store_settings(
             TlsFile::Cert => "--etcd-cert-file",
             TlsFile::Key => "--etcd-key-file",
         };
-        ConfigError(format!("{flag} {e}"))
+        format!("{flag} {e}")
     })
 }
 

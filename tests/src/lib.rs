@@ -58,6 +58,16 @@ pub fn wait_for<T>(
     }
 }
 
+/// `prefix-xxxxx`: a name no other test run uses at the same time (Docker
+/// objects and EC2 tags outlive a crashed test).
+pub fn unique(prefix: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{prefix}-{:05x}", n % 0xfffff)
+}
+
 /// Settings for a test coordinator.
 #[derive(Debug, Clone)]
 pub struct CoordinatorOptions {
@@ -547,6 +557,7 @@ spec:
 }
 
 /// Helpers for tests that use the Docker engine.
+#[cfg(feature = "aws")]
 pub mod aws;
 pub mod etcd;
 

@@ -14,14 +14,6 @@ use drover_tests::*;
 
 const BOOT: Duration = Duration::from_secs(90);
 
-fn unique(prefix: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{prefix}-{:05x}", n % 0xfffff)
-}
-
 /// The test's world: moto, the proxy in front of it, a client, and a
 /// coordinator whose SDK goes through the proxy.
 struct World {

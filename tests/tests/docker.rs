@@ -12,14 +12,6 @@ use drover_tests::*;
 const BOOT: Duration = Duration::from_secs(120);
 const IMAGE: &str = "drover-node:test";
 
-fn unique(prefix: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{prefix}-{:05x}", n % 0xfffff)
-}
-
 fn docker_cluster_yaml(name: &str, cp: u32, workers: u32, health: &str) -> String {
     format!(
         "apiVersion: drover.dev/v1alpha1
