@@ -676,10 +676,7 @@ async fn progress(fleet: Arc<Fleet>, every: Duration, mut stop: Shutdown) {
             let failed = s.heartbeats_failed - last_failed;
             last_ok = s.heartbeats_ok;
             last_failed = s.heartbeats_failed;
-            let p99 = s
-                .heartbeat
-                .percentile(99.0)
-                .map_or("-".into(), |us| format!("{} ms", ms(us)));
+            let p99 = fmt_ms(s.heartbeat.percentile(99.0).map(ms));
             format!(
                 "simulate: +{:.0}s registered {}/{n} (failed {}, in flight {in_flight}), \
                  heartbeats {rate:.0}/s ({failed} failed, p99 so far {p99}), config fetches {}, silenced {}",
