@@ -82,9 +82,12 @@ Create the token first, with at least as many uses as machines:
 
 Each machine holds one connection: the simulator raises its open-file limit
 to the hard limit and warns when that is too low. The summary goes to stdout,
-progress to stderr. Exit codes: 0 when the run finished (or was interrupted)
-with at least one machine registered, 1 when none registered, 64 for bad
-flags or an unreadable bootstrap document.")]
+progress to stderr. Simulated machines do not renew their certificates:
+keep a run shorter than the coordinator's machine certificate lifetime.
+
+Exit codes: 0 when the run finished (or was interrupted) with at least one
+machine registered, 1 when none registered, 64 for bad flags or an
+unreadable bootstrap document.")]
 pub struct SimulateArgs {
     /// The bootstrap document of a pool registration token
     /// (`drover token create --pool POOL --uses N -o FILE`); every simulated
@@ -437,6 +440,19 @@ impl Fleet {
     fn jittered(&self, interval: Duration) -> Duration {
         jittered(interval, self.jitter)
     }
+
+    /// Once every machine has registered or failed, the steady state starts
+    /// one (jittered) interval later, when the registration backlog and the
+    /// first heartbeats are through.
+    fn settle(&self, s: &mut Stats) {
+        if s.steady_from.is_none()
+            && s.registered + s.registration_failed == self.slots.len() as u64
+        {
+            if let Some(interval) = s.interval {
+                s.steady_from = Some(Instant::now() + interval.mul_f64(1.0 + self.jitter));
+            }
+        }
+    }
 }
 
 /// `interval` scaled by a random factor from `1 - jitter` to `1 + jitter`.
@@ -461,6 +477,9 @@ struct Stats {
     heartbeats_ok: u64,
     heartbeats_failed: u64,
     heartbeat: Histogram,
+    /// Heartbeats sent in the steady state (see [`Fleet::settle`]).
+    steady_heartbeat: Histogram,
+    steady_from: Option<Instant>,
     first_heartbeat: Option<Instant>,
     /// Successful heartbeats by the second of the run they were sent in.
     heartbeats_per_second: Vec<u64>,
@@ -763,6 +782,7 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
         let mut s = fleet.stats();
         s.registration_failed += 1;
         s.error(format!("register: {kind}"), message);
+        fleet.settle(&mut s);
     };
     let (key_pem, csr_pem) = match drover_common::pki::generate_key_and_csr(&hostname) {
         Ok(pair) => pair,
@@ -821,6 +841,7 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
                 s.api_error("register", &e);
                 if permanent {
                     s.registration_failed += 1;
+                    fleet.settle(&mut s);
                     return None;
                 }
                 s.registration_retries += 1;
@@ -840,6 +861,7 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
             s.registration.record(micros(took));
             s.last_registered = Some(Instant::now());
             s.interval.get_or_insert(sim.interval);
+            fleet.settle(&mut s);
             drop(s);
             fleet.set_state(index, IN_POOL);
             Some(sim)
@@ -983,6 +1005,9 @@ impl Sim {
                     let mut s = fleet.stats();
                     s.heartbeats_ok += 1;
                     s.heartbeat.record(micros(took));
+                    if s.steady_from.is_some_and(|from| sent >= from) {
+                        s.steady_heartbeat.record(micros(took));
+                    }
                     s.first_heartbeat.get_or_insert(sent);
                     let second = (sent - fleet.start).as_secs() as usize;
                     if s.heartbeats_per_second.len() <= second {
@@ -1363,10 +1388,12 @@ pub struct HeartbeatSummary {
     pub failed: u64,
     /// Latency of the successful heartbeats.
     pub latency: Latency,
+    /// The same in the steady state: heartbeats sent one interval or more
+    /// after every machine registered (none when the run ended first).
+    pub steady_latency: Latency,
     /// Successful heartbeats per second, from the first to the end.
     pub rate_per_second: Option<f64>,
-    /// The same over the whole seconds after every machine registered and
-    /// one interval passed: the fleet's steady state.
+    /// The same over the whole seconds of the steady state.
     pub steady_rate_per_second: Option<f64>,
     /// Heartbeating machines at the end divided by the interval.
     pub expected_rate_per_second: Option<f64>,
@@ -1455,13 +1482,11 @@ fn summarize(
         let window = (end - first).as_secs_f64();
         (window > 0.0).then(|| round(s.heartbeats_ok as f64 / window))
     });
-    // Whole seconds after the last registration plus one (jittered)
-    // interval, up to the last whole second of the run.
-    let steady = match (s.last_registered, s.interval) {
-        (Some(last), Some(i)) => {
-            let from = ((last - start) + i.mul_f64(1.0 + fleet.jitter))
-                .as_secs_f64()
-                .ceil() as usize;
+    // The whole seconds of the steady state, up to the last whole second of
+    // the run.
+    let steady = match s.steady_from {
+        Some(from) => {
+            let from = from.saturating_duration_since(start).as_secs_f64().ceil() as usize;
             let to = (end - start).as_secs_f64().floor() as usize;
             let to = to.min(s.heartbeats_per_second.len());
             (to > from).then(|| {
@@ -1502,6 +1527,7 @@ fn summarize(
             ok: s.heartbeats_ok,
             failed: s.heartbeats_failed,
             latency: s.heartbeat.latency(),
+            steady_latency: s.steady_heartbeat.latency(),
             rate_per_second: rate,
             steady_rate_per_second: steady,
             expected_rate_per_second: interval.map(|i| round(heartbeating as f64 / i)),
@@ -1618,6 +1644,7 @@ pub fn render(s: &Summary) -> String {
         format!("{} / {} / {}", h.sent, h.ok, h.failed),
     );
     row(w, "latency", fmt_latency(&h.latency));
+    row(w, "latency (steady)", fmt_latency(&h.steady_latency));
     row(
         w,
         "rate",
@@ -1964,6 +1991,7 @@ mod tests {
                 ok: 88,
                 failed: 2,
                 latency: hist.latency(),
+                steady_latency: Histogram::default().latency(),
                 rate_per_second: Some(18.1),
                 steady_rate_per_second: Some(19.0),
                 expected_rate_per_second: Some(19.0),
@@ -2009,6 +2037,7 @@ mod tests {
             "0.50 s  (38.0/s)",
             "p50 1.21 ms  p90 40.0 ms  p99 40.0 ms  max 40.0 ms",
             "90 / 88 / 2",
+            "latency (steady)      -\n",
             "18.1/s overall, 19.0/s steady, 19.0/s expected",
             "bundles fetched",
             "5 of 5 at +2s (2025-01-01T00:00:02Z): sim-1, sim-2, sim-3, sim-4, sim-5, ...",

@@ -113,6 +113,11 @@ fn twenty_machines_register_heartbeat_fetch_config_and_go_silent() {
         "{context}"
     );
     assert_eq!(lat["count"], hb["ok"], "{context}");
+    // Registration ends within the first second: the rest is steady state.
+    assert!(
+        hb["steadyLatency"]["count"].as_u64().unwrap() > 0,
+        "{context}"
+    );
     assert!(hb["ratePerSecond"].as_f64().unwrap() > 0.0, "{context}");
     assert_eq!(s["config"]["fetches"], 3, "{context}");
     assert_eq!(s["config"]["failed"], 0, "{context}");
