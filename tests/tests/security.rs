@@ -533,3 +533,52 @@ fn a_ticket_altered_to_name_another_cluster_is_refused() {
         .assert_problem(401, "signature is invalid");
     assert!(c.machines().is_empty());
 }
+
+#[test]
+fn accepted_heartbeats_are_not_audited_but_refused_ones_are() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("bootstrap.yaml");
+    c.token("audit", "role=x", 1, "10m", &boot);
+    let _agent = Agent::start(&tmp.path().join("m1"), "m1", &boot);
+    // Heartbeats every second: wait until three were accepted.
+    let mut seen = std::collections::BTreeSet::new();
+    wait_for("three accepted heartbeats", Duration::from_secs(30), || {
+        if let Some(t) = c
+            .machines()
+            .first()
+            .and_then(|m| m["status"]["lastHeartbeatTime"].as_str().map(str::to_owned))
+        {
+            seen.insert(t);
+        }
+        if seen.len() >= 3 {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    });
+    // A malformed heartbeat without a machine certificate is refused, and
+    // audited.
+    let refused = c.api(None).send(
+        "POST",
+        "/v1/machine/heartbeat",
+        None,
+        Some(("application/json", b"{}".to_vec())),
+    );
+    assert!(refused.status >= 400, "{refused:?}");
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&c.cli_ok(&["audit", "--limit", "1000", "-o", "json"])).unwrap();
+    let heartbeats: Vec<&serde_json::Value> = audit
+        .iter()
+        .filter(|e| e["path"] == "/v1/machine/heartbeat")
+        .collect();
+    assert_eq!(heartbeats.len(), 1, "{heartbeats:#?}");
+    assert_eq!(heartbeats[0]["status"], refused.status);
+    assert_eq!(heartbeats[0]["actor"], "anonymous");
+    assert!(
+        audit
+            .iter()
+            .any(|e| e["path"] == "/v1/machine/register" && e["status"] == 201),
+        "{audit:#?}"
+    );
+}

@@ -299,6 +299,41 @@ pub async fn audit(
     if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         return next.run(req).await;
     }
+    // An accepted heartbeat changes no object and arrives every interval
+    // from every machine: at 50,000 machines, auditing each would be most
+    // of the coordinator's work and tens of gigabytes a day. Refused
+    // heartbeats are audited like any other request.
+    if req.uri().path() == "/v1/machine/heartbeat" {
+        let peer = req
+            .extensions()
+            .get::<crate::server::PeerCertificate>()
+            .cloned();
+        let source = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip().to_string())
+            .unwrap_or_default();
+        let resp = next.run(req).await;
+        if resp.status().is_success() {
+            return resp;
+        }
+        let actor = peer
+            .and_then(|p| p.0)
+            .and_then(|der| drover_common::pki::cert_info(&der).ok())
+            .map_or_else(
+                || "anonymous".to_owned(),
+                |i| format!("machine:{}", i.common_name),
+            );
+        app.audit.record(crate::audit::AuditEntry {
+            time: drover_common::now(),
+            actor,
+            source,
+            method: "POST".into(),
+            path: "/v1/machine/heartbeat".into(),
+            status: resp.status().as_u16(),
+        });
+        return resp;
+    }
     let method = req.method().to_string();
     let path = req.uri().path().to_owned();
     let source = req
