@@ -154,6 +154,20 @@ impl App {
             .update_json(T::KIND, &stored.meta_mut().name.clone(), &stored, rev)
     }
 
+    /// Gives every machine a fresh heartbeat grace period (after a start
+    /// or a leader change, when no deadline can be trusted).
+    pub fn grant_grace_to_all(&self) {
+        let now = drover_common::now();
+        // Read first: reading machines takes the liveness lock too.
+        let Ok(machines) = self.machines() else {
+            return;
+        };
+        let mut live = self.liveness.lock().expect("liveness lock");
+        for m in machines {
+            live.insert(m.metadata.name, Liveness { last_seen: now });
+        }
+    }
+
     /// When a machine last heartbeated (or the coordinator started).
     pub fn last_seen(&self, machine: &str) -> Option<OffsetDateTime> {
         self.liveness

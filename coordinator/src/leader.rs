@@ -200,16 +200,9 @@ pub async fn run(
 
 fn become_leader(app: &App, term: Fence) {
     // Machines heartbeated to the old leader: every deadline starts afresh.
+    app.liveness.lock().expect("liveness lock").clear();
+    app.grant_grace_to_all();
     let now = drover_common::now();
-    // Read first: reading machines takes the liveness lock too.
-    let machines = app.machines().unwrap_or_default();
-    {
-        let mut live = app.liveness.lock().expect("liveness lock");
-        live.clear();
-        for m in machines {
-            live.insert(m.metadata.name, crate::app::Liveness { last_seen: now });
-        }
-    }
     app.leadership.set(Role::Leader { term, since: now });
     tracing::info!(term = term.0, id = %app.leadership.me.id, "this coordinator leads; every machine gets a fresh grace period");
     app.reconcile_now.notify_one();

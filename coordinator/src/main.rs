@@ -90,16 +90,8 @@ struct ServeArgs {
     /// the audit log either way.
     #[arg(long, env = "DROVER_STORE", default_value = "sqlite")]
     store: store::Location,
-    /// CA certificates (PEM) that signed the etcd servers' certificates;
-    /// connects to etcd over TLS.
-    #[arg(long)]
-    etcd_ca_file: Option<PathBuf>,
-    /// Client certificate (PEM) to present to etcd, with --etcd-key-file.
-    #[arg(long)]
-    etcd_cert_file: Option<PathBuf>,
-    /// Private key (PEM) of --etcd-cert-file.
-    #[arg(long)]
-    etcd_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: serve::EtcdTlsArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7443")]
     listen: std::net::SocketAddr,
@@ -182,9 +174,9 @@ fn main() -> ExitCode {
                 registration_rate: args.registration_rate,
                 leader_lease: args.leader_lease,
                 store: args.store,
-                etcd_ca_file: args.etcd_ca_file,
-                etcd_cert_file: args.etcd_cert_file,
-                etcd_key_file: args.etcd_key_file,
+                etcd_ca_file: args.etcd.etcd_ca_file,
+                etcd_cert_file: args.etcd.etcd_cert_file,
+                etcd_key_file: args.etcd.etcd_key_file,
             };
             let cfg = match cfg.validate() {
                 Ok(c) => c,

@@ -86,16 +86,8 @@ struct MigrateArgs {
     /// default /drover), as `drover serve --store` will be given.
     #[arg(long)]
     to: Location,
-    /// CA certificates (PEM) that signed the etcd servers' certificates;
-    /// connects to etcd over TLS.
-    #[arg(long)]
-    etcd_ca_file: Option<PathBuf>,
-    /// Client certificate (PEM) to present to etcd, with --etcd-key-file.
-    #[arg(long)]
-    etcd_cert_file: Option<PathBuf>,
-    /// Private key (PEM) of --etcd-cert-file.
-    #[arg(long)]
-    etcd_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: crate::serve::EtcdTlsArgs,
     /// The source coordinator's encryption keyring (default:
     /// DIR/encryption.key); DROVER_ENCRYPTION_KEY overrides it, as for
     /// `drover serve`. It must open every secret of the source; the
@@ -186,16 +178,16 @@ impl Plan {
         };
         let mut dest = EtcdOptions::new(endpoints, prefix);
         dest.tls = crate::serve::etcd_tls(
-            a.etcd_ca_file.as_deref(),
-            a.etcd_cert_file.as_deref(),
-            a.etcd_key_file.as_deref(),
+            a.etcd.etcd_ca_file.as_deref(),
+            a.etcd.etcd_cert_file.as_deref(),
+            a.etcd.etcd_key_file.as_deref(),
         )
         .map_err(Usage)?;
         let mut tls_flags = String::new();
         for (flag, file) in [
-            ("--etcd-ca-file", &a.etcd_ca_file),
-            ("--etcd-cert-file", &a.etcd_cert_file),
-            ("--etcd-key-file", &a.etcd_key_file),
+            ("--etcd-ca-file", &a.etcd.etcd_ca_file),
+            ("--etcd-cert-file", &a.etcd.etcd_cert_file),
+            ("--etcd-key-file", &a.etcd.etcd_key_file),
         ] {
             if let Some(f) = file {
                 tls_flags.push_str(&format!(" {flag} {}", f.display()));

@@ -138,6 +138,21 @@ fn store_settings(
     etcd_tls(ca, cert, key).map_err(ConfigError)
 }
 
+/// The etcd TLS flags, shared by `drover serve` and `drover store migrate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EtcdTlsArgs {
+    /// CA certificates (PEM) that signed the etcd servers' certificates;
+    /// connects to etcd over TLS.
+    #[arg(long)]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) to present to etcd, with --etcd-key-file.
+    #[arg(long)]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert-file.
+    #[arg(long)]
+    pub etcd_key_file: Option<PathBuf>,
+}
+
 /// The etcd TLS settings from `--etcd-ca-file`, `--etcd-cert-file` and
 /// `--etcd-key-file`, read and checked; the error names the flag.
 pub(crate) fn etcd_tls(
@@ -270,7 +285,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             ..Default::default()
         })),
     });
-    grace_after_start(&app);
+    app.grant_grace_to_all();
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let reconciler = tokio::spawn(crate::reconcile::run_loop(
@@ -408,18 +423,6 @@ fn open_sealed(store: Store, cfg: &ServeConfig) -> anyhow::Result<Store> {
         tracing::info!(resealed, "re-encrypted secrets with the primary key");
     }
     Ok(store)
-}
-
-/// After a start, every known machine gets a fresh grace period: the
-/// coordinator was not listening, so silence says nothing about machines.
-fn grace_after_start(app: &App) {
-    let now = drover_common::now();
-    if let Ok(machines) = app.machines() {
-        let mut live = app.liveness.lock().expect("liveness lock");
-        for m in machines {
-            live.insert(m.metadata.name, crate::app::Liveness { last_seen: now });
-        }
-    }
 }
 
 fn default_url(bound: SocketAddr) -> String {
