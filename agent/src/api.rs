@@ -28,6 +28,13 @@ pub const CERTIFICATE_PATH: &str = "/v1/machine/certificate";
 pub struct Timeouts {
     pub connect: Duration,
     pub request: Duration,
+    /// How long the agent keeps an unused connection open. Longer than any
+    /// heartbeat interval, so heartbeats reuse one connection (a new TLS
+    /// handshake costs the coordinator about three heartbeats' CPU). A
+    /// coordinator short of memory closes idle connections itself
+    /// (`drover serve --idle-timeout`); the agent then reconnects, resuming
+    /// its TLS session from the coordinator's ticket.
+    pub idle_connection: Duration,
 }
 
 impl Default for Timeouts {
@@ -35,6 +42,7 @@ impl Default for Timeouts {
         Self {
             connect: Duration::from_secs(5),
             request: Duration::from_secs(20),
+            idle_connection: Duration::from_secs(90),
         }
     }
 }
@@ -166,10 +174,33 @@ impl CoordinatorClient {
         tls: rustls::ClientConfig,
         timeouts: Timeouts,
     ) -> Result<Self, ApiError> {
+        Self::build(urls, tls, timeouts, None)
+    }
+
+    /// A client like [`CoordinatorClient::new`] whose connections leave
+    /// from `source` (the fleet simulator spreads its machines over
+    /// loopback addresses, as a real fleet has one address per machine).
+    pub fn bound_to(
+        urls: &[String],
+        tls: rustls::ClientConfig,
+        timeouts: Timeouts,
+        source: std::net::IpAddr,
+    ) -> Result<Self, ApiError> {
+        Self::build(urls, tls, timeouts, Some(source))
+    }
+
+    fn build(
+        urls: &[String],
+        tls: rustls::ClientConfig,
+        timeouts: Timeouts,
+        source: Option<std::net::IpAddr>,
+    ) -> Result<Self, ApiError> {
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .connect_timeout(timeouts.connect)
             .timeout(timeouts.request)
+            .pool_idle_timeout(timeouts.idle_connection)
+            .local_address(source)
             .user_agent(concat!("drover-agent/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ApiError::Client(error_chain(&e)))?;

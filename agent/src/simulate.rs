@@ -372,7 +372,12 @@ struct Fleet {
     /// The coordinator CA the first registration brought, checked against
     /// the pin, with the verifier every machine shares.
     ca: OnceLock<Arc<CoordinatorCa>>,
+    /// This host's address towards the coordinator.
     address: IpAddr,
+    /// Whether machines connect from addresses of their own: with a
+    /// coordinator on loopback, one source address would run out of
+    /// ephemeral ports (about 28,000) before 50,000 machines connected.
+    spread_sources: bool,
     hostname_prefix: String,
     hostname_width: usize,
     jitter: f64,
@@ -404,7 +409,37 @@ const IN_POOL: u8 = 1;
 const ASSIGNED: u8 = 2;
 const GONE: u8 = 3;
 
+/// Machine `index`'s own loopback address: 127.1.0.0, 127.1.0.1, ...
+/// (Linux routes all of 127.0.0.0/8 to the loopback interface).
+fn loopback_source(index: usize) -> std::net::Ipv4Addr {
+    let offset = (index as u32).wrapping_add(1 << 16) & 0x00ff_ffff;
+    std::net::Ipv4Addr::from(0x7f00_0000 | offset)
+}
+
 impl Fleet {
+    /// The address machine `index` connects from: its own loopback
+    /// address (127.1.0.0 onwards) when the coordinator is on loopback,
+    /// this host's otherwise.
+    fn source(&self, index: usize) -> IpAddr {
+        if !self.spread_sources {
+            return self.address;
+        }
+        IpAddr::V4(loopback_source(index))
+    }
+
+    /// A machine API client for machine `index`.
+    fn client(
+        &self,
+        index: usize,
+        tls: rustls::ClientConfig,
+    ) -> Result<CoordinatorClient, ApiError> {
+        if self.spread_sources {
+            CoordinatorClient::bound_to(&self.urls, tls, Timeouts::default(), self.source(index))
+        } else {
+            CoordinatorClient::new(&self.urls, tls, Timeouts::default())
+        }
+    }
+
     fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
         self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -573,6 +608,7 @@ async fn run(
         pinned,
         ca: OnceLock::new(),
         address,
+        spread_sources: address.is_loopback() && address.is_ipv4(),
         hostname_prefix: args.name_prefix.clone(),
         hostname_width: n.to_string().len(),
         jitter: args.jitter.fraction(),
@@ -794,7 +830,7 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
     // A machine's first connection: a full handshake, no shared session.
     let mut config = fleet.pinned.clone();
     config.resumption = Resumption::disabled();
-    let client = match CoordinatorClient::new(&fleet.urls, config, Timeouts::default()) {
+    let client = match fleet.client(index, config) {
         Ok(c) => c,
         Err(e) => {
             fail("client", e.to_string());
@@ -806,7 +842,7 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
         csr_pem,
         facts: MachineFacts {
             hostname,
-            addresses: vec![fleet.address.to_string()],
+            addresses: vec![fleet.source(index).to_string()],
             api_server_port: 6443,
             kubelet_healthz_port: 10248,
             agent_version: concat!(env!("CARGO_PKG_VERSION"), "-simulated").to_owned(),
@@ -905,8 +941,7 @@ impl Sim {
         let mut config = tls::mtls_config_with(ca.verifier.clone(), &r.certificate_pem, key_pem)
             .map_err(|e| e.to_string())?;
         config.resumption = Resumption::in_memory_sessions(SESSIONS_PER_MACHINE);
-        let api = CoordinatorClient::new(&fleet.urls, config, Timeouts::default())
-            .map_err(|e| e.to_string())?;
+        let api = fleet.client(index, config).map_err(|e| e.to_string())?;
         let _ = fleet.slots[index].name.set(r.machine_name);
         Ok(Self {
             index,
@@ -1749,6 +1784,16 @@ mod tests {
     fn parse(extra: &[&str]) -> Result<SimulateArgs, clap::Error> {
         let base = ["simulate", "--bootstrap", "boot.yaml", "--machines", "20"];
         Wrap::try_parse_from(base.iter().chain(extra)).map(|w| w.args)
+    }
+
+    #[test]
+    fn machines_get_distinct_loopback_sources() {
+        assert_eq!(loopback_source(0).to_string(), "127.1.0.0");
+        assert_eq!(loopback_source(257).to_string(), "127.1.1.1");
+        assert_eq!(loopback_source(65_536).to_string(), "127.2.0.0");
+        let all: std::collections::HashSet<_> = (0..50_000).map(loopback_source).collect();
+        assert_eq!(all.len(), 50_000);
+        assert!(all.iter().all(|a| a.is_loopback()));
     }
 
     #[test]

@@ -880,7 +880,8 @@ pub struct RegistrationTokenSpec {
 pub struct RegistrationTokenStatus {
     #[serde(default)]
     pub uses: u32,
-    /// Machines that registered with it.
+    /// The last machines that registered with it (at most 16, the most
+    /// recent last); each machine's `Registered` event names its token.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub machines: Vec<String>,
 }

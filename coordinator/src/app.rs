@@ -65,6 +65,8 @@ pub struct App {
     pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
     /// Who changed what, and when.
     pub audit: crate::audit::AuditLog,
+    /// Commits pool registrations in batches.
+    pub registrar: crate::api::registrar::Registrar,
     /// Limits registrations per source address.
     pub register_limiter: crate::ratelimit::RateLimiter,
     /// One key rotation at a time.
@@ -105,6 +107,16 @@ impl App {
         Ok(self
             .store
             .get_json::<Machine>(Kind::Machine, name)?
+            .map(|(m, rev)| self.overlay(m, rev)))
+    }
+
+    /// Reads a machine like [`App::machine`], from the store's read cache
+    /// (see [`crate::store::Store::get_cached`]): for authenticating machine
+    /// API calls, which arrive from every machine every interval.
+    pub fn machine_cached(&self, name: &str) -> Result<Option<Machine>, StoreError> {
+        Ok(self
+            .store
+            .get_json_cached::<Machine>(Kind::Machine, name)?
             .map(|(m, rev)| self.overlay(m, rev)))
     }
 
@@ -165,6 +177,17 @@ impl App {
         let mut live = self.liveness.lock().expect("liveness lock");
         for m in machines {
             live.insert(m.metadata.name, Liveness { last_seen: now });
+        }
+    }
+
+    /// Records that `machine` was heard from at `now` (memory only).
+    pub fn saw(&self, machine: &str, now: OffsetDateTime) {
+        let mut live = self.liveness.lock().expect("liveness lock");
+        match live.get_mut(machine) {
+            Some(l) => l.last_seen = now,
+            None => {
+                live.insert(machine.to_owned(), Liveness { last_seen: now });
+            }
         }
     }
 
@@ -271,7 +294,19 @@ impl App {
         name: &str,
         change: impl FnMut(&mut Machine) -> Result<bool, E>,
     ) -> Result<Option<Machine>, E> {
-        self.update_object(name, |n| self.machine(n), change)
+        self.update_object(name, None, |n| self.machine(n), change)
+    }
+
+    /// [`App::update_machine`] starting from a copy just read (with its
+    /// `resourceVersion`), so a change that turns out to change nothing
+    /// costs no second read. A conflict re-reads as usual.
+    pub fn update_machine_from<E: From<StoreError>>(
+        &self,
+        read: Machine,
+        change: impl FnMut(&mut Machine) -> Result<bool, E>,
+    ) -> Result<Option<Machine>, E> {
+        let name = read.metadata.name.clone();
+        self.update_object(&name, Some(read), |n| self.machine(n), change)
     }
 
     /// Read-modify-write of a cluster, like [`App::update_machine`].
@@ -280,17 +315,22 @@ impl App {
         name: &str,
         change: impl FnMut(&mut Cluster) -> Result<bool, E>,
     ) -> Result<Option<Cluster>, E> {
-        self.update_object(name, |n| self.cluster(n), change)
+        self.update_object(name, None, |n| self.cluster(n), change)
     }
 
     fn update_object<T: StoredObject, E: From<StoreError>>(
         &self,
         name: &str,
+        mut first: Option<T>,
         read: impl Fn(&str) -> Result<Option<T>, StoreError>,
         mut change: impl FnMut(&mut T) -> Result<bool, E>,
     ) -> Result<Option<T>, E> {
         for _ in 0..16 {
-            let Some(mut o) = read(name)? else {
+            let o = match first.take() {
+                Some(o) => Some(o),
+                None => read(name)?,
+            };
+            let Some(mut o) = o else {
                 return Ok(None);
             };
             if !change(&mut o)? {

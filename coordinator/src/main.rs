@@ -128,6 +128,12 @@ struct ServeArgs {
     /// How long open connections may take to finish after SIGTERM.
     #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
     drain_timeout: std::time::Duration,
+    /// Close client connections idle this long (default: keep them open).
+    /// Each idle connection holds about 25 KiB; with a timeout well below
+    /// --heartbeat-interval, agents reconnect for every heartbeat, which
+    /// costs about three times the CPU per heartbeat.
+    #[arg(long, value_parser = drover_common::api::parse_duration)]
+    idle_timeout: Option<std::time::Duration>,
     /// With an etcd store: the leader's lease. A new leader takes over
     /// within this long after the old one dies.
     #[arg(long, default_value = "15s", value_parser = drover_common::api::parse_duration)]
@@ -153,6 +159,11 @@ fn main() -> ExitCode {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Store writes, etcd round trips and certificate signing run on
+        // blocking threads (`store::blocking`): enough for etcd calls to
+        // overlap during a registration storm, bounded so a stalled store
+        // cannot make the coordinator start hundreds of threads.
+        .max_blocking_threads(64)
         .build()
         .expect("tokio runtime");
     match command {
@@ -170,6 +181,7 @@ fn main() -> ExitCode {
                     .client_config
                     .unwrap_or_else(client::default_config_path),
                 drain: args.drain_timeout,
+                idle_timeout: args.idle_timeout,
                 encryption_key_file: args.encryption_key_file,
                 registration_rate: args.registration_rate,
                 leader_lease: args.leader_lease,

@@ -1009,12 +1009,18 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
             .into_iter()
             .map(|e| format!("cannot list provider machines: {e}")),
     );
+    // Read once, and again only after a cluster changed something (it may
+    // have claimed pool machines): with many clusters and a large fleet, a
+    // read per cluster would make each pass clusters x machines decodes.
+    let mut listed: Option<Vec<Machine>> = None;
     for cluster in clusters {
         let now = drover_common::now();
-        // Re-read machines per cluster: an earlier cluster may have claimed some.
-        let machines = match app.machines() {
-            Ok(m) => m,
-            Err(e) => return vec![format!("cannot list machines: {e}")],
+        let machines = match listed.take() {
+            Some(m) => m,
+            None => match app.machines() {
+                Ok(m) => m,
+                Err(e) => return vec![format!("cannot list machines: {e}")],
+            },
         };
         let has_pki = match load_pki(app, &cluster) {
             Ok(p) => p.is_some(),
@@ -1047,6 +1053,9 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
                 errors.push(msg);
                 break;
             }
+        }
+        if steps.is_empty() {
+            listed = Some(machines);
         }
     }
     errors

@@ -25,6 +25,8 @@ pub struct ServeConfig {
     pub join_token_ttl: Duration,
     pub client_config: PathBuf,
     pub drain: Duration,
+    /// Close client connections idle this long (`None`: never).
+    pub idle_timeout: Option<Duration>,
     /// The keyring file; default `DATA_DIR/encryption.key`.
     pub encryption_key_file: Option<PathBuf>,
     /// Registrations allowed per second from one source address (0: no limit).
@@ -49,6 +51,15 @@ impl ServeConfig {
     pub fn validate(self) -> Result<Self, ConfigError> {
         if self.heartbeat_interval.is_zero() {
             return Err(ConfigError("--heartbeat-interval must be positive".into()));
+        }
+        if self
+            .idle_timeout
+            .is_some_and(|t| t < Duration::from_millis(100))
+        {
+            return Err(ConfigError(
+                "--idle-timeout must be at least 100ms (leave it out to keep idle connections open)"
+                    .into(),
+            ));
         }
         if self.heartbeat_timeout < self.heartbeat_interval * 2 {
             return Err(ConfigError(format!(
@@ -254,6 +265,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     };
     let app = Arc::new(App {
         leadership,
+        registrar: crate::api::registrar::Registrar::start(store.clone()),
         store,
         ca: secrets.ca,
         ca_pin,
@@ -307,13 +319,16 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         stop_tx.subscribe(),
     ));
     let router = crate::api::router(app.clone());
+    let connections = crate::server::ConnectionPolicy {
+        drain: cfg.drain,
+        idle_timeout: cfg.idle_timeout,
+    };
 
     // Extra listeners on Docker network gateways, at the main port.
     let extra = {
         let tls = tls.clone();
         let router = router.clone();
         let stop = stop_tx.subscribe();
-        let drain = cfg.drain;
         tokio::spawn(async move {
             let mut listening = std::collections::HashSet::new();
             let mut servers = vec![];
@@ -338,7 +353,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
                             async move {
                                 let _ = stop.changed().await;
                             },
-                            drain,
+                            connections,
                         )));
                         let _ = req.reply.send(Ok(bound.port()));
                     }
@@ -353,7 +368,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         })
     };
     tracing::info!(%bound, "coordinator serving");
-    crate::server::run(listener, tls, router, shutdown_signal(), cfg.drain).await;
+    crate::server::run(listener, tls, router, shutdown_signal(), connections).await;
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
     let _ = sweeper.await;
@@ -376,7 +391,7 @@ fn open_store(cfg: &ServeConfig) -> anyhow::Result<Store> {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create the store directory {}", dir.display()))?;
             let db = dir.join("drover.db");
-            Store::open_sqlite(&db)
+            Store::open_sqlite_exclusive(&db)
                 .with_context(|| format!("cannot open the store {}", db.display()))
         }
         Location::Etcd { endpoints, prefix } => {

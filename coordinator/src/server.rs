@@ -3,13 +3,15 @@
 
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage, PkiError};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use drover_common::pki::{
+    cert_info, CertInfo, CertificateAuthority, LeafSpec, LeafUsage, PkiError,
+};
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -18,9 +20,79 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-/// The verified client certificate of a connection, if one was presented.
+/// The verified client certificate of a connection, if one was presented,
+/// parsed once when the connection is accepted: every request on the
+/// connection shares the result instead of parsing the certificate again.
 #[derive(Clone, Debug, Default)]
-pub struct PeerCertificate(pub Option<CertificateDer<'static>>);
+pub struct PeerCertificate(pub Option<Arc<Result<CertInfo, String>>>);
+
+impl PeerCertificate {
+    /// Parses a client certificate the TLS layer has verified.
+    pub fn parse(der: &[u8]) -> Self {
+        Self(Some(Arc::new(cert_info(der).map_err(|e| e.to_string()))))
+    }
+
+    /// The certificate's common name, when one was presented and parses.
+    pub fn common_name(&self) -> Option<&str> {
+        match self.0.as_deref() {
+            Some(Ok(info)) => Some(&info.common_name),
+            _ => None,
+        }
+    }
+}
+
+/// Connection figures of this process's API server, for `/v1/status`:
+/// whether agents resume their TLS sessions, and how many connections (each
+/// with its buffers) are open.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConnectionStats {
+    /// Connections open now (past their handshake).
+    pub open: u64,
+    /// Handshakes that verified a certificate chain and signed.
+    pub full_handshakes: u64,
+    /// Handshakes that resumed a session from a ticket.
+    pub resumed_handshakes: u64,
+    /// Handshakes that failed or timed out.
+    pub failed_handshakes: u64,
+    /// Of the open connections, those parked between requests (holding
+    /// only their TLS session).
+    pub parked: u64,
+}
+
+static OPEN: AtomicU64 = AtomicU64::new(0);
+static FULL: AtomicU64 = AtomicU64::new(0);
+static RESUMED: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
+static PARKED: AtomicU64 = AtomicU64::new(0);
+
+/// The connection figures so far.
+pub fn connection_stats() -> ConnectionStats {
+    ConnectionStats {
+        open: OPEN.load(Ordering::Relaxed),
+        full_handshakes: FULL.load(Ordering::Relaxed),
+        resumed_handshakes: RESUMED.load(Ordering::Relaxed),
+        failed_handshakes: FAILED.load(Ordering::Relaxed),
+        parked: PARKED.load(Ordering::Relaxed),
+    }
+}
+
+/// Adds one to a gauge (open connections, parked ones, requests in flight
+/// on a connection) for as long as it lives.
+struct Gauge<C: std::ops::Deref<Target = AtomicU64>>(C);
+
+impl<C: std::ops::Deref<Target = AtomicU64>> Gauge<C> {
+    fn new(gauge: C) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Self(gauge)
+    }
+}
+
+impl<C: std::ops::Deref<Target = AtomicU64>> Drop for Gauge<C> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// How long a client has to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -87,20 +159,58 @@ pub fn server_config(
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Agents close their connection between heartbeats (an idle TLS
+    // connection costs the coordinator tens of KiB; 50,000 of them would be
+    // most of its memory) and come back with a session ticket: a resumed
+    // handshake verifies and signs no certificate. The ticket keys live in
+    // memory and rotate every 6 hours; after a restart, or on another
+    // replica, the next handshake is simply a full one. One ticket per
+    // handshake is enough, since each resumption brings a fresh one.
+    cfg.ticketer = rustls::crypto::ring::Ticketer::new()?;
+    cfg.send_tls13_tickets = 1;
     Ok(Arc::new(cfg))
 }
 
+/// How the server treats client connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionPolicy {
+    /// How long open connections may take to finish after shutdown begins.
+    pub drain: Duration,
+    /// Close a connection that has been idle (no request in flight, no
+    /// bytes either way) this long; `None` keeps it until the client closes.
+    /// An idle keep-alive connection holds about 25 KiB (hyper's read and
+    /// write buffers, the TLS session); closing it trades that for a
+    /// resumed handshake when the client comes back.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// How long a connection stays with hyper after its last request before it
+/// is parked (see [`run`]): long enough for a burst (registration, config,
+/// first heartbeat) to share one hyper connection.
+const PARK_AFTER: Duration = Duration::from_millis(250);
+
 /// Serves `app` on `listener` until `shutdown` resolves, then stops
-/// accepting and gives open connections `drain` to finish.
+/// accepting and gives open connections `policy.drain` to finish.
+///
+/// Connections are kept alive, but an idle one is *parked*: after
+/// [`PARK_AFTER`] without a request, hyper lets go of it (its 8 KiB read
+/// and 8 KiB write buffers and its dispatcher go), and the task holds only
+/// the TLS session while it waits for the client's next byte, which starts
+/// a fresh hyper connection on the same TLS session. An agent heartbeating
+/// every 10 s thus costs its coordinator the TLS session between
+/// heartbeats, not a whole HTTP connection, and no new handshake.
 pub async fn run(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     app: Router,
     shutdown: impl Future<Output = ()>,
-    drain: Duration,
+    policy: ConnectionPolicy,
 ) {
     let acceptor = TlsAcceptor::from(tls);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Tells every connection to finish; each holds an `alive` sender, so
+    // the receiver sees the last one go.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -113,50 +223,458 @@ pub async fn run(
                 }
             },
         };
+        // Small TLS records and HTTP answers go out at once: with Nagle's
+        // algorithm, a handshake flight written in two pieces waits for the
+        // client's delayed ACK (40 ms on Linux).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         let acceptor = acceptor.clone();
         let app = app.clone();
-        let watcher = graceful.watcher();
+        let stop = stop_rx.clone();
+        let alive = alive_tx.clone();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let _alive = alive;
+            // Boxed, like the busy phase below: an async task's size is its
+            // largest state, and a parked connection should not pay for a
+            // handshake's or hyper's.
+            let handshake = Box::pin(acceptor.accept(tcp));
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
+                    FAILED.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
                     return;
                 }
                 Err(_) => {
+                    FAILED.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%peer, "TLS handshake timed out");
                     return;
                 }
             };
-            let cert = tls
+            match tls.get_ref().1.handshake_kind() {
+                Some(rustls::HandshakeKind::Resumed) => RESUMED.fetch_add(1, Ordering::Relaxed),
+                _ => FULL.fetch_add(1, Ordering::Relaxed),
+            };
+            let _open = Gauge::new(&OPEN);
+            let peer_cert = tls
                 .get_ref()
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
-                .map(|c| c.clone().into_owned());
-            let peer_cert = PeerCertificate(cert);
-            let service = hyper::service::service_fn(
-                move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    req.extensions_mut().insert(peer_cert.clone());
-                    req.extensions_mut()
-                        .insert(axum::extract::ConnectInfo(peer));
-                    app.clone().oneshot(req)
-                },
-            );
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
+                .map_or_else(PeerCertificate::default, |c| PeerCertificate::parse(c));
+            serve_connection(tls, peer, peer_cert, app, policy, stop).await;
         });
     }
     drop(listener);
+    let _ = stop_tx.send(true);
+    drop(alive_tx);
+    let drain = policy.drain;
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections drained"),
+        _ = alive_rx.recv() => tracing::info!("all connections drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "drain deadline passed; closing remaining connections"),
+    }
+}
+
+type Tls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// Serves one client connection until the client closes it, it stays idle
+/// past `policy.idle_timeout`, or the server stops; parks it between bursts
+/// of requests (see [`run`]).
+async fn serve_connection(
+    mut tls: Tls,
+    peer: std::net::SocketAddr,
+    peer_cert: PeerCertificate,
+    app: Router,
+    policy: ConnectionPolicy,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let service = {
+        let in_flight = in_flight.clone();
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(peer_cert.clone());
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let guard = Gauge::new(in_flight.clone());
+            let answer = app.clone().oneshot(req);
+            Box::pin(async move {
+                let resp = answer.await;
+                drop(guard);
+                resp
+            })
+        })
+    };
+    let park_after = policy
+        .idle_timeout
+        .map_or(PARK_AFTER, |t| t.min(PARK_AFTER));
+    let mut pending = bytes::Bytes::new();
+    loop {
+        // Busy: hyper serves requests until the connection is quiet.
+        // Boxed, so only a busy connection holds hyper's state.
+        let Some((stream, rest)) = Box::pin(serve_burst(
+            tls,
+            pending,
+            park_after,
+            &in_flight,
+            service.clone(),
+            &mut stop,
+            peer,
+        ))
+        .await
+        else {
+            return;
+        };
+        tls = stream;
+        pending = rest;
+        if !pending.is_empty() {
+            continue;
+        }
+
+        // Parked: only the TLS session is held until the next byte.
+        let _parked = Gauge::new(&PARKED);
+        let mut byte = [0u8; 1];
+        let wait = policy
+            .idle_timeout
+            .map(|t| t.saturating_sub(park_after))
+            .unwrap_or(Duration::MAX);
+        let read = tokio::select! {
+            r = tokio::time::timeout(wait, tls.read(&mut byte)) => r,
+            _ = stop.changed() => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
+                return;
+            }
+        };
+        match read {
+            Ok(Ok(1)) => pending = bytes::Bytes::copy_from_slice(&byte),
+            // The client closed, the connection failed, or it stayed idle
+            // past the timeout.
+            Ok(_) | Err(_) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Serves requests on `tls` until it has been quiet for `park_after`;
+/// returns the stream and any bytes read past the last request, or `None`
+/// when the connection is done (the client closed it, it failed, or the
+/// server is stopping).
+async fn serve_burst<S>(
+    tls: Tls,
+    pending: bytes::Bytes,
+    park_after: Duration,
+    in_flight: &Arc<AtomicU64>,
+    service: S,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+) -> Option<(Tls, bytes::Bytes)>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming> + Unpin,
+    S::Future: Unpin,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use tokio::io::AsyncWriteExt;
+    let io = IdleClose::new(tls, pending, park_after, in_flight.clone());
+    let mut conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(io), service);
+    let mut draining = false;
+    let served = loop {
+        tokio::select! {
+            r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => break r,
+            _ = stop.changed(), if !draining => {
+                std::pin::Pin::new(&mut conn).graceful_shutdown();
+                draining = true;
+            }
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+        return None;
+    }
+    let parts = conn.into_parts();
+    let io = parts.io.into_inner();
+    // A client that sent nothing is not kept: parking is for clients
+    // between requests.
+    if io.peer_closed || !io.heard || draining || *stop.borrow() {
+        let mut tls = io.inner;
+        let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
+        return None;
+    }
+    // `read_buf` shares hyper's 8 KiB read buffer: keep a copy of what is
+    // left in it (usually nothing), so the buffer itself goes now.
+    Some((io.inner, bytes::Bytes::copy_from_slice(&parts.read_buf)))
+}
+
+/// A connection's stream as hyper sees it: first the bytes read before
+/// hyper took over (`prefix`), then the stream, which reads as ended once
+/// the connection has been quiet for `quiet` (no bytes either way, no
+/// request in flight). hyper, waiting for the next request, then finishes
+/// as if the client had closed, and hands the stream back to be parked; a
+/// request half-read is never cut, since arriving bytes reset the clock.
+struct IdleClose<T> {
+    inner: T,
+    prefix: bytes::Bytes,
+    quiet: Duration,
+    in_flight: Arc<AtomicU64>,
+    last_activity: tokio::time::Instant,
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The client really closed its side (not a quiet period).
+    peer_closed: bool,
+    /// Whether the client has sent anything: until it does, it has
+    /// [`HEADER_READ_TIMEOUT`] (a client that completes TLS and then says
+    /// nothing is closed, not parked).
+    heard: bool,
+}
+
+impl<T> IdleClose<T> {
+    fn new(inner: T, prefix: bytes::Bytes, quiet: Duration, in_flight: Arc<AtomicU64>) -> Self {
+        Self {
+            inner,
+            prefix,
+            quiet,
+            in_flight,
+            last_activity: tokio::time::Instant::now(),
+            timer: None,
+            peer_closed: false,
+            heard: false,
+        }
+    }
+
+    /// Whether the quiet period has passed; otherwise arms the timer so the
+    /// task is woken when it would.
+    fn quiet_expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let now = tokio::time::Instant::now();
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            self.last_activity = now;
+        }
+        let quiet = if self.heard {
+            self.quiet
+        } else {
+            HEADER_READ_TIMEOUT
+        };
+        let deadline = self.last_activity + quiet;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        timer.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for IdleClose<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let head = self.prefix.split_to(n);
+            buf.put_slice(&head);
+            self.last_activity = tokio::time::Instant::now();
+            self.heard = true;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut self.inner).poll_read(cx, buf) {
+            std::task::Poll::Ready(Ok(())) if buf.filled().len() == before => {
+                self.peer_closed = true;
+                std::task::Poll::Ready(Ok(()))
+            }
+            std::task::Poll::Ready(r) => {
+                self.last_activity = tokio::time::Instant::now();
+                self.heard |= r.is_ok();
+                std::task::Poll::Ready(r)
+            }
+            std::task::Poll::Pending => {
+                if self.quiet_expired(cx) {
+                    // Reads as the end: hyper finishes and lets go.
+                    std::task::Poll::Ready(Ok(()))
+                } else {
+                    std::task::Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for IdleClose<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.last_activity = tokio::time::Instant::now();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.last_activity = tokio::time::Instant::now();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on loopback whose `/slow` answers after 600 ms, and a TLS
+    /// client trusting its CA.
+    async fn serve(
+        idle_timeout: Option<Duration>,
+    ) -> (std::net::SocketAddr, tokio_rustls::TlsConnector) {
+        let ca = CertificateAuthority::generate("test-ca").unwrap();
+        let tls = server_config(&ca, vec!["localhost".into()], vec![]).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    "slow"
+                }),
+            );
+        let policy = ConnectionPolicy {
+            drain: Duration::from_secs(1),
+            idle_timeout,
+        };
+        tokio::spawn(run(listener, tls, router, std::future::pending(), policy));
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
+            .unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (addr, tokio_rustls::TlsConnector::from(Arc::new(client)))
+    }
+
+    /// A TLS connection to the test server.
+    async fn connect(
+        addr: std::net::SocketAddr,
+        connector: &tokio_rustls::TlsConnector,
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        connector.connect(name, tcp).await.unwrap()
+    }
+
+    async fn get(
+        stream: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+        path: &str,
+    ) -> String {
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = stream.read(&mut buf).await.unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[tokio::test]
+    async fn idle_connections_close_after_the_timeout_but_slow_requests_finish() {
+        let (addr, connector) = serve(Some(Duration::from_millis(200))).await;
+        let mut stream = connect(addr, &connector).await;
+        // A request that takes three timeouts is answered, not cut off.
+        let answer = get(&mut stream, "/slow").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("slow"), "{answer}");
+        // Then, idle, the server closes the connection (end of stream).
+        let mut rest = vec![];
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "the idle connection was not closed: {read:?}"
+        );
+        assert!(connection_stats().resumed_handshakes + connection_stats().full_handshakes >= 1);
+    }
+
+    #[tokio::test]
+    async fn a_quiet_connection_is_parked_and_serves_its_next_request() {
+        let (addr, connector) = serve(None).await;
+        let parked_before = connection_stats().parked;
+        let mut stream = connect(addr, &connector).await;
+        assert!(get(&mut stream, "/").await.ends_with("ok"));
+        // Quiet past PARK_AFTER: hyper lets go, the TLS session stays.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while connection_stats().parked <= parked_before {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the connection was parked");
+        // The same TLS session serves the next requests.
+        assert!(get(&mut stream, "/").await.ends_with("ok"));
+        assert!(get(&mut stream, "/slow").await.ends_with("slow"));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_completes_tls_and_says_nothing_is_closed() {
+        let (addr, connector) = serve(None).await;
+        let mut stream = connect(addr, &connector).await;
+        // Not parked forever: closed once HEADER_READ_TIMEOUT passes.
+        let mut rest = vec![];
+        let read = tokio::time::timeout(
+            HEADER_READ_TIMEOUT + Duration::from_secs(20),
+            stream.read_to_end(&mut rest),
+        )
+        .await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "a silent client was kept: {read:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_timeout_connections_stay_for_the_next_request() {
+        let (addr, connector) = serve(None).await;
+        let mut stream = connect(addr, &connector).await;
+        // The slow request outlasts what would have been an idle timeout;
+        // the connection then serves a second request.
+        assert!(get(&mut stream, "/slow").await.ends_with("slow"));
+        assert!(get(&mut stream, "/").await.ends_with("ok"));
     }
 }

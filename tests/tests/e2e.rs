@@ -619,3 +619,40 @@ fn clients_find_the_coordinator_through_flags_environment_or_config() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not valid"));
 }
+
+#[test]
+fn a_second_coordinator_on_the_same_data_directory_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let serve = |data: &Path, extra: &[&str]| {
+        std::process::Command::new(bin("drover"))
+            .args(["serve", "--data-dir"])
+            .arg(data)
+            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .args(extra)
+            .env("DROVER_CONFIG", tmp.path().join("second.yaml"))
+            .output()
+            .unwrap()
+    };
+    let out = serve(&c.dir.join("data"), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("another coordinator is serving") && err.contains("drover.db.lock"),
+        "{err}"
+    );
+    // The first one goes on serving, its store untouched.
+    assert!(c.machines().is_empty());
+
+    // A bad --idle-timeout is a configuration error: exit 64 before
+    // anything is created.
+    let fresh = tmp.path().join("fresh");
+    let out = serve(&fresh, &["--idle-timeout", "10ms"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("--idle-timeout must be at least 100ms"),
+        "{err}"
+    );
+    assert!(!fresh.join("drover.db").exists());
+}

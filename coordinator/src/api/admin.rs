@@ -258,6 +258,8 @@ pub struct CoordinatorStatus {
     pub leader_url: Option<String>,
     /// Its background loops.
     pub loops: Vec<crate::reconcile::LoopStatus>,
+    /// Its API server's connections and TLS handshakes.
+    pub connections: crate::server::ConnectionStats,
 }
 
 /// `GET /v1/status`: the coordinator's version and its background loops.
@@ -279,6 +281,7 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
         leader: matches!(app.leadership.role(), crate::leader::Role::Leader { .. }),
         leader_url: app.leadership.leader_url(),
         loops: vec![reconciler],
+        connections: crate::server::connection_stats(),
     })
 }
 

@@ -9,9 +9,9 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use drover_common::api::{
     push_event, set_condition, Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus,
-    ObjectMeta, RegistrationToken,
+    ObjectMeta,
 };
-use drover_common::pki::{cert_info, LeafSpec, LeafUsage};
+use drover_common::pki::{LeafSpec, LeafUsage};
 use drover_common::ticket::TicketGrant;
 use drover_common::wire::{
     AgentPhase, AssignmentNotice, ConfigNotReady, Directive, DirectiveAction, HeartbeatRequest,
@@ -22,10 +22,10 @@ use drover_common::API_VERSION;
 use rand::Rng;
 
 use super::{ApiError, Body};
-use crate::app::{App, Liveness};
+use crate::app::App;
 use crate::jointokens::{directive_id, ClusterJoinTokens, JoinTokenDecision};
 use crate::server::PeerCertificate;
-use crate::store::{encode, Kind, Op, StoreError};
+use crate::store::{Kind, StoreError};
 
 /// The organization every machine certificate carries.
 pub const MACHINE_ORG: &str = "drover:machines";
@@ -119,128 +119,77 @@ pub async fn register(
     };
     let name = format!("{pool}-{suffix}");
     let uid = uuid::Uuid::new_v4().to_string();
-    let issued = app
-        .ca
-        .sign_csr(&req.csr_pem, &machine_leaf(&app, &name))
-        .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
-
-    // Redeem the ticket and create the machine in one transaction; a
-    // concurrent redemption of the same token makes the revision check fail
-    // and this one re-reads the token.
-    for _ in 0..16 {
-        let (mut token, rev) = app
-            .store
-            .get_json::<RegistrationToken>(Kind::RegistrationToken, &token_id)?
-            .ok_or_else(|| {
-                ApiError::unauthorized(format!(
-                    "registration token {token_id} no longer exists; create a new one with `drover token create`"
-                ))
-            })?;
-        if token.spec.revoked {
-            return Err(ApiError::unauthorized(format!(
-                "registration token {token_id} was revoked"
-            )));
-        }
-        if token.spec.expires_at <= now {
-            return Err(ApiError::unauthorized(format!(
-                "registration token {token_id} expired at {}",
-                token.spec.expires_at
-            )));
-        }
-        if token.status.uses >= token.spec.max_uses {
-            tracing::warn!(token = %token_id, hostname = %req.facts.hostname, "replayed ticket refused");
-            return Err(ApiError::conflict(format!(
-                "ticket already used: registration token {token_id} allows {} registration(s) and all were used; create a new token with `drover token create`",
-                token.spec.max_uses
-            )));
-        }
-        token.status.uses += 1;
-        token.status.machines.push(name.clone());
-        let mut labels = token.spec.labels.clone();
-        labels.insert("drover.dev/pool".into(), pool.clone());
-        let machine = Machine {
-            api_version: API_VERSION.into(),
-            kind: "Machine".into(),
-            metadata: ObjectMeta {
-                name: name.clone(),
-                uid: Some(uid.clone()),
-                generation: 1,
-                labels,
-                creation_timestamp: Some(now),
-                ..Default::default()
-            },
-            spec: MachineSpec {
-                pool: pool.clone(),
-                provider: None,
-                assignment: None,
-            },
-            status: MachineStatus {
-                phase: MachinePhase::Registered,
-                hostname: req.facts.hostname.clone(),
-                addresses: req.facts.addresses.clone(),
-                api_server_port: req.facts.api_server_port,
-                kubelet_healthz_port: req.facts.kubelet_healthz_port,
-                agent_version: req.facts.agent_version.clone(),
-                last_heartbeat_time: Some(now),
-                certificate_not_after: Some(issued.not_after),
-                events: vec![drover_common::api::Event {
-                    time: now,
-                    reason: "Registered".into(),
-                    message: format!("registered into pool {pool} with token {token_id}"),
-                }],
-                ..Default::default()
-            },
-        };
-        match app.store.txn(vec![
-            Op::Update {
-                kind: Kind::RegistrationToken,
-                name: token_id.clone(),
-                body: encode(&token),
-                expected_revision: Some(rev),
-            },
-            Op::Create {
-                kind: Kind::Machine,
-                name: name.clone(),
-                body: encode(&machine),
-            },
-        ]) {
-            Ok(_) => {
-                app.liveness
-                    .lock()
-                    .expect("liveness lock")
-                    .insert(name.clone(), Liveness { last_seen: now });
-                tracing::info!(machine = %name, pool = %pool, token = %token_id, hostname = %req.facts.hostname, "machine registered");
-                app.reconcile_now.notify_one();
-                return Ok((
-                    StatusCode::CREATED,
-                    Json(RegisterResponse {
-                        machine_name: name,
-                        machine_uid: uid,
-                        certificate_pem: issued.cert_pem,
-                        not_after: issued.not_after,
-                        coordinator_ca_pem: app.ca.cert_pem.clone(),
-                        heartbeat_interval_seconds: app
-                            .settings
-                            .heartbeat_interval
-                            .as_secs()
-                            .max(1),
-                    }),
-                ));
-            }
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(ApiError::internal(format!(
-        "registration token {token_id} is under heavy concurrent use; retry"
-    )))
+    let issued = {
+        let (app, csr, name) = (app.clone(), req.csr_pem.clone(), name.clone());
+        crate::store::blocking(move || app.ca.sign_csr(&csr, &machine_leaf(&app, &name)))
+            .await
+            .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?
+    };
+    // The token's labels join these when the registrar redeems it.
+    let labels = [("drover.dev/pool".to_owned(), pool.clone())].into();
+    let machine = Machine {
+        api_version: API_VERSION.into(),
+        kind: "Machine".into(),
+        metadata: ObjectMeta {
+            name: name.clone(),
+            uid: Some(uid.clone()),
+            generation: 1,
+            labels,
+            creation_timestamp: Some(now),
+            ..Default::default()
+        },
+        spec: MachineSpec {
+            pool: pool.clone(),
+            provider: None,
+            assignment: None,
+        },
+        status: MachineStatus {
+            phase: MachinePhase::Registered,
+            hostname: req.facts.hostname.clone(),
+            addresses: req.facts.addresses.clone(),
+            api_server_port: req.facts.api_server_port,
+            kubelet_healthz_port: req.facts.kubelet_healthz_port,
+            agent_version: req.facts.agent_version.clone(),
+            last_heartbeat_time: Some(now),
+            certificate_not_after: Some(issued.not_after),
+            events: vec![drover_common::api::Event {
+                time: now,
+                reason: "Registered".into(),
+                message: format!("registered into pool {pool} with token {token_id}"),
+            }],
+            ..Default::default()
+        },
+    };
+    // Redeeming the token and creating the machine commit together, in a
+    // batch with the registrations arriving meanwhile (see `registrar.rs`).
+    app.registrar
+        .register(super::registrar::PoolRegistration {
+            token_id: token_id.clone(),
+            machine,
+            now,
+        })
+        .await?;
+    app.saw(&name, now);
+    tracing::info!(machine = %name, pool = %pool, token = %token_id, hostname = %req.facts.hostname, "machine registered");
+    app.reconcile_now.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(RegisterResponse {
+            machine_name: name,
+            machine_uid: uid,
+            certificate_pem: issued.cert_pem,
+            not_after: issued.not_after,
+            coordinator_ca_pem: app.ca.cert_pem.clone(),
+            heartbeat_interval_seconds: app.settings.heartbeat_interval.as_secs().max(1),
+        }),
+    ))
 }
 
 /// Registration of a machine the coordinator created: the ticket names the
 /// machine; redeeming it is recorded on the machine in the same write that
 /// stores its facts, so it works once.
 async fn register_created_machine(
-    app: &App,
+    app: &Arc<App>,
     req: &RegisterRequest,
     cluster: &str,
     machine: &str,
@@ -302,10 +251,12 @@ async fn register_created_machine(
             }
         });
     }
-    let issued = app
-        .ca
-        .sign_csr(&req.csr_pem, &machine_leaf(app, machine))
-        .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
+    let issued = {
+        let (app, csr, name) = (app.clone(), req.csr_pem.clone(), machine.to_owned());
+        crate::store::blocking(move || app.ca.sign_csr(&csr, &machine_leaf(&app, &name)))
+            .await
+            .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?
+    };
     // The write is conditional on the revision read above: of two
     // concurrent redemptions, one fails with a conflict.
     let mut m = current;
@@ -327,7 +278,11 @@ async fn register_created_machine(
             req.facts.addresses.join(", ")
         ),
     );
-    match app.write_machine(&m) {
+    let written = {
+        let app = app.clone();
+        crate::store::blocking(move || app.write_machine(&m)).await
+    };
+    match written {
         Ok(_) => {}
         Err(StoreError::Conflict { .. }) => {
             return Err(ApiError::conflict(format!(
@@ -336,10 +291,7 @@ async fn register_created_machine(
         }
         Err(e) => return Err(e.into()),
     }
-    app.liveness
-        .lock()
-        .expect("liveness lock")
-        .insert(machine.to_owned(), Liveness { last_seen: now });
+    app.saw(machine, now);
     tracing::info!(machine, cluster, hostname = %req.facts.hostname, "created machine registered");
     app.reconcile_now.notify_one();
     Ok((
@@ -408,18 +360,28 @@ fn check_facts(f: &MachineFacts) -> Result<(), ApiError> {
 
 /// Finds the machine a verified client certificate belongs to.
 fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> {
-    let der = peer.0.as_ref().ok_or_else(|| {
+    let parsed = peer.0.as_deref().ok_or_else(|| {
         ApiError::unauthorized(
             "this call needs the machine's client certificate (mutual TLS); register first",
         )
     })?;
-    let info = cert_info(der).map_err(|e| ApiError::unauthorized(e.to_string()))?;
+    let info = parsed
+        .as_ref()
+        .map_err(|e| ApiError::unauthorized(e.clone()))?;
     if !info.organizations.iter().any(|o| o == MACHINE_ORG) {
         return Err(ApiError::forbidden(
             "the client certificate is not a machine certificate",
         ));
     }
-    app.machine(&info.common_name)?
+    // A resumed TLS session carries the certificate of the handshake it
+    // resumes without verifying it again, so expiry is checked here.
+    if info.not_after <= drover_common::now() {
+        return Err(ApiError::unauthorized(format!(
+            "the client certificate of machine {} expired at {}; the machine needs a new ticket",
+            info.common_name, info.not_after
+        )));
+    }
+    app.machine_cached(&info.common_name)?
         .filter(|m| m.status.phase != MachinePhase::Deleted)
         .ok_or_else(|| {
             ApiError::unauthorized(format!(
@@ -453,13 +415,48 @@ pub async fn heartbeat(
     Body(hb): Body<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let machine = authenticate(&app, &peer)?;
-    let name = machine.metadata.name.clone();
     let now = drover_common::now();
-    app.liveness
-        .lock()
-        .expect("liveness lock")
-        .insert(name.clone(), Liveness { last_seen: now });
+    app.saw(&machine.metadata.name, now);
+    if is_quiet(&machine, &hb) {
+        // The steady state: nothing to record, nothing read from the store
+        // (the machine came from its read cache), no durable write.
+        return Ok(Json(heartbeat_answer(&app, &machine, now)?));
+    }
+    crate::store::blocking(move || record_heartbeat(&app, machine, &hb, now))
+        .await
+        .map(Json)
+}
 
+/// Whether a heartbeat changes nothing and needs nothing from the store:
+/// no directive results to record, no status change, and not a running
+/// control-plane machine (which may be handed join tokens to register).
+fn is_quiet(machine: &Machine, hb: &HeartbeatRequest) -> bool {
+    if !hb.directive_results.is_empty() {
+        return false;
+    }
+    if machine.status.phase == MachinePhase::Running
+        && machine
+            .spec
+            .assignment
+            .as_ref()
+            .is_some_and(|a| a.role.is_control_plane())
+    {
+        return false;
+    }
+    let mut after = machine.clone();
+    apply_heartbeat(&mut after, hb);
+    after.status == machine.status && after.spec == machine.spec
+}
+
+/// Records what a heartbeat changed (blocking: it writes the store) and
+/// answers it.
+fn record_heartbeat(
+    app: &App,
+    machine: Machine,
+    hb: &HeartbeatRequest,
+    now: time::OffsetDateTime,
+) -> Result<HeartbeatResponse, ApiError> {
+    let name = machine.metadata.name.clone();
     // Directive results first: registered join tokens become usable.
     if let Some(a) = &machine.spec.assignment {
         let done: Vec<String> = hb
@@ -474,16 +471,16 @@ pub async fn heartbeat(
             })
             .collect();
         if !done.is_empty() {
-            activate_tokens(&app, &a.cluster, &hb, &done)?;
+            activate_tokens(app, &a.cluster, hb, &done)?;
         }
     }
 
     let mut woke = false;
     let updated = app
-        .update_machine::<ApiError>(&name, |m| {
+        .update_machine_from::<ApiError>(machine, |m| {
             let before = m.status.clone();
             let before_spec = m.spec.clone();
-            apply_heartbeat(m, &hb);
+            apply_heartbeat(m, hb);
             let changed = m.status != before || m.spec != before_spec;
             if changed {
                 m.status.last_heartbeat_time = Some(now);
@@ -496,11 +493,20 @@ pub async fn heartbeat(
         tracing::info!(machine = %name, phase = %updated.status.phase, "machine status changed");
         app.reconcile_now.notify_one();
     }
+    heartbeat_answer(app, &updated, now)
+}
 
+/// The answer to a heartbeat: the assignment and the directives to carry
+/// out. Reads the store only for a running control-plane machine.
+fn heartbeat_answer(
+    app: &App,
+    machine: &Machine,
+    now: time::OffsetDateTime,
+) -> Result<HeartbeatResponse, ApiError> {
     let mut directives = vec![];
     let mut assignment = None;
-    if let Some(a) = &updated.spec.assignment {
-        if updated.status.phase == MachinePhase::Releasing {
+    if let Some(a) = &machine.spec.assignment {
+        if machine.status.phase == MachinePhase::Releasing {
             directives.push(Directive {
                 id: format!("reset-g{}", a.generation),
                 action: DirectiveAction::Reset {
@@ -513,14 +519,14 @@ pub async fn heartbeat(
                 role: a.role,
                 generation: a.generation,
             });
-            if a.role.is_control_plane() && updated.status.phase == MachinePhase::Running {
+            if a.role.is_control_plane() && machine.status.phase == MachinePhase::Running {
                 if let Some((tokens, _)) = app
                     .store
                     .get_json::<ClusterJoinTokens>(Kind::JoinTokens, &a.cluster)?
                 {
                     if tokens.cluster_uid == a.cluster_uid
                         && tokens.pending(now).next().is_some()
-                        && is_token_registrar(&app, &updated)?
+                        && is_token_registrar(app, machine)?
                     {
                         for t in tokens.pending(now) {
                             directives.push(Directive {
@@ -536,11 +542,11 @@ pub async fn heartbeat(
             }
         }
     }
-    Ok(Json(HeartbeatResponse {
+    Ok(HeartbeatResponse {
         heartbeat_interval_seconds: app.settings.heartbeat_interval.as_secs().max(1),
         assignment,
         directives,
-    }))
+    })
 }
 
 /// Folds a heartbeat into a machine. Pure, so it is unit-tested.
@@ -722,9 +728,13 @@ pub async fn config(
     State(app): State<Arc<App>>,
     Extension(peer): Extension<PeerCertificate>,
 ) -> Result<Json<drover_common::bundle::SignedBundle>, ApiError> {
-    let machine = authenticate(&app, &peer)?;
-    let bundle = crate::bootstrap::bundle_for(&app, &machine)?;
-    Ok(Json(bundle))
+    // Reads secrets and signs: off the async workers.
+    crate::store::blocking(move || {
+        let machine = authenticate(&app, &peer)?;
+        crate::bootstrap::bundle_for(&app, &machine)
+    })
+    .await
+    .map(Json)
 }
 
 /// Builds the "not yet" answer for a machine that must wait.
@@ -844,21 +854,25 @@ pub async fn renew(
     Body(req): Body<RenewRequest>,
 ) -> Result<Json<RenewResponse>, ApiError> {
     let machine = authenticate(&app, &peer)?;
-    let name = machine.metadata.name.clone();
-    let issued = app
-        .ca
-        .sign_csr(&req.csr_pem, &machine_leaf(&app, &name))
-        .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
-    let not_after = issued.not_after;
-    app.update_machine::<ApiError>(&name, |m| {
-        m.status.certificate_not_after = Some(not_after);
-        Ok(true)
-    })?;
-    tracing::info!(machine = %name, %not_after, "machine certificate renewed");
-    Ok(Json(RenewResponse {
-        certificate_pem: issued.cert_pem,
-        not_after,
-    }))
+    // Signs and writes: off the async workers.
+    crate::store::blocking(move || {
+        let name = machine.metadata.name.clone();
+        let issued = app
+            .ca
+            .sign_csr(&req.csr_pem, &machine_leaf(&app, &name))
+            .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
+        let not_after = issued.not_after;
+        app.update_machine_from::<ApiError>(machine, |m| {
+            m.status.certificate_not_after = Some(not_after);
+            Ok(true)
+        })?;
+        tracing::info!(machine = %name, %not_after, "machine certificate renewed");
+        Ok(Json(RenewResponse {
+            certificate_pem: issued.cert_pem,
+            not_after,
+        }))
+    })
+    .await
 }
 
 #[cfg(test)]

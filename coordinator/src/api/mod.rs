@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod machine;
 pub mod openapi;
+pub mod registrar;
 pub mod security;
 
 use std::sync::Arc;
@@ -318,12 +319,9 @@ pub async fn audit(
             return resp;
         }
         let actor = peer
-            .and_then(|p| p.0)
-            .and_then(|der| drover_common::pki::cert_info(&der).ok())
-            .map_or_else(
-                || "anonymous".to_owned(),
-                |i| format!("machine:{}", i.common_name),
-            );
+            .as_ref()
+            .and_then(|p| p.common_name())
+            .map_or_else(|| "anonymous".to_owned(), |cn| format!("machine:{cn}"));
         app.audit.record(crate::audit::AuditEntry {
             time: drover_common::now(),
             actor,
@@ -349,9 +347,7 @@ pub async fn audit(
     } else if let Some(cn) = req
         .extensions()
         .get::<crate::server::PeerCertificate>()
-        .and_then(|p| p.0.as_ref())
-        .and_then(|der| drover_common::pki::cert_info(der).ok())
-        .map(|i| i.common_name)
+        .and_then(|p| p.common_name().map(str::to_owned))
     {
         format!("machine:{cn}")
     } else {

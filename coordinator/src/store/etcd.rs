@@ -79,6 +79,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::broadcast;
 
+use super::cache::{self, ReadCache};
 use super::{Backend, Change, Fence, Kind, Op, Record, StoreError};
 
 /// Objects read per range request when listing a kind.
@@ -436,6 +437,7 @@ impl Etcd {
     pub(super) fn open(
         options: &EtcdOptions,
         changes: broadcast::Sender<Change>,
+        cache: Arc<ReadCache>,
     ) -> Result<Self, StoreError> {
         let urls = options.urls();
         let endpoints = urls.join(",");
@@ -522,6 +524,7 @@ impl Etcd {
             prefix.clone(),
             revision + 1,
             changes,
+            cache,
         ));
         Ok(Self {
             members,
@@ -620,8 +623,8 @@ impl Backend for Etcd {
         })
     }
 
-    fn txn(&self, ops: Vec<Op>, fence: Option<Fence>) -> Result<u64, StoreError> {
-        let mut plan = Plan::new(&ops, |kind, name| self.key(kind, name));
+    fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError> {
+        let mut plan = Plan::new(ops, |kind, name| self.key(kind, name));
         let what = format!("transaction on {}", plan.keys.join(", "));
         let leader_key = leader_key(&self.prefix);
         let mut reads: Vec<TxnOp> = plan
@@ -692,7 +695,7 @@ impl Backend for Etcd {
             }
         }
         match replay(
-            &ops,
+            ops,
             |kind, name| self.key(kind, name),
             &snapshot,
             revision + 1,
@@ -1100,6 +1103,7 @@ async fn watch(
     prefix: String,
     mut next: i64,
     changes: broadcast::Sender<Change>,
+    cache: Arc<ReadCache>,
 ) {
     let initial_backoff = Duration::from_millis(200);
     let mut backoff = initial_backoff;
@@ -1131,6 +1135,8 @@ async fn watch(
                                     "etcd compacted changes before the watch saw them; resuming after them"
                                 );
                                 next = resp.compact_revision();
+                                // The changes skipped may include any cached object.
+                                cache.clear();
                             } else {
                                 tracing::warn!(member = %member.url, reason = resp.cancel_reason(), "etcd cancelled the watch; resuming");
                             }
@@ -1141,6 +1147,9 @@ async fn watch(
                             let Some(kv) = ev.kv() else { continue };
                             next = next.max(kv.mod_revision() + 1);
                             if let Some((kind, name)) = parse_key(&prefix, kv.key()) {
+                                if cache::caches(kind) {
+                                    cache.changed(kind, &name, Some(kv.mod_revision() as u64));
+                                }
                                 // Nobody listening is fine: watchers re-list on start.
                                 let _ = changes.send(Change {
                                     kind,

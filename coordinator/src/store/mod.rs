@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
+mod cache;
 mod etcd;
 mod sqlite;
 #[cfg(test)]
@@ -158,7 +159,7 @@ trait Backend: Send + Sync {
     /// With a `fence`, the transaction also requires that leadership term
     /// to be current, and fails with [`StoreError::Fenced`] otherwise. A
     /// single-replica backend has one term forever and ignores it.
-    fn txn(&self, ops: Vec<Op>, fence: Option<Fence>) -> Result<u64, StoreError>;
+    fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError>;
     /// Where the data lives, for messages ("SQLite database /d/drover.db").
     fn describe(&self) -> String;
 }
@@ -272,15 +273,46 @@ pub async fn fenced<F: std::future::Future>(term: Fence, work: F) -> F::Output {
     FENCE.scope(term, work).await
 }
 
+/// The term the current task's writes are fenced by, if any.
+pub fn current_fence() -> Option<Fence> {
+    FENCE.try_with(|f| *f).ok()
+}
+
+/// Runs synchronous `work` with every store write it makes fenced by `term`
+/// (for work moved off the task that was fenced).
+pub fn with_fence<T>(term: Fence, work: impl FnOnce() -> T) -> T {
+    FENCE.sync_scope(term, work)
+}
+
+/// Runs blocking work (store reads and writes, certificate signing) on
+/// tokio's blocking threads instead of an async worker, under the calling
+/// task's fence. A slow fsync or etcd round trip then holds one of those
+/// threads, not a worker that other requests (heartbeats) are waiting for.
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    let fence = current_fence();
+    let task = tokio::task::spawn_blocking(move || match fence {
+        Some(f) => with_fence(f, work),
+        None => work(),
+    });
+    match task.await {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 /// The store handle, cheap to clone.
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn Backend>,
     changes: broadcast::Sender<Change>,
+    /// The last known copy of every object of a kind not sealed at rest.
+    cache: Arc<cache::ReadCache>,
     /// Seals secret kinds at rest; `None` only in tests of the store itself.
     keyring: Option<Arc<RwLock<crate::keyring::Keyring>>>,
     /// Leader election, on a store several replicas share (etcd).
     election: Option<etcd::Election>,
+    /// The exclusive lock of a SQLite database being served.
+    _serving: Option<Arc<nix::fcntl::Flock<std::fs::File>>>,
 }
 
 impl Store {
@@ -288,26 +320,68 @@ impl Store {
     pub fn open_sqlite(path: &Path) -> Result<Self, StoreError> {
         let (changes, _) = broadcast::channel(1024);
         let backend = sqlite::Sqlite::open(path, changes.clone())?;
-        Ok(Self::new(Arc::new(backend), changes))
+        Ok(Self::new(Arc::new(backend), changes, Arc::default()))
+    }
+
+    /// Opens the SQLite store at `path` for serving: exclusively, holding a
+    /// lock on `PATH.lock` for as long as any handle lives. The read cache
+    /// assumes this process makes every write; a second coordinator on the
+    /// same database would break that, so it is refused with who holds it.
+    pub fn open_sqlite_exclusive(path: &Path) -> Result<Self, StoreError> {
+        use nix::fcntl::{Flock, FlockArg};
+        let lock_path = path.with_extension("db.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| {
+                StoreError::Backend(format!(
+                    "cannot open the lock file {}: {e}",
+                    lock_path.display()
+                ))
+            })?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+            if errno == nix::errno::Errno::EWOULDBLOCK {
+                StoreError::Backend(format!(
+                    "another coordinator is serving the SQLite store {} (it holds {}); stop it, or give this one another --data-dir",
+                    path.display(),
+                    lock_path.display()
+                ))
+            } else {
+                StoreError::Backend(format!("cannot lock {}: {errno}", lock_path.display()))
+            }
+        })?;
+        let mut store = Self::open_sqlite(path)?;
+        store._serving = Some(Arc::new(lock));
+        Ok(store)
     }
 
     /// Connects to the etcd cluster of `options`, checks that it answers,
     /// and starts watching its prefix.
     pub fn open_etcd(options: &EtcdOptions) -> Result<Self, StoreError> {
         let (changes, _) = broadcast::channel(1024);
-        let backend = etcd::Etcd::open(options, changes.clone())?;
+        let cache = Arc::new(cache::ReadCache::default());
+        let backend = etcd::Etcd::open(options, changes.clone(), cache.clone())?;
         let election = backend.election();
-        let mut store = Self::new(Arc::new(backend), changes);
+        let mut store = Self::new(Arc::new(backend), changes, cache);
         store.election = Some(election);
         Ok(store)
     }
 
-    fn new(backend: Arc<dyn Backend>, changes: broadcast::Sender<Change>) -> Self {
+    fn new(
+        backend: Arc<dyn Backend>,
+        changes: broadcast::Sender<Change>,
+        cache: Arc<cache::ReadCache>,
+    ) -> Self {
         Self {
             backend,
             changes,
+            cache,
             keyring: None,
             election: None,
+            _serving: None,
         }
     }
 
@@ -357,14 +431,55 @@ impl Store {
         }
     }
 
-    /// Reads one object as stored (still sealed).
+    /// Reads one object as stored (still sealed), from the backend: the
+    /// latest committed copy (refreshing the read cache).
     pub fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
-        self.backend.get(kind, name)
+        if !cache::caches(kind) {
+            return self.backend.get(kind, name);
+        }
+        let epoch = self.cache.epoch();
+        let r = self.backend.get(kind, name)?;
+        self.cache.fill(kind, epoch, r.iter());
+        Ok(r)
     }
 
-    /// Reads every object of a kind as stored (still sealed), ordered by name.
+    /// Reads one object of a kind not sealed at rest from the read cache,
+    /// or from the backend when the cache lacks it. Every write this
+    /// process made is visible; another replica's write becomes visible
+    /// when the etcd watch delivers it (milliseconds). For reads on hot
+    /// paths (every heartbeat authenticates its machine) whose decisions
+    /// do not need the very latest copy: a read-modify-write re-reads
+    /// with [`Store::get`] on a conflict anyway.
+    pub fn get_cached(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
+        if cache::caches(kind) {
+            if let Some(r) = self.cache.get(kind, name) {
+                return Ok(Some(r));
+            }
+        }
+        self.get(kind, name)
+    }
+
+    /// Reads and decodes one object like [`Store::get_cached`].
+    pub fn get_json_cached<T: DeserializeOwned>(
+        &self,
+        kind: Kind,
+        name: &str,
+    ) -> Result<Option<(T, u64)>, StoreError> {
+        self.get_cached(kind, name)?
+            .map(|r| decode(kind, &r).map(|v| (v, r.revision)))
+            .transpose()
+    }
+
+    /// Reads every object of a kind as stored (still sealed), ordered by
+    /// name, always from the backend (refreshing the read cache).
     pub fn list_raw(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
-        self.backend.list(kind)
+        if !cache::caches(kind) {
+            return self.backend.list(kind);
+        }
+        let epoch = self.cache.epoch();
+        let records = self.backend.list(kind)?;
+        self.cache.fill(kind, epoch, records.iter());
+        Ok(records)
     }
 
     /// Checks that every sealed record opens with the keyring and re-seals
@@ -457,8 +572,34 @@ impl Store {
                 other => other,
             })
             .collect();
-        let fence = FENCE.try_with(|f| *f).ok();
-        self.backend.txn(ops, fence)
+        let fence = current_fence();
+        // What the transaction leaves in each cached object, in order: a
+        // later operation on the same object wins.
+        let mut outcome: std::collections::HashMap<(Kind, &str), Option<&[u8]>> =
+            std::collections::HashMap::new();
+        for op in &ops {
+            match op {
+                Op::Create { kind, name, body }
+                | Op::Update {
+                    kind, name, body, ..
+                } => {
+                    outcome.insert((*kind, name), Some(body));
+                }
+                Op::Delete { kind, name, .. } => {
+                    outcome.insert((*kind, name), None);
+                }
+            }
+        }
+        outcome.retain(|(kind, _), _| cache::caches(*kind));
+        let result = self.backend.txn(&ops, fence);
+        for ((kind, name), body) in outcome {
+            match (&result, body) {
+                (Ok(revision), Some(body)) => self.cache.wrote(kind, name, *revision, body),
+                // Deleted, or a failed precondition: the cached copy may be stale.
+                _ => self.cache.changed(kind, name, None),
+            }
+        }
+        result
     }
 
     /// Reads and decodes one object.
@@ -1030,6 +1171,20 @@ mod tests {
             (c.kind, c.name.as_str(), c.revision, c.deleted),
             (Kind::Cluster, "from-b", r, false)
         );
+        // A's read cache follows B's writes: the watch drops a cached copy
+        // before it announces the change.
+        assert_eq!(
+            a.get_json_cached::<u32>(Kind::Cluster, "from-b").unwrap(),
+            Some((1, r))
+        );
+        let r = b
+            .update_json(Kind::Cluster, "from-b", &2u32, Some(r))
+            .unwrap();
+        assert_eq!(next_change(&mut rx).revision, r);
+        assert_eq!(
+            a.get_json_cached::<u32>(Kind::Cluster, "from-b").unwrap(),
+            Some((2, r))
+        );
         // Other prefixes on the same etcd are other stores.
         let elsewhere = Store::open_etcd(&etcd.options("/elsewhere")).unwrap();
         elsewhere.create_json(Kind::Cluster, "x", &1u32).unwrap();
@@ -1039,6 +1194,10 @@ mod tests {
         assert_eq!(
             (c.name.as_str(), c.revision, c.deleted),
             ("from-b", r, true)
+        );
+        assert_eq!(
+            a.get_json_cached::<u32>(Kind::Cluster, "from-b").unwrap(),
+            None
         );
     }
 
@@ -1296,6 +1455,74 @@ mod tests {
             Ok(_) => panic!("opened a store on a closed port"),
         }
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_served_sqlite_store_is_exclusive() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("drover.db");
+        let first = Store::open_sqlite_exclusive(&db).unwrap();
+        let err = Store::open_sqlite_exclusive(&db)
+            .err()
+            .expect("second open refused");
+        let msg = err.to_string();
+        assert!(msg.contains("another coordinator is serving"), "{msg}");
+        assert!(msg.contains("drover.db.lock"), "{msg}");
+        // A clone shares the lock; dropping every handle releases it.
+        let clone = first.clone();
+        drop(first);
+        assert!(Store::open_sqlite_exclusive(&db).is_err());
+        drop(clone);
+        Store::open_sqlite_exclusive(&db).unwrap();
+    }
+
+    #[test]
+    fn cached_reads_see_this_process_writes_and_list_refreshes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open_sqlite(&dir.path().join("drover.db")).unwrap();
+        let r1 = s.create_json(Kind::Machine, "m", &1u32).unwrap();
+        assert_eq!(
+            s.get_json_cached::<u32>(Kind::Machine, "m").unwrap(),
+            Some((1, r1))
+        );
+        let r2 = s.update_json(Kind::Machine, "m", &2u32, Some(r1)).unwrap();
+        assert_eq!(
+            s.get_json_cached::<u32>(Kind::Machine, "m").unwrap(),
+            Some((2, r2))
+        );
+        // A failed precondition drops the cached copy; the next read refills it.
+        assert!(s.update_json(Kind::Machine, "m", &9u32, Some(r1)).is_err());
+        assert_eq!(s.cache.len(), 0);
+        assert_eq!(
+            s.get_json_cached::<u32>(Kind::Machine, "m").unwrap(),
+            Some((2, r2))
+        );
+        s.delete(Kind::Machine, "m", None).unwrap();
+        assert_eq!(s.get_json_cached::<u32>(Kind::Machine, "m").unwrap(), None);
+        // A create and an update of one object in one transaction leave the
+        // update's body.
+        let r = s
+            .txn(vec![
+                Op::Create {
+                    kind: Kind::Machine,
+                    name: "n".into(),
+                    body: encode(&1u32),
+                },
+                Op::Update {
+                    kind: Kind::Machine,
+                    name: "n".into(),
+                    body: encode(&3u32),
+                    expected_revision: None,
+                },
+            ])
+            .unwrap();
+        assert_eq!(
+            s.get_json_cached::<u32>(Kind::Machine, "n").unwrap(),
+            Some((3, r))
+        );
+        // Sealed kinds are never cached.
+        s.create_json(Kind::Secret, "k", &1u32).unwrap();
+        assert_eq!(s.cache.len(), 1);
     }
 
     #[test]

@@ -61,11 +61,10 @@ impl Backend for Sqlite {
     fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
         let conn = self.conn.lock().expect("store lock poisoned");
         let row = conn
-            .query_row(
-                "SELECT revision, body FROM objects WHERE kind = ?1 AND name = ?2",
-                params![kind.as_str(), name],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)),
-            )
+            .prepare_cached("SELECT revision, body FROM objects WHERE kind = ?1 AND name = ?2")?
+            .query_row(params![kind.as_str(), name], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+            })
             .optional()?;
         Ok(row.map(|(revision, body)| Record {
             name: name.to_owned(),
@@ -89,20 +88,22 @@ impl Backend for Sqlite {
         rows.collect::<Result<Vec<_>, _>>().map_err(Into::into)
     }
 
-    fn txn(&self, ops: Vec<Op>, _fence: Option<super::Fence>) -> Result<u64, StoreError> {
+    fn txn(&self, ops: &[Op], _fence: Option<super::Fence>) -> Result<u64, StoreError> {
         let mut conn = self.conn.lock().expect("store lock poisoned");
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let revision: i64 =
-            tx.query_row("SELECT value FROM revision WHERE id = 0", [], |r| r.get(0))?;
+        let revision: i64 = tx
+            .prepare_cached("SELECT value FROM revision WHERE id = 0")?
+            .query_row([], |r| r.get(0))?;
         let revision = revision + 1;
         let mut changes = Vec::with_capacity(ops.len());
-        for op in &ops {
+        for op in ops {
             match op {
                 Op::Create { kind, name, body } => {
-                    let n = tx.execute(
-                        "INSERT OR IGNORE INTO objects (kind, name, revision, body) VALUES (?1, ?2, ?3, ?4)",
-                        params![kind.as_str(), name, revision, body],
-                    )?;
+                    let n = tx
+                        .prepare_cached(
+                            "INSERT OR IGNORE INTO objects (kind, name, revision, body) VALUES (?1, ?2, ?3, ?4)",
+                        )?
+                        .execute(params![kind.as_str(), name, revision, body])?;
                     if n == 0 {
                         return Err(StoreError::AlreadyExists {
                             kind: kind.as_str(),
@@ -118,10 +119,10 @@ impl Backend for Sqlite {
                     expected_revision,
                 } => {
                     check_revision(&tx, *kind, name, *expected_revision)?;
-                    tx.execute(
+                    tx.prepare_cached(
                         "UPDATE objects SET revision = ?3, body = ?4 WHERE kind = ?1 AND name = ?2",
-                        params![kind.as_str(), name, revision, body],
-                    )?;
+                    )?
+                    .execute(params![kind.as_str(), name, revision, body])?;
                     changes.push((*kind, name.clone(), false));
                 }
                 Op::Delete {
@@ -130,18 +131,14 @@ impl Backend for Sqlite {
                     expected_revision,
                 } => {
                     check_revision(&tx, *kind, name, *expected_revision)?;
-                    tx.execute(
-                        "DELETE FROM objects WHERE kind = ?1 AND name = ?2",
-                        params![kind.as_str(), name],
-                    )?;
+                    tx.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND name = ?2")?
+                        .execute(params![kind.as_str(), name])?;
                     changes.push((*kind, name.clone(), true));
                 }
             }
         }
-        tx.execute(
-            "UPDATE revision SET value = ?1 WHERE id = 0",
-            params![revision],
-        )?;
+        tx.prepare_cached("UPDATE revision SET value = ?1 WHERE id = 0")?
+            .execute(params![revision])?;
         tx.commit()?;
         drop(conn);
         for (kind, name, deleted) in changes {
@@ -164,11 +161,8 @@ fn check_revision(
     expected: Option<u64>,
 ) -> Result<(), StoreError> {
     let found: Option<i64> = tx
-        .query_row(
-            "SELECT revision FROM objects WHERE kind = ?1 AND name = ?2",
-            params![kind.as_str(), name],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT revision FROM objects WHERE kind = ?1 AND name = ?2")?
+        .query_row(params![kind.as_str(), name], |r| r.get(0))
         .optional()?;
     let Some(found) = found else {
         return Err(StoreError::NotFound {

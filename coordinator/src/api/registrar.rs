@@ -1,0 +1,416 @@
+//! Pool registrations, committed in batches.
+//!
+//! Every pool registration redeems one use of a registration token: the
+//! token's use count and the new machine must commit together, and the count
+//! must never pass `maxUses`. Committed one by one, registrations on a
+//! token serialize on that token's record (each a compare-and-swap that
+//! conflicts with every other in flight) and on one durable commit each (an
+//! fsync with SQLite, a quorum round trip with etcd).
+//!
+//! The registrar instead queues them: one committer takes everything queued
+//! while its previous commit was in flight (at most [`MAX_BATCH`]), checks
+//! each against its token in order, and commits the token updates and all
+//! the machines in one transaction. A storm of N registrations then costs
+//! about N / batch commits, and a token's limit is enforced exactly: the
+//! registrations past it in a batch are refused, the others commit. Only the
+//! committer writes registrations, so the batch conflicts only with an
+//! admin's concurrent change to a token, and is then checked again.
+
+use std::collections::HashMap;
+
+use axum::http::StatusCode;
+use drover_common::api::{Machine, RegistrationToken};
+use tokio::sync::{mpsc, oneshot};
+
+use super::ApiError;
+use crate::store::{encode, Fence, Kind, Op, Store, StoreError};
+
+/// The most registrations one transaction commits. etcd allows 128
+/// operations per transaction: a batch is at most this many machine
+/// creates plus one update per token involved.
+pub const MAX_BATCH: usize = 64;
+
+/// Registrations waiting for the committer; beyond this, registering
+/// requests wait for room (back-pressure instead of unbounded memory).
+const QUEUE: usize = 4096;
+
+/// A token keeps the names of this many of the machines that registered
+/// with it, the most recent last; each machine's `Registered` event names
+/// its token, so the record stays small however often the token is used.
+pub const RECENT_MACHINES: usize = 16;
+
+/// One pool registration: the machine to create (its certificate already
+/// issued), redeeming one use of `token_id`, whose labels it gets (except
+/// where it has its own, such as its pool).
+pub struct PoolRegistration {
+    pub token_id: String,
+    pub machine: Machine,
+    pub now: time::OffsetDateTime,
+}
+
+/// The handle the API uses; cheap to clone.
+#[derive(Clone)]
+pub struct Registrar {
+    queue: mpsc::Sender<Pending>,
+}
+
+struct Pending {
+    reg: PoolRegistration,
+    /// The leadership term of the request, so the commit is fenced as the
+    /// request would have been.
+    fence: Option<Fence>,
+    reply: oneshot::Sender<Result<(), ApiError>>,
+}
+
+impl Registrar {
+    /// Starts the committer on the current tokio runtime. It stops when the
+    /// last handle is dropped.
+    pub fn start(store: Store) -> Self {
+        let (registrar, rx) = Self::unstarted();
+        tokio::spawn(run(store, rx));
+        registrar
+    }
+
+    /// The handle and the queue its committer reads (for tests that fill
+    /// the queue before the committer runs).
+    fn unstarted() -> (Self, mpsc::Receiver<Pending>) {
+        let (queue, rx) = mpsc::channel(QUEUE);
+        (Self { queue }, rx)
+    }
+
+    /// Queues a registration and waits for its commit (or refusal).
+    pub async fn register(&self, reg: PoolRegistration) -> Result<(), ApiError> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || ApiError::internal("the coordinator is shutting down; retry");
+        self.queue
+            .send(Pending {
+                reg,
+                fence: crate::store::current_fence(),
+                reply,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(store: Store, mut rx: mpsc::Receiver<Pending>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let store = store.clone();
+        let size = batch.len();
+        // Store writes block; the next batch gathers while this one commits.
+        if let Err(e) = tokio::task::spawn_blocking(move || commit_by_term(&store, batch)).await {
+            // The replies were dropped with the batch: each caller gets
+            // "shutting down; retry".
+            tracing::error!(error = %e, size, "registration commit panicked");
+        }
+    }
+}
+
+/// Commits a batch, each leadership term's requests in a transaction fenced
+/// by that term (a batch normally holds one term).
+fn commit_by_term(store: &Store, batch: Vec<Pending>) {
+    let mut by_term: Vec<(Option<Fence>, Vec<Pending>)> = vec![];
+    for p in batch {
+        match by_term.iter_mut().find(|(f, _)| *f == p.fence) {
+            Some((_, group)) => group.push(p),
+            None => by_term.push((p.fence, vec![p])),
+        }
+    }
+    for (fence, group) in by_term {
+        match fence {
+            Some(f) => crate::store::with_fence(f, || commit(store, group)),
+            None => commit(store, group),
+        }
+    }
+}
+
+/// Commits one batch: re-checks every token on each attempt and commits
+/// what passes in one transaction.
+fn commit(store: &Store, mut pending: Vec<Pending>) {
+    for _ in 0..16 {
+        let mut tokens: HashMap<String, (RegistrationToken, u64)> = HashMap::new();
+        let mut accepted: Vec<Pending> = Vec::with_capacity(pending.len());
+        for mut p in pending.drain(..) {
+            match redeem(store, &mut tokens, &mut p.reg) {
+                Ok(()) => accepted.push(p),
+                Err(e) => {
+                    let _ = p.reply.send(Err(e));
+                }
+            }
+        }
+        if accepted.is_empty() {
+            return;
+        }
+        let mut ops: Vec<Op> = tokens
+            .iter()
+            .map(|(id, (token, rev))| Op::Update {
+                kind: Kind::RegistrationToken,
+                name: id.clone(),
+                body: encode(token),
+                expected_revision: Some(*rev),
+            })
+            .collect();
+        ops.extend(accepted.iter().map(|p| Op::Create {
+            kind: Kind::Machine,
+            name: p.reg.machine.metadata.name.clone(),
+            body: encode(&p.reg.machine),
+        }));
+        match store.txn(ops) {
+            Ok(_) => {
+                for p in accepted {
+                    let _ = p.reply.send(Ok(()));
+                }
+                return;
+            }
+            // An admin changed a token meanwhile: check again.
+            Err(StoreError::Conflict { .. }) => pending = accepted,
+            // A generated name already taken (about one in two billion):
+            // that one registration is refused, the rest go again.
+            Err(StoreError::AlreadyExists { kind, name }) if kind == Kind::Machine.as_str() => {
+                for p in accepted {
+                    if p.reg.machine.metadata.name == name {
+                        let _ = p.reply.send(Err(ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "Name taken",
+                            format!("the generated machine name {name} is taken; register again"),
+                        )));
+                    } else {
+                        pending.push(p);
+                    }
+                }
+            }
+            Err(e) => {
+                let detail = e.to_string();
+                tracing::error!(error = %detail, size = accepted.len(), "registration batch failed");
+                let fenced = matches!(e, StoreError::Fenced { .. });
+                for p in accepted {
+                    let err = if fenced {
+                        // The same answer a fenced single write gets.
+                        ApiError::from(StoreError::Fenced {
+                            term: p.fence.map_or(0, |f| f.0),
+                            detail: detail.clone(),
+                        })
+                    } else {
+                        ApiError::internal(format!("cannot store the registration: {detail}"))
+                    };
+                    let _ = p.reply.send(Err(err));
+                }
+                return;
+            }
+        }
+    }
+    for p in pending {
+        let _ = p.reply.send(Err(ApiError::internal(format!(
+            "registration token {} kept changing during 16 attempts; retry",
+            p.reg.token_id
+        ))));
+    }
+}
+
+/// Checks one registration against its token (read once per attempt) and
+/// counts the use.
+fn redeem(
+    store: &Store,
+    tokens: &mut HashMap<String, (RegistrationToken, u64)>,
+    reg: &mut PoolRegistration,
+) -> Result<(), ApiError> {
+    let id = &reg.token_id;
+    if !tokens.contains_key(id) {
+        let found = store
+            .get_json::<RegistrationToken>(Kind::RegistrationToken, id)?
+            .ok_or_else(|| {
+                ApiError::unauthorized(format!(
+                    "registration token {id} no longer exists; create a new one with `drover token create`"
+                ))
+            })?;
+        tokens.insert(id.clone(), found);
+    }
+    let (token, _) = tokens.get_mut(id).expect("inserted above");
+    if token.spec.revoked {
+        return Err(ApiError::unauthorized(format!(
+            "registration token {id} was revoked"
+        )));
+    }
+    if token.spec.expires_at <= reg.now {
+        return Err(ApiError::unauthorized(format!(
+            "registration token {id} expired at {}",
+            token.spec.expires_at
+        )));
+    }
+    if token.status.uses >= token.spec.max_uses {
+        tracing::warn!(token = %id, hostname = %reg.machine.status.hostname, "replayed ticket refused");
+        return Err(ApiError::conflict(format!(
+            "ticket already used: registration token {id} allows {} registration(s) and all were used; create a new token with `drover token create`",
+            token.spec.max_uses
+        )));
+    }
+    token.status.uses += 1;
+    for (k, v) in &token.spec.labels {
+        reg.machine
+            .metadata
+            .labels
+            .entry(k.clone())
+            .or_insert_with(|| v.clone());
+    }
+    let recent = &mut token.status.machines;
+    recent.push(reg.machine.metadata.name.clone());
+    if recent.len() > RECENT_MACHINES {
+        recent.drain(..recent.len() - RECENT_MACHINES);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::{MachineSpec, MachineStatus, ObjectMeta, RegistrationTokenSpec};
+
+    fn token(max_uses: u32, now: time::OffsetDateTime) -> RegistrationToken {
+        RegistrationToken {
+            api_version: drover_common::API_VERSION.into(),
+            kind: "RegistrationToken".into(),
+            metadata: ObjectMeta {
+                name: "t1".into(),
+                ..Default::default()
+            },
+            spec: RegistrationTokenSpec {
+                pool: "edge".into(),
+                labels: [
+                    ("rack".to_owned(), "r7".to_owned()),
+                    ("drover.dev/pool".to_owned(), "from-token".to_owned()),
+                ]
+                .into(),
+                max_uses,
+                expires_at: now + time::Duration::hours(1),
+                revoked: false,
+            },
+            status: Default::default(),
+        }
+    }
+
+    fn machine(i: usize) -> Machine {
+        Machine {
+            api_version: drover_common::API_VERSION.into(),
+            kind: "Machine".into(),
+            metadata: ObjectMeta {
+                name: format!("edge-{i:03}"),
+                labels: [("drover.dev/pool".to_owned(), "edge".to_owned())].into(),
+                ..Default::default()
+            },
+            spec: MachineSpec {
+                pool: "edge".into(),
+                provider: None,
+                assignment: None,
+            },
+            status: MachineStatus::default(),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_storm_commits_in_batches_and_never_passes_max_uses() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("drover.db")).unwrap();
+        let now = drover_common::now();
+        store
+            .create_json(Kind::RegistrationToken, "t1", &token(50, now))
+            .unwrap();
+        let before = store.txn(vec![]).unwrap();
+        let (registrar, rx) = Registrar::unstarted();
+        let tasks: Vec<_> = (0..80)
+            .map(|i| {
+                let registrar = registrar.clone();
+                tokio::spawn(async move {
+                    registrar
+                        .register(PoolRegistration {
+                            token_id: "t1".into(),
+                            machine: machine(i),
+                            now,
+                        })
+                        .await
+                })
+            })
+            .collect();
+        // Every registration is queued before the committer starts, so the
+        // batches are exactly MAX_BATCH and the rest.
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while QUEUE - registrar.queue.capacity() < 80 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("80 registrations queued");
+        tokio::spawn(run(store.clone(), rx));
+        let mut ok = 0;
+        let mut used_up = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(()) => ok += 1,
+                Err(e) if e.status == StatusCode::CONFLICT => {
+                    assert!(e.detail.contains("ticket already used"), "{}", e.detail);
+                    used_up += 1;
+                }
+                Err(e) => panic!("unexpected refusal: {} {}", e.status, e.detail),
+            }
+        }
+        assert_eq!((ok, used_up), (50, 30));
+        let (t, _) = store
+            .get_json::<RegistrationToken>(Kind::RegistrationToken, "t1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.status.uses, 50);
+        assert_eq!(t.status.machines.len(), RECENT_MACHINES);
+        let machines = store.list_json::<Machine>(Kind::Machine).unwrap();
+        assert_eq!(machines.len(), 50);
+        for (m, _) in &machines {
+            // The token's labels join the machine's; its own pool label stays.
+            assert_eq!(m.metadata.labels["rack"], "r7");
+            assert_eq!(m.metadata.labels["drover.dev/pool"], "edge");
+        }
+        // The first batch (MAX_BATCH) holds every accepted registration in
+        // one transaction; the second is all refusals and commits nothing.
+        // Each commit advances the revision by one.
+        let commits = store.txn(vec![]).unwrap() - before - 1;
+        assert_eq!(commits, 1, "80 registrations, 50 accepted");
+    }
+
+    #[tokio::test]
+    async fn a_revoked_token_refuses_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("drover.db")).unwrap();
+        let now = drover_common::now();
+        let mut t = token(5, now);
+        t.spec.revoked = true;
+        store
+            .create_json(Kind::RegistrationToken, "t1", &t)
+            .unwrap();
+        let registrar = Registrar::start(store.clone());
+        let err = registrar
+            .register(PoolRegistration {
+                token_id: "t1".into(),
+                machine: machine(1),
+                now,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, StatusCode::UNAUTHORIZED);
+        assert!(err.detail.contains("revoked"), "{}", err.detail);
+        let err = registrar
+            .register(PoolRegistration {
+                token_id: "nope".into(),
+                machine: machine(2),
+                now,
+            })
+            .await
+            .unwrap_err();
+        assert!(err.detail.contains("no longer exists"), "{}", err.detail);
+        assert!(store.list(Kind::Machine).unwrap().is_empty());
+    }
+}
