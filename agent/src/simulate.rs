@@ -140,6 +140,13 @@ pub struct SimulateArgs {
     /// How often to print a progress line on stderr (0: never).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration_arg)]
     pub progress: Duration,
+
+    /// The steady state (its own latency and rate in the summary) starts
+    /// this long after the last machine registered [default: one heartbeat
+    /// interval, plus jitter]. With short intervals, give the coordinator
+    /// longer to finish the writes of the registration ramp.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub settle: Option<Duration>,
 }
 
 /// A heartbeat jitter, in percent of the interval.
@@ -218,6 +225,16 @@ impl SimulateArgs {
                 secs(self.silence_after),
                 secs(self.duration)
             );
+        }
+        if let Some(settle) = self.settle {
+            if self.ramp() + settle >= self.duration {
+                bail!(
+                    "--ramp {} plus --settle {} is not within --duration {}: the run would end before its steady state",
+                    secs(self.ramp()),
+                    secs(settle),
+                    secs(self.duration)
+                );
+            }
         }
         Ok(())
     }
@@ -381,6 +398,8 @@ struct Fleet {
     hostname_prefix: String,
     hostname_width: usize,
     jitter: f64,
+    /// `--settle`, if given.
+    settle: Option<Duration>,
     start: Instant,
     registrations: Semaphore,
     concurrency: u32,
@@ -477,14 +496,17 @@ impl Fleet {
     }
 
     /// Once every machine has registered or failed, the steady state starts
-    /// one (jittered) interval later, when the registration backlog and the
-    /// first heartbeats are through.
+    /// `--settle` later, by default one (jittered) interval, when the
+    /// registration backlog and the first heartbeats are through.
     fn settle(&self, s: &mut Stats) {
         if s.steady_from.is_none()
             && s.registered + s.registration_failed == self.slots.len() as u64
         {
             if let Some(interval) = s.interval {
-                s.steady_from = Some(Instant::now() + interval.mul_f64(1.0 + self.jitter));
+                let wait = self
+                    .settle
+                    .unwrap_or_else(|| interval.mul_f64(1.0 + self.jitter));
+                s.steady_from = Some(Instant::now() + wait);
             }
         }
     }
@@ -612,6 +634,7 @@ async fn run(
         hostname_prefix: args.name_prefix.clone(),
         hostname_width: n.to_string().len(),
         jitter: args.jitter.fraction(),
+        settle: args.settle,
         start,
         registrations: Semaphore::new(args.concurrency as usize),
         concurrency: args.concurrency,
@@ -1898,6 +1921,14 @@ mod tests {
         ])
         .contains("not within --duration 5s"));
         assert!(err(&["--duration", "0"]).contains("--duration must be longer than 0"));
+        assert!(
+            err(&["--duration", "30s", "--ramp", "20s", "--settle", "10s"])
+                .contains("--settle 10s is not within --duration 30s")
+        );
+        parse(&["--duration", "30s", "--ramp", "20s", "--settle", "9s"])
+            .unwrap()
+            .check()
+            .unwrap();
         // A short run ramps over its whole length by default; a silence
         // time beyond the run is fine when nothing goes silent.
         assert_eq!(

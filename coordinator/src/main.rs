@@ -129,9 +129,11 @@ struct ServeArgs {
     #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
     drain_timeout: std::time::Duration,
     /// Close client connections idle this long (default: keep them open).
-    /// Each idle connection holds about 25 KiB; with a timeout well below
-    /// --heartbeat-interval, agents reconnect for every heartbeat, which
-    /// costs about three times the CPU per heartbeat.
+    /// A kept connection holds about 15 KiB between heartbeats. With a
+    /// timeout well below --heartbeat-interval (100ms, say), agents
+    /// reconnect for every heartbeat, resuming their TLS session: under
+    /// 4 KiB per machine, for about three times the CPU per heartbeat
+    /// (see BENCHMARKS.md).
     #[arg(long, value_parser = drover_common::api::parse_duration)]
     idle_timeout: Option<std::time::Duration>,
     /// With an etcd store: the leader's lease. A new leader takes over
