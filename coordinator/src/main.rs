@@ -11,6 +11,7 @@ mod jointokens;
 mod keyring;
 mod kubeconfig;
 mod leader;
+mod memory;
 mod migrate;
 mod provider;
 mod provisioner;

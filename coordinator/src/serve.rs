@@ -318,6 +318,10 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         Duration::from_secs(15),
         stop_tx.subscribe(),
     ));
+    let trimmer = tokio::spawn(crate::memory::run_trimmer(
+        crate::memory::TRIM_PERIOD,
+        stop_tx.subscribe(),
+    ));
     let router = crate::api::router(app.clone());
     let connections = crate::server::ConnectionPolicy {
         drain: cfg.drain,
@@ -372,6 +376,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
     let _ = sweeper.await;
+    let _ = trimmer.await;
     if let Some(e) = election {
         let _ = e.await;
     }
