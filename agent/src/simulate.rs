@@ -265,7 +265,7 @@ pub fn main(args: SimulateArgs) -> ExitCode {
         }
     };
     let mut notes = Vec::new();
-    let open_files = match raise_open_files_limit() {
+    let open_files = match drover_common::process::raise_open_files_limit() {
         Ok(limit) => {
             let needed = u64::from(args.machines) + u64::from(args.concurrency) + 64;
             if limit < needed {
@@ -339,24 +339,6 @@ fn write_json(path: &Path, summary: &Summary) -> anyhow::Result<()> {
     text.push('\n');
     std::fs::write(path, text)
         .with_context(|| format!("cannot write the summary to {}", path.display()))
-}
-
-/// Raises the soft open-file limit to the hard one; returns the limit.
-fn raise_open_files_limit() -> Result<u64, nix::Error> {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-    if soft >= hard {
-        return Ok(soft);
-    }
-    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-        Ok(()) => Ok(hard),
-        // An unlimited hard limit is more than the kernel allows (nr_open).
-        Err(_) => {
-            let capped = hard.min(1 << 20);
-            setrlimit(Resource::RLIMIT_NOFILE, capped, hard)?;
-            Ok(capped)
-        }
-    }
 }
 
 /// `VmRSS` and `VmHWM` of this process, in bytes.

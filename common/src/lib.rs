@@ -2,7 +2,8 @@
 //!
 //! Only types from this crate cross the wire between the two binaries. The
 //! crate holds no IO: everything here is pure and unit-tested, so the
-//! coordinator and the agent agree on formats by construction.
+//! coordinator and the agent agree on formats by construction. The one
+//! system call, in `process`, raises the open-file limit at start.
 
 pub mod api;
 pub mod aws;
@@ -12,6 +13,7 @@ pub mod kubeadm;
 pub mod names;
 pub mod pin;
 pub mod pki;
+pub mod process;
 pub mod ticket;
 pub mod token;
 pub mod wire;

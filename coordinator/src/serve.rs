@@ -199,6 +199,10 @@ pub(crate) fn etcd_tls(
     })
 }
 
+/// Below this open-file limit `serve` warns: a fleet of a few thousand
+/// machines keeping connections would run out.
+const MIN_OPEN_FILES: u64 = 65_536;
+
 /// Runs the coordinator until SIGTERM or SIGINT.
 pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -215,6 +219,15 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     std::fs::write(&ca_path, &secrets.ca.cert_pem)
         .with_context(|| format!("cannot write {}", ca_path.display()))?;
 
+    // Every kept agent connection is an open file.
+    match drover_common::process::raise_open_files_limit() {
+        Ok(limit) if limit < MIN_OPEN_FILES => tracing::warn!(
+            limit,
+            "the open-file limit allows fewer than {MIN_OPEN_FILES} connections; raise it (ulimit -n, systemd LimitNOFILE=) or pass --idle-timeout 100ms so agents do not keep connections"
+        ),
+        Ok(limit) => tracing::info!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;

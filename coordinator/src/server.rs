@@ -200,6 +200,9 @@ pub struct ConnectionPolicy {
 /// first heartbeat) to share one hyper connection.
 const PARK_AFTER: Duration = Duration::from_millis(250);
 
+/// How long the server waits after a failed accept before the next.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
 /// Serves `app` on `listener` until `shutdown` resolves, then stops
 /// accepting and gives open connections `policy.drain` to finish.
 ///
@@ -229,7 +232,14 @@ pub async fn run(
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    // Out of open files (EMFILE) or kernel memory: the
+                    // next accept would fail at once, so pause instead of
+                    // spinning; closing connections frees files meanwhile.
+                    tracing::warn!(error = %e, "accept failed; pausing 100 ms");
+                    tokio::select! {
+                        _ = &mut shutdown => break,
+                        _ = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
+                    }
                     continue;
                 }
             },
