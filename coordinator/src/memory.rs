@@ -63,8 +63,8 @@ mod tests {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn trimming_returns_pages_freed_under_live_allocations() {
-        // On a thread of its own, so the heap is the thread's arena and no
-        // other test allocates in it.
+        // On a thread of its own, which glibc gives an arena of its own
+        // while there are fewer threads than arenas.
         std::thread::spawn(|| {
             // 64 MiB in 1 KiB pieces, each 16th kept: nothing coalesces up
             // to the top of the heap, so free() alone returns nothing.
