@@ -28,6 +28,13 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// The test node image the docker tests run: `drover-node:test`, or
+/// `$DROVER_NODE_IMAGE` so that work trees building their own agent can test
+/// side by side without replacing each other's image.
+pub fn node_image() -> String {
+    std::env::var("DROVER_NODE_IMAGE").unwrap_or_else(|_| "drover-node:test".to_string())
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; tests run few enough
 /// processes that a race is unlikely, and a taken port fails loudly).
 pub fn free_port() -> u16 {
@@ -592,6 +599,8 @@ pub mod docker {
             let out = Command::new(root.join("scripts/build-node-image"))
                 .arg("--bin-dir")
                 .arg(bin_dir())
+                .arg("--tag")
+                .arg(crate::node_image())
                 .current_dir(&root)
                 .output()
                 .expect("run scripts/build-node-image");

@@ -10,9 +10,9 @@ use drover_tests::docker::*;
 use drover_tests::*;
 
 const BOOT: Duration = Duration::from_secs(120);
-const IMAGE: &str = "drover-node:test";
 
 fn docker_cluster_yaml(name: &str, cp: u32, workers: u32, health: &str) -> String {
+    let image = node_image();
     format!(
         "apiVersion: drover.dev/v1alpha1
 kind: Cluster
@@ -27,7 +27,7 @@ spec:
       replicas: {workers}
   provider:
     docker:
-      image: {IMAGE}
+      image: {image}
 {health}"
     )
 }
@@ -416,7 +416,7 @@ fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
         &format!("drover.dev/cluster={name}"),
         "--label",
         "drover.dev/machine-uid=00000000-0000-0000-0000-000000000000",
-        IMAGE,
+        &node_image(),
     ]);
     c.restart();
     c.wait_cluster_phase(&name, "Running", BOOT);

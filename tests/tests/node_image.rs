@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use drover_tests::*;
 
-const IMAGE: &str = "drover-node:test";
 const BOOT: Duration = Duration::from_secs(120);
 
 fn workspace_root() -> PathBuf {
@@ -108,7 +107,7 @@ impl DockerEnv {
             "dev.drover.test=node_image",
             "--env",
             "RUST_LOG=info,drover_agent=debug",
-            IMAGE,
+            &node_image(),
         ]);
         self.containers.push(name.clone());
         name
@@ -149,7 +148,7 @@ fn build_image() {
     let out = Command::new(workspace_root().join("scripts/build-node-image"))
         .arg("--bin-dir")
         .arg(bin_dir())
-        .args(["--tag", IMAGE])
+        .args(["--tag", &node_image()])
         .current_dir(workspace_root())
         .output()
         .expect("run scripts/build-node-image");

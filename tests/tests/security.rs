@@ -384,7 +384,8 @@ fn machine_tickets_are_single_use_and_die_with_their_machine() {
         &c,
         tmp.path(),
         &format!(
-            "apiVersion: drover.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  kubernetesVersion: v1.31.2\n  controlPlane:\n    replicas: 1\n  workerPools:\n    - name: default\n      replicas: 1\n  provider:\n    docker:\n      image: drover-node:test\n"
+            "apiVersion: drover.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  kubernetesVersion: v1.31.2\n  controlPlane:\n    replicas: 1\n  workerPools:\n    - name: default\n      replicas: 1\n  provider:\n    docker:\n      image: {image}\n",
+            image = node_image()
         ),
     );
     c.wait_cluster_phase(&name, "Running", BOOT);
