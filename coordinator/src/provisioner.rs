@@ -192,16 +192,28 @@ async fn provision_docker(
 /// machine reaches whichever replica leads after a fail-over. The agent
 /// moves on to the next URL on a refused connection or a follower's 421.
 async fn docker_coordinator_urls(app: &App, own_port: u16) -> Result<Vec<String>, StoreError> {
+    let replicas = crate::leader::replicas(app).await?;
+    Ok(gateway_urls(own_port, replicas.iter().map(|(r, _)| r)))
+}
+
+/// `https://drover-coordinator:PORT` for `own_port` first, then for every
+/// replica that announced a gateway port, each port once. A replica that
+/// predates `gatewayPort` serves no gateway but the ones it provisioned on,
+/// so it is left out.
+fn gateway_urls<'a>(
+    own_port: u16,
+    replicas: impl IntoIterator<Item = &'a crate::leader::ReplicaInfo>,
+) -> Vec<String> {
     let mut ports = vec![own_port];
-    for (replica, _) in crate::leader::replicas(app).await? {
-        if let Some(p) = replica.gateway_port.filter(|p| !ports.contains(p)) {
+    for r in replicas {
+        if let Some(p) = r.gateway_port.filter(|p| !ports.contains(p)) {
             ports.push(p);
         }
     }
-    Ok(ports
+    ports
         .into_iter()
         .map(|p| format!("https://{COORDINATOR_HOST}:{p}"))
-        .collect())
+        .collect()
 }
 
 /// How often every replica checks that it listens on the gateway of every
@@ -777,6 +789,40 @@ async fn verify_aws_instance(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn docker_machines_get_every_replicas_gateway_url_this_one_first() {
+        let replica = |id: &str, port: Option<u16>| crate::leader::ReplicaInfo {
+            id: id.into(),
+            url: format!("https://{id}"),
+            version: "0.1.0".into(),
+            started_at: drover_common::now(),
+            gateway_port: port,
+        };
+        // The registry lists replicas by id, this one among them.
+        let registry = [
+            replica("10.0.0.1:7443", Some(7443)),
+            replica("10.0.0.1:7444", Some(7444)),
+            replica("10.0.0.1:7445", None),
+            replica("10.0.0.1:7446", Some(7446)),
+        ];
+        assert_eq!(
+            gateway_urls(7444, &registry),
+            [
+                "https://drover-coordinator:7444",
+                "https://drover-coordinator:7443",
+                "https://drover-coordinator:7446",
+            ]
+        );
+        // Alone, or the registry not listing this replica yet.
+        assert_eq!(gateway_urls(7443, &[]), ["https://drover-coordinator:7443"]);
+        // An announcement from a replica that predates gatewayPort parses.
+        let old: crate::leader::ReplicaInfo = serde_json::from_str(
+            r#"{"id":"a:1","url":"https://a:1","version":"0.0.9","startedAt":"2026-01-01T00:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(old.gateway_port, None);
+    }
 
     #[test]
     fn retries_back_off_exponentially_and_reset_on_a_new_spec() {
