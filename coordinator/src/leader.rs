@@ -210,6 +210,9 @@ pub async fn run(
 }
 
 fn become_leader(app: &App, term: Fence) {
+    // The role change also wakes `provisioner::run_gateway_listeners`, so
+    // machines of docker clusters reach this replica on their network's
+    // gateway before their grace period ends.
     // Machines heartbeated to the old leader: every deadline starts afresh.
     app.liveness.lock().expect("liveness lock").clear();
     app.grant_grace_to_all();
