@@ -36,6 +36,12 @@ pub struct ReplicaInfo {
     pub version: String,
     #[serde(with = "time::serde::rfc3339")]
     pub started_at: OffsetDateTime,
+    /// The port the replica serves the API on at the gateway of every
+    /// Docker cluster network (its listen port); machines of docker
+    /// clusters reach it at `https://drover-coordinator:PORT`. Absent from
+    /// replicas that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_port: Option<u16>,
 }
 
 /// What this replica is now.
@@ -80,6 +86,11 @@ impl Leadership {
 
     pub fn role(&self) -> Role {
         self.role.borrow().clone()
+    }
+
+    /// A receiver that sees every change of this replica's role.
+    pub fn changes(&self) -> watch::Receiver<Role> {
+        self.role.subscribe()
     }
 
     /// The current term, when this replica leads.
@@ -199,6 +210,9 @@ pub async fn run(
 }
 
 fn become_leader(app: &App, term: Fence) {
+    // The role change also wakes `provisioner::run_gateway_listeners`, so
+    // machines of docker clusters reach this replica on their network's
+    // gateway before their grace period ends.
     // Machines heartbeated to the old leader: every deadline starts afresh.
     app.liveness.lock().expect("liveness lock").clear();
     app.grant_grace_to_all();

@@ -163,12 +163,16 @@ async fn provision_docker(
             object: format!("docker network {}", network.name),
             detail,
         })?;
-    let doc = bootstrap_document(
-        app,
-        cluster,
-        m,
-        vec![format!("https://{COORDINATOR_HOST}:{port}")],
-    );
+    let coordinators =
+        docker_coordinator_urls(app, port)
+            .await
+            .map_err(|e| ProviderError::Failed {
+                provider: "docker",
+                action: "list the coordinator replicas for",
+                object: format!("machine {}", m.metadata.name),
+                detail: e.to_string(),
+            })?;
+    let doc = bootstrap_document(app, cluster, m, coordinators);
     let req = machine_request(cluster, m, doc.to_yaml(), image);
     let id = docker.create(&req, &network).await?;
     Ok(Created {
@@ -179,6 +183,108 @@ async fn provision_docker(
         ),
         provider_id: id,
     })
+}
+
+/// The coordinator URLs of a docker machine's bootstrap document: this
+/// replica's listener on the cluster network's gateway (at `own_port`)
+/// first, then that of every other replica in the registry (each serves
+/// every cluster network's gateway at its own `gatewayPort`), so the
+/// machine reaches whichever replica leads after a fail-over. The agent
+/// moves on to the next URL on a refused connection or a follower's 421.
+async fn docker_coordinator_urls(app: &App, own_port: u16) -> Result<Vec<String>, StoreError> {
+    let replicas = crate::leader::replicas(app).await?;
+    Ok(gateway_urls(own_port, replicas.iter().map(|(r, _)| r)))
+}
+
+/// `https://drover-coordinator:PORT` for `own_port` first, then for every
+/// replica that announced a gateway port, each port once. A replica that
+/// predates `gatewayPort` serves no gateway but the ones it provisioned on,
+/// so it is left out.
+fn gateway_urls<'a>(
+    own_port: u16,
+    replicas: impl IntoIterator<Item = &'a crate::leader::ReplicaInfo>,
+) -> Vec<String> {
+    let mut ports = vec![own_port];
+    for r in replicas {
+        if let Some(p) = r.gateway_port.filter(|p| !ports.contains(p)) {
+            ports.push(p);
+        }
+    }
+    ports
+        .into_iter()
+        .map(|p| format!("https://{COORDINATOR_HOST}:{p}"))
+        .collect()
+}
+
+/// How often every replica checks that it listens on the gateway of every
+/// docker cluster's network (besides at start and on every role change).
+pub const GATEWAY_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens this replica's listener on the gateway of every existing network
+/// of a docker cluster in the store (a no-op for those it serves already):
+/// the machines of clusters made before a restart, or by another replica,
+/// reach it only there. Never creates a network. Returns the gateways
+/// served; a cluster whose network cannot be read or served is logged and
+/// the others are still served.
+pub async fn restore_gateway_listeners(app: &App) -> Result<Vec<std::net::IpAddr>, ReconcileError> {
+    let clusters: Vec<Cluster> = app
+        .clusters()?
+        .into_iter()
+        .filter(|c| matches!(c.spec.provider, ProviderSpec::Docker(_)))
+        .collect();
+    if clusters.is_empty() {
+        return Ok(vec![]);
+    }
+    let docker = app.docker().await?;
+    let mut served = vec![];
+    for c in &clusters {
+        let name = &c.metadata.name;
+        let uid = c.metadata.uid.as_deref().unwrap_or_default();
+        let network = match docker.find_network(name, uid).await {
+            Ok(Some(n)) => n,
+            // Not made yet (provisioning makes it) or already removed.
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(cluster = %name, error = %e, "cannot read the cluster's docker network; its machines may not reach this coordinator");
+                continue;
+            }
+        };
+        match app.listen_on(network.gateway).await {
+            Ok(_) => served.push(network.gateway),
+            Err(detail) => {
+                tracing::warn!(cluster = %name, network = %network.name, gateway = %network.gateway, error = %detail, "cannot listen on the gateway of the cluster's docker network; its machines cannot reach this coordinator");
+            }
+        }
+    }
+    Ok(served)
+}
+
+/// Keeps this replica listening on every docker cluster network's gateway:
+/// at once, whenever its role changes (a new leader must be reachable
+/// before machines give up), and every `period` (networks another replica
+/// made, a Docker engine that was down). Runs on every replica, leader or
+/// not: a follower answers machines with 421, which sends the agent on to
+/// the next URL as fast as a refusal, and serves at once if it is elected.
+pub async fn run_gateway_listeners(
+    app: std::sync::Arc<App>,
+    period: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut role = app.leadership.changes();
+    loop {
+        match restore_gateway_listeners(&app).await {
+            // serve.rs logs every listener it opens.
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot restore the listeners on docker cluster networks")
+            }
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            Ok(()) = role.changed() => {}
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
 }
 
 #[cfg(feature = "aws")]
@@ -683,6 +789,40 @@ async fn verify_aws_instance(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn docker_machines_get_every_replicas_gateway_url_this_one_first() {
+        let replica = |id: &str, port: Option<u16>| crate::leader::ReplicaInfo {
+            id: id.into(),
+            url: format!("https://{id}"),
+            version: "0.1.0".into(),
+            started_at: drover_common::now(),
+            gateway_port: port,
+        };
+        // The registry lists replicas by id, this one among them.
+        let registry = [
+            replica("10.0.0.1:7443", Some(7443)),
+            replica("10.0.0.1:7444", Some(7444)),
+            replica("10.0.0.1:7445", None),
+            replica("10.0.0.1:7446", Some(7446)),
+        ];
+        assert_eq!(
+            gateway_urls(7444, &registry),
+            [
+                "https://drover-coordinator:7444",
+                "https://drover-coordinator:7443",
+                "https://drover-coordinator:7446",
+            ]
+        );
+        // Alone, or the registry not listing this replica yet.
+        assert_eq!(gateway_urls(7443, &[]), ["https://drover-coordinator:7443"]);
+        // An announcement from a replica that predates gatewayPort parses.
+        let old: crate::leader::ReplicaInfo = serde_json::from_str(
+            r#"{"id":"a:1","url":"https://a:1","version":"0.0.9","startedAt":"2026-01-01T00:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(old.gateway_port, None);
+    }
 
     #[test]
     fn retries_back_off_exponentially_and_reset_on_a_new_spec() {

@@ -271,6 +271,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         url: default_url(bound),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         started_at: drover_common::now(),
+        gateway_port: Some(bound.port()),
     };
     let leadership = match store.election() {
         Some(_) => crate::leader::Leadership::follower(me),
@@ -331,6 +332,13 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         Duration::from_secs(15),
         stop_tx.subscribe(),
     ));
+    // Machines of docker clusters made before this start, or by another
+    // replica, reach this one only once it listens on their gateway.
+    let gateways = tokio::spawn(crate::provisioner::run_gateway_listeners(
+        app.clone(),
+        crate::provisioner::GATEWAY_CHECK_PERIOD,
+        stop_tx.subscribe(),
+    ));
     let trimmer = tokio::spawn(crate::memory::run_trimmer(
         crate::memory::TRIM_PERIOD,
         stop_tx.subscribe(),
@@ -341,7 +349,9 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         idle_timeout: cfg.idle_timeout,
     };
 
-    // Extra listeners on Docker network gateways, at the main port.
+    // Extra listeners on Docker network gateways, at the main port (the
+    // port every replica announces as its `gatewayPort`, stable across
+    // restarts, so the URLs in machines' bootstrap documents stay valid).
     let extra = {
         let tls = tls.clone();
         let router = router.clone();
@@ -389,6 +399,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
     let _ = sweeper.await;
+    let _ = gateways.await;
     let _ = trimmer.await;
     if let Some(e) = election {
         let _ = e.await;

@@ -1,10 +1,14 @@
 //! The docker provider against the real Docker engine: clusters of
 //! containers from the locally built test node image, and the faults the
 //! remediation loop must handle (kill, pause, failing kubelet, network cut,
-//! a coordinator killed mid-create).
+//! a coordinator killed mid-create, a coordinator restarted, and a leader
+//! change among replicas on etcd).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
+
+use time::OffsetDateTime;
 
 use drover_tests::docker::*;
 use drover_tests::*;
@@ -513,4 +517,223 @@ fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
         "120s",
     ]);
     assert_eq!(worker_names(&c, &name).len(), 2);
+}
+
+/// The names of a cluster's live machines.
+fn live_names(c: &Coordinator, cluster: &str) -> BTreeSet<String> {
+    live_machines(c, cluster).iter().map(name_of).collect()
+}
+
+/// Waits until every machine of `cluster` has heartbeated to `c` later than
+/// `after`, panicking at once if any is judged unhealthy, deleted or
+/// replaced, or if the machines are not exactly `names`. A start or an
+/// election grants every machine a grace period that reads as a heartbeat
+/// at that moment, so `after` must be later than it.
+fn wait_heartbeats_after(
+    c: &Coordinator,
+    cluster: &str,
+    names: &BTreeSet<String>,
+    after: OffsetDateTime,
+) {
+    use time::format_description::well_known::Rfc3339;
+    wait_for(
+        &format!("every machine of {cluster} to heartbeat after {after}"),
+        BOOT,
+        || {
+            let ms: Vec<serde_json::Value> = all_machines(c)
+                .into_iter()
+                .filter(|m| m["spec"]["assignment"]["cluster"] == cluster)
+                .collect();
+            let now: BTreeSet<String> = ms.iter().map(name_of).collect();
+            assert_eq!(&now, names, "machines were added or replaced");
+            for m in &ms {
+                let events = m["status"]["events"].to_string();
+                assert!(
+                    m["status"]["phase"] == "Running" && !events.contains("Unhealthy"),
+                    "{} was judged unhealthy: {}",
+                    name_of(m),
+                    m["status"]
+                );
+            }
+            for m in &ms {
+                let seen = m["status"]["lastHeartbeatTime"]
+                    .as_str()
+                    .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+                    .ok_or_else(|| format!("{}: no heartbeat time", name_of(m)))?;
+                let healthy = m["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Healthy" && c["status"] == "True")
+                });
+                if seen <= after || !healthy {
+                    return Err(format!(
+                        "{}: last heartbeat {seen}, healthy {healthy}",
+                        name_of(m)
+                    ));
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
+/// The bootstrap document the coordinator put into a machine's container.
+fn seeded_bootstrap(tmp: &Path, cluster: &str, machine: &str) -> String {
+    let dest = tmp.join(format!("user-data-{machine}"));
+    docker_ok(&[
+        "cp",
+        &format!(
+            "{}:/var/lib/cloud/seed/nocloud/user-data",
+            container_of(cluster, machine)
+        ),
+        dest.to_str().unwrap(),
+    ]);
+    std::fs::read_to_string(&dest).unwrap()
+}
+
+#[test]
+fn machines_reach_a_restarted_coordinator_without_any_scaling() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Declared before the coordinator, so it is dropped after it.
+    let name = unique("restart");
+    let _cleanup = DockerCleanup(name.clone());
+    let mut c = start(tmp.path(), "1s", "5s");
+    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 1, ""));
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let names = live_names(&c, &name);
+    assert_eq!(names.len(), 2);
+
+    // kill -9, then start again on the same data directory and port. No
+    // machine is created, so nothing but the start itself may open the
+    // listener on the cluster network's gateway.
+    c.restart();
+    let restarted = OffsetDateTime::now_utc();
+    // Heartbeats later than a whole heartbeat timeout (5 s) after the start
+    // come from the machines, not from the start's grace period.
+    wait_heartbeats_after(&c, &name, &names, restarted + time::Duration::seconds(6));
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let cluster = c.cluster(&name).unwrap();
+    let allowed = cluster["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "RemediationAllowed" && c["status"] == "True")
+        });
+    assert!(allowed, "{}", cluster["status"]);
+}
+
+/// Two `drover serve` replicas on a real one-member etcd, sharing one
+/// encryption key; the first start's admin token and client config serve
+/// both.
+fn ha_replicas(tmp: &Path, etcd: &drover_tests::etcd::EtcdCluster) -> Vec<Coordinator> {
+    ensure_image();
+    let key = tmp.join("encryption.key");
+    let mut replicas: Vec<Coordinator> = vec![];
+    for i in 0..2 {
+        let args = [
+            "--store".to_owned(),
+            etcd.store_url(),
+            "--encryption-key-file".to_owned(),
+            key.display().to_string(),
+            "--leader-lease".to_owned(),
+            "3s".to_owned(),
+        ];
+        let dir = tmp.join(format!("replica-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        if let Some(first) = replicas.first() {
+            std::fs::copy(first.client_config(), dir.join("client.yaml")).unwrap();
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut c = Coordinator::start_with_args(
+            &dir,
+            CoordinatorOptions {
+                heartbeat_interval: "1s",
+                heartbeat_timeout: "5s",
+                ..Default::default()
+            },
+            &args,
+            &format!("127.0.0.1:{}", free_port()),
+        );
+        if let Some(first) = replicas.first() {
+            c.admin_token = first.admin_token.clone();
+        }
+        replicas.push(c);
+    }
+    replicas
+}
+
+/// Waits until exactly one of `among` leads; returns it.
+fn wait_leader(replicas: &[Coordinator], among: &[usize]) -> usize {
+    wait_for("one leader", BOOT, || {
+        let leaders: Vec<usize> = among
+            .iter()
+            .copied()
+            .filter(|i| replicas[*i].status()["leader"] == true)
+            .collect();
+        match leaders.as_slice() {
+            [one] => Ok(*one),
+            other => Err(format!("leaders: {other:?}")),
+        }
+    })
+}
+
+#[test]
+fn docker_cluster_survives_a_leader_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = drover_tests::etcd::EtcdCluster::start(1);
+    // Declared before the coordinators, so it is dropped after them.
+    let name = unique("haf");
+    let _cleanup = DockerCleanup(name.clone());
+    let mut replicas = ha_replicas(tmp.path(), &etcd);
+    let leader = wait_leader(&replicas, &[0, 1]);
+    let other = 1 - leader;
+    apply(
+        &replicas[leader],
+        tmp.path(),
+        &docker_cluster_yaml(&name, 1, 1, ""),
+    );
+    replicas[leader].wait_cluster_phase(&name, "Running", BOOT);
+    let names = live_names(&replicas[leader], &name);
+    assert_eq!(names.len(), 2);
+    // Every machine knows every replica, at its port on the gateway.
+    for m in &names {
+        let doc = seeded_bootstrap(tmp.path(), &name, m);
+        for r in &replicas {
+            let url = format!("https://drover-coordinator:{}", r.port);
+            assert!(doc.contains(&url), "{url} missing from {doc}");
+        }
+    }
+
+    // kill -9 the leader: the other replica takes over, and the machines
+    // find it and keep heartbeating, well past a heartbeat timeout (5 s),
+    // without a replacement.
+    replicas[leader].kill();
+    assert_eq!(wait_leader(&replicas, &[other]), other);
+    let elected = OffsetDateTime::now_utc();
+    let new = &replicas[other];
+    wait_heartbeats_after(new, &name, &names, elected + time::Duration::seconds(6));
+    new.wait_cluster_phase(&name, "Running", BOOT);
+
+    // A machine made after the fail-over joins through the new leader.
+    new.cli_ok(&[
+        "scale",
+        &name,
+        "--pool",
+        "default",
+        "--replicas",
+        "2",
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    let after = live_names(new, &name);
+    assert_eq!(after.len(), 3, "{after:?}");
+    let added: Vec<&String> = after.difference(&names).collect();
+    assert_eq!(added.len(), 1, "{after:?}");
+    let doc = seeded_bootstrap(tmp.path(), &name, added[0]);
+    let url = format!("https://drover-coordinator:{}", new.port);
+    assert!(doc.contains(&url), "{url} missing from {doc}");
+    new.wait_cluster_phase(&name, "Running", BOOT);
+    for m in live_machines(new, &name) {
+        assert_eq!(m["status"]["phase"], "Running", "{m}");
+    }
 }

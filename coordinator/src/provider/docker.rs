@@ -101,31 +101,47 @@ impl DockerProvider {
         cluster: &str,
         cluster_uid: &str,
     ) -> Result<ClusterNetwork, ProviderError> {
+        if let Some(net) = self.find_network(cluster, cluster_uid).await? {
+            return Ok(net);
+        }
         let name = Self::network_name(cluster);
-        let inspect = || async {
-            self.docker
-                .inspect_network(&name, None::<InspectNetworkOptions>)
-                .await
+        let req = NetworkCreateRequest {
+            name: name.clone(),
+            driver: Some("bridge".into()),
+            labels: Some(self.cluster_labels(cluster, cluster_uid)),
+            ..Default::default()
         };
-        let net = match inspect().await {
+        match self.docker.create_network(req).await {
+            Ok(_) => tracing::info!(network = %name, cluster, "docker network created"),
+            // Someone created it meanwhile: inspect decides below.
+            Err(e) if status_code(&e) == Some(409) => {}
+            Err(e) => return Err(failed("create network", &name, e)),
+        }
+        self.find_network(cluster, cluster_uid)
+            .await?
+            .ok_or_else(|| ProviderError::Failed {
+                provider: PROVIDER,
+                action: "inspect network",
+                object: name,
+                detail: "the network was removed right after it was created".into(),
+            })
+    }
+
+    /// The cluster's network with its gateway, if it exists; never creates
+    /// it. A network of that name that is not this cluster's is refused.
+    pub async fn find_network(
+        &self,
+        cluster: &str,
+        cluster_uid: &str,
+    ) -> Result<Option<ClusterNetwork>, ProviderError> {
+        let name = Self::network_name(cluster);
+        let net = match self
+            .docker
+            .inspect_network(&name, None::<InspectNetworkOptions>)
+            .await
+        {
             Ok(n) => n,
-            Err(e) if status_code(&e) == Some(404) => {
-                let req = NetworkCreateRequest {
-                    name: name.clone(),
-                    driver: Some("bridge".into()),
-                    labels: Some(self.cluster_labels(cluster, cluster_uid)),
-                    ..Default::default()
-                };
-                match self.docker.create_network(req).await {
-                    Ok(_) => tracing::info!(network = %name, cluster, "docker network created"),
-                    // Someone created it meanwhile: inspect decides below.
-                    Err(e) if status_code(&e) == Some(409) => {}
-                    Err(e) => return Err(failed("create network", &name, e)),
-                }
-                inspect()
-                    .await
-                    .map_err(|e| failed("inspect network", &name, e))?
-            }
+            Err(e) if status_code(&e) == Some(404) => return Ok(None),
             Err(e) => return Err(failed("inspect network", &name, e)),
         };
         let labels = net.labels.clone().unwrap_or_default();
@@ -149,7 +165,7 @@ impl DockerProvider {
                 object: format!("docker network {name}"),
                 detail: "the network has no IPv4 gateway".into(),
             })?;
-        Ok(ClusterNetwork { name, gateway })
+        Ok(Some(ClusterNetwork { name, gateway }))
     }
 
     /// Creates and starts a machine's container. Idempotent: a container with
