@@ -309,6 +309,8 @@ pub async fn audit(
     // of the coordinator's work and tens of gigabytes a day. Refused
     // heartbeats are audited like any other request.
     if req.uri().path() == "/v1/machine/heartbeat" {
+        // Standard methods clone without allocating.
+        let method = req.method().clone();
         let peer = req
             .extensions()
             .get::<crate::server::PeerCertificate>()
@@ -330,7 +332,7 @@ pub async fn audit(
             time: drover_common::now(),
             actor,
             source,
-            method: "POST".into(),
+            method: method.to_string(),
             path: "/v1/machine/heartbeat".into(),
             status: resp.status().as_u16(),
             suppressed: None,
