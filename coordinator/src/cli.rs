@@ -1074,7 +1074,11 @@ pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
                     e.actor,
                     e.source,
                     e.method,
-                    e.path,
+                    match e.suppressed {
+                        // A summary: refusals not recorded one by one.
+                        Some(n) => format!("{} refused, the last {}", n, e.path),
+                        None => e.path,
+                    },
                     e.status.to_string(),
                 ]);
             }

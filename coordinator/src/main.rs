@@ -55,7 +55,7 @@ enum TopCommand {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the coordinator.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create or update objects from a YAML file.
     Apply(cli::ApplyArgs),
     /// List objects.
@@ -137,6 +137,20 @@ struct ServeArgs {
     /// (see BENCHMARKS.md).
     #[arg(long, value_parser = drover_common::api::parse_duration)]
     idle_timeout: Option<std::time::Duration>,
+    /// How long a request's body may take to arrive once the server waits
+    /// for it; a body still missing then is answered 408 and the
+    /// connection closed.
+    #[arg(long, default_value = "30s", value_parser = drover_common::api::parse_duration)]
+    request_body_timeout: std::time::Duration,
+    /// Connections without a client certificate (admin commands,
+    /// registrations, anyone else) held at once, TLS handshakes counted
+    /// apart; more are refused. Lowered to a quarter of the open-file
+    /// limit if above it.
+    #[arg(long, default_value_t = 4096)]
+    max_unauthenticated_connections: u32,
+    /// Of those, from one source address.
+    #[arg(long, default_value_t = 256)]
+    max_unauthenticated_connections_per_source: u32,
     /// With an etcd store: the leader's lease. A new leader takes over
     /// within this long after the old one dies.
     #[arg(long, default_value = "15s", value_parser = drover_common::api::parse_duration)]
@@ -192,6 +206,11 @@ fn main() -> ExitCode {
                 etcd_ca_file: args.etcd.etcd_ca_file,
                 etcd_cert_file: args.etcd.etcd_cert_file,
                 etcd_key_file: args.etcd.etcd_key_file,
+                request_body_timeout: args.request_body_timeout,
+                unauthenticated: server::UnauthenticatedCaps {
+                    per_source: args.max_unauthenticated_connections_per_source,
+                    total: args.max_unauthenticated_connections,
+                },
             };
             let cfg = match cfg.validate() {
                 Ok(c) => c,

@@ -39,6 +39,10 @@ pub struct ServeConfig {
     pub etcd_ca_file: Option<PathBuf>,
     pub etcd_cert_file: Option<PathBuf>,
     pub etcd_key_file: Option<PathBuf>,
+    /// How long a request body may take to arrive (`--request-body-timeout`).
+    pub request_body_timeout: Duration,
+    /// `--max-unauthenticated-connections` and `...-per-source`.
+    pub unauthenticated: crate::server::UnauthenticatedCaps,
 }
 
 /// A configuration error: exit code 64.
@@ -96,6 +100,28 @@ impl ServeConfig {
             )));
         }
         self.etcd_tls()?;
+        if self.request_body_timeout < Duration::from_secs(1) {
+            return Err(ConfigError(format!(
+                "--request-body-timeout {:?} is too short; use at least 1s",
+                self.request_body_timeout
+            )));
+        }
+        let caps = self.unauthenticated;
+        if caps.total == 0 || caps.per_source == 0 {
+            return Err(ConfigError(
+                "--max-unauthenticated-connections and --max-unauthenticated-connections-per-source must be at least 1 (registrations and admin commands connect without a client certificate)"
+                    .into(),
+            ));
+        }
+        if caps.per_source > caps.total {
+            return Err(ConfigError(format!(
+                "--max-unauthenticated-connections-per-source ({}) must not exceed --max-unauthenticated-connections ({})",
+                caps.per_source, caps.total
+            )));
+        }
+        if std::env::var_os(crate::keyring::KEY_ENV).is_none() {
+            check_key_file_mode(&self.key_file())?;
+        }
         if self.leader_lease < Duration::from_secs(2) {
             return Err(ConfigError(format!(
                 "--leader-lease {:?} is too short; use at least 2s (the leader renews it every third of it)",
@@ -103,6 +129,13 @@ impl ServeConfig {
             )));
         }
         Ok(self)
+    }
+
+    /// The keyring file: `--encryption-key-file`, else `DATA_DIR/encryption.key`.
+    pub fn key_file(&self) -> PathBuf {
+        self.encryption_key_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("encryption.key"))
     }
 
     /// Checks `--store` with the etcd TLS flags; reads and checks the TLS
@@ -115,6 +148,91 @@ impl ServeConfig {
             self.etcd_key_file.as_deref(),
         )
     }
+}
+
+/// Refuses an encryption key file that users other than its owner may
+/// change (group- or other-writable), and warns when they may read it, as
+/// ssh does with private keys. A file that does not exist yet is created
+/// with mode 0600.
+fn check_key_file_mode(path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match std::fs::metadata(path) {
+        Ok(m) => m.permissions().mode() & 0o777,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(ConfigError(format!(
+                "cannot read the encryption key file {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    if mode & 0o022 != 0 {
+        return Err(ConfigError(format!(
+            "the encryption key file {} has mode {mode:04o}: users other than its owner can replace the key that protects every secret; run `chmod 600 {}` and check nobody changed it",
+            path.display(),
+            path.display()
+        )));
+    }
+    if mode & 0o044 != 0 {
+        tracing::warn!(
+            key_file = %path.display(),
+            mode = format!("{mode:04o}"),
+            "the encryption key file is readable by other users; anyone who can read it and a store backup can open every secret; run `chmod 600 {}`",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// A file or directory the coordinator cannot set up at start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {action} {path}: {source}; {advice}", advice = advice(source))]
+pub struct StartupFileError {
+    pub action: &'static str,
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+/// What to do about a file error at start.
+fn advice(e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::ReadOnlyFilesystem => {
+            "it is on a read-only file system: mount it read-write, or pass --data-dir a writable directory".into()
+        }
+        ErrorKind::PermissionDenied => format!(
+            "this user (uid {}) may not change it: give the user ownership of it, or pass --data-dir a directory the user owns",
+            // SAFETY: getuid has no preconditions and cannot fail.
+            unsafe { libc::getuid() }
+        ),
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded => {
+            "the file system is full: free space, or pass --data-dir another file system".into()
+        }
+        ErrorKind::NotADirectory | ErrorKind::IsADirectory | ErrorKind::AlreadyExists => {
+            "something else is in the way: move it, or pass --data-dir another directory".into()
+        }
+        _ => "check the path, or pass --data-dir another directory".into(),
+    }
+}
+
+/// Creates the data directory (mode 0700) and checks the coordinator can
+/// write in it, so a read-only or foreign directory is refused up front
+/// with its path and what to do.
+fn prepare_data_dir(dir: &Path) -> Result<(), StartupFileError> {
+    let fail = |action, path: &Path| {
+        let path = path.to_owned();
+        move |source| StartupFileError {
+            action,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(fail("create the data directory", dir))?;
+    set_mode(dir, 0o700).map_err(fail("set mode 0700 on the data directory", dir))?;
+    let probe = dir.join(".drover-write-check");
+    std::fs::write(&probe, b"").map_err(fail("write in the data directory", &probe))?;
+    std::fs::remove_file(&probe).map_err(fail("remove", &probe))?;
+    Ok(())
 }
 
 /// See `ServeConfig::etcd_tls`.
@@ -206,9 +324,7 @@ const MIN_OPEN_FILES: u64 = 65_536;
 /// Runs the coordinator until SIGTERM or SIGINT.
 pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     use anyhow::Context;
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("cannot create data directory {}", cfg.data_dir.display()))?;
-    set_mode(&cfg.data_dir, 0o700)?;
+    prepare_data_dir(&cfg.data_dir)?;
     let store = open_store(&cfg)?;
     let store = open_sealed(store, &cfg)?;
     let secrets =
@@ -216,17 +332,40 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let ca_pin =
         CaPin::from_cert_pem(&secrets.ca.cert_pem).context("coordinator CA is unreadable")?;
     let ca_path = cfg.data_dir.join("ca.crt");
-    std::fs::write(&ca_path, &secrets.ca.cert_pem)
-        .with_context(|| format!("cannot write {}", ca_path.display()))?;
+    std::fs::write(&ca_path, &secrets.ca.cert_pem).map_err(|source| StartupFileError {
+        action: "write the CA certificate",
+        path: ca_path.clone(),
+        source,
+    })?;
 
     // Every kept agent connection is an open file.
-    match drover_common::process::raise_open_files_limit() {
-        Ok(limit) if limit < MIN_OPEN_FILES => tracing::warn!(
-            limit,
-            "the open-file limit allows fewer than {MIN_OPEN_FILES} connections; raise it (ulimit -n, systemd LimitNOFILE=) or pass --idle-timeout 100ms so agents do not keep connections"
-        ),
-        Ok(limit) => tracing::info!(limit, "open-file limit"),
-        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    let open_files = match drover_common::process::raise_open_files_limit() {
+        Ok(limit) if limit < MIN_OPEN_FILES => {
+            tracing::warn!(
+                limit,
+                "the open-file limit allows fewer than {MIN_OPEN_FILES} connections; raise it (ulimit -n, systemd LimitNOFILE=) or pass --idle-timeout 100ms so agents do not keep connections"
+            );
+            Some(limit)
+        }
+        Ok(limit) => {
+            tracing::info!(limit, "open-file limit");
+            Some(limit)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit");
+            None
+        }
+    };
+    // One for the process: every listener shares the caps.
+    let admission: &'static crate::server::Admission = Box::leak(Box::new(
+        crate::server::Admission::new(cfg.unauthenticated, open_files),
+    ));
+    if admission.caps() != cfg.unauthenticated {
+        tracing::warn!(
+            total = admission.caps().total,
+            per_source = admission.caps().per_source,
+            "unauthenticated connections capped at a quarter of the open-file limit, below --max-unauthenticated-connections"
+        );
     }
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -299,8 +438,13 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         aws: Default::default(),
         provision_retries: Default::default(),
         listen_requests: listen_tx,
-        audit: crate::audit::AuditLog::open(&cfg.data_dir.join("audit.log"))
-            .with_context(|| format!("cannot open {}", cfg.data_dir.join("audit.log").display()))?,
+        audit: crate::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(|source| {
+            StartupFileError {
+                action: "open the audit log",
+                path: cfg.data_dir.join("audit.log"),
+                source,
+            }
+        })?,
         register_limiter: crate::ratelimit::RateLimiter::new(
             cfg.registration_rate,
             cfg.registration_rate.saturating_mul(5),
@@ -345,6 +489,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     ));
     let router = crate::api::router(app.clone());
     let connections = crate::server::ConnectionPolicy {
+        body_timeout: cfg.request_body_timeout,
+        admission,
         drain: cfg.drain,
         idle_timeout: cfg.idle_timeout,
     };
@@ -417,8 +563,11 @@ fn open_store(cfg: &ServeConfig) -> anyhow::Result<Store> {
     match &cfg.store {
         Location::Sqlite(dir) => {
             let dir = dir.as_deref().unwrap_or(&cfg.data_dir);
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create the store directory {}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| StartupFileError {
+                action: "create the store directory",
+                path: dir.to_owned(),
+                source,
+            })?;
             let db = dir.join("drover.db");
             Store::open_sqlite_exclusive(&db)
                 .with_context(|| format!("cannot open the store {}", db.display()))
@@ -438,10 +587,7 @@ fn open_store(cfg: &ServeConfig) -> anyhow::Result<Store> {
 fn open_sealed(store: Store, cfg: &ServeConfig) -> anyhow::Result<Store> {
     use anyhow::Context;
     let first_start = !store.has_secrets()?;
-    let key_file = cfg
-        .encryption_key_file
-        .clone()
-        .unwrap_or_else(|| cfg.data_dir.join("encryption.key"));
+    let key_file = cfg.key_file();
     if !first_start && std::env::var(crate::keyring::KEY_ENV).is_err() && !key_file.exists() {
         anyhow::bail!(
             "refusing to start: the store ({}) holds encrypted secrets but the encryption key file {} does not exist; start with the key this store was written with (--encryption-key-file or {})",
@@ -543,6 +689,107 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(dir: &Path) -> ServeConfig {
+        ServeConfig {
+            data_dir: dir.join("data"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            advertise_urls: vec![],
+            extra_sans: vec![],
+            heartbeat_interval: Duration::from_secs(10),
+            heartbeat_timeout: Duration::from_secs(40),
+            machine_cert_ttl: Duration::from_secs(24 * 3600),
+            join_token_ttl: Duration::from_secs(1800),
+            client_config: dir.join("client.yaml"),
+            drain: Duration::from_secs(10),
+            idle_timeout: None,
+            encryption_key_file: Some(dir.join("key")),
+            registration_rate: 20,
+            leader_lease: Duration::from_secs(15),
+            store: Location::Sqlite(None),
+            etcd_ca_file: None,
+            etcd_cert_file: None,
+            etcd_key_file: None,
+            request_body_timeout: Duration::from_secs(30),
+            unauthenticated: crate::server::UnauthenticatedCaps {
+                per_source: 256,
+                total: 4096,
+            },
+        }
+    }
+
+    #[test]
+    fn connection_caps_and_the_key_file_mode_are_checked_before_anything_starts() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let refused = |cfg: ServeConfig| cfg.validate().unwrap_err().to_string();
+        config(dir.path()).validate().unwrap();
+        let mut cfg = config(dir.path());
+        cfg.unauthenticated.per_source = 0;
+        assert!(refused(cfg).contains("must be at least 1"));
+        let mut cfg = config(dir.path());
+        cfg.unauthenticated.per_source = 5000;
+        let msg = refused(cfg);
+        assert!(
+            msg.contains("must not exceed --max-unauthenticated-connections"),
+            "{msg}"
+        );
+        let mut cfg = config(dir.path());
+        cfg.request_body_timeout = Duration::from_millis(10);
+        assert!(refused(cfg).contains("--request-body-timeout"));
+
+        let key = dir.path().join("key");
+        std::fs::write(&key, "x\n").unwrap();
+        for (mode, ok) in [
+            (0o600, true),
+            (0o640, true),
+            (0o644, true),
+            (0o660, false),
+            (0o602, false),
+        ] {
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+            match config(dir.path()).validate() {
+                Ok(_) => assert!(ok, "mode {mode:o} accepted"),
+                Err(e) => {
+                    assert!(!ok, "mode {mode:o} refused: {e}");
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains(&format!("chmod 600 {}", key.display())),
+                        "{msg}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn start_up_file_errors_name_the_path_and_what_to_do() {
+        let e = StartupFileError {
+            action: "set mode 0700 on the data directory",
+            path: "/srv/drover".into(),
+            source: std::io::Error::from_raw_os_error(libc::EROFS),
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("/srv/drover") && msg.contains("mount it read-write"),
+            "{msg}"
+        );
+        let e = StartupFileError {
+            action: "write in the data directory",
+            path: "/srv/drover/x".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert!(e.to_string().contains("free space"), "{e}");
+        // A file where the data directory should be.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("data");
+        std::fs::write(&file, "").unwrap();
+        let msg = prepare_data_dir(&file.join("sub")).unwrap_err().to_string();
+        assert!(
+            msg.contains(&file.join("sub").display().to_string()),
+            "{msg}"
+        );
+    }
 
     #[test]
     fn store_flags_are_checked_before_anything_starts() {

@@ -58,6 +58,18 @@ pub struct ConnectionStats {
     /// Of the open connections, those parked between requests (holding
     /// only their TLS session).
     pub parked: u64,
+    /// Connections in their TLS handshake, or past it without a client
+    /// certificate: the ones `--max-unauthenticated-connections` caps.
+    #[serde(default)]
+    pub unauthenticated: u64,
+    /// Connections closed at once because their source or the coordinator
+    /// was at its cap of unauthenticated connections.
+    #[serde(default)]
+    pub refused: u64,
+    /// Parked unauthenticated connections closed to make room near the
+    /// open-file limit.
+    #[serde(default)]
+    pub shed: u64,
 }
 
 static OPEN: AtomicU64 = AtomicU64::new(0);
@@ -65,6 +77,10 @@ static FULL: AtomicU64 = AtomicU64::new(0);
 static RESUMED: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicU64 = AtomicU64::new(0);
 static PARKED: AtomicU64 = AtomicU64::new(0);
+static HANDSHAKING: AtomicU64 = AtomicU64::new(0);
+static UNAUTHENTICATED: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static SHED: AtomicU64 = AtomicU64::new(0);
 
 /// The connection figures so far.
 pub fn connection_stats() -> ConnectionStats {
@@ -74,6 +90,10 @@ pub fn connection_stats() -> ConnectionStats {
         resumed_handshakes: RESUMED.load(Ordering::Relaxed),
         failed_handshakes: FAILED.load(Ordering::Relaxed),
         parked: PARKED.load(Ordering::Relaxed),
+        unauthenticated: HANDSHAKING.load(Ordering::Relaxed)
+            + UNAUTHENTICATED.load(Ordering::Relaxed),
+        refused: REFUSED.load(Ordering::Relaxed),
+        shed: SHED.load(Ordering::Relaxed),
     }
 }
 
@@ -98,6 +118,272 @@ impl<C: std::ops::Deref<Target = AtomicU64>> Drop for Gauge<C> {
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an idle or slow HTTP/1 client may take to send its headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a connection without a client certificate stays parked
+/// between requests: admin clients come back within a command; agents,
+/// which keep connections, have certificates.
+const UNAUTHENTICATED_PARK: Duration = Duration::from_secs(15);
+/// Open files kept free for everything that is not a connection (the
+/// store, the audit log, logs, provider clients): nearer the open-file
+/// limit than this, parked unauthenticated connections are shed.
+const OPEN_FILES_HEADROOM: u64 = 128;
+
+/// The caps on unauthenticated connections (see [`Admission`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnauthenticatedCaps {
+    /// From one source address.
+    pub per_source: u32,
+    /// From all sources together.
+    pub total: u32,
+}
+
+/// Which connections the server keeps when it cannot keep them all.
+///
+/// Every connection is *unauthenticated* while its TLS handshake runs, and
+/// stays so after it unless the client presented a certificate the
+/// coordinator CA signed (every registered machine does). Handshakes and
+/// unauthenticated connections are each counted per source address and in
+/// total; a new one over a cap is closed at once (a handshake) or answered
+/// 503 and closed (an established connection), so clients without
+/// credentials cannot hold the coordinator's open files. Near the process's
+/// open-file limit, parked unauthenticated connections are shed before any
+/// machine's.
+#[derive(Debug)]
+pub struct Admission {
+    caps: UnauthenticatedCaps,
+    open_files: Option<u64>,
+    counts: std::sync::Mutex<Counts>,
+    shed: tokio::sync::Notify,
+    /// When a refusal was last logged (seconds since the Unix epoch): at
+    /// most one warning a second.
+    last_warning: AtomicU64,
+    /// When shedding was last logged, likewise.
+    last_shed_warning: AtomicU64,
+}
+
+/// Seconds since the Unix epoch.
+fn epoch_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    /// Per source: handshakes in progress, unauthenticated connections.
+    by_source: std::collections::HashMap<IpAddr, [u32; 2]>,
+    totals: [u32; 2],
+}
+
+/// What an [`Admission`] slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Handshake = 0,
+    Unauthenticated = 1,
+}
+
+impl Admission {
+    /// Admission with `caps`; `open_files` is the process's open-file limit
+    /// when known. The total caps are lowered to a quarter of it each, so
+    /// handshakes and unauthenticated connections together leave half of
+    /// the open files to machines.
+    pub fn new(caps: UnauthenticatedCaps, open_files: Option<u64>) -> Self {
+        let total = match open_files {
+            Some(limit) => u64::from(caps.total).min((limit / 4).max(1)) as u32,
+            None => caps.total,
+        };
+        Self {
+            caps: UnauthenticatedCaps {
+                per_source: caps.per_source.min(total),
+                total,
+            },
+            open_files,
+            counts: Default::default(),
+            shed: tokio::sync::Notify::new(),
+            last_warning: AtomicU64::new(0),
+            last_shed_warning: AtomicU64::new(0),
+        }
+    }
+
+    /// The caps in force (the total possibly lowered, see [`Admission::new`]).
+    pub fn caps(&self) -> UnauthenticatedCaps {
+        self.caps
+    }
+
+    /// A slot for a connection at `stage` from `ip`, or `None` when the
+    /// source or the server is at its cap.
+    fn admit(&'static self, ip: IpAddr, stage: Stage) -> Option<Slot> {
+        let ip = source_key(ip);
+        let i = stage as usize;
+        let mut counts = self.counts.lock().expect("admission lock");
+        let from_source = counts.by_source.get(&ip).map_or(0, |c| c[i]);
+        if from_source >= self.caps.per_source || counts.totals[i] >= self.caps.total {
+            let total = counts.totals[i];
+            drop(counts);
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+            self.warn_refusal(ip, stage, from_source, total);
+            return None;
+        }
+        counts.by_source.entry(ip).or_default()[i] += 1;
+        counts.totals[i] += 1;
+        match stage {
+            Stage::Handshake => HANDSHAKING.fetch_add(1, Ordering::Relaxed),
+            Stage::Unauthenticated => UNAUTHENTICATED.fetch_add(1, Ordering::Relaxed),
+        };
+        Some(Slot {
+            admission: self,
+            ip,
+            stage,
+        })
+    }
+
+    fn warn_refusal(&self, ip: IpAddr, stage: Stage, from_source: u32, total: u32) {
+        let now = epoch_seconds();
+        if self.last_warning.swap(now, Ordering::Relaxed) == now {
+            return;
+        }
+        let what = match stage {
+            Stage::Handshake => "TLS handshakes",
+            Stage::Unauthenticated => "connections without a client certificate",
+        };
+        tracing::warn!(
+            source = %ip,
+            from_source,
+            total,
+            per_source_cap = self.caps.per_source,
+            total_cap = self.caps.total,
+            "refusing a connection: at the cap of {what} (--max-unauthenticated-connections, --max-unauthenticated-connections-per-source); further refusals this second are only counted"
+        );
+    }
+
+    /// Closes every parked unauthenticated connection when the open
+    /// connections come within [`OPEN_FILES_HEADROOM`] of the open-file
+    /// limit, or when `out_of_files` (accept failed for want of one).
+    fn shed_if_short(&self, out_of_files: bool) {
+        let open = OPEN.load(Ordering::Relaxed) + HANDSHAKING.load(Ordering::Relaxed);
+        let near = self
+            .open_files
+            .is_some_and(|limit| open + OPEN_FILES_HEADROOM >= limit);
+        if !(near || out_of_files) {
+            return;
+        }
+        self.shed.notify_waiters();
+        let now = epoch_seconds();
+        if self.last_shed_warning.swap(now, Ordering::Relaxed) != now {
+            tracing::warn!(
+                open_connections = open,
+                open_files_limit = self.open_files,
+                out_of_files,
+                "open files are running short; closing parked connections without a client certificate so machines keep theirs (raise the open-file limit, or lower --max-unauthenticated-connections)"
+            );
+        }
+    }
+}
+
+/// The source a connection is counted under: its IPv4 address, or the
+/// /64 network of an IPv6 one (a single host commonly holds a whole /64).
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !((1u128 << 64) - 1),
+            )),
+        },
+    }
+}
+
+/// A connection's place under an [`Admission`] cap, given back on drop.
+struct Slot {
+    admission: &'static Admission,
+    ip: IpAddr,
+    stage: Stage,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let i = self.stage as usize;
+        let mut counts = self.admission.counts.lock().expect("admission lock");
+        counts.totals[i] -= 1;
+        if let std::collections::hash_map::Entry::Occupied(mut e) = counts.by_source.entry(self.ip)
+        {
+            e.get_mut()[i] -= 1;
+            if e.get() == &[0, 0] {
+                e.remove();
+            }
+        }
+        match self.stage {
+            Stage::Handshake => HANDSHAKING.fetch_sub(1, Ordering::Relaxed),
+            Stage::Unauthenticated => UNAUTHENTICATED.fetch_sub(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// The problem document a connection over the unauthenticated cap gets
+/// before it is closed.
+fn over_cap_answer() -> Vec<u8> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Too many connections",
+        "status": 503,
+        "detail": "this coordinator holds as many connections without a client certificate as it allows (from this address or in total); retry later",
+    })
+    .to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\nretry-after: 5\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The error a request body gives when it does not arrive in time.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0:?}; send the body with the headers")]
+pub struct BodyTimedOut(pub Duration);
+
+/// A request body that fails with [`BodyTimedOut`] once it has been
+/// waited for longer than its timeout: the clock starts the first time a
+/// read finds no data, so a body that comes with its headers (every
+/// heartbeat) never arms a timer.
+struct DeadlineBody {
+    inner: hyper::body::Incoming,
+    timeout: Duration,
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl hyper::body::Body for DeadlineBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|r| r.map_err(Into::into))),
+            Poll::Pending => {
+                let timeout = self.timeout;
+                let timer = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(Some(Err(Box::new(BodyTimedOut(timeout)))))
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// Errors building the TLS configuration.
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +471,12 @@ pub fn server_config(
 /// How the server treats client connections.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionPolicy {
+    /// How long a request's body may take to arrive (from the first wait
+    /// for it); a body still missing then is answered 408.
+    pub body_timeout: Duration,
+    /// The caps on unauthenticated connections, shared by every listener
+    /// of the process (one `Admission` lives as long as the process).
+    pub admission: &'static Admission,
     /// How long open connections may take to finish after shutdown begins.
     pub drain: Duration,
     /// Close a connection that has been idle (no request in flight, no
@@ -234,7 +526,10 @@ pub async fn run(
                 Err(e) => {
                     // Out of open files (EMFILE) or kernel memory: the
                     // next accept would fail at once, so pause instead of
-                    // spinning; closing connections frees files meanwhile.
+                    // spinning; closing connections frees files meanwhile,
+                    // parked unauthenticated ones first.
+                    let out_of_files = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                    policy.admission.shed_if_short(out_of_files);
                     tracing::warn!(error = %e, "accept failed; pausing 100 ms");
                     tokio::select! {
                         _ = &mut shutdown => break,
@@ -250,6 +545,13 @@ pub async fn run(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
+        policy.admission.shed_if_short(false);
+        // Over the cap of handshakes from this source or in all: closed
+        // before the handshake costs anything.
+        let Some(handshaking) = policy.admission.admit(peer.ip(), Stage::Handshake) else {
+            drop(tcp);
+            continue;
+        };
         let acceptor = acceptor.clone();
         let app = app.clone();
         let stop = stop_rx.clone();
@@ -260,7 +562,9 @@ pub async fn run(
             // largest state, and a parked connection should not pay for a
             // handshake's or hyper's.
             let handshake = Box::pin(acceptor.accept(tcp));
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await;
+            drop(handshaking);
+            let tls = match handshake {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
                     FAILED.fetch_add(1, Ordering::Relaxed);
@@ -284,7 +588,27 @@ pub async fn run(
                 .peer_certificates()
                 .and_then(|c| c.first())
                 .map_or_else(PeerCertificate::default, |c| PeerCertificate::parse(c));
-            serve_connection(tls, peer, peer_cert, app, policy, stop).await;
+            // A verified client certificate makes a machine; any other
+            // client needs a place under the unauthenticated caps.
+            let slot = if peer_cert.0.is_some() {
+                None
+            } else {
+                match policy.admission.admit(peer.ip(), Stage::Unauthenticated) {
+                    Some(slot) => Some(slot),
+                    None => {
+                        let mut tls = tls;
+                        use tokio::io::AsyncWriteExt;
+                        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                            tls.write_all(&over_cap_answer()).await?;
+                            tls.shutdown().await
+                        })
+                        .await;
+                        return;
+                    }
+                }
+            };
+            serve_connection(tls, peer, peer_cert, app, policy, stop, slot.is_some()).await;
+            drop(slot);
         });
     }
     drop(listener);
@@ -309,12 +633,19 @@ async fn serve_connection(
     app: Router,
     policy: ConnectionPolicy,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    unauthenticated: bool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let in_flight = Arc::new(AtomicU64::new(0));
+    let body_timeout = policy.body_timeout;
     let service = {
         let in_flight = in_flight.clone();
-        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let mut req = req.map(|inner| DeadlineBody {
+                inner,
+                timeout: body_timeout,
+                timer: None,
+            });
             req.extensions_mut().insert(peer_cert.clone());
             req.extensions_mut()
                 .insert(axum::extract::ConnectInfo(peer));
@@ -356,13 +687,21 @@ async fn serve_connection(
         // Parked: only the TLS session is held until the next byte.
         let _parked = Gauge::new(&PARKED);
         let mut byte = [0u8; 1];
-        let wait = policy
+        let mut wait = policy
             .idle_timeout
             .map(|t| t.saturating_sub(park_after))
             .unwrap_or(Duration::MAX);
+        if unauthenticated {
+            wait = wait.min(UNAUTHENTICATED_PARK);
+        }
         let read = tokio::select! {
             r = tokio::time::timeout(wait, tls.read(&mut byte)) => r,
             _ = stop.changed() => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
+                return;
+            }
+            _ = policy.admission.shed.notified(), if unauthenticated => {
+                SHED.fetch_add(1, Ordering::Relaxed);
                 let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
                 return;
             }
@@ -421,8 +760,10 @@ where
     let parts = conn.into_parts();
     let io = parts.io.into_inner();
     // A client that sent nothing is not kept: parking is for clients
-    // between requests.
-    if io.peer_closed || !io.heard || draining || *stop.borrow() {
+    // between requests. Nor is a connection hyper finished on its own
+    // rather than for being quiet: a request or an answer said
+    // `Connection: close`, or a body was left unread.
+    if io.peer_closed || !io.heard || !io.quiet_ended || draining || *stop.borrow() {
         let mut tls = io.inner;
         let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
         return None;
@@ -447,6 +788,8 @@ struct IdleClose<T> {
     timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// The client really closed its side (not a quiet period).
     peer_closed: bool,
+    /// The stream read as ended because the connection was quiet.
+    quiet_ended: bool,
     /// Whether the client has sent anything: until it does, it has
     /// [`HEADER_READ_TIMEOUT`] (a client that completes TLS and then says
     /// nothing is closed, not parked).
@@ -463,6 +806,7 @@ impl<T> IdleClose<T> {
             last_activity: tokio::time::Instant::now(),
             timer: None,
             peer_closed: false,
+            quiet_ended: false,
             heard: false,
         }
     }
@@ -518,6 +862,7 @@ impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for IdleClose<T> {
             std::task::Poll::Pending => {
                 if self.quiet_expired(cx) {
                     // Reads as the end: hyper finishes and lets go.
+                    self.quiet_ended = true;
                     std::task::Poll::Ready(Ok(()))
                 } else {
                     std::task::Poll::Pending
@@ -581,6 +926,30 @@ mod tests {
     async fn serve(
         idle_timeout: Option<Duration>,
     ) -> (std::net::SocketAddr, tokio_rustls::TlsConnector) {
+        let caps = UnauthenticatedCaps {
+            per_source: 64,
+            total: 64,
+        };
+        let s = serve_with(idle_timeout, caps, Duration::from_secs(30)).await;
+        (s.addr, s.connector)
+    }
+
+    struct TestServer {
+        addr: std::net::SocketAddr,
+        /// A client without a certificate.
+        connector: tokio_rustls::TlsConnector,
+        /// A client with a certificate the CA signed (a machine).
+        machine: tokio_rustls::TlsConnector,
+        admission: &'static Admission,
+    }
+
+    /// The test server with these caps and body timeout; `/echo` answers
+    /// a POST with its body.
+    async fn serve_with(
+        idle_timeout: Option<Duration>,
+        caps: UnauthenticatedCaps,
+        body_timeout: Duration,
+    ) -> TestServer {
         let ca = CertificateAuthority::generate("test-ca").unwrap();
         let tls = server_config(&ca, vec!["localhost".into()], vec![]).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -593,8 +962,18 @@ mod tests {
                     tokio::time::sleep(Duration::from_millis(600)).await;
                     "slow"
                 }),
-            );
+            )
+            .route(
+                "/echo",
+                axum::routing::post(
+                    |crate::api::RawBody(body): crate::api::RawBody| async move { body },
+                ),
+            )
+            .layer(axum::middleware::from_fn(crate::api::close_if_body_unread));
+        let admission: &'static Admission = Box::leak(Box::new(Admission::new(caps, None)));
         let policy = ConnectionPolicy {
+            body_timeout,
+            admission,
             drain: Duration::from_secs(1),
             idle_timeout,
         };
@@ -603,12 +982,47 @@ mod tests {
         roots
             .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
             .unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        (addr, tokio_rustls::TlsConnector::from(Arc::new(client)))
+        let builder = || {
+            rustls::ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots.clone())
+        };
+        let leaf = ca
+            .issue(&LeafSpec {
+                common_name: "m1".into(),
+                organizations: vec![],
+                dns_names: vec![],
+                ip_addresses: vec![],
+                usage: LeafUsage::Client,
+                validity: time::Duration::hours(1),
+            })
+            .unwrap();
+        let machine = builder()
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(leaf.key_pem.unwrap().as_bytes()).unwrap(),
+            )
+            .unwrap();
+        TestServer {
+            addr,
+            connector: tokio_rustls::TlsConnector::from(Arc::new(builder().with_no_client_auth())),
+            machine: tokio_rustls::TlsConnector::from(Arc::new(machine)),
+            admission,
+        }
+    }
+
+    /// Reads until the server closes the connection; the answer, or `None`
+    /// if it stays open for `within`.
+    async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(
+        stream: &mut S,
+        within: Duration,
+    ) -> Option<String> {
+        let mut buf = vec![];
+        match tokio::time::timeout(within, stream.read_to_end(&mut buf)).await {
+            Ok(_) => Some(String::from_utf8_lossy(&buf).into_owned()),
+            Err(_) => None,
+        }
     }
 
     /// A TLS connection to the test server.
@@ -697,5 +1111,155 @@ mod tests {
         // the connection then serves a second request.
         assert!(get(&mut stream, "/slow").await.ends_with("slow"));
         assert!(get(&mut stream, "/").await.ends_with("ok"));
+    }
+    #[test]
+    fn ipv6_sources_are_counted_by_their_64_network() {
+        let key = |s: &str| source_key(s.parse().unwrap()).to_string();
+        assert_eq!(key("192.0.2.7"), "192.0.2.7");
+        assert_eq!(key("::ffff:192.0.2.7"), "192.0.2.7");
+        assert_eq!(key("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::");
+        assert_eq!(key("2001:db8:1:2:bbbb::9"), key("2001:db8:1:2::1"));
+        assert_ne!(key("2001:db8:1:3::1"), key("2001:db8:1:2::1"));
+    }
+
+    #[tokio::test]
+    async fn connection_close_closes_the_connection_after_the_answer() {
+        let (addr, connector) = serve(None).await;
+        let mut stream = connect(addr, &connector).await;
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        // Answered, then closed: not parked for a next request.
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .expect("the connection was kept after `Connection: close`");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("ok"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_body_trickled_past_the_timeout_is_cut_off() {
+        let caps = UnauthenticatedCaps {
+            per_source: 8,
+            total: 8,
+        };
+        let s = serve_with(None, caps, Duration::from_millis(500)).await;
+        let mut stream = connect(s.addr, &s.connector).await;
+        stream
+            .write_all(b"POST /echo HTTP/1.1\r\nhost: localhost\r\ncontent-length: 100\r\n\r\n")
+            .await
+            .unwrap();
+        // One byte every 100 ms: each resets any idle timer, none the
+        // body's deadline.
+        let trickle = async {
+            for _ in 0..100 {
+                if stream.write_all(b"x").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), trickle)
+            .await
+            .expect("the server kept reading the trickled body");
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .expect("the connection was closed");
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("did not arrive within"), "{answer}");
+        // A body sent with its headers is served as always.
+        let mut stream = connect(s.addr, &s.connector).await;
+        stream
+            .write_all(b"POST /echo HTTP/1.1\r\nhost: localhost\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello")
+            .await
+            .unwrap();
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+            "{answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn unauthenticated_connections_are_capped_and_machines_still_get_in() {
+        let caps = UnauthenticatedCaps {
+            per_source: 3,
+            total: 3,
+        };
+        let s = serve_with(None, caps, Duration::from_secs(30)).await;
+        // Three clients without certificates hold their connections.
+        let mut held = vec![];
+        for _ in 0..3 {
+            let mut c = connect(s.addr, &s.connector).await;
+            assert!(get(&mut c, "/").await.ends_with("ok"));
+            held.push(c);
+        }
+        // The fourth is answered 503 and closed at once.
+        let mut refused = connect(s.addr, &s.connector).await;
+        let answer = read_until_closed(&mut refused, Duration::from_secs(5))
+            .await
+            .expect("an unauthenticated connection over the cap was kept");
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("without a client certificate"), "{answer}");
+        assert!(connection_stats().refused >= 1);
+        // A machine, from the same address, is served.
+        for _ in 0..5 {
+            let mut m = connect(s.addr, &s.machine).await;
+            assert!(get(&mut m, "/").await.ends_with("ok"));
+            held.push(m);
+        }
+        // A slot comes back when its connection closes.
+        drop(held.remove(0));
+        let mut again = None;
+        for _ in 0..50 {
+            let mut c = connect(s.addr, &s.connector).await;
+            c.write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = c.read(&mut buf).await.unwrap_or(0);
+            if String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200") {
+                again = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            again.is_some(),
+            "the closed connection's slot was not given back"
+        );
+    }
+
+    #[tokio::test]
+    async fn short_of_files_parked_unauthenticated_connections_go_first() {
+        let caps = UnauthenticatedCaps {
+            per_source: 8,
+            total: 8,
+        };
+        let s = serve_with(None, caps, Duration::from_secs(30)).await;
+        let mut anonymous = connect(s.addr, &s.connector).await;
+        assert!(get(&mut anonymous, "/").await.ends_with("ok"));
+        let mut machine = connect(s.addr, &s.machine).await;
+        assert!(get(&mut machine, "/").await.ends_with("ok"));
+        // Shedding reaches connections once they are parked (after
+        // PARK_AFTER, well before UNAUTHENTICATED_PARK).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let closed = loop {
+            s.admission.shed_if_short(true);
+            if let Some(rest) = read_until_closed(&mut anonymous, Duration::from_millis(100)).await
+            {
+                break rest;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the parked anonymous connection was not shed"
+            );
+        };
+        assert_eq!(closed, "");
+        // The machine's connection stays, and serves.
+        assert!(get(&mut machine, "/").await.ends_with("ok"));
     }
 }

@@ -583,3 +583,465 @@ fn accepted_heartbeats_are_not_audited_but_refused_ones_are() {
         "{audit:#?}"
     );
 }
+
+/// A TLS client without a certificate that trusts `ca_pem`.
+fn anonymous_tls(ca_pem: &str) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// A TLS connection to `addr` from the local address `source`.
+async fn tls_from(
+    source: std::net::IpAddr,
+    addr: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source, 0))?;
+    let tcp = socket.connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+}
+
+/// Sends `head` (and `body`) on a fresh connection from 127.0.0.1 and
+/// reads the answer until the server closes or 10 s pass.
+fn raw_request(c: &Coordinator, head: &str, body: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tls = anonymous_tls(&c.ca_pem());
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", c.port).parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut s = tls_from("127.0.0.1".parse().unwrap(), addr, tls)
+            .await
+            .unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let _ = s.write_all(body).await;
+        let mut buf = vec![];
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// The audit log through the CLI.
+fn audit_log(c: &Coordinator) -> Vec<serde_json::Value> {
+    serde_json::from_str(&c.cli_ok(&["audit", "--limit", "10000", "-o", "json"])).unwrap()
+}
+
+#[test]
+fn slow_bodies_cannot_take_the_coordinators_connections() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // A coordinator with 256 open files: 300 connections held would take
+    // them all.
+    let log = std::fs::File::create(tmp.path().join("serve.log")).unwrap();
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", "ulimit -n 256 && exec \"$@\"", "bash"])
+        .arg(bin("drover"))
+        .args(["serve", "--data-dir"])
+        .arg(tmp.path().join("data"))
+        .args(["--listen", &addr.to_string()])
+        .args(["--max-unauthenticated-connections-per-source", "8"])
+        .args(["--request-body-timeout", "3s"])
+        .env("DROVER_CONFIG", tmp.path().join("client.yaml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _kill = Kill(&mut child);
+    let ca = wait_for("the coordinator's CA", Duration::from_secs(30), || {
+        std::fs::read_to_string(tmp.path().join("data/ca.crt"))
+            .ok()
+            .filter(|s| s.contains("END CERTIFICATE"))
+            .ok_or_else(|| "not written yet".to_owned())
+    });
+    let tls = anonymous_tls(&ca);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let healthz = |source: &str| {
+        let tls = tls.clone();
+        let source: std::net::IpAddr = source.parse().unwrap();
+        async move {
+            let answer = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut s = tls_from(source, addr, tls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // Until the body ("ok") or the end.
+                let mut buf = vec![];
+                let mut chunk = [0u8; 1024];
+                while !buf.ends_with(b"\r\n\r\nok") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                Ok::<_, String>(String::from_utf8_lossy(&buf).into_owned())
+            })
+            .await;
+            match answer {
+                Ok(Ok(a)) if a.starts_with("HTTP/1.1 200") => Ok(()),
+                Ok(Ok(a)) => Err(format!("answered {a:?}")),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err("no answer within 2 s".to_owned()),
+            }
+        }
+    };
+    wait_for("/healthz", Duration::from_secs(30), || {
+        rt.block_on(healthz("127.0.0.1"))
+    });
+
+    // 300 clients from four addresses announce a body and trickle it, one
+    // byte every 500 ms.
+    let holding = std::sync::Arc::new(AtomicUsize::new(0));
+    let started = std::time::Instant::now();
+    let flood: Vec<_> = (0..300)
+        .map(|i| {
+            let (tls, holding) = (tls.clone(), holding.clone());
+            let source: std::net::IpAddr = format!("127.0.1.{}", 1 + i % 4).parse().unwrap();
+            rt.spawn(async move {
+                let Ok(s) = tls_from(source, addr, tls).await else {
+                    return "refused".to_owned();
+                };
+                holding.fetch_add(1, Ordering::SeqCst);
+                let (mut r, mut w) = tokio::io::split(s);
+                let head = "POST /v1/machine/register HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n";
+                let trickle = async {
+                    if w.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    loop {
+                        if w.write_all(b" ").await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                };
+                let mut buf = vec![];
+                let outcome = tokio::select! {
+                    _ = r.read_to_end(&mut buf) => {
+                        String::from_utf8_lossy(&buf).split("\r\n").next().unwrap_or("closed").to_owned()
+                    }
+                    _ = trickle => "write failed".to_owned(),
+                };
+                holding.fetch_sub(1, Ordering::SeqCst);
+                if outcome.is_empty() {
+                    "closed".to_owned()
+                } else {
+                    outcome
+                }
+            })
+        })
+        .collect();
+    // While the flood holds connections, /healthz from elsewhere answers
+    // within 2 s every time.
+    wait_for(
+        "the flood to hold connections",
+        Duration::from_secs(10),
+        || match holding.load(Ordering::SeqCst) {
+            n if n >= 16 => Ok(()),
+            n => Err(format!("{n} held")),
+        },
+    );
+    let mut probes = 0;
+    while holding.load(Ordering::SeqCst) >= 16 && started.elapsed() < Duration::from_secs(20) {
+        if let Err(e) = rt.block_on(healthz("127.0.0.9")) {
+            panic!(
+                "/healthz failed while {} slow connections were open: {e}",
+                holding.load(Ordering::SeqCst)
+            );
+        }
+        probes += 1;
+    }
+    assert!(probes >= 3, "only {probes} probes ran during the flood");
+    // Every slow client is cut off by the body deadline or refused at
+    // once, within bounded time; at most 8 per source were served.
+    let outcomes: Vec<String> = rt.block_on(async {
+        let mut all = vec![];
+        for f in flood {
+            all.push(
+                tokio::time::timeout(Duration::from_secs(20), f)
+                    .await
+                    .expect("a slow client was kept past the body deadline")
+                    .unwrap(),
+            );
+        }
+        all
+    });
+    let count = |prefix: &str| outcomes.iter().filter(|o| o.starts_with(prefix)).count();
+    let cut = count("HTTP/1.1 408");
+    assert!(
+        (1..=4 * 8).contains(&cut),
+        "{cut} cut off by the deadline: {outcomes:?}"
+    );
+    assert_eq!(
+        cut + count("HTTP/1.1 503") + count("refused") + count("closed") + count("write failed"),
+        300,
+        "{outcomes:?}"
+    );
+    // And the connections came back: a client from a flooding address is
+    // served again.
+    wait_for(
+        "/healthz from a flooding address",
+        Duration::from_secs(10),
+        || rt.block_on(healthz("127.0.1.1")),
+    );
+}
+
+#[test]
+fn anonymous_refusals_cannot_fill_the_audit_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let api = c.api(None);
+    let long = format!("/v1/clusters/{}", "a".repeat(4000));
+    for _ in 0..200 {
+        let a = api.send(
+            "PUT",
+            &long,
+            None,
+            Some(("application/yaml", b"kind: Cluster".to_vec())),
+        );
+        assert_eq!(a.status, 401, "{a:?}");
+    }
+    let audit = audit_log(&c);
+    let anonymous: Vec<&serde_json::Value> =
+        audit.iter().filter(|e| e["actor"] == "anonymous").collect();
+    assert!(
+        !anonymous.is_empty() && anonymous.len() <= 20,
+        "{} anonymous refusals recorded one by one",
+        anonymous.len()
+    );
+    for e in &anonymous {
+        let path = e["path"].as_str().unwrap();
+        assert!(path.len() <= 256 && path.ends_with('…'), "{path}");
+    }
+    let size = std::fs::metadata(tmp.path().join("data/audit.log"))
+        .unwrap()
+        .len();
+    assert!(size < 16 * 1024, "200 refusals wrote {size} bytes");
+}
+
+#[test]
+fn machine_config_fetches_and_oversized_requests_are_audited() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("bootstrap.yaml");
+    c.token("audit", "role=x", 1, "10m", &boot);
+    let agent = Agent::start(&tmp.path().join("m1"), "m1", &boot);
+    let name = wait_for("the machine to register", BOOT, || {
+        c.machines()
+            .first()
+            .and_then(|m| m["metadata"]["name"].as_str().map(str::to_owned))
+            .ok_or_else(|| "none yet".to_owned())
+    });
+    let state = wait_for("the agent's identity", BOOT, || {
+        std::panic::catch_unwind(|| agent.state())
+            .ok()
+            .filter(|s| s["certificatePem"].is_string())
+            .ok_or_else(|| "not saved yet".to_owned())
+    });
+    let identity = (
+        state["certificatePem"].as_str().unwrap(),
+        state["keyPem"].as_str().unwrap(),
+    );
+    let fetched = c
+        .api(Some(identity))
+        .send("GET", "/v1/machine/config", None, None);
+    assert!(fetched.status != 0, "{fetched:?}");
+    c.api(None)
+        .send_announced("POST", "/v1/machine/register", 2 * 1024 * 1024, b"{")
+        .assert_problem(413, "");
+    let audit = audit_log(&c);
+    assert!(
+        audit.iter().any(|e| e["method"] == "GET"
+            && e["path"] == "/v1/machine/config"
+            && e["actor"] == format!("machine:{name}").as_str()
+            && e["status"] == fetched.status),
+        "the config fetch is not audited: {audit:#?}"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|e| e["path"] == "/v1/machine/register" && e["status"] == 413),
+        "the 413 refusal is not audited: {audit:#?}"
+    );
+}
+
+#[test]
+fn a_viewers_change_is_refused_before_its_body_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let viewer = c
+        .cli_ok(&["admin-token", "create", "--role", "viewer"])
+        .trim()
+        .to_owned();
+    // Malformed: 403, not 422.
+    c.api(None)
+        .send(
+            "PUT",
+            "/v1/clusters/x",
+            Some(&viewer),
+            Some(("application/yaml", b"kind: [".to_vec())),
+        )
+        .assert_problem(403, "viewer role");
+    c.api(None)
+        .send(
+            "POST",
+            "/v1/registrationtokens",
+            Some(&viewer),
+            Some(("application/json", b"{not json".to_vec())),
+        )
+        .assert_problem(403, "viewer role");
+    // A 900 KB body announced but never sent: answered at once, unread.
+    let answer = raw_request(
+        &c,
+        &format!(
+            "PUT /v1/clusters/x HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {viewer}\r\ncontent-type: application/yaml\r\ncontent-length: {}\r\n\r\n",
+            900 * 1024
+        ),
+        b"kind: Cluster\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer:?}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn a_refused_registration_logs_no_raw_control_characters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let hostname = "evil\nFORGED level=INFO machine registered\u{1b}[2J";
+    let a = c.api(None).json(
+        "POST",
+        "/v1/machine/register",
+        None,
+        &serde_json::json!({"ticket": "dt1.e30.AAAA", "csrPem": "x", "facts": {"hostname": hostname, "addresses": ["127.0.0.1"], "apiServerPort": 6443, "kubeletHealthzPort": 10248, "agentVersion": "x"}}),
+    );
+    a.assert_problem(400, "not a valid host name");
+    // A refusal for the ticket logs the (valid) host name, escaped.
+    c.api(None)
+        .json(
+            "POST",
+            "/v1/machine/register",
+            None,
+            &serde_json::json!({"ticket": "dt1.e30.AAAA", "csrPem": "x", "facts": {"hostname": "plain-host", "addresses": ["127.0.0.1"], "apiServerPort": 6443, "kubeletHealthzPort": 10248, "agentVersion": "x"}}),
+        )
+        .assert_problem(401, "");
+    let out = wait_for("the refusal in the log", Duration::from_secs(10), || {
+        let out = c.output();
+        if out.contains("plain-host") {
+            Ok(out)
+        } else {
+            Err("not logged yet".to_owned())
+        }
+    });
+    assert!(
+        !out.lines().any(|l| l.starts_with("FORGED")),
+        "an injected line reached the log:\n{out}"
+    );
+    assert!(
+        !out.contains("\u{1b}[2J"),
+        "an escape sequence reached the log"
+    );
+}
+
+#[test]
+fn an_encryption_key_file_others_can_change_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    c.kill();
+    let key = tmp.path().join("data/encryption.key");
+    let chmod =
+        |mode: u32| std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+    // Readable by others: starts, with a warning.
+    chmod(0o644);
+    c.restart();
+    let out = c.output();
+    assert!(
+        out.contains("readable by other users") && out.contains("chmod 600"),
+        "{out}"
+    );
+    c.kill();
+    // Writable by others: refused before anything starts.
+    for mode in [0o666, 0o620] {
+        chmod(mode);
+        let out = std::process::Command::new(bin("drover"))
+            .args(["serve", "--data-dir"])
+            .arg(tmp.path().join("data"))
+            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .env("DROVER_CONFIG", tmp.path().join("unused.yaml"))
+            .env_remove("DROVER_ENCRYPTION_KEY")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "mode {mode:o}: {err}");
+        assert!(
+            err.contains(&key.display().to_string())
+                && err.contains(&format!("chmod 600 {}", key.display())),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_read_only_data_dir_is_refused_with_its_path_and_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    // A read-only mount in a mount namespace of the test's own.
+    let out = std::process::Command::new("unshare")
+        .args([
+            "-rm",
+            "bash",
+            "-c",
+            "mount -t tmpfs -o ro tmpfs \"$1\" && shift && exec \"$@\"",
+            "bash",
+        ])
+        .arg(&data)
+        .arg(bin("drover"))
+        .args(["serve", "--data-dir"])
+        .arg(&data)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("DROVER_CONFIG", tmp.path().join("client.yaml"))
+        .output()
+        .expect("run unshare (util-linux)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("Read-only file system"),
+        "not a read-only mount: {err}"
+    );
+    assert!(
+        err.contains(&data.display().to_string()) && err.contains("mount it read-write"),
+        "{err}"
+    );
+}

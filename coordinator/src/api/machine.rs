@@ -87,15 +87,17 @@ pub async fn register(
         e.retry_after = Some(wait);
         return Err(e);
     }
+    // The facts are checked before anything logs them: a refused host
+    // name never reaches the log.
+    check_facts(&req.facts)?;
     let now = drover_common::now();
     let claims = app
         .ticket_key
         .verify(&req.ticket, now.unix_timestamp())
         .map_err(|e| {
-            tracing::warn!(error = %e, hostname = %req.facts.hostname, "registration refused");
+            tracing::warn!(error = %e, hostname = ?req.facts.hostname, source = %peer.ip(), "registration refused");
             ApiError::unauthorized(e.to_string())
         })?;
-    check_facts(&req.facts)?;
     let (token_id, pool) = match claims.grant {
         TicketGrant::PoolRegistration { token_id, pool } => (token_id, pool),
         TicketGrant::Machine {

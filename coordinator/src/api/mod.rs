@@ -73,9 +73,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/keys/rotate", post(security::rotate_keys))
         .route("/v1/audit", get(security::read_audit))
         .fallback(|| async { ApiError::not_found("route", "this path") })
-        .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_oversized))
+        // Outside the size check, so 413 refusals are audited too.
+        .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(axum::middleware::from_fn(close_if_body_unread))
         .with_state(app)
 }
@@ -288,16 +289,19 @@ pub fn resolve_admin(app: &App, headers: &axum::http::HeaderMap) -> Result<Admin
     })
 }
 
-/// Records every request that may change something in the audit log: who
-/// (admin token id, machine, or anonymous with the source address), what
-/// (method, path, outcome) and when.
+/// Records every request that may change something, every machine config
+/// fetch (it hands out CA keys and mints join tokens) and every refusal
+/// for size in the audit log: who (admin token id, machine, or anonymous
+/// with the source address), what (method, path, outcome) and when.
+/// Refuses a viewer's change here, before its body is read.
 pub async fn audit(
     axum::extract::State(app): axum::extract::State<Arc<App>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     use axum::http::Method;
-    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+    let reads = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if reads && req.uri().path() != "/v1/machine/config" && !announces_oversized(req.headers()) {
         return next.run(req).await;
     }
     // An accepted heartbeat changes no object and arrives every interval
@@ -305,6 +309,8 @@ pub async fn audit(
     // of the coordinator's work and tens of gigabytes a day. Refused
     // heartbeats are audited like any other request.
     if req.uri().path() == "/v1/machine/heartbeat" {
+        // Standard methods clone without allocating.
+        let method = req.method().clone();
         let peer = req
             .extensions()
             .get::<crate::server::PeerCertificate>()
@@ -326,9 +332,10 @@ pub async fn audit(
             time: drover_common::now(),
             actor,
             source,
-            method: "POST".into(),
+            method: method.to_string(),
             path: "/v1/machine/heartbeat".into(),
             status: resp.status().as_u16(),
+            suppressed: None,
         });
         return resp;
     }
@@ -339,9 +346,16 @@ pub async fn audit(
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip().to_string())
         .unwrap_or_default();
+    let mut viewer = None;
     let actor = if req.headers().contains_key(header::AUTHORIZATION) {
         match resolve_admin(&app, req.headers()) {
-            Ok(a) => format!("admin-token:{} ({:?})", a.token_id, a.role).to_lowercase(),
+            Ok(a) => {
+                let actor = format!("admin-token:{} ({:?})", a.token_id, a.role).to_lowercase();
+                if a.role == AdminRole::Viewer {
+                    viewer = Some(a);
+                }
+                actor
+            }
             Err(_) => "invalid-admin-token".to_owned(),
         }
     } else if let Some(cn) = req
@@ -353,7 +367,15 @@ pub async fn audit(
     } else {
         "anonymous".to_owned()
     };
-    let resp = next.run(req).await;
+    // The viewer role changes nothing: refused before the body is read or
+    // parsed, whatever the route.
+    let resp = match viewer {
+        Some(v) if !reads => match v.require_write() {
+            Err(e) => e.into_response(),
+            Ok(()) => next.run(req).await,
+        },
+        _ => next.run(req).await,
+    };
     app.audit.record(crate::audit::AuditEntry {
         time: drover_common::now(),
         actor,
@@ -361,6 +383,7 @@ pub async fn audit(
         method,
         path,
         status: resp.status().as_u16(),
+        suppressed: None,
     });
     resp
 }
@@ -369,15 +392,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The body length a request announces, if it does.
+fn announced_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// Whether a request announces a body over [`MAX_BODY_BYTES`].
+fn announces_oversized(headers: &axum::http::HeaderMap) -> bool {
+    announced_length(headers).is_some_and(|n| n > MAX_BODY_BYTES as u64)
+}
+
 /// Refuses a request whose announced body is larger than [`MAX_BODY_BYTES`]
 /// before reading any of it; bodies without a length are cut off by the
 /// extractors at the same size.
 async fn refuse_oversized(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let announced = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let announced = announced_length(req.headers());
     if let Some(n) = announced.filter(|n| *n > MAX_BODY_BYTES as u64) {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -396,7 +428,7 @@ async fn refuse_oversized(req: axum::extract::Request, next: axum::middleware::N
 /// between it and the next request; without the header a client that reuses
 /// the connection in the meantime loses its next request to the closing
 /// socket.
-async fn close_if_body_unread(
+pub(crate) async fn close_if_body_unread(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -457,6 +489,23 @@ impl hyper::body::Body for ReadToEnd {
     }
 }
 
+/// A 408 when a body extractor failed because the body did not arrive
+/// in time (see [`crate::server::BodyTimedOut`]).
+fn timed_out(rejection: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
+    let mut cause = Some(rejection);
+    while let Some(e) = cause {
+        if let Some(t) = e.downcast_ref::<crate::server::BodyTimedOut>() {
+            return Some(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "Request body timed out",
+                t.to_string(),
+            ));
+        }
+        cause = e.source();
+    }
+    None
+}
+
 /// A raw body whose rejections (too large, unreadable) are problem documents.
 pub struct RawBody(pub axum::body::Bytes);
 
@@ -466,15 +515,17 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for RawBody {
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
         match axum::body::Bytes::from_request(req, state).await {
             Ok(b) => Ok(RawBody(b)),
-            Err(rejection) => Err(ApiError::new(
-                rejection.status(),
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    "Request body too large"
-                } else {
-                    "Unreadable request body"
-                },
-                rejection.body_text(),
-            )),
+            Err(rejection) => Err(timed_out(&rejection).unwrap_or_else(|| {
+                ApiError::new(
+                    rejection.status(),
+                    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                        "Request body too large"
+                    } else {
+                        "Unreadable request body"
+                    },
+                    rejection.body_text(),
+                )
+            })),
         }
     }
 }
@@ -493,6 +544,9 @@ where
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(Body(v)),
             Err(rejection) => {
+                if let Some(e) = timed_out(&rejection) {
+                    return Err(e);
+                }
                 let status = rejection.status();
                 let title = if status == StatusCode::PAYLOAD_TOO_LARGE {
                     "Request body too large"

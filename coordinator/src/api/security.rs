@@ -320,9 +320,10 @@ pub async fn read_audit(
     admin.require_write()?;
     // A malformed query is refused with a problem document, like every other.
     let Query(q) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;
-    Ok(Json(
-        app.audit
-            .tail(q.limit.min(10_000))
-            .map_err(ApiError::internal)?,
-    ))
+    // File reads: off the async workers.
+    let entries = tokio::task::spawn_blocking(move || app.audit.tail(q.limit.min(10_000)))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?;
+    Ok(Json(entries))
 }
