@@ -189,6 +189,10 @@ pub struct Agent {
     activity: Option<&'static str>,
     renew_at: Instant,
     renew_backoff: Backoff,
+    /// The key and CSR of a renewal not yet done: retries reuse them, so a
+    /// renewal whose answer was lost is a retry to the coordinator, not a
+    /// second holder of the identity (which revokes it).
+    renewal_key: Option<(String, String)>,
     /// How the last heartbeat went, so transitions are logged once.
     link: Link,
     /// The newer assignment generation already warned about.
@@ -242,6 +246,7 @@ impl Agent {
             activity: None,
             renew_at,
             renew_backoff: Backoff::standard(),
+            renewal_key: None,
             link: Link::Unknown,
             warned_generation: None,
         })
@@ -704,9 +709,14 @@ impl Agent {
                 want,
             });
         }
-        files::safe_join(&self.settings.root, &bundle.kubeadm_config_path).map_err(|e| {
-            BundleRefusal::Invalid(format!("config bundle refused: kubeadm config path: {e}"))
-        })?;
+        // kubeadm runs with the config the agent allows, nothing else.
+        if bundle.kubeadm_config_path != files::KUBEADM_CONFIG_PATH {
+            return Err(BundleRefusal::Invalid(format!(
+                "config bundle refused: kubeadm config path {:?} is not {}",
+                bundle.kubeadm_config_path,
+                files::KUBEADM_CONFIG_PATH
+            )));
+        }
         Ok(bundle)
     }
 
@@ -974,15 +984,20 @@ impl Agent {
             let delay = agent.renew_backoff.next_delay();
             agent.renew_at = Instant::now() + delay;
         };
-        let (key_pem, csr_pem) =
-            match drover_common::pki::generate_key_and_csr(&self.state.machine_name) {
-                Ok(pair) => pair,
+        let (key_pem, csr_pem) = match &self.renewal_key {
+            Some(pair) => pair.clone(),
+            None => match drover_common::pki::generate_key_and_csr(&self.state.machine_name) {
+                Ok(pair) => {
+                    self.renewal_key = Some(pair.clone());
+                    pair
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot create a key for certificate renewal");
                     retry(self);
                     return Ok(());
                 }
-            };
+            },
+        };
         let request = RenewRequest { csr_pem };
         let answer = tokio::select! {
             r = self.api.renew(&request) => r,
@@ -1017,6 +1032,7 @@ impl Agent {
         }
         self.state = next;
         self.api = client;
+        self.renewal_key = None;
         self.renew_backoff.reset();
         self.renew_at = renewal_instant(&self.state);
         tracing::info!(not_after = %rfc3339(self.state.certificate_not_after), "client certificate renewed");

@@ -1,10 +1,18 @@
 //! Writing the files of a config bundle under the agent's root.
 //!
-//! Bundle paths are absolute machine paths such as `/etc/drover/kubeadm.yaml`.
-//! They are joined under the root only when every component is a plain name,
-//! so a bundle cannot escape the root with `..`. Files are written atomically
-//! (temporary file in the same directory, fsync, rename), so kubeadm never
-//! reads half a file.
+//! A bundle may carry only the files kubeadm needs: the kubeadm config
+//! (`/etc/drover/kubeadm.yaml`) and the shared cluster CA set under
+//! `/etc/kubernetes/pki/` ([`ALLOWED_FILES`]). Any other path is refused
+//! before anything is written, and the mode of each file is the agent's
+//! choice, not the bundle's: private keys and the kubeadm config (it holds
+//! a join token) 0600, certificates and public keys 0644. So even a bundle
+//! signed with a stolen coordinator CA key cannot plant a cron job, an SSH
+//! key or a binary the agent later runs.
+//!
+//! Bundle paths are absolute machine paths. They are joined under the root
+//! only when every component is a plain name, so a bundle cannot escape the
+//! root with `..`. Files are written atomically (temporary file in the same
+//! directory, fsync, rename), so kubeadm never reads half a file.
 
 use std::fs;
 use std::io::{self, Write};
@@ -13,9 +21,36 @@ use std::path::{Component, Path, PathBuf};
 
 use drover_common::bundle::BundleFile;
 
+/// Where the agent writes the kubeadm config it runs kubeadm with.
+pub const KUBEADM_CONFIG_PATH: &str = "/etc/drover/kubeadm.yaml";
+
+/// The only files a bundle may carry, each with the mode the agent gives it.
+pub const ALLOWED_FILES: &[(&str, u32)] = &[
+    (KUBEADM_CONFIG_PATH, 0o600),
+    ("/etc/kubernetes/pki/ca.crt", 0o644),
+    ("/etc/kubernetes/pki/ca.key", 0o600),
+    ("/etc/kubernetes/pki/front-proxy-ca.crt", 0o644),
+    ("/etc/kubernetes/pki/front-proxy-ca.key", 0o600),
+    ("/etc/kubernetes/pki/etcd/ca.crt", 0o644),
+    ("/etc/kubernetes/pki/etcd/ca.key", 0o600),
+    ("/etc/kubernetes/pki/sa.key", 0o600),
+    ("/etc/kubernetes/pki/sa.pub", 0o644),
+];
+
+/// The mode the agent gives an allowed bundle file, or why it is refused.
+pub fn allowed_mode(path: &str) -> Result<u32, PathError> {
+    ALLOWED_FILES
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, mode)| *mode)
+        .ok_or_else(|| PathError::NotAllowed(path.to_owned()))
+}
+
 /// Why a bundle path is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
+    #[error("bundle path {0:?} is refused: a bundle may carry only the kubeadm config (/etc/drover/kubeadm.yaml) and the shared CA files under /etc/kubernetes/pki/; nothing was written")]
+    NotAllowed(String),
     #[error("bundle path {0:?} is not absolute")]
     NotAbsolute(String),
     #[error("bundle path {0:?} contains a `..` component")]
@@ -106,8 +141,10 @@ pub fn write_atomic(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
     result
 }
 
-/// Writes every bundle file under `root`. All paths and modes are checked
-/// before anything is written. Returns the bundle paths written.
+/// Writes every bundle file under `root`. All paths are checked against
+/// [`ALLOWED_FILES`] before anything is written; each file gets the mode the
+/// agent decides for its path, whatever the bundle says. Returns the bundle
+/// paths written.
 pub fn write_bundle_files(root: &Path, files: &[BundleFile]) -> Result<Vec<String>, FileError> {
     let mut targets = Vec::with_capacity(files.len());
     for file in files {
@@ -117,11 +154,15 @@ pub fn write_bundle_files(root: &Path, files: &[BundleFile]) -> Result<Vec<Strin
                 mode: file.mode,
             });
         }
-        targets.push(safe_join(root, &file.path)?);
+        let mode = allowed_mode(&file.path)?;
+        targets.push((safe_join(root, &file.path)?, mode));
     }
     let mut written = Vec::with_capacity(files.len());
-    for (file, target) in files.iter().zip(targets) {
-        write_atomic(&target, file.content.as_bytes(), file.mode).map_err(|source| {
+    for (file, (target, mode)) in files.iter().zip(targets) {
+        if file.mode != mode {
+            tracing::debug!(path = %file.path, bundle_mode = format!("{:#o}", file.mode), mode = format!("{mode:#o}"), "bundle file written with the agent's mode, not the bundle's");
+        }
+        write_atomic(&target, file.content.as_bytes(), mode).map_err(|source| {
             FileError::Write {
                 path: target.clone(),
                 source,
@@ -224,24 +265,45 @@ mod tests {
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&cfg), 0o600);
         assert_eq!(mode(&dir.path().join("etc/kubernetes/pki/ca.crt")), 0o644);
-        // Overwriting changes content and mode; no temporary file remains.
-        write_bundle_files(dir.path(), &[file("/etc/drover/kubeadm.yaml", 0o640)]).unwrap();
-        assert_eq!(mode(&cfg), 0o640);
+        // Overwriting changes the content; the mode stays the agent's
+        // choice whatever the bundle says; no temporary file remains.
+        write_bundle_files(dir.path(), &[file("/etc/drover/kubeadm.yaml", 0o777)]).unwrap();
+        assert_eq!(mode(&cfg), 0o600);
+        write_bundle_files(dir.path(), &[file("/etc/kubernetes/pki/ca.key", 0o644)]).unwrap();
+        assert_eq!(mode(&dir.path().join("etc/kubernetes/pki/ca.key")), 0o600);
+        std::fs::remove_file(dir.path().join("etc/kubernetes/pki/ca.key")).unwrap();
         assert_eq!(
             fs::read_dir(dir.path().join("etc/drover")).unwrap().count(),
             1
         );
 
-        // A bad path anywhere means nothing is written.
-        let err = write_bundle_files(
-            dir.path(),
-            &[file("/etc/new.yaml", 0o600), file("/etc/../../evil", 0o600)],
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains(".."), "{err}");
-        assert!(!dir.path().join("etc/new.yaml").exists());
+        // A path kubeadm does not need, anywhere, means nothing is written,
+        // and the refusal names it.
+        for evil in [
+            "/etc/cron.d/drover",
+            "/root/.ssh/authorized_keys",
+            "/usr/bin/kubeadm",
+            "/etc/kubernetes/pki/apiserver.key",
+            "/etc/drover/../cron.d/x",
+            "/etc/drover/kubeadm.yaml/x",
+            "/etc/kubernetes/pki//ca.crt",
+        ] {
+            let err = write_bundle_files(
+                dir.path(),
+                &[file("/etc/kubernetes/pki/sa.pub", 0o644), file(evil, 0o777)],
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains(evil), "{err}");
+            assert!(
+                matches!(err, FileError::Path(PathError::NotAllowed(_))),
+                "{err}"
+            );
+        }
+        assert!(!dir.path().join("etc/kubernetes/pki/sa.pub").exists());
+        assert!(!dir.path().join("etc/cron.d").exists());
+        assert!(!dir.path().join("usr").exists());
         assert!(matches!(
-            write_bundle_files(dir.path(), &[file("/etc/suid", 0o4755)]),
+            write_bundle_files(dir.path(), &[file("/etc/kubernetes/pki/ca.crt", 0o4755)]),
             Err(FileError::Mode { .. })
         ));
 

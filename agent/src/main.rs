@@ -376,12 +376,13 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
                 .map_err(|_| anyhow!("the host name is not UTF-8; pass --hostname"))?,
         },
     };
-    if hostname.is_empty()
-        || hostname
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control())
-    {
-        bail!("--hostname {hostname:?}: must be a non-empty name without spaces");
+    // The host name becomes the Kubernetes node name, which kubeadm also
+    // lowercases; the coordinator accepts only DNS-1123 subdomains.
+    let hostname = hostname.to_ascii_lowercase();
+    if let Err(e) = drover_common::names::check_hostname(&hostname) {
+        bail!(
+            "--hostname: {e}; pass a host name of dot-separated lowercase letters, digits and '-'"
+        );
     }
     Ok(Settings {
         root,

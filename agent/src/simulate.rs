@@ -181,14 +181,14 @@ fn parse_jitter(s: &str) -> Result<Jitter, String> {
 }
 
 fn parse_name_prefix(s: &str) -> Result<String, String> {
+    // It starts host names, which the coordinator checks as DNS-1123
+    // subdomains (the last part gets `-N` appended).
     if s.is_empty()
         || s.len() > 48
-        || !s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        || drover_common::names::check_hostname(&format!("{s}-1")).is_err()
     {
         return Err(format!(
-            "{s:?} must be 1 to 48 letters, digits, '-' or '.' (it starts host names)"
+            "{s:?} must be 1 to 48 lowercase letters, digits, '-' or '.', each dot-separated part starting with a letter or digit (it starts host names)"
         ));
     }
     Ok(s.to_owned())

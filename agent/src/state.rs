@@ -160,7 +160,7 @@ impl State {
 /// The kubeadm step name reported for a role.
 pub fn kubeadm_step_name(role: MachineRole) -> &'static str {
     match role {
-        MachineRole::Init => "kubeadm-init",
+        MachineRole::Init => drover_common::wire::KUBEADM_INIT_STEP,
         MachineRole::ControlPlane | MachineRole::Worker => "kubeadm-join",
     }
 }

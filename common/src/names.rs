@@ -1,5 +1,13 @@
-//! Object name and label checks, the same rules Kubernetes applies, so names
-//! are safe in URLs, file paths, container names and cloud tags.
+//! Object name, host name and label checks, the same rules Kubernetes
+//! applies, so names are safe in URLs, file paths, container names, cloud
+//! tags and terminals. The coordinator and the CLI share them.
+//!
+//! - Object names (clusters, machines, pools, tokens): DNS-1123 labels.
+//! - Host names (reported by machines, Kubernetes node names): DNS-1123
+//!   subdomains.
+//! - Label keys: an optional DNS-1123 subdomain prefix and `/`, then a name
+//!   of at most 63 characters `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`.
+//! - Label values: empty, or a name of the same shape.
 
 /// Why a name or label is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -12,17 +20,20 @@ pub enum NameError {
     },
 }
 
+fn invalid(what: &'static str, value: &str, why: &'static str) -> NameError {
+    NameError::Invalid {
+        what,
+        // Bounded and printable: the value may come from anyone.
+        value: value.chars().take(80).collect(),
+        why,
+    }
+}
+
 /// Checks a DNS-1123 label: 1 to 63 characters of `[a-z0-9-]`, starting and
 /// ending with a letter or digit. Object names use this, so they never
 /// contain path separators or dots.
 pub fn check_dns_label(what: &'static str, value: &str) -> Result<(), NameError> {
-    let bad = |why| {
-        Err(NameError::Invalid {
-            what,
-            value: value.chars().take(80).collect(),
-            why,
-        })
-    };
+    let bad = |why| Err(invalid(what, value, why));
     if value.is_empty() {
         return bad("it must not be empty");
     }
@@ -41,47 +52,113 @@ pub fn check_dns_label(what: &'static str, value: &str) -> Result<(), NameError>
     Ok(())
 }
 
-/// Checks a label key or value: at most 63 characters of `[A-Za-z0-9._-]`
-/// (keys may carry one `prefix/`), starting and ending alphanumerically.
-pub fn check_label(what: &'static str, value: &str, allow_empty: bool) -> Result<(), NameError> {
-    let bad = |why| {
-        Err(NameError::Invalid {
+/// Checks an object name as it appears in an API path or a CLI argument:
+/// Kubernetes' rule for object names, a DNS-1123 subdomain (so no `/`, and
+/// never `.` or `..`). Clusters and pools are stricter (DNS-1123 labels,
+/// checked where they are declared), and machine names, made of a cluster
+/// and a pool name, are kept to a label by [`MAX_NAME_PREFIX`].
+pub fn check_object_name(what: &'static str, value: &str) -> Result<(), NameError> {
+    check_dns_subdomain(what, value).map_err(|_| {
+        invalid(
             what,
-            value: value.chars().take(80).collect(),
-            why,
-        })
-    };
-    let name = match value.split_once('/') {
-        Some((prefix, name)) if what == "label key" => {
-            if prefix.is_empty() || prefix.len() > 253 || prefix.contains("..") {
-                return bad("its prefix must be a DNS subdomain");
-            }
-            name
-        }
-        _ => value,
-    };
-    if name.is_empty() {
-        return if allow_empty {
-            Ok(())
-        } else {
-            bad("it must not be empty")
-        };
+            value,
+            "an object name must be a DNS-1123 subdomain: at most 253 characters, dot-separated parts of 1 to 63 lowercase letters, digits and '-', each starting and ending with a letter or digit",
+        )
+    })
+}
+
+/// The longest a machine name's prefix may be: a created machine is named
+/// `<cluster>-<pool>-xxxxx`, a registered one `<pool>-xxxxxx`, and both
+/// must stay DNS-1123 labels (63 characters).
+pub const MAX_NAME_PREFIX: usize = 56;
+
+/// Checks a DNS-1123 subdomain: at most 253 characters, dot-separated
+/// DNS-1123 labels (so no empty part: `.`, `..` and `a..b` are refused).
+pub fn check_dns_subdomain(what: &'static str, value: &str) -> Result<(), NameError> {
+    let bad = |why| Err(invalid(what, value, why));
+    if value.is_empty() {
+        return bad("it must not be empty");
     }
-    if name.len() > 63 {
+    if value.len() > 253 {
+        return bad("it must be at most 253 characters");
+    }
+    for part in value.split('.') {
+        if check_dns_label(what, part).is_err() {
+            return bad("it must be a DNS-1123 subdomain: dot-separated parts of 1 to 63 lowercase letters, digits and '-', each starting and ending with a letter or digit");
+        }
+    }
+    Ok(())
+}
+
+/// Checks a host name a machine reports, which becomes its Kubernetes node
+/// name: a DNS-1123 subdomain.
+pub fn check_hostname(value: &str) -> Result<(), NameError> {
+    check_dns_subdomain("hostname", value)
+}
+
+/// Checks the name part of a label key, or a label value.
+fn check_label_name(what: &'static str, value: &str) -> Result<(), NameError> {
+    let bad = |why| Err(invalid(what, value, why));
+    if value.len() > 63 {
         return bad("it must be at most 63 characters");
     }
-    if !name
+    if !value
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
     {
         return bad("it may contain only letters, digits, '-', '_' and '.'");
     }
-    let first = name.as_bytes()[0];
-    let last = name.as_bytes()[name.len() - 1];
+    let (first, last) = (value.as_bytes()[0], value.as_bytes()[value.len() - 1]);
     if !first.is_ascii_alphanumeric() || !last.is_ascii_alphanumeric() {
         return bad("it must start and end with a letter or digit");
     }
     Ok(())
+}
+
+/// Checks a label key (also a selector key): an optional DNS-1123
+/// subdomain prefix and `/`, then a name of at most 63 characters of
+/// `[A-Za-z0-9._-]`, starting and ending with a letter or digit.
+pub fn check_label_key(value: &str) -> Result<(), NameError> {
+    const WHAT: &str = "label key";
+    let name = match value.split_once('/') {
+        Some((prefix, name)) => {
+            if check_dns_subdomain(WHAT, prefix).is_err() {
+                return Err(invalid(
+                    WHAT,
+                    value,
+                    "its prefix (before '/') must be a DNS-1123 subdomain",
+                ));
+            }
+            name
+        }
+        None => value,
+    };
+    if name.is_empty() {
+        return Err(invalid(WHAT, value, "its name must not be empty"));
+    }
+    check_label_name(WHAT, name).map_err(|e| match e {
+        NameError::Invalid { why, .. } => invalid(WHAT, value, why),
+    })
+}
+
+/// Checks a label value (also a selector value): empty, or at most 63
+/// characters of `[A-Za-z0-9._-]` starting and ending with a letter or digit.
+pub fn check_label_value(value: &str) -> Result<(), NameError> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    check_label_name("label value", value)
+}
+
+/// Checks every key and value of a label map, returning every error.
+pub fn check_labels<'a>(
+    labels: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Vec<NameError> {
+    labels
+        .into_iter()
+        .flat_map(|(k, v)| [check_label_key(k), check_label_value(v)])
+        .filter_map(Result::err)
+        .collect()
 }
 
 #[cfg(test)]
@@ -96,20 +173,81 @@ mod tests {
             "Demo",
             "a/b",
             "../etc",
+            "..",
+            ".",
+            "-rf",
             "-a",
             "a-",
             "a.b",
+            "a\nb",
             &"a".repeat(64),
         ] {
             assert!(check_dns_label("name", bad).is_err(), "{bad:?} accepted");
+        }
+        for bad in ["../admintokens/x", "..", ".", "a/b", "a..b", "A", "-rf", ""] {
+            let e = check_object_name("name", bad).unwrap_err();
+            assert!(e.to_string().contains("DNS-1123 subdomain"), "{e}");
+        }
+        assert!(check_object_name("name", "demo-default-x1y2z").is_ok());
+        assert!(check_object_name("name", "a.b").is_ok());
+    }
+
+    #[test]
+    fn hostnames() {
+        for good in ["node-1", "a", "ip-10-0-0-1.ec2.internal", &"a".repeat(63)] {
+            assert!(check_hostname(good).is_ok(), "{good:?} refused");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "-rf",
+            "a..b",
+            ".a",
+            "a.",
+            "Node1",
+            "a_b",
+            "a b",
+            "a\nb",
+            "a\u{1b}[2J",
+            &"a".repeat(64),
+            &format!("{}.b", "a".repeat(252)),
+        ] {
+            assert!(check_hostname(bad).is_err(), "{bad:?} accepted");
         }
     }
 
     #[test]
     fn labels() {
-        assert!(check_label("label key", "drover.dev/role", false).is_ok());
-        assert!(check_label("label value", "", true).is_ok());
-        assert!(check_label("label value", "a b", true).is_err());
-        assert!(check_label("label key", "", false).is_err());
+        for good in [
+            "env",
+            "drover.dev/role",
+            "app.kubernetes.io/name",
+            "A_b.c-D",
+            &"k".repeat(63),
+        ] {
+            assert!(check_label_key(good).is_ok(), "{good:?} refused");
+        }
+        for bad in [
+            "",
+            "/x",
+            "x/",
+            "a/b/c",
+            "Drover.dev/x",
+            "..//x",
+            "-x",
+            "x-",
+            "a\nb",
+            "env\n",
+            "a b",
+            &"k".repeat(64),
+        ] {
+            assert!(check_label_key(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(check_label_value("").is_ok());
+        assert!(check_label_value("v1.2_x-Y").is_ok());
+        for bad in ["a b", "-x", "x/y", "a\u{1b}", &"v".repeat(64)] {
+            assert!(check_label_value(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -239,6 +239,8 @@ pub struct CertInfo {
     pub organizations: Vec<String>,
     pub not_after: OffsetDateTime,
     pub is_ca: bool,
+    /// The `sha256:` pin of the certificate's public key.
+    pub public_key_pin: String,
 }
 
 /// Reads the subject, expiry and CA flag of a DER certificate.
@@ -263,6 +265,7 @@ pub fn cert_info(der: &[u8]) -> Result<CertInfo, PkiError> {
         organizations,
         not_after: cert.validity().not_after.to_datetime(),
         is_ca: cert.is_ca(),
+        public_key_pin: crate::pin::CaPin::from_spki_der(cert.public_key().raw).to_string(),
     })
 }
 

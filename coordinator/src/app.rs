@@ -352,3 +352,57 @@ impl App {
         .into())
     }
 }
+
+#[cfg(test)]
+impl App {
+    /// A leading coordinator over a new SQLite store in `dir`, without a
+    /// listener or loops: for tests of handlers and their store effects.
+    /// Needs a tokio runtime (the registrar task).
+    pub fn for_tests(dir: &std::path::Path) -> std::sync::Arc<App> {
+        use std::sync::{Arc, RwLock};
+        let key = {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode([7u8; 32])
+        };
+        let keyring = crate::keyring::Keyring::parse(&key, crate::keyring::KeySource::Env).unwrap();
+        let store = Store::open_sqlite(&dir.join("drover.db"))
+            .unwrap()
+            .with_keyring(Arc::new(RwLock::new(keyring)));
+        let secrets = crate::secrets::load_or_init(&store).unwrap();
+        let ca_pin = CaPin::from_cert_pem(&secrets.ca.cert_pem).unwrap();
+        let (listen_requests, _) = tokio::sync::mpsc::unbounded_channel();
+        let me = crate::leader::ReplicaInfo {
+            id: "127.0.0.1:1".into(),
+            url: "https://127.0.0.1:1".into(),
+            version: "test".into(),
+            started_at: drover_common::now(),
+        };
+        Arc::new(App {
+            leadership: crate::leader::Leadership::sole(me),
+            registrar: crate::api::registrar::Registrar::start(store.clone()),
+            store,
+            ca: secrets.ca,
+            ca_pin,
+            ticket_key: secrets.ticket_key,
+            settings: Settings {
+                advertise_urls: vec!["https://127.0.0.1:1".into()],
+                heartbeat_interval: Duration::from_secs(1),
+                machine_cert_ttl: Duration::from_secs(3600),
+                join_token_ttl: Duration::from_secs(1800),
+                reconcile_period: Duration::from_secs(1),
+                health_defaults: crate::health::Policy::defaults(Duration::from_secs(5)),
+            },
+            liveness: Mutex::new(HashMap::new()),
+            reconcile_now: Notify::new(),
+            docker: Default::default(),
+            #[cfg(feature = "aws")]
+            aws: Default::default(),
+            provision_retries: Default::default(),
+            listen_requests,
+            audit: crate::audit::AuditLog::open(&dir.join("audit.log")).unwrap(),
+            register_limiter: crate::ratelimit::RateLimiter::new(100, 100),
+            rotation: Mutex::new(()),
+            reconciler: Default::default(),
+        })
+    }
+}

@@ -9,7 +9,7 @@ use drover_common::pin::CaPin;
 use crate::api::machine::{join_token_for, not_ready};
 use crate::api::ApiError;
 use crate::app::App;
-use crate::jointokens::{ClusterJoinTokens, JoinToken, TokenState};
+use crate::jointokens::ClusterJoinTokens;
 use crate::secrets::ClusterPki;
 use crate::store::{Kind, StoreError};
 
@@ -75,7 +75,7 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, ApiError
     };
     let kubeadm_yaml = match a.role {
         MachineRole::Init => {
-            let token = init_token(app, &cluster)?;
+            let token = init_token(app, &cluster, machine)?;
             let ttl = app.settings.join_token_ttl.as_secs();
             kubeadm::render_init(&cparams, &node, &token, ttl)
         }
@@ -153,23 +153,32 @@ fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), ApiError> {
     }
 }
 
-/// Mints the token that goes into the init machine's InitConfiguration and
-/// records it as registered: kubeadm init itself creates it.
+/// The token that goes into the init machine's InitConfiguration: one per
+/// init machine, recorded as registered (kubeadm init itself creates it)
+/// and reused by every later fetch (see [`ClusterJoinTokens::init_token`]).
 fn init_token(
     app: &App,
     cluster: &Cluster,
+    machine: &Machine,
 ) -> Result<drover_common::token::BootstrapToken, ApiError> {
     let now = drover_common::now();
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
     let name = &cluster.metadata.name;
+    let machine_uid = machine.metadata.uid.clone().unwrap_or_default();
+    // Once the agent reported running kubeadm init, init has run (or is
+    // running) with the token it fetched; it never runs again.
+    let past_init = match machine.status.phase {
+        MachinePhase::Running => true,
+        MachinePhase::Bootstrapping | MachinePhase::Failed => machine
+            .status
+            .bootstrap
+            .as_ref()
+            .is_some_and(|b| b.step == drover_common::wire::KUBEADM_INIT_STEP),
+        _ => false,
+    };
+    let may_init = !past_init;
     let ttl = time::Duration::try_from(app.settings.join_token_ttl)
         .unwrap_or(time::Duration::minutes(30));
-    let token = JoinToken {
-        token: drover_common::token::BootstrapToken::generate(),
-        state: TokenState::Active,
-        created_at: now,
-        expires_at: now + ttl,
-    };
     for _ in 0..16 {
         let existing = app
             .store
@@ -181,8 +190,10 @@ fn init_token(
                 tokens: vec![],
             },
         };
-        tokens.prune(now);
-        tokens.tokens.push(token.clone());
+        let (token, changed) = tokens.init_token(&machine_uid, may_init, now, ttl);
+        if !changed {
+            return Ok(token);
+        }
         let r = match existing {
             Some((_, rev)) => app
                 .store
@@ -190,7 +201,7 @@ fn init_token(
             None => app.store.create_json(Kind::JoinTokens, name, &tokens),
         };
         match r {
-            Ok(_) => return Ok(token.token),
+            Ok(_) => return Ok(token),
             Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => continue,
             Err(e) => return Err(e.into()),
         }

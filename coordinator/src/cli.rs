@@ -55,6 +55,7 @@ pub enum Output {
 pub struct GetArgs {
     pub resource: Resource,
     /// Show only this object.
+    #[arg(value_parser = object_name)]
     pub name: Option<String>,
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     pub output: Output,
@@ -74,6 +75,7 @@ pub enum Single {
 #[derive(Debug, clap::Args)]
 pub struct DescribeArgs {
     pub kind: Single,
+    #[arg(value_parser = object_name)]
     pub name: String,
     #[command(flatten)]
     pub conn: ConnectArgs,
@@ -82,6 +84,7 @@ pub struct DescribeArgs {
 #[derive(Debug, clap::Args)]
 pub struct DeleteArgs {
     pub kind: Single,
+    #[arg(value_parser = object_name)]
     pub name: String,
     /// Wait until the object is gone.
     #[arg(long)]
@@ -93,8 +96,47 @@ pub struct DeleteArgs {
     pub conn: ConnectArgs,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Revocable {
+    Machine,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RevokeArgs {
+    pub kind: Revocable,
+    #[arg(value_parser = object_name)]
+    pub name: String,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+/// `drover revoke machine NAME`.
+async fn revoke(r: RevokeArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&r.conn)?;
+    match r.kind {
+        Revocable::Machine => {
+            let m: Machine = client
+                .post(
+                    &api_path(&["v1", "machines", &r.name, "revoke"]),
+                    &serde_json::json!({}),
+                )
+                .await?;
+            println!(
+                "machine/{} identity revoked at {}: its certificates are refused from their next request; it needs a new ticket to come back",
+                m.metadata.name,
+                m.status
+                    .identity_revoked_at
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            );
+            Ok(())
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct KubeconfigArgs {
+    #[arg(value_parser = object_name)]
     pub cluster: String,
     /// Lifetime of the client certificate.
     #[arg(long, default_value = "1h", value_parser = drover_common::api::parse_duration)]
@@ -114,7 +156,7 @@ pub enum TokenCommand {
     /// Create a registration token and print its bootstrap document.
     Create {
         /// The pool machines registering with it join.
-        #[arg(long)]
+        #[arg(long, value_parser = object_name)]
         pool: String,
         #[arg(long, default_value = "1h", value_parser = drover_common::api::parse_duration)]
         ttl: std::time::Duration,
@@ -137,6 +179,7 @@ pub enum TokenCommand {
     },
     /// Revoke a registration token.
     Revoke {
+        #[arg(value_parser = object_name)]
         name: String,
         #[command(flatten)]
         conn: ConnectArgs,
@@ -151,7 +194,25 @@ fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
             .ok_or_else(|| format!("label {pair:?} must be key=value"))?;
         out.insert(k.trim().to_owned(), v.trim().to_owned());
     }
+    if let Some(e) = drover_common::names::check_labels(&out).into_iter().next() {
+        return Err(format!(
+            "{e} (keys: an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' and '.'; values: empty or the same shape)"
+        ));
+    }
     Ok(out)
+}
+
+/// Parses an object name argument: a DNS-1123 subdomain, checked before any
+/// request so a name can never reach another path (`../admintokens/x`).
+fn object_name(s: &str) -> Result<String, String> {
+    drover_common::names::check_object_name("name", s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+/// An API path from its segments, each percent-encoded.
+fn api_path(segments: &[&str]) -> String {
+    crate::client::path(segments)
 }
 
 /// Runs one operator command.
@@ -166,7 +227,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
             let client = Client::connect(&k.conn)?;
             let resp: KubeconfigResponse = client
                 .post(
-                    &format!("/v1/clusters/{}/kubeconfig", k.cluster),
+                    &api_path(&["v1", "clusters", &k.cluster, "kubeconfig"]),
                     &serde_json::json!({"ttlSeconds": k.ttl.as_secs()}),
                 )
                 .await?;
@@ -179,6 +240,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::AdminToken(t) => admin_token(t.command).await,
         Command::Keys(k) => keys(k.command).await,
         Command::Audit(a) => audit(a).await,
+        Command::Revoke(r) => revoke(r).await,
     }
 }
 
@@ -217,7 +279,7 @@ async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
     }
     let client = Client::connect(&a.conn)?;
     let c: Cluster = client
-        .put_yaml(&format!("/v1/clusters/{name}"), text)
+        .put_yaml(&api_path(&["v1", "clusters", &name]), text)
         .await?;
     println!(
         "cluster/{} applied (generation {}, resourceVersion {})",
@@ -244,7 +306,7 @@ async fn wait_running(
     let tty = std::io::stderr().is_terminal();
     let mut last = String::new();
     loop {
-        let c: Cluster = client.get(&format!("/v1/clusters/{name}")).await?;
+        let c: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
         let pools: Vec<String> = c
             .status
             .pools
@@ -292,7 +354,9 @@ async fn wait_running(
 /// `drover scale`: change one pool's replica count.
 pub async fn scale(s: ScaleArgs) -> anyhow::Result<()> {
     let client = Client::connect(&s.conn)?;
-    let mut c: Cluster = client.get(&format!("/v1/clusters/{}", s.cluster)).await?;
+    let mut c: Cluster = client
+        .get(&api_path(&["v1", "clusters", &s.cluster]))
+        .await?;
     if s.pool == drover_common::api::CONTROL_PLANE_POOL {
         c.spec.control_plane.replicas = s.replicas;
     } else {
@@ -308,7 +372,7 @@ pub async fn scale(s: ScaleArgs) -> anyhow::Result<()> {
     let generation_before = c.metadata.generation;
     let yaml = serde_saphyr::to_string(&c)?;
     let updated: Cluster = client
-        .put_yaml(&format!("/v1/clusters/{}", s.cluster), yaml)
+        .put_yaml(&api_path(&["v1", "clusters", &s.cluster]), yaml)
         .await?;
     println!(
         "cluster/{} pool {} scaled to {} (generation {} -> {})",
@@ -322,9 +386,10 @@ pub async fn scale(s: ScaleArgs) -> anyhow::Result<()> {
 
 #[derive(Debug, clap::Args)]
 pub struct ScaleArgs {
+    #[arg(value_parser = object_name)]
     pub cluster: String,
     /// The pool: `control-plane` or a worker pool name.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", value_parser = object_name)]
     pub pool: String,
     #[arg(long)]
     pub replicas: u32,
@@ -342,14 +407,14 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
     match g.resource {
         Resource::Clusters => {
             let list: Vec<Cluster> = match &g.name {
-                Some(n) => vec![client.get(&format!("/v1/clusters/{n}")).await?],
+                Some(n) => vec![client.get(&api_path(&["v1", "clusters", n])).await?],
                 None => client.get("/v1/clusters").await?,
             };
             emit(&list, g.output, clusters_table)
         }
         Resource::Machines => {
             let list: Vec<Machine> = match &g.name {
-                Some(n) => vec![client.get(&format!("/v1/machines/{n}")).await?],
+                Some(n) => vec![client.get(&api_path(&["v1", "machines", n])).await?],
                 None => client
                     .get::<Vec<Machine>>("/v1/machines")
                     .await?
@@ -406,6 +471,11 @@ fn emit<T: serde::Serialize>(
 }
 
 fn print_table(rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c)).collect())
+        .collect();
+    let rows = &rows;
     let Some(first) = rows.first() else { return };
     let mut widths = vec![0; first.len()];
     for r in rows {
@@ -427,6 +497,30 @@ fn print_table(rows: &[Vec<String>]) {
             .collect();
         println!("{}", line.join("   ").trim_end());
     }
+}
+
+/// `s` with every control character (terminal escape sequences, carriage
+/// returns, newlines, tabs) shown escaped, e.g. `\u{1b}`: what machines
+/// report reaches the operator's terminal only as visible text.
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Like [`printable`], keeping the line breaks of a multi-line text this
+/// program composed.
+pub fn printable_text(s: &str) -> String {
+    s.split('\n').map(printable).collect::<Vec<_>>().join("\n")
 }
 
 /// "5s", "3m", "2h", "4d".
@@ -621,13 +715,13 @@ async fn describe(d: DescribeArgs) -> anyhow::Result<()> {
     let client = Client::connect(&d.conn)?;
     match d.kind {
         Single::Machine => {
-            let m: Machine = client.get(&format!("/v1/machines/{}", d.name)).await?;
-            print!("{}", describe_machine(&m));
+            let m: Machine = client.get(&api_path(&["v1", "machines", &d.name])).await?;
+            print!("{}", printable_text(&describe_machine(&m)));
         }
         Single::Cluster => {
-            let c: Cluster = client.get(&format!("/v1/clusters/{}", d.name)).await?;
+            let c: Cluster = client.get(&api_path(&["v1", "clusters", &d.name])).await?;
             let machines: Vec<Machine> = client.get("/v1/machines").await?;
-            print!("{}", describe_cluster(&c, &machines));
+            print!("{}", printable_text(&describe_cluster(&c, &machines)));
         }
     }
     Ok(())
@@ -666,23 +760,30 @@ pub fn describe_machine(m: &Machine) -> String {
         }
     }
     let _ = writeln!(o, "Phase:          {}", s.phase);
-    let _ = writeln!(o, "Hostname:       {}", s.hostname);
+    let _ = writeln!(o, "Hostname:       {}", printable(&s.hostname));
     let _ = writeln!(o, "Addresses:      {}", s.addresses.join(", "));
     let _ = writeln!(o, "API port:       {}", s.api_server_port);
-    let _ = writeln!(o, "Agent version:  {}", s.agent_version);
+    let _ = writeln!(o, "Agent version:  {}", printable(&s.agent_version));
     let _ = writeln!(o, "Last heartbeat: {} ago", age(s.last_heartbeat_time));
     if let Some(t) = s.certificate_not_after {
         let _ = writeln!(o, "Certificate:    valid until {t}");
+    }
+    if let Some(t) = s.identity_revoked_at {
+        let _ = writeln!(
+            o,
+            "Identity:       revoked at {t}; its certificates are refused"
+        );
     }
     let _ = writeln!(o, "Health:         {}", health_summary(m));
     if let Some(h) = &s.health {
         let _ = writeln!(
             o,
             "  kubelet:      {:?} {}",
-            h.kubelet.state, h.kubelet.message
+            h.kubelet.state,
+            printable(&h.kubelet.message)
         );
         if let Some(a) = &h.api_server {
-            let _ = writeln!(o, "  apiserver:    {:?} {}", a.state, a.message);
+            let _ = writeln!(o, "  apiserver:    {:?} {}", a.state, printable(&a.message));
         }
         let _ = writeln!(
             o,
@@ -691,10 +792,10 @@ pub fn describe_machine(m: &Machine) -> String {
         );
     }
     if let Some(b) = &s.bootstrap {
-        let _ = writeln!(o, "Bootstrap:      step {}", b.step);
+        let _ = writeln!(o, "Bootstrap:      step {}", printable(&b.step));
         if let Some(f) = &b.failure {
             let _ = writeln!(o, "  failed at:    {}", f.at);
-            let _ = writeln!(o, "  command:      {}", f.command);
+            let _ = writeln!(o, "  command:      {}", printable(&f.command));
             let _ = writeln!(
                 o,
                 "  exit code:    {}",
@@ -704,7 +805,7 @@ pub fn describe_machine(m: &Machine) -> String {
             );
             let _ = writeln!(o, "  output (last {} lines):", f.output_tail.len());
             for l in &f.output_tail {
-                let _ = writeln!(o, "    | {l}");
+                let _ = writeln!(o, "    | {}", printable(l));
             }
         }
     }
@@ -728,7 +829,7 @@ pub fn describe_machine(m: &Machine) -> String {
                     .format(&time::format_description::well_known::Rfc3339)
                     .unwrap_or_default(),
                 c.reason,
-                c.message
+                printable(&c.message)
             );
         }
     }
@@ -740,7 +841,7 @@ pub fn describe_machine(m: &Machine) -> String {
                 "  {:>6} ago  {:<16} {}",
                 age(Some(e.time)),
                 e.reason,
-                e.message
+                printable(&e.message)
             );
         }
     }
@@ -814,13 +915,13 @@ async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
     let client = Client::connect(&d.conn)?;
     match d.kind {
         Single::Cluster => {
-            let _: Cluster = client.delete(&format!("/v1/clusters/{}", d.name)).await?;
+            let _: Cluster = client.delete(&api_path(&["v1", "clusters", &d.name])).await?;
             println!("cluster/{} deletion requested; its machines are reset and return to their pools", d.name);
             if d.wait {
                 let deadline = std::time::Instant::now() + d.timeout;
                 let tty = std::io::stderr().is_terminal();
                 loop {
-                    match client.get::<Cluster>(&format!("/v1/clusters/{}", d.name)).await {
+                    match client.get::<Cluster>(&api_path(&["v1", "clusters", &d.name])).await {
                         Err(e) if e.to_string().contains("does not exist") => break,
                         Err(e) => return Err(e),
                         Ok(c) => {
@@ -843,7 +944,8 @@ async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Single::Machine => bail!(
-            "machines are deleted through their cluster in this release: scale the pool down or delete the cluster"
+            "machines are deleted through their cluster in this release: scale the pool down or delete the cluster; to cut off a machine's certificates now, run `drover revoke machine {}`",
+            d.name
         ),
     }
 }
@@ -896,7 +998,7 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
         TokenCommand::Revoke { name, conn } => {
             let client = Client::connect(&conn)?;
             let _: RegistrationToken = client
-                .delete(&format!("/v1/registrationtokens/{name}"))
+                .delete(&api_path(&["v1", "registrationtokens", &name]))
                 .await?;
             println!("token {name} revoked");
             Ok(())
@@ -946,6 +1048,7 @@ pub enum AdminTokenCommand {
     },
     /// Revoke an admin token by id.
     Revoke {
+        #[arg(value_parser = object_name)]
         id: String,
         #[command(flatten)]
         conn: ConnectArgs,
@@ -987,7 +1090,7 @@ pub async fn admin_token(cmd: AdminTokenCommand) -> anyhow::Result<()> {
         AdminTokenCommand::Revoke { id, conn } => {
             let client = Client::connect(&conn)?;
             client
-                .delete_empty(&format!("/v1/admintokens/{id}"))
+                .delete_empty(&api_path(&["v1", "admintokens", &id]))
                 .await?;
             println!("admin token {id} revoked");
         }

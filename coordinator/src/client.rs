@@ -219,3 +219,37 @@ impl Client {
         .await
     }
 }
+
+/// An API path (`/v1/clusters/NAME`) from its segments, each
+/// percent-encoded except for unreserved characters, so no segment can add a
+/// path level, a query or a fragment. Names are checked before (a `..`
+/// segment is refused by the name rules, not by encoding).
+pub fn path(segments: &[&str]) -> String {
+    let mut out = String::new();
+    for seg in segments {
+        out.push('/');
+        for b in seg.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod path_tests {
+    #[test]
+    fn segments_are_encoded() {
+        assert_eq!(
+            super::path(&["v1", "clusters", "demo"]),
+            "/v1/clusters/demo"
+        );
+        assert_eq!(
+            super::path(&["v1", "clusters", "a/b?c#d e"]),
+            "/v1/clusters/a%2Fb%3Fc%23d%20e"
+        );
+    }
+}

@@ -76,6 +76,9 @@ enum Command {
     Keys(cli::KeysArgs),
     /// Show the audit log.
     Audit(cli::AuditArgs),
+    /// Revoke a machine's identity: every certificate of it is refused from
+    /// its next request on.
+    Revoke(cli::RevokeArgs),
 }
 
 #[derive(Debug, clap::Args)]

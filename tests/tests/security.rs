@@ -154,7 +154,7 @@ fn oversized_and_malformed_bodies_are_refused_with_problems() {
     )
     .assert_problem(422, "pool");
     api.send("GET", "/v1/machines/..%2F..%2Fetc", Some(&token), None)
-        .assert_problem(404, "");
+        .assert_problem(400, "DNS-1123 subdomain");
     // Nothing was stored by any of it.
     assert!(c.machines().is_empty());
     assert_eq!(c.cli_ok(&["get", "clusters"]).lines().count(), 1);
@@ -1044,4 +1044,389 @@ fn a_read_only_data_dir_is_refused_with_its_path_and_what_to_do() {
         err.contains(&data.display().to_string()) && err.contains("mount it read-write"),
         "{err}"
     );
+/// The agent identity a test takes over (what a thief copies): certificate
+/// and key PEM, and the machine's name.
+fn identity_of(c: &Coordinator, a: &Agent) -> (String, String, String) {
+    let s = a.state();
+    let uid = s["machineUid"].as_str().unwrap().to_owned();
+    let name = c
+        .machines()
+        .into_iter()
+        .find(|m| m["metadata"]["uid"] == uid.as_str())
+        .unwrap()["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (
+        s["certificatePem"].as_str().unwrap().to_owned(),
+        s["keyPem"].as_str().unwrap().to_owned(),
+        name,
+    )
+}
+
+/// Waits for `n` registered machines.
+fn wait_machines(c: &Coordinator, n: usize) {
+    wait_for(&format!("{n} machines"), BOOT, || {
+        let got = c.machines().len();
+        if got == n {
+            Ok(())
+        } else {
+            Err(format!("{got} machines"))
+        }
+    });
+}
+
+/// The kubeadm token in a signed bundle's kubeadm config.
+fn bundle_token(answer: &Answer) -> String {
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let payload: serde_json::Value =
+        serde_json::from_str(answer.json()["payload"].as_str().unwrap()).unwrap();
+    let config = payload["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "/etc/drover/kubeadm.yaml")
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    config
+        .lines()
+        .find_map(|l| {
+            let v = l.trim().trim_start_matches("- ").strip_prefix("token:")?;
+            Some(v.trim().trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(|| panic!("no token in {config}"))
+}
+
+#[test]
+fn init_config_fetches_reuse_one_join_token_so_later_joins_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=jt", 3, "1h", &boot);
+    let a = Agent::start(&tmp.path().join("a"), "a", &boot);
+    let b = Agent::start(&tmp.path().join("b"), "b", &boot);
+    wait_machines(&c, 2);
+    apply(&c, tmp.path(), &pool_cluster_yaml("jt", 1, 1, "jt"));
+    c.wait_cluster_phase("jt", "Running", BOOT);
+    let init = [&a, &b]
+        .into_iter()
+        .find(|x| {
+            let (_, _, name) = identity_of(&c, x);
+            c.machines().iter().any(|m| {
+                m["metadata"]["name"] == name.as_str() && m["spec"]["assignment"]["role"] == "init"
+            })
+        })
+        .unwrap();
+    let (cert, key, _) = identity_of(&c, init);
+    // The init machine (or whoever holds its certificate) fetches its
+    // config again and again: always the token kubeadm init registered.
+    let api = c.api(Some((&cert, &key)));
+    let first = bundle_token(&api.send("GET", "/v1/machine/config", None, None));
+    for _ in 0..5 {
+        assert_eq!(
+            bundle_token(&api.send("GET", "/v1/machine/config", None, None)),
+            first
+        );
+    }
+    // So the next joiner is handed a token the cluster knows, and joins.
+    let _c3 = Agent::start(&tmp.path().join("c"), "c", &boot);
+    wait_machines(&c, 3);
+    c.cli_ok(&["scale", "jt", "--pool", "default", "--replicas", "2"]);
+    wait_for("the third machine to join", BOOT, || {
+        let running = c
+            .machines()
+            .iter()
+            .filter(|m| m["status"]["phase"] == "Running")
+            .count();
+        if running == 3 {
+            Ok(())
+        } else {
+            Err(format!("{running} running: {:#?}", c.machines()))
+        }
+    });
+}
+
+#[test]
+fn object_names_are_checked_by_the_cli_and_on_every_route() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let second = c
+        .cli_ok(&["admin-token", "create", "--role", "admin"])
+        .trim()
+        .to_owned();
+    let id = second.split('_').nth(1).unwrap().to_owned();
+    // The CLI refuses a name that would reach another path, before sending.
+    for args in [
+        vec!["delete", "cluster", &format!("../admintokens/{id}")],
+        vec!["get", "clusters", "../admintokens"],
+        vec!["describe", "machine", ".."],
+        vec!["kubeconfig", "a/b"],
+        vec!["token", "revoke", "../clusters/x"],
+        vec!["revoke", "machine", "Node_1"],
+    ] {
+        let out = c.cli(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+        assert!(err.contains("DNS-1123 subdomain"), "{args:?}: {err}");
+    }
+    // The second admin token still works: nothing was revoked.
+    assert_eq!(
+        c.api(None)
+            .send("GET", "/v1/clusters", Some(&second), None)
+            .status,
+        200
+    );
+    // The server refuses such names on every route, with a problem naming
+    // the rule, whoever sends them.
+    let api = c.api(None);
+    let token = c.admin_token.clone();
+    let yaml = pool_cluster_yaml("x", 1, 0, "x").into_bytes();
+    for (method, path) in [
+        ("GET", format!("/v1/clusters/..%2Fadmintokens%2F{id}")),
+        ("DELETE", format!("/v1/clusters/..%2Fadmintokens%2F{id}")),
+        ("PUT", "/v1/clusters/x%0Ay".to_owned()),
+        ("POST", "/v1/clusters/..%2F..%2Fkeys/kubeconfig".to_owned()),
+        ("GET", "/v1/machines/a..b".to_owned()),
+        ("POST", "/v1/machines/..%2Fx/revoke".to_owned()),
+        ("DELETE", "/v1/registrationtokens/..%2Fx".to_owned()),
+        ("PUT", "/v1/registrationtokens/A".to_owned()),
+        ("DELETE", format!("/v1/admintokens/{id}%2F..")),
+    ] {
+        let body = match method {
+            "PUT" if path.starts_with("/v1/clusters") => Some(("application/yaml", yaml.clone())),
+            "POST" | "PUT" => Some(("application/json", b"{}".to_vec())),
+            _ => None,
+        };
+        api.send(method, &path, Some(&token), body)
+            .assert_problem(400, "DNS-1123 subdomain");
+    }
+    assert_eq!(
+        c.api(None)
+            .send("GET", "/v1/clusters", Some(&second), None)
+            .status,
+        200
+    );
+    assert_eq!(c.cli_ok(&["get", "clusters"]).lines().count(), 1);
+}
+
+#[test]
+fn names_labels_and_hostnames_are_validated_where_they_enter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let api = c.api(None);
+    let token = c.admin_token.clone();
+    // A selector key with a newline, a worker pool selector value with a space.
+    let doc = pool_cluster_yaml("sel", 1, 1, "x");
+    let bad = doc.replace(
+        "  controlPlane:\n    replicas: 1\n",
+        "  controlPlane:\n    replicas: 1\n    selector:\n      matchLabels:\n        \"env\\nrole\": x\n",
+    );
+    assert_ne!(doc, bad);
+    api.send(
+        "PUT",
+        "/v1/clusters/sel",
+        Some(&token),
+        Some(("application/yaml", bad.into_bytes())),
+    )
+    .assert_problem(422, "spec.controlPlane.selector.matchLabels");
+    api.json(
+        "POST",
+        "/v1/registrationtokens",
+        Some(&token),
+        &serde_json::json!({"pool": "p", "labels": {"a\nb": "x"}, "ttlSeconds": 60, "maxUses": 1}),
+    )
+    .assert_problem(422, "label key");
+    let out = c.cli(&["token", "create", "--pool", "p", "--labels", "bad key=x"]);
+    assert_eq!(out.status.code(), Some(64));
+    // Host names are DNS-1123 subdomains (they become node names).
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=x", 5, "1h", &boot);
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&boot).unwrap()).unwrap();
+    let ticket = doc["ticket"].as_str().unwrap().to_owned();
+    let (_k, csr) = drover_common::pki::generate_key_and_csr("x").unwrap();
+    for hostname in ["..", ".", "-rf", "a..b", "Node_1", "a\nb", "\u{1b}[2J"] {
+        api.json(
+            "POST",
+            "/v1/machine/register",
+            None,
+            &serde_json::json!({"ticket": ticket, "csrPem": csr, "facts": {"hostname": hostname, "addresses": ["127.0.0.1"], "apiServerPort": 6443, "kubeletHealthzPort": 10248, "agentVersion": "x"}}),
+        )
+        .assert_problem(400, "hostname");
+    }
+    assert!(c.machines().is_empty());
+    api.json(
+        "POST",
+        "/v1/machine/register",
+        None,
+        &serde_json::json!({"ticket": ticket, "csrPem": csr, "facts": {"hostname": "node-1.example", "addresses": ["127.0.0.1"], "apiServerPort": 6443, "kubeletHealthzPort": 10248, "agentVersion": "x"}}),
+    );
+    wait_machines(&c, 1);
+}
+
+#[test]
+fn reported_strings_are_bounded_and_printed_escaped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=x", 1, "1h", &boot);
+    let mut agent = Agent::start(&tmp.path().join("m"), "m", &boot);
+    wait_machines(&c, 1);
+    // Its certificate, in other hands: the agent itself is stopped.
+    let (cert, key, name) = identity_of(&c, &agent);
+    agent.kill();
+    let escape = "\u{1b}]0;pwned\u{7}\u{1b}[2J";
+    let message = format!("{escape}{}", "x".repeat(900 * 1024));
+    let hb = serde_json::json!({
+        "phase": "Waiting", "appliedGeneration": 0,
+        "health": {"kubelet": {"state": "Unhealthy", "message": message}},
+    });
+    let a = c
+        .api(Some((&cert, &key)))
+        .json("POST", "/v1/machine/heartbeat", None, &hb);
+    assert_eq!(a.status, 200, "{a:?}");
+    let m = c
+        .machines()
+        .into_iter()
+        .find(|m| m["metadata"]["name"] == name.as_str())
+        .unwrap();
+    let stored = m["status"]["health"]["kubelet"]["message"]
+        .as_str()
+        .unwrap();
+    assert!(
+        stored.chars().count() <= 1024 && stored.ends_with("bytes cut)"),
+        "{} characters stored",
+        stored.len()
+    );
+    // No control character reaches the operator's terminal.
+    for args in [
+        vec!["describe", "machine", name.as_str()],
+        vec!["get", "machines", "-o", "wide"],
+    ] {
+        let out = c.cli_ok(&args);
+        assert!(
+            !out.chars().any(|ch| ch.is_control() && ch != '\n'),
+            "{args:?} printed a control character"
+        );
+    }
+    assert!(c
+        .cli_ok(&["describe", "machine", &name])
+        .contains("\\u{1b}]0;pwned"));
+}
+
+#[test]
+fn a_revoked_or_doubly_held_machine_identity_is_refused_at_the_next_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=x", 3, "1h", &boot);
+    let mut a = Agent::start(&tmp.path().join("a"), "a", &boot);
+    let mut b = Agent::start(&tmp.path().join("b"), "b", &boot);
+    let mut m3 = Agent::start(&tmp.path().join("c"), "c", &boot);
+    wait_machines(&c, 3);
+    let (cert, key, name) = identity_of(&c, &a);
+    let (cert_b, key_b, name_b) = identity_of(&c, &b);
+    let (cert_c, key_c, name_c) = identity_of(&c, &m3);
+    a.kill();
+    b.kill();
+    m3.kill();
+    let hb = serde_json::json!({"phase": "Waiting", "appliedGeneration": 0, "health": {"kubelet": {"state": "Unknown"}}});
+    let stolen = c.api(Some((&cert, &key)));
+    assert_eq!(
+        stolen
+            .json("POST", "/v1/machine/heartbeat", None, &hb)
+            .status,
+        200
+    );
+    // An admin revokes the machine's identity: refused at the next request,
+    // renewal included, and the revocation is audited.
+    let out = c.cli_ok(&["revoke", "machine", &name]);
+    assert!(out.contains("revoked"), "{out}");
+    stolen
+        .json("POST", "/v1/machine/heartbeat", None, &hb)
+        .assert_problem(401, "revoked");
+    stolen
+        .send("GET", "/v1/machine/config", None, None)
+        .assert_problem(401, "revoked");
+    let (_k, csr) = drover_common::pki::generate_key_and_csr("x").unwrap();
+    stolen
+        .json(
+            "POST",
+            "/v1/machine/certificate",
+            None,
+            &serde_json::json!({"csrPem": csr}),
+        )
+        .assert_problem(401, "revoked");
+    assert!(c
+        .cli_ok(&["describe", "machine", &name])
+        .contains("Identity:       revoked"));
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&c.cli_ok(&["audit", "--limit", "100", "-o", "json"])).unwrap();
+    assert!(
+        audit.iter().any(|e| e["method"] == "POST"
+            && e["path"] == format!("/v1/machines/{name}/revoke")
+            && e["status"] == 200),
+        "{audit:#?}"
+    );
+
+    // A thief renews with a copy of machine b's certificate first; when the
+    // machine renews with its own (now superseded) certificate, two holders
+    // are evident and the identity is revoked for both.
+    let renew = |api: &Api| {
+        let (k, csr) = drover_common::pki::generate_key_and_csr("x").unwrap();
+        let a = api.json(
+            "POST",
+            "/v1/machine/certificate",
+            None,
+            &serde_json::json!({"csrPem": csr}),
+        );
+        (a, k)
+    };
+    let original = c.api(Some((&cert_b, &key_b)));
+    let (thief, thief_key) = renew(&original);
+    assert_eq!(thief.status, 200, "{thief:?}");
+    let thief_cert = thief.json()["certificatePem"].as_str().unwrap().to_owned();
+    let thief_api = c.api(Some((&thief_cert, &thief_key)));
+    assert_eq!(
+        thief_api
+            .json("POST", "/v1/machine/heartbeat", None, &hb)
+            .status,
+        200
+    );
+    renew(&original).0.assert_problem(401, "superseded");
+    thief_api
+        .json("POST", "/v1/machine/heartbeat", None, &hb)
+        .assert_problem(401, "revoked");
+    renew(&thief_api).0.assert_problem(401, "revoked");
+    let events = c.cli_ok(&["describe", "machine", &name_b]);
+    assert!(events.contains("IdentityRevoked"), "{events}");
+
+    // The machine renews first, loses the answer and asks again for the
+    // same key: a retry, not a second holder. A thief's copy of the old
+    // certificate then cannot renew, and its attempt revokes the identity.
+    let machine = c.api(Some((&cert_c, &key_c)));
+    let (new_key, csr) = drover_common::pki::generate_key_and_csr("x").unwrap();
+    let body = serde_json::json!({"csrPem": csr});
+    let first = machine.json("POST", "/v1/machine/certificate", None, &body);
+    assert_eq!(first.status, 200, "{first:?}");
+    let retry = machine.json("POST", "/v1/machine/certificate", None, &body);
+    assert_eq!(retry.status, 200, "{retry:?}");
+    let renewed = retry.json()["certificatePem"].as_str().unwrap().to_owned();
+    let renewed_api = c.api(Some((&renewed, &new_key)));
+    assert_eq!(
+        renewed_api
+            .json("POST", "/v1/machine/heartbeat", None, &hb)
+            .status,
+        200
+    );
+    let stolen_copy = c.api(Some((&cert_c, &key_c)));
+    renew(&stolen_copy).0.assert_problem(401, "superseded");
+    renewed_api
+        .json("POST", "/v1/machine/heartbeat", None, &hb)
+        .assert_problem(401, "revoked");
+    assert!(c
+        .cli_ok(&["describe", "machine", &name_c])
+        .contains("IdentityRevoked"));
 }

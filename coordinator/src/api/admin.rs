@@ -11,7 +11,7 @@ use drover_common::api::{
     KubeconfigResponse, Machine, ObjectMeta, RegistrationToken, RegistrationTokenSpec,
     RegistrationTokenStatus,
 };
-use drover_common::names::{check_dns_label, check_label};
+use drover_common::names::{check_dns_label, check_labels, check_object_name};
 use drover_common::ticket::{new_nonce, TicketClaims, TicketGrant};
 use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
 use drover_common::API_VERSION;
@@ -20,6 +20,28 @@ use serde::{Deserialize, Serialize};
 use super::{Admin, ApiError};
 use crate::app::App;
 use crate::store::Kind;
+
+/// A `{name}` path segment that is a valid object name (a DNS-1123
+/// subdomain). Every route naming an object takes one, so a name such as
+/// `../admintokens/x` (sent as `..%2Fadmintokens%2Fx`) is refused with a 400
+/// naming the rule before the handler runs.
+pub struct ObjectName(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ObjectName {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("the path is malformed: {e}")))?;
+        check_object_name("the name in the path", &name)
+            .map_err(|e| ApiError::bad_request(format!("{e}; nothing was read or changed")))?;
+        Ok(Self(name))
+    }
+}
 
 /// The longest a registration token may live.
 const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
@@ -58,7 +80,7 @@ pub async fn list_clusters(
 pub async fn get_cluster(
     State(app): State<Arc<App>>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ObjectName(name): ObjectName,
 ) -> Result<Json<Cluster>, ApiError> {
     app.cluster(&name)?
         .map(Json)
@@ -124,7 +146,7 @@ fn parse_cluster(headers: &HeaderMap, body: &[u8]) -> Result<Cluster, ApiError> 
 pub async fn apply_cluster(
     State(app): State<Arc<App>>,
     admin: Admin,
-    Path(name): Path<String>,
+    ObjectName(name): ObjectName,
     headers: HeaderMap,
     super::RawBody(body): super::RawBody,
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
@@ -227,7 +249,7 @@ pub async fn apply_cluster(
 pub async fn delete_cluster(
     State(app): State<Arc<App>>,
     admin: Admin,
-    Path(name): Path<String>,
+    ObjectName(name): ObjectName,
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
     admin.require_write()?;
     let mut c = app
@@ -353,11 +375,63 @@ pub async fn list_machines(
 pub async fn get_machine(
     State(app): State<Arc<App>>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ObjectName(name): ObjectName,
 ) -> Result<Json<Machine>, ApiError> {
     app.machine(&name)?
         .map(Json)
         .ok_or_else(|| ApiError::not_found("machine", &name))
+}
+
+/// `POST /v1/machines/{name}/revoke`: revokes the machine's identity.
+///
+/// Every certificate of the machine is refused from its next request on
+/// (heartbeat, config, renewal), on every replica; the machine needs a new
+/// ticket to come back. The machine record stays, so its cluster sees it go
+/// silent and replaces it as its health policy says. Revoking twice changes
+/// nothing more.
+#[utoipa::path(
+    post,
+    path = "/v1/machines/{name}/revoke",
+    tag = "machines",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
+    responses(
+        (status = 200, description = "The machine, its identity revoked.", body = Machine),
+        (status = 400, response = super::openapi::BadRequest),
+        (status = 401, response = super::openapi::Unauthorized),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::NotFound),
+    ),
+)]
+pub async fn revoke_machine(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    ObjectName(name): ObjectName,
+) -> Result<Json<Machine>, ApiError> {
+    admin.require_write()?;
+    let by = admin.token_id.clone();
+    let revoked = crate::store::blocking({
+        let (app, name) = (app.clone(), name.clone());
+        move || {
+            app.update_machine::<ApiError>(&name, |m| {
+                if m.status.identity_revoked_at.is_some() {
+                    return Ok(false);
+                }
+                m.status.identity_revoked_at = Some(drover_common::now());
+                drover_common::api::push_event(
+                    &mut m.status.events,
+                    "IdentityRevoked",
+                    format!("identity revoked by admin token {by}: every certificate of the machine is refused"),
+                );
+                Ok(true)
+            })
+        }
+    })
+    .await?
+    .ok_or_else(|| ApiError::not_found("machine", &name))?;
+    tracing::warn!(machine = %name, by = %admin.token_id, "machine identity revoked");
+    app.reconcile_now.notify_one();
+    Ok(Json(revoked))
 }
 
 /// `POST /v1/registrationtokens`: a token and the bootstrap document that carries its ticket.
@@ -393,20 +467,20 @@ pub async fn create_token(
             field: "pool".into(),
             message: e.to_string(),
         });
+    } else if req.pool.len() > drover_common::names::MAX_NAME_PREFIX {
+        errors.push(FieldError {
+            field: "pool".into(),
+            message: format!(
+                "must be at most {} characters, so the names of machines registering into it (<pool>-xxxxxx) stay DNS-1123 labels",
+                drover_common::names::MAX_NAME_PREFIX
+            ),
+        });
     }
-    for (k, v) in &req.labels {
-        for e in [
-            check_label("label key", k, false),
-            check_label("label value", v, true),
-        ]
-        .into_iter()
-        .filter_map(Result::err)
-        {
-            errors.push(FieldError {
-                field: "labels".into(),
-                message: e.to_string(),
-            });
-        }
+    for e in check_labels(&req.labels) {
+        errors.push(FieldError {
+            field: "labels".into(),
+            message: e.to_string(),
+        });
     }
     if req.ttl_seconds == 0 || req.ttl_seconds > MAX_TOKEN_TTL_SECONDS {
         errors.push(FieldError {
@@ -523,7 +597,7 @@ pub async fn list_tokens(
 pub async fn revoke_token_put(
     state: State<Arc<App>>,
     admin: Admin,
-    path: Path<String>,
+    path: ObjectName,
 ) -> Result<Json<RegistrationToken>, ApiError> {
     revoke_token(state, admin, path).await
 }
@@ -547,7 +621,7 @@ pub async fn revoke_token_put(
 pub async fn revoke_token(
     State(app): State<Arc<App>>,
     admin: Admin,
-    Path(name): Path<String>,
+    ObjectName(name): ObjectName,
 ) -> Result<Json<RegistrationToken>, ApiError> {
     admin.require_write()?;
     let (mut t, rev) = app
@@ -603,7 +677,7 @@ fn default_kubeconfig_ttl() -> u64 {
 pub async fn kubeconfig(
     State(app): State<Arc<App>>,
     admin: Admin,
-    Path(name): Path<String>,
+    ObjectName(name): ObjectName,
     body: Result<Option<Json<KubeconfigRequest>>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<KubeconfigResponse>, ApiError> {
     admin.require_write()?;

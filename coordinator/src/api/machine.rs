@@ -154,6 +154,7 @@ pub async fn register(
             agent_version: req.facts.agent_version.clone(),
             last_heartbeat_time: Some(now),
             certificate_not_after: Some(issued.not_after),
+            certificate_key: Some(key_pin(&issued.cert_pem)?),
             events: vec![drover_common::api::Event {
                 time: now,
                 reason: "Registered".into(),
@@ -271,6 +272,7 @@ async fn register_created_machine(
     m.status.agent_version = req.facts.agent_version.clone();
     m.status.last_heartbeat_time = Some(now);
     m.status.certificate_not_after = Some(issued.not_after);
+    m.status.certificate_key = Some(key_pin(&issued.cert_pem)?);
     push_event(
         &mut m.status.events,
         "Registered",
@@ -309,6 +311,13 @@ async fn register_created_machine(
     ))
 }
 
+/// The `sha256:` pin of the public key of a certificate just issued.
+fn key_pin(cert_pem: &str) -> Result<String, ApiError> {
+    drover_common::pin::CaPin::from_cert_pem(cert_pem)
+        .map(|p| p.to_string())
+        .map_err(|e| ApiError::internal(format!("cannot read the certificate just issued: {e}")))
+}
+
 /// The certificate a machine gets: its name as CN, the machine group.
 fn machine_leaf(app: &App, machine: &str) -> LeafSpec {
     LeafSpec {
@@ -324,17 +333,9 @@ fn machine_leaf(app: &App, machine: &str) -> LeafSpec {
 
 fn check_facts(f: &MachineFacts) -> Result<(), ApiError> {
     let mut problems = vec![];
-    if f.hostname.is_empty()
-        || f.hostname.len() > 253
-        || !f
-            .hostname
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
-    {
-        problems.push(format!(
-            "hostname {:?} is not a valid host name",
-            f.hostname
-        ));
+    // The host name becomes the Kubernetes node name: a DNS-1123 subdomain.
+    if let Err(e) = drover_common::names::check_hostname(&f.hostname) {
+        problems.push(e.to_string());
     }
     if f.addresses.is_empty() || f.addresses.len() > 16 {
         problems.push("addresses must list 1 to 16 IP addresses".to_string());
@@ -347,8 +348,21 @@ fn check_facts(f: &MachineFacts) -> Result<(), ApiError> {
     if f.api_server_port == 0 || f.kubelet_healthz_port == 0 {
         problems.push("apiServerPort and kubeletHealthzPort must be set".to_string());
     }
-    if f.agent_version.len() > 64 {
-        problems.push("agentVersion is too long".to_string());
+    if f.agent_version.len() > 64 || f.agent_version.chars().any(char::is_control) {
+        problems.push(
+            "agentVersion must be at most 64 characters without control characters".to_string(),
+        );
+    }
+    if let Some(id) = &f.instance_id {
+        if id.is_empty()
+            || id.len() > 64
+            || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            problems.push(format!(
+                "instanceId {:?} must be 1 to 64 letters, digits and '-'",
+                id.chars().take(80).collect::<String>()
+            ));
+        }
     }
     if problems.is_empty() {
         Ok(())
@@ -383,14 +397,24 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
             info.common_name, info.not_after
         )));
     }
-    app.machine_cached(&info.common_name)?
+    // From the read cache, like the rest of a quiet heartbeat: a deletion or
+    // revocation written by any replica is seen at the next request.
+    let machine = app
+        .machine_cached(&info.common_name)?
         .filter(|m| m.status.phase != MachinePhase::Deleted)
         .ok_or_else(|| {
             ApiError::unauthorized(format!(
                 "machine {} is not known to this coordinator (it was deleted); it needs a new ticket",
                 info.common_name
             ))
-        })
+        })?;
+    if let Some(at) = machine.status.identity_revoked_at {
+        return Err(ApiError::unauthorized(format!(
+            "the identity of machine {} was revoked at {at}: every certificate of it is refused; the machine needs a new ticket",
+            info.common_name
+        )));
+    }
+    Ok(machine)
 }
 
 /// `POST /v1/machine/heartbeat`: record liveness and what changed, answer
@@ -414,9 +438,11 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
 pub async fn heartbeat(
     State(app): State<Arc<App>>,
     Extension(peer): Extension<PeerCertificate>,
-    Body(hb): Body<HeartbeatRequest>,
+    Body(mut hb): Body<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let machine = authenticate(&app, &peer)?;
+    // Bounded before anything compares or stores it (see `bound`).
+    hb.bound();
     let now = drover_common::now();
     app.saw(&machine.metadata.name, now);
     if is_quiet(&machine, &hb) {
@@ -467,13 +493,14 @@ fn record_heartbeat(
             .filter(|r| r.id.starts_with("token-"))
             .map(|r| {
                 if !r.ok {
-                    tracing::warn!(machine = %name, directive = %r.id, message = %r.message, "join token registration failed");
+                    tracing::warn!(machine = %name, directive = ?r.id, message = ?r.message, "join token registration failed");
                 }
                 r.id.clone()
             })
             .collect();
         if !done.is_empty() {
-            activate_tokens(app, &a.cluster, hb, &done)?;
+            let uid = machine.metadata.uid.as_deref().unwrap_or_default();
+            activate_tokens(app, &a.cluster, hb, &done, uid)?;
         }
     }
 
@@ -526,11 +553,9 @@ fn heartbeat_answer(
                     .store
                     .get_json::<ClusterJoinTokens>(Kind::JoinTokens, &a.cluster)?
                 {
-                    if tokens.cluster_uid == a.cluster_uid
-                        && tokens.pending(now).next().is_some()
-                        && is_token_registrar(app, machine)?
-                    {
-                        for t in tokens.pending(now) {
+                    let uid = machine.metadata.uid.as_deref().unwrap_or_default();
+                    if tokens.cluster_uid == a.cluster_uid {
+                        for t in tokens.pending_for(now, uid) {
                             directives.push(Directive {
                                 id: directive_id(&t.token),
                                 action: DirectiveAction::CreateBootstrapToken {
@@ -638,19 +663,18 @@ fn health_verdict(h: &drover_common::wire::HealthReport) -> (bool, &'static str,
     (true, "Healthy", String::new())
 }
 
-/// The control-plane machine that registers join tokens: the init machine
-/// while it runs, else the first running control-plane machine by name.
-fn is_token_registrar(app: &App, m: &Machine) -> Result<bool, StoreError> {
-    let Some(a) = &m.spec.assignment else {
-        return Ok(false);
-    };
+/// The control-plane machine that registers a cluster's new join tokens:
+/// the init machine while it runs, else the first running control-plane
+/// machine by name. Only it is sent a token's directive, and only its
+/// result activates the token.
+fn token_registrar(app: &App, cluster_uid: &str) -> Result<Option<Machine>, StoreError> {
     let mut candidates: Vec<Machine> =
         app.machines()?
             .into_iter()
             .filter(|o| {
                 o.status.phase == MachinePhase::Running
                     && o.spec.assignment.as_ref().is_some_and(|oa| {
-                        oa.cluster_uid == a.cluster_uid && oa.role.is_control_plane()
+                        oa.cluster_uid == cluster_uid && oa.role.is_control_plane()
                     })
             })
             .collect();
@@ -660,16 +684,17 @@ fn is_token_registrar(app: &App, m: &Machine) -> Result<bool, StoreError> {
             o.metadata.name.clone(),
         )
     });
-    Ok(candidates
-        .first()
-        .is_some_and(|c| c.metadata.name == m.metadata.name))
+    Ok(candidates.into_iter().next())
 }
 
+/// Activates the join tokens machine `by` (a UID) reports registered.
+/// A result for a token that was not sent to `by` changes nothing.
 fn activate_tokens(
     app: &App,
     cluster: &str,
     hb: &HeartbeatRequest,
     ids: &[String],
+    by: &str,
 ) -> Result<(), ApiError> {
     for _ in 0..16 {
         let Some((mut tokens, rev)) = app
@@ -685,7 +710,11 @@ fn activate_tokens(
             .filter(|r| r.ok && ids.contains(&r.id))
         {
             if let Some(id) = r.id.strip_prefix("token-") {
-                changed |= tokens.activate(id);
+                if tokens.activate(id, by) {
+                    changed = true;
+                } else {
+                    tracing::warn!(cluster, machine_uid = by, directive = ?r.id, "result for a join token this machine was not asked to register ignored");
+                }
             }
         }
         if !changed {
@@ -782,7 +811,16 @@ pub fn join_token_for(
             ),
         };
         let pruned = tokens.prune(now);
-        match tokens.decide(now, ttl) {
+        let registrar = token_registrar(app, cluster_uid)?.and_then(|m| m.metadata.uid);
+        // The reasons name no token and no other machine: a joiner learns
+        // only that it waits.
+        let waiting = || {
+            not_ready(
+                app,
+                format!("waiting for a control-plane machine of cluster {cluster} to register a join token"),
+            )
+        };
+        match tokens.decide(now, ttl, registrar.as_deref()) {
             JoinTokenDecision::Use(t) => {
                 if pruned {
                     let _ = store_tokens(app, cluster, &tokens, rev);
@@ -790,23 +828,23 @@ pub fn join_token_for(
                 return Ok(t);
             }
             JoinTokenDecision::Wait => {
-                return Err(not_ready(
-                    app,
-                    format!("waiting for a control-plane machine of cluster {cluster} to register a join token"),
-                ))
+                if pruned {
+                    let _ = store_tokens(app, cluster, &tokens, rev);
+                }
+                return Err(waiting());
             }
             JoinTokenDecision::Mint(t) => {
                 let id = t.token.id().to_owned();
+                let registrar = t.registrar.clone().unwrap_or_default();
                 tokens.tokens.push(t);
                 match store_tokens(app, cluster, &tokens, rev) {
                     Ok(()) => {
-                        tracing::info!(cluster, token_id = %id, "join token minted; a control-plane agent will register it");
-                        return Err(not_ready(
-                            app,
-                            format!("join token {id} minted for cluster {cluster}; waiting for a control-plane machine to register it"),
-                        ));
+                        tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
+                        return Err(waiting());
                     }
-                    Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => continue,
+                    Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
+                        continue
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -856,18 +894,68 @@ pub async fn renew(
     Body(req): Body<RenewRequest>,
 ) -> Result<Json<RenewResponse>, ApiError> {
     let machine = authenticate(&app, &peer)?;
+    let name = machine.metadata.name.clone();
+    if matches!(
+        machine.status.phase,
+        MachinePhase::Deleting | MachinePhase::Deleted
+    ) {
+        return Err(ApiError::forbidden(format!(
+            "machine {name} is being deleted; its certificate is not renewed"
+        )));
+    }
+    let presented = match peer.0.as_deref() {
+        Some(Ok(info)) => info.public_key_pin.clone(),
+        _ => return Err(ApiError::unauthorized("no client certificate")),
+    };
     // Signs and writes: off the async workers.
     crate::store::blocking(move || {
-        let name = machine.metadata.name.clone();
         let issued = app
             .ca
             .sign_csr(&req.csr_pem, &machine_leaf(&app, &name))
             .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?;
         let not_after = issued.not_after;
-        app.update_machine_from::<ApiError>(machine, |m| {
-            m.status.certificate_not_after = Some(not_after);
-            Ok(true)
-        })?;
+        let new_key = key_pin(&issued.cert_pem)?;
+        let updated = app
+            .update_machine_from::<ApiError>(machine, |m| {
+                if let Some(at) = m.status.identity_revoked_at {
+                    return Err(ApiError::unauthorized(format!(
+                        "the identity of machine {name} was revoked at {at}; the machine needs a new ticket"
+                    )));
+                }
+                if matches!(m.status.phase, MachinePhase::Deleting | MachinePhase::Deleted) {
+                    return Err(ApiError::forbidden(format!(
+                        "machine {name} is being deleted; its certificate is not renewed"
+                    )));
+                }
+                match &m.status.certificate_key {
+                    // The current certificate renews; so does a superseded
+                    // one asking again for the key it was last issued (the
+                    // machine lost the answer and retries).
+                    Some(current) if *current != presented && *current != new_key => {
+                        // Another holder renewed with this identity since
+                        // this certificate was current: one of the two
+                        // stole it. Neither keeps it.
+                        m.status.identity_revoked_at = Some(drover_common::now());
+                        push_event(
+                            &mut m.status.events,
+                            "IdentityRevoked",
+                            "a superseded certificate asked for renewal: two holders of this machine's identity exist, so every certificate of it is revoked",
+                        );
+                        return Ok(true);
+                    }
+                    _ => {}
+                }
+                m.status.certificate_not_after = Some(not_after);
+                m.status.certificate_key = Some(new_key.clone());
+                Ok(true)
+            })?
+            .ok_or_else(|| ApiError::unauthorized(format!("machine {name} was deleted")))?;
+        if updated.status.identity_revoked_at.is_some() {
+            tracing::warn!(machine = %name, "renewal with a superseded certificate: the machine's identity is held twice and is revoked");
+            return Err(ApiError::unauthorized(format!(
+                "this certificate of machine {name} was superseded by a renewal made by another holder of its identity; the identity is revoked and the machine needs a new ticket"
+            )));
+        }
         tracing::info!(machine = %name, %not_after, "machine certificate renewed");
         Ok(Json(RenewResponse {
             certificate_pem: issued.cert_pem,
@@ -917,6 +1005,81 @@ mod tests {
             bootstrap: None,
             directive_results: vec![],
         }
+    }
+
+    /// A running machine of cluster `c` (uid `u`) with the given role.
+    fn member(app: &App, name: &str, role: MachineRole) -> Machine {
+        let mut m = machine(MachinePhase::Running, Some(1));
+        m.metadata.name = name.into();
+        m.metadata.uid = Some(format!("{name}-uid"));
+        m.spec.assignment.as_mut().unwrap().role = role;
+        app.store.create_json(Kind::Machine, name, &m).unwrap();
+        app.machine(name).unwrap().unwrap()
+    }
+
+    fn result(id: &str) -> HeartbeatRequest {
+        HeartbeatRequest {
+            directive_results: vec![drover_common::wire::DirectiveResult {
+                id: id.into(),
+                ok: true,
+                message: String::new(),
+            }],
+            ..hb(AgentPhase::Running, 1)
+        }
+    }
+
+    fn tokens(app: &App) -> ClusterJoinTokens {
+        app.store
+            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, "c")
+            .unwrap()
+            .unwrap()
+            .0
+    }
+
+    #[tokio::test]
+    async fn only_the_registrar_completes_a_join_token_and_joiners_learn_no_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = App::for_tests(dir.path());
+        let cp = member(&app, "cp", MachineRole::Init);
+        let worker = member(&app, "worker", MachineRole::Worker);
+        // A joiner asks: a token is minted for the registrar, the init machine.
+        let e = join_token_for(&app, "c", "u").unwrap_err();
+        let reason = e
+            .not_ready
+            .as_ref()
+            .expect("a ConfigNotReady")
+            .reason
+            .clone();
+        let minted = tokens(&app).tokens[0].clone();
+        let id = minted.token.id().to_owned();
+        assert_eq!(minted.registrar.as_deref(), Some("cp-uid"));
+        assert!(
+            !reason.contains(&id) && !e.detail.contains(&id),
+            "the reason names the pending token: {reason}"
+        );
+        // The worker is not asked to register it, and claiming it did
+        // changes nothing.
+        let now = drover_common::now();
+        assert!(heartbeat_answer(&app, &worker, now)
+            .unwrap()
+            .directives
+            .is_empty());
+        record_heartbeat(&app, worker, &result(&format!("token-{id}")), now).unwrap();
+        assert_eq!(
+            tokens(&app).tokens[0].state,
+            crate::jointokens::TokenState::Pending
+        );
+        assert!(join_token_for(&app, "c", "u").is_err(), "a joiner waits");
+        // The registrar is asked, and its result activates the token.
+        let answer = heartbeat_answer(&app, &cp, now).unwrap();
+        assert_eq!(answer.directives.len(), 1);
+        assert_eq!(answer.directives[0].id, format!("token-{id}"));
+        record_heartbeat(&app, cp, &result(&format!("token-{id}")), now).unwrap();
+        assert_eq!(
+            tokens(&app).tokens[0].state,
+            crate::jointokens::TokenState::Active
+        );
+        assert_eq!(join_token_for(&app, "c", "u").unwrap(), minted.token);
     }
 
     #[test]

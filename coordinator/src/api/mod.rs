@@ -51,6 +51,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/machines", get(admin::list_machines))
         .route("/v1/status", get(admin::status))
         .route("/v1/machines/{name}", get(admin::get_machine))
+        .route("/v1/machines/{name}/revoke", post(admin::revoke_machine))
         .route(
             "/v1/registrationtokens",
             get(admin::list_tokens).post(admin::create_token),

@@ -60,6 +60,7 @@ pub fn example_cluster() -> serde_json::Value {
         admin::status,
         admin::coordinators,
         admin::get_machine,
+        admin::revoke_machine,
         admin::list_tokens,
         admin::create_token,
         admin::revoke_token_put,
@@ -298,7 +299,7 @@ mod tests {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 25);
+        assert_eq!(operations, 26);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -155,7 +155,7 @@ pub async fn list_admin_tokens(
 pub async fn revoke_admin_token(
     State(app): State<Arc<App>>,
     admin: Admin,
-    Path(id): Path<String>,
+    super::admin::ObjectName(id): super::admin::ObjectName,
 ) -> Result<StatusCode, ApiError> {
     admin.require_write()?;
     modify_tokens(&app, |t| {
