@@ -376,6 +376,7 @@ impl App {
             url: "https://127.0.0.1:1".into(),
             version: "test".into(),
             started_at: drover_common::now(),
+            gateway_port: None,
         };
         Arc::new(App {
             leadership: crate::leader::Leadership::sole(me),

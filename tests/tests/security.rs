@@ -1044,6 +1044,8 @@ fn a_read_only_data_dir_is_refused_with_its_path_and_what_to_do() {
         err.contains(&data.display().to_string()) && err.contains("mount it read-write"),
         "{err}"
     );
+}
+
 /// The agent identity a test takes over (what a thief copies): certificate
 /// and key PEM, and the machine's name.
 fn identity_of(c: &Coordinator, a: &Agent) -> (String, String, String) {
