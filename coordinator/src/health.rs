@@ -55,27 +55,114 @@ impl Policy {
         p
     }
 
-    /// How many machines of a pool of `desired` may be unhealthy and still
-    /// be remediated (rounded up, as Cluster API does).
+    /// How many machines of a pool of `desired` may be unhealthy (or being
+    /// replaced) and still be remediated: the share rounded down, as
+    /// Cluster API does, so that "more than maxUnhealthy unhealthy pauses"
+    /// holds exactly (40 % of 3 allows 1; of 2 or 1, none).
     pub fn max_unhealthy(&self, desired: u32) -> u32 {
-        (desired * self.max_unhealthy_percent).div_ceil(100)
+        desired * self.max_unhealthy_percent / 100
     }
 }
 
-/// Why a machine is unhealthy, or `None` when it is not.
-pub fn unhealthy_reason(
+/// The condition type the reconciler keeps on a machine that went silent or
+/// whose instance stopped (False), cleared to True when it is back.
+pub const ALIVE_CONDITION: &str = "Alive";
+
+/// Why a machine is unhealthy.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unhealthy {
+    /// The provider reports the instance stopped.
+    Stopped,
+    /// Not Running within the startup timeout.
+    NotStarted {
+        phase: MachinePhase,
+        timeout: Duration,
+    },
+    /// No heartbeat for longer than the heartbeat timeout.
+    Silent {
+        silence: time::Duration,
+        timeout: Duration,
+    },
+    /// A probe reported failing for longer than the unhealthy timeout.
+    Reported {
+        since: time::Duration,
+        reason: String,
+        message: String,
+        timeout: Duration,
+    },
+}
+
+impl Unhealthy {
+    /// A few words that stay the same while the machine stays in this state
+    /// (no ages), for status messages that must not change every pass.
+    pub fn summary(&self) -> String {
+        match self {
+            Unhealthy::Stopped => "stopped".into(),
+            Unhealthy::NotStarted { .. } => "not Running within the startup timeout".into(),
+            Unhealthy::Silent { .. } => "silent".into(),
+            Unhealthy::Reported { reason, .. } => format!("reports {reason}"),
+        }
+    }
+
+    /// Whether remediation may act on it yet. A silent machine must have
+    /// been silent for `settle` beyond the heartbeat timeout: machines cut
+    /// off together cross their deadlines up to a heartbeat interval apart,
+    /// and by then all of them count against `maxUnhealthy` at once.
+    pub fn settled(&self, settle: Duration) -> bool {
+        match self {
+            Unhealthy::Silent { silence, timeout } => {
+                *silence
+                    > time::Duration::try_from(*timeout + settle).unwrap_or(time::Duration::MAX)
+            }
+            _ => true,
+        }
+    }
+}
+
+impl std::fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unhealthy::Stopped => write!(f, "its provider reports it stopped"),
+            Unhealthy::NotStarted { phase, timeout } => write!(
+                f,
+                "not Running {}s after creation (startup timeout; phase {phase})",
+                timeout.as_secs()
+            ),
+            Unhealthy::Silent { silence, timeout } => write!(
+                f,
+                "no heartbeat for {}s (heartbeat timeout {}s)",
+                silence.whole_seconds(),
+                timeout.as_secs()
+            ),
+            Unhealthy::Reported {
+                since,
+                reason,
+                message,
+                timeout,
+            } => write!(
+                f,
+                "reported unhealthy for {}s ({reason}: {message}), longer than the unhealthy timeout {}s",
+                since.whole_seconds(),
+                timeout.as_secs()
+            ),
+        }
+    }
+}
+
+/// Whether a machine is unhealthy, and why.
+pub fn check(
     m: &Machine,
     now: OffsetDateTime,
     last_seen: Option<OffsetDateTime>,
     instance: Option<InstanceState>,
     policy: &Policy,
-) -> Option<String> {
+) -> Option<Unhealthy> {
     use MachinePhase::*;
     if matches!(m.status.phase, Deleting | Deleted | Releasing) {
         return None;
     }
     if instance == Some(InstanceState::Stopped) {
-        return Some("its provider reports it stopped".into());
+        return Some(Unhealthy::Stopped);
     }
     let age = m
         .metadata
@@ -83,24 +170,16 @@ pub fn unhealthy_reason(
         .map(|t| now - t)
         .unwrap_or(time::Duration::ZERO);
     if m.status.phase != Running && age > policy.startup_timeout {
-        return Some(format!(
-            "not Running {}s after creation (startup timeout; phase {})",
-            policy.startup_timeout.as_secs(),
-            m.status.phase
-        ));
+        return Some(Unhealthy::NotStarted {
+            phase: m.status.phase,
+            timeout: policy.startup_timeout,
+        });
     }
-    let registered = m.status.ticket_redeemed || m.status.phase != Provisioning;
-    if registered {
-        if let Some(seen) = last_seen {
-            let silence = now - seen;
-            if silence > policy.heartbeat_timeout {
-                return Some(format!(
-                    "no heartbeat for {}s (heartbeat timeout {}s)",
-                    silence.whole_seconds(),
-                    policy.heartbeat_timeout.as_secs()
-                ));
-            }
-        }
+    if let Some(silence) = silence(m, now, last_seen, policy) {
+        return Some(Unhealthy::Silent {
+            silence,
+            timeout: policy.heartbeat_timeout,
+        });
     }
     if m.status.phase == Running {
         if let Some(c) = m
@@ -111,17 +190,86 @@ pub fn unhealthy_reason(
         {
             let since = now - c.last_transition_time;
             if since > policy.unhealthy_timeout {
-                return Some(format!(
-                    "reported unhealthy for {}s ({}: {}), longer than the unhealthy timeout {}s",
-                    since.whole_seconds(),
-                    c.reason,
-                    c.message,
-                    policy.unhealthy_timeout.as_secs()
-                ));
+                return Some(Unhealthy::Reported {
+                    since,
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                    timeout: policy.unhealthy_timeout,
+                });
             }
         }
     }
     None
+}
+
+/// How long a registered machine has been silent, when that is longer than
+/// the heartbeat timeout.
+pub fn silence(
+    m: &Machine,
+    now: OffsetDateTime,
+    last_seen: Option<OffsetDateTime>,
+    policy: &Policy,
+) -> Option<time::Duration> {
+    let registered = m.status.ticket_redeemed || m.status.phase != MachinePhase::Provisioning;
+    let silence = now - last_seen?;
+    (registered && silence > policy.heartbeat_timeout).then_some(silence)
+}
+
+/// One pool as remediation sees it in one pass.
+#[derive(Debug, Clone)]
+pub struct PoolHealth<'a> {
+    pub pool: &'a str,
+    pub desired: u32,
+    /// Members not being deleted.
+    pub members: u32,
+    /// Unhealthy members, by name.
+    pub unhealthy: Vec<(&'a str, Unhealthy)>,
+    /// Slots of machines remediated earlier whose replacement is not
+    /// Running yet: the replacement's name, or the remediated machine's
+    /// while no replacement exists.
+    pub in_flight: Vec<&'a str>,
+}
+
+/// What remediation may do for one pool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Replace these (settled) unhealthy machines, by name.
+    Remediate(Vec<String>),
+    /// Too much of the pool is unhealthy or being replaced: replace nothing.
+    /// The message names no ages, so it stays the same while nothing changes.
+    Paused(String),
+}
+
+/// Decides over the whole pool: the unhealthy machines and the
+/// replacements still in flight count together against `maxUnhealthy`,
+/// and more than it allows pauses remediation of the pool.
+pub fn decide(pool: &PoolHealth<'_>, policy: &Policy, settle: Duration) -> Decision {
+    let total = pool.desired.max(pool.members);
+    let allowed = policy.max_unhealthy(total);
+    let bad = (pool.unhealthy.len() + pool.in_flight.len()) as u32;
+    if bad > allowed {
+        let mut what: Vec<String> = pool
+            .unhealthy
+            .iter()
+            .map(|(n, u)| format!("{n} {}", u.summary()))
+            .chain(pool.in_flight.iter().map(|n| format!("{n} being replaced")))
+            .collect();
+        what.sort();
+        return Decision::Paused(format!(
+            "pool {}: {bad} of {total} machines are unhealthy or being replaced ({}), more than maxUnhealthy {}% allows ({allowed}); remediation paused",
+            pool.pool,
+            what.join(", "),
+            policy.max_unhealthy_percent
+        ));
+    }
+    let mut names: Vec<String> = pool
+        .unhealthy
+        .iter()
+        .filter(|(_, u)| u.settled(settle))
+        .map(|(n, _)| n.to_string())
+        .collect();
+    names.sort();
+    Decision::Remediate(names)
 }
 
 /// etcd quorum of `members`.
@@ -158,6 +306,16 @@ mod tests {
 
     fn policy() -> Policy {
         Policy::defaults(Duration::from_secs(40))
+    }
+
+    fn unhealthy_reason(
+        m: &Machine,
+        now: OffsetDateTime,
+        last_seen: Option<OffsetDateTime>,
+        instance: Option<InstanceState>,
+        policy: &Policy,
+    ) -> Option<String> {
+        check(m, now, last_seen, instance, policy).map(|u| u.to_string())
     }
 
     #[test]
@@ -250,13 +408,139 @@ mod tests {
     }
 
     #[test]
-    fn max_unhealthy_rounds_up() {
+    fn max_unhealthy_rounds_the_allowance_down() {
         let p = policy();
-        assert_eq!(p.max_unhealthy(2), 1);
-        assert_eq!(p.max_unhealthy(3), 2);
+        // "More than 40 % unhealthy pauses": 1 of 3 (33 %) may be replaced,
+        // 1 of 2 (50 %) may not.
+        assert_eq!(p.max_unhealthy(1), 0);
+        assert_eq!(p.max_unhealthy(2), 0);
+        assert_eq!(p.max_unhealthy(3), 1);
         assert_eq!(p.max_unhealthy(5), 2);
+        assert_eq!(p.max_unhealthy(10), 4);
+        let all = Policy {
+            max_unhealthy_percent: 100,
+            ..p
+        };
+        assert_eq!(all.max_unhealthy(1), 1);
+        let none = Policy {
+            max_unhealthy_percent: 0,
+            ..p
+        };
+        assert_eq!(none.max_unhealthy(10), 0);
         assert_eq!(quorum(3), 2);
         assert_eq!(quorum(2), 2);
         assert_eq!(quorum(1), 1);
+    }
+
+    fn silent_for(secs: i64) -> Unhealthy {
+        Unhealthy::Silent {
+            silence: time::Duration::seconds(secs),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    const SETTLE: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn one_unhealthy_of_three_is_replaced_once_settled() {
+        let pool = |u: Unhealthy| PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w1", u)],
+            in_flight: vec![],
+        };
+        assert_eq!(
+            decide(&pool(Unhealthy::Stopped), &policy(), SETTLE),
+            Decision::Remediate(vec!["w1".into()])
+        );
+        // Just past the timeout it counts, but is not replaced yet.
+        assert_eq!(
+            decide(&pool(silent_for(11)), &policy(), SETTLE),
+            Decision::Remediate(vec![])
+        );
+        assert_eq!(
+            decide(&pool(silent_for(13)), &policy(), SETTLE),
+            Decision::Remediate(vec!["w1".into()])
+        );
+    }
+
+    #[test]
+    fn two_of_three_silent_pause_even_when_one_crossed_first() {
+        // w1's deadline expired a pass before w2's: by the time w1 may be
+        // replaced, w2 counts too.
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w1", silent_for(13)), ("w2", silent_for(11))],
+            in_flight: vec![],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy(), SETTLE) else {
+            panic!("remediation must pause")
+        };
+        assert_eq!(
+            msg,
+            "pool default: 2 of 3 machines are unhealthy or being replaced (w1 silent, w2 silent), more than maxUnhealthy 40% allows (1); remediation paused"
+        );
+        // The message names no age: a later pass writes the same status.
+        let later = PoolHealth {
+            unhealthy: vec![("w1", silent_for(60)), ("w2", silent_for(58))],
+            ..pool
+        };
+        assert_eq!(decide(&later, &policy(), SETTLE), Decision::Paused(msg));
+    }
+
+    #[test]
+    fn replacements_not_yet_running_count_against_the_limit() {
+        // w1 was replaced by r1, which is still starting; w2 now fails.
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w2", silent_for(30))],
+            in_flight: vec!["r1"],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy(), SETTLE) else {
+            panic!("remediation must pause")
+        };
+        assert!(msg.contains("r1 being replaced"), "{msg}");
+        // With five machines two may be down at once.
+        let five = PoolHealth {
+            desired: 5,
+            members: 5,
+            ..pool
+        };
+        assert_eq!(
+            decide(&five, &policy(), SETTLE),
+            Decision::Remediate(vec!["w2".into()])
+        );
+        // A replacement in flight alone does not pause a pool of three.
+        let alone = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![],
+            in_flight: vec!["r1"],
+        };
+        assert_eq!(
+            decide(&alone, &policy(), SETTLE),
+            Decision::Remediate(vec![])
+        );
+    }
+
+    #[test]
+    fn a_pool_of_two_is_not_remediated_at_the_default() {
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 2,
+            members: 2,
+            unhealthy: vec![("w1", Unhealthy::Stopped)],
+            in_flight: vec![],
+        };
+        assert!(matches!(
+            decide(&pool, &policy(), SETTLE),
+            Decision::Paused(_)
+        ));
     }
 }
