@@ -248,17 +248,16 @@ pub fn decide(pool: &PoolHealth<'_>, policy: &Policy, settle: Duration) -> Decis
     let allowed = policy.max_unhealthy(total);
     let bad = (pool.unhealthy.len() + pool.in_flight.len()) as u32;
     if bad > allowed {
-        let mut what: Vec<String> = pool
+        let what: Vec<String> = pool
             .unhealthy
             .iter()
             .map(|(n, u)| format!("{n} {}", u.summary()))
             .chain(pool.in_flight.iter().map(|n| format!("{n} being replaced")))
             .collect();
-        what.sort();
         return Decision::Paused(format!(
             "pool {}: {bad} of {total} machines are unhealthy or being replaced ({}), more than maxUnhealthy {}% allows ({allowed}); remediation paused",
             pool.pool,
-            what.join(", "),
+            bounded_list(what, ", "),
             policy.max_unhealthy_percent
         ));
     }
@@ -270,6 +269,22 @@ pub fn decide(pool: &PoolHealth<'_>, policy: &Policy, settle: Duration) -> Decis
         .collect();
     names.sort();
     Decision::Remediate(names)
+}
+
+/// How many items a status message names before it only counts the rest.
+pub const MESSAGE_ITEMS: usize = 10;
+
+/// `items` sorted and joined with `sep`, the first [`MESSAGE_ITEMS`] named
+/// and the rest counted, so a message about a large pool stays short.
+pub fn bounded_list(mut items: Vec<String>, sep: &str) -> String {
+    items.sort();
+    let more = items.len().saturating_sub(MESSAGE_ITEMS);
+    items.truncate(MESSAGE_ITEMS);
+    let mut out = items.join(sep);
+    if more > 0 {
+        out.push_str(&format!("{sep}and {more} more"));
+    }
+    out
 }
 
 /// etcd quorum of `members`.
@@ -526,6 +541,25 @@ mod tests {
         assert_eq!(
             decide(&alone, &policy(), SETTLE),
             Decision::Remediate(vec![])
+        );
+    }
+
+    #[test]
+    fn a_large_partition_names_ten_machines_and_counts_the_rest() {
+        let names: Vec<String> = (0..25).map(|i| format!("w{i:02}")).collect();
+        let pool = PoolHealth {
+            pool: "big",
+            desired: 30,
+            members: 30,
+            unhealthy: names.iter().map(|n| (n.as_str(), silent_for(30))).collect(),
+            in_flight: vec![],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy(), SETTLE) else {
+            panic!("remediation must pause")
+        };
+        assert!(
+            msg.contains("(w00 silent, w01 silent, w02 silent, w03 silent, w04 silent, w05 silent, w06 silent, w07 silent, w08 silent, w09 silent, and 15 more)"),
+            "{msg}"
         );
     }
 

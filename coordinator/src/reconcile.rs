@@ -685,11 +685,7 @@ fn finish_status(
     } else if is_degraded {
         (
             "MachinesUnhealthy",
-            degraded
-                .iter()
-                .map(|(_, d)| d.as_str())
-                .collect::<Vec<_>>()
-                .join("; "),
+            crate::health::bounded_list(degraded.iter().map(|(_, d)| d.clone()).collect(), "; "),
         )
     } else {
         ("Provisioning", String::new())
@@ -1098,25 +1094,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             alive,
             reason,
             message,
-        } => {
-            let mut changed = false;
-            app.update_machine::<StoreError>(machine, |m| {
-                changed = !matches!(
-                    m.status.phase,
-                    MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
-                ) && set_condition(
-                    &mut m.status.conditions,
-                    ALIVE_CONDITION,
-                    *alive,
-                    reason,
-                    message,
-                );
-                Ok(changed)
-            })?;
-            if changed {
-                tracing::info!(cluster = %cname, machine = %machine, alive, %reason, "machine liveness changed");
-            }
-        }
+        } => set_alive(app, Some(cname), machine, *alive, reason, message)?,
         Step::Forget { machine } => match app.store.delete(Kind::Machine, machine, None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -1194,6 +1172,72 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// Records a machine's `Alive` condition, unless it is leaving.
+fn set_alive(
+    app: &App,
+    cluster: Option<&str>,
+    machine: &str,
+    alive: bool,
+    reason: &str,
+    message: &str,
+) -> Result<(), StoreError> {
+    let mut changed = false;
+    app.update_machine::<StoreError>(machine, |m| {
+        changed = !matches!(
+            m.status.phase,
+            MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
+        ) && set_condition(
+            &mut m.status.conditions,
+            ALIVE_CONDITION,
+            alive,
+            reason,
+            message,
+        );
+        Ok(changed)
+    })?;
+    if changed {
+        tracing::info!(cluster = cluster.unwrap_or("-"), machine = %machine, alive, %reason, "machine liveness changed");
+    }
+    Ok(())
+}
+
+/// Keeps the `Alive` condition of machines in no cluster (pool machines
+/// waiting to be claimed) true to what the coordinator sees, with the
+/// coordinator's health defaults. Returns the errors met.
+fn unassigned_alive(app: &App, machines: &[Machine]) -> Vec<String> {
+    let free: Vec<&Machine> = machines
+        .iter()
+        .filter(|m| m.spec.assignment.is_none())
+        .collect();
+    let last_seen = |name: &str| app.last_seen(name);
+    let observed = Observed {
+        now: drover_common::now(),
+        has_pki: false,
+        last_seen: &last_seen,
+        instance: &|_| None,
+        retry_not_before: &|_| None,
+        policy: app.settings.health_defaults,
+        heartbeat_interval: app.settings.heartbeat_interval,
+    };
+    let mut errors = vec![];
+    for step in alive_steps(&free, &observed) {
+        if let Step::SetAlive {
+            machine,
+            alive,
+            reason,
+            message,
+        } = &step
+        {
+            if let Err(e) = set_alive(app, None, machine, *alive, reason, message) {
+                let msg = format!("machine {machine}: cannot record its liveness: {e}");
+                tracing::warn!(error = %msg, "reconcile step failed");
+                errors.push(msg);
+            }
+        }
+    }
+    errors
 }
 
 /// Gives every machine of a cluster a fresh heartbeat grace period.
@@ -1290,6 +1334,10 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
         if steps.is_empty() {
             listed = Some(machines);
         }
+    }
+    match listed.map_or_else(|| app.machines(), Ok) {
+        Ok(machines) => errors.extend(unassigned_alive(app, &machines)),
+        Err(e) => errors.push(format!("cannot list machines: {e}")),
     }
     errors
 }
@@ -2060,5 +2108,80 @@ mod tests {
         assert_eq!(st.init_machine, None, "a deleted machine's name stays");
         assert!(st.initialized);
         assert_eq!(st.control_plane_endpoint.as_deref(), Some("10.0.0.2:6443"));
+    }
+
+    #[test]
+    fn alive_condition_is_written_only_when_it_changes() {
+        let mut m = free("a", "dev");
+        m.status.phase = MachinePhase::Registered;
+        let now = drover_common::now();
+        let silent = |_: &str| Some(now - time::Duration::minutes(5));
+        let heard = |_: &str| Some(now);
+        // Never in trouble: no condition, no write.
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &heard)
+            }
+        )
+        .is_empty());
+        let steps = alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &silent)
+            },
+        );
+        assert_eq!(
+            steps,
+            vec![Step::SetAlive {
+                machine: "a".into(),
+                alive: false,
+                reason: "Silent".into(),
+                message: "no heartbeat within the heartbeat timeout (40s)".into(),
+            }]
+        );
+        set_condition(
+            &mut m.status.conditions,
+            ALIVE_CONDITION,
+            false,
+            "Silent",
+            "no heartbeat within the heartbeat timeout (40s)",
+        );
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &silent)
+            }
+        )
+        .is_empty());
+        let stopped = |_: &str| Some(InstanceState::Stopped);
+        assert!(matches!(
+            &alive_steps(
+                &[&m],
+                &Observed {
+                    now,
+                    instance: &stopped,
+                    ..obs(true, &heard)
+                }
+            )[..],
+            [Step::SetAlive { alive: false, reason, .. }] if reason == "Stopped"
+        ));
+        assert!(matches!(
+            &alive_steps(&[&m], &Observed { now, ..obs(true, &heard) })[..],
+            [Step::SetAlive { alive: true, reason, .. }] if reason == "Heartbeating"
+        ));
+        // A deleted machine is left alone.
+        m.status.phase = MachinePhase::Deleted;
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &heard)
+            }
+        )
+        .is_empty());
     }
 }
