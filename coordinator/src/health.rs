@@ -103,20 +103,6 @@ impl Unhealthy {
             Unhealthy::Reported { reason, .. } => format!("reports {reason}"),
         }
     }
-
-    /// Whether remediation may act on it yet. A silent machine must have
-    /// been silent for `settle` beyond the heartbeat timeout: machines cut
-    /// off together cross their deadlines up to a heartbeat interval apart,
-    /// and by then all of them count against `maxUnhealthy` at once.
-    pub fn settled(&self, settle: Duration) -> bool {
-        match self {
-            Unhealthy::Silent { silence, timeout } => {
-                *silence
-                    > time::Duration::try_from(*timeout + settle).unwrap_or(time::Duration::MAX)
-            }
-            _ => true,
-        }
-    }
 }
 
 impl std::fmt::Display for Unhealthy {
@@ -202,6 +188,40 @@ pub fn check(
     None
 }
 
+/// How long a registered machine may be silent before it counts as *late*
+/// (it has missed heartbeats but is not yet past its timeout): two heartbeat
+/// intervals, but no more than the timeout less one interval, and at least
+/// one and a half intervals (so one slow beat is not late).
+///
+/// Machines cut off together cross their deadlines up to one interval
+/// apart, plus however long the cut itself took. When the first of them is
+/// past its timeout, the others have been silent for at least the timeout
+/// less that spread, so they are late by then and all of them count against
+/// `maxUnhealthy` in the same pass. With the defaults (40 s timeout, 10 s
+/// beats) a machine is late after 20 s, which covers cuts spread over 20 s,
+/// and replacement is never delayed beyond the timeout itself. Counting a
+/// machine late too eagerly only pauses remediation; it never replaces one.
+pub fn late_after(policy: &Policy, heartbeat_interval: Duration) -> Duration {
+    (heartbeat_interval * 2)
+        .min(policy.heartbeat_timeout.saturating_sub(heartbeat_interval))
+        .max(heartbeat_interval * 3 / 2)
+        .min(policy.heartbeat_timeout)
+}
+
+/// Whether a registered machine has missed heartbeats for longer than
+/// [`late_after`] (it may also be past its timeout).
+pub fn is_late(
+    m: &Machine,
+    now: OffsetDateTime,
+    last_seen: Option<OffsetDateTime>,
+    policy: &Policy,
+    heartbeat_interval: Duration,
+) -> bool {
+    let Some(seen) = last_seen else { return false };
+    let registered = m.status.ticket_redeemed || m.status.phase != MachinePhase::Provisioning;
+    registered && now - seen > late_after(policy, heartbeat_interval)
+}
+
 /// How long a registered machine has been silent, when that is longer than
 /// the heartbeat timeout.
 pub fn silence(
@@ -224,6 +244,10 @@ pub struct PoolHealth<'a> {
     pub members: u32,
     /// Unhealthy members, by name.
     pub unhealthy: Vec<(&'a str, Unhealthy)>,
+    /// Members that are not unhealthy yet but have missed heartbeats
+    /// ([`is_late`]): they were most likely cut off together with a silent
+    /// one, so they count against the limit before their own deadline.
+    pub late: Vec<&'a str>,
     /// Slots of machines remediated earlier whose replacement is not
     /// Running yet: the replacement's name, or the remediated machine's
     /// while no replacement exists.
@@ -233,25 +257,26 @@ pub struct PoolHealth<'a> {
 /// What remediation may do for one pool.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    /// Replace these (settled) unhealthy machines, by name.
+    /// Replace these unhealthy machines, by name.
     Remediate(Vec<String>),
     /// Too much of the pool is unhealthy or being replaced: replace nothing.
     /// The message names no ages, so it stays the same while nothing changes.
     Paused(String),
 }
 
-/// Decides over the whole pool: the unhealthy machines and the
-/// replacements still in flight count together against `maxUnhealthy`,
+/// Decides over the whole pool: the unhealthy machines, the late ones and
+/// the replacements still in flight count together against `maxUnhealthy`,
 /// and more than it allows pauses remediation of the pool.
-pub fn decide(pool: &PoolHealth<'_>, policy: &Policy, settle: Duration) -> Decision {
+pub fn decide(pool: &PoolHealth<'_>, policy: &Policy) -> Decision {
     let total = pool.desired.max(pool.members);
     let allowed = policy.max_unhealthy(total);
-    let bad = (pool.unhealthy.len() + pool.in_flight.len()) as u32;
+    let bad = (pool.unhealthy.len() + pool.late.len() + pool.in_flight.len()) as u32;
     if bad > allowed {
         let what: Vec<String> = pool
             .unhealthy
             .iter()
             .map(|(n, u)| format!("{n} {}", u.summary()))
+            .chain(pool.late.iter().map(|n| format!("{n} missing heartbeats")))
             .chain(pool.in_flight.iter().map(|n| format!("{n} being replaced")))
             .collect();
         return Decision::Paused(format!(
@@ -261,12 +286,7 @@ pub fn decide(pool: &PoolHealth<'_>, policy: &Policy, settle: Duration) -> Decis
             policy.max_unhealthy_percent
         ));
     }
-    let mut names: Vec<String> = pool
-        .unhealthy
-        .iter()
-        .filter(|(_, u)| u.settled(settle))
-        .map(|(n, _)| n.to_string())
-        .collect();
+    let mut names: Vec<String> = pool.unhealthy.iter().map(|(n, _)| n.to_string()).collect();
     names.sort();
     Decision::Remediate(names)
 }
@@ -454,44 +474,87 @@ mod tests {
         }
     }
 
-    const SETTLE: Duration = Duration::from_secs(2);
-
     #[test]
-    fn one_unhealthy_of_three_is_replaced_once_settled() {
+    fn one_unhealthy_of_three_is_replaced_at_its_timeout() {
         let pool = |u: Unhealthy| PoolHealth {
             pool: "default",
             desired: 3,
             members: 3,
             unhealthy: vec![("w1", u)],
+            late: vec![],
             in_flight: vec![],
         };
         assert_eq!(
-            decide(&pool(Unhealthy::Stopped), &policy(), SETTLE),
+            decide(&pool(Unhealthy::Stopped), &policy()),
             Decision::Remediate(vec!["w1".into()])
         );
-        // Just past the timeout it counts, but is not replaced yet.
+        // Just past the timeout, with no other machine late: no delay.
         assert_eq!(
-            decide(&pool(silent_for(11)), &policy(), SETTLE),
-            Decision::Remediate(vec![])
-        );
-        assert_eq!(
-            decide(&pool(silent_for(13)), &policy(), SETTLE),
+            decide(&pool(silent_for(11)), &policy()),
             Decision::Remediate(vec!["w1".into()])
         );
     }
 
     #[test]
-    fn two_of_three_silent_pause_even_when_one_crossed_first() {
-        // w1's deadline expired a pass before w2's: by the time w1 may be
-        // replaced, w2 counts too.
+    fn a_late_machine_counts_before_its_own_deadline() {
+        // w1 and w2 were cut off together; w1's deadline expired first, and
+        // w2 has missed heartbeats but is not past its timeout yet.
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w1", silent_for(11))],
+            late: vec!["w2"],
+            in_flight: vec![],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
+            panic!("remediation must pause")
+        };
+        assert_eq!(
+            msg,
+            "pool default: 2 of 3 machines are unhealthy or being replaced (w1 silent, w2 missing heartbeats), more than maxUnhealthy 40% allows (1); remediation paused"
+        );
+    }
+
+    #[test]
+    fn late_means_missed_beats_that_machines_cut_off_together_all_show() {
+        let interval = Duration::from_secs(10);
+        // Defaults: 40 s timeout, 10 s beats: late after two missed beats.
+        assert_eq!(late_after(&policy(), interval), Duration::from_secs(20));
+        // Never more than the timeout less a beat, never less than one and
+        // a half beats, never more than the timeout.
+        let short = Policy::defaults(Duration::from_secs(25));
+        assert_eq!(late_after(&short, interval), Duration::from_secs(15));
+        let tight = Policy::defaults(Duration::from_secs(20));
+        assert_eq!(late_after(&tight, interval), Duration::from_secs(15));
+        let odd = Policy::defaults(Duration::from_secs(5));
+        assert_eq!(late_after(&odd, interval), Duration::from_secs(5));
+        // Two machines whose last beats were up to one interval apart: when
+        // the first is past its timeout, the second is late.
+        let m = machine(MachinePhase::Running);
+        let now = OffsetDateTime::now_utc();
+        let first_seen = now - time::Duration::seconds(41);
+        let second_seen = first_seen + time::Duration::seconds(10);
+        let p = policy();
+        assert!(silence(&m, now, Some(first_seen), &p).is_some());
+        assert!(silence(&m, now, Some(second_seen), &p).is_none());
+        assert!(is_late(&m, now, Some(second_seen), &p, interval));
+        // A machine that beat one interval ago is not late.
+        let fresh = now - time::Duration::seconds(11);
+        assert!(!is_late(&m, now, Some(fresh), &p, interval));
+    }
+
+    #[test]
+    fn two_of_three_silent_pause_and_the_message_names_no_age() {
         let pool = PoolHealth {
             pool: "default",
             desired: 3,
             members: 3,
             unhealthy: vec![("w1", silent_for(13)), ("w2", silent_for(11))],
+            late: vec![],
             in_flight: vec![],
         };
-        let Decision::Paused(msg) = decide(&pool, &policy(), SETTLE) else {
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
             panic!("remediation must pause")
         };
         assert_eq!(
@@ -503,7 +566,7 @@ mod tests {
             unhealthy: vec![("w1", silent_for(60)), ("w2", silent_for(58))],
             ..pool
         };
-        assert_eq!(decide(&later, &policy(), SETTLE), Decision::Paused(msg));
+        assert_eq!(decide(&later, &policy()), Decision::Paused(msg));
     }
 
     #[test]
@@ -514,9 +577,10 @@ mod tests {
             desired: 3,
             members: 3,
             unhealthy: vec![("w2", silent_for(30))],
+            late: vec![],
             in_flight: vec!["r1"],
         };
-        let Decision::Paused(msg) = decide(&pool, &policy(), SETTLE) else {
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
             panic!("remediation must pause")
         };
         assert!(msg.contains("r1 being replaced"), "{msg}");
@@ -527,7 +591,7 @@ mod tests {
             ..pool
         };
         assert_eq!(
-            decide(&five, &policy(), SETTLE),
+            decide(&five, &policy()),
             Decision::Remediate(vec!["w2".into()])
         );
         // A replacement in flight alone does not pause a pool of three.
@@ -536,12 +600,10 @@ mod tests {
             desired: 3,
             members: 3,
             unhealthy: vec![],
+            late: vec![],
             in_flight: vec!["r1"],
         };
-        assert_eq!(
-            decide(&alone, &policy(), SETTLE),
-            Decision::Remediate(vec![])
-        );
+        assert_eq!(decide(&alone, &policy()), Decision::Remediate(vec![]));
     }
 
     #[test]
@@ -552,9 +614,10 @@ mod tests {
             desired: 30,
             members: 30,
             unhealthy: names.iter().map(|n| (n.as_str(), silent_for(30))).collect(),
+            late: vec![],
             in_flight: vec![],
         };
-        let Decision::Paused(msg) = decide(&pool, &policy(), SETTLE) else {
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
             panic!("remediation must pause")
         };
         assert!(
@@ -570,11 +633,9 @@ mod tests {
             desired: 2,
             members: 2,
             unhealthy: vec![("w1", Unhealthy::Stopped)],
+            late: vec![],
             in_flight: vec![],
         };
-        assert!(matches!(
-            decide(&pool, &policy(), SETTLE),
-            Decision::Paused(_)
-        ));
+        assert!(matches!(decide(&pool, &policy()), Decision::Paused(_)));
     }
 }

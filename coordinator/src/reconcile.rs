@@ -16,7 +16,7 @@ use time::OffsetDateTime;
 
 use crate::app::App;
 use crate::health::{
-    check, decide, quorum, Decision, Policy, PoolHealth, Unhealthy, ALIVE_CONDITION,
+    check, decide, is_late, quorum, Decision, Policy, PoolHealth, Unhealthy, ALIVE_CONDITION,
 };
 use crate::provider::InstanceState;
 use crate::secrets::{cluster_pki_name, ClusterPki};
@@ -88,14 +88,6 @@ pub struct Observed<'a> {
 }
 
 impl Observed<'_> {
-    /// How long past its heartbeat timeout a silent machine waits before it
-    /// is replaced: machines cut off at the same moment cross their
-    /// deadlines up to one interval apart (plus delivery delays), so after
-    /// two intervals every one of them counts against `maxUnhealthy`.
-    fn settle(&self) -> Duration {
-        self.heartbeat_interval * 2
-    }
-
     fn alive(&self, name: &str) -> bool {
         (self.last_seen)(name).is_some_and(|t| self.now - t <= self.policy.heartbeat_timeout)
     }
@@ -395,6 +387,27 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
                 format!("{pool_name}: {} {}", m.metadata.name, u.summary()),
             ));
         }
+        // Members that missed heartbeats but are not past their timeout yet
+        // count too: cut off together with a silent one, they cross their
+        // own deadlines up to an interval later.
+        let late: Vec<&str> = active
+            .iter()
+            .filter(|m| {
+                !unhealthy
+                    .iter()
+                    .any(|(u, _)| u.metadata.name == m.metadata.name)
+            })
+            .filter(|m| {
+                is_late(
+                    m,
+                    observed.now,
+                    (observed.last_seen)(&m.metadata.name),
+                    &observed.policy,
+                    observed.heartbeat_interval,
+                )
+            })
+            .map(|m| m.metadata.name.as_str())
+            .collect();
         let in_flight = in_flight_replacements(mine, &live, &pool_name);
         let pool_health = PoolHealth {
             pool: &pool_name,
@@ -404,10 +417,11 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
                 .iter()
                 .map(|(m, u)| (m.metadata.name.as_str(), u.clone()))
                 .collect(),
+            late,
             in_flight,
         };
         let mut remediate: Vec<(&Machine, String)> = vec![];
-        match decide(&pool_health, &observed.policy, observed.settle()) {
+        match decide(&pool_health, &observed.policy) {
             Decision::Paused(msg) => paused.push(msg),
             Decision::Remediate(names) => {
                 let chosen = unhealthy
@@ -1950,7 +1964,7 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_machine_waits_two_intervals_past_its_timeout() {
+    fn a_silent_machine_is_replaced_at_its_timeout_unless_others_missed_beats_too() {
         let mut c = docker_cluster(1, 3);
         c.status.init_machine = Some("i".into());
         c.status.initialized = true;
@@ -1966,38 +1980,53 @@ mod tests {
             created("w3", "w", MachineRole::Worker, MachinePhase::Running),
         ];
         let now = drover_common::now();
-        let silent_for = |secs: i64| {
+        let silent = |w1: i64, w2: i64| {
             move |n: &str| {
-                Some(if n == "w1" {
-                    now - time::Duration::seconds(secs)
-                } else {
-                    now
+                Some(match n {
+                    "w1" => now - time::Duration::seconds(w1),
+                    "w2" => now - time::Duration::seconds(w2),
+                    _ => now,
                 })
             }
         };
-        // Timeout 40 s, interval 10 s: counted at 41 s, replaced after 60 s.
-        let at_41 = silent_for(41);
-        let steps = plan(
-            &c,
-            &machines,
-            &Observed {
-                now,
-                ..obs(true, &at_41)
-            },
-        );
-        assert!(deletes(&steps).is_empty(), "{steps:?}");
-        assert_eq!(status_of(&steps).phase, ClusterPhase::Degraded);
-        let at_61 = silent_for(61);
+        // Timeout 40 s, interval 10 s. w1 alone is past its timeout: it is
+        // replaced at once, with no wait beyond the timeout.
+        let alone = silent(41, 0);
         assert_eq!(
             deletes(&plan(
                 &c,
                 &machines,
                 &Observed {
                     now,
-                    ..obs(true, &at_61)
+                    ..obs(true, &alone)
                 }
             )),
             vec!["w1".to_string()]
+        );
+        // w2 was cut off with it and has missed beats for 32 s (late, not
+        // yet past its own timeout): two of three count, so nothing is
+        // replaced and remediation pauses.
+        let together = silent(41, 32);
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now,
+                ..obs(true, &together)
+            },
+        );
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let status = status_of(&steps);
+        let allowed = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .expect("RemediationAllowed condition");
+        assert_eq!(allowed.status, "False", "{allowed:?}");
+        assert!(
+            allowed.message.contains("w2 missing heartbeats"),
+            "{}",
+            allowed.message
         );
     }
 

@@ -365,20 +365,27 @@ fn partition_of_two_of_three_workers_at_the_default_max_unhealthy_replaces_nothi
     for w in cut {
         docker_ok(&["network", "disconnect", &net, &container_of(&name, w)]);
     }
-    // Their deadlines expire up to a heartbeat apart; the coordinator still
-    // sees two of three down, pauses, and replaces neither.
-    let msg = wait_for("remediation to pause", BOOT, || {
-        let cond = remediation_allowed(&c, &name)?;
-        if cond["status"] == "False" {
-            Ok(cond["message"].as_str().unwrap_or_default().to_owned())
-        } else {
-            Err(cond.to_string())
-        }
-    });
+    // Their deadlines expire up to a heartbeat apart; when the first is
+    // past its timeout the other has missed heartbeats too, so the
+    // coordinator sees two of three down, pauses, and replaces neither. Once
+    // both are past their timeouts the message names both as silent.
+    let msg = wait_for(
+        "remediation to pause with both workers silent",
+        BOOT,
+        || {
+            let cond = remediation_allowed(&c, &name)?;
+            let msg = cond["message"].as_str().unwrap_or_default().to_owned();
+            if cond["status"] == "False" && cut.iter().all(|w| msg.contains(&format!("{w} silent")))
+            {
+                Ok(msg)
+            } else {
+                Err(cond.to_string())
+            }
+        },
+    );
     assert!(msg.contains("remediation paused"), "{msg}");
     assert!(msg.contains("2 of 3"), "{msg}");
     for w in cut {
-        assert!(msg.contains(&format!("{w} silent")), "{msg}");
         wait_for(&format!("{w} to show as Silent"), BOOT, || {
             let h = health_column(&c, w);
             if h == "Silent" {
