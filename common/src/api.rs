@@ -375,6 +375,9 @@ pub enum ClusterPhase {
     Provisioning,
     /// Every desired machine is Running.
     Running,
+    /// Some machines are unhealthy and not (yet) replaced; the `Ready`
+    /// condition names them and why, `RemediationAllowed` why they stay.
+    Degraded,
     /// Deletion requested; machines are being released.
     Deleting,
 }

@@ -134,8 +134,14 @@ fn shared_ca_files(pki: &ClusterPki) -> Vec<BundleFile> {
     ]
 }
 
-/// Joiners wait until the init machine has finished `kubeadm init`.
+/// Joiners wait until the cluster is initialized: a fact of the cluster,
+/// recorded once its init machine finished `kubeadm init`, that outlives
+/// that machine. Only before it is recorded does the init machine's phase
+/// tell (it may be Running a pass before the status says so).
 fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), ApiError> {
+    if cluster.status.initialized {
+        return Ok(());
+    }
     let name = &cluster.metadata.name;
     let init = cluster
         .status
@@ -149,7 +155,10 @@ fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), ApiError> {
             app,
             format!("waiting for init machine {init} of cluster {name} to finish kubeadm init (it is {p})"),
         )),
-        None => Err(not_ready(app, format!("init machine {init} of cluster {name} is gone"))),
+        None => Err(not_ready(
+            app,
+            format!("init machine {init} of cluster {name} is gone before it initialized the cluster; waiting for a new one"),
+        )),
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use drover_common::api::{
     Cluster, CreateRegistrationToken, CreatedRegistrationToken, KubeconfigResponse, Machine,
-    RegistrationToken,
+    ProviderSpec, RegistrationToken,
 };
 use drover_common::wire::ProbeState;
 use time::OffsetDateTime;
@@ -600,6 +600,23 @@ fn clusters_table(list: &[Cluster], wide: bool) -> Vec<Vec<String>> {
 
 /// A one-word summary of a machine's health.
 pub fn health_summary(m: &Machine) -> String {
+    use drover_common::api::MachinePhase;
+    // A deleted machine has no health; a silent or stopped one is not
+    // healthy, whatever its last report said.
+    if matches!(
+        m.status.phase,
+        MachinePhase::Deleting | MachinePhase::Deleted
+    ) {
+        return "-".into();
+    }
+    if let Some(c) = m
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::health::ALIVE_CONDITION && c.status == "False")
+    {
+        return c.reason.clone();
+    }
     let Some(h) = &m.status.health else {
         return "-".into();
     };
@@ -915,8 +932,13 @@ async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
     let client = Client::connect(&d.conn)?;
     match d.kind {
         Single::Cluster => {
-            let _: Cluster = client.delete(&api_path(&["v1", "clusters", &d.name])).await?;
-            println!("cluster/{} deletion requested; its machines are reset and return to their pools", d.name);
+            let c: Cluster = client.delete(&api_path(&["v1", "clusters", &d.name])).await?;
+            let what = match c.spec.provider {
+                ProviderSpec::Pool(_) => "its machines are reset and return to their pools",
+                ProviderSpec::Docker(_) => "its containers and its Docker network are removed",
+                ProviderSpec::Aws(_) => "its EC2 instances are terminated",
+            };
+            println!("cluster/{} deletion requested; {what}", d.name);
             if d.wait {
                 let deadline = std::time::Instant::now() + d.timeout;
                 let tty = std::io::stderr().is_terminal();

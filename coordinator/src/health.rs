@@ -55,27 +55,100 @@ impl Policy {
         p
     }
 
-    /// How many machines of a pool of `desired` may be unhealthy and still
-    /// be remediated (rounded up, as Cluster API does).
+    /// How many machines of a pool of `desired` may be unhealthy (or being
+    /// replaced) and still be remediated: the share rounded down, as
+    /// Cluster API does, so that "more than maxUnhealthy unhealthy pauses"
+    /// holds exactly (40 % of 3 allows 1; of 2 or 1, none).
     pub fn max_unhealthy(&self, desired: u32) -> u32 {
-        (desired * self.max_unhealthy_percent).div_ceil(100)
+        desired * self.max_unhealthy_percent / 100
     }
 }
 
-/// Why a machine is unhealthy, or `None` when it is not.
-pub fn unhealthy_reason(
+/// The condition type the reconciler keeps on a machine that went silent or
+/// whose instance stopped (False), cleared to True when it is back.
+pub const ALIVE_CONDITION: &str = "Alive";
+
+/// Why a machine is unhealthy.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unhealthy {
+    /// The provider reports the instance stopped.
+    Stopped,
+    /// Not Running within the startup timeout.
+    NotStarted {
+        phase: MachinePhase,
+        timeout: Duration,
+    },
+    /// No heartbeat for longer than the heartbeat timeout.
+    Silent {
+        silence: time::Duration,
+        timeout: Duration,
+    },
+    /// A probe reported failing for longer than the unhealthy timeout.
+    Reported {
+        since: time::Duration,
+        reason: String,
+        message: String,
+        timeout: Duration,
+    },
+}
+
+impl Unhealthy {
+    /// A few words that stay the same while the machine stays in this state
+    /// (no ages), for status messages that must not change every pass.
+    pub fn summary(&self) -> String {
+        match self {
+            Unhealthy::Stopped => "stopped".into(),
+            Unhealthy::NotStarted { .. } => "not Running within the startup timeout".into(),
+            Unhealthy::Silent { .. } => "silent".into(),
+            Unhealthy::Reported { reason, .. } => format!("reports {reason}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Unhealthy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unhealthy::Stopped => write!(f, "its provider reports it stopped"),
+            Unhealthy::NotStarted { phase, timeout } => write!(
+                f,
+                "not Running {}s after creation (startup timeout; phase {phase})",
+                timeout.as_secs()
+            ),
+            Unhealthy::Silent { silence, timeout } => write!(
+                f,
+                "no heartbeat for {}s (heartbeat timeout {}s)",
+                silence.whole_seconds(),
+                timeout.as_secs()
+            ),
+            Unhealthy::Reported {
+                since,
+                reason,
+                message,
+                timeout,
+            } => write!(
+                f,
+                "reported unhealthy for {}s ({reason}: {message}), longer than the unhealthy timeout {}s",
+                since.whole_seconds(),
+                timeout.as_secs()
+            ),
+        }
+    }
+}
+
+/// Whether a machine is unhealthy, and why.
+pub fn check(
     m: &Machine,
     now: OffsetDateTime,
     last_seen: Option<OffsetDateTime>,
     instance: Option<InstanceState>,
     policy: &Policy,
-) -> Option<String> {
+) -> Option<Unhealthy> {
     use MachinePhase::*;
     if matches!(m.status.phase, Deleting | Deleted | Releasing) {
         return None;
     }
     if instance == Some(InstanceState::Stopped) {
-        return Some("its provider reports it stopped".into());
+        return Some(Unhealthy::Stopped);
     }
     let age = m
         .metadata
@@ -83,24 +156,16 @@ pub fn unhealthy_reason(
         .map(|t| now - t)
         .unwrap_or(time::Duration::ZERO);
     if m.status.phase != Running && age > policy.startup_timeout {
-        return Some(format!(
-            "not Running {}s after creation (startup timeout; phase {})",
-            policy.startup_timeout.as_secs(),
-            m.status.phase
-        ));
+        return Some(Unhealthy::NotStarted {
+            phase: m.status.phase,
+            timeout: policy.startup_timeout,
+        });
     }
-    let registered = m.status.ticket_redeemed || m.status.phase != Provisioning;
-    if registered {
-        if let Some(seen) = last_seen {
-            let silence = now - seen;
-            if silence > policy.heartbeat_timeout {
-                return Some(format!(
-                    "no heartbeat for {}s (heartbeat timeout {}s)",
-                    silence.whole_seconds(),
-                    policy.heartbeat_timeout.as_secs()
-                ));
-            }
-        }
+    if let Some(silence) = silence(m, now, last_seen, policy) {
+        return Some(Unhealthy::Silent {
+            silence,
+            timeout: policy.heartbeat_timeout,
+        });
     }
     if m.status.phase == Running {
         if let Some(c) = m
@@ -111,17 +176,135 @@ pub fn unhealthy_reason(
         {
             let since = now - c.last_transition_time;
             if since > policy.unhealthy_timeout {
-                return Some(format!(
-                    "reported unhealthy for {}s ({}: {}), longer than the unhealthy timeout {}s",
-                    since.whole_seconds(),
-                    c.reason,
-                    c.message,
-                    policy.unhealthy_timeout.as_secs()
-                ));
+                return Some(Unhealthy::Reported {
+                    since,
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                    timeout: policy.unhealthy_timeout,
+                });
             }
         }
     }
     None
+}
+
+/// How long a registered machine may be silent before it counts as *late*
+/// (it has missed heartbeats but is not yet past its timeout): two heartbeat
+/// intervals, but no more than the timeout less one interval, and at least
+/// one and a half intervals (so one slow beat is not late).
+///
+/// Machines cut off together cross their deadlines up to one interval
+/// apart, plus however long the cut itself took. When the first of them is
+/// past its timeout, the others have been silent for at least the timeout
+/// less that spread, so they are late by then and all of them count against
+/// `maxUnhealthy` in the same pass. With the defaults (40 s timeout, 10 s
+/// beats) a machine is late after 20 s, which covers cuts spread over 20 s,
+/// and replacement is never delayed beyond the timeout itself. Counting a
+/// machine late too eagerly only pauses remediation; it never replaces one.
+pub fn late_after(policy: &Policy, heartbeat_interval: Duration) -> Duration {
+    (heartbeat_interval * 2)
+        .min(policy.heartbeat_timeout.saturating_sub(heartbeat_interval))
+        .max(heartbeat_interval * 3 / 2)
+        .min(policy.heartbeat_timeout)
+}
+
+/// Whether a registered machine has missed heartbeats for longer than
+/// [`late_after`] (it may also be past its timeout).
+pub fn is_late(
+    m: &Machine,
+    now: OffsetDateTime,
+    last_seen: Option<OffsetDateTime>,
+    policy: &Policy,
+    heartbeat_interval: Duration,
+) -> bool {
+    let Some(seen) = last_seen else { return false };
+    let registered = m.status.ticket_redeemed || m.status.phase != MachinePhase::Provisioning;
+    registered && now - seen > late_after(policy, heartbeat_interval)
+}
+
+/// How long a registered machine has been silent, when that is longer than
+/// the heartbeat timeout.
+pub fn silence(
+    m: &Machine,
+    now: OffsetDateTime,
+    last_seen: Option<OffsetDateTime>,
+    policy: &Policy,
+) -> Option<time::Duration> {
+    let registered = m.status.ticket_redeemed || m.status.phase != MachinePhase::Provisioning;
+    let silence = now - last_seen?;
+    (registered && silence > policy.heartbeat_timeout).then_some(silence)
+}
+
+/// One pool as remediation sees it in one pass.
+#[derive(Debug, Clone)]
+pub struct PoolHealth<'a> {
+    pub pool: &'a str,
+    pub desired: u32,
+    /// Members not being deleted.
+    pub members: u32,
+    /// Unhealthy members, by name.
+    pub unhealthy: Vec<(&'a str, Unhealthy)>,
+    /// Members that are not unhealthy yet but have missed heartbeats
+    /// ([`is_late`]): they were most likely cut off together with a silent
+    /// one, so they count against the limit before their own deadline.
+    pub late: Vec<&'a str>,
+    /// Slots of machines remediated earlier whose replacement is not
+    /// Running yet: the replacement's name, or the remediated machine's
+    /// while no replacement exists.
+    pub in_flight: Vec<&'a str>,
+}
+
+/// What remediation may do for one pool.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Replace these unhealthy machines, by name.
+    Remediate(Vec<String>),
+    /// Too much of the pool is unhealthy or being replaced: replace nothing.
+    /// The message names no ages, so it stays the same while nothing changes.
+    Paused(String),
+}
+
+/// Decides over the whole pool: the unhealthy machines, the late ones and
+/// the replacements still in flight count together against `maxUnhealthy`,
+/// and more than it allows pauses remediation of the pool.
+pub fn decide(pool: &PoolHealth<'_>, policy: &Policy) -> Decision {
+    let total = pool.desired.max(pool.members);
+    let allowed = policy.max_unhealthy(total);
+    let bad = (pool.unhealthy.len() + pool.late.len() + pool.in_flight.len()) as u32;
+    if bad > allowed {
+        let what: Vec<String> = pool
+            .unhealthy
+            .iter()
+            .map(|(n, u)| format!("{n} {}", u.summary()))
+            .chain(pool.late.iter().map(|n| format!("{n} missing heartbeats")))
+            .chain(pool.in_flight.iter().map(|n| format!("{n} being replaced")))
+            .collect();
+        return Decision::Paused(format!(
+            "pool {}: {bad} of {total} machines are unhealthy or being replaced ({}), more than maxUnhealthy {}% allows ({allowed}); remediation paused",
+            pool.pool,
+            bounded_list(what, ", "),
+            policy.max_unhealthy_percent
+        ));
+    }
+    let mut names: Vec<String> = pool.unhealthy.iter().map(|(n, _)| n.to_string()).collect();
+    names.sort();
+    Decision::Remediate(names)
+}
+
+/// How many items a status message names before it only counts the rest.
+pub const MESSAGE_ITEMS: usize = 10;
+
+/// `items` sorted and joined with `sep`, the first [`MESSAGE_ITEMS`] named
+/// and the rest counted, so a message about a large pool stays short.
+pub fn bounded_list(mut items: Vec<String>, sep: &str) -> String {
+    items.sort();
+    let more = items.len().saturating_sub(MESSAGE_ITEMS);
+    items.truncate(MESSAGE_ITEMS);
+    let mut out = items.join(sep);
+    if more > 0 {
+        out.push_str(&format!("{sep}and {more} more"));
+    }
+    out
 }
 
 /// etcd quorum of `members`.
@@ -158,6 +341,16 @@ mod tests {
 
     fn policy() -> Policy {
         Policy::defaults(Duration::from_secs(40))
+    }
+
+    fn unhealthy_reason(
+        m: &Machine,
+        now: OffsetDateTime,
+        last_seen: Option<OffsetDateTime>,
+        instance: Option<InstanceState>,
+        policy: &Policy,
+    ) -> Option<String> {
+        check(m, now, last_seen, instance, policy).map(|u| u.to_string())
     }
 
     #[test]
@@ -250,13 +443,199 @@ mod tests {
     }
 
     #[test]
-    fn max_unhealthy_rounds_up() {
+    fn max_unhealthy_rounds_the_allowance_down() {
         let p = policy();
-        assert_eq!(p.max_unhealthy(2), 1);
-        assert_eq!(p.max_unhealthy(3), 2);
+        // "More than 40 % unhealthy pauses": 1 of 3 (33 %) may be replaced,
+        // 1 of 2 (50 %) may not.
+        assert_eq!(p.max_unhealthy(1), 0);
+        assert_eq!(p.max_unhealthy(2), 0);
+        assert_eq!(p.max_unhealthy(3), 1);
         assert_eq!(p.max_unhealthy(5), 2);
+        assert_eq!(p.max_unhealthy(10), 4);
+        let all = Policy {
+            max_unhealthy_percent: 100,
+            ..p
+        };
+        assert_eq!(all.max_unhealthy(1), 1);
+        let none = Policy {
+            max_unhealthy_percent: 0,
+            ..p
+        };
+        assert_eq!(none.max_unhealthy(10), 0);
         assert_eq!(quorum(3), 2);
         assert_eq!(quorum(2), 2);
         assert_eq!(quorum(1), 1);
+    }
+
+    fn silent_for(secs: i64) -> Unhealthy {
+        Unhealthy::Silent {
+            silence: time::Duration::seconds(secs),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn one_unhealthy_of_three_is_replaced_at_its_timeout() {
+        let pool = |u: Unhealthy| PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w1", u)],
+            late: vec![],
+            in_flight: vec![],
+        };
+        assert_eq!(
+            decide(&pool(Unhealthy::Stopped), &policy()),
+            Decision::Remediate(vec!["w1".into()])
+        );
+        // Just past the timeout, with no other machine late: no delay.
+        assert_eq!(
+            decide(&pool(silent_for(11)), &policy()),
+            Decision::Remediate(vec!["w1".into()])
+        );
+    }
+
+    #[test]
+    fn a_late_machine_counts_before_its_own_deadline() {
+        // w1 and w2 were cut off together; w1's deadline expired first, and
+        // w2 has missed heartbeats but is not past its timeout yet.
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w1", silent_for(11))],
+            late: vec!["w2"],
+            in_flight: vec![],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
+            panic!("remediation must pause")
+        };
+        assert_eq!(
+            msg,
+            "pool default: 2 of 3 machines are unhealthy or being replaced (w1 silent, w2 missing heartbeats), more than maxUnhealthy 40% allows (1); remediation paused"
+        );
+    }
+
+    #[test]
+    fn late_means_missed_beats_that_machines_cut_off_together_all_show() {
+        let interval = Duration::from_secs(10);
+        // Defaults: 40 s timeout, 10 s beats: late after two missed beats.
+        assert_eq!(late_after(&policy(), interval), Duration::from_secs(20));
+        // Never more than the timeout less a beat, never less than one and
+        // a half beats, never more than the timeout.
+        let short = Policy::defaults(Duration::from_secs(25));
+        assert_eq!(late_after(&short, interval), Duration::from_secs(15));
+        let tight = Policy::defaults(Duration::from_secs(20));
+        assert_eq!(late_after(&tight, interval), Duration::from_secs(15));
+        let odd = Policy::defaults(Duration::from_secs(5));
+        assert_eq!(late_after(&odd, interval), Duration::from_secs(5));
+        // Two machines whose last beats were up to one interval apart: when
+        // the first is past its timeout, the second is late.
+        let m = machine(MachinePhase::Running);
+        let now = OffsetDateTime::now_utc();
+        let first_seen = now - time::Duration::seconds(41);
+        let second_seen = first_seen + time::Duration::seconds(10);
+        let p = policy();
+        assert!(silence(&m, now, Some(first_seen), &p).is_some());
+        assert!(silence(&m, now, Some(second_seen), &p).is_none());
+        assert!(is_late(&m, now, Some(second_seen), &p, interval));
+        // A machine that beat one interval ago is not late.
+        let fresh = now - time::Duration::seconds(11);
+        assert!(!is_late(&m, now, Some(fresh), &p, interval));
+    }
+
+    #[test]
+    fn two_of_three_silent_pause_and_the_message_names_no_age() {
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w1", silent_for(13)), ("w2", silent_for(11))],
+            late: vec![],
+            in_flight: vec![],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
+            panic!("remediation must pause")
+        };
+        assert_eq!(
+            msg,
+            "pool default: 2 of 3 machines are unhealthy or being replaced (w1 silent, w2 silent), more than maxUnhealthy 40% allows (1); remediation paused"
+        );
+        // The message names no age: a later pass writes the same status.
+        let later = PoolHealth {
+            unhealthy: vec![("w1", silent_for(60)), ("w2", silent_for(58))],
+            ..pool
+        };
+        assert_eq!(decide(&later, &policy()), Decision::Paused(msg));
+    }
+
+    #[test]
+    fn replacements_not_yet_running_count_against_the_limit() {
+        // w1 was replaced by r1, which is still starting; w2 now fails.
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![("w2", silent_for(30))],
+            late: vec![],
+            in_flight: vec!["r1"],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
+            panic!("remediation must pause")
+        };
+        assert!(msg.contains("r1 being replaced"), "{msg}");
+        // With five machines two may be down at once.
+        let five = PoolHealth {
+            desired: 5,
+            members: 5,
+            ..pool
+        };
+        assert_eq!(
+            decide(&five, &policy()),
+            Decision::Remediate(vec!["w2".into()])
+        );
+        // A replacement in flight alone does not pause a pool of three.
+        let alone = PoolHealth {
+            pool: "default",
+            desired: 3,
+            members: 3,
+            unhealthy: vec![],
+            late: vec![],
+            in_flight: vec!["r1"],
+        };
+        assert_eq!(decide(&alone, &policy()), Decision::Remediate(vec![]));
+    }
+
+    #[test]
+    fn a_large_partition_names_ten_machines_and_counts_the_rest() {
+        let names: Vec<String> = (0..25).map(|i| format!("w{i:02}")).collect();
+        let pool = PoolHealth {
+            pool: "big",
+            desired: 30,
+            members: 30,
+            unhealthy: names.iter().map(|n| (n.as_str(), silent_for(30))).collect(),
+            late: vec![],
+            in_flight: vec![],
+        };
+        let Decision::Paused(msg) = decide(&pool, &policy()) else {
+            panic!("remediation must pause")
+        };
+        assert!(
+            msg.contains("(w00 silent, w01 silent, w02 silent, w03 silent, w04 silent, w05 silent, w06 silent, w07 silent, w08 silent, w09 silent, and 15 more)"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_pool_of_two_is_not_remediated_at_the_default() {
+        let pool = PoolHealth {
+            pool: "default",
+            desired: 2,
+            members: 2,
+            unhealthy: vec![("w1", Unhealthy::Stopped)],
+            late: vec![],
+            in_flight: vec![],
+        };
+        assert!(matches!(decide(&pool, &policy()), Decision::Paused(_)));
     }
 }

@@ -15,7 +15,9 @@ use drover_common::api::{
 use time::OffsetDateTime;
 
 use crate::app::App;
-use crate::health::{quorum, unhealthy_reason, Policy};
+use crate::health::{
+    check, decide, is_late, quorum, Decision, Policy, PoolHealth, Unhealthy, ALIVE_CONDITION,
+};
 use crate::provider::InstanceState;
 use crate::secrets::{cluster_pki_name, ClusterPki};
 use crate::store::{Kind, StoreError};
@@ -57,6 +59,13 @@ pub enum Step {
     Destroy { machine: String },
     /// Forget a tombstone past its time.
     Forget { machine: String },
+    /// Record whether a machine is heard from (its `Alive` condition).
+    SetAlive {
+        machine: String,
+        alive: bool,
+        reason: String,
+        message: String,
+    },
     /// Record the cluster's observed state.
     SetStatus(ClusterStatus),
     /// Every machine is gone: remove the cluster, its network and its secrets.
@@ -74,6 +83,8 @@ pub struct Observed<'a> {
     /// When a machine whose create failed may be tried again, by name.
     pub retry_not_before: &'a dyn Fn(&str) -> Option<OffsetDateTime>,
     pub policy: Policy,
+    /// How often agents heartbeat (the coordinator's setting).
+    pub heartbeat_interval: Duration,
 }
 
 impl Observed<'_> {
@@ -225,6 +236,7 @@ fn plan_pool(
             running: running.min(desired),
         });
     }
+    steps.extend(alive_steps(mine, observed));
     finish_status(
         cluster,
         mine,
@@ -232,6 +244,7 @@ fn plan_pool(
         init_machine,
         all_running,
         assigned_any,
+        &[],
     );
     let waiting: u32 = status
         .pools
@@ -301,6 +314,8 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
     let mut all_running = true;
     let mut assigned_any = false;
     let mut paused = vec![];
+    // Unhealthy members: the name, and "pool: machine why" without ages.
+    let mut degraded: Vec<(String, String)> = vec![];
     // Remediation resumes only one pass after a pause ends, and the executor
     // then gives every machine a fresh grace period: machines coming back
     // from a partition return one by one, and the last ones must not be
@@ -319,6 +334,7 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
             });
         }
     }
+    steps.extend(alive_steps(&live, observed));
 
     for (pool_name, desired) in cluster.desired_pools() {
         let is_cp = pool_name == CONTROL_PLANE_POOL;
@@ -348,12 +364,14 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
             }
         }
 
-        // Health.
-        let unhealthy: Vec<(&Machine, String)> = active
+        // Health, decided over the whole pool: the unhealthy members and
+        // the replacements of earlier remediations not Running yet count
+        // together against maxUnhealthy.
+        let unhealthy: Vec<(&Machine, Unhealthy)> = active
             .iter()
             .filter_map(|m| {
                 let uid = m.metadata.uid.as_deref().unwrap_or_default();
-                unhealthy_reason(
+                check(
                     m,
                     observed.now,
                     (observed.last_seen)(&m.metadata.name),
@@ -363,48 +381,85 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
                 .map(|r| (*m, r))
             })
             .collect();
-        let allowed = observed
-            .policy
-            .max_unhealthy(desired.max(active.len() as u32));
-        let mut remediate: Vec<(&Machine, String)> = vec![];
-        if unhealthy.len() as u32 > allowed {
-            paused.push(format!(
-                "pool {pool_name}: {} of {} machines are unhealthy, more than maxUnhealthy {}% allows ({allowed}); remediation paused",
-                unhealthy.len(),
-                active.len(),
-                observed.policy.max_unhealthy_percent
+        for (m, u) in &unhealthy {
+            degraded.push((
+                m.metadata.name.clone(),
+                format!("{pool_name}: {} {}", m.metadata.name, u.summary()),
             ));
-        } else if is_cp {
-            // One control-plane machine at a time, and only while the rest
-            // keeps etcd quorum (before init there is no etcd to protect).
-            if deleting_here == 0 {
-                if let Some((m, why)) = unhealthy.first() {
-                    let healthy_others = active
-                        .iter()
-                        .filter(|o| o.metadata.name != m.metadata.name)
-                        .filter(|o| o.status.phase == MachinePhase::Running)
-                        .filter(|o| {
-                            !unhealthy
-                                .iter()
-                                .any(|(u, _)| u.metadata.name == o.metadata.name)
-                        })
-                        .count() as u32;
-                    let members_after = (active.len() as u32).saturating_sub(1);
-                    if !initialized
-                        || (members_after > 0 && healthy_others >= quorum(members_after))
-                    {
-                        remediate.push((m, why.clone()));
-                    } else {
-                        paused.push(format!(
-                            "control plane: {} is unhealthy ({why}) but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated",
-                            m.metadata.name,
-                            active.len()
-                        ));
+        }
+        // Members that missed heartbeats but are not past their timeout yet
+        // count too: cut off together with a silent one, they cross their
+        // own deadlines up to an interval later.
+        let late: Vec<&str> = active
+            .iter()
+            .filter(|m| {
+                !unhealthy
+                    .iter()
+                    .any(|(u, _)| u.metadata.name == m.metadata.name)
+            })
+            .filter(|m| {
+                is_late(
+                    m,
+                    observed.now,
+                    (observed.last_seen)(&m.metadata.name),
+                    &observed.policy,
+                    observed.heartbeat_interval,
+                )
+            })
+            .map(|m| m.metadata.name.as_str())
+            .collect();
+        let in_flight = in_flight_replacements(mine, &live, &pool_name);
+        let pool_health = PoolHealth {
+            pool: &pool_name,
+            desired,
+            members: active.len() as u32,
+            unhealthy: unhealthy
+                .iter()
+                .map(|(m, u)| (m.metadata.name.as_str(), u.clone()))
+                .collect(),
+            late,
+            in_flight,
+        };
+        let mut remediate: Vec<(&Machine, String)> = vec![];
+        match decide(&pool_health, &observed.policy) {
+            Decision::Paused(msg) => paused.push(msg),
+            Decision::Remediate(names) => {
+                let chosen = unhealthy
+                    .iter()
+                    .filter(|(m, _)| names.contains(&m.metadata.name));
+                if is_cp {
+                    // One control-plane machine at a time, and only while the
+                    // rest keeps etcd quorum (before init there is no etcd to
+                    // protect).
+                    if let Some((m, why)) = chosen.clone().next().filter(|_| deleting_here == 0) {
+                        let healthy_others = active
+                            .iter()
+                            .filter(|o| o.metadata.name != m.metadata.name)
+                            .filter(|o| o.status.phase == MachinePhase::Running)
+                            .filter(|o| {
+                                !unhealthy
+                                    .iter()
+                                    .any(|(u, _)| u.metadata.name == o.metadata.name)
+                            })
+                            .count() as u32;
+                        let members_after = (active.len() as u32).saturating_sub(1);
+                        if !initialized
+                            || (members_after > 0 && healthy_others >= quorum(members_after))
+                        {
+                            remediate.push((m, why.to_string()));
+                        } else {
+                            paused.push(format!(
+                                "control plane: {} is {} but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated",
+                                m.metadata.name,
+                                why.summary(),
+                                active.len()
+                            ));
+                        }
                     }
+                } else {
+                    remediate = chosen.map(|(m, why)| (*m, why.to_string())).collect();
                 }
             }
-        } else {
-            remediate = unhealthy.clone();
         }
         if was_paused {
             remediate.clear();
@@ -518,6 +573,7 @@ fn plan_provider(cluster: &Cluster, mine: &[&Machine], observed: &Observed<'_>) 
         init_machine,
         all_running,
         assigned_any,
+        &degraded,
     );
     status.initialized = initialized;
     set_condition(
@@ -614,42 +670,201 @@ fn finish_status(
     init_machine: Option<String>,
     all_running: bool,
     assigned_any: bool,
+    degraded: &[(String, String)],
 ) {
-    if let Some(ep) = &cluster.spec.control_plane_endpoint {
-        status.control_plane_endpoint = Some(ep.clone());
-    } else if let Some(init) = init_machine
-        .as_ref()
-        .and_then(|i| mine.iter().find(|m| &m.metadata.name == i))
-    {
-        if !init.status.addresses.is_empty() {
-            status.control_plane_endpoint = Some(endpoint_for(cluster, init));
-        }
+    if let Some(ep) = choose_endpoint(cluster, mine, init_machine.as_deref(), degraded) {
+        status.control_plane_endpoint = Some(ep);
     }
-    status.init_machine = init_machine.or_else(|| cluster.status.init_machine.clone());
+    // Only a machine that is still a member: a deleted init machine's name
+    // would send readers (and joiners) to a machine that is gone.
+    status.init_machine = init_machine;
     if status.init_machine.as_ref().is_some_and(|i| {
         mine.iter()
             .any(|m| &m.metadata.name == i && m.status.phase == MachinePhase::Running)
     }) {
         status.initialized = true;
     }
+    let is_degraded = !all_running && !degraded.is_empty();
     status.phase = if all_running {
         ClusterPhase::Running
+    } else if is_degraded {
+        ClusterPhase::Degraded
     } else if assigned_any {
         ClusterPhase::Provisioning
     } else {
         ClusterPhase::Pending
     };
+    let (reason, message) = if all_running {
+        ("AllRunning", String::new())
+    } else if is_degraded {
+        (
+            "MachinesUnhealthy",
+            crate::health::bounded_list(degraded.iter().map(|(_, d)| d.clone()).collect(), "; "),
+        )
+    } else {
+        ("Provisioning", String::new())
+    };
     set_condition(
         &mut status.conditions,
         "Ready",
         all_running,
-        if all_running {
-            "AllRunning"
-        } else {
-            "Provisioning"
-        },
-        "",
+        reason,
+        &message,
     );
+}
+
+/// The control-plane endpoint joiners use. A stable one from the spec wins.
+/// Else (docker and pool clusters without one) it is a control-plane
+/// machine's own address: the init machine's while it is a member, and once
+/// it is gone, a Running control-plane machine's, so that joins never aim at
+/// a machine that no longer exists. The current choice is kept while its
+/// machine is a healthy member.
+fn choose_endpoint(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    init_machine: Option<&str>,
+    degraded: &[(String, String)],
+) -> Option<String> {
+    if let Some(ep) = &cluster.spec.control_plane_endpoint {
+        return Some(ep.clone());
+    }
+    let unhealthy = |m: &Machine| degraded.iter().any(|(n, _)| *n == m.metadata.name);
+    let mut candidates: Vec<&Machine> = mine
+        .iter()
+        .copied()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.role.is_control_plane())
+                && !m.status.addresses.is_empty()
+                && !matches!(
+                    m.status.phase,
+                    MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
+                )
+                && !unhealthy(m)
+        })
+        .collect();
+    candidates.sort_by_key(|m| (m.metadata.creation_timestamp, m.metadata.name.clone()));
+    if let Some(current) = &cluster.status.control_plane_endpoint {
+        if candidates
+            .iter()
+            .any(|m| &endpoint_for(cluster, m) == current)
+        {
+            return Some(current.clone());
+        }
+    }
+    if let Some(init) = init_machine.and_then(|i| candidates.iter().find(|m| m.metadata.name == i))
+    {
+        return Some(endpoint_for(cluster, init));
+    }
+    candidates
+        .iter()
+        .find(|m| m.status.phase == MachinePhase::Running)
+        .map(|m| endpoint_for(cluster, m))
+}
+
+/// The remediated machines of a pool whose replacement is not Running yet,
+/// one name per slot: the replacement's, or the remediated machine's while
+/// it has none. A Running replacement is judged by its own health.
+fn in_flight_replacements<'a>(
+    mine: &[&'a Machine],
+    live: &[&'a Machine],
+    pool: &str,
+) -> Vec<&'a str> {
+    let mut out = vec![];
+    for old in mine.iter().filter(|m| {
+        matches!(
+            m.status.phase,
+            MachinePhase::Deleting | MachinePhase::Deleted
+        ) && m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str()) == Some(pool)
+            && m.status.events.iter().any(|e| e.reason == "Remediating")
+    }) {
+        match replaced_by(old) {
+            None => out.push(old.metadata.name.as_str()),
+            Some(new) => {
+                if let Some(n) = live.iter().find(|m| m.metadata.name == new) {
+                    if !matches!(
+                        n.status.phase,
+                        MachinePhase::Running | MachinePhase::Deleting | MachinePhase::Deleted
+                    ) {
+                        out.push(n.metadata.name.as_str());
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The machine that replaced `m`, from its `ReplacedBy` event.
+fn replaced_by(m: &Machine) -> Option<&str> {
+    m.status
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.reason == "ReplacedBy")
+        .and_then(|e| e.message.strip_prefix("replaced by "))
+}
+
+/// Keeps each member's `Alive` condition true to what the coordinator sees:
+/// False with `Silent` or `Stopped` while it is, True again once it is not.
+/// A machine that never had trouble carries no condition (no write).
+fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
+    let mut steps = vec![];
+    for m in mine {
+        if matches!(
+            m.status.phase,
+            MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
+        ) {
+            continue;
+        }
+        let uid = m.metadata.uid.as_deref().unwrap_or_default();
+        let (alive, reason, message) = if (observed.instance)(uid) == Some(InstanceState::Stopped) {
+            (
+                false,
+                "Stopped",
+                "its provider reports it stopped".to_string(),
+            )
+        } else if crate::health::silence(
+            m,
+            observed.now,
+            (observed.last_seen)(&m.metadata.name),
+            &observed.policy,
+        )
+        .is_some()
+        {
+            (
+                false,
+                "Silent",
+                format!(
+                    "no heartbeat within the heartbeat timeout ({}s)",
+                    observed.policy.heartbeat_timeout.as_secs()
+                ),
+            )
+        } else {
+            (true, "Heartbeating", String::new())
+        };
+        let current = m
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ALIVE_CONDITION);
+        let differs = match current {
+            None => !alive,
+            Some(c) => (c.status == "True") != alive || c.reason != reason || c.message != message,
+        };
+        if differs {
+            steps.push(Step::SetAlive {
+                machine: m.metadata.name.clone(),
+                alive,
+                reason: reason.to_owned(),
+                message,
+            });
+        }
+    }
+    steps
 }
 
 fn endpoint_for(cluster: &Cluster, init: &Machine) -> String {
@@ -888,6 +1103,12 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
         Step::Destroy { machine } => {
             crate::provisioner::destroy(app, cluster, machine).await?;
         }
+        Step::SetAlive {
+            machine,
+            alive,
+            reason,
+            message,
+        } => set_alive(app, Some(cname), machine, *alive, reason, message)?,
         Step::Forget { machine } => match app.store.delete(Kind::Machine, machine, None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -916,10 +1137,13 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 if c.status.phase != status.phase {
                     tracing::info!(cluster = %cname, from = %c.status.phase, to = %status.phase, "cluster phase changed");
                 }
-                // The executor may have named a new init machine meanwhile.
+                // The executor may have named a new init machine meanwhile
+                // (this pass's CreateMachine); a name the plan dropped on
+                // purpose (its machine is gone) stays dropped.
                 let init = c.status.init_machine.clone();
+                let named_meanwhile = init != cluster.status.init_machine;
                 c.status = status.clone();
-                if c.status.init_machine.is_none() {
+                if c.status.init_machine.is_none() && named_meanwhile {
                     c.status.init_machine = init;
                 }
                 Ok(true)
@@ -962,6 +1186,72 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// Records a machine's `Alive` condition, unless it is leaving.
+fn set_alive(
+    app: &App,
+    cluster: Option<&str>,
+    machine: &str,
+    alive: bool,
+    reason: &str,
+    message: &str,
+) -> Result<(), StoreError> {
+    let mut changed = false;
+    app.update_machine::<StoreError>(machine, |m| {
+        changed = !matches!(
+            m.status.phase,
+            MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
+        ) && set_condition(
+            &mut m.status.conditions,
+            ALIVE_CONDITION,
+            alive,
+            reason,
+            message,
+        );
+        Ok(changed)
+    })?;
+    if changed {
+        tracing::info!(cluster = cluster.unwrap_or("-"), machine = %machine, alive, %reason, "machine liveness changed");
+    }
+    Ok(())
+}
+
+/// Keeps the `Alive` condition of machines in no cluster (pool machines
+/// waiting to be claimed) true to what the coordinator sees, with the
+/// coordinator's health defaults. Returns the errors met.
+fn unassigned_alive(app: &App, machines: &[Machine]) -> Vec<String> {
+    let free: Vec<&Machine> = machines
+        .iter()
+        .filter(|m| m.spec.assignment.is_none())
+        .collect();
+    let last_seen = |name: &str| app.last_seen(name);
+    let observed = Observed {
+        now: drover_common::now(),
+        has_pki: false,
+        last_seen: &last_seen,
+        instance: &|_| None,
+        retry_not_before: &|_| None,
+        policy: app.settings.health_defaults,
+        heartbeat_interval: app.settings.heartbeat_interval,
+    };
+    let mut errors = vec![];
+    for step in alive_steps(&free, &observed) {
+        if let Step::SetAlive {
+            machine,
+            alive,
+            reason,
+            message,
+        } = &step
+        {
+            if let Err(e) = set_alive(app, None, machine, *alive, reason, message) {
+                let msg = format!("machine {machine}: cannot record its liveness: {e}");
+                tracing::warn!(error = %msg, "reconcile step failed");
+                errors.push(msg);
+            }
+        }
+    }
+    errors
 }
 
 /// Gives every machine of a cluster a fresh heartbeat grace period.
@@ -1044,6 +1334,7 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
                 instance: &instance,
                 retry_not_before: &retry_not_before,
                 policy,
+                heartbeat_interval: app.settings.heartbeat_interval,
             },
         );
         for step in &steps {
@@ -1057,6 +1348,10 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
         if steps.is_empty() {
             listed = Some(machines);
         }
+    }
+    match listed.map_or_else(|| app.machines(), Ok) {
+        Ok(machines) => errors.extend(unassigned_alive(app, &machines)),
+        Err(e) => errors.push(format!("cannot list machines: {e}")),
     }
     errors
 }
@@ -1188,6 +1483,7 @@ mod tests {
             instance: &no_instance,
             retry_not_before: &no_retry,
             policy: Policy::defaults(Duration::from_secs(40)),
+            heartbeat_interval: Duration::from_secs(10),
         }
     }
 
@@ -1400,7 +1696,7 @@ mod tests {
 
     #[test]
     fn stopped_worker_is_replaced() {
-        let mut c = docker_cluster(1, 2);
+        let mut c = docker_cluster(1, 3);
         c.status.init_machine = Some("i".into());
         c.status.initialized = true;
         let machines = vec![
@@ -1412,6 +1708,7 @@ mod tests {
             ),
             created("w1", "w", MachineRole::Worker, MachinePhase::Running),
             created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
         ];
         let stopped = |uid: &str| (uid == "uid-w2").then_some(InstanceState::Stopped);
         let o = Observed {
@@ -1555,7 +1852,7 @@ mod tests {
 
     #[test]
     fn no_remediation_in_the_pass_that_ends_a_pause() {
-        let mut c = docker_cluster(1, 2);
+        let mut c = docker_cluster(1, 3);
         c.status.init_machine = Some("i".into());
         c.status.initialized = true;
         set_condition(
@@ -1574,6 +1871,7 @@ mod tests {
             ),
             created("w1", "w", MachineRole::Worker, MachinePhase::Running),
             created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
         ];
         // w1 is back, w2 is still a little late.
         let late = |n: &str| {
@@ -1594,5 +1892,325 @@ mod tests {
             .find(|c| c.type_ == "RemediationAllowed")
             .unwrap();
         assert_eq!(cond.status, "True");
+    }
+
+    fn status_of(steps: &[Step]) -> &ClusterStatus {
+        steps
+            .iter()
+            .find_map(|s| match s {
+                Step::SetStatus(st) => Some(st),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("status step expected: {steps:?}"))
+    }
+
+    fn condition<'a>(st: &'a ClusterStatus, t: &str) -> &'a drover_common::api::Condition {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap_or_else(|| panic!("no {t} condition in {st:?}"))
+    }
+
+    #[test]
+    fn a_replacement_still_starting_counts_against_max_unhealthy() {
+        let mut c = docker_cluster(1, 3);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let mut old = created("w1", "w", MachineRole::Worker, MachinePhase::Deleted);
+        push_event(
+            &mut old.status.events,
+            "Remediating",
+            "deleting to replace it",
+        );
+        push_event(&mut old.status.events, "ReplacedBy", "replaced by r1");
+        old.metadata.deletion_timestamp = Some(drover_common::now());
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            old,
+            created("r1", "w", MachineRole::Worker, MachinePhase::Bootstrapping),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        // w2 went silent a pass after w1: with r1 not Running yet, two of
+        // three slots are down.
+        let w2_silent = |n: &str| {
+            Some(if n == "w2" {
+                drover_common::now() - time::Duration::minutes(5)
+            } else {
+                drover_common::now()
+            })
+        };
+        let steps = plan(&c, &machines, &obs(true, &w2_silent));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let cond = condition(status_of(&steps), "RemediationAllowed");
+        assert_eq!(cond.status, "False");
+        assert!(
+            cond.message.contains("r1 being replaced"),
+            "{}",
+            cond.message
+        );
+        // Once r1 runs, w2 alone is within the limit.
+        let mut machines = machines;
+        machines[2].status.phase = MachinePhase::Running;
+        assert_eq!(
+            deletes(&plan(&c, &machines, &obs(true, &w2_silent))),
+            vec!["w2".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_silent_machine_is_replaced_at_its_timeout_unless_others_missed_beats_too() {
+        let mut c = docker_cluster(1, 3);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let now = drover_common::now();
+        let silent = |w1: i64, w2: i64| {
+            move |n: &str| {
+                Some(match n {
+                    "w1" => now - time::Duration::seconds(w1),
+                    "w2" => now - time::Duration::seconds(w2),
+                    _ => now,
+                })
+            }
+        };
+        // Timeout 40 s, interval 10 s. w1 alone is past its timeout: it is
+        // replaced at once, with no wait beyond the timeout.
+        let alone = silent(41, 0);
+        assert_eq!(
+            deletes(&plan(
+                &c,
+                &machines,
+                &Observed {
+                    now,
+                    ..obs(true, &alone)
+                }
+            )),
+            vec!["w1".to_string()]
+        );
+        // w2 was cut off with it and has missed beats for 32 s (late, not
+        // yet past its own timeout): two of three count, so nothing is
+        // replaced and remediation pauses.
+        let together = silent(41, 32);
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now,
+                ..obs(true, &together)
+            },
+        );
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let status = status_of(&steps);
+        let allowed = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .expect("RemediationAllowed condition");
+        assert_eq!(allowed.status, "False", "{allowed:?}");
+        assert!(
+            allowed.message.contains("w2 missing heartbeats"),
+            "{}",
+            allowed.message
+        );
+    }
+
+    #[test]
+    fn a_dead_lone_control_plane_degrades_the_cluster_with_a_stable_status() {
+        let mut c = docker_cluster(1, 1);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        c.status.control_plane_endpoint = Some("10.0.0.9:6443".into());
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let now = drover_common::now();
+        let cp_silent_since = now - time::Duration::minutes(5);
+        let cp_silent = |n: &str| Some(if n == "i" { cp_silent_since } else { now });
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now,
+                ..obs(true, &cp_silent)
+            },
+        );
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        assert!(steps.contains(&Step::SetAlive {
+            machine: "i".into(),
+            alive: false,
+            reason: "Silent".into(),
+            message: "no heartbeat within the heartbeat timeout (40s)".into(),
+        }));
+        let st = status_of(&steps).clone();
+        assert_eq!(st.phase, ClusterPhase::Degraded);
+        let ready = condition(&st, "Ready");
+        assert_eq!(ready.reason, "MachinesUnhealthy");
+        assert_eq!(ready.message, "control-plane: i silent");
+        let allowed = condition(&st, "RemediationAllowed");
+        assert_eq!(allowed.status, "False");
+        assert_eq!(
+            allowed.message,
+            "pool control-plane: 1 of 1 machines are unhealthy or being replaced (i silent), more than maxUnhealthy 40% allows (0); remediation paused"
+        );
+        // A minute later nothing in the status changes: no rewrite per pass.
+        c.status = st;
+        let later = now + time::Duration::minutes(1);
+        let still_silent = |n: &str| Some(if n == "i" { cp_silent_since } else { later });
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now: later,
+                ..obs(true, &still_silent)
+            },
+        );
+        assert!(
+            !steps.iter().any(|s| matches!(s, Step::SetStatus(_))),
+            "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn after_the_init_machine_is_replaced_joins_aim_at_a_live_control_plane() {
+        let mut c = docker_cluster(3, 0);
+        c.status.init_machine = Some("a".into());
+        c.status.initialized = true;
+        c.status.control_plane_endpoint = Some("10.0.0.1:6443".into());
+        let mut a = created(
+            "a",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Deleted,
+        );
+        a.status.addresses = vec!["10.0.0.1".into()];
+        push_event(
+            &mut a.status.events,
+            "Remediating",
+            "deleting to replace it",
+        );
+        a.metadata.deletion_timestamp = Some(drover_common::now());
+        let mut b = created(
+            "b",
+            CONTROL_PLANE_POOL,
+            MachineRole::ControlPlane,
+            MachinePhase::Running,
+        );
+        b.status.addresses = vec!["10.0.0.2".into()];
+        let mut cc = created(
+            "c",
+            CONTROL_PLANE_POOL,
+            MachineRole::ControlPlane,
+            MachinePhase::Running,
+        );
+        cc.status.addresses = vec!["10.0.0.3".into()];
+        b.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::minutes(2));
+        let steps = plan(&c, &[a, b, cc], &obs(true, &seen_now));
+        // The replacement joins as a control plane: the cluster is initialized.
+        assert!(steps.contains(&Step::CreateMachine {
+            machine_pool: CONTROL_PLANE_POOL.into(),
+            role: MachineRole::ControlPlane,
+            replaces: Some("a".into()),
+        }));
+        let st = status_of(&steps);
+        assert_eq!(st.init_machine, None, "a deleted machine's name stays");
+        assert!(st.initialized);
+        assert_eq!(st.control_plane_endpoint.as_deref(), Some("10.0.0.2:6443"));
+    }
+
+    #[test]
+    fn alive_condition_is_written_only_when_it_changes() {
+        let mut m = free("a", "dev");
+        m.status.phase = MachinePhase::Registered;
+        let now = drover_common::now();
+        let silent = |_: &str| Some(now - time::Duration::minutes(5));
+        let heard = |_: &str| Some(now);
+        // Never in trouble: no condition, no write.
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &heard)
+            }
+        )
+        .is_empty());
+        let steps = alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &silent)
+            },
+        );
+        assert_eq!(
+            steps,
+            vec![Step::SetAlive {
+                machine: "a".into(),
+                alive: false,
+                reason: "Silent".into(),
+                message: "no heartbeat within the heartbeat timeout (40s)".into(),
+            }]
+        );
+        set_condition(
+            &mut m.status.conditions,
+            ALIVE_CONDITION,
+            false,
+            "Silent",
+            "no heartbeat within the heartbeat timeout (40s)",
+        );
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &silent)
+            }
+        )
+        .is_empty());
+        let stopped = |_: &str| Some(InstanceState::Stopped);
+        assert!(matches!(
+            &alive_steps(
+                &[&m],
+                &Observed {
+                    now,
+                    instance: &stopped,
+                    ..obs(true, &heard)
+                }
+            )[..],
+            [Step::SetAlive { alive: false, reason, .. }] if reason == "Stopped"
+        ));
+        assert!(matches!(
+            &alive_steps(&[&m], &Observed { now, ..obs(true, &heard) })[..],
+            [Step::SetAlive { alive: true, reason, .. }] if reason == "Heartbeating"
+        ));
+        // A deleted machine is left alone.
+        m.status.phase = MachinePhase::Deleted;
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &heard)
+            }
+        )
+        .is_empty());
     }
 }

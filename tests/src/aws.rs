@@ -513,7 +513,9 @@ impl Placement {
     }
 
     /// A cluster of one control plane and `workers` in pool `default`, on
-    /// `ami` (the placement's unless given).
+    /// `ami` (the placement's unless given). `maxUnhealthy` is 50 %: the
+    /// default 40 % rounds down to no replacement at all in a pool of two,
+    /// and the tests replace one of two workers.
     pub fn cluster_yaml(&self, name: &str, workers: u32, ami: Option<&str>) -> String {
         format!(
             "apiVersion: drover.dev/v1alpha1
@@ -545,6 +547,8 @@ spec:
           securityGroups: [{sg}]
           tags:
             team: apps
+  health:
+    maxUnhealthy: 50%
 ",
             ami = ami.unwrap_or(&self.ami),
             s0 = self.subnets[0],
