@@ -945,7 +945,7 @@ fn a_refused_registration_logs_no_raw_control_characters() {
         None,
         &serde_json::json!({"ticket": "dt1.e30.AAAA", "csrPem": "x", "facts": {"hostname": hostname, "addresses": ["127.0.0.1"], "apiServerPort": 6443, "kubeletHealthzPort": 10248, "agentVersion": "x"}}),
     );
-    a.assert_problem(400, "not a valid host name");
+    a.assert_problem(400, "DNS-1123 subdomain");
     // A refusal for the ticket logs the (valid) host name, escaped.
     c.api(None)
         .json(
