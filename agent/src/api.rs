@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use drover_common::api::Problem;
-use drover_common::bundle::SignedBundle;
 use drover_common::wire::{
     ConfigNotReady, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
     RenewRequest, RenewResponse,
@@ -15,13 +14,9 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::protocol::config::ConfigAnswer;
+use crate::protocol::paths::{CERTIFICATE_PATH, CONFIG_PATH, HEARTBEAT_PATH, REGISTER_PATH};
 use crate::tls::{find_pin_mismatch, PinMismatch};
-
-/// Paths of the machine API.
-pub const REGISTER_PATH: &str = "/v1/machine/register";
-pub const HEARTBEAT_PATH: &str = "/v1/machine/heartbeat";
-pub const CONFIG_PATH: &str = "/v1/machine/config";
-pub const CERTIFICATE_PATH: &str = "/v1/machine/certificate";
 
 /// Timeouts of coordinator requests.
 #[derive(Debug, Clone, Copy)]
@@ -88,14 +83,6 @@ impl ApiError {
             Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
         )
     }
-}
-
-/// The answers of `GET /v1/machine/config`.
-#[derive(Debug)]
-pub enum ConfigAnswer {
-    Bundle(SignedBundle),
-    NotReady(ConfigNotReady),
-    NotAssigned,
 }
 
 /// A client for the coordinator replicas.

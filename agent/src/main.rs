@@ -14,17 +14,22 @@
 //! 64 for bad flags or a missing, unreadable or invalid bootstrap document.
 //!
 //! `drover-agent simulate` instead runs a fleet of simulated machines in one
-//! process against a real coordinator, to size it (see `simulate.rs`).
+//! process against a real coordinator, to size it (see `simulate/`).
 
+mod address;
 mod agent;
 mod api;
 mod backoff;
+mod boot;
 mod command;
 mod files;
 mod health;
 mod imds;
 mod nocloud;
+mod protocol;
 mod register;
+mod settings;
+mod shutdown;
 mod simulate;
 mod state;
 mod tls;
@@ -37,7 +42,10 @@ use anyhow::{anyhow, bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use drover_common::wire::BootstrapDocument;
 
-use crate::agent::{Agent, Origin, Settings, Shutdown};
+use crate::agent::{Agent, Origin};
+use crate::boot::read_bootstrap;
+use crate::settings::Settings;
+use crate::shutdown::Shutdown;
 use crate::state::StateStore;
 
 /// Exit code for a refused registration.
@@ -162,7 +170,11 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_USAGE);
     }
     if let Some(Command::Simulate(args)) = cli.command.take() {
-        return simulate::main(args);
+        return match simulate::main(args) {
+            simulate::Exit::Success => ExitCode::SUCCESS,
+            simulate::Exit::Failure => ExitCode::FAILURE,
+            simulate::Exit::Usage => ExitCode::from(EXIT_USAGE),
+        };
     }
     if std::process::id() == 1 {
         // The agent waits only for its own kubeadm children; daemons kubeadm
@@ -342,13 +354,6 @@ impl From<BootstrapDocument> for FirstBoot {
             instance_id: None,
         }
     }
-}
-
-fn read_bootstrap(path: &Path) -> anyhow::Result<BootstrapDocument> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the bootstrap document {}", path.display()))?;
-    BootstrapDocument::parse(&text)
-        .with_context(|| format!("invalid bootstrap document {}", path.display()))
 }
 
 fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
@@ -575,20 +580,5 @@ ticket: dt1.seed.ticket
             resolve_settings(&cli(&["--nocloud-dir", seed])).unwrap_err()
         );
         assert!(err.contains("meta-data"), "{err}");
-    }
-
-    #[test]
-    fn bootstrap_errors_name_the_problem() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing.yaml");
-        let err = read_bootstrap(&missing).unwrap_err();
-        assert!(
-            format!("{err:#}").contains("cannot read the bootstrap document"),
-            "{err:#}"
-        );
-        let bad = dir.path().join("bad.yaml");
-        std::fs::write(&bad, "apiVersion: drover.dev/v1alpha1\nkind: Nope\n").unwrap();
-        let err = format!("{:#}", read_bootstrap(&bad).unwrap_err());
-        assert!(err.contains("invalid bootstrap document"), "{err}");
     }
 }

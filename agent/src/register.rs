@@ -1,18 +1,20 @@
 //! Registration: redeeming the bootstrap ticket for a machine identity.
 
-use std::io;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use drover_common::api::Problem;
 use drover_common::pin::CaPin;
 use drover_common::pki::{self, PkiError};
-use drover_common::wire::{BootstrapDocument, MachineFacts, RegisterRequest, RegisterResponse};
+use drover_common::wire::{BootstrapDocument, RegisterResponse};
 use reqwest::StatusCode;
 
-use crate::agent::{Settings, Shutdown};
+use crate::address::advertise_address;
 use crate::api::{ApiError, CoordinatorClient, Timeouts};
 use crate::backoff::Backoff;
+use crate::protocol::register::{self as protocol, permanent_status, CaRefusal, Facts};
+use crate::protocol::timing::rfc3339;
+use crate::settings::Settings;
+use crate::shutdown::Shutdown;
 use crate::state::{State, StateError, StateStore, STATE_VERSION};
 use crate::tls::{self, PinMismatch, TlsError};
 
@@ -59,56 +61,6 @@ impl RegisterError {
     }
 }
 
-/// Whether a refusal status is final. A 4xx means the ticket was refused
-/// (bad, forged, expired or already used); 408 and 429 are worth retrying.
-pub(crate) fn permanent_status(status: StatusCode) -> bool {
-    status.is_client_error()
-        && status != StatusCode::REQUEST_TIMEOUT
-        && status != StatusCode::TOO_MANY_REQUESTS
-}
-
-/// The local address the OS picks to reach a coordinator URL: a UDP socket
-/// is "connected" (no packet is sent) and its local address read.
-pub async fn local_address_towards(url: &str) -> io::Result<IpAddr> {
-    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    let parsed = reqwest::Url::parse(url).map_err(|e| invalid(format!("{url}: {e}")))?;
-    let host = parsed
-        .host_str()
-        .ok_or_else(|| invalid(format!("{url} has no host")))?
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let port = parsed.port_or_known_default().unwrap_or(443);
-    let target = tokio::net::lookup_host((host.as_str(), port))
-        .await?
-        .next()
-        .ok_or_else(|| invalid(format!("{host} resolves to no address")))?;
-    let bind = if target.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    };
-    let socket = tokio::net::UdpSocket::bind(bind).await?;
-    socket.connect(target).await?;
-    Ok(socket.local_addr()?.ip())
-}
-
-/// The advertise address: the configured one, or the local address towards
-/// the first coordinator that resolves.
-pub async fn advertise_address(settings: &Settings, coordinators: &[String]) -> io::Result<IpAddr> {
-    if let Some(ip) = settings.advertise_address {
-        return Ok(ip);
-    }
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no coordinator URL");
-    for url in coordinators {
-        match local_address_towards(url).await {
-            Ok(ip) => return Ok(ip),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
-}
-
 /// A new identity and the first heartbeat interval.
 #[derive(Debug)]
 pub struct Registered {
@@ -144,18 +96,18 @@ pub async fn register(
         attempt += 1;
         let outcome = match advertise_address(settings, &doc.coordinators).await {
             Ok(address) => {
-                let request = RegisterRequest {
-                    ticket: doc.ticket.clone(),
-                    csr_pem: csr_pem.clone(),
-                    facts: MachineFacts {
-                        hostname: settings.hostname.clone(),
-                        addresses: vec![address.to_string()],
+                let request = protocol::request(
+                    &doc.ticket,
+                    &csr_pem,
+                    Facts {
+                        hostname: &settings.hostname,
+                        address,
                         api_server_port: settings.api_server_port,
                         kubelet_healthz_port: settings.kubelet_healthz_port(),
-                        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-                        instance_id: instance_id.map(str::to_owned),
+                        agent_version: env!("CARGO_PKG_VERSION"),
+                        instance_id,
                     },
-                };
+                );
                 tokio::select! {
                     r = client.register(&request) => r.map_err(Some),
                     () = shutdown.requested() => return Ok(None),
@@ -199,7 +151,7 @@ pub async fn register(
     tracing::info!(
         machine = %state.machine_name,
         uid = %state.machine_uid,
-        certificate_not_after = %crate::agent::rfc3339(state.certificate_not_after),
+        certificate_not_after = %rfc3339(state.certificate_not_after),
         "registered"
     );
     Ok(Some(Registered {
@@ -223,13 +175,13 @@ fn identity(
     key_pem: String,
     response: RegisterResponse,
 ) -> Result<State, RegisterError> {
-    let got = CaPin::from_cert_pem(&response.coordinator_ca_pem);
-    if got.as_ref().ok() != Some(&doc.ca_pin) {
+    if let Err(refusal) = protocol::check_coordinator_ca(&doc.ca_pin, &response.coordinator_ca_pem)
+    {
         return Err(RegisterError::CaMismatch {
             pinned: doc.ca_pin.clone(),
-            got: match got {
-                Ok(pin) => pin.to_string(),
-                Err(e) => format!("(unreadable: {e})"),
+            got: match refusal {
+                CaRefusal::Mismatch(pin) => pin.to_string(),
+                CaRefusal::Unreadable(e) => format!("(unreadable: {e})"),
             },
         });
     }
@@ -260,16 +212,6 @@ fn identity(
 mod tests {
     use super::*;
     use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
-
-    #[test]
-    fn statuses() {
-        assert!(permanent_status(StatusCode::UNAUTHORIZED));
-        assert!(permanent_status(StatusCode::FORBIDDEN));
-        assert!(permanent_status(StatusCode::CONFLICT));
-        assert!(permanent_status(StatusCode::BAD_REQUEST));
-        assert!(!permanent_status(StatusCode::TOO_MANY_REQUESTS));
-        assert!(!permanent_status(StatusCode::SERVICE_UNAVAILABLE));
-    }
 
     #[test]
     fn identity_checks_the_returned_ca_against_the_pin() {
@@ -309,13 +251,5 @@ mod tests {
         let err = identity(&doc, key_pem, response(&other.cert_pem)).unwrap_err();
         assert!(matches!(err, RegisterError::CaMismatch { .. }), "{err}");
         assert!(err.is_permanent_refusal());
-    }
-
-    #[tokio::test]
-    async fn local_address_towards_loopback() {
-        let ip = local_address_towards("https://127.0.0.1:8443")
-            .await
-            .unwrap();
-        assert!(ip.is_loopback(), "{ip}");
     }
 }

@@ -1,15 +1,15 @@
 //! The agent's persisted state: its identity and how far bootstrap has come.
 //!
 //! The state lives in one JSON file, `<state-dir>/state.json`, written
-//! atomically (temporary file, fsync, rename, fsync of the directory) with mode
-//! 0600 in a 0700 directory, because it holds the machine's private key. A
+//! atomically by [`files::write_atomic`] (temporary file, fsync, rename, fsync
+//! of the directory) with mode 0600 in a 0700 directory, because it holds the machine's private key. A
 //! restarted agent reads it and resumes; it never registers a second time,
 //! because the ticket it registered with is single-use.
 
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use drover_common::api::MachineRole;
@@ -17,6 +17,8 @@ use drover_common::pin::CaPin;
 use drover_common::wire::{AssignmentNotice, CommandFailure, DirectiveResult};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+
+use crate::files;
 
 /// The layout version of `state.json`.
 pub const STATE_VERSION: u32 = 1;
@@ -154,14 +156,6 @@ impl State {
             self.bootstrap.as_ref().map(|p| &p.step),
             Some(BootstrapStep::Done)
         )
-    }
-}
-
-/// The kubeadm step name reported for a role.
-pub fn kubeadm_step_name(role: MachineRole) -> &'static str {
-    match role {
-        MachineRole::Init => drover_common::wire::KUBEADM_INIT_STEP,
-        MachineRole::ControlPlane | MachineRole::Worker => "kubeadm-join",
     }
 }
 
@@ -308,30 +302,10 @@ impl StateStore {
     pub fn save(&self, state: &State) -> Result<(), StateError> {
         self.ensure_dir()?;
         let text = serde_json::to_vec_pretty(state).expect("state serializes");
-        let tmp = self.dir.join(".state.json.tmp");
-        let write_err = |source| StateError::Write {
+        files::write_atomic(&self.path, &text, 0o600).map_err(|source| StateError::Write {
             path: self.path.clone(),
             source,
-        };
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(write_err)?;
-        // The mode given at creation is subject to the umask and ignored for
-        // an existing file, so it is set explicitly.
-        file.set_permissions(fs::Permissions::from_mode(0o600))
-            .map_err(write_err)?;
-        file.write_all(&text).map_err(write_err)?;
-        file.sync_all().map_err(write_err)?;
-        drop(file);
-        fs::rename(&tmp, &self.path).map_err(write_err)?;
-        fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(write_err)?;
-        Ok(())
+        })
     }
 
     fn ensure_dir(&self) -> Result<(), StateError> {

@@ -1,0 +1,324 @@
+//! Bootstrap: resuming after a restart, fetching and checking the config
+//! bundle, writing its files, running kubeadm, and resetting before a
+//! retry.
+
+use drover_common::bundle::ConfigBundle;
+use drover_common::wire::{AssignmentNotice, CommandFailure};
+use tokio::time::Instant;
+
+use super::{Agent, Origin, Stopped, WorkKind};
+use crate::command::{self, CommandOutcome, CommandSpec};
+use crate::files;
+use crate::protocol::config::{self, BundleRefusal, ConfigStep};
+use crate::protocol::report::{self, kubeadm_step_name};
+use crate::shutdown::Shutdown;
+use crate::state::{decide_resume, BootstrapStep, ResumeAction, ResumeFiles};
+
+impl Agent {
+    pub(super) fn resume(&mut self) {
+        let files = ResumeFiles::probe(&self.settings.root);
+        let action = decide_resume(&self.state, files);
+        let message = match self.origin {
+            Origin::Registered { .. } => "agent started; waiting for an assignment",
+            Origin::Saved => "resuming from the saved state",
+        };
+        tracing::info!(
+            machine = %self.state.machine_name,
+            uid = %self.state.machine_uid,
+            state = %self.store.path().display(),
+            assignment = ?self.state.bootstrap.as_ref().map(|p| &p.assignment),
+            ?action,
+            "{message}"
+        );
+        match action {
+            ResumeAction::Idle | ResumeAction::Running | ResumeAction::StayFailed => {}
+            ResumeAction::FetchConfig => {
+                self.set_step(BootstrapStep::Assigned);
+                self.want_config_now();
+            }
+            ResumeAction::MarkDone => {
+                tracing::info!("kubeadm had finished before the restart; bootstrap is done");
+                self.set_step(BootstrapStep::Done);
+            }
+            ResumeAction::InitInterrupted => {
+                let command = self.bootstrap_command().display();
+                let admin = self.settings.root.join("etc/kubernetes/admin.conf");
+                self.fail_bootstrap(
+                    drover_common::wire::KUBEADM_INIT_STEP,
+                    CommandFailure {
+                        command,
+                        exit_code: None,
+                        output_tail: vec![format!(
+                            "kubeadm init was interrupted (the agent stopped while it ran) and {} does not exist; \
+                             the machine needs `kubeadm reset` before it can bootstrap again, \
+                             and the agent never runs kubeadm init twice",
+                            admin.display()
+                        )],
+                        at: drover_common::now(),
+                    },
+                );
+            }
+            ResumeAction::ResetAndRetry => {
+                tracing::info!(
+                    "kubeadm join or reset was interrupted; resetting and bootstrapping again"
+                );
+                self.reset_before_retry();
+            }
+        }
+    }
+
+    /// Records the `Resetting` step, then runs `kubeadm reset -f`; the
+    /// bundle is fetched again once it succeeds.
+    pub(super) fn reset_before_retry(&mut self) {
+        self.set_step(BootstrapStep::Resetting);
+        let spec = command::kubeadm_reset(&self.settings.kubeadm, &self.settings.root);
+        tracing::info!(command = %spec.display(), "resetting before bootstrapping again");
+        self.start_work(WorkKind::ResetBeforeRetry, spec);
+    }
+
+    pub(super) fn set_step(&mut self, step: BootstrapStep) {
+        if let Some(p) = self.state.bootstrap.as_mut() {
+            p.step = step;
+            self.persist();
+        }
+    }
+
+    pub(super) fn bootstrap_command(&self) -> CommandSpec {
+        let (role, path) = self
+            .state
+            .bootstrap
+            .as_ref()
+            .map_or((drover_common::api::MachineRole::Worker, None), |p| {
+                (p.assignment.role, p.kubeadm_config_path.clone())
+            });
+        command::kubeadm_bootstrap(
+            &self.settings.kubeadm,
+            role,
+            path.as_deref().unwrap_or("/etc/drover/kubeadm.yaml"),
+            &self.settings.root,
+        )
+    }
+
+    pub(super) fn want_config_now(&mut self) {
+        self.config.want_now(Instant::now());
+    }
+
+    pub(super) async fn fetch_config(&mut self, shutdown: &mut Shutdown) -> Result<(), Stopped> {
+        let want = match &self.state.bootstrap {
+            Some(p) if p.step == BootstrapStep::Assigned => p.assignment.generation,
+            _ => {
+                self.config.stop();
+                return Ok(());
+            }
+        };
+        let answer = tokio::select! {
+            r = self.api.config() => r,
+            () = shutdown.requested() => return Err(Stopped),
+        };
+        let now = Instant::now();
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) if e.is_unauthorized() => {
+                tracing::warn!(error = %e, "the coordinator no longer accepts this machine's certificate");
+                self.config.retry_at(now + self.interval);
+                return Ok(());
+            }
+            Err(e) => {
+                let delay = self.config.retry_after_backoff(now);
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot fetch the config");
+                return Ok(());
+            }
+        };
+        let ca_pem = &self.state.coordinator_ca_pem;
+        let uid = &self.state.machine_uid;
+        let step = self.config.on_answer(now, answer, want, |signed| {
+            let ca = drover_common::pki::first_cert_der(ca_pem).map_err(|e| {
+                BundleRefusal::Invalid(format!("the saved coordinator CA is unreadable: {e}"))
+            })?;
+            config::verify(signed, &ca, uid)
+        });
+        match step {
+            ConfigStep::Apply(bundle) => match allowed_kubeadm_config(bundle) {
+                Ok(bundle) => {
+                    self.config_reason = None;
+                    self.apply_bundle(bundle);
+                }
+                Err(why) => self.fail_fetch(why),
+            },
+            ConfigStep::Stale {
+                got,
+                want,
+                retry_in,
+            } => {
+                tracing::warn!(
+                    bundle_generation = got,
+                    assignment_generation = want,
+                    retry_in_ms = retry_in.as_millis() as u64,
+                    "refusing a config bundle older than the assignment"
+                );
+            }
+            ConfigStep::Invalid(why) => self.fail_fetch(why),
+            ConfigStep::NotReady(not_ready) => {
+                if self.config_reason.as_deref() != Some(not_ready.reason.as_str()) {
+                    tracing::info!(
+                        reason = %not_ready.reason,
+                        retry_after_s = not_ready.retry_after_seconds,
+                        "the config is not ready yet; waiting"
+                    );
+                    self.config_reason = Some(not_ready.reason);
+                }
+            }
+            ConfigStep::NotAssigned => {
+                tracing::info!(
+                    "the coordinator says this machine is not assigned; waiting for a heartbeat that says it is"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The fetched bundle is unusable: the bootstrap fails at fetch-config.
+    fn fail_fetch(&mut self, why: String) {
+        self.config.stop();
+        self.fail_bootstrap(
+            report::FETCH_CONFIG_STEP,
+            config::fetch_failure(why, drover_common::now()),
+        );
+    }
+
+    fn apply_bundle(&mut self, bundle: ConfigBundle) {
+        let root = self.settings.root.clone();
+        {
+            let progress = self.state.bootstrap.as_mut().expect("assigned");
+            if progress.assignment.role != bundle.role
+                || progress.assignment.cluster != bundle.cluster
+            {
+                tracing::warn!(
+                    assigned = ?progress.assignment,
+                    bundle_cluster = %bundle.cluster,
+                    bundle_role = %bundle.role,
+                    "the signed bundle differs from the assignment notice; following the bundle"
+                );
+            }
+            progress.assignment = AssignmentNotice {
+                cluster: bundle.cluster.clone(),
+                role: bundle.role,
+                generation: bundle.generation.max(progress.assignment.generation),
+            };
+        }
+        tracing::info!(
+            cluster = %bundle.cluster,
+            role = %bundle.role,
+            generation = bundle.generation,
+            kubernetes_version = %bundle.kubernetes_version,
+            files = bundle.files.len(),
+            "writing the config bundle"
+        );
+        let written = match files::write_bundle_files(&root, &bundle.files) {
+            Ok(w) => w,
+            Err(e) => {
+                self.fail_bootstrap(
+                    report::WRITE_FILES_STEP,
+                    CommandFailure {
+                        command: format!(
+                            "write {} bundle files under {}",
+                            bundle.files.len(),
+                            root.display()
+                        ),
+                        exit_code: None,
+                        output_tail: vec![e.to_string()],
+                        at: drover_common::now(),
+                    },
+                );
+                return;
+            }
+        };
+        let progress = self.state.bootstrap.as_mut().expect("assigned");
+        for path in written {
+            if !progress.written_files.contains(&path) {
+                progress.written_files.push(path);
+            }
+        }
+        progress.kubeadm_config_path = Some(bundle.kubeadm_config_path.clone());
+        progress.step = BootstrapStep::FilesWritten;
+        self.persist();
+
+        let spec = self.bootstrap_command();
+        let step = kubeadm_step_name(bundle.role);
+        // The record that kubeadm may have run must exist before it runs.
+        self.state.bootstrap.as_mut().expect("assigned").step = BootstrapStep::KubeadmStarted;
+        if let Err(e) = self.store.save(&self.state) {
+            self.fail_bootstrap(
+                step,
+                CommandFailure {
+                    command: spec.display(),
+                    exit_code: None,
+                    output_tail: vec![format!(
+                        "not started, because the agent cannot record that it started: {e}"
+                    )],
+                    at: drover_common::now(),
+                },
+            );
+            return;
+        }
+        tracing::info!(command = %spec.display(), "running kubeadm");
+        self.start_work(WorkKind::Bootstrap, spec);
+        self.heartbeat_soon();
+    }
+
+    pub(super) fn fail_bootstrap(&mut self, step: &str, failure: CommandFailure) {
+        tracing::error!(
+            step,
+            command = %failure.command,
+            exit_code = ?failure.exit_code,
+            output_tail = %failure.output_tail.join("\n"),
+            "bootstrap failed; waiting for the coordinator to decide"
+        );
+        if let Some(p) = self.state.bootstrap.as_mut() {
+            p.step = BootstrapStep::Failed {
+                step: step.to_owned(),
+                failure,
+            };
+        }
+        self.persist();
+        self.heartbeat_soon();
+    }
+
+    /// kubeadm init or join ended.
+    pub(super) fn finish_bootstrap(&mut self, outcome: CommandOutcome) {
+        let Some(role) = self.state.role() else {
+            return;
+        };
+        if outcome.success {
+            tracing::info!(command = %outcome.command, "kubeadm succeeded; the machine is running");
+            self.set_step(BootstrapStep::Done);
+            self.heartbeat_soon();
+        } else {
+            self.fail_bootstrap(kubeadm_step_name(role), outcome.to_failure());
+        }
+    }
+
+    /// The reset before bootstrapping again ended.
+    pub(super) fn finish_reset_before_retry(&mut self, outcome: CommandOutcome) {
+        if outcome.success {
+            tracing::info!("kubeadm reset done; bootstrapping again");
+            self.set_step(BootstrapStep::Assigned);
+            self.want_config_now();
+            self.heartbeat_soon();
+        } else {
+            self.fail_bootstrap(report::RESET_STEP, outcome.to_failure());
+        }
+    }
+}
+
+/// kubeadm runs with the config the agent allows, nothing else.
+fn allowed_kubeadm_config(bundle: ConfigBundle) -> Result<ConfigBundle, String> {
+    if bundle.kubeadm_config_path != files::KUBEADM_CONFIG_PATH {
+        return Err(format!(
+            "config bundle refused: kubeadm config path {:?} is not {}",
+            bundle.kubeadm_config_path,
+            files::KUBEADM_CONFIG_PATH
+        ));
+    }
+    Ok(bundle)
+}

@@ -1,0 +1,144 @@
+//! Directives: accepting them from heartbeat answers (each once),
+//! carrying them out one at a time, and queueing their results.
+
+use drover_common::wire::{Directive, DirectiveAction, DirectiveResult};
+
+use super::{Agent, WorkKind};
+use crate::command::{self, CommandOutcome};
+use crate::files;
+use crate::protocol::directives::{describe, may_create_token};
+use crate::protocol::report;
+use crate::state::BootstrapStep;
+
+impl Agent {
+    pub(super) fn accept_directives(&mut self, directives: Vec<Directive>) {
+        for directive in directives {
+            let running = matches!(
+                self.work.as_ref().map(|w| &w.kind),
+                Some(WorkKind::TokenCreate { id, .. } | WorkKind::Reset { id }) if *id == directive.id
+            );
+            if running
+                || self.state.directive_completed(&directive.id)
+                || self.queue.iter().any(|d| d.id == directive.id)
+            {
+                continue;
+            }
+            tracing::info!(id = %directive.id, action = %describe(&directive.action), "directive received");
+            self.queue.push_back(directive);
+        }
+    }
+
+    pub(super) fn start_queued_directives(&mut self) {
+        while self.work.is_none() {
+            let Some(directive) = self.queue.pop_front() else {
+                return;
+            };
+            match directive.action {
+                DirectiveAction::CreateBootstrapToken { token, ttl_seconds } => {
+                    if !may_create_token(self.state.bootstrapped(), self.state.role()) {
+                        self.finish_directive(
+                            directive.id,
+                            false,
+                            format!(
+                                "this machine cannot create bootstrap tokens: it is not a running control-plane machine (phase {:?}, role {})",
+                                self.phase(),
+                                self.state.role().map_or("none".to_owned(), |r| r.to_string())
+                            ),
+                        );
+                        continue;
+                    }
+                    let spec = command::kubeadm_token_create(
+                        &self.settings.kubeadm,
+                        &token,
+                        ttl_seconds,
+                        &self.settings.root,
+                    );
+                    tracing::info!(command = %spec.display(), "creating a bootstrap token");
+                    self.start_work(
+                        WorkKind::TokenCreate {
+                            id: directive.id,
+                            token_id: token.id().to_owned(),
+                        },
+                        spec,
+                    );
+                }
+                DirectiveAction::Reset { reason } => {
+                    tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
+                    self.resetting = true;
+                    self.activity = Some(report::RESET_STEP);
+                    self.config.stop();
+                    let spec = command::kubeadm_reset(&self.settings.kubeadm, &self.settings.root);
+                    self.start_work(WorkKind::Reset { id: directive.id }, spec);
+                    self.heartbeat_soon();
+                }
+            }
+        }
+    }
+
+    fn finish_directive(&mut self, id: String, ok: bool, message: String) {
+        if ok {
+            tracing::info!(id = %id, message = %message, "directive done");
+        } else {
+            tracing::warn!(id = %id, message = %message, "directive failed");
+        }
+        self.state
+            .complete_directive(DirectiveResult { id, ok, message });
+        self.persist();
+        self.heartbeat_soon();
+    }
+
+    /// `kubeadm token create` for directive `id` ended.
+    pub(super) fn finish_token_create(
+        &mut self,
+        id: String,
+        token_id: &str,
+        outcome: CommandOutcome,
+    ) {
+        let message = if outcome.success {
+            format!("bootstrap token {token_id} created")
+        } else {
+            outcome.summary()
+        };
+        self.finish_directive(id, outcome.success, message);
+    }
+
+    /// `kubeadm reset` for directive `id` ended: on success the machine is
+    /// back in its pool, its bundle files removed and its assignment
+    /// retired.
+    pub(super) fn finish_reset(&mut self, id: String, outcome: CommandOutcome) {
+        self.resetting = false;
+        if outcome.success {
+            let written = self
+                .state
+                .bootstrap
+                .as_ref()
+                .map(|p| {
+                    let mut w = p.written_files.clone();
+                    w.extend(p.kubeadm_config_path.clone());
+                    w
+                })
+                .unwrap_or_default();
+            let problems = files::remove_bundle_files(&self.settings.root, &written);
+            if let Some(p) = self.state.bootstrap.take() {
+                self.state.retired_generation =
+                    self.state.retired_generation.max(p.assignment.generation);
+            }
+            self.config.stop();
+            self.warned_generation = None;
+            let mut message = "kubeadm reset done; the machine is back in its pool".to_owned();
+            if !problems.is_empty() {
+                message.push_str(&format!("; could not remove: {}", problems.join("; ")));
+            }
+            self.finish_directive(id, true, message);
+        } else {
+            let failure = outcome.to_failure();
+            if let Some(p) = self.state.bootstrap.as_mut() {
+                p.step = BootstrapStep::Failed {
+                    step: report::RESET_STEP.into(),
+                    failure,
+                };
+            }
+            self.finish_directive(id, false, outcome.summary());
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The agent's settings, resolved from the command line by `main.rs`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// Settings resolved from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The machine's root directory; kubeadm gets `--rootfs` unless it is `/`.
+    pub root: PathBuf,
+    /// The kubeadm program.
+    pub kubeadm: String,
+    pub state_dir: PathBuf,
+    /// The address to advertise; found by routing towards the coordinator
+    /// when unset.
+    pub advertise_address: Option<IpAddr>,
+    pub api_server_port: u16,
+    pub kubelet_healthz_url: reqwest::Url,
+    pub hostname: String,
+}
+
+impl Settings {
+    /// The port of the kubelet health URL.
+    pub fn kubelet_healthz_port(&self) -> u16 {
+        self.kubelet_healthz_url
+            .port_or_known_default()
+            .unwrap_or(10248)
+    }
+}

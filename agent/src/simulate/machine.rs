@@ -1,0 +1,490 @@
+//! One simulated machine: it registers, heartbeats, fetches its config
+//! and answers directives by the rules of the protocol core, and reports
+//! what happened to the fleet's statistics.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_common::api::MachineRole;
+use drover_common::wire::{
+    AgentPhase, AssignmentNotice, BootstrapReport, DirectiveAction, DirectiveResult, HealthReport,
+    HeartbeatRequest, HeartbeatResponse, Probe, ProbeState, RegisterResponse,
+};
+use rustls::client::Resumption;
+use tokio::time::Instant;
+
+use super::fleet::{CoordinatorCa, Fleet, ASSIGNED, GONE, IN_POOL};
+use super::histogram::micros;
+use crate::api::{ApiError, CoordinatorClient};
+use crate::backoff::Backoff;
+use crate::protocol::assignment::{self, Current, Decision, Stage};
+use crate::protocol::config::{self, ConfigFetch, ConfigStep};
+use crate::protocol::directives::may_create_token;
+use crate::protocol::heartbeat;
+use crate::protocol::register::{self, permanent_status, Facts};
+use crate::protocol::report::{self, kubeadm_step_name};
+use crate::protocol::timing::{heartbeat_timeout, interval_from_seconds};
+use crate::shutdown::Shutdown;
+use crate::tls;
+
+/// Free disk space every simulated machine reports (constant, so a
+/// heartbeat that changes nothing stays one).
+const DISK_FREE_BYTES: u64 = 50 << 30;
+
+/// TLS sessions each machine keeps for resumption (one per coordinator
+/// replica is plenty; rustls' default of 256 costs tens of KiB each).
+const SESSIONS_PER_MACHINE: usize = 4;
+
+/// Directive ids each machine remembers, so a repeated one is not redone.
+const REMEMBERED_DIRECTIVES: usize = 64;
+
+/// One simulated machine, from its start to the end of the run.
+pub(super) async fn machine(
+    fleet: Arc<Fleet>,
+    index: usize,
+    start_at: Instant,
+    mut stop: Shutdown,
+) {
+    tokio::select! {
+        biased;
+        () = stop.requested() => return,
+        () = tokio::time::sleep_until(start_at) => {}
+    }
+    match register(&fleet, index, &mut stop).await {
+        Some(m) => m.run(&fleet, &mut stop).await,
+        None => fleet.set_state(index, GONE),
+    }
+}
+
+/// Registers machine `index`; `None` when it failed for good or the run
+/// ended first.
+async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Sim> {
+    let hostname = format!(
+        "{}-{:0width$}",
+        fleet.hostname_prefix,
+        index + 1,
+        width = fleet.hostname_width
+    );
+    let fail = |kind: &str, message: String| {
+        let mut s = fleet.stats();
+        s.registration_failed += 1;
+        s.error(format!("register: {kind}"), message);
+        fleet.settle(&mut s);
+    };
+    let (key_pem, csr_pem) = match drover_common::pki::generate_key_and_csr(&hostname) {
+        Ok(pair) => pair,
+        Err(e) => {
+            fail("key", e.to_string());
+            return None;
+        }
+    };
+    // A machine's first connection: a full handshake, no shared session.
+    let mut config = fleet.pinned.clone();
+    config.resumption = Resumption::disabled();
+    let client = match fleet.client(index, config) {
+        Ok(c) => c,
+        Err(e) => {
+            fail("client", e.to_string());
+            return None;
+        }
+    };
+    let request = register::request(
+        &fleet.ticket,
+        &csr_pem,
+        Facts {
+            hostname: &hostname,
+            address: fleet.source(index),
+            api_server_port: 6443,
+            kubelet_healthz_port: 10248,
+            agent_version: concat!(env!("CARGO_PKG_VERSION"), "-simulated"),
+            instance_id: None,
+        },
+    );
+    let mut backoff = Backoff::standard();
+    let mut first_sent = None;
+    let (response, took) = loop {
+        let permit = tokio::select! {
+            biased;
+            () = stop.requested() => return None,
+            p = fleet.registrations.acquire() => p.expect("the semaphore is never closed"),
+        };
+        let sent = Instant::now();
+        let since = *first_sent.get_or_insert(sent);
+        let answer = tokio::select! {
+            biased;
+            () = stop.requested() => return None,
+            r = client.register(&request) => r,
+        };
+        drop(permit);
+        match answer {
+            Ok(r) => break (r, since.elapsed()),
+            Err(e) => {
+                let permanent = match &e {
+                    ApiError::PinMismatch(_) | ApiError::Client(_) => true,
+                    ApiError::Refused { status, .. } => permanent_status(*status),
+                    _ => false,
+                };
+                let mut s = fleet.stats();
+                s.api_error("register", &e);
+                if permanent {
+                    s.registration_failed += 1;
+                    fleet.settle(&mut s);
+                    return None;
+                }
+                s.registration_retries += 1;
+            }
+        }
+        tokio::select! {
+            biased;
+            () = stop.requested() => return None,
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    };
+    drop(client);
+    match Sim::new(fleet, index, &key_pem, response) {
+        Ok(sim) => {
+            let mut s = fleet.stats();
+            s.registered += 1;
+            s.registration.record(micros(took));
+            s.last_registered = Some(Instant::now());
+            s.interval.get_or_insert(sim.interval);
+            fleet.settle(&mut s);
+            drop(s);
+            fleet.set_state(index, IN_POOL);
+            Some(sim)
+        }
+        Err(why) => {
+            fail("identity", why);
+            None
+        }
+    }
+}
+
+/// Shutdown was requested during a call.
+struct Stopped;
+
+/// A registered simulated machine.
+struct Sim {
+    index: usize,
+    uid: String,
+    api: CoordinatorClient,
+    ca: Arc<CoordinatorCa>,
+    interval: Duration,
+    phase: AgentPhase,
+    assignment: Option<AssignmentNotice>,
+    /// The newest assignment generation a reset gave up.
+    retired: u64,
+    bootstrap: Option<BootstrapReport>,
+    results: Vec<DirectiveResult>,
+    done: VecDeque<String>,
+    config: ConfigFetch,
+}
+
+impl Sim {
+    fn new(
+        fleet: &Fleet,
+        index: usize,
+        key_pem: &str,
+        r: RegisterResponse,
+    ) -> Result<Self, String> {
+        let ca = fleet.coordinator_ca(&r.coordinator_ca_pem)?;
+        let mut config = tls::mtls_config_with(ca.verifier.clone(), &r.certificate_pem, key_pem)
+            .map_err(|e| e.to_string())?;
+        config.resumption = Resumption::in_memory_sessions(SESSIONS_PER_MACHINE);
+        let api = fleet.client(index, config).map_err(|e| e.to_string())?;
+        let _ = fleet.slots[index].name.set(r.machine_name);
+        Ok(Self {
+            index,
+            uid: r.machine_uid,
+            api,
+            ca,
+            interval: interval_from_seconds(r.heartbeat_interval_seconds),
+            phase: AgentPhase::Waiting,
+            assignment: None,
+            retired: 0,
+            bootstrap: None,
+            results: Vec::new(),
+            done: VecDeque::new(),
+            config: ConfigFetch::default(),
+        })
+    }
+
+    /// Heartbeats (and fetches the config when assigned) until the run ends
+    /// or the machine is silenced.
+    async fn run(mut self, fleet: &Fleet, stop: &mut Shutdown) {
+        // Like the agent: the first heartbeat right after registration.
+        let mut next_heartbeat = Instant::now();
+        loop {
+            let wake = match self.config.next_at() {
+                Some(at) if at < next_heartbeat => at,
+                _ => next_heartbeat,
+            };
+            tokio::select! {
+                biased;
+                () = stop.requested() => return,
+                () = tokio::time::sleep_until(wake) => {}
+            }
+            if fleet.slots[self.index].silence.load(Ordering::Relaxed) {
+                // Dropping the client closes the connection, as a dead
+                // machine's kernel would.
+                fleet.set_state(self.index, GONE);
+                return;
+            }
+            let mut soon = false;
+            if self.config.next_at().is_some_and(|at| at <= Instant::now()) {
+                match self.fetch_config(fleet, stop).await {
+                    Ok(s) => soon = s,
+                    Err(Stopped) => return,
+                }
+            }
+            if soon || next_heartbeat <= Instant::now() {
+                match self.heartbeat(fleet, stop).await {
+                    Ok(next) => next_heartbeat = next,
+                    Err(Stopped) => return,
+                }
+            }
+        }
+    }
+
+    fn role(&self) -> Option<MachineRole> {
+        self.assignment.as_ref().map(|a| a.role)
+    }
+
+    fn request(&self) -> HeartbeatRequest {
+        let healthy = || Probe {
+            state: ProbeState::Healthy,
+            message: String::new(),
+        };
+        let control_plane = self.role().is_some_and(|r| r.is_control_plane());
+        heartbeat::request(
+            self.phase,
+            self.assignment.as_ref().map_or(0, |a| a.generation),
+            HealthReport {
+                kubelet: healthy(),
+                api_server: (self.phase == AgentPhase::Running && control_plane).then(healthy),
+                disk_free_bytes: DISK_FREE_BYTES,
+            },
+            self.bootstrap.clone(),
+            &self.results,
+        )
+    }
+
+    /// Sends one heartbeat; returns when the next is due.
+    async fn heartbeat(&mut self, fleet: &Fleet, stop: &mut Shutdown) -> Result<Instant, Stopped> {
+        let request = self.request();
+        let timeout = heartbeat_timeout(self.interval);
+        let sent = Instant::now();
+        fleet.stats().heartbeats_sent += 1;
+        let answer = tokio::select! {
+            biased;
+            () = stop.requested() => return Err(Stopped),
+            r = self.api.heartbeat(&request, timeout) => r,
+        };
+        let took = sent.elapsed();
+        match answer {
+            Ok(reply) => {
+                {
+                    let mut s = fleet.stats();
+                    s.heartbeats_ok += 1;
+                    s.heartbeat.record(micros(took));
+                    if s.steady_from.is_some_and(|from| sent >= from) {
+                        s.steady_heartbeat.record(micros(took));
+                    }
+                    s.first_heartbeat.get_or_insert(sent);
+                    let second = (sent - fleet.start).as_secs() as usize;
+                    if s.heartbeats_per_second.len() <= second {
+                        s.heartbeats_per_second.resize(second + 1, 0);
+                    }
+                    s.heartbeats_per_second[second] += 1;
+                }
+                heartbeat::delivered(&mut self.results, &request);
+                self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
+                let soon = self.on_reply(fleet, reply);
+                Ok(if soon {
+                    Instant::now()
+                } else {
+                    Instant::now() + fleet.jittered(self.interval)
+                })
+            }
+            Err(e) => {
+                let mut s = fleet.stats();
+                s.heartbeats_failed += 1;
+                s.api_error("heartbeat", &e);
+                drop(s);
+                Ok(Instant::now() + fleet.jittered(self.interval))
+            }
+        }
+    }
+
+    /// Acts on a heartbeat answer; true when the next heartbeat should go
+    /// at once (to report what changed).
+    fn on_reply(&mut self, fleet: &Fleet, reply: HeartbeatResponse) -> bool {
+        let mut soon = false;
+        for d in reply.directives {
+            if self.done.contains(&d.id) {
+                continue;
+            }
+            let (ok, message) = match d.action {
+                DirectiveAction::CreateBootstrapToken { token, .. } => {
+                    if may_create_token(self.phase == AgentPhase::Running, self.role()) {
+                        (
+                            true,
+                            format!(
+                                "bootstrap token {} created (simulated machine; no kubeadm ran)",
+                                token.id()
+                            ),
+                        )
+                    } else {
+                        (
+                            false,
+                            format!(
+                                "this machine cannot create bootstrap tokens: it is not a running control-plane machine (phase {:?})",
+                                self.phase
+                            ),
+                        )
+                    }
+                }
+                DirectiveAction::Reset { .. } => {
+                    if let Some(a) = self.assignment.take() {
+                        self.retired = self.retired.max(a.generation);
+                    }
+                    self.phase = AgentPhase::Waiting;
+                    self.bootstrap = None;
+                    self.config.stop();
+                    fleet.set_state(self.index, IN_POOL);
+                    (
+                        true,
+                        "reset done (simulated machine); back in the pool".to_owned(),
+                    )
+                }
+            };
+            fleet.stats().directives += 1;
+            if self.done.len() == REMEMBERED_DIRECTIVES {
+                self.done.pop_front();
+            }
+            self.done.push_back(d.id.clone());
+            self.results.push(DirectiveResult {
+                id: d.id,
+                ok,
+                message,
+            });
+            soon = true;
+        }
+        if let Some(notice) = reply.assignment {
+            soon |= self.on_assignment(fleet, notice);
+        }
+        soon
+    }
+
+    /// Acts on an assignment notice by the protocol's rule; true when the
+    /// machine has something new to report.
+    fn on_assignment(&mut self, fleet: &Fleet, notice: AssignmentNotice) -> bool {
+        let current = self.assignment.as_ref().map(|a| Current {
+            generation: a.generation,
+            stage: match self.phase {
+                AgentPhase::Running => Stage::Applied,
+                AgentPhase::Failed => Stage::Failed {
+                    step: report::FETCH_CONFIG_STEP,
+                    busy: false,
+                },
+                _ => Stage::Fetching {
+                    fetching: self.config.wanted(),
+                },
+            },
+        });
+        match assignment::decide(current, self.retired, false, notice.generation) {
+            Decision::Accept | Decision::Replace { .. } | Decision::StartOver { .. } => {
+                self.assignment = Some(notice);
+                self.phase = AgentPhase::Bootstrapping;
+                self.bootstrap = Some(report::at_step(report::FETCH_CONFIG_STEP));
+                self.config.want_now(Instant::now());
+                fleet.set_state(self.index, ASSIGNED);
+                true
+            }
+            // A heartbeat saying "assigned" resumes fetching after a 404.
+            Decision::ResumeFetch => {
+                self.config.resume(Instant::now());
+                false
+            }
+            Decision::Ignore | Decision::Wait | Decision::RefuseNewer => false,
+        }
+    }
+
+    /// Fetches and verifies the config bundle; true when the machine now
+    /// has something new to report.
+    async fn fetch_config(&mut self, fleet: &Fleet, stop: &mut Shutdown) -> Result<bool, Stopped> {
+        let Some(want) = self.assignment.as_ref().map(|a| a.generation) else {
+            self.config.stop();
+            return Ok(false);
+        };
+        let sent = Instant::now();
+        let answer = tokio::select! {
+            biased;
+            () = stop.requested() => return Err(Stopped),
+            r = self.api.config() => r,
+        };
+        let took = sent.elapsed();
+        let now = Instant::now();
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                {
+                    let mut s = fleet.stats();
+                    s.config_failed += 1;
+                    s.api_error("config", &e);
+                }
+                self.config.retry_after_backoff(now);
+                return Ok(false);
+            }
+        };
+        let (ca, uid) = (&self.ca.der, &self.uid);
+        match self
+            .config
+            .on_answer(now, answer, want, |signed| config::verify(signed, ca, uid))
+        {
+            ConfigStep::Apply(bundle) => {
+                {
+                    let mut s = fleet.stats();
+                    s.config_fetches += 1;
+                    s.config.record(micros(took));
+                }
+                self.assignment = Some(AssignmentNotice {
+                    cluster: bundle.cluster,
+                    role: bundle.role,
+                    generation: bundle.generation,
+                });
+                // As if kubeadm had run and succeeded.
+                self.phase = AgentPhase::Running;
+                self.bootstrap = Some(report::at_step(kubeadm_step_name(bundle.role)));
+                Ok(true)
+            }
+            ConfigStep::Stale { got, want, .. } => {
+                fleet.stats().error(
+                    "config: stale bundle".into(),
+                    format!("bundle generation {got} is older than the assignment's {want}"),
+                );
+                Ok(false)
+            }
+            ConfigStep::Invalid(why) => {
+                {
+                    let mut s = fleet.stats();
+                    s.config_failed += 1;
+                    s.error("config: invalid bundle".into(), why.clone());
+                }
+                self.phase = AgentPhase::Failed;
+                self.bootstrap = Some(BootstrapReport {
+                    step: report::FETCH_CONFIG_STEP.into(),
+                    failure: Some(config::fetch_failure(why, drover_common::now())),
+                });
+                Ok(true)
+            }
+            ConfigStep::NotReady(_) => {
+                fleet.stats().config_not_ready += 1;
+                Ok(false)
+            }
+            ConfigStep::NotAssigned => Ok(false),
+        }
+    }
+}
