@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::aws::AwsProviderSpec;
 use super::meta::{is_zero, Condition, LabelSelector, ObjectMeta};
 use super::problem::FieldError;
-use crate::names::{check_dns_label, check_labels};
+use crate::names::{check_dns_label, check_labels, CONTROL_PLANE_POOL};
 use crate::units::{parse_duration, parse_percent};
 
 // ---------------------------------------------------------------- Cluster
@@ -237,9 +237,6 @@ impl fmt::Display for ClusterPhase {
         fmt::Debug::fmt(self, f)
     }
 }
-
-/// The name of the control-plane pool in machine assignments and status.
-pub const CONTROL_PLANE_POOL: &str = "control-plane";
 
 impl Cluster {
     /// Checks everything serde cannot: names, versions, counts, networks.

@@ -20,4 +20,5 @@ pub use problem::*;
 pub use registration::*;
 pub use report::*;
 
+pub use crate::names::CONTROL_PLANE_POOL;
 pub use crate::units::{parse_duration, parse_percent};
