@@ -230,6 +230,25 @@ fn dependency_rules_hold() {
             tree.modules.keys().collect::<Vec<_>>(),
             root.join(krate).join("src").display()
         );
+        // A rule naming a module that moved would silently check nothing.
+        for rule in RULES.iter().filter(|r| r.krate == krate) {
+            let (Modules::Only(from) | Modules::AllBut(from)) = rule.from;
+            let targets = rule.forbidden.iter().filter_map(|t| match t {
+                Target::Module(m) => Some(*m),
+                _ => None,
+            });
+            for m in from.iter().copied().chain(targets) {
+                assert!(
+                    tree.is_module(m),
+                    "RULES names module {m:?} of {krate}, which does not exist (modules: {:?}); \
+                     update RULES in tests/tests/layers.rs",
+                    tree.modules
+                        .keys()
+                        .filter(|k| !k.is_empty())
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
         for v in tree.violations(RULES) {
             found.insert(v.key.clone(), v);
         }
