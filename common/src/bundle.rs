@@ -9,7 +9,7 @@ use ring::signature::{self, EcdsaKeyPair, UnparsedPublicKey};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::api::MachineRole;
+use crate::objects::MachineRole;
 
 /// A file to write on the machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -5,18 +5,28 @@
 //! coordinator and the agent agree on formats by construction. The one
 //! system call, in `process`, raises the open-file limit at start.
 
-pub mod api;
-pub mod aws;
-pub mod bundle;
+// Leaves: shared primitives that import nothing of this crate.
 pub mod jws;
-pub mod kubeadm;
 pub mod names;
+pub mod pem;
+pub mod process;
+pub mod token;
+pub mod units;
+// Certificates and their pins.
 pub mod pin;
 pub mod pki;
-pub mod process;
-pub mod ticket;
-pub mod token;
+// The objects, then the machine protocol (which may use the objects, never
+// the reverse), then what the admin API and the config bundle add on top.
+pub mod api;
+pub mod bundle;
+pub mod kubeadm;
+pub mod objects;
 pub mod wire;
+
+// The paths these modules had before the objects and the protocol were
+// split (issue 13), kept so the coordinator and the agent need not change.
+pub use objects::aws;
+pub use wire::ticket;
 
 /// The API group and version of every Drover object.
 pub const API_VERSION: &str = "drover.dev/v1alpha1";

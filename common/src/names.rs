@@ -8,6 +8,12 @@
 //! - Label keys: an optional DNS-1123 subdomain prefix and `/`, then a name
 //!   of at most 63 characters `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`.
 //! - Label values: empty, or a name of the same shape.
+//!
+//! A leaf: it imports nothing of this crate.
+
+/// The name of the control-plane pool in machine assignments and status;
+/// no worker pool may take it.
+pub const CONTROL_PLANE_POOL: &str = "control-plane";
 
 /// Why a name or label is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

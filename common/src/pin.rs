@@ -39,7 +39,7 @@ impl CaPin {
     /// Pins the public key of the first certificate in a PEM document.
     pub fn from_cert_pem(pem: &str) -> Result<Self, PinError> {
         let der =
-            crate::pki::first_cert_der(pem).map_err(|e| PinError::BadCertificate(e.to_string()))?;
+            crate::pem::first_cert_der(pem).map_err(|e| PinError::BadCertificate(e.to_string()))?;
         Self::from_cert_der(&der)
     }
 

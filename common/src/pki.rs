@@ -25,8 +25,9 @@ pub enum PkiError {
         subject: String,
         source: rcgen::Error,
     },
-    #[error("PEM document holds no certificate")]
-    NoCertificate,
+    /// A PEM document without a readable certificate.
+    #[error(transparent)]
+    Pem(#[from] crate::pem::PemError),
 }
 
 /// A certificate authority: its certificate and its private key, both PEM.
@@ -212,24 +213,12 @@ pub fn generate_key_and_csr(common_name: &str) -> Result<(String, String), PkiEr
 
 /// The DER bytes of the first certificate in a PEM document.
 pub fn first_cert_der(pem: &str) -> Result<Vec<u8>, PkiError> {
-    all_cert_ders(pem)?
-        .into_iter()
-        .next()
-        .ok_or(PkiError::NoCertificate)
+    Ok(crate::pem::first_cert_der(pem)?)
 }
 
 /// The DER bytes of every certificate in a PEM document, in order.
 pub fn all_cert_ders(pem: &str) -> Result<Vec<Vec<u8>>, PkiError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::CertificateDer;
-    CertificateDer::pem_slice_iter(pem.as_bytes())
-        .map(|r| {
-            r.map(|c| c.to_vec()).map_err(|e| PkiError::BadCert {
-                what: "a PEM document".into(),
-                detail: e.to_string(),
-            })
-        })
-        .collect()
+    Ok(crate::pem::all_cert_ders(pem)?)
 }
 
 /// Facts read from a certificate.

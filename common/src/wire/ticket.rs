@@ -39,7 +39,7 @@ pub enum TicketGrant {
         machine: String,
         machine_uid: String,
         /// The role the machine was created for.
-        role: crate::api::MachineRole,
+        role: crate::objects::MachineRole,
     },
 }
 

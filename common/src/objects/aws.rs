@@ -54,7 +54,7 @@ pub const MAX_USER_DATA: usize = 16 * 1024;
 impl AwsProviderSpec {
     /// The template of a pool, by pool name.
     pub fn template(&self, pool: &str) -> Option<&AwsMachineTemplate> {
-        if pool == crate::api::CONTROL_PLANE_POOL {
+        if pool == crate::names::CONTROL_PLANE_POOL {
             Some(&self.control_plane)
         } else {
             self.worker_pools.get(pool)

@@ -1,0 +1,616 @@
+//! The `Cluster` object: its spec, status and validation (`Cluster::validate`
+//! returns every field error at once).
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::aws::AwsProviderSpec;
+use super::meta::{is_zero, Condition, LabelSelector, ObjectMeta};
+use super::problem::FieldError;
+use crate::names::{check_dns_label, check_labels, CONTROL_PLANE_POOL};
+use crate::units::{parse_duration, parse_percent};
+
+// ---------------------------------------------------------------- Cluster
+
+/// A declared Kubernetes cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cluster {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ClusterSpec,
+    #[serde(default)]
+    pub status: ClusterStatus,
+}
+
+/// What the cluster should be. Versions, counts and templates only: no
+/// commands, so the coordinator decides how.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// A Kubernetes release such as `v1.31.2`.
+    pub kubernetes_version: String,
+    pub control_plane: ControlPlaneSpec,
+    #[serde(default)]
+    pub worker_pools: Vec<WorkerPoolSpec>,
+    #[serde(default)]
+    pub network: NetworkSpec,
+    pub provider: ProviderSpec,
+    /// `host:port` of a load balancer in front of the API servers. When
+    /// unset, the first control-plane machine's address is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
+    /// When machines count as unhealthy and how many may be replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthPolicy>,
+}
+
+/// Overrides of the coordinator's health and remediation defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthPolicy {
+    /// Silence after which a machine is unhealthy, e.g. `40s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout: Option<String>,
+    /// Longest time from creation to Running, e.g. `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_timeout: Option<String>,
+    /// How long a machine may report a failing kubelet or node, e.g. `2m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_timeout: Option<String>,
+    /// Remediation pauses for a pool when more than this share of it is
+    /// unhealthy, e.g. `40%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unhealthy: Option<String>,
+}
+
+/// The control-plane pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ControlPlaneSpec {
+    /// 1, 3 or 5 (etcd quorum needs an odd count).
+    pub replicas: u32,
+    /// Extra labels a pool machine must carry to serve here.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub selector: LabelSelector,
+}
+
+/// A pool of worker machines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerPoolSpec {
+    pub name: String,
+    pub replicas: u32,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub selector: LabelSelector,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// Pod and service networks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkSpec {
+    #[serde(default = "default_pod_subnet")]
+    pub pod_subnet: String,
+    #[serde(default = "default_service_subnet")]
+    pub service_subnet: String,
+    #[serde(default = "default_dns_domain")]
+    pub dns_domain: String,
+}
+
+fn default_pod_subnet() -> String {
+    "10.244.0.0/16".into()
+}
+fn default_service_subnet() -> String {
+    "10.96.0.0/12".into()
+}
+fn default_dns_domain() -> String {
+    "cluster.local".into()
+}
+
+impl Default for NetworkSpec {
+    fn default() -> Self {
+        Self {
+            pod_subnet: default_pod_subnet(),
+            service_subnet: default_service_subnet(),
+            dns_domain: default_dns_domain(),
+        }
+    }
+}
+
+/// Where machines come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum ProviderSpec {
+    /// Claim machines that registered themselves into a pool.
+    Pool(PoolProviderSpec),
+    /// Create machines as containers on a Docker network of the cluster's own.
+    Docker(DockerProviderSpec),
+    /// Create machines as EC2 instances.
+    Aws(AwsProviderSpec),
+}
+
+impl ProviderSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProviderSpec::Pool(_) => "pool",
+            ProviderSpec::Docker(_) => "docker",
+            ProviderSpec::Aws(_) => "aws",
+        }
+    }
+
+    /// The field a spec update may not change, if `new` changes one: the
+    /// provider itself and an AWS region are fixed for a cluster's life;
+    /// AWS machine templates and tags may change (new machines use them).
+    pub fn immutable_change(&self, new: &ProviderSpec) -> Option<(&'static str, &'static str)> {
+        const MOVE: &str = "is immutable; delete the cluster and create it again to move it";
+        match (self, new) {
+            (ProviderSpec::Aws(a), ProviderSpec::Aws(b)) => {
+                (a.region != b.region).then_some(("spec.provider.aws.region", MOVE))
+            }
+            (a, b) => (a != b).then_some(("spec.provider", MOVE)),
+        }
+    }
+
+    /// Whether the coordinator creates and deletes the cluster's machines.
+    pub fn creates_machines(&self) -> bool {
+        !matches!(self, ProviderSpec::Pool(_))
+    }
+}
+
+/// The `docker` provider: machines are containers from a node image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DockerProviderSpec {
+    /// A node image with `drover-agent` as its entrypoint.
+    pub image: String,
+}
+
+/// The `pool` provider: which self-registered machines the cluster may claim.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolProviderSpec {
+    /// Only machines that registered into this pool are claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub selector: LabelSelector,
+}
+
+/// The observed state of a cluster, written by the coordinator.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterStatus {
+    #[serde(default)]
+    pub phase: ClusterPhase,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub observed_generation: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
+    /// The machine that ran `kubeadm init`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_machine: Option<String>,
+    /// Whether `kubeadm init` has succeeded once for this cluster.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub initialized: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Counts for one pool of a cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolStatus {
+    pub name: String,
+    pub desired: u32,
+    pub assigned: u32,
+    pub running: u32,
+}
+
+/// A cluster's lifecycle phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum ClusterPhase {
+    /// Waiting for machines to claim.
+    #[default]
+    Pending,
+    /// Machines are bootstrapping.
+    Provisioning,
+    /// Every desired machine is Running.
+    Running,
+    /// Some machines are unhealthy and not (yet) replaced; the `Ready`
+    /// condition names them and why, `RemediationAllowed` why they stay.
+    Degraded,
+    /// Deletion requested; machines are being released.
+    Deleting,
+}
+
+impl fmt::Display for ClusterPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+impl Cluster {
+    /// Checks everything serde cannot: names, versions, counts, networks.
+    /// Returns every problem at once so a user fixes a document in one pass.
+    pub fn validate(&self) -> Result<(), Vec<FieldError>> {
+        let mut errs = Vec::new();
+        let mut err = |field: &str, message: String| {
+            errs.push(FieldError {
+                field: field.to_owned(),
+                message,
+            })
+        };
+        if self.api_version != crate::API_VERSION {
+            err(
+                "apiVersion",
+                format!(
+                    "must be {:?}, got {:?}",
+                    crate::API_VERSION,
+                    self.api_version
+                ),
+            );
+        }
+        if self.kind != "Cluster" {
+            err("kind", format!("must be \"Cluster\", got {:?}", self.kind));
+        }
+        if let Err(e) = check_dns_label("cluster name", &self.metadata.name) {
+            err("metadata.name", e.to_string());
+        } else if self.metadata.name.len() + "cp".len() > crate::names::MAX_NAME_PREFIX {
+            err(
+                "metadata.name",
+                format!(
+                    "must be at most {} characters, so machine names (<cluster>-cp-xxxxx) stay DNS-1123 labels",
+                    crate::names::MAX_NAME_PREFIX - 2
+                ),
+            );
+        }
+        for e in check_labels(&self.metadata.labels) {
+            err("metadata.labels", e.to_string());
+        }
+        for e in check_labels(&self.spec.control_plane.selector.match_labels) {
+            err("spec.controlPlane.selector.matchLabels", e.to_string());
+        }
+        if let Err(why) = check_kubernetes_version(&self.spec.kubernetes_version) {
+            err("spec.kubernetesVersion", why);
+        }
+        let cp = self.spec.control_plane.replicas;
+        if cp == 0 || cp.is_multiple_of(2) || cp > 7 {
+            err(
+                "spec.controlPlane.replicas",
+                format!("must be 1, 3, 5 or 7 (etcd needs an odd number of members), got {cp}"),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, pool) in self.spec.worker_pools.iter().enumerate() {
+            if let Err(e) = check_dns_label("worker pool name", &pool.name) {
+                err(&format!("spec.workerPools[{i}].name"), e.to_string());
+            }
+            if self.metadata.name.len() + pool.name.len() > crate::names::MAX_NAME_PREFIX {
+                err(
+                    &format!("spec.workerPools[{i}].name"),
+                    format!(
+                        "the cluster name and this pool name together must be at most {} characters, so machine names (<cluster>-<pool>-xxxxx) stay DNS-1123 labels",
+                        crate::names::MAX_NAME_PREFIX
+                    ),
+                );
+            }
+            if pool.name == CONTROL_PLANE_POOL {
+                err(
+                    &format!("spec.workerPools[{i}].name"),
+                    format!("{CONTROL_PLANE_POOL:?} is reserved for the control plane"),
+                );
+            }
+            if !seen.insert(pool.name.as_str()) {
+                err(
+                    &format!("spec.workerPools[{i}].name"),
+                    format!("duplicate worker pool name {:?}", pool.name),
+                );
+            }
+            for e in check_labels(&pool.selector.match_labels) {
+                err(
+                    &format!("spec.workerPools[{i}].selector.matchLabels"),
+                    e.to_string(),
+                );
+            }
+            if pool.replicas > 1000 {
+                err(
+                    &format!("spec.workerPools[{i}].replicas"),
+                    format!("must be at most 1000, got {}", pool.replicas),
+                );
+            }
+        }
+        let pod = parse_cidr(&self.spec.network.pod_subnet);
+        if let Err(why) = &pod {
+            err("spec.network.podSubnet", why.clone());
+        }
+        let svc = parse_cidr(&self.spec.network.service_subnet);
+        if let Err(why) = &svc {
+            err("spec.network.serviceSubnet", why.clone());
+        }
+        if let (Ok(a), Ok(b)) = (&pod, &svc) {
+            if cidrs_overlap(*a, *b) {
+                err(
+                    "spec.network.serviceSubnet",
+                    "must not overlap spec.network.podSubnet".into(),
+                );
+            }
+        }
+        if let Err(e) = check_dns_subdomain(&self.spec.network.dns_domain) {
+            err("spec.network.dnsDomain", e);
+        }
+        if let Some(ep) = &self.spec.control_plane_endpoint {
+            if let Err(why) = check_host_port(ep) {
+                err("spec.controlPlaneEndpoint", why);
+            }
+        }
+        match &self.spec.provider {
+            ProviderSpec::Pool(p) => {
+                if let Some(pool) = &p.pool {
+                    if let Err(e) = check_dns_label("pool name", pool) {
+                        err("spec.provider.pool.pool", e.to_string());
+                    }
+                }
+                for e in check_labels(&p.selector.match_labels) {
+                    err("spec.provider.pool.selector.matchLabels", e.to_string());
+                }
+            }
+            ProviderSpec::Docker(d) => {
+                if d.image.is_empty()
+                    || d.image.len() > 255
+                    || d.image.chars().any(|c| c.is_whitespace() || c.is_control())
+                {
+                    err(
+                        "spec.provider.docker.image",
+                        format!(
+                            "must be an image reference such as drover-node:test, got {:?}",
+                            d.image
+                        ),
+                    );
+                }
+            }
+            ProviderSpec::Aws(_) => {}
+        }
+        if let ProviderSpec::Aws(a) = &self.spec.provider {
+            let pools: Vec<&str> = self
+                .spec
+                .worker_pools
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect();
+            a.validate(&pools, &mut |f, m| err(f, m));
+        }
+        if let Some(h) = &self.spec.health {
+            for (field, v) in [
+                ("spec.health.heartbeatTimeout", &h.heartbeat_timeout),
+                ("spec.health.startupTimeout", &h.startup_timeout),
+                ("spec.health.unhealthyTimeout", &h.unhealthy_timeout),
+            ] {
+                if let Some(v) = v {
+                    match parse_duration(v) {
+                        Ok(d) if d.is_zero() => err(field, "must be positive".into()),
+                        Ok(_) => {}
+                        Err(e) => err(field, e),
+                    }
+                }
+            }
+            if let Some(m) = &h.max_unhealthy {
+                if let Err(e) = parse_percent(m) {
+                    err("spec.health.maxUnhealthy", e);
+                }
+            }
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs)
+        }
+    }
+
+    /// The desired replica count of each pool, control plane first.
+    pub fn desired_pools(&self) -> Vec<(String, u32)> {
+        let mut v = vec![(
+            CONTROL_PLANE_POOL.to_owned(),
+            self.spec.control_plane.replicas,
+        )];
+        v.extend(
+            self.spec
+                .worker_pools
+                .iter()
+                .map(|p| (p.name.clone(), p.replicas)),
+        );
+        v
+    }
+}
+
+/// Checks `vMAJOR.MINOR.PATCH` with an optional pre-release suffix.
+pub fn check_kubernetes_version(v: &str) -> Result<(), String> {
+    let rest = v
+        .strip_prefix('v')
+        .ok_or_else(|| format!("must look like v1.31.2, got {v:?}"))?;
+    let core = rest.split(['-', '+']).next().unwrap_or_default();
+    let parts: Vec<&str> = core.split('.').collect();
+    if parts.len() != 3
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || p.parse::<u32>().is_err())
+    {
+        return Err(format!("must look like v1.31.2, got {v:?}"));
+    }
+    if parts[0] != "1" || parts[1].parse::<u32>().unwrap_or(0) < 29 {
+        return Err(format!(
+            "kubeadm config v1beta4 needs Kubernetes v1.29 or later, got {v:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Parses `a.b.c.d/n` or an IPv6 CIDR.
+pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), String> {
+    let (ip, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("must be a CIDR such as 10.244.0.0/16, got {s:?}"))?;
+    let ip: IpAddr = ip
+        .parse()
+        .map_err(|_| format!("{ip:?} is not an IP address"))?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| *l <= max)
+        .ok_or_else(|| format!("prefix length must be 0..={max}, got {len:?}"))?;
+    Ok((ip, len))
+}
+
+fn cidrs_overlap(a: (IpAddr, u8), b: (IpAddr, u8)) -> bool {
+    match (a.0, b.0) {
+        (IpAddr::V4(x), IpAddr::V4(y)) => {
+            let len = a.1.min(b.1) as u32;
+            let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            (u32::from(x) & mask) == (u32::from(y) & mask)
+        }
+        (IpAddr::V6(x), IpAddr::V6(y)) => {
+            let len = a.1.min(b.1) as u32;
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len)
+            };
+            (u128::from(x) & mask) == (u128::from(y) & mask)
+        }
+        _ => false,
+    }
+}
+
+fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    crate::names::check_dns_subdomain("DNS domain", s).map_err(|e| e.to_string())
+}
+
+/// Checks `host:port`.
+pub fn check_host_port(s: &str) -> Result<(), String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("must be host:port, got {s:?}"))?;
+    if host.is_empty() {
+        return Err(format!("must be host:port, got {s:?}"));
+    }
+    port.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .map(|_| ())
+        .ok_or_else(|| format!("port must be 1..=65535, got {port:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> &'static str {
+        r#"apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: demo
+spec:
+  kubernetesVersion: v1.31.2
+  controlPlane:
+    replicas: 1
+  workerPools:
+    - name: default
+      replicas: 2
+  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: dev
+"#
+    }
+
+    #[test]
+    fn parses_and_validates() {
+        let c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.spec.network.pod_subnet, "10.244.0.0/16");
+        assert_eq!(c.desired_pools().len(), 2);
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let doc = sample().replace("replicas: 2", "replicas: 2\n      replica: 3");
+        let e = serde_saphyr::from_str::<Cluster>(&doc)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("replica"), "{e}");
+    }
+
+    #[test]
+    fn selectors_and_labels_follow_kubernetes_rules() {
+        let mut c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        c.metadata.labels.insert("ok.dev/x".into(), "v".into());
+        c.validate().unwrap();
+        // Machine names (<cluster>-<pool>-xxxxx) must stay DNS-1123 labels.
+        let mut long = c.clone();
+        long.metadata.name = "c".repeat(40);
+        long.spec.worker_pools[0].name = "p".repeat(20);
+        let errs = long.validate().unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "spec.workerPools[0].name");
+        long.metadata.name = "c".repeat(60);
+        long.spec.worker_pools[0].name = "p".into();
+        let errs = long.validate().unwrap_err();
+        assert!(errs.iter().any(|e| e.field == "metadata.name"), "{errs:?}");
+        let ProviderSpec::Pool(p) = &mut c.spec.provider else {
+            panic!("a pool cluster")
+        };
+        p.selector
+            .match_labels
+            .insert("env\nrole".into(), "x".into());
+        c.spec.worker_pools[0]
+            .selector
+            .match_labels
+            .insert("zone".into(), "a b".into());
+        c.spec
+            .control_plane
+            .selector
+            .match_labels
+            .insert("..//k".into(), String::new());
+        let errs = c.validate().unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "spec.controlPlane.selector.matchLabels",
+                "spec.workerPools[0].selector.matchLabels",
+                "spec.provider.pool.selector.matchLabels"
+            ],
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn semantic_errors_name_fields() {
+        let mut c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        c.spec.control_plane.replicas = 2;
+        c.spec.kubernetes_version = "1.31".into();
+        c.spec.network.service_subnet = "10.244.1.0/24".into();
+        c.metadata.name = "../x".into();
+        let errs = c.validate().unwrap_err();
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.name",
+                "spec.kubernetesVersion",
+                "spec.controlPlane.replicas",
+                "spec.network.serviceSubnet"
+            ]
+        );
+    }
+}

@@ -1,0 +1,183 @@
+//! The `Machine` object: its spec (the assignment), role, phase and status.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use super::meta::{is_zero, Condition, Event, ObjectMeta};
+use super::report::{BootstrapReport, HealthReport};
+
+/// A machine known to the coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Machine {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: MachineSpec,
+    #[serde(default)]
+    pub status: MachineStatus,
+}
+
+/// What the coordinator wants of the machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineSpec {
+    /// The registration pool the machine registered into (empty for
+    /// machines a provider created).
+    #[serde(default)]
+    pub pool: String,
+    /// The provider that created the machine, when the coordinator made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The cluster the machine serves, when claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment: Option<Assignment>,
+}
+
+/// A machine's place in a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Assignment {
+    pub cluster: String,
+    /// The cluster's UID, so a machine never joins a re-created namesake.
+    pub cluster_uid: String,
+    /// `control-plane` or a worker pool name.
+    pub machine_pool: String,
+    pub role: MachineRole,
+    /// Bumped on every change of the assignment; the agent rejects config
+    /// bundles older than the one it applied.
+    pub generation: u64,
+}
+
+/// What a machine does in its cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum MachineRole {
+    /// The first control-plane machine: runs `kubeadm init`.
+    Init,
+    /// Another control-plane machine: `kubeadm join --control-plane`.
+    ControlPlane,
+    /// A worker: `kubeadm join`.
+    Worker,
+}
+
+impl MachineRole {
+    pub fn is_control_plane(self) -> bool {
+        matches!(self, MachineRole::Init | MachineRole::ControlPlane)
+    }
+}
+
+impl fmt::Display for MachineRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MachineRole::Init => "control-plane(init)",
+            MachineRole::ControlPlane => "control-plane",
+            MachineRole::Worker => "worker",
+        })
+    }
+}
+
+/// A machine's lifecycle phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum MachinePhase {
+    /// Recorded by the coordinator; the provider is creating it or it has
+    /// not registered yet.
+    Provisioning,
+    /// Registered and waiting in its pool.
+    #[default]
+    Registered,
+    /// Claimed by a cluster; has not started bootstrapping.
+    Assigned,
+    /// Running kubeadm.
+    Bootstrapping,
+    /// Joined its cluster and reporting.
+    Running,
+    /// Bootstrap failed; see `status.bootstrap.failure`.
+    Failed,
+    /// Being reset to return to its pool.
+    Releasing,
+    /// Being deleted through its provider.
+    Deleting,
+    /// Gone; kept for a while so its history can be read.
+    Deleted,
+}
+
+impl fmt::Display for MachinePhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// What the coordinator knows about a machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineStatus {
+    #[serde(default)]
+    pub phase: MachinePhase,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hostname: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    /// Where this machine's API server listens, when it is control plane.
+    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    pub api_server_port: u16,
+    /// Where this machine's kubelet serves `/healthz`.
+    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    pub kubelet_healthz_port: u16,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub agent_version: String,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_heartbeat_time: Option<OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapReport>,
+    /// The assignment generation the agent last applied.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub applied_generation: u64,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub certificate_not_after: Option<OffsetDateTime>,
+    /// The `sha256:` pin of the current client certificate's public key.
+    /// Only that certificate may renew, so a stolen copy cannot extend
+    /// itself past its expiry without the coordinator noticing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_key: Option<String>,
+    /// When the machine's identity was revoked (by an admin, or by the
+    /// coordinator on seeing two holders of it): from then on every
+    /// certificate of the machine is refused.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub identity_revoked_at: Option<OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The provider's id for the machine (a container or instance id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    /// Where the provider placed the machine: its subnet on `aws`. Chosen
+    /// and recorded before the first create call, so retries agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    /// Whether the machine's single-use ticket was redeemed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ticket_redeemed: bool,
+    /// What happened to the machine, oldest first (the last 30 events).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+fn is_zero_u16(v: &u16) -> bool {
+    *v == 0
+}

@@ -1,0 +1,151 @@
+//! What every object carries: metadata, conditions, label selectors and
+//! events, shaped like their Kubernetes counterparts.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+/// Object metadata, as in Kubernetes' `ObjectMeta` (the subset Drover uses).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectMeta {
+    pub name: String,
+    /// Set by the coordinator at creation; never changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// Incremented by the coordinator whenever the spec changes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+    /// The store revision of the last write; send it back to update with
+    /// optimistic concurrency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub creation_timestamp: Option<OffsetDateTime>,
+    /// Set when deletion was requested; the object goes once cleanup is done.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deletion_timestamp: Option<OffsetDateTime>,
+}
+
+pub(super) fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A condition, as in Kubernetes' `metav1.Condition`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub last_transition_time: OffsetDateTime,
+}
+
+/// Sets a condition, keeping its transition time when the status is unchanged.
+/// Returns whether anything changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+) -> bool {
+    let status = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) if c.status == status && c.reason == reason && c.message == message => false,
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = crate::now();
+            }
+            c.status = status.to_owned();
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+            true
+        }
+        None => {
+            conditions.push(Condition {
+                type_: type_.to_owned(),
+                status: status.to_owned(),
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+                last_transition_time: crate::now(),
+            });
+            true
+        }
+    }
+}
+
+/// A label selector (`matchLabels` only, which is all pools need).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl LabelSelector {
+    /// Whether every selector label is present with the same value.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    }
+}
+
+/// Something that happened to an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Event {
+    #[serde(with = "time::serde::rfc3339")]
+    pub time: OffsetDateTime,
+    /// A CamelCase word, e.g. `Created`, `Unhealthy`, `Replaced`.
+    pub reason: String,
+    pub message: String,
+}
+
+/// How many events an object keeps.
+pub const MAX_EVENTS: usize = 30;
+
+/// Appends an event, dropping the oldest beyond [`MAX_EVENTS`].
+pub fn push_event(events: &mut Vec<Event>, reason: &str, message: impl Into<String>) {
+    events.push(Event {
+        time: crate::now(),
+        reason: reason.to_owned(),
+        message: message.into(),
+    });
+    if events.len() > MAX_EVENTS {
+        let drop = events.len() - MAX_EVENTS;
+        events.drain(..drop);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selector_matches() {
+        let s = LabelSelector {
+            match_labels: [("a".to_string(), "1".to_string())].into(),
+        };
+        assert!(s.matches(&[("a".into(), "1".into()), ("b".into(), "2".into())].into()));
+        assert!(!s.matches(&[("a".into(), "2".into())].into()));
+    }
+}

@@ -1,0 +1,24 @@
+//! The declarative objects, shaped like Kubernetes objects: `Cluster`,
+//! `Machine` and `RegistrationToken`, their validation, and the problem
+//! documents that refuse them.
+//!
+//! The objects never use the machine protocol ([`crate::wire`]); the
+//! protocol may use them. `tests/tests/layers.rs` checks it.
+
+pub mod aws;
+pub mod cluster;
+pub mod machine;
+pub mod meta;
+pub mod problem;
+pub mod registration;
+pub mod report;
+
+pub use cluster::*;
+pub use machine::*;
+pub use meta::*;
+pub use problem::*;
+pub use registration::*;
+pub use report::*;
+
+pub use crate::names::CONTROL_PLANE_POOL;
+pub use crate::units::{parse_duration, parse_percent};

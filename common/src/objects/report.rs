@@ -1,0 +1,75 @@
+//! What an agent reports about its machine and the coordinator keeps in
+//! `MachineStatus`: probe results, bootstrap progress, a failed command.
+//! The heartbeat (`crate::wire`) carries them; they live here because the
+//! `Machine` object holds them.
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+/// Health of one probed component.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum ProbeState {
+    #[default]
+    Unknown,
+    Healthy,
+    Unhealthy,
+}
+
+/// One probe's latest result.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Probe {
+    pub state: ProbeState,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// What the agent saw when it last probed its machine.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthReport {
+    /// kubelet `/healthz`.
+    pub kubelet: Probe,
+    /// API server `/readyz`, on control-plane machines only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server: Option<Probe>,
+    /// Free bytes on the file system holding the agent's root.
+    #[serde(default)]
+    pub disk_free_bytes: u64,
+}
+
+impl HealthReport {
+    /// Whether every probe that ran is healthy.
+    pub fn healthy(&self) -> bool {
+        self.kubelet.state == ProbeState::Healthy
+            && self
+                .api_server
+                .as_ref()
+                .is_none_or(|p| p.state == ProbeState::Healthy)
+    }
+}
+
+/// Where bootstrap stands, as the agent reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BootstrapReport {
+    /// The step in progress or last finished, e.g. `kubeadm-join`.
+    pub step: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<CommandFailure>,
+}
+
+/// A failed command, with enough to debug it without logging in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandFailure {
+    /// The command line as run.
+    pub command: String,
+    /// The exit code, absent when killed by a signal or not started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The last lines of its combined output.
+    pub output_tail: Vec<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+}

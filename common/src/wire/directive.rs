@@ -1,0 +1,41 @@
+//! Directives: what the coordinator asks an agent to do in a heartbeat's
+//! answer, and their results.
+
+use serde::{Deserialize, Serialize};
+
+use crate::token::BootstrapToken;
+
+/// Something the coordinator asks an agent to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Directive {
+    /// Unique; echoed in the result.
+    pub id: String,
+    pub action: DirectiveAction,
+}
+
+/// The actions a heartbeat reply can carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum DirectiveAction {
+    /// Register a kubeadm bootstrap token in the cluster
+    /// (`kubeadm token create TOKEN --ttl ...`), on a control-plane machine.
+    #[serde(rename_all = "camelCase")]
+    CreateBootstrapToken {
+        token: BootstrapToken,
+        ttl_seconds: u64,
+    },
+    /// Leave the cluster (`kubeadm reset -f`) and return to the pool.
+    #[serde(rename_all = "camelCase")]
+    Reset { reason: String },
+}
+
+/// The outcome of a directive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DirectiveResult {
+    pub id: String,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}

@@ -1,0 +1,193 @@
+//! The heartbeat: what an agent reports (bounded before the coordinator
+//! compares or stores it) and what the answer tells it (its assignment and
+//! directives).
+
+use serde::{Deserialize, Serialize};
+
+use super::directive::{Directive, DirectiveResult};
+pub use crate::objects::report::{
+    BootstrapReport, CommandFailure, HealthReport, Probe, ProbeState,
+};
+use crate::objects::MachineRole;
+
+/// What the agent is doing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum AgentPhase {
+    /// Registered and unassigned.
+    #[default]
+    Waiting,
+    Bootstrapping,
+    Running,
+    Failed,
+    Resetting,
+}
+
+/// `POST /v1/machine/heartbeat`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub phase: AgentPhase,
+    /// The assignment generation the agent has applied (0: none).
+    pub applied_generation: u64,
+    pub health: HealthReport,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapReport>,
+    /// Results of directives carried out since the last heartbeat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub directive_results: Vec<DirectiveResult>,
+}
+
+/// The bootstrap step an agent reports while and after running
+/// `kubeadm init`: from then on the init token it fetched is in use.
+pub const KUBEADM_INIT_STEP: &str = "kubeadm-init";
+
+/// The most characters of a reported message (probe messages, directive
+/// results, a failed command line) the coordinator keeps.
+pub const MAX_REPORTED_CHARS: usize = 1024;
+/// The most lines of a failed command's output tail the coordinator keeps
+/// (the last ones), and the most characters of each.
+pub const MAX_OUTPUT_TAIL_LINES: usize = 40;
+pub const MAX_OUTPUT_LINE_CHARS: usize = 512;
+/// The most characters of a bootstrap step or directive id.
+pub const MAX_REPORTED_ID_CHARS: usize = 64;
+/// The most directive results one heartbeat may carry.
+pub const MAX_DIRECTIVE_RESULTS: usize = 32;
+
+/// Cuts `s` to at most `max` characters (`max` > 40), ending it with how
+/// many bytes were cut. Returns whether it cut anything; cutting twice
+/// changes nothing more.
+pub fn truncate_reported(s: &mut String, max: usize) -> bool {
+    if s.char_indices().nth(max).is_none() {
+        return false;
+    }
+    // Room for the note, whose number has at most 20 digits.
+    let keep = max.saturating_sub(40);
+    let at = s.char_indices().nth(keep).map_or(s.len(), |(i, _)| i);
+    let cut = s.len() - at;
+    s.truncate(at);
+    s.push_str(&format!("… ({cut} bytes cut)"));
+    true
+}
+
+impl HeartbeatRequest {
+    /// Bounds every string and list a machine reports, so what the
+    /// coordinator stores and shows stays small whatever an agent (or
+    /// someone holding its certificate) sends: messages are cut to
+    /// [`MAX_REPORTED_CHARS`], an output tail keeps its last
+    /// [`MAX_OUTPUT_TAIL_LINES`] lines of at most [`MAX_OUTPUT_LINE_CHARS`],
+    /// and directive results beyond [`MAX_DIRECTIVE_RESULTS`] are dropped.
+    /// Returns whether anything was cut.
+    pub fn bound(&mut self) -> bool {
+        let mut cut = false;
+        cut |= truncate_reported(&mut self.health.kubelet.message, MAX_REPORTED_CHARS);
+        if let Some(a) = &mut self.health.api_server {
+            cut |= truncate_reported(&mut a.message, MAX_REPORTED_CHARS);
+        }
+        if let Some(b) = &mut self.bootstrap {
+            cut |= truncate_reported(&mut b.step, MAX_REPORTED_ID_CHARS);
+            if let Some(f) = &mut b.failure {
+                cut |= truncate_reported(&mut f.command, MAX_REPORTED_CHARS);
+                if f.output_tail.len() > MAX_OUTPUT_TAIL_LINES {
+                    f.output_tail
+                        .drain(..f.output_tail.len() - MAX_OUTPUT_TAIL_LINES);
+                    cut = true;
+                }
+                for line in &mut f.output_tail {
+                    cut |= truncate_reported(line, MAX_OUTPUT_LINE_CHARS);
+                }
+            }
+        }
+        if self.directive_results.len() > MAX_DIRECTIVE_RESULTS {
+            self.directive_results.truncate(MAX_DIRECTIVE_RESULTS);
+            cut = true;
+        }
+        for r in &mut self.directive_results {
+            cut |= truncate_reported(&mut r.id, MAX_REPORTED_ID_CHARS);
+            cut |= truncate_reported(&mut r.message, MAX_REPORTED_CHARS);
+        }
+        cut
+    }
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeartbeatResponse {
+    /// When to send the next heartbeat.
+    pub heartbeat_interval_seconds: u64,
+    /// The machine's current assignment, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment: Option<AssignmentNotice>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub directives: Vec<Directive>,
+}
+
+/// Tells an agent it belongs to a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AssignmentNotice {
+    pub cluster: String,
+    pub role: MachineRole,
+    pub generation: u64,
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use time::OffsetDateTime;
+
+    use super::*;
+
+    #[test]
+    fn reported_strings_are_bounded() {
+        let big = "x".repeat(1 << 20);
+        let mut hb = HeartbeatRequest {
+            health: HealthReport {
+                kubelet: Probe {
+                    state: ProbeState::Unhealthy,
+                    message: big.clone(),
+                },
+                api_server: Some(Probe {
+                    state: ProbeState::Unhealthy,
+                    message: "é".repeat(5000),
+                }),
+                disk_free_bytes: 0,
+            },
+            bootstrap: Some(BootstrapReport {
+                step: big.clone(),
+                failure: Some(CommandFailure {
+                    command: big.clone(),
+                    exit_code: Some(1),
+                    output_tail: (0..1000).map(|i| format!("{i} {big}")).collect(),
+                    at: OffsetDateTime::UNIX_EPOCH,
+                }),
+            }),
+            directive_results: (0..1000)
+                .map(|_| DirectiveResult {
+                    id: big.clone(),
+                    ok: true,
+                    message: big.clone(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert!(hb.bound());
+        let size = serde_json::to_vec(&hb).unwrap().len();
+        assert!(size < 200 * 1024, "{size} bytes after bounding");
+        assert!(hb.health.kubelet.message.chars().count() <= MAX_REPORTED_CHARS);
+        assert!(hb.health.kubelet.message.ends_with("bytes cut)"));
+        let f = hb.bootstrap.as_ref().unwrap().failure.as_ref().unwrap();
+        assert_eq!(f.output_tail.len(), MAX_OUTPUT_TAIL_LINES);
+        assert!(
+            f.output_tail[0].starts_with("960 "),
+            "the last lines are kept"
+        );
+        assert_eq!(hb.directive_results.len(), MAX_DIRECTIVE_RESULTS);
+        // Bounding twice changes nothing: a stored report compares equal.
+        let once = hb.clone();
+        assert!(!hb.bound());
+        assert_eq!(hb, once);
+        let mut small = HeartbeatRequest::default();
+        small.health.kubelet.message = "kubelet is not running".into();
+        assert!(!small.bound());
+    }
+}

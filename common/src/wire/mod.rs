@@ -1,0 +1,19 @@
+//! The machine protocol: what the agent and the coordinator say to each
+//! other.
+//!
+//! Every request and answer here is JSON over HTTPS. Registration is the only
+//! call without a client certificate; everything after it is mutual TLS with
+//! the certificate issued at registration, whose common name is the machine
+//! UID. The protocol may use the objects ([`crate::objects`]); the objects
+//! never use it.
+
+pub mod bootstrap;
+pub mod directive;
+pub mod heartbeat;
+pub mod register;
+pub mod ticket;
+
+pub use bootstrap::*;
+pub use directive::*;
+pub use heartbeat::*;
+pub use register::*;
