@@ -151,20 +151,6 @@ enum Known {
 /// to remove them). Each entry must still be present: when a restructure
 /// removes one, delete its entry here.
 const KNOWN_VIOLATIONS: &[Known] = &[
-    // ---- agent
-    Known::Cycle {
-        krate: "agent",
-        scope: "",
-        members: &["(root)", "simulate"],
-        reason: "issue 13: simulate.rs calls main.rs helpers (read_bootstrap, EXIT_USAGE); \
-                 the simulator becomes its own module folder over the shared protocol core",
-    },
-    Known::Cycle {
-        krate: "agent",
-        scope: "",
-        members: &["agent", "register"],
-        reason: "issue 13: agent.rs and register.rs import each other; agent.rs is split by concern",
-    },
     // ---- coordinator
     Known::Cycle {
         krate: "coordinator",
