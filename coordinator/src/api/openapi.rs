@@ -110,6 +110,7 @@ struct SecuritySchemes;
 impl Modify for SecuritySchemes {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         optional_kubeconfig_body(doc);
+        invalid_path_names_are_bad_requests(doc);
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             ADMIN_TOKEN,
@@ -164,6 +165,31 @@ fn optional_kubeconfig_body(doc: &mut utoipa::openapi::OpenApi) {
             .collect();
         if let [only] = not_null.as_slice() {
             content.schema = Some(only.clone());
+        }
+    }
+}
+
+/// Every operation with a name in its path refuses a name that is not a
+/// valid object name with 400 before anything else (issue 12): declared
+/// here once, so no route can forget it.
+fn invalid_path_names_are_bad_requests(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{Ref, RefOr};
+    for (path, item) in doc.paths.paths.iter_mut() {
+        if !path.contains('{') {
+            continue;
+        }
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for op in operations.into_iter().flatten() {
+            op.responses
+                .responses
+                .entry("400".to_owned())
+                .or_insert_with(|| RefOr::Ref(Ref::from_response_name("BadRequest")));
         }
     }
 }
