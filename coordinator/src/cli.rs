@@ -13,7 +13,34 @@ use drover_common::wire::ProbeState;
 use time::OffsetDateTime;
 
 use crate::client::{Client, ConnectArgs};
-use crate::Command;
+
+/// The operator commands: each talks to a coordinator through [`Client`].
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Create or update objects from a YAML file.
+    Apply(ApplyArgs),
+    /// List objects.
+    Get(GetArgs),
+    /// Show one object in detail.
+    Describe(DescribeArgs),
+    /// Delete an object.
+    Delete(DeleteArgs),
+    /// Print an admin kubeconfig for a cluster.
+    Kubeconfig(KubeconfigArgs),
+    /// Manage registration tokens for self-registering machines.
+    Token(TokenArgs),
+    /// Change the replica count of one pool of a cluster.
+    Scale(ScaleArgs),
+    /// Manage admin tokens (roles admin and viewer).
+    AdminToken(AdminTokenArgs),
+    /// Manage the keys that encrypt secrets at rest.
+    Keys(KeysArgs),
+    /// Show the audit log.
+    Audit(AuditArgs),
+    /// Revoke a machine's identity: every certificate of it is refused from
+    /// its next request on.
+    Revoke(RevokeArgs),
+}
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
@@ -218,7 +245,6 @@ fn api_path(segments: &[&str]) -> String {
 /// Runs one operator command.
 pub async fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
-        Command::Serve(_) => unreachable!("serve is handled by main"),
         Command::Apply(a) => apply(a).await,
         Command::Get(g) => get(g).await,
         Command::Describe(d) => describe(d).await,
@@ -431,17 +457,13 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
             emit(&list, g.output, tokens_table)
         }
         Resource::Coordinators => {
-            let list: Vec<crate::api::admin::CoordinatorEntry> =
-                client.get("/v1/coordinators").await?;
+            let list: Vec<crate::types::CoordinatorEntry> = client.get("/v1/coordinators").await?;
             emit(&list, g.output, coordinators_table)
         }
     }
 }
 
-fn coordinators_table(
-    list: &[crate::api::admin::CoordinatorEntry],
-    _wide: bool,
-) -> Vec<Vec<String>> {
+fn coordinators_table(list: &[crate::types::CoordinatorEntry], _wide: bool) -> Vec<Vec<String>> {
     let mut rows = vec![["ID", "ROLE", "URL", "VERSION", "AGE"]
         .map(String::from)
         .to_vec()];
@@ -613,7 +635,7 @@ pub fn health_summary(m: &Machine) -> String {
         .status
         .conditions
         .iter()
-        .find(|c| c.type_ == crate::health::ALIVE_CONDITION && c.status == "False")
+        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False")
     {
         return c.reason.clone();
     }
@@ -1079,7 +1101,7 @@ pub enum AdminTokenCommand {
 
 /// `drover admin-token ...`.
 pub async fn admin_token(cmd: AdminTokenCommand) -> anyhow::Result<()> {
-    use crate::api::security::{AdminTokenInfo, CreatedAdminToken};
+    use crate::types::{AdminTokenInfo, CreatedAdminToken};
     match cmd {
         AdminTokenCommand::Create { role, conn } => {
             let client = Client::connect(&conn)?;
@@ -1142,7 +1164,7 @@ pub enum KeysCommand {
 
 /// `drover keys ...`.
 pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
-    use crate::api::security::KeysInfo;
+    use crate::types::KeysInfo;
     match cmd {
         KeysCommand::List { conn } => {
             let info: KeysInfo = Client::connect(&conn)?.get("/v1/keys").await?;
@@ -1181,7 +1203,7 @@ pub struct AuditArgs {
 
 /// `drover audit`: who changed what, and when.
 pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
-    let list: Vec<crate::audit::AuditEntry> = Client::connect(&a.conn)?
+    let list: Vec<crate::types::AuditEntry> = Client::connect(&a.conn)?
         .get(&format!("/v1/audit?limit={}", a.limit))
         .await?;
     match a.output {

@@ -18,31 +18,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use crate::app::App;
 use crate::store::{Election, Fence};
-
-/// One coordinator replica, as announced to the others.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaInfo {
-    /// `host:port` of the replica's API.
-    pub id: String,
-    /// Its API's URL.
-    pub url: String,
-    pub version: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub started_at: OffsetDateTime,
-    /// The port the replica serves the API on at the gateway of every
-    /// Docker cluster network (its listen port); machines of docker
-    /// clusters reach it at `https://drover-coordinator:PORT`. Absent from
-    /// replicas that predate it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway_port: Option<u16>,
-}
+pub use crate::types::ReplicaInfo;
 
 /// What this replica is now.
 #[derive(Debug, Clone, PartialEq)]

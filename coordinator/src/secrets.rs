@@ -48,13 +48,7 @@ struct StoredTicketKey {
     key_b64: String,
 }
 
-/// A role an admin token grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum AdminRole {
-    Admin,
-    Viewer,
-}
+pub use crate::types::AdminRole;
 
 /// An admin token as stored: only its hash.
 #[derive(Debug, Clone, Serialize, Deserialize)]

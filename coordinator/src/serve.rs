@@ -8,9 +8,9 @@ use std::time::Duration;
 use drover_common::pin::CaPin;
 
 use crate::app::{App, Settings};
-use crate::client::ClientConfigFile;
 use crate::reconcile::LoopStatus;
 use crate::store::{EtcdOptions, EtcdTls, Location, Store, TlsFile};
+use crate::types::ClientConfigFile;
 
 /// Validated settings of `drover serve`, built before any socket is bound.
 #[derive(Debug, Clone)]

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::{Admin, ApiError};
 use crate::app::App;
 use crate::store::Kind;
+pub use crate::types::CoordinatorEntry;
 
 /// A `{name}` path segment that is a valid object name (a DNS-1123
 /// subdomain). Every route naming an object takes one, so a name such as
@@ -305,15 +306,6 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
         loops: vec![reconciler],
         connections: crate::server::connection_stats(),
     })
-}
-
-/// One coordinator replica and whether it leads.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CoordinatorEntry {
-    #[serde(flatten)]
-    pub replica: crate::leader::ReplicaInfo,
-    pub leader: bool,
 }
 
 /// `GET /v1/coordinators`: every coordinator replica sharing this store,

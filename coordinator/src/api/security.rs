@@ -11,31 +11,13 @@ use super::{Admin, ApiError, Body};
 use crate::app::App;
 use crate::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
 use crate::store::{Kind, StoreError};
+pub use crate::types::{AdminTokenInfo, CreatedAdminToken, KeysInfo};
 
 /// `POST /v1/admintokens`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateAdminToken {
     pub role: AdminRole,
-}
-
-/// An admin token as listed: never its secret.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AdminTokenInfo {
-    pub id: String,
-    pub role: AdminRole,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: time::OffsetDateTime,
-}
-
-/// The answer to a creation: the only time the secret is shown.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CreatedAdminToken {
-    pub id: String,
-    pub role: AdminRole,
-    pub token: String,
 }
 
 fn modify_tokens(
@@ -177,17 +159,6 @@ pub async fn revoke_admin_token(
     })?;
     tracing::info!(token = %id, by = %admin.token_id, "admin token revoked");
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The keyring's state.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct KeysInfo {
-    /// The key that encrypts, then older keys still accepted.
-    pub key_ids: Vec<String>,
-    /// Records re-encrypted by the rotation that produced this answer.
-    #[serde(default)]
-    pub resealed: usize,
 }
 
 /// `GET /v1/keys`: the ids of the keys that encrypt secrets at rest.

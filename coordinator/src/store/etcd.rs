@@ -194,7 +194,7 @@ impl EtcdTls {
                 let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
                     err(TlsFile::Key, key, format!("holds no PEM private key: {e}"))
                 })?;
-                rustls::ClientConfig::builder_with_provider(crate::server::provider())
+                rustls::ClientConfig::builder_with_provider(crate::tls::provider())
                     .with_safe_default_protocol_versions()
                     .expect("the provider supports TLS 1.2 and 1.3")
                     .with_root_certificates(roots)
