@@ -27,7 +27,7 @@ pub struct Settings {
     /// Period of the cluster reconcile loop when nothing wakes it earlier.
     pub reconcile_period: Duration,
     /// Health and remediation defaults; clusters may override them.
-    pub health_defaults: crate::health::Policy,
+    pub health_defaults: crate::domain::health::Policy,
 }
 
 /// A request to serve the API on one more address (a Docker network's
@@ -60,15 +60,15 @@ pub struct App {
     #[cfg(feature = "aws")]
     pub aws: Mutex<HashMap<String, crate::provider::aws::AwsProvider>>,
     /// Back-off of failed provider creates, per machine.
-    pub provision_retries: crate::provisioner::ProvisionRetries,
+    pub provision_retries: crate::reconcile::provisioner::ProvisionRetries,
     /// Asks the server to listen on more addresses.
     pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
     /// Who changed what, and when.
-    pub audit: crate::audit::AuditLog,
+    pub audit: crate::domain::audit::AuditLog,
     /// Commits pool registrations in batches.
-    pub registrar: crate::api::registrar::Registrar,
+    pub registrar: crate::domain::registrar::Registrar,
     /// Limits registrations per source address.
-    pub register_limiter: crate::ratelimit::RateLimiter,
+    pub register_limiter: crate::domain::ratelimit::RateLimiter,
     /// One key rotation at a time.
     pub rotation: Mutex<()>,
     /// What the cluster reconcile loop reports about itself.
@@ -364,11 +364,13 @@ impl App {
             use base64::Engine;
             base64::engine::general_purpose::STANDARD.encode([7u8; 32])
         };
-        let keyring = crate::keyring::Keyring::parse(&key, crate::keyring::KeySource::Env).unwrap();
+        let keyring =
+            crate::store::keyring::Keyring::parse(&key, crate::store::keyring::KeySource::Env)
+                .unwrap();
         let store = Store::open_sqlite(&dir.join("drover.db"))
             .unwrap()
             .with_keyring(Arc::new(RwLock::new(keyring)));
-        let secrets = crate::secrets::load_or_init(&store).unwrap();
+        let secrets = crate::domain::secrets::load_or_init(&store).unwrap();
         let ca_pin = CaPin::from_cert_pem(&secrets.ca.cert_pem).unwrap();
         let (listen_requests, _) = tokio::sync::mpsc::unbounded_channel();
         let me = crate::leader::ReplicaInfo {
@@ -380,7 +382,7 @@ impl App {
         };
         Arc::new(App {
             leadership: crate::leader::Leadership::sole(me),
-            registrar: crate::api::registrar::Registrar::start(store.clone()),
+            registrar: crate::domain::registrar::Registrar::start(store.clone()),
             store,
             ca: secrets.ca,
             ca_pin,
@@ -391,7 +393,7 @@ impl App {
                 machine_cert_ttl: Duration::from_secs(3600),
                 join_token_ttl: Duration::from_secs(1800),
                 reconcile_period: Duration::from_secs(1),
-                health_defaults: crate::health::Policy::defaults(Duration::from_secs(5)),
+                health_defaults: crate::domain::health::Policy::defaults(Duration::from_secs(5)),
             },
             liveness: Mutex::new(HashMap::new()),
             reconcile_now: Notify::new(),
@@ -400,8 +402,8 @@ impl App {
             aws: Default::default(),
             provision_retries: Default::default(),
             listen_requests,
-            audit: crate::audit::AuditLog::open(&dir.join("audit.log")).unwrap(),
-            register_limiter: crate::ratelimit::RateLimiter::new(100, 100),
+            audit: crate::domain::audit::AuditLog::open(&dir.join("audit.log")).unwrap(),
+            register_limiter: crate::domain::ratelimit::RateLimiter::new(100, 100),
             rotation: Mutex::new(()),
             reconciler: Default::default(),
         })

@@ -5,26 +5,16 @@
 /// Exit code for invalid configuration or flags (EX_USAGE).
 pub const EXIT_CONFIG: u8 = 64;
 
-pub mod api;
 pub mod app;
-pub mod audit;
-pub mod bootstrap;
 pub mod cli;
-pub mod client;
-pub mod health;
-pub mod jointokens;
-pub mod keyring;
-pub mod kubeconfig;
+pub mod domain;
+pub mod http;
 pub mod leader;
 pub mod memory;
 pub mod migrate;
 pub mod provider;
-pub mod provisioner;
-pub mod ratelimit;
 pub mod reconcile;
-pub mod secrets;
 pub mod serve;
-pub mod server;
 pub mod store;
 pub mod tls;
 pub mod types;

@@ -1,6 +1,8 @@
 //! `drover`: the coordinator (`drover serve`) and the operator CLI.
 
-use drover::{cli, client, migrate, serve, server, store, EXIT_CONFIG};
+use drover::cli::{self, client};
+use drover::http::server;
+use drover::{migrate, serve, store, EXIT_CONFIG};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

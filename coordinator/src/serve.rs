@@ -42,7 +42,7 @@ pub struct ServeConfig {
     /// How long a request body may take to arrive (`--request-body-timeout`).
     pub request_body_timeout: Duration,
     /// `--max-unauthenticated-connections` and `...-per-source`.
-    pub unauthenticated: crate::server::UnauthenticatedCaps,
+    pub unauthenticated: crate::http::server::UnauthenticatedCaps,
 }
 
 /// A configuration error: exit code 64.
@@ -119,7 +119,7 @@ impl ServeConfig {
                 caps.per_source, caps.total
             )));
         }
-        if std::env::var_os(crate::keyring::KEY_ENV).is_none() {
+        if std::env::var_os(crate::store::keyring::KEY_ENV).is_none() {
             check_key_file_mode(&self.key_file())?;
         }
         if self.leader_lease < Duration::from_secs(2) {
@@ -327,8 +327,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     prepare_data_dir(&cfg.data_dir)?;
     let store = open_store(&cfg)?;
     let store = open_sealed(store, &cfg)?;
-    let secrets =
-        crate::secrets::load_or_init(&store).context("cannot load the coordinator's keys")?;
+    let secrets = crate::domain::secrets::load_or_init(&store)
+        .context("cannot load the coordinator's keys")?;
     let ca_pin =
         CaPin::from_cert_pem(&secrets.ca.cert_pem).context("coordinator CA is unreadable")?;
     let ca_path = cfg.data_dir.join("ca.crt");
@@ -357,8 +357,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         }
     };
     // One for the process: every listener shares the caps.
-    let admission: &'static crate::server::Admission = Box::leak(Box::new(
-        crate::server::Admission::new(cfg.unauthenticated, open_files),
+    let admission: &'static crate::http::server::Admission = Box::leak(Box::new(
+        crate::http::server::Admission::new(cfg.unauthenticated, open_files),
     ));
     if admission.caps() != cfg.unauthenticated {
         tracing::warn!(
@@ -377,7 +377,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         cfg.advertise_urls.clone()
     };
     let (dns, ips) = sans(bound, &advertise_urls, &cfg.extra_sans);
-    let tls = crate::server::server_config(&secrets.ca, dns, ips)?;
+    let tls = crate::http::server::server_config(&secrets.ca, dns, ips)?;
 
     if let Some(token) = &secrets.first_admin_token {
         let file = ClientConfigFile {
@@ -418,7 +418,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     };
     let app = Arc::new(App {
         leadership,
-        registrar: crate::api::registrar::Registrar::start(store.clone()),
+        registrar: crate::domain::registrar::Registrar::start(store.clone()),
         store,
         ca: secrets.ca,
         ca_pin,
@@ -429,7 +429,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             machine_cert_ttl: cfg.machine_cert_ttl,
             join_token_ttl: cfg.join_token_ttl,
             reconcile_period: Duration::from_secs(2).min(cfg.heartbeat_interval),
-            health_defaults: crate::health::Policy::defaults(cfg.heartbeat_timeout),
+            health_defaults: crate::domain::health::Policy::defaults(cfg.heartbeat_timeout),
         },
         liveness: Mutex::new(Default::default()),
         reconcile_now: Default::default(),
@@ -438,14 +438,14 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         aws: Default::default(),
         provision_retries: Default::default(),
         listen_requests: listen_tx,
-        audit: crate::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(|source| {
-            StartupFileError {
+        audit: crate::domain::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(
+            |source| StartupFileError {
                 action: "open the audit log",
                 path: cfg.data_dir.join("audit.log"),
                 source,
-            }
-        })?,
-        register_limiter: crate::ratelimit::RateLimiter::new(
+            },
+        )?,
+        register_limiter: crate::domain::ratelimit::RateLimiter::new(
             cfg.registration_rate,
             cfg.registration_rate.saturating_mul(5),
         ),
@@ -471,24 +471,24 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             stop_tx.subscribe(),
         ))
     });
-    let sweeper = tokio::spawn(crate::provisioner::run_sweeper(
+    let sweeper = tokio::spawn(crate::reconcile::provisioner::run_sweeper(
         app.clone(),
         Duration::from_secs(15),
         stop_tx.subscribe(),
     ));
     // Machines of docker clusters made before this start, or by another
     // replica, reach this one only once it listens on their gateway.
-    let gateways = tokio::spawn(crate::provisioner::run_gateway_listeners(
+    let gateways = tokio::spawn(crate::reconcile::provisioner::run_gateway_listeners(
         app.clone(),
-        crate::provisioner::GATEWAY_CHECK_PERIOD,
+        crate::reconcile::provisioner::GATEWAY_CHECK_PERIOD,
         stop_tx.subscribe(),
     ));
     let trimmer = tokio::spawn(crate::memory::run_trimmer(
         crate::memory::TRIM_PERIOD,
         stop_tx.subscribe(),
     ));
-    let router = crate::api::router(app.clone());
-    let connections = crate::server::ConnectionPolicy {
+    let router = crate::http::router(app.clone());
+    let connections = crate::http::server::ConnectionPolicy {
         body_timeout: cfg.request_body_timeout,
         admission,
         drain: cfg.drain,
@@ -519,7 +519,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
                         tracing::info!(%addr, "also listening on a machine network");
                         listening.insert(req.ip);
                         let mut stop = stop.clone();
-                        servers.push(tokio::spawn(crate::server::run(
+                        servers.push(tokio::spawn(crate::http::server::run(
                             l,
                             tls.clone(),
                             router.clone(),
@@ -541,7 +541,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         })
     };
     tracing::info!(%bound, "coordinator serving");
-    crate::server::run(listener, tls, router, shutdown_signal(), connections).await;
+    crate::http::server::run(listener, tls, router, shutdown_signal(), connections).await;
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
     let _ = sweeper.await;
@@ -588,15 +588,16 @@ fn open_sealed(store: Store, cfg: &ServeConfig) -> anyhow::Result<Store> {
     use anyhow::Context;
     let first_start = !store.has_secrets()?;
     let key_file = cfg.key_file();
-    if !first_start && std::env::var(crate::keyring::KEY_ENV).is_err() && !key_file.exists() {
+    if !first_start && std::env::var(crate::store::keyring::KEY_ENV).is_err() && !key_file.exists()
+    {
         anyhow::bail!(
             "refusing to start: the store ({}) holds encrypted secrets but the encryption key file {} does not exist; start with the key this store was written with (--encryption-key-file or {})",
             store.describe(),
             key_file.display(),
-            crate::keyring::KEY_ENV
+            crate::store::keyring::KEY_ENV
         );
     }
-    let (keyring, created) = crate::keyring::Keyring::load(&key_file, first_start)
+    let (keyring, created) = crate::store::keyring::Keyring::load(&key_file, first_start)
         .context("refusing to start: cannot load the encryption key")?;
     if created {
         tracing::warn!(
@@ -711,7 +712,7 @@ mod tests {
             etcd_cert_file: None,
             etcd_key_file: None,
             request_body_timeout: Duration::from_secs(30),
-            unauthenticated: crate::server::UnauthenticatedCaps {
+            unauthenticated: crate::http::server::UnauthenticatedCaps {
                 per_source: 256,
                 total: 4096,
             },

@@ -22,6 +22,7 @@ use tokio::sync::broadcast;
 
 mod cache;
 mod etcd;
+pub mod keyring;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_etcd;
@@ -129,7 +130,7 @@ pub enum StoreError {
     #[error("write refused: this coordinator's leadership term {term} has ended ({detail}); the new leader makes this change")]
     Fenced { term: u64, detail: String },
     #[error(transparent)]
-    Sealed(#[from] crate::keyring::KeyError),
+    Sealed(#[from] crate::store::keyring::KeyError),
 }
 
 /// A committed change, broadcast to watchers. With SQLite, the writes of
@@ -308,7 +309,7 @@ pub struct Store {
     /// The last known copy of every object of a kind not sealed at rest.
     cache: Arc<cache::ReadCache>,
     /// Seals secret kinds at rest; `None` only in tests of the store itself.
-    keyring: Option<Arc<RwLock<crate::keyring::Keyring>>>,
+    keyring: Option<Arc<RwLock<crate::store::keyring::Keyring>>>,
     /// Leader election, on a store several replicas share (etcd).
     election: Option<etcd::Election>,
     /// The exclusive lock of a SQLite database being served.
@@ -398,13 +399,13 @@ impl Store {
     }
 
     /// Encrypts secret kinds with `keyring` from now on.
-    pub fn with_keyring(mut self, keyring: Arc<RwLock<crate::keyring::Keyring>>) -> Self {
+    pub fn with_keyring(mut self, keyring: Arc<RwLock<crate::store::keyring::Keyring>>) -> Self {
         self.keyring = Some(keyring);
         self
     }
 
     /// The keyring, if the store encrypts.
-    pub fn keyring(&self) -> Option<&Arc<RwLock<crate::keyring::Keyring>>> {
+    pub fn keyring(&self) -> Option<&Arc<RwLock<crate::store::keyring::Keyring>>> {
         self.keyring.as_ref()
     }
 
@@ -499,7 +500,7 @@ impl Store {
                     .expect("keyring lock")
                     .primary_id()
                     .to_owned();
-                let sealed_with = crate::keyring::Keyring::sealed_with(&r.body);
+                let sealed_with = crate::store::keyring::Keyring::sealed_with(&r.body);
                 let opened = self.open(kind, r.clone())?;
                 if sealed_with.as_deref() != Some(primary.as_str()) {
                     todo.push((kind, opened));
@@ -1075,8 +1076,8 @@ mod tests {
         assert!(s.create_json(Kind::Secret, "k2", &"v").unwrap() > rev);
     }
 
-    fn ring(k: &str) -> Arc<RwLock<crate::keyring::Keyring>> {
-        use crate::keyring::{KeySource, Keyring};
+    fn ring(k: &str) -> Arc<RwLock<crate::store::keyring::Keyring>> {
+        use crate::store::keyring::{KeySource, Keyring};
         Arc::new(RwLock::new(Keyring::parse(k, KeySource::Env).unwrap()))
     }
 

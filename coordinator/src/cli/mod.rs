@@ -1,5 +1,7 @@
 //! The operator commands: apply, get, describe, delete, kubeconfig, token.
 
+pub mod client;
+
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use drover_common::api::{
 use drover_common::wire::ProbeState;
 use time::OffsetDateTime;
 
-use crate::client::{Client, ConnectArgs};
+use crate::cli::client::{Client, ConnectArgs};
 
 /// The operator commands: each talks to a coordinator through [`Client`].
 #[derive(Debug, clap::Subcommand)]
@@ -239,7 +241,7 @@ fn object_name(s: &str) -> Result<String, String> {
 
 /// An API path from its segments, each percent-encoded.
 fn api_path(segments: &[&str]) -> String {
-    crate::client::path(segments)
+    crate::cli::client::path(segments)
 }
 
 /// Runs one operator command.

@@ -953,10 +953,10 @@ mod tests {
             .route(
                 "/echo",
                 axum::routing::post(
-                    |crate::api::RawBody(body): crate::api::RawBody| async move { body },
+                    |crate::http::RawBody(body): crate::http::RawBody| async move { body },
                 ),
             )
-            .layer(axum::middleware::from_fn(crate::api::close_if_body_unread));
+            .layer(axum::middleware::from_fn(crate::http::close_if_body_unread));
         let admission: &'static Admission = Box::leak(Box::new(Admission::new(caps, None)));
         let policy = ConnectionPolicy {
             body_timeout,

@@ -6,11 +6,11 @@ use drover_common::bundle::{BundleFile, ConfigBundle, SignedBundle};
 use drover_common::kubeadm::{self, ClusterParams, NodeParams, CERTIFICATES_DIR};
 use drover_common::pin::CaPin;
 
-use crate::api::machine::{join_token_for, not_ready};
-use crate::api::ApiError;
 use crate::app::App;
-use crate::jointokens::ClusterJoinTokens;
-use crate::secrets::ClusterPki;
+use crate::domain::jointokens::ClusterJoinTokens;
+use crate::domain::secrets::ClusterPki;
+use crate::http::machine::{join_token_for, not_ready};
+use crate::http::ApiError;
 use crate::store::{Kind, StoreError};
 
 /// Where the agent writes the kubeadm config, inside the machine's root.

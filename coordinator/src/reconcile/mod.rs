@@ -3,6 +3,8 @@
 //! function) and applies them (the executor). It never sees events, only
 //! objects, so running it twice changes nothing the second time.
 
+pub mod provisioner;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,11 +17,11 @@ use drover_common::api::{
 use time::OffsetDateTime;
 
 use crate::app::App;
-use crate::health::{
+use crate::domain::health::{
     check, decide, is_late, quorum, Decision, Policy, PoolHealth, Unhealthy, ALIVE_CONDITION,
 };
+use crate::domain::secrets::{cluster_pki_name, ClusterPki};
 use crate::provider::InstanceState;
-use crate::secrets::{cluster_pki_name, ClusterPki};
 use crate::store::{Kind, StoreError};
 
 /// How long deleted machines stay visible for `describe`.
@@ -699,7 +701,10 @@ fn finish_status(
     } else if is_degraded {
         (
             "MachinesUnhealthy",
-            crate::health::bounded_list(degraded.iter().map(|(_, d)| d.clone()).collect(), "; "),
+            crate::domain::health::bounded_list(
+                degraded.iter().map(|(_, d)| d.clone()).collect(),
+                "; ",
+            ),
         )
     } else {
         ("Provisioning", String::new())
@@ -827,7 +832,7 @@ fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
                 "Stopped",
                 "its provider reports it stopped".to_string(),
             )
-        } else if crate::health::silence(
+        } else if crate::domain::health::silence(
             m,
             observed.now,
             (observed.last_seen)(&m.metadata.name),
@@ -1069,7 +1074,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             }
         }
         Step::Provision { machine } => {
-            crate::provisioner::provision(app, cluster, machine).await?;
+            crate::reconcile::provisioner::provision(app, cluster, machine).await?;
         }
         Step::DeleteMachine {
             machine,
@@ -1098,10 +1103,10 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 Ok(true)
             })?;
             tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started");
-            crate::provisioner::destroy(app, cluster, machine).await?;
+            crate::reconcile::provisioner::destroy(app, cluster, machine).await?;
         }
         Step::Destroy { machine } => {
-            crate::provisioner::destroy(app, cluster, machine).await?;
+            crate::reconcile::provisioner::destroy(app, cluster, machine).await?;
         }
         Step::SetAlive {
             machine,
@@ -1151,7 +1156,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
         }
         Step::Finalize => {
             if cluster.spec.provider.creates_machines() {
-                crate::provisioner::delete_cluster_resources(app, cluster).await?;
+                crate::reconcile::provisioner::delete_cluster_resources(app, cluster).await?;
             }
             // Tombstones of the cluster's machines go with it.
             for m in app.machines()? {
@@ -1293,7 +1298,7 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
         Err(e) => return vec![format!("cannot list clusters: {e}")],
     };
     // What providers report, once per pass.
-    let (instances, provider_errors) = crate::provisioner::observe(app, &clusters).await;
+    let (instances, provider_errors) = crate::reconcile::provisioner::observe(app, &clusters).await;
     errors.extend(
         provider_errors
             .into_iter()

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Admin, ApiError, Body};
 use crate::app::App;
-use crate::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
+use crate::domain::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
 use crate::store::{Kind, StoreError};
 pub use crate::types::{AdminTokenInfo, CreatedAdminToken, KeysInfo};
 
@@ -220,7 +220,7 @@ pub async fn rotate_keys(
         let previous = {
             let mut r = ring.write().expect("keyring lock");
             let previous = r.clone();
-            r.push_primary(crate::keyring::Key::generate());
+            r.push_primary(crate::store::keyring::Key::generate());
             if let Err(e) = r.save() {
                 *r = previous;
                 return Err(ApiError::conflict(e.to_string()));
@@ -277,7 +277,7 @@ fn default_limit() -> usize {
     security(("adminToken" = [])),
     params(AuditQuery),
     responses(
-        (status = 200, description = "The last `limit` audit entries (at most 10000).", body = Vec<crate::audit::AuditEntry>),
+        (status = 200, description = "The last `limit` audit entries (at most 10000).", body = Vec<crate::domain::audit::AuditEntry>),
         (status = 400, response = super::openapi::BadRequest),
         (status = 401, response = super::openapi::Unauthorized),
         (status = 403, response = super::openapi::Forbidden),
@@ -287,7 +287,7 @@ pub async fn read_audit(
     State(app): State<Arc<App>>,
     admin: Admin,
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Vec<crate::audit::AuditEntry>>, ApiError> {
+) -> Result<Json<Vec<crate::domain::audit::AuditEntry>>, ApiError> {
     admin.require_write()?;
     // A malformed query is refused with a problem document, like every other.
     let Query(q) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;

@@ -23,8 +23,8 @@ use rand::Rng;
 
 use super::{ApiError, Body};
 use crate::app::App;
-use crate::jointokens::{directive_id, ClusterJoinTokens, JoinTokenDecision};
-use crate::server::PeerCertificate;
+use crate::domain::jointokens::{directive_id, ClusterJoinTokens, JoinTokenDecision};
+use crate::http::server::PeerCertificate;
 use crate::store::{Kind, StoreError};
 
 /// The organization every machine certificate carries.
@@ -166,7 +166,7 @@ pub async fn register(
     // Redeeming the token and creating the machine commit together, in a
     // batch with the registrations arriving meanwhile (see `registrar.rs`).
     app.registrar
-        .register(super::registrar::PoolRegistration {
+        .register(crate::domain::registrar::PoolRegistration {
             token_id: token_id.clone(),
             machine,
             now,
@@ -234,16 +234,20 @@ async fn register_created_machine(
             "cluster {cluster} no longer exists; the ticket of machine {machine} died with it"
         ))
     })?;
-    if let Err(e) =
-        crate::provisioner::verify_instance(app, &owner, &current, req.facts.instance_id.as_deref())
-            .await
+    if let Err(e) = crate::reconcile::provisioner::verify_instance(
+        app,
+        &owner,
+        &current,
+        req.facts.instance_id.as_deref(),
+    )
+    .await
     {
         return Err(match e {
-            crate::provisioner::InstanceCheckError::Refused(why) => {
+            crate::reconcile::provisioner::InstanceCheckError::Refused(why) => {
                 tracing::warn!(machine, cluster, instance = ?req.facts.instance_id, reason = %why, "registration from the wrong instance refused");
                 ApiError::forbidden(why)
             }
-            crate::provisioner::InstanceCheckError::Unavailable(why) => {
+            crate::reconcile::provisioner::InstanceCheckError::Unavailable(why) => {
                 let mut e = ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "Instance check unavailable",
@@ -617,7 +621,7 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
         let (healthy, reason, message) = health_verdict(&hb.health);
         set_condition(
             &mut m.status.conditions,
-            crate::health::HEALTHY_CONDITION,
+            crate::domain::health::HEALTHY_CONDITION,
             healthy,
             reason,
             &message,
@@ -762,7 +766,7 @@ pub async fn config(
     // Reads secrets and signs: off the async workers.
     crate::store::blocking(move || {
         let machine = authenticate(&app, &peer)?;
-        crate::bootstrap::bundle_for(&app, &machine)
+        crate::domain::bootstrap::bundle_for(&app, &machine)
     })
     .await
     .map(Json)
@@ -1067,7 +1071,7 @@ mod tests {
         record_heartbeat(&app, worker, &result(&format!("token-{id}")), now).unwrap();
         assert_eq!(
             tokens(&app).tokens[0].state,
-            crate::jointokens::TokenState::Pending
+            crate::domain::jointokens::TokenState::Pending
         );
         assert!(join_token_for(&app, "c", "u").is_err(), "a joiner waits");
         // The registrar is asked, and its result activates the token.
@@ -1077,7 +1081,7 @@ mod tests {
         record_heartbeat(&app, cp, &result(&format!("token-{id}")), now).unwrap();
         assert_eq!(
             tokens(&app).tokens[0].state,
-            crate::jointokens::TokenState::Active
+            crate::domain::jointokens::TokenState::Active
         );
         assert_eq!(join_token_for(&app, "c", "u").unwrap(), minted.token);
     }

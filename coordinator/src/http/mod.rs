@@ -4,8 +4,8 @@
 pub mod admin;
 pub mod machine;
 pub mod openapi;
-pub mod registrar;
 pub mod security;
+pub mod server;
 
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use axum::Router;
 use drover_common::api::{FieldError, Problem};
 
 use crate::app::App;
-use crate::secrets::{hash_token, AdminRole, AdminTokens, ADMIN_TOKENS};
+use crate::domain::secrets::{hash_token, AdminRole, AdminTokens, ADMIN_TOKENS};
 use crate::store::{Kind, StoreError};
 
 /// The largest request body accepted, in bytes.
@@ -314,7 +314,7 @@ pub async fn audit(
         let method = req.method().clone();
         let peer = req
             .extensions()
-            .get::<crate::server::PeerCertificate>()
+            .get::<crate::http::server::PeerCertificate>()
             .cloned();
         let source = req
             .extensions()
@@ -329,7 +329,7 @@ pub async fn audit(
             .as_ref()
             .and_then(|p| p.common_name())
             .map_or_else(|| "anonymous".to_owned(), |cn| format!("machine:{cn}"));
-        app.audit.record(crate::audit::AuditEntry {
+        app.audit.record(crate::domain::audit::AuditEntry {
             time: drover_common::now(),
             actor,
             source,
@@ -361,7 +361,7 @@ pub async fn audit(
         }
     } else if let Some(cn) = req
         .extensions()
-        .get::<crate::server::PeerCertificate>()
+        .get::<crate::http::server::PeerCertificate>()
         .and_then(|p| p.common_name().map(str::to_owned))
     {
         format!("machine:{cn}")
@@ -377,7 +377,7 @@ pub async fn audit(
         },
         _ => next.run(req).await,
     };
-    app.audit.record(crate::audit::AuditEntry {
+    app.audit.record(crate::domain::audit::AuditEntry {
         time: drover_common::now(),
         actor,
         source,
@@ -491,11 +491,11 @@ impl hyper::body::Body for ReadToEnd {
 }
 
 /// A 408 when a body extractor failed because the body did not arrive
-/// in time (see [`crate::server::BodyTimedOut`]).
+/// in time (see [`crate::http::server::BodyTimedOut`]).
 fn timed_out(rejection: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
     let mut cause = Some(rejection);
     while let Some(e) = cause {
-        if let Some(t) = e.downcast_ref::<crate::server::BodyTimedOut>() {
+        if let Some(t) = e.downcast_ref::<crate::http::server::BodyTimedOut>() {
             return Some(ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "Request body timed out",

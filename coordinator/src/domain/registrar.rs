@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use drover_common::api::{Machine, RegistrationToken};
 use tokio::sync::{mpsc, oneshot};
 
-use super::ApiError;
+use crate::http::ApiError;
 use crate::store::{encode, Fence, Kind, Op, Store, StoreError};
 
 /// The most registrations one transaction commits. etcd allows 128

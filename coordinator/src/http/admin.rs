@@ -282,7 +282,7 @@ pub struct CoordinatorStatus {
     /// Its background loops.
     pub loops: Vec<crate::reconcile::LoopStatus>,
     /// Its API server's connections and TLS handshakes.
-    pub connections: crate::server::ConnectionStats,
+    pub connections: crate::http::server::ConnectionStats,
 }
 
 /// `GET /v1/status`: the coordinator's version and its background loops.
@@ -304,7 +304,7 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
         leader: matches!(app.leadership.role(), crate::leader::Role::Leader { .. }),
         leader_url: app.leadership.leader_url(),
         loops: vec![reconciler],
-        connections: crate::server::connection_stats(),
+        connections: crate::http::server::connection_stats(),
     })
 }
 
@@ -702,9 +702,14 @@ pub async fn kubeconfig(
             "cluster {name} has no PKI yet; wait for the reconciler"
         ))
     })?;
-    let kc =
-        crate::kubeconfig::admin_kubeconfig(&name, &endpoint, &pki.ca.ca(), ttl, &admin.token_id)
-            .map_err(ApiError::internal)?;
+    let kc = crate::domain::kubeconfig::admin_kubeconfig(
+        &name,
+        &endpoint,
+        &pki.ca.ca(),
+        ttl,
+        &admin.token_id,
+    )
+    .map_err(ApiError::internal)?;
     tracing::info!(cluster = %name, by = %admin.token_id, ttl, "admin kubeconfig issued");
     Ok(Json(kc))
 }
