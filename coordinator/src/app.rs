@@ -12,6 +12,7 @@ use drover_common::ticket::TicketKey;
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 
+pub use crate::domain::liveness::Liveness;
 use crate::store::{Kind, Store, StoreError};
 
 /// Settings of a running coordinator.
@@ -37,13 +38,6 @@ pub struct ListenRequest {
     pub reply: tokio::sync::oneshot::Sender<Result<u16, String>>,
 }
 
-/// What the coordinator remembers of a machine between heartbeats without
-/// writing it: a heartbeat that changes nothing costs no durable write.
-#[derive(Debug, Clone, Copy)]
-pub struct Liveness {
-    pub last_seen: OffsetDateTime,
-}
-
 /// State shared by the API handlers and the background tasks.
 pub struct App {
     pub store: Store,
@@ -60,7 +54,7 @@ pub struct App {
     #[cfg(feature = "aws")]
     pub aws: Mutex<HashMap<String, crate::provider::aws::AwsProvider>>,
     /// Back-off of failed provider creates, per machine.
-    pub provision_retries: crate::reconcile::provisioner::ProvisionRetries,
+    pub provision_retries: crate::reconcile::retries::ProvisionRetries,
     /// Asks the server to listen on more addresses.
     pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
     /// Who changed what, and when.
@@ -72,9 +66,9 @@ pub struct App {
     /// One key rotation at a time.
     pub rotation: Mutex<()>,
     /// What the cluster reconcile loop reports about itself.
-    pub reconciler: std::sync::Arc<Mutex<crate::reconcile::LoopStatus>>,
+    pub reconciler: std::sync::Arc<Mutex<crate::reconcile::status::LoopStatus>>,
     /// This replica and whether it leads.
-    pub leadership: crate::leader::Leadership,
+    pub leadership: crate::domain::leadership::Leadership,
 }
 
 impl App {
@@ -373,7 +367,7 @@ impl App {
         let secrets = crate::domain::secrets::load_or_init(&store).unwrap();
         let ca_pin = CaPin::from_cert_pem(&secrets.ca.cert_pem).unwrap();
         let (listen_requests, _) = tokio::sync::mpsc::unbounded_channel();
-        let me = crate::leader::ReplicaInfo {
+        let me = crate::types::ReplicaInfo {
             id: "127.0.0.1:1".into(),
             url: "https://127.0.0.1:1".into(),
             version: "test".into(),
@@ -381,7 +375,7 @@ impl App {
             gateway_port: None,
         };
         Arc::new(App {
-            leadership: crate::leader::Leadership::sole(me),
+            leadership: crate::domain::leadership::Leadership::sole(me),
             registrar: crate::domain::registrar::Registrar::start(store.clone()),
             store,
             ca: secrets.ca,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use drover_common::pin::CaPin;
 
 use crate::app::{App, Settings};
-use crate::reconcile::LoopStatus;
+use crate::reconcile::status::LoopStatus;
 use crate::store::{EtcdOptions, EtcdTls, Location, Store, TlsFile};
 use crate::types::ClientConfigFile;
 
@@ -405,7 +405,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
 
     let (listen_tx, mut listen_rx) =
         tokio::sync::mpsc::unbounded_channel::<crate::app::ListenRequest>();
-    let me = crate::leader::ReplicaInfo {
+    let me = crate::types::ReplicaInfo {
         id: default_url(bound).trim_start_matches("https://").to_owned(),
         url: default_url(bound),
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -413,8 +413,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         gateway_port: Some(bound.port()),
     };
     let leadership = match store.election() {
-        Some(_) => crate::leader::Leadership::follower(me),
-        None => crate::leader::Leadership::sole(me),
+        Some(_) => crate::domain::leadership::Leadership::follower(me),
+        None => crate::domain::leadership::Leadership::sole(me),
     };
     let app = Arc::new(App {
         leadership,

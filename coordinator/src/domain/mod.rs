@@ -7,6 +7,8 @@ pub mod bootstrap;
 pub mod health;
 pub mod jointokens;
 pub mod kubeconfig;
+pub mod leadership;
+pub mod liveness;
 pub mod ratelimit;
 pub mod registrar;
 pub mod secrets;

@@ -273,14 +273,14 @@ pub struct CoordinatorStatus {
     /// The coordinator's version.
     pub version: String,
     /// This replica.
-    pub replica: crate::leader::ReplicaInfo,
+    pub replica: crate::types::ReplicaInfo,
     /// Whether this replica leads (runs the loops, answers machines).
     pub leader: bool,
     /// The leader's URL, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_url: Option<String>,
     /// Its background loops.
-    pub loops: Vec<crate::reconcile::LoopStatus>,
+    pub loops: Vec<crate::reconcile::status::LoopStatus>,
     /// Its API server's connections and TLS handshakes.
     pub connections: crate::http::server::ConnectionStats,
 }
@@ -301,7 +301,10 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
     Json(CoordinatorStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         replica: app.leadership.me.clone(),
-        leader: matches!(app.leadership.role(), crate::leader::Role::Leader { .. }),
+        leader: matches!(
+            app.leadership.role(),
+            crate::domain::leadership::Role::Leader { .. }
+        ),
         leader_url: app.leadership.leader_url(),
         loops: vec![reconciler],
         connections: crate::http::server::connection_stats(),
@@ -697,7 +700,7 @@ pub async fn kubeconfig(
             "cluster {name} has no control-plane endpoint yet; wait until its first control-plane machine is assigned"
         ))
     })?;
-    let pki = crate::reconcile::load_pki(&app, &cluster)?.ok_or_else(|| {
+    let pki = crate::domain::secrets::load_pki(&app.store, &cluster)?.ok_or_else(|| {
         ApiError::conflict(format!(
             "cluster {name} has no PKI yet; wait for the reconciler"
         ))

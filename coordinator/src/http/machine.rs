@@ -23,7 +23,7 @@ use rand::Rng;
 
 use super::{ApiError, Body};
 use crate::app::App;
-use crate::domain::jointokens::{directive_id, ClusterJoinTokens, JoinTokenDecision};
+use crate::domain::jointokens::{directive_id, ClusterJoinTokens};
 use crate::http::server::PeerCertificate;
 use crate::store::{Kind, StoreError};
 
@@ -667,30 +667,6 @@ fn health_verdict(h: &drover_common::wire::HealthReport) -> (bool, &'static str,
     (true, "Healthy", String::new())
 }
 
-/// The control-plane machine that registers a cluster's new join tokens:
-/// the init machine while it runs, else the first running control-plane
-/// machine by name. Only it is sent a token's directive, and only its
-/// result activates the token.
-fn token_registrar(app: &App, cluster_uid: &str) -> Result<Option<Machine>, StoreError> {
-    let mut candidates: Vec<Machine> =
-        app.machines()?
-            .into_iter()
-            .filter(|o| {
-                o.status.phase == MachinePhase::Running
-                    && o.spec.assignment.as_ref().is_some_and(|oa| {
-                        oa.cluster_uid == cluster_uid && oa.role.is_control_plane()
-                    })
-            })
-            .collect();
-    candidates.sort_by_key(|o| {
-        (
-            o.spec.assignment.as_ref().map(|a| a.role) != Some(MachineRole::Init),
-            o.metadata.name.clone(),
-        )
-    });
-    Ok(candidates.into_iter().next())
-}
-
 /// Activates the join tokens machine `by` (a UID) reports registered.
 /// A result for a token that was not sent to `by` changes nothing.
 fn activate_tokens(
@@ -766,113 +742,10 @@ pub async fn config(
     // Reads secrets and signs: off the async workers.
     crate::store::blocking(move || {
         let machine = authenticate(&app, &peer)?;
-        crate::domain::bootstrap::bundle_for(&app, &machine)
+        crate::domain::bootstrap::bundle_for(&app, &machine).map_err(ApiError::from)
     })
     .await
     .map(Json)
-}
-
-/// Builds the "not yet" answer for a machine that must wait.
-pub fn not_ready(app: &App, reason: String) -> ApiError {
-    let retry = app.settings.heartbeat_interval.as_secs().clamp(1, 5);
-    let mut e = ApiError::new(StatusCode::CONFLICT, "Config not ready", reason.clone());
-    tracing::debug!(%reason, "config not ready");
-    e.not_ready = Some(Box::new(ConfigNotReady {
-        reason,
-        retry_after_seconds: retry,
-    }));
-    e
-}
-
-/// Mints a join token or reports why a joiner waits.
-pub fn join_token_for(
-    app: &App,
-    cluster: &str,
-    cluster_uid: &str,
-) -> Result<drover_common::token::BootstrapToken, ApiError> {
-    let now = drover_common::now();
-    let ttl = time::Duration::try_from(app.settings.join_token_ttl)
-        .unwrap_or(time::Duration::minutes(30));
-    for _ in 0..16 {
-        let existing = app
-            .store
-            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, cluster)?;
-        let (mut tokens, rev) = match existing {
-            Some((t, rev)) if t.cluster_uid == cluster_uid => (t, Some(rev)),
-            Some((_, rev)) => (
-                ClusterJoinTokens {
-                    cluster_uid: cluster_uid.to_owned(),
-                    tokens: vec![],
-                },
-                Some(rev),
-            ),
-            None => (
-                ClusterJoinTokens {
-                    cluster_uid: cluster_uid.to_owned(),
-                    tokens: vec![],
-                },
-                None,
-            ),
-        };
-        let pruned = tokens.prune(now);
-        let registrar = token_registrar(app, cluster_uid)?.and_then(|m| m.metadata.uid);
-        // The reasons name no token and no other machine: a joiner learns
-        // only that it waits.
-        let waiting = || {
-            not_ready(
-                app,
-                format!("waiting for a control-plane machine of cluster {cluster} to register a join token"),
-            )
-        };
-        match tokens.decide(now, ttl, registrar.as_deref()) {
-            JoinTokenDecision::Use(t) => {
-                if pruned {
-                    let _ = store_tokens(app, cluster, &tokens, rev);
-                }
-                return Ok(t);
-            }
-            JoinTokenDecision::Wait => {
-                if pruned {
-                    let _ = store_tokens(app, cluster, &tokens, rev);
-                }
-                return Err(waiting());
-            }
-            JoinTokenDecision::Mint(t) => {
-                let id = t.token.id().to_owned();
-                let registrar = t.registrar.clone().unwrap_or_default();
-                tokens.tokens.push(t);
-                match store_tokens(app, cluster, &tokens, rev) {
-                    Ok(()) => {
-                        tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
-                        return Err(waiting());
-                    }
-                    Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
-                        continue
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    }
-    Err(ApiError::internal("join tokens kept changing"))
-}
-
-fn store_tokens(
-    app: &App,
-    cluster: &str,
-    tokens: &ClusterJoinTokens,
-    rev: Option<u64>,
-) -> Result<(), StoreError> {
-    match rev {
-        Some(rev) => app
-            .store
-            .update_json(Kind::JoinTokens, cluster, tokens, Some(rev))
-            .map(|_| ()),
-        None => app
-            .store
-            .create_json(Kind::JoinTokens, cluster, tokens)
-            .map(|_| ()),
-    }
 }
 
 /// `POST /v1/machine/certificate`: a fresh client certificate for a new key.
@@ -972,6 +845,7 @@ pub async fn renew(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::bootstrap::join_token_for;
     use drover_common::api::Assignment;
     use drover_common::wire::HealthReport;
 
@@ -1047,7 +921,7 @@ mod tests {
         let cp = member(&app, "cp", MachineRole::Init);
         let worker = member(&app, "worker", MachineRole::Worker);
         // A joiner asks: a token is minted for the registrar, the init machine.
-        let e = join_token_for(&app, "c", "u").unwrap_err();
+        let e = ApiError::from(join_token_for(&app, "c", "u").unwrap_err());
         let reason = e
             .not_ready
             .as_ref()

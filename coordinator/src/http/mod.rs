@@ -177,6 +177,44 @@ impl ApiError {
     }
 }
 
+impl From<crate::domain::bootstrap::BootstrapError> for ApiError {
+    fn from(e: crate::domain::bootstrap::BootstrapError) -> Self {
+        use crate::domain::bootstrap::BootstrapError;
+        match e {
+            BootstrapError::NotFound { kind, name } => ApiError::not_found(kind, &name),
+            BootstrapError::Conflict(detail) => ApiError::conflict(detail),
+            BootstrapError::NotReady {
+                reason,
+                retry_after_seconds,
+            } => {
+                let mut e = ApiError::new(StatusCode::CONFLICT, "Config not ready", reason.clone());
+                e.not_ready = Some(Box::new(drover_common::wire::ConfigNotReady {
+                    reason,
+                    retry_after_seconds,
+                }));
+                e
+            }
+            BootstrapError::Store(e) => e.into(),
+            BootstrapError::Internal(detail) => ApiError::internal(detail),
+        }
+    }
+}
+
+impl From<crate::domain::registrar::RegistrationError> for ApiError {
+    fn from(e: crate::domain::registrar::RegistrationError) -> Self {
+        use crate::domain::registrar::RegistrationError;
+        match e {
+            RegistrationError::Unauthorized(detail) => ApiError::unauthorized(detail),
+            RegistrationError::UsedUp(detail) => ApiError::conflict(detail),
+            RegistrationError::NameTaken { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "Name taken", e.to_string())
+            }
+            RegistrationError::Store(e) => e.into(),
+            RegistrationError::Internal(detail) => ApiError::internal(detail),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match &e {

@@ -3,7 +3,14 @@
 //! function) and applies them (the executor). It never sees events, only
 //! objects, so running it twice changes nothing the second time.
 
+pub mod error;
 pub mod provisioner;
+pub mod retries;
+pub mod status;
+
+pub use error::ReconcileError;
+pub use retries::ProvisionRetries;
+pub use status::LoopStatus;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -885,30 +892,6 @@ fn endpoint_for(cluster: &Cluster, init: &Machine) -> String {
     format!("{host}:{}", init.status.api_server_port)
 }
 
-/// Loads a cluster's PKI if it exists and belongs to this incarnation.
-pub fn load_pki(app: &App, cluster: &Cluster) -> Result<Option<ClusterPki>, StoreError> {
-    let uid = cluster.metadata.uid.as_deref().unwrap_or_default();
-    Ok(app
-        .store
-        .get_json::<ClusterPki>(Kind::Secret, &cluster_pki_name(&cluster.metadata.name))?
-        .map(|(p, _)| p)
-        .filter(|p| p.cluster_uid == uid))
-}
-
-/// Errors while applying a step.
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-    #[error("cannot generate the PKI of cluster {cluster}: {source}")]
-    Pki {
-        cluster: String,
-        source: drover_common::pki::PkiError,
-    },
-    #[error(transparent)]
-    Provider(#[from] crate::provider::ProviderError),
-}
-
 fn random_suffix() -> String {
     use rand::Rng;
     let mut rng = rand::rng();
@@ -1270,23 +1253,12 @@ fn grant_grace(app: &App, cluster_uid: &str) {
             .as_ref()
             .is_some_and(|a| a.cluster_uid == cluster_uid)
         {
-            live.insert(m.metadata.name, crate::app::Liveness { last_seen: now });
+            live.insert(
+                m.metadata.name,
+                crate::domain::liveness::Liveness { last_seen: now },
+            );
         }
     }
-}
-
-/// What the reconcile loop reports about itself.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LoopStatus {
-    /// The loop's name, such as `cluster-reconciler`.
-    pub name: String,
-    /// Passes completed since the coordinator started.
-    pub runs: u64,
-    /// How long the last pass took.
-    pub last_run_millis: u64,
-    /// What went wrong in the last pass, each naming its object.
-    pub last_errors: Vec<String>,
 }
 
 /// One pass over every cluster. Returns the errors met (each names its
@@ -1317,7 +1289,7 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
                 Err(e) => return vec![format!("cannot list machines: {e}")],
             },
         };
-        let has_pki = match load_pki(app, &cluster) {
+        let has_pki = match crate::domain::secrets::load_pki(&app.store, &cluster) {
             Ok(p) => p.is_some(),
             Err(e) => {
                 errors.push(format!("cluster {}: {e}", cluster.metadata.name));
