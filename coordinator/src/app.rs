@@ -35,7 +35,19 @@ pub struct Settings {
 /// gateway), answered with the port or why not.
 pub struct ListenRequest {
     pub ip: std::net::IpAddr,
-    pub reply: tokio::sync::oneshot::Sender<Result<u16, String>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<u16, ListenError>>,
+}
+
+/// Why the API is not served on one more address.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// State shared by the API handlers and the background tasks.
@@ -248,14 +260,12 @@ impl App {
 
     /// Makes the API reachable on `ip` (at the main port), for machines on
     /// a network whose gateway that is.
-    pub async fn listen_on(&self, ip: std::net::IpAddr) -> Result<u16, String> {
+    pub async fn listen_on(&self, ip: std::net::IpAddr) -> Result<u16, ListenError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.listen_requests
             .send(ListenRequest { ip, reply })
-            .map_err(|_| "the server is shutting down".to_string())?;
-        answer
-            .await
-            .map_err(|_| "the server is shutting down".to_string())?
+            .map_err(|_| ListenError::ShuttingDown)?;
+        answer.await.map_err(|_| ListenError::ShuttingDown)?
     }
 }
 

@@ -182,7 +182,7 @@ impl Plan {
             a.etcd.etcd_cert_file.as_deref(),
             a.etcd.etcd_key_file.as_deref(),
         )
-        .map_err(Usage)?;
+        .map_err(|e| Usage(e.to_string()))?;
         let mut tls_flags = String::new();
         for (flag, file) in [
             ("--etcd-ca-file", &a.etcd.etcd_ca_file),

@@ -264,7 +264,7 @@ fn store_settings(
             return Ok(None);
         }
     }
-    etcd_tls(ca, cert, key).map_err(ConfigError)
+    etcd_tls(ca, cert, key).map_err(|e| ConfigError(e.to_string()))
 }
 
 /// The etcd TLS flags, shared by `drover serve` and `drover store migrate`.
@@ -288,33 +288,44 @@ pub(crate) fn etcd_tls(
     ca: Option<&Path>,
     cert: Option<&Path>,
     key: Option<&Path>,
-) -> Result<Option<EtcdTls>, String> {
+) -> Result<Option<EtcdTls>, EtcdTlsFlagError> {
     let pair = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
-        (Some(_), None) => {
-            return Err("--etcd-cert-file needs --etcd-key-file, its private key".into())
-        }
-        (None, Some(_)) => {
-            return Err("--etcd-key-file needs --etcd-cert-file, its certificate".into())
-        }
+        (Some(_), None) => return Err(EtcdTlsFlagError::CertWithoutKey),
+        (None, Some(_)) => return Err(EtcdTlsFlagError::KeyWithoutCert),
     };
     let Some(ca) = ca else {
         return match pair {
-            Some(_) => {
-                Err("--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers".into())
-            }
+            Some(_) => Err(EtcdTlsFlagError::CertWithoutCa),
             None => Ok(None),
         };
     };
-    EtcdTls::from_files(ca, pair).map(Some).map_err(|e| {
-        let flag = match e.file {
+    EtcdTls::from_files(ca, pair).map(Some).map_err(|source| {
+        let flag = match source.file {
             TlsFile::Ca => "--etcd-ca-file",
             TlsFile::Cert => "--etcd-cert-file",
             TlsFile::Key => "--etcd-key-file",
         };
-        format!("{flag} {e}")
+        EtcdTlsFlagError::File { flag, source }
     })
+}
+
+/// A wrong combination of the etcd TLS flags, or a file one names that
+/// cannot be used; each names the flag.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdTlsFlagError {
+    #[error("--etcd-cert-file needs --etcd-key-file, its private key")]
+    CertWithoutKey,
+    #[error("--etcd-key-file needs --etcd-cert-file, its certificate")]
+    KeyWithoutCert,
+    #[error("--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers")]
+    CertWithoutCa,
+    #[error("{flag} {source}")]
+    File {
+        flag: &'static str,
+        source: crate::store::EtcdTlsError,
+    },
 }
 
 /// Below this open-file limit `serve` warns: a fleet of a few thousand
@@ -531,7 +542,9 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
                         let _ = req.reply.send(Ok(bound.port()));
                     }
                     Err(e) => {
-                        let _ = req.reply.send(Err(format!("cannot listen on {addr}: {e}")));
+                        let _ = req
+                            .reply
+                            .send(Err(crate::app::ListenError::Bind { addr, source: e }));
                     }
                 }
             }

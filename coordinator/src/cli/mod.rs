@@ -215,28 +215,33 @@ pub enum TokenCommand {
     },
 }
 
-fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+/// Why a `--labels` value is refused.
+#[derive(Debug, thiserror::Error)]
+enum LabelsError {
+    #[error("label {0:?} must be key=value")]
+    NotKeyValue(String),
+    #[error("{0} (keys: an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' and '.'; values: empty or the same shape)")]
+    Invalid(drover_common::names::NameError),
+}
+
+fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, LabelsError> {
     let mut out = BTreeMap::new();
     for pair in s.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = pair
             .split_once('=')
-            .ok_or_else(|| format!("label {pair:?} must be key=value"))?;
+            .ok_or_else(|| LabelsError::NotKeyValue(pair.to_owned()))?;
         out.insert(k.trim().to_owned(), v.trim().to_owned());
     }
     if let Some(e) = drover_common::names::check_labels(&out).into_iter().next() {
-        return Err(format!(
-            "{e} (keys: an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' and '.'; values: empty or the same shape)"
-        ));
+        return Err(LabelsError::Invalid(e));
     }
     Ok(out)
 }
 
 /// Parses an object name argument: a DNS-1123 subdomain, checked before any
 /// request so a name can never reach another path (`../admintokens/x`).
-fn object_name(s: &str) -> Result<String, String> {
-    drover_common::names::check_object_name("name", s)
-        .map(|()| s.to_owned())
-        .map_err(|e| e.to_string())
+fn object_name(s: &str) -> Result<String, drover_common::names::NameError> {
+    drover_common::names::check_object_name("name", s).map(|()| s.to_owned())
 }
 
 /// An API path from its segments, each percent-encoded.

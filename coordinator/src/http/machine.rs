@@ -387,7 +387,7 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
     })?;
     let info = parsed
         .as_ref()
-        .map_err(|e| ApiError::unauthorized(e.clone()))?;
+        .map_err(|e| ApiError::unauthorized(e.to_string()))?;
     if !info.organizations.iter().any(|o| o == MACHINE_ORG) {
         return Err(ApiError::forbidden(
             "the client certificate is not a machine certificate",

@@ -24,12 +24,12 @@ use tower::ServiceExt;
 /// parsed once when the connection is accepted: every request on the
 /// connection shares the result instead of parsing the certificate again.
 #[derive(Clone, Debug, Default)]
-pub struct PeerCertificate(pub Option<Arc<Result<CertInfo, String>>>);
+pub struct PeerCertificate(pub Option<Arc<Result<CertInfo, PkiError>>>);
 
 impl PeerCertificate {
     /// Parses a client certificate the TLS layer has verified.
     pub fn parse(der: &[u8]) -> Self {
-        Self(Some(Arc::new(cert_info(der).map_err(|e| e.to_string()))))
+        Self(Some(Arc::new(cert_info(der))))
     }
 
     /// The certificate's common name, when one was presented and parses.

@@ -157,11 +157,11 @@ async fn provision_docker(
     let port = app
         .listen_on(network.gateway)
         .await
-        .map_err(|detail| ProviderError::Failed {
+        .map_err(|e| ProviderError::Failed {
             provider: "docker",
             action: "listen on the gateway of",
             object: format!("docker network {}", network.name),
-            detail,
+            detail: e.to_string(),
         })?;
     let coordinators =
         docker_coordinator_urls(app, port)

@@ -27,7 +27,7 @@ mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_etcd;
 
-pub use etcd::{Election, EtcdOptions, EtcdTls, TlsFile};
+pub use etcd::{Election, EtcdOptions, EtcdTls, EtcdTlsError, TlsFile};
 
 /// The kinds of object the store holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,23 +179,25 @@ pub enum Location {
 }
 
 impl std::str::FromStr for Location {
-    type Err = String;
+    type Err = LocationError;
 
     /// `sqlite`, `sqlite:DIR`, or `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        const USAGE: &str =
-            "expected sqlite, sqlite:DIR or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]";
+    fn from_str(s: &str) -> Result<Self, LocationError> {
         if s == "sqlite" {
             return Ok(Location::Sqlite(None));
         }
         if let Some(dir) = s.strip_prefix("sqlite:") {
             if dir.is_empty() || dir.starts_with("//") {
-                return Err(format!("{s:?}: sqlite:DIR needs a directory path; {USAGE}"));
+                return Err(LocationError::NoSqliteDir {
+                    input: s.to_owned(),
+                });
             }
             return Ok(Location::Sqlite(Some(PathBuf::from(dir))));
         }
         let Some(rest) = s.strip_prefix("etcd://") else {
-            return Err(format!("{s:?} is not a store; {USAGE}"));
+            return Err(LocationError::NotAStore {
+                input: s.to_owned(),
+            });
         };
         let (hosts, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -203,14 +205,18 @@ impl std::str::FromStr for Location {
         };
         let mut endpoints = vec![];
         for ep in hosts.split(',') {
-            endpoints.push(parse_endpoint(ep).map_err(|why| format!("{s:?}: {why}; {USAGE}"))?);
+            endpoints.push(parse_endpoint(ep).map_err(|why| LocationError::Endpoint {
+                input: s.to_owned(),
+                why,
+            })?);
         }
         let prefix = path.trim_end_matches('/');
         let prefix = if prefix.is_empty() { "/drover" } else { prefix };
         if prefix.contains("//") || prefix.chars().any(|c| c.is_control() || c == ' ') {
-            return Err(format!(
-                "{s:?}: the key prefix {prefix:?} is malformed; {USAGE}"
-            ));
+            return Err(LocationError::Prefix {
+                input: s.to_owned(),
+                prefix: prefix.to_owned(),
+            });
         }
         Ok(Location::Etcd {
             endpoints,
@@ -232,29 +238,61 @@ impl std::fmt::Display for Location {
 }
 
 /// Checks one `host:port` (or `[v6]:port`) of an etcd URL.
-fn parse_endpoint(ep: &str) -> Result<String, String> {
+fn parse_endpoint(ep: &str) -> Result<String, EndpointError> {
     let (host, port) = if let Some(v6) = ep.strip_prefix('[') {
         let (h, p) = v6
             .split_once("]:")
-            .ok_or_else(|| format!("endpoint {ep:?} is not [IPV6]:PORT"))?;
+            .ok_or_else(|| EndpointError::NotIpv6Port(ep.to_owned()))?;
         h.parse::<std::net::Ipv6Addr>()
-            .map_err(|_| format!("endpoint {ep:?} has a malformed IPv6 address"))?;
+            .map_err(|_| EndpointError::BadIpv6(ep.to_owned()))?;
         (h, p)
     } else {
         ep.rsplit_once(':')
-            .ok_or_else(|| format!("endpoint {ep:?} is not HOST:PORT"))?
+            .ok_or_else(|| EndpointError::NotHostPort(ep.to_owned()))?
     };
     let valid_host = !host.is_empty()
         && host
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
     if !valid_host {
-        return Err(format!("endpoint {ep:?} has no valid host"));
+        return Err(EndpointError::BadHost(ep.to_owned()));
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(ep.to_owned()),
-        _ => Err(format!("endpoint {ep:?} has no valid port")),
+        _ => Err(EndpointError::BadPort(ep.to_owned())),
     }
+}
+
+/// What `--store` accepts.
+const LOCATION_USAGE: &str =
+    "expected sqlite, sqlite:DIR or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]";
+
+/// Why a `--store` value is not a store location.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LocationError {
+    #[error("{input:?}: sqlite:DIR needs a directory path; {usage}", usage = LOCATION_USAGE)]
+    NoSqliteDir { input: String },
+    #[error("{input:?} is not a store; {usage}", usage = LOCATION_USAGE)]
+    NotAStore { input: String },
+    #[error("{input:?}: {why}; {usage}", usage = LOCATION_USAGE)]
+    Endpoint { input: String, why: EndpointError },
+    #[error("{input:?}: the key prefix {prefix:?} is malformed; {usage}", usage = LOCATION_USAGE)]
+    Prefix { input: String, prefix: String },
+}
+
+/// Why one `host:port` of an etcd URL is malformed.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    #[error("endpoint {0:?} is not [IPV6]:PORT")]
+    NotIpv6Port(String),
+    #[error("endpoint {0:?} has a malformed IPv6 address")]
+    BadIpv6(String),
+    #[error("endpoint {0:?} is not HOST:PORT")]
+    NotHostPort(String),
+    #[error("endpoint {0:?} has no valid host")]
+    BadHost(String),
+    #[error("endpoint {0:?} has no valid port")]
+    BadPort(String),
 }
 
 /// A leadership term: the revision at which this replica's leader key was
