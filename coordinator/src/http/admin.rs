@@ -17,7 +17,8 @@ use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
 use drover_common::API_VERSION;
 use serde::{Deserialize, Serialize};
 
-use super::{Admin, ApiError};
+use super::auth::Admin;
+use super::error::ApiError;
 use crate::app::App;
 use crate::store::Kind;
 pub use crate::types::CoordinatorEntry;
@@ -55,7 +56,7 @@ const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every cluster, by name.", body = Vec<Cluster>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_clusters(
@@ -74,8 +75,8 @@ pub async fn list_clusters(
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 200, description = "The cluster.", body = Cluster),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 404, response = super::responses::NotFound),
     ),
 )]
 pub async fn get_cluster(
@@ -128,20 +129,20 @@ fn parse_cluster(headers: &HeaderMap, body: &[u8]) -> Result<Cluster, ApiError> 
     request_body(
         description = "A Cluster document, YAML (what `drover apply -f` sends) or JSON.",
         content(
-            (Cluster = "application/yaml", example = super::openapi::example_cluster),
-            (Cluster = "application/json", example = super::openapi::example_cluster),
+            (Cluster = "application/yaml", example = super::responses::example_cluster),
+            (Cluster = "application/json", example = super::responses::example_cluster),
         ),
     ),
     responses(
         (status = 200, description = "The cluster was updated, or already matched the document.", body = Cluster),
         (status = 201, description = "The cluster was created.", body = Cluster),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn apply_cluster(
@@ -149,7 +150,7 @@ pub async fn apply_cluster(
     admin: Admin,
     ObjectName(name): ObjectName,
     headers: HeaderMap,
-    super::RawBody(body): super::RawBody,
+    super::body::RawBody(body): super::body::RawBody,
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
     admin.require_write()?;
     let mut desired = parse_cluster(&headers, &body)?;
@@ -241,10 +242,10 @@ pub async fn apply_cluster(
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 202, description = "Deletion was requested (or already under way); the cluster as marked.", body = Cluster),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn delete_cluster(
@@ -293,7 +294,7 @@ pub struct CoordinatorStatus {
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The coordinator and its loops.", body = CoordinatorStatus),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<CoordinatorStatus> {
@@ -320,7 +321,7 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The replicas, by id.", body = Vec<CoordinatorEntry>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn coordinators(
@@ -344,7 +345,7 @@ pub async fn coordinators(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every machine, by name.", body = Vec<Machine>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_machines(
@@ -363,8 +364,8 @@ pub async fn list_machines(
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
         (status = 200, description = "The machine.", body = Machine),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 404, response = super::responses::NotFound),
     ),
 )]
 pub async fn get_machine(
@@ -392,10 +393,10 @@ pub async fn get_machine(
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
         (status = 200, description = "The machine, its identity revoked.", body = Machine),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
     ),
 )]
 pub async fn revoke_machine(
@@ -441,19 +442,19 @@ pub async fn revoke_machine(
     ),
     responses(
         (status = 201, description = "The token, and the bootstrap document (with its ticket) to hand to `drover-agent --bootstrap`.", body = CreatedRegistrationToken),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn create_token(
     State(app): State<Arc<App>>,
     admin: Admin,
-    super::Body(req): super::Body<CreateRegistrationToken>,
+    super::body::Body(req): super::body::Body<CreateRegistrationToken>,
 ) -> Result<(StatusCode, Json<CreatedRegistrationToken>), ApiError> {
     admin.require_write()?;
     let mut errors = vec![];
@@ -555,7 +556,7 @@ pub async fn create_token(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every registration token, by name.", body = Vec<RegistrationToken>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_tokens(
@@ -583,10 +584,10 @@ pub async fn list_tokens(
     params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
     responses(
         (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn revoke_token_put(
@@ -607,10 +608,10 @@ pub async fn revoke_token_put(
     params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
     responses(
         (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn revoke_token(
@@ -659,14 +660,14 @@ fn default_kubeconfig_ttl() -> u64 {
     ),
     responses(
         (status = 200, description = "An admin kubeconfig with a client certificate signed by the cluster CA.", body = KubeconfigResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn kubeconfig(

@@ -21,7 +21,8 @@ use drover_common::wire::{
 use drover_common::API_VERSION;
 use rand::Rng;
 
-use super::{ApiError, Body};
+use super::body::Body;
+use super::error::ApiError;
 use crate::app::App;
 use crate::domain::jointokens::{directive_id, ClusterJoinTokens};
 use crate::http::server::PeerCertificate;
@@ -43,7 +44,7 @@ pub const MACHINE_ORG: &str = "drover:machines";
         content = RegisterRequest,
         example = json!({
             "ticket": "dt1.eyJncmFudCI6e319.c2lnbmF0dXJl",
-            "csrPem": super::openapi::EXAMPLE_CSR,
+            "csrPem": super::responses::EXAMPLE_CSR,
             "facts": {
                 "hostname": "node-1",
                 "addresses": ["192.0.2.10"],
@@ -55,15 +56,15 @@ pub const MACHINE_ORG: &str = "drover:machines";
     ),
     responses(
         (status = 201, description = "Registered: the machine's name and client certificate.", body = RegisterResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, description = "The ticket is invalid, expired or revoked, or its machine is gone.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The ticket is presented from another cloud instance than the one launched for its machine.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The cloud provider could not confirm the instance now; retry after `Retry-After` seconds.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The ticket was already used.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, description = "The ticket is invalid, expired or revoked, or its machine is gone.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The ticket is presented from another cloud instance than the one launched for its machine.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The cloud provider could not confirm the instance now; retry after `Retry-After` seconds.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The ticket was already used.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
+        (status = 429, response = super::responses::TooManyRequests),
     ),
 )]
 pub async fn register(
@@ -431,12 +432,12 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
     request_body = HeartbeatRequest,
     responses(
         (status = 200, description = "The machine's assignment and the directives it is to carry out.", body = HeartbeatResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
-        (status = 401, response = super::openapi::MachineUnauthorized),
-        (status = 403, response = super::openapi::MachineForbidden),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
     ),
 )]
 pub async fn heartbeat(
@@ -723,14 +724,14 @@ fn activate_tokens(
     security(("machineCertificate" = [])),
     responses(
         (status = 200, description = "The config bundle, signed with the coordinator CA key.", body = drover_common::bundle::SignedBundle),
-        (status = 401, response = super::openapi::MachineUnauthorized),
-        (status = 403, response = super::openapi::MachineForbidden),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
+        (status = 404, response = super::responses::NotFound),
         (status = 409, description = "The machine cannot bootstrap yet (a `ConfigNotReady` to retry after `retryAfterSeconds`), or its state conflicts (a problem document).",
             headers(("Retry-After" = u64, description = "Seconds to wait before asking again (with a `ConfigNotReady`).")),
             content(
                 (ConfigNotReady = "application/json"),
-                (super::Problem = "application/problem+json"),
+                (drover_common::api::Problem = "application/problem+json"),
             ),
         ),
     ),
@@ -754,15 +755,15 @@ pub async fn config(
     path = "/v1/machine/certificate",
     tag = "machine",
     security(("machineCertificate" = [])),
-    request_body(content = RenewRequest, example = json!({"csrPem": super::openapi::EXAMPLE_CSR})),
+    request_body(content = RenewRequest, example = json!({"csrPem": super::responses::EXAMPLE_CSR})),
     responses(
         (status = 200, description = "A new client certificate for the CSR's key.", body = RenewResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
-        (status = 401, response = super::openapi::MachineUnauthorized),
-        (status = 403, response = super::openapi::MachineForbidden),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
     ),
 )]
 pub async fn renew(

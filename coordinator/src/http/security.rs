@@ -7,7 +7,9 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::{Admin, ApiError, Body};
+use super::auth::Admin;
+use super::body::Body;
+use super::error::ApiError;
 use crate::app::App;
 use crate::domain::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
 use crate::store::{Kind, StoreError};
@@ -51,13 +53,13 @@ fn modify_tokens(
     request_body(content = CreateAdminToken, example = json!({"role": "viewer"})),
     responses(
         (status = 201, description = "The token, with its secret (shown once).", body = CreatedAdminToken),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn create_admin_token(
@@ -91,8 +93,8 @@ pub async fn create_admin_token(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every admin token.", body = Vec<AdminTokenInfo>),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
     ),
 )]
 pub async fn list_admin_tokens(
@@ -128,10 +130,10 @@ pub async fn list_admin_tokens(
     params(("id" = String, Path, description = "The token's id (8 hex digits).", example = "0a1b2c3d")),
     responses(
         (status = 204, description = "Revoked."),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn revoke_admin_token(
@@ -169,8 +171,8 @@ pub async fn revoke_admin_token(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The key that encrypts, then older keys still accepted.", body = KeysInfo),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
     ),
 )]
 pub async fn list_keys(
@@ -198,9 +200,9 @@ pub async fn list_keys(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The keys after rotation and how many records were re-encrypted.", body = KeysInfo),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn rotate_keys(
@@ -278,9 +280,9 @@ fn default_limit() -> usize {
     params(AuditQuery),
     responses(
         (status = 200, description = "The last `limit` audit entries (at most 10000).", body = Vec<crate::domain::audit::AuditEntry>),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
     ),
 )]
 pub async fn read_audit(

@@ -12,7 +12,7 @@ use crate::domain::health::ALIVE_CONDITION;
 use crate::domain::secrets::{cluster_pki_name, ClusterPki};
 use crate::store::{Kind, StoreError};
 
-pub(in crate::reconcile) fn random_suffix() -> String {
+pub(super) fn random_suffix() -> String {
     use rand::Rng;
     let mut rng = rand::rng();
     (0..5)
@@ -297,7 +297,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
 }
 
 /// Records a machine's `Alive` condition, unless it is leaving.
-pub(in crate::reconcile) fn set_alive(
+pub(super) fn set_alive(
     app: &App,
     cluster: Option<&str>,
     machine: &str,
@@ -328,7 +328,7 @@ pub(in crate::reconcile) fn set_alive(
 /// Keeps the `Alive` condition of machines in no cluster (pool machines
 /// waiting to be claimed) true to what the coordinator sees, with the
 /// coordinator's health defaults. Returns the errors met.
-pub(in crate::reconcile) fn unassigned_alive(app: &App, machines: &[Machine]) -> Vec<String> {
+pub(super) fn unassigned_alive(app: &App, machines: &[Machine]) -> Vec<String> {
     let free: Vec<&Machine> = machines
         .iter()
         .filter(|m| m.spec.assignment.is_none())
@@ -363,7 +363,7 @@ pub(in crate::reconcile) fn unassigned_alive(app: &App, machines: &[Machine]) ->
 }
 
 /// Gives every machine of a cluster a fresh heartbeat grace period.
-pub(in crate::reconcile) fn grant_grace(app: &App, cluster_uid: &str) {
+pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
     let now = drover_common::now();
     let Ok(machines) = app.machines() else { return };
     let mut live = app.liveness.lock().expect("liveness lock");

@@ -79,8 +79,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::broadcast;
 
+use super::backend::{Backend, Change, Fence, Kind, Op, Record, StoreError};
 use super::cache::{self, ReadCache};
-use super::{Backend, Change, Fence, Kind, Op, Record, StoreError};
 
 /// Objects read per range request when listing a kind.
 const PAGE: i64 = 256;

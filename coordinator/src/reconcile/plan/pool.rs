@@ -1,9 +1,14 @@
 //! Planning for clusters of pool machines: claim registered machines that
 //! match a pool's selector, release the ones past the desired count.
 
-use super::*;
+use super::shared::*;
+use std::collections::BTreeSet;
 
-pub(in crate::reconcile) fn plan_pool(
+use drover_common::api::{
+    set_condition, Cluster, Machine, MachinePhase, MachineRole, PoolStatus, ProviderSpec,
+};
+
+pub(super) fn plan_pool(
     cluster: &Cluster,
     mine: &[&Machine],
     machines: &[Machine],

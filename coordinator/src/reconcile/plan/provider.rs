@@ -1,9 +1,15 @@
 //! Planning for clusters whose machines a provider (docker, aws) creates
 //! and destroys.
 
-use super::*;
+use super::shared::*;
 
-pub(in crate::reconcile) fn plan_provider(
+use drover_common::api::{
+    set_condition, Cluster, Machine, MachinePhase, MachineRole, PoolStatus, CONTROL_PLANE_POOL,
+};
+
+use crate::domain::health::{check, decide, is_late, quorum, Decision, PoolHealth, Unhealthy};
+
+pub(super) fn plan_provider(
     cluster: &Cluster,
     mine: &[&Machine],
     observed: &Observed<'_>,
