@@ -12,6 +12,7 @@ use drover_common::ticket::TicketKey;
 use time::OffsetDateTime;
 use tokio::sync::Notify;
 
+pub use crate::domain::liveness::Liveness;
 use crate::store::{Kind, Store, StoreError};
 
 /// Settings of a running coordinator.
@@ -27,21 +28,26 @@ pub struct Settings {
     /// Period of the cluster reconcile loop when nothing wakes it earlier.
     pub reconcile_period: Duration,
     /// Health and remediation defaults; clusters may override them.
-    pub health_defaults: crate::health::Policy,
+    pub health_defaults: crate::domain::health::Policy,
 }
 
 /// A request to serve the API on one more address (a Docker network's
 /// gateway), answered with the port or why not.
 pub struct ListenRequest {
     pub ip: std::net::IpAddr,
-    pub reply: tokio::sync::oneshot::Sender<Result<u16, String>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<u16, ListenError>>,
 }
 
-/// What the coordinator remembers of a machine between heartbeats without
-/// writing it: a heartbeat that changes nothing costs no durable write.
-#[derive(Debug, Clone, Copy)]
-pub struct Liveness {
-    pub last_seen: OffsetDateTime,
+/// Why the API is not served on one more address.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// State shared by the API handlers and the background tasks.
@@ -60,21 +66,21 @@ pub struct App {
     #[cfg(feature = "aws")]
     pub aws: Mutex<HashMap<String, crate::provider::aws::AwsProvider>>,
     /// Back-off of failed provider creates, per machine.
-    pub provision_retries: crate::provisioner::ProvisionRetries,
+    pub provision_retries: crate::reconcile::retries::ProvisionRetries,
     /// Asks the server to listen on more addresses.
     pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
     /// Who changed what, and when.
-    pub audit: crate::audit::AuditLog,
+    pub audit: crate::domain::audit::AuditLog,
     /// Commits pool registrations in batches.
-    pub registrar: crate::api::registrar::Registrar,
+    pub registrar: crate::domain::registrar::Registrar,
     /// Limits registrations per source address.
-    pub register_limiter: crate::ratelimit::RateLimiter,
+    pub register_limiter: crate::domain::ratelimit::RateLimiter,
     /// One key rotation at a time.
     pub rotation: Mutex<()>,
     /// What the cluster reconcile loop reports about itself.
-    pub reconciler: std::sync::Arc<Mutex<crate::reconcile::LoopStatus>>,
+    pub reconciler: std::sync::Arc<Mutex<crate::reconcile::status::LoopStatus>>,
     /// This replica and whether it leads.
-    pub leadership: crate::leader::Leadership,
+    pub leadership: crate::domain::leadership::Leadership,
 }
 
 impl App {
@@ -254,14 +260,12 @@ impl App {
 
     /// Makes the API reachable on `ip` (at the main port), for machines on
     /// a network whose gateway that is.
-    pub async fn listen_on(&self, ip: std::net::IpAddr) -> Result<u16, String> {
+    pub async fn listen_on(&self, ip: std::net::IpAddr) -> Result<u16, ListenError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.listen_requests
             .send(ListenRequest { ip, reply })
-            .map_err(|_| "the server is shutting down".to_string())?;
-        answer
-            .await
-            .map_err(|_| "the server is shutting down".to_string())?
+            .map_err(|_| ListenError::ShuttingDown)?;
+        answer.await.map_err(|_| ListenError::ShuttingDown)?
     }
 }
 
@@ -364,14 +368,16 @@ impl App {
             use base64::Engine;
             base64::engine::general_purpose::STANDARD.encode([7u8; 32])
         };
-        let keyring = crate::keyring::Keyring::parse(&key, crate::keyring::KeySource::Env).unwrap();
+        let keyring =
+            crate::store::keyring::Keyring::parse(&key, crate::store::keyring::KeySource::Env)
+                .unwrap();
         let store = Store::open_sqlite(&dir.join("drover.db"))
             .unwrap()
             .with_keyring(Arc::new(RwLock::new(keyring)));
-        let secrets = crate::secrets::load_or_init(&store).unwrap();
+        let secrets = crate::domain::secrets::load_or_init(&store).unwrap();
         let ca_pin = CaPin::from_cert_pem(&secrets.ca.cert_pem).unwrap();
         let (listen_requests, _) = tokio::sync::mpsc::unbounded_channel();
-        let me = crate::leader::ReplicaInfo {
+        let me = crate::types::ReplicaInfo {
             id: "127.0.0.1:1".into(),
             url: "https://127.0.0.1:1".into(),
             version: "test".into(),
@@ -379,8 +385,8 @@ impl App {
             gateway_port: None,
         };
         Arc::new(App {
-            leadership: crate::leader::Leadership::sole(me),
-            registrar: crate::api::registrar::Registrar::start(store.clone()),
+            leadership: crate::domain::leadership::Leadership::sole(me),
+            registrar: crate::domain::registrar::Registrar::start(store.clone()),
             store,
             ca: secrets.ca,
             ca_pin,
@@ -391,7 +397,7 @@ impl App {
                 machine_cert_ttl: Duration::from_secs(3600),
                 join_token_ttl: Duration::from_secs(1800),
                 reconcile_period: Duration::from_secs(1),
-                health_defaults: crate::health::Policy::defaults(Duration::from_secs(5)),
+                health_defaults: crate::domain::health::Policy::defaults(Duration::from_secs(5)),
             },
             liveness: Mutex::new(HashMap::new()),
             reconcile_now: Notify::new(),
@@ -400,8 +406,8 @@ impl App {
             aws: Default::default(),
             provision_retries: Default::default(),
             listen_requests,
-            audit: crate::audit::AuditLog::open(&dir.join("audit.log")).unwrap(),
-            register_limiter: crate::ratelimit::RateLimiter::new(100, 100),
+            audit: crate::domain::audit::AuditLog::open(&dir.join("audit.log")).unwrap(),
+            register_limiter: crate::domain::ratelimit::RateLimiter::new(100, 100),
             rotation: Mutex::new(()),
             reconciler: Default::default(),
         })

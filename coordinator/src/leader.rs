@@ -18,108 +18,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use crate::app::App;
+use crate::domain::leadership::Role;
 use crate::store::{Election, Fence};
-
-/// One coordinator replica, as announced to the others.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaInfo {
-    /// `host:port` of the replica's API.
-    pub id: String,
-    /// Its API's URL.
-    pub url: String,
-    pub version: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub started_at: OffsetDateTime,
-    /// The port the replica serves the API on at the gateway of every
-    /// Docker cluster network (its listen port); machines of docker
-    /// clusters reach it at `https://drover-coordinator:PORT`. Absent from
-    /// replicas that predate it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway_port: Option<u16>,
-}
-
-/// What this replica is now.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Role {
-    Leader {
-        term: Fence,
-        since: OffsetDateTime,
-    },
-    Follower {
-        /// The leader, when one is known.
-        leader: Option<ReplicaInfo>,
-    },
-}
-
-/// This replica's identity and role, readable by every task.
-pub struct Leadership {
-    pub me: ReplicaInfo,
-    role: watch::Sender<Role>,
-}
-
-impl Leadership {
-    /// A replica that leads for its whole life (its store is its own).
-    pub fn sole(me: ReplicaInfo) -> Self {
-        let since = me.started_at;
-        Self {
-            me,
-            role: watch::Sender::new(Role::Leader {
-                term: Fence(0),
-                since,
-            }),
-        }
-    }
-
-    /// A replica that follows until it wins an election.
-    pub fn follower(me: ReplicaInfo) -> Self {
-        Self {
-            me,
-            role: watch::Sender::new(Role::Follower { leader: None }),
-        }
-    }
-
-    pub fn role(&self) -> Role {
-        self.role.borrow().clone()
-    }
-
-    /// A receiver that sees every change of this replica's role.
-    pub fn changes(&self) -> watch::Receiver<Role> {
-        self.role.subscribe()
-    }
-
-    /// The current term, when this replica leads.
-    pub fn term(&self) -> Option<Fence> {
-        match &*self.role.borrow() {
-            Role::Leader { term, .. } => Some(*term),
-            Role::Follower { .. } => None,
-        }
-    }
-
-    /// The leader's URL, when another replica leads and is known.
-    pub fn leader_url(&self) -> Option<String> {
-        match &*self.role.borrow() {
-            Role::Leader { .. } => Some(self.me.url.clone()),
-            Role::Follower { leader } => leader.as_ref().map(|l| l.url.clone()),
-        }
-    }
-
-    fn set(&self, role: Role) {
-        self.role.send_if_modified(|r| {
-            if *r == role {
-                false
-            } else {
-                *r = role;
-                true
-            }
-        });
-    }
-}
+use crate::types::ReplicaInfo;
 
 /// Runs the election until `shutdown`; on shutdown a leader resigns, so
 /// another replica takes over at once instead of after the lease.

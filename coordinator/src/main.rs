@@ -1,34 +1,13 @@
 //! `drover`: the coordinator (`drover serve`) and the operator CLI.
 
-mod api;
-mod app;
-mod audit;
-mod bootstrap;
-mod cli;
-mod client;
-mod health;
-mod jointokens;
-mod keyring;
-mod kubeconfig;
-mod leader;
-mod memory;
-mod migrate;
-mod provider;
-mod provisioner;
-mod ratelimit;
-mod reconcile;
-mod secrets;
-mod serve;
-mod server;
-mod store;
+use drover::cli::{self, client};
+use drover::http::server;
+use drover::{migrate, serve, store, EXIT_CONFIG};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-/// Exit code for invalid configuration or flags (EX_USAGE).
-const EXIT_CONFIG: u8 = 64;
 
 /// Drover runs Kubernetes clusters as a service.
 #[derive(Debug, Parser)]
@@ -56,29 +35,8 @@ enum TopCommand {
 enum Command {
     /// Run the coordinator.
     Serve(Box<ServeArgs>),
-    /// Create or update objects from a YAML file.
-    Apply(cli::ApplyArgs),
-    /// List objects.
-    Get(cli::GetArgs),
-    /// Show one object in detail.
-    Describe(cli::DescribeArgs),
-    /// Delete an object.
-    Delete(cli::DeleteArgs),
-    /// Print an admin kubeconfig for a cluster.
-    Kubeconfig(cli::KubeconfigArgs),
-    /// Manage registration tokens for self-registering machines.
-    Token(cli::TokenArgs),
-    /// Change the replica count of one pool of a cluster.
-    Scale(cli::ScaleArgs),
-    /// Manage admin tokens (roles admin and viewer).
-    AdminToken(cli::AdminTokenArgs),
-    /// Manage the keys that encrypt secrets at rest.
-    Keys(cli::KeysArgs),
-    /// Show the audit log.
-    Audit(cli::AuditArgs),
-    /// Revoke a machine's identity: every certificate of it is refused from
-    /// its next request on.
-    Revoke(cli::RevokeArgs),
+    #[command(flatten)]
+    Operator(cli::Command),
 }
 
 #[derive(Debug, clap::Args)]
@@ -231,7 +189,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        other => match runtime.block_on(cli::run(other)) {
+        Command::Operator(command) => match runtime.block_on(cli::run(command)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");

@@ -40,7 +40,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 
-use crate::keyring::{KeyError, KeySource, Keyring, KEY_ENV};
+use crate::store::keyring::{KeyError, KeySource, Keyring, KEY_ENV};
 use crate::store::{EtcdOptions, Kind, Location, Op, Record, Store, StoreError};
 
 /// Objects per etcd transaction (etcd's `--max-txn-ops` default is 128).
@@ -182,7 +182,7 @@ impl Plan {
             a.etcd.etcd_cert_file.as_deref(),
             a.etcd.etcd_key_file.as_deref(),
         )
-        .map_err(Usage)?;
+        .map_err(|e| Usage(e.to_string()))?;
         let mut tls_flags = String::new();
         for (flag, file) in [
             ("--etcd-ca-file", &a.etcd.etcd_ca_file),
@@ -791,7 +791,7 @@ mod tests {
         let store = Store::open_sqlite(&dir.path().join("drover.db"))
             .unwrap()
             .with_keyring(shared(key));
-        crate::secrets::load_or_init(&store).unwrap();
+        crate::domain::secrets::load_or_init(&store).unwrap();
         let cluster = serde_json::json!({
             "apiVersion": "drover.dev/v1alpha1", "kind": "Cluster",
             "metadata": {"name": "demo"}, "spec": {"controlPlane": {"replicas": 1}},
@@ -880,7 +880,7 @@ mod tests {
         let db = dir.path().join("drover.db");
         let before = digest(&db);
         let src = Store::open_sqlite(&db).unwrap().with_keyring(shared(&key));
-        let src_secrets = crate::secrets::load_or_init(&src).unwrap();
+        let src_secrets = crate::domain::secrets::load_or_init(&src).unwrap();
         let src_bodies = bodies(&src);
         drop(src);
 
@@ -941,7 +941,7 @@ mod tests {
                 .0,
             "abcdef.0123456789abcdef"
         );
-        let dest_secrets = crate::secrets::load_or_init(&dest).unwrap();
+        let dest_secrets = crate::domain::secrets::load_or_init(&dest).unwrap();
         assert_eq!(dest_secrets.ca.cert_pem, src_secrets.ca.cert_pem);
         assert_eq!(
             dest_secrets.ticket_key.as_bytes(),

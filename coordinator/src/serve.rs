@@ -8,9 +8,9 @@ use std::time::Duration;
 use drover_common::pin::CaPin;
 
 use crate::app::{App, Settings};
-use crate::client::ClientConfigFile;
-use crate::reconcile::LoopStatus;
+use crate::reconcile::status::LoopStatus;
 use crate::store::{EtcdOptions, EtcdTls, Location, Store, TlsFile};
+use crate::types::ClientConfigFile;
 
 /// Validated settings of `drover serve`, built before any socket is bound.
 #[derive(Debug, Clone)]
@@ -42,7 +42,7 @@ pub struct ServeConfig {
     /// How long a request body may take to arrive (`--request-body-timeout`).
     pub request_body_timeout: Duration,
     /// `--max-unauthenticated-connections` and `...-per-source`.
-    pub unauthenticated: crate::server::UnauthenticatedCaps,
+    pub unauthenticated: crate::http::server::UnauthenticatedCaps,
 }
 
 /// A configuration error: exit code 64.
@@ -119,7 +119,7 @@ impl ServeConfig {
                 caps.per_source, caps.total
             )));
         }
-        if std::env::var_os(crate::keyring::KEY_ENV).is_none() {
+        if std::env::var_os(crate::store::keyring::KEY_ENV).is_none() {
             check_key_file_mode(&self.key_file())?;
         }
         if self.leader_lease < Duration::from_secs(2) {
@@ -264,7 +264,7 @@ fn store_settings(
             return Ok(None);
         }
     }
-    etcd_tls(ca, cert, key).map_err(ConfigError)
+    etcd_tls(ca, cert, key).map_err(|e| ConfigError(e.to_string()))
 }
 
 /// The etcd TLS flags, shared by `drover serve` and `drover store migrate`.
@@ -288,33 +288,44 @@ pub(crate) fn etcd_tls(
     ca: Option<&Path>,
     cert: Option<&Path>,
     key: Option<&Path>,
-) -> Result<Option<EtcdTls>, String> {
+) -> Result<Option<EtcdTls>, EtcdTlsFlagError> {
     let pair = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
-        (Some(_), None) => {
-            return Err("--etcd-cert-file needs --etcd-key-file, its private key".into())
-        }
-        (None, Some(_)) => {
-            return Err("--etcd-key-file needs --etcd-cert-file, its certificate".into())
-        }
+        (Some(_), None) => return Err(EtcdTlsFlagError::CertWithoutKey),
+        (None, Some(_)) => return Err(EtcdTlsFlagError::KeyWithoutCert),
     };
     let Some(ca) = ca else {
         return match pair {
-            Some(_) => {
-                Err("--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers".into())
-            }
+            Some(_) => Err(EtcdTlsFlagError::CertWithoutCa),
             None => Ok(None),
         };
     };
-    EtcdTls::from_files(ca, pair).map(Some).map_err(|e| {
-        let flag = match e.file {
+    EtcdTls::from_files(ca, pair).map(Some).map_err(|source| {
+        let flag = match source.file {
             TlsFile::Ca => "--etcd-ca-file",
             TlsFile::Cert => "--etcd-cert-file",
             TlsFile::Key => "--etcd-key-file",
         };
-        format!("{flag} {e}")
+        EtcdTlsFlagError::File { flag, source }
     })
+}
+
+/// A wrong combination of the etcd TLS flags, or a file one names that
+/// cannot be used; each names the flag.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdTlsFlagError {
+    #[error("--etcd-cert-file needs --etcd-key-file, its private key")]
+    CertWithoutKey,
+    #[error("--etcd-key-file needs --etcd-cert-file, its certificate")]
+    KeyWithoutCert,
+    #[error("--etcd-cert-file needs --etcd-ca-file, the CA of the etcd servers")]
+    CertWithoutCa,
+    #[error("{flag} {source}")]
+    File {
+        flag: &'static str,
+        source: crate::store::EtcdTlsError,
+    },
 }
 
 /// Below this open-file limit `serve` warns: a fleet of a few thousand
@@ -327,8 +338,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     prepare_data_dir(&cfg.data_dir)?;
     let store = open_store(&cfg)?;
     let store = open_sealed(store, &cfg)?;
-    let secrets =
-        crate::secrets::load_or_init(&store).context("cannot load the coordinator's keys")?;
+    let secrets = crate::domain::secrets::load_or_init(&store)
+        .context("cannot load the coordinator's keys")?;
     let ca_pin =
         CaPin::from_cert_pem(&secrets.ca.cert_pem).context("coordinator CA is unreadable")?;
     let ca_path = cfg.data_dir.join("ca.crt");
@@ -357,8 +368,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         }
     };
     // One for the process: every listener shares the caps.
-    let admission: &'static crate::server::Admission = Box::leak(Box::new(
-        crate::server::Admission::new(cfg.unauthenticated, open_files),
+    let admission: &'static crate::http::server::Admission = Box::leak(Box::new(
+        crate::http::server::Admission::new(cfg.unauthenticated, open_files),
     ));
     if admission.caps() != cfg.unauthenticated {
         tracing::warn!(
@@ -377,7 +388,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         cfg.advertise_urls.clone()
     };
     let (dns, ips) = sans(bound, &advertise_urls, &cfg.extra_sans);
-    let tls = crate::server::server_config(&secrets.ca, dns, ips)?;
+    let tls = crate::http::server::server_config(&secrets.ca, dns, ips)?;
 
     if let Some(token) = &secrets.first_admin_token {
         let file = ClientConfigFile {
@@ -405,7 +416,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
 
     let (listen_tx, mut listen_rx) =
         tokio::sync::mpsc::unbounded_channel::<crate::app::ListenRequest>();
-    let me = crate::leader::ReplicaInfo {
+    let me = crate::types::ReplicaInfo {
         id: default_url(bound).trim_start_matches("https://").to_owned(),
         url: default_url(bound),
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -413,12 +424,12 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         gateway_port: Some(bound.port()),
     };
     let leadership = match store.election() {
-        Some(_) => crate::leader::Leadership::follower(me),
-        None => crate::leader::Leadership::sole(me),
+        Some(_) => crate::domain::leadership::Leadership::follower(me),
+        None => crate::domain::leadership::Leadership::sole(me),
     };
     let app = Arc::new(App {
         leadership,
-        registrar: crate::api::registrar::Registrar::start(store.clone()),
+        registrar: crate::domain::registrar::Registrar::start(store.clone()),
         store,
         ca: secrets.ca,
         ca_pin,
@@ -429,7 +440,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             machine_cert_ttl: cfg.machine_cert_ttl,
             join_token_ttl: cfg.join_token_ttl,
             reconcile_period: Duration::from_secs(2).min(cfg.heartbeat_interval),
-            health_defaults: crate::health::Policy::defaults(cfg.heartbeat_timeout),
+            health_defaults: crate::domain::health::Policy::defaults(cfg.heartbeat_timeout),
         },
         liveness: Mutex::new(Default::default()),
         reconcile_now: Default::default(),
@@ -438,14 +449,14 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         aws: Default::default(),
         provision_retries: Default::default(),
         listen_requests: listen_tx,
-        audit: crate::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(|source| {
-            StartupFileError {
+        audit: crate::domain::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(
+            |source| StartupFileError {
                 action: "open the audit log",
                 path: cfg.data_dir.join("audit.log"),
                 source,
-            }
-        })?,
-        register_limiter: crate::ratelimit::RateLimiter::new(
+            },
+        )?,
+        register_limiter: crate::domain::ratelimit::RateLimiter::new(
             cfg.registration_rate,
             cfg.registration_rate.saturating_mul(5),
         ),
@@ -471,24 +482,24 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             stop_tx.subscribe(),
         ))
     });
-    let sweeper = tokio::spawn(crate::provisioner::run_sweeper(
+    let sweeper = tokio::spawn(crate::reconcile::provisioner::run_sweeper(
         app.clone(),
         Duration::from_secs(15),
         stop_tx.subscribe(),
     ));
     // Machines of docker clusters made before this start, or by another
     // replica, reach this one only once it listens on their gateway.
-    let gateways = tokio::spawn(crate::provisioner::run_gateway_listeners(
+    let gateways = tokio::spawn(crate::reconcile::provisioner::run_gateway_listeners(
         app.clone(),
-        crate::provisioner::GATEWAY_CHECK_PERIOD,
+        crate::reconcile::provisioner::GATEWAY_CHECK_PERIOD,
         stop_tx.subscribe(),
     ));
     let trimmer = tokio::spawn(crate::memory::run_trimmer(
         crate::memory::TRIM_PERIOD,
         stop_tx.subscribe(),
     ));
-    let router = crate::api::router(app.clone());
-    let connections = crate::server::ConnectionPolicy {
+    let router = crate::http::router(app.clone());
+    let connections = crate::http::server::ConnectionPolicy {
         body_timeout: cfg.request_body_timeout,
         admission,
         drain: cfg.drain,
@@ -519,7 +530,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
                         tracing::info!(%addr, "also listening on a machine network");
                         listening.insert(req.ip);
                         let mut stop = stop.clone();
-                        servers.push(tokio::spawn(crate::server::run(
+                        servers.push(tokio::spawn(crate::http::server::run(
                             l,
                             tls.clone(),
                             router.clone(),
@@ -531,7 +542,9 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
                         let _ = req.reply.send(Ok(bound.port()));
                     }
                     Err(e) => {
-                        let _ = req.reply.send(Err(format!("cannot listen on {addr}: {e}")));
+                        let _ = req
+                            .reply
+                            .send(Err(crate::app::ListenError::Bind { addr, source: e }));
                     }
                 }
             }
@@ -541,7 +554,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         })
     };
     tracing::info!(%bound, "coordinator serving");
-    crate::server::run(listener, tls, router, shutdown_signal(), connections).await;
+    crate::http::server::run(listener, tls, router, shutdown_signal(), connections).await;
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
     let _ = sweeper.await;
@@ -588,15 +601,16 @@ fn open_sealed(store: Store, cfg: &ServeConfig) -> anyhow::Result<Store> {
     use anyhow::Context;
     let first_start = !store.has_secrets()?;
     let key_file = cfg.key_file();
-    if !first_start && std::env::var(crate::keyring::KEY_ENV).is_err() && !key_file.exists() {
+    if !first_start && std::env::var(crate::store::keyring::KEY_ENV).is_err() && !key_file.exists()
+    {
         anyhow::bail!(
             "refusing to start: the store ({}) holds encrypted secrets but the encryption key file {} does not exist; start with the key this store was written with (--encryption-key-file or {})",
             store.describe(),
             key_file.display(),
-            crate::keyring::KEY_ENV
+            crate::store::keyring::KEY_ENV
         );
     }
-    let (keyring, created) = crate::keyring::Keyring::load(&key_file, first_start)
+    let (keyring, created) = crate::store::keyring::Keyring::load(&key_file, first_start)
         .context("refusing to start: cannot load the encryption key")?;
     if created {
         tracing::warn!(
@@ -711,7 +725,7 @@ mod tests {
             etcd_cert_file: None,
             etcd_key_file: None,
             request_body_timeout: Duration::from_secs(30),
-            unauthenticated: crate::server::UnauthenticatedCaps {
+            unauthenticated: crate::http::server::UnauthenticatedCaps {
                 per_source: 256,
                 total: 4096,
             },

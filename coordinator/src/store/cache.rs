@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{Kind, Record};
+use super::backend::{Kind, Record};
 
 /// The cache; shared by the `Store` handles and the etcd watch.
 #[derive(Default)]

@@ -79,8 +79,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::broadcast;
 
+use super::backend::{Backend, Change, Fence, Kind, Op, Record, StoreError};
 use super::cache::{self, ReadCache};
-use super::{Backend, Change, Fence, Kind, Op, Record, StoreError};
 
 /// Objects read per range request when listing a kind.
 const PAGE: i64 = 256;
@@ -194,7 +194,7 @@ impl EtcdTls {
                 let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
                     err(TlsFile::Key, key, format!("holds no PEM private key: {e}"))
                 })?;
-                rustls::ClientConfig::builder_with_provider(crate::server::provider())
+                rustls::ClientConfig::builder_with_provider(crate::tls::provider())
                     .with_safe_default_protocol_versions()
                     .expect("the provider supports TLS 1.2 and 1.3")
                     .with_root_certificates(roots)

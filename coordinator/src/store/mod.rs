@@ -20,149 +20,17 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
+mod backend;
 mod cache;
 mod etcd;
+pub mod keyring;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod test_etcd;
 
-pub use etcd::{Election, EtcdOptions, EtcdTls, TlsFile};
-
-/// The kinds of object the store holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    Cluster,
-    Machine,
-    RegistrationToken,
-    /// Key material and other secrets, never served by the API.
-    Secret,
-    /// Per-cluster kubeadm join tokens.
-    JoinTokens,
-}
-
-impl Kind {
-    /// Kinds whose bodies are encrypted at rest.
-    pub fn is_sealed(self) -> bool {
-        matches!(self, Kind::Secret | Kind::JoinTokens)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Cluster => "clusters",
-            Kind::Machine => "machines",
-            Kind::RegistrationToken => "registrationtokens",
-            Kind::Secret => "secrets",
-            Kind::JoinTokens => "jointokens",
-        }
-    }
-
-    /// Every kind, for backends that map names back to kinds.
-    pub const ALL: [Kind; 5] = [
-        Kind::Cluster,
-        Kind::Machine,
-        Kind::RegistrationToken,
-        Kind::Secret,
-        Kind::JoinTokens,
-    ];
-
-    /// The kind whose `as_str` is `s`.
-    pub fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-/// A stored object: its name, the revision of its last write and its body.
-#[derive(Debug, Clone)]
-pub struct Record {
-    pub name: String,
-    pub revision: u64,
-    pub body: Vec<u8>,
-}
-
-/// One operation of a transaction.
-#[derive(Debug, Clone)]
-pub enum Op {
-    /// Fails with `AlreadyExists` if the object exists.
-    Create {
-        kind: Kind,
-        name: String,
-        body: Vec<u8>,
-    },
-    /// Fails with `NotFound`, or `Conflict` if `expected_revision` is given
-    /// and differs from the stored one.
-    Update {
-        kind: Kind,
-        name: String,
-        body: Vec<u8>,
-        expected_revision: Option<u64>,
-    },
-    /// Fails like `Update`.
-    Delete {
-        kind: Kind,
-        name: String,
-        expected_revision: Option<u64>,
-    },
-}
-
-/// Store failures, each naming the object concerned.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("{kind} {name:?} already exists")]
-    AlreadyExists { kind: &'static str, name: String },
-    #[error("{kind} {name:?} not found")]
-    NotFound { kind: &'static str, name: String },
-    #[error("{kind} {name:?} was changed concurrently (expected resourceVersion {expected}, found {found}); read it again and retry")]
-    Conflict {
-        kind: &'static str,
-        name: String,
-        expected: u64,
-        found: u64,
-    },
-    #[error("stored {kind} {name:?} is corrupt: {detail}")]
-    Corrupt {
-        kind: &'static str,
-        name: String,
-        detail: String,
-    },
-    #[error("store backend failed: {0}")]
-    Backend(String),
-    #[error("write refused: this coordinator's leadership term {term} has ended ({detail}); the new leader makes this change")]
-    Fenced { term: u64, detail: String },
-    #[error(transparent)]
-    Sealed(#[from] crate::keyring::KeyError),
-}
-
-/// A committed change, broadcast to watchers. With SQLite, the writes of
-/// this process; with etcd, the writes of every replica.
-#[derive(Debug, Clone)]
-pub struct Change {
-    pub kind: Kind,
-    pub name: String,
-    pub revision: u64,
-    pub deleted: bool,
-}
-
-/// What a backend provides. Bodies arrive sealed and leave as stored; the
-/// `Store` around it seals and opens. Semantics every backend keeps:
-///
-/// - one global revision, advanced by every committed transaction; every
-///   object written by a transaction gets that transaction's revision;
-/// - `txn` applies its operations in order, all or nothing, with exactly
-///   the preconditions and errors documented on [`Op`] (the first failing
-///   operation's error is returned);
-/// - `list` is ordered by name;
-/// - every committed write reaches the `broadcast::Sender<Change>` the
-///   backend was opened with, one `Change` per written object.
-trait Backend: Send + Sync {
-    fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError>;
-    fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError>;
-    /// With a `fence`, the transaction also requires that leadership term
-    /// to be current, and fails with [`StoreError::Fenced`] otherwise. A
-    /// single-replica backend has one term forever and ignores it.
-    fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError>;
-    /// Where the data lives, for messages ("SQLite database /d/drover.db").
-    fn describe(&self) -> String;
-}
+use backend::Backend;
+pub use backend::{Change, Fence, Kind, Op, Record, StoreError};
+pub use etcd::{Election, EtcdOptions, EtcdTls, EtcdTlsError, TlsFile};
 
 /// Where `drover serve` keeps its objects (`--store`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,23 +46,25 @@ pub enum Location {
 }
 
 impl std::str::FromStr for Location {
-    type Err = String;
+    type Err = LocationError;
 
     /// `sqlite`, `sqlite:DIR`, or `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        const USAGE: &str =
-            "expected sqlite, sqlite:DIR or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]";
+    fn from_str(s: &str) -> Result<Self, LocationError> {
         if s == "sqlite" {
             return Ok(Location::Sqlite(None));
         }
         if let Some(dir) = s.strip_prefix("sqlite:") {
             if dir.is_empty() || dir.starts_with("//") {
-                return Err(format!("{s:?}: sqlite:DIR needs a directory path; {USAGE}"));
+                return Err(LocationError::NoSqliteDir {
+                    input: s.to_owned(),
+                });
             }
             return Ok(Location::Sqlite(Some(PathBuf::from(dir))));
         }
         let Some(rest) = s.strip_prefix("etcd://") else {
-            return Err(format!("{s:?} is not a store; {USAGE}"));
+            return Err(LocationError::NotAStore {
+                input: s.to_owned(),
+            });
         };
         let (hosts, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -202,14 +72,18 @@ impl std::str::FromStr for Location {
         };
         let mut endpoints = vec![];
         for ep in hosts.split(',') {
-            endpoints.push(parse_endpoint(ep).map_err(|why| format!("{s:?}: {why}; {USAGE}"))?);
+            endpoints.push(parse_endpoint(ep).map_err(|why| LocationError::Endpoint {
+                input: s.to_owned(),
+                why,
+            })?);
         }
         let prefix = path.trim_end_matches('/');
         let prefix = if prefix.is_empty() { "/drover" } else { prefix };
         if prefix.contains("//") || prefix.chars().any(|c| c.is_control() || c == ' ') {
-            return Err(format!(
-                "{s:?}: the key prefix {prefix:?} is malformed; {USAGE}"
-            ));
+            return Err(LocationError::Prefix {
+                input: s.to_owned(),
+                prefix: prefix.to_owned(),
+            });
         }
         Ok(Location::Etcd {
             endpoints,
@@ -231,37 +105,62 @@ impl std::fmt::Display for Location {
 }
 
 /// Checks one `host:port` (or `[v6]:port`) of an etcd URL.
-fn parse_endpoint(ep: &str) -> Result<String, String> {
+fn parse_endpoint(ep: &str) -> Result<String, EndpointError> {
     let (host, port) = if let Some(v6) = ep.strip_prefix('[') {
         let (h, p) = v6
             .split_once("]:")
-            .ok_or_else(|| format!("endpoint {ep:?} is not [IPV6]:PORT"))?;
+            .ok_or_else(|| EndpointError::NotIpv6Port(ep.to_owned()))?;
         h.parse::<std::net::Ipv6Addr>()
-            .map_err(|_| format!("endpoint {ep:?} has a malformed IPv6 address"))?;
+            .map_err(|_| EndpointError::BadIpv6(ep.to_owned()))?;
         (h, p)
     } else {
         ep.rsplit_once(':')
-            .ok_or_else(|| format!("endpoint {ep:?} is not HOST:PORT"))?
+            .ok_or_else(|| EndpointError::NotHostPort(ep.to_owned()))?
     };
     let valid_host = !host.is_empty()
         && host
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
     if !valid_host {
-        return Err(format!("endpoint {ep:?} has no valid host"));
+        return Err(EndpointError::BadHost(ep.to_owned()));
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(ep.to_owned()),
-        _ => Err(format!("endpoint {ep:?} has no valid port")),
+        _ => Err(EndpointError::BadPort(ep.to_owned())),
     }
 }
 
-/// A leadership term: the revision at which this replica's leader key was
-/// created. Writes made inside [`fenced`] carry it, and the store commits
-/// them only while that term is current, so a leader that was paused past
-/// its lease and wakes up late cannot change anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fence(pub u64);
+/// What `--store` accepts.
+const LOCATION_USAGE: &str =
+    "expected sqlite, sqlite:DIR or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]";
+
+/// Why a `--store` value is not a store location.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LocationError {
+    #[error("{input:?}: sqlite:DIR needs a directory path; {usage}", usage = LOCATION_USAGE)]
+    NoSqliteDir { input: String },
+    #[error("{input:?} is not a store; {usage}", usage = LOCATION_USAGE)]
+    NotAStore { input: String },
+    #[error("{input:?}: {why}; {usage}", usage = LOCATION_USAGE)]
+    Endpoint { input: String, why: EndpointError },
+    #[error("{input:?}: the key prefix {prefix:?} is malformed; {usage}", usage = LOCATION_USAGE)]
+    Prefix { input: String, prefix: String },
+}
+
+/// Why one `host:port` of an etcd URL is malformed.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    #[error("endpoint {0:?} is not [IPV6]:PORT")]
+    NotIpv6Port(String),
+    #[error("endpoint {0:?} has a malformed IPv6 address")]
+    BadIpv6(String),
+    #[error("endpoint {0:?} is not HOST:PORT")]
+    NotHostPort(String),
+    #[error("endpoint {0:?} has no valid host")]
+    BadHost(String),
+    #[error("endpoint {0:?} has no valid port")]
+    BadPort(String),
+}
 
 tokio::task_local! {
     static FENCE: Fence;
@@ -308,7 +207,7 @@ pub struct Store {
     /// The last known copy of every object of a kind not sealed at rest.
     cache: Arc<cache::ReadCache>,
     /// Seals secret kinds at rest; `None` only in tests of the store itself.
-    keyring: Option<Arc<RwLock<crate::keyring::Keyring>>>,
+    keyring: Option<Arc<RwLock<crate::store::keyring::Keyring>>>,
     /// Leader election, on a store several replicas share (etcd).
     election: Option<etcd::Election>,
     /// The exclusive lock of a SQLite database being served.
@@ -398,13 +297,13 @@ impl Store {
     }
 
     /// Encrypts secret kinds with `keyring` from now on.
-    pub fn with_keyring(mut self, keyring: Arc<RwLock<crate::keyring::Keyring>>) -> Self {
+    pub fn with_keyring(mut self, keyring: Arc<RwLock<crate::store::keyring::Keyring>>) -> Self {
         self.keyring = Some(keyring);
         self
     }
 
     /// The keyring, if the store encrypts.
-    pub fn keyring(&self) -> Option<&Arc<RwLock<crate::keyring::Keyring>>> {
+    pub fn keyring(&self) -> Option<&Arc<RwLock<crate::store::keyring::Keyring>>> {
         self.keyring.as_ref()
     }
 
@@ -499,7 +398,7 @@ impl Store {
                     .expect("keyring lock")
                     .primary_id()
                     .to_owned();
-                let sealed_with = crate::keyring::Keyring::sealed_with(&r.body);
+                let sealed_with = crate::store::keyring::Keyring::sealed_with(&r.body);
                 let opened = self.open(kind, r.clone())?;
                 if sealed_with.as_deref() != Some(primary.as_str()) {
                     todo.push((kind, opened));
@@ -1075,8 +974,8 @@ mod tests {
         assert!(s.create_json(Kind::Secret, "k2", &"v").unwrap() > rev);
     }
 
-    fn ring(k: &str) -> Arc<RwLock<crate::keyring::Keyring>> {
-        use crate::keyring::{KeySource, Keyring};
+    fn ring(k: &str) -> Arc<RwLock<crate::store::keyring::Keyring>> {
+        use crate::store::keyring::{KeySource, Keyring};
         Arc::new(RwLock::new(Keyring::parse(k, KeySource::Env).unwrap()))
     }
 

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use tokio::sync::broadcast;
 
-use super::{Backend, Change, Kind, Op, Record, StoreError};
+use super::backend::{Backend, Change, Fence, Kind, Op, Record, StoreError};
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -88,7 +88,7 @@ impl Backend for Sqlite {
         rows.collect::<Result<Vec<_>, _>>().map_err(Into::into)
     }
 
-    fn txn(&self, ops: &[Op], _fence: Option<super::Fence>) -> Result<u64, StoreError> {
+    fn txn(&self, ops: &[Op], _fence: Option<Fence>) -> Result<u64, StoreError> {
         let mut conn = self.conn.lock().expect("store lock poisoned");
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let revision: i64 = tx

@@ -17,9 +17,11 @@ use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
 use drover_common::API_VERSION;
 use serde::{Deserialize, Serialize};
 
-use super::{Admin, ApiError};
+use super::auth::Admin;
+use super::error::ApiError;
 use crate::app::App;
 use crate::store::Kind;
+pub use crate::types::CoordinatorEntry;
 
 /// A `{name}` path segment that is a valid object name (a DNS-1123
 /// subdomain). Every route naming an object takes one, so a name such as
@@ -54,7 +56,7 @@ const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every cluster, by name.", body = Vec<Cluster>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_clusters(
@@ -73,8 +75,8 @@ pub async fn list_clusters(
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 200, description = "The cluster.", body = Cluster),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 404, response = super::responses::NotFound),
     ),
 )]
 pub async fn get_cluster(
@@ -127,20 +129,20 @@ fn parse_cluster(headers: &HeaderMap, body: &[u8]) -> Result<Cluster, ApiError> 
     request_body(
         description = "A Cluster document, YAML (what `drover apply -f` sends) or JSON.",
         content(
-            (Cluster = "application/yaml", example = super::openapi::example_cluster),
-            (Cluster = "application/json", example = super::openapi::example_cluster),
+            (Cluster = "application/yaml", example = super::responses::example_cluster),
+            (Cluster = "application/json", example = super::responses::example_cluster),
         ),
     ),
     responses(
         (status = 200, description = "The cluster was updated, or already matched the document.", body = Cluster),
         (status = 201, description = "The cluster was created.", body = Cluster),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn apply_cluster(
@@ -148,7 +150,7 @@ pub async fn apply_cluster(
     admin: Admin,
     ObjectName(name): ObjectName,
     headers: HeaderMap,
-    super::RawBody(body): super::RawBody,
+    super::body::RawBody(body): super::body::RawBody,
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
     admin.require_write()?;
     let mut desired = parse_cluster(&headers, &body)?;
@@ -240,10 +242,10 @@ pub async fn apply_cluster(
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 202, description = "Deletion was requested (or already under way); the cluster as marked.", body = Cluster),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn delete_cluster(
@@ -272,16 +274,16 @@ pub struct CoordinatorStatus {
     /// The coordinator's version.
     pub version: String,
     /// This replica.
-    pub replica: crate::leader::ReplicaInfo,
+    pub replica: crate::types::ReplicaInfo,
     /// Whether this replica leads (runs the loops, answers machines).
     pub leader: bool,
     /// The leader's URL, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_url: Option<String>,
     /// Its background loops.
-    pub loops: Vec<crate::reconcile::LoopStatus>,
+    pub loops: Vec<crate::reconcile::status::LoopStatus>,
     /// Its API server's connections and TLS handshakes.
-    pub connections: crate::server::ConnectionStats,
+    pub connections: crate::http::server::ConnectionStats,
 }
 
 /// `GET /v1/status`: the coordinator's version and its background loops.
@@ -292,7 +294,7 @@ pub struct CoordinatorStatus {
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The coordinator and its loops.", body = CoordinatorStatus),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<CoordinatorStatus> {
@@ -300,20 +302,14 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
     Json(CoordinatorStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         replica: app.leadership.me.clone(),
-        leader: matches!(app.leadership.role(), crate::leader::Role::Leader { .. }),
+        leader: matches!(
+            app.leadership.role(),
+            crate::domain::leadership::Role::Leader { .. }
+        ),
         leader_url: app.leadership.leader_url(),
         loops: vec![reconciler],
-        connections: crate::server::connection_stats(),
+        connections: crate::http::server::connection_stats(),
     })
-}
-
-/// One coordinator replica and whether it leads.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CoordinatorEntry {
-    #[serde(flatten)]
-    pub replica: crate::leader::ReplicaInfo,
-    pub leader: bool,
 }
 
 /// `GET /v1/coordinators`: every coordinator replica sharing this store,
@@ -325,7 +321,7 @@ pub struct CoordinatorEntry {
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The replicas, by id.", body = Vec<CoordinatorEntry>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn coordinators(
@@ -349,7 +345,7 @@ pub async fn coordinators(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every machine, by name.", body = Vec<Machine>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_machines(
@@ -368,8 +364,8 @@ pub async fn list_machines(
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
         (status = 200, description = "The machine.", body = Machine),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 404, response = super::responses::NotFound),
     ),
 )]
 pub async fn get_machine(
@@ -397,10 +393,10 @@ pub async fn get_machine(
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
         (status = 200, description = "The machine, its identity revoked.", body = Machine),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
     ),
 )]
 pub async fn revoke_machine(
@@ -446,19 +442,19 @@ pub async fn revoke_machine(
     ),
     responses(
         (status = 201, description = "The token, and the bootstrap document (with its ticket) to hand to `drover-agent --bootstrap`.", body = CreatedRegistrationToken),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn create_token(
     State(app): State<Arc<App>>,
     admin: Admin,
-    super::Body(req): super::Body<CreateRegistrationToken>,
+    super::body::Body(req): super::body::Body<CreateRegistrationToken>,
 ) -> Result<(StatusCode, Json<CreatedRegistrationToken>), ApiError> {
     admin.require_write()?;
     let mut errors = vec![];
@@ -560,7 +556,7 @@ pub async fn create_token(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every registration token, by name.", body = Vec<RegistrationToken>),
-        (status = 401, response = super::openapi::Unauthorized),
+        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_tokens(
@@ -588,10 +584,10 @@ pub async fn list_tokens(
     params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
     responses(
         (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn revoke_token_put(
@@ -612,10 +608,10 @@ pub async fn revoke_token_put(
     params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
     responses(
         (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn revoke_token(
@@ -664,14 +660,14 @@ fn default_kubeconfig_ttl() -> u64 {
     ),
     responses(
         (status = 200, description = "An admin kubeconfig with a client certificate signed by the cluster CA.", body = KubeconfigResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn kubeconfig(
@@ -705,14 +701,19 @@ pub async fn kubeconfig(
             "cluster {name} has no control-plane endpoint yet; wait until its first control-plane machine is assigned"
         ))
     })?;
-    let pki = crate::reconcile::load_pki(&app, &cluster)?.ok_or_else(|| {
+    let pki = crate::domain::secrets::load_pki(&app.store, &cluster)?.ok_or_else(|| {
         ApiError::conflict(format!(
             "cluster {name} has no PKI yet; wait for the reconciler"
         ))
     })?;
-    let kc =
-        crate::kubeconfig::admin_kubeconfig(&name, &endpoint, &pki.ca.ca(), ttl, &admin.token_id)
-            .map_err(ApiError::internal)?;
+    let kc = crate::domain::kubeconfig::admin_kubeconfig(
+        &name,
+        &endpoint,
+        &pki.ca.ca(),
+        ttl,
+        &admin.token_id,
+    )
+    .map_err(ApiError::internal)?;
     tracing::info!(cluster = %name, by = %admin.token_id, ttl, "admin kubeconfig issued");
     Ok(Json(kc))
 }

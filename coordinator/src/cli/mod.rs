@@ -1,5 +1,7 @@
 //! The operator commands: apply, get, describe, delete, kubeconfig, token.
 
+pub mod client;
+
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -12,8 +14,35 @@ use drover_common::api::{
 use drover_common::wire::ProbeState;
 use time::OffsetDateTime;
 
-use crate::client::{Client, ConnectArgs};
-use crate::Command;
+use crate::cli::client::{Client, ConnectArgs};
+
+/// The operator commands: each talks to a coordinator through [`Client`].
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Create or update objects from a YAML file.
+    Apply(ApplyArgs),
+    /// List objects.
+    Get(GetArgs),
+    /// Show one object in detail.
+    Describe(DescribeArgs),
+    /// Delete an object.
+    Delete(DeleteArgs),
+    /// Print an admin kubeconfig for a cluster.
+    Kubeconfig(KubeconfigArgs),
+    /// Manage registration tokens for self-registering machines.
+    Token(TokenArgs),
+    /// Change the replica count of one pool of a cluster.
+    Scale(ScaleArgs),
+    /// Manage admin tokens (roles admin and viewer).
+    AdminToken(AdminTokenArgs),
+    /// Manage the keys that encrypt secrets at rest.
+    Keys(KeysArgs),
+    /// Show the audit log.
+    Audit(AuditArgs),
+    /// Revoke a machine's identity: every certificate of it is refused from
+    /// its next request on.
+    Revoke(RevokeArgs),
+}
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
@@ -186,39 +215,43 @@ pub enum TokenCommand {
     },
 }
 
-fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, String> {
+/// Why a `--labels` value is refused.
+#[derive(Debug, thiserror::Error)]
+enum LabelsError {
+    #[error("label {0:?} must be key=value")]
+    NotKeyValue(String),
+    #[error("{0} (keys: an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' and '.'; values: empty or the same shape)")]
+    Invalid(drover_common::names::NameError),
+}
+
+fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, LabelsError> {
     let mut out = BTreeMap::new();
     for pair in s.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = pair
             .split_once('=')
-            .ok_or_else(|| format!("label {pair:?} must be key=value"))?;
+            .ok_or_else(|| LabelsError::NotKeyValue(pair.to_owned()))?;
         out.insert(k.trim().to_owned(), v.trim().to_owned());
     }
     if let Some(e) = drover_common::names::check_labels(&out).into_iter().next() {
-        return Err(format!(
-            "{e} (keys: an optional DNS subdomain and '/', then up to 63 letters, digits, '-', '_' and '.'; values: empty or the same shape)"
-        ));
+        return Err(LabelsError::Invalid(e));
     }
     Ok(out)
 }
 
 /// Parses an object name argument: a DNS-1123 subdomain, checked before any
 /// request so a name can never reach another path (`../admintokens/x`).
-fn object_name(s: &str) -> Result<String, String> {
-    drover_common::names::check_object_name("name", s)
-        .map(|()| s.to_owned())
-        .map_err(|e| e.to_string())
+fn object_name(s: &str) -> Result<String, drover_common::names::NameError> {
+    drover_common::names::check_object_name("name", s).map(|()| s.to_owned())
 }
 
 /// An API path from its segments, each percent-encoded.
 fn api_path(segments: &[&str]) -> String {
-    crate::client::path(segments)
+    crate::cli::client::path(segments)
 }
 
 /// Runs one operator command.
 pub async fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
-        Command::Serve(_) => unreachable!("serve is handled by main"),
         Command::Apply(a) => apply(a).await,
         Command::Get(g) => get(g).await,
         Command::Describe(d) => describe(d).await,
@@ -431,17 +464,13 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
             emit(&list, g.output, tokens_table)
         }
         Resource::Coordinators => {
-            let list: Vec<crate::api::admin::CoordinatorEntry> =
-                client.get("/v1/coordinators").await?;
+            let list: Vec<crate::types::CoordinatorEntry> = client.get("/v1/coordinators").await?;
             emit(&list, g.output, coordinators_table)
         }
     }
 }
 
-fn coordinators_table(
-    list: &[crate::api::admin::CoordinatorEntry],
-    _wide: bool,
-) -> Vec<Vec<String>> {
+fn coordinators_table(list: &[crate::types::CoordinatorEntry], _wide: bool) -> Vec<Vec<String>> {
     let mut rows = vec![["ID", "ROLE", "URL", "VERSION", "AGE"]
         .map(String::from)
         .to_vec()];
@@ -613,7 +642,7 @@ pub fn health_summary(m: &Machine) -> String {
         .status
         .conditions
         .iter()
-        .find(|c| c.type_ == crate::health::ALIVE_CONDITION && c.status == "False")
+        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False")
     {
         return c.reason.clone();
     }
@@ -1079,7 +1108,7 @@ pub enum AdminTokenCommand {
 
 /// `drover admin-token ...`.
 pub async fn admin_token(cmd: AdminTokenCommand) -> anyhow::Result<()> {
-    use crate::api::security::{AdminTokenInfo, CreatedAdminToken};
+    use crate::types::{AdminTokenInfo, CreatedAdminToken};
     match cmd {
         AdminTokenCommand::Create { role, conn } => {
             let client = Client::connect(&conn)?;
@@ -1142,7 +1171,7 @@ pub enum KeysCommand {
 
 /// `drover keys ...`.
 pub async fn keys(cmd: KeysCommand) -> anyhow::Result<()> {
-    use crate::api::security::KeysInfo;
+    use crate::types::KeysInfo;
     match cmd {
         KeysCommand::List { conn } => {
             let info: KeysInfo = Client::connect(&conn)?.get("/v1/keys").await?;
@@ -1181,7 +1210,7 @@ pub struct AuditArgs {
 
 /// `drover audit`: who changed what, and when.
 pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
-    let list: Vec<crate::audit::AuditEntry> = Client::connect(&a.conn)?
+    let list: Vec<crate::types::AuditEntry> = Client::connect(&a.conn)?
         .get(&format!("/v1/audit?limit={}", a.limit))
         .await?;
     match a.output {

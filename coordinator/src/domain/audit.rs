@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
+pub use crate::types::AuditEntry;
 
 /// The longest path recorded, in bytes; longer ones are cut and end in `…`.
 pub const MAX_PATH_BYTES: usize = 256;
@@ -32,30 +31,6 @@ const MAX_TRACKED_SOURCES: usize = 4096;
 pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// Rotated files kept (`audit.log.1` is the newest).
 const KEPT_FILES: usize = 3;
-
-/// One audited request.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AuditEntry {
-    #[serde(with = "time::serde::rfc3339")]
-    pub time: OffsetDateTime,
-    /// `admin-token:<id> (<role>)`, `machine:<name>`, `invalid-admin-token`
-    /// or `anonymous`.
-    pub actor: String,
-    /// The client's address.
-    pub source: String,
-    /// The method; `*` in a summary entry.
-    pub method: String,
-    /// The path, at most 256 bytes (a longer one is cut and ends in `…`);
-    /// in a summary entry, the last refused path.
-    pub path: String,
-    /// The HTTP status of the answer (the last one, in a summary entry).
-    pub status: u16,
-    /// In a summary entry: how many refused requests from `source` it
-    /// stands for, which were not recorded one by one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub suppressed: Option<u64>,
-}
 
 impl AuditEntry {
     /// A refusal of a client that proved no identity.

@@ -24,12 +24,12 @@ use tower::ServiceExt;
 /// parsed once when the connection is accepted: every request on the
 /// connection shares the result instead of parsing the certificate again.
 #[derive(Clone, Debug, Default)]
-pub struct PeerCertificate(pub Option<Arc<Result<CertInfo, String>>>);
+pub struct PeerCertificate(pub Option<Arc<Result<CertInfo, PkiError>>>);
 
 impl PeerCertificate {
     /// Parses a client certificate the TLS layer has verified.
     pub fn parse(der: &[u8]) -> Self {
-        Self(Some(Arc::new(cert_info(der).map_err(|e| e.to_string()))))
+        Self(Some(Arc::new(cert_info(der))))
     }
 
     /// The certificate's common name, when one was presented and parses.
@@ -398,20 +398,7 @@ pub enum TlsSetupError {
     Verifier(String),
 }
 
-/// The crypto provider every rustls configuration of the coordinator uses:
-/// ring's, with TLS 1.3's AES-128-GCM-SHA256 suite first. Its key schedule
-/// runs on SHA-256, which CPUs do in hardware (SHA-NI, ARMv8 SHA); ring's
-/// default first suite, AES-256-GCM-SHA384, runs it on SHA-512 in software,
-/// and a resumed handshake is mostly key schedule.
-pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut provider = rustls::crypto::ring::default_provider();
-    let first = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256;
-    provider
-        .cipher_suites
-        .retain(|s| s.suite() != first.suite());
-    provider.cipher_suites.insert(0, first);
-    Arc::new(provider)
-}
+use crate::tls::provider;
 
 /// Builds the server TLS configuration: a fresh serving certificate for
 /// `dns_names`/`ips` signed by the coordinator CA, the CA itself appended to
@@ -966,10 +953,10 @@ mod tests {
             .route(
                 "/echo",
                 axum::routing::post(
-                    |crate::api::RawBody(body): crate::api::RawBody| async move { body },
+                    |crate::http::RawBody(body): crate::http::RawBody| async move { body },
                 ),
             )
-            .layer(axum::middleware::from_fn(crate::api::close_if_body_unread));
+            .layer(axum::middleware::from_fn(crate::http::close_if_body_unread));
         let admission: &'static Admission = Box::leak(Box::new(Admission::new(caps, None)));
         let policy = ConnectionPolicy {
             body_timeout,

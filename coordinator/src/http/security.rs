@@ -7,35 +7,19 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::{Admin, ApiError, Body};
+use super::auth::Admin;
+use super::body::Body;
+use super::error::ApiError;
 use crate::app::App;
-use crate::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
+use crate::domain::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
 use crate::store::{Kind, StoreError};
+pub use crate::types::{AdminTokenInfo, CreatedAdminToken, KeysInfo};
 
 /// `POST /v1/admintokens`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateAdminToken {
     pub role: AdminRole,
-}
-
-/// An admin token as listed: never its secret.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AdminTokenInfo {
-    pub id: String,
-    pub role: AdminRole,
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: time::OffsetDateTime,
-}
-
-/// The answer to a creation: the only time the secret is shown.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CreatedAdminToken {
-    pub id: String,
-    pub role: AdminRole,
-    pub token: String,
 }
 
 fn modify_tokens(
@@ -69,13 +53,13 @@ fn modify_tokens(
     request_body(content = CreateAdminToken, example = json!({"role": "viewer"})),
     responses(
         (status = 201, description = "The token, with its secret (shown once).", body = CreatedAdminToken),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 409, response = super::openapi::Conflict),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
     ),
 )]
 pub async fn create_admin_token(
@@ -109,8 +93,8 @@ pub async fn create_admin_token(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every admin token.", body = Vec<AdminTokenInfo>),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
     ),
 )]
 pub async fn list_admin_tokens(
@@ -146,10 +130,10 @@ pub async fn list_admin_tokens(
     params(("id" = String, Path, description = "The token's id (8 hex digits).", example = "0a1b2c3d")),
     responses(
         (status = 204, description = "Revoked."),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 404, response = super::openapi::NotFound),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn revoke_admin_token(
@@ -179,17 +163,6 @@ pub async fn revoke_admin_token(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The keyring's state.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct KeysInfo {
-    /// The key that encrypts, then older keys still accepted.
-    pub key_ids: Vec<String>,
-    /// Records re-encrypted by the rotation that produced this answer.
-    #[serde(default)]
-    pub resealed: usize,
-}
-
 /// `GET /v1/keys`: the ids of the keys that encrypt secrets at rest.
 #[utoipa::path(
     get,
@@ -198,8 +171,8 @@ pub struct KeysInfo {
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The key that encrypts, then older keys still accepted.", body = KeysInfo),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
     ),
 )]
 pub async fn list_keys(
@@ -227,9 +200,9 @@ pub async fn list_keys(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The keys after rotation and how many records were re-encrypted.", body = KeysInfo),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
-        (status = 409, response = super::openapi::Conflict),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 409, response = super::responses::Conflict),
     ),
 )]
 pub async fn rotate_keys(
@@ -249,7 +222,7 @@ pub async fn rotate_keys(
         let previous = {
             let mut r = ring.write().expect("keyring lock");
             let previous = r.clone();
-            r.push_primary(crate::keyring::Key::generate());
+            r.push_primary(crate::store::keyring::Key::generate());
             if let Err(e) = r.save() {
                 *r = previous;
                 return Err(ApiError::conflict(e.to_string()));
@@ -306,17 +279,17 @@ fn default_limit() -> usize {
     security(("adminToken" = [])),
     params(AuditQuery),
     responses(
-        (status = 200, description = "The last `limit` audit entries (at most 10000).", body = Vec<crate::audit::AuditEntry>),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, response = super::openapi::Unauthorized),
-        (status = 403, response = super::openapi::Forbidden),
+        (status = 200, description = "The last `limit` audit entries (at most 10000).", body = Vec<crate::domain::audit::AuditEntry>),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
     ),
 )]
 pub async fn read_audit(
     State(app): State<Arc<App>>,
     admin: Admin,
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Vec<crate::audit::AuditEntry>>, ApiError> {
+) -> Result<Json<Vec<crate::domain::audit::AuditEntry>>, ApiError> {
     admin.require_write()?;
     // A malformed query is refused with a problem document, like every other.
     let Query(q) = query.map_err(|rejection| ApiError::bad_request(rejection.body_text()))?;

@@ -2,14 +2,16 @@
 //! it, and the admin token, from flags, environment or the config file that
 //! `drover serve` writes at first start.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use drover_common::api::Problem;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+pub use crate::types::{default_config_path, ClientConfigFile};
 
 /// The error for a refused request: its problem document when it has one.
 fn failure(status: reqwest::StatusCode, body: &[u8]) -> anyhow::Error {
@@ -17,55 +19,6 @@ fn failure(status: reqwest::StatusCode, body: &[u8]) -> anyhow::Error {
         Ok(p) => anyhow::anyhow!("{p}"),
         Err(_) => anyhow::anyhow!("{status}: {}", String::from_utf8_lossy(body)),
     }
-}
-
-/// The client config file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ClientConfigFile {
-    pub server: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
-impl ClientConfigFile {
-    /// Writes the file with mode 0600 (it holds the admin token).
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(
-            serde_saphyr::to_string(self)
-                .expect("serializes")
-                .as_bytes(),
-        )?;
-        f.sync_all()?;
-        std::fs::rename(tmp, path)
-    }
-}
-
-/// The default client config path: `$DROVER_CONFIG`, else
-/// `$XDG_CONFIG_HOME/drover/config.yaml`, else `~/.config/drover/config.yaml`.
-pub fn default_config_path() -> PathBuf {
-    if let Ok(p) = std::env::var("DROVER_CONFIG") {
-        return PathBuf::from(p);
-    }
-    if let Ok(x) = std::env::var("XDG_CONFIG_HOME") {
-        return PathBuf::from(x).join("drover/config.yaml");
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(".config/drover/config.yaml")
 }
 
 /// Connection flags shared by every client command.
@@ -141,7 +94,7 @@ impl Client {
                 )
                 .context("unusable CA certificate")?;
         }
-        let tls = rustls::ClientConfig::builder_with_provider(crate::server::provider())
+        let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();

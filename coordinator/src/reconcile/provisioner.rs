@@ -10,7 +10,7 @@ use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
 use crate::app::App;
 use crate::provider::docker::{DockerProvider, COORDINATOR_HOST};
 use crate::provider::{CloudErrorClass, InstanceState, MachineRequest, ProviderError};
-use crate::reconcile::ReconcileError;
+use crate::reconcile::error::ReconcileError;
 use crate::store::StoreError;
 
 /// How long a machine ticket lives beyond the startup timeout.
@@ -98,7 +98,7 @@ fn bootstrap_document(
         .metadata
         .creation_timestamp
         .unwrap_or_else(drover_common::now);
-    let policy = crate::health::Policy::for_cluster(cluster, app.settings.health_defaults);
+    let policy = crate::domain::health::Policy::for_cluster(cluster, app.settings.health_defaults);
     let ttl = time::Duration::try_from(policy.startup_timeout)
         .unwrap_or(time::Duration::minutes(10))
         + TICKET_SLACK;
@@ -157,11 +157,11 @@ async fn provision_docker(
     let port = app
         .listen_on(network.gateway)
         .await
-        .map_err(|detail| ProviderError::Failed {
+        .map_err(|e| ProviderError::Failed {
             provider: "docker",
             action: "listen on the gateway of",
             object: format!("docker network {}", network.name),
-            detail,
+            detail: e.to_string(),
         })?;
     let coordinators =
         docker_coordinator_urls(app, port)
@@ -202,7 +202,7 @@ async fn docker_coordinator_urls(app: &App, own_port: u16) -> Result<Vec<String>
 /// so it is left out.
 fn gateway_urls<'a>(
     own_port: u16,
-    replicas: impl IntoIterator<Item = &'a crate::leader::ReplicaInfo>,
+    replicas: impl IntoIterator<Item = &'a crate::types::ReplicaInfo>,
 ) -> Vec<String> {
     let mut ports = vec![own_port];
     for r in replicas {
@@ -519,68 +519,6 @@ fn aws_regions(app: &App, clusters: &[Cluster]) -> std::collections::BTreeSet<St
     regions
 }
 
-/// Per-machine back-off of failed creates, kept in memory: a restart
-/// retries at once, which is what an operator restarting it wants.
-#[derive(Default)]
-pub struct ProvisionRetries(std::sync::Mutex<HashMap<String, Retry>>);
-
-#[derive(Debug, Clone, Copy)]
-struct Retry {
-    attempts: u32,
-    not_before: time::OffsetDateTime,
-    /// The cluster generation the failures were met at: a new spec (a fixed
-    /// AMI, say) is tried at once.
-    generation: u64,
-}
-
-impl ProvisionRetries {
-    /// When the machine's next create may run, if it must wait.
-    pub fn not_before(&self, machine: &str, generation: u64) -> Option<time::OffsetDateTime> {
-        self.0
-            .lock()
-            .expect("retry lock")
-            .get(machine)
-            .filter(|r| r.generation == generation)
-            .map(|r| r.not_before)
-    }
-
-    /// Records a failure; returns the attempt number and the delay before
-    /// the next one (exponential per failure class, with ±20 % jitter).
-    pub fn failed(
-        &self,
-        machine: &str,
-        generation: u64,
-        class: CloudErrorClass,
-        now: time::OffsetDateTime,
-    ) -> (u32, std::time::Duration) {
-        use rand::Rng;
-        let mut map = self.0.lock().expect("retry lock");
-        let attempts = map
-            .get(machine)
-            .filter(|r| r.generation == generation)
-            .map_or(0, |r| r.attempts)
-            + 1;
-        let (base, max) = class.backoff();
-        let exp = base.saturating_mul(1u32 << (attempts - 1).min(16)).min(max);
-        let jitter = rand::rng().random_range(0.8..1.2);
-        let delay = exp.mul_f64(jitter);
-        map.insert(
-            machine.to_owned(),
-            Retry {
-                attempts,
-                not_before: now + delay,
-                generation,
-            },
-        );
-        (attempts, delay)
-    }
-
-    /// Forgets a machine's failures.
-    pub fn succeeded(&self, machine: &str) {
-        self.0.lock().expect("retry lock").remove(machine);
-    }
-}
-
 /// Removes provider objects the store does not know: containers whose
 /// machine is not recorded (or only as a tombstone), and networks of
 /// clusters that no longer exist. Returns what it removed.
@@ -789,10 +727,11 @@ async fn verify_aws_instance(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::retries::ProvisionRetries;
 
     #[test]
     fn docker_machines_get_every_replicas_gateway_url_this_one_first() {
-        let replica = |id: &str, port: Option<u16>| crate::leader::ReplicaInfo {
+        let replica = |id: &str, port: Option<u16>| crate::types::ReplicaInfo {
             id: id.into(),
             url: format!("https://{id}"),
             version: "0.1.0".into(),
@@ -817,7 +756,7 @@ mod tests {
         // Alone, or the registry not listing this replica yet.
         assert_eq!(gateway_urls(7443, &[]), ["https://drover-coordinator:7443"]);
         // An announcement from a replica that predates gatewayPort parses.
-        let old: crate::leader::ReplicaInfo = serde_json::from_str(
+        let old: crate::types::ReplicaInfo = serde_json::from_str(
             r#"{"id":"a:1","url":"https://a:1","version":"0.0.9","startedAt":"2026-01-01T00:00:00Z"}"#,
         )
         .unwrap();

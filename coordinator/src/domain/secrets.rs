@@ -48,13 +48,7 @@ struct StoredTicketKey {
     key_b64: String,
 }
 
-/// A role an admin token grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum AdminRole {
-    Admin,
-    Viewer,
-}
+pub use crate::types::AdminRole;
 
 /// An admin token as stored: only its hash.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -196,4 +190,19 @@ pub fn new_admin_token(role: AdminRole) -> (String, AdminTokenRecord) {
 /// The stored form of an admin token.
 pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// Loads a cluster's PKI if it exists and belongs to this incarnation.
+pub fn load_pki(
+    store: &crate::store::Store,
+    cluster: &drover_common::api::Cluster,
+) -> Result<Option<ClusterPki>, crate::store::StoreError> {
+    let uid = cluster.metadata.uid.as_deref().unwrap_or_default();
+    Ok(store
+        .get_json::<ClusterPki>(
+            crate::store::Kind::Secret,
+            &cluster_pki_name(&cluster.metadata.name),
+        )?
+        .map(|(p, _)| p)
+        .filter(|p| p.cluster_uid == uid))
 }

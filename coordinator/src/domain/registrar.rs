@@ -18,11 +18,9 @@
 
 use std::collections::HashMap;
 
-use axum::http::StatusCode;
 use drover_common::api::{Machine, RegistrationToken};
 use tokio::sync::{mpsc, oneshot};
 
-use super::ApiError;
 use crate::store::{encode, Fence, Kind, Op, Store, StoreError};
 
 /// The most registrations one transaction commits. etcd allows 128
@@ -54,12 +52,33 @@ pub struct Registrar {
     queue: mpsc::Sender<Pending>,
 }
 
+/// Why a registration was refused or not committed. The HTTP edge answers
+/// each with its problem document.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    /// The token no longer exists, was revoked or expired.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Every use the token allows is spent (a replayed ticket).
+    #[error("{0}")]
+    UsedUp(String),
+    /// The generated machine name is taken (about one in two billion).
+    #[error("the generated machine name {name} is taken; register again")]
+    NameTaken { name: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The coordinator is stopping, the batch could not be stored, or the
+    /// token kept changing.
+    #[error("{0}")]
+    Internal(String),
+}
+
 struct Pending {
     reg: PoolRegistration,
     /// The leadership term of the request, so the commit is fenced as the
     /// request would have been.
     fence: Option<Fence>,
-    reply: oneshot::Sender<Result<(), ApiError>>,
+    reply: oneshot::Sender<Result<(), RegistrationError>>,
 }
 
 impl Registrar {
@@ -79,9 +98,10 @@ impl Registrar {
     }
 
     /// Queues a registration and waits for its commit (or refusal).
-    pub async fn register(&self, reg: PoolRegistration) -> Result<(), ApiError> {
+    pub async fn register(&self, reg: PoolRegistration) -> Result<(), RegistrationError> {
         let (reply, answer) = oneshot::channel();
-        let stopped = || ApiError::internal("the coordinator is shutting down; retry");
+        let stopped =
+            || RegistrationError::Internal("the coordinator is shutting down; retry".into());
         self.queue
             .send(Pending {
                 reg,
@@ -177,11 +197,9 @@ fn commit(store: &Store, mut pending: Vec<Pending>) {
             Err(StoreError::AlreadyExists { kind, name }) if kind == Kind::Machine.as_str() => {
                 for p in accepted {
                     if p.reg.machine.metadata.name == name {
-                        let _ = p.reply.send(Err(ApiError::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "Name taken",
-                            format!("the generated machine name {name} is taken; register again"),
-                        )));
+                        let _ = p
+                            .reply
+                            .send(Err(RegistrationError::NameTaken { name: name.clone() }));
                     } else {
                         pending.push(p);
                     }
@@ -194,12 +212,14 @@ fn commit(store: &Store, mut pending: Vec<Pending>) {
                 for p in accepted {
                     let err = if fenced {
                         // The same answer a fenced single write gets.
-                        ApiError::from(StoreError::Fenced {
+                        RegistrationError::Store(StoreError::Fenced {
                             term: p.fence.map_or(0, |f| f.0),
                             detail: detail.clone(),
                         })
                     } else {
-                        ApiError::internal(format!("cannot store the registration: {detail}"))
+                        RegistrationError::Internal(format!(
+                            "cannot store the registration: {detail}"
+                        ))
                     };
                     let _ = p.reply.send(Err(err));
                 }
@@ -208,7 +228,7 @@ fn commit(store: &Store, mut pending: Vec<Pending>) {
         }
     }
     for p in pending {
-        let _ = p.reply.send(Err(ApiError::internal(format!(
+        let _ = p.reply.send(Err(RegistrationError::Internal(format!(
             "registration token {} kept changing during 16 attempts; retry",
             p.reg.token_id
         ))));
@@ -221,13 +241,13 @@ fn redeem(
     store: &Store,
     tokens: &mut HashMap<String, (RegistrationToken, u64)>,
     reg: &mut PoolRegistration,
-) -> Result<(), ApiError> {
+) -> Result<(), RegistrationError> {
     let id = &reg.token_id;
     if !tokens.contains_key(id) {
         let found = store
             .get_json::<RegistrationToken>(Kind::RegistrationToken, id)?
             .ok_or_else(|| {
-                ApiError::unauthorized(format!(
+                RegistrationError::Unauthorized(format!(
                     "registration token {id} no longer exists; create a new one with `drover token create`"
                 ))
             })?;
@@ -235,19 +255,19 @@ fn redeem(
     }
     let (token, _) = tokens.get_mut(id).expect("inserted above");
     if token.spec.revoked {
-        return Err(ApiError::unauthorized(format!(
+        return Err(RegistrationError::Unauthorized(format!(
             "registration token {id} was revoked"
         )));
     }
     if token.spec.expires_at <= reg.now {
-        return Err(ApiError::unauthorized(format!(
+        return Err(RegistrationError::Unauthorized(format!(
             "registration token {id} expired at {}",
             token.spec.expires_at
         )));
     }
     if token.status.uses >= token.spec.max_uses {
         tracing::warn!(token = %id, hostname = %reg.machine.status.hostname, "replayed ticket refused");
-        return Err(ApiError::conflict(format!(
+        return Err(RegistrationError::UsedUp(format!(
             "ticket already used: registration token {id} allows {} registration(s) and all were used; create a new token with `drover token create`",
             token.spec.max_uses
         )));
@@ -271,6 +291,8 @@ fn redeem(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::ApiError;
+    use axum::http::StatusCode;
     use drover_common::api::{MachineSpec, MachineStatus, ObjectMeta, RegistrationTokenSpec};
 
     fn token(max_uses: u32, now: time::OffsetDateTime) -> RegistrationToken {
@@ -351,7 +373,7 @@ mod tests {
         let mut ok = 0;
         let mut used_up = 0;
         for t in tasks {
-            match t.await.unwrap() {
+            match t.await.unwrap().map_err(ApiError::from) {
                 Ok(()) => ok += 1,
                 Err(e) if e.status == StatusCode::CONFLICT => {
                     assert!(e.detail.contains("ticket already used"), "{}", e.detail);
@@ -399,6 +421,7 @@ mod tests {
                 now,
             })
             .await
+            .map_err(ApiError::from)
             .unwrap_err();
         assert_eq!(err.status, StatusCode::UNAUTHORIZED);
         assert!(err.detail.contains("revoked"), "{}", err.detail);
@@ -409,6 +432,7 @@ mod tests {
                 now,
             })
             .await
+            .map_err(ApiError::from)
             .unwrap_err();
         assert!(err.detail.contains("no longer exists"), "{}", err.detail);
         assert!(store.list(Kind::Machine).unwrap().is_empty());

@@ -21,10 +21,11 @@ use drover_common::wire::{
 use drover_common::API_VERSION;
 use rand::Rng;
 
-use super::{ApiError, Body};
+use super::body::Body;
+use super::error::ApiError;
 use crate::app::App;
-use crate::jointokens::{directive_id, ClusterJoinTokens, JoinTokenDecision};
-use crate::server::PeerCertificate;
+use crate::domain::jointokens::{directive_id, ClusterJoinTokens};
+use crate::http::server::PeerCertificate;
 use crate::store::{Kind, StoreError};
 
 /// The organization every machine certificate carries.
@@ -43,7 +44,7 @@ pub const MACHINE_ORG: &str = "drover:machines";
         content = RegisterRequest,
         example = json!({
             "ticket": "dt1.eyJncmFudCI6e319.c2lnbmF0dXJl",
-            "csrPem": super::openapi::EXAMPLE_CSR,
+            "csrPem": super::responses::EXAMPLE_CSR,
             "facts": {
                 "hostname": "node-1",
                 "addresses": ["192.0.2.10"],
@@ -55,15 +56,15 @@ pub const MACHINE_ORG: &str = "drover:machines";
     ),
     responses(
         (status = 201, description = "Registered: the machine's name and client certificate.", body = RegisterResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 401, description = "The ticket is invalid, expired or revoked, or its machine is gone.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The ticket is presented from another cloud instance than the one launched for its machine.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The cloud provider could not confirm the instance now; retry after `Retry-After` seconds.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The ticket was already used.", body = super::Problem, content_type = "application/problem+json"),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
-        (status = 429, response = super::openapi::TooManyRequests),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, description = "The ticket is invalid, expired or revoked, or its machine is gone.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The ticket is presented from another cloud instance than the one launched for its machine.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The cloud provider could not confirm the instance now; retry after `Retry-After` seconds.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The ticket was already used.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
+        (status = 429, response = super::responses::TooManyRequests),
     ),
 )]
 pub async fn register(
@@ -166,7 +167,7 @@ pub async fn register(
     // Redeeming the token and creating the machine commit together, in a
     // batch with the registrations arriving meanwhile (see `registrar.rs`).
     app.registrar
-        .register(super::registrar::PoolRegistration {
+        .register(crate::domain::registrar::PoolRegistration {
             token_id: token_id.clone(),
             machine,
             now,
@@ -234,16 +235,20 @@ async fn register_created_machine(
             "cluster {cluster} no longer exists; the ticket of machine {machine} died with it"
         ))
     })?;
-    if let Err(e) =
-        crate::provisioner::verify_instance(app, &owner, &current, req.facts.instance_id.as_deref())
-            .await
+    if let Err(e) = crate::reconcile::provisioner::verify_instance(
+        app,
+        &owner,
+        &current,
+        req.facts.instance_id.as_deref(),
+    )
+    .await
     {
         return Err(match e {
-            crate::provisioner::InstanceCheckError::Refused(why) => {
+            crate::reconcile::provisioner::InstanceCheckError::Refused(why) => {
                 tracing::warn!(machine, cluster, instance = ?req.facts.instance_id, reason = %why, "registration from the wrong instance refused");
                 ApiError::forbidden(why)
             }
-            crate::provisioner::InstanceCheckError::Unavailable(why) => {
+            crate::reconcile::provisioner::InstanceCheckError::Unavailable(why) => {
                 let mut e = ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "Instance check unavailable",
@@ -383,7 +388,7 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
     })?;
     let info = parsed
         .as_ref()
-        .map_err(|e| ApiError::unauthorized(e.clone()))?;
+        .map_err(|e| ApiError::unauthorized(e.to_string()))?;
     if !info.organizations.iter().any(|o| o == MACHINE_ORG) {
         return Err(ApiError::forbidden(
             "the client certificate is not a machine certificate",
@@ -427,12 +432,12 @@ fn authenticate(app: &App, peer: &PeerCertificate) -> Result<Machine, ApiError> 
     request_body = HeartbeatRequest,
     responses(
         (status = 200, description = "The machine's assignment and the directives it is to carry out.", body = HeartbeatResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
-        (status = 401, response = super::openapi::MachineUnauthorized),
-        (status = 403, response = super::openapi::MachineForbidden),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
     ),
 )]
 pub async fn heartbeat(
@@ -617,7 +622,7 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
         let (healthy, reason, message) = health_verdict(&hb.health);
         set_condition(
             &mut m.status.conditions,
-            crate::health::HEALTHY_CONDITION,
+            crate::domain::health::HEALTHY_CONDITION,
             healthy,
             reason,
             &message,
@@ -661,30 +666,6 @@ fn health_verdict(h: &drover_common::wire::HealthReport) -> (bool, &'static str,
         }
     }
     (true, "Healthy", String::new())
-}
-
-/// The control-plane machine that registers a cluster's new join tokens:
-/// the init machine while it runs, else the first running control-plane
-/// machine by name. Only it is sent a token's directive, and only its
-/// result activates the token.
-fn token_registrar(app: &App, cluster_uid: &str) -> Result<Option<Machine>, StoreError> {
-    let mut candidates: Vec<Machine> =
-        app.machines()?
-            .into_iter()
-            .filter(|o| {
-                o.status.phase == MachinePhase::Running
-                    && o.spec.assignment.as_ref().is_some_and(|oa| {
-                        oa.cluster_uid == cluster_uid && oa.role.is_control_plane()
-                    })
-            })
-            .collect();
-    candidates.sort_by_key(|o| {
-        (
-            o.spec.assignment.as_ref().map(|a| a.role) != Some(MachineRole::Init),
-            o.metadata.name.clone(),
-        )
-    });
-    Ok(candidates.into_iter().next())
 }
 
 /// Activates the join tokens machine `by` (a UID) reports registered.
@@ -743,14 +724,14 @@ fn activate_tokens(
     security(("machineCertificate" = [])),
     responses(
         (status = 200, description = "The config bundle, signed with the coordinator CA key.", body = drover_common::bundle::SignedBundle),
-        (status = 401, response = super::openapi::MachineUnauthorized),
-        (status = 403, response = super::openapi::MachineForbidden),
-        (status = 404, response = super::openapi::NotFound),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
+        (status = 404, response = super::responses::NotFound),
         (status = 409, description = "The machine cannot bootstrap yet (a `ConfigNotReady` to retry after `retryAfterSeconds`), or its state conflicts (a problem document).",
             headers(("Retry-After" = u64, description = "Seconds to wait before asking again (with a `ConfigNotReady`).")),
             content(
                 (ConfigNotReady = "application/json"),
-                (super::Problem = "application/problem+json"),
+                (drover_common::api::Problem = "application/problem+json"),
             ),
         ),
     ),
@@ -762,113 +743,10 @@ pub async fn config(
     // Reads secrets and signs: off the async workers.
     crate::store::blocking(move || {
         let machine = authenticate(&app, &peer)?;
-        crate::bootstrap::bundle_for(&app, &machine)
+        crate::domain::bootstrap::bundle_for(&app, &machine).map_err(ApiError::from)
     })
     .await
     .map(Json)
-}
-
-/// Builds the "not yet" answer for a machine that must wait.
-pub fn not_ready(app: &App, reason: String) -> ApiError {
-    let retry = app.settings.heartbeat_interval.as_secs().clamp(1, 5);
-    let mut e = ApiError::new(StatusCode::CONFLICT, "Config not ready", reason.clone());
-    tracing::debug!(%reason, "config not ready");
-    e.not_ready = Some(Box::new(ConfigNotReady {
-        reason,
-        retry_after_seconds: retry,
-    }));
-    e
-}
-
-/// Mints a join token or reports why a joiner waits.
-pub fn join_token_for(
-    app: &App,
-    cluster: &str,
-    cluster_uid: &str,
-) -> Result<drover_common::token::BootstrapToken, ApiError> {
-    let now = drover_common::now();
-    let ttl = time::Duration::try_from(app.settings.join_token_ttl)
-        .unwrap_or(time::Duration::minutes(30));
-    for _ in 0..16 {
-        let existing = app
-            .store
-            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, cluster)?;
-        let (mut tokens, rev) = match existing {
-            Some((t, rev)) if t.cluster_uid == cluster_uid => (t, Some(rev)),
-            Some((_, rev)) => (
-                ClusterJoinTokens {
-                    cluster_uid: cluster_uid.to_owned(),
-                    tokens: vec![],
-                },
-                Some(rev),
-            ),
-            None => (
-                ClusterJoinTokens {
-                    cluster_uid: cluster_uid.to_owned(),
-                    tokens: vec![],
-                },
-                None,
-            ),
-        };
-        let pruned = tokens.prune(now);
-        let registrar = token_registrar(app, cluster_uid)?.and_then(|m| m.metadata.uid);
-        // The reasons name no token and no other machine: a joiner learns
-        // only that it waits.
-        let waiting = || {
-            not_ready(
-                app,
-                format!("waiting for a control-plane machine of cluster {cluster} to register a join token"),
-            )
-        };
-        match tokens.decide(now, ttl, registrar.as_deref()) {
-            JoinTokenDecision::Use(t) => {
-                if pruned {
-                    let _ = store_tokens(app, cluster, &tokens, rev);
-                }
-                return Ok(t);
-            }
-            JoinTokenDecision::Wait => {
-                if pruned {
-                    let _ = store_tokens(app, cluster, &tokens, rev);
-                }
-                return Err(waiting());
-            }
-            JoinTokenDecision::Mint(t) => {
-                let id = t.token.id().to_owned();
-                let registrar = t.registrar.clone().unwrap_or_default();
-                tokens.tokens.push(t);
-                match store_tokens(app, cluster, &tokens, rev) {
-                    Ok(()) => {
-                        tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
-                        return Err(waiting());
-                    }
-                    Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
-                        continue
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    }
-    Err(ApiError::internal("join tokens kept changing"))
-}
-
-fn store_tokens(
-    app: &App,
-    cluster: &str,
-    tokens: &ClusterJoinTokens,
-    rev: Option<u64>,
-) -> Result<(), StoreError> {
-    match rev {
-        Some(rev) => app
-            .store
-            .update_json(Kind::JoinTokens, cluster, tokens, Some(rev))
-            .map(|_| ()),
-        None => app
-            .store
-            .create_json(Kind::JoinTokens, cluster, tokens)
-            .map(|_| ()),
-    }
 }
 
 /// `POST /v1/machine/certificate`: a fresh client certificate for a new key.
@@ -877,15 +755,15 @@ fn store_tokens(
     path = "/v1/machine/certificate",
     tag = "machine",
     security(("machineCertificate" = [])),
-    request_body(content = RenewRequest, example = json!({"csrPem": super::openapi::EXAMPLE_CSR})),
+    request_body(content = RenewRequest, example = json!({"csrPem": super::responses::EXAMPLE_CSR})),
     responses(
         (status = 200, description = "A new client certificate for the CSR's key.", body = RenewResponse),
-        (status = 400, response = super::openapi::BadRequest),
-        (status = 413, response = super::openapi::PayloadTooLarge),
-        (status = 415, response = super::openapi::UnsupportedMediaType),
-        (status = 422, response = super::openapi::Unprocessable),
-        (status = 401, response = super::openapi::MachineUnauthorized),
-        (status = 403, response = super::openapi::MachineForbidden),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, response = super::responses::Unprocessable),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
     ),
 )]
 pub async fn renew(
@@ -968,6 +846,7 @@ pub async fn renew(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::bootstrap::join_token_for;
     use drover_common::api::Assignment;
     use drover_common::wire::HealthReport;
 
@@ -1043,7 +922,7 @@ mod tests {
         let cp = member(&app, "cp", MachineRole::Init);
         let worker = member(&app, "worker", MachineRole::Worker);
         // A joiner asks: a token is minted for the registrar, the init machine.
-        let e = join_token_for(&app, "c", "u").unwrap_err();
+        let e = ApiError::from(join_token_for(&app, "c", "u").unwrap_err());
         let reason = e
             .not_ready
             .as_ref()
@@ -1067,7 +946,7 @@ mod tests {
         record_heartbeat(&app, worker, &result(&format!("token-{id}")), now).unwrap();
         assert_eq!(
             tokens(&app).tokens[0].state,
-            crate::jointokens::TokenState::Pending
+            crate::domain::jointokens::TokenState::Pending
         );
         assert!(join_token_for(&app, "c", "u").is_err(), "a joiner waits");
         // The registrar is asked, and its result activates the token.
@@ -1077,7 +956,7 @@ mod tests {
         record_heartbeat(&app, cp, &result(&format!("token-{id}")), now).unwrap();
         assert_eq!(
             tokens(&app).tokens[0].state,
-            crate::jointokens::TokenState::Active
+            crate::domain::jointokens::TokenState::Active
         );
         assert_eq!(join_token_for(&app, "c", "u").unwrap(), minted.token);
     }

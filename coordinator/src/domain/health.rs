@@ -7,6 +7,7 @@ use drover_common::api::{parse_duration, parse_percent, Cluster, Machine, Machin
 use time::OffsetDateTime;
 
 use crate::provider::InstanceState;
+pub use crate::types::ALIVE_CONDITION;
 
 /// The condition type the heartbeat handler keeps on machines.
 pub const HEALTHY_CONDITION: &str = "Healthy";
@@ -63,10 +64,6 @@ impl Policy {
         desired * self.max_unhealthy_percent / 100
     }
 }
-
-/// The condition type the reconciler keeps on a machine that went silent or
-/// whose instance stopped (False), cleared to True when it is back.
-pub const ALIVE_CONDITION: &str = "Alive";
 
 /// Why a machine is unhealthy.
 #[derive(Debug, Clone, PartialEq)]

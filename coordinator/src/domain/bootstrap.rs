@@ -6,39 +6,84 @@ use drover_common::bundle::{BundleFile, ConfigBundle, SignedBundle};
 use drover_common::kubeadm::{self, ClusterParams, NodeParams, CERTIFICATES_DIR};
 use drover_common::pin::CaPin;
 
-use crate::api::machine::{join_token_for, not_ready};
-use crate::api::ApiError;
 use crate::app::App;
-use crate::jointokens::ClusterJoinTokens;
-use crate::secrets::ClusterPki;
+use crate::domain::jointokens::{ClusterJoinTokens, JoinTokenDecision};
+use crate::domain::secrets::ClusterPki;
 use crate::store::{Kind, StoreError};
 
 /// Where the agent writes the kubeadm config, inside the machine's root.
 pub const KUBEADM_CONFIG_PATH: &str = "/etc/drover/kubeadm.yaml";
 
+/// Why a machine's config bundle cannot be built, or not yet. The HTTP
+/// edge answers each with its problem document (`NotReady` with a
+/// `ConfigNotReady` the agent reads).
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// An object the bundle needs does not exist, or no longer applies.
+    #[error("{kind} {name} does not exist")]
+    NotFound { kind: &'static str, name: String },
+    /// The machine's cluster is in a state with no bundle (being deleted).
+    #[error("{0}")]
+    Conflict(String),
+    /// The machine must wait and ask again after `retry_after_seconds`.
+    #[error("{reason}")]
+    NotReady {
+        reason: String,
+        retry_after_seconds: u64,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Signing failed, the CA pin could not be computed, or the join tokens
+    /// kept changing under concurrent writers.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl BootstrapError {
+    /// The "not yet" answer for a machine that must wait: it asks again
+    /// after a heartbeat interval (1 to 5 s).
+    pub fn not_ready(app: &App, reason: String) -> Self {
+        let retry_after_seconds = app.settings.heartbeat_interval.as_secs().clamp(1, 5);
+        tracing::debug!(%reason, "config not ready");
+        Self::NotReady {
+            reason,
+            retry_after_seconds,
+        }
+    }
+}
+
 /// Builds and signs the bundle for a machine's current assignment.
-pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, ApiError> {
+pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, BootstrapError> {
     let name = &machine.metadata.name;
     let a = machine
         .spec
         .assignment
         .as_ref()
-        .ok_or_else(|| ApiError::not_found("assignment of machine", name))?;
+        .ok_or_else(|| BootstrapError::NotFound {
+            kind: "assignment of machine",
+            name: name.clone(),
+        })?;
     if machine.status.phase == MachinePhase::Releasing {
-        return Err(ApiError::not_found("assignment of machine", name));
+        return Err(BootstrapError::NotFound {
+            kind: "assignment of machine",
+            name: name.clone(),
+        });
     }
     let cluster = app
         .cluster(&a.cluster)?
         .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()))
-        .ok_or_else(|| ApiError::not_found("cluster", &a.cluster))?;
+        .ok_or_else(|| BootstrapError::NotFound {
+            kind: "cluster",
+            name: a.cluster.clone(),
+        })?;
     if cluster.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError::conflict(format!(
+        return Err(BootstrapError::Conflict(format!(
             "cluster {} is being deleted",
             a.cluster
         )));
     }
-    let pki = crate::reconcile::load_pki(app, &cluster)?.ok_or_else(|| {
-        not_ready(
+    let pki = crate::domain::secrets::load_pki(&app.store, &cluster)?.ok_or_else(|| {
+        BootstrapError::not_ready(
             app,
             format!("the PKI of cluster {} is not created yet", a.cluster),
         )
@@ -48,7 +93,7 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, ApiError
         .control_plane_endpoint
         .clone()
         .ok_or_else(|| {
-            not_ready(
+            BootstrapError::not_ready(
                 app,
                 format!("cluster {} has no control-plane endpoint yet", a.cluster),
             )
@@ -82,7 +127,8 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, ApiError
         MachineRole::ControlPlane | MachineRole::Worker => {
             wait_for_init(app, &cluster)?;
             let token = join_token_for(app, &cluster.metadata.name, &a.cluster_uid)?;
-            let pin = CaPin::from_cert_pem(&pki.ca.cert_pem).map_err(ApiError::internal)?;
+            let pin = CaPin::from_cert_pem(&pki.ca.cert_pem)
+                .map_err(|e| BootstrapError::Internal(e.to_string()))?;
             kubeadm::render_join(
                 &cparams,
                 &node,
@@ -112,7 +158,8 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, ApiError
         issued_at: drover_common::now(),
     };
     tracing::info!(machine = %name, cluster = %cluster.metadata.name, role = %a.role, generation = a.generation, "config bundle issued");
-    drover_common::bundle::sign(&bundle, &app.ca.key_pem).map_err(ApiError::internal)
+    drover_common::bundle::sign(&bundle, &app.ca.key_pem)
+        .map_err(|e| BootstrapError::Internal(e.to_string()))
 }
 
 /// The shared CA set, for control-plane machines only.
@@ -138,24 +185,22 @@ fn shared_ca_files(pki: &ClusterPki) -> Vec<BundleFile> {
 /// recorded once its init machine finished `kubeadm init`, that outlives
 /// that machine. Only before it is recorded does the init machine's phase
 /// tell (it may be Running a pass before the status says so).
-fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), ApiError> {
+fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), BootstrapError> {
     if cluster.status.initialized {
         return Ok(());
     }
     let name = &cluster.metadata.name;
-    let init = cluster
-        .status
-        .init_machine
-        .as_deref()
-        .ok_or_else(|| not_ready(app, format!("cluster {name} has no init machine yet")))?;
+    let init = cluster.status.init_machine.as_deref().ok_or_else(|| {
+        BootstrapError::not_ready(app, format!("cluster {name} has no init machine yet"))
+    })?;
     let phase = app.machine(init)?.map(|m| m.status.phase);
     match phase {
         Some(MachinePhase::Running) => Ok(()),
-        Some(p) => Err(not_ready(
+        Some(p) => Err(BootstrapError::not_ready(
             app,
             format!("waiting for init machine {init} of cluster {name} to finish kubeadm init (it is {p})"),
         )),
-        None => Err(not_ready(
+        None => Err(BootstrapError::not_ready(
             app,
             format!("init machine {init} of cluster {name} is gone before it initialized the cluster; waiting for a new one"),
         )),
@@ -169,7 +214,7 @@ fn init_token(
     app: &App,
     cluster: &Cluster,
     machine: &Machine,
-) -> Result<drover_common::token::BootstrapToken, ApiError> {
+) -> Result<drover_common::token::BootstrapToken, BootstrapError> {
     let now = drover_common::now();
     let uid = cluster.metadata.uid.clone().unwrap_or_default();
     let name = &cluster.metadata.name;
@@ -215,5 +260,120 @@ fn init_token(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(ApiError::internal("join tokens kept changing"))
+    Err(BootstrapError::Internal("join tokens kept changing".into()))
+}
+
+/// The control-plane machine that registers a cluster's new join tokens:
+/// the init machine while it runs, else the first running control-plane
+/// machine by name. Only it is sent a token's directive, and only its
+/// result activates the token.
+fn token_registrar(app: &App, cluster_uid: &str) -> Result<Option<Machine>, StoreError> {
+    let mut candidates: Vec<Machine> =
+        app.machines()?
+            .into_iter()
+            .filter(|o| {
+                o.status.phase == MachinePhase::Running
+                    && o.spec.assignment.as_ref().is_some_and(|oa| {
+                        oa.cluster_uid == cluster_uid && oa.role.is_control_plane()
+                    })
+            })
+            .collect();
+    candidates.sort_by_key(|o| {
+        (
+            o.spec.assignment.as_ref().map(|a| a.role) != Some(MachineRole::Init),
+            o.metadata.name.clone(),
+        )
+    });
+    Ok(candidates.into_iter().next())
+}
+
+/// Mints a join token or reports why a joiner waits.
+pub fn join_token_for(
+    app: &App,
+    cluster: &str,
+    cluster_uid: &str,
+) -> Result<drover_common::token::BootstrapToken, BootstrapError> {
+    let now = drover_common::now();
+    let ttl = time::Duration::try_from(app.settings.join_token_ttl)
+        .unwrap_or(time::Duration::minutes(30));
+    for _ in 0..16 {
+        let existing = app
+            .store
+            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, cluster)?;
+        let (mut tokens, rev) = match existing {
+            Some((t, rev)) if t.cluster_uid == cluster_uid => (t, Some(rev)),
+            Some((_, rev)) => (
+                ClusterJoinTokens {
+                    cluster_uid: cluster_uid.to_owned(),
+                    tokens: vec![],
+                },
+                Some(rev),
+            ),
+            None => (
+                ClusterJoinTokens {
+                    cluster_uid: cluster_uid.to_owned(),
+                    tokens: vec![],
+                },
+                None,
+            ),
+        };
+        let pruned = tokens.prune(now);
+        let registrar = token_registrar(app, cluster_uid)?.and_then(|m| m.metadata.uid);
+        // The reasons name no token and no other machine: a joiner learns
+        // only that it waits.
+        let waiting = || {
+            BootstrapError::not_ready(
+                app,
+                format!("waiting for a control-plane machine of cluster {cluster} to register a join token"),
+            )
+        };
+        match tokens.decide(now, ttl, registrar.as_deref()) {
+            JoinTokenDecision::Use(t) => {
+                if pruned {
+                    let _ = store_tokens(app, cluster, &tokens, rev);
+                }
+                return Ok(t);
+            }
+            JoinTokenDecision::Wait => {
+                if pruned {
+                    let _ = store_tokens(app, cluster, &tokens, rev);
+                }
+                return Err(waiting());
+            }
+            JoinTokenDecision::Mint(t) => {
+                let id = t.token.id().to_owned();
+                let registrar = t.registrar.clone().unwrap_or_default();
+                tokens.tokens.push(t);
+                match store_tokens(app, cluster, &tokens, rev) {
+                    Ok(()) => {
+                        tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
+                        return Err(waiting());
+                    }
+                    Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
+                        continue
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Err(BootstrapError::Internal("join tokens kept changing".into()))
+}
+
+fn store_tokens(
+    app: &App,
+    cluster: &str,
+    tokens: &ClusterJoinTokens,
+    rev: Option<u64>,
+) -> Result<(), StoreError> {
+    match rev {
+        Some(rev) => app
+            .store
+            .update_json(Kind::JoinTokens, cluster, tokens, Some(rev))
+            .map(|_| ()),
+        None => app
+            .store
+            .create_json(Kind::JoinTokens, cluster, tokens)
+            .map(|_| ()),
+    }
 }

@@ -2,24 +2,29 @@
 //! API (a ticket to register, mutual TLS after that).
 
 pub mod admin;
+mod auth;
+mod body;
+mod error;
 pub mod machine;
 pub mod openapi;
-pub mod registrar;
+pub mod responses;
 pub mod security;
+pub mod server;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use drover_common::api::{FieldError, Problem};
 
 use crate::app::App;
-use crate::secrets::{hash_token, AdminRole, AdminTokens, ADMIN_TOKENS};
-use crate::store::{Kind, StoreError};
+use crate::domain::secrets::AdminRole;
+
+pub use auth::{resolve_admin, Admin};
+pub use body::{Body, RawBody};
+pub use error::ApiError;
 
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -110,186 +115,6 @@ async fn leader_only(
     }
 }
 
-/// An API failure, rendered as an RFC 9457 problem document.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub title: String,
-    pub detail: String,
-    pub errors: Vec<FieldError>,
-    /// Seconds for a `Retry-After` header.
-    pub retry_after: Option<u64>,
-    /// Set for a machine that must wait for its config: the body is then a
-    /// `ConfigNotReady` the agent reads, not a problem document.
-    pub not_ready: Option<Box<drover_common::wire::ConfigNotReady>>,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, title: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self {
-            status,
-            title: title.into(),
-            detail: detail.into(),
-            errors: vec![],
-            retry_after: None,
-            not_ready: None,
-        }
-    }
-
-    pub fn bad_request(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "Bad request", detail)
-    }
-
-    pub fn invalid(detail: impl Into<String>, errors: Vec<FieldError>) -> Self {
-        Self {
-            errors,
-            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid document", detail)
-        }
-    }
-
-    pub fn not_found(kind: &str, name: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "Not found",
-            format!("{kind} {name} does not exist"),
-        )
-    }
-
-    pub fn unauthorized(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "Unauthorized", detail)
-    }
-
-    pub fn forbidden(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "Forbidden", detail)
-    }
-
-    pub fn conflict(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "Conflict", detail)
-    }
-
-    pub fn internal(detail: impl std::fmt::Display) -> Self {
-        tracing::error!(error = %detail, "internal error");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Internal error",
-            detail.to_string(),
-        )
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match &e {
-            StoreError::NotFound { kind, name } => ApiError::not_found(kind, name),
-            StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => {
-                ApiError::conflict(e.to_string())
-            }
-            StoreError::Corrupt { .. } | StoreError::Backend(_) | StoreError::Sealed(_) => {
-                ApiError::internal(e)
-            }
-            // Deposed mid-request: the caller tries the next coordinator.
-            StoreError::Fenced { .. } => {
-                let mut a = ApiError::new(
-                    StatusCode::MISDIRECTED_REQUEST,
-                    "Not the leader",
-                    e.to_string(),
-                );
-                a.retry_after = Some(1);
-                a
-            }
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        if let Some(nr) = self.not_ready {
-            let secs = nr.retry_after_seconds;
-            let mut resp = (self.status, axum::Json(*nr)).into_response();
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-            return resp;
-        }
-        let problem = Problem {
-            type_: "about:blank".into(),
-            title: self.title,
-            status: self.status.as_u16(),
-            detail: self.detail,
-            errors: self.errors,
-        };
-        let mut resp = (self.status, axum::Json(problem)).into_response();
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if let Some(secs) = self.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        resp
-    }
-}
-
-/// An authenticated admin caller.
-#[derive(Debug, Clone)]
-pub struct Admin {
-    pub token_id: String,
-    pub role: AdminRole,
-}
-
-impl Admin {
-    /// Refuses callers who may only read.
-    pub fn require_write(&self) -> Result<(), ApiError> {
-        match self.role {
-            AdminRole::Admin => Ok(()),
-            AdminRole::Viewer => Err(ApiError::forbidden(format!(
-                "token {} has the viewer role and cannot change anything",
-                self.token_id
-            ))),
-        }
-    }
-}
-
-impl FromRequestParts<Arc<App>> for Admin {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
-        resolve_admin(app, &parts.headers)
-    }
-}
-
-/// Authenticates an admin bearer token; the one place tokens are checked.
-pub fn resolve_admin(app: &App, headers: &axum::http::HeaderMap) -> Result<Admin, ApiError> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .ok_or_else(|| {
-            ApiError::unauthorized(
-                "missing `Authorization: Bearer <token>`; pass --token or set DROVER_TOKEN",
-            )
-        })?;
-    let token = value.strip_prefix("Bearer ").ok_or_else(|| {
-        ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
-    })?;
-    let hash = hash_token(token.trim());
-    let tokens = app
-        .store
-        .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?
-        .map(|(t, _)| t)
-        .unwrap_or_default();
-    let record = tokens
-        .tokens
-        .iter()
-        .find(|t| constant_time_eq(t.sha256.as_bytes(), hash.as_bytes()))
-        .ok_or_else(|| {
-            ApiError::unauthorized("the admin token is not valid for this coordinator")
-        })?;
-    Ok(Admin {
-        token_id: record.id.clone(),
-        role: record.role,
-    })
-}
-
 /// Records every request that may change something, every machine config
 /// fetch (it hands out CA keys and mints join tokens) and every refusal
 /// for size in the audit log: who (admin token id, machine, or anonymous
@@ -314,7 +139,7 @@ pub async fn audit(
         let method = req.method().clone();
         let peer = req
             .extensions()
-            .get::<crate::server::PeerCertificate>()
+            .get::<crate::http::server::PeerCertificate>()
             .cloned();
         let source = req
             .extensions()
@@ -329,7 +154,7 @@ pub async fn audit(
             .as_ref()
             .and_then(|p| p.common_name())
             .map_or_else(|| "anonymous".to_owned(), |cn| format!("machine:{cn}"));
-        app.audit.record(crate::audit::AuditEntry {
+        app.audit.record(crate::domain::audit::AuditEntry {
             time: drover_common::now(),
             actor,
             source,
@@ -361,7 +186,7 @@ pub async fn audit(
         }
     } else if let Some(cn) = req
         .extensions()
-        .get::<crate::server::PeerCertificate>()
+        .get::<crate::http::server::PeerCertificate>()
         .and_then(|p| p.common_name().map(str::to_owned))
     {
         format!("machine:{cn}")
@@ -377,7 +202,7 @@ pub async fn audit(
         },
         _ => next.run(req).await,
     };
-    app.audit.record(crate::audit::AuditEntry {
+    app.audit.record(crate::domain::audit::AuditEntry {
         time: drover_common::now(),
         actor,
         source,
@@ -387,10 +212,6 @@ pub async fn audit(
         suppressed: None,
     });
     resp
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The body length a request announces, if it does.
@@ -490,78 +311,9 @@ impl hyper::body::Body for ReadToEnd {
     }
 }
 
-/// A 408 when a body extractor failed because the body did not arrive
-/// in time (see [`crate::server::BodyTimedOut`]).
-fn timed_out(rejection: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
-    let mut cause = Some(rejection);
-    while let Some(e) = cause {
-        if let Some(t) = e.downcast_ref::<crate::server::BodyTimedOut>() {
-            return Some(ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "Request body timed out",
-                t.to_string(),
-            ));
-        }
-        cause = e.source();
-    }
-    None
-}
-
-/// A raw body whose rejections (too large, unreadable) are problem documents.
-pub struct RawBody(pub axum::body::Bytes);
-
-impl<S: Send + Sync> axum::extract::FromRequest<S> for RawBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        match axum::body::Bytes::from_request(req, state).await {
-            Ok(b) => Ok(RawBody(b)),
-            Err(rejection) => Err(timed_out(&rejection).unwrap_or_else(|| {
-                ApiError::new(
-                    rejection.status(),
-                    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                        "Request body too large"
-                    } else {
-                        "Unreadable request body"
-                    },
-                    rejection.body_text(),
-                )
-            })),
-        }
-    }
-}
-
-/// A JSON body whose rejections are problem documents, like every other error.
-pub struct Body<T>(pub T);
-
-impl<T, S> axum::extract::FromRequest<S> for Body<T>
-where
-    T: serde::de::DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Body(v)),
-            Err(rejection) => {
-                if let Some(e) = timed_out(&rejection) {
-                    return Err(e);
-                }
-                let status = rejection.status();
-                let title = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                    "Request body too large"
-                } else {
-                    "Malformed request body"
-                };
-                Err(ApiError::new(status, title, rejection.body_text()))
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+
     use super::*;
     use tower::ServiceExt;
 

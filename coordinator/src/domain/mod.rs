@@ -1,0 +1,14 @@
+//! The domain: what the coordinator knows and decides about clusters,
+//! machines and its own secrets, independent of HTTP. The HTTP edge
+//! (`crate::http`), the reconciler and `serve` use it.
+
+pub mod audit;
+pub mod bootstrap;
+pub mod health;
+pub mod jointokens;
+pub mod kubeconfig;
+pub mod leadership;
+pub mod liveness;
+pub mod ratelimit;
+pub mod registrar;
+pub mod secrets;

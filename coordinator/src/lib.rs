@@ -1,0 +1,20 @@
+//! The Drover coordinator as a library: `main.rs` parses the command line
+//! and dispatches to [`serve::run`], [`cli::run`] or [`migrate::run`].
+//! ARCHITECTURE.md's code map says what every module does.
+
+/// Exit code for invalid configuration or flags (EX_USAGE).
+pub const EXIT_CONFIG: u8 = 64;
+
+pub mod app;
+pub mod cli;
+pub mod domain;
+pub mod http;
+pub mod leader;
+pub mod memory;
+pub mod migrate;
+pub mod provider;
+pub mod reconcile;
+pub mod serve;
+pub mod store;
+pub mod tls;
+pub mod types;

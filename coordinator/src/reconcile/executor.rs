@@ -1,0 +1,382 @@
+//! The executor: applies one planned step with optimistic concurrency.
+
+use drover_common::api::{
+    push_event, set_condition, Assignment, Cluster, ClusterStatus, Machine, MachinePhase,
+    MachineRole, MachineSpec, MachineStatus, ObjectMeta, CONTROL_PLANE_POOL,
+};
+
+use super::error::ReconcileError;
+use super::plan::*;
+use crate::app::App;
+use crate::domain::health::ALIVE_CONDITION;
+use crate::domain::secrets::{cluster_pki_name, ClusterPki};
+use crate::store::{Kind, StoreError};
+
+pub(super) fn random_suffix() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| {
+            let i = rng.random_range(0..36u8);
+            (if i < 10 { b'0' + i } else { b'a' + i - 10 }) as char
+        })
+        .collect()
+}
+
+/// Applies one step. Each step re-reads what it changes, so a plan made from
+/// slightly old objects cannot overwrite newer ones.
+pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), ReconcileError> {
+    let cname = &cluster.metadata.name;
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    match step {
+        Step::EnsurePki => {
+            let pki = ClusterPki::generate(&uid).map_err(|source| ReconcileError::Pki {
+                cluster: cname.clone(),
+                source,
+            })?;
+            let name = cluster_pki_name(cname);
+            match app.store.get_json::<ClusterPki>(Kind::Secret, &name)? {
+                None => {
+                    app.store.create_json(Kind::Secret, &name, &pki)?;
+                }
+                Some((old, rev)) if old.cluster_uid != uid => {
+                    // A leftover of a deleted namesake: never reuse its CA.
+                    app.store
+                        .update_json(Kind::Secret, &name, &pki, Some(rev))?;
+                }
+                Some(_) => return Ok(()),
+            }
+            tracing::info!(cluster = %cname, "cluster PKI created");
+        }
+        Step::Assign {
+            machine,
+            machine_pool,
+            role,
+        } => {
+            let done = app.update_machine::<StoreError>(machine, |m| {
+                if m.spec.assignment.is_some() || m.status.phase != MachinePhase::Registered {
+                    return Ok(false);
+                }
+                m.metadata.generation += 1;
+                m.spec.assignment = Some(Assignment {
+                    cluster: cname.clone(),
+                    cluster_uid: uid.clone(),
+                    machine_pool: machine_pool.clone(),
+                    role: *role,
+                    generation: m.metadata.generation,
+                });
+                m.status.phase = MachinePhase::Assigned;
+                push_event(
+                    &mut m.status.events,
+                    "Assigned",
+                    format!("claimed by cluster {cname} as {role} in pool {machine_pool}"),
+                );
+                Ok(true)
+            })?;
+            if done.is_some_and(|m| {
+                m.spec
+                    .assignment
+                    .as_ref()
+                    .is_some_and(|a| a.cluster_uid == uid)
+            }) {
+                tracing::info!(cluster = %cname, machine = %machine, pool = %machine_pool, role = %role, "machine assigned");
+            }
+        }
+        Step::Release { machine, reason } => {
+            app.update_machine::<StoreError>(machine, |m| {
+                if m.status.phase == MachinePhase::Releasing || m.spec.assignment.is_none() {
+                    return Ok(false);
+                }
+                if m.status.phase == MachinePhase::Assigned && m.status.applied_generation == 0 {
+                    // The agent has not started: nothing to undo on the machine.
+                    m.spec.assignment = None;
+                    m.status.phase = MachinePhase::Registered;
+                } else {
+                    m.status.phase = MachinePhase::Releasing;
+                }
+                push_event(&mut m.status.events, "Released", reason.clone());
+                Ok(true)
+            })?;
+            tracing::info!(cluster = %cname, machine = %machine, %reason, "machine released");
+        }
+        Step::CreateMachine {
+            machine_pool,
+            role,
+            replaces,
+        } => {
+            let short = if machine_pool == CONTROL_PLANE_POOL {
+                "cp"
+            } else {
+                machine_pool.as_str()
+            };
+            let name = format!("{cname}-{short}-{}", random_suffix());
+            let now = drover_common::now();
+            let mut status = MachineStatus {
+                phase: MachinePhase::Provisioning,
+                ..Default::default()
+            };
+            push_event(
+                &mut status.events,
+                "Created",
+                format!(
+                    "recorded for cluster {cname}, pool {machine_pool}, role {role}{}",
+                    replaces
+                        .as_ref()
+                        .map(|r| format!(", replacing {r}"))
+                        .unwrap_or_default()
+                ),
+            );
+            let machine = Machine {
+                api_version: drover_common::API_VERSION.into(),
+                kind: "Machine".into(),
+                metadata: ObjectMeta {
+                    name: name.clone(),
+                    uid: Some(uuid::Uuid::new_v4().to_string()),
+                    generation: 1,
+                    creation_timestamp: Some(now),
+                    labels: [
+                        ("drover.dev/cluster".to_string(), cname.clone()),
+                        ("drover.dev/pool".to_string(), machine_pool.clone()),
+                    ]
+                    .into(),
+                    ..Default::default()
+                },
+                spec: MachineSpec {
+                    pool: String::new(),
+                    provider: Some(cluster.spec.provider.name().to_owned()),
+                    assignment: Some(Assignment {
+                        cluster: cname.clone(),
+                        cluster_uid: uid.clone(),
+                        machine_pool: machine_pool.clone(),
+                        role: *role,
+                        generation: 1,
+                    }),
+                },
+                status,
+            };
+            app.store.create_json(Kind::Machine, &name, &machine)?;
+            tracing::info!(cluster = %cname, machine = %name, pool = %machine_pool, role = %role, "machine recorded");
+            if *role == MachineRole::Init {
+                app.update_cluster::<StoreError>(cname, |c| {
+                    if c.metadata.uid.as_deref() != Some(uid.as_str()) {
+                        return Ok(false);
+                    }
+                    c.status.init_machine = Some(name.clone());
+                    Ok(true)
+                })?;
+            }
+            if let Some(old) = replaces {
+                app.update_machine::<StoreError>(old, |m| {
+                    push_event(
+                        &mut m.status.events,
+                        "ReplacedBy",
+                        format!("replaced by {name}"),
+                    );
+                    Ok(true)
+                })?;
+            }
+        }
+        Step::Provision { machine } => {
+            crate::reconcile::provisioner::provision(app, cluster, machine).await?;
+        }
+        Step::DeleteMachine {
+            machine,
+            reason,
+            remediation,
+        } => {
+            app.update_machine::<StoreError>(machine, |m| {
+                if matches!(
+                    m.status.phase,
+                    MachinePhase::Deleting | MachinePhase::Deleted
+                ) {
+                    return Ok(false);
+                }
+                m.status.phase = MachinePhase::Deleting;
+                m.metadata.deletion_timestamp = Some(drover_common::now());
+                if *remediation {
+                    push_event(&mut m.status.events, "Unhealthy", reason.clone());
+                    push_event(
+                        &mut m.status.events,
+                        "Remediating",
+                        "deleting to replace it",
+                    );
+                } else {
+                    push_event(&mut m.status.events, "Deleting", reason.clone());
+                }
+                Ok(true)
+            })?;
+            tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started");
+            crate::reconcile::provisioner::destroy(app, cluster, machine).await?;
+        }
+        Step::Destroy { machine } => {
+            crate::reconcile::provisioner::destroy(app, cluster, machine).await?;
+        }
+        Step::SetAlive {
+            machine,
+            alive,
+            reason,
+            message,
+        } => set_alive(app, Some(cname), machine, *alive, reason, message)?,
+        Step::Forget { machine } => match app.store.delete(Kind::Machine, machine, None) {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        },
+        Step::SetStatus(status) => {
+            let allowed = |st: &ClusterStatus| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "RemediationAllowed" && c.status == "True")
+            };
+            if !allowed(&cluster.status)
+                && cluster
+                    .status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "RemediationAllowed")
+                && allowed(status)
+            {
+                grant_grace(app, &uid);
+                tracing::info!(cluster = %cname, "remediation resumes; every machine gets a fresh grace period");
+            }
+            app.update_cluster::<StoreError>(cname, |c| {
+                if c.metadata.uid != cluster.metadata.uid || c.status == *status {
+                    return Ok(false);
+                }
+                if c.status.phase != status.phase {
+                    tracing::info!(cluster = %cname, from = %c.status.phase, to = %status.phase, "cluster phase changed");
+                }
+                // The executor may have named a new init machine meanwhile
+                // (this pass's CreateMachine); a name the plan dropped on
+                // purpose (its machine is gone) stays dropped.
+                let init = c.status.init_machine.clone();
+                let named_meanwhile = init != cluster.status.init_machine;
+                c.status = status.clone();
+                if c.status.init_machine.is_none() && named_meanwhile {
+                    c.status.init_machine = init;
+                }
+                Ok(true)
+            })?;
+        }
+        Step::Finalize => {
+            if cluster.spec.provider.creates_machines() {
+                crate::reconcile::provisioner::delete_cluster_resources(app, cluster).await?;
+            }
+            // Tombstones of the cluster's machines go with it.
+            for m in app.machines()? {
+                if m.status.phase == MachinePhase::Deleted
+                    && m.spec
+                        .assignment
+                        .as_ref()
+                        .is_some_and(|a| a.cluster_uid == uid)
+                {
+                    let _ = app.store.delete(Kind::Machine, &m.metadata.name, None);
+                }
+            }
+            let rev = cluster
+                .metadata
+                .resource_version
+                .as_ref()
+                .and_then(|r| r.parse().ok());
+            for (kind, name) in [
+                (Kind::Secret, cluster_pki_name(cname)),
+                (Kind::JoinTokens, cname.clone()),
+            ] {
+                match app.store.delete(kind, &name, None) {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            match app.store.delete(Kind::Cluster, cname, rev) {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tracing::info!(cluster = %cname, "cluster deleted");
+        }
+    }
+    Ok(())
+}
+
+/// Records a machine's `Alive` condition, unless it is leaving.
+pub(super) fn set_alive(
+    app: &App,
+    cluster: Option<&str>,
+    machine: &str,
+    alive: bool,
+    reason: &str,
+    message: &str,
+) -> Result<(), StoreError> {
+    let mut changed = false;
+    app.update_machine::<StoreError>(machine, |m| {
+        changed = !matches!(
+            m.status.phase,
+            MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
+        ) && set_condition(
+            &mut m.status.conditions,
+            ALIVE_CONDITION,
+            alive,
+            reason,
+            message,
+        );
+        Ok(changed)
+    })?;
+    if changed {
+        tracing::info!(cluster = cluster.unwrap_or("-"), machine = %machine, alive, %reason, "machine liveness changed");
+    }
+    Ok(())
+}
+
+/// Keeps the `Alive` condition of machines in no cluster (pool machines
+/// waiting to be claimed) true to what the coordinator sees, with the
+/// coordinator's health defaults. Returns the errors met.
+pub(super) fn unassigned_alive(app: &App, machines: &[Machine]) -> Vec<String> {
+    let free: Vec<&Machine> = machines
+        .iter()
+        .filter(|m| m.spec.assignment.is_none())
+        .collect();
+    let last_seen = |name: &str| app.last_seen(name);
+    let observed = Observed {
+        now: drover_common::now(),
+        has_pki: false,
+        last_seen: &last_seen,
+        instance: &|_| None,
+        retry_not_before: &|_| None,
+        policy: app.settings.health_defaults,
+        heartbeat_interval: app.settings.heartbeat_interval,
+    };
+    let mut errors = vec![];
+    for step in alive_steps(&free, &observed) {
+        if let Step::SetAlive {
+            machine,
+            alive,
+            reason,
+            message,
+        } = &step
+        {
+            if let Err(e) = set_alive(app, None, machine, *alive, reason, message) {
+                let msg = format!("machine {machine}: cannot record its liveness: {e}");
+                tracing::warn!(error = %msg, "reconcile step failed");
+                errors.push(msg);
+            }
+        }
+    }
+    errors
+}
+
+/// Gives every machine of a cluster a fresh heartbeat grace period.
+pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
+    let now = drover_common::now();
+    let Ok(machines) = app.machines() else { return };
+    let mut live = app.liveness.lock().expect("liveness lock");
+    for m in machines {
+        if m.spec
+            .assignment
+            .as_ref()
+            .is_some_and(|a| a.cluster_uid == cluster_uid)
+        {
+            live.insert(
+                m.metadata.name,
+                crate::domain::liveness::Liveness { last_seen: now },
+            );
+        }
+    }
+}

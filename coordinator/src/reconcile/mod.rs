@@ -1,0 +1,974 @@
+//! The cluster reconciler: a level-triggered loop that, for each cluster,
+//! plans the steps from the cluster and the machines as they are (a pure
+//! function) and applies them (the executor). It never sees events, only
+//! objects, so running it twice changes nothing the second time.
+
+pub mod error;
+pub mod provisioner;
+pub mod retries;
+pub mod status;
+
+pub use error::ReconcileError;
+pub use retries::ProvisionRetries;
+pub use status::LoopStatus;
+
+mod executor;
+mod plan;
+
+pub use executor::execute;
+use executor::unassigned_alive;
+pub use plan::{plan, Observed, Step, TOMBSTONE_TTL};
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use drover_common::api::Machine;
+
+use crate::app::App;
+use crate::domain::health::Policy;
+
+/// One pass over every cluster. Returns the errors met (each names its
+/// cluster); one cluster failing never stops the others.
+pub async fn reconcile_all(app: &App) -> Vec<String> {
+    let mut errors = vec![];
+    let clusters = match app.clusters() {
+        Ok(c) => c,
+        Err(e) => return vec![format!("cannot list clusters: {e}")],
+    };
+    // What providers report, once per pass.
+    let (instances, provider_errors) = crate::reconcile::provisioner::observe(app, &clusters).await;
+    errors.extend(
+        provider_errors
+            .into_iter()
+            .map(|e| format!("cannot list provider machines: {e}")),
+    );
+    // Read once, and again only after a cluster changed something (it may
+    // have claimed pool machines): with many clusters and a large fleet, a
+    // read per cluster would make each pass clusters x machines decodes.
+    let mut listed: Option<Vec<Machine>> = None;
+    for cluster in clusters {
+        let now = drover_common::now();
+        let machines = match listed.take() {
+            Some(m) => m,
+            None => match app.machines() {
+                Ok(m) => m,
+                Err(e) => return vec![format!("cannot list machines: {e}")],
+            },
+        };
+        let has_pki = match crate::domain::secrets::load_pki(&app.store, &cluster) {
+            Ok(p) => p.is_some(),
+            Err(e) => {
+                errors.push(format!("cluster {}: {e}", cluster.metadata.name));
+                continue;
+            }
+        };
+        let last_seen = |name: &str| app.last_seen(name);
+        let instance = |uid: &str| instances.get(uid).copied();
+        let generation = cluster.metadata.generation;
+        let retry_not_before = |name: &str| app.provision_retries.not_before(name, generation);
+        let policy = Policy::for_cluster(&cluster, app.settings.health_defaults);
+        let steps = plan(
+            &cluster,
+            &machines,
+            &Observed {
+                now,
+                has_pki,
+                last_seen: &last_seen,
+                instance: &instance,
+                retry_not_before: &retry_not_before,
+                policy,
+                heartbeat_interval: app.settings.heartbeat_interval,
+            },
+        );
+        for step in &steps {
+            if let Err(e) = execute(app, &cluster, step).await {
+                let msg = format!("cluster {}: {step:?}: {e}", cluster.metadata.name);
+                tracing::warn!(error = %msg, "reconcile step failed");
+                errors.push(msg);
+                break;
+            }
+        }
+        if steps.is_empty() {
+            listed = Some(machines);
+        }
+    }
+    match listed.map_or_else(|| app.machines(), Ok) {
+        Ok(machines) => errors.extend(unassigned_alive(app, &machines)),
+        Err(e) => errors.push(format!("cannot list machines: {e}")),
+    }
+    errors
+}
+
+/// Runs the reconcile loop until `shutdown` fires: every `period`, on store
+/// changes, or at once when something calls `app.reconcile_now.notify_one()`.
+pub async fn run_loop(
+    app: Arc<App>,
+    status: Arc<Mutex<LoopStatus>>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let period = app.settings.reconcile_period;
+    let mut changes = app.store.watch();
+    loop {
+        let started = Instant::now();
+        // Only the leader reconciles, and every write of its pass is fenced
+        // by its term.
+        // A follower's loop idles: `runs` counts passes made as leader.
+        if let Some(term) = app.leadership.term() {
+            let errors = crate::store::fenced(term, reconcile_all(&app)).await;
+            let mut s = status.lock().expect("loop status lock");
+            s.runs += 1;
+            s.last_run_millis = started.elapsed().as_millis() as u64;
+            s.last_errors = errors;
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = app.reconcile_now.notified() => {
+                // Let a burst of changes settle into one pass.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            change = changes.recv() => {
+                if let Ok(c) = &change {
+                    tracing::trace!(kind = c.kind.as_str(), name = %c.name, revision = c.revision, deleted = c.deleted, "store change");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Coalesce everything that arrived meanwhile into this pass.
+                while changes.try_recv().is_ok() {}
+            }
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+#[cfg(test)]
+mod tests {
+
+    use std::time::Duration;
+
+    use drover_common::api::{
+        push_event, set_condition, Assignment, Cluster, ClusterPhase, ClusterStatus, Machine,
+        MachinePhase, MachineRole, MachineSpec, MachineStatus, ObjectMeta, ProviderSpec,
+        CONTROL_PLANE_POOL,
+    };
+    use time::OffsetDateTime;
+
+    use crate::domain::health::{Policy, ALIVE_CONDITION};
+
+    use crate::provider::InstanceState;
+
+    use super::plan::*;
+
+    use drover_common::api::{
+        ControlPlaneSpec, LabelSelector, NetworkSpec, PoolProviderSpec, WorkerPoolSpec,
+    };
+    use std::collections::BTreeMap;
+
+    fn cluster(cp: u32, workers: u32) -> Cluster {
+        Cluster {
+            api_version: drover_common::API_VERSION.into(),
+            kind: "Cluster".into(),
+            metadata: ObjectMeta {
+                name: "c".into(),
+                uid: Some("cu".into()),
+                generation: 1,
+                ..Default::default()
+            },
+            spec: drover_common::api::ClusterSpec {
+                kubernetes_version: "v1.31.2".into(),
+                control_plane: ControlPlaneSpec {
+                    replicas: cp,
+                    selector: LabelSelector::default(),
+                },
+                worker_pools: vec![WorkerPoolSpec {
+                    name: "w".into(),
+                    replicas: workers,
+                    selector: LabelSelector::default(),
+                }],
+                network: NetworkSpec::default(),
+                provider: ProviderSpec::Pool(PoolProviderSpec {
+                    pool: None,
+                    selector: LabelSelector {
+                        match_labels: BTreeMap::from([("env".into(), "dev".into())]),
+                    },
+                }),
+                control_plane_endpoint: None,
+                health: None,
+            },
+            status: ClusterStatus::default(),
+        }
+    }
+
+    fn free(name: &str, env: &str) -> Machine {
+        Machine {
+            api_version: drover_common::API_VERSION.into(),
+            kind: "Machine".into(),
+            metadata: ObjectMeta {
+                name: name.into(),
+                labels: BTreeMap::from([("env".into(), env.into())]),
+                ..Default::default()
+            },
+            spec: MachineSpec {
+                pool: "p".into(),
+                provider: None,
+                assignment: None,
+            },
+            status: MachineStatus {
+                addresses: vec!["10.0.0.9".into()],
+                api_server_port: 6443,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn seen_now(_: &str) -> Option<OffsetDateTime> {
+        Some(drover_common::now())
+    }
+
+    fn no_instance(_: &str) -> Option<InstanceState> {
+        None
+    }
+
+    fn no_retry(_: &str) -> Option<OffsetDateTime> {
+        None
+    }
+
+    fn obs<'a>(
+        has_pki: bool,
+        last_seen: &'a dyn Fn(&str) -> Option<OffsetDateTime>,
+    ) -> Observed<'a> {
+        Observed {
+            now: drover_common::now(),
+            has_pki,
+            last_seen,
+            instance: &no_instance,
+            retry_not_before: &no_retry,
+            policy: Policy::defaults(Duration::from_secs(40)),
+            heartbeat_interval: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn pki_comes_first() {
+        let steps = plan(&cluster(1, 2), &[free("a", "dev")], &obs(false, &seen_now));
+        assert_eq!(steps, vec![Step::EnsurePki]);
+    }
+
+    #[test]
+    fn claims_matching_machines_init_first() {
+        let machines = vec![
+            free("a", "dev"),
+            free("b", "prod"),
+            free("c", "dev"),
+            free("d", "dev"),
+        ];
+        let steps = plan(&cluster(1, 2), &machines, &obs(true, &seen_now));
+        let assigns: Vec<_> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Assign { machine, role, .. } => Some((machine.as_str(), *role)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            assigns,
+            vec![
+                ("a", MachineRole::Init),
+                ("c", MachineRole::Worker),
+                ("d", MachineRole::Worker)
+            ]
+        );
+        let Some(Step::SetStatus(st)) = steps.last() else {
+            panic!("status step expected")
+        };
+        assert_eq!(st.init_machine.as_deref(), Some("a"));
+        assert_eq!(st.control_plane_endpoint.as_deref(), Some("10.0.0.9:6443"));
+        assert_eq!(st.phase, ClusterPhase::Provisioning);
+    }
+
+    #[test]
+    fn dead_machines_are_not_claimed() {
+        let dead = |n: &str| (n != "a").then(drover_common::now);
+        let steps = plan(
+            &cluster(1, 0),
+            &[free("a", "dev"), free("b", "dev")],
+            &obs(true, &dead),
+        );
+        assert!(steps.contains(&Step::Assign {
+            machine: "b".into(),
+            machine_pool: CONTROL_PLANE_POOL.into(),
+            role: MachineRole::Init
+        }));
+    }
+
+    #[test]
+    fn converged_cluster_plans_nothing() {
+        let mut c = cluster(1, 0);
+        let mut m = free("a", "dev");
+        m.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: CONTROL_PLANE_POOL.into(),
+            role: MachineRole::Init,
+            generation: 2,
+        });
+        m.status.phase = MachinePhase::Running;
+        let obs = obs(true, &seen_now);
+        let steps = plan(&c, std::slice::from_ref(&m), &obs);
+        let Some(Step::SetStatus(st)) = steps.last() else {
+            panic!()
+        };
+        assert_eq!(st.phase, ClusterPhase::Running);
+        c.status = st.clone();
+        assert!(plan(&c, &[m], &obs).is_empty());
+    }
+
+    #[test]
+    fn deletion_releases_then_finalizes() {
+        let mut c = cluster(1, 0);
+        c.metadata.deletion_timestamp = Some(drover_common::now());
+        let mut m = free("a", "dev");
+        m.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: CONTROL_PLANE_POOL.into(),
+            role: MachineRole::Init,
+            generation: 2,
+        });
+        m.status.phase = MachinePhase::Running;
+        let obs = obs(true, &seen_now);
+        let steps = plan(&c, std::slice::from_ref(&m), &obs);
+        assert!(matches!(steps[0], Step::Release { .. }));
+        assert_eq!(plan(&c, &[], &obs), vec![Step::Finalize]);
+    }
+
+    fn docker_cluster(cp: u32, workers: u32) -> Cluster {
+        let mut c = cluster(cp, workers);
+        c.spec.provider = ProviderSpec::Docker(drover_common::api::DockerProviderSpec {
+            image: "drover-node:test".into(),
+        });
+        c
+    }
+
+    fn created(name: &str, pool: &str, role: MachineRole, phase: MachinePhase) -> Machine {
+        let mut m = free(name, "dev");
+        m.metadata.uid = Some(format!("uid-{name}"));
+        m.metadata.creation_timestamp = Some(drover_common::now());
+        m.spec.provider = Some("docker".into());
+        m.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: pool.into(),
+            role,
+            generation: 1,
+        });
+        m.status.phase = phase;
+        m.status.provider_id = Some(format!("ctr-{name}"));
+        m.status.ticket_redeemed = true;
+        m
+    }
+
+    fn creates(steps: &[Step]) -> Vec<(String, MachineRole)> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::CreateMachine {
+                    machine_pool, role, ..
+                } => Some((machine_pool.clone(), *role)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn deletes(steps: &[Step]) -> Vec<String> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::DeleteMachine { machine, .. } => Some(machine.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_create_waits_out_its_back_off() {
+        let c = docker_cluster(1, 1);
+        let mut pending = created("w1", "w", MachineRole::Worker, MachinePhase::Provisioning);
+        pending.status.provider_id = None;
+        pending.status.ticket_redeemed = false;
+        let machines = vec![
+            created(
+                "cp1",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            pending,
+        ];
+        let provisions = |o: &Observed<'_>| {
+            plan(&c, &machines, o)
+                .into_iter()
+                .filter(|s| matches!(s, Step::Provision { .. }))
+                .count()
+        };
+        let base = obs(true, &seen_now);
+        let later = base.now + time::Duration::seconds(30);
+        let waiting = |name: &str| (name == "w1").then_some(later);
+        assert_eq!(provisions(&base), 1);
+        assert_eq!(
+            provisions(&Observed {
+                retry_not_before: &waiting,
+                ..obs(true, &seen_now)
+            }),
+            0
+        );
+        assert_eq!(
+            provisions(&Observed {
+                retry_not_before: &waiting,
+                now: later,
+                ..obs(true, &seen_now)
+            }),
+            1
+        );
+    }
+
+    #[test]
+    fn provider_cluster_starts_with_the_init_machine_and_workers() {
+        let steps = plan(&docker_cluster(3, 2), &[], &obs(true, &seen_now));
+        assert_eq!(
+            creates(&steps),
+            vec![
+                (CONTROL_PLANE_POOL.to_string(), MachineRole::Init),
+                ("w".to_string(), MachineRole::Worker),
+                ("w".to_string(), MachineRole::Worker)
+            ]
+        );
+        // With the init machine recorded but not running, no other control plane yet.
+        let mut c = docker_cluster(3, 0);
+        c.status.init_machine = Some("i".into());
+        let init = created(
+            "i",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Bootstrapping,
+        );
+        assert!(creates(&plan(&c, &[init], &obs(true, &seen_now))).is_empty());
+    }
+
+    #[test]
+    fn stopped_worker_is_replaced() {
+        let mut c = docker_cluster(1, 3);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let stopped = |uid: &str| (uid == "uid-w2").then_some(InstanceState::Stopped);
+        let o = Observed {
+            instance: &stopped,
+            ..obs(true, &seen_now)
+        };
+        let steps = plan(&c, &machines, &o);
+        assert_eq!(deletes(&steps), vec!["w2".to_string()]);
+        assert!(steps.contains(&Step::CreateMachine {
+            machine_pool: "w".into(),
+            role: MachineRole::Worker,
+            replaces: Some("w2".into()),
+        }));
+    }
+
+    #[test]
+    fn too_many_unhealthy_pauses_remediation() {
+        let mut c = docker_cluster(1, 2);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let silent = |n: &str| {
+            Some(if n.starts_with('w') {
+                drover_common::now() - time::Duration::minutes(5)
+            } else {
+                drover_common::now()
+            })
+        };
+        let steps = plan(&c, &machines, &obs(true, &silent));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let Some(Step::SetStatus(st)) = steps.last() else {
+            panic!("{steps:?}")
+        };
+        let cond = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .unwrap();
+        assert_eq!(cond.status, "False");
+        assert!(
+            cond.message.contains("remediation paused"),
+            "{}",
+            cond.message
+        );
+    }
+
+    #[test]
+    fn lone_initialized_control_plane_is_not_remediated() {
+        let mut c = docker_cluster(1, 0);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![created(
+            "i",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Running,
+        )];
+        let silent = |_: &str| Some(drover_common::now() - time::Duration::minutes(5));
+        let steps = plan(&c, &machines, &obs(true, &silent));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+    }
+
+    #[test]
+    fn three_control_planes_remediate_one_keeping_quorum() {
+        let mut c = docker_cluster(3, 0);
+        c.status.init_machine = Some("a".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created(
+                "b",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+            created(
+                "c",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+        ];
+        let one_silent = |n: &str| {
+            Some(if n == "c" {
+                drover_common::now() - time::Duration::minutes(5)
+            } else {
+                drover_common::now()
+            })
+        };
+        assert_eq!(
+            deletes(&plan(&c, &machines, &obs(true, &one_silent))),
+            vec!["c".to_string()]
+        );
+        let two_silent = |n: &str| {
+            Some(if n == "a" {
+                drover_common::now()
+            } else {
+                drover_common::now() - time::Duration::minutes(5)
+            })
+        };
+        // Two of three unhealthy: over maxUnhealthy, and quorum would break anyway.
+        assert!(deletes(&plan(&c, &machines, &obs(true, &two_silent))).is_empty());
+    }
+
+    #[test]
+    fn scale_down_removes_newest_worker() {
+        let mut c = docker_cluster(1, 1);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let mut old = created("w1", "w", MachineRole::Worker, MachinePhase::Running);
+        old.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::hours(1));
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            old,
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        assert_eq!(
+            deletes(&plan(&c, &machines, &obs(true, &seen_now))),
+            vec!["w2".to_string()]
+        );
+    }
+
+    #[test]
+    fn no_remediation_in_the_pass_that_ends_a_pause() {
+        let mut c = docker_cluster(1, 3);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        set_condition(
+            &mut c.status.conditions,
+            "RemediationAllowed",
+            false,
+            "RemediationPaused",
+            "x",
+        );
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        // w1 is back, w2 is still a little late.
+        let late = |n: &str| {
+            Some(if n == "w2" {
+                drover_common::now() - time::Duration::minutes(1)
+            } else {
+                drover_common::now()
+            })
+        };
+        let steps = plan(&c, &machines, &obs(true, &late));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let Some(Step::SetStatus(st)) = steps.last() else {
+            panic!("{steps:?}")
+        };
+        let cond = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .unwrap();
+        assert_eq!(cond.status, "True");
+    }
+
+    fn status_of(steps: &[Step]) -> &ClusterStatus {
+        steps
+            .iter()
+            .find_map(|s| match s {
+                Step::SetStatus(st) => Some(st),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("status step expected: {steps:?}"))
+    }
+
+    fn condition<'a>(st: &'a ClusterStatus, t: &str) -> &'a drover_common::api::Condition {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap_or_else(|| panic!("no {t} condition in {st:?}"))
+    }
+
+    #[test]
+    fn a_replacement_still_starting_counts_against_max_unhealthy() {
+        let mut c = docker_cluster(1, 3);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let mut old = created("w1", "w", MachineRole::Worker, MachinePhase::Deleted);
+        push_event(
+            &mut old.status.events,
+            "Remediating",
+            "deleting to replace it",
+        );
+        push_event(&mut old.status.events, "ReplacedBy", "replaced by r1");
+        old.metadata.deletion_timestamp = Some(drover_common::now());
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            old,
+            created("r1", "w", MachineRole::Worker, MachinePhase::Bootstrapping),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        // w2 went silent a pass after w1: with r1 not Running yet, two of
+        // three slots are down.
+        let w2_silent = |n: &str| {
+            Some(if n == "w2" {
+                drover_common::now() - time::Duration::minutes(5)
+            } else {
+                drover_common::now()
+            })
+        };
+        let steps = plan(&c, &machines, &obs(true, &w2_silent));
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let cond = condition(status_of(&steps), "RemediationAllowed");
+        assert_eq!(cond.status, "False");
+        assert!(
+            cond.message.contains("r1 being replaced"),
+            "{}",
+            cond.message
+        );
+        // Once r1 runs, w2 alone is within the limit.
+        let mut machines = machines;
+        machines[2].status.phase = MachinePhase::Running;
+        assert_eq!(
+            deletes(&plan(&c, &machines, &obs(true, &w2_silent))),
+            vec!["w2".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_silent_machine_is_replaced_at_its_timeout_unless_others_missed_beats_too() {
+        let mut c = docker_cluster(1, 3);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            created("w3", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let now = drover_common::now();
+        let silent = |w1: i64, w2: i64| {
+            move |n: &str| {
+                Some(match n {
+                    "w1" => now - time::Duration::seconds(w1),
+                    "w2" => now - time::Duration::seconds(w2),
+                    _ => now,
+                })
+            }
+        };
+        // Timeout 40 s, interval 10 s. w1 alone is past its timeout: it is
+        // replaced at once, with no wait beyond the timeout.
+        let alone = silent(41, 0);
+        assert_eq!(
+            deletes(&plan(
+                &c,
+                &machines,
+                &Observed {
+                    now,
+                    ..obs(true, &alone)
+                }
+            )),
+            vec!["w1".to_string()]
+        );
+        // w2 was cut off with it and has missed beats for 32 s (late, not
+        // yet past its own timeout): two of three count, so nothing is
+        // replaced and remediation pauses.
+        let together = silent(41, 32);
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now,
+                ..obs(true, &together)
+            },
+        );
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let status = status_of(&steps);
+        let allowed = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .expect("RemediationAllowed condition");
+        assert_eq!(allowed.status, "False", "{allowed:?}");
+        assert!(
+            allowed.message.contains("w2 missing heartbeats"),
+            "{}",
+            allowed.message
+        );
+    }
+
+    #[test]
+    fn a_dead_lone_control_plane_degrades_the_cluster_with_a_stable_status() {
+        let mut c = docker_cluster(1, 1);
+        c.status.init_machine = Some("i".into());
+        c.status.initialized = true;
+        c.status.control_plane_endpoint = Some("10.0.0.9:6443".into());
+        let machines = vec![
+            created(
+                "i",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        let now = drover_common::now();
+        let cp_silent_since = now - time::Duration::minutes(5);
+        let cp_silent = |n: &str| Some(if n == "i" { cp_silent_since } else { now });
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now,
+                ..obs(true, &cp_silent)
+            },
+        );
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        assert!(steps.contains(&Step::SetAlive {
+            machine: "i".into(),
+            alive: false,
+            reason: "Silent".into(),
+            message: "no heartbeat within the heartbeat timeout (40s)".into(),
+        }));
+        let st = status_of(&steps).clone();
+        assert_eq!(st.phase, ClusterPhase::Degraded);
+        let ready = condition(&st, "Ready");
+        assert_eq!(ready.reason, "MachinesUnhealthy");
+        assert_eq!(ready.message, "control-plane: i silent");
+        let allowed = condition(&st, "RemediationAllowed");
+        assert_eq!(allowed.status, "False");
+        assert_eq!(
+            allowed.message,
+            "pool control-plane: 1 of 1 machines are unhealthy or being replaced (i silent), more than maxUnhealthy 40% allows (0); remediation paused"
+        );
+        // A minute later nothing in the status changes: no rewrite per pass.
+        c.status = st;
+        let later = now + time::Duration::minutes(1);
+        let still_silent = |n: &str| Some(if n == "i" { cp_silent_since } else { later });
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now: later,
+                ..obs(true, &still_silent)
+            },
+        );
+        assert!(
+            !steps.iter().any(|s| matches!(s, Step::SetStatus(_))),
+            "{steps:?}"
+        );
+    }
+
+    #[test]
+    fn after_the_init_machine_is_replaced_joins_aim_at_a_live_control_plane() {
+        let mut c = docker_cluster(3, 0);
+        c.status.init_machine = Some("a".into());
+        c.status.initialized = true;
+        c.status.control_plane_endpoint = Some("10.0.0.1:6443".into());
+        let mut a = created(
+            "a",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Deleted,
+        );
+        a.status.addresses = vec!["10.0.0.1".into()];
+        push_event(
+            &mut a.status.events,
+            "Remediating",
+            "deleting to replace it",
+        );
+        a.metadata.deletion_timestamp = Some(drover_common::now());
+        let mut b = created(
+            "b",
+            CONTROL_PLANE_POOL,
+            MachineRole::ControlPlane,
+            MachinePhase::Running,
+        );
+        b.status.addresses = vec!["10.0.0.2".into()];
+        let mut cc = created(
+            "c",
+            CONTROL_PLANE_POOL,
+            MachineRole::ControlPlane,
+            MachinePhase::Running,
+        );
+        cc.status.addresses = vec!["10.0.0.3".into()];
+        b.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::minutes(2));
+        let steps = plan(&c, &[a, b, cc], &obs(true, &seen_now));
+        // The replacement joins as a control plane: the cluster is initialized.
+        assert!(steps.contains(&Step::CreateMachine {
+            machine_pool: CONTROL_PLANE_POOL.into(),
+            role: MachineRole::ControlPlane,
+            replaces: Some("a".into()),
+        }));
+        let st = status_of(&steps);
+        assert_eq!(st.init_machine, None, "a deleted machine's name stays");
+        assert!(st.initialized);
+        assert_eq!(st.control_plane_endpoint.as_deref(), Some("10.0.0.2:6443"));
+    }
+
+    #[test]
+    fn alive_condition_is_written_only_when_it_changes() {
+        let mut m = free("a", "dev");
+        m.status.phase = MachinePhase::Registered;
+        let now = drover_common::now();
+        let silent = |_: &str| Some(now - time::Duration::minutes(5));
+        let heard = |_: &str| Some(now);
+        // Never in trouble: no condition, no write.
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &heard)
+            }
+        )
+        .is_empty());
+        let steps = alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &silent)
+            },
+        );
+        assert_eq!(
+            steps,
+            vec![Step::SetAlive {
+                machine: "a".into(),
+                alive: false,
+                reason: "Silent".into(),
+                message: "no heartbeat within the heartbeat timeout (40s)".into(),
+            }]
+        );
+        set_condition(
+            &mut m.status.conditions,
+            ALIVE_CONDITION,
+            false,
+            "Silent",
+            "no heartbeat within the heartbeat timeout (40s)",
+        );
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &silent)
+            }
+        )
+        .is_empty());
+        let stopped = |_: &str| Some(InstanceState::Stopped);
+        assert!(matches!(
+            &alive_steps(
+                &[&m],
+                &Observed {
+                    now,
+                    instance: &stopped,
+                    ..obs(true, &heard)
+                }
+            )[..],
+            [Step::SetAlive { alive: false, reason, .. }] if reason == "Stopped"
+        ));
+        assert!(matches!(
+            &alive_steps(&[&m], &Observed { now, ..obs(true, &heard) })[..],
+            [Step::SetAlive { alive: true, reason, .. }] if reason == "Heartbeating"
+        ));
+        // A deleted machine is left alone.
+        m.status.phase = MachinePhase::Deleted;
+        assert!(alive_steps(
+            &[&m],
+            &Observed {
+                now,
+                ..obs(true, &heard)
+            }
+        )
+        .is_empty());
+    }
+}

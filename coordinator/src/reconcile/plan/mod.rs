@@ -1,0 +1,33 @@
+//! The planner: `plan(cluster, machines, observed) -> Vec<Step>`, pure.
+//! `pool.rs` plans clusters of pool machines, `provider.rs` clusters whose
+//! machines a provider (docker, aws) creates; `shared.rs` holds what both
+//! use.
+
+mod pool;
+mod provider;
+mod shared;
+
+use pool::plan_pool;
+use provider::plan_provider;
+pub use shared::*;
+
+use drover_common::api::{Cluster, Machine};
+
+/// Plans the steps that bring `cluster` closer to its spec. Pure.
+pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) -> Vec<Step> {
+    let uid = cluster.metadata.uid.as_deref().unwrap_or_default();
+    let mine: Vec<&Machine> = machines
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.cluster_uid == uid)
+        })
+        .collect();
+    if cluster.spec.provider.creates_machines() {
+        plan_provider(cluster, &mine, observed)
+    } else {
+        plan_pool(cluster, &mine, machines, observed)
+    }
+}

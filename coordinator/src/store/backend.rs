@@ -1,0 +1,146 @@
+//! The store's vocabulary, shared by `Store` and its backends: kinds,
+//! records, transaction operations, errors, changes, fences, and the
+//! `Backend` trait SQLite and etcd implement.
+
+/// The kinds of object the store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Cluster,
+    Machine,
+    RegistrationToken,
+    /// Key material and other secrets, never served by the API.
+    Secret,
+    /// Per-cluster kubeadm join tokens.
+    JoinTokens,
+}
+
+impl Kind {
+    /// Kinds whose bodies are encrypted at rest.
+    pub fn is_sealed(self) -> bool {
+        matches!(self, Kind::Secret | Kind::JoinTokens)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Cluster => "clusters",
+            Kind::Machine => "machines",
+            Kind::RegistrationToken => "registrationtokens",
+            Kind::Secret => "secrets",
+            Kind::JoinTokens => "jointokens",
+        }
+    }
+
+    /// Every kind, for backends that map names back to kinds.
+    pub const ALL: [Kind; 5] = [
+        Kind::Cluster,
+        Kind::Machine,
+        Kind::RegistrationToken,
+        Kind::Secret,
+        Kind::JoinTokens,
+    ];
+
+    /// The kind whose `as_str` is `s`.
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// A stored object: its name, the revision of its last write and its body.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub name: String,
+    pub revision: u64,
+    pub body: Vec<u8>,
+}
+
+/// One operation of a transaction.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Fails with `AlreadyExists` if the object exists.
+    Create {
+        kind: Kind,
+        name: String,
+        body: Vec<u8>,
+    },
+    /// Fails with `NotFound`, or `Conflict` if `expected_revision` is given
+    /// and differs from the stored one.
+    Update {
+        kind: Kind,
+        name: String,
+        body: Vec<u8>,
+        expected_revision: Option<u64>,
+    },
+    /// Fails like `Update`.
+    Delete {
+        kind: Kind,
+        name: String,
+        expected_revision: Option<u64>,
+    },
+}
+
+/// Store failures, each naming the object concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{kind} {name:?} already exists")]
+    AlreadyExists { kind: &'static str, name: String },
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{kind} {name:?} was changed concurrently (expected resourceVersion {expected}, found {found}); read it again and retry")]
+    Conflict {
+        kind: &'static str,
+        name: String,
+        expected: u64,
+        found: u64,
+    },
+    #[error("stored {kind} {name:?} is corrupt: {detail}")]
+    Corrupt {
+        kind: &'static str,
+        name: String,
+        detail: String,
+    },
+    #[error("store backend failed: {0}")]
+    Backend(String),
+    #[error("write refused: this coordinator's leadership term {term} has ended ({detail}); the new leader makes this change")]
+    Fenced { term: u64, detail: String },
+    #[error(transparent)]
+    Sealed(#[from] crate::store::keyring::KeyError),
+}
+
+/// A committed change, broadcast to watchers. With SQLite, the writes of
+/// this process; with etcd, the writes of every replica.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub kind: Kind,
+    pub name: String,
+    pub revision: u64,
+    pub deleted: bool,
+}
+
+/// What a backend provides. Bodies arrive sealed and leave as stored; the
+/// `Store` around it seals and opens. Semantics every backend keeps:
+///
+/// - one global revision, advanced by every committed transaction; every
+///   object written by a transaction gets that transaction's revision;
+/// - `txn` applies its operations in order, all or nothing, with exactly
+///   the preconditions and errors documented on [`Op`] (the first failing
+///   operation's error is returned);
+/// - `list` is ordered by name;
+/// - every committed write reaches the `broadcast::Sender<Change>` the
+///   backend was opened with, one `Change` per written object.
+pub(super) trait Backend: Send + Sync {
+    fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError>;
+    fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError>;
+    /// With a `fence`, the transaction also requires that leadership term
+    /// to be current, and fails with [`StoreError::Fenced`] otherwise. A
+    /// single-replica backend has one term forever and ignores it.
+    fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError>;
+    /// Where the data lives, for messages ("SQLite database /d/drover.db").
+    fn describe(&self) -> String;
+}
+
+/// A leadership term: the revision at which this replica's leader key was
+/// created. Writes made inside [`fenced`] carry it, and the store commits
+/// them only while that term is current, so a leader that was paused past
+/// its lease and wakes up late cannot change anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence(pub u64);

@@ -1,0 +1,151 @@
+//! The admin API's answers and the client config file: what the server
+//! and the operator CLI share. This module imports nothing of the server,
+//! so the CLI can use it without depending on the server's modules.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+/// The condition type the reconciler keeps on a machine that went silent or
+/// whose instance stopped (False), cleared to True when it is back.
+pub const ALIVE_CONDITION: &str = "Alive";
+
+/// A role an admin token grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AdminRole {
+    Admin,
+    Viewer,
+}
+
+/// An admin token as listed: never its secret.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminTokenInfo {
+    pub id: String,
+    pub role: AdminRole,
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: time::OffsetDateTime,
+}
+
+/// The answer to a creation: the only time the secret is shown.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedAdminToken {
+    pub id: String,
+    pub role: AdminRole,
+    pub token: String,
+}
+
+/// The keyring's state.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeysInfo {
+    /// The key that encrypts, then older keys still accepted.
+    pub key_ids: Vec<String>,
+    /// Records re-encrypted by the rotation that produced this answer.
+    #[serde(default)]
+    pub resealed: usize,
+}
+
+/// One coordinator replica, as announced to the others.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaInfo {
+    /// `host:port` of the replica's API.
+    pub id: String,
+    /// Its API's URL.
+    pub url: String,
+    pub version: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: OffsetDateTime,
+    /// The port the replica serves the API on at the gateway of every
+    /// Docker cluster network (its listen port); machines of docker
+    /// clusters reach it at `https://drover-coordinator:PORT`. Absent from
+    /// replicas that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_port: Option<u16>,
+}
+
+/// One coordinator replica and whether it leads.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatorEntry {
+    #[serde(flatten)]
+    pub replica: ReplicaInfo,
+    pub leader: bool,
+}
+
+/// One audited request.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEntry {
+    #[serde(with = "time::serde::rfc3339")]
+    pub time: OffsetDateTime,
+    /// `admin-token:<id> (<role>)`, `machine:<name>`, `invalid-admin-token`
+    /// or `anonymous`.
+    pub actor: String,
+    /// The client's address.
+    pub source: String,
+    /// The method; `*` in a summary entry.
+    pub method: String,
+    /// The path, at most 256 bytes (a longer one is cut and ends in `…`);
+    /// in a summary entry, the last refused path.
+    pub path: String,
+    /// The HTTP status of the answer (the last one, in a summary entry).
+    pub status: u16,
+    /// In a summary entry: how many refused requests from `source` it
+    /// stands for, which were not recorded one by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suppressed: Option<u64>,
+}
+
+/// The client config file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientConfigFile {
+    pub server: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+impl ClientConfigFile {
+    /// Writes the file with mode 0600 (it holds the admin token).
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(
+            serde_saphyr::to_string(self)
+                .expect("serializes")
+                .as_bytes(),
+        )?;
+        f.sync_all()?;
+        std::fs::rename(tmp, path)
+    }
+}
+
+/// The default client config path: `$DROVER_CONFIG`, else
+/// `$XDG_CONFIG_HOME/drover/config.yaml`, else `~/.config/drover/config.yaml`.
+pub fn default_config_path() -> PathBuf {
+    if let Ok(p) = std::env::var("DROVER_CONFIG") {
+        return PathBuf::from(p);
+    }
+    if let Ok(x) = std::env::var("XDG_CONFIG_HOME") {
+        return PathBuf::from(x).join("drover/config.yaml");
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(".config/drover/config.yaml")
+}
