@@ -253,10 +253,7 @@ impl Coordinator {
 
     /// Kills the coordinator (SIGKILL, as a crash would).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// Starts it again on the same data directory and port.
@@ -460,10 +457,7 @@ impl Agent {
 
     /// Kills the agent process (SIGKILL); its machine's daemons keep running.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// Starts the agent again on the same root.
@@ -540,8 +534,10 @@ impl Drop for Agent {
     }
 }
 
-/// A cluster document for the pool provider.
-pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String {
+/// A cluster document of `cp` control planes and `workers` in pool
+/// `default`; `provider` is the indented text under `  provider:` (and
+/// whatever follows it in the spec).
+pub fn cluster_yaml(name: &str, cp: u32, workers: u32, provider: &str) -> String {
     format!(
         "apiVersion: drover.dev/v1alpha1
 kind: Cluster
@@ -555,12 +551,32 @@ spec:
     - name: default
       replicas: {workers}
   provider:
-    pool:
+{provider}"
+    )
+}
+
+/// A cluster document for the pool provider.
+pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String {
+    cluster_yaml(
+        name,
+        cp,
+        workers,
+        &format!(
+            "    pool:
       selector:
         matchLabels:
           env: {env}
 "
+        ),
     )
+}
+
+/// Kills a child process (SIGKILL) if there is one, and reaps it.
+fn kill_child(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
 
 /// Helpers for tests that use the Docker engine.
