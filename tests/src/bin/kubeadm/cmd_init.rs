@@ -315,18 +315,15 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
             .in_phase("control-plane")?;
     }
     if !skip.skipped("kubelet-start") {
-        node::write_kubelet_files(
+        node::write_and_start_kubelet(
             root,
             kubelet_doc,
-            cs.service_ips(10).first().copied(),
-            &cs.dns_domain,
+            &cs,
             &node_name,
             &init.node_registration,
+            kubelet_wait,
         )
-        .in_phase("kubelet-start")?;
-        node::start_kubelet(root, kubelet_wait)
-            .await
-            .in_phase("kubelet-start")?;
+        .await?;
     }
     println!("[wait-control-plane] Waiting for the kubelet to boot up the control plane as static Pods from directory {MANIFESTS_DIR:?}");
     store::ensure_store(root).in_phase("wait-control-plane")?;

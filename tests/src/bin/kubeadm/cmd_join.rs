@@ -362,18 +362,15 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
                 0o600,
             )
             .in_phase("kubelet-start")?;
-            node::write_kubelet_files(
+            node::write_and_start_kubelet(
                 root,
                 kubelet_doc,
-                cs.service_ips(10).first().copied(),
-                &cs.dns_domain,
+                &cs,
                 &node_name,
                 &join.node_registration,
+                kubelet_wait,
             )
-            .in_phase("kubelet-start")?;
-            node::start_kubelet(root, kubelet_wait)
-                .await
-                .in_phase("kubelet-start")?;
+            .await?;
             println!("[kubelet-start] Waiting for the kubelet to perform the TLS Bootstrap");
         }
         println!("\nThis node has joined the cluster:\n* Certificate signing request was sent to apiserver and a response was received.\n* The Kubelet was informed of the new secure connection details.\n");
@@ -471,18 +468,15 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             server: server.clone(),
         };
         node::write_kubeconfigs(root, &cs, &set, &[kubelet_spec]).in_phase("kubelet-start")?;
-        node::write_kubelet_files(
+        node::write_and_start_kubelet(
             root,
             kubelet_doc,
-            cs.service_ips(10).first().copied(),
-            &cs.dns_domain,
+            &cs,
             &node_name,
             &join.node_registration,
+            kubelet_wait,
         )
-        .in_phase("kubelet-start")?;
-        node::start_kubelet(root, kubelet_wait)
-            .await
-            .in_phase("kubelet-start")?;
+        .await?;
     }
     if !skip.skipped("control-plane-join/etcd") {
         node::write_etcd_manifest(root, &cs, &cp_node).in_phase("control-plane-join/etcd")?;
