@@ -330,6 +330,14 @@ impl Fake {
         }
     }
 
+    /// Waits for a heartbeat of a Running agent at `generation`.
+    async fn running_at(&mut self, generation: u64) -> HeartbeatRequest {
+        self.heartbeat_where(&format!("Running gen {generation}"), |h| {
+            h.phase == AgentPhase::Running && h.applied_generation == generation
+        })
+        .await
+    }
+
     fn set(&self, f: impl FnOnce(&mut FakeState)) {
         f(&mut self.state.lock().unwrap());
     }
@@ -537,11 +545,7 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
 
     // Assigned as the init machine: one 409, then the bundle, then kubeadm init.
     fake.set(|s| s.assignment = assigned("demo", MachineRole::Init, 1));
-    let hb = fake
-        .heartbeat_where("Running gen 1", |h| {
-            h.phase == AgentPhase::Running && h.applied_generation == 1
-        })
-        .await;
+    let hb = fake.running_at(1).await;
     assert_eq!(hb.bootstrap.unwrap().step, "kubeadm-init");
     // The API server is probed on a control-plane machine; nothing listens.
     assert!(hb.health.api_server.is_some());
@@ -610,11 +614,7 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
 
     // Assigned again, as a worker with a newer generation: kubeadm join.
     fake.set(|s| s.assignment = assigned("other", MachineRole::Worker, 2));
-    let hb = fake
-        .heartbeat_where("Running gen 2", |h| {
-            h.phase == AgentPhase::Running && h.applied_generation == 2
-        })
-        .await;
+    let hb = fake.running_at(2).await;
     assert_eq!(hb.bootstrap.unwrap().step, "kubeadm-join");
     assert!(hb.health.api_server.is_none());
     assert_eq!(
@@ -835,10 +835,7 @@ async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
         s.assignment = assigned("demo", MachineRole::ControlPlane, 3);
     });
     let mut agent = m.spawn(2, false, &[]);
-    fake.heartbeat_where("Running at generation 3", |h| {
-        h.phase == AgentPhase::Running && h.applied_generation == 3
-    })
-    .await;
+    fake.running_at(3).await;
     assert_eq!(mode(&m.root.join("etc/drover/kubeadm.yaml")), 0o600);
     assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.key")), 0o600);
     assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.crt")), 0o644);

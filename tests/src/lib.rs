@@ -163,6 +163,29 @@ impl Coordinator {
         c
     }
 
+    /// Starts a replica sharing a store with `first`'s, like
+    /// [`Self::start_with_args`], in `dir` (created). Only the first start
+    /// writes the client config and prints the admin token; a later replica
+    /// (`first` given) shares them.
+    pub fn start_replica(
+        dir: &Path,
+        opts: CoordinatorOptions,
+        extra_args: &[String],
+        listen: &str,
+        first: Option<&Coordinator>,
+    ) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        if let Some(first) = first {
+            std::fs::copy(first.client_config(), dir.join("client.yaml")).unwrap();
+        }
+        let args: Vec<&str> = extra_args.iter().map(String::as_str).collect();
+        let mut c = Self::start_with_args(dir, opts, &args, listen);
+        if let Some(first) = first {
+            c.admin_token = first.admin_token.clone();
+        }
+        c
+    }
+
     fn spawn(&mut self) {
         let mut child = Command::new(bin("drover"))
             .args(["serve", "--data-dir"])

@@ -833,14 +833,8 @@ fn ha_replicas(tmp: &Path, etcd: &drover_tests::etcd::EtcdCluster) -> Vec<Coordi
             "--leader-lease".to_owned(),
             "3s".to_owned(),
         ];
-        let dir = tmp.join(format!("replica-{i}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        if let Some(first) = replicas.first() {
-            std::fs::copy(first.client_config(), dir.join("client.yaml")).unwrap();
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut c = Coordinator::start_with_args(
-            &dir,
+        let c = Coordinator::start_replica(
+            &tmp.join(format!("replica-{i}")),
             CoordinatorOptions {
                 heartbeat_interval: "1s",
                 heartbeat_timeout: "5s",
@@ -848,10 +842,8 @@ fn ha_replicas(tmp: &Path, etcd: &drover_tests::etcd::EtcdCluster) -> Vec<Coordi
             },
             &args,
             &format!("127.0.0.1:{}", free_port()),
+            replicas.first(),
         );
-        if let Some(first) = replicas.first() {
-            c.admin_token = first.admin_token.clone();
-        }
         replicas.push(c);
     }
     replicas

@@ -791,26 +791,37 @@ pub fn write_kubelet_files(
 }
 
 /// Starts the stand-in kubelet and waits until its /healthz answers 200.
-/// The kubelet-start phase: the kubelet's files for `node_name`, then the
-/// kubelet, waited on for at most `timeout` to be healthy.
-pub async fn write_and_start_kubelet(
-    root: &Root,
-    doc: Option<Value>,
-    cs: &ClusterSettings,
-    node_name: &str,
-    reg: &NodeRegistration,
-    timeout: Duration,
-) -> Result<()> {
-    write_kubelet_files(
-        root,
-        doc,
-        cs.service_ips(10).first().copied(),
-        &cs.dns_domain,
-        node_name,
-        reg,
-    )
-    .in_phase("kubelet-start")?;
-    start_kubelet(root, timeout).await.in_phase("kubelet-start")
+/// What the kubelet-start phase takes from a command's configuration: the
+/// raw `KubeletConfiguration` document, if any, and how long to wait for a
+/// healthy kubelet.
+pub struct KubeletStart {
+    pub doc: Option<Value>,
+    pub timeout: Duration,
+}
+
+impl KubeletStart {
+    /// The kubelet-start phase: the kubelet's files for `node_name`, then
+    /// the kubelet, waited on until it is healthy.
+    pub async fn run(
+        self,
+        root: &Root,
+        cs: &ClusterSettings,
+        node_name: &str,
+        reg: &NodeRegistration,
+    ) -> Result<()> {
+        write_kubelet_files(
+            root,
+            self.doc,
+            cs.service_ips(10).first().copied(),
+            &cs.dns_domain,
+            node_name,
+            reg,
+        )
+        .in_phase("kubelet-start")?;
+        start_kubelet(root, self.timeout)
+            .await
+            .in_phase("kubelet-start")
+    }
 }
 
 pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
