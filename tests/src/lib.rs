@@ -319,6 +319,13 @@ impl Coordinator {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Creates an admin token with `role` through the CLI; returns it.
+    pub fn create_admin_token(&self, role: &str) -> String {
+        self.cli_ok(&["admin-token", "create", "--role", role])
+            .trim()
+            .to_owned()
+    }
+
     /// Creates a registration token and writes its bootstrap document.
     pub fn token(&self, pool: &str, labels: &str, uses: u32, ttl: &str, file: &Path) {
         self.cli_ok(&[
