@@ -432,47 +432,23 @@ pub(crate) mod tests {
             kubelet_conf: true,
         };
         assert_eq!(decide_resume(&sample_state(), none), ResumeAction::Idle);
-        assert_eq!(
-            decide_resume(&with_step(Init, Assigned), none),
-            ResumeAction::FetchConfig
-        );
-        assert_eq!(
-            decide_resume(&with_step(Init, FilesWritten), none),
-            ResumeAction::FetchConfig
-        );
-        assert_eq!(
-            decide_resume(&with_step(Init, KubeadmStarted), none),
-            ResumeAction::InitInterrupted
-        );
+        let check = |role, step, files, want| {
+            assert_eq!(decide_resume(&with_step(role, step), files), want);
+        };
+        check(Init, Assigned, none, ResumeAction::FetchConfig);
+        check(Init, FilesWritten, none, ResumeAction::FetchConfig);
+        check(Init, KubeadmStarted, none, ResumeAction::InitInterrupted);
         // kubelet.conf alone does not prove init finished.
-        assert_eq!(
-            decide_resume(&with_step(Init, KubeadmStarted), kubelet),
-            ResumeAction::InitInterrupted
-        );
-        assert_eq!(
-            decide_resume(&with_step(Init, KubeadmStarted), admin),
-            ResumeAction::MarkDone
-        );
+        check(Init, KubeadmStarted, kubelet, ResumeAction::InitInterrupted);
+        check(Init, KubeadmStarted, admin, ResumeAction::MarkDone);
         for role in [ControlPlane, Worker] {
-            assert_eq!(
-                decide_resume(&with_step(role, KubeadmStarted), none),
-                ResumeAction::ResetAndRetry
-            );
-            assert_eq!(
-                decide_resume(&with_step(role, KubeadmStarted), kubelet),
-                ResumeAction::MarkDone
-            );
+            check(role, KubeadmStarted, none, ResumeAction::ResetAndRetry);
+            check(role, KubeadmStarted, kubelet, ResumeAction::MarkDone);
         }
         // An interrupted reset before a retry is simply run again; init is
         // only ever run after it finished.
-        assert_eq!(
-            decide_resume(&with_step(Init, Resetting), admin),
-            ResumeAction::ResetAndRetry
-        );
-        assert_eq!(
-            decide_resume(&with_step(Worker, Done), none),
-            ResumeAction::Running
-        );
+        check(Init, Resetting, admin, ResumeAction::ResetAndRetry);
+        check(Worker, Done, none, ResumeAction::Running);
         let failed = Failed {
             step: "kubeadm-init".into(),
             failure: CommandFailure {
@@ -482,10 +458,7 @@ pub(crate) mod tests {
                 at: OffsetDateTime::UNIX_EPOCH,
             },
         };
-        assert_eq!(
-            decide_resume(&with_step(Init, failed), admin),
-            ResumeAction::StayFailed
-        );
+        check(Init, failed, admin, ResumeAction::StayFailed);
     }
 
     #[test]

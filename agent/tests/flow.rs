@@ -330,6 +330,14 @@ impl Fake {
         }
     }
 
+    /// Waits for a heartbeat of a Running agent at `generation`.
+    async fn running_at(&mut self, generation: u64) -> HeartbeatRequest {
+        self.heartbeat_where(&format!("Running gen {generation}"), |h| {
+            h.phase == AgentPhase::Running && h.applied_generation == generation
+        })
+        .await
+    }
+
     fn set(&self, f: impl FnOnce(&mut FakeState)) {
         f(&mut self.state.lock().unwrap());
     }
@@ -493,15 +501,35 @@ fn terminate(child: &tokio::process::Child) {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
 }
 
+/// Stops an agent with SIGTERM and asserts that it exits 0.
+async fn stop_cleanly(agent: &mut tokio::process::Child) {
+    terminate(agent);
+    assert_eq!(exit_code(agent).await, 0);
+}
+
+/// An assignment to `cluster` as `role` at `generation`.
+fn assigned(cluster: &str, role: MachineRole, generation: u64) -> Option<AssignmentNotice> {
+    Some(AssignmentNotice {
+        cluster: cluster.into(),
+        role,
+        generation,
+    })
+}
+
+/// A fake coordinator with a CA of its own, and that CA's pin.
+async fn start_fake_with_new_ca() -> (Fake, CaPin) {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    (start_fake(ca).await, pin)
+}
+
 fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o777
 }
 
 #[tokio::test]
 async fn full_lifecycle_init_token_reset_rejoin_restart() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let mut fake = start_fake(ca).await;
+    let (mut fake, pin) = start_fake_with_new_ca().await;
     let m = Machine::new(fake.addr, &pin, TICKET);
     let mut agent = m.spawn(1, true, &[]);
 
@@ -516,18 +544,8 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     assert_eq!(mode(state_file.parent().unwrap()), 0o700);
 
     // Assigned as the init machine: one 409, then the bundle, then kubeadm init.
-    fake.set(|s| {
-        s.assignment = Some(AssignmentNotice {
-            cluster: "demo".into(),
-            role: MachineRole::Init,
-            generation: 1,
-        })
-    });
-    let hb = fake
-        .heartbeat_where("Running gen 1", |h| {
-            h.phase == AgentPhase::Running && h.applied_generation == 1
-        })
-        .await;
+    fake.set(|s| s.assignment = assigned("demo", MachineRole::Init, 1));
+    let hb = fake.running_at(1).await;
     assert_eq!(hb.bootstrap.unwrap().step, "kubeadm-init");
     // The API server is probed on a control-plane machine; nothing listens.
     assert!(hb.health.api_server.is_some());
@@ -595,18 +613,8 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     assert!(!m.root.join("etc/kubernetes/pki/ca.crt").exists());
 
     // Assigned again, as a worker with a newer generation: kubeadm join.
-    fake.set(|s| {
-        s.assignment = Some(AssignmentNotice {
-            cluster: "other".into(),
-            role: MachineRole::Worker,
-            generation: 2,
-        })
-    });
-    let hb = fake
-        .heartbeat_where("Running gen 2", |h| {
-            h.phase == AgentPhase::Running && h.applied_generation == 2
-        })
-        .await;
+    fake.set(|s| s.assignment = assigned("other", MachineRole::Worker, 2));
+    let hb = fake.running_at(2).await;
     assert_eq!(hb.bootstrap.unwrap().step, "kubeadm-join");
     assert!(hb.health.api_server.is_none());
     assert_eq!(
@@ -616,8 +624,7 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     // A worker never gets the cluster CA.
     assert!(!m.root.join("etc/kubernetes/pki/ca.crt").exists());
 
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 
     // Restarted without --bootstrap: no second registration, still running.
     let mut agent = m.spawn(2, false, &[]);
@@ -627,8 +634,7 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     assert_eq!(hb.applied_generation, 2);
     assert_eq!(fake.get(|s| s.registrations), 1);
     assert_eq!(m.kubeadm_calls().len(), 4, "{:?}", m.kubeadm_calls());
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 }
 
 /// Starts an agent whose kubeadm hangs in `verb`, stops the agent while
@@ -655,8 +661,7 @@ async fn interrupt_kubeadm(fake: &mut Fake, m: &Machine, verb: &str) {
     })
     .await
     .expect("kubeadm started");
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
     let kubeadm_pid: i32 = std::fs::read_to_string(&pid_file)
         .unwrap()
         .trim()
@@ -670,16 +675,10 @@ async fn interrupt_kubeadm(fake: &mut Fake, m: &Machine, verb: &str) {
 
 #[tokio::test]
 async fn interrupted_join_is_reset_and_joined_again() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let mut fake = start_fake(ca).await;
+    let (mut fake, pin) = start_fake_with_new_ca().await;
     fake.set(|s| {
         s.not_ready = 0;
-        s.assignment = Some(AssignmentNotice {
-            cluster: "demo".into(),
-            role: MachineRole::ControlPlane,
-            generation: 2,
-        });
+        s.assignment = assigned("demo", MachineRole::ControlPlane, 2);
     });
     let m = Machine::new(fake.addr, &pin, TICKET);
     interrupt_kubeadm(&mut fake, &m, "join").await;
@@ -698,8 +697,7 @@ async fn interrupted_join_is_reset_and_joined_again() {
             format!("join --config /etc/drover/kubeadm.yaml --rootfs {root}"),
         ]
     );
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
     // Every line of the JSON log is a JSON object with a message.
     let log = m.stderr(2);
     assert!(log.lines().count() > 2, "{log}");
@@ -711,16 +709,10 @@ async fn interrupted_join_is_reset_and_joined_again() {
 
 #[tokio::test]
 async fn interrupted_init_is_never_rerun() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let mut fake = start_fake(ca).await;
+    let (mut fake, pin) = start_fake_with_new_ca().await;
     fake.set(|s| {
         s.not_ready = 0;
-        s.assignment = Some(AssignmentNotice {
-            cluster: "demo".into(),
-            role: MachineRole::Init,
-            generation: 1,
-        });
+        s.assignment = assigned("demo", MachineRole::Init, 1);
     });
     let m = Machine::new(fake.addr, &pin, TICKET);
     interrupt_kubeadm(&mut fake, &m, "init").await;
@@ -738,22 +730,15 @@ async fn interrupted_init_is_never_rerun() {
     );
     assert!(failure.output_tail[0].contains("reset"), "{failure:?}");
     assert_eq!(m.kubeadm_calls().len(), 1, "{:?}", m.kubeadm_calls());
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 }
 
 #[tokio::test]
 async fn failed_join_reports_command_and_output_tail() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let mut fake = start_fake(ca).await;
+    let (mut fake, pin) = start_fake_with_new_ca().await;
     fake.set(|s| {
         s.not_ready = 0;
-        s.assignment = Some(AssignmentNotice {
-            cluster: "demo".into(),
-            role: MachineRole::Worker,
-            generation: 4,
-        });
+        s.assignment = assigned("demo", MachineRole::Worker, 4);
     });
     let m = Machine::new(fake.addr, &pin, TICKET);
     let mut agent = m.spawn(1, true, &[("FAKE_KUBEADM_FAIL_JOIN", "1")]);
@@ -784,15 +769,12 @@ async fn failed_join_reports_command_and_output_tail() {
     fake.heartbeat_where("another Failed", |h| h.phase == AgentPhase::Failed)
         .await;
     assert_eq!(m.kubeadm_calls().len(), 1);
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 }
 
 #[tokio::test]
 async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let mut fake = start_fake(ca).await;
+    let (mut fake, pin) = start_fake_with_new_ca().await;
     let evil = |path: &str| BundleFile {
         path: path.into(),
         mode: 0o777,
@@ -807,11 +789,7 @@ async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
             evil("/root/.ssh/authorized_keys"),
             evil("/usr/bin/kubeadm"),
         ];
-        s.assignment = Some(AssignmentNotice {
-            cluster: "demo".into(),
-            role: MachineRole::Worker,
-            generation: 2,
-        });
+        s.assignment = assigned("demo", MachineRole::Worker, 2);
     });
     let m = Machine::new(fake.addr, &pin, TICKET);
     let mut agent = m.spawn(1, true, &[]);
@@ -838,8 +816,7 @@ async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
         assert!(!m.root.join(p).exists(), "{p} was written");
     }
     assert!(m.kubeadm_calls().is_empty());
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 
     // The allowed files alone: written with the agent's modes, not the 0777 asked.
     fake.set(|s| {
@@ -855,29 +832,19 @@ async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
                 content: "cert\n".into(),
             },
         ];
-        s.assignment = Some(AssignmentNotice {
-            cluster: "demo".into(),
-            role: MachineRole::ControlPlane,
-            generation: 3,
-        });
+        s.assignment = assigned("demo", MachineRole::ControlPlane, 3);
     });
     let mut agent = m.spawn(2, false, &[]);
-    fake.heartbeat_where("Running at generation 3", |h| {
-        h.phase == AgentPhase::Running && h.applied_generation == 3
-    })
-    .await;
+    fake.running_at(3).await;
     assert_eq!(mode(&m.root.join("etc/drover/kubeadm.yaml")), 0o600);
     assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.key")), 0o600);
     assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.crt")), 0o644);
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 }
 
 #[tokio::test]
 async fn short_lived_certificate_is_renewed() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let mut fake = start_fake(ca).await;
+    let (mut fake, pin) = start_fake_with_new_ca().await;
     // Valid from 5 minutes in the past (the PKI helper backdates) to 1 minute
     // ahead: two thirds of its life are over, so it is renewed at once.
     fake.set(|s| s.client_validity = time::Duration::minutes(1));
@@ -904,8 +871,7 @@ async fn short_lived_certificate_is_renewed() {
     .unwrap();
     assert!(not_after > drover_common::now() + time::Duration::minutes(30));
     assert_eq!(fake.get(|s| s.renewals), 1);
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 }
 
 #[tokio::test]
@@ -1008,9 +974,7 @@ async fn usage_errors_exit_64() {
 
 #[tokio::test]
 async fn registers_from_a_nocloud_cloud_config_seed() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let mut fake = start_fake(ca).await;
+    let (mut fake, pin) = start_fake_with_new_ca().await;
     let m = Machine::new(fake.addr, &pin, TICKET);
     // The bootstrap document as the drover_bootstrap key of a #cloud-config,
     // no --bootstrap flag.
@@ -1036,13 +1000,11 @@ async fn registers_from_a_nocloud_cloud_config_seed() {
 
     // A restart resumes from the saved state; the seed (single-use ticket)
     // is not read again.
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
     let mut agent = m.spawn(2, false, &[]);
     fake.heartbeat_where("Waiting again", |h| h.phase == AgentPhase::Waiting)
         .await;
     assert_eq!(fake.get(|s| s.registrations), 1);
     assert!(!m.stderr(2).contains("NoCloud"), "{}", m.stderr(2));
-    terminate(&agent);
-    assert_eq!(exit_code(&mut agent).await, 0);
+    stop_cleanly(&mut agent).await;
 }

@@ -9,17 +9,28 @@ use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Signs `content` for the token `token_id` with its `token_secret`, returning
-/// `header..signature` (the detached compact serialization).
-pub fn sign_detached(content: &str, token_id: &str, token_secret: &str) -> String {
-    let header = format!(r#"{{"alg":"HS256","kid":"{token_id}"}}"#);
-    let header_b64 = URL_SAFE_NO_PAD.encode(header.as_bytes());
+/// The JWS header kubeadm writes for the token `token_id`.
+fn header_for(token_id: &str) -> String {
+    format!(r#"{{"alg":"HS256","kid":"{token_id}"}}"#)
+}
+
+/// The HMAC of the signing input `header_b64.payload_b64` for `content`,
+/// keyed with the token's secret.
+fn mac_over(header_b64: &str, content: &str, token_secret: &str) -> HmacSha256 {
     let payload_b64 = URL_SAFE_NO_PAD.encode(content.as_bytes());
     let mut mac =
         HmacSha256::new_from_slice(token_secret.as_bytes()).expect("HMAC accepts any key length");
     mac.update(header_b64.as_bytes());
     mac.update(b".");
     mac.update(payload_b64.as_bytes());
+    mac
+}
+
+/// Signs `content` for the token `token_id` with its `token_secret`, returning
+/// `header..signature` (the detached compact serialization).
+pub fn sign_detached(content: &str, token_id: &str, token_secret: &str) -> String {
+    let header_b64 = URL_SAFE_NO_PAD.encode(header_for(token_id).as_bytes());
+    let mac = mac_over(&header_b64, content, token_secret);
     let sig = URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
     format!("{header_b64}..{sig}")
 }
@@ -52,20 +63,14 @@ pub fn verify_detached(
     let header = URL_SAFE_NO_PAD
         .decode(header_b64)
         .map_err(|_| JwsError::Malformed)?;
-    let expected_header = format!(r#"{{"alg":"HS256","kid":"{token_id}"}}"#);
-    if header != expected_header.as_bytes() {
+    if header != header_for(token_id).as_bytes() {
         return Err(JwsError::WrongHeader(token_id.to_owned()));
     }
     let sig = URL_SAFE_NO_PAD
         .decode(sig_b64)
         .map_err(|_| JwsError::Malformed)?;
-    let payload_b64 = URL_SAFE_NO_PAD.encode(content.as_bytes());
-    let mut mac =
-        HmacSha256::new_from_slice(token_secret.as_bytes()).expect("HMAC accepts any key length");
-    mac.update(header_b64.as_bytes());
-    mac.update(b".");
-    mac.update(payload_b64.as_bytes());
-    mac.verify_slice(&sig)
+    mac_over(header_b64, content, token_secret)
+        .verify_slice(&sig)
         .map_err(|_| JwsError::BadSignature(token_id.to_owned()))
 }
 

@@ -5,6 +5,39 @@
 //! coordinator and the agent agree on formats by construction. The one
 //! system call, in `process`, raises the open-file limit at start.
 
+/// Implements the OpenAPI schema, `Serialize` and `Deserialize` of a type
+/// that travels as a string: its `Display` form, parsed back with `FromStr`.
+/// Defined before the modules so that they may use it by name.
+macro_rules! string_type_serde {
+    ($ty:ty, pattern: $pattern:expr, description: $description:expr, example: $example:expr $(,)?) => {
+        impl utoipa::PartialSchema for $ty {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .pattern(Some($pattern))
+                    .description(Some($description))
+                    .examples([$example])
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $ty {}
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 // Leaves: shared primitives that import nothing of this crate.
 pub mod jws;
 pub mod names;

@@ -80,36 +80,13 @@ impl fmt::Debug for CaPin {
     }
 }
 
-/// OpenAPI: a string in kubeadm's `--discovery-token-ca-cert-hash` format.
-impl utoipa::PartialSchema for CaPin {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .pattern(Some(r"^sha256:[0-9a-f]{64}$"))
-            .description(Some(
-                "`sha256:` and the lowercase hex SHA-256 of the CA certificate's DER SubjectPublicKeyInfo.",
-            ))
-            .examples([
-                "sha256:0000000000000000000000000000000000000000000000000000000000000000",
-            ])
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for CaPin {}
-
-impl serde::Serialize for CaPin {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for CaPin {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+// OpenAPI and serde: a string in kubeadm's `--discovery-token-ca-cert-hash` format.
+string_type_serde!(
+    CaPin,
+    pattern: r"^sha256:[0-9a-f]{64}$",
+    description: "`sha256:` and the lowercase hex SHA-256 of the CA certificate's DER SubjectPublicKeyInfo.",
+    example: "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+);
 
 #[cfg(test)]
 mod tests {

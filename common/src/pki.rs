@@ -30,6 +30,16 @@ pub enum PkiError {
     Pem(#[from] crate::pem::PemError),
 }
 
+impl PkiError {
+    /// Signing the certificate for `subject` failed.
+    fn sign(subject: &str, source: rcgen::Error) -> Self {
+        Self::Sign {
+            subject: subject.to_owned(),
+            source,
+        }
+    }
+}
+
 /// A certificate authority: its certificate and its private key, both PEM.
 #[derive(Clone)]
 pub struct CertificateAuthority {
@@ -88,10 +98,9 @@ impl CertificateAuthority {
         let now = OffsetDateTime::now_utc();
         params.not_before = now - Duration::minutes(5);
         params.not_after = now + Duration::days(3650);
-        let cert = params.self_signed(&key).map_err(|source| PkiError::Sign {
-            subject: common_name.to_owned(),
-            source,
-        })?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|source| PkiError::sign(common_name, source))?;
         Ok(Self {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
@@ -121,10 +130,7 @@ impl CertificateAuthority {
         let not_after = params.not_after;
         let cert = params
             .signed_by(&key, &self.issuer()?)
-            .map_err(|source| PkiError::Sign {
-                subject: spec.common_name.clone(),
-                source,
-            })?;
+            .map_err(|source| PkiError::sign(&spec.common_name, source))?;
         Ok(IssuedCert {
             cert_pem: cert.pem(),
             key_pem: Some(key.serialize_pem()),
@@ -142,10 +148,7 @@ impl CertificateAuthority {
         let not_after = csr.params.not_after;
         let cert = csr
             .signed_by(&self.issuer()?)
-            .map_err(|source| PkiError::Sign {
-                subject: spec.common_name.clone(),
-                source,
-            })?;
+            .map_err(|source| PkiError::sign(&spec.common_name, source))?;
         Ok(IssuedCert {
             cert_pem: cert.pem(),
             key_pem: None,
@@ -173,10 +176,10 @@ fn leaf_params(spec: &LeafSpec) -> Result<CertificateParams, PkiError> {
         LeafUsage::Client => ExtendedKeyUsagePurpose::ClientAuth,
     }];
     for name in &spec.dns_names {
-        let ia5 = name.clone().try_into().map_err(|source| PkiError::Sign {
-            subject: spec.common_name.clone(),
-            source,
-        })?;
+        let ia5 = name
+            .clone()
+            .try_into()
+            .map_err(|source| PkiError::sign(&spec.common_name, source))?;
         params.subject_alt_names.push(SanType::DnsName(ia5));
     }
     for ip in &spec.ip_addresses {
@@ -200,14 +203,10 @@ pub fn generate_key_and_csr(common_name: &str) -> Result<(String, String), PkiEr
     params.distinguished_name = dn(common_name, &[]);
     let csr = params
         .serialize_request(&key)
-        .map_err(|source| PkiError::Sign {
-            subject: common_name.to_owned(),
-            source,
-        })?;
-    let csr_pem = csr.pem().map_err(|source| PkiError::Sign {
-        subject: common_name.to_owned(),
-        source,
-    })?;
+        .map_err(|source| PkiError::sign(common_name, source))?;
+    let csr_pem = csr
+        .pem()
+        .map_err(|source| PkiError::sign(common_name, source))?;
     Ok((key.serialize_pem(), csr_pem))
 }
 

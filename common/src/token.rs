@@ -100,34 +100,13 @@ impl fmt::Debug for BootstrapToken {
     }
 }
 
-/// OpenAPI: a string in kubeadm's bootstrap token format.
-impl utoipa::PartialSchema for BootstrapToken {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .pattern(Some(r"^[a-z0-9]{6}\.[a-z0-9]{16}$"))
-            .description(Some(
-                "A kubeadm bootstrap token: 6 and 16 characters of [a-z0-9] joined by a dot.",
-            ))
-            .examples(["abcdef.0123456789abcdef"])
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for BootstrapToken {}
-
-impl serde::Serialize for BootstrapToken {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for BootstrapToken {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+// OpenAPI and serde: a string in kubeadm's bootstrap token format.
+string_type_serde!(
+    BootstrapToken,
+    pattern: r"^[a-z0-9]{6}\.[a-z0-9]{16}$",
+    description: "A kubeadm bootstrap token: 6 and 16 characters of [a-z0-9] joined by a dot.",
+    example: "abcdef.0123456789abcdef",
+);
 
 #[cfg(test)]
 mod tests {

@@ -517,20 +517,12 @@ impl Placement {
     /// default 40 % rounds down to no replacement at all in a pool of two,
     /// and the tests replace one of two workers.
     pub fn cluster_yaml(&self, name: &str, workers: u32, ami: Option<&str>) -> String {
-        format!(
-            "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  kubernetesVersion: v1.31.2
-  controlPlane:
-    replicas: 1
-  workerPools:
-    - name: default
-      replicas: {workers}
-  provider:
-    aws:
+        crate::cluster_yaml(
+            name,
+            1,
+            workers,
+            &format!(
+                "    aws:
       region: {REGION}
       tags:
         team: infra
@@ -550,10 +542,11 @@ spec:
   health:
     maxUnhealthy: 50%
 ",
-            ami = ami.unwrap_or(&self.ami),
-            s0 = self.subnets[0],
-            s1 = self.subnets[1],
-            sg = self.sg,
+                ami = ami.unwrap_or(&self.ami),
+                s0 = self.subnets[0],
+                s1 = self.subnets[1],
+                sg = self.sg,
+            ),
         )
     }
 }

@@ -163,6 +163,29 @@ impl Coordinator {
         c
     }
 
+    /// Starts a replica sharing a store with `first`'s, like
+    /// [`Self::start_with_args`], in `dir` (created). Only the first start
+    /// writes the client config and prints the admin token; a later replica
+    /// (`first` given) shares them.
+    pub fn start_replica(
+        dir: &Path,
+        opts: CoordinatorOptions,
+        extra_args: &[String],
+        listen: &str,
+        first: Option<&Coordinator>,
+    ) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        if let Some(first) = first {
+            std::fs::copy(first.client_config(), dir.join("client.yaml")).unwrap();
+        }
+        let args: Vec<&str> = extra_args.iter().map(String::as_str).collect();
+        let mut c = Self::start_with_args(dir, opts, &args, listen);
+        if let Some(first) = first {
+            c.admin_token = first.admin_token.clone();
+        }
+        c
+    }
+
     fn spawn(&mut self) {
         let mut child = Command::new(bin("drover"))
             .args(["serve", "--data-dir"])
@@ -253,10 +276,7 @@ impl Coordinator {
 
     /// Kills the coordinator (SIGKILL, as a crash would).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// Starts it again on the same data directory and port.
@@ -297,6 +317,13 @@ impl Coordinator {
             String::from_utf8_lossy(&out.stdout)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Creates an admin token with `role` through the CLI; returns it.
+    pub fn create_admin_token(&self, role: &str) -> String {
+        self.cli_ok(&["admin-token", "create", "--role", role])
+            .trim()
+            .to_owned()
     }
 
     /// Creates a registration token and writes its bootstrap document.
@@ -460,10 +487,7 @@ impl Agent {
 
     /// Kills the agent process (SIGKILL); its machine's daemons keep running.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// Starts the agent again on the same root.
@@ -540,8 +564,10 @@ impl Drop for Agent {
     }
 }
 
-/// A cluster document for the pool provider.
-pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String {
+/// A cluster document of `cp` control planes and `workers` in pool
+/// `default`; `provider` is the indented text under `  provider:` (and
+/// whatever follows it in the spec).
+pub fn cluster_yaml(name: &str, cp: u32, workers: u32, provider: &str) -> String {
     format!(
         "apiVersion: drover.dev/v1alpha1
 kind: Cluster
@@ -555,12 +581,32 @@ spec:
     - name: default
       replicas: {workers}
   provider:
-    pool:
+{provider}"
+    )
+}
+
+/// A cluster document for the pool provider.
+pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String {
+    cluster_yaml(
+        name,
+        cp,
+        workers,
+        &format!(
+            "    pool:
       selector:
         matchLabels:
           env: {env}
 "
+        ),
     )
+}
+
+/// Kills a child process (SIGKILL) if there is one, and reaps it.
+fn kill_child(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
 
 /// Helpers for tests that use the Docker engine.

@@ -18,23 +18,52 @@ const BOOT: Duration = Duration::from_secs(120);
 
 fn docker_cluster_yaml(name: &str, cp: u32, workers: u32, health: &str) -> String {
     let image = node_image();
-    format!(
-        "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  kubernetesVersion: v1.31.2
-  controlPlane:
-    replicas: {cp}
-  workerPools:
-    - name: default
-      replicas: {workers}
-  provider:
-    docker:
-      image: {image}
-{health}"
+    cluster_yaml(
+        name,
+        cp,
+        workers,
+        &format!("    docker:\n      image: {image}\n{health}"),
     )
+}
+
+/// A temporary directory, a unique cluster name starting with `prefix`,
+/// and the guard that removes the cluster's containers and network. Bind
+/// them before the coordinator, so the guard is dropped after it: a
+/// coordinator still running would re-create what the cleanup removes.
+fn setup(prefix: &str) -> (tempfile::TempDir, String, DockerCleanup) {
+    let name = unique(prefix);
+    (
+        tempfile::tempdir().unwrap(),
+        name.clone(),
+        DockerCleanup(name),
+    )
+}
+
+/// Scales pool `default` of `cluster` to `replicas` and waits for it.
+fn scale_default_pool(c: &Coordinator, cluster: &str, replicas: &str) {
+    c.cli_ok(&[
+        "scale",
+        cluster,
+        "--pool",
+        "default",
+        "--replicas",
+        replicas,
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+}
+
+/// Waits until `cluster` has exactly `n` containers.
+fn wait_containers(cluster: &str, n: usize, what: &str) {
+    wait_for(what, BOOT, || {
+        let got = containers(cluster).len();
+        if got == n {
+            Ok(())
+        } else {
+            Err(format!("{got} containers"))
+        }
+    });
 }
 
 fn apply(c: &Coordinator, dir: &Path, yaml: &str) {
@@ -115,19 +144,14 @@ fn start(tmp: &Path, interval: &'static str, timeout: &'static str) -> Coordinat
 
 /// Waits until `old` is gone and a Running machine replaced it.
 fn wait_replaced(c: &Coordinator, cluster: &str, old: &str) -> String {
-    wait_for(&format!("{old} to be replaced"), BOOT, || {
+    let new = wait_for(&format!("{old} to be replaced"), BOOT, || {
         let all = all_machines(c);
         let old_m = all
             .iter()
             .find(|m| name_of(m) == old)
             .ok_or("old machine forgotten")?;
-        let replaced_by = old_m["status"]["events"]
-            .as_array()
-            .and_then(|ev| ev.iter().find(|e| e["reason"] == "ReplacedBy"))
-            .and_then(|e| e["message"].as_str())
-            .and_then(|m| m.strip_prefix("replaced by "))
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{old}: {}", old_m["status"]))?;
+        let replaced_by =
+            replacement_of(old_m).ok_or_else(|| format!("{old}: {}", old_m["status"]))?;
         let new = all
             .iter()
             .find(|m| name_of(m) == replaced_by)
@@ -141,32 +165,13 @@ fn wait_replaced(c: &Coordinator, cluster: &str, old: &str) -> String {
             ))
         }
     });
-    let new = all_machines(c)
-        .iter()
-        .find(|m| name_of(m) == old)
-        .and_then(|m| {
-            m["status"]["events"].as_array().and_then(|ev| {
-                ev.iter()
-                    .find(|e| e["reason"] == "ReplacedBy")
-                    .and_then(|e| {
-                        e["message"]
-                            .as_str()
-                            .map(|s| s.trim_start_matches("replaced by ").to_owned())
-                    })
-            })
-        })
-        .unwrap();
     assert!(!containers(cluster).is_empty());
     new
 }
 
 #[test]
 fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("dk");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("dk");
     let c = start(tmp.path(), "1s", "5s");
     let f = tmp.path().join("c.yaml");
     std::fs::write(&f, docker_cluster_yaml(&name, 1, 2, "")).unwrap();
@@ -226,11 +231,7 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
 
 #[test]
 fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("heal");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("heal");
     let c = start(tmp.path(), "1s", "4s");
     // At the default 40 %, rounded down, a pool of two is never remediated;
     // 50 % lets one of the two be replaced at a time.
@@ -276,11 +277,7 @@ fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
 
 #[test]
 fn failing_kubelet_is_replaced_after_the_unhealthy_timeout() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("kubelet");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("kubelet");
     let c = start(tmp.path(), "1s", "5s");
     // A pool of one is remediated only when all of it may be.
     let health = "  health:\n    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n";
@@ -338,6 +335,40 @@ fn health_column(c: &Coordinator, machine: &str) -> String {
         .to_owned()
 }
 
+/// Waits until the HEALTH column shows `want` for `machine`.
+fn wait_health(c: &Coordinator, machine: &str, want: &str) {
+    let what = if want == "Healthy" {
+        format!("{machine} to be heard again")
+    } else {
+        format!("{machine} to show as {want}")
+    };
+    wait_for(&what, BOOT, || {
+        let h = health_column(c, machine);
+        if h == want {
+            Ok(())
+        } else {
+            Err(h)
+        }
+    });
+}
+
+/// Waits until the cluster's `RemediationAllowed` condition has `status`.
+fn wait_remediation_allowed(c: &Coordinator, cluster: &str, status: &str) {
+    let what = if status == "True" {
+        "remediation to be allowed again"
+    } else {
+        "remediation to pause"
+    };
+    wait_for(what, BOOT, || {
+        let cond = remediation_allowed(c, cluster)?;
+        if cond["status"] == status {
+            Ok(())
+        } else {
+            Err(cond.to_string())
+        }
+    });
+}
+
 /// Waits for `passes` more reconciler passes.
 fn wait_passes(c: &Coordinator, passes: u64) {
     let start = c.reconciler_runs();
@@ -353,11 +384,7 @@ fn wait_passes(c: &Coordinator, passes: u64) {
 
 #[test]
 fn partition_of_two_of_three_workers_at_the_default_max_unhealthy_replaces_nothing_and_heals() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("part");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("part");
     let c = start(tmp.path(), "1s", "5s");
     // The default maxUnhealthy, 40 %: one of three workers may be replaced,
     // two may not.
@@ -390,14 +417,7 @@ fn partition_of_two_of_three_workers_at_the_default_max_unhealthy_replaces_nothi
     assert!(msg.contains("remediation paused"), "{msg}");
     assert!(msg.contains("2 of 3"), "{msg}");
     for w in cut {
-        wait_for(&format!("{w} to show as Silent"), BOOT, || {
-            let h = health_column(&c, w);
-            if h == "Silent" {
-                Ok(())
-            } else {
-                Err(h)
-            }
-        });
+        wait_health(&c, w, "Silent");
     }
     assert_eq!(health_column(&c, &before[2]), "Healthy");
     let cl = c.cluster(&name).unwrap();
@@ -422,23 +442,9 @@ fn partition_of_two_of_three_workers_at_the_default_max_unhealthy_replaces_nothi
         docker_ok(&["network", "connect", &net, &container_of(&name, w)]);
     }
     c.wait_cluster_phase(&name, "Running", BOOT);
-    wait_for("remediation to be allowed again", BOOT, || {
-        let cond = remediation_allowed(&c, &name)?;
-        if cond["status"] == "True" {
-            Ok(())
-        } else {
-            Err(cond.to_string())
-        }
-    });
+    wait_remediation_allowed(&c, &name, "True");
     for w in cut {
-        wait_for(&format!("{w} to be heard again"), BOOT, || {
-            let h = health_column(&c, w);
-            if h == "Healthy" {
-                Ok(())
-            } else {
-                Err(h)
-            }
-        });
+        wait_health(&c, w, "Healthy");
     }
     assert_eq!(
         worker_names(&c, &name),
@@ -452,11 +458,7 @@ fn partition_of_two_of_three_workers_at_the_default_max_unhealthy_replaces_nothi
 
 #[test]
 fn a_dead_lone_control_plane_shows_degraded_silent_and_stopped_with_a_stable_status() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("lone");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("lone");
     let c = start(tmp.path(), "1s", "4s");
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 1, ""));
     c.wait_cluster_phase(&name, "Running", BOOT);
@@ -488,22 +490,8 @@ fn a_dead_lone_control_plane_shows_degraded_silent_and_stopped_with_a_stable_sta
         format!("control-plane: {cp} silent"),
         "{ready}"
     );
-    wait_for("remediation to pause", BOOT, || {
-        let cond = remediation_allowed(&c, &name)?;
-        if cond["status"] == "False" {
-            Ok(())
-        } else {
-            Err(cond.to_string())
-        }
-    });
-    wait_for(&format!("{cp} to show as Silent"), BOOT, || {
-        let h = health_column(&c, &cp);
-        if h == "Silent" {
-            Ok(())
-        } else {
-            Err(h)
-        }
-    });
+    wait_remediation_allowed(&c, &name, "False");
+    wait_health(&c, &cp, "Silent");
     // Nothing changes while it stays dead, so nothing is rewritten.
     let rev = c.cluster(&name).unwrap()["metadata"]["resourceVersion"].clone();
     wait_passes(&c, 5);
@@ -513,14 +501,7 @@ fn a_dead_lone_control_plane_shows_degraded_silent_and_stopped_with_a_stable_sta
     // A stopped worker of a pool of one is not replaced at 40 %: it shows
     // as Stopped.
     docker_ok(&["kill", &container_of(&name, &worker)]);
-    wait_for(&format!("{worker} to show as Stopped"), BOOT, || {
-        let h = health_column(&c, &worker);
-        if h == "Stopped" {
-            Ok(())
-        } else {
-            Err(h)
-        }
-    });
+    wait_health(&c, &worker, "Stopped");
     assert_eq!(worker_names(&c, &name), vec![worker.clone()]);
 
     docker_ok(&["unpause", &container_of(&name, &cp)]);
@@ -534,11 +515,7 @@ fn a_dead_lone_control_plane_shows_degraded_silent_and_stopped_with_a_stable_sta
 
 #[test]
 fn a_replaced_init_control_plane_does_not_hold_joins_or_stay_in_the_status() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("init");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("init");
     let c = start(tmp.path(), "1s", "5s");
     // Three control planes: one of them may be replaced (40 % of 3, and
     // the other two keep etcd quorum).
@@ -647,11 +624,7 @@ fn replacement_of(m: &serde_json::Value) -> Option<String> {
 
 #[test]
 fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("crash");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("crash");
     let mut c = start(tmp.path(), "1s", "5s");
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, ""));
     // Kill the coordinator as soon as the first container exists, while the
@@ -688,14 +661,7 @@ fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
     ]);
     c.restart();
     c.wait_cluster_phase(&name, "Running", BOOT);
-    wait_for("the orphan to be swept", BOOT, || {
-        let n = containers(&name).len();
-        if n == 4 {
-            Ok(())
-        } else {
-            Err(format!("{n} containers"))
-        }
-    });
+    wait_containers(&name, 4, "the orphan to be swept");
     let machines = live_machines(&c, &name);
     assert_eq!(machines.len(), 4);
     let mut expected: Vec<String> = machines
@@ -718,11 +684,7 @@ fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
 
 #[test]
 fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it: a
-    // coordinator still running would re-create what the cleanup removes.
-    let name = unique("scale");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("scale");
     let c = start(tmp.path(), "1s", "5s");
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, ""));
     c.wait_cluster_phase(&name, "Running", BOOT);
@@ -741,17 +703,7 @@ fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
         .collect();
     workers.sort();
     let oldest = workers[0].1.clone();
-    c.cli_ok(&[
-        "scale",
-        &name,
-        "--pool",
-        "default",
-        "--replicas",
-        "1",
-        "--wait",
-        "--timeout",
-        "120s",
-    ]);
+    scale_default_pool(&c, &name, "1");
     wait_for("two workers to go", BOOT, || {
         let w = worker_names(&c, &name);
         if w.len() == 1 {
@@ -761,25 +713,8 @@ fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
         }
     });
     assert_eq!(worker_names(&c, &name), vec![oldest]);
-    wait_for("their containers to go", BOOT, || {
-        let n = containers(&name).len();
-        if n == 2 {
-            Ok(())
-        } else {
-            Err(format!("{n} containers"))
-        }
-    });
-    c.cli_ok(&[
-        "scale",
-        &name,
-        "--pool",
-        "default",
-        "--replicas",
-        "2",
-        "--wait",
-        "--timeout",
-        "120s",
-    ]);
+    wait_containers(&name, 2, "their containers to go");
+    scale_default_pool(&c, &name, "2");
     assert_eq!(worker_names(&c, &name).len(), 2);
 }
 
@@ -856,10 +791,7 @@ fn seeded_bootstrap(tmp: &Path, cluster: &str, machine: &str) -> String {
 
 #[test]
 fn machines_reach_a_restarted_coordinator_without_any_scaling() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Declared before the coordinator, so it is dropped after it.
-    let name = unique("restart");
-    let _cleanup = DockerCleanup(name.clone());
+    let (tmp, name, _cleanup) = setup("restart");
     let mut c = start(tmp.path(), "1s", "5s");
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 1, ""));
     c.wait_cluster_phase(&name, "Running", BOOT);
@@ -901,14 +833,8 @@ fn ha_replicas(tmp: &Path, etcd: &drover_tests::etcd::EtcdCluster) -> Vec<Coordi
             "--leader-lease".to_owned(),
             "3s".to_owned(),
         ];
-        let dir = tmp.join(format!("replica-{i}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        if let Some(first) = replicas.first() {
-            std::fs::copy(first.client_config(), dir.join("client.yaml")).unwrap();
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut c = Coordinator::start_with_args(
-            &dir,
+        let c = Coordinator::start_replica(
+            &tmp.join(format!("replica-{i}")),
             CoordinatorOptions {
                 heartbeat_interval: "1s",
                 heartbeat_timeout: "5s",
@@ -916,10 +842,8 @@ fn ha_replicas(tmp: &Path, etcd: &drover_tests::etcd::EtcdCluster) -> Vec<Coordi
             },
             &args,
             &format!("127.0.0.1:{}", free_port()),
+            replicas.first(),
         );
-        if let Some(first) = replicas.first() {
-            c.admin_token = first.admin_token.clone();
-        }
         replicas.push(c);
     }
     replicas
@@ -978,17 +902,7 @@ fn docker_cluster_survives_a_leader_change() {
     new.wait_cluster_phase(&name, "Running", BOOT);
 
     // A machine made after the fail-over joins through the new leader.
-    new.cli_ok(&[
-        "scale",
-        &name,
-        "--pool",
-        "default",
-        "--replicas",
-        "2",
-        "--wait",
-        "--timeout",
-        "120s",
-    ]);
+    scale_default_pool(new, &name, "2");
     let after = live_names(new, &name);
     assert_eq!(after.len(), 3, "{after:?}");
     let added: Vec<&String> = after.difference(&names).collect();

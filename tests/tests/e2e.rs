@@ -31,29 +31,34 @@ fn exists(root: &Path, rel: &str) -> bool {
     root.join(rel.trim_start_matches('/')).exists()
 }
 
+/// Starts `n` agents on `boot`, rooted at `dir` + index under `tmp` and
+/// named `host` + index.
+fn start_agents(tmp: &Path, boot: &Path, n: usize, dir: &str, host: &str) -> Vec<Agent> {
+    (0..n)
+        .map(|i| Agent::start(&tmp.join(format!("{dir}{i}")), &format!("{host}{i}"), boot))
+        .collect()
+}
+
+/// Waits until `n` machines have registered.
+fn wait_registered(c: &Coordinator, n: usize) {
+    wait_for(&format!("{n} machines to register"), BOOT, || {
+        let got = c.machines().len();
+        if got == n {
+            Ok(())
+        } else {
+            Err(format!("{got} registered"))
+        }
+    });
+}
+
 #[test]
 fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     let boot = tmp.path().join("boot.yaml");
     c.token("default", "env=dev", 3, "1h", &boot);
-    let agents: Vec<Agent> = (0..3)
-        .map(|i| {
-            Agent::start(
-                &tmp.path().join(format!("m{i}")),
-                &format!("node-{i}"),
-                &boot,
-            )
-        })
-        .collect();
-    wait_for("3 machines to register", BOOT, || {
-        let n = c.machines().len();
-        if n == 3 {
-            Ok(())
-        } else {
-            Err(format!("{n} registered"))
-        }
-    });
+    let agents = start_agents(tmp.path(), &boot, 3, "m", "node-");
+    wait_registered(&c, 3);
     apply(&c, tmp.path(), &pool_cluster_yaml("demo", 1, 2, "dev"));
     c.wait_cluster_phase("demo", "Running", BOOT);
 
@@ -178,23 +183,8 @@ fn three_control_planes_one_init_two_joins_with_shared_ca_set() {
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     let boot = tmp.path().join("boot.yaml");
     c.token("cp", "env=ha", 3, "1h", &boot);
-    let agents: Vec<Agent> = (0..3)
-        .map(|i| {
-            Agent::start(
-                &tmp.path().join(format!("cp{i}")),
-                &format!("cp-{i}"),
-                &boot,
-            )
-        })
-        .collect();
-    wait_for("3 machines to register", BOOT, || {
-        let n = c.machines().len();
-        if n == 3 {
-            Ok(())
-        } else {
-            Err(format!("{n} registered"))
-        }
-    });
+    let agents = start_agents(tmp.path(), &boot, 3, "cp", "cp-");
+    wait_registered(&c, 3);
     apply(&c, tmp.path(), &pool_cluster_yaml("ha", 3, 0, "ha"));
     c.wait_cluster_phase("ha", "Running", BOOT);
     let mut inits = 0;
@@ -350,14 +340,7 @@ fn killed_agent_resumes_and_restarted_coordinator_keeps_state() {
         Agent::start(&tmp.path().join("a"), "a", &boot),
         Agent::start(&tmp.path().join("b"), "b", &boot),
     ];
-    wait_for("2 machines to register", BOOT, || {
-        let n = c.machines().len();
-        if n == 2 {
-            Ok(())
-        } else {
-            Err(format!("{n} registered"))
-        }
-    });
+    wait_registered(&c, 2);
     apply(&c, tmp.path(), &pool_cluster_yaml("keep", 1, 1, "dev"));
     // Kill the worker's agent as soon as it is assigned, before it can finish.
     let (init_host, worker_host) = wait_for("both machines to be assigned", BOOT, || {

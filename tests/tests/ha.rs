@@ -53,16 +53,10 @@ impl Ha {
             for u in &urls {
                 args.extend(["--advertise-url".to_owned(), u.clone()]);
             }
-            let dir = tmp.join(format!("replica-{i}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            if let Some(first) = replicas.first() {
-                // Only the first start writes the client config and prints
-                // the admin token; the others share them.
-                std::fs::copy(first.client_config(), dir.join("client.yaml")).unwrap();
-            }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let mut c = Coordinator::start_with_args(
-                &dir,
+            // Only the first start writes the client config and prints the
+            // admin token; the others share them.
+            let c = Coordinator::start_replica(
+                &tmp.join(format!("replica-{i}")),
                 CoordinatorOptions {
                     heartbeat_interval: "1s",
                     heartbeat_timeout: "6s",
@@ -70,10 +64,8 @@ impl Ha {
                 },
                 &args,
                 &format!("127.0.0.1:{port}"),
+                replicas.first(),
             );
-            if let Some(first) = replicas.first() {
-                c.admin_token = first.admin_token.clone();
-            }
             replicas.push(c);
         }
         Self {

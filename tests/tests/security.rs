@@ -25,10 +25,7 @@ fn viewer_tokens_read_but_change_nothing_and_are_audited() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     apply(&c, tmp.path(), &pool_cluster_yaml("guarded", 1, 0, "x"));
-    let viewer = c
-        .cli_ok(&["admin-token", "create", "--role", "viewer"])
-        .trim()
-        .to_owned();
+    let viewer = c.create_admin_token("viewer");
     assert!(viewer.starts_with("drv_"), "{viewer}");
     let api = c.api(None);
     assert_eq!(
@@ -897,10 +894,7 @@ fn machine_config_fetches_and_oversized_requests_are_audited() {
 fn a_viewers_change_is_refused_before_its_body_is_read() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let viewer = c
-        .cli_ok(&["admin-token", "create", "--role", "viewer"])
-        .trim()
-        .to_owned();
+    let viewer = c.create_admin_token("viewer");
     // Malformed: 403, not 422.
     c.api(None)
         .send(
@@ -1154,10 +1148,7 @@ fn init_config_fetches_reuse_one_join_token_so_later_joins_work() {
 fn object_names_are_checked_by_the_cli_and_on_every_route() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let second = c
-        .cli_ok(&["admin-token", "create", "--role", "admin"])
-        .trim()
-        .to_owned();
+    let second = c.create_admin_token("admin");
     let id = second.split('_').nth(1).unwrap().to_owned();
     // The CLI refuses a name that would reach another path, before sending.
     for args in [

@@ -200,6 +200,10 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
         .as_ref()
         .map(crate::kubelet::healthz_from_doc)
         .unwrap_or_else(|| ("127.0.0.1".into(), 10248));
+    let kubelet = node::KubeletStart {
+        doc: kubelet_doc,
+        timeout: kubelet_wait,
+    };
 
     println!("[init] Using Kubernetes version: {}", cs.kubernetes_version);
     if !skip.skipped("preflight") {
@@ -315,18 +319,9 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
             .in_phase("control-plane")?;
     }
     if !skip.skipped("kubelet-start") {
-        node::write_kubelet_files(
-            root,
-            kubelet_doc,
-            cs.service_ips(10).first().copied(),
-            &cs.dns_domain,
-            &node_name,
-            &init.node_registration,
-        )
-        .in_phase("kubelet-start")?;
-        node::start_kubelet(root, kubelet_wait)
-            .await
-            .in_phase("kubelet-start")?;
+        kubelet
+            .run(root, &cs, &node_name, &init.node_registration)
+            .await?;
     }
     println!("[wait-control-plane] Waiting for the kubelet to boot up the control plane as static Pods from directory {MANIFESTS_DIR:?}");
     store::ensure_store(root).in_phase("wait-control-plane")?;

@@ -264,6 +264,10 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
     if kubelet_doc.is_some() {
         println!("[config] NOTE (stand-in): real kubeadm join ignores a KubeletConfiguration document and downloads the kubelet configuration from the cluster; the stand-in honours it so that several machines can share one host");
     }
+    let kubelet = node::KubeletStart {
+        doc: kubelet_doc,
+        timeout: kubelet_wait,
+    };
 
     println!("[preflight] Running pre-flight checks");
     if !skip.skipped("preflight") {
@@ -362,18 +366,9 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
                 0o600,
             )
             .in_phase("kubelet-start")?;
-            node::write_kubelet_files(
-                root,
-                kubelet_doc,
-                cs.service_ips(10).first().copied(),
-                &cs.dns_domain,
-                &node_name,
-                &join.node_registration,
-            )
-            .in_phase("kubelet-start")?;
-            node::start_kubelet(root, kubelet_wait)
-                .await
-                .in_phase("kubelet-start")?;
+            kubelet
+                .run(root, &cs, &node_name, &join.node_registration)
+                .await?;
             println!("[kubelet-start] Waiting for the kubelet to perform the TLS Bootstrap");
         }
         println!("\nThis node has joined the cluster:\n* Certificate signing request was sent to apiserver and a response was received.\n* The Kubelet was informed of the new secure connection details.\n");
@@ -471,18 +466,9 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             server: server.clone(),
         };
         node::write_kubeconfigs(root, &cs, &set, &[kubelet_spec]).in_phase("kubelet-start")?;
-        node::write_kubelet_files(
-            root,
-            kubelet_doc,
-            cs.service_ips(10).first().copied(),
-            &cs.dns_domain,
-            &node_name,
-            &join.node_registration,
-        )
-        .in_phase("kubelet-start")?;
-        node::start_kubelet(root, kubelet_wait)
-            .await
-            .in_phase("kubelet-start")?;
+        kubelet
+            .run(root, &cs, &node_name, &join.node_registration)
+            .await?;
     }
     if !skip.skipped("control-plane-join/etcd") {
         node::write_etcd_manifest(root, &cs, &cp_node).in_phase("control-plane-join/etcd")?;

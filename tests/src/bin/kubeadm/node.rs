@@ -12,7 +12,9 @@ use serde_json::Value;
 use crate::certs::{self, EncryptionAlgorithm, LeafSpec, SharedCaSet};
 use crate::daemon;
 use crate::kubelet;
-use crate::util::{cidr_nth_ip, join_host_port, split_host_port, write_file, Root, SkipPhases};
+use crate::util::{
+    cidr_nth_ip, join_host_port, split_host_port, write_file, InPhase, Root, SkipPhases,
+};
 
 pub const KUBERNETES_DIR: &str = "/etc/kubernetes";
 pub const MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
@@ -347,7 +349,9 @@ pub fn write_leaf_certs(
         )?;
     }
     println!("[certs] Using existing etcd/ca certificate authority");
-    let etcd_sans = |extra: &[String]| {
+    // The etcd server and peer certificates: the node's names and
+    // addresses, and the extra SANs asked for.
+    let etcd_spec = |extra: &[String]| {
         let mut dns = vec!["localhost".to_owned(), node.name.clone()];
         let mut ips = vec![
             node.advertise,
@@ -356,39 +360,25 @@ pub fn write_leaf_certs(
         ];
         ips.dedup();
         san_split(extra, &mut dns, &mut ips);
-        (dns, ips)
+        LeafSpec {
+            cn: node.name.clone(),
+            orgs: vec![],
+            dns,
+            ips,
+            server: true,
+            client: true,
+        }
     };
     if !skip.skipped(&sub("etcd-server")) {
-        let (dns, ips) = etcd_sans(&cs.etcd_server_sans);
         issue_and_write(
             &set.etcd,
             "etcd/server",
-            LeafSpec {
-                cn: node.name.clone(),
-                orgs: vec![],
-                dns,
-                ips,
-                server: true,
-                client: true,
-            },
+            etcd_spec(&cs.etcd_server_sans),
             true,
         )?;
     }
     if !skip.skipped(&sub("etcd-peer")) {
-        let (dns, ips) = etcd_sans(&cs.etcd_peer_sans);
-        issue_and_write(
-            &set.etcd,
-            "etcd/peer",
-            LeafSpec {
-                cn: node.name.clone(),
-                orgs: vec![],
-                dns,
-                ips,
-                server: true,
-                client: true,
-            },
-            true,
-        )?;
+        issue_and_write(&set.etcd, "etcd/peer", etcd_spec(&cs.etcd_peer_sans), true)?;
     }
     if !skip.skipped(&sub("etcd-healthcheck-client")) {
         issue_and_write(
@@ -801,6 +791,39 @@ pub fn write_kubelet_files(
 }
 
 /// Starts the stand-in kubelet and waits until its /healthz answers 200.
+/// What the kubelet-start phase takes from a command's configuration: the
+/// raw `KubeletConfiguration` document, if any, and how long to wait for a
+/// healthy kubelet.
+pub struct KubeletStart {
+    pub doc: Option<Value>,
+    pub timeout: Duration,
+}
+
+impl KubeletStart {
+    /// The kubelet-start phase: the kubelet's files for `node_name`, then
+    /// the kubelet, waited on until it is healthy.
+    pub async fn run(
+        self,
+        root: &Root,
+        cs: &ClusterSettings,
+        node_name: &str,
+        reg: &NodeRegistration,
+    ) -> Result<()> {
+        write_kubelet_files(
+            root,
+            self.doc,
+            cs.service_ips(10).first().copied(),
+            &cs.dns_domain,
+            node_name,
+            reg,
+        )
+        .in_phase("kubelet-start")?;
+        start_kubelet(root, self.timeout)
+            .await
+            .in_phase("kubelet-start")
+    }
+}
+
 pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
     println!("[kubelet-start] Starting the kubelet");
     let (host, port) = kubelet::healthz_address(root)?;
