@@ -2,8 +2,7 @@
 //! and dispatches to [`serve::run`], [`cli::run`] or [`migrate::run`].
 //! ARCHITECTURE.md's code map says what every module does.
 
-/// Exit code for invalid configuration or flags (EX_USAGE).
-pub const EXIT_CONFIG: u8 = 64;
+pub use types::EXIT_CONFIG;
 
 pub mod app;
 pub mod cli;

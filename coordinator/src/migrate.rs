@@ -111,7 +111,7 @@ pub fn run(args: StoreArgs) -> ExitCode {
                 Ok(p) => p,
                 Err(Usage(msg)) => {
                     eprintln!("drover store migrate: {msg}");
-                    return ExitCode::from(crate::EXIT_CONFIG);
+                    return ExitCode::from(crate::types::EXIT_CONFIG);
                 }
             };
             if std::env::var_os(KEY_ENV).is_some() {

@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
+/// Exit code for invalid configuration or flags (EX_USAGE), of `drover
+/// serve`, the operator commands and `drover store` alike.
+pub const EXIT_CONFIG: u8 = 64;
+
 /// The condition type the reconciler keeps on a machine that went silent or
 /// whose instance stopped (False), cleared to True when it is back.
 pub const ALIVE_CONDITION: &str = "Alive";
