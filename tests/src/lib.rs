@@ -849,6 +849,27 @@ impl Agent {
             .expect("agent state");
         serde_json::from_str(&text).unwrap()
     }
+
+    /// The agent's persisted state once it holds its machine certificate:
+    /// the coordinator records a machine before the agent has saved the
+    /// answer, so a test that takes over an identity waits for it.
+    pub fn wait_identity(&self) -> serde_json::Value {
+        let path = self.root.join("var/lib/drover-agent/state.json");
+        wait_for(
+            "the agent to save its identity",
+            Duration::from_secs(30),
+            || {
+                let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+                let s: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| e.to_string())?;
+                if s["certificatePem"].is_string() && s["machineUid"].is_string() {
+                    Ok(s)
+                } else {
+                    Err("no certificate saved yet".to_owned())
+                }
+            },
+        )
+    }
 }
 
 impl Api {

@@ -156,6 +156,9 @@ enum Known {
         reason: &'static str,
     },
     /// Module `from` (a file's module path) names `to` against a rule.
+    /// No layer break is known today; the variant stays so that one found
+    /// while a module moves can be listed rather than hidden.
+    #[allow(dead_code)]
     Layer {
         krate: &'static str,
         from: &'static str,

@@ -1043,7 +1043,7 @@ fn a_read_only_data_dir_is_refused_with_its_path_and_what_to_do() {
 /// The agent identity a test takes over (what a thief copies): certificate
 /// and key PEM, and the machine's name.
 fn identity_of(c: &Coordinator, a: &Agent) -> (String, String, String) {
-    let s = a.state();
+    let s = a.wait_identity();
     let uid = s["machineUid"].as_str().unwrap().to_owned();
     let name = c
         .machines()
