@@ -26,11 +26,15 @@ use aws_sdk_ec2::types::{
 use aws_sdk_ec2::Client;
 use base64::Engine as _;
 
-use super::{
-    CloudErrorClass, InstanceState, MachineRequest, ProviderError, ProviderMachine, LABEL_CLUSTER,
-    LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
-};
+use drover_common::api::{Cluster, Machine, ProviderSpec};
 use drover_common::aws::{AwsMachineTemplate, MAX_USER_DATA};
+use futures_util::future::BoxFuture;
+
+use super::{
+    CloudErrorClass, CreateHost, Created, InstanceCheckError, InstanceState, MachineRequest,
+    Managed, Provider, ProviderError, ProviderMachine, LABEL_CLUSTER, LABEL_CLUSTER_UID,
+    LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
+};
 
 const PROVIDER: &str = "aws";
 
@@ -394,6 +398,229 @@ fn facts(i: &Instance) -> Option<InstanceFacts> {
             })
             .collect(),
     })
+}
+
+impl AwsProvider {
+    /// Launches a machine of an `aws` cluster: picks its pool's template,
+    /// records its subnet, then launches with its bootstrap document.
+    async fn create_machine(
+        &self,
+        cluster: &Cluster,
+        m: &Machine,
+        host: &dyn CreateHost,
+    ) -> Result<Created, ProviderError> {
+        let ProviderSpec::Aws(spec) = &cluster.spec.provider else {
+            return Err(ProviderError::Failed {
+                provider: PROVIDER,
+                action: "launch",
+                object: format!("machine {}", m.metadata.name),
+                detail: format!("cluster {} is not an aws cluster", cluster.metadata.name),
+            });
+        };
+        let pool = m
+            .spec
+            .assignment
+            .as_ref()
+            .map(|a| a.machine_pool.clone())
+            .unwrap_or_default();
+        let template = spec.template(&pool).ok_or_else(|| ProviderError::Failed {
+            provider: PROVIDER,
+            action: "find the machine template for",
+            object: format!("machine {}", m.metadata.name),
+            detail: format!("spec.provider.aws has no template for pool {pool}"),
+        })?;
+        // Record the subnet before the launch: a retried launch must send the
+        // same parameters under the same client token.
+        let subnet = match m
+            .status
+            .failure_domain
+            .clone()
+            .filter(|s| template.subnets.contains(s))
+        {
+            Some(s) => s,
+            None => {
+                let in_use =
+                    host.failure_domains_in_use()
+                        .map_err(|detail| ProviderError::Failed {
+                            provider: PROVIDER,
+                            action: "choose a subnet for",
+                            object: format!("machine {}", m.metadata.name),
+                            detail,
+                        })?;
+                let in_use: Vec<&str> = in_use.iter().map(String::as_str).collect();
+                let chosen = choose_subnet(template, &in_use)
+                    .unwrap_or_default()
+                    .to_owned();
+                host.record_failure_domain(&chosen)
+                    .map_err(|detail| ProviderError::Failed {
+                        provider: PROVIDER,
+                        action: "record the subnet of",
+                        object: format!("machine {}", m.metadata.name),
+                        detail,
+                    })?;
+                chosen
+            }
+        };
+        let doc = host.bootstrap_document(host.advertise_urls());
+        let req = MachineRequest::new(
+            cluster,
+            m,
+            user_data(&cluster.metadata.name, &m.metadata.name, &doc),
+            &template.ami,
+        );
+        let id = self
+            .create(&Launch {
+                machine: &req,
+                template,
+                subnet: &subnet,
+                tags: spec.tags_for(template),
+            })
+            .await?;
+        Ok(Created {
+            message: format!(
+                "instance {id} launched in {subnet} ({}, {}, region {})",
+                template.ami, template.instance_type, spec.region
+            ),
+            provider_id: id,
+        })
+    }
+
+    /// The instance ID the agent read from instance metadata must be the
+    /// instance launched for the machine, running, and carry this
+    /// coordinator's tags for the machine's UID.
+    async fn check_instance(
+        &self,
+        m: &Machine,
+        reported: Option<&str>,
+    ) -> Result<(), InstanceCheckError> {
+        use InstanceCheckError::{Refused, Unavailable};
+        let name = &m.metadata.name;
+        let uid = m.metadata.uid.as_deref().unwrap_or_default();
+        let Some(reported) = reported else {
+            return Err(Refused(format!(
+                "machine {name} runs on EC2 but the agent reported no instance ID; it must read its bootstrap document from instance metadata (IMDSv2), not a file"
+            )));
+        };
+        if let Some(launched) = m.status.provider_id.as_deref() {
+            if launched != reported {
+                return Err(Refused(format!(
+                    "the ticket of machine {name} belongs to instance {launched}, but it was presented from instance {reported}"
+                )));
+            }
+        }
+        let facts = self
+            .describe(reported)
+            .await
+            .map_err(|e| Unavailable(format!("cannot check instance {reported}: {e}")))?
+            .ok_or_else(|| {
+                Refused(format!(
+                    "instance {reported} does not exist in region {}",
+                    self.region
+                ))
+            })?;
+        let tag = |k: &str| facts.tags.get(k).map(String::as_str);
+        if tag(LABEL_MANAGED) != Some(self.owner.as_str()) || tag(LABEL_MACHINE_UID) != Some(uid) {
+            return Err(Refused(format!(
+                "instance {reported} was not launched by this coordinator for machine {name} (its {} tag is {:?})",
+                LABEL_MACHINE_UID,
+                tag(LABEL_MACHINE_UID)
+            )));
+        }
+        match facts.state {
+            InstanceState::Running => Ok(()),
+            InstanceState::Pending => Err(Unavailable(format!(
+                "instance {reported} is still pending; retry when it runs"
+            ))),
+            InstanceState::Stopped | InstanceState::Paused => Err(Refused(format!(
+                "instance {reported} is {}; only a running instance may register",
+                facts.state_name
+            ))),
+        }
+    }
+
+    /// Every instance of this coordinator in the region, for the sweeper.
+    async fn managed_objects(&self) -> Result<Vec<Managed>, ProviderError> {
+        Ok(self
+            .instances()
+            .await?
+            .into_iter()
+            .map(|i| Managed::Machine {
+                gone: matches!(i.state_name.as_str(), "terminated" | "shutting-down"),
+                provider_id: i.instance_id,
+                labels: i.tags,
+            })
+            .collect())
+    }
+
+    async fn remove(&self, orphan: &Managed) -> Result<Option<String>, ProviderError> {
+        match orphan {
+            Managed::Machine {
+                provider_id,
+                labels,
+                ..
+            } => {
+                self.terminate(provider_id).await?;
+                tracing::warn!(instance = %provider_id, region = %self.region, tags = ?labels, "orphan instance terminated");
+                Ok(Some(format!("instance {provider_id} ({})", self.region)))
+            }
+            // EC2 clusters own nothing beyond their instances.
+            Managed::ClusterResource { .. } => Ok(None),
+        }
+    }
+}
+
+/// The `aws` provider of one region as a [`Provider`].
+impl Provider for AwsProvider {
+    fn create<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        machine: &'a Machine,
+        host: &'a dyn CreateHost,
+    ) -> BoxFuture<'a, Result<Created, ProviderError>> {
+        Box::pin(self.create_machine(cluster, machine, host))
+    }
+
+    fn destroy<'a>(
+        &'a self,
+        _: &'a Cluster,
+        machine: &'a Machine,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.delete_machine(
+            machine.metadata.uid.as_deref().unwrap_or_default(),
+            machine.status.provider_id.as_deref(),
+        ))
+    }
+
+    /// An EC2 cluster owns nothing beyond its instances (yet).
+    fn delete_cluster_resources<'a>(
+        &'a self,
+        _: &'a Cluster,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
+        Box::pin(AwsProvider::list(self))
+    }
+
+    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
+        Box::pin(self.managed_objects())
+    }
+
+    fn remove_orphan<'a>(
+        &'a self,
+        orphan: &'a Managed,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(self.remove(orphan))
+    }
+
+    fn verify_instance<'a>(
+        &'a self,
+        machine: &'a Machine,
+        reported: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), InstanceCheckError>> {
+        Box::pin(self.check_instance(machine, reported))
+    }
 }
 
 /// The user data of a machine: a `#cloud-config` that carries the bootstrap

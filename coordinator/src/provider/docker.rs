@@ -13,10 +13,13 @@ use bollard::query_parameters::{
     RemoveContainerOptions, StartContainerOptions, UploadToContainerOptions,
 };
 use bollard::Docker;
+use drover_common::api::{Cluster, Machine, ProviderSpec};
+use futures_util::future::BoxFuture;
 
 use super::{
-    InstanceState, MachineRequest, ProviderError, ProviderMachine, ProviderNetwork, LABEL_CLUSTER,
-    LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
+    CreateHost, Created, InstanceCheckError, InstanceState, MachineRequest, Managed, Provider,
+    ProviderError, ProviderMachine, ProviderNetwork, LABEL_CLUSTER, LABEL_CLUSTER_UID,
+    LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
 };
 
 /// The host name containers use for the coordinator; it resolves to their
@@ -381,6 +384,193 @@ impl DockerProvider {
             })
             .collect())
     }
+}
+
+/// The `docker` provider as a [`Provider`]: the coordinator's one engine
+/// connection, made on first use (so a provider that only checks, such as
+/// the registration's instance check, never connects).
+pub struct DockerEngine<'a> {
+    connection: &'a tokio::sync::OnceCell<DockerProvider>,
+    owner: String,
+}
+
+impl<'a> DockerEngine<'a> {
+    /// The provider over `connection`, connecting as `owner` on first use.
+    pub fn new(connection: &'a tokio::sync::OnceCell<DockerProvider>, owner: String) -> Self {
+        Self { connection, owner }
+    }
+
+    /// The engine connection, made on first use.
+    pub async fn docker(&self) -> Result<&DockerProvider, ProviderError> {
+        self.connection
+            .get_or_try_init(|| DockerProvider::connect(self.owner.clone()))
+            .await
+    }
+
+    async fn create_machine(
+        &self,
+        cluster: &Cluster,
+        m: &Machine,
+        host: &dyn CreateHost,
+    ) -> Result<Created, ProviderError> {
+        let ProviderSpec::Docker(spec) = &cluster.spec.provider else {
+            return Err(ProviderError::Failed {
+                provider: PROVIDER,
+                action: "create",
+                object: format!("machine {}", m.metadata.name),
+                detail: format!("cluster {} is not a docker cluster", cluster.metadata.name),
+            });
+        };
+        let docker = self.docker().await?;
+        let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
+        let network = docker
+            .ensure_network(&cluster.metadata.name, &cluster_uid)
+            .await?;
+        let port =
+            host.listen_on(network.gateway)
+                .await
+                .map_err(|detail| ProviderError::Failed {
+                    provider: PROVIDER,
+                    action: "listen on the gateway of",
+                    object: format!("docker network {}", network.name),
+                    detail,
+                })?;
+        let coordinators =
+            host.gateway_urls(port)
+                .await
+                .map_err(|detail| ProviderError::Failed {
+                    provider: PROVIDER,
+                    action: "list the coordinator replicas for",
+                    object: format!("machine {}", m.metadata.name),
+                    detail,
+                })?;
+        let req = MachineRequest::new(
+            cluster,
+            m,
+            host.bootstrap_document(coordinators),
+            &spec.image,
+        );
+        let id = docker.create(&req, &network).await?;
+        Ok(Created {
+            message: format!(
+                "container {} created on network {}",
+                short(&id),
+                network.name
+            ),
+            provider_id: id,
+        })
+    }
+
+    async fn managed_objects(&self) -> Result<Vec<Managed>, ProviderError> {
+        let docker = self.docker().await?;
+        let containers = docker.list().await?;
+        let networks = docker.list_networks().await?;
+        Ok(containers
+            .into_iter()
+            .map(|pm| Managed::Machine {
+                provider_id: pm.provider_id,
+                labels: pm.labels,
+                gone: false,
+            })
+            .chain(networks.into_iter().map(|n| Managed::ClusterResource {
+                name: n.name,
+                labels: n.labels,
+            }))
+            .collect())
+    }
+
+    async fn remove(&self, orphan: &Managed) -> Result<Option<String>, ProviderError> {
+        let docker = self.docker().await?;
+        match orphan {
+            Managed::Machine {
+                provider_id,
+                labels,
+                ..
+            } => {
+                docker.remove_container(provider_id).await?;
+                tracing::warn!(container = %short(provider_id), labels = ?labels, "orphan container removed");
+                Ok(Some(format!("container {}", short(provider_id))))
+            }
+            Managed::ClusterResource { name, .. } => match docker.remove_network(name).await {
+                Ok(()) => {
+                    tracing::warn!(network = %name, "orphan network removed");
+                    Ok(Some(format!("network {name}")))
+                }
+                // Still in use by containers removed above: next sweep.
+                Err(e) => {
+                    tracing::info!(network = %name, error = %e, "orphan network not removed yet");
+                    Ok(None)
+                }
+            },
+        }
+    }
+}
+
+impl Provider for DockerEngine<'_> {
+    fn create<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        machine: &'a Machine,
+        host: &'a dyn CreateHost,
+    ) -> BoxFuture<'a, Result<Created, ProviderError>> {
+        Box::pin(self.create_machine(cluster, machine, host))
+    }
+
+    fn destroy<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        machine: &'a Machine,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.docker()
+                .await?
+                .delete(&cluster.metadata.name, &machine.metadata.name)
+                .await
+        })
+    }
+
+    fn delete_cluster_resources<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.docker()
+                .await?
+                .delete_network(&cluster.metadata.name)
+                .await
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
+        Box::pin(async move { self.docker().await?.list().await })
+    }
+
+    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
+        Box::pin(self.managed_objects())
+    }
+
+    fn remove_orphan<'a>(
+        &'a self,
+        orphan: &'a Managed,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(self.remove(orphan))
+    }
+
+    /// Containers run on the coordinator's own engine and read their seed
+    /// from a file the coordinator copied in: there is no instance identity
+    /// to check.
+    fn verify_instance<'a>(
+        &'a self,
+        _: &'a Machine,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), InstanceCheckError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// The first 12 characters of a container ID, as `docker ps` shows it.
+pub fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
 }
 
 /// A tar archive holding the NoCloud seed: `user-data` (the bootstrap

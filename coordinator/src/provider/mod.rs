@@ -3,12 +3,23 @@
 //! call is idempotent on the machine UID, and everything a provider creates
 //! is labelled with the coordinator, cluster and machine, so the sweeper can
 //! find and delete what the store does not know.
+//!
+//! The [`Provider`] trait is the seam: the reconciler's provisioner
+//! (`reconcile/provisioner.rs`) chooses a provider for a cluster's spec in
+//! one place (`provider_for` and `providers_in_use`) and does everything
+//! else through the trait, so a new provider is a new module here plus its
+//! arm there. A `pool` cluster has no provider: its machines are hosts an
+//! operator registers, so nothing creates, deletes, lists or checks them.
 
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod docker;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use drover_common::api::{Cluster, Machine};
+use futures_util::future::BoxFuture;
 
 /// Labels (or tags) on everything a provider creates.
 pub const LABEL_MANAGED: &str = "drover.dev/managed-by";
@@ -27,6 +38,223 @@ pub struct MachineRequest {
     /// The bootstrap document, delivered as user data.
     pub user_data: String,
     pub image: String,
+}
+
+impl MachineRequest {
+    /// The request for a recorded machine of `cluster`.
+    pub fn new(cluster: &Cluster, m: &Machine, user_data: String, image: &str) -> Self {
+        Self {
+            cluster: cluster.metadata.name.clone(),
+            cluster_uid: cluster.metadata.uid.clone().unwrap_or_default(),
+            machine: m.metadata.name.clone(),
+            machine_uid: m.metadata.uid.clone().unwrap_or_default(),
+            user_data,
+            image: image.to_owned(),
+        }
+    }
+}
+
+/// What a successful create reports.
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub provider_id: String,
+    /// The `ProviderCreated` event's message.
+    pub message: String,
+}
+
+/// Something this coordinator manages at a provider, as listed for the
+/// orphan sweeper (before the store is read: a machine is recorded before
+/// its instance is created, so whatever is listed here and not recorded is
+/// an orphan).
+#[derive(Debug, Clone)]
+pub enum Managed {
+    /// A machine's container or instance.
+    Machine {
+        provider_id: String,
+        labels: BTreeMap<String, String>,
+        /// The provider is already deleting it (an EC2 instance shutting
+        /// down or terminated): nothing to sweep.
+        gone: bool,
+    },
+    /// A cluster-wide resource (a docker network).
+    ClusterResource {
+        name: String,
+        labels: BTreeMap<String, String>,
+    },
+}
+
+impl Managed {
+    /// The labels (or tags) it carries.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        match self {
+            Managed::Machine { labels, .. } | Managed::ClusterResource { labels, .. } => labels,
+        }
+    }
+}
+
+/// Why a machine's registration cannot go ahead.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "aws"), allow(dead_code))]
+pub enum InstanceCheckError {
+    /// The presenting instance is not the machine's: refuse for good.
+    Refused(String),
+    /// The provider could not answer now: the agent should retry.
+    Unavailable(String),
+}
+
+/// What a provider asks of the coordinator while it creates a machine (the
+/// provisioner implements it over the coordinator's state; the provider
+/// layer never sees the store or the server).
+pub trait CreateHost: Sync {
+    /// The machine's bootstrap document (YAML) naming `coordinators`.
+    /// Deterministic for a machine, so a retried create sends the same user
+    /// data.
+    fn bootstrap_document(&self, coordinators: Vec<String>) -> String;
+    /// The URLs the coordinator advertises to machines outside its host.
+    fn advertise_urls(&self) -> Vec<String>;
+    /// Makes this replica listen on `gateway` (a cluster network's gateway
+    /// on this host); returns the port.
+    fn listen_on(&self, gateway: IpAddr) -> BoxFuture<'_, Result<u16, String>>;
+    /// The coordinator URLs of a machine behind a gateway where this replica
+    /// listens at `own_port`: this replica first, then every other replica.
+    fn gateway_urls(&self, own_port: u16) -> BoxFuture<'_, Result<Vec<String>, String>>;
+    /// The failure domains (subnets) of the machine's pool siblings that
+    /// are not deleted, to spread the machine across them.
+    fn failure_domains_in_use(&self) -> Result<Vec<String>, String>;
+    /// Records the machine's chosen failure domain before its create, so a
+    /// retried create sends the same parameters.
+    fn record_failure_domain(&self, chosen: &str) -> Result<(), String>;
+}
+
+/// A place machines come from (the Docker engine, an EC2 region). Every
+/// call is idempotent on the machine UID and everything created carries the
+/// labels above.
+///
+/// Room for the next provider-side resource: a control-plane endpoint (a
+/// load balancer in front of a cluster's control-plane machines) belongs
+/// here as a cluster-wide resource next to [`Provider::delete_cluster_resources`],
+/// ensured before the first control-plane machine and listed by
+/// [`Provider::managed`] for the sweeper. It is not built yet.
+pub trait Provider: Send + Sync {
+    /// Creates the machine's container or instance unless it exists, with
+    /// its bootstrap document as user data and its UID as idempotency key.
+    fn create<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        machine: &'a Machine,
+        host: &'a dyn CreateHost,
+    ) -> BoxFuture<'a, Result<Created, ProviderError>>;
+
+    /// Deletes the machine's container or instance; a missing one is
+    /// already deleted.
+    fn destroy<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        machine: &'a Machine,
+    ) -> BoxFuture<'a, Result<(), ProviderError>>;
+
+    /// Deletes what the cluster owns beyond its machines (a network).
+    fn delete_cluster_resources<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+    ) -> BoxFuture<'a, Result<(), ProviderError>>;
+
+    /// Observes: every machine this coordinator has at this provider, with
+    /// its state (the caller matches them to machines by UID label).
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>>;
+
+    /// Sweep support: everything this coordinator manages at this provider.
+    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>>;
+
+    /// Removes an orphan listed by [`Provider::managed`]; returns what was
+    /// removed, or `None` when it cannot go yet (logged; the next sweep
+    /// retries).
+    fn remove_orphan<'a>(
+        &'a self,
+        orphan: &'a Managed,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
+
+    /// Checks at registration that a machine ticket is presented from the
+    /// instance the provider created for the machine (`reported` is the
+    /// instance ID the agent read from instance metadata).
+    fn verify_instance<'a>(
+        &'a self,
+        machine: &'a Machine,
+        reported: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), InstanceCheckError>>;
+}
+
+/// A provider this coordinator was built without: every machine call
+/// refuses with [`ProviderError::NotBuilt`]; it has created nothing, so it
+/// has no cluster resources to delete and nothing to list or sweep.
+#[cfg(not(feature = "aws"))]
+pub struct NotBuilt {
+    pub provider: &'static str,
+}
+
+#[cfg(not(feature = "aws"))]
+impl Provider for NotBuilt {
+    fn create<'a>(
+        &'a self,
+        _: &'a Cluster,
+        _: &'a Machine,
+        _: &'a dyn CreateHost,
+    ) -> BoxFuture<'a, Result<Created, ProviderError>> {
+        Box::pin(async move {
+            Err(ProviderError::NotBuilt {
+                provider: self.provider,
+            })
+        })
+    }
+
+    fn destroy<'a>(
+        &'a self,
+        _: &'a Cluster,
+        _: &'a Machine,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            Err(ProviderError::NotBuilt {
+                provider: self.provider,
+            })
+        })
+    }
+
+    fn delete_cluster_resources<'a>(
+        &'a self,
+        _: &'a Cluster,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
+        Box::pin(async { Ok(vec![]) })
+    }
+
+    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
+        Box::pin(async { Ok(vec![]) })
+    }
+
+    fn remove_orphan<'a>(
+        &'a self,
+        _: &'a Managed,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn verify_instance<'a>(
+        &'a self,
+        _: &'a Machine,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), InstanceCheckError>> {
+        Box::pin(async move {
+            Err(InstanceCheckError::Refused(
+                ProviderError::NotBuilt {
+                    provider: self.provider,
+                }
+                .to_string(),
+            ))
+        })
+    }
 }
 
 /// The state of a provider machine as the provider sees it.

@@ -6,22 +6,20 @@ use std::collections::HashMap;
 use drover_common::api::{push_event, Cluster, Machine, MachinePhase, ProviderSpec};
 use drover_common::ticket::{TicketClaims, TicketGrant};
 use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
+use futures_util::future::BoxFuture;
 
 use crate::app::App;
-use crate::provider::docker::{DockerProvider, COORDINATOR_HOST};
-use crate::provider::{CloudErrorClass, InstanceState, MachineRequest, ProviderError};
+use crate::provider::docker::{DockerEngine, COORDINATOR_HOST};
+pub use crate::provider::InstanceCheckError;
+use crate::provider::{
+    CloudErrorClass, CreateHost, InstanceState, Managed, Provider, ProviderError,
+    LABEL_CLUSTER_UID, LABEL_MACHINE_UID,
+};
 use crate::reconcile::error::ReconcileError;
 use crate::store::StoreError;
 
 /// How long a machine ticket lives beyond the startup timeout.
 const TICKET_SLACK: time::Duration = time::Duration::minutes(5);
-
-/// What a successful create reports.
-struct Created {
-    provider_id: String,
-    /// The `ProviderCreated` event's message.
-    message: String,
-}
 
 /// Creates the provider machine for a recorded machine. Idempotent.
 pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<(), ReconcileError> {
@@ -31,14 +29,16 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
     if m.status.provider_id.is_some() || m.status.phase != MachinePhase::Provisioning {
         return Ok(());
     }
-    let result = match &cluster.spec.provider {
-        ProviderSpec::Pool(_) => return Ok(()),
-        ProviderSpec::Docker(spec) => provision_docker(app, cluster, &m, &spec.image).await,
-        #[cfg(feature = "aws")]
-        ProviderSpec::Aws(spec) => provision_aws(app, cluster, &m, spec).await,
-        #[cfg(not(feature = "aws"))]
-        ProviderSpec::Aws(_) => Err(ProviderError::NotBuilt { provider: "aws" }),
+    let Some(provider) = provider_for(app, &cluster.spec.provider).await else {
+        // A pool machine is a host its operator registers: nothing to create.
+        return Ok(());
     };
+    let host = Host {
+        app,
+        cluster,
+        machine: &m,
+    };
+    let result = provider.create(cluster, &m, &host).await;
     match result {
         Ok(created) => {
             app.provision_retries.succeeded(machine);
@@ -125,64 +125,6 @@ fn bootstrap_document(
         ca_pin: app.ca_pin.clone(),
         ticket,
     }
-}
-
-fn machine_request(
-    cluster: &Cluster,
-    m: &Machine,
-    user_data: String,
-    image: &str,
-) -> MachineRequest {
-    MachineRequest {
-        cluster: cluster.metadata.name.clone(),
-        cluster_uid: cluster.metadata.uid.clone().unwrap_or_default(),
-        machine: m.metadata.name.clone(),
-        machine_uid: m.metadata.uid.clone().unwrap_or_default(),
-        user_data,
-        image: image.to_owned(),
-    }
-}
-
-async fn provision_docker(
-    app: &App,
-    cluster: &Cluster,
-    m: &Machine,
-    image: &str,
-) -> Result<Created, ProviderError> {
-    let docker = app.docker().await?;
-    let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
-    let network = docker
-        .ensure_network(&cluster.metadata.name, &cluster_uid)
-        .await?;
-    let port = app
-        .listen_on(network.gateway)
-        .await
-        .map_err(|e| ProviderError::Failed {
-            provider: "docker",
-            action: "listen on the gateway of",
-            object: format!("docker network {}", network.name),
-            detail: e.to_string(),
-        })?;
-    let coordinators =
-        docker_coordinator_urls(app, port)
-            .await
-            .map_err(|e| ProviderError::Failed {
-                provider: "docker",
-                action: "list the coordinator replicas for",
-                object: format!("machine {}", m.metadata.name),
-                detail: e.to_string(),
-            })?;
-    let doc = bootstrap_document(app, cluster, m, coordinators);
-    let req = machine_request(cluster, m, doc.to_yaml(), image);
-    let id = docker.create(&req, &network).await?;
-    Ok(Created {
-        message: format!(
-            "container {} created on network {}",
-            short(&id),
-            network.name
-        ),
-        provider_id: id,
-    })
 }
 
 /// The coordinator URLs of a docker machine's bootstrap document: this
@@ -287,102 +229,6 @@ pub async fn run_gateway_listeners(
     }
 }
 
-#[cfg(feature = "aws")]
-async fn provision_aws(
-    app: &App,
-    cluster: &Cluster,
-    m: &Machine,
-    spec: &drover_common::aws::AwsProviderSpec,
-) -> Result<Created, ProviderError> {
-    use crate::provider::aws::{choose_subnet, user_data, Launch};
-    let pool = m
-        .spec
-        .assignment
-        .as_ref()
-        .map(|a| a.machine_pool.clone())
-        .unwrap_or_default();
-    let template = spec.template(&pool).ok_or_else(|| ProviderError::Failed {
-        provider: "aws",
-        action: "find the machine template for",
-        object: format!("machine {}", m.metadata.name),
-        detail: format!("spec.provider.aws has no template for pool {pool}"),
-    })?;
-    // Record the subnet before the launch: a retried launch must send the
-    // same parameters under the same client token.
-    let subnet = match m
-        .status
-        .failure_domain
-        .clone()
-        .filter(|s| template.subnets.contains(s))
-    {
-        Some(s) => s,
-        None => {
-            let machines = app.machines().map_err(|e| ProviderError::Failed {
-                provider: "aws",
-                action: "choose a subnet for",
-                object: format!("machine {}", m.metadata.name),
-                detail: e.to_string(),
-            })?;
-            let in_use: Vec<&str> = machines
-                .iter()
-                .filter(|o| o.metadata.name != m.metadata.name)
-                .filter(|o| o.status.phase != MachinePhase::Deleted)
-                .filter(|o| {
-                    o.spec
-                        .assignment
-                        .as_ref()
-                        .map(|a| (&a.cluster_uid, &a.machine_pool))
-                        == m.spec
-                            .assignment
-                            .as_ref()
-                            .map(|a| (&a.cluster_uid, &a.machine_pool))
-                })
-                .filter_map(|o| o.status.failure_domain.as_deref())
-                .collect();
-            let chosen = choose_subnet(template, &in_use)
-                .unwrap_or_default()
-                .to_owned();
-            app.update_machine::<StoreError>(&m.metadata.name, |m| {
-                if m.status.failure_domain.as_deref() == Some(chosen.as_str()) {
-                    return Ok(false);
-                }
-                m.status.failure_domain = Some(chosen.clone());
-                Ok(true)
-            })
-            .map_err(|e| ProviderError::Failed {
-                provider: "aws",
-                action: "record the subnet of",
-                object: format!("machine {}", m.metadata.name),
-                detail: e.to_string(),
-            })?;
-            chosen
-        }
-    };
-    let doc = bootstrap_document(app, cluster, m, app.settings.advertise_urls.clone());
-    let req = machine_request(
-        cluster,
-        m,
-        user_data(&cluster.metadata.name, &m.metadata.name, &doc.to_yaml()),
-        &template.ami,
-    );
-    let aws = app.aws(&spec.region).await;
-    let id = aws
-        .create(&Launch {
-            machine: &req,
-            template,
-            subnet: &subnet,
-            tags: spec.tags_for(template),
-        })
-        .await?;
-    Ok(Created {
-        message: format!(
-            "instance {id} launched in {subnet} ({}, {}, region {})",
-            template.ami, template.instance_type, spec.region
-        ),
-        provider_id: id,
-    })
-}
-
 fn set_provider_condition(
     m: &mut drover_common::api::Machine,
     ok: bool,
@@ -402,10 +248,6 @@ fn set_provider_condition(
     changed
 }
 
-fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
-}
-
 /// Deletes a machine marked Deleting through its provider and leaves a
 /// tombstone. Idempotent.
 pub async fn destroy(app: &App, cluster: &Cluster, machine: &str) -> Result<(), ReconcileError> {
@@ -415,26 +257,9 @@ pub async fn destroy(app: &App, cluster: &Cluster, machine: &str) -> Result<(), 
     if m.status.phase != MachinePhase::Deleting {
         return Ok(());
     }
-    match &cluster.spec.provider {
-        ProviderSpec::Pool(_) => {}
-        ProviderSpec::Docker(_) => {
-            app.docker()
-                .await?
-                .delete(&cluster.metadata.name, machine)
-                .await?
-        }
-        #[cfg(feature = "aws")]
-        ProviderSpec::Aws(spec) => {
-            app.aws(&spec.region)
-                .await
-                .delete_machine(
-                    m.metadata.uid.as_deref().unwrap_or_default(),
-                    m.status.provider_id.as_deref(),
-                )
-                .await?
-        }
-        #[cfg(not(feature = "aws"))]
-        ProviderSpec::Aws(_) => return Err(ProviderError::NotBuilt { provider: "aws" }.into()),
+    // A pool machine's host stays with its operator: only the record goes.
+    if let Some(provider) = provider_for(app, &cluster.spec.provider).await {
+        provider.destroy(cluster, &m).await?;
     }
     app.provision_retries.succeeded(machine);
     app.liveness.lock().expect("liveness lock").remove(machine);
@@ -456,11 +281,9 @@ pub async fn destroy(app: &App, cluster: &Cluster, machine: &str) -> Result<(), 
 
 /// Deletes what a cluster owns at its provider beyond machines (its network).
 pub async fn delete_cluster_resources(app: &App, cluster: &Cluster) -> Result<(), ReconcileError> {
-    if let ProviderSpec::Docker(_) = &cluster.spec.provider {
-        app.docker()
-            .await?
-            .delete_network(&cluster.metadata.name)
-            .await?;
+    // A pool cluster owns nothing at a provider.
+    if let Some(provider) = provider_for(app, &cluster.spec.provider).await {
+        provider.delete_cluster_resources(cluster).await?;
     }
     Ok(())
 }
@@ -487,18 +310,11 @@ pub async fn observe(
             }
         }
     };
-    if clusters
+    let docker = clusters
         .iter()
-        .any(|c| matches!(c.spec.provider, ProviderSpec::Docker(_)))
-    {
-        match async { app.docker().await?.list().await }.await {
-            Ok(list) => add(list),
-            Err(e) => errors.push(e),
-        }
-    }
-    #[cfg(feature = "aws")]
-    for region in aws_regions(app, clusters) {
-        match app.aws(&region).await.list().await {
+        .any(|c| matches!(c.spec.provider, ProviderSpec::Docker(_)));
+    for provider in providers_in_use(app, clusters, docker).await {
+        match provider.list().await {
             Ok(list) => add(list),
             Err(e) => errors.push(e),
         }
@@ -506,32 +322,39 @@ pub async fn observe(
     (states, errors)
 }
 
-/// Every region an `aws` cluster uses now, or that this coordinator has
-/// launched in since it started (a deleted cluster may have left instances).
-#[cfg(feature = "aws")]
-fn aws_regions(app: &App, clusters: &[Cluster]) -> std::collections::BTreeSet<String> {
-    let mut regions = app.aws_regions();
-    for c in clusters {
-        if let ProviderSpec::Aws(a) = &c.spec.provider {
-            regions.insert(a.region.clone());
-        }
-    }
-    regions
-}
-
 /// Removes provider objects the store does not know: containers whose
 /// machine is not recorded (or only as a tombstone), and networks of
 /// clusters that no longer exist. Returns what it removed.
 pub async fn sweep(app: &App) -> Result<Vec<String>, ReconcileError> {
     let mut removed = vec![];
-    if app.docker_in_use() {
-        removed.extend(sweep_docker(app).await?);
-    }
-    #[cfg(feature = "aws")]
-    {
+    let docker = app.docker_in_use();
+    let clusters = app.clusters()?;
+    for provider in providers_in_use(app, &clusters, docker).await {
+        // List the provider first: a machine is recorded before its
+        // container or instance is created, so everything listed here has
+        // its record in the store read next, unless it is an orphan.
+        let managed = provider.managed().await?;
+        let machines = app.machines()?;
         let clusters = app.clusters()?;
-        for region in aws_regions(app, &clusters) {
-            removed.extend(sweep_aws(app, &region).await?);
+        for object in &managed {
+            let orphan = match object {
+                Managed::Machine { gone, labels, .. } => {
+                    !gone
+                        && !machine_known(
+                            &machines,
+                            labels.get(LABEL_MACHINE_UID).map(String::as_str),
+                        )
+                }
+                Managed::ClusterResource { labels, .. } => {
+                    let uid = labels.get(LABEL_CLUSTER_UID);
+                    !clusters.iter().any(|c| {
+                        c.metadata.uid.as_ref() == uid && c.spec.provider.creates_machines()
+                    })
+                }
+            };
+            if orphan {
+                removed.extend(provider.remove_orphan(object).await?);
+            }
         }
     }
     Ok(removed)
@@ -545,71 +368,6 @@ fn machine_known(machines: &[Machine], uid: Option<&str>) -> bool {
             m.metadata.uid.as_deref() == Some(uid) && m.status.phase != MachinePhase::Deleted
         })
     })
-}
-
-/// Terminates instances of this coordinator that no known machine owns.
-#[cfg(feature = "aws")]
-async fn sweep_aws(app: &App, region: &str) -> Result<Vec<String>, ReconcileError> {
-    let aws = app.aws(region).await;
-    // Instances first, then the store: a machine is recorded before its
-    // instance is launched.
-    let instances = aws.instances().await?;
-    let machines = app.machines()?;
-    let mut removed = vec![];
-    for i in instances {
-        if matches!(i.state_name.as_str(), "terminated" | "shutting-down")
-            || machine_known(
-                &machines,
-                i.tags
-                    .get(crate::provider::LABEL_MACHINE_UID)
-                    .map(String::as_str),
-            )
-        {
-            continue;
-        }
-        aws.terminate(&i.instance_id).await?;
-        tracing::warn!(instance = %i.instance_id, region, tags = ?i.tags, "orphan instance terminated");
-        removed.push(format!("instance {} ({region})", i.instance_id));
-    }
-    Ok(removed)
-}
-
-async fn sweep_docker(app: &App) -> Result<Vec<String>, ReconcileError> {
-    let docker: DockerProvider = app.docker().await?.clone();
-    // List the provider first: a machine is recorded before its container is
-    // created, so every container listed here has its record in the store
-    // read next, unless it is an orphan.
-    let containers = docker.list().await?;
-    let networks = docker.list_networks().await?;
-    let machines = app.machines()?;
-    let clusters = app.clusters()?;
-    let mut removed = vec![];
-    for pm in containers {
-        if !machine_known(&machines, pm.machine_uid()) {
-            docker.remove_container(&pm.provider_id).await?;
-            tracing::warn!(container = %short(&pm.provider_id), labels = ?pm.labels, "orphan container removed");
-            removed.push(format!("container {}", short(&pm.provider_id)));
-        }
-    }
-    for net in networks {
-        let uid = net.labels.get(crate::provider::LABEL_CLUSTER_UID);
-        let known = clusters
-            .iter()
-            .any(|c| c.metadata.uid.as_ref() == uid && c.spec.provider.creates_machines());
-        if !known {
-            match docker.remove_network(&net.name).await {
-                Ok(()) => {
-                    tracing::warn!(network = %net.name, "orphan network removed");
-                    removed.push(format!("network {}", net.name));
-                }
-                // Still in use by containers removed above: next sweep.
-                Err(e) => {
-                    tracing::info!(network = %net.name, error = %e, "orphan network not removed yet")
-                }
-            }
-        }
-    }
-    Ok(removed)
 }
 
 /// Runs the orphan sweeper every `period` until shutdown.
@@ -633,16 +391,6 @@ pub async fn run_sweeper(
     }
 }
 
-/// Why a machine's registration cannot go ahead.
-#[derive(Debug)]
-#[cfg_attr(not(feature = "aws"), allow(dead_code))]
-pub enum InstanceCheckError {
-    /// The presenting instance is not the machine's: refuse for good.
-    Refused(String),
-    /// The provider could not answer now: the agent should retry.
-    Unavailable(String),
-}
-
 /// Checks that a machine ticket is presented from the machine the provider
 /// created for it. On `aws`: the instance ID the agent read from instance
 /// metadata must be the instance launched for the machine, running, and
@@ -654,73 +402,118 @@ pub async fn verify_instance(
     m: &Machine,
     reported: Option<&str>,
 ) -> Result<(), InstanceCheckError> {
-    match &cluster.spec.provider {
-        ProviderSpec::Pool(_) | ProviderSpec::Docker(_) => Ok(()),
-        #[cfg(feature = "aws")]
-        ProviderSpec::Aws(spec) => verify_aws_instance(app, spec, m, reported).await,
-        #[cfg(not(feature = "aws"))]
-        ProviderSpec::Aws(_) => {
-            let _ = (app, m, reported);
-            Err(InstanceCheckError::Refused(
-                ProviderError::NotBuilt { provider: "aws" }.to_string(),
-            ))
-        }
+    match provider_for(app, &cluster.spec.provider).await {
+        // A pool machine is a host its operator vouches for: its ticket is
+        // the whole check.
+        None => Ok(()),
+        Some(provider) => provider.verify_instance(m, reported).await,
     }
 }
 
-#[cfg(feature = "aws")]
-async fn verify_aws_instance(
-    app: &App,
-    spec: &drover_common::aws::AwsProviderSpec,
-    m: &Machine,
-    reported: Option<&str>,
-) -> Result<(), InstanceCheckError> {
-    use InstanceCheckError::{Refused, Unavailable};
-    let name = &m.metadata.name;
-    let uid = m.metadata.uid.as_deref().unwrap_or_default();
-    let Some(reported) = reported else {
-        return Err(Refused(format!(
-            "machine {name} runs on EC2 but the agent reported no instance ID; it must read its bootstrap document from instance metadata (IMDSv2), not a file"
-        )));
-    };
-    if let Some(launched) = m.status.provider_id.as_deref() {
-        if launched != reported {
-            return Err(Refused(format!(
-                "the ticket of machine {name} belongs to instance {launched}, but it was presented from instance {reported}"
-            )));
+// ---- The one place that names the providers built into this coordinator.
+// Everything above goes through the `Provider` trait; a new provider is a
+// module under `provider/` and an arm here.
+
+/// The provider of a cluster's spec, or `None` for a `pool` cluster: its
+/// machines are hosts an operator registers, which no provider creates,
+/// deletes, lists or checks, so the pool path does none of that.
+pub async fn provider_for<'a>(app: &'a App, spec: &ProviderSpec) -> Option<Box<dyn Provider + 'a>> {
+    match spec {
+        ProviderSpec::Pool(_) => None,
+        ProviderSpec::Docker(_) => Some(Box::new(DockerEngine::new(&app.docker, app.owner()))),
+        #[cfg(feature = "aws")]
+        ProviderSpec::Aws(spec) => Some(Box::new(app.aws(&spec.region).await)),
+        #[cfg(not(feature = "aws"))]
+        ProviderSpec::Aws(_) => Some(Box::new(crate::provider::NotBuilt { provider: "aws" })),
+    }
+}
+
+/// The providers to observe or sweep: Docker if `docker` says so, and every
+/// AWS region a cluster uses now or that this coordinator has launched in
+/// since it started (a deleted cluster may have left instances).
+async fn providers_in_use<'a>(
+    app: &'a App,
+    clusters: &[Cluster],
+    docker: bool,
+) -> Vec<Box<dyn Provider + 'a>> {
+    let mut providers: Vec<Box<dyn Provider + 'a>> = vec![];
+    if docker {
+        providers.push(Box::new(DockerEngine::new(&app.docker, app.owner())));
+    }
+    #[cfg(feature = "aws")]
+    {
+        let mut regions = app.aws_regions();
+        for c in clusters {
+            if let ProviderSpec::Aws(a) = &c.spec.provider {
+                regions.insert(a.region.clone());
+            }
+        }
+        for region in regions {
+            providers.push(Box::new(app.aws(&region).await));
         }
     }
-    let facts = app
-        .aws(&spec.region)
-        .await
-        .describe(reported)
-        .await
-        .map_err(|e| Unavailable(format!("cannot check instance {reported}: {e}")))?
-        .ok_or_else(|| {
-            Refused(format!(
-                "instance {reported} does not exist in region {}",
-                spec.region
-            ))
-        })?;
-    let tag = |k: &str| facts.tags.get(k).map(String::as_str);
-    if tag(crate::provider::LABEL_MANAGED) != Some(app.owner().as_str())
-        || tag(crate::provider::LABEL_MACHINE_UID) != Some(uid)
-    {
-        return Err(Refused(format!(
-            "instance {reported} was not launched by this coordinator for machine {name} (its {} tag is {:?})",
-            crate::provider::LABEL_MACHINE_UID,
-            tag(crate::provider::LABEL_MACHINE_UID)
-        )));
+    #[cfg(not(feature = "aws"))]
+    let _ = clusters;
+    providers
+}
+
+/// What the providers ask of the coordinator while creating one machine.
+struct Host<'a> {
+    app: &'a App,
+    cluster: &'a Cluster,
+    machine: &'a Machine,
+}
+
+impl CreateHost for Host<'_> {
+    fn bootstrap_document(&self, coordinators: Vec<String>) -> String {
+        bootstrap_document(self.app, self.cluster, self.machine, coordinators).to_yaml()
     }
-    match facts.state {
-        InstanceState::Running => Ok(()),
-        InstanceState::Pending => Err(Unavailable(format!(
-            "instance {reported} is still pending; retry when it runs"
-        ))),
-        InstanceState::Stopped | InstanceState::Paused => Err(Refused(format!(
-            "instance {reported} is {}; only a running instance may register",
-            facts.state_name
-        ))),
+
+    fn advertise_urls(&self) -> Vec<String> {
+        self.app.settings.advertise_urls.clone()
+    }
+
+    fn listen_on(&self, gateway: std::net::IpAddr) -> BoxFuture<'_, Result<u16, String>> {
+        Box::pin(async move { self.app.listen_on(gateway).await.map_err(|e| e.to_string()) })
+    }
+
+    fn gateway_urls(&self, own_port: u16) -> BoxFuture<'_, Result<Vec<String>, String>> {
+        Box::pin(async move {
+            docker_coordinator_urls(self.app, own_port)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn failure_domains_in_use(&self) -> Result<Vec<String>, String> {
+        let m = self.machine;
+        let pool_of = |o: &Machine| {
+            o.spec
+                .assignment
+                .as_ref()
+                .map(|a| (a.cluster_uid.clone(), a.machine_pool.clone()))
+        };
+        let machines = self.app.machines().map_err(|e| e.to_string())?;
+        Ok(machines
+            .iter()
+            .filter(|o| o.metadata.name != m.metadata.name)
+            .filter(|o| o.status.phase != MachinePhase::Deleted)
+            .filter(|o| pool_of(o) == pool_of(m))
+            .filter_map(|o| o.status.failure_domain.clone())
+            .collect())
+    }
+
+    fn record_failure_domain(&self, chosen: &str) -> Result<(), String> {
+        self.app
+            .update_machine::<StoreError>(&self.machine.metadata.name, |m| {
+                if m.status.failure_domain.as_deref() == Some(chosen) {
+                    return Ok(false);
+                }
+                m.status.failure_domain = Some(chosen.to_owned());
+                Ok(true)
+            })
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 
