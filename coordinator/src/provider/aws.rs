@@ -445,7 +445,7 @@ impl AwsProvider {
                             provider: PROVIDER,
                             action: "choose a subnet for",
                             object: format!("machine {}", m.metadata.name),
-                            detail,
+                            detail: detail.to_string(),
                         })?;
                 let in_use: Vec<&str> = in_use.iter().map(String::as_str).collect();
                 let chosen = choose_subnet(template, &in_use)
@@ -456,7 +456,7 @@ impl AwsProvider {
                         provider: PROVIDER,
                         action: "record the subnet of",
                         object: format!("machine {}", m.metadata.name),
-                        detail,
+                        detail: detail.to_string(),
                     })?;
                 chosen
             }

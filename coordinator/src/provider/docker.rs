@@ -433,7 +433,7 @@ impl<'a> DockerEngine<'a> {
                     provider: PROVIDER,
                     action: "listen on the gateway of",
                     object: format!("docker network {}", network.name),
-                    detail,
+                    detail: detail.to_string(),
                 })?;
         let coordinators =
             host.gateway_urls(port)
@@ -442,7 +442,7 @@ impl<'a> DockerEngine<'a> {
                     provider: PROVIDER,
                     action: "list the coordinator replicas for",
                     object: format!("machine {}", m.metadata.name),
-                    detail,
+                    detail: detail.to_string(),
                 })?;
         let req = MachineRequest::new(
             cluster,

@@ -102,6 +102,20 @@ pub enum InstanceCheckError {
     Unavailable(String),
 }
 
+/// A failure of the coordinator's side of a create (the store, a listener),
+/// passed through [`CreateHost`] with its source kept: the provider layer
+/// names no coordinator error type.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct HostError(Box<dyn std::error::Error + Send + Sync>);
+
+impl HostError {
+    /// Wraps the coordinator-side error `e`.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(e))
+    }
+}
+
 /// What a provider asks of the coordinator while it creates a machine (the
 /// provisioner implements it over the coordinator's state; the provider
 /// layer never sees the store or the server).
@@ -114,16 +128,16 @@ pub trait CreateHost: Sync {
     fn advertise_urls(&self) -> Vec<String>;
     /// Makes this replica listen on `gateway` (a cluster network's gateway
     /// on this host); returns the port.
-    fn listen_on(&self, gateway: IpAddr) -> BoxFuture<'_, Result<u16, String>>;
+    fn listen_on(&self, gateway: IpAddr) -> BoxFuture<'_, Result<u16, HostError>>;
     /// The coordinator URLs of a machine behind a gateway where this replica
     /// listens at `own_port`: this replica first, then every other replica.
-    fn gateway_urls(&self, own_port: u16) -> BoxFuture<'_, Result<Vec<String>, String>>;
+    fn gateway_urls(&self, own_port: u16) -> BoxFuture<'_, Result<Vec<String>, HostError>>;
     /// The failure domains (subnets) of the machine's pool siblings that
     /// are not deleted, to spread the machine across them.
-    fn failure_domains_in_use(&self) -> Result<Vec<String>, String>;
+    fn failure_domains_in_use(&self) -> Result<Vec<String>, HostError>;
     /// Records the machine's chosen failure domain before its create, so a
     /// retried create sends the same parameters.
-    fn record_failure_domain(&self, chosen: &str) -> Result<(), String>;
+    fn record_failure_domain(&self, chosen: &str) -> Result<(), HostError>;
 }
 
 /// A place machines come from (the Docker engine, an EC2 region). Every

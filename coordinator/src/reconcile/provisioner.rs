@@ -12,7 +12,7 @@ use crate::app::App;
 use crate::provider::docker::{DockerEngine, COORDINATOR_HOST};
 pub use crate::provider::InstanceCheckError;
 use crate::provider::{
-    CloudErrorClass, CreateHost, InstanceState, Managed, Provider, ProviderError,
+    CloudErrorClass, CreateHost, HostError, InstanceState, Managed, Provider, ProviderError,
     LABEL_CLUSTER_UID, LABEL_MACHINE_UID,
 };
 use crate::reconcile::error::ReconcileError;
@@ -473,19 +473,19 @@ impl CreateHost for Host<'_> {
         self.app.settings.advertise_urls.clone()
     }
 
-    fn listen_on(&self, gateway: std::net::IpAddr) -> BoxFuture<'_, Result<u16, String>> {
-        Box::pin(async move { self.app.listen_on(gateway).await.map_err(|e| e.to_string()) })
+    fn listen_on(&self, gateway: std::net::IpAddr) -> BoxFuture<'_, Result<u16, HostError>> {
+        Box::pin(async move { self.app.listen_on(gateway).await.map_err(HostError::new) })
     }
 
-    fn gateway_urls(&self, own_port: u16) -> BoxFuture<'_, Result<Vec<String>, String>> {
+    fn gateway_urls(&self, own_port: u16) -> BoxFuture<'_, Result<Vec<String>, HostError>> {
         Box::pin(async move {
             docker_coordinator_urls(self.app, own_port)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(HostError::new)
         })
     }
 
-    fn failure_domains_in_use(&self) -> Result<Vec<String>, String> {
+    fn failure_domains_in_use(&self) -> Result<Vec<String>, HostError> {
         let m = self.machine;
         let pool_of = |o: &Machine| {
             o.spec
@@ -493,7 +493,7 @@ impl CreateHost for Host<'_> {
                 .as_ref()
                 .map(|a| (a.cluster_uid.clone(), a.machine_pool.clone()))
         };
-        let machines = self.app.machines().map_err(|e| e.to_string())?;
+        let machines = self.app.machines().map_err(HostError::new)?;
         Ok(machines
             .iter()
             .filter(|o| o.metadata.name != m.metadata.name)
@@ -503,7 +503,7 @@ impl CreateHost for Host<'_> {
             .collect())
     }
 
-    fn record_failure_domain(&self, chosen: &str) -> Result<(), String> {
+    fn record_failure_domain(&self, chosen: &str) -> Result<(), HostError> {
         self.app
             .update_machine::<StoreError>(&self.machine.metadata.name, |m| {
                 if m.status.failure_domain.as_deref() == Some(chosen) {
@@ -513,7 +513,7 @@ impl CreateHost for Host<'_> {
                 Ok(true)
             })
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(HostError::new)
     }
 }
 
