@@ -79,6 +79,8 @@ pub struct App {
     pub rotation: Mutex<()>,
     /// What the cluster reconcile loop reports about itself.
     pub reconciler: std::sync::Arc<Mutex<crate::reconcile::status::LoopStatus>>,
+    /// Every background task, with its status (`tasks` in `/v1/status`).
+    pub tasks: crate::tasks::TaskSet,
     /// This replica and whether it leads.
     pub leadership: crate::domain::leadership::Leadership,
 }
@@ -410,6 +412,7 @@ impl App {
             register_limiter: crate::domain::ratelimit::RateLimiter::new(100, 100),
             rotation: Mutex::new(()),
             reconciler: Default::default(),
+            tasks: Default::default(),
         })
     }
 }

@@ -15,5 +15,6 @@ pub mod provider;
 pub mod reconcile;
 pub mod serve;
 pub mod store;
+pub mod tasks;
 pub mod tls;
 pub mod types;

@@ -12,21 +12,32 @@ use std::time::{Duration, Instant};
 /// How often the trimmer runs.
 pub const TRIM_PERIOD: Duration = Duration::from_secs(30);
 
-/// Runs [`trim`] every `period` until `shutdown` changes.
-pub async fn run_trimmer(period: Duration, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+/// Runs [`trim`] at each of `task`'s ticks (its period, first after one
+/// period) until `shutdown` changes.
+pub async fn run_trimmer(
+    task: std::sync::Arc<crate::tasks::Task>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(period) => {}
+            _ = task.tick() => {}
         }
         let started = Instant::now();
+        task.started();
         match tokio::task::spawn_blocking(trim).await {
-            Ok(released) => tracing::debug!(
-                released,
-                took_ms = started.elapsed().as_millis() as u64,
-                "heap trimmed"
-            ),
-            Err(e) => tracing::warn!(error = %e, "heap trim did not finish"),
+            Ok(released) => {
+                tracing::debug!(
+                    released,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "heap trimmed"
+                );
+                task.finished(None);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "heap trim did not finish");
+                task.finished(Some(format!("heap trim did not finish: {e}")));
+            }
         }
     }
 }
@@ -91,7 +102,9 @@ mod tests {
     #[tokio::test]
     async fn the_trimmer_stops_on_shutdown() {
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let trimmer = tokio::spawn(run_trimmer(Duration::from_secs(30), rx));
+        let task =
+            crate::tasks::TaskSet::default().register("memory-trimmer", Duration::from_secs(30));
+        let trimmer = tokio::spawn(run_trimmer(task, rx));
         tx.send(true).unwrap();
         tokio::time::timeout(Duration::from_secs(1), trimmer)
             .await

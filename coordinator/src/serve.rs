@@ -465,6 +465,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             name: "cluster-reconciler".into(),
             ..Default::default()
         })),
+        tasks: Default::default(),
     });
     app.grant_grace_to_all();
 
@@ -472,6 +473,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let reconciler = tokio::spawn(crate::reconcile::run_loop(
         app.clone(),
         app.reconciler.clone(),
+        app.tasks
+            .register("cluster-reconciler", app.settings.reconcile_period),
         stop_rx,
     ));
     let election = app.store.election().cloned().map(|election| {
@@ -484,18 +487,23 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     });
     let sweeper = tokio::spawn(crate::reconcile::provisioner::run_sweeper(
         app.clone(),
-        Duration::from_secs(15),
+        app.tasks
+            .register("orphan-sweeper", Duration::from_secs(15)),
         stop_tx.subscribe(),
     ));
     // Machines of docker clusters made before this start, or by another
     // replica, reach this one only once it listens on their gateway.
     let gateways = tokio::spawn(crate::reconcile::provisioner::run_gateway_listeners(
         app.clone(),
-        crate::reconcile::provisioner::GATEWAY_CHECK_PERIOD,
+        app.tasks.register(
+            "gateway-listeners",
+            crate::reconcile::provisioner::GATEWAY_CHECK_PERIOD,
+        ),
         stop_tx.subscribe(),
     ));
     let trimmer = tokio::spawn(crate::memory::run_trimmer(
-        crate::memory::TRIM_PERIOD,
+        app.tasks
+            .register("memory-trimmer", crate::memory::TRIM_PERIOD),
         stop_tx.subscribe(),
     ));
     let router = crate::http::router(app.clone());

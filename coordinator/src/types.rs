@@ -153,3 +153,28 @@ pub fn default_config_path() -> PathBuf {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     PathBuf::from(home).join(".config/drover/config.yaml")
 }
+
+/// What one background task of a coordinator reports about itself in
+/// `GET /v1/status` (`tasks`), and what `drover get tasks` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    /// The task's name, such as `cluster-reconciler`.
+    pub name: String,
+    /// How long the task waits between runs when nothing activates it.
+    pub period_millis: u64,
+    /// Runs completed since the coordinator started.
+    pub runs: u64,
+    /// When the last run began.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub last_run_started: Option<OffsetDateTime>,
+    /// When the last run ended.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub last_run_finished: Option<OffsetDateTime>,
+    /// What went wrong in the last run; absent when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the task runs next unless something activates it earlier.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub next_run: Option<OffsetDateTime>,
+}

@@ -130,6 +130,35 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
         clusters.contains("demo") && clusters.contains("Running") && clusters.contains("2/2"),
         "{clusters}"
     );
+    // The background tasks: all registered, and the reconciler, which
+    // brought the cluster to Running, has run.
+    let tasks: Vec<serde_json::Value> =
+        serde_json::from_str(&c.cli_ok(&["get", "tasks", "-o", "json"])).unwrap();
+    let names: Vec<&str> = tasks.iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "cluster-reconciler",
+            "orphan-sweeper",
+            "gateway-listeners",
+            "memory-trimmer"
+        ],
+        "{tasks:?}"
+    );
+    let reconciler = &tasks[0];
+    assert!(
+        reconciler["runs"].as_u64().unwrap() >= 1
+            && reconciler["lastRunStarted"].is_string()
+            && reconciler["periodMillis"].as_u64().unwrap() > 0,
+        "{reconciler}"
+    );
+    let table = c.cli_ok(&["get", "tasks"]);
+    assert!(
+        table.contains("NAME")
+            && table.contains("NEXT RUN")
+            && table.contains("cluster-reconciler"),
+        "{table}"
+    );
     let name = machine_by_host(&machines, "node-1")["metadata"]["name"]
         .as_str()
         .unwrap()

@@ -70,6 +70,9 @@ pub enum Resource {
     /// The coordinator replicas sharing the store, and the leader.
     #[value(alias = "coordinator")]
     Coordinators,
+    /// The coordinator's background tasks and their last runs.
+    #[value(alias = "task")]
+    Tasks,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -467,7 +470,52 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
             let list: Vec<crate::types::CoordinatorEntry> = client.get("/v1/coordinators").await?;
             emit(&list, g.output, coordinators_table)
         }
+        Resource::Tasks => {
+            /// The part of `GET /v1/status` this command reads.
+            #[derive(serde::Deserialize)]
+            struct Status {
+                tasks: Vec<crate::types::TaskStatus>,
+            }
+            let status: Status = client.get("/v1/status").await?;
+            let list: Vec<_> = match &g.name {
+                Some(n) => {
+                    let task = status.tasks.into_iter().find(|t| &t.name == n);
+                    vec![task.ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "the coordinator has no background task named {n:?}; `drover get tasks` lists them"
+                        )
+                    })?]
+                }
+                None => status.tasks,
+            };
+            emit(&list, g.output, tasks_table)
+        }
     }
+}
+
+fn tasks_table(list: &[crate::types::TaskStatus], _wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![["NAME", "PERIOD", "LAST RUN", "LAST ERROR", "NEXT RUN"]
+        .map(String::from)
+        .to_vec()];
+    for t in list {
+        rows.push(vec![
+            t.name.clone(),
+            format!("{:?}", std::time::Duration::from_millis(t.period_millis)),
+            match t.last_run_started {
+                Some(_) => format!("{} ago ({} runs)", age(t.last_run_started), t.runs),
+                None => "-".into(),
+            },
+            t.last_error.clone().unwrap_or_else(|| "-".into()),
+            match t.next_run {
+                Some(next) => {
+                    let s = (next - drover_common::now()).whole_seconds().max(0);
+                    format!("in {s}s")
+                }
+                None => "now".into(),
+            },
+        ]);
+    }
+    rows
 }
 
 fn coordinators_table(list: &[crate::types::CoordinatorEntry], _wide: bool) -> Vec<Vec<String>> {

@@ -282,6 +282,8 @@ pub struct CoordinatorStatus {
     pub leader_url: Option<String>,
     /// Its background loops.
     pub loops: Vec<crate::reconcile::status::LoopStatus>,
+    /// Every background task: its period, runs, last error and next run.
+    pub tasks: Vec<crate::types::TaskStatus>,
     /// Its API server's connections and TLS handshakes.
     pub connections: crate::http::server::ConnectionStats,
 }
@@ -308,6 +310,7 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
         ),
         leader_url: app.leadership.leader_url(),
         loops: vec![reconciler],
+        tasks: app.tasks.statuses(),
         connections: crate::http::server::connection_stats(),
     })
 }

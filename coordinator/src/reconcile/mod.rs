@@ -104,9 +104,9 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
 pub async fn run_loop(
     app: Arc<App>,
     status: Arc<Mutex<LoopStatus>>,
+    task: Arc<crate::tasks::Task>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let period = app.settings.reconcile_period;
     let mut changes = app.store.watch();
     loop {
         let started = Instant::now();
@@ -114,12 +114,16 @@ pub async fn run_loop(
         // by its term.
         // A follower's loop idles: `runs` counts passes made as leader.
         if let Some(term) = app.leadership.term() {
+            task.started();
             let errors = crate::store::fenced(term, reconcile_all(&app)).await;
+            task.finished((!errors.is_empty()).then(|| errors.join("; ")));
             let mut s = status.lock().expect("loop status lock");
             s.runs += 1;
             s.last_run_millis = started.elapsed().as_millis() as u64;
             s.last_errors = errors;
         }
+        // Besides its period (and `Task::activate`), `reconcile_now` and
+        // store changes activate the reconciler.
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = app.reconcile_now.notified() => {
@@ -134,7 +138,7 @@ pub async fn run_loop(
                 // Coalesce everything that arrived meanwhile into this pass.
                 while changes.try_recv().is_ok() {}
             }
-            _ = tokio::time::sleep(period) => {}
+            _ = task.tick() => {}
         }
     }
 }

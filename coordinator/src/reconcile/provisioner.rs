@@ -209,22 +209,25 @@ pub async fn restore_gateway_listeners(app: &App) -> Result<Vec<std::net::IpAddr
 /// the next URL as fast as a refusal, and serves at once if it is elected.
 pub async fn run_gateway_listeners(
     app: std::sync::Arc<App>,
-    period: std::time::Duration,
+    task: std::sync::Arc<crate::tasks::Task>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut role = app.leadership.changes();
     loop {
+        task.started();
         match restore_gateway_listeners(&app).await {
             // serve.rs logs every listener it opens.
-            Ok(_) => {}
+            Ok(_) => task.finished(None),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot restore the listeners on docker cluster networks")
+                tracing::warn!(error = %e, "cannot restore the listeners on docker cluster networks");
+                task.finished(Some(e.to_string()));
             }
         }
+        // A change of role activates it too.
         tokio::select! {
             _ = shutdown.changed() => return,
             Ok(()) = role.changed() => {}
-            _ = tokio::time::sleep(period) => {}
+            _ = task.tick() => {}
         }
     }
 }
@@ -373,20 +376,28 @@ fn machine_known(machines: &[Machine], uid: Option<&str>) -> bool {
 /// Runs the orphan sweeper every `period` until shutdown.
 pub async fn run_sweeper(
     app: std::sync::Arc<App>,
-    period: std::time::Duration,
+    task: std::sync::Arc<crate::tasks::Task>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
         if let Some(term) = app.leadership.term() {
+            task.started();
             match crate::store::fenced(term, sweep(&app)).await {
-                Ok(r) if !r.is_empty() => tracing::info!(removed = ?r, "orphan sweep"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
+                Ok(r) => {
+                    if !r.is_empty() {
+                        tracing::info!(removed = ?r, "orphan sweep");
+                    }
+                    task.finished(None);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "orphan sweep failed");
+                    task.finished(Some(e.to_string()));
+                }
             }
         }
         tokio::select! {
             _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(period) => {}
+            _ = task.tick() => {}
         }
     }
 }
