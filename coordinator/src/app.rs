@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+#[cfg(test)]
 use std::time::Duration;
 
 use drover_common::api::{Cluster, Machine};
@@ -10,26 +11,11 @@ use drover_common::pin::CaPin;
 use drover_common::pki::CertificateAuthority;
 use drover_common::ticket::TicketKey;
 use time::OffsetDateTime;
-use tokio::sync::Notify;
 
 pub use crate::domain::liveness::Liveness;
 use crate::store::{Kind, Store, StoreError};
 
-/// Settings of a running coordinator.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// URLs agents use to reach this coordinator.
-    pub advertise_urls: Vec<String>,
-    pub heartbeat_interval: Duration,
-    /// Lifetime of machine client certificates.
-    pub machine_cert_ttl: Duration,
-    /// Lifetime of kubeadm join tokens the coordinator mints.
-    pub join_token_ttl: Duration,
-    /// Period of the cluster reconcile loop when nothing wakes it earlier.
-    pub reconcile_period: Duration,
-    /// Health and remediation defaults; clusters may override them.
-    pub health_defaults: crate::domain::health::Policy,
-}
+pub use crate::domain::settings::Settings;
 
 /// A request to serve the API on one more address (a Docker network's
 /// gateway), answered with the port or why not.
@@ -58,15 +44,13 @@ pub struct App {
     pub ticket_key: TicketKey,
     pub settings: Settings,
     pub liveness: Mutex<HashMap<String, Liveness>>,
-    /// Wakes the cluster reconciler now instead of at its next period.
-    pub reconcile_now: Notify,
     /// The Docker provider, connected on first use.
     pub docker: tokio::sync::OnceCell<crate::provider::docker::DockerProvider>,
     /// EC2 clients by region, made on first use.
     #[cfg(feature = "aws")]
     pub aws: Mutex<HashMap<String, crate::provider::aws::AwsProvider>>,
     /// Back-off of failed provider creates, per machine.
-    pub provision_retries: crate::reconcile::retries::ProvisionRetries,
+    pub provision_retries: crate::provider::retries::ProvisionRetries,
     /// Asks the server to listen on more addresses.
     pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
     /// Who changed what, and when.
@@ -78,7 +62,7 @@ pub struct App {
     /// One key rotation at a time.
     pub rotation: Mutex<()>,
     /// What the cluster reconcile loop reports about itself.
-    pub reconciler: std::sync::Arc<Mutex<crate::reconcile::status::LoopStatus>>,
+    pub reconciler: std::sync::Arc<Mutex<crate::types::LoopStatus>>,
     /// Every background task, with its status (`tasks` in `/v1/status`).
     pub tasks: crate::tasks::TaskSet,
     /// This replica and whether it leads.
@@ -386,9 +370,16 @@ impl App {
             started_at: drover_common::now(),
             gateway_port: None,
         };
+        let tasks = crate::tasks::TaskSet::default();
         Arc::new(App {
             leadership: crate::domain::leadership::Leadership::sole(me),
-            registrar: crate::domain::registrar::Registrar::start(store.clone()),
+            registrar: crate::domain::registrar::Registrar::start(
+                store.clone(),
+                tasks.register(
+                    crate::domain::registrar::REGISTRAR_TASK,
+                    std::time::Duration::ZERO,
+                ),
+            ),
             store,
             ca: secrets.ca,
             ca_pin,
@@ -400,9 +391,13 @@ impl App {
                 join_token_ttl: Duration::from_secs(1800),
                 reconcile_period: Duration::from_secs(1),
                 health_defaults: crate::domain::health::Policy::defaults(Duration::from_secs(5)),
+                endpoints: crate::domain::endpoint::EndpointSettings {
+                    ports: (36443, 36542),
+                    bind: std::net::Ipv4Addr::LOCALHOST.into(),
+                    host: "127.0.0.1".into(),
+                },
             },
             liveness: Mutex::new(HashMap::new()),
-            reconcile_now: Notify::new(),
             docker: Default::default(),
             #[cfg(feature = "aws")]
             aws: Default::default(),
@@ -412,7 +407,42 @@ impl App {
             register_limiter: crate::domain::ratelimit::RateLimiter::new(100, 100),
             rotation: Mutex::new(()),
             reconciler: Default::default(),
-            tasks: Default::default(),
+            tasks,
         })
+    }
+}
+
+impl App {
+    /// Asks the cluster reconciler for a pass now rather than at the end of
+    /// its period (`Task::activate` of `cluster-reconciler`); a burst of
+    /// requests makes one pass.
+    pub fn reconcile_soon(&self) {
+        self.tasks.activate(crate::tasks::RECONCILER_TASK);
+    }
+}
+
+impl crate::domain::bootstrap::BundleSource for App {
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn ca_key_pem(&self) -> &str {
+        &self.ca.key_pem
+    }
+
+    fn cluster(&self, name: &str) -> Result<Option<Cluster>, StoreError> {
+        App::cluster(self, name)
+    }
+
+    fn machine(&self, name: &str) -> Result<Option<Machine>, StoreError> {
+        App::machine(self, name)
+    }
+
+    fn machines(&self) -> Result<Vec<Machine>, StoreError> {
+        App::machines(self)
     }
 }

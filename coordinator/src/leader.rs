@@ -123,7 +123,7 @@ fn become_leader(app: &App, term: Fence) {
     let now = drover_common::now();
     app.leadership.set(Role::Leader { term, since: now });
     tracing::info!(term = term.0, id = %app.leadership.me.id, "this coordinator leads; every machine gets a fresh grace period");
-    app.reconcile_now.notify_one();
+    app.reconcile_soon();
 }
 
 fn step_down(app: &App, why: &str) {

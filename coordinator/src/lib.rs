@@ -12,6 +12,7 @@ pub mod leader;
 pub mod memory;
 pub mod migrate;
 pub mod provider;
+pub mod proxy;
 pub mod reconcile;
 pub mod serve;
 pub mod store;

@@ -103,6 +103,11 @@ struct ServeArgs {
     /// connection closed.
     #[arg(long, default_value = "30s", value_parser = drover_common::api::parse_duration)]
     request_body_timeout: std::time::Duration,
+    /// The ports of the coordinator's own control-plane endpoints (pool
+    /// clusters with `controlPlaneEndpoint: {managed: coordinator}`),
+    /// `FIRST-LAST`. One port per such cluster, on the --listen address.
+    #[arg(long, default_value = drover::domain::endpoint::DEFAULT_PORTS, value_parser = drover::domain::endpoint::parse_port_range)]
+    endpoint_ports: (u16, u16),
     /// Connections without a client certificate (admin commands,
     /// registrations, anyone else) held at once, TLS handshakes counted
     /// apart; more are refused. Lowered to a quarter of the open-file
@@ -168,6 +173,7 @@ fn main() -> ExitCode {
                 etcd_cert_file: args.etcd.etcd_cert_file,
                 etcd_key_file: args.etcd.etcd_key_file,
                 request_body_timeout: args.request_body_timeout,
+                endpoint_ports: args.endpoint_ports,
                 unauthenticated: server::UnauthenticatedCaps {
                     per_source: args.max_unauthenticated_connections_per_source,
                     total: args.max_unauthenticated_connections,

@@ -8,9 +8,9 @@ use std::time::Duration;
 use drover_common::pin::CaPin;
 
 use crate::app::{App, Settings};
-use crate::reconcile::status::LoopStatus;
 use crate::store::{EtcdOptions, EtcdTls, Location, Store, TlsFile};
 use crate::types::ClientConfigFile;
+use crate::types::LoopStatus;
 
 /// Validated settings of `drover serve`, built before any socket is bound.
 #[derive(Debug, Clone)]
@@ -41,8 +41,23 @@ pub struct ServeConfig {
     pub etcd_key_file: Option<PathBuf>,
     /// How long a request body may take to arrive (`--request-body-timeout`).
     pub request_body_timeout: Duration,
+    /// `--endpoint-ports`: the range of managed control-plane endpoints.
+    pub endpoint_ports: (u16, u16),
     /// `--max-unauthenticated-connections` and `...-per-source`.
     pub unauthenticated: crate::http::server::UnauthenticatedCaps,
+}
+
+/// The host of an `https://host[:port][/path]` URL, without IPv6 brackets.
+fn url_host(url: &str) -> String {
+    let rest = url.trim_start_matches("https://");
+    let authority = rest.split('/').next().unwrap_or(rest);
+    if let Some(v6) = authority.strip_prefix('[') {
+        return v6.split(']').next().unwrap_or(v6).to_owned();
+    }
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(h, _)| h)
+        .to_owned()
 }
 
 /// A configuration error: exit code 64.
@@ -427,23 +442,34 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         Some(_) => crate::domain::leadership::Leadership::follower(me),
         None => crate::domain::leadership::Leadership::sole(me),
     };
+    let tasks = crate::tasks::TaskSet::default();
     let app = Arc::new(App {
         leadership,
-        registrar: crate::domain::registrar::Registrar::start(store.clone()),
+        registrar: crate::domain::registrar::Registrar::start(
+            store.clone(),
+            tasks.register(
+                crate::domain::registrar::REGISTRAR_TASK,
+                std::time::Duration::ZERO,
+            ),
+        ),
         store,
         ca: secrets.ca,
         ca_pin,
         ticket_key: secrets.ticket_key,
         settings: Settings {
-            advertise_urls,
+            advertise_urls: advertise_urls.clone(),
             heartbeat_interval: cfg.heartbeat_interval,
             machine_cert_ttl: cfg.machine_cert_ttl,
             join_token_ttl: cfg.join_token_ttl,
             reconcile_period: Duration::from_secs(2).min(cfg.heartbeat_interval),
             health_defaults: crate::domain::health::Policy::defaults(cfg.heartbeat_timeout),
+            endpoints: crate::domain::endpoint::EndpointSettings {
+                ports: cfg.endpoint_ports,
+                bind: bound.ip(),
+                host: url_host(&advertise_urls[0]),
+            },
         },
         liveness: Mutex::new(Default::default()),
-        reconcile_now: Default::default(),
         docker: Default::default(),
         #[cfg(feature = "aws")]
         aws: Default::default(),
@@ -465,7 +491,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             name: "cluster-reconciler".into(),
             ..Default::default()
         })),
-        tasks: Default::default(),
+        tasks,
     });
     app.grant_grace_to_all();
 
@@ -474,7 +500,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         app.clone(),
         app.reconciler.clone(),
         app.tasks
-            .register("cluster-reconciler", app.settings.reconcile_period),
+            .register(crate::tasks::RECONCILER_TASK, app.settings.reconcile_period),
         stop_rx,
     ));
     let election = app.store.election().cloned().map(|election| {
@@ -504,6 +530,12 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let trimmer = tokio::spawn(crate::memory::run_trimmer(
         app.tasks
             .register("memory-trimmer", crate::memory::TRIM_PERIOD),
+        stop_tx.subscribe(),
+    ));
+    // Every replica serves the managed control-plane endpoints.
+    let endpoint_proxies = tokio::spawn(crate::proxy::run(
+        app.clone(),
+        app.tasks.register("endpoint-proxies", crate::proxy::PERIOD),
         stop_tx.subscribe(),
     ));
     let router = crate::http::router(app.clone());
@@ -568,6 +600,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let _ = sweeper.await;
     let _ = gateways.await;
     let _ = trimmer.await;
+    let _ = endpoint_proxies.await;
     if let Some(e) = election {
         let _ = e.await;
     }
@@ -733,6 +766,7 @@ mod tests {
             etcd_cert_file: None,
             etcd_key_file: None,
             request_body_timeout: Duration::from_secs(30),
+            endpoint_ports: (36443, 36542),
             unauthenticated: crate::http::server::UnauthenticatedCaps {
                 per_source: 256,
                 total: 4096,

@@ -6,7 +6,7 @@
 //! `drover get tasks` prints them.
 //!
 //! The loops keep their own bodies and extra wake-ups (the reconciler's
-//! store changes and `reconcile_now`, the gateway listeners' role changes):
+//! store changes, the gateway listeners' role changes):
 //! the set only replaces their period sleep by [`Task::tick`] and takes
 //! their reports.
 //!
@@ -22,6 +22,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 pub use crate::types::TaskStatus;
+
+/// The cluster reconciler's name in the set (`App::reconcile_soon`
+/// activates it).
+pub const RECONCILER_TASK: &str = "cluster-reconciler";
 
 /// Every background task of this coordinator, in registration order.
 #[derive(Debug, Default)]
@@ -41,6 +45,13 @@ impl TaskSet {
         });
         self.tasks.lock().expect("task set lock").push(task.clone());
         task
+    }
+
+    /// Activates the task registered under `name`, if there is one.
+    pub fn activate(&self, name: &str) {
+        if let Some(t) = self.get(name) {
+            t.activate();
+        }
     }
 
     /// The task registered under `name`.

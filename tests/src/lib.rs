@@ -44,6 +44,32 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A loopback address of its own for one simulated machine (Linux routes
+/// all of 127.0.0.0/8 to `lo`): a control plane's etcd listens on the
+/// fixed ports 2379 and 2380 of its advertise address, as with real
+/// kubeadm, so machines sharing this host each need their own. Random in
+/// 127.1.0.0-127.254.255.255, probed free on those ports; concurrent test
+/// binaries pick among 16 million addresses, so a clash is unlikely and
+/// fails loudly.
+pub fn free_loopback() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    loop {
+        let ip = std::net::Ipv4Addr::new(
+            127,
+            rng.random_range(1..=254),
+            rng.random_range(0..=255),
+            rng.random_range(1..=254),
+        );
+        let free = [2379u16, 2380, 2381]
+            .iter()
+            .all(|p| TcpListener::bind((ip, *p)).is_ok());
+        if free {
+            return ip.to_string();
+        }
+    }
+}
+
 /// Polls `cond` every 100 ms until it returns `Some`, or panics after
 /// `timeout` with `what` and the last observation.
 pub fn wait_for<T>(
@@ -407,6 +433,8 @@ impl MachinePorts {
 pub struct Agent {
     pub root: PathBuf,
     pub ports: MachinePorts,
+    /// The machine's own loopback address (`--advertise-address`).
+    pub address: String,
     pub hostname: String,
     boot: Boot,
     child: Option<Child>,
@@ -434,6 +462,7 @@ impl Agent {
         let mut a = Self {
             root: root.to_path_buf(),
             ports: MachinePorts::free(),
+            address: free_loopback(),
             hostname: hostname.to_owned(),
             boot,
             child: None,
@@ -470,7 +499,7 @@ impl Agent {
             .arg(&self.root)
             .arg("--kubeadm")
             .arg(bin("kubeadm"))
-            .args(["--advertise-address", "127.0.0.1"])
+            .args(["--advertise-address", &self.address])
             .args(["--api-server-port", &self.ports.api_server.to_string()])
             .args([
                 "--kubelet-healthz-url",
@@ -585,8 +614,15 @@ spec:
     )
 }
 
-/// A cluster document for the pool provider.
+/// A cluster document for the pool provider. With more than one control
+/// plane it asks for the coordinator's managed endpoint, which such a
+/// cluster needs.
 pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String {
+    let endpoint = if cp > 1 {
+        "  controlPlaneEndpoint:\n    managed: coordinator\n"
+    } else {
+        ""
+    };
     cluster_yaml(
         name,
         cp,
@@ -596,7 +632,7 @@ pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String
       selector:
         matchLabels:
           env: {env}
-"
+{endpoint}"
         ),
     )
 }

@@ -138,14 +138,21 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     assert_eq!(
         names,
         [
+            "registration-committer",
             "cluster-reconciler",
             "orphan-sweeper",
             "gateway-listeners",
-            "memory-trimmer"
+            "memory-trimmer",
+            "endpoint-proxies"
         ],
         "{tasks:?}"
     );
-    let reconciler = &tasks[0];
+    let committer = &tasks[0];
+    assert!(
+        committer["runs"].as_u64().unwrap() >= 1 && committer["periodMillis"] == 0,
+        "three registrations were committed: {committer}"
+    );
+    let reconciler = &tasks[1];
     assert!(
         reconciler["runs"].as_u64().unwrap() >= 1
             && reconciler["lastRunStarted"].is_string()
@@ -176,6 +183,18 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
         .to_owned();
     assert!(kc.contains(&format!("server: https://{endpoint}")), "{kc}");
     assert!(kc.contains("client-certificate-data"));
+    // Inside the cluster, with real kubectl: the three machines are Ready
+    // Nodes (the workers' kubelets got their certificates by TLS bootstrap).
+    let kubeconfig = tmp.path().join("demo.kubeconfig");
+    std::fs::write(&kubeconfig, &kc).unwrap();
+    wait_for("three Ready Nodes", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        if ready == ["node-0", "node-1", "node-2"] {
+            Ok(())
+        } else {
+            Err(format!("Ready: {ready:?}"))
+        }
+    });
 
     // Deleting the cluster resets every machine and returns it to the pool.
     c.cli_ok(&["delete", "cluster", "demo", "--wait", "--timeout", "90s"]);
@@ -481,7 +500,7 @@ fn failed_bootstrap_is_visible_without_logging_in() {
     let a = Agent::start(&tmp.path().join("m"), "broken", &boot);
     // Something else holds the port the API server must listen on, so
     // kubeadm's preflight fails as it would on a real machine.
-    let _squatter = std::net::TcpListener::bind(("127.0.0.1", a.ports.api_server)).unwrap();
+    let _squatter = std::net::TcpListener::bind((a.address.as_str(), a.ports.api_server)).unwrap();
     wait_for("the machine to register", BOOT, || {
         if c.machines().len() == 1 {
             Ok(())
@@ -540,6 +559,16 @@ fn bad_cluster_documents_are_refused_and_change_nothing() {
         (
             pool_cluster_yaml("stable", 1, 2, "dev").replace("replicas: 2", "replicas: two"),
             "replicas",
+        ),
+        (
+            pool_cluster_yaml("stable", 3, 2, "dev")
+                .replace("  controlPlaneEndpoint:\n    managed: coordinator\n", ""),
+            "needs an endpoint that outlives any one of them",
+        ),
+        (
+            pool_cluster_yaml("stable", 3, 2, "dev")
+                .replace("managed: coordinator", "managed: kube-vip"),
+            "\"kube-vip\" is not known",
         ),
         ("kind: Cluster\nmetadata: [oops\n".to_string(), "YAML"),
     ];
@@ -667,4 +696,487 @@ fn a_second_coordinator_on_the_same_data_directory_is_refused() {
         "{err}"
     );
     assert!(!fresh.join("drover.db").exists());
+}
+
+/// The name of the machine whose agent has hostname `host`.
+fn name_of(c: &Coordinator, host: &str) -> String {
+    machine_by_host(&c.machines(), host)["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn pool_machines_are_judged_replaced_and_taken_out_on_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 5, "1h", &boot);
+    let mut agents = start_agents(tmp.path(), &boot, 5, "m", "node-");
+    wait_registered(&c, 5);
+    apply(&c, tmp.path(), &pool_cluster_yaml("heal", 1, 3, "dev"));
+    c.wait_cluster_phase("heal", "Running", BOOT);
+    let machines = c.machines();
+    let role_of = |host: &str| {
+        machine_by_host(&machines, host)["spec"]["assignment"]["role"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let spare = agents
+        .iter()
+        .position(|a| role_of(&a.hostname).is_none())
+        .expect("one machine stays free");
+    let victim = agents
+        .iter()
+        .position(|a| role_of(&a.hostname).as_deref() == Some("worker"))
+        .unwrap();
+    let victim_name = name_of(&c, &agents[victim].hostname);
+    let spare_name = name_of(&c, &agents[spare].hostname);
+
+    // A worker whose agent and daemons die is judged silent, taken out, and
+    // the free machine is claimed in its place.
+    agents[victim].kill();
+    agents[victim].stop_daemons();
+    wait_for("the spare to replace the silent worker", BOOT, || {
+        let ms = c.machines();
+        let spare = ms
+            .iter()
+            .find(|m| m["metadata"]["name"] == spare_name)
+            .unwrap();
+        let old = ms
+            .iter()
+            .find(|m| m["metadata"]["name"] == victim_name)
+            .unwrap();
+        if spare["spec"]["assignment"]["replaces"] == victim_name.as_str()
+            && spare["status"]["phase"] == "Running"
+            && old["status"]["phase"] == "Releasing"
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "spare {} {}, victim {}",
+                spare["status"]["phase"], spare["spec"]["assignment"], old["status"]["phase"]
+            ))
+        }
+    });
+    c.wait_cluster_phase("heal", "Running", BOOT);
+    let described = c.cli_ok(&["describe", "machine", &victim_name]);
+    assert!(
+        described.contains("Remediating") && described.contains("no heartbeat"),
+        "describe says why it was taken out: {described}"
+    );
+
+    // When it comes back, it is reset before it can serve again.
+    agents[victim].restart();
+    wait_for(
+        "the returning machine to be reset into the pool",
+        BOOT,
+        || {
+            let ms = c.machines();
+            let m = ms
+                .iter()
+                .find(|m| m["metadata"]["name"] == victim_name)
+                .unwrap();
+            if m["status"]["phase"] == "Registered" && m["spec"]["assignment"].is_null() {
+                Ok(())
+            } else {
+                Err(format!("{}", m["status"]["phase"]))
+            }
+        },
+    );
+    assert_eq!(
+        agents[victim]
+            .kubeadm_subcommands()
+            .last()
+            .map(String::as_str),
+        Some("reset")
+    );
+
+    // The only control plane cannot be deleted.
+    let init = agents
+        .iter()
+        .find(|a| role_of(&a.hostname).as_deref() == Some("init"))
+        .unwrap();
+    let init_name = name_of(&c, &init.hostname);
+    let out = c.cli(&["delete", "machine", &init_name]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("only control-plane machine"),
+        "{err}"
+    );
+
+    // An operator deletes a worker: it is reset and deregistered, and the
+    // returned machine takes its place.
+    let worker_name = name_of(
+        &c,
+        &agents
+            .iter()
+            .find(|a| {
+                a.hostname != agents[victim].hostname
+                    && role_of(&a.hostname).as_deref() == Some("worker")
+            })
+            .unwrap()
+            .hostname,
+    );
+    let said = c.cli_ok(&[
+        "delete",
+        "machine",
+        &worker_name,
+        "--wait",
+        "--timeout",
+        "90s",
+    ]);
+    assert!(
+        said.contains("deletion requested") && said.contains("deleted"),
+        "{said}"
+    );
+    let gone: serde_json::Value =
+        serde_json::from_str(&c.cli_ok(&["get", "machines", &worker_name, "-o", "json"])).unwrap();
+    assert_eq!(gone[0]["status"]["phase"], "Deleted", "{gone}");
+    assert!(
+        !c.machines()
+            .iter()
+            .any(|m| m["metadata"]["name"] == worker_name),
+        "a deleted machine is listed only with --all"
+    );
+    c.wait_cluster_phase("heal", "Running", BOOT);
+    let back = c.machines();
+    let back = back
+        .iter()
+        .find(|m| m["metadata"]["name"] == victim_name)
+        .unwrap();
+    assert_eq!(
+        back["spec"]["assignment"]["replaces"],
+        worker_name.as_str(),
+        "{back}"
+    );
+    let audit = c.cli_ok(&["audit", "--limit", "500"]);
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("DELETE") && l.contains(&format!("/v1/machines/{worker_name}"))),
+        "the deletion is audited: {audit}"
+    );
+}
+
+/// Runs real kubectl with `kubeconfig`; returns its output or why it failed.
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout", "5s"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run kubectl: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 4, "1h", &boot);
+    let mut agents = start_agents(tmp.path(), &boot, 4, "m", "node-");
+    wait_registered(&c, 4);
+    apply(&c, tmp.path(), &pool_cluster_yaml("ha", 3, 0, "dev"));
+    c.wait_cluster_phase("ha", "Running", BOOT);
+    let cluster = c.cluster("ha").unwrap();
+    let endpoint = cluster["status"]["controlPlaneEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let port = cluster["status"]["endpointPort"].as_u64().unwrap();
+    assert_eq!(endpoint, format!("127.0.0.1:{port}"));
+    assert!((36443..=36542).contains(&port), "{port}");
+    // Every machine joined through the endpoint, and kubectl reaches the
+    // API through it.
+    let kubeconfig = tmp.path().join("ha.kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "ha"])).unwrap();
+    assert!(std::fs::read_to_string(&kubeconfig)
+        .unwrap()
+        .contains(&format!("server: https://{endpoint}")));
+    wait_for("kubectl through the endpoint", BOOT, || {
+        kubectl(&kubeconfig, &["get", "--raw", "/readyz"])
+    });
+
+    // The init machine dies: the endpoint keeps answering from the other
+    // control planes, and a replacement joins through it.
+    let machines = c.machines();
+    let init = agents
+        .iter()
+        .position(|a| {
+            machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["role"] == "init"
+        })
+        .unwrap();
+    let init_name = name_of(&c, &agents[init].hostname);
+    agents[init].kill();
+    agents[init].stop_daemons();
+    let (mut ok, mut failed) = (0, 0);
+    wait_for("a replacement for the dead init machine", BOOT, || {
+        match kubectl(&kubeconfig, &["get", "--raw", "/readyz"]) {
+            Ok(_) => ok += 1,
+            Err(_) => failed += 1,
+        }
+        let ms = c.machines();
+        let replaced = ms.iter().any(|m| {
+            m["spec"]["assignment"]["replaces"] == init_name.as_str()
+                && m["status"]["phase"] == "Running"
+        });
+        if replaced {
+            Ok(())
+        } else {
+            Err(format!("{ok} kubectl calls answered, {failed} failed"))
+        }
+    });
+    c.wait_cluster_phase("ha", "Running", BOOT);
+    eprintln!("kubectl through the endpoint while the init machine was replaced: {ok} answered, {failed} failed");
+    assert!(ok > 0);
+    // A failed call is one that reached the dead machine before the next
+    // probe took it out of rotation (at most one probe period).
+    assert!(
+        failed <= ok / 4,
+        "{failed} of {} kubectl calls failed",
+        ok + failed
+    );
+    kubectl(&kubeconfig, &["get", "--raw", "/readyz"])
+        .expect("the endpoint answers after the replacement");
+    // Real etcd: the dead machine's member was removed through a survivor
+    // before its replacement joined, so exactly the three running control
+    // planes are members, all started.
+    let survivor = agents
+        .iter()
+        .enumerate()
+        .find(|(i, _)| *i != init)
+        .map(|(_, a)| a)
+        .unwrap();
+    let running: Vec<String> = c
+        .machines()
+        .iter()
+        .filter(|m| m["status"]["phase"] == "Running" && m["spec"]["assignment"]["cluster"] == "ha")
+        .map(|m| m["status"]["hostname"].as_str().unwrap().to_owned())
+        .collect();
+    let names = wait_for(
+        "etcd to list exactly the running control planes",
+        BOOT,
+        || {
+            let members = etcdctl_members(survivor);
+            let mut names: Vec<String> = members
+                .iter()
+                .filter(|m| m["clientURLs"].as_array().is_some_and(|u| !u.is_empty()))
+                .filter_map(|m| m["name"].as_str().map(str::to_owned))
+                .collect();
+            names.sort();
+            let mut want = running.clone();
+            want.sort();
+            if members.len() == 3 && names == want {
+                Ok(names)
+            } else {
+                Err(format!("{members:?}, want {want:?}"))
+            }
+        },
+    );
+    assert!(!names.contains(&agents[init].hostname));
+    // The coordinator's view, from the control planes' reports, agrees.
+    wait_for("describe to show the three members", BOOT, || {
+        let described = c.cli_ok(&["describe", "cluster", "ha"]);
+        let listed = names.iter().all(|n| described.contains(n.as_str()));
+        if described.contains("etcd members:")
+            && described.matches(" started ").count() == 3
+            && listed
+        {
+            Ok(())
+        } else {
+            Err(described)
+        }
+    });
+    let status = &c.cluster("ha").unwrap()["status"];
+    assert_eq!(
+        status["etcdMembers"].as_array().unwrap().len(),
+        3,
+        "{status}"
+    );
+    // Inside the cluster, with real kubectl through the endpoint: every
+    // running control plane registered its Node, and each is Ready.
+    let table = wait_for(
+        "kubectl to list the running control planes as Ready Nodes",
+        BOOT,
+        || {
+            let ready = ready_nodes(&kubeconfig)?;
+            if running.iter().all(|h| ready.contains(h)) {
+                kubectl(&kubeconfig, &["get", "nodes"])
+            } else {
+                Err(format!("Ready nodes {ready:?}, want {running:?}"))
+            }
+        },
+    );
+    assert!(
+        table.contains("NAME") && running.iter().all(|h| table.contains(h.as_str())),
+        "{table}"
+    );
+    // No Node outlives its machine: the dead init machine's Node was
+    // deleted through a surviving control plane.
+    let dead = agents[init].hostname.clone();
+    wait_for("the dead machine's Node to be deleted", BOOT, || {
+        let out = kubectl(&kubeconfig, &["get", "nodes", "-o", "name"])?;
+        if out.contains(&format!("node/{dead}")) {
+            Err(out)
+        } else {
+            Ok(())
+        }
+    });
+    let described = c.cli_ok(&["describe", "cluster", "ha"]);
+    assert!(
+        described.contains("Nodes:") && !described.contains(&dead),
+        "{described}"
+    );
+    assert_eq!(
+        c.cluster("ha").unwrap()["status"]["controlPlaneEndpoint"],
+        endpoint.as_str(),
+        "the endpoint never changes"
+    );
+}
+
+/// The etcd member list as real `etcdctl` sees it through `a`'s member,
+/// with the API server's etcd client certificate kubeadm wrote there.
+fn etcdctl_members(a: &Agent) -> Vec<serde_json::Value> {
+    let pki = a.root.join("etc/kubernetes/pki");
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(format!("https://{}:2379", a.address))
+        .arg("--cacert")
+        .arg(pki.join("etcd/ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("apiserver-etcd-client.crt"))
+        .arg("--key")
+        .arg(pki.join("apiserver-etcd-client.key"))
+        .args(["--command-timeout", "3s", "member", "list", "-w", "json"])
+        .output()
+        .expect("run etcdctl (scripts/setup-host installs it)");
+    if !out.status.success() {
+        return vec![];
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["members"].as_array().cloned().unwrap_or_default()
+}
+
+/// The etcd members started and listed by real etcdctl through `a`.
+fn started_members(a: &Agent) -> Vec<String> {
+    let mut names: Vec<String> = etcdctl_members(a)
+        .iter()
+        .filter(|m| m["clientURLs"].as_array().is_some_and(|u| !u.is_empty()))
+        .filter_map(|m| m["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etcd_members() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 3, "1h", &boot);
+    let agents = start_agents(tmp.path(), &boot, 3, "m", "cp-");
+    wait_registered(&c, 3);
+    let three = pool_cluster_yaml("scale", 3, 0, "dev");
+    apply(&c, tmp.path(), &three);
+    c.wait_cluster_phase("scale", "Running", BOOT);
+    let cp_of = |name: &str| -> &Agent {
+        let ms = c.machines();
+        let host = ms.iter().find(|m| m["metadata"]["name"] == name).unwrap()["status"]["hostname"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        agents.iter().find(|a| a.hostname == host).unwrap()
+    };
+    let init = c.cluster("scale").unwrap()["status"]["initMachine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let init_agent = cp_of(&init);
+    assert_eq!(started_members(init_agent), ["cp-0", "cp-1", "cp-2"]);
+
+    // 3 -> 1: one control plane per step, each leaving member removed by
+    // its own reset; the init machine stays.
+    apply(
+        &c,
+        tmp.path(),
+        &three.replace("    replicas: 3", "    replicas: 1"),
+    );
+    wait_for("one member left", BOOT, || {
+        let m = started_members(init_agent);
+        if m == [init_agent.hostname.clone()] {
+            Ok(())
+        } else {
+            Err(format!("{m:?}"))
+        }
+    });
+    c.wait_cluster_phase("scale", "Running", BOOT);
+
+    // 1 -> 3: the released machines come back through the pool and join
+    // one after another.
+    apply(&c, tmp.path(), &three);
+    c.wait_cluster_phase("scale", "Running", BOOT);
+    wait_for("three members again", BOOT, || {
+        let m = started_members(init_agent);
+        if m.len() == 3 {
+            Ok(())
+        } else {
+            Err(format!("{m:?}"))
+        }
+    });
+    // Joins never overlapped: each joiner started kubeadm only after the
+    // previous one reported it finished.
+    let mut spans: Vec<(time::OffsetDateTime, time::OffsetDateTime)> = c
+        .machines()
+        .iter()
+        .filter(|m| m["metadata"]["name"] != init.as_str())
+        .map(|m| {
+            let events = m["status"]["events"].as_array().unwrap();
+            let last = |reason: &str| {
+                let t = events
+                    .iter()
+                    .rev()
+                    .find(|e| e["reason"] == reason)
+                    .and_then(|e| e["time"].as_str())
+                    .unwrap();
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                    .unwrap()
+            };
+            (last("Bootstrapping"), last("Bootstrapped"))
+        })
+        .collect();
+    spans.sort();
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    assert!(
+        spans[0].1 <= spans[1].0,
+        "the second join started before the first finished: {spans:?}"
+    );
+}
+
+/// The names of the Ready Nodes, as real kubectl lists them, sorted.
+fn ready_nodes(kubeconfig: &Path) -> Result<Vec<String>, String> {
+    let out = kubectl(kubeconfig, &["get", "nodes", "-o", "json"])?;
+    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+    let mut ready: Vec<String> = v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    ready.sort();
+    Ok(ready)
 }

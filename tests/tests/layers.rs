@@ -122,6 +122,18 @@ const RULES: &[Rule] = &[
     },
     Rule {
         krate: "coordinator",
+        from: Modules::Only(&["domain"]),
+        forbidden: &[
+            Target::Module("app"),
+            Target::Module("reconcile"),
+            Target::Module("leader"),
+            Target::Module("serve"),
+            Target::Module("proxy"),
+        ],
+        why: "the domain is below App and the loops: what it needs of them comes in as a trait (BundleSource) or an argument",
+    },
+    Rule {
+        krate: "coordinator",
         from: Modules::Only(&["store"]),
         forbidden: &[
             Target::Module("app"),
@@ -148,7 +160,9 @@ const RULES: &[Rule] = &[
 /// A violation known today, to be removed by the restructure of issue 13.
 enum Known {
     /// The members of one strongly connected component, in `scope` (the
-    /// crate's top level `""`, or a folder module), sorted.
+    /// crate's top level `""`, or a folder module), sorted. None is known
+    /// today; the variant stays so that one can be listed rather than hidden.
+    #[allow(dead_code)]
     Cycle {
         krate: &'static str,
         scope: &'static str,
@@ -171,15 +185,9 @@ enum Known {
 /// to remove them). Each entry must still be present: when a restructure
 /// removes one, delete its entry here.
 const KNOWN_VIOLATIONS: &[Known] = &[
-    // ---- coordinator
-    Known::Cycle {
-        krate: "coordinator",
-        scope: "",
-        members: &["app", "domain", "leader", "reconcile"],
-        reason: "issue 13: the App struct holds domain and reconciler state while the domain \
-                 (bootstrap) and the reconciler (executor, provisioner) take &App; App splits \
-                 into the parts each layer needs",
-    },
+    // None left: issue 13 broke the last cycle (app, domain, leader,
+    // reconcile) by moving the settings and the bundle's view of the
+    // coordinator into the domain and the reconciler's state out of it.
 ];
 
 // ======================================================================

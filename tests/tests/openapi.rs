@@ -14,6 +14,7 @@ const OPERATIONS: &[&str] = &[
     "POST /v1/clusters/{name}/kubeconfig",
     "GET /v1/machines",
     "GET /v1/machines/{name}",
+    "DELETE /v1/machines/{name}",
     "POST /v1/machines/{name}/revoke",
     "GET /v1/registrationtokens",
     "POST /v1/registrationtokens",

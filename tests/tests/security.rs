@@ -979,10 +979,19 @@ fn an_encryption_key_file_others_can_change_is_refused() {
     // Readable by others: starts, with a warning.
     chmod(0o644);
     c.restart();
-    let out = c.output();
-    assert!(
-        out.contains("readable by other users") && out.contains("chmod 600"),
-        "{out}"
+    // The log is read by a thread, so the warning may arrive after the
+    // coordinator already answers.
+    wait_for(
+        "the warning about a key readable by others",
+        Duration::from_secs(10),
+        || {
+            let out = c.output();
+            if out.contains("readable by other users") && out.contains("chmod 600") {
+                Ok(())
+            } else {
+                Err(out)
+            }
+        },
     );
     c.kill();
     // Writable by others: refused before anything starts.

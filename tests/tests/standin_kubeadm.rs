@@ -201,21 +201,24 @@ fn self_signed_ca(alg: &'static rcgen::SignatureAlgorithm, is_ca: bool) -> (Stri
     (cert.pem(), key.serialize_pem())
 }
 
-fn cluster_params(api_port: u16) -> ClusterParams {
+/// The first control plane's own loopback address and API server port
+/// make the cluster's endpoint.
+fn cluster_params(address: &str, api_port: u16) -> ClusterParams {
     ClusterParams {
         cluster_name: "demo".into(),
         kubernetes_version: "v1.31.2".into(),
-        control_plane_endpoint: format!("127.0.0.1:{api_port}"),
+        control_plane_endpoint: format!("{address}:{api_port}"),
         pod_subnet: "10.244.0.0/16".into(),
         service_subnet: "10.96.0.0/12".into(),
         dns_domain: "cluster.local".into(),
     }
 }
 
-fn node_params(name: &str, api_port: u16) -> NodeParams {
+/// A node on its own loopback address (its etcd listens on 2379/2380).
+fn node_params(name: &str, address: &str, api_port: u16) -> NodeParams {
     NodeParams {
         node_name: name.into(),
-        advertise_address: "127.0.0.1".into(),
+        advertise_address: address.into(),
         api_server_port: api_port,
         kubelet_healthz_port: free_port(),
     }
@@ -233,14 +236,20 @@ struct Cluster {
 
 fn init_cluster() -> Cluster {
     let api_port = free_port();
-    let params = cluster_params(api_port);
+    let address = drover_tests::free_loopback();
+    let params = cluster_params(&address, api_port);
     let token = BootstrapToken::generate();
     let cas = SharedCas::generate();
     let cp = Machine::new();
     cas.provision(&cp);
     cp.write(
         CONFIG,
-        &render_init(&params, &node_params("cp-1", api_port), &token, 900),
+        &render_init(
+            &params,
+            &node_params("cp-1", &address, api_port),
+            &token,
+            900,
+        ),
     );
     let out = cp.kubeadm(&["init", "--config", CONFIG]);
     assert_ok(&out);
@@ -313,6 +322,28 @@ fn cluster_info(c: &Cluster) -> Value {
     serde_json::from_str(&body).unwrap()
 }
 
+/// The etcd member list as real `etcdctl` sees it, with `m`'s API server
+/// client certificate (taken before `m` resets).
+fn etcd_members(m: &Machine, endpoint: &str) -> Vec<Value> {
+    let pki = |f: &str| m.path(&format!("/etc/kubernetes/pki/{f}"));
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(endpoint)
+        .arg("--cacert")
+        .arg(pki("etcd/ca.crt"))
+        .arg("--cert")
+        .arg(pki("apiserver-etcd-client.crt"))
+        .arg("--key")
+        .arg(pki("apiserver-etcd-client.key"))
+        .args(["member", "list", "-w", "json"])
+        .output()
+        .expect("run etcdctl (scripts/setup-host installs it)");
+    assert!(out.status.success(), "etcdctl: {}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["members"].as_array().cloned().unwrap_or_default()
+}
+
 fn worker_join(
     c: &Cluster,
     name: &str,
@@ -320,7 +351,7 @@ fn worker_join(
     pin: &CaPin,
 ) -> (Machine, NodeParams, Output) {
     let m = Machine::new();
-    let node = node_params(name, 0);
+    let node = node_params(name, &drover_tests::free_loopback(), 0);
     m.write(CONFIG, &render_join(&c.params, &node, token, pin, false));
     let out = m.kubeadm(&["join", "--config", CONFIG]);
     (m, node, out)
@@ -392,11 +423,12 @@ fn init_refuses_flags_mixed_with_config() {
 #[test]
 fn init_refuses_incomplete_or_extra_ca_files() {
     let api_port = free_port();
-    let params = cluster_params(api_port);
+    let address = drover_tests::free_loopback();
+    let params = cluster_params(&address, api_port);
     let cas = SharedCas::generate();
     let config = render_init(
         &params,
-        &node_params("cp-1", api_port),
+        &node_params("cp-1", &address, api_port),
         &BootstrapToken::generate(),
         900,
     );
@@ -451,7 +483,7 @@ fn init_refuses_incomplete_or_extra_ca_files() {
     let bad = Machine::new();
     let join = render_join(
         &params,
-        &node_params("w", 0),
+        &node_params("w", &drover_tests::free_loopback(), 0),
         &BootstrapToken::generate(),
         &cas.pin(),
         false,
@@ -621,7 +653,7 @@ fn init_join_token_and_reset() {
         CONFIG,
         &render_join(
             &c.params,
-            &node_params("stale", 0),
+            &node_params("stale", &drover_tests::free_loopback(), 0),
             &c.token,
             &c.cas.pin(),
             false,
@@ -644,11 +676,12 @@ fn init_join_token_and_reset() {
     let cp2 = Machine::new();
     c.cas.provision(&cp2);
     let cp2_port = free_port();
+    let cp2_address = drover_tests::free_loopback();
     cp2.write(
         CONFIG,
         &render_join(
             &c.params,
-            &node_params("cp-2", cp2_port),
+            &node_params("cp-2", &cp2_address, cp2_port),
             &c.token,
             &c.cas.pin(),
             true,
@@ -659,19 +692,78 @@ fn init_join_token_and_reset() {
     assert!(String::from_utf8_lossy(&out.stdout)
         .contains("This node has joined the cluster and a new control plane instance was created"));
     let (code, body) = https_get(
-        &format!("https://127.0.0.1:{cp2_port}/readyz"),
+        &format!("https://{cp2_address}:{cp2_port}/readyz"),
         &c.cas.ca.cert_pem,
     );
     assert_eq!((code, body.as_str()), (200, "ok"));
     assert!(cp2.path("/etc/kubernetes/admin.conf").is_file());
+    // Real etcd: the join added a second member through etcd's own API,
+    // and both are started.
+    let cp1_etcd = format!(
+        "https://{address}:2379",
+        address = c.params.control_plane_endpoint.rsplit_once(':').unwrap().0
+    );
+    let members = etcd_members(&c.cp, &cp1_etcd);
+    let mut names: Vec<&str> = members.iter().filter_map(|m| m["name"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["cp-1", "cp-2"], "{members:?}");
+    assert!(members
+        .iter()
+        .all(|m| m["clientURLs"].as_array().is_some_and(|u| !u.is_empty())));
+    // Real kubectl with cp-1's admin.conf: every kubelet registered its
+    // Node (the workers' after their TLS bootstrap); cordon and delete work.
+    let admin = c.cp.path("/etc/kubernetes/admin.conf");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["--request-timeout", "5s"])
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        (out.status.success(), text(&out))
+    };
+    wait_for("four Ready Nodes", Duration::from_secs(20), || {
+        let (ok, out) = kubectl(&["get", "nodes", "-o", "json"]);
+        ok && ["cp-1", "cp-2", "worker-1", "worker-2"]
+            .iter()
+            .all(|n| out.contains(&format!("\"name\": \"{n}\"")))
+            && out.matches("\"status\": \"True\"").count() >= 4
+    });
+    let (ok, out) = kubectl(&["cordon", "cp-2"]);
+    assert!(ok && out.contains("node/cp-2 cordoned"), "{out}");
+    let (_, out) = kubectl(&[
+        "get",
+        "node",
+        "cp-2",
+        "-o",
+        "jsonpath={.spec.unschedulable}",
+    ]);
+    assert!(out.contains("--- stdout\ntrue"), "{out}");
+    let (ok, out) = kubectl(&["delete", "node", "cp-2"]);
+    assert!(ok && out.contains("deleted"), "{out}");
+    let (ok, out) = kubectl(&["get", "node", "cp-2"]);
+    assert!(!ok && out.contains("NotFound"), "{out}");
+    // Both API servers serve the same store: a token made through cp-1
+    // discovers through cp-2.
+    let (code, body) = https_get(
+        &format!("https://{cp2_address}:{cp2_port}/api/v1/namespaces/kube-public/configmaps/cluster-info"),
+        &c.cas.ca.cert_pem,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains(&format!("jws-kcs-{}", c.token.id())),
+        "{body}"
+    );
 
     // The invocation log recorded init.
     let log = c.cp.invocations();
     assert_eq!(log[0]["argv"][1], "init");
     assert_eq!(log[0]["exit"], 0);
 
-    // reset -f stops the daemons and removes the files, on every machine.
-    for m in [&c.cp, &w1, &w2, &cp2] {
+    // reset -f stops the daemons and removes the files, on every machine;
+    // a control plane's reset removes its etcd member first.
+    for m in [&cp2, &w1, &w2, &c.cp] {
         let pids = m.pids();
         assert!(
             !pids.is_empty(),
@@ -679,7 +771,8 @@ fn init_join_token_and_reset() {
             m.root().display()
         );
         assert!(pids.iter().all(|p| pid_alive(*p)));
-        assert_ok(&m.kubeadm(&["reset", "-f"]));
+        let reset_out = m.kubeadm(&["reset", "-f"]);
+        assert_ok(&reset_out);
         wait_for("daemons to exit", Duration::from_secs(10), || {
             pids.iter().all(|p| !pid_alive(*p))
         });
@@ -687,6 +780,11 @@ fn init_join_token_and_reset() {
         assert!(!m.path("/etc/kubernetes/kubelet.conf").exists());
         assert!(!m.path("/var/lib/kubelet/config.yaml").exists());
         assert!(!m.path("/etc/kubernetes/pki/ca.crt").exists());
+        if std::ptr::eq(m, &cp2) {
+            let left = etcd_members(&c.cp, &cp1_etcd);
+            assert_eq!(left.len(), 1, "{left:?}: {}", text(&reset_out));
+            assert_eq!(left[0]["name"], "cp-1");
+        }
     }
     assert!(!c.cp.path("/etc/kubernetes/admin.conf").exists());
     assert!(!c

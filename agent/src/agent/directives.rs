@@ -15,7 +15,7 @@ impl Agent {
         for directive in directives {
             let running = matches!(
                 self.work.as_ref().map(|w| &w.kind),
-                Some(WorkKind::TokenCreate { id, .. } | WorkKind::Reset { id }) if *id == directive.id
+                Some(WorkKind::TokenCreate { id, .. } | WorkKind::Reset { id } | WorkKind::EtcdRemove { id } | WorkKind::NodeDelete { id }) if *id == directive.id
             );
             if running
                 || self.state.directive_completed(&directive.id)
@@ -62,6 +62,44 @@ impl Agent {
                         spec,
                     );
                 }
+                DirectiveAction::RemoveEtcdMember { id, name } => {
+                    let Some(ip) = self.cluster_call_allowed(&directive.id, "remove etcd members")
+                    else {
+                        continue;
+                    };
+                    tracing::info!(member = %id, name = %name, "removing an etcd member at the coordinator's request");
+                    let endpoint = crate::etcd::local_endpoint(ip);
+                    let own = self.settings.hostname.clone();
+                    let mut etcd = crate::etcd::Etcd::new(&self.settings.root);
+                    let command = format!("etcd member remove {id} ({name}) via {endpoint}");
+                    self.start_cluster_call(
+                        WorkKind::EtcdRemove { id: directive.id },
+                        command,
+                        Box::pin(async move {
+                            etcd.remove(&endpoint, &id, &name, &own)
+                                .await
+                                .map_err(|e| e.to_string())
+                        }),
+                    );
+                }
+                DirectiveAction::DeleteNode { node } => {
+                    let Some(ip) = self.cluster_call_allowed(&directive.id, "delete Nodes") else {
+                        continue;
+                    };
+                    tracing::info!(node = %node, "deleting a Node at the coordinator's request");
+                    let api = crate::kube::local_api(ip, self.settings.api_server_port);
+                    let mut kube = crate::kube::Kube::new(&self.settings.root);
+                    let command = format!("delete node {node} via {api}");
+                    self.start_cluster_call(
+                        WorkKind::NodeDelete { id: directive.id },
+                        command,
+                        Box::pin(async move {
+                            kube.delete_node(&api, &node)
+                                .await
+                                .map_err(|e| e.to_string())
+                        }),
+                    );
+                }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
                     self.resetting = true;
@@ -75,7 +113,45 @@ impl Agent {
         }
     }
 
-    fn finish_directive(&mut self, id: String, ok: bool, message: String) {
+    /// Whether this machine may act on its cluster for directive `id` (a
+    /// running control plane that knows its address): its address, or
+    /// `None` after reporting why not.
+    fn cluster_call_allowed(&mut self, id: &str, what: &str) -> Option<std::net::IpAddr> {
+        let why = if !may_create_token(self.state.bootstrapped(), self.state.role()) {
+            format!("this machine cannot {what}: it is not a running control-plane machine")
+        } else if let Some(ip) = self.advertise {
+            return Some(ip);
+        } else {
+            "this machine does not know its advertise address yet".to_owned()
+        };
+        self.finish_directive(id.to_owned(), false, why);
+        None
+    }
+
+    /// Runs one call on the cluster (etcd, the API server) as the work of
+    /// a directive; its result becomes the directive's.
+    fn start_cluster_call(
+        &mut self,
+        kind: WorkKind,
+        command: String,
+        call: std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>,
+    ) {
+        let outcome = Box::pin(async move {
+            let (success, message) = match call.await {
+                Ok(m) => (true, m),
+                Err(e) => (false, e),
+            };
+            CommandOutcome {
+                command,
+                success,
+                exit_code: Some(if success { 0 } else { 1 }),
+                output_tail: vec![message],
+            }
+        });
+        self.work = Some(super::Work { kind, outcome });
+    }
+
+    pub(super) fn finish_directive(&mut self, id: String, ok: bool, message: String) {
         if ok {
             tracing::info!(id = %id, message = %message, "directive done");
         } else {

@@ -12,6 +12,16 @@ use crate::protocol::timing::{heartbeat_timeout, interval_from_seconds};
 use crate::shutdown::Shutdown;
 use crate::state::{BootstrapProgress, BootstrapStep};
 
+/// How often a control plane repeats an unchanged report of its cluster.
+const REPORT_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether a report differs from the last one delivered, or that one is a
+/// while ago: the coordinator hears of every change, and of nothing else
+/// but a refresh now and then.
+fn worth_sending<T: PartialEq>(sent: Option<&(T, Instant)>, report: &T) -> bool {
+    sent.is_none_or(|(last, at)| at.elapsed() >= REPORT_REFRESH || last != report)
+}
+
 impl Agent {
     pub(super) async fn heartbeat(&mut self, shutdown: &mut Shutdown) -> Result<(), Stopped> {
         self.next_heartbeat = Instant::now() + self.interval;
@@ -20,12 +30,16 @@ impl Agent {
             h = self.prober.report(&plan) => h,
             () = shutdown.requested() => return Err(Stopped),
         };
+        let etcd = self.etcd_report().await;
+        let nodes = self.nodes_report().await;
         let request = heartbeat::request(
             self.phase(),
             self.state.applied_generation(),
             health,
             self.bootstrap_report(),
             &self.state.pending_results,
+            etcd,
+            nodes,
         );
         let answer = tokio::select! {
             r = self.api.heartbeat(&request, heartbeat_timeout(self.interval)) => r,
@@ -48,6 +62,12 @@ impl Agent {
                 if heartbeat::delivered(&mut self.state.pending_results, &request) {
                     self.persist();
                 }
+                if let Some(report) = request.etcd.clone() {
+                    self.etcd_sent = Some((report, Instant::now()));
+                }
+                if let Some(report) = request.nodes.clone() {
+                    self.nodes_sent = Some((report, Instant::now()));
+                }
                 self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
                 self.next_heartbeat = Instant::now() + self.interval;
                 // Directives first, so an assignment is not started when a
@@ -69,6 +89,54 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Whether this machine reports on its cluster: a running control
+    /// plane that is not resetting. Forgets what was sent when it is not.
+    fn reports_cluster(&mut self) -> bool {
+        let control_plane = self.state.role().is_some_and(|r| r.is_control_plane());
+        let reports = self.state.bootstrapped() && control_plane && !self.resetting;
+        if !reports {
+            self.etcd_sent = None;
+            self.nodes_sent = None;
+        }
+        reports
+    }
+
+    /// What a running control plane reads of its etcd, when it differs
+    /// from what the coordinator last heard or that is a while ago.
+    async fn etcd_report(&mut self) -> Option<drover_common::wire::EtcdReport> {
+        if !self.reports_cluster() {
+            return None;
+        }
+        let ip = self.advertise_address().await?;
+        let endpoint = crate::etcd::local_endpoint(ip);
+        let report =
+            tokio::time::timeout(crate::etcd::ETCD_TIMEOUT * 2, self.etcd.report(&endpoint))
+                .await
+                .unwrap_or_else(|_| drover_common::wire::EtcdReport {
+                    members: vec![],
+                    error: format!("etcd at {endpoint} did not answer in time"),
+                });
+        worth_sending(self.etcd_sent.as_ref(), &report).then_some(report)
+    }
+
+    /// What a running control plane's API server lists of the Nodes, when
+    /// it differs from what the coordinator last heard or that is a while
+    /// ago.
+    async fn nodes_report(&mut self) -> Option<drover_common::wire::NodesReport> {
+        if !self.reports_cluster() {
+            return None;
+        }
+        let ip = self.advertise_address().await?;
+        let api = crate::kube::local_api(ip, self.settings.api_server_port);
+        let report = tokio::time::timeout(crate::kube::KUBE_TIMEOUT * 2, self.kube.report(&api))
+            .await
+            .unwrap_or_else(|_| drover_common::wire::NodesReport {
+                nodes: vec![],
+                error: format!("the API server at {api} did not answer in time"),
+            });
+        worth_sending(self.nodes_sent.as_ref(), &report).then_some(report)
     }
 
     fn on_assignment(&mut self, notice: Option<AssignmentNotice>) {
@@ -163,5 +231,20 @@ impl Agent {
         if let Some(progress) = self.state.bootstrap.as_mut() {
             progress.assignment = notice;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_go_out_on_change_and_once_a_minute() {
+        let sent = (1u32, Instant::now());
+        assert!(worth_sending(None, &1));
+        assert!(!worth_sending(Some(&sent), &1));
+        assert!(worth_sending(Some(&sent), &2));
+        tokio::time::advance(REPORT_REFRESH).await;
+        assert!(worth_sending(Some(&sent), &1));
     }
 }

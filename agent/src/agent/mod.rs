@@ -84,6 +84,10 @@ enum WorkKind {
     TokenCreate { id: String, token_id: String },
     /// `kubeadm reset` for a directive.
     Reset { id: String },
+    /// An etcd member removal for a directive.
+    EtcdRemove { id: String },
+    /// A Node deletion for a directive.
+    NodeDelete { id: String },
     /// `kubeadm reset` before bootstrapping again (interrupted join, or a new
     /// assignment after a failure).
     ResetBeforeRetry,
@@ -104,6 +108,14 @@ pub struct Agent {
     state: State,
     api: CoordinatorClient,
     prober: Prober,
+    /// The local etcd member, on control-plane machines.
+    etcd: crate::etcd::Etcd,
+    /// The etcd report last delivered, and when.
+    etcd_sent: Option<(drover_common::wire::EtcdReport, Instant)>,
+    /// The local API server, on control-plane machines.
+    kube: crate::kube::Kube,
+    /// The Nodes report last delivered, and when.
+    nodes_sent: Option<(drover_common::wire::NodesReport, Instant)>,
     advertise: Option<IpAddr>,
     interval: Duration,
     next_heartbeat: Instant,
@@ -152,6 +164,10 @@ impl Agent {
         let now = Instant::now();
         let renew_at = Self::renewal_instant(&state);
         Ok(Self {
+            etcd: crate::etcd::Etcd::new(&settings.root),
+            etcd_sent: None,
+            kube: crate::kube::Kube::new(&settings.root),
+            nodes_sent: None,
             advertise: settings.advertise_address,
             settings,
             store,
@@ -314,6 +330,10 @@ impl Agent {
                 self.finish_token_create(id, &token_id, outcome)
             }
             WorkKind::Reset { id } => self.finish_reset(id, outcome),
+            WorkKind::EtcdRemove { id } | WorkKind::NodeDelete { id } => {
+                let message = outcome.output_tail.join("\n");
+                self.finish_directive(id, outcome.success, message)
+            }
             WorkKind::ResetBeforeRetry => self.finish_reset_before_retry(outcome),
         }
     }

@@ -16,6 +16,10 @@ pub fn describe(action: &DirectiveAction) -> String {
             format!("create bootstrap token {} (ttl {ttl_seconds}s)", token.id())
         }
         DirectiveAction::Reset { reason } => format!("reset ({reason})"),
+        DirectiveAction::RemoveEtcdMember { id, name } => {
+            format!("remove etcd member {id} ({name})")
+        }
+        DirectiveAction::DeleteNode { node } => format!("delete node {node}"),
     }
 }
 

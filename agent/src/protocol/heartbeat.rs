@@ -2,7 +2,8 @@
 //! accepted heartbeat delivered.
 
 use drover_common::wire::{
-    AgentPhase, BootstrapReport, DirectiveResult, HealthReport, HeartbeatRequest,
+    AgentPhase, BootstrapReport, DirectiveResult, EtcdReport, HealthReport, HeartbeatRequest,
+    NodesReport,
 };
 
 /// A heartbeat reporting the machine's phase, the generation of its
@@ -14,6 +15,8 @@ pub fn request(
     health: HealthReport,
     bootstrap: Option<BootstrapReport>,
     pending_results: &[DirectiveResult],
+    etcd: Option<EtcdReport>,
+    nodes: Option<NodesReport>,
 ) -> HeartbeatRequest {
     HeartbeatRequest {
         phase,
@@ -21,6 +24,8 @@ pub fn request(
         health,
         bootstrap,
         directive_results: pending_results.to_vec(),
+        etcd,
+        nodes,
     }
 }
 
@@ -56,7 +61,7 @@ mod tests {
             disk_free_bytes: 1,
         };
         let mut pending = vec![result("d1")];
-        let sent = request(AgentPhase::Running, 3, health, None, &pending);
+        let sent = request(AgentPhase::Running, 3, health, None, &pending, None, None);
         assert_eq!(sent.phase, AgentPhase::Running);
         assert_eq!(sent.applied_generation, 3);
         assert_eq!(sent.directive_results, pending);
@@ -64,7 +69,15 @@ mod tests {
         pending.push(result("d2"));
         assert!(delivered(&mut pending, &sent));
         assert_eq!(pending, [result("d2")]);
-        let empty = request(AgentPhase::Waiting, 0, sent.health.clone(), None, &[]);
+        let empty = request(
+            AgentPhase::Waiting,
+            0,
+            sent.health.clone(),
+            None,
+            &[],
+            None,
+            None,
+        );
         assert!(!delivered(&mut pending, &empty));
         assert_eq!(pending.len(), 1);
     }

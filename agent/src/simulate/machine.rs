@@ -268,6 +268,9 @@ impl Sim {
             },
             self.bootstrap.clone(),
             &self.results,
+            // Simulated machines run no etcd and no API server.
+            None,
+            None,
         )
     }
 
@@ -327,6 +330,14 @@ impl Sim {
                 continue;
             }
             let (ok, message) = match d.action {
+                DirectiveAction::RemoveEtcdMember { id, .. } => (
+                    false,
+                    format!("simulated machines run no etcd; member {id} was not removed"),
+                ),
+                DirectiveAction::DeleteNode { node } => (
+                    false,
+                    format!("simulated machines run no API server; node {node} was not deleted"),
+                ),
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

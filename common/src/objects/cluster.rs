@@ -39,13 +39,166 @@ pub struct ClusterSpec {
     #[serde(default)]
     pub network: NetworkSpec,
     pub provider: ProviderSpec,
-    /// `host:port` of a load balancer in front of the API servers. When
-    /// unset, the first control-plane machine's address is used.
+    /// Where every kubelet, join and kubeconfig reaches the API servers:
+    /// `host:port` of a load balancer, DNS name or VIP in front of them, or
+    /// `{managed: coordinator}` (pool clusters) for a TCP proxy the
+    /// coordinator keeps. When unset, a control-plane machine's own address
+    /// is used, which dies with that machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub control_plane_endpoint: Option<String>,
+    pub control_plane_endpoint: Option<ControlPlaneEndpoint>,
     /// When machines count as unhealthy and how many may be replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthPolicy>,
+}
+
+/// `spec.controlPlaneEndpoint`: an address, or an endpoint Drover keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ControlPlaneEndpoint {
+    /// `host:port` of a load balancer, DNS name or VIP the user keeps.
+    Address(String),
+    /// `{managed: coordinator}`: a port of the coordinator's, proxied to the
+    /// cluster's healthy control-plane machines.
+    Managed { managed: EndpointManager },
+}
+
+/// Who keeps a managed control-plane endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointManager {
+    /// The coordinator's own TCP proxy (pool clusters).
+    Coordinator,
+}
+
+impl<'de> Deserialize<'de> for ControlPlaneEndpoint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const WANT: &str = "a host:port such as lb.example.com:6443, or {managed: coordinator}";
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ControlPlaneEndpoint;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(WANT)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ControlPlaneEndpoint::Address(v.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error;
+                let mut managed = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key != "managed" {
+                        return Err(A::Error::custom(format!(
+                            "unknown field {key:?} in controlPlaneEndpoint: expected {WANT}"
+                        )));
+                    }
+                    let who: String = map.next_value()?;
+                    managed = Some(match who.as_str() {
+                        "coordinator" => EndpointManager::Coordinator,
+                        other => {
+                            return Err(A::Error::custom(format!(
+                                "controlPlaneEndpoint.managed: {other:?} is not known; the only manager is \"coordinator\""
+                            )))
+                        }
+                    });
+                }
+                managed
+                    .map(|managed| ControlPlaneEndpoint::Managed { managed })
+                    .ok_or_else(|| {
+                        A::Error::custom(format!("controlPlaneEndpoint: expected {WANT}"))
+                    })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl ClusterSpec {
+    /// The user's `host:port`, when the spec gives one.
+    pub fn endpoint_address(&self) -> Option<&str> {
+        match &self.control_plane_endpoint {
+            Some(ControlPlaneEndpoint::Address(a)) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Whether the coordinator keeps the cluster's endpoint.
+    pub fn endpoint_managed_by_coordinator(&self) -> bool {
+        matches!(
+            self.control_plane_endpoint,
+            Some(ControlPlaneEndpoint::Managed {
+                managed: EndpointManager::Coordinator
+            })
+        )
+    }
+}
+
+/// One etcd member, as a control-plane agent sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdMember {
+    /// The member id in hexadecimal, as `etcdctl member list` prints it.
+    pub id: String,
+    /// The member's name (its node's name); empty until it has started.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peer_urls: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_urls: Vec<String>,
+    /// Whether it has started (published its name and client URLs).
+    #[serde(default)]
+    pub started: bool,
+    /// Whether its `/health` answered true to the reporting agent.
+    #[serde(default)]
+    pub healthy: bool,
+}
+
+/// One Node of the cluster, as a control-plane agent reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterNode {
+    pub name: String,
+    /// Its `Ready` condition: `True`, `False` or `Unknown`.
+    pub ready: String,
+    /// When `Ready` last changed (its `lastTransitionTime`).
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub since: Option<time::OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unschedulable: bool,
+}
+
+/// A Node deletion asked of a control-plane machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeRemoval {
+    pub node: String,
+    /// The machine asked to delete it.
+    pub via: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+}
+
+/// A member removal asked of a control-plane machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdRemoval {
+    /// The member id (hexadecimal) and name.
+    pub id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// The machine asked to remove it.
+    pub via: String,
+    /// Why it goes.
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
 }
 
 /// Overrides of the coordinator's health and remediation defaults.
@@ -193,6 +346,36 @@ pub struct ClusterStatus {
     pub observed_generation: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<String>,
+    /// The coordinator's port that proxies to the control plane, when the
+    /// spec asks for `{managed: coordinator}`. Allocated once, before
+    /// `kubeadm init`, and kept for the cluster's life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_port: Option<u16>,
+    /// The cluster's etcd members as a control-plane agent last reported
+    /// them (`drover describe cluster` shows them). Every quorum decision
+    /// uses this list, not the machine count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub etcd_members: Vec<EtcdMember>,
+    /// Which machine reported `etcdMembers`, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_reported_by: Option<String>,
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub etcd_reported_at: Option<time::OffsetDateTime>,
+    /// The cluster's Nodes as a control-plane agent last reported them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<ClusterNode>,
+    /// The Node deletion the coordinator asked a control-plane machine to
+    /// make (a Node whose machine left), until it is gone from the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_removal: Option<NodeRemoval>,
+    /// The member removal the coordinator asked a control-plane machine to
+    /// make, until the member is gone from the reported list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_removal: Option<EtcdRemoval>,
     /// The machine that ran `kubeadm init`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_machine: Option<String>,
@@ -347,10 +530,34 @@ impl Cluster {
         if let Err(e) = check_dns_subdomain(&self.spec.network.dns_domain) {
             err("spec.network.dnsDomain", e);
         }
-        if let Some(ep) = &self.spec.control_plane_endpoint {
+        if let Some(ep) = self.spec.endpoint_address() {
             if let Err(why) = check_host_port(ep) {
                 err("spec.controlPlaneEndpoint", why);
             }
+        }
+        let pool = matches!(self.spec.provider, ProviderSpec::Pool(_));
+        if self.spec.endpoint_managed_by_coordinator() && !pool {
+            err(
+                "spec.controlPlaneEndpoint",
+                format!(
+                    "{{managed: coordinator}} is for pool clusters; {} clusters get their endpoint from their provider, or give a host:port",
+                    self.spec.provider.name()
+                ),
+            );
+        }
+        // (An even count is refused above, with its own message.)
+        if pool
+            && self.spec.control_plane.replicas > 1
+            && self.spec.control_plane.replicas % 2 == 1
+            && self.spec.control_plane_endpoint.is_none()
+        {
+            err(
+                "spec.controlPlaneEndpoint",
+                format!(
+                    "a pool cluster with {} control-plane machines needs an endpoint that outlives any one of them: a load balancer's, DNS name's or VIP's host:port (kube-vip can keep a VIP on the machines), or {{managed: coordinator}} for the coordinator's own proxy",
+                    self.spec.control_plane.replicas
+                ),
+            );
         }
         match &self.spec.provider {
             ProviderSpec::Pool(p) => {
@@ -539,6 +746,46 @@ spec:
         c.validate().unwrap();
         assert_eq!(c.spec.network.pod_subnet, "10.244.0.0/16");
         assert_eq!(c.desired_pools().len(), 2);
+    }
+
+    #[test]
+    fn control_plane_endpoints_are_an_address_or_managed_by_the_coordinator() {
+        let three = sample().replace("replicas: 1", "replicas: 3");
+        let c: Cluster = serde_saphyr::from_str(&three).unwrap();
+        let errs = c.validate().unwrap_err();
+        assert!(
+            errs.iter().any(|e| e.field == "spec.controlPlaneEndpoint"
+                && e.message.contains("managed: coordinator")),
+            "{errs:?}"
+        );
+        let managed = format!("{three}  controlPlaneEndpoint:\n    managed: coordinator\n");
+        let c: Cluster = serde_saphyr::from_str(&managed).unwrap();
+        c.validate().unwrap();
+        assert!(c.spec.endpoint_managed_by_coordinator());
+        assert_eq!(
+            serde_json::to_value(&c.spec.control_plane_endpoint).unwrap(),
+            serde_json::json!({"managed": "coordinator"})
+        );
+        let address = format!("{three}  controlPlaneEndpoint: lb.example.com:6443\n");
+        let c: Cluster = serde_saphyr::from_str(&address).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.spec.endpoint_address(), Some("lb.example.com:6443"));
+        let e = serde_saphyr::from_str::<Cluster>(&format!(
+            "{three}  controlPlaneEndpoint:\n    managed: nobody\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("\"nobody\" is not known"), "{e}");
+        let mut docker: Cluster = serde_saphyr::from_str(&managed).unwrap();
+        docker.spec.provider = ProviderSpec::Docker(super::super::DockerProviderSpec {
+            image: "drover-node:test".into(),
+        });
+        let errs = docker.validate().unwrap_err();
+        assert!(
+            errs.iter()
+                .any(|e| e.message.contains("is for pool clusters")),
+            "{errs:?}"
+        );
     }
 
     #[test]

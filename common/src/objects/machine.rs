@@ -49,6 +49,19 @@ pub struct Assignment {
     /// Bumped on every change of the assignment; the agent rejects config
     /// bundles older than the one it applied.
     pub generation: u64,
+    /// When the machine was given this assignment. A pool machine may have
+    /// waited in its pool for weeks, so its startup timeout runs from here,
+    /// not from its registration.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub assigned_at: Option<OffsetDateTime>,
+    /// The machine this one replaces in its cluster, when it was claimed or
+    /// created to take an unhealthy or removed machine's place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
 }
 
 /// What a machine does in its cluster.

@@ -28,6 +28,15 @@ pub enum DirectiveAction {
     /// Leave the cluster (`kubeadm reset -f`) and return to the pool.
     #[serde(rename_all = "camelCase")]
     Reset { reason: String },
+    /// Remove another machine's member from the cluster's etcd, through
+    /// this control plane's local member (`id` in hexadecimal). The agent
+    /// refuses its own member.
+    #[serde(rename_all = "camelCase")]
+    RemoveEtcdMember { id: String, name: String },
+    /// Delete a Node object of a machine that left the cluster (a missing
+    /// Node counts as done).
+    #[serde(rename_all = "camelCase")]
+    DeleteNode { node: String },
 }
 
 /// The outcome of a directive.

@@ -35,7 +35,43 @@ pub struct HeartbeatRequest {
     /// Results of directives carried out since the last heartbeat.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub directive_results: Vec<DirectiveResult>,
+    /// The cluster's etcd members as this control plane sees them, sent
+    /// when they change (and now and then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdReport>,
+    /// The cluster's Nodes as this control plane's API server lists them,
+    /// sent when they change (and now and then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodesReport>,
 }
+
+/// What a control-plane agent reads of the cluster's Nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodesReport {
+    #[serde(default)]
+    pub nodes: Vec<crate::objects::ClusterNode>,
+    /// Why the Nodes could not be read (then `nodes` is empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+/// The most Nodes one report may carry.
+pub const MAX_NODES: usize = 1100;
+
+/// What a control-plane agent reads of its etcd.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdReport {
+    #[serde(default)]
+    pub members: Vec<crate::objects::EtcdMember>,
+    /// Why the member list could not be read (then `members` is empty).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+/// The most etcd members one report may carry.
+pub const MAX_ETCD_MEMBERS: usize = 16;
 
 /// The bootstrap step an agent reports while and after running
 /// `kubeadm init`: from then on the init token it fetched is in use.
@@ -104,6 +140,37 @@ impl HeartbeatRequest {
         for r in &mut self.directive_results {
             cut |= truncate_reported(&mut r.id, MAX_REPORTED_ID_CHARS);
             cut |= truncate_reported(&mut r.message, MAX_REPORTED_CHARS);
+        }
+        if let Some(n) = &mut self.nodes {
+            cut |= truncate_reported(&mut n.error, MAX_REPORTED_CHARS);
+            if n.nodes.len() > MAX_NODES {
+                n.nodes.truncate(MAX_NODES);
+                cut = true;
+            }
+            for node in &mut n.nodes {
+                cut |= truncate_reported(&mut node.name, 253);
+                cut |= truncate_reported(&mut node.ready, MAX_REPORTED_ID_CHARS);
+            }
+        }
+        if let Some(e) = &mut self.etcd {
+            cut |= truncate_reported(&mut e.error, MAX_REPORTED_CHARS);
+            if e.members.len() > MAX_ETCD_MEMBERS {
+                e.members.truncate(MAX_ETCD_MEMBERS);
+                cut = true;
+            }
+            for m in &mut e.members {
+                cut |= truncate_reported(&mut m.id, MAX_REPORTED_ID_CHARS);
+                cut |= truncate_reported(&mut m.name, MAX_REPORTED_ID_CHARS);
+                for urls in [&mut m.peer_urls, &mut m.client_urls] {
+                    if urls.len() > 4 {
+                        urls.truncate(4);
+                        cut = true;
+                    }
+                    for u in urls.iter_mut() {
+                        cut |= truncate_reported(u, 256);
+                    }
+                }
+            }
         }
         cut
     }

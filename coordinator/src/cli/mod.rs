@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use drover_common::api::{
     Cluster, CreateRegistrationToken, CreatedRegistrationToken, KubeconfigResponse, Machine,
-    ProviderSpec, RegistrationToken,
+    MachinePhase, ProviderSpec, RegistrationToken,
 };
 use drover_common::wire::ProbeState;
 use time::OffsetDateTime;
@@ -992,6 +992,64 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             );
         }
     }
+    if !c.status.etcd_members.is_empty() {
+        let _ = writeln!(
+            o,
+            "etcd members:   (reported by {} at {})",
+            printable(c.status.etcd_reported_by.as_deref().unwrap_or("-")),
+            c.status
+                .etcd_reported_at
+                .and_then(|t| t
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .ok())
+                .unwrap_or_else(|| "-".into())
+        );
+        for m in &c.status.etcd_members {
+            let _ = writeln!(
+                o,
+                "  {:<16} {:<20} {:<9} {:<9} {}",
+                printable(&m.id),
+                printable(if m.name.is_empty() {
+                    "(unstarted)"
+                } else {
+                    &m.name
+                }),
+                if m.started { "started" } else { "unstarted" },
+                if m.healthy { "healthy" } else { "unhealthy" },
+                printable(&m.peer_urls.join(","))
+            );
+        }
+    }
+    if !c.status.nodes.is_empty() {
+        let _ = writeln!(o, "Nodes:");
+        for n in &c.status.nodes {
+            let _ = writeln!(
+                o,
+                "  {:<24} Ready={}{}",
+                printable(&n.name),
+                printable(&n.ready),
+                if n.unschedulable { " (cordoned)" } else { "" }
+            );
+        }
+    }
+    if let Some(r) = &c.status.node_removal {
+        let _ = writeln!(
+            o,
+            "Node removal:   {} through {} (its machine left)",
+            printable(&r.node),
+            printable(&r.via)
+        );
+    }
+    if let Some(r) = &c.status.etcd_removal {
+        let _ = writeln!(
+            o,
+            "etcd removal:   member {} ({}) through {}: {}",
+            printable(&r.id),
+            printable(&r.name),
+            printable(&r.via),
+            printable(&r.reason)
+        );
+    }
     if !c.status.conditions.is_empty() {
         let _ = writeln!(o, "Conditions:");
         for cd in &c.status.conditions {
@@ -1009,7 +1067,9 @@ async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
     let client = Client::connect(&d.conn)?;
     match d.kind {
         Single::Cluster => {
-            let c: Cluster = client.delete(&api_path(&["v1", "clusters", &d.name])).await?;
+            let c: Cluster = client
+                .delete(&api_path(&["v1", "clusters", &d.name]))
+                .await?;
             let what = match c.spec.provider {
                 ProviderSpec::Pool(_) => "its machines are reset and return to their pools",
                 ProviderSpec::Docker(_) => "its containers and its Docker network are removed",
@@ -1020,13 +1080,19 @@ async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
                 let deadline = std::time::Instant::now() + d.timeout;
                 let tty = std::io::stderr().is_terminal();
                 loop {
-                    match client.get::<Cluster>(&api_path(&["v1", "clusters", &d.name])).await {
+                    match client
+                        .get::<Cluster>(&api_path(&["v1", "clusters", &d.name]))
+                        .await
+                    {
                         Err(e) if e.to_string().contains("does not exist") => break,
                         Err(e) => return Err(e),
                         Ok(c) => {
                             let assigned: u32 = c.status.pools.iter().map(|p| p.assigned).sum();
                             if tty {
-                                eprint!("\rwaiting for {} machine(s) to be released...   ", assigned);
+                                eprint!(
+                                    "\rwaiting for {} machine(s) to be released...   ",
+                                    assigned
+                                );
                             }
                         }
                     }
@@ -1042,11 +1108,61 @@ async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Single::Machine => bail!(
-            "machines are deleted through their cluster in this release: scale the pool down or delete the cluster; to cut off a machine's certificates now, run `drover revoke machine {}`",
-            d.name
-        ),
+        Single::Machine => delete_machine(&client, &d).await,
     }
+}
+
+/// `drover delete machine NAME [--wait]`: the machine leaves its cluster
+/// through the safe path (replaced or released, control planes one at a
+/// time); with `--wait`, until it is gone.
+async fn delete_machine(client: &Client, d: &DeleteArgs) -> anyhow::Result<()> {
+    let path = api_path(&["v1", "machines", &d.name]);
+    let m: Machine = client.delete(&path).await?;
+    let Some(a) = &m.spec.assignment else {
+        println!("machine/{} deregistered (it served no cluster)", d.name);
+        return Ok(());
+    };
+    let how = if m.spec.provider.is_some() {
+        "a replacement is created and then the machine is deleted"
+    } else {
+        "it is reset and a free matching machine is claimed in its place"
+    };
+    println!(
+        "machine/{} deletion requested; it leaves cluster {} safely: {how}",
+        d.name, a.cluster
+    );
+    if !d.wait {
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + d.timeout;
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        match client.get::<Machine>(&path).await {
+            Err(e) if e.to_string().contains("does not exist") => break,
+            Err(e) => return Err(e),
+            Ok(m) if m.status.phase == MachinePhase::Deleted => break,
+            Ok(m) => {
+                if tty {
+                    eprint!("\rmachine {} is {}...   ", d.name, m.status.phase);
+                }
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "machine {} has not left its cluster after {:?}; `drover describe machine {}` and `drover describe cluster {}` say what it waits for",
+                d.name,
+                d.timeout,
+                d.name,
+                a.cluster
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    if tty {
+        eprintln!();
+    }
+    println!("machine/{} deleted", d.name);
+    Ok(())
 }
 
 async fn token(cmd: TokenCommand) -> anyhow::Result<()> {

@@ -6,10 +6,22 @@ use drover_common::bundle::{BundleFile, ConfigBundle, SignedBundle};
 use drover_common::kubeadm::{self, ClusterParams, NodeParams, CERTIFICATES_DIR};
 use drover_common::pin::CaPin;
 
-use crate::app::App;
 use crate::domain::jointokens::{ClusterJoinTokens, JoinTokenDecision};
 use crate::domain::secrets::ClusterPki;
-use crate::store::{Kind, StoreError};
+use crate::domain::settings::Settings;
+use crate::store::{Kind, Modify, Store, StoreError};
+
+/// What building a bundle reads: the coordinator's store, settings and CA
+/// key, and its view of clusters and machines (with their freshest
+/// heartbeat times). `App` provides it; the domain never names `App`.
+pub trait BundleSource {
+    fn store(&self) -> &Store;
+    fn settings(&self) -> &Settings;
+    fn ca_key_pem(&self) -> &str;
+    fn cluster(&self, name: &str) -> Result<Option<Cluster>, StoreError>;
+    fn machine(&self, name: &str) -> Result<Option<Machine>, StoreError>;
+    fn machines(&self) -> Result<Vec<Machine>, StoreError>;
+}
 
 /// Where the agent writes the kubeadm config, inside the machine's root.
 pub const KUBEADM_CONFIG_PATH: &str = "/etc/drover/kubeadm.yaml";
@@ -42,8 +54,8 @@ pub enum BootstrapError {
 impl BootstrapError {
     /// The "not yet" answer for a machine that must wait: it asks again
     /// after a heartbeat interval (1 to 5 s).
-    pub fn not_ready(app: &App, reason: String) -> Self {
-        let retry_after_seconds = app.settings.heartbeat_interval.as_secs().clamp(1, 5);
+    pub fn not_ready(app: &dyn BundleSource, reason: String) -> Self {
+        let retry_after_seconds = app.settings().heartbeat_interval.as_secs().clamp(1, 5);
         tracing::debug!(%reason, "config not ready");
         Self::NotReady {
             reason,
@@ -53,7 +65,10 @@ impl BootstrapError {
 }
 
 /// Builds and signs the bundle for a machine's current assignment.
-pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, BootstrapError> {
+pub fn bundle_for(
+    app: &dyn BundleSource,
+    machine: &Machine,
+) -> Result<SignedBundle, BootstrapError> {
     let name = &machine.metadata.name;
     let a = machine
         .spec
@@ -82,7 +97,7 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, Bootstra
             a.cluster
         )));
     }
-    let pki = crate::domain::secrets::load_pki(&app.store, &cluster)?.ok_or_else(|| {
+    let pki = crate::domain::secrets::load_pki(app.store(), &cluster)?.ok_or_else(|| {
         BootstrapError::not_ready(
             app,
             format!("the PKI of cluster {} is not created yet", a.cluster),
@@ -121,7 +136,7 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, Bootstra
     let kubeadm_yaml = match a.role {
         MachineRole::Init => {
             let token = init_token(app, &cluster, machine)?;
-            let ttl = app.settings.join_token_ttl.as_secs();
+            let ttl = app.settings().join_token_ttl.as_secs();
             kubeadm::render_init(&cparams, &node, &token, ttl)
         }
         MachineRole::ControlPlane | MachineRole::Worker => {
@@ -158,7 +173,7 @@ pub fn bundle_for(app: &App, machine: &Machine) -> Result<SignedBundle, Bootstra
         issued_at: drover_common::now(),
     };
     tracing::info!(machine = %name, cluster = %cluster.metadata.name, role = %a.role, generation = a.generation, "config bundle issued");
-    drover_common::bundle::sign(&bundle, &app.ca.key_pem)
+    drover_common::bundle::sign(&bundle, app.ca_key_pem())
         .map_err(|e| BootstrapError::Internal(e.to_string()))
 }
 
@@ -185,7 +200,7 @@ fn shared_ca_files(pki: &ClusterPki) -> Vec<BundleFile> {
 /// recorded once its init machine finished `kubeadm init`, that outlives
 /// that machine. Only before it is recorded does the init machine's phase
 /// tell (it may be Running a pass before the status says so).
-fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), BootstrapError> {
+fn wait_for_init(app: &dyn BundleSource, cluster: &Cluster) -> Result<(), BootstrapError> {
     if cluster.status.initialized {
         return Ok(());
     }
@@ -211,7 +226,7 @@ fn wait_for_init(app: &App, cluster: &Cluster) -> Result<(), BootstrapError> {
 /// init machine, recorded as registered (kubeadm init itself creates it)
 /// and reused by every later fetch (see [`ClusterJoinTokens::init_token`]).
 fn init_token(
-    app: &App,
+    app: &dyn BundleSource,
     cluster: &Cluster,
     machine: &Machine,
 ) -> Result<drover_common::token::BootstrapToken, BootstrapError> {
@@ -231,43 +246,31 @@ fn init_token(
         _ => false,
     };
     let may_init = !past_init;
-    let ttl = time::Duration::try_from(app.settings.join_token_ttl)
+    let ttl = time::Duration::try_from(app.settings().join_token_ttl)
         .unwrap_or(time::Duration::minutes(30));
-    for _ in 0..16 {
-        let existing = app
-            .store
-            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, name)?;
-        let mut tokens = match &existing {
-            Some((t, _)) if t.cluster_uid == uid => t.clone(),
-            _ => ClusterJoinTokens {
-                cluster_uid: uid.clone(),
-                tokens: vec![],
-            },
-        };
-        let (token, changed) = tokens.init_token(&machine_uid, may_init, now, ttl);
-        if !changed {
-            return Ok(token);
-        }
-        let r = match existing {
-            Some((_, rev)) => app
-                .store
-                .update_json(Kind::JoinTokens, name, &tokens, Some(rev)),
-            None => app.store.create_json(Kind::JoinTokens, name, &tokens),
-        };
-        match r {
-            Ok(_) => return Ok(token),
-            Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(BootstrapError::Internal("join tokens kept changing".into()))
+    app.store().modify_json(
+        Kind::JoinTokens,
+        name,
+        |existing: Option<ClusterJoinTokens>| {
+            let mut tokens = ClusterJoinTokens::of_cluster(existing, &uid);
+            let (token, changed) = tokens.init_token(&machine_uid, may_init, now, ttl);
+            Ok::<_, BootstrapError>(if changed {
+                Modify::Write(tokens, token)
+            } else {
+                Modify::Keep(token)
+            })
+        },
+    )
 }
 
 /// The control-plane machine that registers a cluster's new join tokens:
 /// the init machine while it runs, else the first running control-plane
 /// machine by name. Only it is sent a token's directive, and only its
 /// result activates the token.
-fn token_registrar(app: &App, cluster_uid: &str) -> Result<Option<Machine>, StoreError> {
+fn token_registrar(
+    app: &dyn BundleSource,
+    cluster_uid: &str,
+) -> Result<Option<Machine>, StoreError> {
     let mut candidates: Vec<Machine> =
         app.machines()?
             .into_iter()
@@ -289,91 +292,60 @@ fn token_registrar(app: &App, cluster_uid: &str) -> Result<Option<Machine>, Stor
 
 /// Mints a join token or reports why a joiner waits.
 pub fn join_token_for(
-    app: &App,
+    app: &dyn BundleSource,
     cluster: &str,
     cluster_uid: &str,
 ) -> Result<drover_common::token::BootstrapToken, BootstrapError> {
     let now = drover_common::now();
-    let ttl = time::Duration::try_from(app.settings.join_token_ttl)
+    let ttl = time::Duration::try_from(app.settings().join_token_ttl)
         .unwrap_or(time::Duration::minutes(30));
-    for _ in 0..16 {
-        let existing = app
-            .store
-            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, cluster)?;
-        let (mut tokens, rev) = match existing {
-            Some((t, rev)) if t.cluster_uid == cluster_uid => (t, Some(rev)),
-            Some((_, rev)) => (
-                ClusterJoinTokens {
-                    cluster_uid: cluster_uid.to_owned(),
-                    tokens: vec![],
-                },
-                Some(rev),
-            ),
-            None => (
-                ClusterJoinTokens {
-                    cluster_uid: cluster_uid.to_owned(),
-                    tokens: vec![],
-                },
-                None,
-            ),
-        };
-        let pruned = tokens.prune(now);
-        let registrar = token_registrar(app, cluster_uid)?.and_then(|m| m.metadata.uid);
-        // The reasons name no token and no other machine: a joiner learns
-        // only that it waits.
-        let waiting = || {
-            BootstrapError::not_ready(
-                app,
-                format!("waiting for a control-plane machine of cluster {cluster} to register a join token"),
-            )
-        };
-        match tokens.decide(now, ttl, registrar.as_deref()) {
-            JoinTokenDecision::Use(t) => {
-                if pruned {
-                    let _ = store_tokens(app, cluster, &tokens, rev);
-                }
-                return Ok(t);
-            }
-            JoinTokenDecision::Wait => {
-                if pruned {
-                    let _ = store_tokens(app, cluster, &tokens, rev);
-                }
-                return Err(waiting());
-            }
-            JoinTokenDecision::Mint(t) => {
-                let id = t.token.id().to_owned();
-                let registrar = t.registrar.clone().unwrap_or_default();
-                tokens.tokens.push(t);
-                match store_tokens(app, cluster, &tokens, rev) {
-                    Ok(()) => {
-                        tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
-                        return Err(waiting());
-                    }
-                    Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
-                        continue
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
+    // What the joiner learns; the reasons name no token and no other
+    // machine: a joiner learns only that it waits.
+    enum Answer {
+        Use(drover_common::token::BootstrapToken),
+        Wait,
+        Minted { id: String, registrar: String },
     }
-    Err(BootstrapError::Internal("join tokens kept changing".into()))
-}
-
-fn store_tokens(
-    app: &App,
-    cluster: &str,
-    tokens: &ClusterJoinTokens,
-    rev: Option<u64>,
-) -> Result<(), StoreError> {
-    match rev {
-        Some(rev) => app
-            .store
-            .update_json(Kind::JoinTokens, cluster, tokens, Some(rev))
-            .map(|_| ()),
-        None => app
-            .store
-            .create_json(Kind::JoinTokens, cluster, tokens)
-            .map(|_| ()),
+    let answer = app.store().modify_json(
+        Kind::JoinTokens,
+        cluster,
+        |existing: Option<ClusterJoinTokens>| {
+            let mut tokens = ClusterJoinTokens::of_cluster(existing, cluster_uid);
+            let pruned = tokens.prune(now);
+            let registrar = token_registrar(app, cluster_uid)?.and_then(|m| m.metadata.uid);
+            let (answer, write) = match tokens.decide(now, ttl, registrar.as_deref()) {
+                JoinTokenDecision::Use(t) => (Answer::Use(t), pruned),
+                JoinTokenDecision::Wait => (Answer::Wait, pruned),
+                JoinTokenDecision::Mint(t) => {
+                    let answer = Answer::Minted {
+                        id: t.token.id().to_owned(),
+                        registrar: t.registrar.clone().unwrap_or_default(),
+                    };
+                    tokens.tokens.push(t);
+                    (answer, true)
+                }
+            };
+            Ok::<_, BootstrapError>(if write {
+                Modify::Write(tokens, answer)
+            } else {
+                Modify::Keep(answer)
+            })
+        },
+    )?;
+    let waiting = || {
+        BootstrapError::not_ready(
+            app,
+            format!(
+                "waiting for a control-plane machine of cluster {cluster} to register a join token"
+            ),
+        )
+    };
+    match answer {
+        Answer::Use(t) => Ok(t),
+        Answer::Wait => Err(waiting()),
+        Answer::Minted { id, registrar } => {
+            tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
+            Err(waiting())
+        }
     }
 }

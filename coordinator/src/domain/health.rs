@@ -80,6 +80,13 @@ pub enum Unhealthy {
         silence: time::Duration,
         timeout: Duration,
     },
+    /// Its Node was not Ready for longer than the unhealthy timeout, as the
+    /// cluster's API server says.
+    NodeNotReady {
+        ready: String,
+        since: time::Duration,
+        timeout: Duration,
+    },
     /// A probe reported failing for longer than the unhealthy timeout.
     Reported {
         since: time::Duration,
@@ -98,6 +105,7 @@ impl Unhealthy {
             Unhealthy::NotStarted { .. } => "not Running within the startup timeout".into(),
             Unhealthy::Silent { .. } => "silent".into(),
             Unhealthy::Reported { reason, .. } => format!("reports {reason}"),
+            Unhealthy::NodeNotReady { ready, .. } => format!("Node Ready={ready}"),
         }
     }
 }
@@ -115,6 +123,16 @@ impl std::fmt::Display for Unhealthy {
                 f,
                 "no heartbeat for {}s (heartbeat timeout {}s)",
                 silence.whole_seconds(),
+                timeout.as_secs()
+            ),
+            Unhealthy::NodeNotReady {
+                ready,
+                since,
+                timeout,
+            } => write!(
+                f,
+                "its Node has been Ready={ready} for {}s, longer than the unhealthy timeout {}s",
+                since.whole_seconds(),
                 timeout.as_secs()
             ),
             Unhealthy::Reported {
@@ -147,11 +165,15 @@ pub fn check(
     if instance == Some(InstanceState::Stopped) {
         return Some(Unhealthy::Stopped);
     }
-    let age = m
-        .metadata
-        .creation_timestamp
-        .map(|t| now - t)
-        .unwrap_or(time::Duration::ZERO);
+    // A pool machine may have waited in its pool long before it was
+    // claimed: its startup runs from the assignment.
+    let started = m
+        .spec
+        .assignment
+        .as_ref()
+        .and_then(|a| a.assigned_at)
+        .or(m.metadata.creation_timestamp);
+    let age = started.map(|t| now - t).unwrap_or(time::Duration::ZERO);
     if m.status.phase != Running && age > policy.startup_timeout {
         return Some(Unhealthy::NotStarted {
             phase: m.status.phase,
@@ -183,6 +205,26 @@ pub fn check(
         }
     }
     None
+}
+
+/// Whether a Running machine's Node has not been Ready for longer than the
+/// unhealthy timeout.
+pub fn node_not_ready(
+    m: &Machine,
+    node: Option<&drover_common::api::ClusterNode>,
+    now: OffsetDateTime,
+    policy: &Policy,
+) -> Option<Unhealthy> {
+    let node = node?;
+    if m.status.phase != MachinePhase::Running || node.ready == "True" {
+        return None;
+    }
+    let since = now - node.since?;
+    (since > policy.unhealthy_timeout).then(|| Unhealthy::NodeNotReady {
+        ready: node.ready.clone(),
+        since,
+        timeout: policy.unhealthy_timeout,
+    })
 }
 
 /// How long a registered machine may be silent before it counts as *late*
@@ -307,6 +349,14 @@ pub fn bounded_list(mut items: Vec<String>, sep: &str) -> String {
 /// etcd quorum of `members`.
 pub fn quorum(members: u32) -> u32 {
     members / 2 + 1
+}
+
+/// Whether one of `members` control-plane machines may be taken out while
+/// `healthy_others` of the rest are healthy: at least one stays, and the
+/// rest keeps etcd quorum of the smaller cluster.
+pub fn quorum_allows_removal(members: u32, healthy_others: u32) -> bool {
+    let after = members.saturating_sub(1);
+    after > 0 && healthy_others >= quorum(after)
 }
 
 #[cfg(test)]
@@ -634,5 +684,29 @@ mod tests {
             in_flight: vec![],
         };
         assert!(matches!(decide(&pool, &policy()), Decision::Paused(_)));
+    }
+
+    #[test]
+    fn a_node_not_ready_past_the_unhealthy_timeout_is_unhealthy() {
+        let policy = Policy::defaults(Duration::from_secs(40));
+        let m = machine(MachinePhase::Running);
+        let node = |ready: &str, ago: i64| drover_common::api::ClusterNode {
+            name: "m".into(),
+            ready: ready.into(),
+            since: Some(t0() - time::Duration::seconds(ago)),
+            unschedulable: false,
+        };
+        assert_eq!(
+            node_not_ready(&m, Some(&node("True", 600)), t0(), &policy),
+            None
+        );
+        assert_eq!(
+            node_not_ready(&m, Some(&node("Unknown", 60)), t0(), &policy),
+            None
+        );
+        let u = node_not_ready(&m, Some(&node("Unknown", 600)), t0(), &policy).unwrap();
+        assert_eq!(u.summary(), "Node Ready=Unknown");
+        assert!(u.to_string().contains("600s"), "{u}");
+        assert_eq!(node_not_ready(&m, None, t0(), &policy), None);
     }
 }

@@ -63,6 +63,18 @@ pub enum JoinTokenDecision {
 }
 
 impl ClusterJoinTokens {
+    /// The stored tokens when they belong to the cluster `uid`, else (none
+    /// stored, or a deleted namesake's) an empty set for it.
+    pub fn of_cluster(stored: Option<Self>, uid: &str) -> Self {
+        match stored {
+            Some(t) if t.cluster_uid == uid => t,
+            _ => Self {
+                cluster_uid: uid.to_owned(),
+                tokens: vec![],
+            },
+        }
+    }
+
     /// Drops expired and abandoned tokens. Returns whether anything changed.
     pub fn prune(&mut self, now: OffsetDateTime) -> bool {
         let before = self.tokens.len();

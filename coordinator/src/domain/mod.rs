@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod bootstrap;
+pub mod endpoint;
 pub mod health;
 pub mod jointokens;
 pub mod kubeconfig;
@@ -11,4 +12,6 @@ pub mod leadership;
 pub mod liveness;
 pub mod ratelimit;
 pub mod registrar;
+pub mod removal;
 pub mod secrets;
+pub mod settings;

@@ -17,11 +17,13 @@
 //! admin's concurrent change to a token, and is then checked again.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use drover_common::api::{Machine, RegistrationToken};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::{encode, Fence, Kind, Op, Store, StoreError};
+use crate::tasks::Task;
 
 /// The most registrations one transaction commits. etcd allows 128
 /// operations per transaction: a batch is at most this many machine
@@ -84,9 +86,12 @@ struct Pending {
 impl Registrar {
     /// Starts the committer on the current tokio runtime. It stops when the
     /// last handle is dropped.
-    pub fn start(store: Store) -> Self {
+    /// Starts the committer; it reports each batch it commits as a run of
+    /// `task` (the task set's `registration-committer`, which runs when
+    /// registrations arrive rather than on a period).
+    pub fn start(store: Store, task: Arc<Task>) -> Self {
         let (registrar, rx) = Self::unstarted();
-        tokio::spawn(run(store, rx));
+        tokio::spawn(run(store, rx, task));
         registrar
     }
 
@@ -114,8 +119,12 @@ impl Registrar {
     }
 }
 
-async fn run(store: Store, mut rx: mpsc::Receiver<Pending>) {
+/// The committer's name in the task set.
+pub const REGISTRAR_TASK: &str = "registration-committer";
+
+async fn run(store: Store, mut rx: mpsc::Receiver<Pending>, task: Arc<Task>) {
     while let Some(first) = rx.recv().await {
+        task.started();
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -126,11 +135,17 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Pending>) {
         let store = store.clone();
         let size = batch.len();
         // Store writes block; the next batch gathers while this one commits.
-        if let Err(e) = tokio::task::spawn_blocking(move || commit_by_term(&store, batch)).await {
+        let outcome = tokio::task::spawn_blocking(move || commit_by_term(&store, batch)).await;
+        if let Err(e) = &outcome {
             // The replies were dropped with the batch: each caller gets
             // "shutting down; retry".
             tracing::error!(error = %e, size, "registration commit panicked");
         }
+        task.finished(
+            outcome
+                .err()
+                .map(|e| format!("a commit of {size} registrations failed: {e}")),
+        );
     }
 }
 
@@ -369,7 +384,12 @@ mod tests {
         })
         .await
         .expect("80 registrations queued");
-        tokio::spawn(run(store.clone(), rx));
+        let task_set = crate::tasks::TaskSet::default();
+        tokio::spawn(run(
+            store.clone(),
+            rx,
+            task_set.register(REGISTRAR_TASK, std::time::Duration::ZERO),
+        ));
         let mut ok = 0;
         let mut used_up = 0;
         for t in tasks {
@@ -413,7 +433,11 @@ mod tests {
         store
             .create_json(Kind::RegistrationToken, "t1", &t)
             .unwrap();
-        let registrar = Registrar::start(store.clone());
+        let tasks = crate::tasks::TaskSet::default();
+        let registrar = Registrar::start(
+            store.clone(),
+            tasks.register(REGISTRAR_TASK, std::time::Duration::ZERO),
+        );
         let err = registrar
             .register(PoolRegistration {
                 token_id: "t1".into(),

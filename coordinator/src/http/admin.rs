@@ -179,7 +179,7 @@ pub async fn apply_cluster(
             desired.status = ClusterStatus::default();
             app.store.create_json(Kind::Cluster, &name, &desired)?;
             tracing::info!(cluster = %name, by = %admin.token_id, "cluster created");
-            app.reconcile_now.notify_one();
+            app.reconcile_soon();
             let created = app
                 .cluster(&name)?
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
@@ -223,7 +223,7 @@ pub async fn apply_cluster(
             current.metadata.labels = desired.metadata.labels;
             app.write_cluster(&current)?;
             tracing::info!(cluster = %name, generation = current.metadata.generation, by = %admin.token_id, "cluster updated");
-            app.reconcile_now.notify_one();
+            app.reconcile_soon();
             let updated = app
                 .cluster(&name)?
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
@@ -262,7 +262,7 @@ pub async fn delete_cluster(
         app.write_cluster(&c)?;
         tracing::info!(cluster = %name, by = %admin.token_id, "cluster deletion requested");
     }
-    app.reconcile_now.notify_one();
+    app.reconcile_soon();
     let c = app.cluster(&name)?.unwrap_or(c);
     Ok((StatusCode::ACCEPTED, Json(c)))
 }
@@ -281,7 +281,7 @@ pub struct CoordinatorStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_url: Option<String>,
     /// Its background loops.
-    pub loops: Vec<crate::reconcile::status::LoopStatus>,
+    pub loops: Vec<crate::types::LoopStatus>,
     /// Every background task: its period, runs, last error and next run.
     pub tasks: Vec<crate::types::TaskStatus>,
     /// Its API server's connections and TLS handshakes.
@@ -381,6 +381,92 @@ pub async fn get_machine(
         .ok_or_else(|| ApiError::not_found("machine", &name))
 }
 
+/// `DELETE /v1/machines/{name}`: takes a machine out.
+///
+/// A machine that serves no cluster is deregistered at once (200). A member
+/// of a cluster is marked (202) and leaves through the reconciler's safe
+/// path: a provider machine is replaced and then deleted, a pool machine is
+/// released (its agent runs `kubeadm reset`) and a free matching machine is
+/// claimed in its place; control-plane machines one at a time. Refused (409)
+/// when the cluster would lose its last control plane or etcd quorum.
+#[utoipa::path(
+    delete,
+    path = "/v1/machines/{name}",
+    tag = "machines",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
+    responses(
+        (status = 200, description = "The machine served no cluster and is deregistered; its record as it was.", body = Machine),
+        (status = 202, description = "The machine leaves its cluster through the safe path; the machine as marked.", body = Machine),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+    ),
+)]
+pub async fn delete_machine(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    ObjectName(name): ObjectName,
+) -> Result<(StatusCode, Json<Machine>), ApiError> {
+    admin.require_write()?;
+    let by = admin.token_id.clone();
+    let answer = crate::store::blocking({
+        let app = app.clone();
+        let name = name.clone();
+        move || request_removal(&app, &name, &by)
+    })
+    .await?;
+    app.reconcile_soon();
+    Ok(answer)
+}
+
+/// Checks and records a removal request (blocking: it reads and writes the
+/// store).
+fn request_removal(
+    app: &App,
+    name: &str,
+    by: &str,
+) -> Result<(StatusCode, Json<Machine>), ApiError> {
+    use crate::domain::removal::{check_removal, Removal};
+    let machine = app
+        .machine(name)?
+        .ok_or_else(|| ApiError::not_found("machine", name))?;
+    let all = app.machines()?;
+    match check_removal(&machine, &all).map_err(|e| ApiError::conflict(e.to_string()))? {
+        Removal::Deregister => {
+            let rev = machine
+                .metadata
+                .resource_version
+                .as_ref()
+                .and_then(|r| r.parse().ok());
+            app.store.delete(Kind::Machine, name, rev)?;
+            tracing::info!(machine = %name, by, "free machine deregistered");
+            Ok((StatusCode::OK, Json(machine)))
+        }
+        Removal::AlreadyLeaving => Ok((StatusCode::ACCEPTED, Json(machine))),
+        Removal::Mark => {
+            let marked = app
+                .update_machine::<ApiError>(name, |m| {
+                    if m.metadata.deletion_timestamp.is_some() {
+                        return Ok(false);
+                    }
+                    m.metadata.deletion_timestamp = Some(drover_common::now());
+                    drover_common::api::push_event(
+                        &mut m.status.events,
+                        "DeletionRequested",
+                        format!("deletion requested by admin token {by}; the machine leaves its cluster through the safe path"),
+                    );
+                    Ok(true)
+                })?
+                .ok_or_else(|| ApiError::not_found("machine", name))?;
+            tracing::info!(machine = %name, by, "machine deletion requested");
+            Ok((StatusCode::ACCEPTED, Json(marked)))
+        }
+    }
+}
+
 /// `POST /v1/machines/{name}/revoke`: revokes the machine's identity.
 ///
 /// Every certificate of the machine is refused from its next request on
@@ -429,7 +515,7 @@ pub async fn revoke_machine(
     .await?
     .ok_or_else(|| ApiError::not_found("machine", &name))?;
     tracing::warn!(machine = %name, by = %admin.token_id, "machine identity revoked");
-    app.reconcile_now.notify_one();
+    app.reconcile_soon();
     Ok(Json(revoked))
 }
 

@@ -119,9 +119,10 @@ impl From<StoreError> for ApiError {
             StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => {
                 ApiError::conflict(e.to_string())
             }
-            StoreError::Corrupt { .. } | StoreError::Backend(_) | StoreError::Sealed(_) => {
-                ApiError::internal(e)
-            }
+            StoreError::Corrupt { .. }
+            | StoreError::Backend(_)
+            | StoreError::Sealed(_)
+            | StoreError::Contended { .. } => ApiError::internal(e),
             // Deposed mid-request: the caller tries the next coordinator.
             StoreError::Fenced { .. } => {
                 let mut a = ApiError::new(

@@ -26,7 +26,7 @@ use super::error::ApiError;
 use crate::app::App;
 use crate::domain::jointokens::{directive_id, ClusterJoinTokens};
 use crate::http::server::PeerCertificate;
-use crate::store::{Kind, StoreError};
+use crate::store::{Kind, Modify, StoreError};
 
 /// The organization every machine certificate carries.
 pub const MACHINE_ORG: &str = "drover:machines";
@@ -175,7 +175,7 @@ pub async fn register(
         .await?;
     app.saw(&name, now);
     tracing::info!(machine = %name, pool = %pool, token = %token_id, hostname = %req.facts.hostname, "machine registered");
-    app.reconcile_now.notify_one();
+    app.reconcile_soon();
     Ok((
         StatusCode::CREATED,
         Json(RegisterResponse {
@@ -302,7 +302,7 @@ async fn register_created_machine(
     }
     app.saw(machine, now);
     tracing::info!(machine, cluster, hostname = %req.facts.hostname, "created machine registered");
-    app.reconcile_now.notify_one();
+    app.reconcile_soon();
     Ok((
         StatusCode::CREATED,
         Json(RegisterResponse {
@@ -509,6 +509,22 @@ fn record_heartbeat(
         }
     }
 
+    for r in hb
+        .directive_results
+        .iter()
+        .filter(|r| r.id.starts_with(ETCD_REMOVAL_PREFIX) || r.id.starts_with("node-delete-"))
+    {
+        if r.ok {
+            tracing::info!(machine = %name, directive = %r.id, message = %r.message, "cluster cleanup done");
+        } else {
+            tracing::warn!(machine = %name, directive = %r.id, message = %r.message, "cluster cleanup failed");
+        }
+        app.reconcile_soon();
+    }
+    if hb.etcd.is_some() || hb.nodes.is_some() {
+        record_view(app, &machine, hb, now)?;
+    }
+
     let mut woke = false;
     let updated = app
         .update_machine_from::<ApiError>(machine, |m| {
@@ -525,9 +541,89 @@ fn record_heartbeat(
         .ok_or_else(|| ApiError::unauthorized(format!("machine {name} was deleted")))?;
     if woke {
         tracing::info!(machine = %name, phase = %updated.status.phase, "machine status changed");
-        app.reconcile_now.notify_one();
+        app.reconcile_soon();
     }
     heartbeat_answer(app, &updated, now)
+}
+
+/// The id prefix of member-removal directives.
+const ETCD_REMOVAL_PREFIX: &str = "etcd-remove-";
+
+/// Keeps what a running control plane reports of its cluster (etcd
+/// members, Nodes) on the cluster's status, when it changed (the newest
+/// report wins).
+fn record_view(
+    app: &App,
+    machine: &Machine,
+    hb: &HeartbeatRequest,
+    now: time::OffsetDateTime,
+) -> Result<(), ApiError> {
+    let Some(a) = &machine.spec.assignment else {
+        return Ok(());
+    };
+    let name = &machine.metadata.name;
+    if !a.role.is_control_plane() || machine.status.phase != MachinePhase::Running {
+        return Ok(());
+    }
+    let etcd = hb.etcd.as_ref().filter(|r| {
+        if !r.error.is_empty() {
+            tracing::warn!(machine = %name, cluster = %a.cluster, error = %r.error, "control plane cannot read its etcd members");
+        }
+        r.error.is_empty()
+    });
+    let nodes = hb.nodes.as_ref().filter(|r| {
+        if !r.error.is_empty() {
+            tracing::warn!(machine = %name, cluster = %a.cluster, error = %r.error, "control plane cannot list the Nodes");
+        }
+        r.error.is_empty()
+    });
+    let mut etcd_changed = false;
+    let mut nodes_changed = false;
+    app.update_cluster::<ApiError>(&a.cluster, |c| {
+        if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str()) {
+            return Ok(false);
+        }
+        etcd_changed = etcd.is_some_and(|r| c.status.etcd_members != r.members);
+        nodes_changed = nodes.is_some_and(|r| c.status.nodes != r.nodes);
+        if etcd_changed {
+            c.status.etcd_members = etcd.map(|r| r.members.clone()).unwrap_or_default();
+            c.status.etcd_reported_by = Some(name.clone());
+            c.status.etcd_reported_at = Some(now);
+        }
+        if nodes_changed {
+            c.status.nodes = nodes.map(|r| r.nodes.clone()).unwrap_or_default();
+        }
+        Ok(etcd_changed || nodes_changed)
+    })?;
+    if etcd_changed {
+        let summary: Vec<String> = hb
+            .etcd
+            .iter()
+            .flat_map(|r| &r.members)
+            .map(|m| {
+                format!(
+                    "{}({}{})",
+                    if m.name.is_empty() { &m.id } else { &m.name },
+                    if m.started { "started" } else { "unstarted" },
+                    if m.healthy { ",healthy" } else { ",unhealthy" }
+                )
+            })
+            .collect();
+        tracing::info!(machine = %name, cluster = %a.cluster, members = %summary.join(" "), "etcd members changed");
+    }
+    if nodes_changed {
+        let summary: Vec<String> = hb
+            .nodes
+            .iter()
+            .flat_map(|r| &r.nodes)
+            .map(|n| format!("{}({})", n.name, n.ready))
+            .collect();
+        tracing::info!(machine = %name, cluster = %a.cluster, nodes = %summary.join(" "), "Nodes changed");
+    }
+    if etcd_changed || nodes_changed {
+        app.reconcile_soon();
+    }
+    Ok(())
 }
 
 /// The answer to a heartbeat: the assignment and the directives to carry
@@ -539,7 +635,11 @@ fn heartbeat_answer(
 ) -> Result<HeartbeatResponse, ApiError> {
     let mut directives = vec![];
     let mut assignment = None;
-    if let Some(a) = &machine.spec.assignment {
+    let gone = matches!(
+        machine.status.phase,
+        MachinePhase::Deleting | MachinePhase::Deleted
+    );
+    if let Some(a) = machine.spec.assignment.as_ref().filter(|_| !gone) {
         if machine.status.phase == MachinePhase::Releasing {
             directives.push(Directive {
                 id: format!("reset-g{}", a.generation),
@@ -554,6 +654,40 @@ fn heartbeat_answer(
                 generation: a.generation,
             });
             if a.role.is_control_plane() && machine.status.phase == MachinePhase::Running {
+                let cluster = app
+                    .cluster(&a.cluster)?
+                    .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()));
+                if let Some(r) = cluster
+                    .as_ref()
+                    .and_then(|c| c.status.node_removal.clone())
+                    .filter(|r| r.via == machine.metadata.name)
+                {
+                    directives.push(Directive {
+                        id: format!(
+                            "node-delete-{}-{}",
+                            r.node.chars().take(32).collect::<String>(),
+                            r.requested_at.unix_timestamp()
+                        ),
+                        action: DirectiveAction::DeleteNode { node: r.node },
+                    });
+                }
+                if let Some(r) = cluster
+                    .and_then(|c| c.status.etcd_removal)
+                    .filter(|r| r.via == machine.metadata.name)
+                {
+                    directives.push(Directive {
+                        // A retry after a while is a new directive.
+                        id: format!(
+                            "{ETCD_REMOVAL_PREFIX}{}-{}",
+                            r.id,
+                            r.requested_at.unix_timestamp()
+                        ),
+                        action: DirectiveAction::RemoveEtcdMember {
+                            id: r.id,
+                            name: r.name,
+                        },
+                    });
+                }
                 if let Some((tokens, _)) = app
                     .store
                     .get_json::<ClusterJoinTokens>(Kind::JoinTokens, &a.cluster)?
@@ -591,11 +725,10 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
     let releasing = m.status.phase == MachinePhase::Releasing;
     if releasing {
         if hb.phase == AgentPhase::Waiting && hb.applied_generation == 0 {
-            // The agent reset itself: the machine is back in its pool.
-            m.spec.assignment = None;
-            m.status.phase = MachinePhase::Registered;
             m.status.bootstrap = None;
             m.status.applied_generation = 0;
+            // The agent reset itself.
+            crate::domain::removal::finish_leaving(m);
         }
     } else {
         let assigned = m.spec.assignment.is_some();
@@ -648,6 +781,10 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
                 "ReturnedToPool",
                 "reset done; waiting in the pool".to_string(),
             ),
+            MachinePhase::Deleted => (
+                "Deleted",
+                "reset done; deregistered as requested, its identity revoked".to_string(),
+            ),
             other => ("PhaseChanged", format!("now {other}")),
         };
         push_event(&mut m.status.events, reason, message);
@@ -677,43 +814,38 @@ fn activate_tokens(
     ids: &[String],
     by: &str,
 ) -> Result<(), ApiError> {
-    for _ in 0..16 {
-        let Some((mut tokens, rev)) = app
-            .store
-            .get_json::<ClusterJoinTokens>(Kind::JoinTokens, cluster)?
-        else {
-            return Ok(());
-        };
-        let mut changed = false;
-        for r in hb
-            .directive_results
-            .iter()
-            .filter(|r| r.ok && ids.contains(&r.id))
-        {
-            if let Some(id) = r.id.strip_prefix("token-") {
-                if tokens.activate(id, by) {
-                    changed = true;
-                } else {
-                    tracing::warn!(cluster, machine_uid = by, directive = ?r.id, "result for a join token this machine was not asked to register ignored");
+    let activated = app.store.modify_json(
+        Kind::JoinTokens,
+        cluster,
+        |tokens: Option<ClusterJoinTokens>| {
+            let Some(mut tokens) = tokens else {
+                return Ok::<_, ApiError>(Modify::Keep(false));
+            };
+            let mut changed = false;
+            for r in hb
+                .directive_results
+                .iter()
+                .filter(|r| r.ok && ids.contains(&r.id))
+            {
+                if let Some(id) = r.id.strip_prefix("token-") {
+                    if tokens.activate(id, by) {
+                        changed = true;
+                    } else {
+                        tracing::warn!(cluster, machine_uid = by, directive = ?r.id, "result for a join token this machine was not asked to register ignored");
+                    }
                 }
             }
-        }
-        if !changed {
-            return Ok(());
-        }
-        match app
-            .store
-            .update_json(Kind::JoinTokens, cluster, &tokens, Some(rev))
-        {
-            Ok(_) => {
-                tracing::info!(cluster, "join token registered in the cluster");
-                return Ok(());
-            }
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
+            Ok(if changed {
+                Modify::Write(tokens, true)
+            } else {
+                Modify::Keep(false)
+            })
+        },
+    )?;
+    if activated {
+        tracing::info!(cluster, "join token registered in the cluster");
     }
-    Err(ApiError::internal("join tokens kept changing"))
+    Ok(())
 }
 
 /// `GET /v1/machine/config`: the signed bundle for the machine's assignment.
@@ -743,7 +875,7 @@ pub async fn config(
     // Reads secrets and signs: off the async workers.
     crate::store::blocking(move || {
         let machine = authenticate(&app, &peer)?;
-        crate::domain::bootstrap::bundle_for(&app, &machine).map_err(ApiError::from)
+        crate::domain::bootstrap::bundle_for(app.as_ref(), &machine).map_err(ApiError::from)
     })
     .await
     .map(Json)
@@ -867,6 +999,8 @@ mod tests {
                     machine_pool: "control-plane".into(),
                     role: MachineRole::Init,
                     generation: g,
+                    assigned_at: None,
+                    replaces: None,
                 }),
             },
             status: MachineStatus {
@@ -883,6 +1017,8 @@ mod tests {
             health: HealthReport::default(),
             bootstrap: None,
             directive_results: vec![],
+            etcd: None,
+            nodes: None,
         }
     }
 
@@ -922,7 +1058,7 @@ mod tests {
         let cp = member(&app, "cp", MachineRole::Init);
         let worker = member(&app, "worker", MachineRole::Worker);
         // A joiner asks: a token is minted for the registrar, the init machine.
-        let e = ApiError::from(join_token_for(&app, "c", "u").unwrap_err());
+        let e = ApiError::from(join_token_for(app.as_ref(), "c", "u").unwrap_err());
         let reason = e
             .not_ready
             .as_ref()
@@ -948,7 +1084,10 @@ mod tests {
             tokens(&app).tokens[0].state,
             crate::domain::jointokens::TokenState::Pending
         );
-        assert!(join_token_for(&app, "c", "u").is_err(), "a joiner waits");
+        assert!(
+            join_token_for(app.as_ref(), "c", "u").is_err(),
+            "a joiner waits"
+        );
         // The registrar is asked, and its result activates the token.
         let answer = heartbeat_answer(&app, &cp, now).unwrap();
         assert_eq!(answer.directives.len(), 1);
@@ -958,7 +1097,10 @@ mod tests {
             tokens(&app).tokens[0].state,
             crate::domain::jointokens::TokenState::Active
         );
-        assert_eq!(join_token_for(&app, "c", "u").unwrap(), minted.token);
+        assert_eq!(
+            join_token_for(app.as_ref(), "c", "u").unwrap(),
+            minted.token
+        );
     }
 
     #[test]

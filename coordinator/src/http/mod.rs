@@ -55,7 +55,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/clusters/{name}/kubeconfig", post(admin::kubeconfig))
         .route("/v1/machines", get(admin::list_machines))
         .route("/v1/status", get(admin::status))
-        .route("/v1/machines/{name}", get(admin::get_machine))
+        .route(
+            "/v1/machines/{name}",
+            get(admin::get_machine).delete(admin::delete_machine),
+        )
         .route("/v1/machines/{name}/revoke", post(admin::revoke_machine))
         .route(
             "/v1/registrationtokens",

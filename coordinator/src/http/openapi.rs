@@ -43,6 +43,7 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         admin::status,
         admin::coordinators,
         admin::get_machine,
+        admin::delete_machine,
         admin::revoke_machine,
         admin::list_tokens,
         admin::create_token,
@@ -233,7 +234,7 @@ mod tests {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 26);
+        assert_eq!(operations, 27);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

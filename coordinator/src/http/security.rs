@@ -12,7 +12,7 @@ use super::body::Body;
 use super::error::ApiError;
 use crate::app::App;
 use crate::domain::secrets::{new_admin_token, AdminRole, AdminTokens, ADMIN_TOKENS};
-use crate::store::{Kind, StoreError};
+use crate::store::{Kind, Modify};
 pub use crate::types::{AdminTokenInfo, CreatedAdminToken, KeysInfo};
 
 /// `POST /v1/admintokens`.
@@ -26,22 +26,13 @@ fn modify_tokens(
     app: &App,
     mut change: impl FnMut(&mut AdminTokens) -> Result<(), ApiError>,
 ) -> Result<(), ApiError> {
-    for _ in 0..16 {
-        let (mut tokens, rev) = app
-            .store
-            .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?
-            .ok_or_else(|| ApiError::internal("the admin token list is missing"))?;
-        change(&mut tokens)?;
-        match app
-            .store
-            .update_json(Kind::Secret, ADMIN_TOKENS, &tokens, Some(rev))
-        {
-            Ok(_) => return Ok(()),
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(ApiError::internal("the admin token list kept changing"))
+    app.store
+        .modify_json(Kind::Secret, ADMIN_TOKENS, |tokens: Option<AdminTokens>| {
+            let mut tokens =
+                tokens.ok_or_else(|| ApiError::internal("the admin token list is missing"))?;
+            change(&mut tokens)?;
+            Ok(Modify::Write(tokens, ()))
+        })
 }
 
 /// `POST /v1/admintokens`: a new admin token; its secret is shown only here.

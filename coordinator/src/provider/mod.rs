@@ -14,6 +14,7 @@
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod docker;
+pub mod retries;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -12,6 +12,11 @@ pub enum ReconcileError {
         cluster: String,
         source: drover_common::pki::PkiError,
     },
+    #[error("cannot give cluster {cluster} a managed control-plane endpoint: {source}")]
+    Endpoint {
+        cluster: String,
+        source: crate::domain::endpoint::EndpointError,
+    },
     #[error(transparent)]
     Provider(#[from] crate::provider::ProviderError),
 }

@@ -48,10 +48,38 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             }
             tracing::info!(cluster = %cname, "cluster PKI created");
         }
+        Step::AllocateEndpoint => {
+            let settings = &app.settings.endpoints;
+            let used: std::collections::BTreeSet<u16> = app
+                .clusters()?
+                .iter()
+                .filter(|c| c.metadata.uid != cluster.metadata.uid)
+                .filter_map(|c| c.status.endpoint_port)
+                .collect();
+            let port = crate::domain::endpoint::allocate(settings, &used).map_err(|source| {
+                ReconcileError::Endpoint {
+                    cluster: cname.clone(),
+                    source,
+                }
+            })?;
+            let address = crate::domain::endpoint::address(settings, port);
+            app.update_cluster::<StoreError>(cname, |c| {
+                if c.metadata.uid.as_deref() != Some(uid.as_str())
+                    || c.status.endpoint_port.is_some()
+                {
+                    return Ok(false);
+                }
+                c.status.endpoint_port = Some(port);
+                c.status.control_plane_endpoint = Some(address.clone());
+                Ok(true)
+            })?;
+            tracing::info!(cluster = %cname, endpoint = %address, "managed control-plane endpoint allocated");
+        }
         Step::Assign {
             machine,
             machine_pool,
             role,
+            replaces,
         } => {
             let done = app.update_machine::<StoreError>(machine, |m| {
                 if m.spec.assignment.is_some() || m.status.phase != MachinePhase::Registered {
@@ -64,12 +92,20 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                     machine_pool: machine_pool.clone(),
                     role: *role,
                     generation: m.metadata.generation,
+                    assigned_at: Some(drover_common::now()),
+                    replaces: replaces.clone(),
                 });
                 m.status.phase = MachinePhase::Assigned;
                 push_event(
                     &mut m.status.events,
                     "Assigned",
-                    format!("claimed by cluster {cname} as {role} in pool {machine_pool}"),
+                    format!(
+                        "claimed by cluster {cname} as {role} in pool {machine_pool}{}",
+                        replaces
+                            .as_ref()
+                            .map(|r| format!(", replacing {r}"))
+                            .unwrap_or_default()
+                    ),
                 );
                 Ok(true)
             })?;
@@ -82,22 +118,35 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 tracing::info!(cluster = %cname, machine = %machine, pool = %machine_pool, role = %role, "machine assigned");
             }
         }
-        Step::Release { machine, reason } => {
+        Step::Release {
+            machine,
+            reason,
+            remediation,
+        } => {
             app.update_machine::<StoreError>(machine, |m| {
                 if m.status.phase == MachinePhase::Releasing || m.spec.assignment.is_none() {
                     return Ok(false);
                 }
+                if *remediation {
+                    // `describe machine` says why it was taken out.
+                    push_event(&mut m.status.events, "Unhealthy", reason.clone());
+                    push_event(
+                        &mut m.status.events,
+                        "Remediating",
+                        format!("taken out of cluster {cname} to be replaced; its agent resets it before it can be claimed again"),
+                    );
+                } else {
+                    push_event(&mut m.status.events, "Released", reason.clone());
+                }
                 if m.status.phase == MachinePhase::Assigned && m.status.applied_generation == 0 {
                     // The agent has not started: nothing to undo on the machine.
-                    m.spec.assignment = None;
-                    m.status.phase = MachinePhase::Registered;
+                    crate::domain::removal::finish_leaving(m);
                 } else {
                     m.status.phase = MachinePhase::Releasing;
                 }
-                push_event(&mut m.status.events, "Released", reason.clone());
                 Ok(true)
             })?;
-            tracing::info!(cluster = %cname, machine = %machine, %reason, "machine released");
+            tracing::info!(cluster = %cname, machine = %machine, %reason, remediation, "machine released");
         }
         Step::CreateMachine {
             machine_pool,
@@ -150,6 +199,8 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                         machine_pool: machine_pool.clone(),
                         role: *role,
                         generation: 1,
+                        assigned_at: Some(now),
+                        replaces: replaces.clone(),
                     }),
                 },
                 status,
@@ -222,6 +273,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             Err(e) => return Err(e.into()),
         },
         Step::SetStatus(status) => {
+            let status: &ClusterStatus = status;
             let allowed = |st: &ClusterStatus| {
                 st.conditions
                     .iter()
@@ -239,7 +291,12 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 tracing::info!(cluster = %cname, "remediation resumes; every machine gets a fresh grace period");
             }
             app.update_cluster::<StoreError>(cname, |c| {
-                if c.metadata.uid != cluster.metadata.uid || c.status == *status {
+                let mut wanted: ClusterStatus = status.clone();
+                wanted.etcd_members = c.status.etcd_members.clone();
+                wanted.etcd_reported_by = c.status.etcd_reported_by.clone();
+                wanted.etcd_reported_at = c.status.etcd_reported_at;
+                wanted.nodes = c.status.nodes.clone();
+                if c.metadata.uid != cluster.metadata.uid || c.status == wanted {
                     return Ok(false);
                 }
                 if c.status.phase != status.phase {
@@ -250,7 +307,17 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 // purpose (its machine is gone) stays dropped.
                 let init = c.status.init_machine.clone();
                 let named_meanwhile = init != cluster.status.init_machine;
+                // The etcd members are the control planes' to report: a
+                // report that arrived meanwhile is kept.
+                let members = std::mem::take(&mut c.status.etcd_members);
+                let reported_by = c.status.etcd_reported_by.take();
+                let reported_at = c.status.etcd_reported_at.take();
+                let nodes = std::mem::take(&mut c.status.nodes);
                 c.status = status.clone();
+                c.status.nodes = nodes;
+                c.status.etcd_members = members;
+                c.status.etcd_reported_by = reported_by;
+                c.status.etcd_reported_at = reported_at;
                 if c.status.init_machine.is_none() && named_meanwhile {
                     c.status.init_machine = init;
                 }

@@ -5,12 +5,10 @@
 
 pub mod error;
 pub mod provisioner;
-pub mod retries;
-pub mod status;
 
+pub use crate::provider::retries::ProvisionRetries;
+pub use crate::types::LoopStatus;
 pub use error::ReconcileError;
-pub use retries::ProvisionRetries;
-pub use status::LoopStatus;
 
 mod executor;
 mod plan;
@@ -100,7 +98,7 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
 }
 
 /// Runs the reconcile loop until `shutdown` fires: every `period`, on store
-/// changes, or at once when something calls `app.reconcile_now.notify_one()`.
+/// changes, or at once when something calls `app.reconcile_soon()`.
 pub async fn run_loop(
     app: Arc<App>,
     status: Arc<Mutex<LoopStatus>>,
@@ -122,14 +120,10 @@ pub async fn run_loop(
             s.last_run_millis = started.elapsed().as_millis() as u64;
             s.last_errors = errors;
         }
-        // Besides its period (and `Task::activate`), `reconcile_now` and
+        // Besides its period and `Task::activate` (`App::reconcile_soon`),
         // store changes activate the reconciler.
         tokio::select! {
             _ = shutdown.changed() => return,
-            _ = app.reconcile_now.notified() => {
-                // Let a burst of changes settle into one pass.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
             change = changes.recv() => {
                 if let Ok(c) = &change {
                     tracing::trace!(kind = c.kind.as_str(), name = %c.name, revision = c.revision, deleted = c.deleted, "store change");
@@ -138,7 +132,12 @@ pub async fn run_loop(
                 // Coalesce everything that arrived meanwhile into this pass.
                 while changes.try_recv().is_ok() {}
             }
-            _ = task.tick() => {}
+            wake = task.tick() => {
+                if wake == crate::tasks::Wake::Activated {
+                    // Let a burst of requests settle into one pass.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
         }
     }
 }
@@ -298,7 +297,8 @@ mod tests {
         assert!(steps.contains(&Step::Assign {
             machine: "b".into(),
             machine_pool: CONTROL_PLANE_POOL.into(),
-            role: MachineRole::Init
+            role: MachineRole::Init,
+            replaces: None,
         }));
     }
 
@@ -312,6 +312,8 @@ mod tests {
             machine_pool: CONTROL_PLANE_POOL.into(),
             role: MachineRole::Init,
             generation: 2,
+            assigned_at: None,
+            replaces: None,
         });
         m.status.phase = MachinePhase::Running;
         let obs = obs(true, &seen_now);
@@ -320,7 +322,7 @@ mod tests {
             panic!()
         };
         assert_eq!(st.phase, ClusterPhase::Running);
-        c.status = st.clone();
+        c.status = (**st).clone();
         assert!(plan(&c, &[m], &obs).is_empty());
     }
 
@@ -335,6 +337,8 @@ mod tests {
             machine_pool: CONTROL_PLANE_POOL.into(),
             role: MachineRole::Init,
             generation: 2,
+            assigned_at: None,
+            replaces: None,
         });
         m.status.phase = MachinePhase::Running;
         let obs = obs(true, &seen_now);
@@ -362,6 +366,8 @@ mod tests {
             machine_pool: pool.into(),
             role,
             generation: 1,
+            assigned_at: None,
+            replaces: None,
         });
         m.status.phase = phase;
         m.status.provider_id = Some(format!("ctr-{name}"));
@@ -974,5 +980,427 @@ mod tests {
             }
         )
         .is_empty());
+    }
+
+    /// A pool machine of cluster `c` in `pool`, claimed a minute ago.
+    fn claimed(name: &str, pool: &str, role: MachineRole, phase: MachinePhase) -> Machine {
+        let mut m = free(name, "dev");
+        m.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::days(30));
+        m.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: pool.into(),
+            role,
+            generation: 2,
+            assigned_at: Some(drover_common::now() - time::Duration::minutes(1)),
+            replaces: None,
+        });
+        m.status.phase = phase;
+        m
+    }
+
+    /// Plans with the machines named in `silent` unheard for a minute.
+    fn plan_silent(c: &Cluster, machines: &[Machine], silent: &[&str]) -> Vec<Step> {
+        let now = drover_common::now();
+        let heard = |n: &str| {
+            Some(if silent.contains(&n) {
+                now - time::Duration::seconds(60)
+            } else {
+                now
+            })
+        };
+        plan(
+            c,
+            machines,
+            &Observed {
+                now,
+                ..obs(true, &heard)
+            },
+        )
+    }
+
+    /// Three Running control planes of cluster `c`: `a` (init), `b`, `d`.
+    fn three_control_planes() -> Vec<Machine> {
+        vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            claimed(
+                "b",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+            claimed(
+                "d",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+        ]
+    }
+
+    fn initialized(mut c: Cluster, init: &str) -> Cluster {
+        c.status.initialized = true;
+        c.status.init_machine = Some(init.into());
+        c
+    }
+
+    fn assigns(steps: &[Step]) -> Vec<(String, MachineRole, Option<String>)> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Assign {
+                    machine,
+                    role,
+                    replaces,
+                    ..
+                } => Some((machine.clone(), *role, replaces.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn releases(steps: &[Step]) -> Vec<(String, bool)> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Release {
+                    machine,
+                    remediation,
+                    ..
+                } => Some((machine.clone(), *remediation)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn final_status(steps: &[Step]) -> ClusterStatus {
+        match steps.last() {
+            Some(Step::SetStatus(st)) => (**st).clone(),
+            other => panic!("a status step last, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_silent_pool_worker_is_taken_out_and_a_free_machine_claimed_in_its_place() {
+        // maxUnhealthy 40 % of 3 allows one.
+        let c = initialized(cluster(1, 3), "a");
+        let machines = vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            claimed("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            claimed("w3", "w", MachineRole::Worker, MachinePhase::Running),
+            free("f", "dev"),
+        ];
+        let steps = plan_silent(&c, &machines, &["w1"]);
+        assert_eq!(releases(&steps), vec![("w1".to_string(), true)]);
+        assert_eq!(
+            assigns(&steps),
+            vec![("f".to_string(), MachineRole::Worker, Some("w1".to_string()))]
+        );
+        let st = final_status(&steps);
+        let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "False");
+        assert!(ready.message.contains("w1 silent"), "{}", ready.message);
+    }
+
+    #[test]
+    fn a_pool_machine_claimed_late_in_life_gets_its_full_startup_time() {
+        let c = initialized(cluster(1, 1), "a");
+        // Registered thirty days ago, claimed a minute ago, still joining.
+        let machines = vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            claimed("w1", "w", MachineRole::Worker, MachinePhase::Bootstrapping),
+            free("f", "dev"),
+        ];
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert!(releases(&steps).is_empty(), "{steps:?}");
+        assert!(assigns(&steps).is_empty(), "{steps:?}");
+    }
+
+    #[test]
+    fn pool_control_planes_join_one_at_a_time() {
+        let c = initialized(cluster(3, 0), "a");
+        let mut machines = vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            free("b", "dev"),
+            free("d", "dev"),
+            free("e", "dev"),
+        ];
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(
+            assigns(&steps),
+            vec![("b".to_string(), MachineRole::ControlPlane, None)]
+        );
+        // While b joins, nothing else is claimed for the control plane.
+        machines[1] = claimed(
+            "b",
+            CONTROL_PLANE_POOL,
+            MachineRole::ControlPlane,
+            MachinePhase::Bootstrapping,
+        );
+        assert!(assigns(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
+        machines[1].status.phase = MachinePhase::Running;
+        assert_eq!(
+            assigns(&plan(&c, &machines, &obs(true, &seen_now))),
+            vec![("d".to_string(), MachineRole::ControlPlane, None)]
+        );
+    }
+
+    #[test]
+    fn before_init_only_the_init_machine_is_claimed_for_the_control_plane() {
+        let c = cluster(3, 0);
+        let machines = vec![free("a", "dev"), free("b", "dev"), free("d", "dev")];
+        assert_eq!(
+            assigns(&plan(&c, &machines, &obs(true, &seen_now))),
+            vec![("a".to_string(), MachineRole::Init, None)]
+        );
+    }
+
+    #[test]
+    fn pool_control_plane_scale_down_goes_one_at_a_time_and_keeps_the_init_machine() {
+        let c = initialized(cluster(1, 0), "a");
+        let mut machines = three_control_planes();
+        machines[2].metadata.creation_timestamp = Some(drover_common::now());
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![("d".to_string(), false)]);
+        // While d resets, b stays.
+        machines[2].status.phase = MachinePhase::Releasing;
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert!(releases(&steps).is_empty(), "{steps:?}");
+        let st = final_status(&steps);
+        assert!(st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "RemovalAllowed" && c.status == "False"));
+    }
+
+    #[test]
+    fn a_dead_init_machine_of_three_is_replaced_by_a_joining_control_plane() {
+        let c = initialized(cluster(3, 0), "a");
+        let machines = {
+            let mut m = three_control_planes();
+            m.push(free("f", "dev"));
+            m
+        };
+        let steps = plan_silent(&c, &machines, &["a"]);
+        assert_eq!(releases(&steps), vec![("a".to_string(), true)]);
+        // Its replacement waits for the next pass, when the dead member can
+        // be removed first.
+        assert!(assigns(&steps).is_empty(), "{steps:?}");
+        // The cluster is not Ready while a member is silent.
+        let mut c = c;
+        c.status = final_status(&steps);
+        assert_eq!(c.status.phase, ClusterPhase::Degraded);
+        let mut machines = machines;
+        machines[0].status.phase = MachinePhase::Releasing;
+        push_event(&mut machines[0].status.events, "Remediating", "taken out");
+        // etcd still lists a's member, down: it is removed through b first.
+        let member = |id: &str, name: &str, healthy: bool| drover_common::api::EtcdMember {
+            id: id.into(),
+            name: name.into(),
+            peer_urls: vec![],
+            client_urls: vec!["https://x:2379".into()],
+            started: true,
+            healthy,
+        };
+        c.status.etcd_members = vec![
+            member("1", "a", false),
+            member("2", "b", true),
+            member("3", "d", true),
+        ];
+        for m in &mut machines {
+            m.status.hostname = m.metadata.name.clone();
+        }
+        let steps = plan_silent(&c, &machines, &["a"]);
+        assert!(assigns(&steps).is_empty(), "{steps:?}");
+        let removal = final_status(&steps).etcd_removal.expect("a removal");
+        assert_eq!((removal.id.as_str(), removal.via.as_str()), ("1", "b"));
+        // Once the member is gone, the free machine joins in a's place.
+        c.status = final_status(&steps);
+        c.status.etcd_members.remove(0);
+        let steps = plan_silent(&c, &machines, &["a"]);
+        assert_eq!(
+            assigns(&steps),
+            vec![(
+                "f".to_string(),
+                MachineRole::ControlPlane,
+                Some("a".to_string())
+            )]
+        );
+        assert_eq!(final_status(&steps).etcd_removal, None);
+    }
+
+    #[test]
+    fn a_pool_cluster_that_lost_every_control_plane_is_never_initialized_again() {
+        let c = initialized(cluster(1, 1), "a");
+        let mut gone = claimed(
+            "a",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Releasing,
+        );
+        push_event(&mut gone.status.events, "Remediating", "taken out");
+        let machines = vec![
+            gone,
+            claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
+            free("f", "dev"),
+        ];
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert!(assigns(&steps).is_empty(), "{steps:?}");
+        let st = final_status(&steps);
+        let lost = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ControlPlaneLost")
+            .expect("a ControlPlaneLost condition");
+        assert!(lost.message.contains("Restore etcd"), "{}", lost.message);
+        assert_ne!(st.phase, ClusterPhase::Running);
+    }
+
+    #[test]
+    fn a_lone_dead_pool_control_plane_is_kept_for_quorum() {
+        let c = initialized(cluster(1, 0), "a");
+        let machines = vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            free("f", "dev"),
+        ];
+        let now = drover_common::now();
+        let heard = move |_: &str| Some(now - time::Duration::seconds(60));
+        let mut policy = Policy::defaults(Duration::from_secs(40));
+        // Not paused by maxUnhealthy: the quorum rule alone keeps it.
+        policy.max_unhealthy_percent = 100;
+        let steps = plan(
+            &c,
+            &machines,
+            &Observed {
+                now,
+                policy,
+                ..obs(true, &heard)
+            },
+        );
+        assert!(releases(&steps).is_empty(), "{steps:?}");
+        let st = final_status(&steps);
+        let allowed = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .unwrap();
+        assert_eq!(allowed.status, "False");
+        assert!(allowed.message.contains("quorum"), "{}", allowed.message);
+    }
+
+    #[test]
+    fn a_provider_machine_deleted_by_an_operator_is_replaced_one_control_plane_at_a_time() {
+        let c = initialized(docker_cluster(3, 0), "cp1");
+        let mut machines = vec![
+            created(
+                "cp1",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created(
+                "cp2",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+            created(
+                "cp3",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+        ];
+        machines[1].metadata.deletion_timestamp = Some(drover_common::now());
+        push_event(
+            &mut machines[1].status.events,
+            "DeletionRequested",
+            "by an operator",
+        );
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(deletes(&steps), vec!["cp2".to_string()]);
+        assert_eq!(
+            creates(&steps),
+            vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
+        );
+        assert!(steps.iter().any(|s| matches!(
+            s,
+            Step::CreateMachine { replaces: Some(r), .. } if r == "cp2"
+        )));
+        // While another control plane still joins, the requested one waits.
+        machines[2].status.phase = MachinePhase::Bootstrapping;
+        assert!(deletes(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
+    }
+
+    #[test]
+    fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_unready() {
+        let mut c = initialized(cluster(1, 1), "a");
+        let mut machines = vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        for m in &mut machines {
+            m.status.hostname = m.metadata.name.clone();
+        }
+        let node = |name: &str, ready: &str| drover_common::api::ClusterNode {
+            name: name.into(),
+            ready: ready.into(),
+            since: Some(drover_common::now()),
+            unschedulable: false,
+        };
+        c.status.nodes = vec![
+            node("a", "True"),
+            node("gone", "Unknown"),
+            node("w1", "False"),
+        ];
+        let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
+        let removal = st.node_removal.clone().expect("the orphan Node goes");
+        assert_eq!((removal.node.as_str(), removal.via.as_str()), ("gone", "a"));
+        let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "NodesNotReady")
+        );
+        assert!(ready.message.contains("w1 (False)"), "{}", ready.message);
+        // Once it is gone and w1 is Ready, the cluster is Ready again.
+        c.status = st;
+        c.status.nodes = vec![node("a", "True"), node("w1", "True")];
+        let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
+        assert_eq!(st.node_removal, None);
+        assert!(st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"));
     }
 }

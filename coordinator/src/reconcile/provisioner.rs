@@ -531,7 +531,7 @@ impl CreateHost for Host<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::retries::ProvisionRetries;
+    use crate::provider::retries::ProvisionRetries;
 
     #[test]
     fn docker_machines_get_every_replicas_gateway_url_this_one_first() {

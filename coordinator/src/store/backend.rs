@@ -100,6 +100,12 @@ pub enum StoreError {
     },
     #[error("store backend failed: {0}")]
     Backend(String),
+    #[error("{kind} {name:?} kept changing under {attempts} consecutive updates; try again")]
+    Contended {
+        kind: &'static str,
+        name: String,
+        attempts: u32,
+    },
     #[error("write refused: this coordinator's leadership term {term} has ended ({detail}); the new leader makes this change")]
     Fenced { term: u64, detail: String },
     #[error(transparent)]

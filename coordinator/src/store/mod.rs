@@ -199,6 +199,18 @@ pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stat
     }
 }
 
+/// What [`Store::modify_json`]'s change decided.
+#[derive(Debug)]
+pub enum Modify<T, R> {
+    /// Write nothing; answer this.
+    Keep(R),
+    /// Write this value; answer that once it is written.
+    Write(T, R),
+}
+
+/// How often [`Store::modify_json`] retries a conflicting write.
+pub const MODIFY_ATTEMPTS: u32 = 16;
+
 /// The store handle, cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -534,6 +546,47 @@ impl Store {
         }])
     }
 
+    /// Read-modify-write of one object with optimistic concurrency, the one
+    /// retry-on-conflict loop for records that are not `App` objects (join
+    /// tokens, the admin token list). `change` sees the current value
+    /// (`None` when absent) and says what to do; on a conflict (or a create
+    /// that lost a race) it runs again on the newer value, up to
+    /// [`MODIFY_ATTEMPTS`] times.
+    pub fn modify_json<T, R, E>(
+        &self,
+        kind: Kind,
+        name: &str,
+        mut change: impl FnMut(Option<T>) -> Result<Modify<T, R>, E>,
+    ) -> Result<R, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<StoreError>,
+    {
+        for _ in 0..MODIFY_ATTEMPTS {
+            let current = self.get_json::<T>(kind, name)?;
+            let rev = current.as_ref().map(|(_, r)| *r);
+            let (value, result) = match change(current.map(|(v, _)| v))? {
+                Modify::Keep(result) => return Ok(result),
+                Modify::Write(value, result) => (value, result),
+            };
+            let written = match rev {
+                Some(rev) => self.update_json(kind, name, &value, Some(rev)),
+                None => self.create_json(kind, name, &value),
+            };
+            match written {
+                Ok(_) => return Ok(result),
+                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(StoreError::Contended {
+            kind: kind.as_str(),
+            name: name.to_owned(),
+            attempts: MODIFY_ATTEMPTS,
+        }
+        .into())
+    }
+
     /// Updates one object, conditional on its revision when given.
     pub fn update_json<T: Serialize>(
         &self,
@@ -641,7 +694,56 @@ mod tests {
         survives_reopen,
         secrets_are_sealed_at_rest_and_need_the_key,
         watch_reports_committed_changes,
+        modify_creates_retries_a_conflict_and_keeps,
     );
+
+    /// `modify_json` creates an absent record, runs its change again on the
+    /// newer value after a concurrent write, and writes nothing on `Keep`.
+    fn modify_creates_retries_a_conflict_and_keeps(b: &Backing) {
+        let s = b.open();
+        let other = b.open();
+        let n: u32 = s
+            .modify_json(Kind::JoinTokens, "m", |v: Option<u32>| {
+                assert!(v.is_none());
+                Ok::<_, StoreError>(Modify::Write(1, 1))
+            })
+            .unwrap();
+        assert_eq!(n, 1);
+        let mut calls = 0;
+        let seen = s
+            .modify_json(Kind::JoinTokens, "m", |v: Option<u32>| {
+                calls += 1;
+                let v = v.unwrap();
+                if calls == 1 {
+                    // Someone else writes between this read and its write.
+                    let (_, rev) = other
+                        .get_json::<u32>(Kind::JoinTokens, "m")
+                        .unwrap()
+                        .unwrap();
+                    other
+                        .update_json(Kind::JoinTokens, "m", &10u32, Some(rev))
+                        .unwrap();
+                }
+                Ok::<_, StoreError>(Modify::Write(v + 1, v))
+            })
+            .unwrap();
+        assert_eq!((calls, seen), (2, 10), "the second run saw the other write");
+        assert_eq!(
+            s.get_json::<u32>(Kind::JoinTokens, "m").unwrap().unwrap().0,
+            11
+        );
+        let rev = s.get_json::<u32>(Kind::JoinTokens, "m").unwrap().unwrap().1;
+        let kept: &str = s
+            .modify_json(Kind::JoinTokens, "m", |_: Option<u32>| {
+                Ok::<_, StoreError>(Modify::Keep("kept"))
+            })
+            .unwrap();
+        assert_eq!(kept, "kept");
+        assert_eq!(
+            s.get_json::<u32>(Kind::JoinTokens, "m").unwrap().unwrap().1,
+            rev
+        );
+    }
 
     /// The next change within 10 s (etcd's arrive asynchronously).
     fn next_change(rx: &mut broadcast::Receiver<Change>) -> Change {

@@ -4,28 +4,17 @@
 use super::shared::*;
 
 use drover_common::api::{
-    set_condition, Cluster, Machine, MachinePhase, MachineRole, PoolStatus, CONTROL_PLANE_POOL,
+    Cluster, Machine, MachinePhase, MachineRole, PoolStatus, CONTROL_PLANE_POOL,
 };
 
-use crate::domain::health::{check, decide, is_late, quorum, Decision, PoolHealth, Unhealthy};
+use crate::domain::health::{quorum_allows_removal, Decision};
 
 pub(super) fn plan_provider(
     cluster: &Cluster,
     mine: &[&Machine],
     observed: &Observed<'_>,
 ) -> Vec<Step> {
-    let mut steps = vec![];
-    for m in mine {
-        if m.status.phase == MachinePhase::Deleted
-            && m.metadata
-                .deletion_timestamp
-                .is_some_and(|t| observed.now - t > TOMBSTONE_TTL)
-        {
-            steps.push(Step::Forget {
-                machine: m.metadata.name.clone(),
-            });
-        }
-    }
+    let mut steps = forget_steps(mine, observed);
     if cluster.metadata.deletion_timestamp.is_some() {
         steps.extend(deleting_steps(cluster, mine, true));
         return steps;
@@ -41,11 +30,7 @@ pub(super) fn plan_provider(
         .filter(|m| !matches!(m.status.phase, MachinePhase::Deleted))
         .collect();
     let mut init_machine = current_init(cluster, &live);
-    let initialized = cluster.status.initialized
-        || init_machine
-            .as_ref()
-            .and_then(|i| live.iter().find(|m| &m.metadata.name == i))
-            .is_some_and(|m| m.status.phase == MachinePhase::Running);
+    let initialized = initialized(cluster, &live, init_machine.as_deref());
     if init_machine.is_none() && initialized {
         // The init machine is gone after it initialized the cluster: the
         // cluster keeps its initialized state; new control-plane machines join.
@@ -56,15 +41,7 @@ pub(super) fn plan_provider(
     let mut paused = vec![];
     // Unhealthy members: the name, and "pool: machine why" without ages.
     let mut degraded: Vec<(String, String)> = vec![];
-    // Remediation resumes only one pass after a pause ends, and the executor
-    // then gives every machine a fresh grace period: machines coming back
-    // from a partition return one by one, and the last ones must not be
-    // replaced for being a little late.
-    let was_paused = cluster
-        .status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "RemediationAllowed" && c.status == "False");
+    let was_paused = remediation_was_paused(cluster);
 
     // Machines already being deleted are finished first.
     for m in &live {
@@ -75,6 +52,31 @@ pub(super) fn plan_provider(
         }
     }
     steps.extend(alive_steps(&live, observed));
+
+    // etcd membership as the control planes report it: joins wait until it
+    // is settled, and a control plane that leaves on purpose has its
+    // member removed (through another one) before it is deleted.
+    let etcd_members = &cluster.status.etcd_members;
+    let cp_owners: Vec<&Machine> = live
+        .iter()
+        .copied()
+        .filter(|m| {
+            m.status.phase != MachinePhase::Deleting
+                && m.spec
+                    .assignment
+                    .as_ref()
+                    .is_some_and(|a| a.role.is_control_plane())
+        })
+        .collect();
+    let via: Vec<&Machine> = cp_owners
+        .iter()
+        .copied()
+        .filter(|m| {
+            m.status.phase == MachinePhase::Running && m.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
+    let etcd_settled = plan_etcd(cluster, &cp_owners, &[], &via, observed.now).settled;
+    let mut etcd_leaving: Vec<&Machine> = vec![];
 
     for (pool_name, desired) in cluster.desired_pools() {
         let is_cp = pool_name == CONTROL_PLANE_POOL;
@@ -107,101 +109,34 @@ pub(super) fn plan_provider(
         // Health, decided over the whole pool: the unhealthy members and
         // the replacements of earlier remediations not Running yet count
         // together against maxUnhealthy.
-        let unhealthy: Vec<(&Machine, Unhealthy)> = active
-            .iter()
-            .filter_map(|m| {
-                let uid = m.metadata.uid.as_deref().unwrap_or_default();
-                check(
-                    m,
-                    observed.now,
-                    (observed.last_seen)(&m.metadata.name),
-                    (observed.instance)(uid),
-                    &observed.policy,
-                )
-                .map(|r| (*m, r))
-            })
-            .collect();
-        for (m, u) in &unhealthy {
+        let in_flight = in_flight_replacements(mine, &live, &pool_name);
+        let judged = judge(
+            &pool_name,
+            desired,
+            &active,
+            in_flight,
+            &cluster.status.nodes,
+            observed,
+        );
+        let unhealthy = &judged.unhealthy;
+        for (m, u) in unhealthy {
             degraded.push((
                 m.metadata.name.clone(),
                 format!("{pool_name}: {} {}", m.metadata.name, u.summary()),
             ));
         }
-        // Members that missed heartbeats but are not past their timeout yet
-        // count too: cut off together with a silent one, they cross their
-        // own deadlines up to an interval later.
-        let late: Vec<&str> = active
-            .iter()
-            .filter(|m| {
-                !unhealthy
-                    .iter()
-                    .any(|(u, _)| u.metadata.name == m.metadata.name)
-            })
-            .filter(|m| {
-                is_late(
-                    m,
-                    observed.now,
-                    (observed.last_seen)(&m.metadata.name),
-                    &observed.policy,
-                    observed.heartbeat_interval,
-                )
-            })
-            .map(|m| m.metadata.name.as_str())
-            .collect();
-        let in_flight = in_flight_replacements(mine, &live, &pool_name);
-        let pool_health = PoolHealth {
-            pool: &pool_name,
-            desired,
-            members: active.len() as u32,
-            unhealthy: unhealthy
-                .iter()
-                .map(|(m, u)| (m.metadata.name.as_str(), u.clone()))
-                .collect(),
-            late,
-            in_flight,
-        };
-        let mut remediate: Vec<(&Machine, String)> = vec![];
-        match decide(&pool_health, &observed.policy) {
-            Decision::Paused(msg) => paused.push(msg),
-            Decision::Remediate(names) => {
-                let chosen = unhealthy
-                    .iter()
-                    .filter(|(m, _)| names.contains(&m.metadata.name));
-                if is_cp {
-                    // One control-plane machine at a time, and only while the
-                    // rest keeps etcd quorum (before init there is no etcd to
-                    // protect).
-                    if let Some((m, why)) = chosen.clone().next().filter(|_| deleting_here == 0) {
-                        let healthy_others = active
-                            .iter()
-                            .filter(|o| o.metadata.name != m.metadata.name)
-                            .filter(|o| o.status.phase == MachinePhase::Running)
-                            .filter(|o| {
-                                !unhealthy
-                                    .iter()
-                                    .any(|(u, _)| u.metadata.name == o.metadata.name)
-                            })
-                            .count() as u32;
-                        let members_after = (active.len() as u32).saturating_sub(1);
-                        if !initialized
-                            || (members_after > 0 && healthy_others >= quorum(members_after))
-                        {
-                            remediate.push((m, why.to_string()));
-                        } else {
-                            paused.push(format!(
-                                "control plane: {} is {} but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated",
-                                m.metadata.name,
-                                why.summary(),
-                                active.len()
-                            ));
-                        }
-                    }
-                } else {
-                    remediate = chosen.map(|(m, why)| (*m, why.to_string())).collect();
-                }
-            }
-        }
+        let mut remediate = remediation(
+            &judged,
+            &active,
+            Gate {
+                control_plane: is_cp,
+                busy: deleting_here > 0,
+                initialized,
+            },
+            &mut paused,
+        );
         if was_paused {
+            // Remediation resumes one pass after a pause ends.
             remediate.clear();
         }
         for (m, why) in &remediate {
@@ -210,6 +145,36 @@ pub(super) fn plan_provider(
                 reason: format!("unhealthy: {why}"),
                 remediation: true,
             });
+        }
+        // Machines an operator asked to delete leave the same way, and are
+        // replaced; a control-plane machine only when no other change is
+        // under way and the rest keeps quorum.
+        let requested = requested_deletions(
+            &judged,
+            &active,
+            &remediate,
+            Gate {
+                control_plane: is_cp,
+                busy: deleting_here > 0
+                    || !remediate.is_empty()
+                    || active.iter().any(|m| {
+                        m.status.phase != MachinePhase::Running
+                            && m.metadata.deletion_timestamp.is_none()
+                    }),
+                initialized,
+            },
+        );
+        let (requested, first_member): (Vec<&Machine>, Vec<&Machine>) = requested
+            .into_iter()
+            .partition(|m| member_of(etcd_members, m).is_none());
+        etcd_leaving.extend(first_member);
+        for m in &requested {
+            steps.push(Step::DeleteMachine {
+                machine: m.metadata.name.clone(),
+                reason: "deletion requested by an operator".into(),
+                remediation: false,
+            });
+            remediate.push((m, "deletion requested".into()));
         }
         let remaining: Vec<&Machine> = active
             .iter()
@@ -222,21 +187,7 @@ pub(super) fn plan_provider(
             .collect();
         let mut count = remaining.len() as u32;
 
-        // Machines this pool lost to remediation and not yet replaced.
-        let mut to_replace: Vec<String> = members
-            .iter()
-            .chain(mine.iter().filter(|m| {
-                m.status.phase == MachinePhase::Deleted
-                    && m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str())
-                        == Some(&pool_name)
-            }))
-            .filter(|m| needs_replacement_link(m))
-            .map(|m| m.metadata.name.clone())
-            .chain(remediate.iter().map(|(m, _)| m.metadata.name.clone()))
-            .collect();
-        to_replace.sort();
-        to_replace.dedup();
-
+        let mut to_replace = unreplaced(mine, &members, &pool_name, &remediate);
         // Scale up. Control-plane machines come one at a time, and the
         // others only once the first has initialized the cluster.
         while count < desired {
@@ -244,7 +195,7 @@ pub(super) fn plan_provider(
                 let busy = remaining
                     .iter()
                     .any(|m| m.status.phase != MachinePhase::Running);
-                if busy || (count > 0 && !initialized) {
+                if busy || !etcd_settled || (count > 0 && !initialized) {
                     break;
                 }
             }
@@ -271,20 +222,16 @@ pub(super) fn plan_provider(
                 break;
             }
         }
-        // Scale down: unhealthy first (already removed above), then newest,
-        // never the init machine while it is needed.
         if count > desired {
-            let mut victims: Vec<&Machine> = remaining.clone();
-            victims.sort_by_key(|m| {
-                (
-                    Some(&m.metadata.name) == init_machine.as_ref(),
-                    m.status.phase == MachinePhase::Running,
-                    std::cmp::Reverse(m.metadata.creation_timestamp),
-                )
-            });
-            let excess = (count - desired) as usize;
-            let take = if is_cp { excess.min(1) } else { excess };
-            for m in victims.iter().take(take) {
+            let (delete, first_member) = scale_down(
+                &remaining,
+                (count - desired) as usize,
+                is_cp,
+                init_machine.as_deref(),
+                etcd_members,
+            );
+            etcd_leaving.extend(first_member);
+            for m in delete {
                 steps.push(Step::DeleteMachine {
                     machine: m.metadata.name.clone(),
                     reason: format!(
@@ -316,19 +263,150 @@ pub(super) fn plan_provider(
         &degraded,
     );
     status.initialized = initialized;
-    set_condition(
-        &mut status.conditions,
-        "RemediationAllowed",
-        paused.is_empty(),
-        if paused.is_empty() {
-            "WithinLimits"
-        } else {
-            "RemediationPaused"
-        },
-        &paused.join("; "),
+    status.etcd_removal = plan_etcd(cluster, &cp_owners, &etcd_leaving, &via, observed.now).removal;
+    let owners: Vec<&Machine> = live
+        .iter()
+        .copied()
+        .filter(|m| m.status.phase != MachinePhase::Deleting)
+        .collect();
+    apply_nodes(
+        &mut status,
+        &plan_nodes(cluster, &owners, &via, observed.now),
     );
+    set_remediation_condition(&mut status, &paused);
     if status != cluster.status {
-        steps.push(Step::SetStatus(status));
+        steps.push(Step::SetStatus(Box::new(status)));
     }
     steps
+}
+
+/// What limits a pool's changes in one pass.
+#[derive(Debug, Clone, Copy)]
+struct Gate {
+    /// The pool is the control plane: one machine at a time, under quorum.
+    control_plane: bool,
+    /// Another change of the pool is under way.
+    busy: bool,
+    /// `kubeadm init` has run: there is etcd quorum to keep.
+    initialized: bool,
+}
+
+/// The unhealthy machines to replace now: those `maxUnhealthy` allows, and
+/// of the control plane one at a time and only while the rest keeps etcd
+/// quorum (before init there is no etcd to protect). Why a control plane
+/// waits goes into `paused`.
+fn remediation<'a>(
+    judged: &Judgement<'a>,
+    active: &[&'a Machine],
+    gate: Gate,
+    paused: &mut Vec<String>,
+) -> Vec<(&'a Machine, String)> {
+    let names = match &judged.decision {
+        Decision::Paused(msg) => {
+            paused.push(msg.clone());
+            return vec![];
+        }
+        Decision::Remediate(names) => names,
+    };
+    let mut chosen = judged
+        .unhealthy
+        .iter()
+        .filter(|(m, _)| names.contains(&m.metadata.name));
+    if !gate.control_plane {
+        return chosen.map(|(m, why)| (*m, why.to_string())).collect();
+    }
+    let Some((m, why)) = chosen.next().filter(|_| !gate.busy) else {
+        return vec![];
+    };
+    let healthy_others = judged.healthy_others(active, m);
+    if !gate.initialized || quorum_allows_removal(active.len() as u32, healthy_others) {
+        vec![(*m, why.to_string())]
+    } else {
+        paused.push(format!(
+            "control plane: {} is {} but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated",
+            m.metadata.name,
+            why.summary(),
+            active.len()
+        ));
+        vec![]
+    }
+}
+
+/// The machines an operator asked to delete that may leave now (and are
+/// replaced): every worker, and one control-plane machine when no other
+/// change is under way and the rest keeps quorum.
+fn requested_deletions<'a>(
+    judged: &Judgement<'a>,
+    active: &[&'a Machine],
+    remediate: &[(&'a Machine, String)],
+    gate: Gate,
+) -> Vec<&'a Machine> {
+    let requested = active
+        .iter()
+        .copied()
+        .filter(|m| m.metadata.deletion_timestamp.is_some())
+        .filter(|m| {
+            !remediate
+                .iter()
+                .any(|(r, _)| r.metadata.name == m.metadata.name)
+        });
+    if !gate.control_plane {
+        return requested.collect();
+    }
+    requested
+        .take(1)
+        .filter(|m| {
+            !gate.busy
+                && quorum_allows_removal(active.len() as u32, judged.healthy_others(active, m))
+        })
+        .collect()
+}
+
+/// Machines this pool lost (to remediation or an operator's request) that
+/// no machine replaces yet, by name; the last is replaced first.
+fn unreplaced(
+    mine: &[&Machine],
+    members: &[&Machine],
+    pool: &str,
+    leaving_now: &[(&Machine, String)],
+) -> Vec<String> {
+    let mut out: Vec<String> = members
+        .iter()
+        .chain(mine.iter().filter(|m| {
+            m.status.phase == MachinePhase::Deleted
+                && m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str()) == Some(pool)
+        }))
+        .filter(|m| needs_replacement_link(m))
+        .map(|m| m.metadata.name.clone())
+        .chain(leaving_now.iter().map(|(m, _)| m.metadata.name.clone()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Which of `remaining` a scale-down by `excess` deletes now: the newest
+/// first, never the init machine while it is needed, and of the control
+/// plane one per pass. A control plane with an etcd member is returned
+/// second: its member is removed first, while it still runs.
+fn scale_down<'a>(
+    remaining: &[&'a Machine],
+    excess: usize,
+    control_plane: bool,
+    init_machine: Option<&str>,
+    etcd_members: &[drover_common::api::EtcdMember],
+) -> (Vec<&'a Machine>, Vec<&'a Machine>) {
+    let mut victims: Vec<&Machine> = remaining.to_vec();
+    victims.sort_by_key(|m| {
+        (
+            Some(m.metadata.name.as_str()) == init_machine,
+            m.status.phase == MachinePhase::Running,
+            std::cmp::Reverse(m.metadata.creation_timestamp),
+        )
+    });
+    let take = if control_plane { excess.min(1) } else { excess };
+    victims
+        .into_iter()
+        .take(take)
+        .partition(|m| !(control_plane && member_of(etcd_members, m).is_some()))
 }

@@ -20,14 +20,25 @@ pub const TOMBSTONE_TTL: time::Duration = time::Duration::hours(1);
 pub enum Step {
     /// Generate the cluster's CA set.
     EnsurePki,
+    /// Give a cluster whose spec asks for `{managed: coordinator}` its
+    /// endpoint port, before any machine runs `kubeadm init`.
+    AllocateEndpoint,
     /// Claim a free pool machine.
     Assign {
         machine: String,
         machine_pool: String,
         role: MachineRole,
+        /// The machine this one takes the place of, if any.
+        replaces: Option<String>,
     },
-    /// Return a pool machine to its registration pool.
-    Release { machine: String, reason: String },
+    /// Return a pool machine to its registration pool (its agent runs
+    /// `kubeadm reset` first).
+    Release {
+        machine: String,
+        reason: String,
+        /// Whether it is taken out because it is unhealthy.
+        remediation: bool,
+    },
     /// Record a new provider machine in the store (the intent), before any
     /// provider call.
     CreateMachine {
@@ -57,7 +68,7 @@ pub enum Step {
         message: String,
     },
     /// Record the cluster's observed state.
-    SetStatus(ClusterStatus),
+    SetStatus(Box<ClusterStatus>),
     /// Every machine is gone: remove the cluster, its network and its secrets.
     Finalize,
 }
@@ -83,6 +94,21 @@ impl Observed<'_> {
     }
 }
 
+/// Forgets the cluster's tombstones (machines Deleted) past their time.
+pub(crate) fn forget_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
+    mine.iter()
+        .filter(|m| {
+            m.status.phase == MachinePhase::Deleted
+                && m.metadata
+                    .deletion_timestamp
+                    .is_some_and(|t| observed.now - t > TOMBSTONE_TTL)
+        })
+        .map(|m| Step::Forget {
+            machine: m.metadata.name.clone(),
+        })
+        .collect()
+}
+
 pub(crate) fn deleting_steps(cluster: &Cluster, mine: &[&Machine], provider: bool) -> Vec<Step> {
     let mut steps = vec![];
     let live: Vec<&&Machine> = mine
@@ -104,6 +130,7 @@ pub(crate) fn deleting_steps(cluster: &Cluster, mine: &[&Machine], provider: boo
             steps.push(Step::Release {
                 machine: name,
                 reason: format!("cluster {} is being deleted", cluster.metadata.name),
+                remediation: false,
             });
         }
     }
@@ -113,14 +140,18 @@ pub(crate) fn deleting_steps(cluster: &Cluster, mine: &[&Machine], provider: boo
         let mut status = cluster.status.clone();
         status.phase = ClusterPhase::Deleting;
         if status != cluster.status {
-            steps.push(Step::SetStatus(status));
+            steps.push(Step::SetStatus(Box::new(status)));
         }
     }
     steps
 }
 
 pub(crate) fn needs_replacement_link(m: &Machine) -> bool {
-    let remediated = m.status.events.iter().any(|e| e.reason == "Remediating");
+    let remediated = m
+        .status
+        .events
+        .iter()
+        .any(|e| e.reason == "Remediating" || e.reason == "DeletionRequested");
     let linked = m.status.events.iter().any(|e| e.reason == "ReplacedBy");
     remediated && !linked
 }
@@ -162,16 +193,6 @@ pub(crate) fn pool_selector<'a>(
     }
 }
 
-pub(crate) fn pool_members<'a>(mine: &[&'a Machine], pool: &str) -> Vec<&'a Machine> {
-    mine.iter()
-        .copied()
-        .filter(|m| {
-            m.spec.assignment.as_ref().map(|a| a.machine_pool.as_str()) == Some(pool)
-                && m.status.phase != MachinePhase::Releasing
-        })
-        .collect()
-}
-
 pub(crate) fn count_running(machines: &[&Machine]) -> u32 {
     machines
         .iter()
@@ -179,20 +200,69 @@ pub(crate) fn count_running(machines: &[&Machine]) -> u32 {
         .count() as u32
 }
 
-pub(crate) fn next_role(
-    pool: &str,
-    init_machine: &mut Option<String>,
-    candidate: &str,
-) -> MachineRole {
-    if pool == CONTROL_PLANE_POOL {
-        if init_machine.is_none() {
-            *init_machine = Some(candidate.to_owned());
-            MachineRole::Init
+/// Whether the cluster was initialized: recorded, or its init machine is
+/// Running now.
+pub(crate) fn initialized(cluster: &Cluster, live: &[&Machine], init: Option<&str>) -> bool {
+    cluster.status.initialized
+        || init
+            .and_then(|i| live.iter().find(|m| m.metadata.name == i))
+            .is_some_and(|m| m.status.phase == MachinePhase::Running)
+}
+
+/// Whether the previous pass paused remediation. Remediation resumes only
+/// one pass after a pause ends, and the executor then gives every machine a
+/// fresh grace period: machines coming back from a partition return one by
+/// one, and the last ones must not be replaced for being a little late.
+pub(crate) fn remediation_was_paused(cluster: &Cluster) -> bool {
+    cluster
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "RemediationAllowed" && c.status == "False")
+}
+
+/// Records whether remediation may go on, with what paused it.
+pub(crate) fn set_remediation_condition(status: &mut ClusterStatus, paused: &[String]) {
+    set_condition(
+        &mut status.conditions,
+        "RemediationAllowed",
+        paused.is_empty(),
+        if paused.is_empty() {
+            "WithinLimits"
         } else {
-            MachineRole::ControlPlane
-        }
-    } else {
-        MachineRole::Worker
+            "RemediationPaused"
+        },
+        &paused.join("; "),
+    );
+}
+
+/// The condition a cluster gets when every control-plane machine of an
+/// initialized cluster is gone: its etcd data went with them.
+pub const CONTROL_PLANE_LOST_CONDITION: &str = "ControlPlaneLost";
+
+/// Sets or clears [`CONTROL_PLANE_LOST_CONDITION`]. A cluster that lost its
+/// whole control plane is never initialized a second time: `kubeadm init`
+/// would make a new cluster with a new CA and no workloads, which its
+/// workers could not join.
+pub(crate) fn set_control_plane_lost(status: &mut ClusterStatus, cluster: &str, lost: bool) {
+    if lost {
+        set_condition(
+            &mut status.conditions,
+            CONTROL_PLANE_LOST_CONDITION,
+            true,
+            "NoControlPlaneLeft",
+            &format!(
+                "every control-plane machine of cluster {cluster} is gone, and its etcd data with them; Drover will not run `kubeadm init` again, which would make a different cluster. Restore etcd from a backup onto a new control-plane machine, or delete and re-create the cluster"
+            ),
+        );
+    } else if status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONTROL_PLANE_LOST_CONDITION)
+    {
+        status
+            .conditions
+            .retain(|c| c.type_ != CONTROL_PLANE_LOST_CONDITION);
     }
 }
 
@@ -261,8 +331,8 @@ pub(crate) fn choose_endpoint(
     init_machine: Option<&str>,
     degraded: &[(String, String)],
 ) -> Option<String> {
-    if let Some(ep) = &cluster.spec.control_plane_endpoint {
-        return Some(ep.clone());
+    if let Some(ep) = stable_endpoint(cluster) {
+        return Some(ep);
     }
     let unhealthy = |m: &Machine| degraded.iter().any(|(n, _)| *n == m.metadata.name);
     let mut candidates: Vec<&Machine> = mine
@@ -403,9 +473,21 @@ pub(crate) fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Ste
     steps
 }
 
+/// The endpoint that outlives every machine, when the cluster has one: the
+/// spec's address, or the coordinator's managed endpoint once allocated.
+pub(crate) fn stable_endpoint(cluster: &Cluster) -> Option<String> {
+    if let Some(ep) = cluster.spec.endpoint_address() {
+        return Some(ep.to_owned());
+    }
+    if cluster.spec.endpoint_managed_by_coordinator() && cluster.status.endpoint_port.is_some() {
+        return cluster.status.control_plane_endpoint.clone();
+    }
+    None
+}
+
 pub(crate) fn endpoint_for(cluster: &Cluster, init: &Machine) -> String {
-    if let Some(ep) = &cluster.spec.control_plane_endpoint {
-        return ep.clone();
+    if let Some(ep) = stable_endpoint(cluster) {
+        return ep;
     }
     let addr = init.status.addresses.first().cloned().unwrap_or_default();
     let host = if addr.contains(':') {
@@ -414,4 +496,294 @@ pub(crate) fn endpoint_for(cluster: &Cluster, init: &Machine) -> String {
         addr
     };
     format!("{host}:{}", init.status.api_server_port)
+}
+
+/// How long a member removal asked of a machine may stay unanswered before
+/// it is asked again (perhaps of another machine).
+pub const ETCD_REMOVAL_RETRY: time::Duration = time::Duration::seconds(60);
+
+/// What the cluster's reported etcd members call for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EtcdPlan {
+    /// The member removal to ask for (kept in the cluster's status, and
+    /// handed to its `via` machine with its next heartbeat).
+    pub removal: Option<drover_common::api::EtcdRemoval>,
+    /// Whether membership is settled: every member started, healthy and
+    /// belonging to a control-plane machine of the cluster, one member per
+    /// such machine, and no removal under way. A control-plane join waits
+    /// for this, so joins never race a member change.
+    pub settled: bool,
+}
+
+/// The etcd member a machine runs: by name (its hostname, the node name),
+/// or, before it started, by the address in its peer URL.
+pub(crate) fn member_of<'a>(
+    members: &'a [drover_common::api::EtcdMember],
+    m: &Machine,
+) -> Option<&'a drover_common::api::EtcdMember> {
+    members.iter().find(|e| {
+        (!e.name.is_empty() && e.name == m.status.hostname)
+            || (e.name.is_empty()
+                && e.peer_urls.iter().any(|u| {
+                    m.status
+                        .addresses
+                        .iter()
+                        .any(|a| u.contains(&format!("//{a}:")) || u.contains(&format!("//[{a}]:")))
+                }))
+    })
+}
+
+/// Plans etcd membership from the members a control plane reported.
+///
+/// `owners` are the machines whose members stay: the cluster's control
+/// planes that serve it, and released ones still alive (their own
+/// `kubeadm reset` removes their member). `leaving` are control planes
+/// that go on purpose and whose member must go first, while they still
+/// run. Any other member that is not healthy belongs to no machine (a dead
+/// control plane taken out): it is removed through a running control plane
+/// whose own member is healthy. Removing a member that is down never
+/// lowers the number of healthy ones, so quorum is never the obstacle; a
+/// healthy member is removed only while the others keep quorum.
+pub(crate) fn plan_etcd(
+    cluster: &Cluster,
+    owners: &[&Machine],
+    leaving: &[&Machine],
+    via_candidates: &[&Machine],
+    now: OffsetDateTime,
+) -> EtcdPlan {
+    use drover_common::api::EtcdRemoval;
+    let members = &cluster.status.etcd_members;
+    if members.is_empty() {
+        return EtcdPlan {
+            removal: None,
+            settled: true,
+        };
+    }
+    // A removal asked for recently, whose member is still listed, stands.
+    if let Some(r) = &cluster.status.etcd_removal {
+        if members.iter().any(|m| m.id == r.id) && now - r.requested_at < ETCD_REMOVAL_RETRY {
+            return EtcdPlan {
+                removal: Some(r.clone()),
+                settled: false,
+            };
+        }
+    }
+    let healthy = members.iter().filter(|m| m.healthy).count() as u32;
+    let owned = |e: &drover_common::api::EtcdMember| {
+        owners
+            .iter()
+            .any(|m| member_of(members, m).is_some_and(|o| o.id == e.id))
+    };
+    let via_for = |victim: &drover_common::api::EtcdMember| {
+        via_candidates
+            .iter()
+            .find(|m| member_of(members, m).is_some_and(|own| own.healthy && own.id != victim.id))
+    };
+    // Planned departures first (their machines still run), then members
+    // of machines that are gone.
+    let planned = leaving.iter().filter_map(|m| {
+        member_of(members, m).map(|e| {
+            (
+                e,
+                format!(
+                    "control-plane machine {} leaves the cluster",
+                    m.metadata.name
+                ),
+            )
+        })
+    });
+    let orphans = members
+        .iter()
+        .filter(|e| !(owned(e) || e.healthy && e.started))
+        .map(|e| {
+            (
+                e,
+                format!(
+                    "member {} belongs to no control-plane machine of cluster {} and is down",
+                    if e.name.is_empty() { &e.id } else { &e.name },
+                    cluster.metadata.name
+                ),
+            )
+        });
+    let removal = planned.chain(orphans).find_map(|(e, reason)| {
+        let keeps_quorum = !e.healthy
+            || crate::domain::health::quorum_allows_removal(members.len() as u32, healthy - 1);
+        let via = via_for(e)?;
+        keeps_quorum.then(|| EtcdRemoval {
+            id: e.id.clone(),
+            name: e.name.clone(),
+            via: via.metadata.name.clone(),
+            reason,
+            requested_at: now,
+        })
+    });
+    let settled = removal.is_none()
+        && members.iter().all(|e| e.started && e.healthy && owned(e))
+        && owners
+            .iter()
+            .filter(|m| m.status.phase == MachinePhase::Running)
+            .all(|m| member_of(members, m).is_some());
+    EtcdPlan { removal, settled }
+}
+
+/// One pool's health as remediation judges it in one pass.
+pub(crate) struct Judgement<'a> {
+    /// The unhealthy members and why.
+    pub unhealthy: Vec<(&'a Machine, crate::domain::health::Unhealthy)>,
+    /// Whom `maxUnhealthy` lets remediation replace, or why it pauses.
+    pub decision: crate::domain::health::Decision,
+}
+
+impl Judgement<'_> {
+    pub fn is_unhealthy(&self, m: &Machine) -> bool {
+        self.unhealthy
+            .iter()
+            .any(|(u, _)| u.metadata.name == m.metadata.name)
+    }
+
+    /// Members other than `m` that are Running and not unhealthy.
+    pub fn healthy_others(&self, members: &[&Machine], m: &Machine) -> u32 {
+        members
+            .iter()
+            .filter(|o| o.metadata.name != m.metadata.name)
+            .filter(|o| o.status.phase == MachinePhase::Running && !self.is_unhealthy(o))
+            .count() as u32
+    }
+}
+
+/// Judges a pool over all its members at once: the unhealthy ones, the
+/// late ones (missed heartbeats, not past their timeout yet: cut off
+/// together with a silent one, they cross their own deadlines up to an
+/// interval later) and the replacements still in flight count together
+/// against `maxUnhealthy`.
+pub(crate) fn judge<'a>(
+    pool: &str,
+    desired: u32,
+    members: &[&'a Machine],
+    in_flight: Vec<&str>,
+    nodes: &[drover_common::api::ClusterNode],
+    observed: &Observed<'_>,
+) -> Judgement<'a> {
+    use crate::domain::health::{check, decide, is_late, node_not_ready, PoolHealth};
+    let unhealthy: Vec<(&'a Machine, crate::domain::health::Unhealthy)> = members
+        .iter()
+        .filter_map(|m| {
+            let uid = m.metadata.uid.as_deref().unwrap_or_default();
+            check(
+                m,
+                observed.now,
+                (observed.last_seen)(&m.metadata.name),
+                (observed.instance)(uid),
+                &observed.policy,
+            )
+            .or_else(|| {
+                let node = nodes.iter().find(|n| n.name == m.status.hostname);
+                node_not_ready(m, node, observed.now, &observed.policy)
+            })
+            .map(|u| (*m, u))
+        })
+        .collect();
+    let late: Vec<&str> = members
+        .iter()
+        .filter(|m| {
+            !unhealthy
+                .iter()
+                .any(|(u, _)| u.metadata.name == m.metadata.name)
+        })
+        .filter(|m| {
+            is_late(
+                m,
+                observed.now,
+                (observed.last_seen)(&m.metadata.name),
+                &observed.policy,
+                observed.heartbeat_interval,
+            )
+        })
+        .map(|m| m.metadata.name.as_str())
+        .collect();
+    let decision = decide(
+        &PoolHealth {
+            pool,
+            desired,
+            members: members.len() as u32,
+            unhealthy: unhealthy
+                .iter()
+                .map(|(m, u)| (m.metadata.name.as_str(), u.clone()))
+                .collect(),
+            late,
+            in_flight,
+        },
+        &observed.policy,
+    );
+    Judgement {
+        unhealthy,
+        decision,
+    }
+}
+
+/// What the reported Nodes call for.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct NodesPlan {
+    /// The Node deletion to ask for: a Node whose machine left.
+    pub removal: Option<drover_common::api::NodeRemoval>,
+    /// The Nodes of the cluster's machines that are not Ready.
+    pub not_ready: Vec<String>,
+}
+
+/// Plans Node cleanup from the Nodes a control plane reported: a Node that
+/// belongs to none of `owners` (the cluster's machines that serve it, and
+/// released ones still resetting) is deleted through a running control
+/// plane of `via`, one at a time. No Node outlives its machine.
+pub(crate) fn plan_nodes(
+    cluster: &Cluster,
+    owners: &[&Machine],
+    via: &[&Machine],
+    now: OffsetDateTime,
+) -> NodesPlan {
+    let nodes = &cluster.status.nodes;
+    let owned = |n: &drover_common::api::ClusterNode| {
+        owners
+            .iter()
+            .any(|m| !m.status.hostname.is_empty() && m.status.hostname == n.name)
+    };
+    let not_ready = nodes
+        .iter()
+        .filter(|n| owned(n) && n.ready != "True")
+        .map(|n| format!("{} ({})", n.name, n.ready))
+        .collect();
+    let pending = cluster.status.node_removal.clone().filter(|r| {
+        nodes.iter().any(|n| n.name == r.node) && now - r.requested_at < ETCD_REMOVAL_RETRY
+    });
+    let removal = pending.or_else(|| {
+        let orphan = nodes.iter().find(|n| !owned(n))?;
+        let via = via.first()?;
+        Some(drover_common::api::NodeRemoval {
+            node: orphan.name.clone(),
+            via: via.metadata.name.clone(),
+            requested_at: now,
+        })
+    });
+    NodesPlan { removal, not_ready }
+}
+
+/// Keeps `Ready` true to what is inside the cluster: a cluster whose
+/// machines all run is not Ready while any of their Nodes is not.
+pub(crate) fn apply_nodes(status: &mut ClusterStatus, plan: &NodesPlan) {
+    status.node_removal = plan.removal.clone();
+    let ready = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if ready && !plan.not_ready.is_empty() {
+        set_condition(
+            &mut status.conditions,
+            "Ready",
+            false,
+            "NodesNotReady",
+            &format!(
+                "Nodes not Ready: {}",
+                crate::domain::health::bounded_list(plan.not_ready.clone(), ", ")
+            ),
+        );
+    }
 }

@@ -23,19 +23,22 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::certs::{render_cluster_info_kubeconfig, subject};
 use crate::daemon;
-use crate::store::{self, Added, StoredToken};
+use crate::store::{Added, EtcdAccess, Store, StoredToken};
 use crate::util::Root;
 
 pub struct Opts {
     pub bind: String,
     pub cert_dir: String,
     pub server: String,
+    pub etcd_servers: String,
 }
 
 struct State {
     root: Root,
     cert_dir: String,
     server: String,
+    /// Where the objects are: the cluster's etcd, through the local member.
+    store: Store,
 }
 
 type Resp = Response<Full<Bytes>>;
@@ -98,10 +101,13 @@ async fn serve_inner(root: &Root, opts: Opts) -> Result<()> {
         std::process::id(),
         root.dir().display()
     );
+    let access = EtcdAccess::apiserver(root, &opts.cert_dir, &opts.etcd_servers)?;
+    let store = Store::connect(&access).await?;
     let state = Arc::new(State {
         root: root.clone(),
         cert_dir: opts.cert_dir,
         server: opts.server,
+        store,
     });
     let watchdog = daemon::watchdog(root.clone(), "apiserver");
     tokio::pin!(watchdog);
@@ -188,17 +194,52 @@ fn forbidden(who: &Identity, verb: &str, resource: &str, ns: &str) -> Resp {
 const CLUSTER_INFO: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
 const KUBEADM_CONFIG: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
 const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
+const PODS: &str = "/api/v1/namespaces/kube-system/pods";
+const NODES: &str = "/api/v1/nodes";
+const CSRS: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+
+/// How long a Node may go without a status update before the API server
+/// reports it `Ready=Unknown` (the node lifecycle controller's
+/// `--node-monitor-grace-period`, 40s by default).
+const NODE_MONITOR_GRACE: time::Duration = time::Duration::seconds(40);
 
 async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
-    let Some(who) = authenticate(state, peer, &req) else {
+    let Some(who) = authenticate(state, peer, &req).await else {
         return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
     };
     match (method, path.as_str()) {
-        (Method::GET, "/livez" | "/readyz" | "/healthz") => text(StatusCode::OK, "ok"),
-        (Method::GET, "/version") => version(state),
-        (Method::GET, CLUSTER_INFO) => cluster_info(state),
+        (Method::GET, "/livez") => text(StatusCode::OK, "ok"),
+        (Method::GET, "/readyz" | "/healthz") => ready(state).await,
+        (Method::GET, "/version") => version(state).await,
+        (Method::GET, CLUSTER_INFO) => cluster_info(state).await,
+        (Method::GET, "/api") => json_resp(
+            StatusCode::OK,
+            &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": state.server.trim_start_matches("https://")}]}),
+        ),
+        (Method::GET, "/apis") => json_resp(
+            StatusCode::OK,
+            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+        ),
+        (Method::GET, "/api/v1") => json_resp(StatusCode::OK, &core_resources()),
+        (Method::POST, CSRS) => {
+            if !matches!(who, Identity::Bootstrap { .. }) && !who.is_admin() {
+                return status(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    &format!("certificatesigningrequests.certificates.k8s.io is forbidden: User \"{}\" cannot create resource \"certificatesigningrequests\" in API group \"certificates.k8s.io\" at the cluster scope", who.user()),
+                );
+            }
+            sign_kubelet_csr(state, &who, req).await
+        }
+        (_, p) if p == NODES || p.starts_with("/api/v1/nodes/") => nodes(state, &who, req).await,
+        (Method::GET, PODS) => {
+            if !who.is_admin() {
+                return forbidden(&who, "list", "pods", "kube-system");
+            }
+            etcd_pods(state, req.uri().query().unwrap_or_default()).await
+        }
         (Method::GET, KUBEADM_CONFIG) => {
             let allowed = who.is_admin()
                 || matches!(who, Identity::Bootstrap { .. })
@@ -206,7 +247,7 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
             if !allowed {
                 return forbidden(&who, "get", "configmaps", "kube-system");
             }
-            kubeadm_config(state)
+            kubeadm_config(state).await
         }
         (Method::POST, SECRETS) => {
             if !who.is_admin() {
@@ -218,12 +259,12 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
             if !who.is_admin() {
                 return forbidden(&who, "get", "secrets", "kube-system");
             }
-            get_secret(state, &p[SECRETS.len() + 1..])
+            get_secret(state, &p[SECRETS.len() + 1..]).await
         }
         (
             _,
             "/livez" | "/readyz" | "/healthz" | "/version" | CLUSTER_INFO | KUBEADM_CONFIG
-            | SECRETS,
+            | SECRETS | PODS,
         ) => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -238,7 +279,7 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
 }
 
 /// The caller's identity; `None` when it presented invalid credentials.
-fn authenticate(
+async fn authenticate(
     state: &State,
     peer: Option<(String, Vec<String>)>,
     req: &Request<Incoming>,
@@ -246,7 +287,7 @@ fn authenticate(
     if let Some(auth) = req.headers().get("authorization") {
         let bearer = auth.to_str().ok()?.strip_prefix("Bearer ")?;
         let token: BootstrapToken = bearer.trim().parse().ok()?;
-        let tokens = store::load_tokens(&state.root).ok()?;
+        let tokens = state.store.load_tokens().await.ok()?;
         let ok = tokens.iter().any(|t| {
             t.id == token.id()
                 && t.secret == token.secret()
@@ -263,8 +304,13 @@ fn authenticate(
     })
 }
 
-fn version(state: &State) -> Resp {
-    let v = store::load_cluster_config(&state.root)
+async fn version(state: &State) -> Resp {
+    let v = state
+        .store
+        .load_cluster_config()
+        .await
+        .ok()
+        .flatten()
         .and_then(|y| serde_saphyr::from_str::<serde_json::Value>(&y).ok())
         .and_then(|d| {
             d.get("kubernetesVersion")
@@ -284,7 +330,7 @@ fn version(state: &State) -> Resp {
     )
 }
 
-fn cluster_info(state: &State) -> Resp {
+async fn cluster_info(state: &State) -> Resp {
     let ca_logical = format!("{}/ca.crt", state.cert_dir);
     let ca_pem = match std::fs::read_to_string(state.root.path(&ca_logical)) {
         Ok(p) => p,
@@ -297,7 +343,7 @@ fn cluster_info(state: &State) -> Resp {
         }
     };
     let kubeconfig = render_cluster_info_kubeconfig(&state.server, &ca_pem);
-    let tokens = match store::load_tokens(&state.root) {
+    let tokens = match state.store.load_tokens().await {
         Ok(t) => t,
         Err(e) => {
             return status(
@@ -329,9 +375,14 @@ fn cluster_info(state: &State) -> Resp {
     )
 }
 
-fn kubeadm_config(state: &State) -> Resp {
-    match store::load_cluster_config(&state.root) {
-        Some(yaml) => json_resp(
+async fn kubeadm_config(state: &State) -> Resp {
+    match state.store.load_cluster_config().await {
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &format!("{e:#}"),
+        ),
+        Ok(Some(yaml)) => json_resp(
             StatusCode::OK,
             &json!({
                 "apiVersion": "v1",
@@ -340,7 +391,7 @@ fn kubeadm_config(state: &State) -> Resp {
                 "data": {"ClusterConfiguration": yaml},
             }),
         ),
-        None => status(
+        Ok(None) => status(
             StatusCode::NOT_FOUND,
             "NotFound",
             "configmaps \"kubeadm-config\" not found",
@@ -376,8 +427,8 @@ fn secret_json(t: &StoredToken) -> serde_json::Value {
     })
 }
 
-fn get_secret(state: &State, name: &str) -> Resp {
-    let tokens = store::load_tokens(&state.root).unwrap_or_default();
+async fn get_secret(state: &State, name: &str) -> Resp {
+    let tokens = state.store.load_tokens().await.unwrap_or_default();
     match tokens
         .iter()
         .find(|t| format!("bootstrap-token-{}", t.id) == name && !t.expired())
@@ -407,7 +458,7 @@ async fn create_secret(state: &State, req: Request<Incoming>) -> Resp {
         Err((code, reason, msg)) => return status(code, reason, &msg),
     };
     let name = format!("bootstrap-token-{}", token.id);
-    match store::add_token(&state.root, token.clone(), false) {
+    match state.store.add_token(token.clone(), false).await {
         Ok(Added::Created) => {
             println!("standin-apiserver: created secret kube-system/{name}");
             json_resp(StatusCode::CREATED, &secret_json(&token))
@@ -576,6 +627,469 @@ fn parse_token_secret(body: &[u8]) -> Result<StoredToken, Reject> {
         groups,
         description: fields.get("description").cloned(),
     })
+}
+
+/// A kubelet's client certificate request (its TLS bootstrap), approved
+/// and signed at once when it asks for a node identity with the kubelet
+/// client signer, as kube-controller-manager's csrapproving and csrsigning
+/// controllers do for bootstrappers. The subject comes from the request's
+/// CN (`system:node:NAME`); the organization is always `system:nodes`.
+async fn sign_kubelet_csr(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
+    let csr = match read_json(req).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let invalid = |msg: &str| {
+        status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!("CertificateSigningRequest.certificates.k8s.io is invalid: {msg}"),
+        )
+    };
+    if csr["spec"]["signerName"] != "kubernetes.io/kube-apiserver-client-kubelet" {
+        return invalid(
+            "spec.signerName: the stand-in signs only kubernetes.io/kube-apiserver-client-kubelet",
+        );
+    }
+    let Some(pem) = csr["spec"]["request"]
+        .as_str()
+        .and_then(|r| B64.decode(r).ok())
+        .and_then(|r| String::from_utf8(r).ok())
+    else {
+        return invalid("spec.request: not a base64 PEM certificate request");
+    };
+    let Some(cn) = csr_common_name(&pem) else {
+        return invalid("spec.request: not a parseable certificate request");
+    };
+    if !cn.starts_with("system:node:") || cn.len() <= "system:node:".len() {
+        return invalid(&format!(
+            "spec.request: subject {cn:?} is not system:node:NAME"
+        ));
+    }
+    let read =
+        |f: &str| std::fs::read_to_string(state.root.path(format!("{}/{f}", state.cert_dir)));
+    let ca = match (read("ca.crt"), read("ca.key")) {
+        (Ok(cert_pem), Ok(key_pem)) => {
+            drover_common::pki::CertificateAuthority { cert_pem, key_pem }
+        }
+        _ => {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "this API server cannot read the cluster CA key",
+            )
+        }
+    };
+    let spec = drover_common::pki::LeafSpec {
+        common_name: cn.clone(),
+        organizations: vec!["system:nodes".into()],
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: drover_common::pki::LeafUsage::Client,
+        validity: time::Duration::days(365),
+    };
+    match ca.sign_csr(&pem, &spec) {
+        Ok(issued) => {
+            println!(
+                "standin-apiserver: signed the kubelet certificate of {cn} for {}",
+                who.user()
+            );
+            let mut out = csr.clone();
+            out["metadata"]["name"] = format!("csr-{:08x}", rand::random::<u32>()).into();
+            out["spec"]["username"] = who.user().into();
+            out["status"] = json!({
+                "conditions": [{"type": "Approved", "status": "True", "reason": "AutoApproved",
+                                "message": "Auto approving kubelet client certificate after SubjectAccessReview."}],
+                "certificate": B64.encode(issued.cert_pem.as_bytes()),
+            });
+            json_resp(StatusCode::CREATED, &out)
+        }
+        Err(e) => invalid(&format!("spec.request: {e}")),
+    }
+}
+
+/// The subject CN of a PEM certificate request.
+fn csr_common_name(pem: &str) -> Option<String> {
+    let der = pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect::<String>();
+    let der = B64.decode(der).ok()?;
+    use x509_parser::prelude::FromDer;
+    let (_, req) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&der).ok()?;
+    let cn = req
+        .certification_request_info
+        .subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_owned();
+    Some(cn)
+}
+
+/// The core group's discovery document: the resources this stand-in serves.
+fn core_resources() -> serde_json::Value {
+    json!({
+        "kind": "APIResourceList",
+        "groupVersion": "v1",
+        "resources": [
+            {"name": "nodes", "singularName": "node", "namespaced": false, "kind": "Node",
+             "verbs": ["create", "delete", "get", "list", "patch", "update"], "shortNames": ["no"]},
+            {"name": "nodes/status", "singularName": "", "namespaced": false, "kind": "Node",
+             "verbs": ["get", "update"]},
+        ],
+    })
+}
+
+/// `/api/v1/nodes[/NAME[/status]]`: list, get, create, status update,
+/// cordon (a merge patch of `spec`), delete. A node may write only its own
+/// Node; reading needs a node or an admin; patching and deleting an admin.
+async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let rest = path
+        .strip_prefix(NODES)
+        .unwrap_or_default()
+        .trim_start_matches('/');
+    let (name, sub) = match rest.split_once('/') {
+        Some((n, s)) => (n.to_owned(), Some(s.to_owned())),
+        None => (rest.to_owned(), None),
+    };
+    let own_node = matches!(who, Identity::Cert { cn, groups }
+        if groups.iter().any(|g| g == "system:nodes") && cn.strip_prefix("system:node:") == Some(name.as_str()));
+    let reader = who.is_admin()
+        || matches!(who, Identity::Cert { groups, .. } if groups.iter().any(|g| g == "system:nodes"));
+    let forbid = |verb: &str| {
+        status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            &format!("nodes{} is forbidden: User \"{}\" cannot {verb} resource \"nodes\" in API group \"\" at the cluster scope", if name.is_empty() { String::new() } else { format!(" \"{name}\"") }, who.user()),
+        )
+    };
+    let not_found = || {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("nodes \"{name}\" not found"),
+        )
+    };
+    let internal = |e: anyhow::Error| {
+        status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &format!("{e:#}"),
+        )
+    };
+    match (method, name.is_empty(), sub.as_deref()) {
+        (Method::GET, true, None) => {
+            if !reader {
+                return forbid("list");
+            }
+            match state.store.nodes().await {
+                Ok(items) => json_resp(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                            "items": items.into_iter().map(observed_node).collect::<Vec<_>>()}),
+                ),
+                Err(e) => internal(e),
+            }
+        }
+        (Method::POST, true, None) => {
+            let node = match read_json(req).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let n = node["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let creator = who.is_admin()
+                || matches!(who, Identity::Cert { cn, .. } if cn.strip_prefix("system:node:") == Some(n.as_str()));
+            if n.is_empty() || !creator {
+                return forbid("create");
+            }
+            match state.store.put_node(&n, &stamped(node, None), true).await {
+                Ok(true) => json_resp(
+                    StatusCode::CREATED,
+                    &json!({"kind": "Node", "metadata": {"name": n}}),
+                ),
+                Ok(false) => status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    &format!("nodes \"{n}\" already exists"),
+                ),
+                Err(e) => internal(e),
+            }
+        }
+        (Method::GET, false, None) => {
+            if !reader {
+                return forbid("get");
+            }
+            match state.store.node(&name).await {
+                Ok(Some(n)) => json_resp(StatusCode::OK, &observed_node(n)),
+                Ok(None) => not_found(),
+                Err(e) => internal(e),
+            }
+        }
+        (Method::PUT, false, Some("status")) => {
+            if !(own_node || who.is_admin()) {
+                return forbid("update");
+            }
+            let update = match read_json(req).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let current = match state.store.node(&name).await {
+                Ok(Some(n)) => n,
+                Ok(None) => return not_found(),
+                Err(e) => return internal(e),
+            };
+            let mut next = current.clone();
+            next["status"] = update["status"].clone();
+            // A condition keeps its lastTransitionTime while its status
+            // stays the same.
+            if let (Some(new), Some(old)) = (
+                next["status"]["conditions"].as_array_mut(),
+                current["status"]["conditions"].as_array(),
+            ) {
+                for c in new.iter_mut() {
+                    if let Some(o) = old
+                        .iter()
+                        .find(|o| o["type"] == c["type"] && o["status"] == c["status"])
+                    {
+                        c["lastTransitionTime"] = o["lastTransitionTime"].clone();
+                    }
+                }
+            }
+            match state
+                .store
+                .put_node(&name, &stamped(next, Some(&current)), false)
+                .await
+            {
+                Ok(true) => json_resp(
+                    StatusCode::OK,
+                    &json!({"kind": "Node", "metadata": {"name": name}}),
+                ),
+                Ok(false) => not_found(),
+                Err(e) => internal(e),
+            }
+        }
+        (Method::PATCH, false, None) => {
+            if !who.is_admin() {
+                return forbid("patch");
+            }
+            let patch = match read_json(req).await {
+                Ok(v) => v,
+                Err(r) => return r,
+            };
+            let current = match state.store.node(&name).await {
+                Ok(Some(n)) => n,
+                Ok(None) => return not_found(),
+                Err(e) => return internal(e),
+            };
+            let mut next = current.clone();
+            merge_patch(&mut next, &patch);
+            match state
+                .store
+                .put_node(&name, &stamped(next.clone(), Some(&current)), false)
+                .await
+            {
+                Ok(true) => json_resp(StatusCode::OK, &observed_node(next)),
+                Ok(false) => not_found(),
+                Err(e) => internal(e),
+            }
+        }
+        (Method::DELETE, false, None) => {
+            if !who.is_admin() {
+                return forbid("delete");
+            }
+            match state.store.delete_node(&name).await {
+                Ok(true) => json_resp(
+                    StatusCode::OK,
+                    &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                            "details": {"name": name, "kind": "nodes"}}),
+                ),
+                Ok(false) => not_found(),
+                Err(e) => internal(e),
+            }
+        }
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        ),
+    }
+}
+
+/// A request body as JSON (1 MiB at most), or the error to answer.
+async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, Resp> {
+    let body = Limited::new(req.into_body(), 1 << 20)
+        .collect()
+        .await
+        .map_err(|_| {
+            status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                "request body too large or unreadable",
+            )
+        })?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|e| {
+        status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            &format!("the body is not JSON: {e}"),
+        )
+    })
+}
+
+/// A Node with the fields the API server keeps: its creation time (kept
+/// from `current`) and a uid.
+fn stamped(mut node: serde_json::Value, current: Option<&serde_json::Value>) -> serde_json::Value {
+    let created = current
+        .and_then(|c| {
+            c["metadata"]["creationTimestamp"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| {
+            OffsetDateTime::now_utc()
+                .replace_nanosecond(0)
+                .unwrap_or(OffsetDateTime::now_utc())
+                .format(&Rfc3339)
+                .unwrap_or_default()
+        });
+    let uid = current
+        .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+    node["metadata"]["creationTimestamp"] = created.into();
+    node["metadata"]["uid"] = uid.into();
+    node["apiVersion"] = "v1".into();
+    node["kind"] = "Node".into();
+    node
+}
+
+/// RFC 7386 merge patch.
+fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match patch {
+        serde_json::Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            for (k, v) in p {
+                if v.is_null() {
+                    target.as_object_mut().expect("object").remove(k);
+                } else {
+                    merge_patch(&mut target[k.as_str()], v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+/// A Node as the cluster sees it: `Ready=Unknown` once its kubelet has not
+/// posted status for the grace period (the node lifecycle controller's
+/// verdict).
+fn observed_node(mut node: serde_json::Value) -> serde_json::Value {
+    let now = OffsetDateTime::now_utc();
+    if let Some(conds) = node["status"]["conditions"].as_array_mut() {
+        for c in conds.iter_mut().filter(|c| c["type"] == "Ready") {
+            let stale = c["lastHeartbeatTime"]
+                .as_str()
+                .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+                .is_none_or(|t| now - t > NODE_MONITOR_GRACE);
+            if stale {
+                // It went Unknown when the grace period ran out.
+                if c["status"] != "Unknown" {
+                    if let Some(t) = c["lastHeartbeatTime"]
+                        .as_str()
+                        .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+                    {
+                        c["lastTransitionTime"] = (t + NODE_MONITOR_GRACE)
+                            .format(&Rfc3339)
+                            .unwrap_or_default()
+                            .into();
+                    }
+                }
+                c["status"] = "Unknown".into();
+                c["reason"] = "NodeStatusUnknown".into();
+                c["message"] = "Kubelet stopped posting node status.".into();
+            }
+        }
+    }
+    node
+}
+
+/// `/readyz`: ready while the cluster's etcd answers through the local
+/// member (as kube-apiserver's etcd check), so a control plane whose etcd
+/// lost quorum drops out of its load balancer.
+async fn ready(state: &State) -> Resp {
+    let check = state.store.load_cluster_config();
+    match tokio::time::timeout(Duration::from_secs(2), check).await {
+        Ok(Ok(_)) => text(StatusCode::OK, "ok"),
+        Ok(Err(e)) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("[-]etcd failed: {e:#}\nreadyz check failed"),
+        ),
+        Err(_) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "[-]etcd failed: no answer within 2s\nreadyz check failed",
+        ),
+    }
+}
+
+/// `GET .../kube-system/pods?labelSelector=component=etcd`: the etcd mirror
+/// Pods, one per member, with the annotation kubeadm reads the members'
+/// client URLs from (`kubeadm.kubernetes.io/etcd.advertise-client-urls`).
+/// Other Pods are not served.
+async fn etcd_pods(state: &State, query: &str) -> Resp {
+    let selector = form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "labelSelector")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    if selector != "component=etcd" {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the stand-in API server lists only the etcd Pods (labelSelector=component=etcd)",
+        );
+    }
+    let members = match state.store.members().await {
+        Ok(m) => m,
+        Err(e) => {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &format!("{e:#}"),
+            )
+        }
+    };
+    let items: Vec<serde_json::Value> = members
+        .iter()
+        .filter(|m| !m.name.is_empty())
+        .map(|m| {
+            json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": format!("etcd-{}", m.name),
+                    "namespace": "kube-system",
+                    "labels": {"component": "etcd", "tier": "control-plane"},
+                    "annotations": {
+                        "kubeadm.kubernetes.io/etcd.advertise-client-urls": m.client_urls.join(","),
+                    },
+                },
+                "spec": {"nodeName": m.name},
+            })
+        })
+        .collect();
+    json_resp(
+        StatusCode::OK,
+        &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}),
+    )
 }
 
 #[cfg(test)]

@@ -446,18 +446,6 @@ pub fn issue(
     })
 }
 
-/// A self-signed client certificate (a worker has no CA key).
-pub fn self_signed_client(spec: &LeafSpec) -> Result<Issued> {
-    let key = KeyPair::generate().map_err(|e| anyhow!("cannot generate a key: {e}"))?;
-    let cert = leaf_params(spec, Duration::days(365))?
-        .self_signed(&key)
-        .map_err(|e| anyhow!("cannot self-sign: {e}"))?;
-    Ok(Issued {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
-}
-
 /// Issues and writes `<cert_dir>/<base>.crt` and `.key`.
 pub fn write_leaf(root: &Root, cert_dir: &str, base: &str, issued: &Issued) -> Result<()> {
     write_file(

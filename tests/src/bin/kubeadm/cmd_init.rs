@@ -312,7 +312,7 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
         node::write_kubeconfigs(root, &cs, &set, &specs).in_phase("kubeconfig")?;
     }
     if !skip.skipped("etcd/local") {
-        node::write_etcd_manifest(root, &cs, &cp_node).in_phase("etcd/local")?;
+        node::write_etcd_manifest(root, &cs, &cp_node, None).in_phase("etcd/local")?;
     }
     if !skip.skipped("control-plane") {
         node::write_control_plane_manifests(root, &cs, &cp_node, &skip, "control-plane")
@@ -324,22 +324,36 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
             .await?;
     }
     println!("[wait-control-plane] Waiting for the kubelet to boot up the control plane as static Pods from directory {MANIFESTS_DIR:?}");
-    store::ensure_store(root).in_phase("wait-control-plane")?;
+    node::start_etcd(root, &cs.cert_dir, advertise, api_wait)
+        .await
+        .in_phase("wait-control-plane")?;
+    let etcd_url = node::etcd_client_url(advertise);
     node::start_apiserver(
         root,
         &join_host_port(&advertise.to_string(), bind_port),
         &cs.cert_dir,
         &server,
+        &etcd_url,
         &set.ca.cert_pem,
         api_wait,
     )
     .await
     .in_phase("wait-control-plane")?;
+    let etcd = store::Store::connect(&store::EtcdAccess::apiserver(
+        root,
+        &cs.cert_dir,
+        &etcd_url,
+    )?)
+    .await
+    .in_phase("wait-control-plane")?;
     if !skip.skipped("upload-config/kubeadm") {
         println!("[upload-config] Storing the configuration used in ConfigMap \"kubeadm-config\" in the \"kube-system\" Namespace");
         let yaml = serde_saphyr::to_string(&cc).map_err(|e| anyhow!("{e}"));
-        store::save_cluster_config(root, &yaml.in_phase("upload-config/kubeadm")?)
+        let yaml = yaml.in_phase("upload-config/kubeadm")?;
+        etcd.save_cluster_config(&yaml)
+            .await
             .in_phase("upload-config/kubeadm")?;
+        store::save_local_cluster_config(root, &yaml).in_phase("upload-config/kubeadm")?;
     }
     if !skip.skipped("upload-config/kubelet") {
         println!("[kubelet] Creating a ConfigMap \"kubelet-config\" in namespace kube-system with the configuration for the kubelets in the cluster");
@@ -357,7 +371,9 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
             "[bootstrap-token] Configuring bootstrap tokens, cluster-info ConfigMap, RBAC Roles"
         );
         for t in &tokens {
-            store::add_token(root, t.clone(), true).in_phase("bootstrap-token")?;
+            etcd.add_token(t.clone(), true)
+                .await
+                .in_phase("bootstrap-token")?;
         }
         println!("[bootstrap-token] Creating the \"cluster-info\" ConfigMap in the \"kube-public\" namespace");
     } else {

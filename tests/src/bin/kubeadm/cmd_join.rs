@@ -9,7 +9,7 @@ use drover_common::pin::CaPin;
 use drover_common::token::BootstrapToken;
 use serde_json::Value;
 
-use crate::certs::{self, check_shared_ca_set, LeafSpec};
+use crate::certs::{self, check_shared_ca_set};
 use crate::cmd_init::{check_node_name, read_config};
 use crate::net::{self, is_connect_error, status_message};
 use crate::node::{self, ClusterSettings, ControlPlaneNode, KubeconfigSpec, MANIFESTS_DIR};
@@ -344,15 +344,9 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             write_file(&root.path(&ca_cert_path), disc.ca_pem.as_bytes(), 0o644)
                 .in_phase("kubelet-start")?;
             let user = format!("system:node:{node_name}");
-            let creds = certs::self_signed_client(&LeafSpec {
-                cn: user.clone(),
-                orgs: vec!["system:nodes".into()],
-                dns: vec![],
-                ips: vec![],
-                server: false,
-                client: true,
-            })
-            .in_phase("kubelet-start")?;
+            let creds = tls_bootstrap(&disc.server, &disc.ca_pem, &tls_token.to_string(), &user)
+                .await
+                .in_phase("kubelet-start")?;
             let text = certs::render_kubeconfig(
                 &cs.cluster_name,
                 &disc.server,
@@ -470,17 +464,30 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             .run(root, &cs, &node_name, &join.node_registration)
             .await?;
     }
+    let etcd_url = node::etcd_client_url(advertise);
     if !skip.skipped("control-plane-join/etcd") {
-        node::write_etcd_manifest(root, &cs, &cp_node).in_phase("control-plane-join/etcd")?;
+        let peer_url = format!("https://{}", join_host_port(&advertise.to_string(), 2380));
+        let initial = add_etcd_member(root, &cs.cert_dir, &server, &node_name, &peer_url)
+            .await
+            .in_phase("control-plane-join/etcd")?;
+        node::write_etcd_manifest(root, &cs, &cp_node, Some(&initial))
+            .in_phase("control-plane-join/etcd")?;
         println!("[etcd] Announced new etcd member joining to the existing etcd cluster");
+        println!(
+            "[etcd] Waiting for the new etcd member to join the cluster. This can take up to {}",
+            crate::util::format_go_duration(api_wait)
+        );
+        node::start_etcd(root, &cs.cert_dir, advertise, api_wait)
+            .await
+            .in_phase("control-plane-join/etcd")?;
     }
-    store::ensure_store(root).in_phase("wait-control-plane")?;
-    store::save_cluster_config(root, &cc_yaml).in_phase("wait-control-plane")?;
+    store::save_local_cluster_config(root, &cc_yaml).in_phase("wait-control-plane")?;
     node::start_apiserver(
         root,
         &join_host_port(&advertise.to_string(), bind_port),
         &cs.cert_dir,
         &server,
+        &etcd_url,
         &set.ca.cert_pem,
         api_wait,
     )
@@ -492,4 +499,109 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
     }
     println!("\nThis node has joined the cluster and a new control plane instance was created:\n\n* Certificate signing request was sent to apiserver and approval was received.\n* The Kubelet was informed of the new secure connection details.\n* Control plane label and taint were applied to the new node.\n* The Kubernetes control plane instances scaled up.\n* A new etcd member was added to the local/stacked etcd cluster.\n");
     Ok(())
+}
+
+/// Adds this machine's etcd member through the cluster's existing members,
+/// which it finds as kubeadm does: the etcd Pods' client-URL annotations,
+/// read through the control-plane endpoint with the admin credentials.
+/// Returns the new member's `--initial-cluster`.
+async fn add_etcd_member(
+    root: &Root,
+    cert_dir: &str,
+    server: &str,
+    node_name: &str,
+    peer_url: &str,
+) -> Result<String> {
+    let text = std::fs::read_to_string(root.path("/etc/kubernetes/admin.conf"))
+        .map_err(|e| anyhow!("open /etc/kubernetes/admin.conf: {e}"))?;
+    let kc = crate::certs::parse_kubeconfig(&text, None)?;
+    let (Some(ca), Some(cert), Some(key)) = (kc.ca_pem, kc.client_cert_pem, kc.client_key_pem)
+    else {
+        bail!("/etc/kubernetes/admin.conf has no CA or client credentials");
+    };
+    let client = net::http_client(
+        net::client_config(&ca, Some((&cert, &key)))?,
+        Duration::from_secs(5),
+    )?;
+    let url = format!("{server}/api/v1/namespaces/kube-system/pods?labelSelector=component%3Detcd");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let pods = fetch_json(&client, &url, None, deadline).await?;
+    let endpoints: Vec<String> = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            p["metadata"]["annotations"]["kubeadm.kubernetes.io/etcd.advertise-client-urls"]
+                .as_str()
+        })
+        .flat_map(|urls| urls.split(',').map(str::to_owned))
+        .collect();
+    if endpoints.is_empty() {
+        bail!("no etcd member found: the cluster lists no etcd Pod");
+    }
+    println!(
+        "[etcd] Adding etcd member {peer_url} through {}",
+        endpoints.join(",")
+    );
+    let access = store::EtcdAccess::apiserver(root, cert_dir, &endpoints[0])?.at(endpoints);
+    let etcd = store::Store::connect(&access).await?;
+    etcd.add_member(node_name, peer_url).await
+}
+
+/// The kubelet's TLS bootstrap, as `kubeadm join` leaves it to the kubelet:
+/// a new key, a CertificateSigningRequest for `system:node:NAME` sent with
+/// the bootstrap token, and the certificate the cluster signs (the
+/// stand-in API server approves and signs node client requests from
+/// bootstrappers at once, as kube-controller-manager's csrapproving and
+/// csrsigning controllers do).
+async fn tls_bootstrap(
+    server: &str,
+    ca_pem: &str,
+    token: &str,
+    user: &str,
+) -> Result<certs::Issued> {
+    use base64::Engine;
+    let (key_pem, csr_pem) = drover_common::pki::generate_key_and_csr(user)
+        .map_err(|e| anyhow!("cannot make the kubelet's key and CSR: {e}"))?;
+    let client = net::http_client(net::client_config(ca_pem, None)?, Duration::from_secs(10))?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = serde_json::json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"generateName": "csr-"},
+        "spec": {
+            "request": b64.encode(csr_pem.as_bytes()),
+            "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+            "usages": ["digital signature", "client auth"],
+        },
+    });
+    let url = format!("{server}/apis/certificates.k8s.io/v1/certificatesigningrequests");
+    let resp = client
+        .post(&url)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| anyhow!("POST {url}: {e}"))?;
+    let code = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    if !code.is_success() {
+        bail!(
+            "the kubelet's certificate signing request was refused: {} ({})",
+            status_message(&text),
+            code.as_u16()
+        );
+    }
+    let csr: Value =
+        serde_json::from_str(&text).map_err(|e| anyhow!("POST {url}: invalid JSON: {e}"))?;
+    let cert = csr["status"]["certificate"]
+        .as_str()
+        .and_then(|c| b64.decode(c).ok())
+        .and_then(|c| String::from_utf8(c).ok())
+        .ok_or_else(|| anyhow!("the certificate signing request was not issued"))?;
+    println!("[kubelet-start] The kubelet's client certificate was signed by the cluster");
+    Ok(certs::Issued {
+        cert_pem: cert,
+        key_pem,
+    })
 }

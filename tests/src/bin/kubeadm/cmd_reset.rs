@@ -14,6 +14,8 @@ pub struct ResetOpts {
     pub cert_dir: Option<String>,
     pub cleanup_tmp_dir: bool,
     pub dry_run: bool,
+    /// Whether the remove-etcd-member phase runs.
+    pub remove_etcd_member: bool,
 }
 
 fn clean_dir_contents(root: &Root, logical: &str, dry_run: bool) -> Result<()> {
@@ -47,7 +49,7 @@ fn remove_path(p: &Path, dry_run: bool) -> Result<()> {
     }
 }
 
-pub fn run(root: &Root, o: ResetOpts) -> Result<()> {
+pub async fn run(root: &Root, o: ResetOpts) -> Result<()> {
     println!("[reset] WARNING: Changes made to this host by 'kubeadm init' or 'kubeadm join' will be reverted.");
     if !o.force {
         println!("[reset] Are you sure you want to proceed? [y/N]: ");
@@ -63,7 +65,7 @@ pub fn run(root: &Root, o: ResetOpts) -> Result<()> {
         .cert_dir
         .clone()
         .or_else(|| {
-            let yaml = crate::store::load_cluster_config(root)?;
+            let yaml = crate::store::load_local_cluster_config(root)?;
             let doc: serde_json::Value = serde_saphyr::from_str(&yaml).ok()?;
             doc.get("certificatesDir")
                 .and_then(|d| d.as_str())
@@ -77,6 +79,9 @@ pub fn run(root: &Root, o: ResetOpts) -> Result<()> {
             root.dir().display()
         );
         return Ok(());
+    }
+    if o.remove_etcd_member {
+        remove_etcd_member(root, &cert_dir).await;
     }
     println!("[reset] Deleted contents of the etcd data directory: /var/lib/etcd");
     println!("[reset] Stopping the kubelet service");
@@ -122,4 +127,55 @@ pub fn run(root: &Root, o: ResetOpts) -> Result<()> {
     println!("The reset process does not reset or clean up iptables rules or IPVS tables.\nIf you wish to reset iptables, you must do so manually by using the \"iptables\" command.\n");
     println!("The reset process does not clean your kubeconfig files and you must remove them manually.\nPlease, check the contents of the $HOME/.kube/config file.");
     Ok(())
+}
+
+/// The remove-etcd-member phase: a control plane with a stacked etcd
+/// removes its own member through the cluster, as kubeadm does, unless it
+/// is the last one. Failures are warnings: a machine whose cluster is gone
+/// still resets.
+async fn remove_etcd_member(root: &Root, cert_dir: &str) {
+    let Ok(args) = crate::etcd::args_from_manifest(root) else {
+        return; // Not a control plane with a local etcd.
+    };
+    let flag = |name: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+            .map(str::to_owned)
+    };
+    let (Some(name), Some(urls)) = (flag("name"), flag("advertise-client-urls")) else {
+        return;
+    };
+    let result = async {
+        let endpoint = urls.split(',').next().unwrap_or_default().to_owned();
+        let access = crate::store::EtcdAccess::apiserver(root, cert_dir, &endpoint)?;
+        let etcd = crate::store::Store::connect(&access).await?;
+        let members = etcd.members().await?;
+        let Some(me) = members.iter().find(|m| m.name == name) else {
+            return Ok::<_, anyhow::Error>(format!("member {name} is not in the cluster"));
+        };
+        if members.len() == 1 {
+            return Ok(format!("member {name} is the only one; it is not removed"));
+        }
+        // etcd refuses to remove a member until the others have been
+        // connected for its health interval (5 s), "unhealthy cluster";
+        // kubeadm retries, and so does the stand-in, within the deadline.
+        loop {
+            match etcd.remove_member(me.id).await {
+                Ok(()) => break,
+                Err(e) if format!("{e:#}").contains("unhealthy cluster") => {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(format!(
+            "removed member {name} ({:x}) from the etcd cluster",
+            me.id
+        ))
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(15), result).await {
+        Ok(Ok(msg)) => println!("[reset] {msg}"),
+        Ok(Err(e)) => println!("W [reset] failed to remove the etcd member of this node: {e:#}; remove it by hand with etcdctl member remove"),
+        Err(_) => println!("W [reset] failed to remove the etcd member of this node: etcd did not answer within 15s; remove it by hand with etcdctl member remove"),
+    }
 }

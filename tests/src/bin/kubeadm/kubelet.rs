@@ -1,6 +1,10 @@
 //! The stand-in kubelet (`kubeadm __standin-kubelet`): plain HTTP `/healthz`
 //! on the KubeletConfiguration's healthzBindAddress:healthzPort, failing while
-//! `<root>/var/lib/kubelet/standin-fail` exists.
+//! `<root>/var/lib/kubelet/standin-fail` exists; and, as a real kubelet does,
+//! it registers its Node with the API server (`kubelet.conf`'s credentials)
+//! and renews the Node's `Ready` condition every few seconds (NotReady while
+//! failing). A Node deleted through the API is not registered again until
+//! the kubelet restarts.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -67,6 +71,7 @@ async fn serve(root: &Root) -> Result<()> {
         root.dir().display()
     );
     let fail_file = Arc::new(root.path(FAIL_FILE));
+    tokio::spawn(node_status_loop(root.clone()));
     let watchdog = daemon::watchdog(root.clone(), "kubelet");
     tokio::pin!(watchdog);
     let term = daemon::termination();
@@ -108,4 +113,134 @@ async fn serve(root: &Root) -> Result<()> {
             _ = &mut watchdog => return Ok(()),
         }
     }
+}
+
+/// How often the kubelet renews its Node's status (the real default is 10s;
+/// tests want it brisk).
+const NODE_STATUS_UPDATE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Registers the Node, then renews its status until the kubelet stops.
+async fn node_status_loop(root: Root) {
+    let mut registered = false;
+    let mut gone = false;
+    loop {
+        if !gone {
+            match node_status_once(&root, registered).await {
+                Ok(NodeUpdate::Registered) => {
+                    println!("standin-kubelet: node registered");
+                    registered = true;
+                }
+                Ok(NodeUpdate::Renewed) => registered = true,
+                Ok(NodeUpdate::Deleted) => {
+                    println!("standin-kubelet: the node object was deleted; not registering it again until restarted");
+                    gone = true;
+                }
+                Err(e) => println!("standin-kubelet: node status update failed: {e:#}"),
+            }
+        }
+        tokio::time::sleep(NODE_STATUS_UPDATE).await;
+    }
+}
+
+enum NodeUpdate {
+    Registered,
+    Renewed,
+    Deleted,
+}
+
+async fn node_status_once(root: &Root, registered: bool) -> Result<NodeUpdate> {
+    let text = std::fs::read_to_string(root.path("/etc/kubernetes/kubelet.conf"))
+        .context("open /etc/kubernetes/kubelet.conf")?;
+    let kc = crate::certs::parse_kubeconfig(&text, None)?;
+    let (Some(ca), Some(cert), Some(key)) = (kc.ca_pem, kc.client_cert_pem, kc.client_key_pem)
+    else {
+        anyhow::bail!("kubelet.conf has no CA or client credentials");
+    };
+    let der = drover_common::pki::first_cert_der(&cert)
+        .map_err(|e| anyhow::anyhow!("kubelet.conf: {e}"))?;
+    let (cn, _) =
+        crate::certs::subject(&der).context("kubelet.conf: unreadable client certificate")?;
+    let name = cn
+        .strip_prefix("system:node:")
+        .context("kubelet.conf: the client certificate is not a node's")?
+        .to_owned();
+    let client = crate::net::http_client(
+        crate::net::client_config(&ca, Some((&cert, &key)))?,
+        std::time::Duration::from_secs(3),
+    )?;
+    let ready = !root.path(FAIL_FILE).exists();
+    let control_plane = root
+        .path("/etc/kubernetes/manifests/kube-apiserver.yaml")
+        .exists();
+    let node = node_object(&name, ready, control_plane);
+    if !registered {
+        let r = client
+            .post(format!("{}/api/v1/nodes", kc.server))
+            .json(&node)
+            .send()
+            .await?;
+        if r.status().is_success() || r.status() == StatusCode::CONFLICT {
+            return Ok(NodeUpdate::Registered);
+        }
+        anyhow::bail!(
+            "register node {name}: {} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        );
+    }
+    let r = client
+        .put(format!("{}/api/v1/nodes/{name}/status", kc.server))
+        .json(&node)
+        .send()
+        .await?;
+    match r.status() {
+        s if s.is_success() => Ok(NodeUpdate::Renewed),
+        StatusCode::NOT_FOUND => Ok(NodeUpdate::Deleted),
+        s => anyhow::bail!(
+            "update node {name}: {s} {}",
+            r.text().await.unwrap_or_default()
+        ),
+    }
+}
+
+/// The Node as this kubelet reports it.
+fn node_object(name: &str, ready: bool, control_plane: bool) -> serde_json::Value {
+    let now = time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap_or(time::OffsetDateTime::now_utc())
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let mut labels = serde_json::json!({
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+    });
+    if control_plane {
+        labels["node-role.kubernetes.io/control-plane"] = "".into();
+    }
+    let (status, reason, message) = if ready {
+        ("True", "KubeletReady", "kubelet is posting ready status")
+    } else {
+        (
+            "False",
+            "KubeletNotReady",
+            "the stand-in kubelet is told to fail",
+        )
+    };
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {
+            "conditions": [{
+                "type": "Ready",
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }],
+            "nodeInfo": {"kubeletVersion": crate::KUBEADM_VERSION, "operatingSystem": "linux", "architecture": "amd64"},
+        },
+    })
 }

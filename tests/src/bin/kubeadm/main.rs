@@ -17,6 +17,7 @@ mod cmd_join;
 mod cmd_reset;
 mod cmd_token;
 mod daemon;
+mod etcd;
 mod kconfig;
 mod kubelet;
 mod net;
@@ -80,6 +81,8 @@ enum Cmd {
     StandinApiserver(StandinApiserverArgs),
     #[command(name = "__standin-kubelet", hide = true)]
     StandinKubelet,
+    #[command(name = "__standin-etcd", hide = true)]
+    StandinEtcd,
 }
 
 #[derive(Args, Debug)]
@@ -309,6 +312,9 @@ struct StandinApiserverArgs {
     cert_dir: String,
     #[arg(long)]
     server: String,
+    /// The local etcd (kube-apiserver's `--etcd-servers`).
+    #[arg(long)]
+    etcd_servers: String,
 }
 
 /// Flags kubeadm allows together with `--config` (kubeadm's
@@ -475,7 +481,7 @@ async fn dispatch(
             if a.config.is_some() {
                 bail!("--config: the stand-in kubeadm does not read ResetConfiguration; use flags");
             }
-            util::SkipPhases::new(
+            let skip = util::SkipPhases::new(
                 &["preflight", "remove-etcd-member", "cleanup-node"],
                 &[&a.skip_phases],
             )?;
@@ -487,8 +493,10 @@ async fn dispatch(
                     cert_dir: a.cert_dir,
                     cleanup_tmp_dir: a.cleanup_tmp_dir == Some(true),
                     dry_run: a.dry_run == Some(true),
+                    remove_etcd_member: !skip.skipped("remove-etcd-member"),
                 },
             )
+            .await
         }
         Cmd::Token(t) => match t.cmd {
             TokenCmd::Generate => {
@@ -524,7 +532,7 @@ async fn dispatch(
                 config_validate(&root, &path)
             }
         },
-        Cmd::StandinApiserver(_) | Cmd::StandinKubelet => {
+        Cmd::StandinApiserver(_) | Cmd::StandinKubelet | Cmd::StandinEtcd => {
             unreachable!("daemons are dispatched before")
         }
     }
@@ -658,6 +666,7 @@ fn run(args: &[String]) -> u8 {
     let daemon_name = match &cli.cmd {
         Cmd::StandinApiserver(_) => Some("apiserver"),
         Cmd::StandinKubelet => Some("kubelet"),
+        Cmd::StandinEtcd => Some("etcd"),
         _ => None,
     };
     let result = match &cli.cmd {
@@ -667,9 +676,11 @@ fn run(args: &[String]) -> u8 {
                 bind: a.bind.clone(),
                 cert_dir: a.cert_dir.clone(),
                 server: a.server.clone(),
+                etcd_servers: a.etcd_servers.clone(),
             },
         ),
         Cmd::StandinKubelet => kubelet::run(root),
+        Cmd::StandinEtcd => etcd::run(root),
         _ => match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -658,10 +658,13 @@ pub fn write_control_plane_manifests(
 }
 
 /// Writes the local etcd static Pod manifest.
+/// `initial_cluster`: for a joining member, every member's `name=peerURL`
+/// (this one included), as the member add returned them.
 pub fn write_etcd_manifest(
     root: &Root,
     cs: &ClusterSettings,
     node: &ControlPlaneNode,
+    initial_cluster: Option<&str>,
 ) -> Result<()> {
     println!("[etcd] Creating static Pod manifest for local etcd in {MANIFESTS_DIR:?}");
     let cd = &cs.cert_dir;
@@ -675,13 +678,34 @@ pub fn write_etcd_manifest(
         p("client-cert-auth", "true".into()),
         p("data-dir", cs.etcd_data_dir.clone()),
         p("initial-advertise-peer-urls", peer_url.clone()),
-        p("initial-cluster", format!("{}={peer_url}", node.name)),
+        p(
+            "initial-cluster",
+            initial_cluster
+                .map(str::to_owned)
+                .unwrap_or_else(|| format!("{}={peer_url}", node.name)),
+        ),
         p("key-file", format!("{cd}/etcd/server.key")),
+        // Real kubeadm also listens on 127.0.0.1. Machines the tests run
+        // side by side on one host each advertise their own loopback
+        // address, so there the member listens on that address alone (a
+        // stand-in concession; a non-loopback advertise address keeps
+        // kubeadm's exact flags).
         p(
             "listen-client-urls",
-            format!("https://127.0.0.1:2379,{client_url}"),
+            if node.advertise.is_loopback() {
+                client_url.clone()
+            } else {
+                format!("https://127.0.0.1:2379,{client_url}")
+            },
         ),
-        p("listen-metrics-urls", "http://127.0.0.1:2381".into()),
+        p(
+            "listen-metrics-urls",
+            if node.advertise.is_loopback() {
+                format!("http://{}", join_host_port(&adv, 2381))
+            } else {
+                "http://127.0.0.1:2381".into()
+            },
+        ),
         p("listen-peer-urls", peer_url),
         p("name", node.name.clone()),
         p("peer-cert-file", format!("{cd}/etcd/peer.crt")),
@@ -860,6 +884,59 @@ pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
+/// The client URL of a control plane's local etcd member.
+pub fn etcd_client_url(advertise: IpAddr) -> String {
+    format!("https://{}", join_host_port(&advertise.to_string(), 2379))
+}
+
+/// Starts the node's stacked etcd (the static Pod the stand-in kubelet
+/// runs) and waits until it answers `/health` to the health-check client
+/// certificate, as kubeadm's etcd wait does.
+pub async fn start_etcd(
+    root: &Root,
+    cert_dir: &str,
+    advertise: IpAddr,
+    timeout: Duration,
+) -> Result<()> {
+    let read = |f: &str| {
+        let logical = format!("{cert_dir}/{f}");
+        std::fs::read_to_string(root.path(&logical)).with_context(|| format!("open {logical}"))
+    };
+    let tls = crate::net::client_config(
+        &read("etcd/ca.crt")?,
+        Some((
+            &read("etcd/healthcheck-client.crt")?,
+            &read("etcd/healthcheck-client.key")?,
+        )),
+    )?;
+    let client = crate::net::http_client(tls, Duration::from_secs(2))?;
+    let mut child = daemon::spawn(root, "etcd", &[])?;
+    let url = format!("{}/health", etcd_client_url(advertise));
+    println!("[etcd] Waiting for the etcd member at {url} to be healthy");
+    let took = daemon::wait_ready(&mut child, root, "etcd", timeout, || {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            match client.get(&url).send().await {
+                Ok(r) if r.status().is_success() => {
+                    let body = r.text().await.unwrap_or_default();
+                    if body.contains("\"health\":\"true\"") {
+                        Ok(())
+                    } else {
+                        Err(format!("GET {url}: {body}"))
+                    }
+                }
+                Ok(r) => Err(format!("GET {url}: {}", r.status())),
+                Err(e) => Err(format!("GET {url}: {e}")),
+            }
+        }
+    })
+    .await
+    .map_err(|e| anyhow!("etcd is not healthy: {e:#}"))?;
+    println!("[etcd] The etcd member is healthy after {took:?}");
+    Ok(())
+}
+
 /// Starts the stand-in API server on `bind` and waits until /readyz answers
 /// (verifying its serving certificate against the cluster CA).
 pub async fn start_apiserver(
@@ -867,6 +944,7 @@ pub async fn start_apiserver(
     bind: &str,
     cert_dir: &str,
     server: &str,
+    etcd_servers: &str,
     ca_pem: &str,
     timeout: Duration,
 ) -> Result<()> {
@@ -880,6 +958,8 @@ pub async fn start_apiserver(
             cert_dir.into(),
             "--server".into(),
             server.into(),
+            "--etcd-servers".into(),
+            etcd_servers.into(),
         ],
     )?;
     println!(

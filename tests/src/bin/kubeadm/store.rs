@@ -1,14 +1,25 @@
-//! The stand-in API server's state, kept in files under
-//! `<root>/var/lib/standin-apiserver/` so that `kubeadm init` can register
-//! tokens directly and the daemon re-reads them on each request:
-//! `tokens.json` (bootstrap tokens) and `kubeadm-config.yaml` (the uploaded
-//! ClusterConfiguration, served as the `kubeadm-config` ConfigMap).
+//! The stand-in API server's state, kept in the control plane's real etcd
+//! (the stacked etcd `kubeadm init` starts and `kubeadm join
+//! --control-plane` extends) under the keys the real API server uses:
+//! `/registry/secrets/kube-system/bootstrap-token-<id>` and
+//! `/registry/configmaps/kube-system/kubeadm-config`, with JSON values. So
+//! every control plane of a cluster serves the same bootstrap tokens and
+//! config, whichever one a join reaches through the cluster's endpoint.
+//!
+//! The client authenticates with the API server's etcd client certificate
+//! (`apiserver-etcd-client.crt`), as kube-apiserver does. A copy of the
+//! uploaded ClusterConfiguration also stays on the machine
+//! (`/var/lib/standin-apiserver/kubeadm-config.yaml`), where `kubeadm reset`
+//! finds the certificates directory when the cluster is out of reach.
 
-use std::io::Write;
+use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use drover_common::token::BootstrapToken;
-use nix::fcntl::{Flock, FlockArg};
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
+    TxnOp,
+};
 use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -16,8 +27,67 @@ use time::OffsetDateTime;
 use crate::util::{write_file, Root};
 
 pub const STORE_DIR: &str = "/var/lib/standin-apiserver";
-pub const TOKENS_FILE: &str = "/var/lib/standin-apiserver/tokens.json";
 pub const CLUSTER_CONFIG_FILE: &str = "/var/lib/standin-apiserver/kubeadm-config.yaml";
+
+const TOKEN_PREFIX: &str = "/registry/secrets/kube-system/bootstrap-token-";
+const KUBEADM_CONFIG_KEY: &str = "/registry/configmaps/kube-system/kubeadm-config";
+/// Where the real API server keeps Nodes (their old name, minions).
+const NODE_PREFIX: &str = "/registry/minions/";
+
+/// Where a control plane's etcd is and how to authenticate to it.
+#[derive(Debug, Clone)]
+pub struct EtcdAccess {
+    pub endpoints: Vec<String>,
+    /// The etcd CA, the client certificate and its key (PEM).
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl EtcdAccess {
+    /// The API server's access to the local etcd at `endpoint`, with the
+    /// certificates under `cert_dir` (a path as kubeadm sees it).
+    pub fn apiserver(root: &Root, cert_dir: &str, endpoint: &str) -> Result<Self> {
+        let read = |f: &str| {
+            let logical = format!("{cert_dir}/{f}");
+            std::fs::read_to_string(root.path(&logical)).with_context(|| format!("open {logical}"))
+        };
+        Ok(Self {
+            endpoints: vec![endpoint.to_owned()],
+            ca_pem: read("etcd/ca.crt")?,
+            cert_pem: read("apiserver-etcd-client.crt")?,
+            key_pem: read("apiserver-etcd-client.key")?,
+        })
+    }
+
+    /// The same access with other endpoints.
+    pub fn at(&self, endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            ..self.clone()
+        }
+    }
+}
+
+/// A connected etcd client.
+pub async fn connect(access: &EtcdAccess) -> Result<Client> {
+    let tls = TlsOptions::new()
+        .ca_certificate(Certificate::from_pem(&access.ca_pem))
+        .identity(Identity::from_pem(&access.cert_pem, &access.key_pem));
+    let opts = ConnectOptions::new()
+        .with_tls(tls)
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_timeout(Duration::from_secs(5));
+    Client::connect(access.endpoints.clone(), Some(opts))
+        .await
+        .with_context(|| format!("cannot connect to etcd at {}", access.endpoints.join(",")))
+}
+
+/// The API server's objects in etcd.
+#[derive(Clone)]
+pub struct Store {
+    client: Client,
+}
 
 /// A bootstrap token as the `bootstrap-token-<id>` Secret holds it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -76,24 +146,6 @@ impl StoredToken {
     }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokenFile {
-    tokens: Vec<StoredToken>,
-}
-
-/// Reads the token store (an absent file is an empty store).
-pub fn load_tokens(root: &Root) -> Result<Vec<StoredToken>> {
-    let path = root.path(TOKENS_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(serde_json::from_str::<TokenFile>(&text)
-            .with_context(|| format!("corrupt token store {}", path.display()))?
-            .tokens),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
-}
-
 /// Outcome of adding a token.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Added {
@@ -102,49 +154,260 @@ pub enum Added {
     AlreadyExists,
 }
 
-/// Adds (or, with `replace`, updates) a token under an exclusive lock.
-/// Expired tokens are dropped, as the token cleaner controller deletes them.
-pub fn add_token(root: &Root, token: StoredToken, replace: bool) -> Result<Added> {
-    let dir = root.path(STORE_DIR);
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let lock_path = dir.join("tokens.lock");
-    let lock_file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("cannot open {}", lock_path.display()))?;
-    let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| anyhow!("cannot lock {}: {e}", lock_path.display()))?;
-    let mut tokens = load_tokens(root)?;
-    tokens.retain(|t| !t.expired());
-    if let Some(pos) = tokens.iter().position(|t| t.id == token.id) {
-        if !replace {
-            return Ok(Added::AlreadyExists);
+impl Store {
+    pub async fn connect(access: &EtcdAccess) -> Result<Self> {
+        Ok(Self {
+            client: connect(access).await?,
+        })
+    }
+
+    /// Every unexpired bootstrap token.
+    pub async fn load_tokens(&self) -> Result<Vec<StoredToken>> {
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .get(TOKEN_PREFIX, Some(GetOptions::new().with_prefix()))
+            .await
+            .context("cannot read bootstrap tokens from etcd")?;
+        let mut out = vec![];
+        for item in resp.kvs() {
+            let t: StoredToken = serde_json::from_slice(item.value()).with_context(|| {
+                format!(
+                    "corrupt bootstrap token {}",
+                    String::from_utf8_lossy(item.key())
+                )
+            })?;
+            out.push(t);
         }
-        tokens.remove(pos);
+        Ok(out)
     }
-    tokens.push(token);
-    let mut text = serde_json::to_vec_pretty(&TokenFile { tokens })?;
-    text.write_all(b"\n")?;
-    write_file(&root.path(TOKENS_FILE), &text, 0o600)?;
-    Ok(Added::Created)
+
+    /// Adds (or, with `replace`, updates) a token; an expired one with the
+    /// same id is replaced, as the token cleaner would have deleted it.
+    pub async fn add_token(&self, token: StoredToken, replace: bool) -> Result<Added> {
+        let key = format!("{TOKEN_PREFIX}{}", token.id);
+        let value = serde_json::to_vec(&token)?;
+        let mut kv = self.client.kv_client();
+        if !replace {
+            let current = kv.get(key.as_str(), None).await?;
+            if let Some(existing) = current.kvs().first() {
+                let t: Option<StoredToken> = serde_json::from_slice(existing.value()).ok();
+                if t.is_some_and(|t| !t.expired()) {
+                    return Ok(Added::AlreadyExists);
+                }
+                // Expired: replace it only if nobody changed it meanwhile.
+                let txn = Txn::new()
+                    .when(vec![Compare::mod_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        existing.mod_revision(),
+                    )])
+                    .and_then(vec![TxnOp::put(key.as_str(), value, None)]);
+                let done = kv.txn(txn).await?.succeeded();
+                return Ok(if done {
+                    Added::Created
+                } else {
+                    Added::AlreadyExists
+                });
+            }
+            let txn = Txn::new()
+                .when(vec![Compare::version(key.as_str(), CompareOp::Equal, 0)])
+                .and_then(vec![TxnOp::put(key.as_str(), value, None)]);
+            let done = kv.txn(txn).await?.succeeded();
+            return Ok(if done {
+                Added::Created
+            } else {
+                Added::AlreadyExists
+            });
+        }
+        kv.put(key, value, None)
+            .await
+            .context("cannot write a bootstrap token to etcd")?;
+        Ok(Added::Created)
+    }
+
+    /// Stores the ClusterConfiguration YAML kubeadm uploads as `kubeadm-config`.
+    pub async fn save_cluster_config(&self, yaml: &str) -> Result<()> {
+        self.client
+            .kv_client()
+            .put(KUBEADM_CONFIG_KEY, yaml, None)
+            .await
+            .context("cannot write the kubeadm-config ConfigMap to etcd")?;
+        Ok(())
+    }
+
+    pub async fn load_cluster_config(&self) -> Result<Option<String>> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(KUBEADM_CONFIG_KEY, None)
+            .await
+            .context("cannot read the kubeadm-config ConfigMap from etcd")?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+
+    /// The cluster's etcd members, as `(id, name, peer URLs, client URLs)`.
+    pub async fn members(&self) -> Result<Vec<Member>> {
+        let resp = self
+            .client
+            .cluster_client()
+            .member_list()
+            .await
+            .context("cannot list the etcd members")?;
+        Ok(resp.members().iter().map(Member::from).collect())
+    }
+
+    /// Adds a member with `peer_url` unless one has it already; returns
+    /// every member's `name=peerURL` for the new member's
+    /// `--initial-cluster` (`name` is empty for members not started yet;
+    /// the new member is named `new_name`).
+    pub async fn add_member(&self, new_name: &str, peer_url: &str) -> Result<String> {
+        let mut members = self.members().await?;
+        if !members
+            .iter()
+            .any(|m| m.peer_urls.iter().any(|u| u == peer_url))
+        {
+            // etcd refuses a new member until the last one has been
+            // connected for its health interval (5 s): "unhealthy cluster".
+            // kubeadm retries with back-off; so does the stand-in, for up
+            // to a minute.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let resp = loop {
+                match self
+                    .client
+                    .cluster_client()
+                    .member_add(vec![peer_url.to_owned()], None)
+                    .await
+                {
+                    Ok(r) => break r,
+                    Err(e)
+                        if e.to_string().contains("unhealthy cluster")
+                            && tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => {
+                        return Err(e)
+                            .with_context(|| format!("cannot add the etcd member {peer_url}"))
+                    }
+                }
+            };
+            members = resp.member_list().iter().map(Member::from).collect();
+        }
+        Ok(members
+            .iter()
+            .filter_map(|m| {
+                let url = m.peer_urls.first()?;
+                let name = if url == peer_url {
+                    new_name
+                } else {
+                    m.name.as_str()
+                };
+                (!name.is_empty()).then(|| format!("{name}={url}"))
+            })
+            .collect::<Vec<_>>()
+            .join(","))
+    }
+
+    /// Every Node, as stored.
+    pub async fn nodes(&self) -> Result<Vec<serde_json::Value>> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(NODE_PREFIX, Some(GetOptions::new().with_prefix()))
+            .await
+            .context("cannot read the Nodes from etcd")?;
+        resp.kvs()
+            .iter()
+            .map(|kv| serde_json::from_slice(kv.value()).context("a stored Node is corrupt"))
+            .collect()
+    }
+
+    pub async fn node(&self, name: &str) -> Result<Option<serde_json::Value>> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(format!("{NODE_PREFIX}{name}"), None)
+            .await
+            .context("cannot read a Node from etcd")?;
+        resp.kvs()
+            .first()
+            .map(|kv| serde_json::from_slice(kv.value()).context("a stored Node is corrupt"))
+            .transpose()
+    }
+
+    /// Writes a Node: `create` only when absent (false: it exists), else
+    /// only when present (false: it is gone).
+    pub async fn put_node(
+        &self,
+        name: &str,
+        node: &serde_json::Value,
+        create: bool,
+    ) -> Result<bool> {
+        let key = format!("{NODE_PREFIX}{name}");
+        let cmp = if create {
+            Compare::version(key.as_str(), CompareOp::Equal, 0)
+        } else {
+            Compare::version(key.as_str(), CompareOp::Greater, 0)
+        };
+        let txn = Txn::new().when(vec![cmp]).and_then(vec![TxnOp::put(
+            key.as_str(),
+            serde_json::to_vec(node)?,
+            None,
+        )]);
+        Ok(self.client.kv_client().txn(txn).await?.succeeded())
+    }
+
+    /// Deletes a Node; false when there was none.
+    pub async fn delete_node(&self, name: &str) -> Result<bool> {
+        let resp = self
+            .client
+            .kv_client()
+            .delete(format!("{NODE_PREFIX}{name}"), None)
+            .await
+            .context("cannot delete a Node in etcd")?;
+        Ok(resp.deleted() > 0)
+    }
+
+    /// Removes the member `id`.
+    pub async fn remove_member(&self, id: u64) -> Result<()> {
+        self.client
+            .cluster_client()
+            .member_remove(id)
+            .await
+            .with_context(|| format!("cannot remove etcd member {id:x}"))?;
+        Ok(())
+    }
 }
 
-/// Makes sure the store exists (possibly empty) so a daemon can start.
-pub fn ensure_store(root: &Root) -> Result<()> {
-    let path = root.path(TOKENS_FILE);
-    if !path.exists() {
-        write_file(&path, b"{\n  \"tokens\": []\n}\n", 0o600)?;
-    }
-    Ok(())
+/// One etcd member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: u64,
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
 }
 
-/// Stores the ClusterConfiguration YAML kubeadm uploads as `kubeadm-config`.
-pub fn save_cluster_config(root: &Root, yaml: &str) -> Result<()> {
+impl From<&etcd_client::Member> for Member {
+    fn from(m: &etcd_client::Member) -> Self {
+        Self {
+            id: m.id(),
+            name: m.name().to_owned(),
+            peer_urls: m.peer_urls().to_vec(),
+            client_urls: m.client_urls().to_vec(),
+        }
+    }
+}
+
+/// Keeps the machine's copy of the uploaded ClusterConfiguration (for
+/// `kubeadm reset`).
+pub fn save_local_cluster_config(root: &Root, yaml: &str) -> Result<()> {
     write_file(&root.path(CLUSTER_CONFIG_FILE), yaml.as_bytes(), 0o644)
 }
 
-pub fn load_cluster_config(root: &Root) -> Option<String> {
+pub fn load_local_cluster_config(root: &Root) -> Option<String> {
     std::fs::read_to_string(root.path(CLUSTER_CONFIG_FILE)).ok()
 }

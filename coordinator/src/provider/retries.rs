@@ -1,8 +1,9 @@
-//! The per-machine back-off of failed creates.
+//! The per-machine back-off of failed creates: how long the reconciler
+//! waits before asking a provider again, by the class of its last error.
 
 use std::collections::HashMap;
 
-use crate::provider::CloudErrorClass;
+use super::CloudErrorClass;
 
 /// Per-machine back-off of failed creates, kept in memory: a restart
 /// retries at once, which is what an operator restarting it wants.

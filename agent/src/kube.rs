@@ -1,0 +1,209 @@
+//! The cluster's Nodes as a running control plane sees them through its
+//! own API server, with the admin credentials kubeadm wrote
+//! (`/etc/kubernetes/admin.conf`), and the Node deletions the coordinator
+//! asks for once a machine has left. The agent only ever dials its own API
+//! server.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine;
+use drover_common::api::ClusterNode;
+use drover_common::wire::NodesReport;
+
+use crate::api::error_chain;
+use crate::tls;
+
+/// How long one API call may take.
+pub const KUBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why the Nodes could not be read or deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a usable kubeconfig: {detail}")]
+    Kubeconfig { path: PathBuf, detail: String },
+    #[error("cannot build the API client: {0}")]
+    Client(String),
+    #[error("{call} at {api} failed: {detail}")]
+    Call {
+        call: String,
+        api: String,
+        detail: String,
+    },
+}
+
+/// A client for the local API server, rebuilt when `admin.conf` changes.
+#[derive(Debug)]
+pub struct Kube {
+    root: PathBuf,
+    cached: Option<(Vec<u8>, reqwest::Client)>,
+}
+
+impl Kube {
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_owned(),
+            cached: None,
+        }
+    }
+
+    fn client(&mut self) -> Result<reqwest::Client, KubeError> {
+        let path = self.root.join("etc/kubernetes/admin.conf");
+        let text = std::fs::read(&path).map_err(|source| KubeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        if let Some((t, c)) = &self.cached {
+            if *t == text {
+                return Ok(c.clone());
+            }
+        }
+        let bad = |detail: String| KubeError::Kubeconfig {
+            path: path.clone(),
+            detail,
+        };
+        let doc: serde_json::Value = serde_saphyr::from_str(&String::from_utf8_lossy(&text))
+            .map_err(|e| bad(e.to_string()))?;
+        let data = |v: &serde_json::Value, key: &str| {
+            v.get(key)
+                .and_then(|d| d.as_str())
+                .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+                .map(|d| String::from_utf8_lossy(&d).into_owned())
+                .ok_or_else(|| bad(format!("no {key}")))
+        };
+        let cluster = &doc["clusters"][0]["cluster"];
+        let user = &doc["users"][0]["user"];
+        let config = tls::mtls_config(
+            &data(cluster, "certificate-authority-data")?,
+            &data(user, "client-certificate-data")?,
+            &data(user, "client-key-data")?,
+        )
+        .map_err(|e| KubeError::Client(e.to_string()))?;
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(config)
+            .timeout(KUBE_TIMEOUT)
+            .no_proxy()
+            .pool_max_idle_per_host(1)
+            .build()
+            .map_err(|e| KubeError::Client(error_chain(&e)))?;
+        self.cached = Some((text, client.clone()));
+        Ok(client)
+    }
+
+    /// Every Node with its `Ready` condition, through the API server at
+    /// `api` (`https://host:port`).
+    pub async fn nodes(&mut self, api: &str) -> Result<Vec<ClusterNode>, KubeError> {
+        let client = self.client()?;
+        let failed = |detail: String| KubeError::Call {
+            call: "list nodes".into(),
+            api: api.to_owned(),
+            detail,
+        };
+        let resp = client
+            .get(format!("{api}/api/v1/nodes"))
+            .send()
+            .await
+            .map_err(|e| failed(error_chain(&e)))?;
+        let status = resp.status();
+        let body = resp.text().await.map_err(|e| failed(error_chain(&e)))?;
+        if !status.is_success() {
+            return Err(failed(format!("{status}: {body}")));
+        }
+        let list: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| failed(e.to_string()))?;
+        let mut nodes: Vec<ClusterNode> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| {
+                let condition = n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Ready");
+                let ready = condition
+                    .and_then(|c| c["status"].as_str())
+                    .unwrap_or("Unknown");
+                let since = condition
+                    .and_then(|c| c["lastTransitionTime"].as_str())
+                    .and_then(|t| {
+                        time::OffsetDateTime::parse(
+                            t,
+                            &time::format_description::well_known::Rfc3339,
+                        )
+                        .ok()
+                    });
+                Some(ClusterNode {
+                    name: n["metadata"]["name"].as_str()?.to_owned(),
+                    ready: ready.to_owned(),
+                    since,
+                    unschedulable: n["spec"]["unschedulable"].as_bool().unwrap_or(false),
+                })
+            })
+            .collect();
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(nodes)
+    }
+
+    /// The report a heartbeat carries.
+    pub async fn report(&mut self, api: &str) -> NodesReport {
+        match self.nodes(api).await {
+            Ok(nodes) => NodesReport {
+                nodes,
+                error: String::new(),
+            },
+            Err(e) => NodesReport {
+                nodes: vec![],
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// Deletes Node `name`; one already gone counts as done.
+    pub async fn delete_node(&mut self, api: &str, name: &str) -> Result<String, KubeError> {
+        let client = self.client()?;
+        let failed = |detail: String| KubeError::Call {
+            call: format!("delete node {name}"),
+            api: api.to_owned(),
+            detail,
+        };
+        let resp = client
+            .delete(format!("{api}/api/v1/nodes/{name}"))
+            .send()
+            .await
+            .map_err(|e| failed(error_chain(&e)))?;
+        match resp.status() {
+            s if s.is_success() => Ok(format!("node {name} deleted")),
+            reqwest::StatusCode::NOT_FOUND => Ok(format!("node {name} was already gone")),
+            s => Err(failed(format!(
+                "{s}: {}",
+                resp.text().await.unwrap_or_default()
+            ))),
+        }
+    }
+}
+
+/// The local API server's URL.
+pub fn local_api(advertise: std::net::IpAddr, port: u16) -> String {
+    format!("https://{}", std::net::SocketAddr::new(advertise, port))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn local_api_brackets_ipv6() {
+        assert_eq!(
+            super::local_api("10.0.0.1".parse().unwrap(), 6443),
+            "https://10.0.0.1:6443"
+        );
+        assert_eq!(
+            super::local_api("fd00::1".parse().unwrap(), 6443),
+            "https://[fd00::1]:6443"
+        );
+    }
+}

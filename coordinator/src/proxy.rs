@@ -1,0 +1,303 @@
+//! The coordinator's own control-plane endpoints: for each pool cluster
+//! whose spec says `controlPlaneEndpoint: {managed: coordinator}`, a TCP
+//! proxy on the cluster's allocated port that forwards each connection to a
+//! control-plane machine whose API server answers `/readyz` over TLS with
+//! the cluster's CA. The task `endpoint-proxies` keeps the listeners and
+//! their backends in step with the machines once a period; it runs on every
+//! replica, so a DNS name or VIP over the replicas keeps the endpoint up
+//! when one replica goes.
+//!
+//! TLS passes through untouched: the proxy never holds a key of the
+//! cluster's, and kubectl and kubelets see the API servers' certificates,
+//! whose SANs carry the endpoint's host.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use drover_common::api::{Cluster, Machine, MachinePhase};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::app::App;
+use crate::tasks::Task;
+
+/// How often backends are probed and listeners reconciled.
+pub const PERIOD: Duration = Duration::from_secs(1);
+/// How long one `/readyz` probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+/// How long a backend may take to accept a proxied connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs the `endpoint-proxies` task until `shutdown` fires.
+pub async fn run(app: Arc<App>, task: Arc<Task>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut proxies: HashMap<String, Proxy> = HashMap::new();
+    loop {
+        task.started();
+        let errors = refresh(&app, &mut proxies).await;
+        task.finished((!errors.is_empty()).then(|| errors.join("; ")));
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = task.tick() => {}
+        }
+    }
+    for (_, p) in proxies.drain() {
+        p.accept.abort();
+    }
+}
+
+/// One cluster's listener and its current backends.
+struct Proxy {
+    port: u16,
+    backends: Arc<RwLock<Vec<SocketAddr>>>,
+    accept: tokio::task::JoinHandle<()>,
+    /// A client that trusts the cluster's CA, for `/readyz`.
+    probe: reqwest::Client,
+}
+
+/// Brings the proxies in line with the clusters; returns what went wrong.
+async fn refresh(app: &Arc<App>, proxies: &mut HashMap<String, Proxy>) -> Vec<String> {
+    let mut errors = vec![];
+    let read = crate::store::blocking({
+        let app = app.clone();
+        move || Ok::<_, crate::store::StoreError>((app.clusters()?, app.machines()?))
+    })
+    .await;
+    let (clusters, machines) = match read {
+        Ok(r) => r,
+        Err(e) => return vec![format!("cannot read clusters and machines: {e}")],
+    };
+    let managed: BTreeMap<String, (&Cluster, u16)> = clusters
+        .iter()
+        .filter(|c| c.spec.endpoint_managed_by_coordinator())
+        .filter_map(|c| {
+            let uid = c.metadata.uid.clone()?;
+            Some((uid, (c, c.status.endpoint_port?)))
+        })
+        .collect();
+    proxies.retain(|uid, p| {
+        let keep = managed.get(uid).is_some_and(|(_, port)| *port == p.port);
+        if !keep {
+            p.accept.abort();
+            tracing::info!(cluster_uid = %uid, port = p.port, "managed endpoint closed");
+        }
+        keep
+    });
+    for (uid, (cluster, port)) in managed {
+        let name = &cluster.metadata.name;
+        if !proxies.contains_key(&uid) {
+            match open(app, cluster, port).await {
+                Ok(p) => {
+                    proxies.insert(uid.clone(), p);
+                }
+                Err(e) => {
+                    errors.push(format!("cluster {name}: {e}"));
+                    continue;
+                }
+            }
+        }
+        let proxy = &proxies[&uid];
+        let candidates = control_planes(&machines, &uid);
+        let probes = candidates.iter().map(|addr| ready(&proxy.probe, *addr));
+        let answers = futures_util::future::join_all(probes).await;
+        let healthy: Vec<SocketAddr> = candidates
+            .iter()
+            .zip(answers)
+            .filter_map(|(a, ok)| ok.then_some(*a))
+            .collect();
+        let mut current = proxy.backends.write().expect("backends lock");
+        if *current != healthy {
+            tracing::info!(cluster = %name, port, backends = ?healthy, "managed endpoint backends changed");
+            *current = healthy;
+        }
+    }
+    errors
+}
+
+/// Why a cluster's managed endpoint cannot be opened.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error("cannot read its CA: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("its CA is not made yet")]
+    NoCa,
+    #[error("its CA certificate is not usable: {0}")]
+    Ca(String),
+    #[error("TLS setup for its /readyz probe: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("cannot build its /readyz probe client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("cannot listen on its endpoint {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Opens a cluster's listener and starts accepting.
+async fn open(app: &App, cluster: &Cluster, port: u16) -> Result<Proxy, OpenError> {
+    let pki = crate::domain::secrets::load_pki(&app.store, cluster)?.ok_or(OpenError::NoCa)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pki.ca.cert_pem.as_bytes()) {
+        let cert = cert.map_err(|e| OpenError::Ca(e.to_string()))?;
+        roots.add(cert).map_err(|e| OpenError::Ca(e.to_string()))?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let probe = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(PROBE_TIMEOUT)
+        .build()?;
+    let addr = SocketAddr::new(app.settings.endpoints.bind, port);
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| OpenError::Listen { addr, source })?;
+    tracing::info!(cluster = %cluster.metadata.name, %addr, "managed endpoint listening");
+    let backends = Arc::new(RwLock::new(vec![]));
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        cluster.metadata.name.clone(),
+        backends.clone(),
+    ));
+    Ok(Proxy {
+        port,
+        backends,
+        accept,
+        probe,
+    })
+}
+
+/// The API server addresses of the cluster's control-plane machines that
+/// serve it: Running and not leaving (a machine being released or deleted
+/// gets no new connections).
+fn control_planes(machines: &[Machine], cluster_uid: &str) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = machines
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.cluster_uid == cluster_uid && a.role.is_control_plane())
+                && m.status.phase == MachinePhase::Running
+                && m.metadata.deletion_timestamp.is_none()
+                && m.status.api_server_port != 0
+        })
+        .filter_map(|m| {
+            let ip = m.status.addresses.first()?.parse().ok()?;
+            Some(SocketAddr::new(ip, m.status.api_server_port))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Whether the API server at `addr` answers `/readyz` with 200.
+async fn ready(client: &reqwest::Client, addr: SocketAddr) -> bool {
+    match client.get(format!("https://{addr}/readyz")).send().await {
+        Ok(r) => r.status().is_success(),
+        Err(e) => {
+            tracing::debug!(%addr, error = %e, "control-plane backend not ready");
+            false
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    cluster: String,
+    backends: Arc<RwLock<Vec<SocketAddr>>>,
+) {
+    let next = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (client, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of files, most likely: wait a little rather than spin.
+                tracing::warn!(cluster = %cluster, error = %e, "managed endpoint cannot accept");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let chosen: Vec<SocketAddr> = backends.read().expect("backends lock").clone();
+        let cluster = cluster.clone();
+        let next = next.clone();
+        tokio::spawn(async move {
+            if let Err(e) = forward(client, &chosen, &next).await {
+                tracing::debug!(cluster = %cluster, %peer, error = %e, "managed endpoint connection ended");
+            }
+        });
+    }
+}
+
+/// Connects `client` to the first backend, round robin, that accepts.
+async fn forward(
+    mut client: TcpStream,
+    backends: &[SocketAddr],
+    next: &AtomicUsize,
+) -> std::io::Result<()> {
+    if backends.is_empty() {
+        return Err(std::io::Error::other("no control-plane machine is ready"));
+    }
+    let start = next.fetch_add(1, Ordering::Relaxed);
+    for i in 0..backends.len() {
+        let addr = backends[(start + i) % backends.len()];
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(mut server)) => {
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                tokio::io::copy_bidirectional(&mut client, &mut server).await?;
+                return Ok(());
+            }
+            Ok(Err(e)) => tracing::debug!(%addr, error = %e, "backend refused; trying the next"),
+            Err(_) => tracing::debug!(%addr, "backend did not accept in time; trying the next"),
+        }
+    }
+    Err(std::io::Error::other("no control-plane machine accepted"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn connections_go_round_robin_and_skip_a_dead_backend() {
+        // Two echo-once backends that say who they are, and one dead port.
+        let mut addrs = vec![];
+        for tag in [b'a', b'b'] {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addrs.push(l.local_addr().unwrap());
+            tokio::spawn(async move {
+                loop {
+                    let (mut s, _) = l.accept().await.unwrap();
+                    s.write_all(&[tag]).await.unwrap();
+                }
+            });
+        }
+        let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dead_addr = dead.local_addr().unwrap();
+        drop(dead);
+        let backends = Arc::new(RwLock::new(vec![addrs[0], dead_addr, addrs[1]]));
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        tokio::spawn(accept_loop(front, "c".into(), backends.clone()));
+        let mut seen = vec![];
+        for _ in 0..3 {
+            let mut s = TcpStream::connect(front_addr).await.unwrap();
+            let mut b = [0u8];
+            s.read_exact(&mut b).await.unwrap();
+            seen.push(b[0]);
+        }
+        assert_eq!(seen, b"abb", "a, then the dead one skipped to b, then b");
+        // With no backend, a connection is closed at once.
+        backends.write().unwrap().clear();
+        let mut s = TcpStream::connect(front_addr).await.unwrap();
+        let mut buf = vec![];
+        assert_eq!(s.read_to_end(&mut buf).await.unwrap(), 0);
+    }
+}
