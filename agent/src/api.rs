@@ -140,6 +140,15 @@ impl Answer {
     }
 }
 
+/// A list a heartbeat reports, or why it could not be read: the list (empty
+/// on failure) and the error's message (empty on success).
+pub fn list_or_error<T, E: std::fmt::Display>(result: Result<Vec<T>, E>) -> (Vec<T>, String) {
+    match result {
+        Ok(list) => (list, String::new()),
+        Err(e) => (vec![], e.to_string()),
+    }
+}
+
 /// An error and all its sources on one line.
 pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();

@@ -45,7 +45,7 @@ pub enum EtcdError {
 #[derive(Debug)]
 pub struct Etcd {
     root: PathBuf,
-    cached: Option<(Vec<u8>, reqwest::Client)>,
+    client: tls::CachedClient,
 }
 
 #[derive(Deserialize)]
@@ -72,36 +72,24 @@ impl Etcd {
     pub fn new(root: &Path) -> Self {
         Self {
             root: root.to_owned(),
-            cached: None,
+            client: tls::CachedClient::default(),
         }
     }
 
     fn client(&mut self) -> Result<reqwest::Client, EtcdError> {
-        let read = |rel: &str| {
-            let path = self.root.join(rel);
-            std::fs::read(&path).map_err(|source| EtcdError::Read { path, source })
-        };
-        let ca = read("etc/kubernetes/pki/etcd/ca.crt")?;
-        let cert = read("etc/kubernetes/pki/apiserver-etcd-client.crt")?;
-        let key = read("etc/kubernetes/pki/apiserver-etcd-client.key")?;
-        let fingerprint = [ca.as_slice(), cert.as_slice()].concat();
-        if let Some((f, c)) = &self.cached {
-            if *f == fingerprint {
-                return Ok(c.clone());
-            }
-        }
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        let config = tls::mtls_config(&text(&ca), &text(&cert), &text(&key))
-            .map_err(|e| EtcdError::Client(e.to_string()))?;
-        let client = reqwest::Client::builder()
-            .tls_backend_preconfigured(config)
-            .timeout(ETCD_TIMEOUT)
-            .no_proxy()
-            .pool_max_idle_per_host(1)
-            .build()
-            .map_err(|e| EtcdError::Client(error_chain(&e)))?;
-        self.cached = Some((fingerprint, client.clone()));
-        Ok(client)
+        let files = [
+            "etc/kubernetes/pki/etcd/ca.crt",
+            "etc/kubernetes/pki/apiserver-etcd-client.crt",
+            "etc/kubernetes/pki/apiserver-etcd-client.key",
+        ]
+        .map(|rel| self.root.join(rel));
+        let unreadable = |path, source| EtcdError::Read { path, source };
+        self.client.built_from_files(&files, unreadable, |pem| {
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            let config = tls::mtls_config(&text(&pem[0]), &text(&pem[1]), &text(&pem[2]))
+                .map_err(|e| EtcdError::Client(e.to_string()))?;
+            tls::local_client(config, ETCD_TIMEOUT).map_err(|e| EtcdError::Client(error_chain(&e)))
+        })
     }
 
     /// The member list through `endpoint` (the local member's client URL),
@@ -159,16 +147,8 @@ impl Etcd {
 
     /// The report a heartbeat carries.
     pub async fn report(&mut self, endpoint: &str) -> EtcdReport {
-        match self.members(endpoint).await {
-            Ok(members) => EtcdReport {
-                members,
-                error: String::new(),
-            },
-            Err(e) => EtcdReport {
-                members: vec![],
-                error: e.to_string(),
-            },
-        }
+        let (members, error) = crate::api::list_or_error(self.members(endpoint).await);
+        EtcdReport { members, error }
     }
 
     /// Removes member `id` (hexadecimal) through `endpoint`, unless it is

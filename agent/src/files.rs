@@ -15,8 +15,7 @@
 //! directory, fsync, rename), so kubeadm never reads half a file.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use drover_common::bundle::BundleFile;
@@ -102,44 +101,7 @@ pub fn safe_join(root: &Path, path: &str) -> Result<PathBuf, PathError> {
     Ok(out)
 }
 
-/// Writes `content` to `path` atomically with the given permission bits,
-/// creating missing parent directories with mode 0755.
-pub fn write_atomic(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".drover-tmp-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        // Set the final mode explicitly: the creation mode is subject to the
-        // umask, and a private file must never be readable, even briefly.
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-        file.write_all(content)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path)?;
-        fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
+pub use drover_common::fsutil::write_atomic;
 
 /// Writes every bundle file under `root`. All paths are checked against
 /// [`ALLOWED_FILES`] before anything is written; each file gets the mode the
@@ -193,6 +155,7 @@ pub fn remove_bundle_files(root: &Path, paths: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn safe_join_rules() {
@@ -209,22 +172,16 @@ mod tests {
             safe_join(Path::new("/"), "/etc/x").unwrap(),
             PathBuf::from("/etc/x")
         );
-        assert_eq!(
-            safe_join(root, "etc/x"),
-            Err(PathError::NotAbsolute("etc/x".into()))
-        );
-        assert_eq!(
-            safe_join(root, "../etc/x"),
-            Err(PathError::NotAbsolute("../etc/x".into()))
-        );
-        assert_eq!(
-            safe_join(root, "/etc/../../x"),
-            Err(PathError::ParentComponent("/etc/../../x".into()))
-        );
-        assert_eq!(
-            safe_join(root, "/etc/kubernetes/.."),
-            Err(PathError::ParentComponent("/etc/kubernetes/..".into()))
-        );
+        type Refusal = fn(String) -> PathError;
+        let refused: [(&str, Refusal); 4] = [
+            ("etc/x", PathError::NotAbsolute),
+            ("../etc/x", PathError::NotAbsolute),
+            ("/etc/../../x", PathError::ParentComponent),
+            ("/etc/kubernetes/..", PathError::ParentComponent),
+        ];
+        for (path, error) in refused {
+            assert_eq!(safe_join(root, path), Err(error(path.into())), "{path}");
+        }
         assert!(matches!(
             safe_join(root, "/"),
             Err(PathError::NoFileName(_))

@@ -38,9 +38,8 @@ pub struct Prober {
     root: PathBuf,
     kubelet_url: reqwest::Url,
     kubelet: Option<reqwest::Client>,
-    /// The API server client and the CA bundle it was built from, rebuilt
-    /// when `ca.crt` changes (a reset and a new cluster bring a new CA).
-    api_server: Option<(Vec<u8>, reqwest::Client)>,
+    /// The API server client, rebuilt when `ca.crt` changes.
+    api_server: tls::CachedClient,
 }
 
 impl Prober {
@@ -49,7 +48,7 @@ impl Prober {
             root: root.to_owned(),
             kubelet_url,
             kubelet: None,
-            api_server: None,
+            api_server: tls::CachedClient::default(),
         }
     }
 
@@ -68,7 +67,7 @@ impl Prober {
             match kubelet_client {
                 Ok(Some(client)) => get_probe(&client, self.kubelet_url.as_str()).await,
                 Ok(None) => Probe::default(),
-                Err(message) => unknown(message),
+                Err(e) => unknown(e.to_string()),
             }
         };
         let api_server = async {
@@ -79,7 +78,7 @@ impl Prober {
                     Some(get_probe(&client, &format!("https://{addr}/readyz")).await)
                 }
                 (ApiServerPlan::Probe(_), Ok(None)) => Some(Probe::default()),
-                (ApiServerPlan::Probe(_), Err(message)) => Some(unknown(message)),
+                (ApiServerPlan::Probe(_), Err(e)) => Some(unknown(e.to_string())),
             }
         };
         let (kubelet, api_server) = tokio::join!(kubelet, api_server);
@@ -90,40 +89,50 @@ impl Prober {
         }
     }
 
-    fn kubelet_client(&mut self) -> Result<Option<reqwest::Client>, String> {
+    fn kubelet_client(&mut self) -> Result<Option<reqwest::Client>, ProbeClientError> {
         if self.kubelet.is_none() {
-            self.kubelet = Some(probe_client(
-                tls::trust_nothing_config().map_err(|e| e.to_string())?,
-            )?);
+            self.kubelet = Some(probe_client(tls::trust_nothing_config()?)?);
         }
         Ok(self.kubelet.clone())
     }
 
-    fn api_server_client(&mut self) -> Result<reqwest::Client, String> {
+    fn api_server_client(&mut self) -> Result<reqwest::Client, ProbeClientError> {
         let ca_path = self.root.join("etc/kubernetes/pki/ca.crt");
-        let ca = std::fs::read(&ca_path)
-            .map_err(|e| format!("cannot read the cluster CA {}: {e}", ca_path.display()))?;
-        if let Some((cached, client)) = &self.api_server {
-            if *cached == ca {
-                return Ok(client.clone());
-            }
-        }
-        let config = tls::trust_only_config(&String::from_utf8_lossy(&ca), "the cluster CA")
-            .map_err(|e| format!("{}: {e}", ca_path.display()))?;
-        let client = probe_client(config)?;
-        self.api_server = Some((ca, client.clone()));
-        Ok(client)
+        let unreadable = |path, source| ProbeClientError::ReadCa { path, source };
+        self.api_server
+            .built_from_files(std::slice::from_ref(&ca_path), unreadable, |ca| {
+                let config =
+                    tls::trust_only_config(&String::from_utf8_lossy(&ca[0]), "the cluster CA")
+                        .map_err(|source| ProbeClientError::CaBundle {
+                            path: ca_path.clone(),
+                            source,
+                        })?;
+                probe_client(config)
+            })
     }
 }
 
-fn probe_client(config: rustls::ClientConfig) -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(config)
-        .timeout(PROBE_TIMEOUT)
-        .no_proxy()
-        .pool_max_idle_per_host(1)
-        .build()
-        .map_err(|e| format!("cannot build the probe client: {}", error_chain(&e)))
+/// Why a probe could not even be sent; reported as an Unknown probe.
+#[derive(Debug, thiserror::Error)]
+enum ProbeClientError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("cannot read the cluster CA {}: {source}", path.display())]
+    ReadCa {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    CaBundle {
+        path: PathBuf,
+        source: tls::TlsError,
+    },
+    #[error("cannot build the probe client: {}", error_chain(.0))]
+    Build(#[source] reqwest::Error),
+}
+
+fn probe_client(config: rustls::ClientConfig) -> Result<reqwest::Client, ProbeClientError> {
+    tls::local_client(config, PROBE_TIMEOUT).map_err(ProbeClientError::Build)
 }
 
 fn unknown(message: String) -> Probe {

@@ -96,13 +96,34 @@ pub async fn instance(endpoint: &str) -> anyhow::Result<Option<Instance>> {
     }
 }
 
-/// One metadata read: `Ok(None)` on 404, `Err` with a reason worth a retry.
+/// Why one metadata read failed; each is worth a retry.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("reading {path}: {source}")]
+    Body {
+        path: String,
+        source: reqwest::Error,
+    },
+    #[error("{path} request answered {status}")]
+    Status {
+        path: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("{path} request failed: {source}")]
+    Request {
+        path: String,
+        source: reqwest::Error,
+    },
+}
+
+/// One metadata read: `Ok(None)` on 404.
 async fn get(
     http: &reqwest::Client,
     endpoint: &str,
     token: &str,
     path: &str,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ReadError> {
+    let path_owned = || path.to_string();
     match http
         .get(format!("{endpoint}/latest/{path}"))
         .header("X-aws-ec2-metadata-token", token)
@@ -110,13 +131,20 @@ async fn get(
         .await
     {
         Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Ok(None),
-        Ok(r) if r.status().is_success() => r
-            .text()
-            .await
-            .map(Some)
-            .map_err(|e| format!("reading {path}: {e}")),
-        Ok(r) => Err(format!("{path} request answered {}", r.status())),
-        Err(e) => Err(format!("{path} request failed: {e}")),
+        Ok(r) if r.status().is_success() => {
+            r.text().await.map(Some).map_err(|source| ReadError::Body {
+                path: path_owned(),
+                source,
+            })
+        }
+        Ok(r) => Err(ReadError::Status {
+            path: path_owned(),
+            status: r.status(),
+        }),
+        Err(source) => Err(ReadError::Request {
+            path: path_owned(),
+            source,
+        }),
     }
 }
 
@@ -138,7 +166,7 @@ async fn attempt(http: &reqwest::Client, endpoint: &str) -> Attempt {
     let user_data = match get(http, endpoint, &token, "user-data").await {
         Ok(Some(u)) => u,
         Ok(None) => return Attempt::None,
-        Err(why) => return Attempt::Retry(why),
+        Err(why) => return Attempt::Retry(why.to_string()),
     };
     match get(http, endpoint, &token, "meta-data/instance-id").await {
         Ok(Some(id)) if !id.trim().is_empty() => Attempt::Found(Instance {
@@ -146,7 +174,7 @@ async fn attempt(http: &reqwest::Client, endpoint: &str) -> Attempt {
             instance_id: id.trim().to_owned(),
         }),
         Ok(_) => Attempt::Retry("the metadata service has no instance-id".into()),
-        Err(why) => Attempt::Retry(why),
+        Err(why) => Attempt::Retry(why.to_string()),
     }
 }
 

@@ -41,81 +41,61 @@ pub enum KubeError {
 #[derive(Debug)]
 pub struct Kube {
     root: PathBuf,
-    cached: Option<(Vec<u8>, reqwest::Client)>,
+    client: tls::CachedClient,
 }
 
 impl Kube {
     pub fn new(root: &Path) -> Self {
         Self {
             root: root.to_owned(),
-            cached: None,
+            client: tls::CachedClient::default(),
         }
     }
 
     fn client(&mut self) -> Result<reqwest::Client, KubeError> {
         let path = self.root.join("etc/kubernetes/admin.conf");
-        let text = std::fs::read(&path).map_err(|source| KubeError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        if let Some((t, c)) = &self.cached {
-            if *t == text {
-                return Ok(c.clone());
-            }
-        }
-        let bad = |detail: String| KubeError::Kubeconfig {
-            path: path.clone(),
-            detail,
-        };
-        let doc: serde_json::Value = serde_saphyr::from_str(&String::from_utf8_lossy(&text))
-            .map_err(|e| bad(e.to_string()))?;
-        let data = |v: &serde_json::Value, key: &str| {
-            v.get(key)
-                .and_then(|d| d.as_str())
-                .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
-                .map(|d| String::from_utf8_lossy(&d).into_owned())
-                .ok_or_else(|| bad(format!("no {key}")))
-        };
-        let cluster = &doc["clusters"][0]["cluster"];
-        let user = &doc["users"][0]["user"];
-        let config = tls::mtls_config(
-            &data(cluster, "certificate-authority-data")?,
-            &data(user, "client-certificate-data")?,
-            &data(user, "client-key-data")?,
-        )
-        .map_err(|e| KubeError::Client(e.to_string()))?;
-        let client = reqwest::Client::builder()
-            .tls_backend_preconfigured(config)
-            .timeout(KUBE_TIMEOUT)
-            .no_proxy()
-            .pool_max_idle_per_host(1)
-            .build()
-            .map_err(|e| KubeError::Client(error_chain(&e)))?;
-        self.cached = Some((text, client.clone()));
-        Ok(client)
+        let unreadable = |path, source| KubeError::Read { path, source };
+        self.client
+            .built_from_files(std::slice::from_ref(&path), unreadable, |text| {
+                let text = &text[0];
+                let bad = |detail: String| KubeError::Kubeconfig {
+                    path: path.clone(),
+                    detail,
+                };
+                let doc: serde_json::Value = serde_saphyr::from_str(&String::from_utf8_lossy(text))
+                    .map_err(|e| bad(e.to_string()))?;
+                let data = |v: &serde_json::Value, key: &str| {
+                    v.get(key)
+                        .and_then(|d| d.as_str())
+                        .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+                        .map(|d| String::from_utf8_lossy(&d).into_owned())
+                        .ok_or_else(|| bad(format!("no {key}")))
+                };
+                let cluster = &doc["clusters"][0]["cluster"];
+                let user = &doc["users"][0]["user"];
+                let config = tls::mtls_config(
+                    &data(cluster, "certificate-authority-data")?,
+                    &data(user, "client-certificate-data")?,
+                    &data(user, "client-key-data")?,
+                )
+                .map_err(|e| KubeError::Client(e.to_string()))?;
+                tls::local_client(config, KUBE_TIMEOUT)
+                    .map_err(|e| KubeError::Client(error_chain(&e)))
+            })
     }
 
     /// Every Node with its `Ready` condition, through the API server at
     /// `api` (`https://host:port`).
     pub async fn nodes(&mut self, api: &str) -> Result<Vec<ClusterNode>, KubeError> {
-        let client = self.client()?;
-        let failed = |detail: String| KubeError::Call {
-            call: "list nodes".into(),
-            api: api.to_owned(),
-            detail,
-        };
-        let resp = client
-            .get(format!("{api}/api/v1/nodes"))
-            .send()
-            .await
-            .map_err(|e| failed(error_chain(&e)))?;
-        let status = resp.status();
-        let body = resp.text().await.map_err(|e| failed(error_chain(&e)))?;
+        let call = "list nodes";
+        let (status, body) = self
+            .call(api, call, reqwest::Method::GET, "/api/v1/nodes")
+            .await?;
         if !status.is_success() {
-            return Err(failed(format!("{status}: {body}")));
+            return Err(failed(call, api, format!("{status}: {body}")));
         }
         let list: serde_json::Value =
-            serde_json::from_str(&body).map_err(|e| failed(e.to_string()))?;
+            serde_json::from_str(&body).map_err(|e| failed(call, api, e.to_string()))?;
         let mut nodes: Vec<ClusterNode> = list["items"]
             .as_array()
             .into_iter()
@@ -152,39 +132,53 @@ impl Kube {
 
     /// The report a heartbeat carries.
     pub async fn report(&mut self, api: &str) -> NodesReport {
-        match self.nodes(api).await {
-            Ok(nodes) => NodesReport {
-                nodes,
-                error: String::new(),
-            },
-            Err(e) => NodesReport {
-                nodes: vec![],
-                error: e.to_string(),
-            },
-        }
+        let (nodes, error) = crate::api::list_or_error(self.nodes(api).await);
+        NodesReport { nodes, error }
     }
 
     /// Deletes Node `name`; one already gone counts as done.
     pub async fn delete_node(&mut self, api: &str, name: &str) -> Result<String, KubeError> {
-        let client = self.client()?;
-        let failed = |detail: String| KubeError::Call {
-            call: format!("delete node {name}"),
-            api: api.to_owned(),
-            detail,
-        };
-        let resp = client
-            .delete(format!("{api}/api/v1/nodes/{name}"))
-            .send()
-            .await
-            .map_err(|e| failed(error_chain(&e)))?;
-        match resp.status() {
+        let call = format!("delete node {name}");
+        let path = format!("/api/v1/nodes/{name}");
+        let (status, body) = self
+            .call(api, &call, reqwest::Method::DELETE, &path)
+            .await?;
+        match status {
             s if s.is_success() => Ok(format!("node {name} deleted")),
             reqwest::StatusCode::NOT_FOUND => Ok(format!("node {name} was already gone")),
-            s => Err(failed(format!(
-                "{s}: {}",
-                resp.text().await.unwrap_or_default()
-            ))),
+            s => Err(failed(&call, api, format!("{s}: {body}"))),
         }
+    }
+
+    /// One request to the API server at `api`: its status and body, or why
+    /// it got no answer.
+    async fn call(
+        &mut self,
+        api: &str,
+        call: &str,
+        method: reqwest::Method,
+        path: &str,
+    ) -> Result<(reqwest::StatusCode, String), KubeError> {
+        let client = self.client()?;
+        let resp = client
+            .request(method, format!("{api}{path}"))
+            .send()
+            .await
+            .map_err(|e| failed(call, api, error_chain(&e)))?;
+        let status = resp.status();
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| failed(call, api, error_chain(&e)))?;
+        Ok((status, body))
+    }
+}
+
+fn failed(call: &str, api: &str, detail: String) -> KubeError {
+    KubeError::Call {
+        call: call.to_owned(),
+        api: api.to_owned(),
+        detail,
     }
 }
 

@@ -136,13 +136,26 @@ enum LogFormat {
     Json,
 }
 
-fn parse_healthz_url(s: &str) -> Result<reqwest::Url, String> {
-    let url = reqwest::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+/// Why `--kubelet-healthz-url` was refused.
+#[derive(Debug, thiserror::Error)]
+enum HealthzUrlError {
+    #[error("not a URL: {reason}")]
+    NotAUrl { reason: String },
+    #[error("the kubelet health endpoint is plain http://")]
+    NotHttp,
+    #[error("the URL has no host")]
+    NoHost,
+}
+
+fn parse_healthz_url(s: &str) -> Result<reqwest::Url, HealthzUrlError> {
+    let url = reqwest::Url::parse(s).map_err(|e| HealthzUrlError::NotAUrl {
+        reason: e.to_string(),
+    })?;
     if url.scheme() != "http" {
-        return Err("the kubelet health endpoint is plain http://".into());
+        return Err(HealthzUrlError::NotHttp);
     }
     if url.host_str().is_none() {
-        return Err("the URL has no host".into());
+        return Err(HealthzUrlError::NoHost);
     }
     Ok(url)
 }

@@ -271,6 +271,55 @@ pub fn trust_nothing_config() -> Result<ClientConfig, TlsError> {
         .with_no_client_auth())
 }
 
+/// A client for one endpoint on this machine (the kubelet, the API server,
+/// etcd) over `config`: no proxy, one idle connection kept, `timeout` for
+/// each request.
+pub fn local_client(
+    config: ClientConfig,
+    timeout: std::time::Duration,
+) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .timeout(timeout)
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()
+}
+
+/// A client kept until the credentials it was built from change (a reset
+/// and a new cluster bring new ones).
+#[derive(Debug, Default)]
+pub struct CachedClient {
+    cached: Option<(Vec<u8>, reqwest::Client)>,
+}
+
+impl CachedClient {
+    /// The client built from the credentials in `files`, read now and
+    /// built again by `build` (with their contents, in order) when they
+    /// are not those of the kept client. A file that cannot be read is
+    /// `unreadable`'s error.
+    pub fn built_from_files<E>(
+        &mut self,
+        files: &[std::path::PathBuf],
+        unreadable: impl Fn(std::path::PathBuf, std::io::Error) -> E,
+        build: impl FnOnce(&[Vec<u8>]) -> Result<reqwest::Client, E>,
+    ) -> Result<reqwest::Client, E> {
+        let contents = files
+            .iter()
+            .map(|p| std::fs::read(p).map_err(|e| unreadable(p.clone(), e)))
+            .collect::<Result<Vec<_>, E>>()?;
+        let credentials = contents.concat();
+        if let Some((kept, client)) = &self.cached {
+            if *kept == credentials {
+                return Ok(client.clone());
+            }
+        }
+        let client = build(&contents)?;
+        self.cached = Some((credentials, client.clone()));
+        Ok(client)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -278,14 +327,7 @@ pub(crate) mod tests {
 
     pub(crate) fn server_leaf(ca: &CertificateAuthority) -> (String, String) {
         let issued = ca
-            .issue(&LeafSpec {
-                common_name: "coordinator".into(),
-                organizations: vec![],
-                dns_names: vec!["localhost".into()],
-                ip_addresses: vec!["127.0.0.1".parse().unwrap()],
-                usage: LeafUsage::Server,
-                validity: time::Duration::hours(1),
-            })
+            .issue(&LeafSpec::loopback("coordinator", LeafUsage::Server))
             .unwrap();
         (issued.cert_pem, issued.key_pem.unwrap())
     }

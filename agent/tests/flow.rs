@@ -217,14 +217,7 @@ async fn handle(
 
 async fn start_fake(ca: CertificateAuthority) -> Fake {
     let leaf = ca
-        .issue(&LeafSpec {
-            common_name: "coordinator".into(),
-            organizations: vec![],
-            dns_names: vec!["localhost".into()],
-            ip_addresses: vec!["127.0.0.1".parse().unwrap()],
-            usage: LeafUsage::Server,
-            validity: time::Duration::hours(1),
-        })
+        .issue(&LeafSpec::loopback("coordinator", LeafUsage::Server))
         .unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();

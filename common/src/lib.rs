@@ -39,6 +39,7 @@ macro_rules! string_type_serde {
 }
 
 // Leaves: shared primitives that import nothing of this crate.
+pub mod fsutil;
 pub mod jws;
 pub mod names;
 pub mod pem;

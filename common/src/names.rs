@@ -167,6 +167,19 @@ pub fn check_labels<'a>(
         .collect()
 }
 
+/// `len` random lowercase letters and digits: the suffix that makes a
+/// generated object name unique (`<pool>-x7k2q`).
+pub fn random_suffix(len: usize) -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..len)
+        .map(|_| {
+            let i = rng.random_range(0..36u8);
+            (if i < 10 { b'0' + i } else { b'a' + i - 10 }) as char
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,6 +74,21 @@ pub struct LeafSpec {
     pub validity: Duration,
 }
 
+impl LeafSpec {
+    /// A certificate for `localhost` and 127.0.0.1, valid for an hour: a
+    /// service on loopback, as tests and local tools run one.
+    pub fn loopback(common_name: &str, usage: LeafUsage) -> Self {
+        Self {
+            common_name: common_name.into(),
+            organizations: vec![],
+            dns_names: vec!["localhost".into()],
+            ip_addresses: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+            usage,
+            validity: Duration::hours(1),
+        }
+    }
+}
+
 /// An issued leaf certificate and, when the CA generated the key, its key.
 #[derive(Clone)]
 pub struct IssuedCert {

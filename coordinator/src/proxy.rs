@@ -18,8 +18,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use drover_common::api::{Cluster, Machine, MachinePhase};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::app::App;
@@ -124,12 +122,8 @@ enum OpenError {
     Store(#[from] crate::store::StoreError),
     #[error("its CA is not made yet")]
     NoCa,
-    #[error("its CA certificate is not usable: {0}")]
-    Ca(String),
-    #[error("TLS setup for its /readyz probe: {0}")]
-    Tls(#[from] rustls::Error),
-    #[error("cannot build its /readyz probe client: {0}")]
-    Client(#[from] reqwest::Error),
+    #[error("its /readyz probe: {0}")]
+    Client(#[from] crate::tls::ClientError),
     #[error("cannot listen on its endpoint {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -140,19 +134,7 @@ enum OpenError {
 /// Opens a cluster's listener and starts accepting.
 async fn open(app: &App, cluster: &Cluster, port: u16) -> Result<Proxy, OpenError> {
     let pki = crate::domain::secrets::load_pki(&app.store, cluster)?.ok_or(OpenError::NoCa)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pki.ca.cert_pem.as_bytes()) {
-        let cert = cert.map_err(|e| OpenError::Ca(e.to_string()))?;
-        roots.add(cert).map_err(|e| OpenError::Ca(e.to_string()))?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let probe = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .timeout(PROBE_TIMEOUT)
-        .build()?;
+    let probe = crate::tls::client_trusting(pki.ca.cert_pem.as_bytes(), PROBE_TIMEOUT)?;
     let addr = SocketAddr::new(app.settings.endpoints.bind, port);
     let listener = TcpListener::bind(addr)
         .await

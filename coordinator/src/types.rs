@@ -119,25 +119,8 @@ pub struct ClientConfigFile {
 impl ClientConfigFile {
     /// Writes the file with mode 0600 (it holds the admin token).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(
-            serde_saphyr::to_string(self)
-                .expect("serializes")
-                .as_bytes(),
-        )?;
-        f.sync_all()?;
-        std::fs::rename(tmp, path)
+        let text = serde_saphyr::to_string(self).expect("serializes");
+        drover_common::fsutil::write_atomic(path, text.as_bytes(), 0o600)
     }
 }
 

@@ -677,21 +677,28 @@ pub mod docker {
     pub fn ensure_image() {
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let out = Command::new(root.join("scripts/build-node-image"))
-                .arg("--bin-dir")
-                .arg(bin_dir())
-                .arg("--tag")
-                .arg(crate::node_image())
-                .current_dir(&root)
-                .output()
-                .expect("run scripts/build-node-image");
-            assert!(
-                out.status.success(),
-                "building the node image failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            build_image();
         });
+    }
+
+    /// Runs scripts/build-node-image (which reuses the image when its
+    /// inputs are unchanged) and returns the image id it printed.
+    pub fn build_image() -> String {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = Command::new(root.join("scripts/build-node-image"))
+            .arg("--bin-dir")
+            .arg(bin_dir())
+            .arg("--tag")
+            .arg(crate::node_image())
+            .current_dir(&root)
+            .output()
+            .expect("run scripts/build-node-image");
+        assert!(
+            out.status.success(),
+            "building the node image failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
     /// Removes every container and network of a cluster, even when the test failed.

@@ -717,6 +717,97 @@ impl Tree {
     }
 }
 
+/// Errors carry their context in types (`thiserror` enums), so that a
+/// caller can match on them and every layer adds its own context: no
+/// `Result<_, String>` outside test code, in any crate.
+#[test]
+fn no_string_errors_outside_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    for krate in ["common", "agent", "coordinator"] {
+        let tree = Tree::load(krate, &root.join(krate).join("src"));
+        for file in tree.modules.values().flatten() {
+            for line in string_error_results(&file.tokens) {
+                found.push(format!("    {}:{line}", file.file));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "Result<_, String> outside test code; return a thiserror enum that names what failed:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The lines of `Result<…, String>` types: the last type argument of a
+/// `Result` is the bare `String`.
+fn string_error_results(tokens: &[Tok]) -> Vec<usize> {
+    let punct = |t: Option<&Tok>, c: char| t.is_some_and(|t| t.kind == TokKind::Punct(c));
+    let mut out = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        if ident(Some(t)) != Some("Result") || !punct(tokens.get(i + 1), '<') {
+            continue;
+        }
+        let mut depth = 0usize;
+        // Where the last two type arguments start (a trailing comma makes
+        // the last one empty).
+        let mut arg_starts = vec![i + 2];
+        let mut j = i + 1;
+        while j < tokens.len() {
+            match &tokens[j].kind {
+                // `->` inside `Fn(..) -> T` is no closing bracket.
+                TokKind::Punct('-') if punct(tokens.get(j + 1), '>') => j += 1,
+                TokKind::Punct('<') => depth += 1,
+                TokKind::Punct(',') if depth == 1 => arg_starts.push(j + 1),
+                TokKind::Punct('>') => {
+                    depth -= 1;
+                    if depth == 0 {
+                        let mut ends = arg_starts.iter().skip(1).map(|s| s - 1).chain([j]);
+                        let args: Vec<&[Tok]> = arg_starts
+                            .iter()
+                            .map(|&start| &tokens[start..ends.next().unwrap_or(j)])
+                            .filter(|a| !a.is_empty())
+                            .collect();
+                        if args.len() == 2
+                            && args[1].len() == 1
+                            && ident(args[1].first()) == Some("String")
+                        {
+                            out.push(t.line);
+                        }
+                        break;
+                    }
+                }
+                TokKind::Punct(';' | '{') => break,
+                _ => {}
+            }
+            j += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn string_error_results_are_found_over_lines_and_nested_types() {
+    let tree = Tree::from_sources(
+        "demo",
+        &[(
+            "src/lib.rs",
+            "fn a() -> Result<Option<Vec<u8>>, String> { todo() }\n\
+             fn b() -> Result<\n    u8,\n    String,\n> { todo() }\n\
+             fn c() -> Result<String, Error> { todo() }\n\
+             fn d(f: impl Fn() -> u8) -> std::io::Result<String> { todo() }\n\
+             #[cfg(test)]\nmod tests { fn e() -> Result<(), String> { todo() } }\n",
+        )],
+    );
+    let lines: Vec<usize> = tree
+        .modules
+        .values()
+        .flatten()
+        .flat_map(|f| string_error_results(&f.tokens))
+        .collect();
+    assert_eq!(lines, vec![1, 2]);
+}
+
 #[derive(Clone)]
 enum Named {
     Module(String),

@@ -9,20 +9,13 @@
 //! and containers reach it under the name `drover-coordinator`.
 
 use std::net::{IpAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use drover_tests::*;
 
 const BOOT: Duration = Duration::from_secs(120);
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
 
 fn docker(args: &[&str]) -> Output {
     Command::new("docker")
@@ -143,24 +136,6 @@ fn free_port_on(ip: IpAddr) -> u16 {
         .port()
 }
 
-/// Builds the image, or reuses it when its inputs are unchanged.
-fn build_image() {
-    let out = Command::new(workspace_root().join("scripts/build-node-image"))
-        .arg("--bin-dir")
-        .arg(bin_dir())
-        .args(["--tag", &node_image()])
-        .current_dir(workspace_root())
-        .output()
-        .expect("run scripts/build-node-image");
-    assert!(
-        out.status.success(),
-        "scripts/build-node-image failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = String::from_utf8_lossy(&out.stdout);
-    assert!(id.trim().starts_with("sha256:"), "image id: {id:?}");
-}
-
 /// Copies a file out of a container (running or not).
 fn container_file(container: &str, path: &str, dest_dir: &Path) -> String {
     let dest = dest_dir.join(
@@ -227,7 +202,8 @@ fn node_container_boots_from_nocloud_seed_and_runs_kubeadm_init() {
         docker(&["version"]).status.success(),
         "the Docker daemon is not reachable; this test needs Docker Engine (scripts/test checks it)"
     );
-    build_image();
+    let id = drover_tests::docker::build_image();
+    assert!(id.starts_with("sha256:"), "image id: {id:?}");
 
     let tmp = tempfile::tempdir().unwrap();
     let mut env = DockerEnv::new();

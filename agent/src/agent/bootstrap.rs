@@ -143,7 +143,7 @@ impl Agent {
                     self.config_reason = None;
                     self.apply_bundle(bundle);
                 }
-                Err(why) => self.fail_fetch(why),
+                Err(why) => self.fail_fetch(why.to_string()),
             },
             ConfigStep::Stale {
                 got,
@@ -312,13 +312,21 @@ impl Agent {
 }
 
 /// kubeadm runs with the config the agent allows, nothing else.
-fn allowed_kubeadm_config(bundle: ConfigBundle) -> Result<ConfigBundle, String> {
+fn allowed_kubeadm_config(bundle: ConfigBundle) -> Result<ConfigBundle, KubeadmPathRefused> {
     if bundle.kubeadm_config_path != files::KUBEADM_CONFIG_PATH {
-        return Err(format!(
-            "config bundle refused: kubeadm config path {:?} is not {}",
-            bundle.kubeadm_config_path,
-            files::KUBEADM_CONFIG_PATH
-        ));
+        return Err(KubeadmPathRefused {
+            got: bundle.kubeadm_config_path,
+        });
     }
     Ok(bundle)
+}
+
+/// A bundle that names another kubeadm config path than the agent's.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "config bundle refused: kubeadm config path {got:?} is not {}",
+    files::KUBEADM_CONFIG_PATH
+)]
+struct KubeadmPathRefused {
+    got: String,
 }

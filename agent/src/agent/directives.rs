@@ -15,7 +15,7 @@ impl Agent {
         for directive in directives {
             let running = matches!(
                 self.work.as_ref().map(|w| &w.kind),
-                Some(WorkKind::TokenCreate { id, .. } | WorkKind::Reset { id } | WorkKind::EtcdRemove { id } | WorkKind::NodeDelete { id }) if *id == directive.id
+                Some(WorkKind::TokenCreate { id, .. } | WorkKind::Reset { id } | WorkKind::ClusterCall { id }) if *id == directive.id
             );
             if running
                 || self.state.directive_completed(&directive.id)
@@ -63,42 +63,26 @@ impl Agent {
                     );
                 }
                 DirectiveAction::RemoveEtcdMember { id, name } => {
-                    let Some(ip) = self.cluster_call_allowed(&directive.id, "remove etcd members")
-                    else {
-                        continue;
-                    };
                     tracing::info!(member = %id, name = %name, "removing an etcd member at the coordinator's request");
-                    let endpoint = crate::etcd::local_endpoint(ip);
                     let own = self.settings.hostname.clone();
                     let mut etcd = crate::etcd::Etcd::new(&self.settings.root);
-                    let command = format!("etcd member remove {id} ({name}) via {endpoint}");
-                    self.start_cluster_call(
-                        WorkKind::EtcdRemove { id: directive.id },
-                        command,
-                        Box::pin(async move {
-                            etcd.remove(&endpoint, &id, &name, &own)
-                                .await
-                                .map_err(|e| e.to_string())
-                        }),
-                    );
+                    self.start_cluster_call(directive.id, "remove etcd members", |ip, _| {
+                        let endpoint = crate::etcd::local_endpoint(ip);
+                        let command = format!("etcd member remove {id} ({name}) via {endpoint}");
+                        let call =
+                            async move { Ok(etcd.remove(&endpoint, &id, &name, &own).await?) };
+                        (command, Box::pin(call))
+                    });
                 }
                 DirectiveAction::DeleteNode { node } => {
-                    let Some(ip) = self.cluster_call_allowed(&directive.id, "delete Nodes") else {
-                        continue;
-                    };
                     tracing::info!(node = %node, "deleting a Node at the coordinator's request");
-                    let api = crate::kube::local_api(ip, self.settings.api_server_port);
                     let mut kube = crate::kube::Kube::new(&self.settings.root);
-                    let command = format!("delete node {node} via {api}");
-                    self.start_cluster_call(
-                        WorkKind::NodeDelete { id: directive.id },
-                        command,
-                        Box::pin(async move {
-                            kube.delete_node(&api, &node)
-                                .await
-                                .map_err(|e| e.to_string())
-                        }),
-                    );
+                    self.start_cluster_call(directive.id, "delete Nodes", |ip, port| {
+                        let api = crate::kube::local_api(ip, port);
+                        let command = format!("delete node {node} via {api}");
+                        let call = async move { Ok(kube.delete_node(&api, &node).await?) };
+                        (command, Box::pin(call))
+                    });
                 }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
@@ -113,33 +97,34 @@ impl Agent {
         }
     }
 
-    /// Whether this machine may act on its cluster for directive `id` (a
-    /// running control plane that knows its address): its address, or
-    /// `None` after reporting why not.
-    fn cluster_call_allowed(&mut self, id: &str, what: &str) -> Option<std::net::IpAddr> {
-        let why = if !may_create_token(self.state.bootstrapped(), self.state.role()) {
-            format!("this machine cannot {what}: it is not a running control-plane machine")
-        } else if let Some(ip) = self.advertise {
-            return Some(ip);
-        } else {
-            "this machine does not know its advertise address yet".to_owned()
-        };
-        self.finish_directive(id.to_owned(), false, why);
-        None
-    }
-
     /// Runs one call on the cluster (etcd, the API server) as the work of
-    /// a directive; its result becomes the directive's.
+    /// directive `id`, its result becoming the directive's; `make` gets this
+    /// machine's address and API server port and gives the command shown
+    /// and the call. Only a running control plane that knows its address
+    /// may act on its cluster; others fail the directive saying why.
     fn start_cluster_call(
         &mut self,
-        kind: WorkKind,
-        command: String,
-        call: std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>,
+        id: String,
+        what: &str,
+        make: impl FnOnce(std::net::IpAddr, u16) -> (String, ClusterCall),
     ) {
+        let ip = if !may_create_token(self.state.bootstrapped(), self.state.role()) {
+            Err(format!(
+                "this machine cannot {what}: it is not a running control-plane machine"
+            ))
+        } else {
+            self.advertise
+                .ok_or_else(|| "this machine does not know its advertise address yet".to_owned())
+        };
+        let ip = match ip {
+            Ok(ip) => ip,
+            Err(why) => return self.finish_directive(id, false, why),
+        };
+        let (command, call) = make(ip, self.settings.api_server_port);
         let outcome = Box::pin(async move {
             let (success, message) = match call.await {
                 Ok(m) => (true, m),
-                Err(e) => (false, e),
+                Err(e) => (false, e.to_string()),
             };
             CommandOutcome {
                 command,
@@ -148,7 +133,10 @@ impl Agent {
                 output_tail: vec![message],
             }
         });
-        self.work = Some(super::Work { kind, outcome });
+        self.work = Some(super::Work {
+            kind: WorkKind::ClusterCall { id },
+            outcome,
+        });
     }
 
     pub(super) fn finish_directive(&mut self, id: String, ok: bool, message: String) {
@@ -217,4 +205,19 @@ impl Agent {
             self.finish_directive(id, false, outcome.summary());
         }
     }
+}
+
+/// A call on the cluster for a directive: the success message, or why it
+/// failed.
+type ClusterCall =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, ClusterCallError>> + Send>>;
+
+/// Why a call on the cluster, made for a directive, failed; the message
+/// becomes the directive's result.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ClusterCallError {
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::EtcdError),
+    #[error(transparent)]
+    Kube(#[from] crate::kube::KubeError),
 }

@@ -84,10 +84,9 @@ enum WorkKind {
     TokenCreate { id: String, token_id: String },
     /// `kubeadm reset` for a directive.
     Reset { id: String },
-    /// An etcd member removal for a directive.
-    EtcdRemove { id: String },
-    /// A Node deletion for a directive.
-    NodeDelete { id: String },
+    /// A call on the cluster for a directive: an etcd member removal, a
+    /// Node deletion.
+    ClusterCall { id: String },
     /// `kubeadm reset` before bootstrapping again (interrupted join, or a new
     /// assignment after a failure).
     ResetBeforeRetry,
@@ -330,7 +329,7 @@ impl Agent {
                 self.finish_token_create(id, &token_id, outcome)
             }
             WorkKind::Reset { id } => self.finish_reset(id, outcome),
-            WorkKind::EtcdRemove { id } | WorkKind::NodeDelete { id } => {
+            WorkKind::ClusterCall { id } => {
                 let message = outcome.output_tail.join("\n");
                 self.finish_directive(id, outcome.success, message)
             }

@@ -98,7 +98,7 @@ impl Jitter {
 }
 
 /// A duration such as `60s`, `500ms`, `2m`, or a bare `0`.
-fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+fn parse_duration_arg(s: &str) -> Result<Duration, drover_common::units::UnitError> {
     if s.trim() == "0" {
         return Ok(Duration::ZERO);
     }
@@ -106,7 +106,7 @@ fn parse_duration_arg(s: &str) -> Result<Duration, String> {
 }
 
 /// `10%` or `10`, from 0 to 100.
-fn parse_jitter(s: &str) -> Result<Jitter, String> {
+fn parse_jitter(s: &str) -> Result<Jitter, ArgError> {
     let t = s.trim();
     t.strip_suffix('%')
         .unwrap_or(t)
@@ -115,21 +115,30 @@ fn parse_jitter(s: &str) -> Result<Jitter, String> {
         .ok()
         .filter(|n| *n <= 100)
         .map(Jitter)
-        .ok_or_else(|| format!("must be a percentage from 0% to 100%, such as 10%, got {s:?}"))
+        .ok_or_else(|| ArgError::Jitter { got: s.to_string() })
 }
 
-fn parse_name_prefix(s: &str) -> Result<String, String> {
+fn parse_name_prefix(s: &str) -> Result<String, ArgError> {
     // It starts host names, which the coordinator checks as DNS-1123
     // subdomains (the last part gets `-N` appended).
     if s.is_empty()
         || s.len() > 48
         || drover_common::names::check_hostname(&format!("{s}-1")).is_err()
     {
-        return Err(format!(
-            "{s:?} must be 1 to 48 lowercase letters, digits, '-' or '.', each dot-separated part starting with a letter or digit (it starts host names)"
-        ));
+        return Err(ArgError::NamePrefix { got: s.to_string() });
     }
     Ok(s.to_owned())
+}
+
+/// Why a flag's value was refused.
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    #[error("must be a percentage from 0% to 100%, such as 10%, got {got:?}")]
+    Jitter { got: String },
+    #[error(
+        "{got:?} must be 1 to 48 lowercase letters, digits, '-' or '.', each dot-separated part starting with a letter or digit (it starts host names)"
+    )]
+    NamePrefix { got: String },
 }
 
 impl SimulateArgs {

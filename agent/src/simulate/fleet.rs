@@ -79,6 +79,21 @@ pub(super) fn loopback_source(index: usize) -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::from(0x7f00_0000 | offset)
 }
 
+/// Why a registered simulated machine cannot use the identity it got.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum IdentityError {
+    #[error("unreadable CA: {0}")]
+    UnreadableCa(String),
+    #[error("the coordinator answered with a CA certificate pinned {got}, not the pinned {pin}")]
+    CaMismatch { got: CaPin, pin: CaPin },
+    #[error(transparent)]
+    Pem(#[from] drover_common::pki::PkiError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error(transparent)]
+    Client(#[from] ApiError),
+}
+
 impl Fleet {
     /// The fleet of a run: `args.machines` slots, machines registering with
     /// the ticket of `doc` from `address` (spread over loopback addresses
@@ -146,7 +161,7 @@ impl Fleet {
     /// The shared coordinator CA if `pem` is it; else `pem` checked against
     /// the pin on its own (a coordinator whose CA certificate was reissued
     /// for the same key).
-    pub(super) fn coordinator_ca(&self, pem: &str) -> Result<Arc<CoordinatorCa>, String> {
+    pub(super) fn coordinator_ca(&self, pem: &str) -> Result<Arc<CoordinatorCa>, IdentityError> {
         if let Some(ca) = self.ca.get() {
             if ca.pem == pem {
                 return Ok(ca.clone());
@@ -154,18 +169,18 @@ impl Fleet {
         }
         match check_coordinator_ca(&self.pin, pem) {
             Ok(()) => {}
-            Err(CaRefusal::Unreadable(e)) => return Err(format!("unreadable CA: {e}")),
+            Err(CaRefusal::Unreadable(e)) => return Err(IdentityError::UnreadableCa(e)),
             Err(CaRefusal::Mismatch(got)) => {
-                return Err(format!(
-                "the coordinator answered with a CA certificate pinned {got}, not the pinned {}",
-                self.pin
-            ))
+                return Err(IdentityError::CaMismatch {
+                    got,
+                    pin: self.pin.clone(),
+                })
             }
         }
         let ca = Arc::new(CoordinatorCa {
             pem: pem.to_owned(),
-            der: drover_common::pki::first_cert_der(pem).map_err(|e| e.to_string())?,
-            verifier: tls::coordinator_verifier(pem).map_err(|e| e.to_string())?,
+            der: drover_common::pki::first_cert_der(pem)?,
+            verifier: tls::coordinator_verifier(pem)?,
         });
         Ok(self.ca.get_or_init(|| ca.clone()).clone())
     }

@@ -15,7 +15,7 @@ use drover_common::wire::{
 use rustls::client::Resumption;
 use tokio::time::Instant;
 
-use super::fleet::{CoordinatorCa, Fleet, ASSIGNED, GONE, IN_POOL};
+use super::fleet::{CoordinatorCa, Fleet, IdentityError, ASSIGNED, GONE, IN_POOL};
 use super::histogram::micros;
 use crate::api::{ApiError, CoordinatorClient};
 use crate::backoff::Backoff;
@@ -156,7 +156,7 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
             Some(sim)
         }
         Err(why) => {
-            fail("identity", why);
+            fail("identity", why.to_string());
             None
         }
     }
@@ -188,12 +188,11 @@ impl Sim {
         index: usize,
         key_pem: &str,
         r: RegisterResponse,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, IdentityError> {
         let ca = fleet.coordinator_ca(&r.coordinator_ca_pem)?;
-        let mut config = tls::mtls_config_with(ca.verifier.clone(), &r.certificate_pem, key_pem)
-            .map_err(|e| e.to_string())?;
+        let mut config = tls::mtls_config_with(ca.verifier.clone(), &r.certificate_pem, key_pem)?;
         config.resumption = Resumption::in_memory_sessions(SESSIONS_PER_MACHINE);
-        let api = fleet.client(index, config).map_err(|e| e.to_string())?;
+        let api = fleet.client(index, config)?;
         let _ = fleet.slots[index].name.set(r.machine_name);
         Ok(Self {
             index,

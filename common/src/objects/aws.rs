@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::format::FormatError;
+
 /// The `aws` provider: machines are EC2 instances launched from an AMI with
 /// `drover-agent` baked in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -74,7 +76,7 @@ impl AwsProviderSpec {
     pub fn validate(&self, worker_pools: &[&str], err: &mut dyn FnMut(&str, String)) {
         const BASE: &str = "spec.provider.aws";
         if let Err(why) = check_region(&self.region) {
-            err(&format!("{BASE}.region"), why);
+            err(&format!("{BASE}.region"), why.to_string());
         }
         check_tags(&self.tags, &format!("{BASE}.tags"), err);
         check_template(&self.control_plane, &format!("{BASE}.controlPlane"), err);
@@ -115,10 +117,10 @@ impl AwsProviderSpec {
 
 fn check_template(t: &AwsMachineTemplate, base: &str, err: &mut dyn FnMut(&str, String)) {
     if let Err(why) = check_id("ami", &t.ami) {
-        err(&format!("{base}.ami"), why);
+        err(&format!("{base}.ami"), why.to_string());
     }
     if let Err(why) = check_instance_type(&t.instance_type) {
-        err(&format!("{base}.instanceType"), why);
+        err(&format!("{base}.instanceType"), why.to_string());
     }
     if t.subnets.is_empty() {
         err(
@@ -128,24 +130,24 @@ fn check_template(t: &AwsMachineTemplate, base: &str, err: &mut dyn FnMut(&str, 
     }
     for (i, s) in t.subnets.iter().enumerate() {
         if let Err(why) = check_id("subnet", s) {
-            err(&format!("{base}.subnets[{i}]"), why);
+            err(&format!("{base}.subnets[{i}]"), why.to_string());
         }
     }
     for (i, s) in t.security_groups.iter().enumerate() {
         if let Err(why) = check_id("sg", s) {
-            err(&format!("{base}.securityGroups[{i}]"), why);
+            err(&format!("{base}.securityGroups[{i}]"), why.to_string());
         }
     }
     if let Some(p) = &t.instance_profile {
         if let Err(why) = check_instance_profile(p) {
-            err(&format!("{base}.instanceProfile"), why);
+            err(&format!("{base}.instanceProfile"), why.to_string());
         }
     }
     check_tags(&t.tags, &format!("{base}.tags"), err);
 }
 
 /// A region name such as `us-east-1` or `ap-southeast-2`.
-pub fn check_region(r: &str) -> Result<(), String> {
+pub fn check_region(r: &str) -> Result<(), FormatError> {
     let parts: Vec<&str> = r.split('-').collect();
     let ok = parts.len() >= 3
         && parts[..parts.len() - 1]
@@ -157,12 +159,12 @@ pub fn check_region(r: &str) -> Result<(), String> {
     if ok && r.len() <= 32 {
         Ok(())
     } else {
-        Err(format!("must be a region such as us-east-1, got {r:?}"))
+        Err(FormatError::AwsRegion { got: r.to_string() })
     }
 }
 
 /// An EC2 resource ID: `<prefix>-` and 8 or 17 lowercase hex digits.
-fn check_id(prefix: &str, id: &str) -> Result<(), String> {
+fn check_id(prefix: &'static str, id: &str) -> Result<(), FormatError> {
     let ok = id
         .strip_prefix(prefix)
         .and_then(|r| r.strip_prefix('-'))
@@ -175,13 +177,14 @@ fn check_id(prefix: &str, id: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "must be an ID such as {prefix}-0abc12345def67890, got {id:?}"
-        ))
+        Err(FormatError::AwsId {
+            prefix,
+            got: id.to_string(),
+        })
     }
 }
 
-fn check_instance_type(t: &str) -> Result<(), String> {
+fn check_instance_type(t: &str) -> Result<(), FormatError> {
     let ok = t.len() <= 64
         && t.split_once('.').is_some_and(|(family, size)| {
             let part = |s: &str| {
@@ -194,13 +197,11 @@ fn check_instance_type(t: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "must be an instance type such as m6i.large, got {t:?}"
-        ))
+        Err(FormatError::AwsInstanceType { got: t.to_string() })
     }
 }
 
-fn check_instance_profile(p: &str) -> Result<(), String> {
+fn check_instance_profile(p: &str) -> Result<(), FormatError> {
     let name_ok = |n: &str| {
         (1..=128).contains(&n.len())
             && n.bytes()
@@ -220,9 +221,7 @@ fn check_instance_profile(p: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "must be an instance profile name or ARN (arn:aws:iam::123456789012:instance-profile/NAME), got {p:?}"
-        ))
+        Err(FormatError::AwsInstanceProfile { got: p.to_string() })
     }
 }
 

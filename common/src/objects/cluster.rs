@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::aws::AwsProviderSpec;
+use super::format::FormatError;
 use super::meta::{is_zero, Condition, LabelSelector, ObjectMeta};
 use super::problem::FieldError;
 use crate::names::{check_dns_label, check_labels, CONTROL_PLANE_POOL};
@@ -463,7 +464,7 @@ impl Cluster {
             err("spec.controlPlane.selector.matchLabels", e.to_string());
         }
         if let Err(why) = check_kubernetes_version(&self.spec.kubernetes_version) {
-            err("spec.kubernetesVersion", why);
+            err("spec.kubernetesVersion", why.to_string());
         }
         let cp = self.spec.control_plane.replicas;
         if cp == 0 || cp.is_multiple_of(2) || cp > 7 {
@@ -513,11 +514,11 @@ impl Cluster {
         }
         let pod = parse_cidr(&self.spec.network.pod_subnet);
         if let Err(why) = &pod {
-            err("spec.network.podSubnet", why.clone());
+            err("spec.network.podSubnet", why.to_string());
         }
         let svc = parse_cidr(&self.spec.network.service_subnet);
         if let Err(why) = &svc {
-            err("spec.network.serviceSubnet", why.clone());
+            err("spec.network.serviceSubnet", why.to_string());
         }
         if let (Ok(a), Ok(b)) = (&pod, &svc) {
             if cidrs_overlap(*a, *b) {
@@ -528,11 +529,11 @@ impl Cluster {
             }
         }
         if let Err(e) = check_dns_subdomain(&self.spec.network.dns_domain) {
-            err("spec.network.dnsDomain", e);
+            err("spec.network.dnsDomain", e.to_string());
         }
         if let Some(ep) = self.spec.endpoint_address() {
             if let Err(why) = check_host_port(ep) {
-                err("spec.controlPlaneEndpoint", why);
+                err("spec.controlPlaneEndpoint", why.to_string());
             }
         }
         let pool = matches!(self.spec.provider, ProviderSpec::Pool(_));
@@ -605,13 +606,13 @@ impl Cluster {
                     match parse_duration(v) {
                         Ok(d) if d.is_zero() => err(field, "must be positive".into()),
                         Ok(_) => {}
-                        Err(e) => err(field, e),
+                        Err(e) => err(field, e.to_string()),
                     }
                 }
             }
             if let Some(m) = &h.max_unhealthy {
                 if let Err(e) = parse_percent(m) {
-                    err("spec.health.maxUnhealthy", e);
+                    err("spec.health.maxUnhealthy", e.to_string());
                 }
             }
         }
@@ -639,10 +640,9 @@ impl Cluster {
 }
 
 /// Checks `vMAJOR.MINOR.PATCH` with an optional pre-release suffix.
-pub fn check_kubernetes_version(v: &str) -> Result<(), String> {
-    let rest = v
-        .strip_prefix('v')
-        .ok_or_else(|| format!("must look like v1.31.2, got {v:?}"))?;
+pub fn check_kubernetes_version(v: &str) -> Result<(), FormatError> {
+    let malformed = || FormatError::KubernetesVersion { got: v.to_string() };
+    let rest = v.strip_prefix('v').ok_or_else(malformed)?;
     let core = rest.split(['-', '+']).next().unwrap_or_default();
     let parts: Vec<&str> = core.split('.').collect();
     if parts.len() != 3
@@ -650,30 +650,31 @@ pub fn check_kubernetes_version(v: &str) -> Result<(), String> {
             .iter()
             .any(|p| p.is_empty() || p.parse::<u32>().is_err())
     {
-        return Err(format!("must look like v1.31.2, got {v:?}"));
+        return Err(malformed());
     }
     if parts[0] != "1" || parts[1].parse::<u32>().unwrap_or(0) < 29 {
-        return Err(format!(
-            "kubeadm config v1beta4 needs Kubernetes v1.29 or later, got {v:?}"
-        ));
+        return Err(FormatError::KubernetesTooOld { got: v.to_string() });
     }
     Ok(())
 }
 
 /// Parses `a.b.c.d/n` or an IPv6 CIDR.
-pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), String> {
+pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), FormatError> {
     let (ip, len) = s
         .split_once('/')
-        .ok_or_else(|| format!("must be a CIDR such as 10.244.0.0/16, got {s:?}"))?;
-    let ip: IpAddr = ip
-        .parse()
-        .map_err(|_| format!("{ip:?} is not an IP address"))?;
+        .ok_or_else(|| FormatError::NotACidr { got: s.to_string() })?;
+    let ip: IpAddr = ip.parse().map_err(|_| FormatError::NotAnIp {
+        got: ip.to_string(),
+    })?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
-    let len: u8 = len
-        .parse()
-        .ok()
-        .filter(|l| *l <= max)
-        .ok_or_else(|| format!("prefix length must be 0..={max}, got {len:?}"))?;
+    let len: u8 =
+        len.parse()
+            .ok()
+            .filter(|l| *l <= max)
+            .ok_or_else(|| FormatError::PrefixLength {
+                max,
+                got: len.to_string(),
+            })?;
     Ok((ip, len))
 }
 
@@ -697,23 +698,24 @@ fn cidrs_overlap(a: (IpAddr, u8), b: (IpAddr, u8)) -> bool {
     }
 }
 
-fn check_dns_subdomain(s: &str) -> Result<(), String> {
-    crate::names::check_dns_subdomain("DNS domain", s).map_err(|e| e.to_string())
+fn check_dns_subdomain(s: &str) -> Result<(), FormatError> {
+    Ok(crate::names::check_dns_subdomain("DNS domain", s)?)
 }
 
 /// Checks `host:port`.
-pub fn check_host_port(s: &str) -> Result<(), String> {
-    let (host, port) = s
-        .rsplit_once(':')
-        .ok_or_else(|| format!("must be host:port, got {s:?}"))?;
+pub fn check_host_port(s: &str) -> Result<(), FormatError> {
+    let malformed = || FormatError::NotHostPort { got: s.to_string() };
+    let (host, port) = s.rsplit_once(':').ok_or_else(malformed)?;
     if host.is_empty() {
-        return Err(format!("must be host:port, got {s:?}"));
+        return Err(malformed());
     }
     port.parse::<u16>()
         .ok()
         .filter(|p| *p != 0)
         .map(|_| ())
-        .ok_or_else(|| format!("port must be 1..=65535, got {port:?}"))
+        .ok_or_else(|| FormatError::Port {
+            got: port.to_string(),
+        })
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 
 pub mod aws;
 pub mod cluster;
+pub mod format;
 pub mod machine;
 pub mod meta;
 pub mod problem;
@@ -14,6 +15,7 @@ pub mod registration;
 pub mod report;
 
 pub use cluster::*;
+pub use format::FormatError;
 pub use machine::*;
 pub use meta::*;
 pub use problem::*;
@@ -21,4 +23,4 @@ pub use registration::*;
 pub use report::*;
 
 pub use crate::names::CONTROL_PLANE_POOL;
-pub use crate::units::{parse_duration, parse_percent};
+pub use crate::units::{parse_duration, parse_percent, UnitError};

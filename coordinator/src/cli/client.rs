@@ -6,8 +6,6 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use drover_common::api::Problem;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -84,24 +82,8 @@ impl Client {
             )?;
         let ca_pem = std::fs::read(&ca_path)
             .with_context(|| format!("cannot read the coordinator CA {}", ca_path.display()))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&ca_pem) {
-            roots
-                .add(
-                    cert.with_context(|| {
-                        format!("{} is not a PEM certificate", ca_path.display())
-                    })?,
-                )
-                .context("unusable CA certificate")?;
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let http = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .timeout(std::time::Duration::from_secs(30))
-            .build()?;
+        let http = crate::tls::client_trusting(&ca_pem, std::time::Duration::from_secs(30))
+            .with_context(|| format!("cannot use the coordinator CA {}", ca_path.display()))?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_owned(),

@@ -1222,17 +1222,8 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
 }
 
 fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    f.write_all(text.as_bytes())?;
-    Ok(())
+    drover_common::fsutil::write_atomic(path, text.as_bytes(), 0o600)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[derive(Debug, clap::Args)]

@@ -97,21 +97,22 @@ pub fn bundle_for(
             a.cluster
         )));
     }
+    let not_ready = |why: String| BootstrapError::not_ready(app, why);
     let pki = crate::domain::secrets::load_pki(app.store(), &cluster)?.ok_or_else(|| {
-        BootstrapError::not_ready(
-            app,
-            format!("the PKI of cluster {} is not created yet", a.cluster),
-        )
+        not_ready(format!(
+            "the PKI of cluster {} is not created yet",
+            a.cluster
+        ))
     })?;
     let endpoint = cluster
         .status
         .control_plane_endpoint
         .clone()
         .ok_or_else(|| {
-            BootstrapError::not_ready(
-                app,
-                format!("cluster {} has no control-plane endpoint yet", a.cluster),
-            )
+            not_ready(format!(
+                "cluster {} has no control-plane endpoint yet",
+                a.cluster
+            ))
         })?;
     let address = machine
         .status

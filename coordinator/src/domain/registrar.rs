@@ -438,27 +438,19 @@ mod tests {
             store.clone(),
             tasks.register(REGISTRAR_TASK, std::time::Duration::ZERO),
         );
-        let err = registrar
-            .register(PoolRegistration {
-                token_id: "t1".into(),
-                machine: machine(1),
-                now,
-            })
-            .await
-            .map_err(ApiError::from)
-            .unwrap_err();
-        assert_eq!(err.status, StatusCode::UNAUTHORIZED);
-        assert!(err.detail.contains("revoked"), "{}", err.detail);
-        let err = registrar
-            .register(PoolRegistration {
-                token_id: "nope".into(),
-                machine: machine(2),
-                now,
-            })
-            .await
-            .map_err(ApiError::from)
-            .unwrap_err();
-        assert!(err.detail.contains("no longer exists"), "{}", err.detail);
+        for (n, token_id, says) in [(1, "t1", "revoked"), (2, "nope", "no longer exists")] {
+            let err = registrar
+                .register(PoolRegistration {
+                    token_id: token_id.into(),
+                    machine: machine(n),
+                    now,
+                })
+                .await
+                .map_err(ApiError::from)
+                .unwrap_err();
+            assert_eq!(err.status, StatusCode::UNAUTHORIZED, "{token_id}");
+            assert!(err.detail.contains(says), "{token_id}: {}", err.detail);
+        }
         assert!(store.list(Kind::Machine).unwrap().is_empty());
     }
 }

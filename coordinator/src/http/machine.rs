@@ -19,14 +19,13 @@ use drover_common::wire::{
     RenewResponse,
 };
 use drover_common::API_VERSION;
-use rand::Rng;
 
 use super::body::Body;
 use super::error::ApiError;
 use crate::app::App;
 use crate::domain::jointokens::{directive_id, ClusterJoinTokens};
 use crate::http::server::PeerCertificate;
-use crate::store::{Kind, Modify, StoreError};
+use crate::store::{Kind, Modify};
 
 /// The organization every machine certificate carries.
 pub const MACHINE_ORG: &str = "drover:machines";
@@ -111,16 +110,7 @@ pub async fn register(
                 .await;
         }
     };
-    let suffix: String = {
-        let mut rng = rand::rng();
-        (0..6)
-            .map(|_| {
-                let i = rng.random_range(0..36u8);
-                (if i < 10 { b'0' + i } else { b'a' + i - 10 }) as char
-            })
-            .collect()
-    };
-    let name = format!("{pool}-{suffix}");
+    let name = format!("{pool}-{}", drover_common::names::random_suffix(6));
     let uid = uuid::Uuid::new_v4().to_string();
     let issued = {
         let (app, csr, name) = (app.clone(), req.csr_pem.clone(), name.clone());
@@ -189,6 +179,49 @@ pub async fn register(
     ))
 }
 
+/// What a created machine's ticket names.
+#[derive(Clone, Copy)]
+struct TicketFor<'a> {
+    cluster: &'a str,
+    machine: &'a str,
+    machine_uid: &'a str,
+    role: MachineRole,
+}
+
+impl TicketFor<'_> {
+    /// Whether machine record `current` may redeem this ticket now.
+    fn redeemable_by(&self, current: &Machine, hostname: &str) -> Result<(), ApiError> {
+        let machine = self.machine;
+        let assigned = current
+            .spec
+            .assignment
+            .as_ref()
+            .map(|a| (a.cluster.as_str(), a.role));
+        if current.metadata.uid.as_deref() != Some(self.machine_uid)
+            || assigned != Some((self.cluster, self.role))
+        {
+            return Err(ApiError::unauthorized(format!(
+                "this ticket was issued for another incarnation of machine {machine}"
+            )));
+        }
+        if matches!(
+            current.status.phase,
+            MachinePhase::Deleting | MachinePhase::Deleted
+        ) {
+            return Err(ApiError::unauthorized(format!(
+                "machine {machine} is being deleted; its ticket is no longer valid"
+            )));
+        }
+        if current.status.ticket_redeemed {
+            tracing::warn!(machine, hostname, "replayed machine ticket refused");
+            return Err(ApiError::conflict(format!(
+                "ticket already used: machine {machine} has registered; a ticket is redeemed once"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Registration of a machine the coordinator created: the ticket names the
 /// machine; redeeming it is recorded on the machine in the same write that
 /// stores its facts, so it works once.
@@ -206,30 +239,13 @@ async fn register_created_machine(
             "machine {machine} of cluster {cluster} no longer exists; its ticket died with it"
         ))
     })?;
-    let assigned = current
-        .spec
-        .assignment
-        .as_ref()
-        .map(|a| (a.cluster.as_str(), a.role));
-    if current.metadata.uid.as_deref() != Some(machine_uid) || assigned != Some((cluster, role)) {
-        return Err(ApiError::unauthorized(format!(
-            "this ticket was issued for another incarnation of machine {machine}"
-        )));
-    }
-    if matches!(
-        current.status.phase,
-        MachinePhase::Deleting | MachinePhase::Deleted
-    ) {
-        return Err(ApiError::unauthorized(format!(
-            "machine {machine} is being deleted; its ticket is no longer valid"
-        )));
-    }
-    if current.status.ticket_redeemed {
-        tracing::warn!(machine, hostname = %req.facts.hostname, "replayed machine ticket refused");
-        return Err(ApiError::conflict(format!(
-            "ticket already used: machine {machine} has registered; a ticket is redeemed once"
-        )));
-    }
+    let ticket = TicketFor {
+        cluster,
+        machine,
+        machine_uid,
+        role,
+    };
+    ticket.redeemable_by(&current, &req.facts.hostname)?;
     let owner = app.cluster(cluster)?.ok_or_else(|| {
         ApiError::unauthorized(format!(
             "cluster {cluster} no longer exists; the ticket of machine {machine} died with it"
@@ -265,41 +281,57 @@ async fn register_created_machine(
             .await
             .map_err(|e| ApiError::bad_request(format!("the CSR is not usable: {e}")))?
     };
-    // The write is conditional on the revision read above: of two
-    // concurrent redemptions, one fails with a conflict.
-    let mut m = current;
-    m.status.ticket_redeemed = true;
-    m.status.phase = MachinePhase::Assigned;
-    m.status.hostname = req.facts.hostname.clone();
-    m.status.addresses = req.facts.addresses.clone();
-    m.status.api_server_port = req.facts.api_server_port;
-    m.status.kubelet_healthz_port = req.facts.kubelet_healthz_port;
-    m.status.agent_version = req.facts.agent_version.clone();
-    m.status.last_heartbeat_time = Some(now);
-    m.status.certificate_not_after = Some(issued.not_after);
-    m.status.certificate_key = Some(key_pin(&issued.cert_pem)?);
-    push_event(
-        &mut m.status.events,
-        "Registered",
-        format!(
-            "agent {} registered from {}",
-            req.facts.agent_version,
-            req.facts.addresses.join(", ")
-        ),
-    );
-    let written = {
+    // The write is conditional on the revision read: of two concurrent
+    // redemptions, the second finds the ticket redeemed when it reads the
+    // machine again. Another change of the machine (the reconciler's) only
+    // makes the redemption read it again.
+    let redeem = {
         let app = app.clone();
-        crate::store::blocking(move || app.write_machine(&m)).await
-    };
-    match written {
-        Ok(_) => {}
-        Err(StoreError::Conflict { .. }) => {
-            return Err(ApiError::conflict(format!(
-                "machine {machine} changed while registering; if this ticket was used concurrently, it is spent"
-            )))
+        let (cluster, machine, machine_uid) = (
+            cluster.to_owned(),
+            machine.to_owned(),
+            machine_uid.to_owned(),
+        );
+        let facts = req.facts.clone();
+        let cert_key = key_pin(&issued.cert_pem)?;
+        let not_after = issued.not_after;
+        move || {
+            let ticket = TicketFor {
+                cluster: &cluster,
+                machine: &machine,
+                machine_uid: &machine_uid,
+                role,
+            };
+            app.update_machine_from(current, |m| {
+                ticket.redeemable_by(m, &facts.hostname)?;
+                m.status.ticket_redeemed = true;
+                m.status.phase = MachinePhase::Assigned;
+                m.status.hostname = facts.hostname.clone();
+                m.status.addresses = facts.addresses.clone();
+                m.status.api_server_port = facts.api_server_port;
+                m.status.kubelet_healthz_port = facts.kubelet_healthz_port;
+                m.status.agent_version = facts.agent_version.clone();
+                m.status.last_heartbeat_time = Some(now);
+                m.status.certificate_not_after = Some(not_after);
+                m.status.certificate_key = Some(cert_key.clone());
+                push_event(
+                    &mut m.status.events,
+                    "Registered",
+                    format!(
+                        "agent {} registered from {}",
+                        facts.agent_version,
+                        facts.addresses.join(", ")
+                    ),
+                );
+                Ok::<bool, ApiError>(true)
+            })
         }
-        Err(e) => return Err(e.into()),
-    }
+    };
+    crate::store::blocking(redeem).await?.ok_or_else(|| {
+        ApiError::unauthorized(format!(
+            "machine {machine} of cluster {cluster} no longer exists; its ticket died with it"
+        ))
+    })?;
     app.saw(machine, now);
     tracing::info!(machine, cluster, hostname = %req.facts.hostname, "created machine registered");
     app.reconcile_soon();

@@ -350,17 +350,9 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(closes(&resp), Some(HeaderValue::from_static("close")));
 
-        let resp = router
-            .clone()
-            .oneshot(post_body("/reads", "{}"))
-            .await
-            .unwrap();
-        assert_eq!(closes(&resp), None);
-        let resp = router
-            .clone()
-            .oneshot(post_body("/ignores", ""))
-            .await
-            .unwrap();
-        assert_eq!(closes(&resp), None);
+        for (path, body) in [("/reads", "{}"), ("/ignores", "")] {
+            let resp = router.clone().oneshot(post_body(path, body)).await.unwrap();
+            assert_eq!(closes(&resp), None, "{path} with body {body:?}");
+        }
     }
 }

@@ -31,9 +31,9 @@ use drover_common::aws::{AwsMachineTemplate, MAX_USER_DATA};
 use futures_util::future::BoxFuture;
 
 use super::{
-    CloudErrorClass, CreateHost, Created, InstanceCheckError, InstanceState, MachineRequest,
-    Managed, Provider, ProviderError, ProviderMachine, LABEL_CLUSTER, LABEL_CLUSTER_UID,
-    LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
+    CloudErrorClass, CreateHost, Created, HostError, InstanceCheckError, InstanceState,
+    MachineRequest, Managed, Provider, ProviderError, ProviderMachine, LABEL_CLUSTER,
+    LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
 };
 
 const PROVIDER: &str = "aws";
@@ -439,25 +439,24 @@ impl AwsProvider {
         {
             Some(s) => s,
             None => {
-                let in_use =
-                    host.failure_domains_in_use()
-                        .map_err(|detail| ProviderError::Failed {
-                            provider: PROVIDER,
-                            action: "choose a subnet for",
-                            object: format!("machine {}", m.metadata.name),
-                            detail: detail.to_string(),
-                        })?;
+                let failed = |action| {
+                    let object = format!("machine {}", m.metadata.name);
+                    move |detail: HostError| ProviderError::Failed {
+                        provider: PROVIDER,
+                        action,
+                        object,
+                        detail: detail.to_string(),
+                    }
+                };
+                let in_use = host
+                    .failure_domains_in_use()
+                    .map_err(failed("choose a subnet for"))?;
                 let in_use: Vec<&str> = in_use.iter().map(String::as_str).collect();
                 let chosen = choose_subnet(template, &in_use)
                     .unwrap_or_default()
                     .to_owned();
                 host.record_failure_domain(&chosen)
-                    .map_err(|detail| ProviderError::Failed {
-                        provider: PROVIDER,
-                        action: "record the subnet of",
-                        object: format!("machine {}", m.metadata.name),
-                        detail: detail.to_string(),
-                    })?;
+                    .map_err(failed("record the subnet of"))?;
                 chosen
             }
         };

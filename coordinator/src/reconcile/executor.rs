@@ -7,21 +7,11 @@ use drover_common::api::{
 
 use super::error::ReconcileError;
 use super::plan::*;
+use super::provisioner;
 use crate::app::App;
 use crate::domain::health::ALIVE_CONDITION;
 use crate::domain::secrets::{cluster_pki_name, ClusterPki};
 use crate::store::{Kind, StoreError};
-
-pub(super) fn random_suffix() -> String {
-    use rand::Rng;
-    let mut rng = rand::rng();
-    (0..5)
-        .map(|_| {
-            let i = rng.random_range(0..36u8);
-            (if i < 10 { b'0' + i } else { b'a' + i - 10 }) as char
-        })
-        .collect()
-}
 
 /// Applies one step. Each step re-reads what it changes, so a plan made from
 /// slightly old objects cannot overwrite newer ones.
@@ -158,7 +148,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             } else {
                 machine_pool.as_str()
             };
-            let name = format!("{cname}-{short}-{}", random_suffix());
+            let name = format!("{cname}-{short}-{}", drover_common::names::random_suffix(5));
             let now = drover_common::now();
             let mut status = MachineStatus {
                 phase: MachinePhase::Provisioning,
@@ -227,9 +217,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 })?;
             }
         }
-        Step::Provision { machine } => {
-            crate::reconcile::provisioner::provision(app, cluster, machine).await?;
-        }
+        Step::Provision { machine } => provisioner::provision(app, cluster, machine).await?,
         Step::DeleteMachine {
             machine,
             reason,
@@ -257,11 +245,9 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 Ok(true)
             })?;
             tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started");
-            crate::reconcile::provisioner::destroy(app, cluster, machine).await?;
+            provisioner::destroy(app, cluster, machine).await?;
         }
-        Step::Destroy { machine } => {
-            crate::reconcile::provisioner::destroy(app, cluster, machine).await?;
-        }
+        Step::Destroy { machine } => provisioner::destroy(app, cluster, machine).await?,
         Step::SetAlive {
             machine,
             alive,

@@ -159,23 +159,9 @@ impl Keyring {
 
     /// Writes the keyring back to its file (mode 0600, atomically).
     pub fn save(&self) -> Result<(), KeyError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let KeySource::File(path) = &self.source else {
             return Err(KeyError::NotWritable);
         };
-        let werr = |source| KeyError::Write {
-            path: path.clone(),
-            source,
-        };
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(werr)?;
         let mut text = String::from(
             "# Drover encryption keys (base64, one per line; the first encrypts).\n# Keep this file away from backups of the store.\n",
         );
@@ -183,9 +169,12 @@ impl Keyring {
             text.push_str(&k.encoded());
             text.push('\n');
         }
-        f.write_all(text.as_bytes()).map_err(werr)?;
-        f.sync_all().map_err(werr)?;
-        std::fs::rename(&tmp, path).map_err(werr)
+        drover_common::fsutil::write_atomic(path, text.as_bytes(), 0o600).map_err(|source| {
+            KeyError::Write {
+                path: path.clone(),
+                source,
+            }
+        })
     }
 
     /// The id of the key that seals.

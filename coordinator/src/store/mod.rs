@@ -1380,17 +1380,7 @@ mod tests {
         use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
         let dir = tempfile::tempdir().unwrap();
         let ca = CertificateAuthority::generate("test etcd CA").unwrap();
-        let leaf = |cn: &str, usage| {
-            ca.issue(&LeafSpec {
-                common_name: cn.into(),
-                organizations: vec![],
-                dns_names: vec!["localhost".into()],
-                ip_addresses: vec!["127.0.0.1".parse().unwrap()],
-                usage,
-                validity: time::Duration::hours(1),
-            })
-            .unwrap()
-        };
+        let leaf = |cn: &str, usage| ca.issue(&LeafSpec::loopback(cn, usage)).unwrap();
         let write = |name: &str, pem: &str| {
             let path = dir.path().join(name);
             std::fs::write(&path, pem).unwrap();

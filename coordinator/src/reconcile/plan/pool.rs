@@ -328,16 +328,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         judged: &Judgement<'a>,
         remediate: &[(&'a Machine, String)],
     ) -> Vec<&'a Machine> {
-        let asked: Vec<&'a Machine> = members
-            .iter()
-            .copied()
-            .filter(|m| m.metadata.deletion_timestamp.is_some())
-            .filter(|m| {
-                !remediate
-                    .iter()
-                    .any(|(r, _)| r.metadata.name == m.metadata.name)
-            })
-            .collect();
+        let asked = asked_to_leave(members, remediate);
         if pool_name != CONTROL_PLANE_POOL {
             return asked;
         }

@@ -341,19 +341,12 @@ fn requested_deletions<'a>(
     remediate: &[(&'a Machine, String)],
     gate: Gate,
 ) -> Vec<&'a Machine> {
-    let requested = active
-        .iter()
-        .copied()
-        .filter(|m| m.metadata.deletion_timestamp.is_some())
-        .filter(|m| {
-            !remediate
-                .iter()
-                .any(|(r, _)| r.metadata.name == m.metadata.name)
-        });
+    let requested = asked_to_leave(active, remediate);
     if !gate.control_plane {
-        return requested.collect();
+        return requested;
     }
     requested
+        .into_iter()
         .take(1)
         .filter(|m| {
             !gate.busy

@@ -404,6 +404,24 @@ pub(crate) fn in_flight_replacements<'a>(
     out
 }
 
+/// The machines an operator asked to delete (`drover delete machine`)
+/// that are not already being remediated, in `machines`' order.
+pub(crate) fn asked_to_leave<'a>(
+    machines: &[&'a Machine],
+    remediate: &[(&'a Machine, String)],
+) -> Vec<&'a Machine> {
+    machines
+        .iter()
+        .copied()
+        .filter(|m| m.metadata.deletion_timestamp.is_some())
+        .filter(|m| {
+            !remediate
+                .iter()
+                .any(|(r, _)| r.metadata.name == m.metadata.name)
+        })
+        .collect()
+}
+
 /// The machine that replaced `m`, from its `ReplacedBy` event.
 pub(crate) fn replaced_by(m: &Machine) -> Option<&str> {
     m.status

@@ -67,21 +67,10 @@ impl Identity {
 }
 
 pub fn run(root: Root, opts: Opts) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(serve(root, opts))
+    daemon::run(&root, "apiserver", Some(2), serve(&root, opts))
 }
 
-async fn serve(root: Root, opts: Opts) -> Result<()> {
-    daemon::claim_pid_file(&root, "apiserver")?;
-    let result = serve_inner(&root, opts).await;
-    daemon::release_pid_file(&root, "apiserver");
-    result
-}
-
-async fn serve_inner(root: &Root, opts: Opts) -> Result<()> {
+async fn serve(root: &Root, opts: Opts) -> Result<()> {
     let read = |f: &str| {
         let logical = format!("{}/{f}", opts.cert_dir);
         std::fs::read_to_string(root.path(&logical)).with_context(|| format!("open {logical}"))
@@ -399,41 +388,13 @@ async fn kubeadm_config(state: &State) -> Resp {
     }
 }
 
-fn secret_json(t: &StoredToken) -> serde_json::Value {
-    let mut data = BTreeMap::new();
-    let mut put = |k: &str, v: &str| {
-        data.insert(k.to_owned(), B64.encode(v.as_bytes()));
-    };
-    put("token-id", &t.id);
-    put("token-secret", &t.secret);
-    if let Some(e) = &t.expires {
-        put("expiration", e);
-    }
-    if let Some(d) = &t.description {
-        put("description", d);
-    }
-    for u in &t.usages {
-        put(&format!("usage-bootstrap-{u}"), "true");
-    }
-    if !t.groups.is_empty() {
-        put("auth-extra-groups", &t.groups.join(","));
-    }
-    json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": format!("bootstrap-token-{}", t.id), "namespace": "kube-system"},
-        "type": "bootstrap.kubernetes.io/token",
-        "data": data,
-    })
-}
-
 async fn get_secret(state: &State, name: &str) -> Resp {
     let tokens = state.store.load_tokens().await.unwrap_or_default();
     match tokens
         .iter()
         .find(|t| format!("bootstrap-token-{}", t.id) == name && !t.expired())
     {
-        Some(t) => json_resp(StatusCode::OK, &secret_json(t)),
+        Some(t) => json_resp(StatusCode::OK, &t.secret_json()),
         None => status(
             StatusCode::NOT_FOUND,
             "NotFound",
@@ -461,7 +422,7 @@ async fn create_secret(state: &State, req: Request<Incoming>) -> Resp {
     match state.store.add_token(token.clone(), false).await {
         Ok(Added::Created) => {
             println!("standin-apiserver: created secret kube-system/{name}");
-            json_resp(StatusCode::CREATED, &secret_json(&token))
+            json_resp(StatusCode::CREATED, &token.secret_json())
         }
         Ok(Added::AlreadyExists) => status(
             StatusCode::CONFLICT,

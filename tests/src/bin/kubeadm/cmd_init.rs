@@ -382,18 +382,15 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     if !skip.skipped("kubelet-finalize") {
         println!("[kubelet-finalize] Updating \"/etc/kubernetes/kubelet.conf\" to point to a rotatable kubelet client certificate and key");
     }
-    let dns_disabled = cc
-        .dns
-        .as_ref()
-        .and_then(|d| d.get("disabled"))
-        .and_then(|d| d.as_bool())
-        == Some(true);
-    let proxy_disabled = cc
-        .proxy
-        .as_ref()
-        .and_then(|d| d.get("disabled"))
-        .and_then(|d| d.as_bool())
-        == Some(true);
+    let disabled = |addon: &Option<serde_json::Value>| {
+        addon
+            .as_ref()
+            .and_then(|d| d.get("disabled"))
+            .and_then(|d| d.as_bool())
+            == Some(true)
+    };
+    let dns_disabled = disabled(&cc.dns);
+    let proxy_disabled = disabled(&cc.proxy);
     if !skip.skipped("addon/coredns") && !dns_disabled {
         println!("[addons] Applied essential addon: CoreDNS");
     }

@@ -5,11 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine;
 use drover_common::pin::CaPin;
 use drover_common::token::BootstrapToken;
-use serde_json::json;
 
 use crate::certs::parse_kubeconfig;
 use crate::cmd_init::{check_token_groups, check_token_usages, DEFAULT_TOKEN_GROUP};
@@ -99,29 +96,7 @@ pub async fn create(root: &Root, o: CreateOpts) -> Result<()> {
             net::client_config(&ca_pem, client_creds)?,
             Duration::from_secs(10),
         )?;
-        let mut data = serde_json::Map::new();
-        let mut put = |k: &str, v: &str| {
-            data.insert(k.to_owned(), json!(B64.encode(v.as_bytes())));
-        };
-        put("token-id", token.id());
-        put("token-secret", token.secret());
-        if let Some(e) = &stored.expires {
-            put("expiration", e);
-        }
-        if let Some(d) = &stored.description {
-            put("description", d);
-        }
-        for u in &stored.usages {
-            put(&format!("usage-bootstrap-{u}"), "true");
-        }
-        put("auth-extra-groups", &stored.groups.join(","));
-        let secret = json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": format!("bootstrap-token-{}", token.id()), "namespace": "kube-system"},
-            "type": "bootstrap.kubernetes.io/token",
-            "data": data,
-        });
+        let secret = stored.secret_json();
         let url = format!(
             "{}/api/v1/namespaces/kube-system/secrets",
             kc.server.trim_end_matches('/')

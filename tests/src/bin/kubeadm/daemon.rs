@@ -61,6 +61,29 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// Runs daemon `name` (`serve`'s future), holding its pid file while it
+/// runs: on this thread, or with `workers` worker threads.
+pub fn run<F>(root: &Root, name: &str, workers: Option<usize>, serve: F) -> Result<()>
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    let rt = match workers {
+        None => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
+    rt.block_on(async {
+        claim_pid_file(root, name)?;
+        let result = serve.await;
+        release_pid_file(root, name);
+        result
+    })
+}
+
 /// Called by a daemon at start: refuses to run twice for one root, then
 /// records its own pid.
 pub fn claim_pid_file(root: &Root, name: &str) -> Result<()> {

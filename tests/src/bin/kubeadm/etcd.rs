@@ -72,15 +72,9 @@ pub fn args_from_manifest(root: &Root) -> Result<Vec<String>> {
 }
 
 pub fn run(root: Root) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        daemon::claim_pid_file(&root, "etcd")?;
-        let result = supervise(&root).await;
-        daemon::release_pid_file(&root, "etcd");
-        result
-    })
+    // On this thread: etcd dies with the thread that started it
+    // (PR_SET_PDEATHSIG), which must be the supervisor's only thread.
+    daemon::run(&root, "etcd", None, supervise(&root))
 }
 
 async fn supervise(root: &Root) -> Result<()> {

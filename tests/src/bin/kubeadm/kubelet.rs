@@ -48,15 +48,7 @@ pub fn healthz_from_doc(doc: &serde_json::Value) -> (String, u16) {
 }
 
 pub fn run(root: Root) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        daemon::claim_pid_file(&root, "kubelet")?;
-        let r = serve(&root).await;
-        daemon::release_pid_file(&root, "kubelet");
-        r
-    })
+    daemon::run(&root, "kubelet", None, serve(&root))
 }
 
 async fn serve(root: &Root) -> Result<()> {

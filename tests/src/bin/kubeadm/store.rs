@@ -15,6 +15,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
 use drover_common::token::BootstrapToken;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
@@ -107,6 +109,36 @@ pub struct StoredToken {
 }
 
 impl StoredToken {
+    /// The token as the API server serves it: a bootstrap-token Secret.
+    pub fn secret_json(&self) -> serde_json::Value {
+        let t = self;
+        let mut data = std::collections::BTreeMap::new();
+        let mut put = |k: &str, v: &str| {
+            data.insert(k.to_owned(), B64.encode(v.as_bytes()));
+        };
+        put("token-id", &t.id);
+        put("token-secret", &t.secret);
+        if let Some(e) = &t.expires {
+            put("expiration", e);
+        }
+        if let Some(d) = &t.description {
+            put("description", d);
+        }
+        for u in &t.usages {
+            put(&format!("usage-bootstrap-{u}"), "true");
+        }
+        if !t.groups.is_empty() {
+            put("auth-extra-groups", &t.groups.join(","));
+        }
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": format!("bootstrap-token-{}", t.id), "namespace": "kube-system"},
+            "type": "bootstrap.kubernetes.io/token",
+            "data": data,
+        })
+    }
+
     pub fn new(
         token: &BootstrapToken,
         ttl: Option<std::time::Duration>,

@@ -302,29 +302,27 @@ pub fn cidr_nth_ip(cidr: &str, n: u128) -> Result<IpAddr> {
     let bits: u32 = bits
         .parse()
         .map_err(|_| anyhow!("invalid CIDR address: {cidr}"))?;
-    match addr {
-        IpAddr::V4(v4) => {
-            if bits > 32 {
-                bail!("invalid CIDR address: {cidr}");
-            }
-            let host_bits = 32 - bits;
-            let mask: u32 = if bits == 0 { 0 } else { u32::MAX << host_bits };
-            let net = u32::from(v4) & mask;
-            if host_bits < 128 && n >= (1u128 << host_bits) {
-                bail!("CIDR {cidr} is too small");
-            }
-            Ok(IpAddr::V4((net + n as u32).into()))
-        }
-        IpAddr::V6(v6) => {
-            if bits > 128 {
-                bail!("invalid CIDR address: {cidr}");
-            }
-            let host_bits = 128 - bits;
-            let mask: u128 = if bits == 0 { 0 } else { u128::MAX << host_bits };
-            let net = u128::from(v6) & mask;
-            Ok(IpAddr::V6((net + n).into()))
-        }
+    // Both families as 128-bit numbers of `width` bits.
+    let (width, value) = match addr {
+        IpAddr::V4(v4) => (32, u128::from(u32::from(v4))),
+        IpAddr::V6(v6) => (128, u128::from(v6)),
+    };
+    if bits > width {
+        bail!("invalid CIDR address: {cidr}");
     }
+    let host_bits = width - bits;
+    let net = if host_bits == 128 {
+        0
+    } else {
+        value >> host_bits << host_bits
+    };
+    if host_bits < 128 && n >= (1u128 << host_bits) {
+        bail!("CIDR {cidr} is too small");
+    }
+    Ok(match addr {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::from((net + n) as u32)),
+        IpAddr::V6(_) => IpAddr::V6((net + n).into()),
+    })
 }
 
 /// This host's name, lowercased, as kubeadm's default node name.
