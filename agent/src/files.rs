@@ -152,10 +152,55 @@ pub fn remove_bundle_files(root: &Path, paths: &[String]) -> Vec<String> {
     problems
 }
 
+/// What `kubeadm reset` leaves on a machine by design (its output says so)
+/// and a machine going back to its pool must not keep: the CNI
+/// configuration and the kubeconfig copied to root's home. A machine reused
+/// in another cluster inherits nothing of them.
+pub const LEFT_BY_RESET: &[&str] = &["/etc/cni/net.d", "/root/.kube"];
+
+/// Removes [`LEFT_BY_RESET`] under `root`; returns what could not be
+/// removed, with why.
+pub fn remove_left_by_reset(root: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    for path in LEFT_BY_RESET {
+        match safe_join(root, path) {
+            Ok(target) => match fs::remove_dir_all(&target) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => problems.push(format!("{}: {e}", target.display())),
+            },
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    problems
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn what_reset_leaves_is_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for f in [
+            "etc/cni/net.d/10-flannel.conflist",
+            "root/.kube/config",
+            "etc/cni/keep",
+            "root/keep",
+        ] {
+            let p = root.join(f);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, "x").unwrap();
+        }
+        assert!(remove_left_by_reset(root).is_empty());
+        assert!(!root.join("etc/cni/net.d").exists());
+        assert!(!root.join("root/.kube").exists());
+        assert!(root.join("etc/cni/keep").exists() && root.join("root/keep").exists());
+        // Already clean: nothing to report.
+        assert!(remove_left_by_reset(root).is_empty());
+    }
 
     #[test]
     fn safe_join_rules() {

@@ -1,8 +1,8 @@
 //! The cluster's Nodes as a running control plane sees them through its
 //! own API server, with the admin credentials kubeadm wrote
 //! (`/etc/kubernetes/admin.conf`), and the Node deletions the coordinator
-//! asks for once a machine has left. The agent only ever dials its own API
-//! server.
+//! asks for once a machine has left, and the drain of a Node whose machine
+//! is about to leave. The agent only ever dials its own API server.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,6 +35,8 @@ pub enum KubeError {
         api: String,
         detail: String,
     },
+    #[error("draining node {node} is not done: {why}")]
+    DrainBlocked { node: String, why: String },
 }
 
 /// A client for the local API server, rebuilt when `admin.conf` changes.
@@ -150,6 +152,118 @@ impl Kube {
         }
     }
 
+    /// Drains Node `node` as `kubectl drain --ignore-daemonsets` does:
+    /// cordons it, asks the Eviction API to evict each of its Pods (mirror
+    /// Pods of static manifests and DaemonSet Pods stay), then waits up to
+    /// [`DRAIN_WAIT`] for them to go. A PodDisruptionBudget that refuses an
+    /// eviction fails the drain, naming the Pod and the budget; the
+    /// coordinator asks again until its drain timeout. A Node already gone
+    /// counts as drained.
+    pub async fn drain(&mut self, api: &str, node: &str) -> Result<String, KubeError> {
+        let call = format!("cordon node {node}");
+        let patch = serde_json::json!({"spec": {"unschedulable": true}});
+        let (status, body) = self
+            .call_with(
+                api,
+                &call,
+                reqwest::Method::PATCH,
+                &format!("/api/v1/nodes/{node}"),
+                Some(("application/merge-patch+json", patch)),
+            )
+            .await?;
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(format!("node {node} is gone; nothing to drain"));
+        }
+        if !status.is_success() {
+            return Err(failed(&call, api, format!("{status}: {body}")));
+        }
+        let pods = self.pods_on(api, node).await?;
+        let mut blocked = Vec::new();
+        for (ns, name) in &pods {
+            let call = format!("evict pod {ns}/{name}");
+            let eviction = serde_json::json!({
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": ns},
+            });
+            let (status, body) = self
+                .call_with(
+                    api,
+                    &call,
+                    reqwest::Method::POST,
+                    &format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"),
+                    Some(("application/json", eviction)),
+                )
+                .await?;
+            match status {
+                s if s.is_success() || s == reqwest::StatusCode::NOT_FOUND => {}
+                reqwest::StatusCode::TOO_MANY_REQUESTS => {
+                    blocked.push(format!("{ns}/{name} ({})", refusal(&body)))
+                }
+                s => return Err(failed(&call, api, format!("{s}: {body}"))),
+            }
+        }
+        if !blocked.is_empty() {
+            return Err(KubeError::DrainBlocked {
+                node: node.to_owned(),
+                why: format!("evictions refused: {}", blocked.join("; ")),
+            });
+        }
+        let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+        loop {
+            let left = self.pods_on(api, node).await?;
+            if left.is_empty() {
+                return Ok(format!(
+                    "node {node} drained: {} pod(s) evicted",
+                    pods.len()
+                ));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let names: Vec<String> = left.iter().map(|(ns, n)| format!("{ns}/{n}")).collect();
+                return Err(KubeError::DrainBlocked {
+                    node: node.to_owned(),
+                    why: format!(
+                        "still there {}s after their eviction: {}",
+                        DRAIN_WAIT.as_secs(),
+                        names.join(", ")
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// The Pods on `node` a drain evicts, as (namespace, name).
+    async fn pods_on(&mut self, api: &str, node: &str) -> Result<Vec<(String, String)>, KubeError> {
+        let call = format!("list the pods of node {node}");
+        let (status, body) = self
+            .call(
+                api,
+                &call,
+                reqwest::Method::GET,
+                &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}"),
+            )
+            .await?;
+        if !status.is_success() {
+            return Err(failed(&call, api, format!("{status}: {body}")));
+        }
+        let list: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| failed(&call, api, e.to_string()))?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| evicted_by_drain(p))
+            .filter_map(|p| {
+                let meta = &p["metadata"];
+                Some((
+                    meta["namespace"].as_str()?.to_owned(),
+                    meta["name"].as_str()?.to_owned(),
+                ))
+            })
+            .collect())
+    }
+
     /// One request to the API server at `api`: its status and body, or why
     /// it got no answer.
     async fn call(
@@ -159,9 +273,26 @@ impl Kube {
         method: reqwest::Method,
         path: &str,
     ) -> Result<(reqwest::StatusCode, String), KubeError> {
+        self.call_with(api, call, method, path, None).await
+    }
+
+    /// [`Kube::call`] with a JSON body of the given content type.
+    async fn call_with(
+        &mut self,
+        api: &str,
+        call: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, serde_json::Value)>,
+    ) -> Result<(reqwest::StatusCode, String), KubeError> {
         let client = self.client()?;
-        let resp = client
-            .request(method, format!("{api}{path}"))
+        let mut request = client.request(method, format!("{api}{path}"));
+        if let Some((content_type, body)) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body.to_string());
+        }
+        let resp = request
             .send()
             .await
             .map_err(|e| failed(call, api, error_chain(&e)))?;
@@ -172,6 +303,38 @@ impl Kube {
             .map_err(|e| failed(call, api, error_chain(&e)))?;
         Ok((status, body))
     }
+}
+
+/// How long a drain waits for evicted Pods to go.
+pub const DRAIN_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether a drain evicts this Pod: not the mirror Pod of a static
+/// manifest (the kubelet owns it), not a DaemonSet's (its controller would
+/// put it back).
+fn evicted_by_drain(pod: &serde_json::Value) -> bool {
+    let meta = &pod["metadata"];
+    let mirror = meta["annotations"]
+        .get("kubernetes.io/config.mirror")
+        .is_some();
+    let daemon_set = meta["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|o| o["kind"] == "DaemonSet" && o["controller"] == true);
+    !mirror && !daemon_set
+}
+
+/// Why the API server refused an eviction: the budget's own words when it
+/// gave them.
+fn refusal(body: &str) -> String {
+    let status: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    status["details"]["causes"]
+        .as_array()
+        .and_then(|c| c.first())
+        .and_then(|c| c["message"].as_str())
+        .or_else(|| status["message"].as_str())
+        .unwrap_or("refused")
+        .to_owned()
 }
 
 fn failed(call: &str, api: &str, detail: String) -> KubeError {

@@ -358,6 +358,11 @@ for a in "$@"; do
   prev="$a"
 done
 if [ "$1" = "$FAKE_KUBEADM_HANG_ON" ]; then echo $$ > "$FAKE_KUBEADM_PID"; exec sleep 600; fi
+# What it was given, for the tests: the agent removes the config (it holds
+# a join token) once kubeadm succeeded.
+if [ -f "$root/etc/drover/kubeadm.yaml" ]; then
+  cp -p "$root/etc/drover/kubeadm.yaml" "$FAKE_KUBEADM_LOG.config"
+fi
 case "$1" in
   init)
     test -f "$root/etc/drover/kubeadm.yaml" || { echo "config missing" >&2; exit 1; }
@@ -416,6 +421,12 @@ impl Machine {
 
     fn log(&self) -> PathBuf {
         self.dir.path().join("kubeadm.log")
+    }
+
+    /// The kubeadm config the last kubeadm call was given (the fake copies
+    /// it, with its mode, before acting).
+    fn kubeadm_config_given(&self) -> PathBuf {
+        self.dir.path().join("kubeadm.log.config")
     }
 
     fn kubeadm_calls(&self) -> Vec<String> {
@@ -550,12 +561,16 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
             "init --config /etc/drover/kubeadm.yaml --rootfs {root}"
         )]
     );
-    let cfg = m.root.join("etc/drover/kubeadm.yaml");
+    let given = m.kubeadm_config_given();
     assert_eq!(
-        std::fs::read_to_string(&cfg).unwrap(),
+        std::fs::read_to_string(&given).unwrap(),
         "kind: for-control-plane(init)\n"
     );
-    assert_eq!(mode(&cfg), 0o600);
+    assert_eq!(mode(&given), 0o600);
+    assert!(
+        !m.root.join("etc/drover/kubeadm.yaml").exists(),
+        "the config holding the join token is removed once kubeadm succeeded"
+    );
     assert!(
         m.stderr(1).contains("waiting for the init machine"),
         "{}",
@@ -602,7 +617,7 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     assert_eq!(hb.applied_generation, 0);
     assert!(hb.directive_results[0].ok, "{hb:?}");
     assert_eq!(m.kubeadm_calls()[2], format!("reset -f --rootfs {root}"));
-    assert!(!cfg.exists());
+    assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
     assert!(!m.root.join("etc/kubernetes/pki/ca.crt").exists());
 
     // Assigned again, as a worker with a newer generation: kubeadm join.
@@ -829,7 +844,7 @@ async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
     });
     let mut agent = m.spawn(2, false, &[]);
     fake.running_at(3).await;
-    assert_eq!(mode(&m.root.join("etc/drover/kubeadm.yaml")), 0o600);
+    assert_eq!(mode(&m.kubeadm_config_given()), 0o600);
     assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.key")), 0o600);
     assert_eq!(mode(&m.root.join("etc/kubernetes/pki/ca.crt")), 0o644);
     stop_cleanly(&mut agent).await;

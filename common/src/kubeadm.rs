@@ -30,6 +30,11 @@ pub const SHARED_CA_FILES: [&str; 8] = [
 /// kubeadm's default certificates directory.
 pub const CERTIFICATES_DIR: &str = "/etc/kubernetes/pki";
 
+/// The container runtime socket every Drover node image provides
+/// (containerd). It is set in every config: kubeadm's auto-detection fails
+/// on a host with two runtime sockets.
+pub const CRI_SOCKET: &str = "unix:///var/run/containerd/containerd.sock";
+
 /// A `{name, value}` argument, the v1beta4 form of extra arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -408,23 +413,37 @@ pub struct ClusterParams {
     pub dns_domain: String,
 }
 
-fn kubelet_config(node: &NodeParams) -> KubeletConfiguration {
+/// The kubelet configuration of the whole cluster. Only `kubeadm init`
+/// reads it (it becomes the `kubelet-config` ConfigMap that joining
+/// machines download); `kubeadm join` ignores such a document. So it holds
+/// nothing of one machine: per-machine values go in [`node_registration`].
+fn cluster_kubelet_config() -> KubeletConfiguration {
     KubeletConfiguration {
         api_version: KUBELET_API_VERSION.into(),
         kind: "KubeletConfiguration".into(),
         healthz_bind_address: "127.0.0.1".into(),
-        healthz_port: node.kubelet_healthz_port,
+        healthz_port: 0,
         cgroup_driver: "systemd".into(),
     }
 }
 
+/// The machine's own registration: its name, the runtime socket, and the
+/// kubelet settings of this machine alone as `kubeletExtraArgs` (kubeadm
+/// writes them to `kubeadm-flags.env`; kubelet flags override its config
+/// file), which `init` and `join` both honour.
 fn node_registration(node: &NodeParams) -> NodeRegistration {
+    let arg = |name: &str, value: String| Arg {
+        name: name.into(),
+        value,
+    };
+    let mut kubelet_extra_args = vec![arg("node-ip", node.advertise_address.clone())];
+    if node.kubelet_healthz_port != 0 {
+        kubelet_extra_args.push(arg("healthz-port", node.kubelet_healthz_port.to_string()));
+    }
     NodeRegistration {
         name: Some(node.node_name.clone()),
-        kubelet_extra_args: vec![Arg {
-            name: "node-ip".into(),
-            value: node.advertise_address.clone(),
-        }],
+        cri_socket: Some(CRI_SOCKET.into()),
+        kubelet_extra_args,
         ..Default::default()
     }
 }
@@ -494,7 +513,7 @@ pub fn render_init(
     to_yaml_docs(&[
         serde_json::to_value(init).expect("serializes"),
         serde_json::to_value(cc).expect("serializes"),
-        serde_json::to_value(kubelet_config(node)).expect("serializes"),
+        serde_json::to_value(cluster_kubelet_config()).expect("serializes"),
     ])
 }
 
@@ -535,10 +554,7 @@ pub fn render_join(
         patches: None,
         timeouts: None,
     };
-    to_yaml_docs(&[
-        serde_json::to_value(join).expect("serializes"),
-        serde_json::to_value(kubelet_config(node)).expect("serializes"),
-    ])
+    to_yaml_docs(&[serde_json::to_value(join).expect("serializes")])
 }
 
 #[cfg(test)]
@@ -581,7 +597,20 @@ mod tests {
         let cc = cfg.cluster.unwrap();
         assert_eq!(cc.encryption_algorithm, "ECDSA-P256");
         assert_eq!(cc.control_plane_endpoint, "10.0.0.1:6443");
-        assert_eq!(cfg.kubelet.unwrap().healthz_port, 10248);
+        assert_eq!(
+            cfg.kubelet.unwrap().healthz_port,
+            0,
+            "per-machine values are flags"
+        );
+        assert_eq!(
+            init.node_registration.cri_socket.as_deref(),
+            Some(CRI_SOCKET)
+        );
+        let healthz = &init.node_registration.kubelet_extra_args[1];
+        assert_eq!(
+            (healthz.name.as_str(), healthz.value.as_str()),
+            ("healthz-port", "10248")
+        );
         assert!(cfg.join.is_none());
     }
 
@@ -597,6 +626,20 @@ mod tests {
         let d = join.discovery.bootstrap_token.unwrap();
         assert_eq!(d.ca_cert_hashes, vec![pin]);
         assert_eq!(join.control_plane.unwrap().certificate_key, None);
+        // kubeadm join ignores a KubeletConfiguration document; this
+        // machine's kubelet settings travel as flags instead.
+        assert!(cfg.kubelet.is_none(), "{text}");
+        assert_eq!(
+            join.node_registration.cri_socket.as_deref(),
+            Some(CRI_SOCKET)
+        );
+        let args: Vec<(&str, &str)> = join
+            .node_registration
+            .kubelet_extra_args
+            .iter()
+            .map(|a| (a.name.as_str(), a.value.as_str()))
+            .collect();
+        assert_eq!(args, [("node-ip", "10.0.0.1"), ("healthz-port", "10248")]);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 #   cargo build --release -p drover-agent
 #   cd images/aws
 #   packer init drover-node.pkr.hcl
-#   packer build -var region=eu-west-1 -var kubernetes_version=v1.31 drover-node.pkr.hcl
+#   packer build -var region=eu-west-1 -var kubernetes_version=v1.31.2 drover-node.pkr.hcl
 #
 # The agent binary must be built for the AMI's architecture and against a
 # glibc no newer than bookworm's (2.36): build it on Debian 12 (or in a
@@ -47,11 +47,11 @@ variable "architecture" {
 
 variable "kubernetes_version" {
   type        = string
-  default     = "v1.31"
-  description = "Kubernetes minor version (v1.31: its latest patch release) or an exact release (v1.31.2); selects the pkgs.k8s.io repository core:/stable:/<minor>/deb/."
+  default     = "v1.31.2"
+  description = "The exact Kubernetes release the image pins (v1.31.2); selects the pkgs.k8s.io repository core:/stable:/<minor>/deb/ and the control-plane images pulled at bake time."
   validation {
-    condition     = can(regex("^v[0-9]+\\.[0-9]+(\\.[0-9]+)?$", var.kubernetes_version))
-    error_message = "The kubernetes_version must look like v1.31 or v1.31.2."
+    condition     = can(regex("^v[0-9]+\\.[0-9]+\\.[0-9]+$", var.kubernetes_version))
+    error_message = "The kubernetes_version must be an exact release such as v1.31.2."
   }
 }
 

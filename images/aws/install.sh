@@ -32,15 +32,17 @@
 #   --unit FILE                the systemd unit (default: drover-agent.service
 #                              beside this script; the repository's is
 #                              images/systemd/drover-agent.service)
-#   --kubernetes-version V     vMAJOR.MINOR (latest patch) or
-#                              vMAJOR.MINOR.PATCH (default v1.31)
+#   --kubernetes-version V     the exact release vMAJOR.MINOR.PATCH the
+#                              image pins (default v1.31.2): every machine
+#                              of a cluster must run the one version its
+#                              spec names, whenever the image was built
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=/
 agent_bin=$here/drover-agent
 unit_file=$here/drover-agent.service
-kubernetes_version=${KUBERNETES_VERSION:-v1.31}
+kubernetes_version=${KUBERNETES_VERSION:-v1.31.2}
 
 # The agent's paths. The unit's ExecStart must run this binary; its
 # StateDirectory= is /var/lib/drover-agent; bundle files such as
@@ -107,9 +109,9 @@ EOF
 
 phase_kubernetes() {
   need_live_root kubernetes
-  [[ $kubernetes_version =~ ^v([0-9]+)\.([0-9]+)(\.([0-9]+))?$ ]] \
-    || die "--kubernetes-version must be vMAJOR.MINOR or vMAJOR.MINOR.PATCH (for example v1.31 or v1.31.2), not '$kubernetes_version'"
-  local minor="v${BASH_REMATCH[1]}.${BASH_REMATCH[2]}" patch=${BASH_REMATCH[4]}
+  [[ $kubernetes_version =~ ^v([0-9]+)\.([0-9]+)\.([0-9]+)$ ]] \
+    || die "--kubernetes-version must be an exact release vMAJOR.MINOR.PATCH (for example v1.31.2), not '$kubernetes_version': an image pins the version it installs, so that machines built on different days run the same one"
+  local minor="v${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
   local repo="https://pkgs.k8s.io/core:/stable:/$minor/deb/"
   local keyring=/etc/apt/keyrings/kubernetes-apt-keyring.asc
   log "kubernetes: containerd (Debian) and kubelet/kubeadm/kubectl $kubernetes_version from $repo"
@@ -148,14 +150,15 @@ Signed-By: $keyring
 EOF
   apt-get update -q
 
-  local pkgs=(kubelet kubeadm kubectl)
-  if [[ -n $patch ]]; then
-    local v=${kubernetes_version#v}
-    pkgs=("kubelet=$v-*" "kubeadm=$v-*" "kubectl=$v-*")
-  fi
-  apt-mark unhold kubelet kubeadm kubectl >/dev/null 2>&1 || true
+  # The exact release, and cri-tools by name: from 1.32 the kubeadm package
+  # no longer depends on it, and kubeadm's preflight runs crictl.
+  local v=${kubernetes_version#v}
+  local pkgs=("kubelet=$v-*" "kubeadm=$v-*" "kubectl=$v-*" cri-tools)
+  apt-mark unhold kubelet kubeadm kubectl cri-tools >/dev/null 2>&1 || true
   apt-get install -y -q --no-install-recommends "${pkgs[@]}"
-  apt-mark hold kubelet kubeadm kubectl
+  apt-mark hold kubelet kubeadm kubectl cri-tools
+  [[ $(kubeadm version -o short) == "$kubernetes_version" ]] \
+    || die "kubeadm $(kubeadm version -o short) was installed, not $kubernetes_version"
 
   # The sandbox (pause) image kubeadm expects, so containerd does not pull
   # a second one; kubeadm's own list, for its own version (no network).
@@ -174,8 +177,15 @@ EOF
   systemctl enable containerd.service kubelet.service
   if [[ -d /run/systemd/system ]]; then
     systemctl restart containerd.service
+    # The control-plane images of this release, pulled at bake time, so a
+    # machine's first boot needs no registry.
+    kubeadm config images pull --kubernetes-version "$kubernetes_version" \
+      --cri-socket unix:///var/run/containerd/containerd.sock \
+      || die "cannot pull the control-plane images of $kubernetes_version (registry.k8s.io reachable from the build instance?)"
+  else
+    log "kubernetes: no running systemd here, so the control-plane images are not pre-pulled; machines pull them at first boot"
   fi
-  log "kubernetes: $(kubeadm version -o short), $(containerd --version)"
+  log "kubernetes: $(kubeadm version -o short), $(crictl --version), $(containerd --version)"
 }
 
 # --------------------------------------------------------------- agent

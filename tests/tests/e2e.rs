@@ -258,13 +258,19 @@ fn three_control_planes_one_init_two_joins_with_shared_ca_set() {
         }
         ca = Some(this_ca);
         if subs.contains(&"join".to_string()) {
-            let cfg = std::fs::read_to_string(a.root.join("etc/drover/kubeadm.yaml")).unwrap();
-            let parsed = drover_common::kubeadm::parse_config(&cfg).unwrap();
-            let join = parsed.join.expect("JoinConfiguration");
-            assert!(join.control_plane.is_some(), "control-plane join expected");
-            assert!(join.control_plane.unwrap().certificate_key.is_none());
+            // A control-plane join: kubeadm wrote the admin kubeconfig and
+            // the API server's manifest.
             assert!(exists(&a.root, "etc/kubernetes/admin.conf"));
+            assert!(exists(
+                &a.root,
+                "etc/kubernetes/manifests/kube-apiserver.yaml"
+            ));
         }
+        // The config held the join token: gone once kubeadm succeeded.
+        assert!(
+            !exists(&a.root, "etc/drover/kubeadm.yaml"),
+            "the kubeadm config with its join token outlived the bootstrap"
+        );
     }
     assert_eq!((inits, joins), (1, 2));
 }
@@ -1179,4 +1185,153 @@ fn ready_nodes(kubeconfig: &Path) -> Result<Vec<String>, String> {
         .collect();
     ready.sort();
     Ok(ready)
+}
+
+/// The cluster's condition `type_`, as (status, message).
+fn cluster_condition(c: &Coordinator, cluster: &str, type_: &str) -> Option<(String, String)> {
+    let v: serde_json::Value =
+        serde_json::from_str(&c.cli_ok(&["get", "cluster", cluster, "-o", "json"])).ok()?;
+    let v = if v.is_array() { v[0].clone() } else { v };
+    v["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|x| x["type"] == type_)
+        .map(|x| {
+            (
+                x["status"].as_str().unwrap_or_default().to_owned(),
+                x["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+#[test]
+fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 2, "1h", &boot);
+    let agents = start_agents(tmp.path(), &boot, 2, "m", "node-");
+    wait_registered(&c, 2);
+    let yaml = pool_cluster_yaml("drain", 1, 1, "dev") + "  drain:\n    timeout: 20s\n";
+    apply(&c, tmp.path(), &yaml);
+    c.wait_cluster_phase("drain", "Running", BOOT);
+    let machines = c.machines();
+    let role_of = |a: &Agent| {
+        machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["role"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let init = agents
+        .iter()
+        .find(|a| role_of(a).as_deref() == Some("init"))
+        .unwrap();
+    let worker = agents
+        .iter()
+        .find(|a| role_of(a).as_deref() == Some("worker"))
+        .unwrap();
+    let worker_name = name_of(&c, &worker.hostname);
+    let admin = init.root.join("etc/kubernetes/admin.conf");
+    wait_for("both Nodes Ready", BOOT, || {
+        let ready = ready_nodes(&admin)?;
+        if ready.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("{ready:?}"))
+        }
+    });
+
+    // A Pod on the worker, protected by a budget that allows no disruption.
+    let manifests = tmp.path().join("web.yaml");
+    std::fs::write(
+        &manifests,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: default, labels: {{app: web}}}}\n\
+             spec: {{nodeName: {node}, containers: [{{name: web, image: web}}]}}\n---\n\
+             apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: web, namespace: default}}\n\
+             spec: {{minAvailable: 1, selector: {{matchLabels: {{app: web}}}}}}\n",
+            node = worker.hostname
+        ),
+    )
+    .unwrap();
+    kubectl(
+        &admin,
+        &[
+            "create",
+            "--validate=false",
+            "-f",
+            manifests.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+
+    // The operator deletes the worker: it is cordoned, its eviction is
+    // refused, and after the drain timeout the removal halts, saying why.
+    c.cli_ok(&["delete", "machine", &worker_name]);
+    wait_for("the drain to time out", BOOT, || {
+        match cluster_condition(&c, "drain", "DrainFailed") {
+            Some((s, m)) if s == "True" => Ok(m),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let (_, message) = cluster_condition(&c, "drain", "DrainFailed").unwrap();
+    assert!(
+        message.contains("default/web-1") && message.contains("disruption budget web"),
+        "{message}"
+    );
+    let held = c.machines();
+    let held = machine_by_host(&held, &worker.hostname);
+    assert_eq!(held["status"]["phase"], "Running", "{held}");
+    assert!(
+        kubectl(&admin, &["get", "pod", "web-1"]).is_ok(),
+        "the protected pod stays"
+    );
+    let cordoned = kubectl(
+        &admin,
+        &[
+            "get",
+            "node",
+            &worker.hostname,
+            "-o",
+            "jsonpath={.spec.unschedulable}",
+        ],
+    );
+    assert_eq!(cordoned.as_deref(), Ok("true"));
+    let described = c.cli_ok(&["describe", "cluster", "drain"]);
+    assert!(
+        described.contains("Drain:") && described.contains("refused"),
+        "{described}"
+    );
+
+    // Without the budget the next attempt evicts the pod; the worker is
+    // released and its Node deleted.
+    kubectl(&admin, &["delete", "pdb", "web"]).unwrap();
+    wait_for(
+        "the drained worker to leave and its Node to go",
+        BOOT,
+        || {
+            let gone = !c
+                .machines()
+                .iter()
+                .any(|m| m["metadata"]["name"] == worker_name.as_str());
+            let node_gone = kubectl(&admin, &["get", "node", &worker.hostname])
+                .err()
+                .is_some_and(|e| e.contains("NotFound"));
+            if gone && node_gone {
+                Ok(())
+            } else {
+                Err(format!("machine gone: {gone}, node gone: {node_gone}"))
+            }
+        },
+    );
+    let pod = kubectl(&admin, &["get", "pod", "web-1"]);
+    assert!(
+        pod.is_err_and(|e| e.contains("NotFound")),
+        "the pod was evicted"
+    );
+    wait_for("DrainFailed to clear", BOOT, || {
+        match cluster_condition(&c, "drain", "DrainFailed") {
+            Some((s, _)) if s == "False" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
 }

@@ -301,15 +301,26 @@ fn node_container_boots_from_nocloud_seed_and_runs_kubeadm_init() {
         "{calls:?}"
     );
     assert!(calls.iter().all(|c| c["exit"] == 0), "{calls:?}");
-    let kubeadm_config = container_file(&node, "/etc/drover/kubeadm.yaml", tmp.path());
-    let advertised = kubeadm_config
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("advertiseAddress:"))
-        .map(|v| v.trim().trim_matches('"').to_owned());
-    assert_eq!(
-        advertised,
-        Some(container_ip.to_string()),
-        "{kubeadm_config}"
+    // kubeadm was given the container's address: its API server advertises it.
+    let manifest = container_file(
+        &node,
+        "/etc/kubernetes/manifests/kube-apiserver.yaml",
+        tmp.path(),
+    );
+    assert!(
+        manifest.contains(&format!("--advertise-address={container_ip}")),
+        "{manifest}"
+    );
+    // The config held the join token: the agent removed it after init.
+    let copied_to = tmp.path().join("kubeadm-config-left");
+    let left = docker(&[
+        "cp",
+        &format!("{node}:/etc/drover/kubeadm.yaml"),
+        copied_to.to_str().unwrap(),
+    ]);
+    assert!(
+        !left.status.success(),
+        "/etc/drover/kubeadm.yaml is still in the container"
     );
 
     // PID 1 is tini, with the agent its child; the stand-in daemons kubeadm

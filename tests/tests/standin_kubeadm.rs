@@ -744,6 +744,49 @@ fn init_join_token_and_reset() {
     assert!(ok && out.contains("deleted"), "{out}");
     let (ok, out) = kubectl(&["get", "node", "cp-2"]);
     assert!(!ok && out.contains("NotFound"), "{out}");
+    // Real kubectl drain: evictions go through the Eviction API, and a
+    // PodDisruptionBudget that allows no disruption refuses them.
+    let manifests = c.cp.path("/tmp/workloads.yaml");
+    std::fs::create_dir_all(manifests.parent().unwrap()).unwrap();
+    std::fs::write(
+        &manifests,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: web-1, namespace: default, labels: {app: web}}\n\
+         spec: {nodeName: worker-1, containers: [{name: web, image: web}]}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: batch-1, namespace: default, labels: {app: batch}}\n\
+         spec: {nodeName: worker-1, containers: [{name: batch, image: batch}]}\n---\n\
+         apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web, namespace: default}\n\
+         spec: {minAvailable: 1, selector: {matchLabels: {app: web}}}\n",
+    )
+    .unwrap();
+    let (ok, out) = kubectl(&[
+        "create",
+        "--validate=false",
+        "-f",
+        manifests.to_str().unwrap(),
+    ]);
+    assert!(ok && out.contains("pod/web-1 created"), "{out}");
+    let (_, out) = kubectl(&[
+        "get",
+        "pdb",
+        "web",
+        "-o",
+        "jsonpath={.status.disruptionsAllowed}",
+    ]);
+    assert!(out.contains("--- stdout\n0"), "{out}");
+    let drain = ["drain", "worker-1", "--ignore-daemonsets", "--force"];
+    let (ok, out) = kubectl(&[&drain[..], &["--timeout=6s"]].concat());
+    assert!(!ok && out.contains("disruption budget"), "{out}");
+    let (_, out) = kubectl(&["get", "pods", "-n", "default", "-o", "name"]);
+    assert!(
+        out.contains("pod/web-1") && !out.contains("pod/batch-1"),
+        "the unprotected pod is evicted, the protected one stays: {out}"
+    );
+    let (ok, out) = kubectl(&["delete", "pdb", "web"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&[&drain[..], &["--timeout=30s"]].concat());
+    assert!(ok && out.contains("node/worker-1 drained"), "{out}");
+    let (_, out) = kubectl(&["get", "pods", "-A", "-o", "name"]);
+    assert!(!out.contains("web-1"), "{out}");
     // Both API servers serve the same store: a token made through cp-1
     // discovers through cp-2.
     let (code, body) = https_get(

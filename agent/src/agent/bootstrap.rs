@@ -291,6 +291,12 @@ impl Agent {
         };
         if outcome.success {
             tracing::info!(command = %outcome.command, "kubeadm succeeded; the machine is running");
+            // The config holds a join token, valid for its TTL: it does not
+            // stay on disk once kubeadm no longer needs it.
+            let config = [files::KUBEADM_CONFIG_PATH.to_owned()];
+            for problem in files::remove_bundle_files(&self.settings.root, &config) {
+                tracing::warn!(%problem, "cannot remove the kubeadm config, which holds a join token");
+            }
             self.set_step(BootstrapStep::Done);
             self.heartbeat_soon();
         } else {
@@ -301,6 +307,9 @@ impl Agent {
     /// The reset before bootstrapping again ended.
     pub(super) fn finish_reset_before_retry(&mut self, outcome: CommandOutcome) {
         if outcome.success {
+            for problem in files::remove_left_by_reset(&self.settings.root) {
+                tracing::warn!(%problem, "cannot remove what kubeadm reset leaves");
+            }
             tracing::info!("kubeadm reset done; bootstrapping again");
             self.set_step(BootstrapStep::Assigned);
             self.want_config_now();

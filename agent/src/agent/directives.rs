@@ -84,6 +84,16 @@ impl Agent {
                         (command, Box::pin(call))
                     });
                 }
+                DirectiveAction::DrainNode { node } => {
+                    tracing::info!(node = %node, "draining a Node at the coordinator's request");
+                    let mut kube = crate::kube::Kube::new(&self.settings.root);
+                    self.start_cluster_call(directive.id, "drain Nodes", |ip, port| {
+                        let api = crate::kube::local_api(ip, port);
+                        let command = format!("drain node {node} via {api}");
+                        let call = async move { Ok(kube.drain(&api, &node).await?) };
+                        (command, Box::pin(call))
+                    });
+                }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
                     self.resetting = true;
@@ -182,7 +192,8 @@ impl Agent {
                     w
                 })
                 .unwrap_or_default();
-            let problems = files::remove_bundle_files(&self.settings.root, &written);
+            let mut problems = files::remove_bundle_files(&self.settings.root, &written);
+            problems.extend(files::remove_left_by_reset(&self.settings.root));
             if let Some(p) = self.state.bootstrap.take() {
                 self.state.retired_generation =
                     self.state.retired_generation.max(p.assignment.generation);

@@ -20,6 +20,7 @@ pub fn describe(action: &DirectiveAction) -> String {
             format!("remove etcd member {id} ({name})")
         }
         DirectiveAction::DeleteNode { node } => format!("delete node {node}"),
+        DirectiveAction::DrainNode { node } => format!("drain node {node}"),
     }
 }
 

@@ -337,6 +337,10 @@ impl Sim {
                     false,
                     format!("simulated machines run no API server; node {node} was not deleted"),
                 ),
+                DirectiveAction::DrainNode { node } => (
+                    false,
+                    format!("simulated machines run no API server; node {node} was not drained"),
+                ),
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

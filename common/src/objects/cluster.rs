@@ -50,6 +50,38 @@ pub struct ClusterSpec {
     /// When machines count as unhealthy and how many may be replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthPolicy>,
+    /// How a machine leaving on purpose is drained first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainPolicy>,
+}
+
+/// `spec.drain`: a machine that leaves on purpose (scale-down, `drover
+/// delete machine`) is cordoned and its Pods evicted through the Eviction
+/// API first, so PodDisruptionBudgets hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DrainPolicy {
+    /// How long a drain may be refused (by a PodDisruptionBudget, or Pods
+    /// that do not go) before the machine's removal halts with a
+    /// `DrainFailed` condition; `10m` by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// After the timeout, remove the machine anyway instead of halting.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
+}
+
+/// The drain timeout when `spec.drain.timeout` is unset.
+pub const DEFAULT_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl DrainPolicy {
+    /// `spec.drain.timeout`, or the default.
+    pub fn timeout(policy: Option<&DrainPolicy>) -> std::time::Duration {
+        policy
+            .and_then(|p| p.timeout.as_deref())
+            .and_then(|t| parse_duration(t).ok())
+            .unwrap_or(DEFAULT_DRAIN_TIMEOUT)
+    }
 }
 
 /// `spec.controlPlaneEndpoint`: an address, or an endpoint Drover keeps.
@@ -184,6 +216,48 @@ pub struct NodeRemoval {
     pub via: String,
     #[serde(with = "time::serde::rfc3339")]
     pub requested_at: time::OffsetDateTime,
+}
+
+/// The drain of a machine leaving on purpose, asked of a control-plane
+/// machine (one attempt at a time, retried until the drain timeout).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeDrain {
+    /// The machine that leaves, and its Node.
+    pub machine: String,
+    pub node: String,
+    /// The control-plane machine asked to drain it.
+    pub via: String,
+    /// When the first attempt was asked for; the timeout counts from here.
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: time::OffsetDateTime,
+    /// When this attempt was asked for (it names the directive).
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+    /// This attempt's outcome, once the agent reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<DrainResult>,
+}
+
+/// How a drain attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DrainResult {
+    pub ok: bool,
+    /// What was evicted, or what blocks the drain (the Pods and the
+    /// PodDisruptionBudgets that refused their eviction).
+    pub message: String,
+}
+
+impl NodeDrain {
+    /// The id of this attempt's directive.
+    pub fn directive_id(&self) -> String {
+        format!(
+            "drain-{}-{}",
+            self.node.chars().take(32).collect::<String>(),
+            self.requested_at.unix_timestamp()
+        )
+    }
 }
 
 /// A member removal asked of a control-plane machine.
@@ -377,6 +451,9 @@ pub struct ClusterStatus {
     /// make, until the member is gone from the reported list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_removal: Option<EtcdRemoval>,
+    /// The drain under way of a machine leaving on purpose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<NodeDrain>,
     /// The machine that ran `kubeadm init`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_machine: Option<String>,
@@ -614,6 +691,13 @@ impl Cluster {
                 if let Err(e) = parse_percent(m) {
                     err("spec.health.maxUnhealthy", e.to_string());
                 }
+            }
+        }
+        if let Some(t) = self.spec.drain.as_ref().and_then(|d| d.timeout.as_ref()) {
+            match parse_duration(t) {
+                Ok(d) if d.is_zero() => err("spec.drain.timeout", "must be positive".into()),
+                Ok(_) => {}
+                Err(e) => err("spec.drain.timeout", e.to_string()),
             }
         }
         if errs.is_empty() {

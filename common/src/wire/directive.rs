@@ -37,6 +37,11 @@ pub enum DirectiveAction {
     /// Node counts as done).
     #[serde(rename_all = "camelCase")]
     DeleteNode { node: String },
+    /// Cordon a Node and evict its Pods through the Eviction API (so
+    /// PodDisruptionBudgets hold), then wait a while for them to go. Fails
+    /// naming the Pods that did not go and why.
+    #[serde(rename_all = "camelCase")]
+    DrainNode { node: String },
 }
 
 /// The outcome of a directive.

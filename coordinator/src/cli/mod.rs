@@ -1032,6 +1032,22 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             );
         }
     }
+    if let Some(d) = &c.status.drain {
+        let state = match &d.result {
+            None => "under way".to_owned(),
+            Some(r) if r.ok => format!("done: {}", r.message),
+            Some(r) => format!("refused, retrying: {}", r.message),
+        };
+        let _ = writeln!(
+            o,
+            "Drain:          Node {} of machine {} through {}, since {}: {}",
+            printable(&d.node),
+            printable(&d.machine),
+            printable(&d.via),
+            d.started_at,
+            printable(&state)
+        );
+    }
     if let Some(r) = &c.status.node_removal {
         let _ = writeln!(
             o,

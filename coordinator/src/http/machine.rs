@@ -553,6 +553,13 @@ fn record_heartbeat(
         }
         app.reconcile_soon();
     }
+    for r in hb
+        .directive_results
+        .iter()
+        .filter(|r| r.id.starts_with("drain-"))
+    {
+        record_drain(app, &machine, r)?;
+    }
     if hb.etcd.is_some() || hb.nodes.is_some() {
         record_view(app, &machine, hb, now)?;
     }
@@ -576,6 +583,47 @@ fn record_heartbeat(
         app.reconcile_soon();
     }
     heartbeat_answer(app, &updated, now)
+}
+
+/// Records the outcome of a drain attempt on the cluster's status, when it
+/// is the attempt under way and `machine` was asked for it.
+fn record_drain(
+    app: &App,
+    machine: &Machine,
+    result: &drover_common::wire::DirectiveResult,
+) -> Result<(), ApiError> {
+    let Some(a) = &machine.spec.assignment else {
+        return Ok(());
+    };
+    let name = &machine.metadata.name;
+    let mut recorded = None;
+    app.update_cluster::<ApiError>(&a.cluster, |c| {
+        let Some(d) = c.status.drain.as_mut() else {
+            return Ok(false);
+        };
+        if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str())
+            || d.via != *name
+            || d.directive_id() != result.id
+            || d.result.is_some()
+        {
+            return Ok(false);
+        }
+        d.result = Some(drover_common::api::DrainResult {
+            ok: result.ok,
+            message: result.message.clone(),
+        });
+        recorded = Some((d.machine.clone(), d.node.clone()));
+        Ok(true)
+    })?;
+    if let Some((leaving, node)) = recorded {
+        if result.ok {
+            tracing::info!(cluster = %a.cluster, machine = %leaving, %node, via = %name, message = %result.message, "node drained");
+        } else {
+            tracing::warn!(cluster = %a.cluster, machine = %leaving, %node, via = %name, message = %result.message, "node drain refused; retrying until the drain timeout");
+        }
+        app.reconcile_soon();
+    }
+    Ok(())
 }
 
 /// The id prefix of member-removal directives.
@@ -689,6 +737,16 @@ fn heartbeat_answer(
                 let cluster = app
                     .cluster(&a.cluster)?
                     .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()));
+                if let Some(d) = cluster
+                    .as_ref()
+                    .and_then(|c| c.status.drain.clone())
+                    .filter(|d| d.via == machine.metadata.name && d.result.is_none())
+                {
+                    directives.push(Directive {
+                        id: d.directive_id(),
+                        action: DirectiveAction::DrainNode { node: d.node },
+                    });
+                }
                 if let Some(r) = cluster
                     .as_ref()
                     .and_then(|c| c.status.node_removal.clone())

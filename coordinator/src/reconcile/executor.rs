@@ -282,6 +282,16 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 wanted.etcd_reported_by = c.status.etcd_reported_by.clone();
                 wanted.etcd_reported_at = c.status.etcd_reported_at;
                 wanted.nodes = c.status.nodes.clone();
+                // A drain result an agent reported meanwhile, for this very
+                // attempt, is kept.
+                if let (Some(w), Some(stored)) = (wanted.drain.as_mut(), c.status.drain.as_ref()) {
+                    if w.result.is_none()
+                        && w.machine == stored.machine
+                        && w.requested_at == stored.requested_at
+                    {
+                        w.result = stored.result.clone();
+                    }
+                }
                 if c.metadata.uid != cluster.metadata.uid || c.status == wanted {
                     return Ok(false);
                 }

@@ -194,6 +194,7 @@ mod tests {
                 }),
                 control_plane_endpoint: None,
                 health: None,
+                drain: None,
             },
             status: ClusterStatus::default(),
         }
@@ -1402,5 +1403,122 @@ mod tests {
             .conditions
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True"));
+    }
+
+    #[test]
+    fn a_worker_deleted_on_request_leaves_only_once_drained_and_a_timed_out_drain_halts() {
+        let mut c = initialized(cluster(1, 1), "a");
+        c.spec.drain = Some(drover_common::api::DrainPolicy {
+            timeout: Some("60s".into()),
+            force: false,
+        });
+        let mut machines = vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        for m in &mut machines {
+            m.status.hostname = m.metadata.name.clone();
+        }
+        machines[1].metadata.deletion_timestamp = Some(drover_common::now());
+        let node = |name: &str| drover_common::api::ClusterNode {
+            name: name.into(),
+            ready: "True".into(),
+            since: Some(drover_common::now()),
+            unschedulable: false,
+        };
+        c.status.nodes = vec![node("a"), node("w1")];
+
+        // First pass: no release; a drain through the control plane.
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![]);
+        let st = final_status(&steps);
+        let d = st.drain.clone().expect("a drain is asked for");
+        assert_eq!(
+            (d.machine.as_str(), d.node.as_str(), d.via.as_str()),
+            ("w1", "w1", "a")
+        );
+
+        // Refused and retried; past the timeout the removal halts.
+        let mut refused = d.clone();
+        refused.result = Some(drover_common::api::DrainResult {
+            ok: false,
+            message: "evictions refused: default/web-1 (budget)".into(),
+        });
+        refused.started_at = drover_common::now() - time::Duration::seconds(61);
+        c.status = st.clone();
+        c.status.drain = Some(refused.clone());
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![]);
+        let st = final_status(&steps);
+        let failed = st
+            .conditions
+            .iter()
+            .find(|x| x.type_ == DRAIN_CONDITION)
+            .expect("DrainFailed");
+        assert_eq!(failed.status, "True");
+        assert!(
+            failed.message.contains("default/web-1"),
+            "{}",
+            failed.message
+        );
+
+        // With force, the machine goes after the timeout.
+        let mut forced = c.clone();
+        forced.spec.drain.as_mut().unwrap().force = true;
+        let steps = plan(&forced, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![("w1".to_owned(), false)]);
+
+        // Drained: it is released; the drain and the condition clear once it
+        // no longer leaves.
+        c.status = st;
+        let mut done = refused;
+        done.result = Some(drover_common::api::DrainResult {
+            ok: true,
+            message: "node w1 drained".into(),
+        });
+        c.status.drain = Some(done);
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![("w1".to_owned(), false)]);
+        machines[1].status.phase = MachinePhase::Releasing;
+        let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
+        assert_eq!(st.drain, None);
+        assert!(st
+            .conditions
+            .iter()
+            .any(|x| x.type_ == DRAIN_CONDITION && x.status == "False"));
+    }
+
+    #[test]
+    fn a_silent_machine_is_not_drained_and_remediation_is_never_held() {
+        let mut c = initialized(cluster(1, 1), "a");
+        let mut machines = vec![
+            claimed(
+                "a",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
+        ];
+        for m in &mut machines {
+            m.status.hostname = m.metadata.name.clone();
+        }
+        machines[1].metadata.deletion_timestamp = Some(drover_common::now());
+        c.status.nodes = vec![drover_common::api::ClusterNode {
+            name: "w1".into(),
+            ready: "True".into(),
+            since: Some(drover_common::now()),
+            unschedulable: false,
+        }];
+        let steps = plan_silent(&c, &machines, &["w1"]);
+        assert!(releases(&steps).iter().any(|(m, _)| m == "w1"), "{steps:?}");
+        assert!(steps
+            .iter()
+            .all(|s| !matches!(s, Step::SetStatus(st) if st.drain.is_some())));
     }
 }

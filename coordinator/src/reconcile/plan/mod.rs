@@ -1,12 +1,16 @@
 //! The planner: `plan(cluster, machines, observed) -> Vec<Step>`, pure.
 //! `pool.rs` plans clusters of pool machines, `provider.rs` clusters whose
 //! machines a provider (docker, aws) creates; `shared.rs` holds what both
-//! use.
+//! use; `drain.rs` holds back the removal of a machine leaving on purpose
+//! until its Node is drained.
 
+mod drain;
 mod pool;
 mod provider;
 mod shared;
 
+#[cfg(test)]
+pub use drain::DRAIN_CONDITION;
 use pool::plan_pool;
 use provider::plan_provider;
 pub use shared::*;
@@ -25,9 +29,10 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
                 .is_some_and(|a| a.cluster_uid == uid)
         })
         .collect();
-    if cluster.spec.provider.creates_machines() {
+    let steps = if cluster.spec.provider.creates_machines() {
         plan_provider(cluster, &mine, observed)
     } else {
         plan_pool(cluster, &mine, machines, observed)
-    }
+    };
+    drain::gate_drains(cluster, &mine, observed, steps)
 }

@@ -26,6 +26,8 @@ use crate::daemon;
 use crate::store::{Added, EtcdAccess, Store, StoredToken};
 use crate::util::Root;
 
+mod workloads;
+
 pub struct Opts {
     pub bind: String,
     pub cert_dir: String,
@@ -183,7 +185,6 @@ fn forbidden(who: &Identity, verb: &str, resource: &str, ns: &str) -> Resp {
 const CLUSTER_INFO: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
 const KUBEADM_CONFIG: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
 const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
-const PODS: &str = "/api/v1/namespaces/kube-system/pods";
 const NODES: &str = "/api/v1/nodes";
 const CSRS: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 
@@ -198,6 +199,10 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
     let Some(who) = authenticate(state, peer, &req).await else {
         return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
     };
+    let req = match workloads::route(state, &who, req).await {
+        Ok(resp) => return resp,
+        Err(req) => req,
+    };
     match (method, path.as_str()) {
         (Method::GET, "/livez") => text(StatusCode::OK, "ok"),
         (Method::GET, "/readyz" | "/healthz") => ready(state).await,
@@ -209,8 +214,11 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
         ),
         (Method::GET, "/apis") => json_resp(
             StatusCode::OK,
-            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [workloads::policy_group()]}),
         ),
+        (Method::GET, workloads::POLICY_V1) => {
+            json_resp(StatusCode::OK, &workloads::policy_resources())
+        }
         (Method::GET, "/api/v1") => json_resp(StatusCode::OK, &core_resources()),
         (Method::POST, CSRS) => {
             if !matches!(who, Identity::Bootstrap { .. }) && !who.is_admin() {
@@ -223,12 +231,6 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
             sign_kubelet_csr(state, &who, req).await
         }
         (_, p) if p == NODES || p.starts_with("/api/v1/nodes/") => nodes(state, &who, req).await,
-        (Method::GET, PODS) => {
-            if !who.is_admin() {
-                return forbidden(&who, "list", "pods", "kube-system");
-            }
-            etcd_pods(state, req.uri().query().unwrap_or_default()).await
-        }
         (Method::GET, KUBEADM_CONFIG) => {
             let allowed = who.is_admin()
                 || matches!(who, Identity::Bootstrap { .. })
@@ -253,7 +255,7 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
         (
             _,
             "/livez" | "/readyz" | "/healthz" | "/version" | CLUSTER_INFO | KUBEADM_CONFIG
-            | SECRETS | PODS,
+            | SECRETS,
         ) => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -692,6 +694,14 @@ fn csr_common_name(pem: &str) -> Option<String> {
 
 /// The core group's discovery document: the resources this stand-in serves.
 fn core_resources() -> serde_json::Value {
+    let mut list = core_node_resources();
+    if let Some(resources) = list["resources"].as_array_mut() {
+        resources.extend(workloads::core_resources());
+    }
+    list
+}
+
+fn core_node_resources() -> serde_json::Value {
     json!({
         "kind": "APIResourceList",
         "groupVersion": "v1",
@@ -915,13 +925,7 @@ fn stamped(mut node: serde_json::Value, current: Option<&serde_json::Value>) -> 
                 .as_str()
                 .map(str::to_owned)
         })
-        .unwrap_or_else(|| {
-            OffsetDateTime::now_utc()
-                .replace_nanosecond(0)
-                .unwrap_or(OffsetDateTime::now_utc())
-                .format(&Rfc3339)
-                .unwrap_or_default()
-        });
+        .unwrap_or_else(now_rfc3339);
     let uid = current
         .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
@@ -930,6 +934,15 @@ fn stamped(mut node: serde_json::Value, current: Option<&serde_json::Value>) -> 
     node["apiVersion"] = "v1".into();
     node["kind"] = "Node".into();
     node
+}
+
+/// Now, as the API server writes times (whole seconds, RFC 3339).
+fn now_rfc3339() -> String {
+    let now = OffsetDateTime::now_utc();
+    now.replace_nanosecond(0)
+        .unwrap_or(now)
+        .format(&Rfc3339)
+        .unwrap_or_default()
 }
 
 /// RFC 7386 merge patch.

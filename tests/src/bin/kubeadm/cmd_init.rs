@@ -196,10 +196,10 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
         ));
     }
     let kubelet_doc = node::raw_kubelet_doc(&text);
-    let (kubelet_host, kubelet_port) = kubelet_doc
-        .as_ref()
-        .map(crate::kubelet::healthz_from_doc)
-        .unwrap_or_else(|| ("127.0.0.1".into(), 10248));
+    let (kubelet_host, kubelet_port) = crate::kubelet::healthz_for(
+        kubelet_doc.as_ref(),
+        &init.node_registration.kubelet_extra_args,
+    );
     let kubelet = node::KubeletStart {
         doc: kubelet_doc,
         timeout: kubelet_wait,

@@ -256,16 +256,19 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
         .ca_cert_path
         .clone()
         .unwrap_or_else(|| "/etc/kubernetes/pki/ca.crt".to_owned());
-    let kubelet_doc = node::raw_kubelet_doc(&text);
-    let (kubelet_host, kubelet_port) = kubelet_doc
-        .as_ref()
-        .map(crate::kubelet::healthz_from_doc)
-        .unwrap_or_else(|| ("127.0.0.1".into(), 10248));
-    if kubelet_doc.is_some() {
-        println!("[config] NOTE (stand-in): real kubeadm join ignores a KubeletConfiguration document and downloads the kubelet configuration from the cluster; the stand-in honours it so that several machines can share one host");
+    // As real kubeadm join: a KubeletConfiguration document is ignored
+    // (the kubelet's configuration is the cluster's), so a machine's own
+    // kubelet settings must come as kubeletExtraArgs.
+    if node::raw_kubelet_doc(&text).is_some() {
+        println!(
+            "[config] WARNING: Ignored configuration document with GroupVersionKind {}, Kind=KubeletConfiguration",
+            drover_common::kubeadm::KUBELET_API_VERSION
+        );
     }
+    let (kubelet_host, kubelet_port) =
+        crate::kubelet::healthz_for(None, &join.node_registration.kubelet_extra_args);
     let kubelet = node::KubeletStart {
-        doc: kubelet_doc,
+        doc: None,
         timeout: kubelet_wait,
     };
 

@@ -22,14 +22,55 @@ use crate::util::{join_host_port, Root};
 pub const CONFIG_FILE: &str = "/var/lib/kubelet/config.yaml";
 pub const FAIL_FILE: &str = "/var/lib/kubelet/standin-fail";
 
-/// The healthz address from the kubelet's config file (kubelet defaults:
-/// 127.0.0.1:10248).
+pub const FLAGS_FILE: &str = "/var/lib/kubelet/kubeadm-flags.env";
+
+/// The healthz address the kubelet serves: its config file's (kubelet
+/// defaults: 127.0.0.1:10248), overridden by the flags kubeadm wrote to
+/// `kubeadm-flags.env`, as kubelet flags override its config file.
 pub fn healthz_address(root: &Root) -> Result<(String, u16)> {
     let text = std::fs::read_to_string(root.path(CONFIG_FILE))
         .with_context(|| format!("failed to load kubelet config file, path: {CONFIG_FILE}"))?;
     let doc: serde_json::Value = serde_saphyr::from_str(&text)
         .with_context(|| format!("failed to parse kubelet config file {CONFIG_FILE}"))?;
-    Ok(healthz_from_doc(&doc))
+    let flags = std::fs::read_to_string(root.path(FLAGS_FILE)).unwrap_or_default();
+    let flags: Vec<(String, String)> = flags
+        .split(['"', ' ', '\n'])
+        .filter_map(|f| f.strip_prefix("--")?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    Ok(with_flags(healthz_from_doc(&doc), &flags))
+}
+
+/// The healthz address of a kubelet started with `doc` (or none) as its
+/// config and `extra_args` as flags.
+pub fn healthz_for(
+    doc: Option<&serde_json::Value>,
+    extra_args: &[drover_common::kubeadm::Arg],
+) -> (String, u16) {
+    let base = doc
+        .map(healthz_from_doc)
+        .unwrap_or_else(|| ("127.0.0.1".into(), 10248));
+    let flags: Vec<(String, String)> = extra_args
+        .iter()
+        .map(|a| (a.name.clone(), a.value.clone()))
+        .collect();
+    with_flags(base, &flags)
+}
+
+/// `--healthz-bind-address` and `--healthz-port` over the config's values.
+fn with_flags((mut host, mut port): (String, u16), flags: &[(String, String)]) -> (String, u16) {
+    for (name, value) in flags {
+        match name.as_str() {
+            "healthz-bind-address" if !value.is_empty() => host = value.clone(),
+            "healthz-port" => {
+                if let Some(p) = value.parse::<u16>().ok().filter(|p| *p != 0) {
+                    port = p;
+                }
+            }
+            _ => {}
+        }
+    }
+    (host, port)
 }
 
 pub fn healthz_from_doc(doc: &serde_json::Value) -> (String, u16) {

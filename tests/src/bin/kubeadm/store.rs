@@ -345,29 +345,11 @@ impl Store {
 
     /// Every Node, as stored.
     pub async fn nodes(&self) -> Result<Vec<serde_json::Value>> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(NODE_PREFIX, Some(GetOptions::new().with_prefix()))
-            .await
-            .context("cannot read the Nodes from etcd")?;
-        resp.kvs()
-            .iter()
-            .map(|kv| serde_json::from_slice(kv.value()).context("a stored Node is corrupt"))
-            .collect()
+        self.objects(NODE_PREFIX, "Nodes").await
     }
 
     pub async fn node(&self, name: &str) -> Result<Option<serde_json::Value>> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(format!("{NODE_PREFIX}{name}"), None)
-            .await
-            .context("cannot read a Node from etcd")?;
-        resp.kvs()
-            .first()
-            .map(|kv| serde_json::from_slice(kv.value()).context("a stored Node is corrupt"))
-            .transpose()
+        self.object(&format!("{NODE_PREFIX}{name}"), "a Node").await
     }
 
     /// Writes a Node: `create` only when absent (false: it exists), else
@@ -378,28 +360,79 @@ impl Store {
         node: &serde_json::Value,
         create: bool,
     ) -> Result<bool> {
-        let key = format!("{NODE_PREFIX}{name}");
+        self.put_object(&format!("{NODE_PREFIX}{name}"), node, create)
+            .await
+    }
+
+    /// Deletes a Node; false when there was none.
+    pub async fn delete_node(&self, name: &str) -> Result<bool> {
+        self.delete_object(&format!("{NODE_PREFIX}{name}"), "a Node")
+            .await
+    }
+
+    /// Every object stored under `prefix` (`what`, for errors).
+    pub async fn objects(&self, prefix: &str, what: &str) -> Result<Vec<serde_json::Value>> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .with_context(|| format!("cannot read the {what} from etcd"))?;
+        resp.kvs()
+            .iter()
+            .map(|kv| {
+                serde_json::from_slice(kv.value())
+                    .with_context(|| format!("one of the stored {what} is corrupt"))
+            })
+            .collect()
+    }
+
+    /// The object at `key` (`what`, for errors).
+    pub async fn object(&self, key: &str, what: &str) -> Result<Option<serde_json::Value>> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(key, None)
+            .await
+            .with_context(|| format!("cannot read {what} from etcd"))?;
+        resp.kvs()
+            .first()
+            .map(|kv| {
+                serde_json::from_slice(kv.value())
+                    .with_context(|| format!("the stored {what} is corrupt"))
+            })
+            .transpose()
+    }
+
+    /// Writes the object at `key`: `create` only when absent (false: it
+    /// exists), else only when present (false: it is gone).
+    pub async fn put_object(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        create: bool,
+    ) -> Result<bool> {
         let cmp = if create {
-            Compare::version(key.as_str(), CompareOp::Equal, 0)
+            Compare::version(key, CompareOp::Equal, 0)
         } else {
-            Compare::version(key.as_str(), CompareOp::Greater, 0)
+            Compare::version(key, CompareOp::Greater, 0)
         };
         let txn = Txn::new().when(vec![cmp]).and_then(vec![TxnOp::put(
-            key.as_str(),
-            serde_json::to_vec(node)?,
+            key,
+            serde_json::to_vec(value)?,
             None,
         )]);
         Ok(self.client.kv_client().txn(txn).await?.succeeded())
     }
 
-    /// Deletes a Node; false when there was none.
-    pub async fn delete_node(&self, name: &str) -> Result<bool> {
+    /// Deletes the object at `key`; false when there was none.
+    pub async fn delete_object(&self, key: &str, what: &str) -> Result<bool> {
         let resp = self
             .client
             .kv_client()
-            .delete(format!("{NODE_PREFIX}{name}"), None)
+            .delete(key, None)
             .await
-            .context("cannot delete a Node in etcd")?;
+            .with_context(|| format!("cannot delete {what} in etcd"))?;
         Ok(resp.deleted() > 0)
     }
 

@@ -1,0 +1,246 @@
+//! A machine that leaves on purpose (scale-down, `drover delete machine`) is
+//! drained first: a running control plane cordons its Node and evicts its
+//! Pods through the Eviction API, so PodDisruptionBudgets hold. This pass
+//! runs over the steps either planner made: it holds back the step that
+//! removes a machine (`Release` or `DeleteMachine`, not a remediation) until
+//! its drain succeeded, one drain at a time, and after the drain timeout
+//! either halts with a `DrainFailed` condition naming what blocks it or,
+//! with `spec.drain.force`, lets the machine go.
+//!
+//! A machine that is unhealthy, silent or has no Node is not drained: there
+//! is nothing to evict through, or nothing left to protect.
+
+use super::shared::{Observed, Step};
+use drover_common::api::{set_condition, Cluster, DrainPolicy, Machine, MachinePhase, NodeDrain};
+
+/// The condition a halted drain sets.
+pub const DRAIN_CONDITION: &str = "DrainFailed";
+
+/// How long after a failed attempt the next one is asked for.
+pub const DRAIN_RETRY: time::Duration = time::Duration::seconds(10);
+
+/// How long an attempt may go unanswered before it is asked for again (the
+/// agent may have restarted and lost it).
+pub const DRAIN_RESEND: time::Duration = time::Duration::seconds(90);
+
+/// Holds back the removals of `steps` whose machines are not drained yet,
+/// and records the drain under way in the cluster's status.
+pub(crate) fn gate_drains(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    observed: &Observed<'_>,
+    mut steps: Vec<Step>,
+) -> Vec<Step> {
+    let before = cluster.status.drain.clone();
+    let deleting = cluster.metadata.deletion_timestamp.is_some();
+    let leaving: Vec<String> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Release {
+                machine,
+                remediation: false,
+                ..
+            }
+            | Step::DeleteMachine {
+                machine,
+                remediation: false,
+                ..
+            } if !deleting => Some(machine.clone()),
+            _ => None,
+        })
+        .collect();
+    // A drain whose machine no longer leaves (it left, or stays) is over.
+    let mut drain = before
+        .clone()
+        .filter(|d| leaving.iter().any(|m| *m == d.machine));
+    let mut failed: Option<String> = None;
+    let mut held: Vec<String> = Vec::new();
+    for name in &leaving {
+        let Some(node) = node_to_drain(cluster, mine, observed, name) else {
+            continue;
+        };
+        let verdict = decide(cluster, mine, observed, name, &node, drain.as_ref());
+        match verdict {
+            Verdict::Go => {}
+            Verdict::Hold => held.push(name.clone()),
+            Verdict::Ask(d) => {
+                drain = Some(d);
+                held.push(name.clone());
+            }
+            Verdict::Halt(why) => {
+                failed = Some(why);
+                held.push(name.clone());
+            }
+        }
+    }
+    steps.retain(|s| match s {
+        Step::Release { machine, .. } | Step::DeleteMachine { machine, .. } => {
+            !held.contains(machine)
+        }
+        _ => true,
+    });
+    let had_condition = cluster
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == DRAIN_CONDITION);
+    if drain == before && failed.is_none() && !had_condition {
+        return steps;
+    }
+    let mut status = match steps.iter().position(|s| matches!(s, Step::SetStatus(_))) {
+        Some(i) => match steps.remove(i) {
+            Step::SetStatus(st) => *st,
+            _ => unreachable!("the position of a SetStatus step"),
+        },
+        None => cluster.status.clone(),
+    };
+    status.drain = drain;
+    match &failed {
+        Some(why) => {
+            set_condition(
+                &mut status.conditions,
+                DRAIN_CONDITION,
+                true,
+                "DrainTimedOut",
+                why,
+            );
+        }
+        None if had_condition => {
+            set_condition(
+                &mut status.conditions,
+                DRAIN_CONDITION,
+                false,
+                "Drained",
+                "",
+            );
+        }
+        None => {}
+    }
+    if status != cluster.status {
+        steps.push(Step::SetStatus(Box::new(status)));
+    }
+    steps
+}
+
+/// What to do with one leaving machine.
+enum Verdict {
+    /// It may leave now.
+    Go,
+    /// It waits for its drain (or another machine's).
+    Hold,
+    /// It waits; this attempt is to be asked for.
+    Ask(NodeDrain),
+    /// Its drain timed out: removal halts, saying why.
+    Halt(String),
+}
+
+fn decide(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    observed: &Observed<'_>,
+    name: &str,
+    node: &str,
+    drain: Option<&NodeDrain>,
+) -> Verdict {
+    let now = observed.now;
+    let policy = cluster.spec.drain.as_ref();
+    let timeout = time::Duration::try_from(DrainPolicy::timeout(policy))
+        .unwrap_or(time::Duration::minutes(10));
+    let force = policy.is_some_and(|p| p.force);
+    let Some(d) = drain else {
+        return match via(mine, observed, name) {
+            Some(via) => Verdict::Ask(NodeDrain {
+                machine: name.to_owned(),
+                node: node.to_owned(),
+                via,
+                started_at: now,
+                requested_at: now,
+                result: None,
+            }),
+            // No running control plane to drain through: nothing can be
+            // evicted, so nothing holds the machine.
+            None => Verdict::Go,
+        };
+    };
+    if d.machine != name {
+        // One drain at a time.
+        return Verdict::Hold;
+    }
+    if d.result.as_ref().is_some_and(|r| r.ok) {
+        return Verdict::Go;
+    }
+    if now - d.started_at >= timeout {
+        if force {
+            return Verdict::Go;
+        }
+        let why = d
+            .result
+            .as_ref()
+            .map(|r| r.message.clone())
+            .unwrap_or_else(|| format!("machine {} did not answer the drain", d.via));
+        return Verdict::Halt(format!(
+            "machine {name} is not removed: draining Node {node} failed for {}s: {why}; \
+             remove what blocks it, or set spec.drain.force to remove the machine anyway",
+            timeout.whole_seconds()
+        ));
+    }
+    let again = match &d.result {
+        Some(_) => now - d.requested_at >= DRAIN_RETRY,
+        None => now - d.requested_at >= DRAIN_RESEND,
+    };
+    // The control plane asked before may be gone.
+    let via_gone = !mine
+        .iter()
+        .any(|m| m.metadata.name == d.via && observed.alive(&m.metadata.name));
+    if !(again || via_gone) {
+        return Verdict::Hold;
+    }
+    match via(mine, observed, name) {
+        Some(via) => Verdict::Ask(NodeDrain {
+            via,
+            requested_at: now,
+            result: None,
+            ..d.clone()
+        }),
+        None => Verdict::Hold,
+    }
+}
+
+/// The Node of `name` if it is to be drained: the machine is heard from and
+/// its Node is Ready in the cluster's reported view.
+fn node_to_drain(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    observed: &Observed<'_>,
+    name: &str,
+) -> Option<String> {
+    let m = mine.iter().find(|m| m.metadata.name == name)?;
+    if m.status.hostname.is_empty() || !observed.alive(name) {
+        return None;
+    }
+    cluster
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name == m.status.hostname && n.ready == "True")
+        .map(|n| n.name.clone())
+}
+
+/// A running control plane, heard from and not leaving, to drain through;
+/// the leaving machine itself only when no other is.
+fn via(mine: &[&Machine], observed: &Observed<'_>, leaving: &str) -> Option<String> {
+    let mut running: Vec<&&Machine> = mine
+        .iter()
+        .filter(|m| {
+            m.status.phase == MachinePhase::Running
+                && m.metadata.deletion_timestamp.is_none()
+                && observed.alive(&m.metadata.name)
+                && m.spec
+                    .assignment
+                    .as_ref()
+                    .is_some_and(|a| a.role.is_control_plane())
+        })
+        .collect();
+    running.sort_by_key(|m| (m.metadata.name == leaving, m.metadata.name.clone()));
+    running.first().map(|m| m.metadata.name.clone())
+}
