@@ -1467,6 +1467,28 @@ mod tests {
             failed.message
         );
 
+        // Halted, the drain is still asked for again, and the condition keeps
+        // saying what blocked it until the next answer.
+        let mut halted = c.clone();
+        halted.status = st.clone();
+        let mut stale = refused.clone();
+        stale.requested_at = drover_common::now() - time::Duration::seconds(11);
+        halted.status.drain = Some(stale.clone());
+        let steps = plan(&halted, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![]);
+        let again = final_status(&steps);
+        let asked = again.drain.clone().expect("asked again");
+        assert!(asked.result.is_none() && asked.requested_at > stale.requested_at);
+        let still = again
+            .conditions
+            .iter()
+            .find(|x| x.type_ == DRAIN_CONDITION)
+            .expect("DrainFailed");
+        assert!(
+            still.status == "True" && still.message.contains("default/web-1"),
+            "{still:?}"
+        );
+
         // With force, the machine goes after the timeout.
         let mut forced = c.clone();
         forced.spec.drain.as_mut().unwrap().force = true;

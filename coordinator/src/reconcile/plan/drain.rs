@@ -52,7 +52,7 @@ pub(crate) fn gate_drains(
     // A drain whose machine no longer leaves (it left, or stays) is over.
     let mut drain = before
         .clone()
-        .filter(|d| leaving.iter().any(|m| *m == d.machine));
+        .filter(|d| leaving.contains(&d.machine));
     let mut failed: Option<String> = None;
     let mut held: Vec<String> = Vec::new();
     for name in &leaving {
@@ -67,7 +67,10 @@ pub(crate) fn gate_drains(
                 drain = Some(d);
                 held.push(name.clone());
             }
-            Verdict::Halt(why) => {
+            Verdict::Halt(why, next) => {
+                if next.is_some() {
+                    drain = next;
+                }
                 failed = Some(why);
                 held.push(name.clone());
             }
@@ -130,8 +133,9 @@ enum Verdict {
     Hold,
     /// It waits; this attempt is to be asked for.
     Ask(NodeDrain),
-    /// Its drain timed out: removal halts, saying why.
-    Halt(String),
+    /// Its drain timed out: removal halts, saying why; the drain may be
+    /// asked for again.
+    Halt(String, Option<NodeDrain>),
 }
 
 fn decide(
@@ -169,21 +173,12 @@ fn decide(
     if d.result.as_ref().is_some_and(|r| r.ok) {
         return Verdict::Go;
     }
-    if now - d.started_at >= timeout {
-        if force {
-            return Verdict::Go;
-        }
-        let why = d
-            .result
-            .as_ref()
-            .map(|r| r.message.clone())
-            .unwrap_or_else(|| format!("machine {} did not answer the drain", d.via));
-        return Verdict::Halt(format!(
-            "machine {name} is not removed: draining Node {node} failed for {}s: {why}; \
-             remove what blocks it, or set spec.drain.force to remove the machine anyway",
-            timeout.whole_seconds()
-        ));
+    let timed_out = now - d.started_at >= timeout;
+    if timed_out && force {
+        return Verdict::Go;
     }
+    // Halted or not, a failed drain is asked for again, so the machine goes
+    // as soon as what blocks it is gone.
     let again = match &d.result {
         Some(_) => now - d.requested_at >= DRAIN_RETRY,
         None => now - d.requested_at >= DRAIN_RESEND,
@@ -192,16 +187,44 @@ fn decide(
     let via_gone = !mine
         .iter()
         .any(|m| m.metadata.name == d.via && observed.alive(&m.metadata.name));
-    if !(again || via_gone) {
-        return Verdict::Hold;
-    }
-    match via(mine, observed, name) {
-        Some(via) => Verdict::Ask(NodeDrain {
+    let next = if again || via_gone {
+        via(mine, observed, name).map(|via| NodeDrain {
             via,
             requested_at: now,
             result: None,
             ..d.clone()
-        }),
+        })
+    } else {
+        None
+    };
+    if timed_out {
+        // While an attempt after the halt is pending, the halt keeps saying
+        // what blocked the last one.
+        let said_before = cluster
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == DRAIN_CONDITION && c.status == "True")
+            .map(|c| c.message.clone());
+        if let (None, Some(said)) = (&d.result, said_before) {
+            return Verdict::Halt(said, next);
+        }
+        let why = d
+            .result
+            .as_ref()
+            .map(|r| r.message.clone())
+            .unwrap_or_else(|| format!("machine {} did not answer the drain", d.via));
+        return Verdict::Halt(
+            format!(
+                "machine {name} is not removed: draining Node {node} failed for {}s: {why}; \
+                 remove what blocks it, or set spec.drain.force to remove the machine anyway",
+                timeout.whole_seconds()
+            ),
+            next,
+        );
+    }
+    match next {
+        Some(d) => Verdict::Ask(d),
         None => Verdict::Hold,
     }
 }
