@@ -649,6 +649,7 @@ fn kill_child(child: &mut Option<Child>) {
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod etcd;
+pub mod kube;
 
 pub mod docker {
     use std::path::Path;

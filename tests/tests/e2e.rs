@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use drover_tests::kube::{kubectl, ready_nodes};
 use drover_tests::*;
 
 const BOOT: Duration = Duration::from_secs(90);
@@ -865,22 +866,6 @@ fn pool_machines_are_judged_replaced_and_taken_out_on_request() {
     );
 }
 
-/// Runs real kubectl with `kubeconfig`; returns its output or why it failed.
-fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--request-timeout", "5s"])
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run kubectl: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 #[test]
 fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1050,36 +1035,16 @@ fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() 
 /// The etcd member list as real `etcdctl` sees it through `a`'s member,
 /// with the API server's etcd client certificate kubeadm wrote there.
 fn etcdctl_members(a: &Agent) -> Vec<serde_json::Value> {
-    let pki = a.root.join("etc/kubernetes/pki");
-    let out = std::process::Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg("--endpoints")
-        .arg(format!("https://{}:2379", a.address))
-        .arg("--cacert")
-        .arg(pki.join("etcd/ca.crt"))
-        .arg("--cert")
-        .arg(pki.join("apiserver-etcd-client.crt"))
-        .arg("--key")
-        .arg(pki.join("apiserver-etcd-client.key"))
-        .args(["--command-timeout", "3s", "member", "list", "-w", "json"])
-        .output()
-        .expect("run etcdctl (scripts/setup-host installs it)");
-    if !out.status.success() {
-        return vec![];
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["members"].as_array().cloned().unwrap_or_default()
+    kube::etcd_members(
+        &a.root.join("etc/kubernetes/pki"),
+        &format!("https://{}:2379", a.address),
+    )
+    .unwrap_or_default()
 }
 
 /// The etcd members started and listed by real etcdctl through `a`.
 fn started_members(a: &Agent) -> Vec<String> {
-    let mut names: Vec<String> = etcdctl_members(a)
-        .iter()
-        .filter(|m| m["clientURLs"].as_array().is_some_and(|u| !u.is_empty()))
-        .filter_map(|m| m["name"].as_str().map(str::to_owned))
-        .collect();
-    names.sort();
-    names
+    kube::started_member_names(&etcdctl_members(a))
 }
 
 #[test]
@@ -1164,27 +1129,6 @@ fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etc
         spans[0].1 <= spans[1].0,
         "the second join started before the first finished: {spans:?}"
     );
-}
-
-/// The names of the Ready Nodes, as real kubectl lists them, sorted.
-fn ready_nodes(kubeconfig: &Path) -> Result<Vec<String>, String> {
-    let out = kubectl(kubeconfig, &["get", "nodes", "-o", "json"])?;
-    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
-    let mut ready: Vec<String> = v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| {
-            n["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
-        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-        .collect();
-    ready.sort();
-    Ok(ready)
 }
 
 /// The cluster's condition `type_`, as (status, message).

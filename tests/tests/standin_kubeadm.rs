@@ -325,23 +325,8 @@ fn cluster_info(c: &Cluster) -> Value {
 /// The etcd member list as real `etcdctl` sees it, with `m`'s API server
 /// client certificate (taken before `m` resets).
 fn etcd_members(m: &Machine, endpoint: &str) -> Vec<Value> {
-    let pki = |f: &str| m.path(&format!("/etc/kubernetes/pki/{f}"));
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg("--endpoints")
-        .arg(endpoint)
-        .arg("--cacert")
-        .arg(pki("etcd/ca.crt"))
-        .arg("--cert")
-        .arg(pki("apiserver-etcd-client.crt"))
-        .arg("--key")
-        .arg(pki("apiserver-etcd-client.key"))
-        .args(["member", "list", "-w", "json"])
-        .output()
-        .expect("run etcdctl (scripts/setup-host installs it)");
-    assert!(out.status.success(), "etcdctl: {}", text(&out));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["members"].as_array().cloned().unwrap_or_default()
+    drover_tests::kube::etcd_members(&m.path("/etc/kubernetes/pki"), endpoint)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn worker_join(

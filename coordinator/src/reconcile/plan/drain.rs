@@ -50,9 +50,7 @@ pub(crate) fn gate_drains(
         })
         .collect();
     // A drain whose machine no longer leaves (it left, or stays) is over.
-    let mut drain = before
-        .clone()
-        .filter(|d| leaving.contains(&d.machine));
+    let mut drain = before.clone().filter(|d| leaving.contains(&d.machine));
     let mut failed: Option<String> = None;
     let mut held: Vec<String> = Vec::new();
     for name in &leaving {

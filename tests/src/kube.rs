@@ -1,0 +1,90 @@
+//! What a cluster looks like from inside, through the real clients: real
+//! `kubectl` for Nodes and Pods, real `etcdctl` for the etcd member list.
+//! Tests check what Drover did with these, not only with Drover's view.
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs real kubectl with `kubeconfig`; returns its output or why it failed.
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout", "5s"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run kubectl: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The names of every Node and of the Ready ones, as real kubectl lists
+/// them, sorted.
+pub fn nodes(kubeconfig: &Path) -> Result<(Vec<String>, Vec<String>), String> {
+    let out = kubectl(kubeconfig, &["get", "nodes", "-o", "json"])?;
+    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+    let items = v["items"].as_array().cloned().unwrap_or_default();
+    let name = |n: &serde_json::Value| n["metadata"]["name"].as_str().map(str::to_owned);
+    let mut all: Vec<String> = items.iter().filter_map(name).collect();
+    let mut ready: Vec<String> = items
+        .iter()
+        .filter(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .filter_map(name)
+        .collect();
+    all.sort();
+    ready.sort();
+    Ok((all, ready))
+}
+
+/// The names of the Ready Nodes, as real kubectl lists them, sorted.
+pub fn ready_nodes(kubeconfig: &Path) -> Result<Vec<String>, String> {
+    nodes(kubeconfig).map(|(_, ready)| ready)
+}
+
+/// The etcd member list as real `etcdctl` sees it at `endpoint`, with the
+/// API server's etcd client certificate from the kubeadm PKI directory
+/// `pki` (`/etc/kubernetes/pki` of a control plane).
+pub fn etcd_members(pki: &Path, endpoint: &str) -> Result<Vec<serde_json::Value>, String> {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(endpoint)
+        .arg("--cacert")
+        .arg(pki.join("etcd/ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("apiserver-etcd-client.crt"))
+        .arg("--key")
+        .arg(pki.join("apiserver-etcd-client.key"))
+        .args(["--command-timeout", "3s", "member", "list", "-w", "json"])
+        .output()
+        .map_err(|e| format!("cannot run etcdctl (scripts/setup-host installs it): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "etcdctl member list at {endpoint}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(v["members"].as_array().cloned().unwrap_or_default())
+}
+
+/// The names of the started members (those with client URLs) in `members`,
+/// sorted.
+pub fn started_member_names(members: &[serde_json::Value]) -> Vec<String> {
+    let mut names: Vec<String> = members
+        .iter()
+        .filter(|m| m["clientURLs"].as_array().is_some_and(|u| !u.is_empty()))
+        .filter_map(|m| m["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
