@@ -138,10 +138,22 @@ pub fn write_bundle_files(root: &Path, files: &[BundleFile]) -> Result<Vec<Strin
 /// Removes bundle files again (those that still exist). Returns the paths
 /// that could not be removed, with the reason.
 pub fn remove_bundle_files(root: &Path, paths: &[String]) -> Vec<String> {
+    remove_under(root, paths.iter().map(String::as_str), |p| {
+        fs::remove_file(p)
+    })
+}
+
+/// Removes each of `paths` under `root` with `remove`; what is already gone
+/// is no problem. Returns what could not be removed, with why.
+fn remove_under<'a>(
+    root: &Path,
+    paths: impl IntoIterator<Item = &'a str>,
+    remove: impl Fn(&Path) -> io::Result<()>,
+) -> Vec<String> {
     let mut problems = Vec::new();
     for path in paths {
         match safe_join(root, path) {
-            Ok(target) => match fs::remove_file(&target) {
+            Ok(target) => match remove(&target) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => problems.push(format!("{}: {e}", target.display())),
@@ -161,18 +173,9 @@ pub const LEFT_BY_RESET: &[&str] = &["/etc/cni/net.d", "/root/.kube"];
 /// Removes [`LEFT_BY_RESET`] under `root`; returns what could not be
 /// removed, with why.
 pub fn remove_left_by_reset(root: &Path) -> Vec<String> {
-    let mut problems = Vec::new();
-    for path in LEFT_BY_RESET {
-        match safe_join(root, path) {
-            Ok(target) => match fs::remove_dir_all(&target) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => problems.push(format!("{}: {e}", target.display())),
-            },
-            Err(e) => problems.push(e.to_string()),
-        }
-    }
-    problems
+    remove_under(root, LEFT_BY_RESET.iter().copied(), |p| {
+        fs::remove_dir_all(p)
+    })
 }
 
 #[cfg(test)]

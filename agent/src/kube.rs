@@ -10,6 +10,7 @@ use std::time::Duration;
 use base64::Engine;
 use drover_common::api::ClusterNode;
 use drover_common::wire::NodesReport;
+use reqwest::Method;
 
 use crate::api::error_chain;
 use crate::tls;
@@ -162,14 +163,10 @@ impl Kube {
     pub async fn drain(&mut self, api: &str, node: &str) -> Result<String, KubeError> {
         let call = format!("cordon node {node}");
         let patch = serde_json::json!({"spec": {"unschedulable": true}});
+        let path = format!("/api/v1/nodes/{node}");
+        let patch = Some(("application/merge-patch+json", patch));
         let (status, body) = self
-            .call_with(
-                api,
-                &call,
-                reqwest::Method::PATCH,
-                &format!("/api/v1/nodes/{node}"),
-                Some(("application/merge-patch+json", patch)),
-            )
+            .call_with(api, &call, Method::PATCH, &path, patch)
             .await?;
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(format!("node {node} is gone; nothing to drain"));
@@ -186,14 +183,10 @@ impl Kube {
                 "kind": "Eviction",
                 "metadata": {"name": name, "namespace": ns},
             });
+            let path = format!("/api/v1/namespaces/{ns}/pods/{name}/eviction");
+            let eviction = Some(("application/json", eviction));
             let (status, body) = self
-                .call_with(
-                    api,
-                    &call,
-                    reqwest::Method::POST,
-                    &format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"),
-                    Some(("application/json", eviction)),
-                )
+                .call_with(api, &call, Method::POST, &path, eviction)
                 .await?;
             match status {
                 s if s.is_success() || s == reqwest::StatusCode::NOT_FOUND => {}

@@ -1,7 +1,8 @@
 //! The docker provider against the real Docker engine: clusters of
 //! containers from the locally built test node image, and the faults the
 //! remediation loop must handle (kill, pause, failing kubelet, network cut
-//! at the default `maxUnhealthy`, a dead lone control plane, a replaced init
+//! at the default `maxUnhealthy`, a dead lone control plane, a killed control
+//! plane and worker checked with real kubectl and etcdctl, a replaced init
 //! control plane, a coordinator killed mid-create, a coordinator restarted,
 //! and a leader change among replicas on etcd).
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use drover_tests::docker::*;
+use drover_tests::kube;
 use drover_tests::*;
 
 const BOOT: Duration = Duration::from_secs(120);
@@ -580,6 +582,103 @@ fn a_replaced_init_control_plane_does_not_hold_joins_or_stay_in_the_status() {
     // and the stand-in API servers share no state; the stable-endpoint
     // issue makes it succeed. What this shows is that nothing in the
     // coordinator waits on the deleted machine any more.
+}
+
+/// The Nodes and etcd members of `cluster` as real kubectl and etcdctl see
+/// them through the init machine: every Running machine has exactly one
+/// Ready Node and every Running control plane exactly one started member,
+/// and nothing else is there.
+fn wait_whole(c: &Coordinator, cluster: &str, init_files: &Path, etcd: &str, what: &str) {
+    let admin = init_files.join("admin.conf");
+    let pki = init_files.join("pki");
+    wait_for(what, BOOT, || {
+        let live = live_machines(c, cluster);
+        if live.iter().any(|m| m["status"]["phase"] != "Running") {
+            return Err("not every machine is Running".to_owned());
+        }
+        let mut machines: Vec<String> = live.iter().map(name_of).collect();
+        machines.sort();
+        let mut cps: Vec<String> = live
+            .iter()
+            .filter(|m| m["spec"]["assignment"]["role"] != "worker")
+            .map(name_of)
+            .collect();
+        cps.sort();
+        let (all, ready) = kube::nodes(&admin)?;
+        let members = kube::etcd_members(&pki, etcd)?;
+        let started = kube::started_member_names(&members);
+        if all == machines && ready == machines && started == cps && members.len() == cps.len() {
+            Ok(())
+        } else {
+            Err(format!(
+                "machines {machines:?}, Nodes {all:?} (Ready {ready:?}), \
+                 control planes {cps:?}, started members {started:?} of {}",
+                members.len()
+            ))
+        }
+    });
+}
+
+#[test]
+fn killed_machines_leave_no_etcd_member_or_node_behind() {
+    let (tmp, name, _cleanup) = setup("whole");
+    let c = start(tmp.path(), "1s", "5s");
+    // Three control planes keep quorum with one down; 50 % of two workers
+    // lets one be replaced.
+    apply(
+        &c,
+        tmp.path(),
+        &docker_cluster_yaml(&name, 3, 2, "  health:\n    maxUnhealthy: 50%\n"),
+    );
+    c.wait_cluster_phase(&name, "Running", Duration::from_secs(240));
+    let cl = c.cluster(&name).unwrap();
+    let init = cl["status"]["initMachine"].as_str().unwrap().to_owned();
+    let init_address = live_machines(&c, &name)
+        .iter()
+        .find(|m| name_of(m) == init)
+        .and_then(|m| m["status"]["addresses"][0].as_str().map(str::to_owned))
+        .expect("the init machine's address");
+    // The init machine's admin kubeconfig and PKI, as an operator takes
+    // them, for real kubectl and etcdctl.
+    let files = tmp.path().join("init-kubernetes");
+    docker_ok(&[
+        "cp",
+        &format!("{}:/etc/kubernetes", container_of(&name, &init)),
+        files.to_str().unwrap(),
+    ]);
+    let etcd = format!("https://{init_address}:2379");
+    wait_whole(
+        &c,
+        &name,
+        &files,
+        &etcd,
+        "five Ready Nodes and three members",
+    );
+
+    // A control plane other than the init machine dies: its member is
+    // removed, the replacement joins as the third member, its Node goes.
+    // Then a worker dies: after its replacement joins, its Node is deleted.
+    for role in ["control-plane", "worker"] {
+        let victim = live_machines(&c, &name)
+            .iter()
+            .find(|m| m["spec"]["assignment"]["role"] == role)
+            .map(name_of)
+            .unwrap_or_else(|| panic!("a {role} machine"));
+        docker_ok(&["kill", &container_of(&name, &victim)]);
+        let new = wait_replaced(&c, &name, &victim);
+        wait_whole(
+            &c,
+            &name,
+            &files,
+            &etcd,
+            &format!("the replaced {role}'s member and Node to be gone"),
+        );
+        let (nodes, _) = kube::nodes(&files.join("admin.conf")).unwrap();
+        assert!(
+            nodes.contains(&new) && !nodes.contains(&victim),
+            "{nodes:?}"
+        );
+    }
 }
 
 /// Waits until `old` is Deleted and its replacement's agent is at work (it

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drover_tests::kube::{kubectl, ready_nodes};
+use drover_tests::kube::{self, kubectl, ready_nodes};
 use drover_tests::*;
 
 const BOOT: Duration = Duration::from_secs(90);
@@ -40,6 +40,20 @@ fn start_agents(tmp: &Path, boot: &Path, n: usize, dir: &str, host: &str) -> Vec
         .collect()
 }
 
+/// A coordinator with `n` pool machines labelled `env=dev`, named
+/// `{host}0`, `{host}1`, ..., registered: the start of every pool-cluster
+/// test. Bind the three in this order, so the agents and the coordinator
+/// stop before the directory goes.
+fn registered_pool(n: usize, host: &str) -> (tempfile::TempDir, Coordinator, Vec<Agent>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", n as u32, "1h", &boot);
+    let agents = start_agents(tmp.path(), &boot, n, "m", host);
+    wait_registered(&c, n);
+    (tmp, c, agents)
+}
+
 /// Waits until `n` machines have registered.
 fn wait_registered(c: &Coordinator, n: usize) {
     wait_for(&format!("{n} machines to register"), BOOT, || {
@@ -54,12 +68,7 @@ fn wait_registered(c: &Coordinator, n: usize) {
 
 #[test]
 fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 3, "1h", &boot);
-    let agents = start_agents(tmp.path(), &boot, 3, "m", "node-");
-    wait_registered(&c, 3);
+    let (tmp, c, agents) = registered_pool(3, "node-");
     apply(&c, tmp.path(), &pool_cluster_yaml("demo", 1, 2, "dev"));
     c.wait_cluster_phase("demo", "Running", BOOT);
 
@@ -715,12 +724,7 @@ fn name_of(c: &Coordinator, host: &str) -> String {
 
 #[test]
 fn pool_machines_are_judged_replaced_and_taken_out_on_request() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 5, "1h", &boot);
-    let mut agents = start_agents(tmp.path(), &boot, 5, "m", "node-");
-    wait_registered(&c, 5);
+    let (tmp, c, mut agents) = registered_pool(5, "node-");
     apply(&c, tmp.path(), &pool_cluster_yaml("heal", 1, 3, "dev"));
     c.wait_cluster_phase("heal", "Running", BOOT);
     let machines = c.machines();
@@ -868,12 +872,7 @@ fn pool_machines_are_judged_replaced_and_taken_out_on_request() {
 
 #[test]
 fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 4, "1h", &boot);
-    let mut agents = start_agents(tmp.path(), &boot, 4, "m", "node-");
-    wait_registered(&c, 4);
+    let (tmp, c, mut agents) = registered_pool(4, "node-");
     apply(&c, tmp.path(), &pool_cluster_yaml("ha", 3, 0, "dev"));
     c.wait_cluster_phase("ha", "Running", BOOT);
     let cluster = c.cluster("ha").unwrap();
@@ -956,12 +955,7 @@ fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() 
         BOOT,
         || {
             let members = etcdctl_members(survivor);
-            let mut names: Vec<String> = members
-                .iter()
-                .filter(|m| m["clientURLs"].as_array().is_some_and(|u| !u.is_empty()))
-                .filter_map(|m| m["name"].as_str().map(str::to_owned))
-                .collect();
-            names.sort();
+            let names = kube::started_member_names(&members);
             let mut want = running.clone();
             want.sort();
             if members.len() == 3 && names == want {
@@ -1049,12 +1043,7 @@ fn started_members(a: &Agent) -> Vec<String> {
 
 #[test]
 fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etcd_members() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 3, "1h", &boot);
-    let agents = start_agents(tmp.path(), &boot, 3, "m", "cp-");
-    wait_registered(&c, 3);
+    let (tmp, c, agents) = registered_pool(3, "cp-");
     let three = pool_cluster_yaml("scale", 3, 0, "dev");
     apply(&c, tmp.path(), &three);
     c.wait_cluster_phase("scale", "Running", BOOT);
@@ -1150,12 +1139,7 @@ fn cluster_condition(c: &Coordinator, cluster: &str, type_: &str) -> Option<(Str
 
 #[test]
 fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 2, "1h", &boot);
-    let agents = start_agents(tmp.path(), &boot, 2, "m", "node-");
-    wait_registered(&c, 2);
+    let (tmp, c, agents) = registered_pool(2, "node-");
     let yaml = pool_cluster_yaml("drain", 1, 1, "dev") + "  drain:\n    timeout: 20s\n";
     apply(&c, tmp.path(), &yaml);
     c.wait_cluster_phase("drain", "Running", BOOT);

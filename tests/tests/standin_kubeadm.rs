@@ -708,6 +708,10 @@ fn init_join_token_and_reset() {
             .expect("run kubectl");
         (out.status.success(), text(&out))
     };
+    // One field of one object, by its JSONPath.
+    let field = |kind: &str, name: &str, path: &str| {
+        kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")]).1
+    };
     wait_for("four Ready Nodes", Duration::from_secs(20), || {
         let (ok, out) = kubectl(&["get", "nodes", "-o", "json"]);
         ok && ["cp-1", "cp-2", "worker-1", "worker-2"]
@@ -717,13 +721,7 @@ fn init_join_token_and_reset() {
     });
     let (ok, out) = kubectl(&["cordon", "cp-2"]);
     assert!(ok && out.contains("node/cp-2 cordoned"), "{out}");
-    let (_, out) = kubectl(&[
-        "get",
-        "node",
-        "cp-2",
-        "-o",
-        "jsonpath={.spec.unschedulable}",
-    ]);
+    let out = field("node", "cp-2", "{.spec.unschedulable}");
     assert!(out.contains("--- stdout\ntrue"), "{out}");
     let (ok, out) = kubectl(&["delete", "node", "cp-2"]);
     assert!(ok && out.contains("deleted"), "{out}");
@@ -750,13 +748,7 @@ fn init_join_token_and_reset() {
         manifests.to_str().unwrap(),
     ]);
     assert!(ok && out.contains("pod/web-1 created"), "{out}");
-    let (_, out) = kubectl(&[
-        "get",
-        "pdb",
-        "web",
-        "-o",
-        "jsonpath={.status.disruptionsAllowed}",
-    ]);
+    let out = field("pdb", "web", "{.status.disruptionsAllowed}");
     assert!(out.contains("--- stdout\n0"), "{out}");
     let drain = ["drain", "worker-1", "--ignore-daemonsets", "--force"];
     let (ok, out) = kubectl(&[&drain[..], &["--timeout=6s"]].concat());

@@ -10,6 +10,13 @@ use crate::protocol::directives::{describe, may_create_token};
 use crate::protocol::report;
 use crate::state::BootstrapStep;
 
+/// What a directive asks done to a Node.
+#[derive(Debug, Clone, Copy)]
+enum NodeCall {
+    Delete,
+    Drain,
+}
+
 impl Agent {
     pub(super) fn accept_directives(&mut self, directives: Vec<Directive>) {
         for directive in directives {
@@ -75,24 +82,10 @@ impl Agent {
                     });
                 }
                 DirectiveAction::DeleteNode { node } => {
-                    tracing::info!(node = %node, "deleting a Node at the coordinator's request");
-                    let mut kube = crate::kube::Kube::new(&self.settings.root);
-                    self.start_cluster_call(directive.id, "delete Nodes", |ip, port| {
-                        let api = crate::kube::local_api(ip, port);
-                        let command = format!("delete node {node} via {api}");
-                        let call = async move { Ok(kube.delete_node(&api, &node).await?) };
-                        (command, Box::pin(call))
-                    });
+                    self.start_node_call(directive.id, node, NodeCall::Delete);
                 }
                 DirectiveAction::DrainNode { node } => {
-                    tracing::info!(node = %node, "draining a Node at the coordinator's request");
-                    let mut kube = crate::kube::Kube::new(&self.settings.root);
-                    self.start_cluster_call(directive.id, "drain Nodes", |ip, port| {
-                        let api = crate::kube::local_api(ip, port);
-                        let command = format!("drain node {node} via {api}");
-                        let call = async move { Ok(kube.drain(&api, &node).await?) };
-                        (command, Box::pin(call))
-                    });
+                    self.start_node_call(directive.id, node, NodeCall::Drain);
                 }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
@@ -112,6 +105,27 @@ impl Agent {
     /// machine's address and API server port and gives the command shown
     /// and the call. Only a running control plane that knows its address
     /// may act on its cluster; others fail the directive saying why.
+    /// Deletes or drains Node `node` through this control plane's API server.
+    fn start_node_call(&mut self, id: String, node: String, what: NodeCall) {
+        let verb = match what {
+            NodeCall::Delete => "delete",
+            NodeCall::Drain => "drain",
+        };
+        tracing::info!(node = %node, action = verb, "acting on a Node at the coordinator's request");
+        let mut kube = crate::kube::Kube::new(&self.settings.root);
+        self.start_cluster_call(id, &format!("{verb} Nodes"), |ip, port| {
+            let api = crate::kube::local_api(ip, port);
+            let command = format!("{verb} node {node} via {api}");
+            let call = async move {
+                Ok(match what {
+                    NodeCall::Delete => kube.delete_node(&api, &node).await?,
+                    NodeCall::Drain => kube.drain(&api, &node).await?,
+                })
+            };
+            (command, Box::pin(call))
+        });
+    }
+
     fn start_cluster_call(
         &mut self,
         id: String,

@@ -1346,6 +1346,38 @@ mod tests {
         );
         let steps = plan(&c, &machines, &obs(true, &seen_now));
         assert_eq!(deletes(&steps), vec!["cp2".to_string()]);
+        // Its replacement waits for the next pass, when the member of the
+        // machine leaving no longer counts as healthy.
+        assert_eq!(creates(&steps), vec![]);
+        let mut deleting = machines.clone();
+        deleting[1].status.phase = MachinePhase::Deleting;
+        // Its member, last reported healthy, holds the join until removed.
+        let mut reported = c.clone();
+        reported.status.etcd_members = ["cp1", "cp2", "cp3"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| drover_common::api::EtcdMember {
+                id: format!("{i:x}"),
+                name: (*n).into(),
+                peer_urls: vec![],
+                client_urls: vec![],
+                started: true,
+                healthy: true,
+            })
+            .collect();
+        for m in &mut deleting {
+            m.status.hostname = m.metadata.name.clone();
+        }
+        assert_eq!(
+            creates(&plan(&reported, &deleting, &obs(true, &seen_now))),
+            vec![]
+        );
+        reported.status.etcd_members.remove(1);
+        assert_eq!(
+            creates(&plan(&reported, &deleting, &obs(true, &seen_now))),
+            vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
+        );
+        let steps = plan(&c, &deleting, &obs(true, &seen_now));
         assert_eq!(
             creates(&steps),
             vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
@@ -1359,9 +1391,10 @@ mod tests {
         assert!(deletes(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
     }
 
-    #[test]
-    fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_unready() {
-        let mut c = initialized(cluster(1, 1), "a");
+    /// An initialized pool cluster of its init machine `a` and worker `w1`,
+    /// both Running, each with its name as its hostname (its Node's name).
+    fn init_and_worker() -> (drover_common::api::Cluster, Vec<Machine>) {
+        let c = initialized(cluster(1, 1), "a");
         let mut machines = vec![
             claimed(
                 "a",
@@ -1374,12 +1407,23 @@ mod tests {
         for m in &mut machines {
             m.status.hostname = m.metadata.name.clone();
         }
-        let node = |name: &str, ready: &str| drover_common::api::ClusterNode {
+        (c, machines)
+    }
+
+    /// A Node as a control plane reports it.
+    fn cluster_node(name: &str, ready: &str) -> drover_common::api::ClusterNode {
+        drover_common::api::ClusterNode {
             name: name.into(),
             ready: ready.into(),
             since: Some(drover_common::now()),
             unschedulable: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_unready() {
+        let (mut c, machines) = init_and_worker();
+        let node = cluster_node;
         c.status.nodes = vec![
             node("a", "True"),
             node("gone", "Unknown"),
@@ -1407,31 +1451,13 @@ mod tests {
 
     #[test]
     fn a_worker_deleted_on_request_leaves_only_once_drained_and_a_timed_out_drain_halts() {
-        let mut c = initialized(cluster(1, 1), "a");
+        let (mut c, mut machines) = init_and_worker();
         c.spec.drain = Some(drover_common::api::DrainPolicy {
             timeout: Some("60s".into()),
             force: false,
         });
-        let mut machines = vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
-            claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        ];
-        for m in &mut machines {
-            m.status.hostname = m.metadata.name.clone();
-        }
         machines[1].metadata.deletion_timestamp = Some(drover_common::now());
-        let node = |name: &str| drover_common::api::ClusterNode {
-            name: name.into(),
-            ready: "True".into(),
-            since: Some(drover_common::now()),
-            unschedulable: false,
-        };
-        c.status.nodes = vec![node("a"), node("w1")];
+        c.status.nodes = vec![cluster_node("a", "True"), cluster_node("w1", "True")];
 
         // First pass: no release; a drain through the control plane.
         let steps = plan(&c, &machines, &obs(true, &seen_now));
@@ -1517,26 +1543,9 @@ mod tests {
 
     #[test]
     fn a_silent_machine_is_not_drained_and_remediation_is_never_held() {
-        let mut c = initialized(cluster(1, 1), "a");
-        let mut machines = vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
-            claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        ];
-        for m in &mut machines {
-            m.status.hostname = m.metadata.name.clone();
-        }
+        let (mut c, mut machines) = init_and_worker();
         machines[1].metadata.deletion_timestamp = Some(drover_common::now());
-        c.status.nodes = vec![drover_common::api::ClusterNode {
-            name: "w1".into(),
-            ready: "True".into(),
-            since: Some(drover_common::now()),
-            unschedulable: false,
-        }];
+        c.status.nodes = vec![cluster_node("w1", "True")];
         let steps = plan_silent(&c, &machines, &["w1"]);
         assert!(releases(&steps).iter().any(|(m, _)| m == "w1"), "{steps:?}");
         assert!(steps

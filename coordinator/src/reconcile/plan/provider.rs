@@ -195,7 +195,12 @@ pub(super) fn plan_provider(
                 let busy = remaining
                     .iter()
                     .any(|m| m.status.phase != MachinePhase::Running);
-                if busy || !etcd_settled || (count > 0 && !initialized) {
+                // A control plane leaving in this pass still counts as a
+                // healthy etcd member in what was last reported; its
+                // replacement is created once its member is gone, or the
+                // join would meet a cluster with a member down.
+                let leaving_now = !remediate.is_empty();
+                if busy || leaving_now || !etcd_settled || (count > 0 && !initialized) {
                     break;
                 }
             }

@@ -781,7 +781,11 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             if n.is_empty() || !creator {
                 return forbid("create");
             }
-            match state.store.put_node(&n, &stamped(node, None), true).await {
+            match state
+                .store
+                .put_object(&Store::node_key(&n), &stamped(node, None), true)
+                .await
+            {
                 Ok(true) => json_resp(
                     StatusCode::CREATED,
                     &json!({"kind": "Node", "metadata": {"name": n}}),
@@ -836,7 +840,11 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             }
             match state
                 .store
-                .put_node(&name, &stamped(next, Some(&current)), false)
+                .put_object(
+                    &Store::node_key(&name),
+                    &stamped(next, Some(&current)),
+                    false,
+                )
                 .await
             {
                 Ok(true) => json_resp(
@@ -864,7 +872,11 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             merge_patch(&mut next, &patch);
             match state
                 .store
-                .put_node(&name, &stamped(next.clone(), Some(&current)), false)
+                .put_object(
+                    &Store::node_key(&name),
+                    &stamped(next.clone(), Some(&current)),
+                    false,
+                )
                 .await
             {
                 Ok(true) => json_resp(StatusCode::OK, &observed_node(next)),

@@ -349,25 +349,17 @@ impl Store {
     }
 
     pub async fn node(&self, name: &str) -> Result<Option<serde_json::Value>> {
-        self.object(&format!("{NODE_PREFIX}{name}"), "a Node").await
+        self.object(&Self::node_key(name), "a Node").await
     }
 
-    /// Writes a Node: `create` only when absent (false: it exists), else
-    /// only when present (false: it is gone).
-    pub async fn put_node(
-        &self,
-        name: &str,
-        node: &serde_json::Value,
-        create: bool,
-    ) -> Result<bool> {
-        self.put_object(&format!("{NODE_PREFIX}{name}"), node, create)
-            .await
+    /// The key of Node `name`, for [`Self::put_object`].
+    pub fn node_key(name: &str) -> String {
+        format!("{NODE_PREFIX}{name}")
     }
 
     /// Deletes a Node; false when there was none.
     pub async fn delete_node(&self, name: &str) -> Result<bool> {
-        self.delete_object(&format!("{NODE_PREFIX}{name}"), "a Node")
-            .await
+        self.delete_object(&Self::node_key(name), "a Node").await
     }
 
     /// Every object stored under `prefix` (`what`, for errors).
