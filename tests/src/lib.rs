@@ -637,6 +637,47 @@ pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String
     )
 }
 
+/// When the last bootstrap of each of `machines` (JSON, as `drover get
+/// machines -o json` prints them) began and ended, from its `Bootstrapping`
+/// and `Bootstrapped` events, sorted by start.
+pub fn bootstrap_spans(
+    machines: &[serde_json::Value],
+) -> Vec<(time::OffsetDateTime, time::OffsetDateTime)> {
+    let mut spans: Vec<_> = machines
+        .iter()
+        .map(|m| {
+            let events = m["status"]["events"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let last = |reason: &str| {
+                let t = events
+                    .iter()
+                    .rev()
+                    .find(|e| e["reason"] == reason)
+                    .and_then(|e| e["time"].as_str())
+                    .unwrap_or_else(|| panic!("no {reason} event: {m}"));
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                    .unwrap()
+            };
+            (last("Bootstrapping"), last("Bootstrapped"))
+        })
+        .collect();
+    spans.sort();
+    spans
+}
+
+/// Panics unless each span in `spans` (sorted, see [`bootstrap_spans`])
+/// ended before the next began.
+pub fn assert_one_after_another(spans: &[(time::OffsetDateTime, time::OffsetDateTime)]) {
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "a join started before the one before it finished: {spans:?}"
+        );
+    }
+}
+
 /// Kills a child process (SIGKILL) if there is one, and reaps it.
 fn kill_child(child: &mut Option<Child>) {
     if let Some(mut c) = child.take() {

@@ -7,7 +7,7 @@
 //! and a leader change among replicas on etcd).
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use time::OffsetDateTime;
@@ -633,20 +633,7 @@ fn killed_machines_leave_no_etcd_member_or_node_behind() {
     c.wait_cluster_phase(&name, "Running", Duration::from_secs(240));
     let cl = c.cluster(&name).unwrap();
     let init = cl["status"]["initMachine"].as_str().unwrap().to_owned();
-    let init_address = live_machines(&c, &name)
-        .iter()
-        .find(|m| name_of(m) == init)
-        .and_then(|m| m["status"]["addresses"][0].as_str().map(str::to_owned))
-        .expect("the init machine's address");
-    // The init machine's admin kubeconfig and PKI, as an operator takes
-    // them, for real kubectl and etcdctl.
-    let files = tmp.path().join("init-kubernetes");
-    docker_ok(&[
-        "cp",
-        &format!("{}:/etc/kubernetes", container_of(&name, &init)),
-        files.to_str().unwrap(),
-    ]);
-    let etcd = format!("https://{init_address}:2379");
+    let (files, etcd) = init_files(&c, &name, &init, tmp.path());
     wait_whole(
         &c,
         &name,
@@ -655,10 +642,11 @@ fn killed_machines_leave_no_etcd_member_or_node_behind() {
         "five Ready Nodes and three members",
     );
 
-    // A control plane other than the init machine dies: its member is
-    // removed, the replacement joins as the third member, its Node goes.
-    // Then a worker dies: after its replacement joins, its Node is deleted.
-    for role in ["control-plane", "worker"] {
+    // Three times in a row a control plane other than the init machine
+    // dies: each time its member is removed, the replacement joins as the
+    // third member, and its Node goes. Then a worker dies: after its
+    // replacement joins, its Node is deleted.
+    for role in ["control-plane", "control-plane", "control-plane", "worker"] {
         let victim = live_machines(&c, &name)
             .iter()
             .find(|m| m["spec"]["assignment"]["role"] == role)
@@ -679,6 +667,82 @@ fn killed_machines_leave_no_etcd_member_or_node_behind() {
             "{nodes:?}"
         );
     }
+}
+
+#[test]
+fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
+    let (tmp, name, _cleanup) = setup("cpscale");
+    let c = start(tmp.path(), "1s", "5s");
+    let three = docker_cluster_yaml(&name, 3, 0, "");
+    apply(&c, tmp.path(), &three);
+    c.wait_cluster_phase(&name, "Running", Duration::from_secs(240));
+    let init = c.cluster(&name).unwrap()["status"]["initMachine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (files, etcd) = init_files(&c, &name, &init, tmp.path());
+    wait_whole(&c, &name, &files, &etcd, "three Ready Nodes and members");
+
+    // 3 -> 1: one control plane per step, each member removed while its
+    // machine still runs; the API server answers throughout.
+    apply(
+        &c,
+        tmp.path(),
+        &three.replace("    replicas: 3", "    replicas: 1"),
+    );
+    let admin = files.join("admin.conf");
+    let (mut answered, mut failed) = (0, 0);
+    wait_for("one control plane left", BOOT, || {
+        match kube::kubectl(&admin, &["get", "--raw", "/readyz"]) {
+            Ok(_) => answered += 1,
+            Err(_) => failed += 1,
+        }
+        let live = live_names(&c, &name);
+        if live.len() == 1 && live.contains(&init) {
+            Ok(())
+        } else {
+            Err(format!("{live:?}"))
+        }
+    });
+    wait_whole(&c, &name, &files, &etcd, "one Node and one member");
+    eprintln!("the API server during 3 -> 1: {answered} answered, {failed} failed");
+    assert_eq!(failed, 0, "{failed} of {} calls failed", answered + failed);
+
+    // 1 -> 3: the new control planes join one after another.
+    apply(&c, tmp.path(), &three);
+    c.wait_cluster_phase(&name, "Running", Duration::from_secs(240));
+    wait_whole(
+        &c,
+        &name,
+        &files,
+        &etcd,
+        "three Ready Nodes and members again",
+    );
+    let joined: Vec<serde_json::Value> = live_machines(&c, &name)
+        .into_iter()
+        .filter(|m| name_of(m) != init)
+        .collect();
+    let spans = bootstrap_spans(&joined);
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    assert_one_after_another(&spans);
+}
+
+/// The init machine's `/etc/kubernetes` (admin kubeconfig and PKI), copied
+/// out as an operator takes it, and the URL of its etcd member, for real
+/// kubectl and etcdctl.
+fn init_files(c: &Coordinator, cluster: &str, init: &str, dir: &Path) -> (PathBuf, String) {
+    let address = live_machines(c, cluster)
+        .iter()
+        .find(|m| name_of(m) == init)
+        .and_then(|m| m["status"]["addresses"][0].as_str().map(str::to_owned))
+        .expect("the init machine's address");
+    let files = dir.join("init-kubernetes");
+    docker_ok(&[
+        "cp",
+        &format!("{}:/etc/kubernetes", container_of(cluster, init)),
+        files.to_str().unwrap(),
+    ]);
+    (files, format!("https://{address}:2379"))
 }
 
 /// Waits until `old` is Deleted and its replacement's agent is at work (it

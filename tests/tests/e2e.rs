@@ -1093,31 +1093,14 @@ fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etc
     });
     // Joins never overlapped: each joiner started kubeadm only after the
     // previous one reported it finished.
-    let mut spans: Vec<(time::OffsetDateTime, time::OffsetDateTime)> = c
+    let joined: Vec<serde_json::Value> = c
         .machines()
-        .iter()
+        .into_iter()
         .filter(|m| m["metadata"]["name"] != init.as_str())
-        .map(|m| {
-            let events = m["status"]["events"].as_array().unwrap();
-            let last = |reason: &str| {
-                let t = events
-                    .iter()
-                    .rev()
-                    .find(|e| e["reason"] == reason)
-                    .and_then(|e| e["time"].as_str())
-                    .unwrap();
-                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-                    .unwrap()
-            };
-            (last("Bootstrapping"), last("Bootstrapped"))
-        })
         .collect();
-    spans.sort();
+    let spans = bootstrap_spans(&joined);
     assert_eq!(spans.len(), 2, "{spans:?}");
-    assert!(
-        spans[0].1 <= spans[1].0,
-        "the second join started before the first finished: {spans:?}"
-    );
+    assert_one_after_another(&spans);
 }
 
 /// The cluster's condition `type_`, as (status, message).
