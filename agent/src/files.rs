@@ -170,6 +170,19 @@ fn remove_under<'a>(
 /// in another cluster inherits nothing of them.
 pub const LEFT_BY_RESET: &[&str] = &["/etc/cni/net.d", "/root/.kube"];
 
+/// Everything a machine going back to its pool must not keep after
+/// `kubeadm reset`: [`LEFT_BY_RESET`] and, on a real root, the rules
+/// kube-proxy wrote into the kernel (see `netfilter`). Kernel state is the
+/// host's, so an agent under another root (the tests' machines sharing one
+/// host) leaves it alone. Returns what could not be removed, with why.
+pub fn clean_after_reset(root: &Path) -> Vec<String> {
+    let mut problems = remove_left_by_reset(root);
+    if root == Path::new("/") {
+        problems.extend(crate::netfilter::remove_kube_proxy_rules());
+    }
+    problems
+}
+
 /// Removes [`LEFT_BY_RESET`] under `root`; returns what could not be
 /// removed, with why.
 pub fn remove_left_by_reset(root: &Path) -> Vec<String> {

@@ -27,6 +27,7 @@ mod files;
 mod health;
 mod imds;
 mod kube;
+mod netfilter;
 mod nocloud;
 mod protocol;
 mod register;

@@ -307,7 +307,7 @@ impl Agent {
     /// The reset before bootstrapping again ended.
     pub(super) fn finish_reset_before_retry(&mut self, outcome: CommandOutcome) {
         if outcome.success {
-            for problem in files::remove_left_by_reset(&self.settings.root) {
+            for problem in files::clean_after_reset(&self.settings.root) {
                 tracing::warn!(%problem, "cannot remove what kubeadm reset leaves");
             }
             tracing::info!("kubeadm reset done; bootstrapping again");

@@ -207,7 +207,7 @@ impl Agent {
                 })
                 .unwrap_or_default();
             let mut problems = files::remove_bundle_files(&self.settings.root, &written);
-            problems.extend(files::remove_left_by_reset(&self.settings.root));
+            problems.extend(files::clean_after_reset(&self.settings.root));
             if let Some(p) = self.state.bootstrap.take() {
                 self.state.retired_generation =
                     self.state.retired_generation.max(p.assignment.generation);
