@@ -109,10 +109,13 @@ fn is_kube_proxy_line(line: &str) -> bool {
 /// Why a tool that is installed did not do its part.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
-    #[error("{command}: cannot run it: {source}")]
-    Spawn { command: String, source: io::Error },
-    #[error("{command}: cannot write its input: {source}")]
-    Input { command: String, source: io::Error },
+    /// It could not be started, fed its input or waited for.
+    #[error("{command}: cannot {doing}: {source}")]
+    Io {
+        command: String,
+        doing: &'static str,
+        source: io::Error,
+    },
     #[error("{command} failed ({status}): {stderr}")]
     Failed {
         command: String,
@@ -138,22 +141,27 @@ fn run(tool: &str, args: &[&str], input: Option<&str>) -> Result<Option<String>,
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn();
+    let io = |doing: &'static str| {
+        let command = command.clone();
+        move |source| ToolError::Io {
+            command,
+            doing,
+            source,
+        }
+    };
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(ToolError::Spawn { command, source }),
+        Err(e) => return Err(io("run it")(e)),
     };
     if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        if let Err(source) = stdin.write_all(text.as_bytes()) {
+        if let Err(e) = stdin.write_all(text.as_bytes()) {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(ToolError::Input { command, source });
+            return Err(io("write its input")(e));
         }
     }
-    let out = match child.wait_with_output() {
-        Ok(out) => out,
-        Err(source) => return Err(ToolError::Spawn { command, source }),
-    };
+    let out = child.wait_with_output().map_err(io("wait for it"))?;
     if !out.status.success() {
         return Err(ToolError::Failed {
             command,

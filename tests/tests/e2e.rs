@@ -1026,6 +1026,90 @@ fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() 
     );
 }
 
+#[test]
+fn three_pool_control_plane_replacements_in_a_row_keep_three_members_and_true_nodes() {
+    // 3 control planes and 2 workers, and three free machines to replace
+    // with.
+    let (tmp, c, mut agents) = registered_pool(8, "node-");
+    apply(&c, tmp.path(), &pool_cluster_yaml("row", 3, 2, "dev"));
+    c.wait_cluster_phase("row", "Running", BOOT);
+    let kubeconfig = tmp.path().join("row.kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "row"])).unwrap();
+    let init_name = c.cluster("row").unwrap()["status"]["initMachine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let init = agents
+        .iter()
+        .position(|a| name_of(&c, &a.hostname) == init_name)
+        .unwrap();
+    let mut killed: Vec<String> = vec![];
+    // The running machines of the cluster whose agents live, as hostnames:
+    // (all, control planes), sorted.
+    let expected = |c: &Coordinator, killed: &[String]| {
+        let machines = c.machines();
+        let mut all: Vec<(String, bool)> = machines
+            .iter()
+            .filter(|m| {
+                m["spec"]["assignment"]["cluster"] == "row" && m["status"]["phase"] == "Running"
+            })
+            .filter_map(|m| {
+                let host = m["status"]["hostname"].as_str()?.to_owned();
+                let cp = m["spec"]["assignment"]["role"] != "worker";
+                (!killed.contains(&host)).then_some((host, cp))
+            })
+            .collect();
+        all.sort();
+        let cps: Vec<String> = all.iter().filter(|x| x.1).map(|x| x.0.clone()).collect();
+        (all.into_iter().map(|x| x.0).collect::<Vec<_>>(), cps)
+    };
+    for round in 0..=3 {
+        if round > 0 {
+            // A joined control plane (not the init machine) dies.
+            let machines = c.machines();
+            let victim = agents
+                .iter()
+                .position(|a| {
+                    let m = machine_by_host(&machines, &a.hostname);
+                    !killed.contains(&a.hostname)
+                        && m["spec"]["assignment"]["cluster"] == "row"
+                        && m["spec"]["assignment"]["role"] == "control-plane"
+                        && m["status"]["phase"] == "Running"
+                })
+                .expect("a running joined control plane");
+            agents[victim].kill();
+            agents[victim].stop_daemons();
+            killed.push(agents[victim].hostname.clone());
+        }
+        wait_for(
+            &format!("after {round} replacement(s): 3 started members and 5 Ready Nodes"),
+            BOOT,
+            || {
+                let (all, cps) = expected(&c, &killed);
+                let members = etcdctl_members(&agents[init]);
+                let started = kube::started_member_names(&members);
+                let (nodes, ready) = kube::nodes(&kubeconfig)?;
+                if all.len() == 5
+                    && cps.len() == 3
+                    && members.len() == 3
+                    && started == cps
+                    && nodes == all
+                    && ready == all
+                {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "running {all:?} (control planes {cps:?}); started members {started:?} \
+                         of {}; Nodes {nodes:?}, Ready {ready:?}; remediation {:?}",
+                        members.len(),
+                        cluster_condition(&c, "row", "RemediationAllowed")
+                    ))
+                }
+            },
+        );
+    }
+}
+
 /// The etcd member list as real `etcdctl` sees it through `a`'s member,
 /// with the API server's etcd client certificate kubeadm wrote there.
 fn etcdctl_members(a: &Agent) -> Vec<serde_json::Value> {

@@ -1023,12 +1023,7 @@ mod tests {
     /// Three Running control planes of cluster `c`: `a` (init), `b`, `d`.
     fn three_control_planes() -> Vec<Machine> {
         vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
+            running_init_a(),
             claimed(
                 "b",
                 CONTROL_PLANE_POOL,
@@ -1091,12 +1086,7 @@ mod tests {
         // maxUnhealthy 40 % of 3 allows one.
         let c = initialized(cluster(1, 3), "a");
         let machines = vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
+            running_init_a(),
             claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
             claimed("w2", "w", MachineRole::Worker, MachinePhase::Running),
             claimed("w3", "w", MachineRole::Worker, MachinePhase::Running),
@@ -1115,16 +1105,43 @@ mod tests {
     }
 
     #[test]
+    fn a_replacement_of_a_replacement_that_dies_is_replaced_in_turn() {
+        // w1 died and was taken out; r1 took its place, died and was taken
+        // out; r2 took r1's place and is silent now. Neither dead machine
+        // ever came back to reset. Only r2 is unhealthy: w1's place is
+        // held, so w1 no longer counts against maxUnhealthy (40 % of 3).
+        let c = initialized(cluster(1, 3), "a");
+        let taken_out = |name: &str, replaces: Option<&str>| {
+            let mut m = claimed(name, "w", MachineRole::Worker, MachinePhase::Releasing);
+            m.spec.assignment.as_mut().unwrap().replaces = replaces.map(str::to_owned);
+            push_event(&mut m.status.events, "Remediating", "unhealthy: silent");
+            m
+        };
+        let mut r2 = claimed("r2", "w", MachineRole::Worker, MachinePhase::Running);
+        r2.spec.assignment.as_mut().unwrap().replaces = Some("r1".into());
+        let machines = vec![
+            running_init_a(),
+            taken_out("w1", None),
+            taken_out("r1", Some("w1")),
+            r2,
+            claimed("w2", "w", MachineRole::Worker, MachinePhase::Running),
+            claimed("w3", "w", MachineRole::Worker, MachinePhase::Running),
+            free("f", "dev"),
+        ];
+        let steps = plan_silent(&c, &machines, &["w1", "r1", "r2"]);
+        assert_eq!(releases(&steps), vec![("r2".to_string(), true)]);
+        assert_eq!(
+            assigns(&steps),
+            vec![("f".to_string(), MachineRole::Worker, Some("r2".to_string()))]
+        );
+    }
+
+    #[test]
     fn a_pool_machine_claimed_late_in_life_gets_its_full_startup_time() {
         let c = initialized(cluster(1, 1), "a");
         // Registered thirty days ago, claimed a minute ago, still joining.
         let machines = vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
+            running_init_a(),
             claimed("w1", "w", MachineRole::Worker, MachinePhase::Bootstrapping),
             free("f", "dev"),
         ];
@@ -1137,12 +1154,7 @@ mod tests {
     fn pool_control_planes_join_one_at_a_time() {
         let c = initialized(cluster(3, 0), "a");
         let mut machines = vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
+            running_init_a(),
             free("b", "dev"),
             free("d", "dev"),
             free("e", "dev"),
@@ -1281,15 +1293,7 @@ mod tests {
     #[test]
     fn a_lone_dead_pool_control_plane_is_kept_for_quorum() {
         let c = initialized(cluster(1, 0), "a");
-        let machines = vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
-            free("f", "dev"),
-        ];
+        let machines = vec![running_init_a(), free("f", "dev")];
         let now = drover_common::now();
         let heard = move |_: &str| Some(now - time::Duration::seconds(60));
         let mut policy = Policy::defaults(Duration::from_secs(40));
@@ -1391,17 +1395,22 @@ mod tests {
         assert!(deletes(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
     }
 
+    /// Pool machine `a`, the Running init machine of the test cluster.
+    fn running_init_a() -> Machine {
+        claimed(
+            "a",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Running,
+        )
+    }
+
     /// An initialized pool cluster of its init machine `a` and worker `w1`,
     /// both Running, each with its name as its hostname (its Node's name).
     fn init_and_worker() -> (drover_common::api::Cluster, Vec<Machine>) {
         let c = initialized(cluster(1, 1), "a");
         let mut machines = vec![
-            claimed(
-                "a",
-                CONTROL_PLANE_POOL,
-                MachineRole::Init,
-                MachinePhase::Running,
-            ),
+            running_init_a(),
             claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
         ];
         for m in &mut machines {

@@ -174,7 +174,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             .copied()
             .filter(|m| is_member(m) && pool_of(m) == Some(pool_name))
             .collect();
-        let in_flight = self.in_flight(pool_name, &members);
+        let in_flight = self.in_flight(pool_name, desired, &members);
         let judged = judge(
             pool_name,
             desired,
@@ -226,7 +226,9 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             .map(|m| m.metadata.name.clone())
             .chain(remediate.iter().map(|(m, _)| m.metadata.name.clone()))
             .chain(requested.iter().map(|m| m.metadata.name.clone()))
-            .filter(|old| !remaining.iter().any(|m| replaces(m) == Some(old.as_str())))
+            // A machine whose place another took is history, even when that
+            // one left in turn: the newest in a chain is the one replaced.
+            .filter(|old| !self.live.iter().any(|m| replaces(m) == Some(old.as_str())))
             .collect();
         to_replace.sort();
         to_replace.dedup();
@@ -249,8 +251,13 @@ impl<'a, 'o> PoolPass<'a, 'o> {
     }
 
     /// Replacements not Running yet, and machines taken out that nothing
-    /// replaces yet: they count against `maxUnhealthy` too.
-    fn in_flight(&self, pool_name: &str, members: &[&'a Machine]) -> Vec<&'a str> {
+    /// replaces yet: they count against `maxUnhealthy` too. A machine taken
+    /// out counts only while its place is still empty (the pool has fewer
+    /// members than desired): once a later machine holds the place, even
+    /// one that replaced another replacement, the old one is history and
+    /// counting it would pause remediation for good.
+    fn in_flight(&self, pool_name: &str, desired: u32, members: &[&'a Machine]) -> Vec<&'a str> {
+        let empty_places = (desired as usize).saturating_sub(members.len());
         let mut in_flight: Vec<&str> = members
             .iter()
             .filter(|m| replaces(m).is_some() && m.status.phase != MachinePhase::Running)
@@ -267,7 +274,8 @@ impl<'a, 'o> PoolPass<'a, 'o> {
                             .iter()
                             .any(|r| replaces(r) == Some(m.metadata.name.as_str()))
                 })
-                .map(|m| m.metadata.name.as_str()),
+                .map(|m| m.metadata.name.as_str())
+                .take(empty_places),
         );
         in_flight
     }

@@ -739,20 +739,7 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             &format!("nodes{} is forbidden: User \"{}\" cannot {verb} resource \"nodes\" in API group \"\" at the cluster scope", if name.is_empty() { String::new() } else { format!(" \"{name}\"") }, who.user()),
         )
     };
-    let not_found = || {
-        status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            &format!("nodes \"{name}\" not found"),
-        )
-    };
-    let internal = |e: anyhow::Error| {
-        status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            &format!("{e:#}"),
-        )
-    };
+    let not_found = || node_not_found(&name);
     match (method, name.is_empty(), sub.as_deref()) {
         (Method::GET, true, None) => {
             if !reader {
@@ -812,14 +799,9 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             if !(own_node || who.is_admin()) {
                 return forbid("update");
             }
-            let update = match read_json(req).await {
-                Ok(v) => v,
+            let (update, current) = match body_and_node(req, &state.store, &name).await {
+                Ok(both) => both,
                 Err(r) => return r,
-            };
-            let current = match state.store.node(&name).await {
-                Ok(Some(n)) => n,
-                Ok(None) => return not_found(),
-                Err(e) => return internal(e),
             };
             let mut next = current.clone();
             next["status"] = update["status"].clone();
@@ -859,14 +841,9 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             if !who.is_admin() {
                 return forbid("patch");
             }
-            let patch = match read_json(req).await {
-                Ok(v) => v,
+            let (patch, current) = match body_and_node(req, &state.store, &name).await {
+                Ok(both) => both,
                 Err(r) => return r,
-            };
-            let current = match state.store.node(&name).await {
-                Ok(Some(n)) => n,
-                Ok(None) => return not_found(),
-                Err(e) => return internal(e),
             };
             let mut next = current.clone();
             merge_patch(&mut next, &patch);
@@ -907,6 +884,38 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
 }
 
 /// A request body as JSON (1 MiB at most), or the error to answer.
+/// The answer to a request the server could not carry out.
+fn internal(e: anyhow::Error) -> Resp {
+    status(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "InternalError",
+        &format!("{e:#}"),
+    )
+}
+
+fn node_not_found(name: &str) -> Resp {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        &format!("nodes \"{name}\" not found"),
+    )
+}
+
+/// The JSON body of `req` and the stored Node `name`, or the answer that
+/// says why there are not both.
+async fn body_and_node(
+    req: Request<Incoming>,
+    store: &Store,
+    name: &str,
+) -> Result<(serde_json::Value, serde_json::Value), Resp> {
+    let body = read_json(req).await?;
+    match store.node(name).await {
+        Ok(Some(node)) => Ok((body, node)),
+        Ok(None) => Err(node_not_found(name)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
 async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, Resp> {
     let body = Limited::new(req.into_body(), 1 << 20)
         .collect()

@@ -227,29 +227,12 @@ impl Store {
                     return Ok(Added::AlreadyExists);
                 }
                 // Expired: replace it only if nobody changed it meanwhile.
-                let txn = Txn::new()
-                    .when(vec![Compare::mod_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        existing.mod_revision(),
-                    )])
-                    .and_then(vec![TxnOp::put(key.as_str(), value, None)]);
-                let done = kv.txn(txn).await?.succeeded();
-                return Ok(if done {
-                    Added::Created
-                } else {
-                    Added::AlreadyExists
-                });
+                let revision = existing.mod_revision();
+                let unchanged = Compare::mod_revision(key.as_str(), CompareOp::Equal, revision);
+                return put_when(&mut kv, &key, value, unchanged).await;
             }
-            let txn = Txn::new()
-                .when(vec![Compare::version(key.as_str(), CompareOp::Equal, 0)])
-                .and_then(vec![TxnOp::put(key.as_str(), value, None)]);
-            let done = kv.txn(txn).await?.succeeded();
-            return Ok(if done {
-                Added::Created
-            } else {
-                Added::AlreadyExists
-            });
+            let absent = Compare::version(key.as_str(), CompareOp::Equal, 0);
+            return put_when(&mut kv, &key, value, absent).await;
         }
         kv.put(key, value, None)
             .await
@@ -364,36 +347,35 @@ impl Store {
 
     /// Every object stored under `prefix` (`what`, for errors).
     pub async fn objects(&self, prefix: &str, what: &str) -> Result<Vec<serde_json::Value>> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
-            .with_context(|| format!("cannot read the {what} from etcd"))?;
-        resp.kvs()
-            .iter()
-            .map(|kv| {
-                serde_json::from_slice(kv.value())
-                    .with_context(|| format!("one of the stored {what} is corrupt"))
-            })
-            .collect()
+        let options = GetOptions::new().with_prefix();
+        self.read(prefix, Some(options), what).await
     }
 
     /// The object at `key` (`what`, for errors).
     pub async fn object(&self, key: &str, what: &str) -> Result<Option<serde_json::Value>> {
+        Ok(self.read(key, None, what).await?.into_iter().next())
+    }
+
+    /// The objects a read of `key` with `options` finds, parsed.
+    async fn read(
+        &self,
+        key: &str,
+        options: Option<GetOptions>,
+        what: &str,
+    ) -> Result<Vec<serde_json::Value>> {
         let resp = self
             .client
             .kv_client()
-            .get(key, None)
+            .get(key, options)
             .await
             .with_context(|| format!("cannot read {what} from etcd"))?;
         resp.kvs()
-            .first()
+            .iter()
             .map(|kv| {
                 serde_json::from_slice(kv.value())
                     .with_context(|| format!("the stored {what} is corrupt"))
             })
-            .transpose()
+            .collect()
     }
 
     /// Writes the object at `key`: `create` only when absent (false: it
@@ -409,23 +391,19 @@ impl Store {
         } else {
             Compare::version(key, CompareOp::Greater, 0)
         };
-        let txn = Txn::new().when(vec![cmp]).and_then(vec![TxnOp::put(
-            key,
-            serde_json::to_vec(value)?,
-            None,
-        )]);
-        Ok(self.client.kv_client().txn(txn).await?.succeeded())
+        let mut kv = self.client.kv_client();
+        let added = put_when(&mut kv, key, serde_json::to_vec(value)?, cmp).await?;
+        Ok(matches!(added, Added::Created))
     }
 
     /// Deletes the object at `key`; false when there was none.
     pub async fn delete_object(&self, key: &str, what: &str) -> Result<bool> {
-        let resp = self
-            .client
-            .kv_client()
-            .delete(key, None)
-            .await
-            .with_context(|| format!("cannot delete {what} in etcd"))?;
-        Ok(resp.deleted() > 0)
+        let mut kv = self.client.kv_client();
+        let deleted = kv.delete(key, None).await;
+        Ok(deleted
+            .with_context(|| format!("cannot delete {what} in etcd"))?
+            .deleted()
+            > 0)
     }
 
     /// Removes the member `id`.
@@ -437,6 +415,24 @@ impl Store {
             .with_context(|| format!("cannot remove etcd member {id:x}"))?;
         Ok(())
     }
+}
+
+/// Puts `value` at `key` if `cmp` holds: `Created`, or `AlreadyExists`
+/// when another writer got there first.
+async fn put_when(
+    kv: &mut etcd_client::KvClient,
+    key: &str,
+    value: Vec<u8>,
+    cmp: Compare,
+) -> Result<Added> {
+    let txn = Txn::new()
+        .when(vec![cmp])
+        .and_then(vec![TxnOp::put(key, value, None)]);
+    Ok(if kv.txn(txn).await?.succeeded() {
+        Added::Created
+    } else {
+        Added::AlreadyExists
+    })
 }
 
 /// One etcd member.

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::{forbidden, json_resp, read_json, status, Identity, Resp, State};
+use super::{forbidden, internal, json_resp, read_json, status, Identity, Resp, State};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde_json::json;
@@ -205,14 +205,6 @@ impl Kind {
     fn key(self, ns: &str, name: &str) -> String {
         format!("{}{ns}/{name}", self.prefix())
     }
-}
-
-fn internal(e: anyhow::Error) -> Resp {
-    status(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "InternalError",
-        &format!("{e:#}"),
-    )
 }
 
 fn not_found(kind: Kind, name: &str) -> Resp {
