@@ -585,16 +585,23 @@ fn a_replaced_init_control_plane_does_not_hold_joins_or_stay_in_the_status() {
 }
 
 /// The Nodes and etcd members of `cluster` as real kubectl and etcdctl see
-/// them through the init machine: every Running machine has exactly one
-/// Ready Node and every Running control plane exactly one started member,
-/// and nothing else is there.
-fn wait_whole(c: &Coordinator, cluster: &str, init_files: &Path, etcd: &str, what: &str) {
+/// them through the init machine: `size` machines, all Running, each with
+/// exactly one Ready Node and every control plane exactly one started
+/// member, and nothing else is there.
+fn wait_whole(
+    c: &Coordinator,
+    cluster: &str,
+    init_files: &Path,
+    etcd: &str,
+    size: usize,
+    what: &str,
+) {
     let admin = init_files.join("admin.conf");
     let pki = init_files.join("pki");
     wait_for(what, BOOT, || {
         let live = live_machines(c, cluster);
-        if live.iter().any(|m| m["status"]["phase"] != "Running") {
-            return Err("not every machine is Running".to_owned());
+        if live.len() != size || live.iter().any(|m| m["status"]["phase"] != "Running") {
+            return Err(format!("not {size} machines, all Running"));
         }
         let mut machines: Vec<String> = live.iter().map(name_of).collect();
         machines.sort();
@@ -639,6 +646,7 @@ fn killed_machines_leave_no_etcd_member_or_node_behind() {
         &name,
         &files,
         &etcd,
+        5,
         "five Ready Nodes and three members",
     );
 
@@ -659,6 +667,7 @@ fn killed_machines_leave_no_etcd_member_or_node_behind() {
             &name,
             &files,
             &etcd,
+            5,
             &format!("the replaced {role}'s member and Node to be gone"),
         );
         let (nodes, _) = kube::nodes(&files.join("admin.conf")).unwrap();
@@ -681,7 +690,7 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
         .unwrap()
         .to_owned();
     let (files, etcd) = init_files(&c, &name, &init, tmp.path());
-    wait_whole(&c, &name, &files, &etcd, "three Ready Nodes and members");
+    wait_whole(&c, &name, &files, &etcd, 3, "three Ready Nodes and members");
 
     // 3 -> 1: one control plane per step, each member removed while its
     // machine still runs; the API server answers throughout.
@@ -704,7 +713,7 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
             Err(format!("{live:?}"))
         }
     });
-    wait_whole(&c, &name, &files, &etcd, "one Node and one member");
+    wait_whole(&c, &name, &files, &etcd, 1, "one Node and one member");
     eprintln!("the API server during 3 -> 1: {answered} answered, {failed} failed");
     assert_eq!(failed, 0, "{failed} of {} calls failed", answered + failed);
 
@@ -716,6 +725,7 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
         &name,
         &files,
         &etcd,
+        3,
         "three Ready Nodes and members again",
     );
     let joined: Vec<serde_json::Value> = live_machines(&c, &name)

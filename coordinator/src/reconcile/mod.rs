@@ -1561,4 +1561,20 @@ mod tests {
             .iter()
             .all(|s| !matches!(s, Step::SetStatus(st) if st.drain.is_some())));
     }
+
+    #[test]
+    fn a_node_not_reported_yet_is_drained_and_one_reported_not_ready_is_not() {
+        let (mut c, mut machines) = init_and_worker();
+        machines[1].metadata.deletion_timestamp = Some(drover_common::now());
+        // The report lags: w1's Node is not in it yet, but may run Pods.
+        c.status.nodes = vec![cluster_node("a", "True")];
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![]);
+        let drain = final_status(&steps).drain.expect("a drain is asked for");
+        assert_eq!((drain.node.as_str(), drain.via.as_str()), ("w1", "a"));
+        // Reported not Ready: no kubelet would confirm an eviction.
+        c.status.nodes.push(cluster_node("w1", "False"));
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(releases(&steps), vec![("w1".to_owned(), false)]);
+    }
 }

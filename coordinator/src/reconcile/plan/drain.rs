@@ -7,8 +7,9 @@
 //! either halts with a `DrainFailed` condition naming what blocks it or,
 //! with `spec.drain.force`, lets the machine go.
 //!
-//! A machine that is unhealthy, silent or has no Node is not drained: there
-//! is nothing to evict through, or nothing left to protect.
+//! A machine that is silent, or whose Node is reported not Ready, is not
+//! drained: there is nothing to evict through, or no kubelet to confirm an
+//! eviction. Remediations are never held.
 
 use super::shared::{Observed, Step};
 use drover_common::api::{set_condition, Cluster, DrainPolicy, Machine, MachinePhase, NodeDrain};
@@ -227,8 +228,12 @@ fn decide(
     }
 }
 
-/// The Node of `name` if it is to be drained: the machine is heard from and
-/// its Node is Ready in the cluster's reported view.
+/// The Node of `name` if it is to be drained: the machine is heard from
+/// and its Node is not known to be down. The reported Node list lags the
+/// cluster by a report, so a Node missing from it may well exist and run
+/// Pods: it is drained (a Node that is really gone drains at once). Only a
+/// Node reported not Ready is left alone: its kubelet would never confirm
+/// an eviction.
 fn node_to_drain(
     cluster: &Cluster,
     mine: &[&Machine],
@@ -236,15 +241,16 @@ fn node_to_drain(
     name: &str,
 ) -> Option<String> {
     let m = mine.iter().find(|m| m.metadata.name == name)?;
-    if m.status.hostname.is_empty() || !observed.alive(name) {
+    let node = &m.status.hostname;
+    if node.is_empty() || !observed.alive(name) {
         return None;
     }
-    cluster
+    let down = cluster
         .status
         .nodes
         .iter()
-        .find(|n| n.name == m.status.hostname && n.ready == "True")
-        .map(|n| n.name.clone())
+        .any(|n| n.name == *node && n.ready != "True");
+    (!down).then(|| node.clone())
 }
 
 /// A running control plane, heard from and not leaving, to drain through;
