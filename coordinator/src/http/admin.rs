@@ -185,43 +185,55 @@ pub async fn apply_cluster(
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
             Ok((StatusCode::CREATED, Json(created)))
         }
-        Some(mut current) => {
-            if let Some(rv) = &desired.metadata.resource_version {
-                if Some(rv) != current.metadata.resource_version.as_ref() {
-                    return Err(ApiError::conflict(format!(
-                        "cluster {name} has resourceVersion {}, the document says {rv}; fetch it again and reapply",
-                        current.metadata.resource_version.as_deref().unwrap_or("?")
-                    )));
-                }
-            }
-            if current.metadata.deletion_timestamp.is_some() {
-                return Err(ApiError::conflict(format!(
-                    "cluster {name} is being deleted; wait until it is gone to create it again"
-                )));
-            }
-            if let Some((field, message)) = current
-                .spec
-                .provider
-                .immutable_change(&desired.spec.provider)
-            {
-                return Err(ApiError::invalid(
-                    format!("Cluster {name:?} is invalid; nothing was changed"),
-                    vec![FieldError {
-                        field: field.into(),
-                        message: message.into(),
-                    }],
-                ));
-            }
-            let spec_changed = current.spec != desired.spec;
-            if !spec_changed && current.metadata.labels == desired.metadata.labels {
+        Some(_) => {
+            // The reconciler may write the cluster's status meanwhile: a
+            // conflict re-reads it and decides again, so only a
+            // resourceVersion the document itself carries can refuse it.
+            let mut changed = false;
+            let current = app
+                .update_cluster(&name, |current| {
+                    if let Some(rv) = &desired.metadata.resource_version {
+                        if Some(rv) != current.metadata.resource_version.as_ref() {
+                            return Err(ApiError::conflict(format!(
+                                "cluster {name} has resourceVersion {}, the document says {rv}; fetch it again and reapply",
+                                current.metadata.resource_version.as_deref().unwrap_or("?")
+                            )));
+                        }
+                    }
+                    if current.metadata.deletion_timestamp.is_some() {
+                        return Err(ApiError::conflict(format!(
+                            "cluster {name} is being deleted; wait until it is gone to create it again"
+                        )));
+                    }
+                    if let Some((field, message)) = current
+                        .spec
+                        .provider
+                        .immutable_change(&desired.spec.provider)
+                    {
+                        return Err(ApiError::invalid(
+                            format!("Cluster {name:?} is invalid; nothing was changed"),
+                            vec![FieldError {
+                                field: field.into(),
+                                message: message.into(),
+                            }],
+                        ));
+                    }
+                    let spec_changed = current.spec != desired.spec;
+                    changed = spec_changed || current.metadata.labels != desired.metadata.labels;
+                    if !changed {
+                        return Ok(false);
+                    }
+                    if spec_changed {
+                        current.metadata.generation += 1;
+                    }
+                    current.spec = desired.spec.clone();
+                    current.metadata.labels = desired.metadata.labels.clone();
+                    Ok(true)
+                })?
+                .ok_or_else(|| ApiError::not_found("cluster", &name))?;
+            if !changed {
                 return Ok((StatusCode::OK, Json(current)));
             }
-            if spec_changed {
-                current.metadata.generation += 1;
-            }
-            current.spec = desired.spec;
-            current.metadata.labels = desired.metadata.labels;
-            app.write_cluster(&current)?;
             tracing::info!(cluster = %name, generation = current.metadata.generation, by = %admin.token_id, "cluster updated");
             app.reconcile_soon();
             let updated = app
@@ -254,12 +266,19 @@ pub async fn delete_cluster(
     ObjectName(name): ObjectName,
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
     admin.require_write()?;
-    let mut c = app
-        .cluster(&name)?
+    // The reconciler may write the cluster's status meanwhile: a conflict
+    // re-reads it rather than failing the operator's request.
+    let mut requested = false;
+    let c = app
+        .update_cluster(&name, |c| {
+            requested = c.metadata.deletion_timestamp.is_none();
+            if requested {
+                c.metadata.deletion_timestamp = Some(drover_common::now());
+            }
+            Ok::<_, ApiError>(requested)
+        })?
         .ok_or_else(|| ApiError::not_found("cluster", &name))?;
-    if c.metadata.deletion_timestamp.is_none() {
-        c.metadata.deletion_timestamp = Some(drover_common::now());
-        app.write_cluster(&c)?;
+    if requested {
         tracing::info!(cluster = %name, by = %admin.token_id, "cluster deletion requested");
     }
     app.reconcile_soon();
