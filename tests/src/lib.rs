@@ -386,6 +386,33 @@ impl Coordinator {
         v.into_iter().next()
     }
 
+    /// The status and message of condition `type_` of a cluster, if set.
+    pub fn condition(&self, cluster: &str, type_: &str) -> Option<(String, String)> {
+        self.cluster(cluster)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|x| x["type"] == type_)
+            .map(|x| {
+                (
+                    x["status"].as_str().unwrap_or_default().to_owned(),
+                    x["message"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+    }
+
+    /// Waits until condition `type_` of a cluster has status `status`, and
+    /// returns its message.
+    pub fn wait_condition(&self, cluster: &str, type_: &str, status: &str) -> String {
+        wait_for(
+            &format!("condition {type_} of cluster {cluster} to be {status}"),
+            Duration::from_secs(120),
+            || match self.condition(cluster, type_) {
+                Some((s, m)) if s == status => Ok(m),
+                other => Err(format!("{other:?}")),
+            },
+        )
+    }
+
     /// Waits until the cluster's phase is `phase`.
     pub fn wait_cluster_phase(&self, name: &str, phase: &str, timeout: Duration) {
         wait_for(&format!("cluster {name} to be {phase}"), timeout, || {

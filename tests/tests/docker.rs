@@ -3,8 +3,9 @@
 //! remediation loop must handle (kill, pause, failing kubelet, network cut
 //! at the default `maxUnhealthy`, a dead lone control plane, a killed control
 //! plane and worker checked with real kubectl and etcdctl, a replaced init
-//! control plane, a coordinator killed mid-create, a coordinator restarted,
-//! and a leader change among replicas on etcd).
+//! control plane, a scale-down drained through a PodDisruptionBudget, a
+//! coordinator killed mid-create, a coordinator restarted, and a leader
+//! change among replicas on etcd).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -856,11 +857,19 @@ fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
 }
 
 #[test]
-fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
+fn scale_down_drains_the_newest_workers_a_disruption_budget_holds_and_scale_up_adds() {
     let (tmp, name, _cleanup) = setup("scale");
     let c = start(tmp.path(), "1s", "5s");
-    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, ""));
+    let drain = "  drain:\n    timeout: 20s\n";
+    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, drain));
     c.wait_cluster_phase(&name, "Running", BOOT);
+    let init = c.cluster(&name).unwrap()["status"]["initMachine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (files, etcd) = init_files(&c, &name, &init, tmp.path());
+    wait_whole(&c, &name, &files, &etcd, 4, "four Ready Nodes");
+    let admin = files.join("admin.conf");
     let mut workers: Vec<(String, String)> = live_machines(&c, &name)
         .iter()
         .filter(|m| m["spec"]["assignment"]["role"] == "worker")
@@ -876,17 +885,77 @@ fn scale_down_removes_the_newest_workers_and_scale_up_adds() {
         .collect();
     workers.sort();
     let oldest = workers[0].1.clone();
-    scale_default_pool(&c, &name, "1");
-    wait_for("two workers to go", BOOT, || {
-        let w = worker_names(&c, &name);
-        if w.len() == 1 {
-            Ok(w)
-        } else {
-            Err(format!("{w:?}"))
-        }
-    });
+    let newest = workers[2].1.clone();
+
+    // A Pod on the newest worker, behind a budget that allows no
+    // disruption, created with real kubectl.
+    let manifests = tmp.path().join("web.yaml");
+    std::fs::write(
+        &manifests,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: default, labels: {{app: web}}}}\n\
+             spec: {{nodeName: {newest}, containers: [{{name: web, image: web}}]}}\n---\n\
+             apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: web, namespace: default}}\n\
+             spec: {{minAvailable: 1, selector: {{matchLabels: {{app: web}}}}}}\n"
+        ),
+    )
+    .unwrap();
+    let create = [
+        "create",
+        "--validate=false",
+        "-f",
+        manifests.to_str().unwrap(),
+    ];
+    kube::kubectl(&admin, &create).unwrap();
+
+    // 3 -> 1: the newest workers are drained one at a time; the budget
+    // refuses the Pod's eviction, so after the drain timeout the removal
+    // halts, saying why, with the newest worker still Running and cordoned.
+    c.cli_ok(&["scale", &name, "--pool", "default", "--replicas", "1"]);
+    let message = c.wait_condition(&name, "DrainFailed", "True");
+    assert!(
+        message.contains("default/web-1") && message.contains("disruption budget web"),
+        "{message}"
+    );
+    let held = live_machines(&c, &name);
+    let held = held
+        .iter()
+        .find(|m| name_of(m) == newest)
+        .expect("the newest worker is held");
+    assert_eq!(held["status"]["phase"], "Running", "{held}");
+    let unschedulable = [
+        "get",
+        "node",
+        &newest,
+        "-o",
+        "jsonpath={.spec.unschedulable}",
+    ];
+    assert_eq!(kube::kubectl(&admin, &unschedulable).as_deref(), Ok("true"));
+    assert!(
+        kube::kubectl(&admin, &["get", "pod", "web-1"]).is_ok(),
+        "the protected Pod stays"
+    );
+
+    // Without the budget the next attempt evicts the Pod: both workers
+    // leave, their Nodes go, and only the oldest worker stays.
+    kube::kubectl(&admin, &["delete", "pdb", "web"]).unwrap();
+    wait_whole(
+        &c,
+        &name,
+        &files,
+        &etcd,
+        2,
+        "the drained workers and their Nodes to go",
+    );
     assert_eq!(worker_names(&c, &name), vec![oldest]);
+    let pod = kube::kubectl(&admin, &["get", "pod", "web-1"]);
+    assert!(
+        pod.is_err_and(|e| e.contains("NotFound")),
+        "the Pod was evicted"
+    );
+    c.wait_condition(&name, "DrainFailed", "False");
     wait_containers(&name, 2, "their containers to go");
+
     scale_default_pool(&c, &name, "2");
     assert_eq!(worker_names(&c, &name).len(), 2);
 }

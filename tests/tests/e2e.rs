@@ -1102,7 +1102,7 @@ fn three_pool_control_plane_replacements_in_a_row_keep_three_members_and_true_no
                         "running {all:?} (control planes {cps:?}); started members {started:?} \
                          of {}; Nodes {nodes:?}, Ready {ready:?}; remediation {:?}",
                         members.len(),
-                        cluster_condition(&c, "row", "RemediationAllowed")
+                        c.condition("row", "RemediationAllowed")
                     ))
                 }
             },
@@ -1187,23 +1187,6 @@ fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etc
     assert_one_after_another(&spans);
 }
 
-/// The cluster's condition `type_`, as (status, message).
-fn cluster_condition(c: &Coordinator, cluster: &str, type_: &str) -> Option<(String, String)> {
-    let v: serde_json::Value =
-        serde_json::from_str(&c.cli_ok(&["get", "cluster", cluster, "-o", "json"])).ok()?;
-    let v = if v.is_array() { v[0].clone() } else { v };
-    v["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|x| x["type"] == type_)
-        .map(|x| {
-            (
-                x["status"].as_str().unwrap_or_default().to_owned(),
-                x["message"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-}
-
 #[test]
 fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it() {
     let (tmp, c, agents) = registered_pool(2, "node-");
@@ -1262,13 +1245,7 @@ fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it
     // The operator deletes the worker: it is cordoned, its eviction is
     // refused, and after the drain timeout the removal halts, saying why.
     c.cli_ok(&["delete", "machine", &worker_name]);
-    wait_for("the drain to time out", BOOT, || {
-        match cluster_condition(&c, "drain", "DrainFailed") {
-            Some((s, m)) if s == "True" => Ok(m),
-            other => Err(format!("{other:?}")),
-        }
-    });
-    let (_, message) = cluster_condition(&c, "drain", "DrainFailed").unwrap();
+    let message = c.wait_condition("drain", "DrainFailed", "True");
     assert!(
         message.contains("default/web-1") && message.contains("disruption budget web"),
         "{message}"
@@ -1323,10 +1300,5 @@ fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it
         pod.is_err_and(|e| e.contains("NotFound")),
         "the pod was evicted"
     );
-    wait_for("DrainFailed to clear", BOOT, || {
-        match cluster_condition(&c, "drain", "DrainFailed") {
-            Some((s, _)) if s == "False" => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    c.wait_condition("drain", "DrainFailed", "False");
 }

@@ -303,17 +303,11 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 // purpose (its machine is gone) stays dropped.
                 let init = c.status.init_machine.clone();
                 let named_meanwhile = init != cluster.status.init_machine;
-                // The etcd members are the control planes' to report: a
-                // report that arrived meanwhile is kept.
-                let members = std::mem::take(&mut c.status.etcd_members);
-                let reported_by = c.status.etcd_reported_by.take();
-                let reported_at = c.status.etcd_reported_at.take();
-                let nodes = std::mem::take(&mut c.status.nodes);
-                c.status = status.clone();
-                c.status.nodes = nodes;
-                c.status.etcd_members = members;
-                c.status.etcd_reported_by = reported_by;
-                c.status.etcd_reported_at = reported_at;
+                // `wanted` keeps what agents reported meanwhile (etcd
+                // members, Nodes, this attempt's drain result): writing the
+                // plan's `status` instead would lose a drain result the
+                // machine already answered, and drain it again.
+                c.status = wanted;
                 if c.status.init_machine.is_none() && named_meanwhile {
                     c.status.init_machine = init;
                 }

@@ -1577,4 +1577,55 @@ mod tests {
         let steps = plan(&c, &machines, &obs(true, &seen_now));
         assert_eq!(releases(&steps), vec![("w1".to_owned(), false)]);
     }
+
+    /// A control plane answers a drain between a pass's read of the cluster
+    /// and its status write: the answer survives the write, so the machine
+    /// is not drained a second time (CI on e5e632b drained a worker twice,
+    /// 90 s apart, because the write dropped the first answer).
+    #[tokio::test]
+    async fn a_drain_answer_recorded_during_a_pass_survives_its_status_write() {
+        use crate::store::{Kind, StoreError};
+        use drover_common::api::{DrainResult, NodeDrain};
+        let dir = tempfile::tempdir().unwrap();
+        let app = crate::app::App::for_tests(dir.path());
+        let at = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let mut c = cluster(1, 1);
+        c.status.drain = Some(NodeDrain {
+            machine: "w".into(),
+            node: "w".into(),
+            via: "cp".into(),
+            started_at: at,
+            requested_at: at,
+            result: None,
+        });
+        app.store.create_json(Kind::Cluster, "c", &c).unwrap();
+        let read_by_the_pass = app.cluster("c").unwrap().unwrap();
+        app.update_cluster::<StoreError>("c", |c| {
+            c.status.drain.as_mut().unwrap().result = Some(DrainResult {
+                ok: true,
+                message: "evicted 2 pods".into(),
+            });
+            Ok(true)
+        })
+        .unwrap();
+        let mut status = read_by_the_pass.status.clone();
+        status.phase = ClusterPhase::Provisioning;
+        super::executor::execute(&app, &read_by_the_pass, &Step::SetStatus(Box::new(status)))
+            .await
+            .unwrap();
+        let stored = app.cluster("c").unwrap().unwrap().status;
+        assert_eq!(
+            stored.phase,
+            ClusterPhase::Provisioning,
+            "the pass's own change is written"
+        );
+        assert_eq!(
+            stored.drain.and_then(|d| d.result),
+            Some(DrainResult {
+                ok: true,
+                message: "evicted 2 pods".into()
+            }),
+            "the answer recorded meanwhile is kept"
+        );
+    }
 }

@@ -21,14 +21,11 @@ pub const DRAIN_CONDITION: &str = "DrainFailed";
 pub const DRAIN_RETRY: time::Duration = time::Duration::seconds(10);
 
 /// How long an attempt may go unanswered before it is asked for again (the
-/// agent may have restarted and lost it, or its answer was not recorded).
-/// A drain is idempotent, so asking again costs one heartbeat's work.
-///
-/// Known bug, not found yet: a reported success is sometimes not in the
-/// status on the next pass (seen once in CI, on a worker deleted the moment
-/// it ran). This period is what recovers from it, so keep it short until
-/// the cause is found.
-pub const DRAIN_RESEND: time::Duration = time::Duration::seconds(15);
+/// agent may have restarted and lost it). A drain is idempotent, so asking
+/// again costs one heartbeat's work; the period is longer than an attempt
+/// may take (the agent waits up to 30 s for evicted Pods to go), so a slow
+/// attempt is not asked for twice.
+pub const DRAIN_RESEND: time::Duration = time::Duration::seconds(60);
 
 /// Holds back the removals of `steps` whose machines are not drained yet,
 /// and records the drain under way in the cluster's status.
