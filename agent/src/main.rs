@@ -14,7 +14,9 @@
 //! 64 for bad flags or a missing, unreadable or invalid bootstrap document.
 //!
 //! `drover-agent simulate` instead runs a fleet of simulated machines in one
-//! process against a real coordinator, to size it (see `simulate/`).
+//! process against a real coordinator, to size it (see `simulate/`), and
+//! `drover-agent load-balancer` a docker cluster's control-plane endpoint
+//! (see `load_balancer.rs`).
 
 mod address;
 mod agent;
@@ -27,6 +29,7 @@ mod files;
 mod health;
 mod imds;
 mod kube;
+mod load_balancer;
 mod netfilter;
 mod nocloud;
 mod protocol;
@@ -129,6 +132,10 @@ enum Command {
     /// Run N simulated machines against a real coordinator (real HTTPS and
     /// mutual TLS) to size it, and print a summary.
     Simulate(simulate::SimulateArgs),
+    /// Run a docker cluster's control-plane endpoint: a TCP load balancer
+    /// over the API servers the coordinator lists in the backends file,
+    /// each probed on `/readyz` every second.
+    LoadBalancer(load_balancer::LoadBalancerArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -185,12 +192,16 @@ fn main() -> ExitCode {
         eprintln!("drover-agent: cannot set up logging: {e:#}");
         return ExitCode::from(EXIT_USAGE);
     }
-    if let Some(Command::Simulate(args)) = cli.command.take() {
-        return match simulate::main(args) {
-            simulate::Exit::Success => ExitCode::SUCCESS,
-            simulate::Exit::Failure => ExitCode::FAILURE,
-            simulate::Exit::Usage => ExitCode::from(EXIT_USAGE),
-        };
+    match cli.command.take() {
+        Some(Command::Simulate(args)) => {
+            return match simulate::main(args) {
+                simulate::Exit::Success => ExitCode::SUCCESS,
+                simulate::Exit::Failure => ExitCode::FAILURE,
+                simulate::Exit::Usage => ExitCode::from(EXIT_USAGE),
+            };
+        }
+        Some(Command::LoadBalancer(args)) => return load_balancer_main(args),
+        None => {}
     }
     if std::process::id() == 1 {
         // The agent waits only for its own kubeadm children; daemons kubeadm
@@ -222,6 +233,28 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_REFUSED)
         }
         Err(Exit::Failure(e)) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `drover-agent load-balancer` to its end.
+fn load_balancer_main(args: load_balancer::LoadBalancerArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(load_balancer::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE
         }
@@ -436,7 +469,20 @@ mod tests {
         .unwrap();
         match cli.command {
             Some(Command::Simulate(a)) => assert_eq!(a.machines, 7),
-            None => panic!("no subcommand"),
+            other => panic!("not simulate: {other:?}"),
+        }
+        let cli =
+            Cli::try_parse_from(["drover-agent", "load-balancer", "--listen", "0.0.0.0:7443"])
+                .unwrap();
+        match cli.command {
+            Some(Command::LoadBalancer(a)) => {
+                assert_eq!(a.listen.to_string(), "0.0.0.0:7443");
+                assert_eq!(
+                    a.config,
+                    PathBuf::from(drover_common::wire::LOAD_BALANCER_CONFIG_PATH)
+                );
+            }
+            other => panic!("not load-balancer: {other:?}"),
         }
         assert_eq!(cli.kubeadm, "kubeadm");
         assert_eq!(cli.api_server_port, 6443);

@@ -3,7 +3,9 @@
 //! Only types from this crate cross the wire between the two binaries. The
 //! crate holds no IO: everything here is pure and unit-tested, so the
 //! coordinator and the agent agree on formats by construction. The one
-//! system call, in `process`, raises the open-file limit at start.
+//! system call, in `process`, raises the open-file limit at start; the one
+//! exception, `tcp_proxy` (behind the `tcp-proxy` feature), is the TCP
+//! load balancer both binaries run for control-plane endpoints.
 
 /// Implements the OpenAPI schema, `Serialize` and `Deserialize` of a type
 /// that travels as a string: its `Display` form, parsed back with `FromStr`.
@@ -44,6 +46,8 @@ pub mod jws;
 pub mod names;
 pub mod pem;
 pub mod process;
+#[cfg(feature = "tcp-proxy")]
+pub mod tcp_proxy;
 pub mod token;
 pub mod units;
 // Certificates and their pins.

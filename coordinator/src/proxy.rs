@@ -13,12 +13,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use drover_common::api::{Cluster, Machine, MachinePhase};
-use tokio::net::{TcpListener, TcpStream};
+use drover_common::tcp_proxy::{accept_loop, Backends};
+use tokio::net::TcpListener;
 
 use crate::app::App;
 use crate::tasks::Task;
@@ -27,8 +27,6 @@ use crate::tasks::Task;
 pub const PERIOD: Duration = Duration::from_secs(1);
 /// How long one `/readyz` probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
-/// How long a backend may take to accept a proxied connection.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Runs the `endpoint-proxies` task until `shutdown` fires.
 pub async fn run(app: Arc<App>, task: Arc<Task>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
@@ -50,7 +48,7 @@ pub async fn run(app: Arc<App>, task: Arc<Task>, mut shutdown: tokio::sync::watc
 /// One cluster's listener and its current backends.
 struct Proxy {
     port: u16,
-    backends: Arc<RwLock<Vec<SocketAddr>>>,
+    backends: Backends,
     accept: tokio::task::JoinHandle<()>,
     /// A client that trusts the cluster's CA, for `/readyz`.
     probe: reqwest::Client,
@@ -186,100 +184,5 @@ async fn ready(client: &reqwest::Client, addr: SocketAddr) -> bool {
             tracing::debug!(%addr, error = %e, "control-plane backend not ready");
             false
         }
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    cluster: String,
-    backends: Arc<RwLock<Vec<SocketAddr>>>,
-) {
-    let next = Arc::new(AtomicUsize::new(0));
-    loop {
-        let (client, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of files, most likely: wait a little rather than spin.
-                tracing::warn!(cluster = %cluster, error = %e, "managed endpoint cannot accept");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let chosen: Vec<SocketAddr> = backends.read().expect("backends lock").clone();
-        let cluster = cluster.clone();
-        let next = next.clone();
-        tokio::spawn(async move {
-            if let Err(e) = forward(client, &chosen, &next).await {
-                tracing::debug!(cluster = %cluster, %peer, error = %e, "managed endpoint connection ended");
-            }
-        });
-    }
-}
-
-/// Connects `client` to the first backend, round robin, that accepts.
-async fn forward(
-    mut client: TcpStream,
-    backends: &[SocketAddr],
-    next: &AtomicUsize,
-) -> std::io::Result<()> {
-    if backends.is_empty() {
-        return Err(std::io::Error::other("no control-plane machine is ready"));
-    }
-    let start = next.fetch_add(1, Ordering::Relaxed);
-    for i in 0..backends.len() {
-        let addr = backends[(start + i) % backends.len()];
-        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-            Ok(Ok(mut server)) => {
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                tokio::io::copy_bidirectional(&mut client, &mut server).await?;
-                return Ok(());
-            }
-            Ok(Err(e)) => tracing::debug!(%addr, error = %e, "backend refused; trying the next"),
-            Err(_) => tracing::debug!(%addr, "backend did not accept in time; trying the next"),
-        }
-    }
-    Err(std::io::Error::other("no control-plane machine accepted"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[tokio::test]
-    async fn connections_go_round_robin_and_skip_a_dead_backend() {
-        // Two echo-once backends that say who they are, and one dead port.
-        let mut addrs = vec![];
-        for tag in [b'a', b'b'] {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addrs.push(l.local_addr().unwrap());
-            tokio::spawn(async move {
-                loop {
-                    let (mut s, _) = l.accept().await.unwrap();
-                    s.write_all(&[tag]).await.unwrap();
-                }
-            });
-        }
-        let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let dead_addr = dead.local_addr().unwrap();
-        drop(dead);
-        let backends = Arc::new(RwLock::new(vec![addrs[0], dead_addr, addrs[1]]));
-        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let front_addr = front.local_addr().unwrap();
-        tokio::spawn(accept_loop(front, "c".into(), backends.clone()));
-        let mut seen = vec![];
-        for _ in 0..3 {
-            let mut s = TcpStream::connect(front_addr).await.unwrap();
-            let mut b = [0u8];
-            s.read_exact(&mut b).await.unwrap();
-            seen.push(b[0]);
-        }
-        assert_eq!(seen, b"abb", "a, then the dead one skipped to b, then b");
-        // With no backend, a connection is closed at once.
-        backends.write().unwrap().clear();
-        let mut s = TcpStream::connect(front_addr).await.unwrap();
-        let mut buf = vec![];
-        assert_eq!(s.read_to_end(&mut buf).await.unwrap(), 0);
     }
 }

@@ -426,6 +426,11 @@ pub struct ClusterStatus {
     /// `kubeadm init`, and kept for the cluster's life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_port: Option<u16>,
+    /// The provider's load balancer in front of the control planes (docker
+    /// clusters), made before the first machine; `controlPlaneEndpoint` is
+    /// its address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_balancer: Option<LoadBalancerStatus>,
     /// The cluster's etcd members as a control-plane agent last reported
     /// them (`drover describe cluster` shows them). Every quorum decision
     /// uses this list, not the machine count.
@@ -464,6 +469,19 @@ pub struct ClusterStatus {
     pub pools: Vec<PoolStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A provider load balancer that is a cluster's control-plane endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancerStatus {
+    /// The endpoint, `host:port`.
+    pub address: String,
+    /// What the provider calls it (a container name, an ARN).
+    pub id: String,
+    /// The API servers it was last told to forward to, `ip:port`, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<String>,
 }
 
 /// Counts for one pool of a cluster.

@@ -10,10 +10,12 @@
 pub mod bootstrap;
 pub mod directive;
 pub mod heartbeat;
+pub mod load_balancer;
 pub mod register;
 pub mod ticket;
 
 pub use bootstrap::*;
 pub use directive::*;
 pub use heartbeat::*;
+pub use load_balancer::*;
 pub use register::*;

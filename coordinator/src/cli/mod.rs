@@ -959,6 +959,14 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
         "Endpoint:       {}",
         c.status.control_plane_endpoint.as_deref().unwrap_or("-")
     );
+    if let Some(lb) = &c.status.load_balancer {
+        let backends = if lb.backends.is_empty() {
+            "none yet".to_owned()
+        } else {
+            lb.backends.join(", ")
+        };
+        let _ = writeln!(o, "Load balancer:  {} -> {backends}", lb.id);
+    }
     let _ = writeln!(
         o,
         "Init machine:   {}",

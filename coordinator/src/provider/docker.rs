@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, HostConfig, Ipam, NetworkCreateRequest};
 use bollard::query_parameters::{
-    CreateContainerOptions, InspectNetworkOptions, ListContainersOptions, ListNetworksOptions,
-    RemoveContainerOptions, StartContainerOptions, UploadToContainerOptions,
+    CreateContainerOptions, InspectNetworkOptions, KillContainerOptions, ListContainersOptions,
+    ListNetworksOptions, RemoveContainerOptions, StartContainerOptions, UploadToContainerOptions,
 };
 use bollard::Docker;
 use drover_common::api::{Cluster, Machine, ProviderSpec};
@@ -29,6 +29,12 @@ pub const COORDINATOR_HOST: &str = "drover-coordinator";
 pub const SEED_DIR: &str = "/var/lib/cloud/seed/nocloud";
 
 const PROVIDER: &str = "docker";
+/// The label that marks a cluster's load-balancer container (not a machine).
+pub const LABEL_ROLE: &str = "drover.dev/role";
+/// Its value on the load-balancer container.
+pub const ROLE_LOAD_BALANCER: &str = "load-balancer";
+/// The port the load balancer serves the API on.
+pub const LOAD_BALANCER_PORT: u16 = 6443;
 
 /// A connection to the Docker engine, scoped to one coordinator's objects.
 #[derive(Clone)]
@@ -88,6 +94,11 @@ impl DockerProvider {
     /// The name of a machine's container.
     pub fn container_name(cluster: &str, machine: &str) -> String {
         format!("drover-{cluster}-{machine}")
+    }
+
+    /// The name of a cluster's load-balancer container.
+    pub fn load_balancer_name(cluster: &str) -> String {
+        format!("drover-{cluster}-lb")
     }
 
     fn cluster_labels(&self, cluster: &str, cluster_uid: &str) -> HashMap<String, String> {
@@ -277,6 +288,143 @@ impl DockerProvider {
         Ok(id)
     }
 
+    /// Creates and starts the cluster's load-balancer container unless it
+    /// exists: `drover-agent load-balancer` from the node image, on the
+    /// cluster's network. Returns it with its address on that network.
+    pub async fn ensure_load_balancer(
+        &self,
+        cluster: &str,
+        cluster_uid: &str,
+        image: &str,
+        network: &ClusterNetwork,
+    ) -> Result<super::EndpointLoadBalancer, ProviderError> {
+        let name = Self::load_balancer_name(cluster);
+        let mut labels = self.cluster_labels(cluster, cluster_uid);
+        labels.insert(LABEL_ROLE.into(), ROLE_LOAD_BALANCER.into());
+        let body = ContainerCreateBody {
+            image: Some(image.to_owned()),
+            hostname: Some(name.clone()),
+            labels: Some(labels),
+            // On the PATH of every Drover node image (the test image has it
+            // in /usr/bin, the user recipe in /usr/local/bin).
+            entrypoint: Some(vec!["drover-agent".into(), "load-balancer".into()]),
+            cmd: Some(vec![
+                "--listen".into(),
+                format!("0.0.0.0:{LOAD_BALANCER_PORT}"),
+            ]),
+            host_config: Some(HostConfig {
+                network_mode: Some(network.name.clone()),
+                init: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptions {
+            name: Some(name.clone()),
+            ..Default::default()
+        };
+        match self.docker.create_container(Some(opts), body).await {
+            Ok(_) => tracing::info!(container = %name, cluster, "load-balancer container created"),
+            Err(e) if status_code(&e) == Some(409) => {}
+            Err(e) if status_code(&e) == Some(404) => {
+                return Err(ProviderError::Failed {
+                    provider: PROVIDER,
+                    action: "create the load balancer",
+                    object: name,
+                    detail: format!(
+                        "image {image} not found; build it (scripts/build-node-image) or fix spec.provider.docker.image"
+                    ),
+                })
+            }
+            Err(e) => return Err(failed("create the load balancer", &name, e)),
+        }
+        match self
+            .docker
+            .start_container(&name, None::<StartContainerOptions>)
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if status_code(&e) == Some(304) => {}
+            Err(e) => return Err(failed("start the load balancer", &name, e)),
+        }
+        let c = self
+            .docker
+            .inspect_container(&name, None)
+            .await
+            .map_err(|e| failed("inspect the load balancer", &name, e))?;
+        let labels = c
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default();
+        if labels.get(LABEL_CLUSTER_UID).map(String::as_str) != Some(cluster_uid)
+            || labels.get(LABEL_MANAGED) != Some(&self.owner)
+        {
+            return Err(ProviderError::Foreign {
+                object: format!("container {name}"),
+                detail: format!("labels {labels:?}"),
+            });
+        }
+        let ip = c
+            .network_settings
+            .as_ref()
+            .and_then(|n| n.networks.as_ref())
+            .and_then(|n| n.get(&network.name))
+            .and_then(|n| n.ip_address.clone())
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| ProviderError::Failed {
+                provider: PROVIDER,
+                action: "read the address of",
+                object: format!("load-balancer container {name}"),
+                detail: format!("it has no address on network {}", network.name),
+            })?;
+        Ok(super::EndpointLoadBalancer {
+            id: name,
+            address: format!("{ip}:{LOAD_BALANCER_PORT}"),
+        })
+    }
+
+    /// Writes the backends file into the cluster's load-balancer container
+    /// and signals the load balancer to read it at once.
+    pub async fn set_load_balancer_backends(
+        &self,
+        cluster: &str,
+        config: &drover_common::wire::LoadBalancerConfig,
+    ) -> Result<(), ProviderError> {
+        let name = Self::load_balancer_name(cluster);
+        let json = serde_json::to_vec_pretty(config).expect("the backends file serializes");
+        let tar = file_archive(drover_common::wire::LOAD_BALANCER_CONFIG_PATH, &json, 0o644)
+            .map_err(|e| ProviderError::Failed {
+                provider: PROVIDER,
+                action: "pack the backends file for",
+                object: name.clone(),
+                detail: e.to_string(),
+            })?;
+        self.docker
+            .upload_to_container(
+                &name,
+                Some(UploadToContainerOptions {
+                    path: "/".into(),
+                    ..Default::default()
+                }),
+                bollard::body_full(tar.into()),
+            )
+            .await
+            .map_err(|e| failed("write the backends of", &name, e))?;
+        // It re-reads the file at once on SIGHUP (else within a second).
+        self.docker
+            .kill_container(
+                &name,
+                Some(KillContainerOptions {
+                    signal: "SIGHUP".into(),
+                }),
+            )
+            .await
+            .map_err(|e| failed("signal the load balancer", &name, e))?;
+        tracing::info!(container = %name, backends = ?config.backends, "load-balancer backends written");
+        Ok(())
+    }
+
     /// Removes a machine's container; a missing one is already deleted.
     pub async fn delete(&self, cluster: &str, machine: &str) -> Result<(), ProviderError> {
         let name = Self::container_name(cluster, machine);
@@ -342,6 +490,7 @@ impl DockerProvider {
             .map_err(|e| failed("list containers", "of this coordinator", e))?;
         Ok(list
             .into_iter()
+            .filter(|c| !is_load_balancer(c.labels.as_ref()))
             .map(|c| {
                 use bollard::models::ContainerSummaryStateEnum as S;
                 let state = match c.state {
@@ -359,6 +508,37 @@ impl DockerProvider {
                         .collect::<BTreeMap<_, _>>(),
                     state,
                 }
+            })
+            .collect())
+    }
+
+    /// Every load-balancer container this coordinator created, as
+    /// cluster resources named by container name.
+    pub async fn list_load_balancers(&self) -> Result<Vec<Managed>, ProviderError> {
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![
+                format!("{LABEL_MANAGED}={}", self.owner),
+                format!("{LABEL_ROLE}={ROLE_LOAD_BALANCER}"),
+            ],
+        )]);
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| failed("list load balancers", "of this coordinator", e))?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let name = c.names?.first()?.trim_start_matches('/').to_owned();
+                Some(Managed::ClusterResource {
+                    name,
+                    labels: c.labels.unwrap_or_default().into_iter().collect(),
+                })
             })
             .collect())
     }
@@ -464,7 +644,10 @@ impl<'a> DockerEngine<'a> {
     async fn managed_objects(&self) -> Result<Vec<Managed>, ProviderError> {
         let docker = self.docker().await?;
         let containers = docker.list().await?;
+        let load_balancers = docker.list_load_balancers().await?;
         let networks = docker.list_networks().await?;
+        // Containers before networks: a network goes only once nothing is
+        // attached to it.
         Ok(containers
             .into_iter()
             .map(|pm| Managed::Machine {
@@ -472,6 +655,7 @@ impl<'a> DockerEngine<'a> {
                 labels: pm.labels,
                 gone: false,
             })
+            .chain(load_balancers)
             .chain(networks.into_iter().map(|n| Managed::ClusterResource {
                 name: n.name,
                 labels: n.labels,
@@ -490,6 +674,11 @@ impl<'a> DockerEngine<'a> {
                 docker.remove_container(provider_id).await?;
                 tracing::warn!(container = %short(provider_id), labels = ?labels, "orphan container removed");
                 Ok(Some(format!("container {}", short(provider_id))))
+            }
+            Managed::ClusterResource { name, labels } if is_load_balancer_labels(labels) => {
+                docker.remove_container(name).await?;
+                tracing::warn!(container = %name, "orphan load balancer removed");
+                Ok(Some(format!("load-balancer container {name}")))
             }
             Managed::ClusterResource { name, .. } => match docker.remove_network(name).await {
                 Ok(()) => {
@@ -534,9 +723,42 @@ impl Provider for DockerEngine<'_> {
         cluster: &'a Cluster,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
+            let docker = self.docker().await?;
+            let name = &cluster.metadata.name;
+            docker
+                .remove_container(&DockerProvider::load_balancer_name(name))
+                .await?;
+            docker.delete_network(name).await
+        })
+    }
+
+    fn ensure_endpoint<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+    ) -> BoxFuture<'a, Result<Option<super::EndpointLoadBalancer>, ProviderError>> {
+        Box::pin(async move {
+            let ProviderSpec::Docker(spec) = &cluster.spec.provider else {
+                return Ok(None);
+            };
+            let docker = self.docker().await?;
+            let uid = cluster.metadata.uid.clone().unwrap_or_default();
+            let network = docker.ensure_network(&cluster.metadata.name, &uid).await?;
+            let lb = docker
+                .ensure_load_balancer(&cluster.metadata.name, &uid, &spec.image, &network)
+                .await?;
+            Ok(Some(lb))
+        })
+    }
+
+    fn set_endpoint_backends<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        config: &'a drover_common::wire::LoadBalancerConfig,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
             self.docker()
                 .await?
-                .delete_network(&cluster.metadata.name)
+                .set_load_balancer_backends(&cluster.metadata.name, config)
                 .await
         })
     }
@@ -568,9 +790,48 @@ impl Provider for DockerEngine<'_> {
     }
 }
 
+/// Whether a container's labels mark a load balancer, not a machine.
+fn is_load_balancer(labels: Option<&HashMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(LABEL_ROLE)).map(String::as_str) == Some(ROLE_LOAD_BALANCER)
+}
+
+fn is_load_balancer_labels(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(LABEL_ROLE).map(String::as_str) == Some(ROLE_LOAD_BALANCER)
+}
+
 /// The first 12 characters of a container ID, as `docker ps` shows it.
 pub fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
+}
+
+/// A tar archive holding one file at absolute `path` (with its parent
+/// directories), to upload at `/`.
+fn file_archive(path: &str, content: &[u8], mode: u32) -> std::io::Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let path = path.trim_start_matches('/');
+    let mut dir = String::new();
+    let parts: Vec<&str> = path.split('/').collect();
+    for part in &parts[..parts.len() - 1] {
+        dir.push_str(part);
+        dir.push('/');
+        append_dir(&mut builder, &dir)?;
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(mode);
+    h.set_size(content.len() as u64);
+    h.set_cksum();
+    builder.append_data(&mut h, path, content)?;
+    builder.into_inner()
+}
+
+fn append_dir(builder: &mut tar::Builder<Vec<u8>>, dir: &str) -> std::io::Result<()> {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Directory);
+    h.set_mode(0o755);
+    h.set_size(0);
+    h.set_cksum();
+    builder.append_data(&mut h, dir, std::io::empty())
 }
 
 /// A tar archive holding the NoCloud seed: `user-data` (the bootstrap
@@ -582,12 +843,7 @@ fn seed_archive(user_data: &str, machine: &str, machine_uid: &str) -> std::io::R
     for part in SEED_DIR.trim_start_matches('/').split('/') {
         dir.push_str(part);
         dir.push('/');
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Directory);
-        h.set_mode(0o755);
-        h.set_size(0);
-        h.set_cksum();
-        builder.append_data(&mut h, &dir, std::io::empty())?;
+        append_dir(&mut builder, &dir)?;
     }
     for (file, content, mode) in [
         ("user-data", user_data, 0o600),

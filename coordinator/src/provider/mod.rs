@@ -55,6 +55,15 @@ impl MachineRequest {
     }
 }
 
+/// A provider's load balancer in front of a cluster's control planes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointLoadBalancer {
+    /// What the provider calls it (a container name, an ARN).
+    pub id: String,
+    /// The endpoint, `host:port`.
+    pub address: String,
+}
+
 /// What a successful create reports.
 #[derive(Debug, Clone)]
 pub struct Created {
@@ -145,11 +154,12 @@ pub trait CreateHost: Sync {
 /// call is idempotent on the machine UID and everything created carries the
 /// labels above.
 ///
-/// Room for the next provider-side resource: a control-plane endpoint (a
-/// load balancer in front of a cluster's control-plane machines) belongs
-/// here as a cluster-wide resource next to [`Provider::delete_cluster_resources`],
-/// ensured before the first control-plane machine and listed by
-/// [`Provider::managed`] for the sweeper. It is not built yet.
+/// A provider may also keep the cluster's control-plane endpoint: a load
+/// balancer in front of its control-plane machines, made before the first
+/// machine ([`Provider::ensure_endpoint`]), told its backends as control
+/// planes come and go ([`Provider::set_endpoint_backends`]), listed by
+/// [`Provider::managed`] for the sweeper and deleted with the cluster's
+/// other resources.
 pub trait Provider: Send + Sync {
     /// Creates the machine's container or instance unless it exists, with
     /// its bootstrap document as user data and its UID as idempotency key.
@@ -173,6 +183,35 @@ pub trait Provider: Send + Sync {
         &'a self,
         cluster: &'a Cluster,
     ) -> BoxFuture<'a, Result<(), ProviderError>>;
+
+    /// Makes the cluster's control-plane endpoint unless it exists and
+    /// returns it, or `None` when this provider keeps none (the endpoint is
+    /// then the spec's, or a control plane's own address).
+    fn ensure_endpoint<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+    ) -> BoxFuture<'a, Result<Option<EndpointLoadBalancer>, ProviderError>> {
+        let _ = cluster;
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Points the cluster's endpoint at `config.backends` (the API servers
+    /// of its Running control planes that are not leaving).
+    fn set_endpoint_backends<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        config: &'a drover_common::wire::LoadBalancerConfig,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        let _ = (cluster, config);
+        Box::pin(async {
+            Err(ProviderError::Failed {
+                provider: "this",
+                action: "set the backends of",
+                object: "a control-plane endpoint".into(),
+                detail: "the provider keeps no endpoint".into(),
+            })
+        })
+    }
 
     /// Observes: every machine this coordinator has at this provider, with
     /// its state (the caller matches them to machines by UID label).

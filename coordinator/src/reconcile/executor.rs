@@ -65,6 +65,10 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             })?;
             tracing::info!(cluster = %cname, endpoint = %address, "managed control-plane endpoint allocated");
         }
+        Step::EnsureEndpoint => provisioner::ensure_endpoint(app, cluster).await?,
+        Step::SetEndpointBackends { backends } => {
+            provisioner::set_endpoint_backends(app, cluster, backends).await?
+        }
         Step::Assign {
             machine,
             machine_pool,
@@ -282,6 +286,8 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 wanted.etcd_reported_by = c.status.etcd_reported_by.clone();
                 wanted.etcd_reported_at = c.status.etcd_reported_at;
                 wanted.nodes = c.status.nodes.clone();
+                // The load balancer is the endpoint steps' to record.
+                wanted.load_balancer = c.status.load_balancer.clone();
                 // A drain result an agent reported meanwhile, for this very
                 // attempt, is kept.
                 if let (Some(w), Some(stored)) = (wanted.drain.as_mut(), c.status.drain.as_ref()) {

@@ -399,6 +399,87 @@ mod tests {
     }
 
     #[test]
+    fn a_docker_cluster_gets_its_load_balancer_first_and_it_follows_the_control_planes() {
+        let mut c = docker_cluster(3, 0);
+        let o = obs(true, &seen_now);
+        assert_eq!(plan(&c, &[], &o), vec![Step::EnsureEndpoint]);
+
+        // Once made, it is the endpoint the init machine is created with.
+        c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
+            address: "172.18.0.2:6443".into(),
+            id: "drover-c-lb".into(),
+            backends: vec![],
+        });
+        let steps = plan(&c, &[], &o);
+        assert_eq!(
+            creates(&steps),
+            vec![(CONTROL_PLANE_POOL.to_owned(), MachineRole::Init)]
+        );
+        let status = steps
+            .iter()
+            .find_map(|s| match s {
+                Step::SetStatus(st) => Some(st.clone()),
+                _ => None,
+            })
+            .expect("a status");
+        assert_eq!(
+            status.control_plane_endpoint.as_deref(),
+            Some("172.18.0.2:6443")
+        );
+
+        // Control planes are backends from the moment they bootstrap, set
+        // before anything else of the pass.
+        let cp = |name: &str, role, phase, ip: &str| {
+            let mut m = created(name, CONTROL_PLANE_POOL, role, phase);
+            m.status.addresses = vec![ip.into()];
+            m
+        };
+        let mut machines = vec![
+            cp("cp1", MachineRole::Init, MachinePhase::Running, "10.0.0.1"),
+            cp(
+                "cp2",
+                MachineRole::ControlPlane,
+                MachinePhase::Bootstrapping,
+                "10.0.0.2",
+            ),
+        ];
+        let both = vec!["10.0.0.1:6443".to_owned(), "10.0.0.2:6443".to_owned()];
+        let steps = plan(&c, &machines, &o);
+        assert_eq!(
+            steps[0],
+            Step::SetEndpointBackends {
+                backends: both.clone()
+            }
+        );
+        c.status.load_balancer.as_mut().unwrap().backends = both;
+        let steps = plan(&c, &machines, &o);
+        assert!(
+            !steps
+                .iter()
+                .any(|s| matches!(s, Step::SetEndpointBackends { .. })),
+            "{steps:?}"
+        );
+
+        // Scaled down to one: the control plane that leaves is taken out
+        // of the backends first, and deleted only in a later pass, once the
+        // load balancer was told.
+        machines[1].status.phase = MachinePhase::Running;
+        c.spec.control_plane.replicas = 1;
+        let one = vec!["10.0.0.1:6443".to_owned()];
+        let steps = plan(&c, &machines, &o);
+        assert_eq!(
+            steps[0],
+            Step::SetEndpointBackends {
+                backends: one.clone()
+            }
+        );
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        c.status.load_balancer.as_mut().unwrap().backends = one;
+        let steps = plan(&c, &machines, &o);
+        assert_eq!(deletes(&steps), vec!["cp2".to_owned()]);
+    }
+
+    #[test]
     fn a_failed_create_waits_out_its_back_off() {
         let c = docker_cluster(1, 1);
         let mut pending = created("w1", "w", MachineRole::Worker, MachinePhase::Provisioning);
@@ -442,7 +523,14 @@ mod tests {
 
     #[test]
     fn provider_cluster_starts_with_the_init_machine_and_workers() {
-        let steps = plan(&docker_cluster(3, 2), &[], &obs(true, &seen_now));
+        // Its load balancer is made (the pass before).
+        let mut c = docker_cluster(3, 2);
+        c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
+            address: "172.18.0.2:6443".into(),
+            id: "drover-c-lb".into(),
+            backends: vec![],
+        });
+        let steps = plan(&c, &[], &obs(true, &seen_now));
         assert_eq!(
             creates(&steps),
             vec![

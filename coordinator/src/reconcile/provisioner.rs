@@ -282,6 +282,76 @@ pub async fn destroy(app: &App, cluster: &Cluster, machine: &str) -> Result<(), 
     Ok(())
 }
 
+/// Makes the cluster's control-plane load balancer at its provider unless
+/// it exists, and records it as the cluster's endpoint.
+pub async fn ensure_endpoint(app: &App, cluster: &Cluster) -> Result<(), ReconcileError> {
+    let name = &cluster.metadata.name;
+    let Some(provider) = provider_for(app, &cluster.spec.provider).await else {
+        return Ok(());
+    };
+    let Some(lb) = provider.ensure_endpoint(cluster).await? else {
+        return Err(crate::provider::ProviderError::Failed {
+            provider: cluster.spec.provider.name(),
+            action: "make the control-plane endpoint of",
+            object: format!("cluster {name}"),
+            detail: "the provider keeps no endpoint".into(),
+        }
+        .into());
+    };
+    let uid = cluster.metadata.uid.clone();
+    let mut recorded = false;
+    app.update_cluster::<StoreError>(name, |c| {
+        if c.metadata.uid != uid || c.status.load_balancer.is_some() {
+            return Ok(false);
+        }
+        recorded = true;
+        c.status.control_plane_endpoint = Some(lb.address.clone());
+        c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
+            address: lb.address.clone(),
+            id: lb.id.clone(),
+            backends: vec![],
+        });
+        Ok(true)
+    })?;
+    if recorded {
+        tracing::info!(cluster = %name, endpoint = %lb.address, load_balancer = %lb.id, "control-plane load balancer made");
+    }
+    Ok(())
+}
+
+/// Points the cluster's load balancer at `backends` and records them.
+pub async fn set_endpoint_backends(
+    app: &App,
+    cluster: &Cluster,
+    backends: &[String],
+) -> Result<(), ReconcileError> {
+    let name = &cluster.metadata.name;
+    let Some(provider) = provider_for(app, &cluster.spec.provider).await else {
+        return Ok(());
+    };
+    let Some(pki) = crate::domain::secrets::load_pki(&app.store, cluster)? else {
+        return Ok(());
+    };
+    let config = drover_common::wire::LoadBalancerConfig {
+        ca_pem: pki.ca.cert_pem.clone(),
+        backends: backends.to_vec(),
+    };
+    provider.set_endpoint_backends(cluster, &config).await?;
+    let uid = cluster.metadata.uid.clone();
+    app.update_cluster::<StoreError>(name, |c| {
+        let Some(lb) = c.status.load_balancer.as_mut() else {
+            return Ok(false);
+        };
+        if c.metadata.uid != uid || lb.backends == backends {
+            return Ok(false);
+        }
+        lb.backends = backends.to_vec();
+        Ok(true)
+    })?;
+    tracing::info!(cluster = %name, ?backends, "control-plane endpoint backends set");
+    Ok(())
+}
+
 /// Deletes what a cluster owns at its provider beyond machines (its network).
 pub async fn delete_cluster_resources(app: &App, cluster: &Cluster) -> Result<(), ReconcileError> {
     // A pool cluster owns nothing at a provider.

@@ -4,7 +4,7 @@
 use super::shared::*;
 
 use drover_common::api::{
-    Cluster, Machine, MachinePhase, MachineRole, PoolStatus, CONTROL_PLANE_POOL,
+    Cluster, Machine, MachinePhase, MachineRole, PoolStatus, ProviderSpec, CONTROL_PLANE_POOL,
 };
 
 use crate::domain::health::{quorum_allows_removal, Decision};
@@ -21,6 +21,12 @@ pub(super) fn plan_provider(
     }
     if !observed.has_pki {
         steps.push(Step::EnsurePki);
+        return steps;
+    }
+    if wants_load_balancer(cluster, mine) {
+        // The endpoint goes into the API server's certificate and every
+        // kubeconfig, so the load balancer comes before the first machine.
+        steps.push(Step::EnsureEndpoint);
         return steps;
     }
     let mut status = base_status(cluster);
@@ -258,6 +264,39 @@ pub(super) fn plan_provider(
             running: running.min(desired),
         });
     }
+    if let Some(lb) = &cluster.status.load_balancer {
+        // A control plane that leaves gets no new connection from the
+        // moment it is chosen: the backends change before it goes.
+        let leaving: Vec<String> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::DeleteMachine { machine, .. } => Some(machine.clone()),
+                _ => None,
+            })
+            .chain(etcd_leaving.iter().map(|m| m.metadata.name.clone()))
+            .collect();
+        let backends = endpoint_backends(&live, &leaving);
+        if backends != lb.backends {
+            steps.insert(0, Step::SetEndpointBackends { backends });
+        }
+        // It goes (its member removed, or its machine deleted) only once
+        // the load balancer was told: a later pass.
+        let still_served = |name: &str| {
+            live.iter()
+                .filter(|m| m.metadata.name == name)
+                .flat_map(|m| endpoint_backends(&[*m], &[]))
+                .any(|b| lb.backends.contains(&b))
+        };
+        steps.retain(|s| match s {
+            Step::DeleteMachine {
+                machine,
+                remediation: false,
+                ..
+            } => !still_served(machine),
+            _ => true,
+        });
+        etcd_leaving.retain(|m| !still_served(&m.metadata.name));
+    }
     finish_status(
         cluster,
         &live,
@@ -283,6 +322,47 @@ pub(super) fn plan_provider(
         steps.push(Step::SetStatus(Box::new(status)));
     }
     steps
+}
+
+/// Whether the cluster gets a provider load balancer as its endpoint: a
+/// docker cluster without one of the user's, before its first machine (a
+/// cluster that has machines from before load balancers keeps its
+/// machine-address endpoint: its certificates do not name another).
+fn wants_load_balancer(cluster: &Cluster, mine: &[&Machine]) -> bool {
+    matches!(cluster.spec.provider, ProviderSpec::Docker(_))
+        && cluster.spec.control_plane_endpoint.is_none()
+        && cluster.status.load_balancer.is_none()
+        && mine.iter().all(|m| m.status.phase == MachinePhase::Deleted)
+}
+
+/// The API servers a cluster's load balancer forwards to, `ip:port`,
+/// sorted: every control plane with an address that is not leaving, from
+/// the moment it bootstraps (`kubeadm init` and joins reach the API through
+/// the endpoint). The load balancer itself sends connections only to those
+/// whose `/readyz` answers.
+pub(crate) fn endpoint_backends(live: &[&Machine], leaving: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = live
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.role.is_control_plane())
+                && matches!(
+                    m.status.phase,
+                    MachinePhase::Assigned | MachinePhase::Bootstrapping | MachinePhase::Running
+                )
+                && m.metadata.deletion_timestamp.is_none()
+                && m.status.api_server_port != 0
+                && !leaving.contains(&m.metadata.name)
+        })
+        .filter_map(|m| {
+            let ip: std::net::IpAddr = m.status.addresses.first()?.parse().ok()?;
+            Some(std::net::SocketAddr::new(ip, m.status.api_server_port).to_string())
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// What limits a pool's changes in one pass.

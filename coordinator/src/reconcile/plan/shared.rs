@@ -23,6 +23,12 @@ pub enum Step {
     /// Give a cluster whose spec asks for `{managed: coordinator}` its
     /// endpoint port, before any machine runs `kubeadm init`.
     AllocateEndpoint,
+    /// Make the provider's load balancer that is the cluster's endpoint,
+    /// before any machine is created.
+    EnsureEndpoint,
+    /// Point the cluster's load balancer at these API servers (`ip:port`),
+    /// before a control plane that leaves is removed.
+    SetEndpointBackends { backends: Vec<String> },
     /// Claim a free pool machine.
     Assign {
         machine: String,
@@ -492,10 +498,14 @@ pub(crate) fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Ste
 }
 
 /// The endpoint that outlives every machine, when the cluster has one: the
-/// spec's address, or the coordinator's managed endpoint once allocated.
+/// spec's address, the provider's load balancer once made, or the
+/// coordinator's managed endpoint once allocated.
 pub(crate) fn stable_endpoint(cluster: &Cluster) -> Option<String> {
     if let Some(ep) = cluster.spec.endpoint_address() {
         return Some(ep.to_owned());
+    }
+    if let Some(lb) = &cluster.status.load_balancer {
+        return Some(lb.address.clone());
     }
     if cluster.spec.endpoint_managed_by_coordinator() && cluster.status.endpoint_port.is_some() {
         return cluster.status.control_plane_endpoint.clone();
