@@ -211,16 +211,9 @@ fn main() -> ExitCode {
              (systemd, tini, `docker run --init`), as the Drover node images do"
         );
     }
-    // One thread is plenty: the agent mostly sleeps between heartbeats.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -241,16 +234,9 @@ fn main() -> ExitCode {
 
 /// Runs `drover-agent load-balancer` to its end.
 fn load_balancer_main(args: load_balancer::LoadBalancerArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(load_balancer::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -259,6 +245,19 @@ fn load_balancer_main(args: load_balancer::LoadBalancerArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The async runtime, or the exit code when it cannot start. One thread is
+/// plenty: the agent mostly sleeps between heartbeats, and the load
+/// balancer forwards a cluster's API connections.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            ExitCode::FAILURE
+        })
 }
 
 fn init_logging(format: LogFormat) -> anyhow::Result<()> {

@@ -7,7 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig, Ipam, NetworkCreateRequest};
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, HostConfig, Ipam,
+    NetworkCreateRequest,
+};
 use bollard::query_parameters::{
     CreateContainerOptions, InspectNetworkOptions, KillContainerOptions, ListContainersOptions,
     ListNetworksOptions, RemoveContainerOptions, StartContainerOptions, UploadToContainerOptions,
@@ -158,15 +161,11 @@ impl DockerProvider {
             Err(e) if status_code(&e) == Some(404) => return Ok(None),
             Err(e) => return Err(failed("inspect network", &name, e)),
         };
-        let labels = net.labels.clone().unwrap_or_default();
-        if labels.get(LABEL_CLUSTER_UID).map(String::as_str) != Some(cluster_uid)
-            || labels.get(LABEL_MANAGED) != Some(&self.owner)
-        {
-            return Err(ProviderError::Foreign {
-                object: format!("docker network {name}"),
-                detail: format!("labels {labels:?}"),
-            });
-        }
+        self.check_owned(
+            &net.labels.clone().unwrap_or_default(),
+            cluster_uid,
+            format!("docker network {name}"),
+        )?;
         let gateway = net
             .ipam
             .as_ref()
@@ -214,16 +213,8 @@ impl DockerProvider {
                 r.id
             }
             Err(e) if status_code(&e) == Some(409) => {
-                let existing = self
-                    .docker
-                    .inspect_container(&name, None)
-                    .await
-                    .map_err(|e| failed("inspect container", &name, e))?;
-                let uid = existing
-                    .config
-                    .as_ref()
-                    .and_then(|c| c.labels.as_ref())
-                    .and_then(|l| l.get(LABEL_MACHINE_UID).cloned());
+                let (existing, labels) = self.inspect(&name, "inspect container").await?;
+                let uid = labels.get(LABEL_MACHINE_UID).cloned();
                 if uid.as_deref() != Some(req.machine_uid.as_str()) {
                     return Err(ProviderError::Foreign {
                         object: format!("container {name}"),
@@ -264,27 +255,8 @@ impl DockerProvider {
                 detail: e.to_string(),
             }
         })?;
-        self.docker
-            .upload_to_container(
-                &name,
-                Some(UploadToContainerOptions {
-                    path: "/".into(),
-                    ..Default::default()
-                }),
-                bollard::body_full(tar.into()),
-            )
-            .await
-            .map_err(|e| failed("copy user data into", &name, e))?;
-        match self
-            .docker
-            .start_container(&name, None::<StartContainerOptions>)
-            .await
-        {
-            Ok(()) => {}
-            // 304: already started.
-            Err(e) if status_code(&e) == Some(304) => {}
-            Err(e) => return Err(failed("start container", &name, e)),
-        }
+        self.upload(&name, tar, "copy user data into").await?;
+        self.start(&name, "start container").await?;
         Ok(id)
     }
 
@@ -338,33 +310,9 @@ impl DockerProvider {
             }
             Err(e) => return Err(failed("create the load balancer", &name, e)),
         }
-        match self
-            .docker
-            .start_container(&name, None::<StartContainerOptions>)
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if status_code(&e) == Some(304) => {}
-            Err(e) => return Err(failed("start the load balancer", &name, e)),
-        }
-        let c = self
-            .docker
-            .inspect_container(&name, None)
-            .await
-            .map_err(|e| failed("inspect the load balancer", &name, e))?;
-        let labels = c
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.clone())
-            .unwrap_or_default();
-        if labels.get(LABEL_CLUSTER_UID).map(String::as_str) != Some(cluster_uid)
-            || labels.get(LABEL_MANAGED) != Some(&self.owner)
-        {
-            return Err(ProviderError::Foreign {
-                object: format!("container {name}"),
-                detail: format!("labels {labels:?}"),
-            });
-        }
+        self.start(&name, "start the load balancer").await?;
+        let (c, labels) = self.inspect(&name, "inspect the load balancer").await?;
+        self.check_owned(&labels, cluster_uid, format!("container {name}"))?;
         let ip = c
             .network_settings
             .as_ref()
@@ -400,17 +348,7 @@ impl DockerProvider {
                 object: name.clone(),
                 detail: e.to_string(),
             })?;
-        self.docker
-            .upload_to_container(
-                &name,
-                Some(UploadToContainerOptions {
-                    path: "/".into(),
-                    ..Default::default()
-                }),
-                bollard::body_full(tar.into()),
-            )
-            .await
-            .map_err(|e| failed("write the backends of", &name, e))?;
+        self.upload(&name, tar, "write the backends of").await?;
         // It re-reads the file at once on SIGHUP (else within a second).
         self.docker
             .kill_container(
@@ -423,6 +361,81 @@ impl DockerProvider {
             .map_err(|e| failed("signal the load balancer", &name, e))?;
         tracing::info!(container = %name, backends = ?config.backends, "load-balancer backends written");
         Ok(())
+    }
+
+    /// Starts container `name` unless it runs; `action` says what for in
+    /// an error.
+    async fn start(&self, name: &str, action: &'static str) -> Result<(), ProviderError> {
+        match self
+            .docker
+            .start_container(name, None::<StartContainerOptions>)
+            .await
+        {
+            Ok(()) => Ok(()),
+            // 304: already started.
+            Err(e) if status_code(&e) == Some(304) => Ok(()),
+            Err(e) => Err(failed(action, name, e)),
+        }
+    }
+
+    /// Inspects container `name`, returning it with its labels; `action`
+    /// says what for in an error.
+    async fn inspect(
+        &self,
+        name: &str,
+        action: &'static str,
+    ) -> Result<(ContainerInspectResponse, HashMap<String, String>), ProviderError> {
+        let c = self
+            .docker
+            .inspect_container(name, None)
+            .await
+            .map_err(|e| failed(action, name, e))?;
+        let labels = c
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default();
+        Ok((c, labels))
+    }
+
+    /// Refuses `object` unless its labels say it is this coordinator's and
+    /// cluster `cluster_uid`'s.
+    fn check_owned(
+        &self,
+        labels: &HashMap<String, String>,
+        cluster_uid: &str,
+        object: String,
+    ) -> Result<(), ProviderError> {
+        if labels.get(LABEL_CLUSTER_UID).map(String::as_str) != Some(cluster_uid)
+            || labels.get(LABEL_MANAGED) != Some(&self.owner)
+        {
+            return Err(ProviderError::Foreign {
+                object,
+                detail: format!("labels {labels:?}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Unpacks tar archive `tar` at `/` in container `name`; `action` says
+    /// what for in an error.
+    async fn upload(
+        &self,
+        name: &str,
+        tar: Vec<u8>,
+        action: &'static str,
+    ) -> Result<(), ProviderError> {
+        self.docker
+            .upload_to_container(
+                name,
+                Some(UploadToContainerOptions {
+                    path: "/".into(),
+                    ..Default::default()
+                }),
+                bollard::body_full(tar.into()),
+            )
+            .await
+            .map_err(|e| failed(action, name, e))
     }
 
     /// Removes a machine's container; a missing one is already deleted.
@@ -473,22 +486,28 @@ impl DockerProvider {
         }
     }
 
-    /// Every container this coordinator created, in any state.
-    pub async fn list(&self) -> Result<Vec<ProviderMachine>, ProviderError> {
+    /// Every container this coordinator created, in any state, its load
+    /// balancers' too.
+    async fn containers(&self) -> Result<Vec<ContainerSummary>, ProviderError> {
         let filters = HashMap::from([(
             "label".to_owned(),
             vec![format!("{LABEL_MANAGED}={}", self.owner)],
         )]);
-        let list = self
-            .docker
+        self.docker
             .list_containers(Some(ListContainersOptions {
                 all: true,
                 filters: Some(filters),
                 ..Default::default()
             }))
             .await
-            .map_err(|e| failed("list containers", "of this coordinator", e))?;
-        Ok(list
+            .map_err(|e| failed("list containers", "of this coordinator", e))
+    }
+
+    /// Every machine container this coordinator created, in any state.
+    pub async fn list(&self) -> Result<Vec<ProviderMachine>, ProviderError> {
+        Ok(self
+            .containers()
+            .await?
             .into_iter()
             .filter(|c| !is_load_balancer(c.labels.as_ref()))
             .map(|c| {
@@ -515,24 +534,11 @@ impl DockerProvider {
     /// Every load-balancer container this coordinator created, as
     /// cluster resources named by container name.
     pub async fn list_load_balancers(&self) -> Result<Vec<Managed>, ProviderError> {
-        let filters = HashMap::from([(
-            "label".to_owned(),
-            vec![
-                format!("{LABEL_MANAGED}={}", self.owner),
-                format!("{LABEL_ROLE}={ROLE_LOAD_BALANCER}"),
-            ],
-        )]);
-        let list = self
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await
-            .map_err(|e| failed("list load balancers", "of this coordinator", e))?;
-        Ok(list
+        Ok(self
+            .containers()
+            .await?
             .into_iter()
+            .filter(|c| is_load_balancer(c.labels.as_ref()))
             .filter_map(|c| {
                 let name = c.names?.first()?.trim_start_matches('/').to_owned();
                 Some(Managed::ClusterResource {
