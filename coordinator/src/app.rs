@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-#[cfg(test)]
 use std::time::Duration;
 
 use drover_common::api::{Cluster, Machine};
@@ -69,7 +68,54 @@ pub struct App {
     pub leadership: crate::domain::leadership::Leadership,
 }
 
+/// What a coordinator is made of that its caller decides; [`App::new`] adds
+/// the state every coordinator starts with (empty liveness, no provider
+/// clients yet, the registrar and the task set).
+pub struct AppParts {
+    pub store: Store,
+    pub secrets: crate::domain::secrets::CoordinatorSecrets,
+    pub ca_pin: CaPin,
+    pub settings: Settings,
+    pub leadership: crate::domain::leadership::Leadership,
+    pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
+    pub audit: crate::domain::audit::AuditLog,
+    pub register_limiter: crate::domain::ratelimit::RateLimiter,
+}
+
 impl App {
+    /// Assembles a coordinator from its parts. Needs a tokio runtime (the
+    /// registrar task starts here).
+    pub fn new(parts: AppParts) -> std::sync::Arc<App> {
+        let tasks = crate::tasks::TaskSet::default();
+        let registrar = crate::domain::registrar::Registrar::start(
+            parts.store.clone(),
+            tasks.register(crate::domain::registrar::REGISTRAR_TASK, Duration::ZERO),
+        );
+        std::sync::Arc::new(App {
+            store: parts.store,
+            ca: parts.secrets.ca,
+            ca_pin: parts.ca_pin,
+            ticket_key: parts.secrets.ticket_key,
+            settings: parts.settings,
+            liveness: Mutex::new(HashMap::new()),
+            docker: Default::default(),
+            #[cfg(feature = "aws")]
+            aws: Default::default(),
+            provision_retries: Default::default(),
+            listen_requests: parts.listen_requests,
+            audit: parts.audit,
+            registrar,
+            register_limiter: parts.register_limiter,
+            rotation: Mutex::new(()),
+            reconciler: std::sync::Arc::new(Mutex::new(crate::types::LoopStatus {
+                name: crate::tasks::RECONCILER_TASK.into(),
+                ..Default::default()
+            })),
+            tasks,
+            leadership: parts.leadership,
+        })
+    }
+
     /// Reads a cluster with its `resourceVersion` filled in.
     pub fn cluster(&self, name: &str) -> Result<Option<Cluster>, StoreError> {
         Ok(self
@@ -370,20 +416,10 @@ impl App {
             started_at: drover_common::now(),
             gateway_port: None,
         };
-        let tasks = crate::tasks::TaskSet::default();
-        Arc::new(App {
-            leadership: crate::domain::leadership::Leadership::sole(me),
-            registrar: crate::domain::registrar::Registrar::start(
-                store.clone(),
-                tasks.register(
-                    crate::domain::registrar::REGISTRAR_TASK,
-                    std::time::Duration::ZERO,
-                ),
-            ),
+        App::new(AppParts {
             store,
-            ca: secrets.ca,
+            secrets,
             ca_pin,
-            ticket_key: secrets.ticket_key,
             settings: Settings {
                 advertise_urls: vec!["https://127.0.0.1:1".into()],
                 heartbeat_interval: Duration::from_secs(1),
@@ -397,17 +433,10 @@ impl App {
                     host: "127.0.0.1".into(),
                 },
             },
-            liveness: Mutex::new(HashMap::new()),
-            docker: Default::default(),
-            #[cfg(feature = "aws")]
-            aws: Default::default(),
-            provision_retries: Default::default(),
+            leadership: crate::domain::leadership::Leadership::sole(me),
             listen_requests,
             audit: crate::domain::audit::AuditLog::open(&dir.join("audit.log")).unwrap(),
             register_limiter: crate::domain::ratelimit::RateLimiter::new(100, 100),
-            rotation: Mutex::new(()),
-            reconciler: Default::default(),
-            tasks,
         })
     }
 }

@@ -2,7 +2,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_common::pin::CaPin;
@@ -10,7 +9,6 @@ use drover_common::pin::CaPin;
 use crate::app::{App, Settings};
 use crate::store::{EtcdOptions, EtcdTls, Location, Store, TlsFile};
 use crate::types::ClientConfigFile;
-use crate::types::LoopStatus;
 
 /// Validated settings of `drover serve`, built before any socket is bound.
 #[derive(Debug, Clone)]
@@ -442,20 +440,11 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         Some(_) => crate::domain::leadership::Leadership::follower(me),
         None => crate::domain::leadership::Leadership::sole(me),
     };
-    let tasks = crate::tasks::TaskSet::default();
-    let app = Arc::new(App {
+    let app = App::new(crate::app::AppParts {
         leadership,
-        registrar: crate::domain::registrar::Registrar::start(
-            store.clone(),
-            tasks.register(
-                crate::domain::registrar::REGISTRAR_TASK,
-                std::time::Duration::ZERO,
-            ),
-        ),
         store,
-        ca: secrets.ca,
+        secrets,
         ca_pin,
-        ticket_key: secrets.ticket_key,
         settings: Settings {
             advertise_urls: advertise_urls.clone(),
             heartbeat_interval: cfg.heartbeat_interval,
@@ -469,11 +458,6 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
                 host: url_host(&advertise_urls[0]),
             },
         },
-        liveness: Mutex::new(Default::default()),
-        docker: Default::default(),
-        #[cfg(feature = "aws")]
-        aws: Default::default(),
-        provision_retries: Default::default(),
         listen_requests: listen_tx,
         audit: crate::domain::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(
             |source| StartupFileError {
@@ -486,12 +470,6 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             cfg.registration_rate,
             cfg.registration_rate.saturating_mul(5),
         ),
-        rotation: Mutex::new(()),
-        reconciler: Arc::new(Mutex::new(LoopStatus {
-            name: "cluster-reconciler".into(),
-            ..Default::default()
-        })),
-        tasks,
     });
     app.grant_grace_to_all();
 

@@ -2,7 +2,9 @@
 //! server mode on loopback (installed by `scripts/moto`), a recording proxy
 //! in front of it that can also answer a call with an EC2 error (to play
 //! throttling), an IMDSv2 endpoint per instance that serves that instance's
-//! user data and ID, and an EC2 client for the test's own checks.
+//! user data and ID, an EC2 client for the test's own checks, and the data
+//! plane of the Network Load Balancers moto only records (see
+//! [`ElbDataPlane`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -17,6 +19,21 @@ use crate::{free_port, wait_for};
 
 /// The region every test uses.
 pub const REGION: &str = "us-east-1";
+
+/// What the test's own SDK clients use: `endpoint` (moto), the test
+/// region and moto's dummy credentials.
+fn sdk_config(endpoint: &str) -> aws_types::SdkConfig {
+    let credentials =
+        aws_sdk_ec2::config::Credentials::new("testing", "testing", None, None, "drover-tests");
+    aws_types::SdkConfig::builder()
+        .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+        .region(aws_types::region::Region::new(REGION))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_types::sdk_config::SharedCredentialsProvider::new(
+            credentials,
+        ))
+        .build()
+}
 
 /// A moto server on a loopback port, killed on drop.
 pub struct Moto {
@@ -91,6 +108,8 @@ struct ProxyState {
 pub struct Ec2Proxy {
     pub url: String,
     state: Arc<ProxyState>,
+    /// The load balancers of the moto behind this proxy.
+    pub elb: ElbDataPlane,
     rt: tokio::runtime::Runtime,
 }
 
@@ -126,7 +145,13 @@ impl Ec2Proxy {
             .unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         rt.spawn(async move { axum::serve(listener, app).await });
-        Self { url, state, rt }
+        let elb = ElbDataPlane::start(&rt, upstream);
+        Self {
+            url,
+            state,
+            elb,
+            rt,
+        }
     }
 
     /// Every call of `action` so far, oldest first.
@@ -138,6 +163,17 @@ impl Ec2Proxy {
             .iter()
             .filter(|c| c.action == action)
             .cloned()
+            .collect()
+    }
+
+    /// The action of every call so far, oldest first.
+    pub fn actions(&self) -> Vec<String> {
+        self.state
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.action.clone())
             .collect()
     }
 
@@ -281,20 +317,8 @@ impl Ec2 {
             .enable_all()
             .build()
             .unwrap();
-        let config = aws_sdk_ec2::Config::builder()
-            .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
-            .region(aws_sdk_ec2::config::Region::new(REGION))
-            .endpoint_url(endpoint)
-            .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-                "testing",
-                "testing",
-                None,
-                None,
-                "drover-tests",
-            ))
-            .build();
         Self {
-            client: aws_sdk_ec2::Client::from_conf(config),
+            client: aws_sdk_ec2::Client::new(&sdk_config(endpoint)),
             rt,
         }
     }
@@ -517,9 +541,20 @@ impl Placement {
     /// default 40 % rounds down to no replacement at all in a pool of two,
     /// and the tests replace one of two workers.
     pub fn cluster_yaml(&self, name: &str, workers: u32, ami: Option<&str>) -> String {
+        self.cluster_yaml_with(name, 1, workers, ami)
+    }
+
+    /// [`Placement::cluster_yaml`] with `cp` control planes.
+    pub fn cluster_yaml_with(
+        &self,
+        name: &str,
+        cp: u32,
+        workers: u32,
+        ami: Option<&str>,
+    ) -> String {
         crate::cluster_yaml(
             name,
-            1,
+            cp,
             workers,
             &format!(
                 "    aws:
@@ -566,11 +601,170 @@ pub fn boot_new_instances(
             continue;
         }
         let imds = proxy.imds(&i.id, &ec2.user_data(&i.id));
-        let agent = crate::Agent::boot(
+        let agent = crate::Agent::boot_with_env(
             &dir.join(&i.id),
             &i.tags["drover.dev/machine"],
             crate::Boot::Imds(imds),
+            vec![proxy.elb.resolve_env()],
         );
         agents.insert(i.id.clone(), agent);
     }
+}
+
+/// What moto does not emulate of a Network Load Balancer: its traffic. For
+/// every load balancer moto knows, this listens on a loopback address of its
+/// own, port 6443, and forwards each connection to the targets registered in
+/// the group its listener forwards to (re-read every 200 ms), round robin,
+/// skipping a target that does not accept. Machines reach a load balancer's
+/// DNS name (which resolves nowhere here) through [`ElbDataPlane::resolve_env`].
+pub struct ElbDataPlane {
+    client: aws_sdk_elasticloadbalancingv2::Client,
+    handle: tokio::runtime::Handle,
+    /// DNS name -> (its loopback address, its targets).
+    served: Arc<Mutex<BTreeMap<String, (std::net::IpAddr, drover_common::tcp_proxy::Backends)>>>,
+}
+
+/// The port of every test load balancer's listener.
+pub const ELB_PORT: u16 = 6443;
+
+impl ElbDataPlane {
+    fn start(rt: &tokio::runtime::Runtime, moto: &str) -> Self {
+        let plane = Self {
+            client: aws_sdk_elasticloadbalancingv2::Client::new(&sdk_config(moto)),
+            handle: rt.handle().clone(),
+            served: Default::default(),
+        };
+        let (client, served) = (plane.client.clone(), plane.served.clone());
+        rt.spawn(async move {
+            loop {
+                if let Err(e) = refresh(&client, &served).await {
+                    eprintln!("elb data plane: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        plane
+    }
+
+    /// `DROVER_STANDIN_RESOLVE` for a machine: every load balancer moto
+    /// knows now, by DNS name, at its loopback address.
+    pub fn resolve_env(&self) -> (String, String) {
+        let (client, served) = (self.client.clone(), self.served.clone());
+        self.handle
+            .block_on(async move { refresh(&client, &served).await })
+            .unwrap();
+        let value = self
+            .served
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(dns, (ip, _))| format!("{dns}={ip}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        ("DROVER_STANDIN_RESOLVE".to_owned(), value)
+    }
+
+    /// Where the load balancer named `dns` is served, `ip:6443`.
+    pub fn address(&self, dns: &str) -> Option<std::net::SocketAddr> {
+        self.served
+            .lock()
+            .unwrap()
+            .get(dns)
+            .map(|(ip, _)| std::net::SocketAddr::new(*ip, ELB_PORT))
+    }
+
+    /// The targets registered in a group, as addresses, sorted.
+    pub fn targets(&self, tg: &str) -> Result<Vec<std::net::SocketAddr>, String> {
+        let client = self.client.clone();
+        let tg = tg.to_owned();
+        self.handle
+            .block_on(async move { registered(&client, &tg).await })
+    }
+
+    /// The test's own client of moto's ELBv2 API.
+    pub fn client(&self) -> &aws_sdk_elasticloadbalancingv2::Client {
+        &self.client
+    }
+
+    /// Runs `f` on the data plane's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.handle.block_on(f)
+    }
+}
+
+/// Serves every load balancer moto knows and points each at its targets.
+async fn refresh(
+    client: &aws_sdk_elasticloadbalancingv2::Client,
+    served: &Mutex<BTreeMap<String, (std::net::IpAddr, drover_common::tcp_proxy::Backends)>>,
+) -> Result<(), String> {
+    let lbs = client
+        .describe_load_balancers()
+        .send()
+        .await
+        .map_err(|e| format!("DescribeLoadBalancers: {e:?}"))?;
+    for lb in lbs.load_balancers() {
+        let (Some(dns), Some(arn)) = (lb.dns_name(), lb.load_balancer_arn()) else {
+            continue;
+        };
+        let backends = {
+            let mut served = served.lock().unwrap();
+            if !served.contains_key(dns) {
+                let ip: std::net::IpAddr = crate::free_loopback().parse().unwrap();
+                let listener = std::net::TcpListener::bind((ip, ELB_PORT))
+                    .map_err(|e| format!("bind {ip}:{ELB_PORT}: {e}"))?;
+                listener.set_nonblocking(true).unwrap();
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let backends = drover_common::tcp_proxy::Backends::default();
+                tokio::spawn(drover_common::tcp_proxy::accept_loop(
+                    listener,
+                    dns.to_owned(),
+                    backends.clone(),
+                ));
+                served.insert(dns.to_owned(), (ip, backends));
+            }
+            served[dns].1.clone()
+        };
+        let listeners = client
+            .describe_listeners()
+            .load_balancer_arn(arn)
+            .send()
+            .await
+            .map_err(|e| format!("DescribeListeners: {e:?}"))?;
+        let groups: Vec<String> = listeners
+            .listeners()
+            .iter()
+            .flat_map(|l| l.default_actions())
+            .filter_map(|a| a.target_group_arn().map(str::to_owned))
+            .collect();
+        let mut targets = vec![];
+        for tg in groups {
+            targets.extend(registered(client, &tg).await?);
+        }
+        targets.sort();
+        *backends.write().unwrap() = targets;
+    }
+    Ok(())
+}
+
+/// The targets registered in a group, as addresses, sorted.
+async fn registered(
+    client: &aws_sdk_elasticloadbalancingv2::Client,
+    tg: &str,
+) -> Result<Vec<std::net::SocketAddr>, String> {
+    let health = client.describe_target_health().target_group_arn(tg);
+    let health = health
+        .send()
+        .await
+        .map_err(|e| format!("DescribeTargetHealth: {e:?}"))?;
+    let mut out: Vec<std::net::SocketAddr> = health
+        .target_health_descriptions()
+        .iter()
+        .filter_map(|d| {
+            let t = d.target()?;
+            let ip: std::net::IpAddr = t.id()?.parse().ok()?;
+            Some(std::net::SocketAddr::new(ip, t.port()? as u16))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
 }

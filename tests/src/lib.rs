@@ -44,6 +44,22 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `count` consecutive loopback ports, free now, below the
+/// ephemeral range, for one coordinator's managed endpoints. Coordinators of
+/// tests running at once each get their own, so no two hand out (and race
+/// to bind) the same port.
+pub fn free_port_range(count: u16) -> (u16, u16) {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    loop {
+        let first: u16 = rng.random_range(20000..32000 - count);
+        let free = (first..first + count).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok());
+        if free {
+            return (first, first + count - 1);
+        }
+    }
+}
+
 /// A loopback address of its own for one simulated machine (Linux routes
 /// all of 127.0.0.0/8 to `lo`): a control plane's etcd listens on the
 /// fixed ports 2379 and 2380 of its advertise address, as with real
@@ -134,6 +150,8 @@ pub struct Coordinator {
     extra_args: Vec<String>,
     /// The URL CLI commands use instead of the client config's server.
     cli_addr: Option<String>,
+    /// `--endpoint-ports`, chosen once so a restart keeps it.
+    pub endpoint_ports: (u16, u16),
 }
 
 impl Coordinator {
@@ -150,6 +168,7 @@ impl Coordinator {
             listen: format!("127.0.0.1:{port}"),
             extra_args: Vec::new(),
             cli_addr: None,
+            endpoint_ports: free_port_range(8),
         };
         c.spawn();
         c
@@ -184,6 +203,7 @@ impl Coordinator {
             listen: addr.to_string(),
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
             cli_addr: Some(format!("https://{addr}")),
+            endpoint_ports: free_port_range(8),
         };
         c.spawn();
         c
@@ -220,6 +240,10 @@ impl Coordinator {
             .args(["--heartbeat-interval", self.opts.heartbeat_interval])
             .args(["--heartbeat-timeout", self.opts.heartbeat_timeout])
             .args(&self.extra_args)
+            .args([
+                "--endpoint-ports".to_owned(),
+                format!("{}-{}", self.endpoint_ports.0, self.endpoint_ports.1),
+            ])
             .env("DROVER_CONFIG", self.client_config())
             .env("DROVER_LOG", "info,drover=debug")
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
@@ -464,6 +488,8 @@ pub struct Agent {
     pub address: String,
     pub hostname: String,
     boot: Boot,
+    /// More environment for the agent (and the kubeadm it runs).
+    env: Vec<(String, String)>,
     child: Option<Child>,
     log_path: PathBuf,
 }
@@ -485,6 +511,16 @@ impl Agent {
 
     /// Starts an agent that reads its bootstrap document as `boot` says.
     pub fn boot(root: &Path, hostname: &str, boot: Boot) -> Self {
+        Self::boot_with_env(root, hostname, boot, vec![])
+    }
+
+    /// [`Agent::boot`] with more environment for the agent and its kubeadm.
+    pub fn boot_with_env(
+        root: &Path,
+        hostname: &str,
+        boot: Boot,
+        env: Vec<(String, String)>,
+    ) -> Self {
         std::fs::create_dir_all(root).unwrap();
         let mut a = Self {
             root: root.to_path_buf(),
@@ -492,6 +528,7 @@ impl Agent {
             address: free_loopback(),
             hostname: hostname.to_owned(),
             boot,
+            env,
             child: None,
             log_path: root.join("agent.log"),
         };
@@ -534,6 +571,7 @@ impl Agent {
             ])
             .args(["--hostname", &self.hostname])
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

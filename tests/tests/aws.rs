@@ -417,3 +417,365 @@ fn aws_launch_failures_show_as_conditions_and_recover() {
     w.c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "90s"]);
     assert_eq!(w.ec2.live_instances(&name).len(), 0);
 }
+
+/// The registered targets of a target group, `ip:port`, sorted.
+fn targets(w: &World, tg: &str) -> Vec<String> {
+    let mut v: Vec<String> = w
+        .proxy
+        .elb
+        .targets(tg)
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+/// The ARNs of every load balancer and of every target group moto holds.
+fn load_balancers(w: &World) -> (Vec<String>, Vec<String>) {
+    let elb = w.proxy.elb.client().clone();
+    w.proxy.elb.block_on(async move {
+        let lbs = elb.describe_load_balancers().send().await.unwrap();
+        let tgs = elb.describe_target_groups().send().await.unwrap();
+        (
+            lbs.load_balancers()
+                .iter()
+                .filter_map(|l| l.load_balancer_arn().map(str::to_owned))
+                .collect(),
+            tgs.target_groups()
+                .iter()
+                .filter_map(|t| t.target_group_arn().map(str::to_owned))
+                .collect(),
+        )
+    })
+}
+
+/// `address:apiServerPort` of the cluster's live control planes, sorted.
+fn control_plane_backends(w: &World, cluster: &str) -> Vec<String> {
+    let mut v: Vec<String> = w
+        .live_machines(cluster)
+        .iter()
+        .filter(|m| m["spec"]["assignment"]["role"] != "worker")
+        .filter(|m| m["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|m| {
+            Some(format!(
+                "{}:{}",
+                m["status"]["addresses"][0].as_str()?,
+                m["status"]["apiServerPort"].as_u64()?
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Waits for the cluster's recorded load balancer.
+fn wait_load_balancer(w: &World, name: &str) -> serde_json::Value {
+    wait_for("the load balancer in the cluster status", BOOT, || {
+        let c = w.c.cluster(name).ok_or("no cluster")?;
+        let lb = c["status"]["loadBalancer"].clone();
+        if lb["id"].is_string() {
+            Ok(lb)
+        } else {
+            Err(format!("{}", c["status"]))
+        }
+    })
+}
+
+/// Boots every instance as it is launched (joiners are launched once the
+/// first control plane runs) until the cluster runs on `n` instances.
+fn boot_until_running(w: &mut World, name: &str, n: usize) {
+    wait_for(
+        &format!("cluster {name} Running on {n} instances"),
+        BOOT,
+        || {
+            w.boot_new_instances(name);
+            let live = w.ec2.live_instances(name).len();
+            let phase = w.c.cluster(name).map(|c| c["status"]["phase"].clone());
+            match phase {
+                Some(p) if live == n && p == "Running" => Ok(()),
+                p => Err(format!("{live} live instances, phase {p:?}")),
+            }
+        },
+    );
+}
+
+#[test]
+fn aws_network_load_balancer_is_the_endpoint_and_follows_the_control_planes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = World::start(tmp.path(), "120s");
+    let name = unique("awsnlb");
+    w.apply(&w.placement.cluster_yaml_with(&name, 3, 1, None));
+
+    // The load balancer comes first: its name goes into the API server
+    // certificates and every kubeconfig.
+    let lb = wait_load_balancer(&w, &name);
+    let cluster = w.c.cluster(&name).unwrap();
+    let uid = cluster["metadata"]["uid"].as_str().unwrap().to_owned();
+    let lb_arn = lb["id"].as_str().unwrap().to_owned();
+    let address = lb["address"].as_str().unwrap().to_owned();
+    assert_eq!(cluster["status"]["controlPlaneEndpoint"], address.as_str());
+    let actions = w.proxy.actions();
+    let created = actions.iter().position(|a| a == "CreateLoadBalancer");
+    let launched = actions.iter().position(|a| a == "RunInstances");
+    assert!(
+        created.is_some() && (launched.is_none() || created < launched),
+        "{actions:?}"
+    );
+
+    // A Network Load Balancer tagged like the instances, a TCP listener on
+    // 6443 forwarding to an ip target group health-checked on /readyz.
+    let elb = w.proxy.elb.client().clone();
+    let arn = lb_arn.clone();
+    let (described, tags, listeners) = w.proxy.elb.block_on(async move {
+        let d = elb.describe_load_balancers().load_balancer_arns(&arn);
+        let t = elb.describe_tags().resource_arns(&arn).send().await;
+        let l = elb.describe_listeners().load_balancer_arn(&arn);
+        (d.send().await.unwrap(), t.unwrap(), l.send().await.unwrap())
+    });
+    let nlb = &described.load_balancers()[0];
+    assert_eq!(nlb.r#type().unwrap().as_str(), "network");
+    assert_eq!(nlb.scheme().unwrap().as_str(), "internal");
+    let dns = nlb.dns_name().unwrap().to_owned();
+    assert_eq!(address, format!("{dns}:6443"));
+    assert!(
+        nlb.load_balancer_name()
+            .unwrap()
+            .starts_with("drover-awsnlb"),
+        "{nlb:?}"
+    );
+    let tags: BTreeMap<String, String> = tags.tag_descriptions()[0]
+        .tags()
+        .iter()
+        .filter_map(|t| Some((t.key()?.to_owned(), t.value()?.to_owned())))
+        .collect();
+    assert_eq!(tags["drover.dev/cluster"], name);
+    assert_eq!(tags["drover.dev/cluster-uid"], uid);
+    assert_eq!(tags["team"], "infra");
+    assert_eq!(tags["drover.dev/managed-by"].len(), 16, "{tags:?}");
+    let listener = &listeners.listeners()[0];
+    assert_eq!(listener.port(), Some(6443));
+    assert_eq!(listener.protocol().unwrap().as_str(), "TCP");
+    let tg_arn = listener.default_actions()[0]
+        .target_group_arn()
+        .unwrap()
+        .to_owned();
+    let elb = w.proxy.elb.client().clone();
+    let arn = tg_arn.clone();
+    let groups = w.proxy.elb.block_on(async move {
+        elb.describe_target_groups()
+            .target_group_arns(arn)
+            .send()
+            .await
+            .unwrap()
+    });
+    let tg = &groups.target_groups()[0];
+    assert_eq!(tg.protocol().unwrap().as_str(), "TCP");
+    assert_eq!(tg.port(), Some(6443));
+    assert_eq!(tg.target_type().unwrap().as_str(), "ip");
+    assert_eq!(tg.health_check_protocol().unwrap().as_str(), "HTTPS");
+    assert_eq!(tg.health_check_path(), Some("/readyz"));
+
+    // Every machine joins through the load balancer (the test plays its
+    // data plane); each control plane is registered once it bootstraps.
+    boot_until_running(&mut w, &name, 4);
+    wait_for("the three control planes registered", BOOT, || {
+        let (have, want) = (targets(&w, &tg_arn), control_plane_backends(&w, &name));
+        if want.len() == 3 && have == want {
+            Ok(())
+        } else {
+            Err(format!("registered {have:?}, control planes {want:?}"))
+        }
+    });
+
+    // Real kubectl reaches the API through the load balancer's name.
+    let served = w.proxy.elb.address(&dns).unwrap();
+    let kubeconfig = tmp.path().join("nlb.kubeconfig");
+    let kc = w.c.cli_ok(&["kubeconfig", &name]);
+    let server_line = format!("server: https://{address}");
+    assert!(kc.contains(&server_line), "{kc}");
+    let kc = kc.replace(
+        &server_line,
+        &format!("server: https://{served}\n    tls-server-name: {dns}"),
+    );
+    std::fs::write(&kubeconfig, kc).unwrap();
+    wait_for("four Ready Nodes through the load balancer", BOOT, || {
+        let (all, ready) = drover_tests::kube::nodes(&kubeconfig)?;
+        if all.len() == 4 && ready.len() == 4 {
+            Ok(())
+        } else {
+            Err(format!("{all:?}, ready {ready:?}"))
+        }
+    });
+
+    // A control plane whose instance is terminated is deregistered before
+    // its machine goes, and its replacement registered; its Node goes.
+    let init = w.c.cluster(&name).unwrap()["status"]["initMachine"].clone();
+    let victim = w
+        .live_machines(&name)
+        .into_iter()
+        .find(|m| m["spec"]["assignment"]["role"] != "worker" && m["metadata"]["name"] != init)
+        .unwrap();
+    let victim_name = victim["metadata"]["name"].as_str().unwrap().to_owned();
+    let victim_id = victim["status"]["providerId"].as_str().unwrap().to_owned();
+    let victim_backend = format!(
+        "{}:{}",
+        victim["status"]["addresses"][0].as_str().unwrap(),
+        victim["status"]["apiServerPort"]
+    );
+    assert!(targets(&w, &tg_arn).contains(&victim_backend));
+    w.ec2.terminate(&victim_id);
+    if let Some(mut a) = w.agents.remove(&victim_id) {
+        a.kill();
+        a.stop_daemons();
+    }
+    wait_for("the terminated control plane deregistered", BOOT, || {
+        let have = targets(&w, &tg_arn);
+        if have.contains(&victim_backend) {
+            Err(format!("{have:?}"))
+        } else {
+            Ok(())
+        }
+    });
+    wait_for(
+        "the terminated control plane's machine replaced",
+        BOOT,
+        || {
+            let n = w.ec2.instances(&name).len();
+            if n == 5 {
+                Ok(())
+            } else {
+                Err(format!("{n} instances"))
+            }
+        },
+    );
+    boot_until_running(&mut w, &name, 4);
+    wait_for("the replacement registered", BOOT, || {
+        let (have, want) = (targets(&w, &tg_arn), control_plane_backends(&w, &name));
+        if want.len() == 3 && have == want && !have.contains(&victim_backend) {
+            Ok(())
+        } else {
+            Err(format!("registered {have:?}, control planes {want:?}"))
+        }
+    });
+    wait_for("four Ready Nodes, the terminated one gone", BOOT, || {
+        let (all, ready) = drover_tests::kube::nodes(&kubeconfig)?;
+        if all.len() == 4 && ready.len() == 4 && !all.contains(&victim_name) {
+            Ok(())
+        } else {
+            Err(format!("{all:?}, ready {ready:?}"))
+        }
+    });
+
+    // Delete takes the load balancer and its target group with the
+    // instances.
+    w.c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "90s"]);
+    assert_eq!(w.ec2.live_instances(&name).len(), 0);
+    let (lb_left, tg_left) = load_balancers(&w);
+    assert!(!lb_left.contains(&lb_arn), "{lb_left:?}");
+    assert!(!tg_left.contains(&tg_arn), "{tg_left:?}");
+}
+
+#[test]
+fn aws_control_planes_are_registered_in_the_users_target_group() {
+    use aws_sdk_elasticloadbalancingv2::types::{
+        Action, ActionTypeEnum, LoadBalancerTypeEnum, ProtocolEnum, TargetDescription,
+        TargetTypeEnum,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut w = World::start(tmp.path(), "120s");
+    let name = unique("awstg");
+
+    // The user's own load balancer, with a target of their own in its group.
+    let elb = w.proxy.elb.client().clone();
+    let subnet = w.subnets[0].clone();
+    let (dns, lb_arn, tg_arn) = w.proxy.elb.block_on(async move {
+        let lb = elb
+            .create_load_balancer()
+            .name("user-api")
+            .r#type(LoadBalancerTypeEnum::Network)
+            .subnets(subnet)
+            .send()
+            .await
+            .unwrap();
+        let lb = lb.load_balancers()[0].clone();
+        let tg = elb
+            .create_target_group()
+            .name("user-api")
+            .protocol(ProtocolEnum::Tcp)
+            .port(6443)
+            .vpc_id(lb.vpc_id().unwrap())
+            .target_type(TargetTypeEnum::Ip)
+            .send()
+            .await
+            .unwrap();
+        let tg_arn = tg.target_groups()[0].target_group_arn().unwrap().to_owned();
+        elb.create_listener()
+            .load_balancer_arn(lb.load_balancer_arn().unwrap())
+            .protocol(ProtocolEnum::Tcp)
+            .port(6443)
+            .default_actions(
+                Action::builder()
+                    .r#type(ActionTypeEnum::Forward)
+                    .target_group_arn(&tg_arn)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        elb.register_targets()
+            .target_group_arn(&tg_arn)
+            .targets(
+                TargetDescription::builder()
+                    .id("10.0.0.99")
+                    .port(6443)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        (
+            lb.dns_name().unwrap().to_owned(),
+            lb.load_balancer_arn().unwrap().to_owned(),
+            tg_arn,
+        )
+    });
+    let yaml = w.placement.cluster_yaml_with(&name, 1, 0, None).replace(
+        "      controlPlane:\n",
+        &format!("      loadBalancer:\n        targetGroupArn: {tg_arn}\n      controlPlane:\n"),
+    ) + &format!("  controlPlaneEndpoint: {dns}:6443\n");
+    w.apply(&yaml);
+    let lb = wait_load_balancer(&w, &name);
+    assert_eq!(lb["id"], tg_arn.as_str());
+    assert_eq!(lb["address"], format!("{dns}:6443").as_str());
+    boot_until_running(&mut w, &name, 1);
+    wait_for(
+        "the control plane registered beside the user's target",
+        BOOT,
+        || {
+            let mut want = control_plane_backends(&w, &name);
+            want.push("10.0.0.99:6443".into());
+            want.sort();
+            let have = targets(&w, &tg_arn);
+            if want.len() == 2 && have == want {
+                Ok(())
+            } else {
+                Err(format!("registered {have:?}, want {want:?}"))
+            }
+        },
+    );
+    // Drover made no load balancer of its own.
+    assert!(
+        w.proxy.calls("CreateLoadBalancer").is_empty()
+            && w.proxy.calls("CreateTargetGroup").is_empty(),
+        "{:?}",
+        w.proxy.actions()
+    );
+
+    // Deleting the cluster deregisters its control plane and leaves the
+    // user's load balancer, group and target alone.
+    w.c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "90s"]);
+    assert_eq!(targets(&w, &tg_arn), vec!["10.0.0.99:6443".to_string()]);
+    assert!(load_balancers(&w).0.contains(&lb_arn));
+}

@@ -86,6 +86,7 @@ const COORDINATOR_SERVER: &[Target] = &[
 const CLOUD_SDKS: &[Target] = &[
     Target::Crate("bollard"),
     Target::Crate("aws_sdk_ec2"),
+    Target::Crate("aws_sdk_elasticloadbalancingv2"),
     Target::Crate("aws_config"),
 ];
 

@@ -25,6 +25,48 @@ pub struct AwsProviderSpec {
     /// in `spec.workerPools` needs one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub worker_pools: BTreeMap<String, AwsMachineTemplate>,
+    /// The control-plane endpoint. Without `spec.controlPlaneEndpoint`,
+    /// Drover makes a Network Load Balancer for the cluster (this field
+    /// may then set its scheme); with one, `targetGroupArn` names the
+    /// target group of that load balancer Drover keeps the control planes
+    /// registered in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_balancer: Option<AwsLoadBalancerSpec>,
+}
+
+/// How an aws cluster's control planes are reached.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AwsLoadBalancerSpec {
+    /// A TCP target group of the user's own load balancer: Drover makes no
+    /// load balancer, and registers each control plane's address (port
+    /// 6443) in this group while it serves. Needs `spec.controlPlaneEndpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_group_arn: Option<String>,
+    /// Whether the load balancer Drover makes has an internal address (the
+    /// default: machines and the coordinator reach it inside the VPC) or a
+    /// public one.
+    #[serde(default)]
+    pub scheme: AwsLoadBalancerScheme,
+}
+
+/// The scheme of a Network Load Balancer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum AwsLoadBalancerScheme {
+    #[default]
+    Internal,
+    InternetFacing,
+}
+
+impl AwsLoadBalancerScheme {
+    /// As ELBv2 spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AwsLoadBalancerScheme::Internal => "internal",
+            AwsLoadBalancerScheme::InternetFacing => "internet-facing",
+        }
+    }
 }
 
 /// How the instances of one pool are launched.
@@ -71,10 +113,51 @@ impl AwsProviderSpec {
         tags
     }
 
-    /// Checks the spec against the cluster's pools; each error names its
-    /// field (under `spec.provider.aws`) and what is wrong.
-    pub fn validate(&self, worker_pools: &[&str], err: &mut dyn FnMut(&str, String)) {
+    /// The target group of the user's load balancer Drover registers
+    /// control planes in, if the spec names one.
+    pub fn user_target_group(&self) -> Option<&str> {
+        self.load_balancer.as_ref()?.target_group_arn.as_deref()
+    }
+
+    /// Checks the spec against the cluster's pools and whether the spec
+    /// names its own endpoint; each error names its field (under
+    /// `spec.provider.aws`) and what is wrong.
+    pub fn validate(
+        &self,
+        worker_pools: &[&str],
+        user_endpoint: bool,
+        err: &mut dyn FnMut(&str, String),
+    ) {
         const BASE: &str = "spec.provider.aws";
+        if let Some(lb) = &self.load_balancer {
+            match &lb.target_group_arn {
+                Some(arn) => {
+                    if !check_target_group_arn(arn) {
+                        err(
+                            &format!("{BASE}.loadBalancer.targetGroupArn"),
+                            format!("must be a target group ARN such as arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/api/0123456789abcdef, got {arn:?}"),
+                        );
+                    }
+                    if !user_endpoint {
+                        err(
+                            &format!("{BASE}.loadBalancer.targetGroupArn"),
+                            "needs spec.controlPlaneEndpoint: the host:port of the load balancer this target group belongs to".into(),
+                        );
+                    }
+                    if lb.scheme != AwsLoadBalancerScheme::default() {
+                        err(
+                            &format!("{BASE}.loadBalancer.scheme"),
+                            "is for the load balancer Drover makes; with targetGroupArn the load balancer is yours".into(),
+                        );
+                    }
+                }
+                None if user_endpoint => err(
+                    &format!("{BASE}.loadBalancer"),
+                    "spec.controlPlaneEndpoint is given, so Drover makes no load balancer: set loadBalancer.targetGroupArn to have control planes registered in yours, or remove loadBalancer".into(),
+                ),
+                None => {}
+            }
+        }
         if let Err(why) = check_region(&self.region) {
             err(&format!("{BASE}.region"), why.to_string());
         }
@@ -113,6 +196,27 @@ impl AwsProviderSpec {
             }
         }
     }
+}
+
+/// `arn:<partition>:elasticloadbalancing:<region>:<account>:targetgroup/<name>/<id>`.
+fn check_target_group_arn(arn: &str) -> bool {
+    let parts: Vec<&str> = arn.splitn(6, ':').collect();
+    parts.len() == 6
+        && parts[0] == "arn"
+        && parts[1].starts_with("aws")
+        && parts[2] == "elasticloadbalancing"
+        && check_region(parts[3]).is_ok()
+        && parts[4].len() == 12
+        && parts[4].bytes().all(|b| b.is_ascii_digit())
+        && parts[5]
+            .strip_prefix("targetgroup/")
+            .and_then(|r| r.split_once('/'))
+            .is_some_and(|(name, id)| {
+                !name.is_empty()
+                    && name.len() <= 32
+                    && !id.is_empty()
+                    && id.bytes().all(|b| b.is_ascii_hexdigit())
+            })
 }
 
 fn check_template(t: &AwsMachineTemplate, base: &str, err: &mut dyn FnMut(&str, String)) {
@@ -266,9 +370,69 @@ mod tests {
     }
 
     fn errors(spec: &AwsProviderSpec, pools: &[&str]) -> Vec<(String, String)> {
+        errors_with_endpoint(spec, pools, false)
+    }
+
+    fn errors_with_endpoint(
+        spec: &AwsProviderSpec,
+        pools: &[&str],
+        user_endpoint: bool,
+    ) -> Vec<(String, String)> {
         let mut v = vec![];
-        spec.validate(pools, &mut |f, m| v.push((f.to_owned(), m)));
+        spec.validate(pools, user_endpoint, &mut |f, m| v.push((f.to_owned(), m)));
         v
+    }
+
+    #[test]
+    fn a_user_target_group_needs_the_users_endpoint_and_a_well_formed_arn() {
+        let arn =
+            "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/api/0123456789abcdef";
+        let mut spec = AwsProviderSpec {
+            region: "us-east-1".into(),
+            tags: BTreeMap::new(),
+            control_plane: template(),
+            worker_pools: BTreeMap::new(),
+            load_balancer: Some(AwsLoadBalancerSpec {
+                target_group_arn: Some(arn.into()),
+                scheme: AwsLoadBalancerScheme::Internal,
+            }),
+        };
+        assert_eq!(errors_with_endpoint(&spec, &[], true), vec![]);
+        assert_eq!(spec.user_target_group(), Some(arn));
+        let errs = errors_with_endpoint(&spec, &[], false);
+        assert!(
+            errs.iter().any(
+                |(f, m)| f == "spec.provider.aws.loadBalancer.targetGroupArn"
+                    && m.contains("spec.controlPlaneEndpoint")
+            ),
+            "{errs:?}"
+        );
+        for bad in [
+            "arn:aws:elasticloadbalancing:us-east-1:123456789012:loadbalancer/net/api/0123456789abcdef",
+            "arn:aws:ec2:us-east-1:123456789012:targetgroup/api/0123",
+            "targetgroup/api/0123",
+        ] {
+            spec.load_balancer.as_mut().unwrap().target_group_arn = Some(bad.into());
+            let errs = errors_with_endpoint(&spec, &[], true);
+            assert!(
+                errs.iter().any(|(f, m)| f
+                    == "spec.provider.aws.loadBalancer.targetGroupArn"
+                    && m.contains(bad)),
+                "{bad}: {errs:?}"
+            );
+        }
+        // A scheme is for the load balancer Drover makes.
+        spec.load_balancer = Some(AwsLoadBalancerSpec {
+            target_group_arn: None,
+            scheme: AwsLoadBalancerScheme::InternetFacing,
+        });
+        assert_eq!(errors_with_endpoint(&spec, &[], false), vec![]);
+        let errs = errors_with_endpoint(&spec, &[], true);
+        assert!(
+            errs.iter()
+                .any(|(f, m)| f == "spec.provider.aws.loadBalancer" && m.contains("targetGroupArn")),
+            "{errs:?}"
+        );
     }
 
     #[test]
@@ -278,6 +442,7 @@ mod tests {
             tags: BTreeMap::from([("team".into(), "infra".into())]),
             control_plane: template(),
             worker_pools: BTreeMap::from([("default".into(), template())]),
+            load_balancer: None,
         };
         assert_eq!(errors(&spec, &["default"]), vec![]);
         let mut arn = template();
@@ -306,6 +471,7 @@ mod tests {
             tags: BTreeMap::from([("drover.dev/cluster".into(), "x".into())]),
             control_plane: t,
             worker_pools: BTreeMap::new(),
+            load_balancer: None,
         };
         let fields: Vec<String> = errors(&spec, &[]).into_iter().map(|(f, _)| f).collect();
         for f in [
@@ -332,6 +498,7 @@ mod tests {
             tags: BTreeMap::new(),
             control_plane: template(),
             worker_pools: BTreeMap::from([("gpu".into(), template())]),
+            load_balancer: None,
         };
         let errs = errors(&spec, &["default"]);
         assert!(errs
@@ -351,6 +518,7 @@ mod tests {
             tags: BTreeMap::new(),
             control_plane: template(),
             worker_pools: BTreeMap::new(),
+            load_balancer: None,
         };
         spec.tags = (0..45).map(|i| (format!("k{i}"), "v".into())).collect();
         assert!(errors(&spec, &[])
@@ -370,6 +538,7 @@ mod tests {
             ]),
             control_plane: template(),
             worker_pools: BTreeMap::new(),
+            load_balancer: None,
         };
         let tags = spec.tags_for(&t);
         assert_eq!(tags["team"], "gpu");

@@ -380,7 +380,14 @@ impl ProviderSpec {
         const MOVE: &str = "is immutable; delete the cluster and create it again to move it";
         match (self, new) {
             (ProviderSpec::Aws(a), ProviderSpec::Aws(b)) => {
-                (a.region != b.region).then_some(("spec.provider.aws.region", MOVE))
+                if a.region != b.region {
+                    Some(("spec.provider.aws.region", MOVE))
+                } else {
+                    (a.load_balancer != b.load_balancer).then_some((
+                        "spec.provider.aws.loadBalancer",
+                        "is immutable: the endpoint is in the cluster's certificates and kubeconfigs; delete the cluster and create it again to change it",
+                    ))
+                }
             }
             (a, b) => (a != b).then_some(("spec.provider", MOVE)),
         }
@@ -689,7 +696,11 @@ impl Cluster {
                 .iter()
                 .map(|p| p.name.as_str())
                 .collect();
-            a.validate(&pools, &mut |f, m| err(f, m));
+            a.validate(
+                &pools,
+                self.spec.endpoint_address().is_some(),
+                &mut |f, m| err(f, m),
+            );
         }
         if let Some(h) = &self.spec.health {
             for (field, v) in [

@@ -154,6 +154,17 @@ pub async fn revoke_admin_token(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The keyring of a store that encrypts secrets, for an admin who may write.
+fn keyring<'a>(
+    app: &'a App,
+    admin: &Admin,
+) -> Result<&'a Arc<std::sync::RwLock<crate::store::keyring::Keyring>>, ApiError> {
+    admin.require_write()?;
+    app.store
+        .keyring()
+        .ok_or_else(|| ApiError::internal("this store does not encrypt"))
+}
+
 /// `GET /v1/keys`: the ids of the keys that encrypt secrets at rest.
 #[utoipa::path(
     get,
@@ -170,13 +181,8 @@ pub async fn list_keys(
     State(app): State<Arc<App>>,
     admin: Admin,
 ) -> Result<Json<KeysInfo>, ApiError> {
-    admin.require_write()?;
-    let ring = app
-        .store
-        .keyring()
-        .ok_or_else(|| ApiError::internal("this store does not encrypt"))?;
     Ok(Json(KeysInfo {
-        key_ids: ring.read().expect("keyring lock").ids(),
+        key_ids: keyring(&app, &admin)?.read().expect("keyring lock").ids(),
         resealed: 0,
     }))
 }
@@ -200,12 +206,7 @@ pub async fn rotate_keys(
     State(app): State<Arc<App>>,
     admin: Admin,
 ) -> Result<Json<KeysInfo>, ApiError> {
-    admin.require_write()?;
-    let ring = app
-        .store
-        .keyring()
-        .ok_or_else(|| ApiError::internal("this store does not encrypt"))?
-        .clone();
+    let ring = keyring(&app, &admin)?.clone();
     let app2 = app.clone();
     let by = admin.token_id.clone();
     let result = tokio::task::spawn_blocking(move || -> Result<KeysInfo, ApiError> {

@@ -14,6 +14,10 @@
 //! - Errors are classified ([`CloudErrorClass`]) so the executor can back off
 //!   by kind: throttling briefly, capacity and quota longer, bad
 //!   configuration until the spec changes.
+//! - The cluster's control-plane endpoint is a Network Load Balancer
+//!   ([`lb`]).
+
+mod lb;
 
 use std::collections::BTreeMap;
 
@@ -31,9 +35,9 @@ use drover_common::aws::{AwsMachineTemplate, MAX_USER_DATA};
 use futures_util::future::BoxFuture;
 
 use super::{
-    CloudErrorClass, CreateHost, Created, HostError, InstanceCheckError, InstanceState,
-    MachineRequest, Managed, Provider, ProviderError, ProviderMachine, LABEL_CLUSTER,
-    LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
+    CloudErrorClass, CreateHost, Created, EndpointLoadBalancer, HostError, InstanceCheckError,
+    InstanceState, MachineRequest, Managed, Provider, ProviderError, ProviderMachine,
+    LABEL_CLUSTER, LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
 };
 
 const PROVIDER: &str = "aws";
@@ -42,6 +46,8 @@ const PROVIDER: &str = "aws";
 #[derive(Clone)]
 pub struct AwsProvider {
     client: Client,
+    /// The Elastic Load Balancing (v2) client of the same region.
+    elb: aws_sdk_elasticloadbalancingv2::Client,
     region: String,
     /// Value of the managed-by tag: this coordinator's identity.
     owner: String,
@@ -98,6 +104,7 @@ impl AwsProvider {
             .await;
         Self {
             client: Client::new(&config),
+            elb: aws_sdk_elasticloadbalancingv2::Client::new(&config),
             region: region.to_owned(),
             owner,
             listed: Default::default(),
@@ -537,9 +544,10 @@ impl AwsProvider {
         }
     }
 
-    /// Every instance of this coordinator in the region, for the sweeper.
+    /// Every instance, load balancer and target group of this coordinator
+    /// in the region, for the sweeper.
     async fn managed_objects(&self) -> Result<Vec<Managed>, ProviderError> {
-        Ok(self
+        let mut out: Vec<Managed> = self
             .instances()
             .await?
             .into_iter()
@@ -548,7 +556,9 @@ impl AwsProvider {
                 provider_id: i.instance_id,
                 labels: i.tags,
             })
-            .collect())
+            .collect();
+        out.extend(self.managed_load_balancers().await?);
+        Ok(out)
     }
 
     async fn remove(&self, orphan: &Managed) -> Result<Option<String>, ProviderError> {
@@ -562,8 +572,9 @@ impl AwsProvider {
                 tracing::warn!(instance = %provider_id, region = %self.region, tags = ?labels, "orphan instance terminated");
                 Ok(Some(format!("instance {provider_id} ({})", self.region)))
             }
-            // EC2 clusters own nothing beyond their instances.
-            Managed::ClusterResource { .. } => Ok(None),
+            Managed::ClusterResource { name, .. } => {
+                Ok(Some(self.remove_load_balancer(name).await?))
+            }
         }
     }
 }
@@ -590,12 +601,26 @@ impl Provider for AwsProvider {
         ))
     }
 
-    /// An EC2 cluster owns nothing beyond its instances (yet).
     fn delete_cluster_resources<'a>(
         &'a self,
-        _: &'a Cluster,
+        cluster: &'a Cluster,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async { Ok(()) })
+        Box::pin(self.delete_load_balancer(cluster))
+    }
+
+    fn ensure_endpoint<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+    ) -> BoxFuture<'a, Result<Option<EndpointLoadBalancer>, ProviderError>> {
+        Box::pin(async move { self.ensure_load_balancer(cluster).await.map(Some) })
+    }
+
+    fn set_endpoint_backends<'a>(
+        &'a self,
+        cluster: &'a Cluster,
+        config: &'a drover_common::wire::LoadBalancerConfig,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.set_load_balancer_targets(cluster, config))
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {

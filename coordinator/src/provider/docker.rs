@@ -64,6 +64,19 @@ fn failed(action: &'static str, object: impl Into<String>, e: DockerError) -> Pr
     }
 }
 
+/// The node image is not on the engine: nothing can be pulled, so the user
+/// builds it or names another.
+fn image_missing(action: &'static str, object: String, image: &str) -> ProviderError {
+    ProviderError::Failed {
+        provider: PROVIDER,
+        action,
+        object,
+        detail: format!(
+            "image {image} not found; build it (scripts/build-node-image) or fix spec.provider.docker.image"
+        ),
+    }
+}
+
 fn status_code(e: &DockerError) -> Option<u16> {
     match e {
         DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
@@ -235,15 +248,7 @@ impl DockerProvider {
                 id
             }
             Err(e) if status_code(&e) == Some(404) => {
-                return Err(ProviderError::Failed {
-                    provider: PROVIDER,
-                    action: "create container",
-                    object: name,
-                    detail: format!(
-                        "image {} not found; build it (scripts/build-node-image) or fix spec.provider.docker.image",
-                        req.image
-                    ),
-                })
+                return Err(image_missing("create container", name, &req.image))
             }
             Err(e) => return Err(failed("create container", &name, e)),
         };
@@ -299,14 +304,7 @@ impl DockerProvider {
             Ok(_) => tracing::info!(container = %name, cluster, "load-balancer container created"),
             Err(e) if status_code(&e) == Some(409) => {}
             Err(e) if status_code(&e) == Some(404) => {
-                return Err(ProviderError::Failed {
-                    provider: PROVIDER,
-                    action: "create the load balancer",
-                    object: name,
-                    detail: format!(
-                        "image {image} not found; build it (scripts/build-node-image) or fix spec.provider.docker.image"
-                    ),
-                })
+                return Err(image_missing("create the load balancer", name, image))
             }
             Err(e) => return Err(failed("create the load balancer", &name, e)),
         }

@@ -178,11 +178,14 @@ pub trait Provider: Send + Sync {
         machine: &'a Machine,
     ) -> BoxFuture<'a, Result<(), ProviderError>>;
 
-    /// Deletes what the cluster owns beyond its machines (a network).
+    /// Deletes what the cluster owns beyond its machines (a network, a load
+    /// balancer). A provider whose clusters own nothing else keeps this.
     fn delete_cluster_resources<'a>(
         &'a self,
-        cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<(), ProviderError>>;
+        _cluster: &'a Cluster,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Makes the cluster's control-plane endpoint unless it exists and
     /// returns it, or `None` when this provider keeps none (the endpoint is
@@ -271,13 +274,6 @@ impl Provider for NotBuilt {
                 provider: self.provider,
             })
         })
-    }
-
-    fn delete_cluster_resources<'a>(
-        &'a self,
-        _: &'a Cluster,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async { Ok(()) })
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {

@@ -90,11 +90,19 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
             listed = Some(machines);
         }
     }
-    match listed.map_or_else(|| app.machines(), Ok) {
-        Ok(machines) => errors.extend(unassigned_alive(app, &machines)),
-        Err(e) => errors.push(format!("cannot list machines: {e}")),
-    }
     errors
+}
+
+/// Keeps the `Alive` condition of pool machines that no cluster claimed true
+/// to what the coordinator sees. It reads every machine, so the loop runs it
+/// at most once per heartbeat interval (a machine cannot go silent faster),
+/// on a blocking thread, and not on every store change.
+async fn free_machines_alive(app: Arc<App>) -> Vec<String> {
+    crate::store::blocking(move || match app.machines() {
+        Ok(machines) => unassigned_alive(&app, &machines),
+        Err(e) => vec![format!("cannot list machines: {e}")],
+    })
+    .await
 }
 
 /// Runs the reconcile loop until `shutdown` fires: every `period`, on store
@@ -106,6 +114,7 @@ pub async fn run_loop(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut changes = app.store.watch();
+    let mut free_scanned: Option<Instant> = None;
     loop {
         let started = Instant::now();
         // Only the leader reconciles, and every write of its pass is fenced
@@ -113,7 +122,11 @@ pub async fn run_loop(
         // A follower's loop idles: `runs` counts passes made as leader.
         if let Some(term) = app.leadership.term() {
             task.started();
-            let errors = crate::store::fenced(term, reconcile_all(&app)).await;
+            let mut errors = crate::store::fenced(term, reconcile_all(&app)).await;
+            if free_scanned.is_none_or(|at| at.elapsed() >= app.settings.heartbeat_interval) {
+                free_scanned = Some(Instant::now());
+                errors.extend(crate::store::fenced(term, free_machines_alive(app.clone())).await);
+            }
             task.finished((!errors.is_empty()).then(|| errors.join("; ")));
             let mut s = status.lock().expect("loop status lock");
             s.runs += 1;
@@ -396,6 +409,55 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn an_aws_cluster_gets_a_load_balancer_unless_the_user_keeps_the_endpoint() {
+        use drover_common::aws::{AwsLoadBalancerSpec, AwsMachineTemplate, AwsProviderSpec};
+        let template = AwsMachineTemplate {
+            ami: "ami-0123456789abcdef0".into(),
+            instance_type: "m6i.large".into(),
+            subnets: vec!["subnet-0aaa1111".into()],
+            security_groups: vec![],
+            instance_profile: None,
+            tags: BTreeMap::new(),
+        };
+        let aws = |lb: Option<AwsLoadBalancerSpec>| {
+            let mut c = cluster(3, 0);
+            c.spec.provider = ProviderSpec::Aws(AwsProviderSpec {
+                region: "us-east-1".into(),
+                tags: BTreeMap::new(),
+                control_plane: template.clone(),
+                worker_pools: BTreeMap::from([("w".into(), template.clone())]),
+                load_balancer: lb,
+            });
+            c
+        };
+        let o = obs(true, &seen_now);
+        // No endpoint of the user's: Drover's Network Load Balancer first.
+        assert_eq!(plan(&aws(None), &[], &o), vec![Step::EnsureEndpoint]);
+        // The user's endpoint and target group: that group is recorded
+        // first, so control planes are registered in it.
+        let mut with_group = aws(Some(AwsLoadBalancerSpec {
+            target_group_arn: Some(
+                "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/api/0123456789abcdef"
+                    .into(),
+            ),
+            ..Default::default()
+        }));
+        with_group.spec.control_plane_endpoint = Some(
+            drover_common::api::ControlPlaneEndpoint::Address("api.example.com:6443".into()),
+        );
+        assert_eq!(plan(&with_group, &[], &o), vec![Step::EnsureEndpoint]);
+        // The user's endpoint alone: nothing to make or register.
+        let mut endpoint_only = aws(None);
+        endpoint_only.spec.control_plane_endpoint = with_group.spec.control_plane_endpoint.clone();
+        let steps = plan(&endpoint_only, &[], &o);
+        assert!(!steps.contains(&Step::EnsureEndpoint), "{steps:?}");
+        assert_eq!(
+            creates(&steps),
+            vec![(CONTROL_PLANE_POOL.to_owned(), MachineRole::Init)]
+        );
     }
 
     #[test]

@@ -327,10 +327,19 @@ pub(super) fn plan_provider(
 /// Whether the cluster gets a provider load balancer as its endpoint: a
 /// docker cluster without one of the user's, before its first machine (a
 /// cluster that has machines from before load balancers keeps its
-/// machine-address endpoint: its certificates do not name another).
+/// machine-address endpoint: its certificates do not name another). An aws
+/// cluster gets its Network Load Balancer the same way, or, when the spec
+/// names the user's target group, has that recorded as its load balancer
+/// (Drover then only registers control planes in it).
 fn wants_load_balancer(cluster: &Cluster, mine: &[&Machine]) -> bool {
-    matches!(cluster.spec.provider, ProviderSpec::Docker(_))
-        && cluster.spec.control_plane_endpoint.is_none()
+    let wanted = match &cluster.spec.provider {
+        ProviderSpec::Docker(_) => cluster.spec.control_plane_endpoint.is_none(),
+        ProviderSpec::Aws(a) => {
+            cluster.spec.control_plane_endpoint.is_none() || a.user_target_group().is_some()
+        }
+        ProviderSpec::Pool(_) => false,
+    };
+    wanted
         && cluster.status.load_balancer.is_none()
         && mine.iter().all(|m| m.status.phase == MachinePhase::Deleted)
 }

@@ -92,8 +92,9 @@ struct VersionArgs {
     output: Option<String>,
 }
 
+/// The flags `init` and `join` share.
 #[derive(Args, Debug)]
-struct InitArgs {
+struct NodeArgs {
     /// Path to a kubeadm configuration file.
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
@@ -109,6 +110,12 @@ struct InitArgs {
     /// Specify the node name.
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct InitArgs {
+    #[command(flatten)]
+    node: NodeArgs,
     /// Upload control-plane certificates to the kubeadm-certs Secret.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     upload_certs: Option<bool>,
@@ -158,21 +165,8 @@ struct JoinArgs {
     /// The API server endpoint (refused with --config: the config names it).
     #[arg(value_name = "api-server-endpoint")]
     endpoint: Option<String>,
-    /// Path to a kubeadm configuration file.
-    #[arg(long, value_name = "PATH")]
-    config: Option<PathBuf>,
-    /// A list of checks whose errors will be shown as warnings.
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    ignore_preflight_errors: Vec<String>,
-    /// List of phases to be skipped
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    skip_phases: Vec<String>,
-    /// Don't apply any changes; just output what would be done.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    dry_run: Option<bool>,
-    /// Specify the node name.
-    #[arg(long, value_name = "NAME")]
-    node_name: Option<String>,
+    #[command(flatten)]
+    node: NodeArgs,
     // Flags real kubeadm has that cannot be mixed with --config.
     #[arg(long, hide = true)]
     apiserver_advertise_address: Option<String>,
@@ -443,7 +437,7 @@ async fn dispatch(
             Ok(())
         }
         Cmd::Init(a) => {
-            let config = check_mix(sub_m, sub_cmd, &a.config, "init")?;
+            let config = check_mix(sub_m, sub_cmd, &a.node.config, "init")?;
             if a.upload_certs == Some(true) {
                 bail!("--upload-certs: the stand-in kubeadm refuses it: Drover copies the shared CA set to control-plane machines instead of uploading certificates to the cluster");
             }
@@ -451,28 +445,28 @@ async fn dispatch(
                 &root,
                 cmd_init::InitOpts {
                     config,
-                    ignore_preflight_errors: a.ignore_preflight_errors,
-                    skip_phases: a.skip_phases,
-                    dry_run: a.dry_run == Some(true),
-                    node_name: a.node_name,
+                    ignore_preflight_errors: a.node.ignore_preflight_errors,
+                    skip_phases: a.node.skip_phases,
+                    dry_run: a.node.dry_run == Some(true),
+                    node_name: a.node.node_name,
                     skip_token_print: a.skip_token_print == Some(true),
                 },
             )
             .await
         }
         Cmd::Join(a) => {
-            if let (Some(_), Some(ep)) = (&a.config, &a.endpoint) {
+            if let (Some(_), Some(ep)) = (&a.node.config, &a.endpoint) {
                 bail!("can not mix '--config' with the API server endpoint argument {ep:?}: the config's discovery.bootstrapToken.apiServerEndpoint names it");
             }
-            let config = check_mix(sub_m, sub_cmd, &a.config, "join")?;
+            let config = check_mix(sub_m, sub_cmd, &a.node.config, "join")?;
             cmd_join::run(
                 &root,
                 cmd_join::JoinOpts {
                     config,
-                    ignore_preflight_errors: a.ignore_preflight_errors,
-                    skip_phases: a.skip_phases,
-                    dry_run: a.dry_run == Some(true),
-                    node_name: a.node_name,
+                    ignore_preflight_errors: a.node.ignore_preflight_errors,
+                    skip_phases: a.node.skip_phases,
+                    dry_run: a.node.dry_run == Some(true),
+                    node_name: a.node.node_name,
                 },
             )
             .await

@@ -142,15 +142,44 @@ pub fn server_config(cert_pem: &str, key_pem: &str, client_ca_pem: &str) -> Resu
     Ok(cfg)
 }
 
+/// The environment variable that plays `/etc/hosts` for the stand-in:
+/// `name=ip[,name=ip...]`. Tests of cloud load balancers (whose DNS names
+/// resolve nowhere here) point a load balancer's name at the loopback
+/// address where the test serves its traffic.
+pub const RESOLVE_ENV: &str = "DROVER_STANDIN_RESOLVE";
+
 /// An HTTP client over the given TLS config.
 pub fn http_client(tls: ClientConfig, timeout: Duration) -> Result<reqwest::Client> {
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .no_proxy()
         .connect_timeout(Duration::from_secs(3))
-        .timeout(timeout)
-        .build()
-        .context("cannot build the HTTP client")
+        .timeout(timeout);
+    for (name, addr) in resolve_overrides()? {
+        builder = builder.resolve(&name, addr);
+    }
+    builder.build().context("cannot build the HTTP client")
+}
+
+/// The names [`RESOLVE_ENV`] resolves (the port is the URL's own).
+fn resolve_overrides() -> Result<Vec<(String, std::net::SocketAddr)>> {
+    let Ok(value) = std::env::var(RESOLVE_ENV) else {
+        return Ok(vec![]);
+    };
+    value
+        .split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|entry| {
+            let (name, ip) = entry
+                .split_once('=')
+                .with_context(|| format!("{RESOLVE_ENV}: {entry:?} is not name=ip"))?;
+            let ip: std::net::IpAddr = ip
+                .trim()
+                .parse()
+                .with_context(|| format!("{RESOLVE_ENV}: {ip:?} is not an IP address"))?;
+            Ok((name.trim().to_owned(), std::net::SocketAddr::new(ip, 0)))
+        })
+        .collect()
 }
 
 /// Whether a request error means nobody is listening (yet).
