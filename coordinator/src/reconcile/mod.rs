@@ -94,15 +94,76 @@ pub async fn reconcile_all(app: &App) -> Vec<String> {
 }
 
 /// Keeps the `Alive` condition of pool machines that no cluster claimed true
-/// to what the coordinator sees. It reads every machine, so the loop runs it
+/// to what the coordinator sees. A machine's condition can only need a
+/// change when its heartbeats stop or start again, so after a first read of
+/// every machine the scan reads only those whose heartbeats went quiet or
+/// came back since ([`FreeScan`]), and every machine again only every
+/// [`FULL_FREE_SCAN`]: decoding a large fleet every heartbeat interval cost
+/// more memory than the whole heartbeat path. It runs on a blocking thread,
 /// at most once per heartbeat interval (a machine cannot go silent faster),
-/// on a blocking thread, and not on every store change.
-async fn free_machines_alive(app: Arc<App>) -> Vec<String> {
-    crate::store::blocking(move || match app.machines() {
-        Ok(machines) => unassigned_alive(&app, &machines),
-        Err(e) => vec![format!("cannot list machines: {e}")],
+/// not on every store change.
+async fn free_machines_alive(app: Arc<App>, mut scan: FreeScan) -> (FreeScan, Vec<String>) {
+    crate::store::blocking(move || {
+        let errors = scan.run(&app);
+        (scan, errors)
     })
     .await
+}
+
+/// How often the free-machine scan reads every machine regardless.
+pub const FULL_FREE_SCAN: Duration = Duration::from_secs(600);
+
+/// What the free-machine scan saw: for each machine with a heartbeat
+/// record, whether its heartbeats had stopped (longer than the heartbeat
+/// timeout) when it was last looked at.
+#[derive(Debug, Default)]
+pub struct FreeScan {
+    quiet: std::collections::HashMap<String, bool>,
+    full_at: Option<Instant>,
+}
+
+impl FreeScan {
+    /// Reads the machines that may need their `Alive` condition changed and
+    /// changes it. Returns the errors met.
+    fn run(&mut self, app: &App) -> Vec<String> {
+        let now = drover_common::now();
+        let timeout = app.settings.health_defaults.heartbeat_timeout;
+        let quiet: std::collections::HashMap<String, bool> = app
+            .liveness
+            .lock()
+            .expect("liveness lock")
+            .iter()
+            .map(|(name, l)| (name.clone(), now - l.last_seen > timeout))
+            .collect();
+        let full = self.full_at.is_none_or(|at| at.elapsed() >= FULL_FREE_SCAN);
+        let machines = if full {
+            match app.machines() {
+                Ok(m) => m,
+                Err(e) => return vec![format!("cannot list machines: {e}")],
+            }
+        } else {
+            let mut read = vec![];
+            for (name, q) in &quiet {
+                if self.quiet.get(name) == Some(q) {
+                    continue;
+                }
+                match app.machine(name) {
+                    Ok(Some(m)) => read.push(m),
+                    Ok(None) => {}
+                    Err(e) => return vec![format!("cannot read machine {name}: {e}")],
+                }
+            }
+            read
+        };
+        let errors = unassigned_alive(app, &machines);
+        if errors.is_empty() {
+            if full {
+                self.full_at = Some(Instant::now());
+            }
+            self.quiet = quiet;
+        }
+        errors
+    }
 }
 
 /// Runs the reconcile loop until `shutdown` fires: every `period`, on store
@@ -115,6 +176,7 @@ pub async fn run_loop(
 ) {
     let mut changes = app.store.watch();
     let mut free_scanned: Option<Instant> = None;
+    let mut free_scan = FreeScan::default();
     loop {
         let started = Instant::now();
         // Only the leader reconciles, and every write of its pass is fenced
@@ -125,7 +187,11 @@ pub async fn run_loop(
             let mut errors = crate::store::fenced(term, reconcile_all(&app)).await;
             if free_scanned.is_none_or(|at| at.elapsed() >= app.settings.heartbeat_interval) {
                 free_scanned = Some(Instant::now());
-                errors.extend(crate::store::fenced(term, free_machines_alive(app.clone())).await);
+                let scan = std::mem::take(&mut free_scan);
+                let (scan, free_errors) =
+                    crate::store::fenced(term, free_machines_alive(app.clone(), scan)).await;
+                free_scan = scan;
+                errors.extend(free_errors);
             }
             task.finished((!errors.is_empty()).then(|| errors.join("; ")));
             let mut s = status.lock().expect("loop status lock");
@@ -1777,5 +1843,59 @@ mod tests {
             }),
             "the answer recorded meanwhile is kept"
         );
+    }
+
+    #[tokio::test]
+    async fn free_machines_are_read_again_only_when_their_heartbeats_stop_or_resume() {
+        use crate::app::Liveness;
+        use crate::store::{Kind, StoreError};
+        let dir = tempfile::tempdir().unwrap();
+        let app = crate::app::App::for_tests(dir.path());
+        let mut m = free("m", "dev");
+        m.status.phase = MachinePhase::Registered;
+        app.store.create_json(Kind::Machine, "m", &m).unwrap();
+        let seen = |ago: u64| {
+            app.liveness.lock().unwrap().insert(
+                "m".into(),
+                Liveness {
+                    last_seen: drover_common::now() - Duration::from_secs(ago),
+                },
+            );
+        };
+        let alive = || {
+            let m = app.machine("m").unwrap().unwrap();
+            m.status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == ALIVE_CONDITION)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        let mut scan = super::FreeScan::default();
+        // Silent for an hour: Alive turns False.
+        seen(3600);
+        assert!(scan.run(&app).is_empty());
+        assert_eq!(alive(), Some(("False".into(), "Silent".into())));
+        // Heartbeating again: True.
+        seen(0);
+        assert!(scan.run(&app).is_empty());
+        assert_eq!(alive(), Some(("True".into(), "Heartbeating".into())));
+        // While its heartbeats keep coming the machine is not read again:
+        // a condition written behind the scan's back stays as it is ...
+        app.update_machine::<StoreError>("m", |m| {
+            for c in &mut m.status.conditions {
+                if c.type_ == ALIVE_CONDITION {
+                    c.status = "False".into();
+                    c.reason = "Silent".into();
+                }
+            }
+            Ok(true)
+        })
+        .unwrap();
+        assert!(scan.run(&app).is_empty());
+        assert_eq!(alive(), Some(("False".into(), "Silent".into())));
+        // ... until the periodic full scan reads every machine.
+        scan.full_at = std::time::Instant::now().checked_sub(super::FULL_FREE_SCAN);
+        assert!(scan.run(&app).is_empty());
+        assert_eq!(alive(), Some(("True".into(), "Heartbeating".into())));
     }
 }
