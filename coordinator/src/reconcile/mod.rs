@@ -120,12 +120,19 @@ pub const FULL_FREE_SCAN: Duration = Duration::from_secs(600);
 pub struct FreeScan {
     quiet: std::collections::HashMap<String, bool>,
     full_at: Option<Instant>,
+    ran_at: Option<Instant>,
 }
 
 impl FreeScan {
+    /// Whether `period` has passed since the last scan (or none ran yet).
+    fn due(&self, period: Duration) -> bool {
+        self.ran_at.is_none_or(|at| at.elapsed() >= period)
+    }
+
     /// Reads the machines that may need their `Alive` condition changed and
     /// changes it. Returns the errors met.
     fn run(&mut self, app: &App) -> Vec<String> {
+        self.ran_at = Some(Instant::now());
         let now = drover_common::now();
         let timeout = app.settings.health_defaults.heartbeat_timeout;
         let quiet: std::collections::HashMap<String, bool> = app
@@ -175,7 +182,6 @@ pub async fn run_loop(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut changes = app.store.watch();
-    let mut free_scanned: Option<Instant> = None;
     let mut free_scan = FreeScan::default();
     loop {
         let started = Instant::now();
@@ -185,8 +191,7 @@ pub async fn run_loop(
         if let Some(term) = app.leadership.term() {
             task.started();
             let mut errors = crate::store::fenced(term, reconcile_all(&app)).await;
-            if free_scanned.is_none_or(|at| at.elapsed() >= app.settings.heartbeat_interval) {
-                free_scanned = Some(Instant::now());
+            if free_scan.due(app.settings.heartbeat_interval) {
                 let scan = std::mem::take(&mut free_scan);
                 let (scan, free_errors) =
                     crate::store::fenced(term, free_machines_alive(app.clone(), scan)).await;

@@ -143,21 +143,14 @@ impl AwsProvider {
                 (arn, true)
             }
         };
-        let wanted: BTreeSet<(String, i32)> = config
-            .backends
-            .iter()
-            .filter_map(|b| b.parse::<std::net::SocketAddr>().ok())
-            .map(|a| (a.ip().to_string(), i32::from(a.port())))
-            .collect();
+        let wanted = target_set(&config.backends);
         let registered = self.targets(&tg_arn, &object).await?;
-        let recorded: BTreeSet<(String, i32)> = cluster
+        let recorded = cluster
             .status
             .load_balancer
-            .iter()
-            .flat_map(|lb| &lb.backends)
-            .filter_map(|b| b.parse::<std::net::SocketAddr>().ok())
-            .map(|a| (a.ip().to_string(), i32::from(a.port())))
-            .collect();
+            .as_ref()
+            .map(|lb| target_set(&lb.backends))
+            .unwrap_or_default();
         let stale: Vec<&(String, i32)> = registered
             .iter()
             .filter(|t| !wanted.contains(*t) && (own || recorded.contains(*t)))
@@ -578,6 +571,15 @@ impl AwsProvider {
             })
             .collect())
     }
+}
+
+/// Backends (`ip:port`) as ELB targets, `(ip, port)`.
+fn target_set(backends: &[String]) -> BTreeSet<(String, i32)> {
+    backends
+        .iter()
+        .filter_map(|b| b.parse::<std::net::SocketAddr>().ok())
+        .map(|a| (a.ip().to_string(), i32::from(a.port())))
+        .collect()
 }
 
 fn descriptions(targets: &[&(String, i32)]) -> Vec<TargetDescription> {
