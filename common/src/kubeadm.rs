@@ -5,6 +5,8 @@
 //! decoding makes them) so that the coordinator can only render what kubeadm
 //! accepts and the test stand-in can parse it back the way kubeadm would.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::pin::CaPin;
@@ -12,6 +14,7 @@ use crate::token::BootstrapToken;
 
 pub const KUBEADM_API_VERSION: &str = "kubeadm.k8s.io/v1beta4";
 pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub const KUBE_PROXY_API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 
 /// The files of the shared CA set that control-plane machines receive,
 /// relative to the certificates directory. kubeadm derives every leaf
@@ -283,6 +286,33 @@ pub struct KubeletConfiguration {
     pub healthz_port: u16,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cgroup_driver: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_swap_on: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_gc_high_threshold_percent: Option<u8>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_hard: BTreeMap<String, String>,
+}
+
+/// The part of kube-proxy's `KubeProxyConfiguration` Drover sets; kubeadm
+/// passes it on to the `kube-proxy` ConfigMap. Other fields are passed
+/// through untouched when parsing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeProxyConfiguration {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conntrack: Option<KubeProxyConntrack>,
+}
+
+/// kube-proxy's conntrack settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeProxyConntrack {
+    /// Connections tracked per CPU; 0 leaves the kernel's limit alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_core: Option<u32>,
 }
 
 /// A parsed multi-document kubeadm config file.
@@ -292,6 +322,7 @@ pub struct KubeadmConfig {
     pub cluster: Option<ClusterConfiguration>,
     pub join: Option<JoinConfiguration>,
     pub kubelet: Option<KubeletConfiguration>,
+    pub kube_proxy: Option<KubeProxyConfiguration>,
 }
 
 /// Why a kubeadm config was refused.
@@ -339,10 +370,10 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
             kind: kind.clone(),
             detail: detail.to_string(),
         };
-        let expected = if kind == "KubeletConfiguration" {
-            KUBELET_API_VERSION
-        } else {
-            KUBEADM_API_VERSION
+        let expected = match kind.as_str() {
+            "KubeletConfiguration" => KUBELET_API_VERSION,
+            "KubeProxyConfiguration" => KUBE_PROXY_API_VERSION,
+            _ => KUBEADM_API_VERSION,
         };
         if matches!(
             kind.as_str(),
@@ -350,6 +381,7 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
                 | "ClusterConfiguration"
                 | "JoinConfiguration"
                 | "KubeletConfiguration"
+                | "KubeProxyConfiguration"
         ) && api_version != expected
         {
             return Err(ConfigError::UnsupportedVersion {
@@ -376,6 +408,11 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
             )?,
             "KubeletConfiguration" => put(
                 &mut out.kubelet,
+                serde_json::from_value(doc).map_err(strict)?,
+                &kind,
+            )?,
+            "KubeProxyConfiguration" => put(
+                &mut out.kube_proxy,
                 serde_json::from_value(doc).map_err(strict)?,
                 &kind,
             )?,
@@ -411,27 +448,77 @@ pub struct ClusterParams {
     pub pod_subnet: String,
     pub service_subnet: String,
     pub dns_domain: String,
+    /// What the cluster's nodes run on.
+    pub nodes: NodeHost,
 }
+
+/// What a cluster's kubelets run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeHost {
+    /// A machine of its own (an instance, a pool host).
+    Machine,
+    /// A container sharing its host's kernel and disks with other nodes (the
+    /// `docker` provider). kubeadm then needs what kind gives it: no swap
+    /// check, the kernel checks that cannot see the host's modules and
+    /// sysctls ignored, no eviction or image collection driven by the host's
+    /// disk, and kube-proxy leaving the host's conntrack table alone.
+    Container,
+}
+
+/// The preflight checks that fail inside a container for reasons of the
+/// host, not of the node: swap on the host, no kernel config or modules to
+/// verify, the bridge sysctl of the host's namespace. Every other check runs.
+pub const CONTAINER_IGNORED_PREFLIGHT_CHECKS: [&str; 3] = [
+    "Swap",
+    "SystemVerification",
+    "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
+];
 
 /// The kubelet configuration of the whole cluster. Only `kubeadm init`
 /// reads it (it becomes the `kubelet-config` ConfigMap that joining
 /// machines download); `kubeadm join` ignores such a document. So it holds
 /// nothing of one machine: per-machine values go in [`node_registration`].
-fn cluster_kubelet_config() -> KubeletConfiguration {
-    KubeletConfiguration {
+fn cluster_kubelet_config(nodes: NodeHost) -> KubeletConfiguration {
+    let mut config = KubeletConfiguration {
         api_version: KUBELET_API_VERSION.into(),
         kind: "KubeletConfiguration".into(),
         healthz_bind_address: "127.0.0.1".into(),
         healthz_port: 0,
         cgroup_driver: "systemd".into(),
+        fail_swap_on: None,
+        image_gc_high_threshold_percent: None,
+        eviction_hard: BTreeMap::new(),
+    };
+    if nodes == NodeHost::Container {
+        // The disk and swap are the host's, shared by every node on it: a
+        // node must not evict Pods or delete images because of them.
+        config.fail_swap_on = Some(false);
+        config.image_gc_high_threshold_percent = Some(100);
+        config.eviction_hard = ["nodefs.available", "nodefs.inodesFree", "imagefs.available"]
+            .into_iter()
+            .map(|signal| (signal.to_owned(), "0%".to_owned()))
+            .collect();
     }
+    config
+}
+
+/// kube-proxy's configuration, only for container nodes: there it must not
+/// try to raise the conntrack limit, a host-wide sysctl it cannot write.
+fn kube_proxy_config(nodes: NodeHost) -> Option<KubeProxyConfiguration> {
+    (nodes == NodeHost::Container).then(|| KubeProxyConfiguration {
+        api_version: KUBE_PROXY_API_VERSION.into(),
+        kind: "KubeProxyConfiguration".into(),
+        conntrack: Some(KubeProxyConntrack {
+            max_per_core: Some(0),
+        }),
+    })
 }
 
 /// The machine's own registration: its name, the runtime socket, and the
 /// kubelet settings of this machine alone as `kubeletExtraArgs` (kubeadm
 /// writes them to `kubeadm-flags.env`; kubelet flags override its config
 /// file), which `init` and `join` both honour.
-fn node_registration(node: &NodeParams) -> NodeRegistration {
+fn node_registration(node: &NodeParams, nodes: NodeHost) -> NodeRegistration {
     let arg = |name: &str, value: String| Arg {
         name: name.into(),
         value,
@@ -444,6 +531,13 @@ fn node_registration(node: &NodeParams) -> NodeRegistration {
         name: Some(node.node_name.clone()),
         cri_socket: Some(CRI_SOCKET.into()),
         kubelet_extra_args,
+        ignore_preflight_errors: match nodes {
+            NodeHost::Machine => vec![],
+            NodeHost::Container => CONTAINER_IGNORED_PREFLIGHT_CHECKS
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        },
         ..Default::default()
     }
 }
@@ -476,7 +570,7 @@ pub fn render_init(
             groups: vec!["system:bootstrappers:kubeadm:default-node-token".into()],
         }],
         dry_run: None,
-        node_registration: node_registration(node),
+        node_registration: node_registration(node, cluster.nodes),
         local_api_endpoint: ApiEndpoint {
             advertise_address: node.advertise_address.clone(),
             bind_port: node.api_server_port,
@@ -510,11 +604,15 @@ pub fn render_init(
         certificate_validity_period: None,
         ca_certificate_validity_period: None,
     };
-    to_yaml_docs(&[
+    let mut docs = vec![
         serde_json::to_value(init).expect("serializes"),
         serde_json::to_value(cc).expect("serializes"),
-        serde_json::to_value(cluster_kubelet_config()).expect("serializes"),
-    ])
+        serde_json::to_value(cluster_kubelet_config(cluster.nodes)).expect("serializes"),
+    ];
+    docs.extend(
+        kube_proxy_config(cluster.nodes).map(|c| serde_json::to_value(c).expect("serializes")),
+    );
+    to_yaml_docs(&docs)
 }
 
 /// Renders the config for `kubeadm join`; with `control_plane` set, for a
@@ -531,7 +629,7 @@ pub fn render_join(
         api_version: KUBEADM_API_VERSION.into(),
         kind: "JoinConfiguration".into(),
         dry_run: None,
-        node_registration: node_registration(node),
+        node_registration: node_registration(node, cluster.nodes),
         ca_cert_path: None,
         discovery: Discovery {
             bootstrap_token: Some(BootstrapTokenDiscovery {
@@ -569,6 +667,7 @@ mod tests {
             pod_subnet: "10.244.0.0/16".into(),
             service_subnet: "10.96.0.0/12".into(),
             dns_domain: "cluster.local".into(),
+            nodes: NodeHost::Machine,
         }
     }
 
@@ -598,7 +697,7 @@ mod tests {
         assert_eq!(cc.encryption_algorithm, "ECDSA-P256");
         assert_eq!(cc.control_plane_endpoint, "10.0.0.1:6443");
         assert_eq!(
-            cfg.kubelet.unwrap().healthz_port,
+            cfg.kubelet.as_ref().unwrap().healthz_port,
             0,
             "per-machine values are flags"
         );
@@ -612,6 +711,44 @@ mod tests {
             ("healthz-port", "10248")
         );
         assert!(cfg.join.is_none());
+        assert!(init.node_registration.ignore_preflight_errors.is_empty());
+        assert_eq!(cfg.kubelet.as_ref().unwrap().fail_swap_on, None);
+        assert!(cfg.kube_proxy.is_none(), "{text}");
+    }
+
+    #[test]
+    fn container_nodes_get_what_kubeadm_needs_inside_a_container() {
+        let token = BootstrapToken::generate();
+        let pin: CaPin = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+            .parse()
+            .unwrap();
+        let params = ClusterParams {
+            nodes: NodeHost::Container,
+            ..cluster()
+        };
+        let text = render_init(&params, &node(), &token, 900);
+        let cfg = parse_config(&text).unwrap();
+        let kubelet = cfg.kubelet.unwrap();
+        assert_eq!(kubelet.fail_swap_on, Some(false), "{text}");
+        assert_eq!(kubelet.image_gc_high_threshold_percent, Some(100));
+        assert_eq!(kubelet.eviction_hard["nodefs.available"], "0%");
+        assert_eq!(kubelet.eviction_hard.len(), 3);
+        let proxy = cfg.kube_proxy.unwrap();
+        assert_eq!(proxy.api_version, KUBE_PROXY_API_VERSION);
+        assert_eq!(proxy.conntrack.unwrap().max_per_core, Some(0));
+        let ignored = |nr: &NodeRegistration| nr.ignore_preflight_errors.clone();
+        assert_eq!(
+            ignored(&cfg.init.unwrap().node_registration),
+            CONTAINER_IGNORED_PREFLIGHT_CHECKS
+        );
+        // Joining machines skip the same checks; the kubelet and kube-proxy
+        // settings reach them through the ConfigMaps `init` uploaded.
+        let join = parse_config(&render_join(&params, &node(), &token, &pin, false)).unwrap();
+        assert!(join.kubelet.is_none() && join.kube_proxy.is_none());
+        assert_eq!(
+            ignored(&join.join.unwrap().node_registration),
+            CONTAINER_IGNORED_PREFLIGHT_CHECKS
+        );
     }
 
     #[test]

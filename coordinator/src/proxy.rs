@@ -16,13 +16,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use drover_common::api::{Cluster, Machine, MachinePhase};
+use drover_common::api::Cluster;
 use drover_common::tcp_proxy::{accept_loop, Backends};
 use tokio::net::TcpListener;
 
 use crate::app::App;
 use crate::tasks::Task;
 
+/// What a pool cluster's `status.loadBalancer.id` says when the
+/// coordinator's proxies are its load balancer.
+pub const LOAD_BALANCER_ID: &str = "coordinator";
 /// How often backends are probed and listeners reconciled.
 pub const PERIOD: Duration = Duration::from_secs(1);
 /// How long one `/readyz` probe may take.
@@ -57,29 +60,17 @@ struct Proxy {
 /// Brings the proxies in line with the clusters; returns what went wrong.
 async fn refresh(app: &Arc<App>, proxies: &mut HashMap<String, Proxy>) -> Vec<String> {
     let mut errors = vec![];
-    // Machines are read only when some cluster has a managed endpoint: this
-    // runs every second on every replica, and a full read of a large fleet
-    // (every machine decoded) would cost a coordinator with no managed
-    // endpoint as much as its heartbeats do.
+    // Only clusters are read: the reconciler records each one's backends
+    // in its status, so this once-a-second loop on every replica never
+    // decodes the fleet's machines.
     let read = crate::store::blocking({
         let app = app.clone();
-        move || {
-            let clusters = app.clusters()?;
-            let machines = if clusters
-                .iter()
-                .any(|c| c.spec.endpoint_managed_by_coordinator())
-            {
-                app.machines()?
-            } else {
-                vec![]
-            };
-            Ok::<_, crate::store::StoreError>((clusters, machines))
-        }
+        move || app.clusters()
     })
     .await;
-    let (clusters, machines) = match read {
+    let clusters = match read {
         Ok(r) => r,
-        Err(e) => return vec![format!("cannot read clusters and machines: {e}")],
+        Err(e) => return vec![format!("cannot read clusters: {e}")],
     };
     let managed: BTreeMap<String, (&Cluster, u16)> = clusters
         .iter()
@@ -111,7 +102,7 @@ async fn refresh(app: &Arc<App>, proxies: &mut HashMap<String, Proxy>) -> Vec<St
             }
         }
         let proxy = &proxies[&uid];
-        let candidates = control_planes(&machines, &uid);
+        let candidates = recorded_backends(cluster);
         let probes = candidates.iter().map(|addr| ready(&proxy.probe, *addr));
         let answers = futures_util::future::join_all(probes).await;
         let healthy: Vec<SocketAddr> = candidates
@@ -167,28 +158,18 @@ async fn open(app: &App, cluster: &Cluster, port: u16) -> Result<Proxy, OpenErro
     })
 }
 
-/// The API server addresses of the cluster's control-plane machines that
-/// serve it: Running and not leaving (a machine being released or deleted
-/// gets no new connections).
-fn control_planes(machines: &[Machine], cluster_uid: &str) -> Vec<SocketAddr> {
-    let mut out: Vec<SocketAddr> = machines
+/// The API servers the reconciler recorded for the cluster: its
+/// control-plane machines with an address, from the moment they bootstrap,
+/// without those leaving (a machine being released gets no new
+/// connections). Only those answering `/readyz` get connections.
+fn recorded_backends(cluster: &Cluster) -> Vec<SocketAddr> {
+    cluster
+        .status
+        .load_balancer
         .iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.cluster_uid == cluster_uid && a.role.is_control_plane())
-                && m.status.phase == MachinePhase::Running
-                && m.metadata.deletion_timestamp.is_none()
-                && m.status.api_server_port != 0
-        })
-        .filter_map(|m| {
-            let ip = m.status.addresses.first()?.parse().ok()?;
-            Some(SocketAddr::new(ip, m.status.api_server_port))
-        })
-        .collect();
-    out.sort();
-    out
+        .flat_map(|lb| &lb.backends)
+        .filter_map(|b| b.parse().ok())
+        .collect()
 }
 
 /// Whether the API server at `addr` answers `/readyz` with 200.

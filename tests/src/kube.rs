@@ -2,8 +2,9 @@
 //! `kubectl` for Nodes and Pods, real `etcdctl` for the etcd member list.
 //! Tests check what Drover did with these, not only with Drover's view.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 /// Runs real kubectl with `kubeconfig`; returns its output or why it failed.
 pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
@@ -87,4 +88,57 @@ pub fn started_member_names(members: &[serde_json::Value]) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// Real kubectl asking `/readyz` through a kubeconfig once a second, on a
+/// thread of its own, until stopped.
+pub struct Prober {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Vec<bool>>,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Prober {
+    pub fn start(kubeconfig: PathBuf) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = count.clone();
+        let thread = std::thread::spawn(move || {
+            let mut results = vec![];
+            loop {
+                let ok = kubectl(
+                    &kubeconfig,
+                    &["get", "--raw", "/readyz", "--request-timeout=2s"],
+                )
+                .is_ok();
+                results.push(ok);
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                match stopped.recv_timeout(Duration::from_secs(1)) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return results,
+                }
+            }
+        });
+        Self {
+            stop,
+            thread,
+            count,
+        }
+    }
+
+    /// How many probes were made so far.
+    pub fn count(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops probing; returns whether each probe succeeded, in order.
+    pub fn stop(self) -> Vec<bool> {
+        let _ = self.stop.send(());
+        self.thread.join().expect("the prober thread")
+    }
+}
+
+/// The longest run of failed probes.
+pub fn longest_failure_run(probes: &[bool]) -> usize {
+    probes.split(|ok| *ok).map(<[bool]>::len).max().unwrap_or(0)
 }

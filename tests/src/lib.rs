@@ -35,6 +35,12 @@ pub fn node_image() -> String {
     std::env::var("DROVER_NODE_IMAGE").unwrap_or_else(|_| "drover-node:test".to_string())
 }
 
+/// The systemd node image the kind-profile test runs:
+/// `drover-node:systemd`, or `$DROVER_SYSTEMD_NODE_IMAGE`.
+pub fn systemd_node_image() -> String {
+    std::env::var("DROVER_SYSTEMD_NODE_IMAGE").unwrap_or_else(|_| "drover-node:systemd".to_string())
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; tests run few enough
 /// processes that a race is unlikely, and a taken port fails loudly).
 pub fn free_port() -> u16 {
@@ -791,18 +797,37 @@ pub mod docker {
     /// Runs scripts/build-node-image (which reuses the image when its
     /// inputs are unchanged) and returns the image id it printed.
     pub fn build_image() -> String {
+        run_image_script("scripts/build-node-image", &crate::node_image())
+    }
+
+    /// Builds the systemd node image once (see
+    /// scripts/build-systemd-node-image; reused while its inputs are
+    /// unchanged).
+    pub fn ensure_systemd_image() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            run_image_script(
+                "scripts/build-systemd-node-image",
+                &crate::systemd_node_image(),
+            );
+        });
+    }
+
+    /// Runs an image script of the repository with this build's binaries;
+    /// returns the image id it printed.
+    fn run_image_script(script: &str, tag: &str) -> String {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = Command::new(root.join("scripts/build-node-image"))
+        let out = Command::new(root.join(script))
             .arg("--bin-dir")
             .arg(bin_dir())
             .arg("--tag")
-            .arg(crate::node_image())
+            .arg(tag)
             .current_dir(&root)
             .output()
-            .expect("run scripts/build-node-image");
+            .unwrap_or_else(|e| panic!("run {script}: {e}"));
         assert!(
             out.status.success(),
-            "building the node image failed: {}",
+            "{script} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
@@ -820,7 +845,8 @@ pub mod docker {
                 &format!("label=drover.dev/cluster={}", self.0),
             ]);
             for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
-                let _ = docker(&["rm", "-f", id]);
+                // With its anonymous volumes (a kind-profile machine's /var).
+                let _ = docker(&["rm", "-f", "-v", id]);
             }
             let _ = docker(&["network", "rm", &format!("drover-{}", self.0)]);
         }

@@ -5,13 +5,15 @@
 //! `maxUnhealthy`, a dead lone control plane, each control plane in turn
 //! and a worker killed while real kubectl probes the endpoint and etcdctl
 //! checks the members, a scale-down drained through a PodDisruptionBudget,
-//! a coordinator killed mid-create, a coordinator restarted, and a leader
-//! change among replicas on etcd).
+//! a coordinator killed mid-create, a coordinator restarted, a leader
+//! change among replicas on etcd), and `profile: kind` machines from the
+//! systemd node image the project builds itself.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use drover_tests::docker::*;
@@ -619,7 +621,7 @@ fn the_endpoint_outlives_each_control_plane_and_killed_machines_leave_no_member_
     // Then a worker dies: after its replacement joins, its Node is deleted.
     let kubeconfig = tmp.path().join("drover-kubeconfig");
     std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
-    let prober = Prober::start(kubeconfig.clone());
+    let prober = kube::Prober::start(kubeconfig.clone());
     let mut originals: Vec<String> = live_machines(&c, &name)
         .iter()
         .filter(|m| m["spec"]["assignment"]["role"] != "worker")
@@ -666,7 +668,7 @@ fn the_endpoint_outlives_each_control_plane_and_killed_machines_leave_no_member_
         }
     }
     let probes = prober.stop();
-    let worst = longest_failure_run(&probes);
+    let worst = kube::longest_failure_run(&probes);
     let failed = probes.iter().filter(|ok| !**ok).count();
     eprintln!(
         "/readyz through the endpoint: {} probes, {failed} failed, at most {worst} in a row",
@@ -728,59 +730,6 @@ fn wait_backends(c: &Coordinator, cluster: &str, dir: &Path) {
             }
         },
     );
-}
-
-/// Real kubectl asking `/readyz` through a kubeconfig once a second, on a
-/// thread of its own, until stopped.
-struct Prober {
-    stop: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<Vec<bool>>,
-    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Prober {
-    fn start(kubeconfig: PathBuf) -> Self {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = count.clone();
-        let thread = std::thread::spawn(move || {
-            let mut results = vec![];
-            loop {
-                let ok = kube::kubectl(
-                    &kubeconfig,
-                    &["get", "--raw", "/readyz", "--request-timeout=2s"],
-                )
-                .is_ok();
-                results.push(ok);
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                match stopped.recv_timeout(Duration::from_secs(1)) {
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    _ => return results,
-                }
-            }
-        });
-        Self {
-            stop,
-            thread,
-            count,
-        }
-    }
-
-    /// How many probes were made so far.
-    fn count(&self) -> usize {
-        self.count.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Stops probing; returns whether each probe succeeded, in order.
-    fn stop(self) -> Vec<bool> {
-        let _ = self.stop.send(());
-        self.thread.join().expect("the prober thread")
-    }
-}
-
-/// The longest run of failed probes.
-fn longest_failure_run(probes: &[bool]) -> usize {
-    probes.split(|ok| *ok).map(<[bool]>::len).max().unwrap_or(0)
 }
 
 #[test]
@@ -1049,7 +998,6 @@ fn wait_heartbeats_after(
     names: &BTreeSet<String>,
     after: OffsetDateTime,
 ) {
-    use time::format_description::well_known::Rfc3339;
     wait_for(
         &format!("every machine of {cluster} to heartbeat after {after}"),
         BOOT,
@@ -1228,5 +1176,160 @@ fn docker_cluster_survives_a_leader_change() {
     new.wait_cluster_phase(&name, "Running", BOOT);
     for m in live_machines(new, &name) {
         assert_eq!(m["status"]["phase"], "Running", "{m}");
+    }
+}
+
+/// `profile: kind` runs a real systemd node image: the one the project
+/// builds itself from a debootstrapped Debian (scripts/debian-rootfs,
+/// scripts/build-systemd-node-image), with systemd as PID 1 starting
+/// drover-agent from images/systemd/drover-agent.service. The machine must
+/// register, heartbeat and bootstrap into a Node real kubectl sees Ready,
+/// its container must be made as kind makes nodes, and deleting the cluster
+/// must take the machine's /var volume too.
+#[test]
+fn kind_profile_machines_boot_systemd_and_run_the_agent_from_its_unit() {
+    let (tmp, name, _cleanup) = setup("kind");
+    ensure_systemd_image();
+    let c = start(tmp.path(), "1s", "10s");
+    let image = systemd_node_image();
+    // Privileged as kind makes nodes, unless this engine cannot grant every
+    // capability (one here runs with CAP_SYS_RESOURCE outside its bounding
+    // set, so runc refuses any privileged container): then the documented
+    // `privileged: false`.
+    let privileged = docker(&[
+        "run",
+        "--rm",
+        "--privileged",
+        "--entrypoint",
+        "/bin/true",
+        &image,
+    ])
+    .status
+    .success();
+    eprintln!("this engine grants privileged containers: {privileged}");
+    let yaml = cluster_yaml(
+        &name,
+        1,
+        1,
+        &format!(
+            "    docker:\n      image: {image}\n      profile: kind\n      privileged: {privileged}\n"
+        ),
+    );
+    let f = tmp.path().join("c.yaml");
+    std::fs::write(&f, yaml).unwrap();
+    c.cli_ok(&[
+        "apply",
+        "-f",
+        f.to_str().unwrap(),
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    let machines = live_machines(&c, &name);
+    assert_eq!(machines.len(), 2);
+
+    let mut volumes = vec![];
+    for m in &machines {
+        let ctr = container_of(&name, &name_of(m));
+        let host = docker_ok(&[
+            "inspect",
+            "-f",
+            "{{.HostConfig.Privileged}} {{json .HostConfig.CapAdd}} {{.HostConfig.CgroupnsMode}} {{json .HostConfig.Tmpfs}} {{json .HostConfig.Binds}} {{.Config.StopSignal}}",
+            &ctr,
+        ]);
+        let caps = if privileged {
+            "null"
+        } else {
+            r#"["CAP_SYS_ADMIN","CAP_NET_ADMIN"]"#
+        };
+        assert_eq!(
+            host.trim(),
+            format!(
+                r#"{privileged} {caps} private {{"/run":"rw,nosuid,nodev,exec","/tmp":"rw,nosuid,nodev,exec"}} ["/lib/modules:/lib/modules:ro"] SIGRTMIN+3"#
+            ),
+            "{ctr} is not made as kind makes nodes"
+        );
+        let var = docker_ok(&[
+            "inspect",
+            "-f",
+            "{{range .Mounts}}{{if eq .Destination \"/var\"}}{{.Type}} {{.Name}}{{end}}{{end}}",
+            &ctr,
+        ]);
+        let (kind, volume) = var.trim().split_once(' ').expect("a /var mount");
+        assert_eq!(kind, "volume", "{ctr}: /var is not a volume");
+        volumes.push(volume.to_owned());
+
+        // Inside: systemd is PID 1 and runs the agent from the real unit.
+        let pid1 = docker_ok(&["exec", &ctr, "cat", "/proc/1/comm"]);
+        assert_eq!(pid1.trim(), "systemd", "{ctr}: PID 1");
+        let unit = docker_ok(&[
+            "exec",
+            &ctr,
+            "systemctl",
+            "show",
+            "drover-agent.service",
+            "-p",
+            "ActiveState",
+            "-p",
+            "FragmentPath",
+            "-p",
+            "ExecMainPID",
+        ]);
+        assert!(
+            unit.contains("ActiveState=active")
+                && unit.contains("FragmentPath=/etc/systemd/system/drover-agent.service"),
+            "{ctr}: {unit}"
+        );
+        let pid = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecMainPID="))
+            .unwrap();
+        let cmdline = docker_ok(&["exec", &ctr, "cat", &format!("/proc/{pid}/cmdline")]);
+        assert!(
+            cmdline.starts_with("/usr/local/bin/drover-agent\0"),
+            "{ctr}: the unit's main process is {cmdline:?}"
+        );
+    }
+
+    // It keeps heartbeating: every machine's last heartbeat moves past now.
+    let after = OffsetDateTime::now_utc();
+    wait_for("heartbeats from the systemd machines", BOOT, || {
+        for m in live_machines(&c, &name) {
+            let seen = m["status"]["lastHeartbeatTime"]
+                .as_str()
+                .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+                .ok_or_else(|| format!("{}: no heartbeat time", name_of(&m)))?;
+            if seen <= after || m["status"]["phase"] != "Running" {
+                return Err(format!("{}: {}", name_of(&m), m["status"]));
+            }
+        }
+        Ok(())
+    });
+
+    // From inside the cluster: both machines are Ready Nodes.
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
+    let mut want: Vec<String> = machines
+        .iter()
+        .map(|m| m["status"]["hostname"].as_str().unwrap().to_owned())
+        .collect();
+    want.sort();
+    wait_for("both machines as Ready Nodes", BOOT, || {
+        let ready = kube::ready_nodes(&kubeconfig)?;
+        if ready == want {
+            Ok(())
+        } else {
+            Err(format!("ready {ready:?}, want {want:?}"))
+        }
+    });
+
+    c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "120s"]);
+    assert!(all_containers(&name).is_empty(), "containers left behind");
+    let left = docker_ok(&["volume", "ls", "-q"]);
+    for v in &volumes {
+        assert!(
+            !left.lines().any(|l| l == v),
+            "the /var volume {v} outlived its machine"
+        );
     }
 }

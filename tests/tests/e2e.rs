@@ -871,8 +871,9 @@ fn pool_machines_are_judged_replaced_and_taken_out_on_request() {
 }
 
 #[test]
-fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() {
-    let (tmp, c, mut agents) = registered_pool(4, "node-");
+fn the_coordinator_endpoint_outlives_each_control_plane_of_a_pool_cluster() {
+    // Three control planes, and three free machines to replace them with.
+    let (tmp, c, mut agents) = registered_pool(6, "node-");
     apply(&c, tmp.path(), &pool_cluster_yaml("ha", 3, 0, "dev"));
     c.wait_cluster_phase("ha", "Running", BOOT);
     let cluster = c.cluster("ha").unwrap();
@@ -897,136 +898,181 @@ fn the_coordinator_endpoint_outlives_the_init_control_plane_of_a_pool_cluster() 
     wait_for("kubectl through the endpoint", BOOT, || {
         kubectl(&kubeconfig, &["get", "--raw", "/readyz"])
     });
+    wait_pool_backends(&c, "ha");
 
-    // The init machine dies: the endpoint keeps answering from the other
-    // control planes, and a replacement joins through it.
+    // Real kubectl asks /readyz through the endpoint once a second while
+    // each original control plane in turn (the init machine first) dies and
+    // is replaced through it: each time the dead member is removed, the
+    // dead Node deleted, the proxy's backends are the Running control
+    // planes again, and a fresh `drover kubeconfig` works.
+    let init_name = cluster["status"]["initMachine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let machines = c.machines();
-    let init = agents
-        .iter()
-        .position(|a| {
-            machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["role"] == "init"
+    let mut originals: Vec<usize> = (0..agents.len())
+        .filter(|i| {
+            let m = machine_by_host(&machines, &agents[*i].hostname);
+            m["spec"]["assignment"]["cluster"] == "ha"
         })
-        .unwrap();
-    let init_name = name_of(&c, &agents[init].hostname);
-    agents[init].kill();
-    agents[init].stop_daemons();
-    let (mut ok, mut failed) = (0, 0);
-    wait_for("a replacement for the dead init machine", BOOT, || {
-        match kubectl(&kubeconfig, &["get", "--raw", "/readyz"]) {
-            Ok(_) => ok += 1,
-            Err(_) => failed += 1,
-        }
-        let ms = c.machines();
-        let replaced = ms.iter().any(|m| {
-            m["spec"]["assignment"]["replaces"] == init_name.as_str()
-                && m["status"]["phase"] == "Running"
-        });
-        if replaced {
-            Ok(())
-        } else {
-            Err(format!("{ok} kubectl calls answered, {failed} failed"))
-        }
-    });
-    c.wait_cluster_phase("ha", "Running", BOOT);
-    eprintln!("kubectl through the endpoint while the init machine was replaced: {ok} answered, {failed} failed");
-    assert!(ok > 0);
-    // A failed call is one that reached the dead machine before the next
-    // probe took it out of rotation (at most one probe period).
-    assert!(
-        failed <= ok / 4,
-        "{failed} of {} kubectl calls failed",
-        ok + failed
-    );
-    kubectl(&kubeconfig, &["get", "--raw", "/readyz"])
-        .expect("the endpoint answers after the replacement");
-    // Real etcd: the dead machine's member was removed through a survivor
-    // before its replacement joined, so exactly the three running control
-    // planes are members, all started.
-    let survivor = agents
-        .iter()
-        .enumerate()
-        .find(|(i, _)| *i != init)
-        .map(|(_, a)| a)
-        .unwrap();
-    let running: Vec<String> = c
-        .machines()
-        .iter()
-        .filter(|m| m["status"]["phase"] == "Running" && m["spec"]["assignment"]["cluster"] == "ha")
-        .map(|m| m["status"]["hostname"].as_str().unwrap().to_owned())
         .collect();
-    let names = wait_for(
-        "etcd to list exactly the running control planes",
-        BOOT,
-        || {
-            let members = etcdctl_members(survivor);
-            let names = kube::started_member_names(&members);
-            let mut want = running.clone();
-            want.sort();
-            if members.len() == 3 && names == want {
-                Ok(names)
+    originals.sort_by_key(|i| name_of(&c, &agents[*i].hostname) != init_name);
+    assert_eq!(originals.len(), 3);
+    let prober = kube::Prober::start(kubeconfig.clone());
+    let mut dead: Vec<usize> = vec![];
+    for victim in originals {
+        let victim_name = name_of(&c, &agents[victim].hostname);
+        let before = prober.count();
+        agents[victim].kill();
+        agents[victim].stop_daemons();
+        dead.push(victim);
+        wait_for(&format!("a replacement for {victim_name}"), BOOT, || {
+            let ms = c.machines();
+            let replaced = ms.iter().any(|m| {
+                m["spec"]["assignment"]["replaces"] == victim_name.as_str()
+                    && m["status"]["phase"] == "Running"
+            });
+            if replaced {
+                Ok(())
             } else {
-                Err(format!("{members:?}, want {want:?}"))
+                Err(format!("{:?}", c.condition("ha", "RemediationAllowed")))
             }
-        },
+        });
+        c.wait_cluster_phase("ha", "Running", BOOT);
+        assert!(
+            prober.count() > before,
+            "no probe finished while {victim_name} was replaced"
+        );
+        let running = running_hosts(&c, "ha");
+        // Real etcd, through a live control plane: exactly the three running
+        // control planes are members, all started.
+        let survivor = (0..agents.len())
+            .find(|i| !dead.contains(i) && running.contains(&agents[*i].hostname))
+            .expect("a live control plane");
+        wait_for(
+            &format!("etcd to list the running control planes after {victim_name}"),
+            BOOT,
+            || {
+                let members = etcdctl_members(&agents[survivor]);
+                let names = kube::started_member_names(&members);
+                if members.len() == 3 && names == running {
+                    Ok(())
+                } else {
+                    Err(format!("{members:?}, want {running:?}"))
+                }
+            },
+        );
+        // Inside the cluster: the running control planes are the Ready
+        // Nodes, and the dead machine's Node is gone.
+        wait_for(
+            &format!("the Nodes to be the running control planes after {victim_name}"),
+            BOOT,
+            || {
+                let (nodes, ready) = kube::nodes(&kubeconfig)?;
+                if nodes == running && ready == running {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "Nodes {nodes:?}, Ready {ready:?}, want {running:?}"
+                    ))
+                }
+            },
+        );
+        wait_pool_backends(&c, "ha");
+        // `drover kubeconfig` keeps working: a fresh one reaches the API.
+        std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "ha"])).unwrap();
+        kubectl(&kubeconfig, &["get", "--raw", "/readyz"]).unwrap();
+    }
+    let probes = prober.stop();
+    let worst = kube::longest_failure_run(&probes);
+    let failed = probes.iter().filter(|ok| !**ok).count();
+    eprintln!(
+        "/readyz through the coordinator's endpoint: {} probes, {failed} failed, at most {worst} in a row",
+        probes.len()
     );
-    assert!(!names.contains(&agents[init].hostname));
-    // The coordinator's view, from the control planes' reports, agrees.
-    wait_for("describe to show the three members", BOOT, || {
-        let described = c.cli_ok(&["describe", "cluster", "ha"]);
-        let listed = names.iter().all(|n| described.contains(n.as_str()));
-        if described.contains("etcd members:")
-            && described.matches(" started ").count() == 3
-            && listed
-        {
-            Ok(())
-        } else {
-            Err(described)
-        }
-    });
-    let status = &c.cluster("ha").unwrap()["status"];
+    assert!(worst <= 5, "{worst} probes in a row failed");
+    let st = &c.cluster("ha").unwrap()["status"];
     assert_eq!(
-        status["etcdMembers"].as_array().unwrap().len(),
-        3,
-        "{status}"
-    );
-    // Inside the cluster, with real kubectl through the endpoint: every
-    // running control plane registered its Node, and each is Ready.
-    let table = wait_for(
-        "kubectl to list the running control planes as Ready Nodes",
-        BOOT,
-        || {
-            let ready = ready_nodes(&kubeconfig)?;
-            if running.iter().all(|h| ready.contains(h)) {
-                kubectl(&kubeconfig, &["get", "nodes"])
-            } else {
-                Err(format!("Ready nodes {ready:?}, want {running:?}"))
-            }
-        },
-    );
-    assert!(
-        table.contains("NAME") && running.iter().all(|h| table.contains(h.as_str())),
-        "{table}"
-    );
-    // No Node outlives its machine: the dead init machine's Node was
-    // deleted through a surviving control plane.
-    let dead = agents[init].hostname.clone();
-    wait_for("the dead machine's Node to be deleted", BOOT, || {
-        let out = kubectl(&kubeconfig, &["get", "nodes", "-o", "name"])?;
-        if out.contains(&format!("node/{dead}")) {
-            Err(out)
-        } else {
-            Ok(())
-        }
-    });
-    let described = c.cli_ok(&["describe", "cluster", "ha"]);
-    assert!(
-        described.contains("Nodes:") && !described.contains(&dead),
-        "{described}"
-    );
-    assert_eq!(
-        c.cluster("ha").unwrap()["status"]["controlPlaneEndpoint"],
+        st["controlPlaneEndpoint"],
         endpoint.as_str(),
         "the endpoint never changes"
+    );
+    assert!(st["initMachine"].is_null(), "{st}");
+    assert_eq!(st["etcdMembers"].as_array().unwrap().len(), 3, "{st}");
+    let described = c.cli_ok(&["describe", "cluster", "ha"]);
+    assert!(
+        described.contains("Load balancer:  coordinator -> ")
+            && dead
+                .iter()
+                .all(|i| !described.contains(&agents[*i].hostname)),
+        "{described}"
+    );
+
+    // Deleting the cluster closes its endpoint.
+    c.cli_ok(&["delete", "cluster", "ha", "--wait", "--timeout", "120s"]);
+    wait_for(
+        "the endpoint to close",
+        BOOT,
+        || match std::net::TcpStream::connect(&endpoint) {
+            Ok(_) => Err("still accepting".to_owned()),
+            Err(_) => Ok(()),
+        },
+    );
+}
+
+/// The hostnames of a cluster's Running machines, sorted.
+fn running_hosts(c: &Coordinator, cluster: &str) -> Vec<String> {
+    let mut hosts: Vec<String> = c
+        .machines()
+        .iter()
+        .filter(|m| {
+            m["status"]["phase"] == "Running" && m["spec"]["assignment"]["cluster"] == cluster
+        })
+        .filter_map(|m| m["status"]["hostname"].as_str().map(str::to_owned))
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+/// Waits until the backends the coordinator's proxies forward to (recorded
+/// in `status.loadBalancer`) are exactly the Running control planes.
+fn wait_pool_backends(c: &Coordinator, cluster: &str) {
+    wait_for(
+        "the endpoint's backends to be the Running control planes",
+        BOOT,
+        || {
+            let mut running: Vec<String> = c
+                .machines()
+                .iter()
+                .filter(|m| {
+                    m["spec"]["assignment"]["cluster"] == cluster
+                        && m["spec"]["assignment"]["role"] != "worker"
+                        && m["status"]["phase"] == "Running"
+                })
+                .map(|m| {
+                    format!(
+                        "{}:{}",
+                        m["status"]["addresses"][0].as_str().unwrap_or_default(),
+                        m["status"]["apiServerPort"]
+                    )
+                })
+                .collect();
+            running.sort();
+            let lb = c.cluster(cluster).ok_or("no cluster")?["status"]["loadBalancer"].clone();
+            let backends: Vec<String> = lb["backends"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b.as_str().map(str::to_owned))
+                .collect();
+            if lb["id"] == "coordinator" && backends == running {
+                Ok(())
+            } else {
+                Err(format!(
+                    "load balancer {lb}, Running control planes {running:?}"
+                ))
+            }
+        },
     );
 }
 

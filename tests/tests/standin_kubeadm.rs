@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drover_common::kubeadm::{render_init, render_join, ClusterParams, NodeParams};
+use drover_common::kubeadm::{render_init, render_join, ClusterParams, NodeHost, NodeParams};
 use drover_common::pin::CaPin;
 use drover_common::pki::CertificateAuthority;
 use drover_common::token::BootstrapToken;
@@ -211,6 +211,7 @@ fn cluster_params(address: &str, api_port: u16) -> ClusterParams {
         pod_subnet: "10.244.0.0/16".into(),
         service_subnet: "10.96.0.0/12".into(),
         dns_domain: "cluster.local".into(),
+        nodes: NodeHost::Machine,
     }
 }
 

@@ -397,14 +397,56 @@ impl ProviderSpec {
     pub fn creates_machines(&self) -> bool {
         !matches!(self, ProviderSpec::Pool(_))
     }
+
+    /// Whether the cluster's machines are containers (the `docker`
+    /// provider, whatever its profile), whose kubeadm configs then carry the
+    /// settings a kubelet inside a container needs.
+    pub fn machines_are_containers(&self) -> bool {
+        matches!(self, ProviderSpec::Docker(_))
+    }
 }
 
 /// The `docker` provider: machines are containers from a node image.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DockerProviderSpec {
-    /// A node image with `drover-agent` as its entrypoint.
+    /// A node image with `drover-agent` in it: as its entrypoint (profile
+    /// `minimal`) or started by systemd (profile `kind`).
     pub image: String,
+    /// How the image's machines are created; `minimal` when not given.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub profile: DockerMachineProfile,
+    /// Profile `kind` only: `false` on an engine that cannot grant every
+    /// capability (one whose own bounding set lacks some, or that remaps
+    /// user namespaces): the machine then gets only `CAP_SYS_ADMIN` and
+    /// `CAP_NET_ADMIN` beyond Docker's defaults, enough for systemd and the
+    /// agent, not for a real containerd and kubelet. Default `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privileged: Option<bool>,
+}
+
+impl DockerProviderSpec {
+    /// Whether machines run privileged: profile `kind` unless turned off.
+    pub fn privileged(&self) -> bool {
+        self.profile == DockerMachineProfile::Kind && self.privileged != Some(false)
+    }
+}
+
+/// How the `docker` provider creates a machine's container, which depends on
+/// what the node image is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DockerMachineProfile {
+    /// A plain container whose entrypoint is the agent (the test image
+    /// `drover-node:test`, with the stand-in kubeadm and no systemd).
+    #[default]
+    Minimal,
+    /// A container made the way kind makes its nodes, for a real node image
+    /// with systemd as PID 1, containerd and the kubelet
+    /// (`images/docker/Dockerfile.node`): privileged, tmpfs on `/run` and
+    /// `/tmp`, a volume for `/var`, `/lib/modules` read-only, its own cgroup
+    /// namespace, stopped with SIGRTMIN+3.
+    Kind,
 }
 
 /// The `pool` provider: which self-registered machines the cluster may claim.
@@ -686,6 +728,12 @@ impl Cluster {
                         ),
                     );
                 }
+                if d.privileged.is_some() && d.profile != DockerMachineProfile::Kind {
+                    err(
+                        "spec.provider.docker.privileged",
+                        "applies to profile kind only; remove it, or set profile: kind".into(),
+                    );
+                }
             }
             ProviderSpec::Aws(_) => {}
         }
@@ -894,6 +942,8 @@ spec:
         let mut docker: Cluster = serde_saphyr::from_str(&managed).unwrap();
         docker.spec.provider = ProviderSpec::Docker(super::super::DockerProviderSpec {
             image: "drover-node:test".into(),
+            profile: super::super::DockerMachineProfile::Minimal,
+            privileged: None,
         });
         let errs = docker.validate().unwrap_err();
         assert!(
@@ -901,6 +951,49 @@ spec:
                 .any(|e| e.message.contains("is for pool clusters")),
             "{errs:?}"
         );
+    }
+
+    #[test]
+    fn docker_profiles_parse_and_privileged_belongs_to_kind() {
+        // The sample's provider is its last field.
+        let head = &sample()[..sample().find("  provider:").expect("a provider")];
+        let with = |provider: &str| format!("{head}{provider}");
+        let kind: Cluster = serde_saphyr::from_str(&with(
+            "  provider:\n    docker:\n      image: drover-node:systemd\n      profile: kind\n",
+        ))
+        .unwrap();
+        kind.validate().unwrap();
+        let ProviderSpec::Docker(d) = &kind.spec.provider else {
+            panic!("{:?}", kind.spec.provider)
+        };
+        assert_eq!(d.profile, super::super::DockerMachineProfile::Kind);
+        assert!(d.privileged(), "kind machines are privileged by default");
+        let unprivileged: Cluster = serde_saphyr::from_str(&with(
+            "  provider:\n    docker:\n      image: x\n      profile: kind\n      privileged: false\n",
+        ))
+        .unwrap();
+        unprivileged.validate().unwrap();
+        let ProviderSpec::Docker(d) = &unprivileged.spec.provider else {
+            panic!()
+        };
+        assert!(!d.privileged());
+        let minimal: Cluster = serde_saphyr::from_str(&with(
+            "  provider:\n    docker:\n      image: x\n      privileged: true\n",
+        ))
+        .unwrap();
+        let errs = minimal.validate().unwrap_err();
+        assert!(
+            errs.iter()
+                .any(|e| e.field == "spec.provider.docker.privileged"
+                    && e.message.contains("profile kind only")),
+            "{errs:?}"
+        );
+        let e = serde_saphyr::from_str::<Cluster>(&with(
+            "  provider:\n    docker:\n      image: x\n      profile: vm\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("vm"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use drover_common::api::{Cluster, Machine, MachinePhase, MachineRole};
 use drover_common::bundle::{BundleFile, ConfigBundle, SignedBundle};
-use drover_common::kubeadm::{self, ClusterParams, NodeParams, CERTIFICATES_DIR};
+use drover_common::kubeadm::{self, ClusterParams, NodeHost, NodeParams, CERTIFICATES_DIR};
 use drover_common::pin::CaPin;
 
 use crate::domain::jointokens::{ClusterJoinTokens, JoinTokenDecision};
@@ -133,6 +133,11 @@ pub fn bundle_for(
         pod_subnet: cluster.spec.network.pod_subnet.clone(),
         service_subnet: cluster.spec.network.service_subnet.clone(),
         dns_domain: cluster.spec.network.dns_domain.clone(),
+        nodes: if cluster.spec.provider.machines_are_containers() {
+            NodeHost::Container
+        } else {
+            NodeHost::Machine
+        },
     };
     let kubeadm_yaml = match a.role {
         MachineRole::Init => {

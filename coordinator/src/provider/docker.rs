@@ -8,15 +8,17 @@ use std::net::IpAddr;
 
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, HostConfig, Ipam,
-    NetworkCreateRequest,
+    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, HostConfig,
+    HostConfigCgroupnsModeEnum, Ipam, NetworkCreateRequest,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, InspectNetworkOptions, KillContainerOptions, ListContainersOptions,
     ListNetworksOptions, RemoveContainerOptions, StartContainerOptions, UploadToContainerOptions,
 };
 use bollard::Docker;
-use drover_common::api::{Cluster, Machine, ProviderSpec};
+use drover_common::api::{
+    Cluster, DockerMachineProfile, DockerProviderSpec, Machine, ProviderSpec,
+};
 use futures_util::future::BoxFuture;
 
 use super::{
@@ -38,6 +40,10 @@ pub const LABEL_ROLE: &str = "drover.dev/role";
 pub const ROLE_LOAD_BALANCER: &str = "load-balancer";
 /// The port the load balancer serves the API on.
 pub const LOAD_BALANCER_PORT: u16 = 6443;
+/// What a `kind` machine gets beyond Docker's default capabilities when it
+/// may not be privileged: mounts and namespaces for systemd, and the
+/// network settings kube-proxy and the CNI plugins make.
+pub const UNPRIVILEGED_KIND_CAPABILITIES: [&str; 2] = ["CAP_SYS_ADMIN", "CAP_NET_ADMIN"];
 
 /// A connection to the Docker engine, scoped to one coordinator's objects.
 #[derive(Clone)]
@@ -75,6 +81,68 @@ fn image_missing(action: &'static str, object: String, image: &str) -> ProviderE
             "image {image} not found; build it (scripts/build-node-image) or fix spec.provider.docker.image"
         ),
     }
+}
+
+/// The container of a machine, made as its profile says.
+fn machine_container(
+    req: &MachineRequest,
+    network: &ClusterNetwork,
+    labels: HashMap<String, String>,
+    spec: &DockerProviderSpec,
+) -> ContainerCreateBody {
+    let mut host_config = HostConfig {
+        network_mode: Some(network.name.clone()),
+        extra_hosts: Some(vec![format!("{COORDINATOR_HOST}:{}", network.gateway)]),
+        ..Default::default()
+    };
+    let mut body = ContainerCreateBody {
+        image: Some(req.image.clone()),
+        hostname: Some(req.machine.clone()),
+        labels: Some(labels),
+        ..Default::default()
+    };
+    match spec.profile {
+        DockerMachineProfile::Minimal => {}
+        DockerMachineProfile::Kind => {
+            // As kind's node provisioning does: systemd, containerd and the
+            // kubelet need every device, capability and cgroup (privileged,
+            // no seccomp or AppArmor profile), a private cgroup namespace to
+            // run their own hierarchy in, /run and /tmp as tmpfs (systemd
+            // expects them empty at boot), /var on a volume (containerd's
+            // overlay snapshots cannot sit on the container's own overlay
+            // root), and the host's kernel modules to load from.
+            if spec.privileged() {
+                host_config.privileged = Some(true);
+            } else {
+                host_config.cap_add =
+                    Some(UNPRIVILEGED_KIND_CAPABILITIES.map(String::from).to_vec());
+            }
+            host_config.security_opt = Some(vec![
+                "seccomp=unconfined".into(),
+                "apparmor=unconfined".into(),
+            ]);
+            host_config.cgroupns_mode = Some(HostConfigCgroupnsModeEnum::PRIVATE);
+            host_config.tmpfs = Some(HashMap::from([
+                ("/run".to_owned(), "rw,nosuid,nodev,exec".to_owned()),
+                ("/tmp".to_owned(), "rw,nosuid,nodev,exec".to_owned()),
+            ]));
+            // A bind in the `-v` form, as kind's: the engine creates the
+            // source when the host has no modules directory, where the
+            // `--mount` form would refuse to start the machine.
+            host_config.binds = Some(vec!["/lib/modules:/lib/modules:ro".into()]);
+            // The anonymous /var volume starts with the image's /var (the
+            // agent's state directory and the seed directory) and is
+            // removed with the container.
+            body.volumes = Some(vec!["/var".to_owned()]);
+            // systemd shuts down cleanly on SIGRTMIN+3, not on SIGTERM, and
+            // detects the container manager from `container`.
+            body.stop_signal = Some("SIGRTMIN+3".into());
+            body.env = Some(vec!["container=docker".into()]);
+            body.tty = Some(true);
+        }
+    }
+    body.host_config = Some(host_config);
+    body
 }
 
 fn status_code(e: &DockerError) -> Option<u16> {
@@ -200,22 +268,13 @@ impl DockerProvider {
         &self,
         req: &MachineRequest,
         network: &ClusterNetwork,
+        spec: &DockerProviderSpec,
     ) -> Result<String, ProviderError> {
         let name = Self::container_name(&req.cluster, &req.machine);
         let mut labels = self.cluster_labels(&req.cluster, &req.cluster_uid);
         labels.insert(LABEL_MACHINE.into(), req.machine.clone());
         labels.insert(LABEL_MACHINE_UID.into(), req.machine_uid.clone());
-        let body = ContainerCreateBody {
-            image: Some(req.image.clone()),
-            hostname: Some(req.machine.clone()),
-            labels: Some(labels),
-            host_config: Some(HostConfig {
-                network_mode: Some(network.name.clone()),
-                extra_hosts: Some(vec![format!("{COORDINATOR_HOST}:{}", network.gateway)]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let body = machine_container(req, network, labels, spec);
         let opts = CreateContainerOptions {
             name: Some(name.clone()),
             ..Default::default()
@@ -634,7 +693,7 @@ impl<'a> DockerEngine<'a> {
             host.bootstrap_document(coordinators),
             &spec.image,
         );
-        let id = docker.create(&req, &network).await?;
+        let id = docker.create(&req, &network, spec).await?;
         Ok(Created {
             message: format!(
                 "container {} created on network {}",
@@ -866,6 +925,80 @@ fn seed_archive(user_data: &str, machine: &str, machine_uid: &str) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kind_machines_are_made_as_kind_makes_nodes_and_minimal_ones_plain() {
+        let req = MachineRequest {
+            cluster: "c".into(),
+            cluster_uid: "u".into(),
+            machine: "m1".into(),
+            machine_uid: "mu".into(),
+            user_data: String::new(),
+            image: "img".into(),
+        };
+        let network = ClusterNetwork {
+            name: "drover-c".into(),
+            gateway: "172.18.0.1".parse().unwrap(),
+        };
+        let spec = |profile, privileged| DockerProviderSpec {
+            image: "img".into(),
+            profile,
+            privileged,
+        };
+        let plain = machine_container(
+            &req,
+            &network,
+            HashMap::new(),
+            &spec(DockerMachineProfile::Minimal, None),
+        );
+        let hc = plain.host_config.as_ref().unwrap();
+        assert_eq!(hc.privileged, None);
+        assert_eq!(hc.tmpfs, None);
+        assert_eq!(plain.volumes, None);
+        assert_eq!(plain.stop_signal, None);
+        assert_eq!(hc.network_mode.as_deref(), Some("drover-c"));
+
+        let kind = machine_container(
+            &req,
+            &network,
+            HashMap::new(),
+            &spec(DockerMachineProfile::Kind, None),
+        );
+        let hc = kind.host_config.as_ref().unwrap();
+        assert_eq!(hc.privileged, Some(true));
+        assert_eq!(hc.cap_add, None);
+        assert_eq!(hc.cgroupns_mode, Some(HostConfigCgroupnsModeEnum::PRIVATE));
+        let tmpfs = hc.tmpfs.as_ref().unwrap();
+        assert!(tmpfs.contains_key("/run") && tmpfs.contains_key("/tmp"));
+        assert_eq!(
+            hc.binds.as_deref(),
+            Some(&["/lib/modules:/lib/modules:ro".to_owned()][..])
+        );
+        assert_eq!(kind.volumes.as_deref(), Some(&["/var".to_owned()][..]));
+        assert_eq!(kind.stop_signal.as_deref(), Some("SIGRTMIN+3"));
+        assert_eq!(
+            kind.env.as_deref(),
+            Some(&["container=docker".to_owned()][..])
+        );
+        assert_eq!(
+            hc.extra_hosts.as_deref(),
+            Some(&[format!("{COORDINATOR_HOST}:172.18.0.1")][..])
+        );
+
+        let unprivileged = machine_container(
+            &req,
+            &network,
+            HashMap::new(),
+            &spec(DockerMachineProfile::Kind, Some(false)),
+        );
+        let hc = unprivileged.host_config.as_ref().unwrap();
+        assert_eq!(hc.privileged, None);
+        assert_eq!(
+            hc.cap_add.as_deref(),
+            Some(&["CAP_SYS_ADMIN".to_owned(), "CAP_NET_ADMIN".to_owned()][..])
+        );
+        assert_eq!(hc.cgroupns_mode, Some(HostConfigCgroupnsModeEnum::PRIVATE));
+    }
 
     #[test]
     fn seed_archive_holds_user_and_meta_data() {

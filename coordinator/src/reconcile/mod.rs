@@ -436,6 +436,8 @@ mod tests {
         let mut c = cluster(cp, workers);
         c.spec.provider = ProviderSpec::Docker(drover_common::api::DockerProviderSpec {
             image: "drover-node:test".into(),
+            profile: drover_common::api::DockerMachineProfile::Minimal,
+            privileged: None,
         });
         c
     }
@@ -607,9 +609,90 @@ mod tests {
             }
         );
         assert!(deletes(&steps).is_empty(), "{steps:?}");
-        c.status.load_balancer.as_mut().unwrap().backends = one;
+        c.status.load_balancer.as_mut().unwrap().backends = one.clone();
         let steps = plan(&c, &machines, &o);
         assert_eq!(deletes(&steps), vec!["cp2".to_owned()]);
+
+        // The same for one an operator asks to delete (it is marked for
+        // deletion, yet still served until the backends say otherwise).
+        c.spec.control_plane.replicas = 2;
+        c.status.load_balancer.as_mut().unwrap().backends =
+            vec!["10.0.0.1:6443".to_owned(), "10.0.0.2:6443".to_owned()];
+        machines[1].metadata.deletion_timestamp = Some(drover_common::now());
+        let steps = plan(&c, &machines, &o);
+        assert_eq!(
+            steps[0],
+            Step::SetEndpointBackends {
+                backends: one.clone()
+            }
+        );
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        c.status.load_balancer.as_mut().unwrap().backends = one;
+        assert_eq!(deletes(&plan(&c, &machines, &o)), vec!["cp2".to_owned()]);
+    }
+
+    #[test]
+    fn a_pool_clusters_coordinator_endpoint_follows_its_control_planes() {
+        let mut c = initialized(cluster(3, 0), "a");
+        c.spec.control_plane_endpoint = Some(drover_common::api::ControlPlaneEndpoint::Managed {
+            managed: drover_common::api::EndpointManager::Coordinator,
+        });
+        c.status.endpoint_port = Some(36443);
+        c.status.control_plane_endpoint = Some("127.0.0.1:36443".into());
+        let mut machines = three_control_planes();
+        for (i, m) in machines.iter_mut().enumerate() {
+            m.status.addresses = vec![format!("10.0.0.{}", i + 1)];
+        }
+        let backends = |ips: &[u8]| -> Vec<String> {
+            ips.iter().map(|i| format!("10.0.0.{i}:6443")).collect()
+        };
+        // Recorded first, before anything else of the pass.
+        let steps = plan_silent(&c, &machines, &[]);
+        assert_eq!(
+            steps[0],
+            Step::SetEndpointBackends {
+                backends: backends(&[1, 2, 3])
+            }
+        );
+        c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
+            address: "127.0.0.1:36443".into(),
+            id: crate::proxy::LOAD_BALANCER_ID.into(),
+            backends: backends(&[1, 2, 3]),
+        });
+        let steps = plan_silent(&c, &machines, &[]);
+        assert!(
+            !steps
+                .iter()
+                .any(|s| matches!(s, Step::SetEndpointBackends { .. })),
+            "{steps:?}"
+        );
+
+        // A control plane an operator takes out leaves the backends first
+        // and is released only once they are recorded without it.
+        machines[2].metadata.deletion_timestamp = Some(drover_common::now());
+        let steps = plan_silent(&c, &machines, &[]);
+        assert_eq!(
+            steps[0],
+            Step::SetEndpointBackends {
+                backends: backends(&[1, 2])
+            }
+        );
+        assert!(releases(&steps).is_empty(), "{steps:?}");
+        c.status.load_balancer.as_mut().unwrap().backends = backends(&[1, 2]);
+        let steps = plan_silent(&c, &machines, &[]);
+        assert_eq!(releases(&steps), vec![("d".to_owned(), false)]);
+
+        // A dead one is not waited for: it is released in the same pass.
+        machines[2].metadata.deletion_timestamp = None;
+        c.status.load_balancer.as_mut().unwrap().backends = backends(&[1, 2, 3]);
+        let steps = plan_silent(&c, &machines, &["d"]);
+        assert_eq!(releases(&steps), vec![("d".to_owned(), true)]);
+        assert_eq!(
+            steps[0],
+            Step::SetEndpointBackends {
+                backends: backends(&[1, 2])
+            }
+        );
     }
 
     #[test]

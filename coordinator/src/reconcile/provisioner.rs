@@ -319,34 +319,50 @@ pub async fn ensure_endpoint(app: &App, cluster: &Cluster) -> Result<(), Reconci
     Ok(())
 }
 
-/// Points the cluster's load balancer at `backends` and records them.
+/// Points the cluster's load balancer at `backends` and records them. The
+/// coordinator's own endpoint (pool clusters) has no provider to tell: the
+/// record is what every replica's proxy forwards to, so it is made here
+/// the first time.
 pub async fn set_endpoint_backends(
     app: &App,
     cluster: &Cluster,
     backends: &[String],
 ) -> Result<(), ReconcileError> {
     let name = &cluster.metadata.name;
-    let Some(provider) = provider_for(app, &cluster.spec.provider).await else {
-        return Ok(());
-    };
-    let Some(pki) = crate::domain::secrets::load_pki(&app.store, cluster)? else {
-        return Ok(());
-    };
-    let config = drover_common::wire::LoadBalancerConfig {
-        ca_pem: pki.ca.cert_pem.clone(),
-        backends: backends.to_vec(),
-    };
-    provider.set_endpoint_backends(cluster, &config).await?;
+    match provider_for(app, &cluster.spec.provider).await {
+        Some(provider) => {
+            let Some(pki) = crate::domain::secrets::load_pki(&app.store, cluster)? else {
+                return Ok(());
+            };
+            let config = drover_common::wire::LoadBalancerConfig {
+                ca_pem: pki.ca.cert_pem.clone(),
+                backends: backends.to_vec(),
+            };
+            provider.set_endpoint_backends(cluster, &config).await?;
+        }
+        None if cluster.spec.endpoint_managed_by_coordinator() => {}
+        None => return Ok(()),
+    }
     let uid = cluster.metadata.uid.clone();
     app.update_cluster::<StoreError>(name, |c| {
+        if c.metadata.uid != uid {
+            return Ok(false);
+        }
+        if c.status.load_balancer.is_none() && c.spec.endpoint_managed_by_coordinator() {
+            if let Some(address) = c.status.control_plane_endpoint.clone() {
+                c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
+                    address,
+                    id: crate::proxy::LOAD_BALANCER_ID.into(),
+                    backends: vec![],
+                });
+            }
+        }
         let Some(lb) = c.status.load_balancer.as_mut() else {
             return Ok(false);
         };
-        if c.metadata.uid != uid || lb.backends == backends {
-            return Ok(false);
-        }
+        let changed = lb.backends != backends || lb.backends.is_empty();
         lb.backends = backends.to_vec();
-        Ok(true)
+        Ok(changed)
     })?;
     tracing::info!(cluster = %name, ?backends, "control-plane endpoint backends set");
     Ok(())

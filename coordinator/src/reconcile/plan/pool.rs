@@ -513,8 +513,52 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         1
     }
 
+    /// The backends of the coordinator's own endpoint, when the cluster has
+    /// one: recorded in its status (every replica's proxy reads them there)
+    /// by the rule of a provider's load balancer. A control plane that
+    /// leaves gets no new connection from the moment it is chosen, and is
+    /// released, unless it is already dead, only in a later pass, once the
+    /// backends without it are recorded.
+    fn managed_endpoint_backends(&mut self) {
+        if !self.cluster.spec.endpoint_managed_by_coordinator()
+            || self.cluster.status.endpoint_port.is_none()
+        {
+            return;
+        }
+        let leaving: Vec<String> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Release { machine, .. } => Some(machine.clone()),
+                _ => None,
+            })
+            .collect();
+        let backends = endpoint_backends(&self.live, &leaving);
+        let recorded = self.cluster.status.load_balancer.as_ref();
+        if recorded.map(|lb| &lb.backends) != Some(&backends) {
+            self.steps.insert(0, Step::SetEndpointBackends { backends });
+        }
+        let recorded: &[String] = recorded.map(|lb| &lb.backends[..]).unwrap_or_default();
+        let live = &self.live;
+        let still_served = |name: &str| {
+            live.iter()
+                .filter(|m| m.metadata.name == name)
+                .filter_map(|m| backend_of(m))
+                .any(|b| recorded.contains(&b))
+        };
+        self.steps.retain(|s| match s {
+            Step::Release {
+                machine,
+                remediation: false,
+                ..
+            } => !still_served(machine),
+            _ => true,
+        });
+    }
+
     /// The status and the steps every pass ends with.
     fn finish(mut self) -> Vec<Step> {
+        self.managed_endpoint_backends();
         let members: Vec<&Machine> = self.live.iter().copied().filter(|m| is_member(m)).collect();
         self.steps.extend(alive_steps(&members, self.observed));
         finish_status(

@@ -284,7 +284,7 @@ pub(super) fn plan_provider(
         let still_served = |name: &str| {
             live.iter()
                 .filter(|m| m.metadata.name == name)
-                .flat_map(|m| endpoint_backends(&[*m], &[]))
+                .filter_map(|m| backend_of(m))
                 .any(|b| lb.backends.contains(&b))
         };
         steps.retain(|s| match s {
@@ -342,36 +342,6 @@ fn wants_load_balancer(cluster: &Cluster, mine: &[&Machine]) -> bool {
     wanted
         && cluster.status.load_balancer.is_none()
         && mine.iter().all(|m| m.status.phase == MachinePhase::Deleted)
-}
-
-/// The API servers a cluster's load balancer forwards to, `ip:port`,
-/// sorted: every control plane with an address that is not leaving, from
-/// the moment it bootstraps (`kubeadm init` and joins reach the API through
-/// the endpoint). The load balancer itself sends connections only to those
-/// whose `/readyz` answers.
-pub(crate) fn endpoint_backends(live: &[&Machine], leaving: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = live
-        .iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.role.is_control_plane())
-                && matches!(
-                    m.status.phase,
-                    MachinePhase::Assigned | MachinePhase::Bootstrapping | MachinePhase::Running
-                )
-                && m.metadata.deletion_timestamp.is_none()
-                && m.status.api_server_port != 0
-                && !leaving.contains(&m.metadata.name)
-        })
-        .filter_map(|m| {
-            let ip: std::net::IpAddr = m.status.addresses.first()?.parse().ok()?;
-            Some(std::net::SocketAddr::new(ip, m.status.api_server_port).to_string())
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 /// What limits a pool's changes in one pass.

@@ -815,3 +815,37 @@ pub(crate) fn apply_nodes(status: &mut ClusterStatus, plan: &NodesPlan) {
         );
     }
 }
+
+/// The API servers a cluster's load balancer forwards to, `ip:port`,
+/// sorted: every control plane with an address that is not leaving, from
+/// the moment it bootstraps (`kubeadm init` and joins reach the API through
+/// the endpoint). The load balancer itself sends connections only to those
+/// whose `/readyz` answers.
+pub(crate) fn endpoint_backends(live: &[&Machine], leaving: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = live
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.role.is_control_plane())
+                && matches!(
+                    m.status.phase,
+                    MachinePhase::Assigned | MachinePhase::Bootstrapping | MachinePhase::Running
+                )
+                && m.metadata.deletion_timestamp.is_none()
+                && m.status.api_server_port != 0
+                && !leaving.contains(&m.metadata.name)
+        })
+        .filter_map(|m| backend_of(m))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A machine's API server as a load balancer names it, `ip:port`, whatever
+/// its phase: what a recorded list of backends is searched for.
+pub(crate) fn backend_of(m: &Machine) -> Option<String> {
+    let ip: std::net::IpAddr = m.status.addresses.first()?.parse().ok()?;
+    Some(std::net::SocketAddr::new(ip, m.status.api_server_port).to_string())
+}
