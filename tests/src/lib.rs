@@ -35,6 +35,27 @@ pub fn node_image() -> String {
     std::env::var("DROVER_NODE_IMAGE").unwrap_or_else(|_| "drover-node:test".to_string())
 }
 
+/// The API servers of the Running control planes among `machines` (as the
+/// API lists them), `ip:port`, sorted: what a cluster's load balancer
+/// should forward to.
+pub fn running_control_plane_backends(machines: &[serde_json::Value]) -> Vec<String> {
+    let mut out: Vec<String> = machines
+        .iter()
+        .filter(|m| {
+            m["spec"]["assignment"]["role"] != "worker" && m["status"]["phase"] == "Running"
+        })
+        .map(|m| {
+            format!(
+                "{}:{}",
+                m["status"]["addresses"][0].as_str().unwrap_or_default(),
+                m["status"]["apiServerPort"]
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// The systemd node image the kind-profile test runs:
 /// `drover-node:systemd`, or `$DROVER_SYSTEMD_NODE_IMAGE`.
 pub fn systemd_node_image() -> String {

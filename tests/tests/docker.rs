@@ -691,20 +691,7 @@ fn wait_backends(c: &Coordinator, cluster: &str, dir: &Path) {
         "the load balancer's backends to be the Running control planes",
         BOOT,
         || {
-            let mut running: Vec<String> = live_machines(c, cluster)
-                .iter()
-                .filter(|m| {
-                    m["spec"]["assignment"]["role"] != "worker" && m["status"]["phase"] == "Running"
-                })
-                .map(|m| {
-                    format!(
-                        "{}:{}",
-                        m["status"]["addresses"][0].as_str().unwrap_or_default(),
-                        m["status"]["apiServerPort"]
-                    )
-                })
-                .collect();
-            running.sort();
+            let running = running_control_plane_backends(&live_machines(c, cluster));
             let _ = std::fs::remove_file(&copy);
             docker_ok(&[
                 "cp",

@@ -72,6 +72,27 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     apply(&c, tmp.path(), &pool_cluster_yaml("demo", 1, 2, "dev"));
     c.wait_cluster_phase("demo", "Running", BOOT);
 
+    // Its machines run v1.31.2: a status claiming another version would be
+    // a lie, so a version change is refused while machines are not rolled.
+    let f = tmp.path().join("upgrade.yaml");
+    std::fs::write(
+        &f,
+        pool_cluster_yaml("demo", 1, 2, "dev").replace("v1.31.2", "v1.32.0"),
+    )
+    .unwrap();
+    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("spec.kubernetesVersion")
+            && err.contains("cannot change a cluster whose machines run v1.31.2 to v1.32.0"),
+        "{err}"
+    );
+    assert_eq!(
+        c.cluster("demo").unwrap()["spec"]["kubernetesVersion"],
+        "v1.31.2"
+    );
+
     let machines = c.machines();
     let mut init_root = None;
     for a in &agents {
@@ -587,6 +608,18 @@ fn bad_cluster_documents_are_refused_and_change_nothing() {
             "\"kube-vip\" is not known",
         ),
         ("kind: Cluster\nmetadata: [oops\n".to_string(), "YAML"),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "v1.33.0"),
+            "Kubernetes upgrades one minor release at a time; allowed: v1.31.2 itself, a later v1.31 patch, or a v1.32 release",
+        ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "v1.30.9"),
+            "Kubernetes supports no downgrade",
+        ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "v1.29.0"),
+            "must be v1.30.0 or later",
+        ),
     ];
     for (doc, expected) in cases {
         let f = tmp.path().join("bad.yaml");
@@ -1041,23 +1074,12 @@ fn wait_pool_backends(c: &Coordinator, cluster: &str) {
         "the endpoint's backends to be the Running control planes",
         BOOT,
         || {
-            let mut running: Vec<String> = c
+            let mine: Vec<serde_json::Value> = c
                 .machines()
-                .iter()
-                .filter(|m| {
-                    m["spec"]["assignment"]["cluster"] == cluster
-                        && m["spec"]["assignment"]["role"] != "worker"
-                        && m["status"]["phase"] == "Running"
-                })
-                .map(|m| {
-                    format!(
-                        "{}:{}",
-                        m["status"]["addresses"][0].as_str().unwrap_or_default(),
-                        m["status"]["apiServerPort"]
-                    )
-                })
+                .into_iter()
+                .filter(|m| m["spec"]["assignment"]["cluster"] == cluster)
                 .collect();
-            running.sort();
+            let running = running_control_plane_backends(&mine);
             let lb = c.cluster(cluster).ok_or("no cluster")?["status"]["loadBalancer"].clone();
             let backends: Vec<String> = lb["backends"]
                 .as_array()

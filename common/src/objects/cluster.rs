@@ -800,21 +800,85 @@ impl Cluster {
     }
 }
 
-/// Checks `vMAJOR.MINOR.PATCH` with an optional pre-release suffix.
-pub fn check_kubernetes_version(v: &str) -> Result<(), FormatError> {
-    let malformed = || FormatError::KubernetesVersion { got: v.to_string() };
-    let rest = v.strip_prefix('v').ok_or_else(malformed)?;
-    let core = rest.split(['-', '+']).next().unwrap_or_default();
-    let parts: Vec<&str> = core.split('.').collect();
-    if parts.len() != 3
-        || parts
-            .iter()
-            .any(|p| p.is_empty() || p.parse::<u32>().is_err())
-    {
-        return Err(malformed());
+/// The oldest Kubernetes minor release (of 1.x) Drover deploys: kubeadm
+/// 1.31, whose config API v1beta4 Drover renders, deploys control planes of
+/// its own release and the one before.
+pub const OLDEST_KUBERNETES_MINOR: u32 = 30;
+
+/// A Kubernetes release, `vMAJOR.MINOR.PATCH` with an optional pre-release
+/// or build suffix (kept in the text, not ordered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KubernetesVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl KubernetesVersion {
+    /// Parses the form; [`check_kubernetes_version`] also checks the range.
+    pub fn parse(v: &str) -> Result<Self, FormatError> {
+        let malformed = || FormatError::KubernetesVersion { got: v.to_string() };
+        let rest = v.strip_prefix('v').ok_or_else(malformed)?;
+        let core = rest.split(['-', '+']).next().unwrap_or_default();
+        let parts: Vec<u32> = core
+            .split('.')
+            .map(|p| p.parse::<u32>().map_err(|_| malformed()))
+            .collect::<Result<_, _>>()?;
+        let [major, minor, patch] = parts[..] else {
+            return Err(malformed());
+        };
+        Ok(Self {
+            major,
+            minor,
+            patch,
+        })
     }
-    if parts[0] != "1" || parts[1].parse::<u32>().unwrap_or(0) < 29 {
-        return Err(FormatError::KubernetesTooOld { got: v.to_string() });
+}
+
+impl std::fmt::Display for KubernetesVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// Checks `vMAJOR.MINOR.PATCH` with an optional pre-release suffix, of a
+/// release Drover deploys.
+pub fn check_kubernetes_version(v: &str) -> Result<(), FormatError> {
+    let k = KubernetesVersion::parse(v)?;
+    if k.major != 1 || k.minor < OLDEST_KUBERNETES_MINOR {
+        return Err(FormatError::KubernetesTooOld {
+            oldest_minor: OLDEST_KUBERNETES_MINOR,
+            got: v.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Why a cluster may not move from version `from` to `to`, naming the
+/// versions it may move to: Kubernetes supports no downgrade, and an
+/// upgrade goes one minor release at a time (any patch of the current or
+/// the next minor). Versions of the wrong form pass here:
+/// [`Cluster::validate`] refuses them.
+pub fn check_version_change(from: &str, to: &str) -> Result<(), String> {
+    let (Ok(f), Ok(t)) = (KubernetesVersion::parse(from), KubernetesVersion::parse(to)) else {
+        return Ok(());
+    };
+    let allowed = format!(
+        "{from} itself, a later v{}.{} patch, or a v{}.{} release",
+        f.major,
+        f.minor,
+        f.major,
+        f.minor + 1
+    );
+    if t < f {
+        return Err(format!(
+            "cannot go from {from} down to {to}: Kubernetes supports no downgrade; allowed: {allowed}"
+        ));
+    }
+    if t.major != f.major || t.minor > f.minor + 1 {
+        return Err(format!(
+            "cannot go from {from} to {to}: Kubernetes upgrades one minor release at a time; allowed: {allowed}"
+        ));
     }
     Ok(())
 }
@@ -994,6 +1058,38 @@ spec:
         .unwrap_err()
         .to_string();
         assert!(e.contains("vm"), "{e}");
+    }
+
+    #[test]
+    fn versions_move_up_one_minor_at_a_time_and_never_down() {
+        for ok in ["v1.31.2", "v1.31.9", "v1.32.0", "v1.32.7"] {
+            check_version_change("v1.31.2", ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        let skip = check_version_change("v1.31.2", "v1.33.0").unwrap_err();
+        assert!(
+            skip.contains("one minor release at a time")
+                && skip.contains("v1.31.2 itself, a later v1.31 patch, or a v1.32 release"),
+            "{skip}"
+        );
+        let down = check_version_change("v1.31.2", "v1.31.1").unwrap_err();
+        assert!(down.contains("no downgrade"), "{down}");
+        assert!(check_version_change("v1.32.0", "v1.31.9").is_err());
+        assert!(check_version_change("v1.31.2", "v2.0.0").is_err());
+        // Forms are validate()'s to refuse.
+        assert!(check_version_change("v1.31.2", "1.33").is_ok());
+
+        let old = check_kubernetes_version("v1.29.9").unwrap_err().to_string();
+        assert!(old.contains("v1.30.0 or later"), "{old}");
+        check_kubernetes_version("v1.30.0").unwrap();
+        check_kubernetes_version("v1.31.2-rc.1").unwrap();
+        assert!(check_kubernetes_version("v1.31").is_err());
+        assert!(check_kubernetes_version("v1.31.2.1").is_err());
+        assert_eq!(
+            KubernetesVersion::parse("v1.32.0+build")
+                .unwrap()
+                .to_string(),
+            "v1.32.0"
+        );
     }
 
     #[test]

@@ -10,8 +10,10 @@ use crate::names::NameError;
 pub enum FormatError {
     #[error("must look like v1.31.2, got {got:?}")]
     KubernetesVersion { got: String },
-    #[error("kubeadm config v1beta4 needs Kubernetes v1.29 or later, got {got:?}")]
-    KubernetesTooOld { got: String },
+    #[error(
+        "must be v1.{oldest_minor}.0 or later: the kubeadm config API Drover renders (v1beta4, kubeadm 1.31) deploys no older control plane, got {got:?}"
+    )]
+    KubernetesTooOld { oldest_minor: u32, got: String },
     #[error("must be a CIDR such as 10.244.0.0/16, got {got:?}")]
     NotACidr { got: String },
     #[error("{got:?} is not an IP address")]

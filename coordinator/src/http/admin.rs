@@ -218,6 +218,15 @@ pub async fn apply_cluster(
                             }],
                         ));
                     }
+                    if let Some(problem) = version_change_problem(current, &desired) {
+                        return Err(ApiError::invalid(
+                            format!("Cluster {name:?} is invalid; nothing was changed"),
+                            vec![FieldError {
+                                field: "spec.kubernetesVersion".into(),
+                                message: problem,
+                            }],
+                        ));
+                    }
                     let spec_changed = current.spec != desired.spec;
                     changed = spec_changed || current.metadata.labels != desired.metadata.labels;
                     if !changed {
@@ -242,6 +251,29 @@ pub async fn apply_cluster(
             Ok((StatusCode::OK, Json(updated)))
         }
     }
+}
+
+/// Why `desired` may not change `current`'s Kubernetes version, if it may
+/// not: the version moves up one minor release at a time, and, until
+/// machines are rolled to a new version, only before any machine was
+/// bootstrapped (a status that named a version its machines do not run
+/// would be a lie).
+fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String> {
+    let (from, to) = (
+        &current.spec.kubernetes_version,
+        &desired.spec.kubernetes_version,
+    );
+    if from == to {
+        return None;
+    }
+    if let Err(why) = drover_common::api::check_version_change(from, to) {
+        return Some(why);
+    }
+    (current.status.initialized || current.status.init_machine.is_some()).then(|| {
+        format!(
+            "cannot change a cluster whose machines run {from} to {to}: Drover does not roll machines to another version yet; keep {from}, or create a cluster at {to} and move the workloads"
+        )
+    })
 }
 
 /// `DELETE /v1/clusters/{name}`: marks the cluster for deletion; the
