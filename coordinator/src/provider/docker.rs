@@ -138,11 +138,35 @@ fn machine_container(
             // detects the container manager from `container`.
             body.stop_signal = Some("SIGRTMIN+3".into());
             body.env = Some(vec!["container=docker".into()]);
+            // A terminal, as kind gives its nodes: systemd writes its boot
+            // progress to the container's output.
             body.tty = Some(true);
         }
     }
     body.host_config = Some(host_config);
     body
+}
+
+/// A privileged machine the engine cannot start because it may not grant
+/// every capability (runc's "unable to apply caps"): the error says what
+/// to change.
+fn capabilities_hint(e: ProviderError, spec: &DockerProviderSpec) -> ProviderError {
+    match e {
+        ProviderError::Failed {
+            provider,
+            action,
+            object,
+            detail,
+        } if spec.privileged() && detail.contains("apply caps") => ProviderError::Failed {
+            provider,
+            action,
+            object,
+            detail: format!(
+                "{detail}; this engine cannot grant every capability to a privileged container: set spec.provider.docker.privileged: false, or run the engine with the full capability bounding set"
+            ),
+        },
+        other => other,
+    }
 }
 
 fn status_code(e: &DockerError) -> Option<u16> {
@@ -320,7 +344,9 @@ impl DockerProvider {
             }
         })?;
         self.upload(&name, tar, "copy user data into").await?;
-        self.start(&name, "start container").await?;
+        self.start(&name, "start container")
+            .await
+            .map_err(|e| capabilities_hint(e, spec))?;
         Ok(id)
     }
 
@@ -998,6 +1024,32 @@ mod tests {
             Some(&["CAP_SYS_ADMIN".to_owned(), "CAP_NET_ADMIN".to_owned()][..])
         );
         assert_eq!(hc.cgroupns_mode, Some(HostConfigCgroupnsModeEnum::PRIVATE));
+    }
+
+    #[test]
+    fn a_privileged_machine_the_engine_cannot_start_names_the_way_out() {
+        let refused = || {
+            ProviderError::Failed {
+            provider: PROVIDER,
+            action: "start container",
+            object: "drover-c-m1".into(),
+            detail: "OCI runtime create failed: runc create failed: unable to start container process: unable to apply caps: operation not permitted".into(),
+        }
+        };
+        let spec = |privileged| DockerProviderSpec {
+            image: "img".into(),
+            profile: DockerMachineProfile::Kind,
+            privileged,
+        };
+        let hinted = capabilities_hint(refused(), &spec(None)).to_string();
+        assert!(
+            hinted.contains("unable to apply caps")
+                && hinted.contains("set spec.provider.docker.privileged: false"),
+            "{hinted}"
+        );
+        // Unprivileged machines, and other failures, are left as they are.
+        let plain = capabilities_hint(refused(), &spec(Some(false))).to_string();
+        assert!(!plain.contains("privileged: false"), "{plain}");
     }
 
     #[test]

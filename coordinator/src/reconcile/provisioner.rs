@@ -348,6 +348,7 @@ pub async fn set_endpoint_backends(
         if c.metadata.uid != uid {
             return Ok(false);
         }
+        let mut changed = false;
         if c.status.load_balancer.is_none() && c.spec.endpoint_managed_by_coordinator() {
             if let Some(address) = c.status.control_plane_endpoint.clone() {
                 c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
@@ -355,12 +356,13 @@ pub async fn set_endpoint_backends(
                     id: crate::proxy::LOAD_BALANCER_ID.into(),
                     backends: vec![],
                 });
+                changed = true;
             }
         }
         let Some(lb) = c.status.load_balancer.as_mut() else {
             return Ok(false);
         };
-        let changed = lb.backends != backends || lb.backends.is_empty();
+        changed |= lb.backends != backends;
         lb.backends = backends.to_vec();
         Ok(changed)
     })?;
