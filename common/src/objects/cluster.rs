@@ -859,7 +859,7 @@ pub fn check_kubernetes_version(v: &str) -> Result<(), FormatError> {
 /// upgrade goes one minor release at a time (any patch of the current or
 /// the next minor). Versions of the wrong form pass here:
 /// [`Cluster::validate`] refuses them.
-pub fn check_version_change(from: &str, to: &str) -> Result<(), String> {
+pub fn check_version_change(from: &str, to: &str) -> Result<(), VersionChangeError> {
     let (Ok(f), Ok(t)) = (KubernetesVersion::parse(from), KubernetesVersion::parse(to)) else {
         return Ok(());
     };
@@ -870,17 +870,34 @@ pub fn check_version_change(from: &str, to: &str) -> Result<(), String> {
         f.major,
         f.minor + 1
     );
+    let (from, to) = (from.to_owned(), to.to_owned());
     if t < f {
-        return Err(format!(
-            "cannot go from {from} down to {to}: Kubernetes supports no downgrade; allowed: {allowed}"
-        ));
+        return Err(VersionChangeError::Downgrade { from, to, allowed });
     }
     if t.major != f.major || t.minor > f.minor + 1 {
-        return Err(format!(
-            "cannot go from {from} to {to}: Kubernetes upgrades one minor release at a time; allowed: {allowed}"
-        ));
+        return Err(VersionChangeError::SkippedMinor { from, to, allowed });
     }
     Ok(())
+}
+
+/// Why a cluster may not move between two Kubernetes versions; each names
+/// the versions it may move to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionChangeError {
+    #[error(
+        "cannot go from {from} down to {to}: Kubernetes supports no downgrade; allowed: {allowed}"
+    )]
+    Downgrade {
+        from: String,
+        to: String,
+        allowed: String,
+    },
+    #[error("cannot go from {from} to {to}: Kubernetes upgrades one minor release at a time; allowed: {allowed}")]
+    SkippedMinor {
+        from: String,
+        to: String,
+        allowed: String,
+    },
 }
 
 /// Parses `a.b.c.d/n` or an IPv6 CIDR.
@@ -1065,13 +1082,17 @@ spec:
         for ok in ["v1.31.2", "v1.31.9", "v1.32.0", "v1.32.7"] {
             check_version_change("v1.31.2", ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
-        let skip = check_version_change("v1.31.2", "v1.33.0").unwrap_err();
+        let skip = check_version_change("v1.31.2", "v1.33.0")
+            .unwrap_err()
+            .to_string();
         assert!(
             skip.contains("one minor release at a time")
                 && skip.contains("v1.31.2 itself, a later v1.31 patch, or a v1.32 release"),
             "{skip}"
         );
-        let down = check_version_change("v1.31.2", "v1.31.1").unwrap_err();
+        let down = check_version_change("v1.31.2", "v1.31.1")
+            .unwrap_err()
+            .to_string();
         assert!(down.contains("no downgrade"), "{down}");
         assert!(check_version_change("v1.32.0", "v1.31.9").is_err());
         assert!(check_version_change("v1.31.2", "v2.0.0").is_err());

@@ -267,7 +267,7 @@ fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String
         return None;
     }
     if let Err(why) = drover_common::api::check_version_change(from, to) {
-        return Some(why);
+        return Some(why.to_string());
     }
     (current.status.initialized || current.status.init_machine.is_some()).then(|| {
         format!(
