@@ -131,6 +131,19 @@ impl Prober {
         self.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Stops probing, prints how the probes through `endpoint` went, and
+    /// fails the test if more than `max_in_a_row` failed one after another.
+    pub fn stop_and_check(self, endpoint: &str, max_in_a_row: usize) {
+        let probes = self.stop();
+        let worst = longest_failure_run(&probes);
+        let failed = probes.iter().filter(|ok| !**ok).count();
+        eprintln!(
+            "/readyz through {endpoint}: {} probes, {failed} failed, at most {worst} in a row",
+            probes.len()
+        );
+        assert!(worst <= max_in_a_row, "{worst} probes in a row failed");
+    }
+
     /// Stops probing; returns whether each probe succeeded, in order.
     pub fn stop(self) -> Vec<bool> {
         let _ = self.stop.send(());

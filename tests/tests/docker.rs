@@ -667,14 +667,7 @@ fn the_endpoint_outlives_each_control_plane_and_killed_machines_leave_no_member_
             assert_eq!(health_column(&c, &init), "-");
         }
     }
-    let probes = prober.stop();
-    let worst = kube::longest_failure_run(&probes);
-    let failed = probes.iter().filter(|ok| !**ok).count();
-    eprintln!(
-        "/readyz through the endpoint: {} probes, {failed} failed, at most {worst} in a row",
-        probes.len()
-    );
-    assert!(worst <= 5, "{worst} probes in a row failed");
+    prober.stop_and_check("the load balancer", 5);
 
     c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "120s"]);
     assert!(

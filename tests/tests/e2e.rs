@@ -1016,14 +1016,7 @@ fn the_coordinator_endpoint_outlives_each_control_plane_of_a_pool_cluster() {
         std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "ha"])).unwrap();
         kubectl(&kubeconfig, &["get", "--raw", "/readyz"]).unwrap();
     }
-    let probes = prober.stop();
-    let worst = kube::longest_failure_run(&probes);
-    let failed = probes.iter().filter(|ok| !**ok).count();
-    eprintln!(
-        "/readyz through the coordinator's endpoint: {} probes, {failed} failed, at most {worst} in a row",
-        probes.len()
-    );
-    assert!(worst <= 5, "{worst} probes in a row failed");
+    prober.stop_and_check("the coordinator's endpoint", 5);
     let st = &c.cluster("ha").unwrap()["status"];
     assert_eq!(
         st["controlPlaneEndpoint"],
