@@ -319,6 +319,17 @@ impl Drop for Slot {
     }
 }
 
+/// Answers a connection over the unauthenticated cap with
+/// [`over_cap_answer`] and closes it (at most a second).
+async fn refuse_over_cap(mut tls: Tls) {
+    use tokio::io::AsyncWriteExt;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        tls.write_all(&over_cap_answer()).await?;
+        tls.shutdown().await
+    })
+    .await;
+}
+
 /// The problem document a connection over the unauthenticated cap gets
 /// before it is closed.
 fn over_cap_answer() -> Vec<u8> {
@@ -551,8 +562,8 @@ pub async fn run(
             let handshake = Box::pin(acceptor.accept(tcp));
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await;
             drop(handshaking);
-            let tls = match handshake {
-                Ok(Ok(tls)) => tls,
+            let tls: Tls = match handshake {
+                Ok(Ok(tls)) => Box::new(tls),
                 Ok(Err(e)) => {
                     FAILED.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -583,18 +594,21 @@ pub async fn run(
                 match policy.admission.admit(peer.ip(), Stage::Unauthenticated) {
                     Some(slot) => Some(slot),
                     None => {
-                        let mut tls = tls;
-                        use tokio::io::AsyncWriteExt;
-                        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                            tls.write_all(&over_cap_answer()).await?;
-                            tls.shutdown().await
-                        })
-                        .await;
+                        Box::pin(refuse_over_cap(tls)).await;
                         return;
                     }
                 }
             };
-            serve_connection(tls, peer, peer_cert, app, policy, stop, slot.is_some()).await;
+            Box::pin(serve_connection(
+                tls,
+                peer,
+                peer_cert,
+                app,
+                policy,
+                stop,
+                slot.is_some(),
+            ))
+            .await;
             drop(slot);
         });
     }
@@ -608,7 +622,11 @@ pub async fn run(
     }
 }
 
-type Tls = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+/// A connection's TLS stream, boxed: it is about a kilobyte, and each
+/// future it moves through (the connection task, its serving phases) would
+/// otherwise reserve room for it in its own layout (issue 13's memory
+/// regression). Boxed, it exists once per connection.
+type Tls = Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>;
 
 /// Serves one client connection until the client closes it, it stays idle
 /// past `policy.idle_timeout`, or the server stops; parks it between bursts
