@@ -93,6 +93,38 @@ pub fn kubeadm_bootstrap(
     spec
 }
 
+/// The version of `kubeadm` (`kubeadm version -o short`), or `None` when it
+/// cannot be run or says something else (logged).
+pub async fn kubeadm_version(kubeadm: &str) -> Option<String> {
+    let spec = CommandSpec::new(kubeadm, &["version", "-o", "short"]);
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), run(&spec, 5)).await;
+    let version = match &outcome {
+        Ok(o) if o.success => o
+            .output_tail
+            .iter()
+            .rev()
+            .map(|l| l.trim())
+            .find(|l| l.starts_with('v') && l.len() <= 64 && !l.contains(char::is_whitespace))
+            .map(str::to_owned),
+        _ => None,
+    };
+    if version.is_none() {
+        match outcome {
+            Ok(o) => tracing::warn!(
+                command = %o.command,
+                exit_code = ?o.exit_code,
+                output = %o.output_tail.join(" | "),
+                "cannot tell the kubeadm version; the coordinator cannot check it against the cluster's"
+            ),
+            Err(_) => tracing::warn!(
+                command = %spec.display(),
+                "kubeadm version did not answer in 10 s; the coordinator cannot check it against the cluster's"
+            ),
+        }
+    }
+    version
+}
+
 /// `kubeadm reset -f [--rootfs <root>]`.
 pub fn kubeadm_reset(kubeadm: &str, root: &Path) -> CommandSpec {
     let mut spec = CommandSpec::new(kubeadm, &["reset", "-f"]);

@@ -126,6 +126,11 @@ impl Kube {
                     ready: ready.to_owned(),
                     since,
                     unschedulable: n["spec"]["unschedulable"].as_bool().unwrap_or(false),
+                    kubelet_version: n["status"]["nodeInfo"]["kubeletVersion"]
+                        .as_str()
+                        .filter(|v| v.len() <= 64 && !v.chars().any(char::is_control))
+                        .unwrap_or_default()
+                        .to_owned(),
                 })
             })
             .collect();

@@ -350,6 +350,9 @@ struct Machine {
 
 const FAKE_KUBEADM: &str = r#"#!/bin/sh
 # Records its command line and writes the files real kubeadm writes.
+# `version` (what the agent reports with its heartbeats) is a query, not
+# a step: answered, not recorded.
+if [ "$1" = version ]; then echo v1.31.2; exit 0; fi
 echo "$*" >> "$FAKE_KUBEADM_LOG"
 root=/
 prev=
@@ -542,6 +545,8 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
         .await;
     assert_eq!(hb.applied_generation, 0);
     assert!(hb.bootstrap.is_none());
+    // The machine's kubeadm version goes with the first heartbeat.
+    assert_eq!(hb.kubeadm_version.as_deref(), Some("v1.31.2"));
     assert_eq!(fake.get(|s| s.registrations), 1);
     let state_file = m.root.join("var/lib/drover-agent/state.json");
     assert_eq!(mode(&state_file), 0o600);
@@ -551,6 +556,10 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     fake.set(|s| s.assignment = assigned("demo", MachineRole::Init, 1));
     let hb = fake.running_at(1).await;
     assert_eq!(hb.bootstrap.unwrap().step, "kubeadm-init");
+    assert_eq!(
+        hb.kubeadm_version, None,
+        "an unchanged version is sent once"
+    );
     // The API server is probed on a control-plane machine; nothing listens.
     assert!(hb.health.api_server.is_some());
     assert!(fake.get(|s| s.config_requests) >= 2);

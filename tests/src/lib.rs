@@ -834,15 +834,34 @@ pub mod docker {
         });
     }
 
+    /// Builds the test node image whose stand-in kubeadm and kubelet are
+    /// `version` (`scripts/build-node-image --kubernetes-version`), tagged
+    /// `drover-node:<version>`; returns the tag.
+    pub fn ensure_versioned_image(version: &str) -> String {
+        let tag = format!("drover-node:{version}");
+        run_image_script_with(
+            "scripts/build-node-image",
+            &tag,
+            &["--kubernetes-version", version],
+        );
+        tag
+    }
+
     /// Runs an image script of the repository with this build's binaries;
     /// returns the image id it printed.
     fn run_image_script(script: &str, tag: &str) -> String {
+        run_image_script_with(script, tag, &[])
+    }
+
+    /// [`run_image_script`] with more arguments.
+    fn run_image_script_with(script: &str, tag: &str, more: &[&str]) -> String {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let out = Command::new(root.join(script))
             .arg("--bin-dir")
             .arg(bin_dir())
             .arg("--tag")
             .arg(tag)
+            .args(more)
             .current_dir(&root)
             .output()
             .unwrap_or_else(|e| panic!("run {script}: {e}"));

@@ -6,8 +6,10 @@
 //! and a worker killed while real kubectl probes the endpoint and etcdctl
 //! checks the members, a scale-down drained through a PodDisruptionBudget,
 //! a coordinator killed mid-create, a coordinator restarted, a leader
-//! change among replicas on etcd), and `profile: kind` machines from the
-//! systemd node image the project builds itself.
+//! change among replicas on etcd), `profile: kind` machines from the
+//! systemd node image the project builds itself, and a rollout to a new
+//! Kubernetes version from an image built for it (and one halted by an
+//! image of the wrong version).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -1312,4 +1314,158 @@ fn kind_profile_machines_boot_systemd_and_run_the_agent_from_its_unit() {
             "the /var volume {v} outlived its machine"
         );
     }
+}
+
+/// The kubelet version of every Node, as real kubectl lists them.
+fn kubelet_versions(kubeconfig: &Path) -> Result<Vec<String>, String> {
+    let out = kube::kubectl(
+        kubeconfig,
+        &[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.status.nodeInfo.kubeletVersion}{\"\\n\"}{end}",
+        ],
+    )?;
+    let mut v: Vec<String> = out.lines().map(str::to_owned).collect();
+    v.sort();
+    Ok(v)
+}
+
+#[test]
+fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_halts() {
+    let (tmp, name, _cleanup) = setup("roll");
+    let c = start(tmp.path(), "1s", "5s");
+    let new_image = ensure_versioned_image("v1.32.0");
+    let settle = "  upgrade:\n    settleTime: 3s\n  health:\n    startupTimeout: 40s\n";
+    let v131 = docker_cluster_yaml(&name, 1, 1, "")
+        .replace("  controlPlane:", &format!("{settle}  controlPlane:"));
+    apply(&c, tmp.path(), &v131);
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
+    wait_for("two v1.31.2 kubelets", BOOT, || {
+        let v = kubelet_versions(&kubeconfig)?;
+        (v == ["v1.31.2", "v1.31.2"])
+            .then_some(())
+            .ok_or(format!("{v:?}"))
+    });
+    let before: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
+    let image = node_image();
+    for m in live_machines(&c, &name) {
+        assert_eq!(m["status"]["kubeadmVersion"], "v1.31.2", "{m}");
+        assert_eq!(m["spec"]["assignment"]["image"], image.as_str());
+    }
+
+    // v1.31.2 -> v1.32.0 with the image built for it, in one apply.
+    let v132 = v131
+        .replace("v1.31.2", "v1.32.0")
+        .replace(&format!("image: {image}"), &format!("image: {new_image}"));
+    apply(&c, tmp.path(), &v132);
+    let progress = c.cli(&["rollout", "status", &name, "--wait", "--timeout", "300s"]);
+    let log = String::from_utf8_lossy(&progress.stderr);
+    assert!(
+        progress.status.success(),
+        "rollout: {}\n{log}",
+        String::from_utf8_lossy(&progress.stdout)
+    );
+    // The control plane went first: it showed done while the worker pool
+    // still had its machine to replace.
+    assert!(
+        log.contains("control-plane: 1/1 at v1.32.0; default: 0/1 at v1.32.0, 1 to replace"),
+        "{log}"
+    );
+    c.wait_cluster_phase(&name, "Running", BOOT);
+
+    // Every machine was replaced, by machines made for v1.32.0 whose
+    // kubeadm says so; from inside the cluster, both kubelets are v1.32.0
+    // and Ready, and no Node of an old machine is left.
+    let live = live_machines(&c, &name);
+    let after: BTreeSet<String> = live.iter().map(name_of).collect();
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(before.is_disjoint(&after), "{before:?} {after:?}");
+    for m in &live {
+        assert_eq!(m["spec"]["assignment"]["kubernetesVersion"], "v1.32.0");
+        assert_eq!(m["spec"]["assignment"]["image"], new_image.as_str());
+        assert_eq!(m["status"]["kubeadmVersion"], "v1.32.0", "{m}");
+    }
+    wait_for("two Ready v1.32.0 kubelets", BOOT, || {
+        let v = kubelet_versions(&kubeconfig)?;
+        let ready = kube::ready_nodes(&kubeconfig)?;
+        (v == ["v1.32.0", "v1.32.0"] && ready.len() == 2)
+            .then_some(())
+            .ok_or(format!("{v:?} ready {ready:?}"))
+    });
+    let wide = c.cli_ok(&["get", "machines", "-o", "wide"]);
+    assert!(
+        wide.lines()
+            .filter(|l| after.iter().any(|n| l.starts_with(n.as_str())))
+            .all(|l| l.matches("v1.32.0").count() == 3),
+        "{wide}"
+    );
+    assert!(c.cluster(&name).unwrap()["status"]["rollout"].is_null());
+
+    // A patch release whose image was not rebuilt: the new machine's
+    // kubeadm (v1.32.0) is not the cluster's (v1.32.1), so it is refused
+    // its config and the rollout halts on it; the old machines serve on.
+    apply(
+        &c,
+        tmp.path(),
+        &v132
+            .replace("v1.32.0", "v1.32.1")
+            .replace("image: drover-node:v1.32.1", &format!("image: {new_image}")),
+    );
+    let halted = wait_for("the rollout to halt", BOOT, || {
+        let cl = c.cluster(&name).ok_or("no cluster")?;
+        let h = &cl["status"]["rollout"]["halted"];
+        if h.is_null() {
+            Err(format!("{}", cl["status"]["rollout"]))
+        } else {
+            Ok(cl)
+        }
+    });
+    let halt = &halted["status"]["rollout"]["halted"];
+    assert_eq!(halt["step"], "bootstrap", "{halt}");
+    let bad = halt["machine"].as_str().unwrap().to_owned();
+    let cond = halted["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["type"] == "UpgradeHalted")
+        .cloned()
+        .unwrap();
+    assert_eq!(cond["status"], "True");
+    assert!(cond["message"].as_str().unwrap().contains(&bad), "{cond}");
+    let refused = all_machines(&c)
+        .into_iter()
+        .find(|m| name_of(m) == bad)
+        .unwrap();
+    let why = refused["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["type"] == "KubeadmVersionMatches")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(why["status"], "False", "{refused}");
+    assert!(
+        why["message"]
+            .as_str()
+            .unwrap()
+            .contains("has kubeadm v1.32.0 but cluster"),
+        "{why}"
+    );
+    let status = c.cli_ok(&["rollout", "status", &name]);
+    assert!(
+        status.contains(&format!("HALTED at machine {bad}")),
+        "{status}"
+    );
+    // The failed machine goes; nothing else is replaced; the v1.32.0
+    // machines keep serving.
+    wait_for("the failed machine to go", BOOT, || {
+        let live: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
+        (live == after).then_some(()).ok_or(format!("{live:?}"))
+    });
+    let v = kubelet_versions(&kubeconfig).unwrap();
+    assert_eq!(v, ["v1.32.0", "v1.32.0"]);
 }

@@ -73,7 +73,8 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     c.wait_cluster_phase("demo", "Running", BOOT);
 
     // Its machines run v1.31.2: a status claiming another version would be
-    // a lie, so a version change is refused while machines are not rolled.
+    // a lie, so a version change of a pool cluster (whose machines would
+    // be upgraded in place) is refused.
     let f = tmp.path().join("upgrade.yaml");
     std::fs::write(
         &f,
@@ -85,7 +86,7 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     assert!(
         !out.status.success()
             && err.contains("spec.kubernetesVersion")
-            && err.contains("cannot change a cluster whose machines run v1.31.2 to v1.32.0"),
+            && err.contains("cannot change pool cluster demo from v1.31.2 to v1.32.0"),
         "{err}"
     );
     assert_eq!(
@@ -619,6 +620,27 @@ fn bad_cluster_documents_are_refused_and_change_nothing() {
         (
             pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "v1.29.0"),
             "must be v1.30.0 or later",
+        ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace(
+                "    replicas: 1\n",
+                "    replicas: 1\n    rollout:\n      maxSurge: 0\n",
+            ),
+            "spec.controlPlane.rollout.maxSurge: 0 (replace in place) needs at least 3 control planes",
+        ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace(
+                "      replicas: 2\n",
+                "      replicas: 2\n      rollout:\n        maxSurge: 0\n        maxUnavailable: 0\n",
+            ),
+            "spec.workerPools[0].rollout: maxSurge and maxUnavailable cannot both be 0",
+        ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace(
+                "  controlPlane:",
+                "  upgrade:\n    settleTime: soon\n  controlPlane:",
+            ),
+            "spec.upgrade.settleTime",
         ),
     ];
     for (doc, expected) in cases {

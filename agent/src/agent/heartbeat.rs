@@ -32,7 +32,11 @@ impl Agent {
         };
         let etcd = self.etcd_report().await;
         let nodes = self.nodes_report().await;
-        let request = heartbeat::request(
+        if self.kubeadm_version.is_none() {
+            self.kubeadm_version =
+                Some(crate::command::kubeadm_version(&self.settings.kubeadm).await);
+        }
+        let mut request = heartbeat::request(
             self.phase(),
             self.state.applied_generation(),
             health,
@@ -41,6 +45,11 @@ impl Agent {
             etcd,
             nodes,
         );
+        request.kubeadm_version = self
+            .kubeadm_version
+            .clone()
+            .flatten()
+            .filter(|v| self.kubeadm_sent.as_ref() != Some(v));
         let answer = tokio::select! {
             r = self.api.heartbeat(&request, heartbeat_timeout(self.interval)) => r,
             () = shutdown.requested() => return Err(Stopped),
@@ -67,6 +76,9 @@ impl Agent {
                 }
                 if let Some(report) = request.nodes.clone() {
                     self.nodes_sent = Some((report, Instant::now()));
+                }
+                if let Some(v) = request.kubeadm_version.clone() {
+                    self.kubeadm_sent = Some(v);
                 }
                 self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
                 self.next_heartbeat = Instant::now() + self.interval;

@@ -115,6 +115,11 @@ pub struct Agent {
     kube: crate::kube::Kube,
     /// The Nodes report last delivered, and when.
     nodes_sent: Option<(drover_common::wire::NodesReport, Instant)>,
+    /// The machine's kubeadm version, once read; read again after each
+    /// command the agent runs (an upgrade may have replaced kubeadm).
+    kubeadm_version: Option<Option<String>>,
+    /// The kubeadm version the coordinator last accepted.
+    kubeadm_sent: Option<String>,
     advertise: Option<IpAddr>,
     interval: Duration,
     next_heartbeat: Instant,
@@ -167,6 +172,8 @@ impl Agent {
             etcd_sent: None,
             kube: crate::kube::Kube::new(&settings.root),
             nodes_sent: None,
+            kubeadm_version: None,
+            kubeadm_sent: None,
             advertise: settings.advertise_address,
             settings,
             store,
@@ -220,6 +227,7 @@ impl Agent {
                 Wake::WorkDone(outcome) => {
                     let work = self.work.take().expect("work was running");
                     self.finish_work(work.kind, outcome);
+                    self.kubeadm_version = None;
                     Ok(())
                 }
                 Wake::Heartbeat => self.heartbeat(&mut shutdown).await,

@@ -26,6 +26,7 @@ pub fn request(
         directive_results: pending_results.to_vec(),
         etcd,
         nodes,
+        kubeadm_version: None,
     }
 }
 

@@ -53,6 +53,59 @@ pub struct ClusterSpec {
     /// How a machine leaving on purpose is drained first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainPolicy>,
+    /// How machines made for an older version (or image) are rolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradePolicy>,
+}
+
+/// `spec.upgrade`: how a rollout proceeds once `kubernetesVersion` or a
+/// machine image changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpgradePolicy {
+    /// How long each new machine must be Running, healthy and its Node
+    /// Ready before the rollout takes its next step (default `2m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle_time: Option<String>,
+}
+
+/// How long a new machine settles by default.
+pub const DEFAULT_SETTLE_TIME: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl UpgradePolicy {
+    /// The settle time of `policy` (validated at apply), or the default.
+    pub fn settle_time(policy: Option<&UpgradePolicy>) -> std::time::Duration {
+        policy
+            .and_then(|p| p.settle_time.as_deref())
+            .and_then(|t| crate::units::parse_duration(t).ok())
+            .unwrap_or(DEFAULT_SETTLE_TIME)
+    }
+}
+
+/// How a pool replaces its machines during a rollout.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutPolicy {
+    /// How many machines may be created above the pool's replicas (the
+    /// control plane: 0 or 1; default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<u32>,
+    /// How many of the pool's machines may be missing (worker pools
+    /// only; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<u32>,
+}
+
+impl RolloutPolicy {
+    /// `maxSurge`, defaulted.
+    pub fn surge(policy: Option<&RolloutPolicy>) -> u32 {
+        policy.and_then(|p| p.max_surge).unwrap_or(1)
+    }
+
+    /// `maxUnavailable`, defaulted.
+    pub fn unavailable(policy: Option<&RolloutPolicy>) -> u32 {
+        policy.and_then(|p| p.max_unavailable).unwrap_or(0)
+    }
 }
 
 /// `spec.drain`: a machine that leaves on purpose (scale-down, `drover
@@ -205,6 +258,54 @@ pub struct ClusterNode {
     pub since: Option<time::OffsetDateTime>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unschedulable: bool,
+    /// The version its kubelet reports (`status.nodeInfo.kubeletVersion`):
+    /// the version that runs, not what a machine's image was meant to hold.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kubelet_version: String,
+}
+
+/// A rollout's progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutStatus {
+    /// The version the cluster rolls to.
+    pub version: String,
+    /// What the machines are rolled to (the version and each pool's image);
+    /// a spec change makes a new target, which starts a new rollout.
+    pub target: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: time::OffsetDateTime,
+    /// Per pool, control plane first.
+    #[serde(default)]
+    pub pools: Vec<PoolRollout>,
+    /// Why the rollout stopped; nothing more is replaced until the spec
+    /// changes or `drover rollout resume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<RolloutHalt>,
+}
+
+/// One pool's rollout progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolRollout {
+    pub name: String,
+    /// Running machines made for the target.
+    pub updated: u32,
+    pub desired: u32,
+    /// Machines still made for an older version or image.
+    pub outdated: u32,
+}
+
+/// Where and why a rollout halted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutHalt {
+    pub machine: String,
+    /// The step that failed: `bootstrap`, `health` or `settle`.
+    pub step: String,
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: time::OffsetDateTime,
 }
 
 /// A Node deletion asked of a control-plane machine.
@@ -304,6 +405,9 @@ pub struct ControlPlaneSpec {
     /// Extra labels a pool machine must carry to serve here.
     #[serde(default, skip_serializing_if = "is_default")]
     pub selector: LabelSelector,
+    /// How the control plane rolls (`maxSurge` 0 or 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutPolicy>,
 }
 
 /// A pool of worker machines.
@@ -314,6 +418,9 @@ pub struct WorkerPoolSpec {
     pub replicas: u32,
     #[serde(default, skip_serializing_if = "is_default")]
     pub selector: LabelSelector,
+    /// How the pool rolls (`maxSurge`, `maxUnavailable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutPolicy>,
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
@@ -375,7 +482,8 @@ impl ProviderSpec {
 
     /// The field a spec update may not change, if `new` changes one: the
     /// provider itself and an AWS region are fixed for a cluster's life;
-    /// AWS machine templates and tags may change (new machines use them).
+    /// AWS machine templates and tags, and the docker image, may change
+    /// (machines made from the old ones are rolled).
     pub fn immutable_change(&self, new: &ProviderSpec) -> Option<(&'static str, &'static str)> {
         const MOVE: &str = "is immutable; delete the cluster and create it again to move it";
         match (self, new) {
@@ -389,7 +497,27 @@ impl ProviderSpec {
                     ))
                 }
             }
+            (ProviderSpec::Docker(a), ProviderSpec::Docker(b)) => {
+                let same_but_image = DockerProviderSpec {
+                    image: a.image.clone(),
+                    ..b.clone()
+                };
+                (*a != same_but_image).then_some((
+                    "spec.provider.docker",
+                    "may change only its image: the profile and privileges are fixed for a cluster's life; delete the cluster and create it again to change them",
+                ))
+            }
             (a, b) => (a != b).then_some(("spec.provider", MOVE)),
+        }
+    }
+
+    /// The image the provider makes `pool`'s machines from: the docker
+    /// image, or the pool's AMI; `None` for pool clusters.
+    pub fn machine_image(&self, pool: &str) -> Option<String> {
+        match self {
+            ProviderSpec::Pool(_) => None,
+            ProviderSpec::Docker(d) => Some(d.image.clone()),
+            ProviderSpec::Aws(a) => a.template(pool).map(|t| t.ami.clone()),
         }
     }
 
@@ -508,6 +636,10 @@ pub struct ClusterStatus {
     /// The drain under way of a machine leaving on purpose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<NodeDrain>,
+    /// The rollout under way: machines made for another version or image
+    /// being replaced; absent when every machine is up to date.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
     /// The machine that ran `kubeadm init`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_machine: Option<String>,
@@ -777,10 +909,66 @@ impl Cluster {
                 Err(e) => err("spec.drain.timeout", e.to_string()),
             }
         }
+        if let Some(t) = self
+            .spec
+            .upgrade
+            .as_ref()
+            .and_then(|u| u.settle_time.as_ref())
+        {
+            if let Err(e) = parse_duration(t) {
+                err("spec.upgrade.settleTime", e.to_string());
+            }
+        }
+        if let Some(r) = &self.spec.control_plane.rollout {
+            if r.max_surge.is_some_and(|s| s > 1) {
+                err(
+                    "spec.controlPlane.rollout.maxSurge",
+                    "must be 0 or 1: control planes are replaced one at a time".into(),
+                );
+            }
+            if r.max_surge == Some(0) && self.spec.control_plane.replicas < 3 {
+                err(
+                    "spec.controlPlane.rollout.maxSurge",
+                    format!(
+                        "0 (replace in place) needs at least 3 control planes so etcd keeps quorum while one is replaced; this cluster has {}; use 1",
+                        self.spec.control_plane.replicas
+                    ),
+                );
+            }
+            if r.max_unavailable.is_some() {
+                err(
+                    "spec.controlPlane.rollout.maxUnavailable",
+                    "is for worker pools; the control plane rolls by maxSurge (0 or 1)".into(),
+                );
+            }
+        }
+        for (i, p) in self.spec.worker_pools.iter().enumerate() {
+            if let Some(r) = &p.rollout {
+                if RolloutPolicy::surge(Some(r)) == 0 && RolloutPolicy::unavailable(Some(r)) == 0 {
+                    err(
+                        &format!("spec.workerPools[{i}].rollout"),
+                        "maxSurge and maxUnavailable cannot both be 0: the pool could never replace a machine".into(),
+                    );
+                }
+            }
+        }
         if errs.is_empty() {
             Ok(())
         } else {
             Err(errs)
+        }
+    }
+
+    /// How `pool` rolls, as its spec says.
+    pub fn rollout_policy(&self, pool: &str) -> Option<&RolloutPolicy> {
+        if pool == CONTROL_PLANE_POOL {
+            self.spec.control_plane.rollout.as_ref()
+        } else {
+            self.spec
+                .worker_pools
+                .iter()
+                .find(|p| p.name == pool)
+                .and_then(|p| p.rollout.as_ref())
         }
     }
 

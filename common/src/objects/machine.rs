@@ -62,6 +62,14 @@ pub struct Assignment {
     /// created to take an unhealthy or removed machine's place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<String>,
+    /// The Kubernetes version the machine was made (or claimed) for: the
+    /// cluster's `kubernetesVersion` then. A machine whose version (or
+    /// image) differs from the cluster's is replaced by a rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    /// The image a provider made the machine from (a docker image, an AMI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// What a machine does in its cluster.
@@ -141,6 +149,10 @@ pub struct MachineStatus {
     pub kubelet_healthz_port: u16,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub agent_version: String,
+    /// The version of the kubeadm on the machine (`kubeadm version -o
+    /// short`), as its agent last reported it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kubeadm_version: String,
     #[serde(
         default,
         with = "time::serde::rfc3339::option",

@@ -43,6 +43,11 @@ pub struct HeartbeatRequest {
     /// sent when they change (and now and then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodesReport>,
+    /// The version of the machine's kubeadm (`kubeadm version -o short`),
+    /// sent when the agent starts and when it changes (an in-place
+    /// upgrade).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeadm_version: Option<String>,
 }
 
 /// What a control-plane agent reads of the cluster's Nodes.
@@ -150,7 +155,11 @@ impl HeartbeatRequest {
             for node in &mut n.nodes {
                 cut |= truncate_reported(&mut node.name, 253);
                 cut |= truncate_reported(&mut node.ready, MAX_REPORTED_ID_CHARS);
+                cut |= truncate_reported(&mut node.kubelet_version, MAX_REPORTED_ID_CHARS);
             }
+        }
+        if let Some(v) = &mut self.kubeadm_version {
+            cut |= truncate_reported(v, MAX_REPORTED_ID_CHARS);
         }
         if let Some(e) = &mut self.etcd {
             cut |= truncate_reported(&mut e.error, MAX_REPORTED_CHARS);

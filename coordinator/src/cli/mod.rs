@@ -42,6 +42,44 @@ pub enum Command {
     /// Revoke a machine's identity: every certificate of it is refused from
     /// its next request on.
     Revoke(RevokeArgs),
+    /// Follow or resume a cluster's rollout to a new version or image.
+    Rollout(RolloutArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RolloutArgs {
+    #[command(subcommand)]
+    pub command: RolloutCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum RolloutCommand {
+    /// Show each pool's progress (`2/3 at v1.32.0`) and any halt.
+    Status(RolloutStatusArgs),
+    /// Resume a halted rollout: the next step is taken again.
+    Resume(RolloutResumeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RolloutStatusArgs {
+    #[arg(value_parser = object_name)]
+    pub cluster: String,
+    /// Follow the rollout until it is done or halted, showing progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "60m", value_parser = drover_common::api::parse_duration)]
+    pub timeout: std::time::Duration,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RolloutResumeArgs {
+    #[arg(value_parser = object_name)]
+    pub cluster: String,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -277,6 +315,111 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Keys(k) => keys(k.command).await,
         Command::Audit(a) => audit(a).await,
         Command::Revoke(r) => revoke(r).await,
+        Command::Rollout(r) => rollout(r.command).await,
+    }
+}
+
+/// One line per pool of a cluster's rollout, or that none is under way.
+pub fn rollout_lines(c: &Cluster) -> Vec<String> {
+    let Some(r) = &c.status.rollout else {
+        return vec![format!(
+            "no rollout: every machine is made for {}",
+            c.spec.kubernetes_version
+        )];
+    };
+    let mut out: Vec<String> = r
+        .pools
+        .iter()
+        .map(|p| {
+            format!(
+                "{}: {}/{} at {}{}",
+                p.name,
+                p.updated,
+                p.desired,
+                r.version,
+                if p.outdated > 0 {
+                    format!(", {} to replace", p.outdated)
+                } else {
+                    String::new()
+                }
+            )
+        })
+        .collect();
+    if let Some(h) = &r.halted {
+        out.push(format!(
+            "HALTED at machine {} (step {}): {}; `drover rollout resume {}` to go on",
+            h.machine, h.step, h.reason, c.metadata.name
+        ));
+    }
+    out
+}
+
+async fn rollout(command: RolloutCommand) -> anyhow::Result<()> {
+    match command {
+        RolloutCommand::Resume(r) => {
+            let client = Client::connect(&r.conn)?;
+            let c: Cluster = client
+                .post(
+                    &api_path(&["v1", "clusters", &r.cluster, "rollout", "resume"]),
+                    &serde_json::json!({}),
+                )
+                .await?;
+            println!("cluster/{} rollout resumed", c.metadata.name);
+            Ok(())
+        }
+        RolloutCommand::Status(s) => {
+            let client = Client::connect(&s.conn)?;
+            let path = api_path(&["v1", "clusters", &s.cluster]);
+            if !s.wait {
+                let c: Cluster = client.get(&path).await?;
+                for line in rollout_lines(&c) {
+                    println!("{line}");
+                }
+                return Ok(());
+            }
+            let deadline = std::time::Instant::now() + s.timeout;
+            let started = std::time::Instant::now();
+            let mut last = vec![];
+            loop {
+                let c: Cluster = client.get(&path).await?;
+                let lines = rollout_lines(&c);
+                if lines != last {
+                    eprintln!(
+                        "{:>4}s  cluster/{}: {}",
+                        started.elapsed().as_secs(),
+                        s.cluster,
+                        lines.join("; ")
+                    );
+                    last = lines;
+                }
+                match &c.status.rollout {
+                    None if c.status.observed_generation >= c.metadata.generation => {
+                        println!(
+                            "cluster/{}: rollout done, every machine is made for {}",
+                            s.cluster, c.spec.kubernetes_version
+                        );
+                        return Ok(());
+                    }
+                    Some(r) if r.halted.is_some() => {
+                        bail!(
+                            "cluster/{}: the rollout is halted: {}",
+                            s.cluster,
+                            last.join("; ")
+                        )
+                    }
+                    _ => {}
+                }
+                if std::time::Instant::now() > deadline {
+                    bail!(
+                        "cluster/{}: the rollout is not done after {:?}: {}",
+                        s.cluster,
+                        s.timeout,
+                        last.join("; ")
+                    );
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
     }
 }
 
@@ -460,6 +603,24 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
                     })
                     .collect(),
             };
+            if g.output == Output::Wide {
+                // The kubelet that runs is what its Node reports, on the
+                // cluster's status.
+                let clusters: Vec<Cluster> = client.get("/v1/clusters").await?;
+                let kubelets: std::collections::HashMap<(String, String), String> = clusters
+                    .iter()
+                    .flat_map(|c| {
+                        c.status.nodes.iter().map(|n| {
+                            (
+                                (c.metadata.name.clone(), n.name.clone()),
+                                n.kubelet_version.clone(),
+                            )
+                        })
+                    })
+                    .collect();
+                print_table(&machines_rows(&list, true, &kubelets));
+                return Ok(());
+            }
             emit(&list, g.output, machines_table)
         }
         Resource::Tokens => {
@@ -723,6 +884,16 @@ pub fn health_summary(m: &Machine) -> String {
 }
 
 fn machines_table(list: &[Machine], wide: bool) -> Vec<Vec<String>> {
+    machines_rows(list, wide, &Default::default())
+}
+
+/// The machines table; `kubelets` holds each Node's kubelet version by
+/// (cluster, Node name).
+fn machines_rows(
+    list: &[Machine],
+    wide: bool,
+    kubelets: &std::collections::HashMap<(String, String), String>,
+) -> Vec<Vec<String>> {
     let mut rows = vec![vec![
         "NAME",
         "CLUSTER",
@@ -743,6 +914,9 @@ fn machines_table(list: &[Machine], wide: bool) -> Vec<Vec<String>> {
             "REG-POOL".into(),
             "GENERATION".into(),
             "AGENT".into(),
+            "MADE-FOR".into(),
+            "KUBEADM".into(),
+            "KUBELET".into(),
             "UID".into(),
         ]);
     }
@@ -771,6 +945,17 @@ fn machines_table(list: &[Machine], wide: bool) -> Vec<Vec<String>> {
                 a.map(|a| a.generation.to_string())
                     .unwrap_or_else(|| "-".into()),
                 m.status.agent_version.clone(),
+                a.and_then(|a| a.kubernetes_version.clone())
+                    .unwrap_or_else(|| "-".into()),
+                if m.status.kubeadm_version.is_empty() {
+                    "-".into()
+                } else {
+                    m.status.kubeadm_version.clone()
+                },
+                a.and_then(|a| kubelets.get(&(a.cluster.clone(), m.status.hostname.clone())))
+                    .filter(|v| !v.is_empty())
+                    .cloned()
+                    .unwrap_or_else(|| "-".into()),
                 m.metadata.uid.clone().unwrap_or_default(),
             ]);
         }
@@ -858,6 +1043,17 @@ pub fn describe_machine(m: &Machine) -> String {
     let _ = writeln!(o, "Addresses:      {}", s.addresses.join(", "));
     let _ = writeln!(o, "API port:       {}", s.api_server_port);
     let _ = writeln!(o, "Agent version:  {}", printable(&s.agent_version));
+    if !s.kubeadm_version.is_empty() {
+        let _ = writeln!(o, "kubeadm:        {}", printable(&s.kubeadm_version));
+    }
+    if let Some(v) = m
+        .spec
+        .assignment
+        .as_ref()
+        .and_then(|a| a.kubernetes_version.as_deref())
+    {
+        let _ = writeln!(o, "Made for:       {}", printable(v));
+    }
     let _ = writeln!(o, "Last heartbeat: {} ago", age(s.last_heartbeat_time));
     if let Some(t) = s.certificate_not_after {
         let _ = writeln!(o, "Certificate:    valid until {t}");
@@ -966,6 +1162,12 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             lb.backends.join(", ")
         };
         let _ = writeln!(o, "Load balancer:  {} -> {backends}", lb.id);
+    }
+    if c.status.rollout.is_some() {
+        for (i, line) in rollout_lines(c).iter().enumerate() {
+            let head = if i == 0 { "Rollout:" } else { "" };
+            let _ = writeln!(o, "{head:<16}{line}");
+        }
     }
     let _ = writeln!(
         o,

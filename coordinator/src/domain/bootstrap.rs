@@ -37,6 +37,21 @@ pub enum BootstrapError {
     /// The machine's cluster is in a state with no bundle (being deleted).
     #[error("{0}")]
     Conflict(String),
+    /// The machine's kubeadm is of another version than the one it is to
+    /// run: it is not bootstrapped (kubeadm would refuse, or deploy a
+    /// version the cluster does not declare).
+    #[error(
+        "machine {machine} has kubeadm {kubeadm} but cluster {cluster} runs Kubernetes {version}: \
+         a machine bootstraps only with its cluster's version of kubeadm; make it from an image built \
+         for {version} (the test node image: scripts/build-node-image --kubernetes-version {version}), \
+         or set the cluster's kubernetesVersion to the image's"
+    )]
+    VersionMismatch {
+        machine: String,
+        kubeadm: String,
+        cluster: String,
+        version: String,
+    },
     /// The machine must wait and ask again after `retry_after_seconds`.
     #[error("{reason}")]
     NotReady {
@@ -62,6 +77,26 @@ impl BootstrapError {
             retry_after_seconds,
         }
     }
+}
+
+/// The machine condition that says whether its kubeadm is its cluster's
+/// version.
+pub const KUBEADM_VERSION_CONDITION: &str = "KubeadmVersionMatches";
+
+/// Refuses a machine whose reported kubeadm is not the version its
+/// cluster runs (a machine that has not said, an older agent, passes).
+pub fn check_kubeadm_version(machine: &Machine, cluster: &Cluster) -> Result<(), BootstrapError> {
+    let have = machine.status.kubeadm_version.as_str();
+    let want = cluster.spec.kubernetes_version.as_str();
+    if have.is_empty() || have.trim_start_matches('v') == want.trim_start_matches('v') {
+        return Ok(());
+    }
+    Err(BootstrapError::VersionMismatch {
+        machine: machine.metadata.name.clone(),
+        kubeadm: have.to_owned(),
+        cluster: cluster.metadata.name.clone(),
+        version: want.to_owned(),
+    })
 }
 
 /// Builds and signs the bundle for a machine's current assignment.
@@ -97,6 +132,7 @@ pub fn bundle_for(
             a.cluster
         )));
     }
+    check_kubeadm_version(machine, &cluster)?;
     let not_ready = |why: String| BootstrapError::not_ready(app, why);
     let pki = crate::domain::secrets::load_pki(app.store(), &cluster)?.ok_or_else(|| {
         not_ready(format!(

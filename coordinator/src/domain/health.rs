@@ -695,6 +695,7 @@ mod tests {
             ready: ready.into(),
             since: Some(t0() - time::Duration::seconds(ago)),
             unschedulable: false,
+            kubelet_version: String::new(),
         };
         assert_eq!(
             node_not_ready(&m, Some(&node("True", 600)), t0(), &policy),

@@ -135,6 +135,8 @@ mod tests {
                     generation: 1,
                     assigned_at: None,
                     replaces: None,
+                    kubernetes_version: None,
+                    image: None,
                 }),
                 ..Default::default()
             },

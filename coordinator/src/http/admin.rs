@@ -269,9 +269,13 @@ fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String
     if let Err(why) = drover_common::api::check_version_change(from, to) {
         return Some(why.to_string());
     }
-    (current.status.initialized || current.status.init_machine.is_some()).then(|| {
+    // Provider clusters roll: new machines replace the old ones. Pool
+    // machines would be upgraded in place, which Drover does not do yet.
+    let running = current.status.initialized || current.status.init_machine.is_some();
+    (running && !current.spec.provider.creates_machines()).then(|| {
         format!(
-            "cannot change a cluster whose machines run {from} to {to}: Drover does not roll machines to another version yet; keep {from}, or create a cluster at {to} and move the workloads"
+            "cannot change pool cluster {} from {from} to {to}: its machines would be upgraded in place, which Drover does not do yet (docker and aws clusters roll to a new version); keep {from}, or create a cluster at {to} and move the workloads",
+            current.metadata.name
         )
     })
 }
@@ -568,6 +572,53 @@ pub async fn revoke_machine(
     tracing::warn!(machine = %name, by = %admin.token_id, "machine identity revoked");
     app.reconcile_soon();
     Ok(Json(revoked))
+}
+
+/// `POST /v1/clusters/{name}/rollout/resume`: resumes a halted rollout.
+///
+/// Clears the halt the cluster's status records; the reconciler then takes
+/// the rollout's next step (a new machine in place of the one that
+/// failed). A rollout that is not halted is left as it is.
+#[utoipa::path(
+    post,
+    path = "/v1/clusters/{name}/rollout/resume",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
+    responses(
+        (status = 200, description = "The cluster, its rollout no longer halted.", body = Cluster),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+    ),
+)]
+pub async fn resume_rollout(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    ObjectName(name): ObjectName,
+) -> Result<Json<Cluster>, ApiError> {
+    admin.require_write()?;
+    let resumed = crate::store::blocking({
+        let (app, name) = (app.clone(), name.clone());
+        move || {
+            app.update_cluster::<ApiError>(&name, |c| {
+                let Some(r) = c.status.rollout.as_mut() else {
+                    return Err(ApiError::conflict(format!(
+                        "cluster {} has no rollout under way: every machine is made for its version and images",
+                        c.metadata.name
+                    )));
+                };
+                Ok(r.halted.take().is_some())
+            })
+        }
+    })
+    .await?
+    .ok_or_else(|| ApiError::not_found("cluster", &name))?;
+    tracing::info!(cluster = %name, by = %admin.token_id, "rollout resumed");
+    app.reconcile_soon();
+    Ok(Json(resumed))
 }
 
 /// `POST /v1/registrationtokens`: a token and the bootstrap document that carries its ticket.

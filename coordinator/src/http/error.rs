@@ -80,6 +80,7 @@ impl From<crate::domain::bootstrap::BootstrapError> for ApiError {
         match e {
             BootstrapError::NotFound { kind, name } => ApiError::not_found(kind, &name),
             BootstrapError::Conflict(detail) => ApiError::conflict(detail),
+            e @ BootstrapError::VersionMismatch { .. } => ApiError::conflict(e.to_string()),
             BootstrapError::NotReady {
                 reason,
                 retry_after_seconds,

@@ -807,6 +807,9 @@ fn heartbeat_answer(
 
 /// Folds a heartbeat into a machine. Pure, so it is unit-tested.
 pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
+    if let Some(v) = &hb.kubeadm_version {
+        m.status.kubeadm_version.clone_from(v);
+    }
     let before_phase = m.status.phase;
     if matches!(before_phase, MachinePhase::Deleting | MachinePhase::Deleted) {
         m.status.health = Some(hb.health.clone());
@@ -965,10 +968,57 @@ pub async fn config(
     // Reads secrets and signs: off the async workers.
     crate::store::blocking(move || {
         let machine = authenticate(&app, &peer)?;
-        crate::domain::bootstrap::bundle_for(app.as_ref(), &machine).map_err(ApiError::from)
+        let bundle = crate::domain::bootstrap::bundle_for(app.as_ref(), &machine);
+        record_version_check(&app, &machine, &bundle)?;
+        bundle.map_err(ApiError::from)
     })
     .await
     .map(Json)
+}
+
+/// Keeps the outcome of the kubeadm version check on the machine's
+/// conditions (written only when it changes), so `drover describe machine`
+/// says why a machine does not bootstrap.
+fn record_version_check(
+    app: &App,
+    machine: &Machine,
+    bundle: &Result<drover_common::bundle::SignedBundle, crate::domain::bootstrap::BootstrapError>,
+) -> Result<(), ApiError> {
+    use crate::domain::bootstrap::{BootstrapError, KUBEADM_VERSION_CONDITION};
+    let verdict = match bundle {
+        Err(e @ BootstrapError::VersionMismatch { .. }) => {
+            tracing::warn!(machine = %machine.metadata.name, error = %e, "machine refused: its kubeadm is not its cluster's version");
+            Some((false, "Mismatch", e.to_string()))
+        }
+        Ok(_) if !machine.status.kubeadm_version.is_empty() => Some((
+            true,
+            "Matches",
+            format!("kubeadm {}", machine.status.kubeadm_version),
+        )),
+        _ => None,
+    };
+    let Some((ok, reason, message)) = verdict else {
+        return Ok(());
+    };
+    let unchanged = machine.status.conditions.iter().any(|c| {
+        c.type_ == KUBEADM_VERSION_CONDITION
+            && (c.status == "True") == ok
+            && c.reason == reason
+            && c.message == message
+    });
+    if unchanged {
+        return Ok(());
+    }
+    app.update_machine::<ApiError>(&machine.metadata.name, |m| {
+        Ok(set_condition(
+            &mut m.status.conditions,
+            KUBEADM_VERSION_CONDITION,
+            ok,
+            reason,
+            &message,
+        ))
+    })?;
+    Ok(())
 }
 
 /// `POST /v1/machine/certificate`: a fresh client certificate for a new key.
@@ -1091,6 +1141,8 @@ mod tests {
                     generation: g,
                     assigned_at: None,
                     replaces: None,
+                    kubernetes_version: None,
+                    image: None,
                 }),
             },
             status: MachineStatus {
@@ -1109,6 +1161,7 @@ mod tests {
             directive_results: vec![],
             etcd: None,
             nodes: None,
+            kubeadm_version: None,
         }
     }
 

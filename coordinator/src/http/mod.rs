@@ -53,6 +53,10 @@ pub fn router(app: Arc<App>) -> Router {
                 .delete(admin::delete_cluster),
         )
         .route("/v1/clusters/{name}/kubeconfig", post(admin::kubeconfig))
+        .route(
+            "/v1/clusters/{name}/rollout/resume",
+            post(admin::resume_rollout),
+        )
         .route("/v1/machines", get(admin::list_machines))
         .route("/v1/status", get(admin::status))
         .route(

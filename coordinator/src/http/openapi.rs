@@ -45,6 +45,7 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         admin::get_machine,
         admin::delete_machine,
         admin::revoke_machine,
+        admin::resume_rollout,
         admin::list_tokens,
         admin::create_token,
         admin::revoke_token_put,
@@ -234,7 +235,7 @@ mod tests {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 27);
+        assert_eq!(operations, 28);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

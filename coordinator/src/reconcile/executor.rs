@@ -88,6 +88,8 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                     generation: m.metadata.generation,
                     assigned_at: Some(drover_common::now()),
                     replaces: replaces.clone(),
+                    kubernetes_version: Some(cluster.spec.kubernetes_version.clone()),
+                    image: None,
                 });
                 m.status.phase = MachinePhase::Assigned;
                 push_event(
@@ -195,6 +197,8 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                         generation: 1,
                         assigned_at: Some(now),
                         replaces: replaces.clone(),
+                        kubernetes_version: Some(cluster.spec.kubernetes_version.clone()),
+                        image: cluster.spec.provider.machine_image(machine_pool),
                     }),
                 },
                 status,

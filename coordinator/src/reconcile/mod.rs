@@ -263,11 +263,13 @@ mod tests {
                 control_plane: ControlPlaneSpec {
                     replicas: cp,
                     selector: LabelSelector::default(),
+                    rollout: None,
                 },
                 worker_pools: vec![WorkerPoolSpec {
                     name: "w".into(),
                     replicas: workers,
                     selector: LabelSelector::default(),
+                    rollout: None,
                 }],
                 network: NetworkSpec::default(),
                 provider: ProviderSpec::Pool(PoolProviderSpec {
@@ -279,6 +281,7 @@ mod tests {
                 control_plane_endpoint: None,
                 health: None,
                 drain: None,
+                upgrade: None,
             },
             status: ClusterStatus::default(),
         }
@@ -399,6 +402,8 @@ mod tests {
             generation: 2,
             assigned_at: None,
             replaces: None,
+            kubernetes_version: None,
+            image: None,
         });
         m.status.phase = MachinePhase::Running;
         let obs = obs(true, &seen_now);
@@ -424,6 +429,8 @@ mod tests {
             generation: 2,
             assigned_at: None,
             replaces: None,
+            kubernetes_version: None,
+            image: None,
         });
         m.status.phase = MachinePhase::Running;
         let obs = obs(true, &seen_now);
@@ -455,6 +462,8 @@ mod tests {
             generation: 1,
             assigned_at: None,
             replaces: None,
+            kubernetes_version: None,
+            image: None,
         });
         m.status.phase = phase;
         m.status.provider_id = Some(format!("ctr-{name}"));
@@ -1292,6 +1301,8 @@ mod tests {
             generation: 2,
             assigned_at: Some(drover_common::now() - time::Duration::minutes(1)),
             replaces: None,
+            kubernetes_version: None,
+            image: None,
         });
         m.status.phase = phase;
         m
@@ -1723,6 +1734,7 @@ mod tests {
             ready: ready.into(),
             since: Some(drover_common::now()),
             unschedulable: false,
+            kubelet_version: "v1.31.2".into(),
         }
     }
 

@@ -7,6 +7,7 @@
 mod drain;
 mod pool;
 mod provider;
+mod rollout;
 mod shared;
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Planning for clusters whose machines a provider (docker, aws) creates
 //! and destroys.
 
+use super::rollout::{self, PoolRoll};
 use super::shared::*;
 
 use drover_common::api::{
@@ -83,6 +84,17 @@ pub(super) fn plan_provider(
         .collect();
     let etcd_settled = plan_etcd(cluster, &cp_owners, &[], &via, observed.now).settled;
     let mut etcd_leaving: Vec<&Machine> = vec![];
+    // etcd whole: a healthy member for every control plane, no other.
+    let etcd_whole = etcd_settled
+        && etcd_members.len() == cp_owners.len()
+        && etcd_members.iter().all(|m| m.healthy)
+        && cp_owners
+            .iter()
+            .all(|m| member_of(etcd_members, m).is_some());
+    let halted = rollout::is_halted(cluster);
+    let mut rolling_before = false;
+    let mut rollouts = vec![];
+    let mut new_halt = None;
 
     for (pool_name, desired) in cluster.desired_pools() {
         let is_cp = pool_name == CONTROL_PLANE_POOL;
@@ -193,10 +205,69 @@ pub(super) fn plan_provider(
             .collect();
         let mut count = remaining.len() as u32;
 
+        // A rollout may grow the pool above its replicas (surge) and
+        // retires outdated machines; pools roll one at a time.
+        let unhealthy_why: Vec<(&Machine, String)> =
+            unhealthy.iter().map(|(m, u)| (*m, u.summary())).collect();
+        let leaving: Vec<&Machine> = remaining
+            .iter()
+            .copied()
+            .filter(|m| {
+                is_cp
+                    && initialized
+                    && m.status.phase == MachinePhase::Running
+                    && rollout::is_outdated(cluster, m)
+                    && match member_of(etcd_members, m) {
+                        // Its member was removed: it alone of the control
+                        // planes has none (an empty or partial report
+                        // says nothing).
+                        None => {
+                            !etcd_members.is_empty()
+                                && cp_owners
+                                    .iter()
+                                    .filter(|o| member_of(etcd_members, o).is_none())
+                                    .count()
+                                    == 1
+                        }
+                        Some(member) => cluster
+                            .status
+                            .etcd_removal
+                            .as_ref()
+                            .is_some_and(|r| r.id == member.id),
+                    }
+            })
+            .collect();
+        let roll = rollout::roll_pool(
+            cluster,
+            &PoolRoll {
+                pool: &pool_name,
+                desired,
+                control_plane: is_cp,
+                policy: cluster.rollout_policy(&pool_name),
+                remaining: &remaining,
+                unhealthy: &unhealthy_why,
+                may_step: !rolling_before
+                    && initialized
+                    && deleting_here == 0
+                    && remediate.is_empty()
+                    && unhealthy.is_empty()
+                    && (!is_cp || etcd_whole),
+                halted,
+                leaving: &leaving,
+            },
+            observed.now,
+        );
+        rolling_before |= roll.rolling;
+        rollouts.push(roll.progress.clone());
+        if new_halt.is_none() {
+            new_halt = roll.halt.clone();
+        }
+        let ceiling = roll.ceiling;
+
         let mut to_replace = unreplaced(mine, &members, &pool_name, &remediate);
         // Scale up. Control-plane machines come one at a time, and the
         // others only once the first has initialized the cluster.
-        while count < desired {
+        while count < ceiling {
             if is_cp {
                 let busy = remaining
                     .iter()
@@ -233,10 +304,10 @@ pub(super) fn plan_provider(
                 break;
             }
         }
-        if count > desired {
+        if count > ceiling {
             let (delete, first_member) = scale_down(
                 &remaining,
-                (count - desired) as usize,
+                (count - ceiling) as usize,
                 is_cp,
                 init_machine.as_deref(),
                 etcd_members,
@@ -252,7 +323,29 @@ pub(super) fn plan_provider(
                     remediation: false,
                 });
             }
-            count = desired;
+            count = ceiling;
+        } else if !roll.retire.is_empty() {
+            // Outdated machines leave by the safe path, as in a
+            // scale-down: a control plane with an etcd member has it
+            // removed first.
+            let (delete, first_member): (Vec<&Machine>, Vec<&Machine>) = roll
+                .retire
+                .iter()
+                .copied()
+                .partition(|m| !(is_cp && member_of(etcd_members, m).is_some()));
+            etcd_leaving.extend(first_member);
+            for m in delete {
+                steps.push(Step::DeleteMachine {
+                    machine: m.metadata.name.clone(),
+                    reason: format!(
+                        "rolled out: made for {}, cluster {} now runs {}",
+                        made_for(m),
+                        cluster.metadata.name,
+                        rollout::target(cluster)
+                    ),
+                    remediation: false,
+                });
+            }
         }
         let running = count_running(&remaining);
         all_running &= running >= desired && unhealthy.is_empty();
@@ -318,6 +411,9 @@ pub(super) fn plan_provider(
         &plan_nodes(cluster, &owners, &via, observed.now),
     );
     set_remediation_condition(&mut status, &paused);
+    status.rollout =
+        rollout::rollout_status(cluster, rollouts, rolling_before, new_halt, observed.now);
+    rollout::set_halted_condition(&mut status);
     if status != cluster.status {
         steps.push(Step::SetStatus(Box::new(status)));
     }
@@ -342,6 +438,18 @@ fn wants_load_balancer(cluster: &Cluster, mine: &[&Machine]) -> bool {
     wanted
         && cluster.status.load_balancer.is_none()
         && mine.iter().all(|m| m.status.phase == MachinePhase::Deleted)
+}
+
+/// What a machine was made for: its version and image, as recorded.
+fn made_for(m: &Machine) -> String {
+    let a = m.spec.assignment.as_ref();
+    let version = a
+        .and_then(|a| a.kubernetes_version.as_deref())
+        .unwrap_or("an unrecorded version");
+    match a.and_then(|a| a.image.as_deref()) {
+        Some(image) => format!("{version} from {image}"),
+        None => version.to_owned(),
+    }
 }
 
 /// What limits a pool's changes in one pass.

@@ -308,7 +308,7 @@ async fn version(state: &State) -> Resp {
                 .and_then(|v| v.as_str())
                 .map(str::to_owned)
         })
-        .unwrap_or_else(|| crate::KUBEADM_VERSION.to_owned());
+        .unwrap_or_else(crate::util::kubeadm_version_string);
     let parsed = crate::util::parse_version(&v).ok();
     json_resp(
         StatusCode::OK,

@@ -273,7 +273,7 @@ fn node_object(name: &str, ready: bool, control_plane: bool) -> serde_json::Valu
                 "lastHeartbeatTime": now,
                 "lastTransitionTime": now,
             }],
-            "nodeInfo": {"kubeletVersion": crate::KUBEADM_VERSION, "operatingSystem": "linux", "architecture": "amd64"},
+            "nodeInfo": {"kubeletVersion": crate::util::kubelet_version_string(), "operatingSystem": "linux", "architecture": "amd64"},
         },
     })
 }

@@ -36,7 +36,8 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 
 use crate::util::{PhaseError, Root};
 
-/// The version this stand-in claims to be.
+/// The version this stand-in claims to be unless its image says otherwise
+/// (see [`util::kubeadm_version`]).
 pub const KUBEADM_VERSION: &str = "v1.31.2";
 const GIT_COMMIT: &str = "5864a4677267e6adeae276ad85882a8714d69d9d";
 const BUILD_DATE: &str = "2024-10-22T20:33:04Z";
@@ -377,21 +378,23 @@ fn check_mix(
 }
 
 fn version_output(format: Option<&str>) -> Result<String> {
-    let (major, minor) = ("1", "31");
+    let version = crate::util::kubeadm_version();
+    let (major, minor) = (version.major.to_string(), version.minor.to_string());
+    let git_version = crate::util::kubeadm_version_string();
     Ok(match format {
         None | Some("") => format!(
-            "kubeadm version: &version.Info{{Major:\"{major}\", Minor:\"{minor}\", GitVersion:\"{KUBEADM_VERSION}\", GitCommit:\"{GIT_COMMIT}\", GitTreeState:\"clean\", BuildDate:\"{BUILD_DATE}\", GoVersion:\"{GO_VERSION}\", Compiler:\"gc\", Platform:\"linux/amd64\"}}"
+            "kubeadm version: &version.Info{{Major:\"{major}\", Minor:\"{minor}\", GitVersion:\"{git_version}\", GitCommit:\"{GIT_COMMIT}\", GitTreeState:\"clean\", BuildDate:\"{BUILD_DATE}\", GoVersion:\"{GO_VERSION}\", Compiler:\"gc\", Platform:\"linux/amd64\"}}"
         ),
-        Some("short") => KUBEADM_VERSION.to_owned(),
+        Some("short") => git_version.clone(),
         Some("json") => serde_json::to_string_pretty(&serde_json::json!({
             "clientVersion": {
-                "major": major, "minor": minor, "gitVersion": KUBEADM_VERSION, "gitCommit": GIT_COMMIT,
+                "major": major, "minor": minor, "gitVersion": git_version, "gitCommit": GIT_COMMIT,
                 "gitTreeState": "clean", "buildDate": BUILD_DATE, "goVersion": GO_VERSION,
                 "compiler": "gc", "platform": "linux/amd64",
             }
         }))?,
         Some("yaml") => format!(
-            "clientVersion:\n  buildDate: \"{BUILD_DATE}\"\n  compiler: gc\n  gitCommit: {GIT_COMMIT}\n  gitTreeState: clean\n  gitVersion: {KUBEADM_VERSION}\n  goVersion: {GO_VERSION}\n  major: \"{major}\"\n  minor: \"{minor}\"\n  platform: linux/amd64"
+            "clientVersion:\n  buildDate: \"{BUILD_DATE}\"\n  compiler: gc\n  gitCommit: {GIT_COMMIT}\n  gitTreeState: clean\n  gitVersion: {git_version}\n  goVersion: {GO_VERSION}\n  major: \"{major}\"\n  minor: \"{minor}\"\n  platform: linux/amd64"
         ),
         Some(other) => bail!("invalid output format: {other}"),
     })

@@ -234,7 +234,62 @@ pub fn parse_version(v: &str) -> Result<Version> {
     }
 }
 
-/// kubeadm v1.31 deploys control planes of v1.30.x and v1.31.x.
+/// The environment variable that sets the stand-in's version for one run.
+pub const VERSION_ENV: &str = "DROVER_STANDIN_KUBEADM_VERSION";
+
+/// The version this stand-in kubeadm (and the kubelet it runs) claims to
+/// be: `$DROVER_STANDIN_KUBEADM_VERSION`, else the first line of
+/// `kubeadm.version` next to the executable (how a per-version node image
+/// says which kubeadm it holds, as a real image holds that version's
+/// binary), else the built-in v1.31.2.
+pub fn kubeadm_version_string() -> String {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            let from_env = std::env::var(VERSION_ENV).ok().filter(|v| !v.is_empty());
+            let from_file = || {
+                let exe = std::env::current_exe().ok()?;
+                let text = std::fs::read_to_string(exe.with_file_name("kubeadm.version")).ok()?;
+                text.lines()
+                    .next()
+                    .map(|l| l.trim().to_owned())
+                    .filter(|l| !l.is_empty())
+            };
+            let v = from_env
+                .or_else(from_file)
+                .unwrap_or_else(|| crate::KUBEADM_VERSION.to_owned());
+            if v.starts_with('v') {
+                v
+            } else {
+                format!("v{v}")
+            }
+        })
+        .clone()
+}
+
+/// The version the stand-in kubelet reports in its Node's `nodeInfo`:
+/// `kubelet.version` next to the executable (what an image's kubelet
+/// upgrade hook replaces), else the kubeadm version.
+pub fn kubelet_version_string() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| std::fs::read_to_string(exe.with_file_name("kubelet.version")).ok())
+        .and_then(|t| t.lines().next().map(|l| l.trim().to_owned()))
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(kubeadm_version_string)
+}
+
+/// [`kubeadm_version_string`], parsed; a version that does not parse is a
+/// broken image, reported once and replaced by the built-in one.
+pub fn kubeadm_version() -> Version {
+    let v = kubeadm_version_string();
+    parse_version(&v).unwrap_or_else(|e| {
+        eprintln!("stand-in kubeadm: ignoring its configured version: {e}");
+        parse_version(crate::KUBEADM_VERSION).expect("built-in version parses")
+    })
+}
+
+/// kubeadm v1.N deploys control planes of v1.(N-1).x and v1.N.x.
 pub fn check_control_plane_version(v: &str) -> Result<Version> {
     if v.is_empty() {
         bail!("kubernetesVersion is empty: the stand-in kubeadm needs an explicit version such as v1.31.2 (it cannot fetch version labels from dl.k8s.io)");
@@ -243,16 +298,26 @@ pub fn check_control_plane_version(v: &str) -> Result<Version> {
         bail!("the stand-in kubeadm cannot resolve the version label {v:?} (real kubeadm fetches it from dl.k8s.io): set an explicit kubernetesVersion such as v1.31.2");
     }
     let parsed = parse_version(v)?;
+    let me = kubeadm_version();
     let min = Version {
-        major: 1,
-        minor: 30,
+        major: me.major,
+        minor: me.minor.saturating_sub(1),
         patch: 0,
     };
     if parsed < min {
-        bail!("this version of kubeadm only supports deploying clusters with the control plane version >= 1.30.0. Current version: {v}");
+        bail!(
+            "this version of kubeadm only supports deploying clusters with the control plane version >= {}.{}.0. Current version: {v}",
+            min.major,
+            min.minor
+        );
     }
-    if parsed.major != 1 || parsed.minor > 31 {
-        bail!("this version of kubeadm (v1.31.2) only supports deploying clusters with the control plane version <= 1.31.x; Kubernetes version is greater than kubeadm version. Current version: {v}");
+    if parsed.major != me.major || parsed.minor > me.minor {
+        bail!(
+            "this version of kubeadm ({}) only supports deploying clusters with the control plane version <= {}.{}.x; Kubernetes version is greater than kubeadm version. Current version: {v}",
+            kubeadm_version_string(),
+            me.major,
+            me.minor
+        );
     }
     Ok(parsed)
 }
