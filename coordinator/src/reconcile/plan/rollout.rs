@@ -348,26 +348,30 @@ mod tests {
         });
     }
 
+    /// The worker pool `w` of two, free to step.
+    fn input<'a, 'm>(
+        remaining: &'a [&'m Machine],
+        unhealthy: &'a [(&'m Machine, String)],
+    ) -> PoolRoll<'a, 'm> {
+        PoolRoll {
+            pool: "w",
+            desired: 2,
+            control_plane: false,
+            policy: None,
+            remaining,
+            unhealthy,
+            may_step: true,
+            halted: false,
+            leaving: &[],
+        }
+    }
+
     fn roll<'m>(
         c: &Cluster,
         remaining: &[&'m Machine],
         unhealthy: &[(&'m Machine, String)],
     ) -> Roll<'m> {
-        roll_pool(
-            c,
-            &PoolRoll {
-                pool: "w",
-                desired: 2,
-                control_plane: false,
-                policy: None,
-                remaining,
-                unhealthy,
-                may_step: true,
-                halted: false,
-                leaving: &[],
-            },
-            t0(),
-        )
+        roll_pool(c, &input(remaining, unhealthy), t0())
     }
 
     #[test]
@@ -445,15 +449,8 @@ mod tests {
         let r = roll_pool(
             &c,
             &PoolRoll {
-                pool: "w",
-                desired: 2,
-                control_plane: false,
-                policy: None,
-                remaining: &[&old1, &old2],
-                unhealthy: &[],
-                may_step: true,
                 halted: true,
-                leaving: &[],
+                ..input(&[&old1, &old2], &[])
             },
             t0(),
         );
@@ -471,46 +468,38 @@ mod tests {
             max_surge: Some(0),
             max_unavailable: None,
         };
-        let r = roll_pool(
-            &c,
-            &PoolRoll {
-                pool: "control-plane",
-                desired: 3,
-                control_plane: true,
-                policy: Some(&policy),
-                remaining: &refs,
-                unhealthy: &[],
-                may_step: true,
-                halted: false,
-                leaving: &[],
-            },
-            t0(),
-        );
+        let cp = PoolRoll {
+            pool: "control-plane",
+            desired: 3,
+            control_plane: true,
+            policy: Some(&policy),
+            ..input(&refs, &[])
+        };
+        let r = roll_pool(&c, &cp, t0());
         assert_eq!(r.ceiling, 3);
-        assert_eq!(
-            r.retire
-                .iter()
-                .map(|m| m.metadata.name.as_str())
-                .collect::<Vec<_>>(),
-            ["cp0"]
-        );
-        // While another change is under way, nothing happens.
+        let names = |r: &Roll<'_>| -> Vec<String> {
+            r.retire.iter().map(|m| m.metadata.name.clone()).collect()
+        };
+        assert_eq!(names(&r), ["cp0"]);
+        // While another change is under way, nothing happens...
+        let waiting = PoolRoll {
+            may_step: false,
+            ..cp
+        };
+        let r = roll_pool(&c, &waiting, t0());
+        assert_eq!((r.ceiling, r.retire.len()), (3, 0));
+        // ...but a control plane already leaving (its member removed) goes
+        // on leaving.
+        let leaving = [&cps[1]];
         let r = roll_pool(
             &c,
             &PoolRoll {
-                pool: "control-plane",
-                desired: 3,
-                control_plane: true,
-                policy: Some(&policy),
-                remaining: &refs,
-                unhealthy: &[],
-                may_step: false,
-                halted: false,
-                leaving: &[],
+                leaving: &leaving,
+                ..waiting
             },
             t0(),
         );
-        assert_eq!((r.ceiling, r.retire.len()), (3, 0));
+        assert_eq!(names(&r), ["cp1"]);
     }
 
     #[test]

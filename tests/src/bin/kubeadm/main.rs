@@ -770,7 +770,11 @@ fn main() -> ExitCode {
     let mut argv = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
     let program = argv.next().unwrap_or_else(|| "kubeadm".to_owned());
     let args: Vec<String> = argv.collect();
-    let internal = args.first().is_some_and(|a| a.starts_with("__standin-"));
+    // Its own daemons, and `version` (a query the agent makes with its
+    // heartbeats, without --rootfs), are not kubeadm runs worth recording.
+    let internal = args
+        .first()
+        .is_some_and(|a| a.starts_with("__standin-") || a == "version");
     let code = run(&args);
     if !internal {
         log_invocation(&program, &args, code);
