@@ -1369,11 +1369,19 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
         "rollout: {}\n{log}",
         String::from_utf8_lossy(&progress.stdout)
     );
-    // The control plane went first: it showed done while the worker pool
-    // still had its machine to replace.
+    // The control plane went first: it was done (nothing left to replace)
+    // while the worker pool still had its old machine.
     assert!(
-        log.contains("control-plane: 1/1 at v1.32.0; default: 0/1 at v1.32.0, 1 to replace"),
+        log.lines()
+            .any(|l| l.contains("control-plane: 1/1 at v1.32.0;")
+                && l.contains("default: ")
+                && l.ends_with(", 1 to replace")),
         "{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("control-plane: 0/1") && l.contains("default: 1/1")),
+        "a worker was replaced before the control plane: {log}"
     );
     c.wait_cluster_phase(&name, "Running", BOOT);
 
