@@ -12,6 +12,7 @@ const OPERATIONS: &[&str] = &[
     "PUT /v1/clusters/{name}",
     "DELETE /v1/clusters/{name}",
     "POST /v1/clusters/{name}/kubeconfig",
+    "POST /v1/clusters/{name}/rollout/resume",
     "GET /v1/machines",
     "GET /v1/machines/{name}",
     "DELETE /v1/machines/{name}",
