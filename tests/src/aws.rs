@@ -342,12 +342,7 @@ impl Ec2 {
     pub fn some_ami(&self) -> String {
         self.rt.block_on(async {
             let out = self.client.describe_images().send().await.unwrap();
-            let mut ids: Vec<String> = out
-                .images()
-                .iter()
-                .filter_map(|i| i.image_id().map(str::to_owned))
-                .collect();
-            ids.sort();
+            let ids = sorted(out.images().iter().filter_map(|i| i.image_id()));
             ids.into_iter().next().expect("moto has AMIs")
         })
     }
@@ -358,22 +353,11 @@ impl Ec2 {
             let out = self
                 .client
                 .describe_subnets()
-                .filters(
-                    Filter::builder()
-                        .name("default-for-az")
-                        .values("true")
-                        .build(),
-                )
+                .filters(filter("default-for-az", "true"))
                 .send()
                 .await
                 .unwrap();
-            let mut v: Vec<String> = out
-                .subnets()
-                .iter()
-                .filter_map(|s| s.subnet_id().map(str::to_owned))
-                .collect();
-            v.sort();
-            v
+            sorted(out.subnets().iter().filter_map(|s| s.subnet_id()))
         })
     }
 
@@ -399,12 +383,7 @@ impl Ec2 {
             let out = self
                 .client
                 .describe_instances()
-                .filters(
-                    Filter::builder()
-                        .name("tag:drover.dev/cluster")
-                        .values(cluster)
-                        .build(),
-                )
+                .filters(filter("tag:drover.dev/cluster", cluster))
                 .send()
                 .await
                 .unwrap();
@@ -767,4 +746,16 @@ async fn registered(
         .collect();
     out.sort();
     Ok(out)
+}
+
+/// The ids, owned and sorted.
+fn sorted<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut v: Vec<String> = ids.map(str::to_owned).collect();
+    v.sort();
+    v
+}
+
+/// An EC2 filter on one name and value.
+fn filter(name: &str, value: &str) -> Filter {
+    Filter::builder().name(name).values(value).build()
 }

@@ -514,6 +514,26 @@ mod tests {
         assert_eq!(quorum(1), 1);
     }
 
+    /// Pool `default` of `members` machines, all desired, with `unhealthy`.
+    fn pool_of(members: u32, unhealthy: Vec<(&str, Unhealthy)>) -> PoolHealth<'_> {
+        PoolHealth {
+            pool: "default",
+            desired: members,
+            members,
+            unhealthy,
+            late: vec![],
+            in_flight: vec![],
+        }
+    }
+
+    /// Why remediation of `pool` pauses at the default policy.
+    fn paused(pool: &PoolHealth) -> String {
+        match decide(pool, &policy()) {
+            Decision::Paused(msg) => msg,
+            other => panic!("remediation must pause, got {other:?}"),
+        }
+    }
+
     fn silent_for(secs: i64) -> Unhealthy {
         Unhealthy::Silent {
             silence: time::Duration::seconds(secs),
@@ -523,14 +543,7 @@ mod tests {
 
     #[test]
     fn one_unhealthy_of_three_is_replaced_at_its_timeout() {
-        let pool = |u: Unhealthy| PoolHealth {
-            pool: "default",
-            desired: 3,
-            members: 3,
-            unhealthy: vec![("w1", u)],
-            late: vec![],
-            in_flight: vec![],
-        };
+        let pool = |u: Unhealthy| pool_of(3, vec![("w1", u)]);
         assert_eq!(
             decide(&pool(Unhealthy::Stopped), &policy()),
             Decision::Remediate(vec!["w1".into()])
@@ -546,19 +559,12 @@ mod tests {
     fn a_late_machine_counts_before_its_own_deadline() {
         // w1 and w2 were cut off together; w1's deadline expired first, and
         // w2 has missed heartbeats but is not past its timeout yet.
-        let pool = PoolHealth {
-            pool: "default",
-            desired: 3,
-            members: 3,
-            unhealthy: vec![("w1", silent_for(11))],
-            late: vec!["w2"],
-            in_flight: vec![],
-        };
-        let Decision::Paused(msg) = decide(&pool, &policy()) else {
-            panic!("remediation must pause")
-        };
+        let unhealthy = vec![("w1", silent_for(11))];
         assert_eq!(
-            msg,
+            paused(&PoolHealth {
+                late: vec!["w2"],
+                ..pool_of(3, unhealthy)
+            }),
             "pool default: 2 of 3 machines are unhealthy or being replaced (w1 silent, w2 missing heartbeats), more than maxUnhealthy 40% allows (1); remediation paused"
         );
     }
@@ -593,17 +599,8 @@ mod tests {
 
     #[test]
     fn two_of_three_silent_pause_and_the_message_names_no_age() {
-        let pool = PoolHealth {
-            pool: "default",
-            desired: 3,
-            members: 3,
-            unhealthy: vec![("w1", silent_for(13)), ("w2", silent_for(11))],
-            late: vec![],
-            in_flight: vec![],
-        };
-        let Decision::Paused(msg) = decide(&pool, &policy()) else {
-            panic!("remediation must pause")
-        };
+        let pool = pool_of(3, vec![("w1", silent_for(13)), ("w2", silent_for(11))]);
+        let msg = paused(&pool);
         assert_eq!(
             msg,
             "pool default: 2 of 3 machines are unhealthy or being replaced (w1 silent, w2 silent), more than maxUnhealthy 40% allows (1); remediation paused"
@@ -620,16 +617,10 @@ mod tests {
     fn replacements_not_yet_running_count_against_the_limit() {
         // w1 was replaced by r1, which is still starting; w2 now fails.
         let pool = PoolHealth {
-            pool: "default",
-            desired: 3,
-            members: 3,
-            unhealthy: vec![("w2", silent_for(30))],
-            late: vec![],
             in_flight: vec!["r1"],
+            ..pool_of(3, vec![("w2", silent_for(30))])
         };
-        let Decision::Paused(msg) = decide(&pool, &policy()) else {
-            panic!("remediation must pause")
-        };
+        let msg = paused(&pool);
         assert!(msg.contains("r1 being replaced"), "{msg}");
         // With five machines two may be down at once.
         let five = PoolHealth {
@@ -643,12 +634,8 @@ mod tests {
         );
         // A replacement in flight alone does not pause a pool of three.
         let alone = PoolHealth {
-            pool: "default",
-            desired: 3,
-            members: 3,
-            unhealthy: vec![],
-            late: vec![],
             in_flight: vec!["r1"],
+            ..pool_of(3, vec![])
         };
         assert_eq!(decide(&alone, &policy()), Decision::Remediate(vec![]));
     }
@@ -658,15 +645,12 @@ mod tests {
         let names: Vec<String> = (0..25).map(|i| format!("w{i:02}")).collect();
         let pool = PoolHealth {
             pool: "big",
-            desired: 30,
-            members: 30,
-            unhealthy: names.iter().map(|n| (n.as_str(), silent_for(30))).collect(),
-            late: vec![],
-            in_flight: vec![],
+            ..pool_of(
+                30,
+                names.iter().map(|n| (n.as_str(), silent_for(30))).collect(),
+            )
         };
-        let Decision::Paused(msg) = decide(&pool, &policy()) else {
-            panic!("remediation must pause")
-        };
+        let msg = paused(&pool);
         assert!(
             msg.contains("(w00 silent, w01 silent, w02 silent, w03 silent, w04 silent, w05 silent, w06 silent, w07 silent, w08 silent, w09 silent, and 15 more)"),
             "{msg}"
@@ -675,14 +659,7 @@ mod tests {
 
     #[test]
     fn a_pool_of_two_is_not_remediated_at_the_default() {
-        let pool = PoolHealth {
-            pool: "default",
-            desired: 2,
-            members: 2,
-            unhealthy: vec![("w1", Unhealthy::Stopped)],
-            late: vec![],
-            in_flight: vec![],
-        };
+        let pool = pool_of(2, vec![("w1", Unhealthy::Stopped)]);
         assert!(matches!(decide(&pool, &policy()), Decision::Paused(_)));
     }
 

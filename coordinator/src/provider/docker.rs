@@ -966,17 +966,15 @@ mod tests {
             name: "drover-c".into(),
             gateway: "172.18.0.1".parse().unwrap(),
         };
-        let spec = |profile, privileged| DockerProviderSpec {
-            image: "img".into(),
-            profile,
-            privileged,
+        let container = |profile, privileged| {
+            let spec = DockerProviderSpec {
+                image: "img".into(),
+                profile,
+                privileged,
+            };
+            machine_container(&req, &network, HashMap::new(), &spec)
         };
-        let plain = machine_container(
-            &req,
-            &network,
-            HashMap::new(),
-            &spec(DockerMachineProfile::Minimal, None),
-        );
+        let plain = container(DockerMachineProfile::Minimal, None);
         let hc = plain.host_config.as_ref().unwrap();
         assert_eq!(hc.privileged, None);
         assert_eq!(hc.tmpfs, None);
@@ -984,12 +982,7 @@ mod tests {
         assert_eq!(plain.stop_signal, None);
         assert_eq!(hc.network_mode.as_deref(), Some("drover-c"));
 
-        let kind = machine_container(
-            &req,
-            &network,
-            HashMap::new(),
-            &spec(DockerMachineProfile::Kind, None),
-        );
+        let kind = container(DockerMachineProfile::Kind, None);
         let hc = kind.host_config.as_ref().unwrap();
         assert_eq!(hc.privileged, Some(true));
         assert_eq!(hc.cap_add, None);
@@ -1011,12 +1004,7 @@ mod tests {
             Some(&[format!("{COORDINATOR_HOST}:172.18.0.1")][..])
         );
 
-        let unprivileged = machine_container(
-            &req,
-            &network,
-            HashMap::new(),
-            &spec(DockerMachineProfile::Kind, Some(false)),
-        );
+        let unprivileged = container(DockerMachineProfile::Kind, Some(false));
         let hc = unprivileged.host_config.as_ref().unwrap();
         assert_eq!(hc.privileged, None);
         assert_eq!(
