@@ -141,7 +141,79 @@ impl Kube {
     /// The report a heartbeat carries.
     pub async fn report(&mut self, api: &str) -> NodesReport {
         let (nodes, error) = crate::api::list_or_error(self.nodes(api).await);
-        NodesReport { nodes, error }
+        let kubeadm_config_version = match self.kubeadm_config(api).await {
+            Ok(config) => config.kubernetes_version().map(str::to_owned),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the kubeadm-config version");
+                None
+            }
+        };
+        NodesReport {
+            nodes,
+            error,
+            kubeadm_config_version,
+        }
+    }
+
+    /// The ConfigMap `kube-system/kubeadm-config` and the
+    /// `ClusterConfiguration` it holds.
+    async fn kubeadm_config(&mut self, api: &str) -> Result<KubeadmConfig, KubeError> {
+        let call = "get configmap kube-system/kubeadm-config";
+        let (status, body) = self.call(api, call, Method::GET, KUBEADM_CONFIG).await?;
+        if !status.is_success() {
+            return Err(failed(call, api, format!("{status}: {body}")));
+        }
+        let map: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| failed(call, api, e.to_string()))?;
+        let text = map["data"]["ClusterConfiguration"]
+            .as_str()
+            .ok_or_else(|| failed(call, api, "it holds no data.ClusterConfiguration".into()))?;
+        let cluster: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| {
+            failed(
+                call,
+                api,
+                format!("data.ClusterConfiguration is not YAML: {e}"),
+            )
+        })?;
+        if !cluster.is_object() {
+            return Err(failed(
+                call,
+                api,
+                "data.ClusterConfiguration is not a map".into(),
+            ));
+        }
+        Ok(KubeadmConfig { map, cluster })
+    }
+
+    /// Sets `ClusterConfiguration.kubernetesVersion` in
+    /// `kube-system/kubeadm-config` to `version` (a write with the
+    /// `resourceVersion` read, so a concurrent change fails it rather than
+    /// being lost). Naming the version it already has changes nothing.
+    pub async fn set_kubernetes_version(
+        &mut self,
+        api: &str,
+        version: &str,
+    ) -> Result<String, KubeError> {
+        let mut config = self.kubeadm_config(api).await?;
+        let was = config.kubernetes_version().unwrap_or_default().to_owned();
+        if was == version {
+            return Ok(format!("kubeadm-config already names {version}"));
+        }
+        let call = "update configmap kube-system/kubeadm-config";
+        config.cluster["kubernetesVersion"] = serde_json::Value::String(version.to_owned());
+        let text = serde_saphyr::to_string(&config.cluster)
+            .map_err(|e| failed(call, api, format!("cannot write the YAML: {e}")))?;
+        config.map["data"]["ClusterConfiguration"] = serde_json::Value::String(text);
+        let body = Some(("application/json", config.map));
+        let (status, body) = self
+            .call_with(api, call, Method::PUT, KUBEADM_CONFIG, body)
+            .await?;
+        if !status.is_success() {
+            return Err(failed(call, api, format!("{status}: {body}")));
+        }
+        Ok(format!(
+            "kubeadm-config kubernetesVersion {was} -> {version}"
+        ))
     }
 
     /// Deletes Node `name`; one already gone counts as done.
@@ -300,6 +372,24 @@ impl Kube {
             .await
             .map_err(|e| failed(call, api, error_chain(&e)))?;
         Ok((status, body))
+    }
+}
+
+/// The path of the ConfigMap kubeadm keeps its `ClusterConfiguration` in.
+const KUBEADM_CONFIG: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
+
+/// The ConfigMap `kube-system/kubeadm-config` as read, and the
+/// `ClusterConfiguration` it holds, parsed.
+struct KubeadmConfig {
+    map: serde_json::Value,
+    cluster: serde_json::Value,
+}
+
+impl KubeadmConfig {
+    fn kubernetes_version(&self) -> Option<&str> {
+        self.cluster["kubernetesVersion"]
+            .as_str()
+            .filter(|v| v.len() <= 64 && !v.chars().any(char::is_control))
     }
 }
 

@@ -1316,6 +1316,17 @@ fn kind_profile_machines_boot_systemd_and_run_the_agent_from_its_unit() {
     }
 }
 
+/// The version of the API server behind the cluster's endpoint, as real
+/// `kubectl version` reports it.
+fn server_version(kubeconfig: &Path) -> String {
+    let out = kube::kubectl(kubeconfig, &["version", "-o", "json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["serverVersion"]["gitVersion"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no server version: {out}"))
+        .to_owned()
+}
+
 /// The kubelet version of every Node, as real kubectl lists them.
 fn kubelet_versions(kubeconfig: &Path) -> Result<Vec<String>, String> {
     let out = kube::kubectl(
@@ -1350,6 +1361,7 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
             .then_some(())
             .ok_or(format!("{v:?}"))
     });
+    assert_eq!(server_version(&kubeconfig), "v1.31.2");
     let before: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
     let image = node_image();
     for m in live_machines(&c, &name) {
@@ -1404,6 +1416,31 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
             .then_some(())
             .ok_or(format!("{v:?} ready {ready:?}"))
     });
+    // The cluster's kubeadm-config was moved to v1.32.0 before the new
+    // control plane joined, so it deployed (and its API server runs)
+    // v1.32.0, not the version of the cluster it joined.
+    assert_eq!(server_version(&kubeconfig), "v1.32.0");
+    let config = kube::kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/kube-system/configmaps/kubeadm-config",
+        ],
+    )
+    .unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    let cluster_config = config["data"]["ClusterConfiguration"].as_str().unwrap();
+    assert!(
+        cluster_config
+            .lines()
+            .any(|l| l.trim() == "kubernetesVersion: v1.32.0"),
+        "{cluster_config}"
+    );
+    assert_eq!(
+        c.cluster(&name).unwrap()["status"]["kubeadmConfigVersion"],
+        "v1.32.0"
+    );
     let wide = c.cli_ok(&["get", "machines", "-o", "wide"]);
     assert!(
         wide.lines()

@@ -121,6 +121,16 @@ fn run(args: &[&str]) -> Output {
         .expect("run the stand-in kubeadm")
 }
 
+/// `kubeadm token create TOKEN` with `flags`, as the cluster's admin.
+fn token_create(c: &Cluster, token: &BootstrapToken, flags: &[&str]) -> Output {
+    let token = token.to_string();
+    let admin = c.cp.path("/etc/kubernetes/admin.conf");
+    let mut args = vec!["token", "create", &token];
+    args.extend_from_slice(flags);
+    args.extend(["--kubeconfig", admin.to_str().unwrap()]);
+    run(&args)
+}
+
 fn text(o: &Output) -> String {
     format!(
         "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
@@ -343,6 +353,103 @@ fn worker_join(
     (m, node, out)
 }
 
+/// `kubeadm join --control-plane` of a new machine named `name` into `c`,
+/// with a stand-in kubeadm (and kubelet) of `version`; its machine, API
+/// server URL and output.
+fn control_plane_join(c: &Cluster, name: &str, version: &str) -> (Machine, String, Output) {
+    let m = Machine::new();
+    c.cas.provision(&m);
+    let port = free_port();
+    let address = drover_tests::free_loopback();
+    let node = node_params(name, &address, port);
+    m.write(
+        CONFIG,
+        &render_join(&c.params, &node, &c.token, &c.cas.pin(), true),
+    );
+    let root = m.root().to_str().unwrap().to_owned();
+    let out = Command::new(KUBEADM)
+        .args(["join", "--config", CONFIG, "--rootfs", &root])
+        .env("DROVER_STANDIN_KUBEADM_VERSION", version)
+        .output()
+        .expect("run the stand-in kubeadm");
+    (m, format!("https://{address}:{port}"), out)
+}
+
+/// The `gitVersion` an API server's `/version` answers.
+fn api_server_version(c: &Cluster, api: &str) -> String {
+    let (code, body) = https_get(&format!("{api}/version"), &c.cas.ca.cert_pem);
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["gitVersion"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_control_plane_joins_at_the_version_kubeadm_config_names() {
+    let c = init_cluster();
+    let cp1 = format!("https://{}", c.params.control_plane_endpoint);
+    assert_eq!(api_server_version(&c, &cp1), "v1.31.2");
+    let admin = c.cp.path("/etc/kubernetes/admin.conf");
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["--request-timeout", "5s"])
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        (out.status.success(), text(&out))
+    };
+    const PATH: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
+    let read = || {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["get", "--raw", PATH])
+            .output()
+            .expect("run kubectl");
+        assert_ok(&out);
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    // Real kubectl moves the config to v1.32.0, as `kubeadm upgrade apply`
+    // or the coordinator does before a new control plane joins.
+    let before = read();
+    let config = before["data"]["ClusterConfiguration"].as_str().unwrap();
+    assert!(config.contains("kubernetesVersion: v1.31.2"), "{config}");
+    let mut after = before.clone();
+    after["data"]["ClusterConfiguration"] = config
+        .replace("kubernetesVersion: v1.31.2", "kubernetesVersion: v1.32.0")
+        .into();
+    let body = c.cp.path("/tmp/kubeadm-config.json");
+    std::fs::create_dir_all(body.parent().unwrap()).unwrap();
+    std::fs::write(&body, after.to_string()).unwrap();
+    let (ok, out) = kubectl(&["replace", "--raw", PATH, "-f", body.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let now = read();
+    assert!(now["data"]["ClusterConfiguration"]
+        .as_str()
+        .unwrap()
+        .contains("kubernetesVersion: v1.32.0"));
+    assert_ne!(
+        now["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"]
+    );
+    // The same write again carries a stale resourceVersion: a conflict,
+    // nothing lost.
+    let (ok, out) = kubectl(&["replace", "--raw", PATH, "-f", body.to_str().unwrap()]);
+    assert!(!ok && out.contains("the object has been modified"), "{out}");
+    assert_eq!(read(), now);
+
+    // The running API server runs what it was deployed with.
+    assert_eq!(api_server_version(&c, &cp1), "v1.31.2");
+    // A v1.31 kubeadm cannot deploy the v1.32.0 control plane the config
+    // names; a v1.32 one does, and its API server runs v1.32.0.
+    let (_old, _, out) = control_plane_join(&c, "cp-old", "v1.31.2");
+    assert_fails_with(&out, "Kubernetes version is greater than kubeadm version");
+    let (_new, api, out) = control_plane_join(&c, "cp-new", "v1.32.0");
+    assert_ok(&out);
+    assert_eq!(api_server_version(&c, &api), "v1.32.0");
+}
+
 #[test]
 fn version_short() {
     let m = Machine::new();
@@ -429,43 +536,47 @@ fn init_refuses_incomplete_or_extra_ca_files() {
     assert_fails_with(&out, "/etc/kubernetes/pki/etcd/ca.key is missing");
     assert!(!missing.path("/etc/kubernetes/admin.conf").exists());
 
-    let extra = Machine::new();
-    cas.provision(&extra);
-    extra.write("/etc/kubernetes/pki/apiserver.crt", "left over");
-    extra.write(CONFIG, &config);
-    let out = extra.kubeadm(&["init", "--config", CONFIG]);
-    assert_fails_with(&out, "unexpected file /etc/kubernetes/pki/apiserver.crt");
-
+    // `kubeadm init` with the shared CAs, then `files` written over them,
+    // fails with `needle`.
+    let refused = |config: &str, files: &[(&str, &str)], needle: &str| {
+        let m = Machine::new();
+        cas.provision(&m);
+        for (path, content) in files {
+            m.write(path, content);
+        }
+        m.write(CONFIG, config);
+        assert_fails_with(&m.kubeadm(&["init", "--config", CONFIG]), needle);
+    };
+    refused(
+        &config,
+        &[("/etc/kubernetes/pki/apiserver.crt", "left over")],
+        "unexpected file /etc/kubernetes/pki/apiserver.crt",
+    );
     // Keys must match encryptionAlgorithm: P-256 keys under RSA-2048 are refused.
-    let rsa = Machine::new();
-    cas.provision(&rsa);
-    rsa.write(CONFIG, &config.replace("ECDSA-P256", "RSA-2048"));
-    let out = rsa.kubeadm(&["init", "--config", CONFIG]);
-    assert_fails_with(&out, "encryptionAlgorithm is RSA-2048");
-
+    refused(
+        &config.replace("ECDSA-P256", "RSA-2048"),
+        &[],
+        "encryptionAlgorithm is RSA-2048",
+    );
     // A CA key that is not the certificate's key is refused.
-    let mismatch = Machine::new();
-    cas.provision(&mismatch);
-    mismatch.write("/etc/kubernetes/pki/ca.key", &cas.etcd.key_pem);
-    mismatch.write(CONFIG, &config);
-    let out = mismatch.kubeadm(&["init", "--config", CONFIG]);
-    assert_fails_with(&out, "does not match the certificate");
-
+    refused(
+        &config,
+        &[("/etc/kubernetes/pki/ca.key", cas.etcd.key_pem.as_str())],
+        "does not match the certificate",
+    );
     // kubeadm refuses Ed25519 CAs, and CA certificates must be CAs.
-    let ed = Machine::new();
-    cas.provision(&ed);
     let (cert, key) = self_signed_ca(&rcgen::PKCS_ED25519, true);
-    ed.write("/etc/kubernetes/pki/front-proxy-ca.crt", &cert);
-    ed.write("/etc/kubernetes/pki/front-proxy-ca.key", &key);
-    ed.write(CONFIG, &config);
-    assert_fails_with(&ed.kubeadm(&["init", "--config", CONFIG]), "Ed25519");
-    let not_ca = Machine::new();
-    cas.provision(&not_ca);
+    let front_proxy = [
+        ("/etc/kubernetes/pki/front-proxy-ca.crt", cert.as_str()),
+        ("/etc/kubernetes/pki/front-proxy-ca.key", key.as_str()),
+    ];
+    refused(&config, &front_proxy, "Ed25519");
     let (cert, key) = self_signed_ca(&rcgen::PKCS_ECDSA_P256_SHA256, false);
-    not_ca.write("/etc/kubernetes/pki/etcd/ca.crt", &cert);
-    not_ca.write("/etc/kubernetes/pki/etcd/ca.key", &key);
-    not_ca.write(CONFIG, &config);
-    assert_fails_with(&not_ca.kubeadm(&["init", "--config", CONFIG]), "CA:TRUE");
+    let etcd_ca = [
+        ("/etc/kubernetes/pki/etcd/ca.crt", cert.as_str()),
+        ("/etc/kubernetes/pki/etcd/ca.key", key.as_str()),
+    ];
+    refused(&config, &etcd_ca, "CA:TRUE");
 
     // Malformed hashes and tokens in a config are strict decoding errors.
     let bad = Machine::new();
@@ -596,16 +707,7 @@ fn init_join_token_and_reset() {
 
     // `token create` registers a new token through the API server; joining with it works.
     let new_token = BootstrapToken::generate();
-    let admin_path = c.cp.path("/etc/kubernetes/admin.conf");
-    let out = run(&[
-        "token",
-        "create",
-        &new_token.to_string(),
-        "--ttl",
-        "15m0s",
-        "--kubeconfig",
-        admin_path.to_str().unwrap(),
-    ]);
+    let out = token_create(&c, &new_token, &["--ttl", "15m0s"]);
     assert_ok(&out);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
@@ -617,13 +719,7 @@ fn init_join_token_and_reset() {
         "{ci}"
     );
     // Creating it again conflicts.
-    let out = run(&[
-        "token",
-        "create",
-        &new_token.to_string(),
-        "--kubeconfig",
-        admin_path.to_str().unwrap(),
-    ]);
+    let out = token_create(&c, &new_token, &[]);
     assert_fails_with(&out, "already exists");
     let (w2, _, out) = worker_join(&c, "worker-2", &new_token, &c.cas.pin());
     assert_ok(&out);
@@ -826,16 +922,7 @@ fn expired_token_is_not_signed() {
     // A token with a 1s TTL disappears from cluster-info once it expires.
     let c = init_cluster();
     let short = BootstrapToken::generate();
-    let admin = c.cp.path("/etc/kubernetes/admin.conf");
-    let out = run(&[
-        "token",
-        "create",
-        &short.to_string(),
-        "--ttl",
-        "1s",
-        "--kubeconfig",
-        admin.to_str().unwrap(),
-    ]);
+    let out = token_create(&c, &short, &["--ttl", "1s"]);
     assert_ok(&out);
     let key = format!("jws-kcs-{}", short.id());
     wait_for("the token to expire", Duration::from_secs(10), || {

@@ -87,6 +87,18 @@ impl Agent {
                 DirectiveAction::DrainNode { node } => {
                     self.start_node_call(directive.id, node, NodeCall::Drain);
                 }
+                DirectiveAction::SetKubernetesVersion { version } => {
+                    tracing::info!(%version, "setting the kubeadm-config version at the coordinator's request");
+                    let mut kube = crate::kube::Kube::new(&self.settings.root);
+                    self.start_cluster_call(directive.id, "update kubeadm-config", |ip, port| {
+                        let api = crate::kube::local_api(ip, port);
+                        let command =
+                            format!("set kubeadm-config kubernetesVersion {version} via {api}");
+                        let call =
+                            async move { Ok(kube.set_kubernetes_version(&api, &version).await?) };
+                        (command, Box::pin(call))
+                    });
+                }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
                     self.resetting = true;

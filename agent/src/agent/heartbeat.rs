@@ -145,8 +145,8 @@ impl Agent {
         let report = tokio::time::timeout(crate::kube::KUBE_TIMEOUT * 2, self.kube.report(&api))
             .await
             .unwrap_or_else(|_| drover_common::wire::NodesReport {
-                nodes: vec![],
                 error: format!("the API server at {api} did not answer in time"),
+                ..Default::default()
             });
         worth_sending(self.nodes_sent.as_ref(), &report).then_some(report)
     }

@@ -21,6 +21,9 @@ pub fn describe(action: &DirectiveAction) -> String {
         }
         DirectiveAction::DeleteNode { node } => format!("delete node {node}"),
         DirectiveAction::DrainNode { node } => format!("drain node {node}"),
+        DirectiveAction::SetKubernetesVersion { version } => {
+            format!("set the kubeadm-config version to {version}")
+        }
     }
 }
 

@@ -341,6 +341,10 @@ impl Sim {
                     false,
                     format!("simulated machines run no API server; node {node} was not drained"),
                 ),
+                DirectiveAction::SetKubernetesVersion { version } => (
+                    false,
+                    format!("simulated machines run no API server; kubeadm-config was not set to {version}"),
+                ),
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

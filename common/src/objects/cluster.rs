@@ -319,6 +319,38 @@ pub struct NodeRemoval {
     pub requested_at: time::OffsetDateTime,
 }
 
+/// A change of the cluster's `kubeadm-config` version asked of a
+/// control-plane machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VersionUpdate {
+    /// The version the config is to name.
+    pub version: String,
+    /// The machine asked to set it.
+    pub via: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+    /// Why the last attempt failed, as the machine reported it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+impl VersionUpdate {
+    /// The id of the directive that carries this request; a retry (a new
+    /// `requestedAt`) is a new directive.
+    pub fn directive_id(&self) -> String {
+        format!(
+            "{}{}-{}",
+            VERSION_UPDATE_PREFIX,
+            self.version,
+            self.requested_at.unix_timestamp()
+        )
+    }
+}
+
+/// The id prefix of the directives that set the `kubeadm-config` version.
+pub const VERSION_UPDATE_PREFIX: &str = "kubeadm-config-version-";
+
 /// The drain of a machine leaving on purpose, asked of a control-plane
 /// machine (one attempt at a time, retried until the drain timeout).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -636,6 +668,16 @@ pub struct ClusterStatus {
     /// The drain under way of a machine leaving on purpose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<NodeDrain>,
+    /// `ClusterConfiguration.kubernetesVersion` in the cluster's
+    /// `kube-system/kubeadm-config` as a control plane last reported it:
+    /// the version a control plane that joins deploys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeadm_config_version: Option<String>,
+    /// The change of that version asked of a control-plane machine, before
+    /// the first control plane of a new version joins; until it is reported
+    /// done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_update: Option<VersionUpdate>,
     /// The rollout under way: machines made for another version or image
     /// being replaced; absent when every machine is up to date.
     #[serde(default, skip_serializing_if = "Option::is_none")]

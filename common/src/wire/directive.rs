@@ -42,6 +42,13 @@ pub enum DirectiveAction {
     /// naming the Pods that did not go and why.
     #[serde(rename_all = "camelCase")]
     DrainNode { node: String },
+    /// Set `ClusterConfiguration.kubernetesVersion` in the ConfigMap
+    /// `kube-system/kubeadm-config` to `version`, so the control planes
+    /// that join from now on deploy that version (what `kubeadm upgrade
+    /// apply` records, and Cluster API does before its first new control
+    /// plane). Setting the version it already has is done at once.
+    #[serde(rename_all = "camelCase")]
+    SetKubernetesVersion { version: String },
 }
 
 /// The outcome of a directive.

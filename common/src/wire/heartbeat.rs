@@ -59,6 +59,12 @@ pub struct NodesReport {
     /// Why the Nodes could not be read (then `nodes` is empty).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
+    /// `ClusterConfiguration.kubernetesVersion` in the ConfigMap
+    /// `kube-system/kubeadm-config`: the control-plane version that
+    /// `kubeadm join --control-plane` deploys. Absent when it could not be
+    /// read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeadm_config_version: Option<String>,
 }
 
 /// The most Nodes one report may carry.

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use drover_common::api::{
     push_event, set_condition, Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus,
-    ObjectMeta,
+    ObjectMeta, VERSION_UPDATE_PREFIX,
 };
 use drover_common::pki::{LeafSpec, LeafUsage};
 use drover_common::ticket::TicketGrant;
@@ -560,6 +560,13 @@ fn record_heartbeat(
     {
         record_drain(app, &machine, r)?;
     }
+    for r in hb
+        .directive_results
+        .iter()
+        .filter(|r| r.id.starts_with(VERSION_UPDATE_PREFIX))
+    {
+        record_version_update(app, &machine, r)?;
+    }
     if hb.etcd.is_some() || hb.nodes.is_some() {
         record_view(app, &machine, hb, now)?;
     }
@@ -626,6 +633,41 @@ fn record_drain(
     Ok(())
 }
 
+/// Records the outcome of a `kubeadm-config` version change: its failure
+/// on the cluster's status (the planner asks again a while later), its
+/// success only in the log (the next report shows the version).
+fn record_version_update(
+    app: &App,
+    machine: &Machine,
+    result: &drover_common::wire::DirectiveResult,
+) -> Result<(), ApiError> {
+    let Some(a) = &machine.spec.assignment else {
+        return Ok(());
+    };
+    let name = &machine.metadata.name;
+    if result.ok {
+        tracing::info!(cluster = %a.cluster, via = %name, message = %result.message, "kubeadm-config version set");
+        app.reconcile_soon();
+        return Ok(());
+    }
+    tracing::warn!(cluster = %a.cluster, via = %name, message = %result.message, "setting the kubeadm-config version failed; asking again later");
+    app.update_cluster::<ApiError>(&a.cluster, |c| {
+        let Some(u) = c.status.version_update.as_mut() else {
+            return Ok(false);
+        };
+        if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str())
+            || u.via != *name
+            || u.directive_id() != result.id
+            || u.error == result.message
+        {
+            return Ok(false);
+        }
+        u.error = result.message.clone();
+        Ok(true)
+    })?;
+    Ok(())
+}
+
 /// The id prefix of member-removal directives.
 const ETCD_REMOVAL_PREFIX: &str = "etcd-remove-";
 
@@ -659,6 +701,7 @@ fn record_view(
     });
     let mut etcd_changed = false;
     let mut nodes_changed = false;
+    let mut version_changed = false;
     app.update_cluster::<ApiError>(&a.cluster, |c| {
         if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str()) {
             return Ok(false);
@@ -673,7 +716,13 @@ fn record_view(
         if nodes_changed {
             c.status.nodes = nodes.map(|r| r.nodes.clone()).unwrap_or_default();
         }
-        Ok(etcd_changed || nodes_changed)
+        let version = nodes.and_then(|r| r.kubeadm_config_version.clone());
+        version_changed = version.is_some() && c.status.kubeadm_config_version != version;
+        if version_changed {
+            tracing::info!(machine = %name, cluster = %a.cluster, version = ?version, "kubeadm-config version changed");
+            c.status.kubeadm_config_version = version;
+        }
+        Ok(etcd_changed || nodes_changed || version_changed)
     })?;
     if etcd_changed {
         let summary: Vec<String> = hb
@@ -700,7 +749,7 @@ fn record_view(
             .collect();
         tracing::info!(machine = %name, cluster = %a.cluster, nodes = %summary.join(" "), "Nodes changed");
     }
-    if etcd_changed || nodes_changed {
+    if etcd_changed || nodes_changed || version_changed {
         app.reconcile_soon();
     }
     Ok(())
@@ -759,6 +808,16 @@ fn heartbeat_answer(
                             r.requested_at.unix_timestamp()
                         ),
                         action: DirectiveAction::DeleteNode { node: r.node },
+                    });
+                }
+                if let Some(u) = cluster
+                    .as_ref()
+                    .and_then(|c| c.status.version_update.clone())
+                    .filter(|u| u.via == machine.metadata.name)
+                {
+                    directives.push(Directive {
+                        id: u.directive_id(),
+                        action: DirectiveAction::SetKubernetesVersion { version: u.version },
                     });
                 }
                 if let Some(r) = cluster

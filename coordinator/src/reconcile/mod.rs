@@ -1703,6 +1703,64 @@ mod tests {
         assert!(deletes(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
     }
 
+    #[test]
+    fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version() {
+        let mut c = initialized(docker_cluster(3, 0), "cp1");
+        c.spec.kubernetes_version = "v1.32.0".into();
+        let roles = [
+            ("cp1", MachineRole::Init),
+            ("cp2", MachineRole::ControlPlane),
+            ("cp3", MachineRole::ControlPlane),
+        ];
+        let machines: Vec<Machine> = roles
+            .iter()
+            .map(|(name, role)| {
+                let mut m = created(name, CONTROL_PLANE_POOL, *role, MachinePhase::Running);
+                m.status.hostname = m.metadata.name.clone();
+                m.spec.assignment.as_mut().unwrap().kubernetes_version = Some("v1.31.2".into());
+                m
+            })
+            .collect();
+        c.status.etcd_members = roles
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| drover_common::api::EtcdMember {
+                id: format!("{i:x}"),
+                name: (*n).into(),
+                peer_urls: vec![],
+                client_urls: vec![],
+                started: true,
+                healthy: true,
+            })
+            .collect();
+        c.status.kubeadm_config_version = Some("v1.31.2".into());
+        // The surge control plane would deploy v1.31.2: the config changes
+        // first, through a running control plane.
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(creates(&steps), vec![]);
+        let update = status_of(&steps).version_update.clone().expect("asked for");
+        assert_eq!(
+            (update.version.as_str(), update.via.as_str()),
+            ("v1.32.0", "cp1")
+        );
+        // Asked once: a later pass keeps the same request (and directive).
+        c.status.version_update = Some(update.clone());
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert!(steps.iter().all(|s| match s {
+            Step::SetStatus(st) => st.version_update.as_ref() == Some(&update),
+            _ => true,
+        }));
+        // Once a control plane reports the new version, it joins, and the
+        // request is dropped.
+        c.status.kubeadm_config_version = Some("v1.32.0".into());
+        let steps = plan(&c, &machines, &obs(true, &seen_now));
+        assert_eq!(
+            creates(&steps),
+            vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
+        );
+        assert_eq!(status_of(&steps).version_update, None);
+    }
+
     /// Pool machine `a`, the Running init machine of the test cluster.
     fn running_init_a() -> Machine {
         claimed(

@@ -95,6 +95,7 @@ pub(super) fn plan_provider(
     let mut rolling_before = false;
     let mut rollouts = vec![];
     let mut new_halt = None;
+    let mut config_behind = false;
 
     for (pool_name, desired) in cluster.desired_pools() {
         let is_cp = pool_name == CONTROL_PLANE_POOL;
@@ -290,6 +291,14 @@ pub(super) fn plan_provider(
             } else {
                 MachineRole::Worker
             };
+            if role == MachineRole::ControlPlane
+                && !config_names(cluster, &cluster.spec.kubernetes_version)
+            {
+                // It would deploy the version kubeadm-config names: that
+                // changes first.
+                config_behind = true;
+                break;
+            }
             if role == MachineRole::Init {
                 // The executor names it; the status records it after creation.
                 init_machine = None;
@@ -305,47 +314,43 @@ pub(super) fn plan_provider(
             }
         }
         if count > ceiling {
-            let (delete, first_member) = scale_down(
+            let victims = scale_down(
                 &remaining,
                 (count - ceiling) as usize,
-                is_cp,
                 init_machine.as_deref(),
-                etcd_members,
+                is_cp,
             );
-            etcd_leaving.extend(first_member);
-            for m in delete {
-                steps.push(Step::DeleteMachine {
-                    machine: m.metadata.name.clone(),
-                    reason: format!(
-                        "pool {pool_name} of cluster {} scaled down to {desired}",
-                        cluster.metadata.name
-                    ),
-                    remediation: false,
-                });
-            }
+            let leave = Leave {
+                control_plane: is_cp,
+                etcd_members,
+            };
+            leave.apply(victims, &mut etcd_leaving, &mut steps, |_| {
+                format!(
+                    "pool {pool_name} of cluster {} scaled down to {desired}",
+                    cluster.metadata.name
+                )
+            });
             count = ceiling;
         } else if !roll.retire.is_empty() {
             // Outdated machines leave by the safe path, as in a
-            // scale-down: a control plane with an etcd member has it
-            // removed first.
-            let (delete, first_member): (Vec<&Machine>, Vec<&Machine>) = roll
-                .retire
-                .iter()
-                .copied()
-                .partition(|m| !(is_cp && member_of(etcd_members, m).is_some()));
-            etcd_leaving.extend(first_member);
-            for m in delete {
-                steps.push(Step::DeleteMachine {
-                    machine: m.metadata.name.clone(),
-                    reason: format!(
+            // scale-down.
+            let leave = Leave {
+                control_plane: is_cp,
+                etcd_members,
+            };
+            leave.apply(
+                roll.retire.iter().copied(),
+                &mut etcd_leaving,
+                &mut steps,
+                |m| {
+                    format!(
                         "rolled out: made for {}, cluster {} now runs {}",
                         made_for(m),
                         cluster.metadata.name,
                         rollout::target(cluster)
-                    ),
-                    remediation: false,
-                });
-            }
+                    )
+                },
+            );
         }
         let running = count_running(&remaining);
         all_running &= running >= desired && unhealthy.is_empty();
@@ -401,6 +406,12 @@ pub(super) fn plan_provider(
     );
     status.initialized = initialized;
     status.etcd_removal = plan_etcd(cluster, &cp_owners, &etcd_leaving, &via, observed.now).removal;
+    status.version_update = plan_version_update(
+        cluster,
+        config_behind.then_some(cluster.spec.kubernetes_version.as_str()),
+        &via,
+        observed.now,
+    );
     let owners: Vec<&Machine> = live
         .iter()
         .copied()
@@ -552,15 +563,13 @@ fn unreplaced(
 
 /// Which of `remaining` a scale-down by `excess` deletes now: the newest
 /// first, never the init machine while it is needed, and of the control
-/// plane one per pass. A control plane with an etcd member is returned
-/// second: its member is removed first, while it still runs.
+/// plane one per pass. They leave through [`Leave`].
 fn scale_down<'a>(
     remaining: &[&'a Machine],
     excess: usize,
-    control_plane: bool,
     init_machine: Option<&str>,
-    etcd_members: &[drover_common::api::EtcdMember],
-) -> (Vec<&'a Machine>, Vec<&'a Machine>) {
+    control_plane: bool,
+) -> Vec<&'a Machine> {
     let mut victims: Vec<&Machine> = remaining.to_vec();
     victims.sort_by_key(|m| {
         (
@@ -570,8 +579,37 @@ fn scale_down<'a>(
         )
     });
     let take = if control_plane { excess.min(1) } else { excess };
+    victims.truncate(take);
     victims
-        .into_iter()
-        .take(take)
-        .partition(|m| !(control_plane && member_of(etcd_members, m).is_some()))
+}
+
+/// How machines leave a pool by the safe path: a control plane with an etcd
+/// member has the member removed first, the others are deleted at once.
+struct Leave<'e> {
+    control_plane: bool,
+    etcd_members: &'e [drover_common::api::EtcdMember],
+}
+
+impl Leave<'_> {
+    /// Sends each of `machines` on its way: into `etcd_leaving`, or a
+    /// `DeleteMachine` step with the reason `why` gives.
+    fn apply<'a>(
+        &self,
+        machines: impl IntoIterator<Item = &'a Machine>,
+        etcd_leaving: &mut Vec<&'a Machine>,
+        steps: &mut Vec<Step>,
+        why: impl Fn(&Machine) -> String,
+    ) {
+        for m in machines {
+            if self.control_plane && member_of(self.etcd_members, m).is_some() {
+                etcd_leaving.push(m);
+                continue;
+            }
+            steps.push(Step::DeleteMachine {
+                machine: m.metadata.name.clone(),
+                reason: why(m),
+                remediation: false,
+            });
+        }
+    }
 }

@@ -794,6 +794,43 @@ pub(crate) fn plan_nodes(
     NodesPlan { removal, not_ready }
 }
 
+/// Whether the cluster's `kubeadm-config` names `version`, as far as a
+/// control plane reported it (an unreported version is taken to): a
+/// control plane that joins deploys the version it names, not its own.
+pub(crate) fn config_names(cluster: &Cluster, version: &str) -> bool {
+    cluster
+        .status
+        .kubeadm_config_version
+        .as_deref()
+        .is_none_or(|v| v.trim_start_matches('v') == version.trim_start_matches('v'))
+}
+
+/// Plans the change of the cluster's `kubeadm-config` version to `wanted`,
+/// asked of a running control plane of `via`: kept while it is under way,
+/// asked again (of the first of `via`) a while after the last request, and
+/// dropped once the config names it or nothing wants it.
+pub(crate) fn plan_version_update(
+    cluster: &Cluster,
+    wanted: Option<&str>,
+    via: &[&Machine],
+    now: OffsetDateTime,
+) -> Option<drover_common::api::VersionUpdate> {
+    let wanted = wanted.filter(|v| !config_names(cluster, v))?;
+    let pending = cluster.status.version_update.clone().filter(|u| {
+        u.version == wanted
+            && now - u.requested_at < ETCD_REMOVAL_RETRY
+            && via.iter().any(|m| m.metadata.name == u.via)
+    });
+    pending.or_else(|| {
+        Some(drover_common::api::VersionUpdate {
+            version: wanted.to_owned(),
+            via: via.first()?.metadata.name.clone(),
+            requested_at: now,
+            error: String::new(),
+        })
+    })
+}
+
 /// Keeps `Ready` true to what is inside the cluster: a cluster whose
 /// machines all run is not Ready while any of their Nodes is not.
 pub(crate) fn apply_nodes(status: &mut ClusterStatus, plan: &NodesPlan) {

@@ -240,6 +240,12 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
             }
             kubeadm_config(state).await
         }
+        (Method::PUT, KUBEADM_CONFIG) => {
+            if !who.is_admin() {
+                return forbidden(&who, "update", "configmaps", "kube-system");
+            }
+            update_kubeadm_config(state, req).await
+        }
         (Method::POST, SECRETS) => {
             if !who.is_admin() {
                 return forbidden(&who, "create", "secrets", "kube-system");
@@ -295,18 +301,21 @@ async fn authenticate(
     })
 }
 
+/// `/version`: what this API server runs, the tag of the image its static
+/// Pod manifest names (what `kubeadm init` or `join --control-plane` wrote
+/// from the ClusterConfiguration of the time), not what the cluster's
+/// config names now.
 async fn version(state: &State) -> Resp {
-    let v = state
-        .store
-        .load_cluster_config()
-        .await
+    let manifest = state.root.path(format!(
+        "{}/kube-apiserver.yaml",
+        crate::node::MANIFESTS_DIR
+    ));
+    let v = std::fs::read_to_string(manifest)
         .ok()
-        .flatten()
-        .and_then(|y| serde_saphyr::from_str::<serde_json::Value>(&y).ok())
-        .and_then(|d| {
-            d.get("kubernetesVersion")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
+        .and_then(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().strip_prefix("image:"))
+                .find_map(|image| image.trim().rsplit_once(':').map(|(_, tag)| tag.to_owned()))
         })
         .unwrap_or_else(crate::util::kubeadm_version_string);
     let parsed = crate::util::parse_version(&v).ok();
@@ -367,25 +376,140 @@ async fn cluster_info(state: &State) -> Resp {
 }
 
 async fn kubeadm_config(state: &State) -> Resp {
-    match state.store.load_cluster_config().await {
+    match state.store.cluster_config_with_revision().await {
         Err(e) => status(
             StatusCode::INTERNAL_SERVER_ERROR,
             "InternalError",
             &format!("{e:#}"),
         ),
-        Ok(Some(yaml)) => json_resp(
-            StatusCode::OK,
-            &json!({
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
-                "data": {"ClusterConfiguration": yaml},
-            }),
-        ),
-        Ok(None) => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            "configmaps \"kubeadm-config\" not found",
+        Ok(Some((yaml, revision))) => {
+            json_resp(StatusCode::OK, &kubeadm_config_map(&yaml, revision))
+        }
+        Ok(None) => kubeadm_config_not_found(),
+    }
+}
+
+fn kubeadm_config_map(yaml: &str, revision: i64) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "kubeadm-config",
+            "namespace": "kube-system",
+            "resourceVersion": revision.to_string(),
+        },
+        "data": {"ClusterConfiguration": yaml},
+    })
+}
+
+fn kubeadm_config_not_found() -> Resp {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "configmaps \"kubeadm-config\" not found",
+    )
+}
+
+/// `PUT` of the ConfigMap `kube-system/kubeadm-config`, as the API server
+/// takes it: the whole object, with a `resourceVersion` that must be the
+/// current one when given (optimistic concurrency), data values strings.
+async fn update_kubeadm_config(state: &State, req: Request<Incoming>) -> Resp {
+    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return status(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                "request body too large or unreadable",
+            )
+        }
+    };
+    let map: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &format!("the body is not a JSON object: {e}"),
+            )
+        }
+    };
+    let invalid = |msg: String| {
+        status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!("ConfigMap \"kubeadm-config\" is invalid: {msg}"),
+        )
+    };
+    if map["kind"] != "ConfigMap" || map["apiVersion"] != "v1" {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body must be a v1 ConfigMap",
+        );
+    }
+    let meta = &map["metadata"];
+    if meta["name"] != "kubeadm-config"
+        || !(meta["namespace"].is_null() || meta["namespace"] == "kube-system")
+    {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the name of the object (kube-system/kubeadm-config) does not match the name on the URL",
+        );
+    }
+    let Some(yaml) = map["data"]["ClusterConfiguration"].as_str() else {
+        return invalid("data[ClusterConfiguration]: Required value: kubeadm keeps its ClusterConfiguration here".into());
+    };
+    if let Some((k, _)) = map["data"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .find(|(_, v)| !v.is_string())
+    {
+        return invalid(format!("data[{k}]: Invalid value: must be a string"));
+    }
+    let current = match state.store.cluster_config_with_revision().await {
+        Ok(Some((_, revision))) => revision,
+        Ok(None) => return kubeadm_config_not_found(),
+        Err(e) => {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                &format!("{e:#}"),
+            )
+        }
+    };
+    let conflict = || {
+        status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            "Operation cannot be fulfilled on configmaps \"kubeadm-config\": the object has been modified; please apply your changes to the latest version and try again",
+        )
+    };
+    let revision = match meta["resourceVersion"].as_str() {
+        None => current,
+        Some(rv) => match rv.parse::<i64>() {
+            Ok(r) if r == current => r,
+            Ok(_) => return conflict(),
+            Err(_) => return invalid(format!("metadata.resourceVersion: Invalid value: {rv:?}")),
+        },
+    };
+    match state.store.replace_cluster_config(yaml, revision).await {
+        Ok(true) => {
+            println!("standin-apiserver: updated configmap kube-system/kubeadm-config");
+            match state.store.cluster_config_with_revision().await {
+                Ok(Some((yaml, revision))) => {
+                    json_resp(StatusCode::OK, &kubeadm_config_map(&yaml, revision))
+                }
+                _ => json_resp(StatusCode::OK, &map),
+            }
+        }
+        Ok(false) => conflict(),
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            &format!("{e:#}"),
         ),
     }
 }

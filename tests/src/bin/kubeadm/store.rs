@@ -250,6 +250,39 @@ impl Store {
         Ok(())
     }
 
+    /// The stored ClusterConfiguration YAML and its etcd revision, which the
+    /// ConfigMap shows as its `resourceVersion`.
+    pub async fn cluster_config_with_revision(&self) -> Result<Option<(String, i64)>> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(KUBEADM_CONFIG_KEY, None)
+            .await
+            .context("cannot read the kubeadm-config ConfigMap from etcd")?;
+        Ok(resp.kvs().first().map(|kv| {
+            (
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                kv.mod_revision(),
+            )
+        }))
+    }
+
+    /// Replaces the ClusterConfiguration if it is still at `revision`;
+    /// false when another writer changed it first.
+    pub async fn replace_cluster_config(&self, yaml: &str, revision: i64) -> Result<bool> {
+        let unchanged = Compare::mod_revision(KUBEADM_CONFIG_KEY, CompareOp::Equal, revision);
+        let mut kv = self.client.kv_client();
+        let put = put_when(
+            &mut kv,
+            KUBEADM_CONFIG_KEY,
+            yaml.as_bytes().to_vec(),
+            unchanged,
+        )
+        .await
+        .context("cannot write the kubeadm-config ConfigMap to etcd")?;
+        Ok(put == Added::Created)
+    }
+
     pub async fn load_cluster_config(&self) -> Result<Option<String>> {
         let resp = self
             .client
