@@ -23,6 +23,7 @@ mod agent;
 mod api;
 mod backoff;
 mod boot;
+mod certificates;
 mod command;
 mod etcd;
 mod files;

@@ -1514,3 +1514,86 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
     let v = kubelet_versions(&kubeconfig).unwrap();
     assert_eq!(v, ["v1.32.0", "v1.32.0"]);
 }
+
+/// When a control plane's first kubeadm certificate expires, as the API
+/// lists it.
+fn certificates_expire_at(m: &serde_json::Value) -> Option<OffsetDateTime> {
+    let at = m["status"]["certificates"]["expiresAt"].as_str()?;
+    OffsetDateTime::parse(at, &Rfc3339).ok()
+}
+
+#[test]
+fn a_control_plane_whose_certificates_near_expiry_is_replaced_by_one_with_new_ones() {
+    let (tmp, name, _cleanup) = setup("certs");
+    let c = start(tmp.path(), "1s", "5s");
+    // Settled after 10s: etcd refuses to remove a member while the one
+    // that just joined has been connected for less than 5s.
+    let settle = "  upgrade:\n    settleTime: 10s\n  health:\n    startupTimeout: 40s\n";
+    let doc = docker_cluster_yaml(&name, 1, 0, "")
+        .replace("  controlPlane:", &format!("{settle}  controlPlane:"));
+    apply(&c, tmp.path(), &doc);
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
+
+    // The agent reports when the first of its kubeadm certificates
+    // expires: a year after kubeadm wrote them.
+    let (old, old_expiry) = wait_for("the certificate expiry", BOOT, || {
+        let m = live_machines(&c, &name);
+        let at = m
+            .first()
+            .and_then(certificates_expire_at)
+            .ok_or("none yet")?;
+        Ok::<_, String>((name_of(&m[0]), at))
+    });
+    let days = (old_expiry - OffsetDateTime::now_utc()).whole_days();
+    assert!((363..=365).contains(&days), "{days}");
+    let describe = c.cli_ok(&["describe", "cluster", &name]);
+    assert!(
+        describe
+            .lines()
+            .any(|l| l.starts_with("Certificates:   first expires") && l.contains(&old)),
+        "{describe}"
+    );
+
+    // A renewal window a minute short of their year: the control plane
+    // is replaced, through the rollout, by one whose certificates are new.
+    let window = doc.replace(
+        "    settleTime: 10s\n",
+        "    settleTime: 10s\n    renewCertificatesBefore: 525599m\n",
+    );
+    apply(&c, tmp.path(), &window);
+    // Within a minute the certificates are in the window; then a new
+    // control plane joins, settles, and the old one leaves.
+    wait_for(&format!("{old} to be replaced"), BOOT * 2, || {
+        let all = all_machines(&c);
+        let m = all.iter().find(|m| name_of(m) == old).ok_or("forgotten")?;
+        let renewed = m["status"]["events"].as_array().is_some_and(|e| {
+            e.iter().any(|e| {
+                e["message"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("its certificates are renewed"))
+            })
+        });
+        (m["status"]["phase"] == "Deleted" && renewed)
+            .then_some(())
+            .ok_or(format!("{}", m["status"]))
+    });
+    // Back to the default window: the replacement stays, alone.
+    apply(&c, tmp.path(), &doc);
+    let new = wait_for("one new control plane, its Node Ready", BOOT, || {
+        let live = live_machines(&c, &name);
+        let [m] = &live[..] else {
+            return Err(format!("{} machines", live.len()));
+        };
+        let ready = kube::ready_nodes(&kubeconfig)?;
+        let host = m["status"]["hostname"].as_str().unwrap_or_default();
+        (m["status"]["phase"] == "Running" && ready == [host])
+            .then(|| m.clone())
+            .ok_or(format!("ready {ready:?}, machine {host}"))
+    });
+    assert_ne!(name_of(&new), old);
+    let new_expiry = certificates_expire_at(&new).expect("reported");
+    assert!(new_expiry > old_expiry, "{new_expiry} {old_expiry}");
+    c.wait_cluster_phase(&name, "Running", BOOT);
+}

@@ -642,6 +642,13 @@ fn bad_cluster_documents_are_refused_and_change_nothing() {
             ),
             "spec.upgrade.settleTime",
         ),
+        (
+            pool_cluster_yaml("stable", 1, 2, "dev").replace(
+                "  controlPlane:",
+                "  upgrade:\n    renewCertificatesBefore: 400d\n  controlPlane:",
+            ),
+            "spec.upgrade.renewCertificatesBefore: must be at least 7d and less than 365d",
+        ),
     ];
     for (doc, expected) in cases {
         let f = tmp.path().join("bad.yaml");

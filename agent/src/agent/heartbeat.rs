@@ -50,6 +50,7 @@ impl Agent {
             .clone()
             .flatten()
             .filter(|v| self.kubeadm_sent.as_ref() != Some(v));
+        request.certificates = self.certificates_report();
         let answer = tokio::select! {
             r = self.api.heartbeat(&request, heartbeat_timeout(self.interval)) => r,
             () = shutdown.requested() => return Err(Stopped),
@@ -79,6 +80,9 @@ impl Agent {
                 }
                 if let Some(v) = request.kubeadm_version.clone() {
                     self.kubeadm_sent = Some(v);
+                }
+                if let Some(c) = request.certificates.clone() {
+                    self.certificates_sent = Some(c);
                 }
                 self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
                 self.next_heartbeat = Instant::now() + self.interval;
@@ -111,8 +115,20 @@ impl Agent {
         if !reports {
             self.etcd_sent = None;
             self.nodes_sent = None;
+            self.certificates_sent = None;
         }
         reports
+    }
+
+    /// When a running control plane's first kubeadm certificate expires,
+    /// when it differs from what the coordinator last heard (it changes
+    /// when the certificates are renewed).
+    fn certificates_report(&mut self) -> Option<drover_common::api::CertificateExpiry> {
+        if !self.reports_cluster() {
+            return None;
+        }
+        crate::certificates::earliest_expiry(&self.settings.root)
+            .filter(|c| self.certificates_sent.as_ref() != Some(c))
     }
 
     /// What a running control plane reads of its etcd, when it differs

@@ -120,6 +120,8 @@ pub struct Agent {
     kubeadm_version: Option<Option<String>>,
     /// The kubeadm version the coordinator last accepted.
     kubeadm_sent: Option<String>,
+    /// The certificate expiry the coordinator last accepted.
+    certificates_sent: Option<drover_common::api::CertificateExpiry>,
     advertise: Option<IpAddr>,
     interval: Duration,
     next_heartbeat: Instant,
@@ -174,6 +176,7 @@ impl Agent {
             nodes_sent: None,
             kubeadm_version: None,
             kubeadm_sent: None,
+            certificates_sent: None,
             advertise: settings.advertise_address,
             settings,
             store,

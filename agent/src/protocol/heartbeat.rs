@@ -27,6 +27,7 @@ pub fn request(
         etcd,
         nodes,
         kubeadm_version: None,
+        certificates: None,
     }
 }
 

@@ -67,10 +67,27 @@ pub struct UpgradePolicy {
     /// Ready before the rollout takes its next step (default `2m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settle_time: Option<String>,
+    /// A control plane whose kubeadm certificates expire within this is
+    /// replaced (docker, aws) by one with new certificates, at the same
+    /// version (default `30d`; from `7d` to under a year, the validity
+    /// kubeadm gives them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_certificates_before: Option<String>,
 }
 
 /// How long a new machine settles by default.
 pub const DEFAULT_SETTLE_TIME: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// How long before their expiry control-plane certificates are renewed by
+/// default.
+pub const DEFAULT_RENEW_CERTIFICATES_BEFORE: std::time::Duration =
+    std::time::Duration::from_secs(30 * 86400);
+
+/// The range `renewCertificatesBefore` may take: a week at least, and
+/// less than the year kubeadm's certificates are valid for (or every new
+/// control plane would be renewed at once).
+pub const RENEW_CERTIFICATES_BEFORE_RANGE: std::ops::Range<std::time::Duration> =
+    std::time::Duration::from_secs(7 * 86400)..std::time::Duration::from_secs(365 * 86400);
 
 impl UpgradePolicy {
     /// The settle time of `policy` (validated at apply), or the default.
@@ -79,6 +96,14 @@ impl UpgradePolicy {
             .and_then(|p| p.settle_time.as_deref())
             .and_then(|t| crate::units::parse_duration(t).ok())
             .unwrap_or(DEFAULT_SETTLE_TIME)
+    }
+
+    /// The renewal window of `policy` (validated at apply), or the default.
+    pub fn renew_certificates_before(policy: Option<&UpgradePolicy>) -> std::time::Duration {
+        policy
+            .and_then(|p| p.renew_certificates_before.as_deref())
+            .and_then(|t| crate::units::parse_duration(t).ok())
+            .unwrap_or(DEFAULT_RENEW_CERTIFICATES_BEFORE)
     }
 }
 
@@ -959,6 +984,21 @@ impl Cluster {
         {
             if let Err(e) = parse_duration(t) {
                 err("spec.upgrade.settleTime", e.to_string());
+            }
+        }
+        if let Some(t) = self
+            .spec
+            .upgrade
+            .as_ref()
+            .and_then(|u| u.renew_certificates_before.as_ref())
+        {
+            match parse_duration(t) {
+                Ok(d) if RENEW_CERTIFICATES_BEFORE_RANGE.contains(&d) => {}
+                Ok(_) => err(
+                    "spec.upgrade.renewCertificatesBefore",
+                    format!("must be at least 7d and less than 365d (kubeadm's certificates are valid for a year), got {t:?}"),
+                ),
+                Err(e) => err("spec.upgrade.renewCertificatesBefore", e.to_string()),
             }
         }
         if let Some(r) = &self.spec.control_plane.rollout {

@@ -153,6 +153,10 @@ pub struct MachineStatus {
     /// short`), as its agent last reported it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kubeadm_version: String,
+    /// When the first of the machine's kubeadm certificates expires (a
+    /// control plane), as its agent last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<CertificateExpiry>,
     #[serde(
         default,
         with = "time::serde::rfc3339::option",
@@ -205,4 +209,18 @@ pub struct MachineStatus {
 
 fn is_zero_u16(v: &u16) -> bool {
     *v == 0
+}
+
+/// The kubeadm certificate of a control plane that expires first: the
+/// leaf certificates under `/etc/kubernetes/pki` and the client
+/// certificates of the kubeconfigs kubeadm writes (what `kubeadm certs
+/// check-expiration` lists; the CAs are not among them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CertificateExpiry {
+    /// Its file, relative to `/etc/kubernetes` (`pki/apiserver.crt`,
+    /// `admin.conf`).
+    pub certificate: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
 }

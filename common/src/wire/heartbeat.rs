@@ -48,6 +48,10 @@ pub struct HeartbeatRequest {
     /// upgrade).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_version: Option<String>,
+    /// When the first of this control plane's kubeadm certificates
+    /// expires, sent when it changes (and when the agent starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<crate::objects::CertificateExpiry>,
 }
 
 /// What a control-plane agent reads of the cluster's Nodes.
@@ -166,6 +170,9 @@ impl HeartbeatRequest {
         }
         if let Some(v) = &mut self.kubeadm_version {
             cut |= truncate_reported(v, MAX_REPORTED_ID_CHARS);
+        }
+        if let Some(c) = &mut self.certificates {
+            cut |= truncate_reported(&mut c.certificate, MAX_REPORTED_ID_CHARS);
         }
         if let Some(e) = &mut self.etcd {
             cut |= truncate_reported(&mut e.error, MAX_REPORTED_CHARS);

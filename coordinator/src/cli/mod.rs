@@ -1055,6 +1055,14 @@ pub fn describe_machine(m: &Machine) -> String {
         let _ = writeln!(o, "Made for:       {}", printable(v));
     }
     let _ = writeln!(o, "Last heartbeat: {} ago", age(s.last_heartbeat_time));
+    if let Some(c) = &s.certificates {
+        let _ = writeln!(
+            o,
+            "kubeadm certs:  first expires {} ({})",
+            c.expires_at,
+            printable(&c.certificate)
+        );
+    }
     if let Some(t) = s.certificate_not_after {
         let _ = writeln!(o, "Certificate:    valid until {t}");
     }
@@ -1138,6 +1146,25 @@ pub fn describe_machine(m: &Machine) -> String {
     o
 }
 
+/// The control plane of `c` whose kubeadm certificate expires first, and
+/// that certificate.
+fn earliest_certificates<'m>(
+    c: &Cluster,
+    machines: &'m [Machine],
+) -> Option<(&'m Machine, &'m drover_common::api::CertificateExpiry)> {
+    let uid = c.metadata.uid.as_deref();
+    machines
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| Some(a.cluster_uid.as_str()) == uid)
+        })
+        .filter_map(|m| Some((m, m.status.certificates.as_ref()?)))
+        .min_by_key(|(_, c)| c.expires_at)
+}
+
 fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
     use std::fmt::Write;
     let mut o = String::new();
@@ -1174,6 +1201,31 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
         "Init machine:   {}",
         c.status.init_machine.as_deref().unwrap_or("-")
     );
+    if let Some(v) = &c.status.kubeadm_config_version {
+        let _ = writeln!(o, "kubeadm-config: kubernetesVersion {}", printable(v));
+    }
+    if let Some(u) = &c.status.version_update {
+        let _ = writeln!(
+            o,
+            "Config update:  to {} through {}{}",
+            printable(&u.version),
+            printable(&u.via),
+            if u.error.is_empty() {
+                String::new()
+            } else {
+                format!(" (failed, retrying: {})", printable(&u.error))
+            }
+        );
+    }
+    if let Some((m, c)) = earliest_certificates(c, machines) {
+        let _ = writeln!(
+            o,
+            "Certificates:   first expires {} ({} of {})",
+            c.expires_at,
+            printable(&c.certificate),
+            m.metadata.name
+        );
+    }
     let _ = writeln!(o, "Pools:");
     for p in &c.status.pools {
         let _ = writeln!(

@@ -869,6 +869,9 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
     if let Some(v) = &hb.kubeadm_version {
         m.status.kubeadm_version.clone_from(v);
     }
+    if let Some(c) = &hb.certificates {
+        m.status.certificates = Some(c.clone());
+    }
     let before_phase = m.status.phase;
     if matches!(before_phase, MachinePhase::Deleting | MachinePhase::Deleted) {
         m.status.health = Some(hb.health.clone());
@@ -1221,6 +1224,7 @@ mod tests {
             etcd: None,
             nodes: None,
             kubeadm_version: None,
+            certificates: None,
         }
     }
 

@@ -217,7 +217,7 @@ pub(super) fn plan_provider(
                 is_cp
                     && initialized
                     && m.status.phase == MachinePhase::Running
-                    && rollout::is_outdated(cluster, m)
+                    && rollout::is_outdated(cluster, m, observed.now)
                     && match member_of(etcd_members, m) {
                         // Its member was removed: it alone of the control
                         // planes has none (an empty or partial report
@@ -342,13 +342,18 @@ pub(super) fn plan_provider(
                 roll.retire.iter().copied(),
                 &mut etcd_leaving,
                 &mut steps,
-                |m| {
-                    format!(
+                |m| match rollout::expiring_certificates(cluster, m, observed.now) {
+                    Some(c) => format!(
+                        "its certificates are renewed: {} expires at {}",
+                        c.certificate,
+                        c.expires_at.date()
+                    ),
+                    None => format!(
                         "rolled out: made for {}, cluster {} now runs {}",
                         made_for(m),
                         cluster.metadata.name,
                         rollout::target(cluster)
-                    )
+                    ),
                 },
             );
         }

@@ -11,8 +11,8 @@
 //! the safe path (load balancer first, drain, etcd member, Node).
 
 use drover_common::api::{
-    Cluster, Machine, MachinePhase, PoolRollout, RolloutHalt, RolloutPolicy, RolloutStatus,
-    UpgradePolicy,
+    CertificateExpiry, Cluster, Machine, MachinePhase, PoolRollout, RolloutHalt, RolloutPolicy,
+    RolloutStatus, UpgradePolicy,
 };
 use time::OffsetDateTime;
 
@@ -31,10 +31,36 @@ pub(crate) fn target(cluster: &Cluster) -> String {
     t
 }
 
+/// Whether `m` is to be replaced: made for another version or image than
+/// the cluster's spec names, or a control plane whose certificates expire
+/// within the cluster's renewal window (its replacement gets new ones).
+pub(crate) fn is_outdated(cluster: &Cluster, m: &Machine, now: OffsetDateTime) -> bool {
+    made_for_another(cluster, m) || expiring_certificates(cluster, m, now).is_some()
+}
+
+/// The first certificate of control plane `m` to expire, when that is
+/// within the cluster's renewal window.
+pub(crate) fn expiring_certificates<'m>(
+    cluster: &Cluster,
+    m: &'m Machine,
+    now: OffsetDateTime,
+) -> Option<&'m CertificateExpiry> {
+    let control_plane = m
+        .spec
+        .assignment
+        .as_ref()
+        .is_some_and(|a| a.role.is_control_plane());
+    let window = UpgradePolicy::renew_certificates_before(cluster.spec.upgrade.as_ref());
+    m.status
+        .certificates
+        .as_ref()
+        .filter(|c| control_plane && c.expires_at - now < window)
+}
+
 /// Whether `m` was made for another version or image than the cluster's
 /// spec names. A machine with nothing recorded (made before rollouts) is
 /// taken as current.
-pub(crate) fn is_outdated(cluster: &Cluster, m: &Machine) -> bool {
+fn made_for_another(cluster: &Cluster, m: &Machine) -> bool {
     let Some(a) = &m.spec.assignment else {
         return false;
     };
@@ -99,7 +125,7 @@ pub(crate) fn roll_pool<'m>(
         .remaining
         .iter()
         .copied()
-        .filter(|m| is_outdated(cluster, m))
+        .filter(|m| is_outdated(cluster, m, now))
         .collect();
     // Machines that do not serve go first, then the oldest.
     outdated.sort_by_key(|m| {
@@ -112,7 +138,7 @@ pub(crate) fn roll_pool<'m>(
         .remaining
         .iter()
         .copied()
-        .filter(|m| !is_outdated(cluster, m))
+        .filter(|m| !is_outdated(cluster, m, now))
         .collect();
     let progress = PoolRollout {
         name: input.pool.to_owned(),
@@ -377,16 +403,45 @@ mod tests {
     #[test]
     fn a_version_or_image_change_makes_machines_outdated() {
         let c = cluster("v1.32.0", "node:v1.32.0");
-        assert!(is_outdated(&c, &machine("a", "v1.31.2", "node:v1.31.2", 9)));
-        assert!(is_outdated(&c, &machine("b", "v1.32.0", "node:other", 9)));
-        assert!(!is_outdated(
-            &c,
-            &machine("d", "v1.32.0", "node:v1.32.0", 9)
-        ));
+        let outdated = |m: &Machine| is_outdated(&c, m, t0());
+        assert!(outdated(&machine("a", "v1.31.2", "node:v1.31.2", 9)));
+        assert!(outdated(&machine("b", "v1.32.0", "node:other", 9)));
+        assert!(!outdated(&machine("d", "v1.32.0", "node:v1.32.0", 9)));
         let mut legacy = machine("e", "v1.31.2", "x", 9);
         legacy.spec.assignment.as_mut().unwrap().kubernetes_version = None;
         legacy.spec.assignment.as_mut().unwrap().image = None;
-        assert!(!is_outdated(&c, &legacy), "nothing recorded: current");
+        assert!(!outdated(&legacy), "nothing recorded: current");
+    }
+
+    #[test]
+    fn a_control_plane_whose_certificates_expire_within_the_window_is_outdated() {
+        let mut c = cluster("v1.32.0", "node:v1.32.0");
+        let mut cp = machine("cp", "v1.32.0", "node:v1.32.0", 9);
+        cp.spec.assignment.as_mut().unwrap().role = MachineRole::ControlPlane;
+        let expiring = |m: &mut Machine, days: i64| {
+            m.status.certificates = Some(CertificateExpiry {
+                certificate: "pki/apiserver.crt".into(),
+                expires_at: t0() + time::Duration::days(days),
+            });
+        };
+        // Default window: 30 days.
+        expiring(&mut cp, 31);
+        assert!(!is_outdated(&c, &cp, t0()));
+        expiring(&mut cp, 29);
+        assert!(is_outdated(&c, &cp, t0()));
+        assert_eq!(
+            expiring_certificates(&c, &cp, t0()).unwrap().certificate,
+            "pki/apiserver.crt"
+        );
+        // A wider window, from the spec.
+        expiring(&mut cp, 59);
+        assert!(!is_outdated(&c, &cp, t0()));
+        c.spec.upgrade.as_mut().unwrap().renew_certificates_before = Some("60d".into());
+        assert!(is_outdated(&c, &cp, t0()));
+        // A worker's certificates are not the control plane's.
+        let mut w = machine("w", "v1.32.0", "node:v1.32.0", 9);
+        expiring(&mut w, 1);
+        assert!(!is_outdated(&c, &w, t0()));
     }
 
     #[test]
