@@ -148,10 +148,52 @@ impl Kube {
                 None
             }
         };
+        let endpoint_ready = match self.endpoint() {
+            Ok(endpoint) => Some(self.ready(&endpoint).await),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot tell the cluster's endpoint");
+                None
+            }
+        };
         NodesReport {
             nodes,
             error,
             kubeadm_config_version,
+            endpoint_ready,
+        }
+    }
+
+    /// The cluster's endpoint, `https://host:port`: the server `admin.conf`
+    /// names (kubeadm writes `controlPlaneEndpoint` there).
+    fn endpoint(&self) -> Result<String, KubeError> {
+        let path = self.root.join("etc/kubernetes/admin.conf");
+        let text = std::fs::read_to_string(&path).map_err(|source| KubeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let doc: serde_json::Value =
+            serde_saphyr::from_str(&text).map_err(|e| KubeError::Kubeconfig {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+        doc["clusters"][0]["cluster"]["server"]
+            .as_str()
+            .map(|s| s.trim_end_matches('/').to_owned())
+            .ok_or(KubeError::Kubeconfig {
+                path,
+                detail: "no clusters[0].cluster.server".into(),
+            })
+    }
+
+    /// Whether the API server (or load balancer) at `api` answers
+    /// `/readyz` with 200; no answer counts as not ready.
+    async fn ready(&mut self, api: &str) -> bool {
+        match self.call(api, "readyz", Method::GET, "/readyz").await {
+            Ok((status, _)) => status.is_success(),
+            Err(e) => {
+                tracing::debug!(error = %e, "the cluster's endpoint does not answer /readyz");
+                false
+            }
         }
     }
 

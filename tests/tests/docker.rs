@@ -1548,6 +1548,12 @@ fn a_control_plane_whose_certificates_near_expiry_is_replaced_by_one_with_new_on
     });
     let days = (old_expiry - OffsetDateTime::now_utc()).whole_days();
     assert!((363..=365).contains(&days), "{days}");
+    // The control plane reports that the endpoint (the load balancer)
+    // answers /readyz, which every rollout step waits for.
+    wait_for("the endpoint's /readyz reported", BOOT, || {
+        let ready = &c.cluster(&name).ok_or("no cluster")?["status"]["endpointReady"];
+        (ready == true).then_some(()).ok_or(format!("{ready}"))
+    });
     let describe = c.cli_ok(&["describe", "cluster", &name]);
     assert!(
         describe
@@ -1555,6 +1561,7 @@ fn a_control_plane_whose_certificates_near_expiry_is_replaced_by_one_with_new_on
             .any(|l| l.starts_with("Certificates:   first expires") && l.contains(&old)),
         "{describe}"
     );
+    assert!(describe.contains("(/readyz ok)"), "{describe}");
 
     // A renewal window a minute short of their year: the control plane
     // is replaced, through the rollout, by one whose certificates are new.

@@ -698,6 +698,10 @@ pub struct ClusterStatus {
     /// the version a control plane that joins deploys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_config_version: Option<String>,
+    /// Whether the cluster's endpoint answered `/readyz`, as a control
+    /// plane last reported it. A rollout takes no step while it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_ready: Option<bool>,
     /// The change of that version asked of a control-plane machine, before
     /// the first control plane of a new version joins; until it is reported
     /// done.

@@ -69,6 +69,11 @@ pub struct NodesReport {
     /// read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_config_version: Option<String>,
+    /// Whether the cluster's endpoint (the server `admin.conf` names)
+    /// answered `GET /readyz` with 200. Absent when the machine has no
+    /// `admin.conf` to read it from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_ready: Option<bool>,
 }
 
 /// The most Nodes one report may carry.

@@ -1059,7 +1059,7 @@ pub fn describe_machine(m: &Machine) -> String {
         let _ = writeln!(
             o,
             "kubeadm certs:  first expires {} ({})",
-            c.expires_at,
+            rfc3339(c.expires_at),
             printable(&c.certificate)
         );
     }
@@ -1146,6 +1146,12 @@ pub fn describe_machine(m: &Machine) -> String {
     o
 }
 
+/// A time as RFC 3339, `-` when it cannot be written so.
+fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "-".into())
+}
+
 /// The control plane of `c` whose kubeadm certificate expires first, and
 /// that certificate.
 fn earliest_certificates<'m>(
@@ -1179,8 +1185,13 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
     let _ = writeln!(o, "Phase:          {}", c.status.phase);
     let _ = writeln!(
         o,
-        "Endpoint:       {}",
-        c.status.control_plane_endpoint.as_deref().unwrap_or("-")
+        "Endpoint:       {}{}",
+        c.status.control_plane_endpoint.as_deref().unwrap_or("-"),
+        match c.status.endpoint_ready {
+            Some(true) => " (/readyz ok)",
+            Some(false) => " (/readyz does not answer)",
+            None => "",
+        }
     );
     if let Some(lb) = &c.status.load_balancer {
         let backends = if lb.backends.is_empty() {
@@ -1221,7 +1232,7 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
         let _ = writeln!(
             o,
             "Certificates:   first expires {} ({} of {})",
-            c.expires_at,
+            rfc3339(c.expires_at),
             printable(&c.certificate),
             m.metadata.name
         );
@@ -1261,10 +1272,7 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             printable(c.status.etcd_reported_by.as_deref().unwrap_or("-")),
             c.status
                 .etcd_reported_at
-                .and_then(|t| t
-                    .format(&time::format_description::well_known::Rfc3339)
-                    .ok())
-                .unwrap_or_else(|| "-".into())
+                .map_or_else(|| "-".into(), rfc3339)
         );
         for m in &c.status.etcd_members {
             let _ = writeln!(

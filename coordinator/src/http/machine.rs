@@ -701,7 +701,7 @@ fn record_view(
     });
     let mut etcd_changed = false;
     let mut nodes_changed = false;
-    let mut version_changed = false;
+    let mut config_changed = false;
     app.update_cluster::<ApiError>(&a.cluster, |c| {
         if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str()) {
             return Ok(false);
@@ -717,12 +717,22 @@ fn record_view(
             c.status.nodes = nodes.map(|r| r.nodes.clone()).unwrap_or_default();
         }
         let version = nodes.and_then(|r| r.kubeadm_config_version.clone());
-        version_changed = version.is_some() && c.status.kubeadm_config_version != version;
-        if version_changed {
+        config_changed = version.is_some() && c.status.kubeadm_config_version != version;
+        if config_changed {
             tracing::info!(machine = %name, cluster = %a.cluster, version = ?version, "kubeadm-config version changed");
             c.status.kubeadm_config_version = version;
         }
-        Ok(etcd_changed || nodes_changed || version_changed)
+        let ready = nodes.and_then(|r| r.endpoint_ready);
+        if ready.is_some() && c.status.endpoint_ready != ready {
+            if ready == Some(false) {
+                tracing::warn!(machine = %name, cluster = %a.cluster, "the cluster's endpoint does not answer /readyz");
+            } else {
+                tracing::info!(machine = %name, cluster = %a.cluster, "the cluster's endpoint answers /readyz");
+            }
+            c.status.endpoint_ready = ready;
+            config_changed = true;
+        }
+        Ok(etcd_changed || nodes_changed || config_changed)
     })?;
     if etcd_changed {
         let summary: Vec<String> = hb
@@ -749,7 +759,7 @@ fn record_view(
             .collect();
         tracing::info!(machine = %name, cluster = %a.cluster, nodes = %summary.join(" "), "Nodes changed");
     }
-    if etcd_changed || nodes_changed || version_changed {
+    if etcd_changed || nodes_changed || config_changed {
         app.reconcile_soon();
     }
     Ok(())

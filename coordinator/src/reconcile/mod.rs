@@ -1751,8 +1751,11 @@ mod tests {
             _ => true,
         }));
         // Once a control plane reports the new version, it joins, and the
-        // request is dropped.
+        // request is dropped; not while the endpoint does not answer.
         c.status.kubeadm_config_version = Some("v1.32.0".into());
+        c.status.endpoint_ready = Some(false);
+        assert_eq!(creates(&plan(&c, &machines, &obs(true, &seen_now))), vec![]);
+        c.status.endpoint_ready = Some(true);
         let steps = plan(&c, &machines, &obs(true, &seen_now));
         assert_eq!(
             creates(&steps),

@@ -252,7 +252,8 @@ pub(super) fn plan_provider(
                     && deleting_here == 0
                     && remediate.is_empty()
                     && unhealthy.is_empty()
-                    && (!is_cp || etcd_whole),
+                    && (!is_cp || etcd_whole)
+                    && cluster.status.endpoint_ready != Some(false),
                 halted,
                 leaving: &leaving,
             },
