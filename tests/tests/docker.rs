@@ -1316,6 +1316,14 @@ fn kind_profile_machines_boot_systemd_and_run_the_agent_from_its_unit() {
     }
 }
 
+/// A docker cluster whose rollouts settle each new machine for `settle`.
+fn rolling_cluster_yaml(name: &str, cp: u32, workers: u32, settle: &str) -> String {
+    let upgrade =
+        format!("  upgrade:\n    settleTime: {settle}\n  health:\n    startupTimeout: 40s\n");
+    docker_cluster_yaml(name, cp, workers, "")
+        .replace("  controlPlane:", &format!("{upgrade}  controlPlane:"))
+}
+
 /// The version of the API server behind the cluster's endpoint, as real
 /// `kubectl version` reports it.
 fn server_version(kubeconfig: &Path) -> String {
@@ -1348,9 +1356,7 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
     let (tmp, name, _cleanup) = setup("roll");
     let c = start(tmp.path(), "1s", "5s");
     let new_image = ensure_versioned_image("v1.32.0");
-    let settle = "  upgrade:\n    settleTime: 3s\n  health:\n    startupTimeout: 40s\n";
-    let v131 = docker_cluster_yaml(&name, 1, 1, "")
-        .replace("  controlPlane:", &format!("{settle}  controlPlane:"));
+    let v131 = rolling_cluster_yaml(&name, 1, 1, "3s");
     apply(&c, tmp.path(), &v131);
     c.wait_cluster_phase(&name, "Running", BOOT);
     let kubeconfig = tmp.path().join("kubeconfig");
@@ -1528,9 +1534,7 @@ fn a_control_plane_whose_certificates_near_expiry_is_replaced_by_one_with_new_on
     let c = start(tmp.path(), "1s", "5s");
     // Settled after 10s: etcd refuses to remove a member while the one
     // that just joined has been connected for less than 5s.
-    let settle = "  upgrade:\n    settleTime: 10s\n  health:\n    startupTimeout: 40s\n";
-    let doc = docker_cluster_yaml(&name, 1, 0, "")
-        .replace("  controlPlane:", &format!("{settle}  controlPlane:"));
+    let doc = rolling_cluster_yaml(&name, 1, 0, "10s");
     apply(&c, tmp.path(), &doc);
     c.wait_cluster_phase(&name, "Running", BOOT);
     let kubeconfig = tmp.path().join("kubeconfig");

@@ -131,6 +131,24 @@ fn token_create(c: &Cluster, token: &BootstrapToken, flags: &[&str]) -> Output {
     run(&args)
 }
 
+/// Real kubectl with the cluster's `admin.conf`: whether it succeeded,
+/// and its output.
+fn kubectl_as(c: &Cluster, args: &[&str]) -> (bool, String) {
+    let out = kubectl_output(c, args);
+    (out.status.success(), text(&out))
+}
+
+/// What real kubectl with the cluster's `admin.conf` printed.
+fn kubectl_output(c: &Cluster, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(c.cp.path("/etc/kubernetes/admin.conf"))
+        .args(["--request-timeout", "5s"])
+        .args(args)
+        .output()
+        .expect("run kubectl")
+}
+
 fn text(o: &Output) -> String {
     format!(
         "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
@@ -388,25 +406,10 @@ fn a_control_plane_joins_at_the_version_kubeadm_config_names() {
     let c = init_cluster();
     let cp1 = format!("https://{}", c.params.control_plane_endpoint);
     assert_eq!(api_server_version(&c, &cp1), "v1.31.2");
-    let admin = c.cp.path("/etc/kubernetes/admin.conf");
-    let kubectl = |args: &[&str]| {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&admin)
-            .args(["--request-timeout", "5s"])
-            .args(args)
-            .output()
-            .expect("run kubectl");
-        (out.status.success(), text(&out))
-    };
+    let kubectl = |args: &[&str]| kubectl_as(&c, args);
     const PATH: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
     let read = || {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&admin)
-            .args(["get", "--raw", PATH])
-            .output()
-            .expect("run kubectl");
+        let out = kubectl_output(&c, &["get", "--raw", PATH]);
         assert_ok(&out);
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
@@ -796,17 +799,7 @@ fn init_join_token_and_reset() {
         .all(|m| m["clientURLs"].as_array().is_some_and(|u| !u.is_empty())));
     // Real kubectl with cp-1's admin.conf: every kubelet registered its
     // Node (the workers' after their TLS bootstrap); cordon and delete work.
-    let admin = c.cp.path("/etc/kubernetes/admin.conf");
-    let kubectl = |args: &[&str]| {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&admin)
-            .args(["--request-timeout", "5s"])
-            .args(args)
-            .output()
-            .expect("run kubectl");
-        (out.status.success(), text(&out))
-    };
+    let kubectl = |args: &[&str]| kubectl_as(&c, args);
     // One field of one object, by its JSONPath.
     let field = |kind: &str, name: &str, path: &str| {
         kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")]).1

@@ -560,12 +560,14 @@ fn record_heartbeat(
     {
         record_drain(app, &machine, r)?;
     }
-    for r in hb
-        .directive_results
-        .iter()
-        .filter(|r| r.id.starts_with(VERSION_UPDATE_PREFIX))
-    {
-        record_version_update(app, &machine, r)?;
+    if let Some(a) = &machine.spec.assignment {
+        for r in hb
+            .directive_results
+            .iter()
+            .filter(|r| r.id.starts_with(VERSION_UPDATE_PREFIX))
+        {
+            record_version_update(app, a, &name, r)?;
+        }
     }
     if hb.etcd.is_some() || hb.nodes.is_some() {
         record_view(app, &machine, hb, now)?;
@@ -604,23 +606,19 @@ fn record_drain(
     };
     let name = &machine.metadata.name;
     let mut recorded = None;
-    app.update_cluster::<ApiError>(&a.cluster, |c| {
-        let Some(d) = c.status.drain.as_mut() else {
-            return Ok(false);
+    update_own_cluster(app, a, |s| {
+        let asked = |d: &&mut drover_common::api::NodeDrain| {
+            d.via == *name && d.directive_id() == result.id && d.result.is_none()
         };
-        if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str())
-            || d.via != *name
-            || d.directive_id() != result.id
-            || d.result.is_some()
-        {
-            return Ok(false);
-        }
+        let Some(d) = s.drain.as_mut().filter(asked) else {
+            return false;
+        };
         d.result = Some(drover_common::api::DrainResult {
             ok: result.ok,
             message: result.message.clone(),
         });
         recorded = Some((d.machine.clone(), d.node.clone()));
-        Ok(true)
+        true
     })?;
     if let Some((leaving, node)) = recorded {
         if result.ok {
@@ -638,32 +636,35 @@ fn record_drain(
 /// success only in the log (the next report shows the version).
 fn record_version_update(
     app: &App,
-    machine: &Machine,
+    a: &drover_common::api::Assignment,
+    name: &str,
     result: &drover_common::wire::DirectiveResult,
 ) -> Result<(), ApiError> {
-    let Some(a) = &machine.spec.assignment else {
-        return Ok(());
-    };
-    let name = &machine.metadata.name;
     if result.ok {
         tracing::info!(cluster = %a.cluster, via = %name, message = %result.message, "kubeadm-config version set");
         app.reconcile_soon();
         return Ok(());
     }
     tracing::warn!(cluster = %a.cluster, via = %name, message = %result.message, "setting the kubeadm-config version failed; asking again later");
-    app.update_cluster::<ApiError>(&a.cluster, |c| {
-        let Some(u) = c.status.version_update.as_mut() else {
-            return Ok(false);
-        };
-        if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str())
-            || u.via != *name
-            || u.directive_id() != result.id
-            || u.error == result.message
-        {
-            return Ok(false);
+    update_own_cluster(app, a, |s| match s.version_update.as_mut() {
+        Some(u) if u.via == name && u.directive_id() == result.id && u.error != result.message => {
+            u.error = result.message.clone();
+            true
         }
-        u.error = result.message.clone();
-        Ok(true)
+        _ => false,
+    })
+}
+
+/// A read-modify-write of the status of the cluster of assignment `a`,
+/// when it is still the same cluster (its uid); `change` says whether it
+/// changed anything.
+fn update_own_cluster(
+    app: &App,
+    a: &drover_common::api::Assignment,
+    mut change: impl FnMut(&mut drover_common::api::ClusterStatus) -> bool,
+) -> Result<(), ApiError> {
+    app.update_cluster::<ApiError>(&a.cluster, |c| {
+        Ok(c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()) && change(&mut c.status))
     })?;
     Ok(())
 }

@@ -1665,18 +1665,7 @@ mod tests {
         deleting[1].status.phase = MachinePhase::Deleting;
         // Its member, last reported healthy, holds the join until removed.
         let mut reported = c.clone();
-        reported.status.etcd_members = ["cp1", "cp2", "cp3"]
-            .iter()
-            .enumerate()
-            .map(|(i, n)| drover_common::api::EtcdMember {
-                id: format!("{i:x}"),
-                name: (*n).into(),
-                peer_urls: vec![],
-                client_urls: vec![],
-                started: true,
-                healthy: true,
-            })
-            .collect();
+        reported.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
         for m in &mut deleting {
             m.status.hostname = m.metadata.name.clone();
         }
@@ -1703,6 +1692,22 @@ mod tests {
         assert!(deletes(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
     }
 
+    /// A started, healthy etcd member for each name, ids 0, 1, 2...
+    fn healthy_members(names: &[&str]) -> Vec<drover_common::api::EtcdMember> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| drover_common::api::EtcdMember {
+                id: format!("{i:x}"),
+                name: (*n).into(),
+                peer_urls: vec![],
+                client_urls: vec![],
+                started: true,
+                healthy: true,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version() {
         let mut c = initialized(docker_cluster(3, 0), "cp1");
@@ -1721,18 +1726,7 @@ mod tests {
                 m
             })
             .collect();
-        c.status.etcd_members = roles
-            .iter()
-            .enumerate()
-            .map(|(i, (n, _))| drover_common::api::EtcdMember {
-                id: format!("{i:x}"),
-                name: (*n).into(),
-                peer_urls: vec![],
-                client_urls: vec![],
-                started: true,
-                healthy: true,
-            })
-            .collect();
+        c.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
         c.status.kubeadm_config_version = Some("v1.31.2".into());
         // The surge control plane would deploy v1.31.2: the config changes
         // first, through a running control plane.

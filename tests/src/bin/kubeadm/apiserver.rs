@@ -414,25 +414,9 @@ fn kubeadm_config_not_found() -> Resp {
 /// takes it: the whole object, with a `resourceVersion` that must be the
 /// current one when given (optimistic concurrency), data values strings.
 async fn update_kubeadm_config(state: &State, req: Request<Incoming>) -> Resp {
-    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return status(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "RequestEntityTooLarge",
-                "request body too large or unreadable",
-            )
-        }
-    };
-    let map: serde_json::Value = match serde_json::from_slice(&body) {
+    let map = match read_json(req).await {
         Ok(v) => v,
-        Err(e) => {
-            return status(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                &format!("the body is not a JSON object: {e}"),
-            )
-        }
+        Err(resp) => return resp,
     };
     let invalid = |msg: String| {
         status(
@@ -530,15 +514,9 @@ async fn get_secret(state: &State, name: &str) -> Resp {
 }
 
 async fn create_secret(state: &State, req: Request<Incoming>) -> Resp {
-    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return status(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "RequestEntityTooLarge",
-                "request body too large or unreadable",
-            )
-        }
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let token = match parse_token_secret(&body) {
         Ok(t) => t,
@@ -1040,8 +1018,9 @@ async fn body_and_node(
     }
 }
 
-async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, Resp> {
-    let body = Limited::new(req.into_body(), 1 << 20)
+/// A request body of at most 1 MiB, as the API server limits it.
+async fn read_body(req: Request<Incoming>) -> Result<hyper::body::Bytes, Resp> {
+    Ok(Limited::new(req.into_body(), 1 << 20)
         .collect()
         .await
         .map_err(|_| {
@@ -1051,7 +1030,11 @@ async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, Resp> {
                 "request body too large or unreadable",
             )
         })?
-        .to_bytes();
+        .to_bytes())
+}
+
+async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, Resp> {
+    let body = read_body(req).await?;
     serde_json::from_slice(&body).map_err(|e| {
         status(
             StatusCode::BAD_REQUEST,

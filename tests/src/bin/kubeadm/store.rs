@@ -284,16 +284,10 @@ impl Store {
     }
 
     pub async fn load_cluster_config(&self) -> Result<Option<String>> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(KUBEADM_CONFIG_KEY, None)
-            .await
-            .context("cannot read the kubeadm-config ConfigMap from etcd")?;
-        Ok(resp
-            .kvs()
-            .first()
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+        Ok(self
+            .cluster_config_with_revision()
+            .await?
+            .map(|(yaml, _)| yaml))
     }
 
     /// The cluster's etcd members, as `(id, name, peer URLs, client URLs)`.
