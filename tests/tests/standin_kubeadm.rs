@@ -80,6 +80,18 @@ impl Machine {
         run(&all)
     }
 
+    /// [`Machine::kubeadm`] with a stand-in kubeadm (and kubelet) of
+    /// `version`, as an image of that version has.
+    fn kubeadm_at(&self, version: &str, args: &[&str]) -> Output {
+        let root = self.root().to_str().unwrap().to_owned();
+        Command::new(KUBEADM)
+            .args(args)
+            .args(["--rootfs", &root])
+            .env("DROVER_STANDIN_KUBEADM_VERSION", version)
+            .output()
+            .expect("run the stand-in kubeadm")
+    }
+
     fn pids(&self) -> Vec<i32> {
         let Ok(rd) = std::fs::read_dir(self.path("/run/standin")) else {
             return vec![];
@@ -384,12 +396,7 @@ fn control_plane_join(c: &Cluster, name: &str, version: &str) -> (Machine, Strin
         CONFIG,
         &render_join(&c.params, &node, &c.token, &c.cas.pin(), true),
     );
-    let root = m.root().to_str().unwrap().to_owned();
-    let out = Command::new(KUBEADM)
-        .args(["join", "--config", CONFIG, "--rootfs", &root])
-        .env("DROVER_STANDIN_KUBEADM_VERSION", version)
-        .output()
-        .expect("run the stand-in kubeadm");
+    let out = m.kubeadm_at(version, &["join", "--config", CONFIG]);
     (m, format!("https://{address}:{port}"), out)
 }
 
@@ -451,6 +458,72 @@ fn a_control_plane_joins_at_the_version_kubeadm_config_names() {
     let (_new, api, out) = control_plane_join(&c, "cp-new", "v1.32.0");
     assert_ok(&out);
     assert_eq!(api_server_version(&c, &api), "v1.32.0");
+}
+
+#[test]
+fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
+    let c = init_cluster();
+    let (w, _, out) = worker_join(&c, "worker-1", &c.token, &c.cas.pin());
+    assert_ok(&out);
+    wait_for("cp-1 Ready", Duration::from_secs(20), || {
+        let ready = "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
+        let out = kubectl_output(&c, &["get", "node", "cp-1", "-o", ready]);
+        out.status.success() && out.stdout == b"True"
+    });
+    let cp1 = format!("https://{}", c.params.control_plane_endpoint);
+    let apply = |version: &str, args: &[&str]| {
+        let all = [&["upgrade", "apply"], args].concat();
+        c.cp.kubeadm_at(version, &all)
+    };
+    let no_renewal = "--certificate-renewal=false";
+    // A v1.31 kubeadm cannot upgrade to v1.32.
+    let out = apply("v1.31.2", &["v1.32.0", "-y", no_renewal]);
+    assert_fails_with(&out, "is higher than the kubeadm version \"v1.31.2\"");
+    // A v1.33 kubeadm still moves one minor at a time, and never down.
+    let out = apply("v1.33.0", &["v1.33.0", "-y", no_renewal]);
+    assert_fails_with(&out, "kubeadm can upgrade only 1 minor version at a time");
+    let out = apply("v1.32.0", &["v1.30.5", "-y", no_renewal]);
+    assert_fails_with(&out, "Downgrades are not supported yet");
+    // It asks before it acts, and the stand-in renews no certificates.
+    let out = apply("v1.32.0", &["v1.32.0", no_renewal]);
+    assert_fails_with(&out, "won't proceed");
+    let out = apply("v1.32.0", &["v1.32.0", "-y"]);
+    assert_fails_with(&out, "pass --certificate-renewal=false");
+    assert_fails_with(
+        &apply("v1.32.0", &["v1.32.0", "-y", "--bogus"]),
+        "unknown flag: --bogus",
+    );
+    // Nothing changed so far.
+    assert_eq!(api_server_version(&c, &cp1), "v1.31.2");
+    let out = apply("v1.32.0", &["v1.32.0", "-y", no_renewal]);
+    assert_ok(&out);
+    assert!(text(&out).contains("SUCCESS! Your cluster was upgraded to \"v1.32.0\""));
+    // The control plane runs v1.32.0, the config names it, the old
+    // manifests are kept.
+    assert_eq!(api_server_version(&c, &cp1), "v1.32.0");
+    let out = kubectl_output(
+        &c,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/kube-system/configmaps/kubeadm-config",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("kubernetesVersion: v1.32.0"));
+    let backups = std::fs::read_dir(c.cp.path("/etc/kubernetes/tmp"))
+        .unwrap()
+        .count();
+    assert_eq!(backups, 1);
+    // The worker: a v1.31 kubeadm cannot follow; a v1.32 one does, as the
+    // kubelet, with no control plane to upgrade.
+    let out = w.kubeadm_at("v1.31.2", &["upgrade", "node", no_renewal]);
+    assert_fails_with(&out, "is higher than the kubeadm version");
+    let out = w.kubeadm_at("v1.32.0", &["upgrade", "node", no_renewal]);
+    assert_ok(&out);
+    assert!(text(&out).contains("Skipping phase. Not a control plane node."));
+    // A second upgrade apply to the same version changes nothing harmful.
+    let out = apply("v1.32.0", &["v1.32.0", "-y", no_renewal]);
+    assert_ok(&out);
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod cmd_init;
 mod cmd_join;
 mod cmd_reset;
 mod cmd_token;
+mod cmd_upgrade;
 mod daemon;
 mod etcd;
 mod kconfig;
@@ -78,6 +79,8 @@ enum Cmd {
     Token(TokenArgs),
     /// Manage configuration for a kubeadm cluster
     Config(ConfigArgs),
+    /// Upgrade your cluster smoothly to a newer version with this command
+    Upgrade(UpgradeArgs),
     #[command(name = "__standin-apiserver", hide = true)]
     StandinApiserver(StandinApiserverArgs),
     #[command(name = "__standin-kubelet", hide = true)]
@@ -297,6 +300,70 @@ struct ConfigValidateArgs {
     /// Allow validation of experimental, unreleased APIs.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     allow_experimental_api: Option<bool>,
+}
+
+#[derive(Args, Debug)]
+struct UpgradeArgs {
+    #[command(subcommand)]
+    cmd: UpgradeCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum UpgradeCmd {
+    /// Upgrade your Kubernetes cluster to the specified version
+    Apply(UpgradeApplyArgs),
+    /// Upgrade commands for a node in the cluster
+    Node(UpgradeNodeArgs),
+}
+
+/// The flags `upgrade apply` and `upgrade node` share.
+#[derive(Args, Debug)]
+struct UpgradeCommonArgs {
+    /// Perform the renewal of certificates used by component changed during upgrades.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    certificate_renewal: Option<bool>,
+    /// Perform the upgrade of etcd.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    etcd_upgrade: Option<bool>,
+    /// Do not change any state, just output the actions that would be performed.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    dry_run: Option<bool>,
+    /// A list of checks whose errors will be shown as warnings.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    ignore_preflight_errors: Vec<String>,
+    /// The kubeconfig file to use when talking to the cluster.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Path to a kubeadm configuration file (refused by the stand-in).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Path to a directory that contains files named "target[suffix][+patchtype].extension" (refused by the stand-in).
+    #[arg(long, value_name = "DIR")]
+    patches: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct UpgradeApplyArgs {
+    /// The version to upgrade to.
+    #[arg(value_name = "version")]
+    version: Option<String>,
+    /// Perform the upgrade and do not prompt for confirmation (non-interactive mode).
+    #[arg(short = 'y', long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    yes: Option<bool>,
+    /// Force upgrading although some requirements might not be met (refused by the stand-in).
+    #[arg(short = 'f', long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    force: Option<bool>,
+    #[command(flatten)]
+    common: UpgradeCommonArgs,
+}
+
+#[derive(Args, Debug)]
+struct UpgradeNodeArgs {
+    /// List of phases to be skipped
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    skip_phases: Vec<String>,
+    #[command(flatten)]
+    common: UpgradeCommonArgs,
 }
 
 #[derive(Args, Debug)]
@@ -529,6 +596,53 @@ async fn dispatch(
                 config_validate(&root, &path)
             }
         },
+        Cmd::Upgrade(u) => {
+            let common = match &u.cmd {
+                UpgradeCmd::Apply(a) => &a.common,
+                UpgradeCmd::Node(n) => &n.common,
+            };
+            if common.config.is_some() {
+                bail!("--config: the stand-in kubeadm does not read an UpgradeConfiguration; use flags");
+            }
+            if common.patches.is_some() {
+                bail!("--patches: the stand-in kubeadm does not patch static Pod manifests");
+            }
+            util::IgnoreSet::new(&[&common.ignore_preflight_errors])?;
+            let opts = cmd_upgrade::UpgradeOpts {
+                kubeconfig: common.kubeconfig.clone(),
+                certificate_renewal: common.certificate_renewal != Some(false),
+                dry_run: common.dry_run == Some(true),
+            };
+            match u.cmd {
+                UpgradeCmd::Apply(a) => {
+                    if a.force == Some(true) {
+                        bail!("--force: the stand-in kubeadm refuses to bypass its version checks");
+                    }
+                    let version = a.version.ok_or_else(|| {
+                        anyhow!(
+                            "missing one or more required arguments. Required arguments: [version]"
+                        )
+                    })?;
+                    cmd_upgrade::apply(&root, &version, a.yes == Some(true), opts).await
+                }
+                UpgradeCmd::Node(n) => {
+                    let skip = util::SkipPhases::new(
+                        &[
+                            "preflight",
+                            "control-plane",
+                            "kubelet-config",
+                            "addon",
+                            "post-upgrade",
+                        ],
+                        &[&n.skip_phases],
+                    )?;
+                    if !n.skip_phases.is_empty() {
+                        bail!("--skip-phases: the stand-in kubeadm runs every phase of `upgrade node` ({skip:?} asked to be skipped)");
+                    }
+                    cmd_upgrade::node(&root, opts).await
+                }
+            }
+        }
         Cmd::StandinApiserver(_) | Cmd::StandinKubelet | Cmd::StandinEtcd => {
             unreachable!("daemons are dispatched before")
         }

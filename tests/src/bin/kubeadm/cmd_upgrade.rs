@@ -1,0 +1,348 @@
+//! `kubeadm upgrade apply VERSION` and `kubeadm upgrade node`: the in-place
+//! upgrade of a running cluster, as strict as real kubeadm about versions.
+//!
+//! `upgrade apply` (on one control plane) checks the cluster's health (every
+//! control-plane Node Ready), refuses a downgrade, a skipped minor release
+//! and a version newer than this kubeadm, records the new version in
+//! `kube-system/kubeadm-config` and rewrites this node's control-plane
+//! static Pod manifests for it (the old ones backed up under
+//! `/etc/kubernetes/tmp`); the stand-in API server then answers `/version`
+//! with it. `upgrade node` (on the other control planes and on workers)
+//! reads the version the config names and does the same for this node's
+//! manifests, if it has any. Neither upgrades the kubelet: the package
+//! manager (Drover's `upgrade-kubelet` hook) does that afterwards.
+//!
+//! The stand-in does not renew certificates during an upgrade (real kubeadm
+//! does by default): it refuses `--certificate-renewal=true`, so a caller
+//! says `--certificate-renewal=false` and renews them on its own. etcd is
+//! the node image's and is left as it is.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::certs::parse_kubeconfig;
+use crate::net;
+use crate::node::MANIFESTS_DIR;
+use crate::util::{kubeadm_version, kubeadm_version_string, parse_version, write_file, Root};
+
+/// The flags `upgrade apply` and `upgrade node` share.
+pub struct UpgradeOpts {
+    pub kubeconfig: Option<PathBuf>,
+    pub certificate_renewal: bool,
+    pub dry_run: bool,
+}
+
+/// `kubeadm upgrade apply VERSION`.
+pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Result<()> {
+    refuse_certificate_renewal(&o)?;
+    let target = parse_version(version)
+        .map_err(|e| anyhow!("unable to parse the version {version:?} to upgrade to: {e}"))?;
+    let target_string = format!("v{}.{}.{}", target.major, target.minor, target.patch);
+    let api = Api::connect(root, o.kubeconfig.as_deref(), "/etc/kubernetes/admin.conf")?;
+    println!("[upgrade] Reading configuration from the cluster...");
+    println!("[upgrade] FYI: You can look at this config file with 'kubectl -n kube-system get cm kubeadm-config -o yaml'");
+    let (map, mut config) = api.kubeadm_config().await?;
+    let current_string = config["kubernetesVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let current = parse_version(&current_string).map_err(|e| {
+        anyhow!("the cluster's kubernetesVersion {current_string:?} does not parse: {e}")
+    })?;
+    println!("[upgrade] Running cluster health checks");
+    api.control_planes_ready().await?;
+    println!(
+        "[upgrade/version] You have chosen to change the cluster version to {target_string:?}"
+    );
+    println!(
+        "[upgrade/versions] Cluster version: {current_string}\n[upgrade/versions] kubeadm version: {}",
+        kubeadm_version_string()
+    );
+    let mine = kubeadm_version();
+    if target > mine {
+        bail!(
+            "[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- Specified version to upgrade to {target_string:?} is higher than the kubeadm version {:?}. Upgrade kubeadm first using the tool you used to install kubeadm\n\nCan be bypassed if you pass the --force flag",
+            kubeadm_version_string()
+        );
+    }
+    if target < current {
+        bail!(
+            "[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- Specified version to upgrade to {target_string:?} is lower than the cluster version {current_string:?}. Downgrades are not supported yet\n\nCan be bypassed if you pass the --force flag"
+        );
+    }
+    if target.major != current.major || target.minor > current.minor + 1 {
+        bail!(
+            "[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- Specified version to upgrade to {target_string:?} is too high; kubeadm can upgrade only 1 minor version at a time\n\nCan be bypassed if you pass the --force flag"
+        );
+    }
+    if !yes {
+        println!("[upgrade] Are you sure you want to proceed? [y/N]: ");
+        bail!("won't proceed; the user didn't answer (Y|y) in order to continue (the stand-in never prompts: pass -y/--yes)");
+    }
+    if o.dry_run {
+        println!("[dryrun] Would update the ConfigMap kube-system/kubeadm-config to kubernetesVersion {target_string} and write the static Pod manifests for it");
+        return Ok(());
+    }
+    config["kubernetesVersion"] = serde_json::Value::String(target_string.clone());
+    api.put_kubeadm_config(map, &config).await?;
+    println!("[upgrade/config] Uploaded the ClusterConfiguration with kubernetesVersion {target_string} to the kube-system/kubeadm-config ConfigMap");
+    upgrade_static_pods(root, &target_string)?;
+    println!(
+        "\n[upgrade/successful] SUCCESS! Your cluster was upgraded to {target_string:?}. Enjoy!\n"
+    );
+    println!("[upgrade/kubelet] Now that your control plane is upgraded, please proceed with upgrading your kubelets if you haven't already done so.");
+    Ok(())
+}
+
+/// `kubeadm upgrade node`.
+pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
+    refuse_certificate_renewal(&o)?;
+    // A worker has no admin.conf: kubeadm reads the config as the kubelet.
+    let default = if root.path("/etc/kubernetes/admin.conf").exists() {
+        "/etc/kubernetes/admin.conf"
+    } else {
+        "/etc/kubernetes/kubelet.conf"
+    };
+    let api = Api::connect(root, o.kubeconfig.as_deref(), default)?;
+    println!("[upgrade] Reading configuration from the cluster...");
+    let (_, config) = api.kubeadm_config().await?;
+    let version = config["kubernetesVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let parsed = parse_version(&version)
+        .map_err(|e| anyhow!("the cluster's kubernetesVersion {version:?} does not parse: {e}"))?;
+    if parsed > kubeadm_version() {
+        bail!(
+            "[upgrade/version] FATAL: the cluster's version {version:?} is higher than the kubeadm version {:?}. Upgrade kubeadm first using the tool you used to install kubeadm",
+            kubeadm_version_string()
+        );
+    }
+    let control_plane = root
+        .path(format!("{MANIFESTS_DIR}/kube-apiserver.yaml"))
+        .exists();
+    if o.dry_run {
+        println!("[dryrun] Would upgrade this node to {version}");
+        return Ok(());
+    }
+    if control_plane {
+        println!("[upgrade] Upgrading your Static Pod-hosted control plane instance to version {version:?}...");
+        upgrade_static_pods(root, &version)?;
+        println!("[upgrade] The control plane instance for this node was successfully updated!");
+    } else {
+        println!("[upgrade] Skipping phase. Not a control plane node.");
+    }
+    println!("[upgrade/kubelet-config] The kubelet configuration for this node was successfully upgraded!");
+    println!("[upgrade] Now you should go ahead and upgrade the kubelet package using your package manager.");
+    Ok(())
+}
+
+fn refuse_certificate_renewal(o: &UpgradeOpts) -> Result<()> {
+    if o.certificate_renewal {
+        bail!("--certificate-renewal: the stand-in kubeadm does not renew certificates during an upgrade (real kubeadm does by default); pass --certificate-renewal=false");
+    }
+    Ok(())
+}
+
+/// The control-plane static Pods an upgrade rewrites (etcd stays the
+/// node image's).
+const CONTROL_PLANE_PODS: &[&str] = &[
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
+
+/// Rewrites this node's control-plane static Pod manifests for `version`,
+/// the old ones backed up first. The images are the only thing that
+/// changes.
+fn upgrade_static_pods(root: &Root, version: &str) -> Result<()> {
+    let stamp = time::OffsetDateTime::now_utc().unix_timestamp();
+    let backup = format!("/etc/kubernetes/tmp/kubeadm-backup-manifests-{stamp}");
+    for pod in CONTROL_PLANE_PODS {
+        let logical = format!("{MANIFESTS_DIR}/{pod}.yaml");
+        let path = root.path(&logical);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("read {logical}"))?;
+        write_file(
+            &root.path(format!("{backup}/{pod}.yaml")),
+            text.as_bytes(),
+            0o600,
+        )?;
+        let upgraded =
+            retag(&text, version).ok_or_else(|| anyhow!("{logical} names no image to upgrade"))?;
+        write_file(&path, upgraded.as_bytes(), 0o600)?;
+        println!("[upgrade/staticpods] Moving new manifest to {logical:?} and backing up old manifest to \"{backup}/{pod}.yaml\"");
+        println!("[upgrade/staticpods] Component {pod:?} upgraded successfully!");
+    }
+    Ok(())
+}
+
+/// `manifest` with the tag of its `image:` lines set to `version`; `None`
+/// when it has none.
+fn retag(manifest: &str, version: &str) -> Option<String> {
+    let mut found = false;
+    let lines: Vec<String> = manifest
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            match trimmed
+                .strip_prefix("image:")
+                .and_then(|i| i.trim().rsplit_once(':'))
+            {
+                Some((repo, _)) => {
+                    found = true;
+                    let indent = &line[..line.len() - trimmed.len()];
+                    format!("{indent}image: {repo}:{version}")
+                }
+                None => line.to_owned(),
+            }
+        })
+        .collect();
+    found.then(|| lines.join("\n") + "\n")
+}
+
+/// The cluster's API, through the server and credentials of a kubeconfig.
+struct Api {
+    client: reqwest::Client,
+    server: String,
+}
+
+const KUBEADM_CONFIG: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
+
+impl Api {
+    fn connect(root: &Root, kubeconfig: Option<&Path>, default: &str) -> Result<Self> {
+        let logical = kubeconfig.map_or_else(|| PathBuf::from(default), Path::to_owned);
+        let host = root.path(&logical);
+        let text = std::fs::read_to_string(&host).map_err(|e| {
+            anyhow!(
+                "couldn't create a Kubernetes client from file {:?}: open {}: {e}",
+                logical.display(),
+                logical.display()
+            )
+        })?;
+        let kc = parse_kubeconfig(&text, host.parent())
+            .with_context(|| format!("failed to load kubeconfig {}", logical.display()))?;
+        let ca = kc.ca_pem.ok_or_else(|| {
+            anyhow!(
+                "the kubeconfig {} holds no certificate authority",
+                logical.display()
+            )
+        })?;
+        let creds = match (&kc.client_cert_pem, &kc.client_key_pem) {
+            (Some(c), Some(k)) => Some((c.as_str(), k.as_str())),
+            _ => None,
+        };
+        let client = net::http_client(net::client_config(&ca, creds)?, Duration::from_secs(10))?;
+        Ok(Self {
+            client,
+            server: kc.server.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The ConfigMap `kube-system/kubeadm-config` and its
+    /// ClusterConfiguration.
+    async fn kubeadm_config(&self) -> Result<(serde_json::Value, serde_json::Value)> {
+        let fail = |e: String| anyhow!("unable to fetch the kubeadm-config ConfigMap: {e}");
+        let resp = self
+            .client
+            .get(format!("{}{KUBEADM_CONFIG}", self.server))
+            .send()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let status = resp.status();
+        let body = resp.text().await.map_err(|e| fail(e.to_string()))?;
+        if !status.is_success() {
+            return Err(fail(format!("{status}: {}", net::status_message(&body))));
+        }
+        let map: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| fail(e.to_string()))?;
+        let yaml = map["data"]["ClusterConfiguration"]
+            .as_str()
+            .ok_or_else(|| fail("it holds no data.ClusterConfiguration".into()))?;
+        let config: serde_json::Value = serde_saphyr::from_str(yaml)
+            .map_err(|e| fail(format!("failed to decode cluster configuration data: {e}")))?;
+        Ok((map, config))
+    }
+
+    /// Writes `config` back into `map` (with the `resourceVersion` read).
+    async fn put_kubeadm_config(
+        &self,
+        mut map: serde_json::Value,
+        config: &serde_json::Value,
+    ) -> Result<()> {
+        map["data"]["ClusterConfiguration"] = serde_json::Value::String(
+            serde_saphyr::to_string(config).context("encode the ClusterConfiguration")?,
+        );
+        let resp = self
+            .client
+            .put(format!("{}{KUBEADM_CONFIG}", self.server))
+            .json(&map)
+            .send()
+            .await
+            .context("error uploading the kubeadm ClusterConfiguration")?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            bail!(
+                "error uploading the kubeadm ClusterConfiguration: {status}: {}",
+                net::status_message(&body)
+            );
+        }
+        Ok(())
+    }
+
+    /// Fails, as kubeadm's `ControlPlaneNodesReady` check does, when a
+    /// control-plane Node is not Ready.
+    async fn control_planes_ready(&self) -> Result<()> {
+        let resp = self
+            .client
+            .get(format!(
+                "{}/api/v1/nodes?labelSelector=node-role.kubernetes.io%2Fcontrol-plane",
+                self.server
+            ))
+            .send()
+            .await
+            .context("[preflight] could not list the control-plane Nodes")?;
+        let list: serde_json::Value = resp
+            .json()
+            .await
+            .context("[preflight] could not list the control-plane Nodes")?;
+        let not_ready: Vec<String> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| {
+                n["metadata"]["labels"]
+                    .get("node-role.kubernetes.io/control-plane")
+                    .is_some()
+            })
+            .filter(|n| {
+                !n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        if !not_ready.is_empty() {
+            bail!(
+                "[preflight] Some fatal errors occurred:\n\t[ERROR ControlPlaneNodesReady]: there are NotReady control-planes in the cluster: [{}]",
+                not_ready.join(" ")
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn retag_changes_only_image_tags() {
+        let m = "spec:\n  containers:\n  - command:\n    - kube-apiserver\n    image: registry.k8s.io/kube-apiserver:v1.31.2\n    name: kube-apiserver\n";
+        let out = super::retag(m, "v1.32.0").unwrap();
+        assert_eq!(out, m.replace("v1.31.2", "v1.32.0"));
+        assert_eq!(super::retag("kind: Pod\n", "v1.32.0"), None);
+    }
+}
