@@ -484,20 +484,24 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
     assert_fails_with(&out, "kubeadm can upgrade only 1 minor version at a time");
     let out = apply("v1.32.0", &["v1.30.5", "-y", no_renewal]);
     assert_fails_with(&out, "Downgrades are not supported yet");
-    // It asks before it acts, and the stand-in renews no certificates.
+    // It asks before it acts.
     let out = apply("v1.32.0", &["v1.32.0", no_renewal]);
     assert_fails_with(&out, "won't proceed");
-    let out = apply("v1.32.0", &["v1.32.0", "-y"]);
-    assert_fails_with(&out, "pass --certificate-renewal=false");
     assert_fails_with(
         &apply("v1.32.0", &["v1.32.0", "-y", "--bogus"]),
         "unknown flag: --bogus",
     );
     // Nothing changed so far.
     assert_eq!(api_server_version(&c, &cp1), "v1.31.2");
-    let out = apply("v1.32.0", &["v1.32.0", "-y", no_renewal]);
+    let serving =
+        || std::fs::read_to_string(c.cp.path("/etc/kubernetes/pki/apiserver.crt")).unwrap();
+    let before = serving();
+    let out = apply("v1.32.0", &["v1.32.0", "-y"]);
     assert_ok(&out);
     assert!(text(&out).contains("SUCCESS! Your cluster was upgraded to \"v1.32.0\""));
+    // As with real kubeadm, the certificates were renewed on the way.
+    assert!(text(&out).contains("certificate for serving the Kubernetes API renewed"));
+    assert_ne!(serving(), before);
     // The control plane runs v1.32.0, the config names it, the old
     // manifests are kept.
     assert_eq!(api_server_version(&c, &cp1), "v1.32.0");
@@ -524,6 +528,95 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
     // A second upgrade apply to the same version changes nothing harmful.
     let out = apply("v1.32.0", &["v1.32.0", "-y", no_renewal]);
     assert_ok(&out);
+    assert!(text(&out).contains("Skipping the renewal of certificates"));
+}
+
+/// The serving certificate an API server presents, DER.
+fn served_certificate(c: &Cluster, api: &str) -> Vec<u8> {
+    let addr = api.trim_start_matches("https://");
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates({
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(
+                drover_common::pki::first_cert_der(&c.cas.ca.cert_pem)
+                    .unwrap()
+                    .into(),
+            )
+            .unwrap();
+        roots
+    })
+    .with_no_client_auth();
+    let host = addr.rsplit_once(':').unwrap().0.to_owned();
+    block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from(host).unwrap();
+        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    })
+}
+
+#[test]
+fn certs_renew_all_reissues_every_leaf_and_kubeconfig_and_the_api_server_serves_the_new_one() {
+    let c = init_cluster();
+    let cp1 = format!("https://{}", c.params.control_plane_endpoint);
+    let check = || {
+        let out = c.cp.kubeadm(&["certs", "check-expiration"]);
+        assert_ok(&out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = check();
+    for name in [
+        "admin.conf",
+        "apiserver",
+        "etcd-peer",
+        "front-proxy-client",
+        "scheduler.conf",
+    ] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains("364d")),
+            "{name}: {table}"
+        );
+    }
+    let files = [
+        "/etc/kubernetes/pki/apiserver.crt",
+        "/etc/kubernetes/pki/etcd/server.crt",
+        "/etc/kubernetes/admin.conf",
+        "/etc/kubernetes/scheduler.conf",
+    ];
+    let read = || files.map(|f| std::fs::read_to_string(c.cp.path(f)).unwrap());
+    let before = read();
+    let served_before = served_certificate(&c, &cp1);
+    assert_fails_with(
+        &c.cp.kubeadm(&["certs", "renew", "apiserver"]),
+        "renews only `all`",
+    );
+    let out = c.cp.kubeadm(&["certs", "renew", "all"]);
+    assert_ok(&out);
+    assert!(text(&out).contains("Done renewing certificates."));
+    let after = read();
+    for (f, (b, a)) in files.iter().zip(before.iter().zip(after.iter())) {
+        assert_ne!(a, b, "{f} was not renewed");
+    }
+    // The admin kubeconfig still works (real kubectl), and the API server
+    // serves its renewed certificate without a restart, as kube-apiserver
+    // reloads it.
+    let (ok, out) = kubectl_as(&c, &["get", "nodes"]);
+    assert!(ok, "{out}");
+    wait_for(
+        "the renewed serving certificate",
+        Duration::from_secs(10),
+        || served_certificate(&c, &cp1) != served_before,
+    );
 }
 
 #[test]

@@ -73,16 +73,25 @@ pub fn run(root: Root, opts: Opts) -> Result<()> {
 }
 
 async fn serve(root: &Root, opts: Opts) -> Result<()> {
+    let cert_dir = opts.cert_dir.clone();
     let read = |f: &str| {
-        let logical = format!("{}/{f}", opts.cert_dir);
+        let logical = format!("{cert_dir}/{f}");
         std::fs::read_to_string(root.path(&logical)).with_context(|| format!("open {logical}"))
     };
-    let tls = crate::net::server_config(
-        &read("apiserver.crt")?,
-        &read("apiserver.key")?,
-        &read("ca.crt")?,
-    )?;
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    // Like kube-apiserver, it serves a renewed certificate without a
+    // restart: the files are read again when the certificate changes.
+    let serving = root.path(format!("{}/apiserver.crt", opts.cert_dir));
+    let modified = || std::fs::metadata(&serving).and_then(|m| m.modified()).ok();
+    let load = || -> Result<TlsAcceptor> {
+        let tls = crate::net::server_config(
+            &read("apiserver.crt")?,
+            &read("apiserver.key")?,
+            &read("ca.crt")?,
+        )?;
+        Ok(TlsAcceptor::from(Arc::new(tls)))
+    };
+    let mut acceptor = load()?;
+    let mut loaded = modified();
     let listener = TcpListener::bind(&opts.bind)
         .await
         .with_context(|| format!("failed to listen on {}", opts.bind))?;
@@ -108,6 +117,16 @@ async fn serve(root: &Root, opts: Opts) -> Result<()> {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((tcp, _)) = accepted else { continue };
+                if modified() != loaded {
+                    match load() {
+                        Ok(a) => {
+                            println!("standin-apiserver: serving the renewed certificate");
+                            acceptor = a;
+                            loaded = modified();
+                        }
+                        Err(e) => eprintln!("standin-apiserver: keeping the serving certificate: {e:#}"),
+                    }
+                }
                 let acceptor = acceptor.clone();
                 let state = state.clone();
                 tokio::spawn(async move {

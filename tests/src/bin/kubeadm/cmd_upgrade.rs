@@ -12,10 +12,9 @@
 //! manifests, if it has any. Neither upgrades the kubelet: the package
 //! manager (Drover's `upgrade-kubelet` hook) does that afterwards.
 //!
-//! The stand-in does not renew certificates during an upgrade (real kubeadm
-//! does by default): it refuses `--certificate-renewal=true`, so a caller
-//! says `--certificate-renewal=false` and renews them on its own. etcd is
-//! the node image's and is left as it is.
+//! Both renew this node's certificates first, unless
+//! `--certificate-renewal=false` (as real kubeadm does). etcd is the node
+//! image's and is left as it is.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,7 +35,6 @@ pub struct UpgradeOpts {
 
 /// `kubeadm upgrade apply VERSION`.
 pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Result<()> {
-    refuse_certificate_renewal(&o)?;
     let target = parse_version(version)
         .map_err(|e| anyhow!("unable to parse the version {version:?} to upgrade to: {e}"))?;
     let target_string = format!("v{}.{}.{}", target.major, target.minor, target.patch);
@@ -88,6 +86,7 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
     config["kubernetesVersion"] = serde_json::Value::String(target_string.clone());
     api.put_kubeadm_config(map, &config).await?;
     println!("[upgrade/config] Uploaded the ClusterConfiguration with kubernetesVersion {target_string} to the kube-system/kubeadm-config ConfigMap");
+    renew_certificates(root, &o)?;
     upgrade_static_pods(root, &target_string)?;
     println!(
         "\n[upgrade/successful] SUCCESS! Your cluster was upgraded to {target_string:?}. Enjoy!\n"
@@ -98,7 +97,6 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
 
 /// `kubeadm upgrade node`.
 pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
-    refuse_certificate_renewal(&o)?;
     // A worker has no admin.conf: kubeadm reads the config as the kubelet.
     let default = if root.path("/etc/kubernetes/admin.conf").exists() {
         "/etc/kubernetes/admin.conf"
@@ -129,6 +127,7 @@ pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
     }
     if control_plane {
         println!("[upgrade] Upgrading your Static Pod-hosted control plane instance to version {version:?}...");
+        renew_certificates(root, &o)?;
         upgrade_static_pods(root, &version)?;
         println!("[upgrade] The control plane instance for this node was successfully updated!");
     } else {
@@ -139,11 +138,15 @@ pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
     Ok(())
 }
 
-fn refuse_certificate_renewal(o: &UpgradeOpts) -> Result<()> {
-    if o.certificate_renewal {
-        bail!("--certificate-renewal: the stand-in kubeadm does not renew certificates during an upgrade (real kubeadm does by default); pass --certificate-renewal=false");
+/// Renews this control plane's certificates, unless told not to.
+fn renew_certificates(root: &Root, o: &UpgradeOpts) -> Result<()> {
+    if !o.certificate_renewal {
+        println!("[upgrade/staticpods] Skipping the renewal of certificates (--certificate-renewal=false)");
+        return Ok(());
     }
-    Ok(())
+    println!("[upgrade/staticpods] Renewing the certificates of this control plane");
+    let settings = crate::cmd_certs::RenewSettings::load(root, None)?;
+    crate::cmd_certs::renew_all(root, &settings)
 }
 
 /// The control-plane static Pods an upgrade rewrites (etcd stays the

@@ -12,6 +12,7 @@
 
 mod apiserver;
 mod certs;
+mod cmd_certs;
 mod cmd_init;
 mod cmd_join;
 mod cmd_reset;
@@ -81,6 +82,8 @@ enum Cmd {
     Config(ConfigArgs),
     /// Upgrade your cluster smoothly to a newer version with this command
     Upgrade(UpgradeArgs),
+    /// Commands related to handling kubernetes certificates
+    Certs(CertsArgs),
     #[command(name = "__standin-apiserver", hide = true)]
     StandinApiserver(StandinApiserverArgs),
     #[command(name = "__standin-kubelet", hide = true)]
@@ -300,6 +303,42 @@ struct ConfigValidateArgs {
     /// Allow validation of experimental, unreleased APIs.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     allow_experimental_api: Option<bool>,
+}
+
+#[derive(Args, Debug)]
+struct CertsArgs {
+    #[command(subcommand)]
+    cmd: CertsCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum CertsCmd {
+    /// Renew certificates for a Kubernetes cluster
+    Renew(CertsRenewArgs),
+    /// Check certificates expiration for a Kubernetes cluster
+    CheckExpiration(CertsCommonArgs),
+}
+
+#[derive(Args, Debug)]
+struct CertsRenewArgs {
+    /// Which certificates: the stand-in renews `all`.
+    #[arg(value_name = "which")]
+    which: Option<String>,
+    #[command(flatten)]
+    common: CertsCommonArgs,
+}
+
+#[derive(Args, Debug)]
+struct CertsCommonArgs {
+    /// The path where to save the certificates
+    #[arg(long, value_name = "DIR")]
+    cert_dir: Option<String>,
+    /// Path to a kubeadm configuration file (refused by the stand-in).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The kubeconfig file to use when talking to the cluster.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -641,6 +680,24 @@ async fn dispatch(
                     }
                     cmd_upgrade::node(&root, opts).await
                 }
+            }
+        }
+        Cmd::Certs(c) => {
+            let common = match &c.cmd {
+                CertsCmd::Renew(r) => &r.common,
+                CertsCmd::CheckExpiration(a) => a,
+            };
+            if common.config.is_some() {
+                bail!("--config: the stand-in kubeadm reads the ClusterConfiguration this node keeps; use flags");
+            }
+            let settings = cmd_certs::RenewSettings::load(&root, common.cert_dir.clone())?;
+            match c.cmd {
+                CertsCmd::Renew(r) => match r.which.as_deref() {
+                    Some("all") => cmd_certs::renew_all(&root, &settings),
+                    Some(other) => bail!("the stand-in kubeadm renews only `all` certificates, not {other:?}"),
+                    None => bail!("missing subcommand; \"renew\" is not meant to be run on its own: use `kubeadm certs renew all`"),
+                },
+                CertsCmd::CheckExpiration(_) => cmd_certs::check_expiration(&root, &settings),
             }
         }
         Cmd::StandinApiserver(_) | Cmd::StandinKubelet | Cmd::StandinEtcd => {
