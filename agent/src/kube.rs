@@ -18,6 +18,9 @@ use crate::tls;
 /// How long one API call may take.
 pub const KUBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long the endpoint's `/readyz` may take to answer.
+pub const READYZ_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Why the Nodes could not be read or deleted.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -186,12 +189,26 @@ impl Kube {
     }
 
     /// Whether the API server (or load balancer) at `api` answers
-    /// `/readyz` with 200; no answer counts as not ready.
+    /// `/readyz` with 200 within [`READYZ_TIMEOUT`]; no answer counts as
+    /// not ready. Bounded so that a slow endpoint never holds up the
+    /// heartbeat that carries the report.
     async fn ready(&mut self, api: &str) -> bool {
-        match self.call(api, "readyz", Method::GET, "/readyz").await {
-            Ok((status, _)) => status.is_success(),
+        let client = match self.client() {
+            Ok(c) => c,
             Err(e) => {
-                tracing::debug!(error = %e, "the cluster's endpoint does not answer /readyz");
+                tracing::debug!(error = %e, "cannot probe the cluster's endpoint");
+                return false;
+            }
+        };
+        let answer = client
+            .get(format!("{api}/readyz"))
+            .timeout(READYZ_TIMEOUT)
+            .send()
+            .await;
+        match answer {
+            Ok(r) => r.status().is_success(),
+            Err(e) => {
+                tracing::debug!(error = %error_chain(&e), "the cluster's endpoint does not answer /readyz");
                 false
             }
         }

@@ -1053,7 +1053,12 @@ fn the_coordinator_endpoint_outlives_each_control_plane_of_a_pool_cluster() {
         "the endpoint never changes"
     );
     assert!(st["initMachine"].is_null(), "{st}");
-    assert_eq!(st["etcdMembers"].as_array().unwrap().len(), 3, "{st}");
+    // The coordinator's view follows with the next reports.
+    wait_for("the coordinator to see three etcd members", BOOT, || {
+        let st = &c.cluster("ha").ok_or("no cluster")?["status"];
+        let n = st["etcdMembers"].as_array().map_or(0, Vec::len);
+        (n == 3).then_some(()).ok_or(format!("{n} members: {st}"))
+    });
     let described = c.cli_ok(&["describe", "cluster", "ha"]);
     assert!(
         described.contains("Load balancer:  coordinator -> ")

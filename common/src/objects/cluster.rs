@@ -432,7 +432,33 @@ pub struct EtcdRemoval {
     pub reason: String,
     #[serde(with = "time::serde::rfc3339")]
     pub requested_at: time::OffsetDateTime,
+    /// When this request failed and why, as the machine reported it (etcd
+    /// refuses a removal while a member that just joined is not yet
+    /// active): it is asked again shortly.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub failed_at: Option<time::OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
+
+impl EtcdRemoval {
+    /// The id of the directive that carries this request; a retry (a new
+    /// `requestedAt`) is a new directive.
+    pub fn directive_id(&self) -> String {
+        format!(
+            "{ETCD_REMOVAL_PREFIX}{}-{}",
+            self.id,
+            self.requested_at.unix_timestamp()
+        )
+    }
+}
+
+/// The id prefix of member-removal directives.
+pub const ETCD_REMOVAL_PREFIX: &str = "etcd-remove-";
 
 /// Overrides of the coordinator's health and remediation defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

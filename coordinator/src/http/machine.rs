@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use drover_common::api::{
     push_event, set_condition, Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus,
-    ObjectMeta, VERSION_UPDATE_PREFIX,
+    ObjectMeta, ETCD_REMOVAL_PREFIX, VERSION_UPDATE_PREFIX,
 };
 use drover_common::pki::{LeafSpec, LeafUsage};
 use drover_common::ticket::TicketGrant;
@@ -550,6 +550,9 @@ fn record_heartbeat(
             tracing::info!(machine = %name, directive = %r.id, message = %r.message, "cluster cleanup done");
         } else {
             tracing::warn!(machine = %name, directive = %r.id, message = %r.message, "cluster cleanup failed");
+            if let Some(a) = &machine.spec.assignment {
+                record_removal_failure(app, a, r, now)?;
+            }
         }
         app.reconcile_soon();
     }
@@ -655,6 +658,24 @@ fn record_version_update(
     })
 }
 
+/// Records that the member removal under way failed, so the planner asks
+/// again shortly instead of waiting out the request.
+fn record_removal_failure(
+    app: &App,
+    a: &drover_common::api::Assignment,
+    result: &drover_common::wire::DirectiveResult,
+    now: time::OffsetDateTime,
+) -> Result<(), ApiError> {
+    update_own_cluster(app, a, |s| match s.etcd_removal.as_mut() {
+        Some(r) if r.directive_id() == result.id && r.failed_at.is_none() => {
+            r.failed_at = Some(now);
+            r.error.clone_from(&result.message);
+            true
+        }
+        _ => false,
+    })
+}
+
 /// A read-modify-write of the status of the cluster of assignment `a`,
 /// when it is still the same cluster (its uid); `change` says whether it
 /// changed anything.
@@ -668,9 +689,6 @@ fn update_own_cluster(
     })?;
     Ok(())
 }
-
-/// The id prefix of member-removal directives.
-const ETCD_REMOVAL_PREFIX: &str = "etcd-remove-";
 
 /// Keeps what a running control plane reports of its cluster (etcd
 /// members, Nodes) on the cluster's status, when it changed (the newest
@@ -836,12 +854,8 @@ fn heartbeat_answer(
                     .filter(|r| r.via == machine.metadata.name)
                 {
                     directives.push(Directive {
-                        // A retry after a while is a new directive.
-                        id: format!(
-                            "{ETCD_REMOVAL_PREFIX}{}-{}",
-                            r.id,
-                            r.requested_at.unix_timestamp()
-                        ),
+                        // A retry is a new directive.
+                        id: r.directive_id(),
                         action: DirectiveAction::RemoveEtcdMember {
                             id: r.id,
                             name: r.name,

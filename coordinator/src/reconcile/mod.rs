@@ -1556,6 +1556,23 @@ mod tests {
         assert!(assigns(&steps).is_empty(), "{steps:?}");
         let removal = final_status(&steps).etcd_removal.expect("a removal");
         assert_eq!((removal.id.as_str(), removal.via.as_str()), ("1", "b"));
+        // A request that failed a moment ago stands; once it failed a
+        // while ago, it is asked again (a new request, a new directive).
+        let mut failed = c.clone();
+        let mut r = removal.clone();
+        r.requested_at -= time::Duration::seconds(20);
+        r.failed_at = Some(drover_common::now() - time::Duration::seconds(1));
+        failed.status.etcd_removal = Some(r.clone());
+        let again = plan_silent(&failed, &machines, &["a"]);
+        assert_eq!(final_status(&again).etcd_removal, Some(r.clone()));
+        r.failed_at = Some(drover_common::now() - time::Duration::seconds(6));
+        failed.status.etcd_removal = Some(r.clone());
+        let again = final_status(&plan_silent(&failed, &machines, &["a"]))
+            .etcd_removal
+            .expect("asked again");
+        assert_eq!(again.id, "1");
+        assert_eq!(again.failed_at, None);
+        assert_ne!(again.directive_id(), r.directive_id());
         // Once the member is gone, the free machine joins in a's place.
         c.status = final_status(&steps);
         c.status.etcd_members.remove(0);

@@ -530,6 +530,9 @@ pub(crate) fn endpoint_for(cluster: &Cluster, init: &Machine) -> String {
 /// it is asked again (perhaps of another machine).
 pub const ETCD_REMOVAL_RETRY: time::Duration = time::Duration::seconds(60);
 
+/// How soon a member removal that failed is asked again.
+pub const ETCD_REMOVAL_FAILED_RETRY: time::Duration = time::Duration::seconds(5);
+
 /// What the cluster's reported etcd members call for.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct EtcdPlan {
@@ -587,9 +590,16 @@ pub(crate) fn plan_etcd(
             settled: true,
         };
     }
-    // A removal asked for recently, whose member is still listed, stands.
+    // A removal asked for recently, whose member is still listed, stands,
+    // unless it failed a moment ago: then it is asked again.
     if let Some(r) = &cluster.status.etcd_removal {
-        if members.iter().any(|m| m.id == r.id) && now - r.requested_at < ETCD_REMOVAL_RETRY {
+        let failed = r
+            .failed_at
+            .is_some_and(|t| now - t >= ETCD_REMOVAL_FAILED_RETRY);
+        if members.iter().any(|m| m.id == r.id)
+            && now - r.requested_at < ETCD_REMOVAL_RETRY
+            && !failed
+        {
             return EtcdPlan {
                 removal: Some(r.clone()),
                 settled: false,
@@ -643,6 +653,8 @@ pub(crate) fn plan_etcd(
             via: via.metadata.name.clone(),
             reason,
             requested_at: now,
+            failed_at: None,
+            error: String::new(),
         })
     });
     let settled = removal.is_none()
