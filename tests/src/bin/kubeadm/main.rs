@@ -215,6 +215,19 @@ struct ResetArgs {
     /// Path to the CRI socket to connect.
     #[arg(long, value_name = "SOCKET")]
     cri_socket: Option<String>,
+    #[command(flatten)]
+    cluster: ClusterFlags,
+    /// List of phases to be skipped
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    skip_phases: Vec<String>,
+    /// Path to a kubeadm configuration file (ResetConfiguration; refused by the stand-in).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+/// The flags `reset` and `upgrade` share.
+#[derive(Args, Debug)]
+struct ClusterFlags {
     /// Don't apply any changes; just output what would be done.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     dry_run: Option<bool>,
@@ -224,12 +237,6 @@ struct ResetArgs {
     /// The kubeconfig file to use when talking to the cluster.
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
-    /// List of phases to be skipped
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    skip_phases: Vec<String>,
-    /// Path to a kubeadm configuration file (ResetConfiguration; refused by the stand-in).
-    #[arg(long, value_name = "PATH")]
-    config: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -364,15 +371,8 @@ struct UpgradeCommonArgs {
     /// Perform the upgrade of etcd.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     etcd_upgrade: Option<bool>,
-    /// Do not change any state, just output the actions that would be performed.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    dry_run: Option<bool>,
-    /// A list of checks whose errors will be shown as warnings.
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    ignore_preflight_errors: Vec<String>,
-    /// The kubeconfig file to use when talking to the cluster.
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    cluster: ClusterFlags,
     /// Path to a kubeadm configuration file (refused by the stand-in).
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
@@ -588,14 +588,14 @@ async fn dispatch(
                 &["preflight", "remove-etcd-member", "cleanup-node"],
                 &[&a.skip_phases],
             )?;
-            util::IgnoreSet::new(&[&a.ignore_preflight_errors])?;
+            util::IgnoreSet::new(&[&a.cluster.ignore_preflight_errors])?;
             cmd_reset::run(
                 &root,
                 cmd_reset::ResetOpts {
                     force: a.force == Some(true),
                     cert_dir: a.cert_dir,
                     cleanup_tmp_dir: a.cleanup_tmp_dir == Some(true),
-                    dry_run: a.dry_run == Some(true),
+                    dry_run: a.cluster.dry_run == Some(true),
                     remove_etcd_member: !skip.skipped("remove-etcd-member"),
                 },
             )
@@ -646,11 +646,11 @@ async fn dispatch(
             if common.patches.is_some() {
                 bail!("--patches: the stand-in kubeadm does not patch static Pod manifests");
             }
-            util::IgnoreSet::new(&[&common.ignore_preflight_errors])?;
+            util::IgnoreSet::new(&[&common.cluster.ignore_preflight_errors])?;
             let opts = cmd_upgrade::UpgradeOpts {
-                kubeconfig: common.kubeconfig.clone(),
+                kubeconfig: common.cluster.kubeconfig.clone(),
                 certificate_renewal: common.certificate_renewal != Some(false),
-                dry_run: common.dry_run == Some(true),
+                dry_run: common.cluster.dry_run == Some(true),
             };
             match u.cmd {
                 UpgradeCmd::Apply(a) => {
