@@ -53,6 +53,90 @@ pub fn earliest_expiry(root: &Path) -> Option<CertificateExpiry> {
         })
 }
 
+/// Why the static Pods could not be restarted.
+#[derive(Debug, thiserror::Error)]
+pub enum StaticPodError {
+    #[error("cannot list {dir}: {source}")]
+    List {
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot move {from} to {to}: {source}; move it back by hand if it is missing")]
+    Move {
+        from: std::path::PathBuf,
+        to: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Restarts the static Pods of the manifests in `manifests` as kubeadm's
+/// documentation says to after a certificate renewal: the manifests move
+/// out of the directory (next to it, so the move is a rename), the kubelet
+/// stops their Pods within its file check period `wait`, and they move
+/// back, so it starts them again with the new certificates. Returns the
+/// manifests restarted.
+pub async fn restart_static_pods(
+    manifests: &Path,
+    wait: std::time::Duration,
+) -> Result<Vec<String>, StaticPodError> {
+    let aside = manifests.with_file_name(RESTARTING);
+    let moved = |from: &Path, to: &Path| {
+        std::fs::rename(from, to).map_err(|source| StaticPodError::Move {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            source,
+        })
+    };
+    let mut names: Vec<String> = std::fs::read_dir(manifests)
+        .map_err(|source| StaticPodError::List {
+            dir: manifests.to_owned(),
+            source,
+        })?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    names.sort();
+    std::fs::create_dir_all(&aside).map_err(|source| StaticPodError::List {
+        dir: aside.clone(),
+        source,
+    })?;
+    for n in &names {
+        moved(&manifests.join(n), &aside.join(n))?;
+    }
+    tokio::time::sleep(wait).await;
+    for n in &names {
+        moved(&aside.join(n), &manifests.join(n))?;
+    }
+    let _ = std::fs::remove_dir(&aside);
+    Ok(names)
+}
+
+/// Puts back the manifests a restart interrupted by the agent's own end
+/// left out of `manifests`, so the control plane comes back.
+pub fn recover_static_pods(manifests: &Path) {
+    let aside = manifests.with_file_name(RESTARTING);
+    let Ok(entries) = std::fs::read_dir(&aside) else {
+        return;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let to = manifests.join(e.file_name());
+        match std::fs::rename(e.path(), &to) {
+            Ok(()) => {
+                tracing::warn!(manifest = %to.display(), "put back a static Pod manifest an interrupted restart left out")
+            }
+            Err(err) => {
+                tracing::error!(manifest = %to.display(), error = %err, "cannot put back a static Pod manifest an interrupted restart left out; move it back by hand")
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(&aside);
+}
+
+/// Where manifests wait while their Pods restart, next to the manifests
+/// directory.
+const RESTARTING: &str = "drover-restarting-manifests";
+
 /// The expiry of the first certificate of a PEM document.
 fn not_after(pem: &str) -> Option<OffsetDateTime> {
     let der = drover_common::pki::first_cert_der(pem).ok()?;
@@ -72,6 +156,33 @@ fn client_certificate(kubeconfig: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn static_pods_restart_by_moving_their_manifests_out_and_back() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("etc/kubernetes/manifests");
+        std::fs::create_dir_all(&dir).unwrap();
+        for n in ["etcd.yaml", "kube-apiserver.yaml"] {
+            std::fs::write(dir.join(n), n).unwrap();
+        }
+        let restart = tokio::spawn({
+            let dir = dir.clone();
+            async move { restart_static_pods(&dir, std::time::Duration::from_secs(20)).await }
+        });
+        // While the kubelet's file check period runs, the manifests are out.
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let restarted = restart.await.unwrap().unwrap();
+        assert_eq!(restarted, ["etcd.yaml", "kube-apiserver.yaml"]);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("kube-apiserver.yaml")).unwrap(),
+            "kube-apiserver.yaml"
+        );
+        assert!(!root
+            .path()
+            .join("etc/kubernetes/drover-restarting-manifests")
+            .exists());
+    }
 
     /// A self-signed certificate valid for `days`, in PEM.
     fn cert(days: i64) -> String {

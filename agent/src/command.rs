@@ -125,6 +125,13 @@ pub async fn kubeadm_version(kubeadm: &str) -> Option<String> {
     version
 }
 
+/// `kubeadm certs renew all [--rootfs <root>]`.
+pub fn kubeadm_certs_renew(kubeadm: &str, root: &Path) -> CommandSpec {
+    let mut spec = CommandSpec::new(kubeadm, &["certs", "renew", "all"]);
+    push_rootfs(&mut spec, root);
+    spec
+}
+
 /// `kubeadm reset -f [--rootfs <root>]`.
 pub fn kubeadm_reset(kubeadm: &str, root: &Path) -> CommandSpec {
     let mut spec = CommandSpec::new(kubeadm, &["reset", "-f"]);

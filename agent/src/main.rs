@@ -122,6 +122,12 @@ struct Cli {
     #[arg(long, value_name = "NAME")]
     hostname: Option<String>,
 
+    /// How long a static Pod manifest is kept out of
+    /// /etc/kubernetes/manifests to restart its Pod after a certificate
+    /// renewal: the kubelet's fileCheckFrequency.
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_wait)]
+    static_pod_restart_wait: std::time::Duration,
+
     /// The log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -446,7 +452,12 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
         api_server_port: cli.api_server_port,
         kubelet_healthz_url: cli.kubelet_healthz_url.clone(),
         hostname,
+        static_pod_restart_wait: cli.static_pod_restart_wait,
     })
+}
+
+fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
+    drover_common::units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

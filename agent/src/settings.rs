@@ -17,6 +17,9 @@ pub struct Settings {
     pub api_server_port: u16,
     pub kubelet_healthz_url: reqwest::Url,
     pub hostname: String,
+    /// How long a static Pod manifest stays out of the manifests directory
+    /// to restart its Pod (the kubelet's file check period).
+    pub static_pod_restart_wait: std::time::Duration,
 }
 
 impl Settings {

@@ -597,6 +597,8 @@ impl Agent {
                 &format!("http://127.0.0.1:{}/healthz", self.ports.kubelet),
             ])
             .args(["--hostname", &self.hostname])
+            // Nothing watches the stand-in's static Pod manifests.
+            .args(["--static-pod-restart-wait", "1s"])
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())

@@ -3,6 +3,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
 use drover_tests::kube::{self, kubectl, ready_nodes};
 use drover_tests::*;
 
@@ -1400,4 +1403,65 @@ fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it
         "the pod was evicted"
     );
     c.wait_condition("drain", "DrainFailed", "False");
+}
+
+#[test]
+fn a_pool_control_plane_renews_its_certificates_in_place_before_they_expire() {
+    let (tmp, c, agents) = registered_pool(1, "node-");
+    let doc = pool_cluster_yaml("renew", 1, 0, "dev");
+    apply(&c, tmp.path(), &doc);
+    c.wait_cluster_phase("renew", "Running", BOOT);
+    let expiry = |m: &serde_json::Value| {
+        m["status"]["certificates"]["expiresAt"]
+            .as_str()
+            .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+    };
+    let first = wait_for("the certificate expiry", BOOT, || {
+        c.machines()
+            .first()
+            .and_then(expiry)
+            .ok_or_else(|| "not reported".to_string())
+    });
+    let serving =
+        || std::fs::read(agents[0].root.join("etc/kubernetes/pki/apiserver.crt")).unwrap();
+    let before = serving();
+
+    // A renewal window a minute short of the certificates' year: within a
+    // minute the machine renews them where it stands (a pool machine is
+    // never replaced for this) and reports the new expiry.
+    let window = doc.replace(
+        "  controlPlane:",
+        "  upgrade:\n    renewCertificatesBefore: 525599m\n  controlPlane:",
+    );
+    apply(&c, tmp.path(), &window);
+    let renewed = wait_for("the renewed certificates", BOOT * 2, || {
+        let m = c.machines().first().cloned().ok_or("no machine")?;
+        match expiry(&m) {
+            Some(at) if at > first => Ok(m),
+            other => Err(format!("expiry {other:?}, first {first}")),
+        }
+    });
+    apply(&c, tmp.path(), &doc);
+    assert_eq!(renewed["status"]["phase"], "Running");
+    assert_ne!(serving(), before, "apiserver.crt was not renewed");
+    let subs = agents[0].kubeadm_subcommands();
+    assert_eq!(subs.iter().filter(|s| *s == "init").count(), 1, "{subs:?}");
+    assert!(subs.iter().any(|s| s == "certs"), "{subs:?}");
+    assert!(
+        agents[0]
+            .log()
+            .contains("certificates renewed; static Pods restarted: etcd.yaml"),
+        "{}",
+        agents[0].log()
+    );
+    // From inside the cluster: real kubectl, through a new kubeconfig, sees
+    // the same Node Ready.
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "renew"])).unwrap();
+    wait_for("the Node Ready after the restart", BOOT, || {
+        let ready = kube::ready_nodes(&kubeconfig)?;
+        (ready == ["node-0"])
+            .then_some(())
+            .ok_or(format!("{ready:?}"))
+    });
 }

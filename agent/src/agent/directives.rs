@@ -87,6 +87,29 @@ impl Agent {
                 DirectiveAction::DrainNode { node } => {
                     self.start_node_call(directive.id, node, NodeCall::Drain);
                 }
+                DirectiveAction::RenewCertificates { reason } => {
+                    tracing::info!(%reason, "renewing the kubeadm certificates at the coordinator's request");
+                    let spec =
+                        command::kubeadm_certs_renew(&self.settings.kubeadm, &self.settings.root);
+                    let manifests = self.settings.root.join("etc/kubernetes/manifests");
+                    let wait = self.settings.static_pod_restart_wait;
+                    self.start_cluster_call(directive.id, "renew certificates", |_, _| {
+                        let command = spec.display();
+                        let call = async move {
+                            let outcome = command::run(&spec, 20).await;
+                            if !outcome.success {
+                                return Err(ClusterCallError::Command(outcome.summary()));
+                            }
+                            let restarted =
+                                crate::certificates::restart_static_pods(&manifests, wait).await?;
+                            Ok(format!(
+                                "certificates renewed; static Pods restarted: {}",
+                                restarted.join(", ")
+                            ))
+                        };
+                        (command, Box::pin(call))
+                    });
+                }
                 DirectiveAction::SetKubernetesVersion { version } => {
                     tracing::info!(%version, "setting the kubeadm-config version at the coordinator's request");
                     let mut kube = crate::kube::Kube::new(&self.settings.root);
@@ -257,4 +280,8 @@ pub(super) enum ClusterCallError {
     Etcd(#[from] crate::etcd::EtcdError),
     #[error(transparent)]
     Kube(#[from] crate::kube::KubeError),
+    #[error("{0}")]
+    Command(String),
+    #[error("restarting the static Pods: {0}")]
+    StaticPods(#[from] crate::certificates::StaticPodError),
 }

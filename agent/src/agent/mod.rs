@@ -205,6 +205,9 @@ impl Agent {
 
     /// Runs until shutdown is requested.
     pub async fn run(mut self, mut shutdown: Shutdown) -> Result<(), AgentError> {
+        crate::certificates::recover_static_pods(
+            &self.settings.root.join("etc/kubernetes/manifests"),
+        );
         self.resume();
         loop {
             self.start_queued_directives();

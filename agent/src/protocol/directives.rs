@@ -24,6 +24,9 @@ pub fn describe(action: &DirectiveAction) -> String {
         DirectiveAction::SetKubernetesVersion { version } => {
             format!("set the kubeadm-config version to {version}")
         }
+        DirectiveAction::RenewCertificates { reason } => {
+            format!("renew the kubeadm certificates ({reason})")
+        }
     }
 }
 

@@ -345,6 +345,10 @@ impl Sim {
                     false,
                     format!("simulated machines run no API server; kubeadm-config was not set to {version}"),
                 ),
+                DirectiveAction::RenewCertificates { .. } => (
+                    false,
+                    "simulated machines run no kubeadm; no certificate was renewed".to_owned(),
+                ),
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

@@ -344,6 +344,41 @@ pub struct NodeRemoval {
     pub requested_at: time::OffsetDateTime,
 }
 
+/// A renewal of a pool control plane's kubeadm certificates, asked of that
+/// machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CertificateRenewal {
+    pub machine: String,
+    /// Which certificate expires when.
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+    /// When the last attempt failed and why, as the machine reported it.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub failed_at: Option<time::OffsetDateTime>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+impl CertificateRenewal {
+    /// The id of the directive that carries this request; a retry is a new
+    /// directive.
+    pub fn directive_id(&self) -> String {
+        format!(
+            "{CERTIFICATE_RENEWAL_PREFIX}{}",
+            self.requested_at.unix_timestamp()
+        )
+    }
+}
+
+/// The id prefix of certificate-renewal directives.
+pub const CERTIFICATE_RENEWAL_PREFIX: &str = "certs-renew-";
+
 /// A change of the cluster's `kubeadm-config` version asked of a
 /// control-plane machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -728,6 +763,11 @@ pub struct ClusterStatus {
     /// plane last reported it. A rollout takes no step while it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_ready: Option<bool>,
+    /// The certificate renewal asked of a pool control plane whose first
+    /// kubeadm certificate expires within the renewal window (one machine
+    /// at a time), until it reports new ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_renewal: Option<CertificateRenewal>,
     /// The change of that version asked of a control-plane machine, before
     /// the first control plane of a new version joins; until it is reported
     /// done.

@@ -49,6 +49,13 @@ pub enum DirectiveAction {
     /// plane). Setting the version it already has is done at once.
     #[serde(rename_all = "camelCase")]
     SetKubernetesVersion { version: String },
+    /// Renew this control plane's kubeadm certificates (`kubeadm certs
+    /// renew all`) and restart its static Pods so they use them (each
+    /// manifest moved out of `/etc/kubernetes/manifests` for the kubelet's
+    /// file check period, then back). `reason` says which certificate
+    /// expires when.
+    #[serde(rename_all = "camelCase")]
+    RenewCertificates { reason: String },
 }
 
 /// The outcome of a directive.

@@ -1228,6 +1228,19 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             }
         );
     }
+    if let Some(r) = &c.status.certificate_renewal {
+        let _ = writeln!(
+            o,
+            "Cert renewal:   {} ({}){}",
+            printable(&r.machine),
+            printable(&r.reason),
+            if r.error.is_empty() {
+                String::new()
+            } else {
+                format!(" failed, retrying: {}", printable(&r.error))
+            }
+        );
+    }
     if let Some((m, c)) = earliest_certificates(c, machines) {
         let _ = writeln!(
             o,

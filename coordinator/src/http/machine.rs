@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use drover_common::api::{
     push_event, set_condition, Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus,
-    ObjectMeta, ETCD_REMOVAL_PREFIX, VERSION_UPDATE_PREFIX,
+    ObjectMeta, CERTIFICATE_RENEWAL_PREFIX, ETCD_REMOVAL_PREFIX, VERSION_UPDATE_PREFIX,
 };
 use drover_common::pki::{LeafSpec, LeafUsage};
 use drover_common::ticket::TicketGrant;
@@ -571,6 +571,13 @@ fn record_heartbeat(
         {
             record_version_update(app, a, &name, r)?;
         }
+        for r in hb
+            .directive_results
+            .iter()
+            .filter(|r| r.id.starts_with(CERTIFICATE_RENEWAL_PREFIX))
+        {
+            record_renewal(app, a, &name, r, now)?;
+        }
     }
     if hb.etcd.is_some() || hb.nodes.is_some() {
         record_view(app, &machine, hb, now)?;
@@ -652,6 +659,32 @@ fn record_version_update(
     update_own_cluster(app, a, |s| match s.version_update.as_mut() {
         Some(u) if u.via == name && u.directive_id() == result.id && u.error != result.message => {
             u.error = result.message.clone();
+            true
+        }
+        _ => false,
+    })
+}
+
+/// Records the outcome of a certificate renewal: success in the log (the
+/// machine's next report shows the new expiry), failure on the cluster's
+/// status, so the planner asks again a while later.
+fn record_renewal(
+    app: &App,
+    a: &drover_common::api::Assignment,
+    name: &str,
+    result: &drover_common::wire::DirectiveResult,
+    now: time::OffsetDateTime,
+) -> Result<(), ApiError> {
+    if result.ok {
+        tracing::info!(cluster = %a.cluster, machine = %name, message = %result.message, "certificates renewed");
+        app.reconcile_soon();
+        return Ok(());
+    }
+    tracing::warn!(cluster = %a.cluster, machine = %name, message = %result.message, "renewing the certificates failed; asking again later");
+    update_own_cluster(app, a, |s| match s.certificate_renewal.as_mut() {
+        Some(r) if r.machine == name && r.directive_id() == result.id && r.failed_at.is_none() => {
+            r.failed_at = Some(now);
+            r.error.clone_from(&result.message);
             true
         }
         _ => false,
@@ -815,6 +848,16 @@ fn heartbeat_answer(
                 let cluster = app
                     .cluster(&a.cluster)?
                     .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()));
+                if let Some(r) = cluster
+                    .as_ref()
+                    .and_then(|c| c.status.certificate_renewal.clone())
+                    .filter(|r| r.machine == machine.metadata.name && r.failed_at.is_none())
+                {
+                    directives.push(Directive {
+                        id: r.directive_id(),
+                        action: DirectiveAction::RenewCertificates { reason: r.reason },
+                    });
+                }
                 if let Some(d) = cluster
                     .as_ref()
                     .and_then(|c| c.status.drain.clone())

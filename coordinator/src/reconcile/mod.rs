@@ -1390,6 +1390,63 @@ mod tests {
     }
 
     #[test]
+    fn pool_control_planes_renew_their_certificates_one_at_a_time_soonest_first() {
+        let c = initialized(cluster(3, 0), "a");
+        let expiring_in = |m: &mut Machine, days: i64| {
+            m.status.certificates = Some(drover_common::api::CertificateExpiry {
+                certificate: "pki/apiserver.crt".into(),
+                expires_at: drover_common::now() + time::Duration::days(days),
+            });
+        };
+        let mut machines = vec![
+            running_init_a(),
+            claimed(
+                "b",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+            claimed(
+                "d",
+                CONTROL_PLANE_POOL,
+                MachineRole::ControlPlane,
+                MachinePhase::Running,
+            ),
+        ];
+        for (m, days) in machines.iter_mut().zip([20, 10, 300]) {
+            expiring_in(m, days);
+        }
+        // b expires first: it alone renews.
+        let renewal = final_status(&plan(&c, &machines, &obs(true, &seen_now)))
+            .certificate_renewal
+            .expect("a renewal");
+        assert_eq!(renewal.machine, "b");
+        assert!(
+            renewal.reason.starts_with("pki/apiserver.crt expires at"),
+            "{renewal:?}"
+        );
+        // While it is under way, it stands.
+        let mut asked = c.clone();
+        asked.status.certificate_renewal = Some(renewal.clone());
+        assert_eq!(
+            final_status(&plan(&asked, &machines, &obs(true, &seen_now))).certificate_renewal,
+            Some(renewal.clone())
+        );
+        // Once b reports new certificates, a is next.
+        expiring_in(&mut machines[1], 365);
+        let next = final_status(&plan(&asked, &machines, &obs(true, &seen_now)))
+            .certificate_renewal
+            .expect("the next renewal");
+        assert_eq!(next.machine, "a");
+        // None starts while a control plane does not run.
+        machines[2].status.phase = MachinePhase::Bootstrapping;
+        assert_eq!(
+            final_status(&plan(&c, &machines, &obs(true, &seen_now))).certificate_renewal,
+            None
+        );
+    }
+
+    #[test]
     fn a_silent_pool_worker_is_taken_out_and_a_free_machine_claimed_in_its_place() {
         // maxUnhealthy 40 % of 3 allows one.
         let c = initialized(cluster(1, 3), "a");

@@ -572,6 +572,8 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         );
         self.status.initialized = self.initialized;
         self.status.etcd_removal = self.etcd.removal.clone();
+        self.status.certificate_renewal =
+            plan_certificate_renewal(self.cluster, &members, self.observed.now);
         let owners: Vec<&Machine> = self
             .live
             .iter()

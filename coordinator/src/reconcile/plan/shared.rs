@@ -843,6 +843,75 @@ pub(crate) fn plan_version_update(
     })
 }
 
+/// How long a certificate renewal may take before it is asked again, and
+/// how long after a failure.
+pub const CERTIFICATE_RENEWAL_RETRY: time::Duration = time::Duration::minutes(5);
+pub const CERTIFICATE_RENEWAL_FAILED_RETRY: time::Duration = time::Duration::minutes(1);
+
+/// Plans the renewal of pool control planes' certificates in place: the
+/// control plane whose first certificate expires soonest within the
+/// renewal window, one at a time and only while every control plane of
+/// `members` runs. A request stands until the machine reports
+/// certificates outside the window; it is asked again when it has taken
+/// too long or failed a while ago.
+pub(crate) fn plan_certificate_renewal(
+    cluster: &Cluster,
+    members: &[&Machine],
+    now: OffsetDateTime,
+) -> Option<drover_common::api::CertificateRenewal> {
+    let window =
+        drover_common::api::UpgradePolicy::renew_certificates_before(cluster.spec.upgrade.as_ref());
+    let control_planes: Vec<&Machine> = members
+        .iter()
+        .copied()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.role.is_control_plane())
+        })
+        .collect();
+    let expiring = |m: &Machine| {
+        m.status
+            .certificates
+            .clone()
+            .filter(|c| c.expires_at - now < window)
+    };
+    if let Some(r) = &cluster.status.certificate_renewal {
+        let current = control_planes
+            .iter()
+            .find(|m| m.metadata.name == r.machine && m.status.phase == MachinePhase::Running)
+            .is_some_and(|m| expiring(m).is_some());
+        let retry = now - r.requested_at >= CERTIFICATE_RENEWAL_RETRY
+            || r.failed_at
+                .is_some_and(|t| now - t >= CERTIFICATE_RENEWAL_FAILED_RETRY);
+        if current && !retry {
+            return Some(r.clone());
+        }
+    }
+    if control_planes
+        .iter()
+        .any(|m| m.status.phase != MachinePhase::Running)
+    {
+        return None;
+    }
+    control_planes
+        .iter()
+        .filter_map(|m| Some((m, expiring(m)?)))
+        .min_by_key(|(_, c)| c.expires_at)
+        .map(|(m, c)| drover_common::api::CertificateRenewal {
+            machine: m.metadata.name.clone(),
+            reason: format!(
+                "{} expires at {}, within the renewal window",
+                c.certificate,
+                c.expires_at.date()
+            ),
+            requested_at: now,
+            failed_at: None,
+            error: String::new(),
+        })
+}
+
 /// Keeps `Ready` true to what is inside the cluster: a cluster whose
 /// machines all run is not Ready while any of their Nodes is not.
 pub(crate) fn apply_nodes(status: &mut ClusterStatus, plan: &NodesPlan) {
