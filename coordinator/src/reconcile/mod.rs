@@ -1398,21 +1398,7 @@ mod tests {
                 expires_at: drover_common::now() + time::Duration::days(days),
             });
         };
-        let mut machines = vec![
-            running_init_a(),
-            claimed(
-                "b",
-                CONTROL_PLANE_POOL,
-                MachineRole::ControlPlane,
-                MachinePhase::Running,
-            ),
-            claimed(
-                "d",
-                CONTROL_PLANE_POOL,
-                MachineRole::ControlPlane,
-                MachinePhase::Running,
-            ),
-        ];
+        let mut machines = three_control_planes();
         for (m, days) in machines.iter_mut().zip([20, 10, 300]) {
             expiring_in(m, days);
         }

@@ -265,10 +265,7 @@ fn via(mine: &[&Machine], observed: &Observed<'_>, leaving: &str) -> Option<Stri
             m.status.phase == MachinePhase::Running
                 && m.metadata.deletion_timestamp.is_none()
                 && observed.alive(&m.metadata.name)
-                && m.spec
-                    .assignment
-                    .as_ref()
-                    .is_some_and(|a| a.role.is_control_plane())
+                && super::shared::is_control_plane(m)
         })
         .collect();
     running.sort_by_key(|m| (m.metadata.name == leaving, m.metadata.name.clone()));

@@ -114,21 +114,10 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         let initialized = initialized(cluster, &live, init_machine.as_deref());
         let lost = initialized
             && cluster.spec.control_plane.replicas > 0
-            && !live.iter().any(|m| {
-                is_member(m)
-                    && m.spec
-                        .assignment
-                        .as_ref()
-                        .is_some_and(|a| a.role.is_control_plane())
-            });
+            && !live.iter().any(|m| is_member(m) && is_control_plane(m));
         // Control planes whose members stay: those that serve the cluster,
         // and released ones still alive (their reset removes their member).
-        let cp = |m: &&Machine| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.role.is_control_plane())
-        };
+        let cp = |m: &&Machine| is_control_plane(m);
         let owners: Vec<&Machine> = live
             .iter()
             .copied()

@@ -67,13 +67,7 @@ pub(super) fn plan_provider(
     let cp_owners: Vec<&Machine> = live
         .iter()
         .copied()
-        .filter(|m| {
-            m.status.phase != MachinePhase::Deleting
-                && m.spec
-                    .assignment
-                    .as_ref()
-                    .is_some_and(|a| a.role.is_control_plane())
-        })
+        .filter(|m| m.status.phase != MachinePhase::Deleting && is_control_plane(m))
         .collect();
     let via: Vec<&Machine> = cp_owners
         .iter()

@@ -45,11 +45,7 @@ pub(crate) fn expiring_certificates<'m>(
     m: &'m Machine,
     now: OffsetDateTime,
 ) -> Option<&'m CertificateExpiry> {
-    let control_plane = m
-        .spec
-        .assignment
-        .as_ref()
-        .is_some_and(|a| a.role.is_control_plane());
+    let control_plane = super::shared::is_control_plane(m);
     let window = UpgradePolicy::renew_certificates_before(cluster.spec.upgrade.as_ref());
     m.status
         .certificates

@@ -345,10 +345,7 @@ pub(crate) fn choose_endpoint(
         .iter()
         .copied()
         .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.role.is_control_plane())
+            is_control_plane(m)
                 && !m.status.addresses.is_empty()
                 && !matches!(
                     m.status.phase,
@@ -848,6 +845,14 @@ pub(crate) fn plan_version_update(
 pub const CERTIFICATE_RENEWAL_RETRY: time::Duration = time::Duration::minutes(5);
 pub const CERTIFICATE_RENEWAL_FAILED_RETRY: time::Duration = time::Duration::minutes(1);
 
+/// Whether `m` is assigned as a control plane.
+pub(crate) fn is_control_plane(m: &Machine) -> bool {
+    m.spec
+        .assignment
+        .as_ref()
+        .is_some_and(|a| a.role.is_control_plane())
+}
+
 /// Plans the renewal of pool control planes' certificates in place: the
 /// control plane whose first certificate expires soonest within the
 /// renewal window, one at a time and only while every control plane of
@@ -864,12 +869,7 @@ pub(crate) fn plan_certificate_renewal(
     let control_planes: Vec<&Machine> = members
         .iter()
         .copied()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.role.is_control_plane())
-        })
+        .filter(|m| is_control_plane(m))
         .collect();
     let expiring = |m: &Machine| {
         m.status
@@ -943,10 +943,7 @@ pub(crate) fn endpoint_backends(live: &[&Machine], leaving: &[String]) -> Vec<St
     let mut out: Vec<String> = live
         .iter()
         .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.role.is_control_plane())
+            is_control_plane(m)
                 && matches!(
                     m.status.phase,
                     MachinePhase::Assigned | MachinePhase::Bootstrapping | MachinePhase::Running
