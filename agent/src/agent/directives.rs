@@ -96,7 +96,18 @@ impl Agent {
                     self.start_cluster_call(directive.id, "renew certificates", |_, _| {
                         let command = spec.display();
                         let call = async move {
-                            let outcome = command::run(&spec, 20).await;
+                            // A kubeadm that hangs must not hold the work
+                            // slot (a reset waits behind it).
+                            let outcome =
+                                tokio::time::timeout(CERTS_RENEW_TIMEOUT, command::run(&spec, 20))
+                                    .await
+                                    .map_err(|_| {
+                                        ClusterCallError::Command(format!(
+                                            "{} did not finish in {}s",
+                                            spec.display(),
+                                            CERTS_RENEW_TIMEOUT.as_secs()
+                                        ))
+                                    })?;
                             if !outcome.success {
                                 return Err(ClusterCallError::Command(outcome.summary()));
                             }
@@ -266,6 +277,9 @@ impl Agent {
         }
     }
 }
+
+/// How long `kubeadm certs renew all` may take.
+const CERTS_RENEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// A call on the cluster for a directive: the success message, or why it
 /// failed.

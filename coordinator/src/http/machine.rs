@@ -753,7 +753,7 @@ fn record_view(
     });
     let mut etcd_changed = false;
     let mut nodes_changed = false;
-    let mut config_changed = false;
+    let mut reported_changed = false;
     app.update_cluster::<ApiError>(&a.cluster, |c| {
         if c.metadata.uid.as_deref() != Some(a.cluster_uid.as_str()) {
             return Ok(false);
@@ -769,8 +769,8 @@ fn record_view(
             c.status.nodes = nodes.map(|r| r.nodes.clone()).unwrap_or_default();
         }
         let version = nodes.and_then(|r| r.kubeadm_config_version.clone());
-        config_changed = version.is_some() && c.status.kubeadm_config_version != version;
-        if config_changed {
+        reported_changed = version.is_some() && c.status.kubeadm_config_version != version;
+        if reported_changed {
             tracing::info!(machine = %name, cluster = %a.cluster, version = ?version, "kubeadm-config version changed");
             c.status.kubeadm_config_version = version;
         }
@@ -782,9 +782,9 @@ fn record_view(
                 tracing::info!(machine = %name, cluster = %a.cluster, "the cluster's endpoint answers /readyz");
             }
             c.status.endpoint_ready = ready;
-            config_changed = true;
+            reported_changed = true;
         }
-        Ok(etcd_changed || nodes_changed || config_changed)
+        Ok(etcd_changed || nodes_changed || reported_changed)
     })?;
     if etcd_changed {
         let summary: Vec<String> = hb
@@ -811,7 +811,7 @@ fn record_view(
             .collect();
         tracing::info!(machine = %name, cluster = %a.cluster, nodes = %summary.join(" "), "Nodes changed");
     }
-    if etcd_changed || nodes_changed || config_changed {
+    if etcd_changed || nodes_changed || reported_changed {
         app.reconcile_soon();
     }
     Ok(())
