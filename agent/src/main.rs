@@ -125,7 +125,7 @@ struct Cli {
     /// How long a static Pod manifest is kept out of
     /// /etc/kubernetes/manifests to restart its Pod after a certificate
     /// renewal: the kubelet's fileCheckFrequency.
-    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_wait)]
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = drover_common::units::parse_duration)]
     static_pod_restart_wait: std::time::Duration,
 
     /// The log format.
@@ -454,10 +454,6 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
         hostname,
         static_pod_restart_wait: cli.static_pod_restart_wait,
     })
-}
-
-fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
-    drover_common::units::parse_duration(s).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
