@@ -122,12 +122,16 @@ impl Agent {
 
     /// When a running control plane's first kubeadm certificate expires,
     /// when it differs from what the coordinator last heard (it changes
-    /// when the certificates are renewed).
+    /// when the certificates are renewed). The files are read once and
+    /// again after each command, not on every heartbeat.
     fn certificates_report(&mut self) -> Option<drover_common::api::CertificateExpiry> {
         if !self.reports_cluster() {
             return None;
         }
-        crate::certificates::earliest_expiry(&self.settings.root)
+        let root = &self.settings.root;
+        self.certificates
+            .get_or_insert_with(|| crate::certificates::earliest_expiry(root))
+            .clone()
             .filter(|c| self.certificates_sent.as_ref() != Some(c))
     }
 

@@ -122,6 +122,9 @@ pub struct Agent {
     kubeadm_sent: Option<String>,
     /// The certificate expiry the coordinator last accepted.
     certificates_sent: Option<drover_common::api::CertificateExpiry>,
+    /// The machine's first kubeadm certificate to expire, once read; read
+    /// again after each command the agent runs (they write certificates).
+    certificates: Option<Option<drover_common::api::CertificateExpiry>>,
     advertise: Option<IpAddr>,
     interval: Duration,
     next_heartbeat: Instant,
@@ -177,6 +180,7 @@ impl Agent {
             kubeadm_version: None,
             kubeadm_sent: None,
             certificates_sent: None,
+            certificates: None,
             advertise: settings.advertise_address,
             settings,
             store,
@@ -234,6 +238,7 @@ impl Agent {
                     let work = self.work.take().expect("work was running");
                     self.finish_work(work.kind, outcome);
                     self.kubeadm_version = None;
+                    self.certificates = None;
                     Ok(())
                 }
                 Wake::Heartbeat => self.heartbeat(&mut shutdown).await,
