@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::process::Stdio;
 
-use drover_common::api::MachineRole;
+use drover_common::api::{MachineRole, UpgradeCommand};
 use drover_common::token::BootstrapToken;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
@@ -26,6 +26,8 @@ pub struct CommandSpec {
     pub args: Vec<String>,
     /// Secrets replaced by `<redacted>` in the displayed command and output.
     pub redact: Vec<String>,
+    /// Environment set for the command, on top of the agent's.
+    pub env: Vec<(String, String)>,
 }
 
 impl CommandSpec {
@@ -34,6 +36,7 @@ impl CommandSpec {
             program: program.to_owned(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             redact: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -129,6 +132,41 @@ pub async fn kubeadm_version(kubeadm: &str) -> Option<String> {
 pub fn kubeadm_certs_renew(kubeadm: &str, root: &Path) -> CommandSpec {
     let mut spec = CommandSpec::new(kubeadm, &["certs", "renew", "all"]);
     push_rootfs(&mut spec, root);
+    spec
+}
+
+/// `kubeadm upgrade apply VERSION -y` or `kubeadm upgrade node`, with
+/// `--rootfs <root>` unless the root is `/`.
+pub fn kubeadm_upgrade(
+    kubeadm: &str,
+    command: UpgradeCommand,
+    version: &str,
+    root: &Path,
+) -> CommandSpec {
+    let mut spec = match command {
+        UpgradeCommand::Apply => CommandSpec::new(kubeadm, &["upgrade", "apply", version, "-y"]),
+        UpgradeCommand::Node => CommandSpec::new(kubeadm, &["upgrade", "node"]),
+    };
+    push_rootfs(&mut spec, root);
+    spec
+}
+
+/// The image's upgrade hook `name` (`upgrade-kubeadm` or `upgrade-kubelet`)
+/// in `hooks_dir`, given `version`. It learns the machine's root and the
+/// kubeadm the agent runs from `DROVER_ROOT` and `DROVER_KUBEADM`.
+pub fn upgrade_hook(
+    hooks_dir: &Path,
+    name: &str,
+    version: &str,
+    kubeadm: &str,
+    root: &Path,
+) -> CommandSpec {
+    let program = hooks_dir.join(name).display().to_string();
+    let mut spec = CommandSpec::new(&program, &[version]);
+    spec.env = vec![
+        ("DROVER_ROOT".into(), root.display().to_string()),
+        ("DROVER_KUBEADM".into(), kubeadm.to_owned()),
+    ];
     spec
 }
 
@@ -257,6 +295,7 @@ pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
     };
     let mut cmd = tokio::process::Command::new(&spec.program);
     cmd.args(&spec.args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .process_group(0)
         .kill_on_drop(false);
@@ -425,6 +464,7 @@ mod tests {
                 "for i in $(seq 1 40); do echo out $i; echo err $i >&2; done; echo secret-value >&2; exit 3".into(),
             ],
             redact: vec!["secret-value".into()],
+            env: vec![],
         };
         let outcome = run(&spec, OUTPUT_TAIL_LINES).await;
         assert!(!outcome.success);

@@ -289,6 +289,21 @@ impl Kube {
         }
     }
 
+    /// Marks Node `node` schedulable again, as `kubectl uncordon` does.
+    pub async fn uncordon(&mut self, api: &str, node: &str) -> Result<String, KubeError> {
+        let call = format!("uncordon node {node}");
+        let patch = serde_json::json!({"spec": {"unschedulable": null}});
+        let path = format!("/api/v1/nodes/{node}");
+        let patch = Some(("application/merge-patch+json", patch));
+        let (status, body) = self
+            .call_with(api, &call, Method::PATCH, &path, patch)
+            .await?;
+        if !status.is_success() {
+            return Err(failed(&call, api, format!("{status}: {body}")));
+        }
+        Ok(format!("node {node} uncordoned"))
+    }
+
     /// Drains Node `node` as `kubectl drain --ignore-daemonsets` does:
     /// cordons it, asks the Eviction API to evict each of its Pods (mirror
     /// Pods of static manifests and DaemonSet Pods stay), then waits up to

@@ -128,6 +128,12 @@ struct Cli {
     #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = drover_common::units::parse_duration)]
     static_pod_restart_wait: std::time::Duration,
 
+    /// Where the image's upgrade hooks are: `upgrade-kubeadm VERSION` and
+    /// `upgrade-kubelet VERSION`, run around `kubeadm upgrade` during an
+    /// in-place upgrade [default: <root>/usr/lib/drover].
+    #[arg(long, value_name = "DIR")]
+    hooks_dir: Option<PathBuf>,
+
     /// The log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -444,7 +450,12 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
             "--hostname: {e}; pass a host name of dot-separated lowercase letters, digits and '-'"
         );
     }
+    let hooks_dir = cli
+        .hooks_dir
+        .clone()
+        .unwrap_or_else(|| root.join("usr/lib/drover"));
     Ok(Settings {
+        hooks_dir,
         root,
         kubeadm: cli.kubeadm.clone(),
         state_dir,

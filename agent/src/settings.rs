@@ -20,6 +20,9 @@ pub struct Settings {
     /// How long a static Pod manifest stays out of the manifests directory
     /// to restart its Pod (the kubelet's file check period).
     pub static_pod_restart_wait: std::time::Duration,
+    /// Where the image's upgrade hooks (`upgrade-kubeadm`,
+    /// `upgrade-kubelet`) are.
+    pub hooks_dir: PathBuf,
 }
 
 impl Settings {

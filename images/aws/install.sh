@@ -218,6 +218,54 @@ phase_agent() {
   mv -f "$(r "$agent_path").new" "$(r "$agent_path")"
   install -m 0644 "$unit_file" "$(r "$unit_path")"
 
+  # The upgrade hooks the agent runs during an in-place upgrade (pool
+  # clusters; README "Upgrading a cluster"): one script, by two names.
+  install -d -m 0755 "$(r /usr/lib/drover)"
+  cat >"$(r /usr/lib/drover/upgrade-kubeadm).new" <<'HOOK'
+#!/usr/bin/env bash
+# Drover's in-place upgrade hooks (installed by images/aws/install.sh).
+#   upgrade-kubeadm VERSION   installs kubeadm VERSION from pkgs.k8s.io
+#   upgrade-kubelet VERSION   installs kubelet and kubectl VERSION, restarts
+#                             the kubelet
+# The drover-agent runs them around `kubeadm upgrade`; each switches the
+# package repository to VERSION's minor release, as the Kubernetes upgrade
+# guide does, and keeps the packages held.
+set -euo pipefail
+name=$(basename "$0")
+v=${1:-}
+[[ $v =~ ^v([0-9]+)\.([0-9]+)\.([0-9]+)$ ]] \
+  || { echo "$name: usage: $name vMAJOR.MINOR.PATCH (got '$v')" >&2; exit 2; }
+minor="v${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+repo="https://pkgs.k8s.io/core:/stable:/$minor/deb/"
+keyring=/etc/apt/keyrings/kubernetes-apt-keyring.asc
+case $name in
+  upgrade-kubeadm) pkgs=(kubeadm) ;;
+  upgrade-kubelet) pkgs=(kubelet kubectl) ;;
+  *) echo "$name: run as upgrade-kubeadm or upgrade-kubelet" >&2; exit 2 ;;
+esac
+export DEBIAN_FRONTEND=noninteractive
+curl -fsSL --retry 5 --retry-connrefused "${repo}Release.key" -o "$keyring.new" \
+  || { echo "$name: cannot download ${repo}Release.key (does Kubernetes $minor exist on pkgs.k8s.io?)" >&2; exit 1; }
+mv "$keyring.new" "$keyring"
+printf 'Types: deb\nURIs: %s\nSuites: /\nSigned-By: %s\n' "$repo" "$keyring" \
+  >/etc/apt/sources.list.d/kubernetes.sources
+apt-get update -q
+apt-mark unhold "${pkgs[@]}" >/dev/null
+apt-get install -y -q --no-install-recommends "${pkgs[@]/%/=${v#v}-*}"
+apt-mark hold "${pkgs[@]}" >/dev/null
+if [[ $name == upgrade-kubelet ]]; then
+  systemctl daemon-reload
+  systemctl restart kubelet.service
+  echo "$name: $(kubelet --version) installed and restarted"
+else
+  echo "$name: kubeadm $(kubeadm version -o short) installed"
+fi
+HOOK
+  chmod 0755 "$(r /usr/lib/drover/upgrade-kubeadm).new"
+  mv -f "$(r /usr/lib/drover/upgrade-kubeadm).new" "$(r /usr/lib/drover/upgrade-kubeadm)"
+  ln -sfn upgrade-kubeadm "$(r /usr/lib/drover/upgrade-kubelet)"
+  bash -n "$(r /usr/lib/drover/upgrade-kubeadm)" || die "the upgrade hook does not parse"
+
   # install -d leaves the mode of an existing directory alone.
   install -d -m 0700 "$(r "$config_dir")" "$(r "$state_dir")"
   chmod 0700 "$(r "$config_dir")" "$(r "$state_dir")"

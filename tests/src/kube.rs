@@ -155,3 +155,30 @@ impl Prober {
 pub fn longest_failure_run(probes: &[bool]) -> usize {
     probes.split(|ok| *ok).map(<[bool]>::len).max().unwrap_or(0)
 }
+
+/// The version of the API server behind the cluster's endpoint, as real
+/// `kubectl version` reports it.
+pub fn server_version(kubeconfig: &Path) -> String {
+    let out = kubectl(kubeconfig, &["version", "-o", "json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["serverVersion"]["gitVersion"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no server version: {out}"))
+        .to_owned()
+}
+
+/// The kubelet version of every Node, as real kubectl lists them.
+pub fn kubelet_versions(kubeconfig: &Path) -> Result<Vec<String>, String> {
+    let out = kubectl(
+        kubeconfig,
+        &[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.status.nodeInfo.kubeletVersion}{\"\\n\"}{end}",
+        ],
+    )?;
+    let mut v: Vec<String> = out.lines().map(str::to_owned).collect();
+    v.sort();
+    Ok(v)
+}

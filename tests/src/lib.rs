@@ -517,6 +517,8 @@ pub struct Agent {
     boot: Boot,
     /// More environment for the agent (and the kubeadm it runs).
     env: Vec<(String, String)>,
+    /// The kubeadm the agent runs.
+    kubeadm: PathBuf,
     child: Option<Child>,
     log_path: PathBuf,
 }
@@ -541,12 +543,47 @@ impl Agent {
         Self::boot_with_env(root, hostname, boot, vec![])
     }
 
+    /// [`Agent::start`] for a machine with its own kubeadm installation,
+    /// as a node image has: the stand-in at `<root>/usr/bin/kubeadm` and
+    /// the upgrade hooks `<root>/usr/lib/drover/upgrade-{kubeadm,kubelet}`
+    /// (links to it), so an in-place upgrade of this machine changes its
+    /// kubeadm and kubelet versions only.
+    pub fn start_installed(root: &Path, hostname: &str, bootstrap: &Path) -> Self {
+        let kubeadm = root.join("usr/bin/kubeadm");
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        if std::fs::hard_link(bin("kubeadm"), &kubeadm).is_err() {
+            std::fs::copy(bin("kubeadm"), &kubeadm).unwrap();
+        }
+        let hooks = root.join("usr/lib/drover");
+        std::fs::create_dir_all(&hooks).unwrap();
+        for hook in ["upgrade-kubeadm", "upgrade-kubelet"] {
+            std::os::unix::fs::symlink(&kubeadm, hooks.join(hook)).unwrap();
+        }
+        Self::launch(
+            root,
+            hostname,
+            Boot::File(bootstrap.to_path_buf()),
+            vec![],
+            kubeadm,
+        )
+    }
+
     /// [`Agent::boot`] with more environment for the agent and its kubeadm.
     pub fn boot_with_env(
         root: &Path,
         hostname: &str,
         boot: Boot,
         env: Vec<(String, String)>,
+    ) -> Self {
+        Self::launch(root, hostname, boot, env, bin("kubeadm"))
+    }
+
+    fn launch(
+        root: &Path,
+        hostname: &str,
+        boot: Boot,
+        env: Vec<(String, String)>,
+        kubeadm: PathBuf,
     ) -> Self {
         std::fs::create_dir_all(root).unwrap();
         let mut a = Self {
@@ -556,6 +593,7 @@ impl Agent {
             hostname: hostname.to_owned(),
             boot,
             env,
+            kubeadm,
             child: None,
             log_path: root.join("agent.log"),
         };
@@ -589,7 +627,7 @@ impl Agent {
             .arg("--root")
             .arg(&self.root)
             .arg("--kubeadm")
-            .arg(bin("kubeadm"))
+            .arg(&self.kubeadm)
             .args(["--advertise-address", &self.address])
             .args(["--api-server-port", &self.ports.api_server.to_string()])
             .args([

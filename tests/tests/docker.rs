@@ -1324,33 +1324,6 @@ fn rolling_cluster_yaml(name: &str, cp: u32, workers: u32, settle: &str) -> Stri
         .replace("  controlPlane:", &format!("{upgrade}  controlPlane:"))
 }
 
-/// The version of the API server behind the cluster's endpoint, as real
-/// `kubectl version` reports it.
-fn server_version(kubeconfig: &Path) -> String {
-    let out = kube::kubectl(kubeconfig, &["version", "-o", "json"]).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["serverVersion"]["gitVersion"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no server version: {out}"))
-        .to_owned()
-}
-
-/// The kubelet version of every Node, as real kubectl lists them.
-fn kubelet_versions(kubeconfig: &Path) -> Result<Vec<String>, String> {
-    let out = kube::kubectl(
-        kubeconfig,
-        &[
-            "get",
-            "nodes",
-            "-o",
-            "jsonpath={range .items[*]}{.status.nodeInfo.kubeletVersion}{\"\\n\"}{end}",
-        ],
-    )?;
-    let mut v: Vec<String> = out.lines().map(str::to_owned).collect();
-    v.sort();
-    Ok(v)
-}
-
 #[test]
 fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_halts() {
     let (tmp, name, _cleanup) = setup("roll");
@@ -1362,12 +1335,12 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
     let kubeconfig = tmp.path().join("kubeconfig");
     std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
     wait_for("two v1.31.2 kubelets", BOOT, || {
-        let v = kubelet_versions(&kubeconfig)?;
+        let v = kube::kubelet_versions(&kubeconfig)?;
         (v == ["v1.31.2", "v1.31.2"])
             .then_some(())
             .ok_or(format!("{v:?}"))
     });
-    assert_eq!(server_version(&kubeconfig), "v1.31.2");
+    assert_eq!(kube::server_version(&kubeconfig), "v1.31.2");
     let before: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
     let image = node_image();
     for m in live_machines(&c, &name) {
@@ -1416,7 +1389,7 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
         assert_eq!(m["status"]["kubeadmVersion"], "v1.32.0", "{m}");
     }
     wait_for("two Ready v1.32.0 kubelets", BOOT, || {
-        let v = kubelet_versions(&kubeconfig)?;
+        let v = kube::kubelet_versions(&kubeconfig)?;
         let ready = kube::ready_nodes(&kubeconfig)?;
         (v == ["v1.32.0", "v1.32.0"] && ready.len() == 2)
             .then_some(())
@@ -1425,7 +1398,7 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
     // The cluster's kubeadm-config was moved to v1.32.0 before the new
     // control plane joined, so it deployed (and its API server runs)
     // v1.32.0, not the version of the cluster it joined.
-    assert_eq!(server_version(&kubeconfig), "v1.32.0");
+    assert_eq!(kube::server_version(&kubeconfig), "v1.32.0");
     let config = kube::kubectl(
         &kubeconfig,
         &[
@@ -1517,7 +1490,7 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
         let live: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
         (live == after).then_some(()).ok_or(format!("{live:?}"))
     });
-    let v = kubelet_versions(&kubeconfig).unwrap();
+    let v = kube::kubelet_versions(&kubeconfig).unwrap();
     assert_eq!(v, ["v1.32.0", "v1.32.0"]);
 }
 

@@ -75,13 +75,12 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     apply(&c, tmp.path(), &pool_cluster_yaml("demo", 1, 2, "dev"));
     c.wait_cluster_phase("demo", "Running", BOOT);
 
-    // Its machines run v1.31.2: a status claiming another version would be
-    // a lie, so a version change of a pool cluster (whose machines would
-    // be upgraded in place) is refused.
+    // kubeadm upgrades one minor release at a time: skipping one is
+    // refused, naming what is allowed.
     let f = tmp.path().join("upgrade.yaml");
     std::fs::write(
         &f,
-        pool_cluster_yaml("demo", 1, 2, "dev").replace("v1.31.2", "v1.32.0"),
+        pool_cluster_yaml("demo", 1, 2, "dev").replace("v1.31.2", "v1.33.0"),
     )
     .unwrap();
     let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
@@ -89,7 +88,8 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     assert!(
         !out.status.success()
             && err.contains("spec.kubernetesVersion")
-            && err.contains("cannot change pool cluster demo from v1.31.2 to v1.32.0"),
+            && err.contains("cannot go from v1.31.2 to v1.33.0")
+            && err.contains("v1.32"),
         "{err}"
     );
     assert_eq!(
@@ -1403,6 +1403,180 @@ fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it
         "the pod was evicted"
     );
     c.wait_condition("drain", "DrainFailed", "False");
+}
+
+#[test]
+fn a_pool_cluster_upgrades_in_place_one_machine_at_a_time_control_plane_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 3, "1h", &boot);
+    // Each machine has its own kubeadm installation and upgrade hooks, as
+    // a node image has.
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            Agent::start_installed(&tmp.path().join(format!("m{i}")), &format!("up-{i}"), &boot)
+        })
+        .collect();
+    wait_registered(&c, 3);
+    let doc = pool_cluster_yaml("up", 1, 2, "dev").replace(
+        "  controlPlane:",
+        "  upgrade:\n    settleTime: 2s\n  controlPlane:",
+    );
+    apply(&c, tmp.path(), &doc);
+    c.wait_cluster_phase("up", "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "up"])).unwrap();
+    wait_for("three v1.31.2 kubelets", BOOT, || {
+        let v = kube::kubelet_versions(&kubeconfig)?;
+        (v == ["v1.31.2"; 3]).then_some(()).ok_or(format!("{v:?}"))
+    });
+    assert_eq!(kube::server_version(&kubeconfig), "v1.31.2");
+
+    // One machine's image lacks the kubelet hook: its upgrade fails and
+    // halts the rollout there.
+    let hook = agents[2].root.join("usr/lib/drover/upgrade-kubelet");
+    std::fs::remove_file(&hook).unwrap();
+
+    // v1.31.2 -> v1.32.0: the machines upgrade where they stand.
+    apply(&c, tmp.path(), &doc.replace("v1.31.2", "v1.32.0"));
+    // While it is under way, the next minor release waits for it.
+    wait_for("the rollout status", BOOT, || {
+        c.cluster("up")
+            .filter(|c| !c["status"]["rollout"].is_null())
+            .map(|_| ())
+            .ok_or_else(|| "no rollout yet".to_string())
+    });
+    let next = tmp.path().join("next.yaml");
+    std::fs::write(&next, doc.replace("v1.31.2", "v1.33.0")).unwrap();
+    let out = c.cli(&["apply", "-f", next.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("still being upgraded in place to v1.32.0"),
+        "{err}"
+    );
+    let halted = c.cli(&["rollout", "status", "up", "--wait", "--timeout", "240s"]);
+    let log = String::from_utf8_lossy(&halted.stderr).into_owned();
+    eprintln!("in-place upgrade progress, to the halt:\n{log}");
+    let broken = machine_by_host(&c.machines(), "up-2")["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        !halted.status.success()
+            && log.contains(&format!("HALTED at machine {broken} (step upgrade)"))
+            && log.contains("the machine image has no upgrade hook")
+            && log.contains("nothing was changed"),
+        "{log}"
+    );
+    c.wait_condition("up", "UpgradeHalted", "True");
+    // From inside the cluster: its Node stays cordoned, still v1.31.2.
+    let node = kube::kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "node",
+            "up-2",
+            "-o",
+            "jsonpath={.spec.unschedulable} {.status.nodeInfo.kubeletVersion}",
+        ],
+    )
+    .unwrap();
+    assert_eq!(node, "true v1.31.2");
+
+    // The image fixed, an operator resumes: the rest completes.
+    std::os::unix::fs::symlink(agents[2].root.join("usr/bin/kubeadm"), &hook).unwrap();
+    c.cli_ok(&["rollout", "resume", "up"]);
+    let progress = c.cli(&["rollout", "status", "up", "--wait", "--timeout", "240s"]);
+    let log = format!("{log}{}", String::from_utf8_lossy(&progress.stderr));
+    assert!(
+        progress.status.success(),
+        "rollout: {}\n{log}\n{}",
+        String::from_utf8_lossy(&progress.stdout),
+        agents
+            .iter()
+            .map(|a| a.log())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!("in-place upgrade progress, all of it:\n{log}");
+    c.wait_condition("up", "UpgradeHalted", "False");
+    // The control plane went first: it was at v1.32.0 while both workers
+    // still waited.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("control-plane: 1/1 at v1.32.0;")
+                && l.contains("default: 0/2 at v1.32.0, 2 to upgrade")),
+        "{log}"
+    );
+
+    // No machine was replaced: the same three run, each upgraded by its
+    // own kubeadm (`upgrade apply` on the control plane, `upgrade node` on
+    // the workers), between its hooks, and report v1.32.0.
+    let machines = c.machines();
+    assert_eq!(machines.len(), 3);
+    for a in &agents {
+        let m = machine_by_host(&machines, &a.hostname);
+        assert_eq!(m["status"]["phase"], "Running", "{m}");
+        assert_eq!(m["status"]["kubeadmVersion"], "v1.32.0", "{m}");
+        let calls: Vec<Vec<String>> = a
+            .kubeadm_calls()
+            .iter()
+            .filter(|c| c["exit"] == 0)
+            .filter_map(|c| serde_json::from_value(c["argv"].clone()).ok())
+            .collect();
+        let pos = |pred: &dyn Fn(&Vec<String>) -> bool| {
+            calls
+                .iter()
+                .position(pred)
+                .unwrap_or_else(|| panic!("{}: {calls:?}", a.hostname))
+        };
+        let hook_kubeadm = pos(&|c| c[0].ends_with("/upgrade-kubeadm") && c[1] == "v1.32.0");
+        let upgrade = pos(&|c| c.get(1).is_some_and(|s| s == "upgrade"));
+        let hook_kubelet = pos(&|c| c[0].ends_with("/upgrade-kubelet") && c[1] == "v1.32.0");
+        assert!(
+            hook_kubeadm < upgrade && upgrade < hook_kubelet,
+            "{calls:?}"
+        );
+        let verb = &calls[upgrade][2];
+        if m["spec"]["assignment"]["role"] == "init" {
+            assert_eq!(&calls[upgrade][2..4], ["apply", "v1.32.0"], "{calls:?}");
+        } else {
+            assert_eq!(verb, "node", "{calls:?}");
+        }
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| c[1] == "init" || c[1] == "join")
+                .count(),
+            1,
+            "bootstrapped once: {calls:?}"
+        );
+    }
+    // From inside the cluster: the API server and every kubelet are
+    // v1.32.0, every Node Ready and schedulable again.
+    assert_eq!(kube::server_version(&kubeconfig), "v1.32.0");
+    wait_for("three Ready, schedulable v1.32.0 Nodes", BOOT, || {
+        let v = kube::kubelet_versions(&kubeconfig)?;
+        let ready = kube::ready_nodes(&kubeconfig)?;
+        let cordoned = kube::kubectl(
+            &kubeconfig,
+            &[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={.items[*].spec.unschedulable}",
+            ],
+        )?;
+        (v == ["v1.32.0"; 3] && ready.len() == 3 && cordoned.trim().is_empty())
+            .then_some(())
+            .ok_or(format!("{v:?} ready {ready:?} unschedulable {cordoned:?}"))
+    });
+    let status = c.cli_ok(&["rollout", "status", "up"]);
+    assert!(
+        status.contains("no rollout: every machine is at v1.32.0"),
+        "{status}"
+    );
 }
 
 #[test]

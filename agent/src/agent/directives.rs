@@ -1,10 +1,11 @@
 //! Directives: accepting them from heartbeat answers (each once),
 //! carrying them out one at a time, and queueing their results.
 
+use drover_common::api::UpgradeCommand;
 use drover_common::wire::{Directive, DirectiveAction, DirectiveResult};
 
 use super::{Agent, WorkKind};
-use crate::command::{self, CommandOutcome};
+use crate::command::{self, CommandOutcome, CommandSpec};
 use crate::files;
 use crate::protocol::directives::{describe, may_create_token};
 use crate::protocol::report;
@@ -15,6 +16,7 @@ use crate::state::BootstrapStep;
 enum NodeCall {
     Delete,
     Drain,
+    Uncordon,
 }
 
 impl Agent {
@@ -87,6 +89,12 @@ impl Agent {
                 DirectiveAction::DrainNode { node } => {
                     self.start_node_call(directive.id, node, NodeCall::Drain);
                 }
+                DirectiveAction::UncordonNode { node } => {
+                    self.start_node_call(directive.id, node, NodeCall::Uncordon);
+                }
+                DirectiveAction::UpgradeKubernetes { version, command } => {
+                    self.start_upgrade(directive.id, version, command);
+                }
                 DirectiveAction::RenewCertificates { reason } => {
                     tracing::info!(%reason, "renewing the kubeadm certificates at the coordinator's request");
                     let spec =
@@ -156,6 +164,7 @@ impl Agent {
         let verb = match what {
             NodeCall::Delete => "delete",
             NodeCall::Drain => "drain",
+            NodeCall::Uncordon => "uncordon",
         };
         tracing::info!(node = %node, action = verb, "acting on a Node at the coordinator's request");
         let mut kube = crate::kube::Kube::new(&self.settings.root);
@@ -166,6 +175,7 @@ impl Agent {
                 Ok(match what {
                     NodeCall::Delete => kube.delete_node(&api, &node).await?,
                     NodeCall::Drain => kube.drain(&api, &node).await?,
+                    NodeCall::Uncordon => kube.uncordon(&api, &node).await?,
                 })
             };
             (command, Box::pin(call))
@@ -191,6 +201,80 @@ impl Agent {
             Err(why) => return self.finish_directive(id, false, why),
         };
         let (command, call) = make(ip, self.settings.api_server_port);
+        self.start_call(id, command, call);
+    }
+
+    /// Upgrades this machine in place to `version` for directive `id`: the
+    /// image's `upgrade-kubeadm` hook, `kubeadm upgrade apply|node`, then
+    /// its `upgrade-kubelet` hook (which installs and restarts the
+    /// kubelet), each with a timeout; the first that fails fails the
+    /// directive with its command, exit status and output. Only a machine
+    /// that runs in its cluster upgrades.
+    fn start_upgrade(&mut self, id: String, version: String, command: UpgradeCommand) {
+        if !self.state.bootstrapped() {
+            return self.finish_directive(
+                id,
+                false,
+                format!(
+                    "this machine cannot upgrade to {version}: it is not running in a cluster (phase {:?})",
+                    self.phase()
+                ),
+            );
+        }
+        let s = &self.settings;
+        // Nothing is changed unless every step can run.
+        let missing: Vec<String> = [KUBEADM_HOOK, KUBELET_HOOK]
+            .iter()
+            .map(|h| s.hooks_dir.join(h))
+            .filter(|p| !p.is_file())
+            .map(|p| p.display().to_string())
+            .collect();
+        if !missing.is_empty() {
+            return self.finish_directive(
+                id,
+                false,
+                format!(
+                    "cannot upgrade to {version}: the machine image has no upgrade hook {}; an in-place upgrade needs the image to provide {KUBEADM_HOOK} and {KUBELET_HOOK} (see the README, \"Upgrading a cluster\"); nothing was changed",
+                    missing.join(" and ")
+                ),
+            );
+        }
+        tracing::info!(%version, %command, "upgrading this machine in place at the coordinator's request");
+        let steps = [
+            command::upgrade_hook(&s.hooks_dir, KUBEADM_HOOK, &version, &s.kubeadm, &s.root),
+            command::kubeadm_upgrade(&s.kubeadm, command, &version, &s.root),
+            command::upgrade_hook(&s.hooks_dir, KUBELET_HOOK, &version, &s.kubeadm, &s.root),
+        ];
+        let shown = steps
+            .iter()
+            .map(CommandSpec::display)
+            .collect::<Vec<_>>()
+            .join(" && ");
+        let call = async move {
+            for spec in &steps {
+                tracing::info!(command = %spec.display(), "upgrade step");
+                let outcome = tokio::time::timeout(UPGRADE_STEP_TIMEOUT, command::run(spec, 20))
+                    .await
+                    .map_err(|_| {
+                        ClusterCallError::Command(format!(
+                            "{} did not finish in {}s",
+                            spec.display(),
+                            UPGRADE_STEP_TIMEOUT.as_secs()
+                        ))
+                    })?;
+                if !outcome.success {
+                    return Err(ClusterCallError::Command(outcome.summary()));
+                }
+            }
+            Ok(format!(
+                "upgraded to {version} with {command}; kubelet {version} installed"
+            ))
+        };
+        self.start_call(id, shown, Box::pin(call));
+    }
+
+    /// Runs `call` as the work of directive `id`, shown as `command`.
+    fn start_call(&mut self, id: String, command: String, call: ClusterCall) {
         let outcome = Box::pin(async move {
             let (success, message) = match call.await {
                 Ok(m) => (true, m),
@@ -277,6 +361,13 @@ impl Agent {
         }
     }
 }
+
+/// The hooks of the node image that install another kubeadm and kubelet.
+pub const KUBEADM_HOOK: &str = "upgrade-kubeadm";
+pub const KUBELET_HOOK: &str = "upgrade-kubelet";
+
+/// How long each step of an in-place upgrade may take.
+const UPGRADE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// How long `kubeadm certs renew all` may take.
 const CERTS_RENEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);

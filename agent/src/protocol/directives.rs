@@ -27,6 +27,10 @@ pub fn describe(action: &DirectiveAction) -> String {
         DirectiveAction::RenewCertificates { reason } => {
             format!("renew the kubeadm certificates ({reason})")
         }
+        DirectiveAction::UpgradeKubernetes { version, command } => {
+            format!("upgrade in place to {version} ({command})")
+        }
+        DirectiveAction::UncordonNode { node } => format!("uncordon node {node}"),
     }
 }
 

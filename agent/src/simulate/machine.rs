@@ -349,6 +349,14 @@ impl Sim {
                     false,
                     "simulated machines run no kubeadm; no certificate was renewed".to_owned(),
                 ),
+                DirectiveAction::UpgradeKubernetes { version, .. } => (
+                    false,
+                    format!("simulated machines run no kubeadm; nothing was upgraded to {version}"),
+                ),
+                DirectiveAction::UncordonNode { node } => (
+                    false,
+                    format!("simulated machines run no API server; node {node} was not uncordoned"),
+                ),
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

@@ -411,6 +411,100 @@ impl VersionUpdate {
 /// The id prefix of the directives that set the `kubeadm-config` version.
 pub const VERSION_UPDATE_PREFIX: &str = "kubeadm-config-version-";
 
+/// The in-place upgrade of one pool machine to the cluster's version: its
+/// Node is drained, the machine upgrades itself (`kubeadm upgrade apply` on
+/// the first control plane, `kubeadm upgrade node` elsewhere, then the
+/// image's kubelet hook), a control plane uncordons the Node, and the
+/// machine settles before the next one starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineUpgrade {
+    pub machine: String,
+    pub node: String,
+    /// The version it upgrades to.
+    pub version: String,
+    pub command: UpgradeCommand,
+    pub step: MachineUpgradeStep,
+    /// When this machine's upgrade started.
+    #[serde(with = "time::serde::rfc3339")]
+    pub started_at: time::OffsetDateTime,
+    /// When the current step was asked for (it names the directive).
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+    /// The control-plane machine asked to uncordon the Node.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub via: String,
+    /// The current step's outcome, once the machine reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<DrainResult>,
+}
+
+/// Which `kubeadm upgrade` a machine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UpgradeCommand {
+    /// `kubeadm upgrade apply VERSION -y`: the first control plane, which
+    /// also records the version in `kube-system/kubeadm-config`.
+    Apply,
+    /// `kubeadm upgrade node`: every other machine.
+    Node,
+}
+
+impl std::fmt::Display for UpgradeCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Apply => "kubeadm upgrade apply",
+            Self::Node => "kubeadm upgrade node",
+        })
+    }
+}
+
+/// Where a machine's in-place upgrade stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MachineUpgradeStep {
+    /// Its Node is being drained (`status.drain`).
+    Drain,
+    /// The machine runs the upgrade.
+    Upgrade,
+    /// A control plane uncordons its Node.
+    Uncordon,
+    /// Upgraded and uncordoned: it must stay Running, healthy and Ready
+    /// for the settle time.
+    Settle,
+}
+
+impl std::fmt::Display for MachineUpgradeStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Drain => "drain",
+            Self::Upgrade => "upgrade",
+            Self::Uncordon => "uncordon",
+            Self::Settle => "settle",
+        })
+    }
+}
+
+impl MachineUpgrade {
+    /// The id of the current step's directive; a retry is a new directive.
+    pub fn directive_id(&self) -> String {
+        let prefix = match self.step {
+            MachineUpgradeStep::Uncordon => UNCORDON_PREFIX,
+            _ => MACHINE_UPGRADE_PREFIX,
+        };
+        format!(
+            "{prefix}{}-{}",
+            self.node.chars().take(32).collect::<String>(),
+            self.requested_at.unix_timestamp()
+        )
+    }
+}
+
+/// The id prefix of in-place upgrade directives.
+pub const MACHINE_UPGRADE_PREFIX: &str = "upgrade-";
+/// The id prefix of uncordon directives.
+pub const UNCORDON_PREFIX: &str = "uncordon-";
+
 /// The drain of a machine leaving on purpose, asked of a control-plane
 /// machine (one attempt at a time, retried until the drain timeout).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -773,6 +867,10 @@ pub struct ClusterStatus {
     /// done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_update: Option<VersionUpdate>,
+    /// The pool machine being upgraded in place (pool clusters, one
+    /// machine at a time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_upgrade: Option<MachineUpgrade>,
     /// The rollout under way: machines made for another version or image
     /// being replaced; absent when every machine is up to date.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -56,6 +56,19 @@ pub enum DirectiveAction {
     /// expires when.
     #[serde(rename_all = "camelCase")]
     RenewCertificates { reason: String },
+    /// Upgrade this machine in place to `version`: the image's
+    /// `upgrade-kubeadm` hook, then `command` (`kubeadm upgrade apply
+    /// VERSION -y` or `kubeadm upgrade node`), then its `upgrade-kubelet`
+    /// hook, which installs and restarts the kubelet. Its Node was drained
+    /// first; a control plane uncordons it afterwards.
+    #[serde(rename_all = "camelCase")]
+    UpgradeKubernetes {
+        version: String,
+        command: crate::api::UpgradeCommand,
+    },
+    /// Mark a Node schedulable again (after its machine's upgrade).
+    #[serde(rename_all = "camelCase")]
+    UncordonNode { node: String },
 }
 
 /// The outcome of a directive.

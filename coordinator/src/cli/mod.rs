@@ -323,9 +323,14 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
 pub fn rollout_lines(c: &Cluster) -> Vec<String> {
     let Some(r) = &c.status.rollout else {
         return vec![format!(
-            "no rollout: every machine is made for {}",
+            "no rollout: every machine is at {}",
             c.spec.kubernetes_version
         )];
+    };
+    let verb = if c.spec.provider.creates_machines() {
+        "replace"
+    } else {
+        "upgrade"
     };
     let mut out: Vec<String> = r
         .pools
@@ -338,13 +343,26 @@ pub fn rollout_lines(c: &Cluster) -> Vec<String> {
                 p.desired,
                 r.version,
                 if p.outdated > 0 {
-                    format!(", {} to replace", p.outdated)
+                    format!(", {} to {verb}", p.outdated)
                 } else {
                     String::new()
                 }
             )
         })
         .collect();
+    if let Some(u) = &c.status.machine_upgrade {
+        out.push(format!(
+            "upgrading {} in place ({}): {} since {}{}",
+            u.machine,
+            u.command,
+            u.step,
+            rfc3339(u.requested_at),
+            match &u.result {
+                Some(r) if !r.ok => format!(" (failed: {})", r.message),
+                _ => String::new(),
+            }
+        ));
+    }
     if let Some(h) = &r.halted {
         out.push(format!(
             "HALTED at machine {} (step {}): {}; `drover rollout resume {}` to go on",
@@ -395,7 +413,7 @@ async fn rollout(command: RolloutCommand) -> anyhow::Result<()> {
                 match &c.status.rollout {
                     None if c.status.observed_generation >= c.metadata.generation => {
                         println!(
-                            "cluster/{}: rollout done, every machine is made for {}",
+                            "cluster/{}: rollout done, every machine is at {}",
                             s.cluster, c.spec.kubernetes_version
                         );
                         return Ok(());

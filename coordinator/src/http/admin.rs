@@ -254,10 +254,10 @@ pub async fn apply_cluster(
 }
 
 /// Why `desired` may not change `current`'s Kubernetes version, if it may
-/// not: the version moves up one minor release at a time, and, until
-/// machines are rolled to a new version, only before any machine was
-/// bootstrapped (a status that named a version its machines do not run
-/// would be a lie).
+/// not: the version moves up one minor release at a time, and a pool
+/// cluster, whose machines upgrade in place, only once its last upgrade is
+/// done (kubeadm upgrades one minor release at a time, from the version
+/// that runs).
 fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String> {
     let (from, to) = (
         &current.spec.kubernetes_version,
@@ -269,15 +269,17 @@ fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String
     if let Err(why) = drover_common::api::check_version_change(from, to) {
         return Some(why.to_string());
     }
-    // Provider clusters roll: new machines replace the old ones. Pool
-    // machines would be upgraded in place, which Drover does not do yet.
-    let running = current.status.initialized || current.status.init_machine.is_some();
-    (running && !current.spec.provider.creates_machines()).then(|| {
-        format!(
-            "cannot change pool cluster {} from {from} to {to}: its machines would be upgraded in place, which Drover does not do yet (docker and aws clusters roll to a new version); keep {from}, or create a cluster at {to} and move the workloads",
-            current.metadata.name
-        )
-    })
+    // Provider clusters roll: new machines replace the old ones, made for
+    // the newest version. Pool machines upgrade where they stand, one
+    // minor release at a time.
+    let rolling = current.status.rollout.as_ref().map(|r| r.version.as_str());
+    match rolling {
+        Some(v) if !current.spec.provider.creates_machines() && v != to => Some(format!(
+            "cannot change pool cluster {} to {to}: its machines are still being upgraded in place to {v} (see `drover rollout status {}`); apply {to} once that upgrade is done, or apply {v} again to keep it going",
+            current.metadata.name, current.metadata.name
+        )),
+        _ => None,
+    }
 }
 
 /// `DELETE /v1/clusters/{name}`: marks the cluster for deletion; the
@@ -606,7 +608,7 @@ pub async fn resume_rollout(
             app.update_cluster::<ApiError>(&name, |c| {
                 let Some(r) = c.status.rollout.as_mut() else {
                     return Err(ApiError::conflict(format!(
-                        "cluster {} has no rollout under way: every machine is made for its version and images",
+                        "cluster {} has no rollout under way: every machine is at its version and image",
                         c.metadata.name
                     )));
                 };

@@ -9,7 +9,8 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use drover_common::api::{
     push_event, set_condition, Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus,
-    ObjectMeta, CERTIFICATE_RENEWAL_PREFIX, ETCD_REMOVAL_PREFIX, VERSION_UPDATE_PREFIX,
+    MachineUpgradeStep, ObjectMeta, CERTIFICATE_RENEWAL_PREFIX, ETCD_REMOVAL_PREFIX,
+    MACHINE_UPGRADE_PREFIX, UNCORDON_PREFIX, VERSION_UPDATE_PREFIX,
 };
 use drover_common::pki::{LeafSpec, LeafUsage};
 use drover_common::ticket::TicketGrant;
@@ -578,6 +579,11 @@ fn record_heartbeat(
         {
             record_renewal(app, a, &name, r, now)?;
         }
+        for r in hb.directive_results.iter().filter(|r| {
+            r.id.starts_with(MACHINE_UPGRADE_PREFIX) || r.id.starts_with(UNCORDON_PREFIX)
+        }) {
+            record_upgrade_step(app, a, &name, r)?;
+        }
     }
     if hb.etcd.is_some() || hb.nodes.is_some() {
         record_view(app, &machine, hb, now)?;
@@ -689,6 +695,46 @@ fn record_renewal(
         }
         _ => false,
     })
+}
+
+/// Records the outcome of a step of the in-place upgrade under way (the
+/// upgrade itself, asked of the machine, or the uncordon, asked of a
+/// control plane), when it is that step's directive; the planner moves on.
+fn record_upgrade_step(
+    app: &App,
+    a: &drover_common::api::Assignment,
+    name: &str,
+    result: &drover_common::wire::DirectiveResult,
+) -> Result<(), ApiError> {
+    let mut recorded = None;
+    update_own_cluster(app, a, |s| {
+        let Some(u) = s.machine_upgrade.as_mut() else {
+            return false;
+        };
+        let asked = match u.step {
+            MachineUpgradeStep::Upgrade => u.machine == name,
+            MachineUpgradeStep::Uncordon => u.via == name,
+            MachineUpgradeStep::Drain | MachineUpgradeStep::Settle => false,
+        };
+        if !asked || u.directive_id() != result.id || u.result.is_some() {
+            return false;
+        }
+        u.result = Some(drover_common::api::DrainResult {
+            ok: result.ok,
+            message: result.message.clone(),
+        });
+        recorded = Some((u.machine.clone(), u.step));
+        true
+    })?;
+    if let Some((machine, step)) = recorded {
+        if result.ok {
+            tracing::info!(cluster = %a.cluster, %machine, %step, via = %name, message = %result.message, "in-place upgrade step done");
+        } else {
+            tracing::warn!(cluster = %a.cluster, %machine, %step, via = %name, message = %result.message, "in-place upgrade step failed");
+        }
+        app.reconcile_soon();
+    }
+    Ok(())
 }
 
 /// Records that the member removal under way failed, so the planner asks
@@ -844,10 +890,37 @@ fn heartbeat_answer(
                 role: a.role,
                 generation: a.generation,
             });
-            if a.role.is_control_plane() && machine.status.phase == MachinePhase::Running {
-                let cluster = app
+            let running = machine.status.phase == MachinePhase::Running;
+            let cluster = match running {
+                true => app
                     .cluster(&a.cluster)?
-                    .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()));
+                    .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str())),
+                false => None,
+            };
+            let upgrade = cluster
+                .as_ref()
+                .and_then(|c| c.status.machine_upgrade.clone())
+                .filter(|u| u.result.is_none());
+            if let Some(u) = upgrade.clone().filter(|u| {
+                u.step == MachineUpgradeStep::Upgrade && u.machine == machine.metadata.name
+            }) {
+                directives.push(Directive {
+                    id: u.directive_id(),
+                    action: DirectiveAction::UpgradeKubernetes {
+                        version: u.version,
+                        command: u.command,
+                    },
+                });
+            }
+            if a.role.is_control_plane() && running {
+                if let Some(u) = upgrade.filter(|u| {
+                    u.step == MachineUpgradeStep::Uncordon && u.via == machine.metadata.name
+                }) {
+                    directives.push(Directive {
+                        id: u.directive_id(),
+                        action: DirectiveAction::UncordonNode { node: u.node },
+                    });
+                }
                 if let Some(r) = cluster
                     .as_ref()
                     .and_then(|c| c.status.certificate_renewal.clone())

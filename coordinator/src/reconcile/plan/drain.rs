@@ -7,12 +7,17 @@
 //! either halts with a `DrainFailed` condition naming what blocks it or,
 //! with `spec.drain.force`, lets the machine go.
 //!
+//! A pool machine about to upgrade in place (`status.machineUpgrade` at its
+//! drain step) is drained the same way, though it stays.
+//!
 //! A machine that is silent, or whose Node is reported not Ready, is not
 //! drained: there is nothing to evict through, or no kubelet to confirm an
 //! eviction. Remediations are never held.
 
 use super::shared::{Observed, Step};
-use drover_common::api::{set_condition, Cluster, DrainPolicy, Machine, MachinePhase, NodeDrain};
+use drover_common::api::{
+    set_condition, Cluster, DrainPolicy, Machine, MachinePhase, MachineUpgradeStep, NodeDrain,
+};
 
 /// The condition a halted drain sets.
 pub const DRAIN_CONDITION: &str = "DrainFailed";
@@ -37,7 +42,7 @@ pub(crate) fn gate_drains(
 ) -> Vec<Step> {
     let before = cluster.status.drain.clone();
     let deleting = cluster.metadata.deletion_timestamp.is_some();
-    let leaving: Vec<String> = steps
+    let mut leaving: Vec<String> = steps
         .iter()
         .filter_map(|s| match s {
             Step::Release {
@@ -53,6 +58,21 @@ pub(crate) fn gate_drains(
             _ => None,
         })
         .collect();
+    // A pool machine about to upgrade in place is drained as well, though
+    // it stays.
+    let planned = steps
+        .iter()
+        .find_map(|s| match s {
+            Step::SetStatus(st) => Some(&**st),
+            _ => None,
+        })
+        .unwrap_or(&cluster.status);
+    let upgrading: Option<String> = planned
+        .machine_upgrade
+        .as_ref()
+        .filter(|u| u.step == MachineUpgradeStep::Drain && !deleting)
+        .map(|u| u.machine.clone());
+    leaving.extend(upgrading.clone());
     // A drain whose machine no longer leaves (it left, or stays) is over.
     let mut drain = before.clone().filter(|d| leaving.contains(&d.machine));
     let mut failed: Option<String> = None;
@@ -61,7 +81,20 @@ pub(crate) fn gate_drains(
         let Some(node) = node_to_drain(cluster, mine, observed, name) else {
             continue;
         };
-        let verdict = decide(cluster, mine, observed, name, &node, drain.as_ref());
+        let purpose = if upgrading.as_ref() == Some(name) {
+            "upgraded"
+        } else {
+            "removed"
+        };
+        let verdict = decide(
+            cluster,
+            mine,
+            observed,
+            name,
+            &node,
+            drain.as_ref(),
+            purpose,
+        );
         match verdict {
             Verdict::Go => {}
             Verdict::Hold => held.push(name.clone()),
@@ -147,6 +180,7 @@ fn decide(
     name: &str,
     node: &str,
     drain: Option<&NodeDrain>,
+    purpose: &str,
 ) -> Verdict {
     let now = observed.now;
     let policy = cluster.spec.drain.as_ref();
@@ -218,8 +252,8 @@ fn decide(
             .unwrap_or_else(|| format!("machine {} did not answer the drain", d.via));
         return Verdict::Halt(
             format!(
-                "machine {name} is not removed: draining Node {node} failed for {}s: {why}; \
-                 remove what blocks it, or set spec.drain.force to remove the machine anyway",
+                "machine {name} is not {purpose}: draining Node {node} failed for {}s: {why}; \
+                 remove what blocks it, or set spec.drain.force to go on anyway",
                 timeout.whole_seconds()
             ),
             next,

@@ -5,6 +5,7 @@
 //! until its Node is drained.
 
 mod drain;
+mod in_place;
 mod pool;
 mod provider;
 mod rollout;

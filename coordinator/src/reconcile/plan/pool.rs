@@ -4,6 +4,7 @@
 //! and release the members past the desired count. Control-plane changes go
 //! one at a time and never below etcd quorum, as on the provider path.
 
+use super::in_place;
 use super::shared::*;
 use std::collections::BTreeSet;
 
@@ -545,6 +546,56 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         });
     }
 
+    /// Plans the in-place upgrade of the members to the spec's version:
+    /// records the machine upgrading and the rollout's progress.
+    fn upgrade_in_place(&mut self, members: &[&'a Machine]) {
+        let mut members = members.to_vec();
+        in_place::upgrade_order(self.cluster, &mut members);
+        let nodes_ready = members.iter().all(|m| {
+            self.cluster
+                .status
+                .nodes
+                .iter()
+                .any(|n| n.name == m.status.hostname && n.ready == "True")
+        });
+        let changing = self
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Assign { .. } | Step::Release { .. }));
+        let may_start = self.initialized
+            && !self.lost
+            && self.all_running
+            && self.degraded.is_empty()
+            && self.paused.is_empty()
+            && self.held.is_empty()
+            && !changing
+            && nodes_ready
+            && self
+                .live
+                .iter()
+                .all(|m| is_member(m) && m.status.phase == MachinePhase::Running)
+            && self.etcd.settled
+            && self.etcd.removal.is_none()
+            && self.cluster.status.drain.is_none()
+            && self.cluster.status.certificate_renewal.is_none()
+            && self.cluster.status.endpoint_ready != Some(false);
+        let observed = self.observed;
+        let alive = |name: &str| observed.alive(name);
+        let plan = in_place::plan_in_place(
+            self.cluster,
+            &in_place::InPlace {
+                members: &members,
+                unhealthy: &self.degraded,
+                may_start,
+                alive: &alive,
+            },
+            self.observed.now,
+        );
+        self.status.machine_upgrade = plan.upgrade;
+        self.status.rollout = plan.rollout;
+        super::rollout::set_halted_condition(&mut self.status);
+    }
+
     /// The status and the steps every pass ends with.
     fn finish(mut self) -> Vec<Step> {
         self.managed_endpoint_backends();
@@ -561,8 +612,13 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         );
         self.status.initialized = self.initialized;
         self.status.etcd_removal = self.etcd.removal.clone();
-        self.status.certificate_renewal =
-            plan_certificate_renewal(self.cluster, &members, self.observed.now);
+        self.upgrade_in_place(&members);
+        self.status.certificate_renewal = if self.status.machine_upgrade.is_some() {
+            // `kubeadm upgrade` renews the certificates itself.
+            None
+        } else {
+            plan_certificate_renewal(self.cluster, &members, self.observed.now)
+        };
         let owners: Vec<&Machine> = self
             .live
             .iter()

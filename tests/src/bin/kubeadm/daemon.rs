@@ -136,7 +136,7 @@ pub async fn termination() -> Result<&'static str> {
 /// Starts `kubeadm __standin-<name> --rootfs ROOT <args>` detached: its own
 /// session, stdin from /dev/null, output appended to the daemon's log.
 pub fn spawn(root: &Root, name: &str, args: &[String]) -> Result<Child> {
-    let exe = std::env::current_exe().context("cannot find the kubeadm executable")?;
+    let exe = crate::util::program();
     let log_path = log_file(root, name);
     if let Some(dir) = log_path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -243,6 +243,12 @@ pub fn stop_all(root: &Root) -> Vec<String> {
         let _ = std::fs::remove_file(&path);
     }
     report
+}
+
+/// Stops the stand-in daemon `name` of `root`, if it runs; says what it did.
+pub fn stop(root: &Root, name: &str) -> Option<String> {
+    let pid = read_pid(&pid_file(root, name))?;
+    is_our_daemon(pid, name, root).then(|| stop_pid(pid, name))
 }
 
 fn stop_pid(pid: i32, name: &str) -> String {

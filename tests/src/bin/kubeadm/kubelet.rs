@@ -154,11 +154,14 @@ const NODE_STATUS_UPDATE: std::time::Duration = std::time::Duration::from_secs(2
 
 /// Registers the Node, then renews its status until the kubelet stops.
 async fn node_status_loop(root: Root) {
+    // The kubelet's version is the binary's: read once, at start (an
+    // upgrade takes a restart).
+    let version = crate::util::kubelet_version_string();
     let mut registered = false;
     let mut gone = false;
     loop {
         if !gone {
-            match node_status_once(&root, registered).await {
+            match node_status_once(&root, registered, &version).await {
                 Ok(NodeUpdate::Registered) => {
                     println!("standin-kubelet: node registered");
                     registered = true;
@@ -181,7 +184,7 @@ enum NodeUpdate {
     Deleted,
 }
 
-async fn node_status_once(root: &Root, registered: bool) -> Result<NodeUpdate> {
+async fn node_status_once(root: &Root, registered: bool, version: &str) -> Result<NodeUpdate> {
     let text = std::fs::read_to_string(root.path("/etc/kubernetes/kubelet.conf"))
         .context("open /etc/kubernetes/kubelet.conf")?;
     let kc = crate::certs::parse_kubeconfig(&text, None)?;
@@ -205,7 +208,7 @@ async fn node_status_once(root: &Root, registered: bool) -> Result<NodeUpdate> {
     let control_plane = root
         .path("/etc/kubernetes/manifests/kube-apiserver.yaml")
         .exists();
-    let node = node_object(&name, ready, control_plane);
+    let node = node_object(&name, ready, control_plane, version);
     if !registered {
         let r = client
             .post(format!("{}/api/v1/nodes", kc.server))
@@ -237,7 +240,7 @@ async fn node_status_once(root: &Root, registered: bool) -> Result<NodeUpdate> {
 }
 
 /// The Node as this kubelet reports it.
-fn node_object(name: &str, ready: bool, control_plane: bool) -> serde_json::Value {
+fn node_object(name: &str, ready: bool, control_plane: bool, version: &str) -> serde_json::Value {
     let now = time::OffsetDateTime::now_utc()
         .replace_nanosecond(0)
         .unwrap_or(time::OffsetDateTime::now_utc())
@@ -273,7 +276,7 @@ fn node_object(name: &str, ready: bool, control_plane: bool) -> serde_json::Valu
                 "lastHeartbeatTime": now,
                 "lastTransitionTime": now,
             }],
-            "nodeInfo": {"kubeletVersion": crate::util::kubelet_version_string(), "operatingSystem": "linux", "architecture": "amd64"},
+            "nodeInfo": {"kubeletVersion": version, "operatingSystem": "linux", "architecture": "amd64"},
         },
     })
 }

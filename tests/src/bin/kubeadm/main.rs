@@ -20,6 +20,7 @@ mod cmd_token;
 mod cmd_upgrade;
 mod daemon;
 mod etcd;
+mod hooks;
 mod kconfig;
 mod kubelet;
 mod net;
@@ -915,7 +916,12 @@ fn log_root(args: &[String]) -> Option<PathBuf> {
 /// Appends `{"argv": [program, args...], "exit": N}` to the root's log.
 fn log_invocation(program: &str, args: &[String], exit: u8) {
     let Some(root) = log_root(args) else { return };
-    let path = Root(root).path(INVOCATION_LOG);
+    append_invocation(program, args, exit, Root(root));
+}
+
+/// Appends one invocation to the log of `root`.
+fn append_invocation(program: &str, args: &[String], exit: u8, root: Root) {
+    let path = root.path(INVOCATION_LOG);
     if let Some(dir) = path.parent() {
         if std::fs::create_dir_all(dir).is_err() {
             return;
@@ -941,6 +947,12 @@ fn main() -> ExitCode {
     let mut argv = std::env::args_os().map(|a| a.to_string_lossy().into_owned());
     let program = argv.next().unwrap_or_else(|| "kubeadm".to_owned());
     let args: Vec<String> = argv.collect();
+    if let Some(code) = hooks::run(&program, &args) {
+        if let Some(root) = std::env::var_os("DROVER_ROOT") {
+            append_invocation(&program, &args, code, Root(root.into()));
+        }
+        return ExitCode::from(code);
+    }
     // Its own daemons, and `version` (a query the agent makes with its
     // heartbeats, without --rootfs), are not kubeadm runs worth recording.
     let internal = args

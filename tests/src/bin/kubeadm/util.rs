@@ -241,42 +241,80 @@ pub const VERSION_ENV: &str = "DROVER_STANDIN_KUBEADM_VERSION";
 /// be: `$DROVER_STANDIN_KUBEADM_VERSION`, else the first line of
 /// `kubeadm.version` next to the executable (how a per-version node image
 /// says which kubeadm it holds, as a real image holds that version's
-/// binary), else the built-in v1.31.2.
+/// binary, and what the `upgrade-kubeadm` hook rewrites), else the
+/// built-in v1.31.2.
 pub fn kubeadm_version_string() -> String {
     static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VERSION
         .get_or_init(|| {
             let from_env = std::env::var(VERSION_ENV).ok().filter(|v| !v.is_empty());
-            let from_file = || {
-                let exe = std::env::current_exe().ok()?;
-                let text = std::fs::read_to_string(exe.with_file_name("kubeadm.version")).ok()?;
-                text.lines()
-                    .next()
-                    .map(|l| l.trim().to_owned())
-                    .filter(|l| !l.is_empty())
-            };
-            let v = from_env
-                .or_else(from_file)
-                .unwrap_or_else(|| crate::KUBEADM_VERSION.to_owned());
-            if v.starts_with('v') {
-                v
-            } else {
-                format!("v{v}")
-            }
+            from_env.map_or_else(|| installed_versions(&program_dir()).0, |v| with_v(&v))
         })
         .clone()
 }
 
 /// The version the stand-in kubelet reports in its Node's `nodeInfo`:
-/// `kubelet.version` next to the executable (what an image's kubelet
-/// upgrade hook replaces), else the kubeadm version.
+/// the first line of `kubelet.version` next to the executable (what the
+/// `upgrade-kubelet` hook writes), else the kubeadm version.
 pub fn kubelet_version_string() -> String {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| std::fs::read_to_string(exe.with_file_name("kubelet.version")).ok())
-        .and_then(|t| t.lines().next().map(|l| l.trim().to_owned()))
+    read_version(&program_dir().join(KUBELET_VERSION_FILE)).unwrap_or_else(kubeadm_version_string)
+}
+
+/// The files next to the stand-in that say which kubeadm and kubelet a
+/// machine has installed.
+pub const KUBEADM_VERSION_FILE: &str = "kubeadm.version";
+pub const KUBELET_VERSION_FILE: &str = "kubelet.version";
+
+/// The kubeadm and kubelet versions installed in `dir` (the directory of a
+/// stand-in kubeadm), by its version files; the built-in version where
+/// there is none.
+pub fn installed_versions(dir: &Path) -> (String, String) {
+    let kubeadm = read_version(&dir.join(KUBEADM_VERSION_FILE))
+        .unwrap_or_else(|| crate::KUBEADM_VERSION.to_owned());
+    let kubelet = read_version(&dir.join(KUBELET_VERSION_FILE)).unwrap_or_else(|| kubeadm.clone());
+    (kubeadm, kubelet)
+}
+
+fn read_version(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .next()
+        .map(str::trim)
         .filter(|l| !l.is_empty())
-        .unwrap_or_else(kubeadm_version_string)
+        .map(with_v)
+}
+
+fn with_v(v: &str) -> String {
+    if v.starts_with('v') {
+        v.to_owned()
+    } else {
+        format!("v{v}")
+    }
+}
+
+/// The stand-in executable its daemons run as: this process's own, unless
+/// a hook (another copy of the binary) set the kubeadm it serves.
+pub fn program() -> PathBuf {
+    PROGRAM
+        .get()
+        .cloned()
+        .or_else(|| std::env::current_exe().ok())
+        .unwrap_or_else(|| PathBuf::from("kubeadm"))
+}
+
+/// Makes [`program`] name `path` (the upgrade hooks do, so the kubelet they
+/// restart is the kubeadm installation's, not the hook's copy).
+pub fn set_program(path: PathBuf) {
+    let _ = PROGRAM.set(path);
+}
+
+static PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+fn program_dir() -> PathBuf {
+    program()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// [`kubeadm_version_string`], parsed; a version that does not parse is a
