@@ -1329,16 +1329,17 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
     let (tmp, name, _cleanup) = setup("roll");
     let c = start(tmp.path(), "1s", "5s");
     let new_image = ensure_versioned_image("v1.32.0");
-    let v131 = rolling_cluster_yaml(&name, 1, 1, "3s");
+    // Three control planes and two workers; a settle time past etcd's
+    // five seconds before it lets a member that just joined see another
+    // removed.
+    let v131 = rolling_cluster_yaml(&name, 3, 2, "6s");
     apply(&c, tmp.path(), &v131);
-    c.wait_cluster_phase(&name, "Running", BOOT);
+    c.wait_cluster_phase(&name, "Running", BOOT * 2);
     let kubeconfig = tmp.path().join("kubeconfig");
     std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
-    wait_for("two v1.31.2 kubelets", BOOT, || {
+    wait_for("five v1.31.2 kubelets", BOOT, || {
         let v = kube::kubelet_versions(&kubeconfig)?;
-        (v == ["v1.31.2", "v1.31.2"])
-            .then_some(())
-            .ok_or(format!("{v:?}"))
+        (v == ["v1.31.2"; 5]).then_some(()).ok_or(format!("{v:?}"))
     });
     assert_eq!(kube::server_version(&kubeconfig), "v1.31.2");
     let before: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
@@ -1352,46 +1353,94 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
     let v132 = v131
         .replace("v1.31.2", "v1.32.0")
         .replace(&format!("image: {image}"), &format!("image: {new_image}"));
+    // Real kubectl asks the API server's /readyz through the endpoint
+    // every second of the rollout.
+    let prober = kube::Prober::start(kubeconfig.clone());
     apply(&c, tmp.path(), &v132);
-    let progress = c.cli(&["rollout", "status", &name, "--wait", "--timeout", "300s"]);
-    let log = String::from_utf8_lossy(&progress.stderr);
+    let started = std::time::Instant::now();
+    // Each second: the healthy control planes (Running, Healthy) and each
+    // pool's progress.
+    let mut fewest = u32::MAX;
+    let mut progress: Vec<String> = vec![];
+    wait_for("the rollout to finish", Duration::from_secs(420), || {
+        let healthy = live_machines(&c, &name)
+            .iter()
+            .filter(|m| {
+                let role = &m["spec"]["assignment"]["role"];
+                (role == "init" || role == "control-plane")
+                    && m["status"]["phase"] == "Running"
+                    && m["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|x| x["type"] == "Healthy" && x["status"] == "True")
+                    })
+            })
+            .count() as u32;
+        fewest = fewest.min(healthy);
+        let cl = c.cluster(&name).ok_or("no cluster")?;
+        let rollout = &cl["status"]["rollout"];
+        if let Some(pools) = rollout["pools"].as_array() {
+            let line = pools
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} {}/{} {} old",
+                        p["name"].as_str().unwrap_or(""),
+                        p["updated"],
+                        p["desired"],
+                        p["outdated"]
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            if progress.last() != Some(&line) {
+                eprintln!(
+                    "{:>4}s  {line}; {healthy} healthy control planes",
+                    started.elapsed().as_secs()
+                );
+                progress.push(line);
+            }
+        }
+        assert!(rollout["halted"].is_null(), "the rollout halted: {rollout}");
+        let done = rollout.is_null()
+            && cl["status"]["observedGeneration"] == cl["metadata"]["generation"]
+            && cl["status"]["phase"] == "Running";
+        done.then_some(()).ok_or(format!("{rollout}"))
+    });
+    prober.stop_and_check("the load balancer", 5);
+    // Never fewer than three healthy control planes (maxSurge 1: one
+    // joins before one leaves).
+    assert!(fewest >= 3, "{fewest} healthy control planes at one point");
+    // The control plane went first: no worker was replaced before every
+    // control plane was.
     assert!(
-        progress.status.success(),
-        "rollout: {}\n{log}",
-        String::from_utf8_lossy(&progress.stdout)
-    );
-    // The control plane went first: it was done (nothing left to replace)
-    // while the worker pool still had its old machine.
-    assert!(
-        log.lines()
-            .any(|l| l.contains("control-plane: 1/1 at v1.32.0;")
-                && l.contains("default: ")
-                && l.ends_with(", 1 to replace")),
-        "{log}"
+        progress
+            .iter()
+            .any(|l| l.starts_with("control-plane 3/3 0 old, default 0/2 2 old")),
+        "{progress:?}"
     );
     assert!(
-        !log.lines()
-            .any(|l| l.contains("control-plane: 0/1") && l.contains("default: 1/1")),
-        "a worker was replaced before the control plane: {log}"
+        !progress
+            .iter()
+            .any(|l| !l.starts_with("control-plane 3/3 0 old") && !l.contains("default 0/2")),
+        "a worker was replaced before the control plane: {progress:?}"
     );
-    c.wait_cluster_phase(&name, "Running", BOOT);
 
     // Every machine was replaced, by machines made for v1.32.0 whose
     // kubeadm says so; from inside the cluster, both kubelets are v1.32.0
     // and Ready, and no Node of an old machine is left.
     let live = live_machines(&c, &name);
     let after: BTreeSet<String> = live.iter().map(name_of).collect();
-    assert_eq!(after.len(), 2, "{after:?}");
+    assert_eq!(after.len(), 5, "{after:?}");
     assert!(before.is_disjoint(&after), "{before:?} {after:?}");
     for m in &live {
         assert_eq!(m["spec"]["assignment"]["kubernetesVersion"], "v1.32.0");
         assert_eq!(m["spec"]["assignment"]["image"], new_image.as_str());
         assert_eq!(m["status"]["kubeadmVersion"], "v1.32.0", "{m}");
     }
-    wait_for("two Ready v1.32.0 kubelets", BOOT, || {
+    wait_for("five Ready v1.32.0 kubelets", BOOT, || {
         let v = kube::kubelet_versions(&kubeconfig)?;
         let ready = kube::ready_nodes(&kubeconfig)?;
-        (v == ["v1.32.0", "v1.32.0"] && ready.len() == 2)
+        (v == ["v1.32.0"; 5] && ready.len() == 5)
             .then_some(())
             .ok_or(format!("{v:?} ready {ready:?}"))
     });
@@ -1491,7 +1540,7 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
         (live == after).then_some(()).ok_or(format!("{live:?}"))
     });
     let v = kube::kubelet_versions(&kubeconfig).unwrap();
-    assert_eq!(v, ["v1.32.0", "v1.32.0"]);
+    assert_eq!(v, ["v1.32.0"; 5]);
 }
 
 /// When a control plane's first kubeadm certificate expires, as the API

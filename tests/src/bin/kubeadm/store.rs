@@ -19,8 +19,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use drover_common::token::BootstrapToken;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
-    TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, Identity,
+    TlsOptions, Txn, TxnOp,
 };
 use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
@@ -30,6 +30,10 @@ use crate::util::{write_file, Root};
 
 pub const STORE_DIR: &str = "/var/lib/standin-apiserver";
 pub const CLUSTER_CONFIG_FILE: &str = "/var/lib/standin-apiserver/kubeadm-config.yaml";
+
+/// gRPC's UNAVAILABLE status code, which etcd answers while it has no
+/// leader.
+const GRPC_UNAVAILABLE: i32 = 14;
 
 const TOKEN_PREFIX: &str = "/registry/secrets/kube-system/bootstrap-token-";
 const KUBEADM_CONFIG_KEY: &str = "/registry/configmaps/kube-system/kubeadm-config";
@@ -193,10 +197,34 @@ impl Store {
         })
     }
 
+    /// A read (etcd Range) of `key`, tried again while etcd answers
+    /// UNAVAILABLE (a leader election under way, as when the leader's
+    /// member is removed), as etcd's Go client retries repeatable requests
+    /// for kube-apiserver: up to six times, 50 ms apart and doubling.
+    async fn get(
+        &self,
+        key: &str,
+        options: Option<GetOptions>,
+    ) -> Result<GetResponse, etcd_client::Error> {
+        let mut delay = Duration::from_millis(50);
+        let mut attempts = 0;
+        loop {
+            match self.client.kv_client().get(key, options.clone()).await {
+                Err(etcd_client::Error::GRpcStatus(s))
+                    if s.code() as i32 == GRPC_UNAVAILABLE && attempts < 6 =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Every unexpired bootstrap token.
     pub async fn load_tokens(&self) -> Result<Vec<StoredToken>> {
-        let mut kv = self.client.kv_client();
-        let resp = kv
+        let resp = self
             .get(TOKEN_PREFIX, Some(GetOptions::new().with_prefix()))
             .await
             .context("cannot read bootstrap tokens from etcd")?;
@@ -254,8 +282,6 @@ impl Store {
     /// ConfigMap shows as its `resourceVersion`.
     pub async fn cluster_config_with_revision(&self) -> Result<Option<(String, i64)>> {
         let resp = self
-            .client
-            .kv_client()
             .get(KUBEADM_CONFIG_KEY, None)
             .await
             .context("cannot read the kubeadm-config ConfigMap from etcd")?;
@@ -391,8 +417,6 @@ impl Store {
         what: &str,
     ) -> Result<Vec<serde_json::Value>> {
         let resp = self
-            .client
-            .kv_client()
             .get(key, options)
             .await
             .with_context(|| format!("cannot read {what} from etcd"))?;
