@@ -104,21 +104,7 @@ impl Agent {
                     self.start_cluster_call(directive.id, "renew certificates", |_, _| {
                         let command = spec.display();
                         let call = async move {
-                            // A kubeadm that hangs must not hold the work
-                            // slot (a reset waits behind it).
-                            let outcome =
-                                tokio::time::timeout(CERTS_RENEW_TIMEOUT, command::run(&spec, 20))
-                                    .await
-                                    .map_err(|_| {
-                                        ClusterCallError::Command(format!(
-                                            "{} did not finish in {}s",
-                                            spec.display(),
-                                            CERTS_RENEW_TIMEOUT.as_secs()
-                                        ))
-                                    })?;
-                            if !outcome.success {
-                                return Err(ClusterCallError::Command(outcome.summary()));
-                            }
+                            run_bounded(&spec, CERTS_RENEW_TIMEOUT).await?;
                             let restarted =
                                 crate::certificates::restart_static_pods(&manifests, wait).await?;
                             Ok(format!(
@@ -253,18 +239,7 @@ impl Agent {
         let call = async move {
             for spec in &steps {
                 tracing::info!(command = %spec.display(), "upgrade step");
-                let outcome = tokio::time::timeout(UPGRADE_STEP_TIMEOUT, command::run(spec, 20))
-                    .await
-                    .map_err(|_| {
-                        ClusterCallError::Command(format!(
-                            "{} did not finish in {}s",
-                            spec.display(),
-                            UPGRADE_STEP_TIMEOUT.as_secs()
-                        ))
-                    })?;
-                if !outcome.success {
-                    return Err(ClusterCallError::Command(outcome.summary()));
-                }
+                run_bounded(spec, UPGRADE_STEP_TIMEOUT).await?;
             }
             Ok(format!(
                 "upgraded to {version} with {command}; kubelet {version} installed"
@@ -368,6 +343,29 @@ pub const KUBELET_HOOK: &str = "upgrade-kubelet";
 
 /// How long each step of an in-place upgrade may take.
 const UPGRADE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Runs `spec` for a directive, failing when it fails or takes longer than
+/// `timeout`: a command that hangs must not hold the work slot (a reset
+/// waits behind it).
+async fn run_bounded(
+    spec: &CommandSpec,
+    timeout: std::time::Duration,
+) -> Result<(), ClusterCallError> {
+    let outcome = tokio::time::timeout(timeout, command::run(spec, 20))
+        .await
+        .map_err(|_| {
+            ClusterCallError::Command(format!(
+                "{} did not finish in {}s",
+                spec.display(),
+                timeout.as_secs()
+            ))
+        })?;
+    if outcome.success {
+        Ok(())
+    } else {
+        Err(ClusterCallError::Command(outcome.summary()))
+    }
+}
 
 /// How long `kubeadm certs renew all` may take.
 const CERTS_RENEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);

@@ -395,15 +395,9 @@ mod tests {
         let mut c = cluster(1, 0);
         let mut m = free("a", "dev");
         m.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: CONTROL_PLANE_POOL.into(),
-            role: MachineRole::Init,
             generation: 2,
             assigned_at: None,
-            replaces: None,
-            kubernetes_version: None,
-            image: None,
+            ..super::plan::fixtures::assignment(CONTROL_PLANE_POOL, MachineRole::Init)
         });
         m.status.phase = MachinePhase::Running;
         let obs = obs(true, &seen_now);
@@ -422,15 +416,9 @@ mod tests {
         c.metadata.deletion_timestamp = Some(drover_common::now());
         let mut m = free("a", "dev");
         m.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: CONTROL_PLANE_POOL.into(),
-            role: MachineRole::Init,
             generation: 2,
             assigned_at: None,
-            replaces: None,
-            kubernetes_version: None,
-            image: None,
+            ..super::plan::fixtures::assignment(CONTROL_PLANE_POOL, MachineRole::Init)
         });
         m.status.phase = MachinePhase::Running;
         let obs = obs(true, &seen_now);
@@ -455,15 +443,9 @@ mod tests {
         m.metadata.creation_timestamp = Some(drover_common::now());
         m.spec.provider = Some("docker".into());
         m.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: pool.into(),
-            role,
             generation: 1,
             assigned_at: None,
-            replaces: None,
-            kubernetes_version: None,
-            image: None,
+            ..super::plan::fixtures::assignment(pool, role)
         });
         m.status.phase = phase;
         m.status.provider_id = Some(format!("ctr-{name}"));
@@ -1294,15 +1276,9 @@ mod tests {
         let mut m = free(name, "dev");
         m.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::days(30));
         m.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: pool.into(),
-            role,
             generation: 2,
             assigned_at: Some(drover_common::now() - time::Duration::minutes(1)),
-            replaces: None,
-            kubernetes_version: None,
-            image: None,
+            ..super::plan::fixtures::assignment(pool, role)
         });
         m.status.phase = phase;
         m

@@ -377,54 +377,26 @@ pub(crate) fn upgrade_order(cluster: &Cluster, members: &mut [&Machine]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::{running, t0};
     use super::*;
-    use drover_common::api::{Assignment, ClusterNode, MachineRole, NodeDrain};
-
-    fn t0() -> OffsetDateTime {
-        OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap()
-    }
+    use drover_common::api::{ClusterNode, MachineRole, NodeDrain};
 
     fn cluster(version: &str, control_planes: u32) -> Cluster {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": drover_common::API_VERSION,
-            "kind": "Cluster",
-            "metadata": {"name": "c", "uid": "cu", "generation": 2},
-            "spec": {
-                "kubernetesVersion": version,
-                "controlPlane": {"replicas": control_planes},
-                "workerPools": [{"name": "w", "replicas": 1}],
-                "provider": {"pool": {"selector": {"matchLabels": {"env": "dev"}}}},
-                "upgrade": {"settleTime": "30s"},
-            },
-        }))
-        .unwrap()
+        super::super::fixtures::cluster(
+            version,
+            control_planes,
+            1,
+            serde_json::json!({"pool": {"selector": {"matchLabels": {"env": "dev"}}}}),
+        )
     }
 
     fn machine(name: &str, role: MachineRole) -> Machine {
-        let mut m: Machine = serde_json::from_value(serde_json::json!({
-            "apiVersion": drover_common::API_VERSION,
-            "kind": "Machine",
-            "metadata": {"name": name, "uid": format!("{name}-uid")},
-            "spec": {},
-            "status": {"phase": "Running", "hostname": name},
-        }))
-        .unwrap();
-        m.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: if role == MachineRole::Worker {
-                "w".into()
-            } else {
-                CONTROL_PLANE_POOL.into()
-            },
-            role,
-            generation: 1,
-            assigned_at: None,
-            replaces: None,
-            kubernetes_version: None,
-            image: None,
-        });
-        m
+        let pool = if role == MachineRole::Worker {
+            "w"
+        } else {
+            CONTROL_PLANE_POOL
+        };
+        running(name, pool, role)
     }
 
     /// Every machine's Node, Ready at `versions[i]`.

@@ -5,6 +5,8 @@
 //! until its Node is drained.
 
 mod drain;
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod in_place;
 mod pool;
 mod provider;

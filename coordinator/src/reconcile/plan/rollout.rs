@@ -313,50 +313,25 @@ pub(crate) fn set_halted_condition(status: &mut drover_common::api::ClusterStatu
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::{running, t0};
     use super::*;
-    use drover_common::api::{Assignment, ClusterNode, MachineRole};
-
-    fn t0() -> OffsetDateTime {
-        OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap()
-    }
+    use drover_common::api::{ClusterNode, MachineRole};
 
     fn cluster(version: &str, image: &str) -> Cluster {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": drover_common::API_VERSION,
-            "kind": "Cluster",
-            "metadata": {"name": "c", "uid": "cu", "generation": 2},
-            "spec": {
-                "kubernetesVersion": version,
-                "controlPlane": {"replicas": 1},
-                "workerPools": [{"name": "w", "replicas": 2}],
-                "provider": {"docker": {"image": image}},
-                "upgrade": {"settleTime": "30s"},
-            },
-        }))
-        .unwrap()
+        super::super::fixtures::cluster(
+            version,
+            1,
+            2,
+            serde_json::json!({"docker": {"image": image}}),
+        )
     }
 
     fn machine(name: &str, version: &str, image: &str, age_s: i64) -> Machine {
-        let mut m: Machine = serde_json::from_value(serde_json::json!({
-            "apiVersion": drover_common::API_VERSION,
-            "kind": "Machine",
-            "metadata": {"name": name, "uid": format!("{name}-uid")},
-            "spec": {},
-            "status": {"phase": "Running", "hostname": name},
-        }))
-        .unwrap();
+        let mut m = running(name, "w", MachineRole::Worker);
         m.metadata.creation_timestamp = Some(t0() - time::Duration::seconds(age_s));
-        m.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: "w".into(),
-            role: MachineRole::Worker,
-            generation: 1,
-            assigned_at: None,
-            replaces: None,
-            kubernetes_version: Some(version.into()),
-            image: Some(image.into()),
-        });
+        let a = m.spec.assignment.as_mut().unwrap();
+        a.kubernetes_version = Some(version.into());
+        a.image = Some(image.into());
         m
     }
 
