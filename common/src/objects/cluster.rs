@@ -500,6 +500,31 @@ impl MachineUpgrade {
     }
 }
 
+impl MachineUpgrade {
+    /// What the machine is asked to run, while its upgrade step waits for
+    /// it.
+    pub fn request(&self) -> Option<UpgradeRequest> {
+        (self.step == MachineUpgradeStep::Upgrade && self.result.is_none()).then(|| {
+            UpgradeRequest {
+                id: self.directive_id(),
+                version: self.version.clone(),
+                command: self.command,
+            }
+        })
+    }
+}
+
+/// An in-place upgrade a pool machine is asked to run: the directive its
+/// heartbeat answers carry until it reports the outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpgradeRequest {
+    /// The directive's id.
+    pub id: String,
+    pub version: String,
+    pub command: UpgradeCommand,
+}
+
 /// The id prefix of in-place upgrade directives.
 pub const MACHINE_UPGRADE_PREFIX: &str = "upgrade-";
 /// The id prefix of uncordon directives.

@@ -157,6 +157,10 @@ pub struct MachineStatus {
     /// control plane), as its agent last reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<CertificateExpiry>,
+    /// The in-place upgrade this machine is asked to run (pool clusters),
+    /// kept here so its heartbeats carry it without reading its cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::objects::cluster::UpgradeRequest>,
     #[serde(
         default,
         with = "time::serde::rfc3339::option",

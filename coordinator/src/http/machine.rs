@@ -891,31 +891,28 @@ fn heartbeat_answer(
                 generation: a.generation,
             });
             let running = machine.status.phase == MachinePhase::Running;
-            let cluster = match running {
-                true => app
-                    .cluster(&a.cluster)?
-                    .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str())),
-                false => None,
-            };
-            let upgrade = cluster
-                .as_ref()
-                .and_then(|c| c.status.machine_upgrade.clone())
-                .filter(|u| u.result.is_none());
-            if let Some(u) = upgrade.clone().filter(|u| {
-                u.step == MachineUpgradeStep::Upgrade && u.machine == machine.metadata.name
-            }) {
+            if let Some(r) = machine.status.upgrade.clone().filter(|_| running) {
                 directives.push(Directive {
-                    id: u.directive_id(),
+                    id: r.id,
                     action: DirectiveAction::UpgradeKubernetes {
-                        version: u.version,
-                        command: u.command,
+                        version: r.version,
+                        command: r.command,
                     },
                 });
             }
             if a.role.is_control_plane() && running {
-                if let Some(u) = upgrade.filter(|u| {
-                    u.step == MachineUpgradeStep::Uncordon && u.via == machine.metadata.name
-                }) {
+                let cluster = app
+                    .cluster(&a.cluster)?
+                    .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()));
+                if let Some(u) = cluster
+                    .as_ref()
+                    .and_then(|c| c.status.machine_upgrade.clone())
+                    .filter(|u| {
+                        u.step == MachineUpgradeStep::Uncordon
+                            && u.via == machine.metadata.name
+                            && u.result.is_none()
+                    })
+                {
                     directives.push(Directive {
                         id: u.directive_id(),
                         action: DirectiveAction::UncordonNode { node: u.node },

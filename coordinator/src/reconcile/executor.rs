@@ -262,6 +262,22 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             reason,
             message,
         } => set_alive(app, Some(cname), machine, *alive, reason, message)?,
+        Step::SetUpgradeRequest { machine, request } => {
+            let mut changed = false;
+            app.update_machine::<StoreError>(machine, |m| {
+                changed = m.status.upgrade != *request;
+                m.status.upgrade.clone_from(request);
+                Ok(changed)
+            })?;
+            if changed {
+                match request {
+                    Some(r) => {
+                        tracing::info!(cluster = %cname, %machine, version = %r.version, command = %r.command, "machine asked to upgrade in place")
+                    }
+                    None => tracing::info!(cluster = %cname, %machine, "upgrade request withdrawn"),
+                }
+            }
+        }
         Step::Forget { machine } => match app.store.delete(Kind::Machine, machine, None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),

@@ -591,6 +591,21 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             },
             self.observed.now,
         );
+        // The machine asked to upgrade carries the request, so its
+        // heartbeats answer it without reading the cluster.
+        for m in &self.live {
+            let wanted = plan
+                .upgrade
+                .as_ref()
+                .filter(|u| u.machine == m.metadata.name)
+                .and_then(|u| u.request());
+            if m.status.upgrade != wanted {
+                self.steps.push(Step::SetUpgradeRequest {
+                    machine: m.metadata.name.clone(),
+                    request: wanted,
+                });
+            }
+        }
         self.status.machine_upgrade = plan.upgrade;
         self.status.rollout = plan.rollout;
         super::rollout::set_halted_condition(&mut self.status);

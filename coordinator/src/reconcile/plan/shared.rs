@@ -73,6 +73,11 @@ pub enum Step {
         reason: String,
         message: String,
     },
+    /// Ask a pool machine to run an in-place upgrade, or stop asking.
+    SetUpgradeRequest {
+        machine: String,
+        request: Option<drover_common::api::UpgradeRequest>,
+    },
     /// Record the cluster's observed state.
     SetStatus(Box<ClusterStatus>),
     /// Every machine is gone: remove the cluster, its network and its secrets.
