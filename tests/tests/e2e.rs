@@ -1452,7 +1452,9 @@ fn a_pool_cluster_upgrades_in_place_one_machine_at_a_time_control_plane_first() 
     let out = c.cli(&["apply", "-f", next.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("still being upgraded in place to v1.32.0"),
+        !out.status.success()
+            && err.contains("a machine still runs v1.31.2")
+            && err.contains("cannot go from v1.31.2 to v1.33.0"),
         "{err}"
     );
     let halted = c.cli(&["rollout", "status", "up", "--wait", "--timeout", "240s"]);

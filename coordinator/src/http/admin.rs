@@ -254,10 +254,10 @@ pub async fn apply_cluster(
 }
 
 /// Why `desired` may not change `current`'s Kubernetes version, if it may
-/// not: the version moves up one minor release at a time, and a pool
-/// cluster, whose machines upgrade in place, only once its last upgrade is
-/// done (kubeadm upgrades one minor release at a time, from the version
-/// that runs).
+/// not: the version moves up one minor release at a time, and for a pool
+/// cluster, whose machines upgrade in place, from the oldest version its
+/// kubelets run (kubeadm upgrades one minor release at a time, from the
+/// version that runs).
 fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String> {
     let (from, to) = (
         &current.spec.kubernetes_version,
@@ -270,16 +270,27 @@ fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String
         return Some(why.to_string());
     }
     // Provider clusters roll: new machines replace the old ones, made for
-    // the newest version. Pool machines upgrade where they stand, one
-    // minor release at a time.
-    let rolling = current.status.rollout.as_ref().map(|r| r.version.as_str());
-    match rolling {
-        Some(v) if !current.spec.provider.creates_machines() && v != to => Some(format!(
-            "cannot change pool cluster {} to {to}: its machines are still being upgraded in place to {v} (see `drover rollout status {}`); apply {to} once that upgrade is done, or apply {v} again to keep it going",
-            current.metadata.name, current.metadata.name
-        )),
-        _ => None,
+    // the newest version. Pool machines upgrade where they stand.
+    if current.spec.provider.creates_machines() {
+        return None;
     }
+    let oldest = current
+        .status
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let v = drover_common::api::KubernetesVersion::parse(&n.kubelet_version).ok()?;
+            Some((v, n.kubelet_version.as_str()))
+        })
+        .min_by_key(|(v, _)| *v)
+        .map(|(_, text)| text)
+        .filter(|oldest| oldest != from);
+    let oldest = oldest?;
+    let why = drover_common::api::check_version_change(oldest, to).err()?;
+    Some(format!(
+        "cannot change pool cluster {name} to {to}: a machine still runs {oldest} (the in-place upgrade to {from} is not done; see `drover rollout status {name}`), and {why}",
+        name = current.metadata.name
+    ))
 }
 
 /// `DELETE /v1/clusters/{name}`: marks the cluster for deletion; the
