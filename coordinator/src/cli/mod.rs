@@ -358,7 +358,7 @@ pub fn rollout_lines(c: &Cluster) -> Vec<String> {
             u.step,
             rfc3339(u.requested_at),
             match &u.result {
-                Some(r) if !r.ok => format!(" (failed: {})", r.message),
+                Some(r) if !r.ok => format!(" (failed: {})", printable(&r.message)),
                 _ => String::new(),
             }
         ));
@@ -366,7 +366,10 @@ pub fn rollout_lines(c: &Cluster) -> Vec<String> {
     if let Some(h) = &r.halted {
         out.push(format!(
             "HALTED at machine {} (step {}): {}; `drover rollout resume {}` to go on",
-            h.machine, h.step, h.reason, c.metadata.name
+            h.machine,
+            h.step,
+            printable(&h.reason),
+            c.metadata.name
         ));
     }
     out
