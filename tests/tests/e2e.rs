@@ -1521,6 +1521,7 @@ fn a_pool_cluster_upgrades_in_place_one_machine_at_a_time_control_plane_first() 
         let m = machine_by_host(&machines, &a.hostname);
         assert_eq!(m["status"]["phase"], "Running", "{m}");
         assert_eq!(m["status"]["kubeadmVersion"], "v1.32.0", "{m}");
+        assert_eq!(m["spec"]["assignment"]["kubernetesVersion"], "v1.32.0");
         let calls: Vec<Vec<String>> = a
             .kubeadm_calls()
             .iter()

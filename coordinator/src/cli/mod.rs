@@ -321,6 +321,12 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
 
 /// One line per pool of a cluster's rollout, or that none is under way.
 pub fn rollout_lines(c: &Cluster) -> Vec<String> {
+    if c.status.observed_generation < c.metadata.generation {
+        return vec![format!(
+            "the coordinator has not planned generation {} yet",
+            c.metadata.generation
+        )];
+    }
     let Some(r) = &c.status.rollout else {
         return vec![format!(
             "no rollout: every machine is at {}",

@@ -278,6 +278,17 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 }
             }
         }
+        Step::MarkUpgraded { machine, version } => {
+            app.update_machine::<StoreError>(machine, |m| {
+                let Some(a) = m.spec.assignment.as_mut() else {
+                    return Ok(false);
+                };
+                let changed = a.kubernetes_version.as_ref() != Some(version);
+                a.kubernetes_version = Some(version.clone());
+                Ok(changed)
+            })?;
+            tracing::info!(cluster = %cname, %machine, %version, "machine upgraded in place");
+        }
         Step::Forget { machine } => match app.store.delete(Kind::Machine, machine, None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),

@@ -58,6 +58,8 @@ pub(crate) struct InPlace<'a, 'm> {
 pub(crate) struct InPlacePlan {
     pub upgrade: Option<MachineUpgrade>,
     pub rollout: Option<RolloutStatus>,
+    /// A machine whose upgrade settled this pass, and its new version.
+    pub upgraded: Option<(String, String)>,
 }
 
 /// Plans one pass of a pool cluster's in-place upgrade. Pure.
@@ -71,6 +73,7 @@ pub(crate) fn plan_in_place(
     let at_target = |m: &Machine| version_of(m).is_some_and(|v| same_version(v, target));
     let outdated = |m: &Machine| version_of(m).is_some_and(|v| !same_version(v, target));
     let mut halt = None;
+    let mut upgraded = None;
     let upgrade = match cluster
         .status
         .machine_upgrade
@@ -78,10 +81,17 @@ pub(crate) fn plan_in_place(
         .filter(|u| u.version == *target)
     {
         Some(u) => match input.members.iter().find(|m| m.metadata.name == u.machine) {
-            Some(m) => advance(cluster, input, u, m, now).unwrap_or_else(|h| {
-                halt = Some(h);
-                None
-            }),
+            Some(m) => match advance(cluster, input, u, m, now) {
+                Ok(Some(next)) => Some(next),
+                Ok(None) => {
+                    upgraded = Some((u.machine.clone(), u.version.clone()));
+                    None
+                }
+                Err(h) => {
+                    halt = Some(h);
+                    None
+                }
+            },
             // The machine left (remediated, or released): nothing to finish.
             None => None,
         },
@@ -122,6 +132,7 @@ pub(crate) fn plan_in_place(
     InPlacePlan {
         rollout: rollout_status(cluster, pools, rolling, halt, now),
         upgrade,
+        upgraded,
     }
 }
 
@@ -565,6 +576,7 @@ mod tests {
         nodes(&mut c, &members, &["v1.32.0"]);
         let p = pass_at(&c, &members, &[], settled);
         assert!(p.upgrade.is_none() && p.rollout.is_none());
+        assert_eq!(p.upgraded, Some(("cp".into(), "v1.32.0".into())));
     }
 
     #[test]

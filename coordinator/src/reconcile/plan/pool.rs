@@ -606,6 +606,9 @@ impl<'a, 'o> PoolPass<'a, 'o> {
                 });
             }
         }
+        if let Some((machine, version)) = plan.upgraded {
+            self.steps.push(Step::MarkUpgraded { machine, version });
+        }
         self.status.machine_upgrade = plan.upgrade;
         self.status.rollout = plan.rollout;
         super::rollout::set_halted_condition(&mut self.status);

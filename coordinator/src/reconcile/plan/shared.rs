@@ -78,6 +78,9 @@ pub enum Step {
         machine: String,
         request: Option<drover_common::api::UpgradeRequest>,
     },
+    /// Record the version a pool machine was upgraded to in place in its
+    /// assignment (what it is now made for).
+    MarkUpgraded { machine: String, version: String },
     /// Record the cluster's observed state.
     SetStatus(Box<ClusterStatus>),
     /// Every machine is gone: remove the cluster, its network and its secrets.
