@@ -1092,3 +1092,88 @@ fn expired_token_is_not_signed() {
     // The init token still works.
     assert!(cluster_info(&c)["data"][format!("jws-kcs-{}", c.token.id())].is_string());
 }
+
+/// The node image's upgrade hooks: the stand-in under the names
+/// `upgrade-kubeadm` and `upgrade-kubelet` installs that version of kubeadm
+/// (then the kubelet) beside the kubeadm the agent runs, as a package
+/// manager would, and refuses what is not a version.
+#[test]
+fn upgrade_hooks_install_kubeadm_then_the_kubelet_of_a_version() {
+    let m = Machine::new();
+    let bin = m.root().join("usr/bin");
+    let hooks = m.root().join("usr/lib/drover");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&hooks).unwrap();
+    let kubeadm = bin.join("kubeadm");
+    if std::fs::hard_link(KUBEADM, &kubeadm).is_err() {
+        std::fs::copy(KUBEADM, &kubeadm).unwrap();
+    }
+    for hook in ["upgrade-kubeadm", "upgrade-kubelet"] {
+        std::os::unix::fs::symlink(&kubeadm, hooks.join(hook)).unwrap();
+    }
+    let hook = |name: &str, args: &[&str]| {
+        Command::new(hooks.join(name))
+            .args(args)
+            .env("DROVER_KUBEADM", &kubeadm)
+            .env("DROVER_ROOT", m.root())
+            .env_remove("DROVER_STANDIN_KUBEADM_VERSION")
+            .output()
+            .unwrap()
+    };
+    let version = || {
+        let o = Command::new(&kubeadm)
+            .args(["version", "-o", "short"])
+            .env_remove("DROVER_STANDIN_KUBEADM_VERSION")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let installed = |file: &str| {
+        std::fs::read_to_string(bin.join(file))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(version(), "v1.31.2");
+
+    assert_fails_with(
+        &hook("upgrade-kubeadm", &[]),
+        "usage: upgrade-kubeadm VERSION",
+    );
+    assert_fails_with(
+        &hook("upgrade-kubelet", &["1.32"]),
+        "is not a Kubernetes version such as v1.32.0",
+    );
+    assert_eq!(
+        installed("kubeadm.version"),
+        "",
+        "a refused hook installs nothing"
+    );
+
+    // kubeadm first; the kubelet stays what it was until its own hook.
+    let o = hook("upgrade-kubeadm", &["v1.32.0"]);
+    assert_ok(&o);
+    assert!(
+        text(&o).contains("kubeadm v1.31.2 -> v1.32.0 installed"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(version(), "v1.32.0");
+    assert_eq!(installed("kubelet.version"), "v1.31.2");
+    // No kubelet runs on this root: it is installed, not started.
+    let o = hook("upgrade-kubelet", &["v1.32.0"]);
+    assert_ok(&o);
+    assert!(
+        text(&o).contains("not running; not started"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(installed("kubelet.version"), "v1.32.0");
+    // Each run is in the machine's kubeadm invocation log.
+    let log = std::fs::read_to_string(m.root().join("var/log/kubeadm-invocations.jsonl")).unwrap();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("upgrade-kube")).count(),
+        4,
+        "{log}"
+    );
+}
