@@ -95,6 +95,9 @@ pub fn check_removal(machine: &Machine, all: &[Machine]) -> Result<Removal, Remo
 /// keeps its assignment for the cluster's history, its identity revoked),
 /// or it is back in its pool.
 pub fn finish_leaving(m: &mut Machine) {
+    // An upgrade asked of it by the cluster it left is not its next
+    // cluster's.
+    m.status.upgrade = None;
     if m.metadata.deletion_timestamp.is_some() {
         m.status.phase = MachinePhase::Deleted;
         m.status.identity_revoked_at = Some(drover_common::now());

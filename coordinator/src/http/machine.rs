@@ -1466,11 +1466,18 @@ mod tests {
     #[test]
     fn releasing_machine_returns_to_pool_after_reset() {
         let mut m = machine(MachinePhase::Releasing, Some(3));
+        // An upgrade its cluster asked for does not follow it to the pool.
+        m.status.upgrade = Some(drover_common::api::UpgradeRequest {
+            id: "upgrade-n-1".into(),
+            version: "v1.32.0".into(),
+            command: drover_common::api::UpgradeCommand::Node,
+        });
         apply_heartbeat(&mut m, &hb(AgentPhase::Running, 3));
         assert_eq!(m.status.phase, MachinePhase::Releasing);
         assert!(m.spec.assignment.is_some());
         apply_heartbeat(&mut m, &hb(AgentPhase::Waiting, 0));
         assert_eq!(m.status.phase, MachinePhase::Registered);
         assert!(m.spec.assignment.is_none());
+        assert!(m.status.upgrade.is_none());
     }
 }

@@ -92,6 +92,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                     image: None,
                 });
                 m.status.phase = MachinePhase::Assigned;
+                m.status.upgrade = None;
                 push_event(
                     &mut m.status.events,
                     "Assigned",
