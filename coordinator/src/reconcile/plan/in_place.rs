@@ -128,7 +128,8 @@ pub(crate) fn plan_in_place(
             p.outdated += 1;
         }
     }
-    let rolling = upgrade.is_some() || input.members.iter().any(|m| outdated(m));
+    // A halt stands until resumed, even when it was the last machine's.
+    let rolling = upgrade.is_some() || halted || input.members.iter().any(|m| outdated(m));
     InPlacePlan {
         rollout: rollout_status(cluster, pools, rolling, halt, now),
         upgrade,
@@ -635,13 +636,19 @@ mod tests {
         let mut u = pass(&c, &members, &[]).upgrade.unwrap();
         u.step = MachineUpgradeStep::Settle;
         c.status.machine_upgrade = Some(u);
+        // Upgraded (the last machine), then unhealthy while it settles.
+        nodes(&mut c, &members, &["v1.32.0"]);
         let unhealthy = [("cp".to_string(), "kubelet down".to_string())];
-        let h = pass(&c, &members, &unhealthy)
-            .rollout
-            .unwrap()
-            .halted
-            .unwrap();
+        let r = pass(&c, &members, &unhealthy).rollout.unwrap();
+        let h = r.halted.clone().unwrap();
         assert_eq!(h.step, "settle");
         assert!(h.reason.contains("kubelet down"), "{}", h.reason);
+        // The halt stands until an operator resumes, though nothing is
+        // left to upgrade.
+        c.status.machine_upgrade = None;
+        c.status.rollout = Some(r);
+        assert!(pass(&c, &members, &[]).rollout.unwrap().halted.is_some());
+        c.status.rollout.as_mut().unwrap().halted = None;
+        assert!(pass(&c, &members, &[]).rollout.is_none());
     }
 }
