@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use drover_common::api::{MachineRole, UpgradeCommand};
+use drover_common::kubeadm::{HOOK_KUBEADM_ENV, HOOK_ROOT_ENV};
 use drover_common::token::BootstrapToken;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
@@ -164,8 +165,8 @@ pub fn upgrade_hook(
     let program = hooks_dir.join(name).display().to_string();
     let mut spec = CommandSpec::new(&program, &[version]);
     spec.env = vec![
-        ("DROVER_ROOT".into(), root.display().to_string()),
-        ("DROVER_KUBEADM".into(), kubeadm.to_owned()),
+        (HOOK_ROOT_ENV.into(), root.display().to_string()),
+        (HOOK_KUBEADM_ENV.into(), kubeadm.to_owned()),
     ];
     spec
 }

@@ -655,6 +655,19 @@ pub fn render_join(
     to_yaml_docs(&[serde_json::to_value(join).expect("serializes")])
 }
 
+/// The node image's in-place upgrade hooks, in the agent's `--hooks-dir`:
+/// `upgrade-kubeadm VERSION` installs that kubeadm, `upgrade-kubelet
+/// VERSION` installs that kubelet and restarts it. The agent runs them
+/// around `kubeadm upgrade`, with [`HOOK_ROOT_ENV`] and
+/// [`HOOK_KUBEADM_ENV`] set.
+pub const UPGRADE_KUBEADM_HOOK: &str = "upgrade-kubeadm";
+pub const UPGRADE_KUBELET_HOOK: &str = "upgrade-kubelet";
+
+/// The machine root the agent runs with (`--root`), for the hooks.
+pub const HOOK_ROOT_ENV: &str = "DROVER_ROOT";
+/// The kubeadm the agent runs (`--kubeadm`), for the hooks.
+pub const HOOK_KUBEADM_ENV: &str = "DROVER_KUBEADM";
+
 #[cfg(test)]
 mod tests {
     use super::*;

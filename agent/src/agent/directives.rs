@@ -2,6 +2,9 @@
 //! carrying them out one at a time, and queueing their results.
 
 use drover_common::api::UpgradeCommand;
+use drover_common::kubeadm::{
+    UPGRADE_KUBEADM_HOOK as KUBEADM_HOOK, UPGRADE_KUBELET_HOOK as KUBELET_HOOK,
+};
 use drover_common::wire::{Directive, DirectiveAction, DirectiveResult};
 
 use super::{Agent, WorkKind};
@@ -336,10 +339,6 @@ impl Agent {
         }
     }
 }
-
-/// The hooks of the node image that install another kubeadm and kubelet.
-pub const KUBEADM_HOOK: &str = "upgrade-kubeadm";
-pub const KUBELET_HOOK: &str = "upgrade-kubelet";
 
 /// How long each step of an in-place upgrade may take.
 const UPGRADE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);

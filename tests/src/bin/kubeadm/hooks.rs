@@ -19,9 +19,10 @@ use crate::util::{
     installed_versions, parse_version, write_file, Root, KUBEADM_VERSION_FILE, KUBELET_VERSION_FILE,
 };
 
-/// The hooks this binary answers to, by program name.
-pub const KUBEADM_HOOK: &str = "upgrade-kubeadm";
-pub const KUBELET_HOOK: &str = "upgrade-kubelet";
+use drover_common::kubeadm::{
+    HOOK_KUBEADM_ENV, HOOK_ROOT_ENV, UPGRADE_KUBEADM_HOOK as KUBEADM_HOOK,
+    UPGRADE_KUBELET_HOOK as KUBELET_HOOK,
+};
 
 /// Runs the hook `program` names, if it names one; its exit code.
 pub fn run(program: &str, args: &[String]) -> Option<u8> {
@@ -69,7 +70,7 @@ fn hook(name: &str, version: &str) -> Result<String> {
     }
     write_version(&dir.join(KUBELET_VERSION_FILE), &version)?;
     let root = Root(
-        std::env::var_os("DROVER_ROOT")
+        std::env::var_os(HOOK_ROOT_ENV)
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/")),
     );
@@ -83,7 +84,7 @@ fn hook(name: &str, version: &str) -> Result<String> {
 /// (a path, or a name looked up in `PATH`), else `kubeadm` in `PATH`;
 /// symbolic links resolved, as the stand-in finds its own version files.
 fn kubeadm_path() -> Result<PathBuf> {
-    let named = std::env::var("DROVER_KUBEADM")
+    let named = std::env::var(HOOK_KUBEADM_ENV)
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "kubeadm".to_owned());

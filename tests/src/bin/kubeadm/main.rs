@@ -948,7 +948,7 @@ fn main() -> ExitCode {
     let program = argv.next().unwrap_or_else(|| "kubeadm".to_owned());
     let args: Vec<String> = argv.collect();
     if let Some(code) = hooks::run(&program, &args) {
-        if let Some(root) = std::env::var_os("DROVER_ROOT") {
+        if let Some(root) = std::env::var_os(drover_common::kubeadm::HOOK_ROOT_ENV) {
             append_invocation(&program, &args, code, Root(root.into()));
         }
         return ExitCode::from(code);
