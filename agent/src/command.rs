@@ -29,6 +29,9 @@ pub struct CommandSpec {
     pub redact: Vec<String>,
     /// Environment set for the command, on top of the agent's.
     pub env: Vec<(String, String)>,
+    /// How long it may run; past it, its whole process group is killed and
+    /// it fails. `None`: as long as it takes.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl CommandSpec {
@@ -38,6 +41,7 @@ impl CommandSpec {
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             redact: Vec::new(),
             env: Vec::new(),
+            timeout: None,
         }
     }
 
@@ -168,6 +172,18 @@ pub fn upgrade_hook(
         (HOOK_ROOT_ENV.into(), root.display().to_string()),
         (HOOK_KUBEADM_ENV.into(), kubeadm.to_owned()),
     ];
+    spec
+}
+
+/// One of a cluster's `preKubeadmCommands` or `postKubeadmCommands`:
+/// `/bin/sh -c COMMAND` with `DROVER_ROOT` set to the machine's root (`/`
+/// on a real machine) and [`COMMAND_TIMEOUT`] to finish.
+///
+/// [`COMMAND_TIMEOUT`]: drover_common::objects::customise::COMMAND_TIMEOUT
+pub fn machine_command(command: &str, root: &Path) -> CommandSpec {
+    let mut spec = CommandSpec::new("/bin/sh", &["-c", command]);
+    spec.env = vec![(HOOK_ROOT_ENV.into(), root.display().to_string())];
+    spec.timeout = Some(drover_common::objects::customise::COMMAND_TIMEOUT);
     spec
 }
 
@@ -314,10 +330,26 @@ pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
     };
     tracing::info!(command = %command, pid = child.id(), "started command");
     let mut tail = OutputTail::new(tail_lines);
+    let pid = child.id();
+    let mut timed_out = false;
     let status = {
         let mut output = std::pin::pin!(collect(reader, &mut tail, spec));
+        let limit = async {
+            match spec.timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(limit);
         tokio::select! {
-            () = &mut output => child.wait().await,
+            () = &mut output => tokio::select! {
+                status = child.wait() => status,
+                () = &mut limit => {
+                    timed_out = true;
+                    kill_group(pid);
+                    child.wait().await
+                }
+            },
             status = child.wait() => {
                 // A descendant that outlives the command (a daemon it
                 // started) may keep the pipe open: read what is left, but
@@ -325,9 +357,29 @@ pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
                 let _ = tokio::time::timeout(OUTPUT_DRAIN, &mut output).await;
                 status
             }
+            () = &mut limit => {
+                timed_out = true;
+                kill_group(pid);
+                let status = child.wait().await;
+                let _ = tokio::time::timeout(OUTPUT_DRAIN, &mut output).await;
+                status
+            }
         }
     };
     let mut output_tail = tail.into_lines();
+    if timed_out {
+        let secs = spec.timeout.map_or(0, |t| t.as_secs());
+        output_tail.push(format!(
+            "killed: the command did not finish in {secs} s, the most it may take"
+        ));
+        tracing::warn!(command = %command, timeout_s = secs, "command timed out; killed its process group");
+        return CommandOutcome {
+            command,
+            success: false,
+            exit_code: None,
+            output_tail,
+        };
+    }
     match status {
         Ok(status) => CommandOutcome {
             command,
@@ -344,6 +396,19 @@ pub async fn run(spec: &CommandSpec, tail_lines: usize) -> CommandOutcome {
                 output_tail,
             }
         }
+    }
+}
+
+/// Kills the process group a command leads (it was started as its own).
+fn kill_group(pid: Option<u32>) {
+    let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) else {
+        return;
+    };
+    if let Err(e) = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    ) {
+        tracing::warn!(pid, error = %e, "cannot kill the process group of a command that timed out");
     }
 }
 
@@ -457,6 +522,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_command_past_its_timeout_is_killed_with_its_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("child.pid");
+        let mut spec = machine_command(
+            &format!(
+                "echo started; sleep 600 & echo $! > {}; wait",
+                pid_file.display()
+            ),
+            dir.path(),
+        );
+        spec.timeout = Some(std::time::Duration::from_millis(300));
+        let outcome = run(&spec, OUTPUT_TAIL_LINES).await;
+        assert!(!outcome.success);
+        assert_eq!(outcome.exit_code, None);
+        assert_eq!(outcome.output_tail[0], "started");
+        assert!(
+            outcome
+                .output_tail
+                .last()
+                .unwrap()
+                .contains("did not finish in 0 s"),
+            "{outcome:?}"
+        );
+        // The background child went with the group.
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone = || {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+        };
+        // SIGKILL is delivered at once, but the kernel may take a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !gone() && std::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert!(gone(), "the group's sleep {pid} outlived the timeout");
+    }
+
+    #[tokio::test]
+    async fn machine_commands_see_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = machine_command("echo \"root=$DROVER_ROOT\"; exit 4", dir.path());
+        assert_eq!(
+            spec.display(),
+            "/bin/sh -c 'echo \"root=$DROVER_ROOT\"; exit 4'"
+        );
+        let outcome = run(&spec, OUTPUT_TAIL_LINES).await;
+        assert_eq!(outcome.exit_code, Some(4));
+        assert_eq!(
+            outcome.output_tail,
+            [format!("root={}", dir.path().display())]
+        );
+    }
+
+    #[tokio::test]
     async fn run_captures_combined_tail_and_exit_code() {
         let spec = CommandSpec {
             program: "/bin/sh".into(),
@@ -466,6 +590,7 @@ mod tests {
             ],
             redact: vec!["secret-value".into()],
             env: vec![],
+            timeout: None,
         };
         let outcome = run(&spec, OUTPUT_TAIL_LINES).await;
         assert!(!outcome.success);

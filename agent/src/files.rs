@@ -19,6 +19,8 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use drover_common::bundle::BundleFile;
+use drover_common::objects::customise::{check_file_content, parse_owner, CustomiseError};
+use drover_common::objects::MachineFileContent;
 
 /// Where the agent writes the kubeadm config it runs kubeadm with.
 pub const KUBEADM_CONFIG_PATH: &str = "/etc/drover/kubeadm.yaml";
@@ -71,6 +73,24 @@ pub enum FileError {
     Mode { path: String, mode: u32 },
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
+    #[error("machine file {path} is refused: {source}; nothing was written")]
+    Refused {
+        path: String,
+        source: CustomiseError,
+    },
+    #[error("machine file {path}: owner {owner:?} {why}")]
+    Owner {
+        path: String,
+        owner: String,
+        why: String,
+    },
+    #[error("cannot give {path} the owner {uid}:{gid}: {source}")]
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        source: io::Error,
+    },
 }
 
 /// Joins an absolute bundle path under `root`, refusing relative paths and
@@ -133,6 +153,94 @@ pub fn write_bundle_files(root: &Path, files: &[BundleFile]) -> Result<Vec<Strin
         written.push(file.path.clone());
     }
     Ok(written)
+}
+
+/// Writes the files a cluster's spec puts on this machine under `root`,
+/// each atomically with the mode and owner the bundle gives. Every file is
+/// checked against the machine-file rules (no reserved path, no `..`) and
+/// its owner resolved in the machine's own `/etc/passwd` and `/etc/group`
+/// before anything is written. Returns the paths written.
+pub fn write_machine_files(
+    root: &Path,
+    files: &[MachineFileContent],
+) -> Result<Vec<String>, FileError> {
+    let mut targets = Vec::with_capacity(files.len());
+    for file in files {
+        check_file_content(file).map_err(|source| FileError::Refused {
+            path: file.path.clone(),
+            source,
+        })?;
+        let (uid, gid) = resolve_owner(root, &file.owner).map_err(|why| FileError::Owner {
+            path: file.path.clone(),
+            owner: file.owner.clone(),
+            why,
+        })?;
+        targets.push((safe_join(root, &file.path)?, uid, gid));
+    }
+    let mut written = Vec::with_capacity(files.len());
+    for (file, (target, uid, gid)) in files.iter().zip(targets) {
+        write_atomic(&target, file.content.as_bytes(), file.mode).map_err(|source| {
+            FileError::Write {
+                path: target.clone(),
+                source,
+            }
+        })?;
+        let owned = fs::metadata(&target).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.uid() == uid && m.gid() == gid
+        });
+        if !owned {
+            std::os::unix::fs::chown(&target, Some(uid), Some(gid)).map_err(|source| {
+                FileError::Chown {
+                    path: target.clone(),
+                    uid,
+                    gid,
+                    source,
+                }
+            })?;
+        }
+        written.push(file.path.clone());
+    }
+    Ok(written)
+}
+
+/// `user[:group]` as numeric ids, names looked up in `root`'s
+/// `/etc/passwd` and `/etc/group`; a user without a group gets its primary
+/// group. `root` is 0 even where no passwd file exists.
+pub fn resolve_owner(root: &Path, owner: &str) -> Result<(u32, u32), String> {
+    let (user, group) = parse_owner(owner).map_err(|e| e.to_string())?;
+    let passwd = || fs::read_to_string(root.join("etc/passwd")).unwrap_or_default();
+    let (uid, primary) = if let Ok(uid) = user.parse::<u32>() {
+        (uid, None)
+    } else if user == "root" {
+        (0, Some(0))
+    } else {
+        passwd()
+            .lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .find(|f| f.len() >= 4 && f[0] == user)
+            .and_then(|f| Some((f[2].parse().ok()?, Some(f[3].parse().ok()?))))
+            .ok_or_else(|| format!("names user {user:?}, which is not in the machine's /etc/passwd; give a numeric id or a user the machine image has"))?
+    };
+    let gid = match group {
+        Some(g) => {
+            if let Ok(gid) = g.parse::<u32>() {
+                gid
+            } else if g == "root" {
+                0
+            } else {
+                fs::read_to_string(root.join("etc/group"))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(|l| l.split(':').collect::<Vec<_>>())
+                    .find(|f| f.len() >= 3 && f[0] == g)
+                    .and_then(|f| f[2].parse().ok())
+                    .ok_or_else(|| format!("names group {g:?}, which is not in the machine's /etc/group; give a numeric id or a group the machine image has"))?
+            }
+        }
+        None => primary.unwrap_or(uid),
+    };
+    Ok((uid, gid))
 }
 
 /// Removes bundle files again (those that still exist). Returns the paths

@@ -91,6 +91,10 @@ pub struct BootstrapProgress {
     /// The kubeadm config path of the bundle (absolute within the root).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_config_path: Option<String>,
+    /// The bundle's `postKubeadmCommands`, kept so they run (again) after a
+    /// restart once kubeadm has finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post_kubeadm_commands: Vec<String>,
 }
 
 /// How far bootstrap of an assignment has come.
@@ -107,6 +111,9 @@ pub enum BootstrapStep {
     /// kubeadm was started. Written before the process is spawned, so a crash
     /// at any point afterwards is seen as "maybe ran".
     KubeadmStarted,
+    /// kubeadm succeeded; the bundle's `postKubeadmCommands` run. A
+    /// restart runs them again from the first.
+    PostKubeadmCommands,
     /// kubeadm succeeded; the machine is part of its cluster.
     Done,
     /// A step failed; the coordinator decides what happens next.
@@ -185,8 +192,11 @@ pub enum ResumeAction {
     Idle,
     /// kubeadm never started: fetch the bundle again and carry on.
     FetchConfig,
-    /// kubeadm finished before the restart: record bootstrap as done.
+    /// kubeadm finished before the restart: run the post-kubeadm commands
+    /// (if any), then record bootstrap as done.
     MarkDone,
+    /// The post-kubeadm commands were interrupted: run them again.
+    RunPostCommands,
     /// `kubeadm init` was interrupted: report failure and never rerun it.
     InitInterrupted,
     /// `kubeadm join` (or a reset before a retry) was interrupted:
@@ -221,6 +231,7 @@ pub fn decide_resume(state: &State, files: ResumeFiles) -> ResumeAction {
                 ResumeAction::ResetAndRetry
             }
         }
+        (BootstrapStep::PostKubeadmCommands, _) => ResumeAction::RunPostCommands,
         (BootstrapStep::Done, _) => ResumeAction::Running,
         (BootstrapStep::Failed { .. }, _) => ResumeAction::StayFailed,
     }
@@ -357,6 +368,7 @@ pub(crate) mod tests {
             step,
             written_files: vec!["/etc/drover/kubeadm.yaml".into()],
             kubeadm_config_path: Some("/etc/drover/kubeadm.yaml".into()),
+            post_kubeadm_commands: vec![],
         });
         s
     }
@@ -449,6 +461,18 @@ pub(crate) mod tests {
         // only ever run after it finished.
         check(Init, Resetting, admin, ResumeAction::ResetAndRetry);
         check(Worker, Done, none, ResumeAction::Running);
+        check(
+            Init,
+            PostKubeadmCommands,
+            admin,
+            ResumeAction::RunPostCommands,
+        );
+        check(
+            Worker,
+            PostKubeadmCommands,
+            none,
+            ResumeAction::RunPostCommands,
+        );
         let failed = Failed {
             step: "kubeadm-init".into(),
             failure: CommandFailure {

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_common::api::{MachineRole, Problem};
+use drover_common::api::{MachineFileContent, MachineRole, Problem};
 use drover_common::bundle::{self, BundleFile, ConfigBundle};
 use drover_common::pin::CaPin;
 use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
@@ -48,6 +48,10 @@ struct FakeState {
     extra_files: Vec<BundleFile>,
     /// The mode the kubeadm config is sent with.
     config_mode: u32,
+    /// The cluster's files and commands the bundle carries.
+    machine_files: Vec<MachineFileContent>,
+    pre_commands: Vec<String>,
+    post_commands: Vec<String>,
 }
 
 struct Fake {
@@ -189,6 +193,9 @@ async fn handle(
                 kubernetes_version: "v1.31.2".into(),
                 files,
                 kubeadm_config_path: "/etc/drover/kubeadm.yaml".into(),
+                machine_files: s.machine_files.clone(),
+                pre_kubeadm_commands: s.pre_commands.clone(),
+                post_kubeadm_commands: s.post_commands.clone(),
                 issued_at: drover_common::now(),
             };
             json_response(StatusCode::OK, &bundle::sign(&b, &s.ca.key_pem).unwrap())
@@ -256,6 +263,9 @@ async fn start_fake(ca: CertificateAuthority) -> Fake {
         config_requests: 0,
         extra_files: vec![],
         config_mode: 0o600,
+        machine_files: vec![],
+        pre_commands: vec![],
+        post_commands: vec![],
     }));
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = state.clone();
@@ -786,6 +796,123 @@ async fn failed_join_reports_command_and_output_tail() {
     fake.heartbeat_where("another Failed", |h| h.phase == AgentPhase::Failed)
         .await;
     assert_eq!(m.kubeadm_calls().len(), 1);
+    stop_cleanly(&mut agent).await;
+}
+
+fn machine_file(path: &str, mode: u32, content: &str) -> MachineFileContent {
+    MachineFileContent {
+        path: path.into(),
+        mode,
+        owner: "root:root".into(),
+        content: content.into(),
+    }
+}
+
+#[tokio::test]
+async fn machine_files_then_pre_commands_then_kubeadm_then_post_commands() {
+    let (mut fake, pin) = start_fake_with_new_ca().await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = assigned("demo", MachineRole::Worker, 2);
+        s.machine_files = vec![
+            machine_file("/etc/cni/net.d/10-bridge.conflist", 0o644, "{\"cniVersion\": \"1.0.0\"}\n"),
+            machine_file("/etc/demo/secret.conf", 0o600, "s3cret\n"),
+        ];
+        // Each command proves what exists when it runs, and leaves a line.
+        s.pre_commands = vec![
+            r#"test -f "$DROVER_ROOT/etc/cni/net.d/10-bridge.conflist" && echo pre-1 >> "$DROVER_ROOT/order""#.into(),
+            r#"test ! -e "$DROVER_ROOT/etc/kubernetes/kubelet.conf" && echo pre-2 >> "$DROVER_ROOT/order""#.into(),
+        ];
+        s.post_commands =
+            vec![r#"test -f "$DROVER_ROOT/etc/kubernetes/kubelet.conf" && echo post >> "$DROVER_ROOT/order""#.into()];
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn(1, true, &[]);
+    fake.running_at(2).await;
+    assert_eq!(
+        std::fs::read_to_string(m.root.join("order")).unwrap(),
+        "pre-1\npre-2\npost\n"
+    );
+    assert_eq!(m.kubeadm_calls().len(), 1, "{:?}", m.kubeadm_calls());
+    let cni = m.root.join("etc/cni/net.d/10-bridge.conflist");
+    assert_eq!(
+        std::fs::read_to_string(&cni).unwrap(),
+        "{\"cniVersion\": \"1.0.0\"}\n"
+    );
+    assert_eq!(mode(&cni), 0o644);
+    assert_eq!(mode(&m.root.join("etc/demo/secret.conf")), 0o600);
+
+    // Going back to the pool removes the files the cluster put there.
+    fake.set(|s| {
+        s.directives.push(Directive {
+            id: "reset-1".into(),
+            action: DirectiveAction::Reset {
+                reason: "released".into(),
+            },
+        })
+    });
+    fake.heartbeat_where("reset result", |h| {
+        h.directive_results.iter().any(|r| r.id == "reset-1")
+    })
+    .await;
+    assert!(!cni.exists() && !m.root.join("etc/demo/secret.conf").exists());
+    stop_cleanly(&mut agent).await;
+}
+
+#[tokio::test]
+async fn a_failing_pre_kubeadm_command_fails_the_machine_before_kubeadm() {
+    let (mut fake, pin) = start_fake_with_new_ca().await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = assigned("demo", MachineRole::Worker, 3);
+        s.pre_commands = vec!["true".into(), "echo no registry mirror; exit 7".into()];
+        s.post_commands = vec!["echo never".into()];
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn(1, true, &[]);
+    let hb = fake
+        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    let report = hb.bootstrap.unwrap();
+    assert_eq!(report.step, "pre-kubeadm-commands");
+    let failure = report.failure.unwrap();
+    assert_eq!(
+        failure.command,
+        "/bin/sh -c 'echo no registry mirror; exit 7'"
+    );
+    assert_eq!(failure.exit_code, Some(7));
+    assert_eq!(failure.output_tail, ["no registry mirror"]);
+    assert!(m.kubeadm_calls().is_empty(), "{:?}", m.kubeadm_calls());
+    stop_cleanly(&mut agent).await;
+}
+
+#[tokio::test]
+async fn a_machine_file_at_a_reserved_path_is_refused_and_nothing_written() {
+    let (mut fake, pin) = start_fake_with_new_ca().await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = assigned("demo", MachineRole::Worker, 1);
+        s.machine_files = vec![
+            machine_file("/etc/fine.conf", 0o644, "x"),
+            machine_file("/var/lib/drover-agent/state.json", 0o644, "{}"),
+        ];
+        s.pre_commands = vec!["echo ran >> \"$DROVER_ROOT/ran\"".into()];
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn(1, true, &[]);
+    let hb = fake
+        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    let report = hb.bootstrap.unwrap();
+    assert_eq!(report.step, "write-files");
+    let tail = report.failure.unwrap().output_tail.join("\n");
+    assert!(
+        tail.contains("/var/lib/drover-agent/state.json") && tail.contains("reserved"),
+        "{tail}"
+    );
+    assert!(!m.root.join("etc/fine.conf").exists());
+    assert!(!m.root.join("ran").exists());
+    assert!(m.kubeadm_calls().is_empty());
     stop_cleanly(&mut agent).await;
 }
 

@@ -9,7 +9,7 @@ use ring::signature::{self, EcdsaKeyPair, UnparsedPublicKey};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::objects::MachineRole;
+use crate::objects::{MachineFileContent, MachineRole};
 
 /// A file to write on the machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -36,6 +36,17 @@ pub struct ConfigBundle {
     pub files: Vec<BundleFile>,
     /// Path of the kubeadm config file within `files`.
     pub kubeadm_config_path: String,
+    /// The files the cluster's spec puts on this machine (`spec.files` and
+    /// its pool's), written before kubeadm with the mode and owner given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machine_files: Vec<MachineFileContent>,
+    /// Shell commands run in order after the files are written, before
+    /// kubeadm.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_kubeadm_commands: Vec<String>,
+    /// Shell commands run in order once kubeadm succeeded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post_kubeadm_commands: Vec<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub issued_at: OffsetDateTime,
 }
@@ -126,6 +137,9 @@ mod tests {
             kubernetes_version: "v1.31.2".into(),
             files: vec![],
             kubeadm_config_path: "/etc/drover/kubeadm.yaml".into(),
+            machine_files: vec![],
+            pre_kubeadm_commands: vec![],
+            post_kubeadm_commands: vec![],
             issued_at: crate::now(),
         }
     }

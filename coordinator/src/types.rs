@@ -103,6 +103,10 @@ pub struct AuditEntry {
     /// stands for, which were not recorded one by one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suppressed: Option<u64>,
+    /// What the request changed that runs or lands on machines (files and
+    /// commands around kubeadm), one line each, content as hashes only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
 }
 
 /// The client config file.

@@ -37,8 +37,12 @@ impl Agent {
                 self.want_config_now();
             }
             ResumeAction::MarkDone => {
-                tracing::info!("kubeadm had finished before the restart; bootstrap is done");
-                self.set_step(BootstrapStep::Done);
+                tracing::info!("kubeadm had finished before the restart");
+                self.after_kubeadm();
+            }
+            ResumeAction::RunPostCommands => {
+                tracing::info!("the post-kubeadm commands were interrupted; running them again");
+                self.after_kubeadm();
             }
             ResumeAction::InitInterrupted => {
                 let command = self.bootstrap_command().display();
@@ -212,9 +216,16 @@ impl Agent {
             generation = bundle.generation,
             kubernetes_version = %bundle.kubernetes_version,
             files = bundle.files.len(),
+            machine_files = bundle.machine_files.len(),
+            pre_kubeadm_commands = bundle.pre_kubeadm_commands.len(),
+            post_kubeadm_commands = bundle.post_kubeadm_commands.len(),
             "writing the config bundle"
         );
-        let written = match files::write_bundle_files(&root, &bundle.files) {
+        let written = files::write_bundle_files(&root, &bundle.files).and_then(|mut written| {
+            written.extend(files::write_machine_files(&root, &bundle.machine_files)?);
+            Ok(written)
+        });
+        let written = match written {
             Ok(w) => w,
             Err(e) => {
                 self.fail_bootstrap(
@@ -222,7 +233,7 @@ impl Agent {
                     CommandFailure {
                         command: format!(
                             "write {} bundle files under {}",
-                            bundle.files.len(),
+                            bundle.files.len() + bundle.machine_files.len(),
                             root.display()
                         ),
                         exit_code: None,
@@ -240,11 +251,96 @@ impl Agent {
             }
         }
         progress.kubeadm_config_path = Some(bundle.kubeadm_config_path.clone());
+        progress.post_kubeadm_commands = bundle.post_kubeadm_commands.clone();
         progress.step = BootstrapStep::FilesWritten;
         self.persist();
 
+        if bundle.pre_kubeadm_commands.is_empty() {
+            self.start_kubeadm();
+        } else {
+            // A restart before kubeadm starts fetches the bundle again and
+            // runs every command again: they must be safe to repeat.
+            self.activity = Some(report::PRE_COMMANDS_STEP);
+            self.start_commands(WorkKind::PreCommands, &bundle.pre_kubeadm_commands);
+            self.heartbeat_soon();
+        }
+    }
+
+    /// Runs `commands` one after another as the work of `kind`; the first
+    /// that fails (or outlives its timeout) ends the run with its outcome.
+    fn start_commands(&mut self, kind: WorkKind, commands: &[String]) {
+        let specs: Vec<CommandSpec> = commands
+            .iter()
+            .map(|c| command::machine_command(c, &self.settings.root))
+            .collect();
+        tracing::info!(
+            ?kind,
+            commands = specs.len(),
+            "running the cluster's machine commands"
+        );
+        let outcome = Box::pin(async move {
+            for spec in &specs {
+                let outcome = command::run(spec, command::OUTPUT_TAIL_LINES).await;
+                if !outcome.success {
+                    return outcome;
+                }
+                tracing::info!(command = %outcome.command, output_tail = %outcome.output_tail.join("\n"), "machine command succeeded");
+            }
+            CommandOutcome {
+                command: format!("{} commands", specs.len()),
+                success: true,
+                exit_code: Some(0),
+                output_tail: Vec::new(),
+            }
+        });
+        self.work = Some(super::Work { kind, outcome });
+    }
+
+    /// The pre-kubeadm commands ended.
+    pub(super) fn finish_pre_commands(&mut self, outcome: CommandOutcome) {
+        if outcome.success {
+            self.start_kubeadm();
+        } else {
+            self.fail_bootstrap(report::PRE_COMMANDS_STEP, outcome.to_failure());
+        }
+    }
+
+    /// The post-kubeadm commands ended.
+    pub(super) fn finish_post_commands(&mut self, outcome: CommandOutcome) {
+        if outcome.success {
+            tracing::info!("post-kubeadm commands done; the machine is running");
+            self.set_step(BootstrapStep::Done);
+            self.heartbeat_soon();
+        } else {
+            self.fail_bootstrap(report::POST_COMMANDS_STEP, outcome.to_failure());
+        }
+    }
+
+    /// kubeadm has succeeded: the post-kubeadm commands run, if any, then
+    /// the machine is running.
+    fn after_kubeadm(&mut self) {
+        let commands = self
+            .state
+            .bootstrap
+            .as_ref()
+            .map(|p| p.post_kubeadm_commands.clone())
+            .unwrap_or_default();
+        if commands.is_empty() {
+            self.set_step(BootstrapStep::Done);
+        } else {
+            self.set_step(BootstrapStep::PostKubeadmCommands);
+            self.start_commands(WorkKind::PostCommands, &commands);
+        }
+        self.heartbeat_soon();
+    }
+
+    /// Records that kubeadm may run, then starts `kubeadm init|join`.
+    fn start_kubeadm(&mut self) {
+        let Some(role) = self.state.role() else {
+            return;
+        };
         let spec = self.bootstrap_command();
-        let step = kubeadm_step_name(bundle.role);
+        let step = kubeadm_step_name(role);
         // The record that kubeadm may have run must exist before it runs.
         self.state.bootstrap.as_mut().expect("assigned").step = BootstrapStep::KubeadmStarted;
         if let Err(e) = self.store.save(&self.state) {
@@ -297,8 +393,7 @@ impl Agent {
             for problem in files::remove_bundle_files(&self.settings.root, &config) {
                 tracing::warn!(%problem, "cannot remove the kubeadm config, which holds a join token");
             }
-            self.set_step(BootstrapStep::Done);
-            self.heartbeat_soon();
+            self.after_kubeadm();
         } else {
             self.fail_bootstrap(kubeadm_step_name(role), outcome.to_failure());
         }

@@ -182,6 +182,7 @@ impl Agent {
                 BootstrapStep::Resetting => Stage::Resetting,
                 BootstrapStep::FilesWritten
                 | BootstrapStep::KubeadmStarted
+                | BootstrapStep::PostKubeadmCommands
                 | BootstrapStep::Done => Stage::Applied,
                 BootstrapStep::Failed { step, .. } => Stage::Failed {
                     step,
@@ -211,6 +212,7 @@ impl Agent {
                     step: BootstrapStep::Assigned,
                     written_files: Vec::new(),
                     kubeadm_config_path: None,
+                    post_kubeadm_commands: Vec::new(),
                 });
                 self.persist();
                 self.want_config_now();

@@ -90,6 +90,10 @@ enum WorkKind {
     /// `kubeadm reset` before bootstrapping again (interrupted join, or a new
     /// assignment after a failure).
     ResetBeforeRetry,
+    /// The bundle's `preKubeadmCommands`, one after another.
+    PreCommands,
+    /// The bundle's `postKubeadmCommands`, one after another.
+    PostCommands,
 }
 
 enum Wake {
@@ -281,6 +285,7 @@ impl Agent {
             BootstrapStep::Assigned => report::FETCH_CONFIG_STEP,
             BootstrapStep::Resetting => report::RESET_STEP,
             BootstrapStep::FilesWritten => report::WRITE_FILES_STEP,
+            BootstrapStep::PostKubeadmCommands => report::POST_COMMANDS_STEP,
             BootstrapStep::KubeadmStarted | BootstrapStep::Done => {
                 kubeadm_step_name(progress.assignment.role)
             }
@@ -353,6 +358,8 @@ impl Agent {
                 self.finish_directive(id, outcome.success, message)
             }
             WorkKind::ResetBeforeRetry => self.finish_reset_before_retry(outcome),
+            WorkKind::PreCommands => self.finish_pre_commands(outcome),
+            WorkKind::PostCommands => self.finish_post_commands(outcome),
         }
     }
 }

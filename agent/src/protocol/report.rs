@@ -9,6 +9,10 @@ pub const FETCH_CONFIG_STEP: &str = "fetch-config";
 pub const WRITE_FILES_STEP: &str = "write-files";
 /// `kubeadm reset`.
 pub const RESET_STEP: &str = "kubeadm-reset";
+/// The cluster's `preKubeadmCommands`.
+pub const PRE_COMMANDS_STEP: &str = "pre-kubeadm-commands";
+/// The cluster's `postKubeadmCommands`.
+pub const POST_COMMANDS_STEP: &str = "post-kubeadm-commands";
 
 /// The kubeadm step name reported for a role.
 pub fn kubeadm_step_name(role: MachineRole) -> &'static str {
@@ -29,7 +33,7 @@ pub fn at_step(step: &str) -> BootstrapReport {
 /// Whether a bootstrap that failed at `step` needs `kubeadm reset` before
 /// it can start over: only the steps before kubeadm ran do not.
 pub fn failure_needs_reset(step: &str) -> bool {
-    step != FETCH_CONFIG_STEP && step != WRITE_FILES_STEP
+    step != FETCH_CONFIG_STEP && step != WRITE_FILES_STEP && step != PRE_COMMANDS_STEP
 }
 
 #[cfg(test)]
@@ -45,6 +49,8 @@ mod tests {
         assert!(at_step(RESET_STEP).failure.is_none());
         assert!(!failure_needs_reset("fetch-config"));
         assert!(!failure_needs_reset("write-files"));
+        assert!(!failure_needs_reset("pre-kubeadm-commands"));
+        assert!(failure_needs_reset("post-kubeadm-commands"));
         assert!(failure_needs_reset("kubeadm-join"));
         assert!(failure_needs_reset("kubeadm-init"));
         assert!(failure_needs_reset("kubeadm-reset"));

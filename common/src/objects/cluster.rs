@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::aws::AwsProviderSpec;
+use super::customise::{validate_customisation, MachineFile};
 use super::format::FormatError;
 use super::meta::{is_zero, Condition, LabelSelector, ObjectMeta};
 use super::problem::FieldError;
@@ -27,8 +28,9 @@ pub struct Cluster {
     pub status: ClusterStatus,
 }
 
-/// What the cluster should be. Versions, counts and templates only: no
-/// commands, so the coordinator decides how.
+/// What the cluster should be: versions, counts and templates, and what
+/// goes onto its machines around kubeadm (files, commands) and into it
+/// (addons, a pod network).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
@@ -56,6 +58,18 @@ pub struct ClusterSpec {
     /// How machines made for an older version (or image) are rolled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradePolicy>,
+    /// Files every machine gets before kubeadm runs (a pool may add its
+    /// own; `controlPlaneOnly` keeps one off workers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<MachineFile>,
+    /// Shell commands every machine runs, in order, after its files are
+    /// written and before kubeadm; a pool's own follow these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_kubeadm_commands: Vec<String>,
+    /// Shell commands every machine runs, in order, once kubeadm succeeded;
+    /// a pool's own follow these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post_kubeadm_commands: Vec<String>,
 }
 
 /// `spec.upgrade`: how a rollout proceeds once `kubernetesVersion` or a
@@ -645,6 +659,17 @@ pub struct ControlPlaneSpec {
     /// How the control plane rolls (`maxSurge` 0 or 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutPolicy>,
+    /// Files for control-plane machines only, after `spec.files`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<MachineFile>,
+    /// Commands control-plane machines run before kubeadm, after
+    /// `spec.preKubeadmCommands`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_kubeadm_commands: Vec<String>,
+    /// Commands control-plane machines run after kubeadm, after
+    /// `spec.postKubeadmCommands`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post_kubeadm_commands: Vec<String>,
 }
 
 /// A pool of worker machines.
@@ -658,6 +683,17 @@ pub struct WorkerPoolSpec {
     /// How the pool rolls (`maxSurge`, `maxUnavailable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutPolicy>,
+    /// Files for this pool's machines only, after `spec.files`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<MachineFile>,
+    /// Commands this pool's machines run before kubeadm, after
+    /// `spec.preKubeadmCommands`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_kubeadm_commands: Vec<String>,
+    /// Commands this pool's machines run after kubeadm, after
+    /// `spec.postKubeadmCommands`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post_kubeadm_commands: Vec<String>,
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
@@ -1041,6 +1077,21 @@ impl Cluster {
                     e.to_string(),
                 );
             }
+            validate_customisation(
+                &format!("spec.workerPools[{i}]"),
+                &pool.files,
+                &pool.pre_kubeadm_commands,
+                &pool.post_kubeadm_commands,
+                &mut |f, m| err(f, m),
+            );
+            for (j, file) in pool.files.iter().enumerate() {
+                if file.control_plane_only {
+                    err(
+                        &format!("spec.workerPools[{i}].files[{j}].controlPlaneOnly"),
+                        "keeps a file of spec.files off workers; in a worker pool's files it would keep the file off every machine it is for. Move the file to spec.files or spec.controlPlane.files".into(),
+                    );
+                }
+            }
             if pool.replicas > 1000 {
                 err(
                     &format!("spec.workerPools[{i}].replicas"),
@@ -1048,6 +1099,20 @@ impl Cluster {
                 );
             }
         }
+        validate_customisation(
+            "spec",
+            &self.spec.files,
+            &self.spec.pre_kubeadm_commands,
+            &self.spec.post_kubeadm_commands,
+            &mut |f, m| err(f, m),
+        );
+        validate_customisation(
+            "spec.controlPlane",
+            &self.spec.control_plane.files,
+            &self.spec.control_plane.pre_kubeadm_commands,
+            &self.spec.control_plane.post_kubeadm_commands,
+            &mut |f, m| err(f, m),
+        );
         let pod = parse_cidr(&self.spec.network.pod_subnet);
         if let Err(why) = &pod {
             err("spec.network.podSubnet", why.to_string());

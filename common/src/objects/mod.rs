@@ -7,6 +7,7 @@
 
 pub mod aws;
 pub mod cluster;
+pub mod customise;
 pub mod format;
 pub mod machine;
 pub mod meta;
@@ -15,6 +16,7 @@ pub mod registration;
 pub mod report;
 
 pub use cluster::*;
+pub use customise::*;
 pub use format::FormatError;
 pub use machine::*;
 pub use meta::*;

@@ -316,6 +316,7 @@ mod tests {
             path: path.into(),
             status,
             suppressed: None,
+            changes: Vec::new(),
         }
     }
 

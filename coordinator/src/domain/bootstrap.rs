@@ -195,6 +195,19 @@ pub fn bundle_for(
             )
         }
     };
+    // Validated at apply; an error here means a stored spec from before a
+    // rule, which the machine cannot be given.
+    let custom = drover_common::objects::customise::for_machine(
+        &cluster.spec,
+        &a.machine_pool,
+        a.role.is_control_plane(),
+    )
+    .map_err(|e| {
+        BootstrapError::Conflict(format!(
+            "the files of cluster {} are refused ({e}); fix the spec and apply it again",
+            a.cluster
+        ))
+    })?;
     let mut files = vec![];
     if a.role.is_control_plane() {
         files.extend(shared_ca_files(&pki));
@@ -212,6 +225,9 @@ pub fn bundle_for(
         kubernetes_version: cluster.spec.kubernetes_version.clone(),
         files,
         kubeadm_config_path: KUBEADM_CONFIG_PATH.into(),
+        machine_files: custom.files,
+        pre_kubeadm_commands: custom.pre_kubeadm_commands,
+        post_kubeadm_commands: custom.post_kubeadm_commands,
         issued_at: drover_common::now(),
     };
     tracing::info!(machine = %name, cluster = %cluster.metadata.name, role = %a.role, generation = a.generation, "config bundle issued");

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod bootstrap;
+pub mod customise;
 pub mod endpoint;
 pub mod health;
 pub mod jointokens;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::Json;
+use axum::{Extension, Json};
 use drover_common::api::{
     Cluster, ClusterStatus, CreateRegistrationToken, CreatedRegistrationToken, FieldError,
     KubeconfigResponse, Machine, ObjectMeta, RegistrationToken, RegistrationTokenSpec,
@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Admin;
 use super::error::ApiError;
+use super::AuditChanges;
 use crate::app::App;
 use crate::store::Kind;
 pub use crate::types::CoordinatorEntry;
@@ -151,7 +152,7 @@ pub async fn apply_cluster(
     ObjectName(name): ObjectName,
     headers: HeaderMap,
     super::body::RawBody(body): super::body::RawBody,
-) -> Result<(StatusCode, Json<Cluster>), ApiError> {
+) -> Result<(StatusCode, Extension<AuditChanges>, Json<Cluster>), ApiError> {
     admin.require_write()?;
     let mut desired = parse_cluster(&headers, &body)?;
     if let Err(errors) = desired.validate() {
@@ -178,18 +179,20 @@ pub async fn apply_cluster(
             desired.metadata.deletion_timestamp = None;
             desired.status = ClusterStatus::default();
             app.store.create_json(Kind::Cluster, &name, &desired)?;
+            let changes = audited(&name, &admin, None, &desired.spec);
             tracing::info!(cluster = %name, by = %admin.token_id, "cluster created");
             app.reconcile_soon();
             let created = app
                 .cluster(&name)?
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
-            Ok((StatusCode::CREATED, Json(created)))
+            Ok((StatusCode::CREATED, changes, Json(created)))
         }
         Some(_) => {
             // The reconciler may write the cluster's status meanwhile: a
             // conflict re-reads it and decides again, so only a
             // resourceVersion the document itself carries can refuse it.
             let mut changed = false;
+            let mut before = None;
             let current = app
                 .update_cluster(&name, |current| {
                     if let Some(rv) = &desired.metadata.resource_version {
@@ -235,22 +238,43 @@ pub async fn apply_cluster(
                     if spec_changed {
                         current.metadata.generation += 1;
                     }
+                    before = Some(current.spec.clone());
                     current.spec = desired.spec.clone();
                     current.metadata.labels = desired.metadata.labels.clone();
                     Ok(true)
                 })?
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
             if !changed {
-                return Ok((StatusCode::OK, Json(current)));
+                return Ok((
+                    StatusCode::OK,
+                    Extension(AuditChanges::default()),
+                    Json(current),
+                ));
             }
+            let changes = audited(&name, &admin, before.as_ref(), &current.spec);
             tracing::info!(cluster = %name, generation = current.metadata.generation, by = %admin.token_id, "cluster updated");
             app.reconcile_soon();
             let updated = app
                 .cluster(&name)?
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
-            Ok((StatusCode::OK, Json(updated)))
+            Ok((StatusCode::OK, changes, Json(updated)))
         }
     }
+}
+
+/// The changes of an apply to what lands on machines, logged and handed to
+/// the audit log.
+fn audited(
+    name: &str,
+    admin: &Admin,
+    before: Option<&drover_common::api::ClusterSpec>,
+    after: &drover_common::api::ClusterSpec,
+) -> Extension<AuditChanges> {
+    let changes = crate::domain::customise::changes(before, after);
+    for change in &changes {
+        tracing::info!(cluster = %name, by = %admin.token_id, %change, "machine files or commands changed");
+    }
+    Extension(AuditChanges(changes))
 }
 
 /// Why `desired` may not change `current`'s Kubernetes version, if it may

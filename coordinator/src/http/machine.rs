@@ -1066,8 +1066,8 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
                 m.status
                     .bootstrap
                     .as_ref()
-                    .and_then(|b| b.failure.as_ref())
-                    .map(|f| format!("`{}` exited with {:?}", f.command, f.exit_code))
+                    .and_then(|b| b.failure.as_ref().map(|f| (b.step.as_str(), f)))
+                    .map(|(step, f)| failure_event(step, f))
                     .unwrap_or_else(|| "bootstrap failed".into()),
             ),
             MachinePhase::Registered if before_phase == MachinePhase::Releasing => (
@@ -1314,6 +1314,35 @@ pub async fn renew(
     })
     .await
 }
+
+/// The lines of a failed command's output an event keeps.
+const EVENT_OUTPUT_LINES: usize = 5;
+
+/// A bootstrap failure as an event message: the step, the command, how it
+/// ended and the last lines of its output.
+fn failure_event(step: &str, f: &drover_common::wire::CommandFailure) -> String {
+    let ended = match f.exit_code {
+        Some(code) => format!("exited with status {code}"),
+        None => "did not exit by itself (killed, timed out or not started)".to_owned(),
+    };
+    let mut message = format!("{step}: `{}` {ended}", f.command);
+    let tail = &f.output_tail[f.output_tail.len().saturating_sub(EVENT_OUTPUT_LINES)..];
+    if !tail.is_empty() {
+        message.push_str("; output ends: ");
+        let lines: Vec<String> = tail
+            .iter()
+            .map(|l| match l.char_indices().nth(EVENT_LINE_CHARS) {
+                Some((cut, _)) => format!("{}…", &l[..cut]),
+                None => l.clone(),
+            })
+            .collect();
+        message.push_str(&lines.join(" | "));
+    }
+    message
+}
+
+/// The longest output line an event keeps, in characters.
+const EVENT_LINE_CHARS: usize = 240;
 
 #[cfg(test)]
 mod tests {

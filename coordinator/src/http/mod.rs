@@ -169,6 +169,7 @@ pub async fn audit(
             path: "/v1/machine/heartbeat".into(),
             status: resp.status().as_u16(),
             suppressed: None,
+            changes: Vec::new(),
         });
         return resp;
     }
@@ -209,6 +210,11 @@ pub async fn audit(
         },
         _ => next.run(req).await,
     };
+    let changes = resp
+        .extensions()
+        .get::<AuditChanges>()
+        .map(|c| c.0.clone())
+        .unwrap_or_default();
     app.audit.record(crate::domain::audit::AuditEntry {
         time: drover_common::now(),
         actor,
@@ -217,9 +223,15 @@ pub async fn audit(
         path,
         status: resp.status().as_u16(),
         suppressed: None,
+        changes,
     });
     resp
 }
+
+/// What a handler tells the audit log it changed beyond the request line
+/// (a response extension, never sent to the client).
+#[derive(Debug, Clone, Default)]
+pub struct AuditChanges(pub Vec<String>);
 
 /// The body length a request announces, if it does.
 fn announced_length(headers: &axum::http::HeaderMap) -> Option<u64> {

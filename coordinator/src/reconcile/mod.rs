@@ -264,12 +264,18 @@ mod tests {
                     replicas: cp,
                     selector: LabelSelector::default(),
                     rollout: None,
+                    files: vec![],
+                    pre_kubeadm_commands: vec![],
+                    post_kubeadm_commands: vec![],
                 },
                 worker_pools: vec![WorkerPoolSpec {
                     name: "w".into(),
                     replicas: workers,
                     selector: LabelSelector::default(),
                     rollout: None,
+                    files: vec![],
+                    pre_kubeadm_commands: vec![],
+                    post_kubeadm_commands: vec![],
                 }],
                 network: NetworkSpec::default(),
                 provider: ProviderSpec::Pool(PoolProviderSpec {
@@ -282,6 +288,9 @@ mod tests {
                 health: None,
                 drain: None,
                 upgrade: None,
+                files: vec![],
+                pre_kubeadm_commands: vec![],
+                post_kubeadm_commands: vec![],
             },
             status: ClusterStatus::default(),
         }

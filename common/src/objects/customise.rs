@@ -1,0 +1,500 @@
+//! What a cluster puts on its machines around kubeadm: files written
+//! before it runs and commands run before and after it (`spec.files`,
+//! `spec.preKubeadmCommands`, `spec.postKubeadmCommands`, and the same per
+//! pool), with the rules both the coordinator (at `drover apply`) and the
+//! agent (before it writes anything) check.
+
+use serde::{Deserialize, Serialize};
+
+/// A file every machine of a cluster (or of one pool) gets before kubeadm
+/// runs, written atomically under the agent's root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineFile {
+    /// An absolute path on the machine, such as
+    /// `/etc/cni/net.d/10-bridge.conflist`. The paths the agent and kubeadm
+    /// own are refused ([`RESERVED_PATHS`]).
+    pub path: String,
+    /// Octal permission bits, such as `"0644"` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+    /// `user`, `user:group` or numeric ids (default `root:root`). Names are
+    /// looked up in the machine's own `/etc/passwd` and `/etc/group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The file's text.
+    pub content: String,
+    /// Whether only control-plane machines get it; a worker never does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub control_plane_only: bool,
+}
+
+/// A machine file as it travels in a signed config bundle: resolved for one
+/// machine, its permissions parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineFileContent {
+    pub path: String,
+    /// Permission bits, at most `0o777`.
+    pub mode: u32,
+    /// `user[:group]`, as in the spec; `root:root` when the spec says
+    /// nothing.
+    pub owner: String,
+    pub content: String,
+}
+
+/// The permissions a file gets when the spec gives none.
+pub const DEFAULT_PERMISSIONS: u32 = 0o644;
+/// The owner a file gets when the spec gives none.
+pub const DEFAULT_OWNER: &str = "root:root";
+/// The largest content of one file, in bytes.
+pub const MAX_FILE_BYTES: usize = 256 * 1024;
+/// The most files in one list (`spec.files` or a pool's).
+pub const MAX_FILES: usize = 64;
+/// The most commands in one of `preKubeadmCommands` or `postKubeadmCommands`.
+pub const MAX_COMMANDS: usize = 64;
+/// The longest command, in bytes.
+pub const MAX_COMMAND_BYTES: usize = 4096;
+/// How long one command may run before the agent kills it and fails the
+/// machine.
+pub const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Paths a machine file may not be at or under: the agent's own config and
+/// state, and what kubeadm writes or the coordinator hands out (the cluster
+/// CAs, the static Pod manifests, the kubeconfigs). A directory entry ends
+/// in `/`.
+pub const RESERVED_PATHS: &[&str] = &[
+    "/etc/drover/",
+    "/var/lib/drover-agent/",
+    "/usr/lib/drover/",
+    "/usr/local/bin/drover-agent",
+    "/etc/kubernetes/pki/",
+    "/etc/kubernetes/manifests/",
+    "/etc/kubernetes/admin.conf",
+    "/etc/kubernetes/super-admin.conf",
+    "/etc/kubernetes/kubelet.conf",
+    "/etc/kubernetes/bootstrap-kubelet.conf",
+    "/etc/kubernetes/controller-manager.conf",
+    "/etc/kubernetes/scheduler.conf",
+    "/var/lib/kubelet/config.yaml",
+    "/var/lib/kubelet/kubeadm-flags.env",
+    "/var/lib/kubelet/pki/",
+    "/var/lib/etcd/",
+];
+
+/// Why a machine file or command is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CustomiseError {
+    #[error("path {0:?} must be absolute (start with /)")]
+    NotAbsolute(String),
+    #[error(
+        "path {0:?} must name a file: no `.` or `..` components, no empty ones, no trailing /"
+    )]
+    NotNormal(String),
+    #[error("path {path:?} is reserved: {owner} owns {prefix}; put the file elsewhere")]
+    Reserved {
+        path: String,
+        prefix: &'static str,
+        owner: &'static str,
+    },
+    #[error("permissions {0:?} must be octal digits such as \"0644\" or \"0600\", at most 0777")]
+    Permissions(String),
+    #[error(
+        "owner {0:?} must be `user` or `user:group`, each a name such as `root` or a numeric id"
+    )]
+    Owner(String),
+    #[error("content is {0} bytes; a file may hold at most {MAX_FILE_BYTES}")]
+    TooLarge(usize),
+    #[error("command must not be empty")]
+    EmptyCommand,
+    #[error("command is {0} bytes; at most {MAX_COMMAND_BYTES} are allowed")]
+    LongCommand(usize),
+    #[error("command contains a NUL byte")]
+    NulCommand,
+}
+
+/// Checks a machine file's path: absolute, every component a plain name,
+/// and not at or under a [`RESERVED_PATHS`] entry.
+pub fn check_machine_file_path(path: &str) -> Result<(), CustomiseError> {
+    if !path.starts_with('/') {
+        return Err(CustomiseError::NotAbsolute(path.to_owned()));
+    }
+    let body = &path[1..];
+    let plain = !body.is_empty()
+        && !path.ends_with('/')
+        && !path.contains('\0')
+        && path.len() <= 4096
+        && body
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255);
+    if !plain {
+        return Err(CustomiseError::NotNormal(path.to_owned()));
+    }
+    for prefix in RESERVED_PATHS {
+        let hit = if let Some(dir) = prefix.strip_suffix('/') {
+            path == dir || path.starts_with(prefix)
+        } else {
+            path == *prefix
+        };
+        if hit {
+            let owner = if prefix.contains("drover") {
+                "the Drover agent"
+            } else if prefix.contains("etcd") {
+                "etcd"
+            } else {
+                "kubeadm"
+            };
+            return Err(CustomiseError::Reserved {
+                path: path.to_owned(),
+                prefix,
+                owner,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Parses octal permissions such as `"0644"` or `"600"`.
+pub fn parse_permissions(s: &str) -> Result<u32, CustomiseError> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+    {
+        return Err(CustomiseError::Permissions(s.to_owned()));
+    }
+    let mode = u32::from_str_radix(digits, 8).map_err(|_| CustomiseError::Permissions(s.into()))?;
+    if mode > 0o777 {
+        return Err(CustomiseError::Permissions(s.to_owned()));
+    }
+    Ok(mode)
+}
+
+/// The two halves of `user[:group]`, each a name or a numeric id.
+pub fn parse_owner(s: &str) -> Result<(&str, Option<&str>), CustomiseError> {
+    let bad = || CustomiseError::Owner(s.to_owned());
+    let (user, group) = match s.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (s, None),
+    };
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 32
+            && (part.bytes().all(|b| b.is_ascii_digit())
+                || (part.as_bytes()[0].is_ascii_lowercase() || part.as_bytes()[0] == b'_')
+                    && part.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b)
+                    }))
+    };
+    if !ok(user) || group.is_some_and(|g| !ok(g)) {
+        return Err(bad());
+    }
+    Ok((user, group))
+}
+
+/// Checks one pre- or post-kubeadm command.
+pub fn check_command(command: &str) -> Result<(), CustomiseError> {
+    if command.trim().is_empty() {
+        return Err(CustomiseError::EmptyCommand);
+    }
+    if command.len() > MAX_COMMAND_BYTES {
+        return Err(CustomiseError::LongCommand(command.len()));
+    }
+    if command.contains('\0') {
+        return Err(CustomiseError::NulCommand);
+    }
+    Ok(())
+}
+
+/// Checks a file as the spec gives it, returning it as a bundle carries it.
+pub fn resolve_file(file: &MachineFile) -> Result<MachineFileContent, CustomiseError> {
+    check_machine_file_path(&file.path)?;
+    let mode = match &file.permissions {
+        Some(p) => parse_permissions(p)?,
+        None => DEFAULT_PERMISSIONS,
+    };
+    let owner = file.owner.as_deref().unwrap_or(DEFAULT_OWNER);
+    parse_owner(owner)?;
+    if file.content.len() > MAX_FILE_BYTES {
+        return Err(CustomiseError::TooLarge(file.content.len()));
+    }
+    Ok(MachineFileContent {
+        path: file.path.clone(),
+        mode,
+        owner: owner.to_owned(),
+        content: file.content.clone(),
+    })
+}
+
+/// Checks a bundle's machine file again on the machine, before anything is
+/// written: a bundle is signed, but the agent keeps its own rules.
+pub fn check_file_content(file: &MachineFileContent) -> Result<(), CustomiseError> {
+    check_machine_file_path(&file.path)?;
+    if file.mode > 0o777 {
+        return Err(CustomiseError::Permissions(format!("{:o}", file.mode)));
+    }
+    parse_owner(&file.owner)?;
+    if file.content.len() > MAX_FILE_BYTES {
+        return Err(CustomiseError::TooLarge(file.content.len()));
+    }
+    Ok(())
+}
+
+/// What one machine gets: the cluster's files and commands, then its
+/// pool's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MachineCustomisation {
+    pub files: Vec<MachineFileContent>,
+    pub pre_kubeadm_commands: Vec<String>,
+    pub post_kubeadm_commands: Vec<String>,
+}
+
+/// Resolves what a machine of `pool` (a worker pool's name, or the control
+/// plane's) gets. A pool's file at the same path as one of `spec.files`
+/// replaces it; a `controlPlaneOnly` file never reaches a worker.
+pub fn for_machine(
+    spec: &super::ClusterSpec,
+    pool: &str,
+    control_plane: bool,
+) -> Result<MachineCustomisation, CustomiseError> {
+    let (pool_files, pool_pre, pool_post): (&[MachineFile], &[String], &[String]) = if control_plane
+    {
+        let cp = &spec.control_plane;
+        (
+            &cp.files,
+            &cp.pre_kubeadm_commands,
+            &cp.post_kubeadm_commands,
+        )
+    } else {
+        match spec.worker_pools.iter().find(|p| p.name == pool) {
+            Some(p) => (&p.files, &p.pre_kubeadm_commands, &p.post_kubeadm_commands),
+            None => (&[], &[], &[]),
+        }
+    };
+    let mut files: Vec<MachineFileContent> = Vec::new();
+    for file in spec
+        .files
+        .iter()
+        .filter(|f| control_plane || !f.control_plane_only)
+        .chain(pool_files)
+    {
+        let resolved = resolve_file(file)?;
+        files.retain(|f| f.path != resolved.path);
+        files.push(resolved);
+    }
+    Ok(MachineCustomisation {
+        files,
+        pre_kubeadm_commands: spec
+            .pre_kubeadm_commands
+            .iter()
+            .chain(pool_pre)
+            .cloned()
+            .collect(),
+        post_kubeadm_commands: spec
+            .post_kubeadm_commands
+            .iter()
+            .chain(pool_post)
+            .cloned()
+            .collect(),
+    })
+}
+
+/// Reports every problem of one list of files and the two command lists
+/// under `prefix` (`spec` or `spec.workerPools[1]`).
+pub(crate) fn validate_customisation(
+    prefix: &str,
+    files: &[MachineFile],
+    pre: &[String],
+    post: &[String],
+    err: &mut dyn FnMut(&str, String),
+) {
+    if files.len() > MAX_FILES {
+        err(
+            &format!("{prefix}.files"),
+            format!("at most {MAX_FILES} files, got {}", files.len()),
+        );
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, file) in files.iter().enumerate() {
+        let field = format!("{prefix}.files[{i}]");
+        if let Err(e) = resolve_file(file) {
+            let part = match e {
+                CustomiseError::Permissions(_) => "permissions",
+                CustomiseError::Owner(_) => "owner",
+                CustomiseError::TooLarge(_) => "content",
+                _ => "path",
+            };
+            err(&format!("{field}.{part}"), e.to_string());
+        }
+        if !seen.insert(file.path.as_str()) {
+            err(
+                &format!("{field}.path"),
+                format!("{:?} is listed twice; give each path once", file.path),
+            );
+        }
+    }
+    for (name, list) in [("preKubeadmCommands", pre), ("postKubeadmCommands", post)] {
+        if list.len() > MAX_COMMANDS {
+            err(
+                &format!("{prefix}.{name}"),
+                format!("at most {MAX_COMMANDS} commands, got {}", list.len()),
+            );
+        }
+        for (i, command) in list.iter().enumerate() {
+            if let Err(e) = check_command(command) {
+                err(&format!("{prefix}.{name}[{i}]"), e.to_string());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> MachineFile {
+        MachineFile {
+            path: path.into(),
+            permissions: None,
+            owner: None,
+            content: "x".into(),
+            control_plane_only: false,
+        }
+    }
+
+    #[test]
+    fn a_machine_gets_the_cluster_files_then_its_pools_and_never_control_plane_only_on_a_worker() {
+        let spec: super::super::ClusterSpec = serde_saphyr::from_str(
+            "kubernetesVersion: v1.31.2
+controlPlane:
+  replicas: 1
+  files: [{path: /etc/cp-only, content: cp}]
+  preKubeadmCommands: [cp-pre]
+provider: {pool: {}}
+files:
+  - {path: /etc/all, content: cluster}
+  - {path: /etc/secret, content: k, controlPlaneOnly: true}
+preKubeadmCommands: [all-pre]
+postKubeadmCommands: [all-post]
+workerPools:
+  - name: gpu
+    replicas: 1
+    files: [{path: /etc/all, content: gpu, permissions: \"0600\"}, {path: /etc/gpu, content: g}]
+    postKubeadmCommands: [gpu-post]
+  - {name: plain, replicas: 1}
+",
+        )
+        .unwrap();
+        let paths = |c: &MachineCustomisation| {
+            c.files
+                .iter()
+                .map(|f| format!("{}={}", f.path, f.content))
+                .collect::<Vec<_>>()
+        };
+        let cp = for_machine(&spec, "control-plane", true).unwrap();
+        assert_eq!(
+            paths(&cp),
+            ["/etc/all=cluster", "/etc/secret=k", "/etc/cp-only=cp"]
+        );
+        assert_eq!(cp.pre_kubeadm_commands, ["all-pre", "cp-pre"]);
+        assert_eq!(cp.post_kubeadm_commands, ["all-post"]);
+        let gpu = for_machine(&spec, "gpu", false).unwrap();
+        assert_eq!(paths(&gpu), ["/etc/all=gpu", "/etc/gpu=g"]);
+        assert_eq!(gpu.files[0].mode, 0o600);
+        assert_eq!(gpu.post_kubeadm_commands, ["all-post", "gpu-post"]);
+        let plain = for_machine(&spec, "plain", false).unwrap();
+        assert_eq!(paths(&plain), ["/etc/all=cluster"]);
+        assert_eq!(plain.pre_kubeadm_commands, ["all-pre"]);
+    }
+
+    #[test]
+    fn paths() {
+        assert!(check_machine_file_path("/etc/cni/net.d/10-bridge.conflist").is_ok());
+        assert!(check_machine_file_path("/etc/kubernetes/audit-policy.yaml").is_ok());
+        for bad in [
+            "etc/x",
+            "/",
+            "/etc/",
+            "/etc//x",
+            "/etc/../x",
+            "/etc/./x",
+            "/a\0b",
+        ] {
+            assert!(
+                matches!(
+                    check_machine_file_path(bad),
+                    Err(CustomiseError::NotAbsolute(_) | CustomiseError::NotNormal(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        for reserved in [
+            "/etc/drover/kubeadm.yaml",
+            "/etc/drover",
+            "/etc/kubernetes/pki/ca.key",
+            "/etc/kubernetes/admin.conf",
+            "/var/lib/drover-agent/state.json",
+            "/etc/kubernetes/manifests/kube-apiserver.yaml",
+        ] {
+            let e = check_machine_file_path(reserved).unwrap_err();
+            assert!(matches!(e, CustomiseError::Reserved { .. }), "{reserved}");
+            assert!(e.to_string().contains("put the file elsewhere"), "{e}");
+        }
+        // A name that only starts like a reserved file is fine.
+        assert!(check_machine_file_path("/etc/kubernetes/admin.conf.d/x").is_ok());
+        assert!(check_machine_file_path("/etc/droverx/y").is_ok());
+    }
+
+    #[test]
+    fn permissions_and_owners() {
+        assert_eq!(parse_permissions("0644").unwrap(), 0o644);
+        assert_eq!(parse_permissions("600").unwrap(), 0o600);
+        assert_eq!(parse_permissions("0o755").unwrap(), 0o755);
+        for bad in ["", "0888", "4755", "rw-r--r--", "01777", "-1"] {
+            assert!(parse_permissions(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_owner("root").unwrap(), ("root", None));
+        assert_eq!(parse_owner("0:0").unwrap(), ("0", Some("0")));
+        assert_eq!(parse_owner("etcd:etcd").unwrap(), ("etcd", Some("etcd")));
+        for bad in ["", ":", "root:", "Root", "a b", "x;rm", "root:wheel:x"] {
+            assert!(parse_owner(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn resolve_defaults_and_limits() {
+        let f = resolve_file(&file("/etc/x")).unwrap();
+        assert_eq!((f.mode, f.owner.as_str()), (0o644, "root:root"));
+        let mut big = file("/etc/x");
+        big.content = "x".repeat(MAX_FILE_BYTES + 1);
+        assert!(matches!(
+            resolve_file(&big),
+            Err(CustomiseError::TooLarge(_))
+        ));
+        let mut bad = file("/etc/x");
+        bad.permissions = Some("0999".into());
+        assert!(check_file_content(&MachineFileContent {
+            path: "/etc/drover/kubeadm.yaml".into(),
+            mode: 0o600,
+            owner: "root".into(),
+            content: String::new(),
+        })
+        .is_err());
+        let mut errs = Vec::new();
+        validate_customisation(
+            "spec",
+            &[bad, file("/etc/y"), file("/etc/y")],
+            &["".into()],
+            &["echo ok".into()],
+            &mut |f, m| errs.push(format!("{f}: {m}")),
+        );
+        assert_eq!(errs.len(), 3, "{errs:#?}");
+        assert!(
+            errs[0].starts_with("spec.files[0].permissions: "),
+            "{errs:#?}"
+        );
+        assert!(errs[1].starts_with("spec.files[2].path: "), "{errs:#?}");
+        assert!(
+            errs[2].starts_with("spec.preKubeadmCommands[0]: "),
+            "{errs:#?}"
+        );
+    }
+}

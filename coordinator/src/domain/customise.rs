@@ -1,0 +1,166 @@
+//! What an apply changes of the files and commands a cluster puts on its
+//! machines, for the audit log: anything that runs as root on every machine
+//! is recorded with who set it and a hash of what was set.
+
+use drover_common::api::{ClusterSpec, MachineFile};
+use sha2::{Digest, Sha256};
+
+/// The first 12 hex digits of the SHA-256 of `text`: enough to tell two
+/// versions apart in an audit line without copying a file's content (it may
+/// hold a secret) into the log.
+pub fn short_hash(text: &str) -> String {
+    hex::encode(&Sha256::digest(text.as_bytes())[..6])
+}
+
+/// One line per file or command list that differs between `old` (absent
+/// for a new cluster) and `new`, such as
+/// `spec.files /etc/x added (sha256 0a1b2c3d4e5f, 0644 root:root)` or
+/// `spec.workerPools[gpu].preKubeadmCommands changed to 2 commands (sha256 …)`.
+pub fn changes(old: Option<&ClusterSpec>, new: &ClusterSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    for (scope, files, pre, post) in scopes(new) {
+        let before = old.and_then(|o| scopes(o).into_iter().find(|s| s.0 == scope));
+        let (old_files, old_pre, old_post) = match &before {
+            Some((_, f, pre, post)) => (*f, *pre, *post),
+            None => (&[][..], &[][..], &[][..]),
+        };
+        file_changes(&scope, old_files, files, &mut out);
+        for (name, was, now) in [
+            ("preKubeadmCommands", old_pre, pre),
+            ("postKubeadmCommands", old_post, post),
+        ] {
+            if was != now {
+                out.push(format!(
+                    "{scope}.{name} changed to {} commands (sha256 {})",
+                    now.len(),
+                    short_hash(&now.join("\n"))
+                ));
+            }
+        }
+    }
+    // A pool removed from the spec takes its files and commands with it.
+    if let Some(old) = old {
+        for (scope, files, pre, post) in scopes(old) {
+            if !scopes(new).iter().any(|s| s.0 == scope)
+                && (!files.is_empty() || !pre.is_empty() || !post.is_empty())
+            {
+                out.push(format!("{scope} removed with its files and commands"));
+            }
+        }
+    }
+    out
+}
+
+type Scope<'a> = (String, &'a [MachineFile], &'a [String], &'a [String]);
+
+fn scopes(spec: &ClusterSpec) -> Vec<Scope<'_>> {
+    let mut out: Vec<Scope<'_>> = vec![
+        (
+            "spec".into(),
+            &spec.files,
+            &spec.pre_kubeadm_commands,
+            &spec.post_kubeadm_commands,
+        ),
+        (
+            "spec.controlPlane".into(),
+            &spec.control_plane.files,
+            &spec.control_plane.pre_kubeadm_commands,
+            &spec.control_plane.post_kubeadm_commands,
+        ),
+    ];
+    for pool in &spec.worker_pools {
+        out.push((
+            format!("spec.workerPools[{}]", pool.name),
+            &pool.files,
+            &pool.pre_kubeadm_commands,
+            &pool.post_kubeadm_commands,
+        ));
+    }
+    out
+}
+
+fn describe(file: &MachineFile) -> String {
+    format!(
+        "sha256 {}, {} {}{}",
+        short_hash(&file.content),
+        file.permissions.as_deref().unwrap_or("0644"),
+        file.owner.as_deref().unwrap_or("root:root"),
+        if file.control_plane_only {
+            ", control planes only"
+        } else {
+            ""
+        }
+    )
+}
+
+fn file_changes(scope: &str, old: &[MachineFile], new: &[MachineFile], out: &mut Vec<String>) {
+    for file in new {
+        match old.iter().find(|o| o.path == file.path) {
+            None => out.push(format!(
+                "{scope}.files {} added ({})",
+                file.path,
+                describe(file)
+            )),
+            Some(was) if was != file => out.push(format!(
+                "{scope}.files {} changed ({}; was {})",
+                file.path,
+                describe(file),
+                describe(was)
+            )),
+            Some(_) => {}
+        }
+    }
+    for file in old {
+        if !new.iter().any(|n| n.path == file.path) {
+            out.push(format!("{scope}.files {} removed", file.path));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> ClusterSpec {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    const BASE: &str =
+        "kubernetesVersion: v1.31.2\ncontrolPlane: {replicas: 1}\nprovider: {pool: {}}\n";
+
+    #[test]
+    fn audit_lines_name_what_changed_and_never_the_content() {
+        let old = spec(&format!(
+            "{BASE}files: [{{path: /etc/a, content: secret-one}}, {{path: /etc/gone, content: x}}]\n\
+             workerPools: [{{name: w, replicas: 1, preKubeadmCommands: [\"true\"]}}]\n"
+        ));
+        let new = spec(&format!(
+            "{BASE}files: [{{path: /etc/a, content: secret-two, permissions: \"0600\"}}, {{path: /etc/b, content: y, controlPlaneOnly: true}}]\n\
+             postKubeadmCommands: [\"echo done\"]\n"
+        ));
+        let lines = changes(Some(&old), &new);
+        assert_eq!(lines.len(), 5, "{lines:#?}");
+        assert!(
+            lines[0].starts_with("spec.files /etc/a changed (sha256 "),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[0].contains("0600 root:root; was sha256 "),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[1].starts_with("spec.files /etc/b added (sha256 "),
+            "{lines:#?}"
+        );
+        assert!(lines[1].ends_with("control planes only)"), "{lines:#?}");
+        assert_eq!(lines[2], "spec.files /etc/gone removed");
+        assert!(lines[3].starts_with("spec.postKubeadmCommands changed to 1 commands (sha256 "));
+        assert_eq!(
+            lines[4],
+            "spec.workerPools[w] removed with its files and commands"
+        );
+        assert!(lines.iter().all(|l| !l.contains("secret")), "{lines:#?}");
+        assert!(changes(Some(&new), &new).is_empty());
+        assert_eq!(changes(None, &spec(BASE)), Vec::<String>::new());
+    }
+}
