@@ -124,7 +124,19 @@ impl Kube {
                         )
                         .ok()
                     });
+                let message = if ready == "True" {
+                    String::new()
+                } else {
+                    condition
+                        .and_then(|c| c["message"].as_str())
+                        .unwrap_or_default()
+                        .chars()
+                        .filter(|c| !c.is_control())
+                        .take(drover_common::api::MAX_NODE_MESSAGE)
+                        .collect()
+                };
                 Some(ClusterNode {
+                    message,
                     name: n["metadata"]["name"].as_str()?.to_owned(),
                     ready: ready.to_owned(),
                     since,

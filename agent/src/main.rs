@@ -51,7 +51,7 @@ use drover_common::wire::BootstrapDocument;
 
 use crate::agent::{Agent, Origin};
 use crate::boot::read_bootstrap;
-use crate::settings::Settings;
+use crate::settings::{Customisation, Settings};
 use crate::shutdown::Shutdown;
 use crate::state::StateStore;
 
@@ -133,6 +133,14 @@ struct Cli {
     /// in-place upgrade [default: <root>/usr/lib/drover].
     #[arg(long, value_name = "DIR")]
     hooks_dir: Option<PathBuf>,
+
+    /// Refuse config bundles that carry the cluster's `files`,
+    /// `preKubeadmCommands` or `postKubeadmCommands`: the bootstrap fails
+    /// naming this flag, and nothing is written or run. For machines whose
+    /// owners do not want a coordinator (or a thief of its CA key) to run
+    /// commands on them.
+    #[arg(long)]
+    refuse_machine_customisation: bool,
 
     /// The log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -456,6 +464,11 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
         .unwrap_or_else(|| root.join("usr/lib/drover"));
     Ok(Settings {
         hooks_dir,
+        customisation: if cli.refuse_machine_customisation {
+            Customisation::Refuse
+        } else {
+            Customisation::Allow
+        },
         root,
         kubeadm: cli.kubeadm.clone(),
         state_dir,

@@ -23,6 +23,19 @@ pub struct Settings {
     /// Where the image's upgrade hooks (`upgrade-kubeadm`,
     /// `upgrade-kubelet`) are.
     pub hooks_dir: PathBuf,
+    /// Whether the cluster's files and commands may be applied here.
+    pub customisation: Customisation,
+}
+
+/// Whether an agent applies the files and commands a cluster's spec puts on
+/// its machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Customisation {
+    /// Write the files and run the commands (the default).
+    Allow,
+    /// Fail the bootstrap of a bundle that carries any
+    /// (`--refuse-machine-customisation`).
+    Refuse,
 }
 
 impl Settings {

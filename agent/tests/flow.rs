@@ -1152,3 +1152,27 @@ async fn registers_from_a_nocloud_cloud_config_seed() {
     assert!(!m.stderr(2).contains("NoCloud"), "{}", m.stderr(2));
     stop_cleanly(&mut agent).await;
 }
+
+#[tokio::test]
+async fn an_agent_that_refuses_customisation_writes_and_runs_nothing() {
+    let (mut fake, pin) = start_fake_with_new_ca().await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = assigned("demo", MachineRole::Worker, 1);
+        s.machine_files = vec![machine_file("/etc/fine.conf", 0o644, "x")];
+        s.pre_commands = vec!["echo ran >> \"$DROVER_ROOT/ran\"".into()];
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn_with_args(1, true, &[], &["--refuse-machine-customisation"]);
+    let hb = fake
+        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    let report = hb.bootstrap.unwrap();
+    assert_eq!(report.step, "write-files");
+    let tail = report.failure.unwrap().output_tail.join("\n");
+    assert!(tail.contains("--refuse-machine-customisation"), "{tail}");
+    assert!(!m.root.join("etc/fine.conf").exists() && !m.root.join("ran").exists());
+    assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
+    assert!(m.kubeadm_calls().is_empty());
+    stop_cleanly(&mut agent).await;
+}

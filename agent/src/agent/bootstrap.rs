@@ -11,6 +11,7 @@ use crate::command::{self, CommandOutcome, CommandSpec};
 use crate::files;
 use crate::protocol::config::{self, BundleRefusal, ConfigStep};
 use crate::protocol::report::{self, kubeadm_step_name};
+use crate::settings::Customisation;
 use crate::shutdown::Shutdown;
 use crate::state::{decide_resume, BootstrapStep, ResumeAction, ResumeFiles};
 
@@ -221,6 +222,28 @@ impl Agent {
             post_kubeadm_commands = bundle.post_kubeadm_commands.len(),
             "writing the config bundle"
         );
+        let carries = !bundle.machine_files.is_empty()
+            || !bundle.pre_kubeadm_commands.is_empty()
+            || !bundle.post_kubeadm_commands.is_empty();
+        if carries && self.settings.customisation == Customisation::Refuse {
+            self.fail_bootstrap(
+                report::WRITE_FILES_STEP,
+                CommandFailure {
+                    command: "apply the cluster's files and commands".into(),
+                    exit_code: None,
+                    output_tail: vec![format!(
+                        "refused: the bundle carries {} files, {} pre-kubeadm and {} post-kubeadm commands, \
+                         and this agent runs with --refuse-machine-customisation; nothing was written or run. \
+                         Remove them from the cluster's spec, or start the agent without the flag",
+                        bundle.machine_files.len(),
+                        bundle.pre_kubeadm_commands.len(),
+                        bundle.post_kubeadm_commands.len()
+                    )],
+                    at: drover_common::now(),
+                },
+            );
+            return;
+        }
         let written = files::write_bundle_files(&root, &bundle.files).and_then(|mut written| {
             written.extend(files::write_machine_files(&root, &bundle.machine_files)?);
             Ok(written)

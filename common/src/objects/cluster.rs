@@ -7,7 +7,10 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::aws::AwsProviderSpec;
-use super::customise::{validate_customisation, MachineFile};
+use super::customise::{
+    resolve_file, validate_customisation, CustomiseError, MachineCustomisation, MachineFile,
+    MachineFileContent,
+};
 use super::format::FormatError;
 use super::meta::{is_zero, Condition, LabelSelector, ObjectMeta};
 use super::problem::FieldError;
@@ -301,6 +304,23 @@ pub struct ClusterNode {
     /// the version that runs, not what a machine's image was meant to hold.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kubelet_version: String,
+    /// Why it is not Ready: its `Ready` condition's message (at most
+    /// [`MAX_NODE_MESSAGE`] characters), empty while Ready.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// The longest Node message kept.
+pub const MAX_NODE_MESSAGE: usize = 512;
+
+impl ClusterNode {
+    /// Whether the Node is not Ready because its container runtime has no
+    /// pod network ("container runtime network not ready ... cni plugin
+    /// not initialized"): the cluster lacks a network, which replacing the
+    /// machine would not give it.
+    pub fn network_not_ready(&self) -> bool {
+        self.ready != "True" && self.message.contains("network not ready")
+    }
 }
 
 /// A rollout's progress.
@@ -991,6 +1011,59 @@ pub enum ClusterPhase {
 impl fmt::Display for ClusterPhase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
+    }
+}
+
+impl ClusterSpec {
+    /// Resolves what a machine of `pool` (a worker pool's name, or the control
+    /// plane's) gets. A pool's file at the same path as one of `spec.files`
+    /// replaces it; a `controlPlaneOnly` file never reaches a worker.
+    pub fn machine_customisation(
+        &self,
+        pool: &str,
+        control_plane: bool,
+    ) -> Result<MachineCustomisation, CustomiseError> {
+        let spec = self;
+        let (pool_files, pool_pre, pool_post): (&[MachineFile], &[String], &[String]) =
+            if control_plane {
+                let cp = &spec.control_plane;
+                (
+                    &cp.files,
+                    &cp.pre_kubeadm_commands,
+                    &cp.post_kubeadm_commands,
+                )
+            } else {
+                match spec.worker_pools.iter().find(|p| p.name == pool) {
+                    Some(p) => (&p.files, &p.pre_kubeadm_commands, &p.post_kubeadm_commands),
+                    None => (&[], &[], &[]),
+                }
+            };
+        let mut files: Vec<MachineFileContent> = Vec::new();
+        for file in spec
+            .files
+            .iter()
+            .filter(|f| control_plane || !f.control_plane_only)
+            .chain(pool_files)
+        {
+            let resolved = resolve_file(file)?;
+            files.retain(|f| f.path != resolved.path);
+            files.push(resolved);
+        }
+        Ok(MachineCustomisation {
+            files,
+            pre_kubeadm_commands: spec
+                .pre_kubeadm_commands
+                .iter()
+                .chain(pool_pre)
+                .cloned()
+                .collect(),
+            post_kubeadm_commands: spec
+                .post_kubeadm_commands
+                .iter()
+                .chain(pool_post)
+                .cloned()
+                .collect(),
+        })
     }
 }
 
@@ -1712,5 +1785,49 @@ spec:
                 "spec.network.serviceSubnet"
             ]
         );
+    }
+    #[test]
+    fn a_machine_gets_the_cluster_files_then_its_pools_and_never_control_plane_only_on_a_worker() {
+        let spec: ClusterSpec = serde_saphyr::from_str(
+            "kubernetesVersion: v1.31.2
+controlPlane:
+  replicas: 1
+  files: [{path: /etc/cp-only, content: cp}]
+  preKubeadmCommands: [cp-pre]
+provider: {pool: {}}
+files:
+  - {path: /etc/all, content: cluster}
+  - {path: /etc/secret, content: k, controlPlaneOnly: true}
+preKubeadmCommands: [all-pre]
+postKubeadmCommands: [all-post]
+workerPools:
+  - name: gpu
+    replicas: 1
+    files: [{path: /etc/all, content: gpu, permissions: \"0600\"}, {path: /etc/gpu, content: g}]
+    postKubeadmCommands: [gpu-post]
+  - {name: plain, replicas: 1}
+",
+        )
+        .unwrap();
+        let paths = |c: &super::MachineCustomisation| {
+            c.files
+                .iter()
+                .map(|f| format!("{}={}", f.path, f.content))
+                .collect::<Vec<_>>()
+        };
+        let cp = spec.machine_customisation("control-plane", true).unwrap();
+        assert_eq!(
+            paths(&cp),
+            ["/etc/all=cluster", "/etc/secret=k", "/etc/cp-only=cp"]
+        );
+        assert_eq!(cp.pre_kubeadm_commands, ["all-pre", "cp-pre"]);
+        assert_eq!(cp.post_kubeadm_commands, ["all-post"]);
+        let gpu = spec.machine_customisation("gpu", false).unwrap();
+        assert_eq!(paths(&gpu), ["/etc/all=gpu", "/etc/gpu=g"]);
+        assert_eq!(gpu.files[0].mode, 0o600);
+        assert_eq!(gpu.post_kubeadm_commands, ["all-post", "gpu-post"]);
+        let plain = spec.machine_customisation("plain", false).unwrap();
+        assert_eq!(paths(&plain), ["/etc/all=cluster"]);
+        assert_eq!(plain.pre_kubeadm_commands, ["all-pre"]);
     }
 }

@@ -247,56 +247,6 @@ pub struct MachineCustomisation {
     pub post_kubeadm_commands: Vec<String>,
 }
 
-/// Resolves what a machine of `pool` (a worker pool's name, or the control
-/// plane's) gets. A pool's file at the same path as one of `spec.files`
-/// replaces it; a `controlPlaneOnly` file never reaches a worker.
-pub fn for_machine(
-    spec: &super::ClusterSpec,
-    pool: &str,
-    control_plane: bool,
-) -> Result<MachineCustomisation, CustomiseError> {
-    let (pool_files, pool_pre, pool_post): (&[MachineFile], &[String], &[String]) = if control_plane
-    {
-        let cp = &spec.control_plane;
-        (
-            &cp.files,
-            &cp.pre_kubeadm_commands,
-            &cp.post_kubeadm_commands,
-        )
-    } else {
-        match spec.worker_pools.iter().find(|p| p.name == pool) {
-            Some(p) => (&p.files, &p.pre_kubeadm_commands, &p.post_kubeadm_commands),
-            None => (&[], &[], &[]),
-        }
-    };
-    let mut files: Vec<MachineFileContent> = Vec::new();
-    for file in spec
-        .files
-        .iter()
-        .filter(|f| control_plane || !f.control_plane_only)
-        .chain(pool_files)
-    {
-        let resolved = resolve_file(file)?;
-        files.retain(|f| f.path != resolved.path);
-        files.push(resolved);
-    }
-    Ok(MachineCustomisation {
-        files,
-        pre_kubeadm_commands: spec
-            .pre_kubeadm_commands
-            .iter()
-            .chain(pool_pre)
-            .cloned()
-            .collect(),
-        post_kubeadm_commands: spec
-            .post_kubeadm_commands
-            .iter()
-            .chain(pool_post)
-            .cloned()
-            .collect(),
-    })
-}
-
 /// Reports every problem of one list of files and the two command lists
 /// under `prefix` (`spec` or `spec.workerPools[1]`).
 pub(crate) fn validate_customisation(
@@ -358,51 +308,6 @@ mod tests {
             content: "x".into(),
             control_plane_only: false,
         }
-    }
-
-    #[test]
-    fn a_machine_gets_the_cluster_files_then_its_pools_and_never_control_plane_only_on_a_worker() {
-        let spec: super::super::ClusterSpec = serde_saphyr::from_str(
-            "kubernetesVersion: v1.31.2
-controlPlane:
-  replicas: 1
-  files: [{path: /etc/cp-only, content: cp}]
-  preKubeadmCommands: [cp-pre]
-provider: {pool: {}}
-files:
-  - {path: /etc/all, content: cluster}
-  - {path: /etc/secret, content: k, controlPlaneOnly: true}
-preKubeadmCommands: [all-pre]
-postKubeadmCommands: [all-post]
-workerPools:
-  - name: gpu
-    replicas: 1
-    files: [{path: /etc/all, content: gpu, permissions: \"0600\"}, {path: /etc/gpu, content: g}]
-    postKubeadmCommands: [gpu-post]
-  - {name: plain, replicas: 1}
-",
-        )
-        .unwrap();
-        let paths = |c: &MachineCustomisation| {
-            c.files
-                .iter()
-                .map(|f| format!("{}={}", f.path, f.content))
-                .collect::<Vec<_>>()
-        };
-        let cp = for_machine(&spec, "control-plane", true).unwrap();
-        assert_eq!(
-            paths(&cp),
-            ["/etc/all=cluster", "/etc/secret=k", "/etc/cp-only=cp"]
-        );
-        assert_eq!(cp.pre_kubeadm_commands, ["all-pre", "cp-pre"]);
-        assert_eq!(cp.post_kubeadm_commands, ["all-post"]);
-        let gpu = for_machine(&spec, "gpu", false).unwrap();
-        assert_eq!(paths(&gpu), ["/etc/all=gpu", "/etc/gpu=g"]);
-        assert_eq!(gpu.files[0].mode, 0o600);
-        assert_eq!(gpu.post_kubeadm_commands, ["all-post", "gpu-post"]);
-        let plain = for_machine(&spec, "plain", false).unwrap();
-        assert_eq!(paths(&plain), ["/etc/all=cluster"]);
-        assert_eq!(plain.pre_kubeadm_commands, ["all-pre"]);
     }
 
     #[test]

@@ -197,17 +197,15 @@ pub fn bundle_for(
     };
     // Validated at apply; an error here means a stored spec from before a
     // rule, which the machine cannot be given.
-    let custom = drover_common::objects::customise::for_machine(
-        &cluster.spec,
-        &a.machine_pool,
-        a.role.is_control_plane(),
-    )
-    .map_err(|e| {
-        BootstrapError::Conflict(format!(
-            "the files of cluster {} are refused ({e}); fix the spec and apply it again",
-            a.cluster
-        ))
-    })?;
+    let custom = cluster
+        .spec
+        .machine_customisation(&a.machine_pool, a.role.is_control_plane())
+        .map_err(|e| {
+            BootstrapError::Conflict(format!(
+                "the files of cluster {} are refused ({e}); fix the spec and apply it again",
+                a.cluster
+            ))
+        })?;
     let mut files = vec![];
     if a.role.is_control_plane() {
         files.extend(shared_ca_files(&pki));

@@ -216,7 +216,9 @@ pub fn node_not_ready(
     policy: &Policy,
 ) -> Option<Unhealthy> {
     let node = node?;
-    if m.status.phase != MachinePhase::Running || node.ready == "True" {
+    // A cluster without a pod network leaves every Node NotReady; a new
+    // machine would be no better, so that is not the machine's fault.
+    if m.status.phase != MachinePhase::Running || node.ready == "True" || node.network_not_ready() {
         return None;
     }
     let since = now - node.since?;
@@ -668,6 +670,7 @@ mod tests {
         let policy = Policy::defaults(Duration::from_secs(40));
         let m = machine(MachinePhase::Running);
         let node = |ready: &str, ago: i64| drover_common::api::ClusterNode {
+            message: String::new(),
             name: "m".into(),
             ready: ready.into(),
             since: Some(t0() - time::Duration::seconds(ago)),
@@ -686,5 +689,9 @@ mod tests {
         assert_eq!(u.summary(), "Node Ready=Unknown");
         assert!(u.to_string().contains("600s"), "{u}");
         assert_eq!(node_not_ready(&m, None, t0(), &policy), None);
+        // No pod network: every Node says so, and a new machine would too.
+        let mut no_cni = node("False", 600);
+        no_cni.message = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized".into();
+        assert_eq!(node_not_ready(&m, Some(&no_cni), t0(), &policy), None);
     }
 }

@@ -1830,6 +1830,7 @@ mod tests {
     /// A Node as a control plane reports it.
     fn cluster_node(name: &str, ready: &str) -> drover_common::api::ClusterNode {
         drover_common::api::ClusterNode {
+            message: String::new(),
             name: name.into(),
             ready: ready.into(),
             since: Some(drover_common::now()),
@@ -1856,6 +1857,29 @@ mod tests {
             ("False", "NodesNotReady")
         );
         assert!(ready.message.contains("w1 (False)"), "{}", ready.message);
+        // Without a pod network every Node says so, and so does the cluster.
+        let no_cni = |name: &str| {
+            drover_common::api::ClusterNode {
+            message: "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized".into(),
+            ..node(name, "False")
+        }
+        };
+        let mut ready_before = c.clone();
+        ready_before.status.nodes = vec![no_cni("a"), no_cni("w1")];
+        let st_net = final_status(&plan(&ready_before, &machines, &obs(true, &seen_now)));
+        let ready = st_net
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(ready.reason, "NodesNotReady");
+        assert!(
+            ready
+                .message
+                .starts_with("no pod network: Nodes a (False), w1 (False)"),
+            "{}",
+            ready.message
+        );
         // Once it is gone and w1 is Ready, the cluster is Ready again.
         c.status = st;
         c.status.nodes = vec![node("a", "True"), node("w1", "True")];

@@ -417,6 +417,7 @@ mod tests {
             .iter()
             .zip(versions)
             .map(|(m, v)| ClusterNode {
+                message: String::new(),
                 name: m.status.hostname.clone(),
                 ready: "True".into(),
                 since: Some(t0() - time::Duration::hours(1)),

@@ -337,6 +337,7 @@ mod tests {
 
     fn ready_since(c: &mut Cluster, name: &str, ago_s: i64) {
         c.status.nodes.push(ClusterNode {
+            message: String::new(),
             name: name.into(),
             ready: "True".into(),
             since: Some(t0() - time::Duration::seconds(ago_s)),

@@ -773,6 +773,8 @@ pub(crate) struct NodesPlan {
     pub removal: Option<drover_common::api::NodeRemoval>,
     /// The Nodes of the cluster's machines that are not Ready.
     pub not_ready: Vec<String>,
+    /// Whether every one of them is not Ready for want of a pod network.
+    pub no_network: bool,
 }
 
 /// Plans Node cleanup from the Nodes a control plane reported: a Node that
@@ -791,9 +793,13 @@ pub(crate) fn plan_nodes(
             .iter()
             .any(|m| !m.status.hostname.is_empty() && m.status.hostname == n.name)
     };
-    let not_ready = nodes
+    let unready: Vec<_> = nodes
         .iter()
         .filter(|n| owned(n) && n.ready != "True")
+        .collect();
+    let no_network = !unready.is_empty() && unready.iter().all(|n| n.network_not_ready());
+    let not_ready = unready
+        .iter()
         .map(|n| format!("{} ({})", n.name, n.ready))
         .collect();
     let pending = cluster.status.node_removal.clone().filter(|r| {
@@ -808,7 +814,11 @@ pub(crate) fn plan_nodes(
             requested_at: now,
         })
     });
-    NodesPlan { removal, not_ready }
+    NodesPlan {
+        removal,
+        not_ready,
+        no_network,
+    }
 }
 
 /// Whether the cluster's `kubeadm-config` names `version`, as far as a
@@ -929,15 +939,21 @@ pub(crate) fn apply_nodes(status: &mut ClusterStatus, plan: &NodesPlan) {
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
     if ready && !plan.not_ready.is_empty() {
+        let nodes = crate::domain::health::bounded_list(plan.not_ready.clone(), ", ");
+        let message = if plan.no_network {
+            format!(
+                "no pod network: Nodes {nodes} report \"cni plugin not initialized\"; \
+                 give the cluster one (a CNI addon, or a CNI config through spec.files)"
+            )
+        } else {
+            format!("Nodes not Ready: {nodes}")
+        };
         set_condition(
             &mut status.conditions,
             "Ready",
             false,
             "NodesNotReady",
-            &format!(
-                "Nodes not Ready: {}",
-                crate::domain::health::bounded_list(plan.not_ready.clone(), ", ")
-            ),
+            &message,
         );
     }
 }

@@ -2,8 +2,10 @@
 //! on the KubeletConfiguration's healthzBindAddress:healthzPort, failing while
 //! `<root>/var/lib/kubelet/standin-fail` exists; and, as a real kubelet does,
 //! it registers its Node with the API server (`kubelet.conf`'s credentials)
-//! and renews the Node's `Ready` condition every few seconds (NotReady while
-//! failing). A Node deleted through the API is not registered again until
+//! and renews the Node's `Ready` condition every few seconds: NotReady while
+//! failing, and, as the real one, NotReady with "cni plugin not
+//! initialized" until a CNI network configuration exists in
+//! `/etc/cni/net.d` on its machine. A Node deleted through the API is not registered again until
 //! the kubelet restarts.
 
 use std::convert::Infallible;
@@ -204,7 +206,11 @@ async fn node_status_once(root: &Root, registered: bool, version: &str) -> Resul
         crate::net::client_config(&ca, Some((&cert, &key)))?,
         std::time::Duration::from_secs(3),
     )?;
-    let ready = !root.path(FAIL_FILE).exists();
+    let ready = if root.path(FAIL_FILE).exists() {
+        Err("the stand-in kubelet is told to fail".to_owned())
+    } else {
+        network_ready(root)
+    };
     let control_plane = root
         .path("/etc/kubernetes/manifests/kube-apiserver.yaml")
         .exists();
@@ -239,8 +245,44 @@ async fn node_status_once(root: &Root, registered: bool, version: &str) -> Resul
     }
 }
 
-/// The Node as this kubelet reports it.
-fn node_object(name: &str, ready: bool, control_plane: bool, version: &str) -> serde_json::Value {
+/// Where the container runtime looks for a CNI network configuration.
+pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+
+/// Whether the container runtime's network is ready, as containerd decides
+/// it: some file in `/etc/cni/net.d` ending in `.conf`, `.conflist` or
+/// `.json` holds a network configuration (JSON with a `name`, and a `type`
+/// or `plugins`). Otherwise the message the real kubelet puts on its Node.
+pub fn network_ready(root: &Root) -> Result<(), String> {
+    let dir = root.path(CNI_CONF_DIR);
+    let found = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            [".conf", ".conflist", ".json"]
+                .iter()
+                .any(|ext| name.ends_with(ext))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .any(|conf| {
+            conf["name"].is_string() && (conf["type"].is_string() || conf["plugins"].is_array())
+        });
+    if found {
+        Ok(())
+    } else {
+        Err("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized".to_owned())
+    }
+}
+
+/// The Node as this kubelet reports it: Ready, or NotReady and why.
+fn node_object(
+    name: &str,
+    ready: Result<(), String>,
+    control_plane: bool,
+    version: &str,
+) -> serde_json::Value {
     let now = time::OffsetDateTime::now_utc()
         .replace_nanosecond(0)
         .unwrap_or(time::OffsetDateTime::now_utc())
@@ -253,14 +295,9 @@ fn node_object(name: &str, ready: bool, control_plane: bool, version: &str) -> s
     if control_plane {
         labels["node-role.kubernetes.io/control-plane"] = "".into();
     }
-    let (status, reason, message) = if ready {
-        ("True", "KubeletReady", "kubelet is posting ready status")
-    } else {
-        (
-            "False",
-            "KubeletNotReady",
-            "the stand-in kubelet is told to fail",
-        )
+    let (status, reason, message) = match &ready {
+        Ok(()) => ("True", "KubeletReady", "kubelet is posting ready status"),
+        Err(why) => ("False", "KubeletNotReady", why.as_str()),
     };
     serde_json::json!({
         "apiVersion": "v1",
