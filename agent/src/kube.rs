@@ -41,6 +41,10 @@ pub enum KubeError {
     },
     #[error("draining node {node} is not done: {why}")]
     DrainBlocked { node: String, why: String },
+    /// The API server refused an object of an addon (or knows no such
+    /// kind): the object and the server's own message.
+    #[error("{object}: {message}")]
+    Apply { object: String, message: String },
 }
 
 /// A client for the local API server, rebuilt when `admin.conf` changes.
@@ -301,6 +305,95 @@ impl Kube {
         }
     }
 
+    /// Applies an addon's manifests document by document, in order, by
+    /// server-side apply with field manager `drover` (forcing conflicts,
+    /// as the addon's owner), as `kubectl apply --server-side
+    /// --field-manager=drover --force-conflicts` does: each document's
+    /// resource is found through the API's discovery, then the document is
+    /// sent as an apply patch. Stops at the first refusal, naming the
+    /// object and the API server's message.
+    pub async fn apply_manifests(
+        &mut self,
+        api: &str,
+        addon: &str,
+        manifests: &str,
+    ) -> Result<String, KubeError> {
+        let docs =
+            drover_common::api::manifest_documents(manifests).map_err(|e| KubeError::Apply {
+                object: format!("addon {addon}"),
+                message: e.to_string(),
+            })?;
+        let mut discovered: std::collections::HashMap<String, serde_json::Value> =
+            std::collections::HashMap::new();
+        for doc in &docs {
+            let base = if doc.api_version.contains('/') {
+                format!("/apis/{}", doc.api_version)
+            } else {
+                format!("/api/{}", doc.api_version)
+            };
+            if !discovered.contains_key(&base) {
+                let call = format!("discover {}", doc.api_version);
+                let (status, body) = self.call(api, &call, Method::GET, &base).await?;
+                let list = if status.is_success() {
+                    serde_json::from_str(&body).map_err(|e| failed(&call, api, e.to_string()))?
+                } else if status == reqwest::StatusCode::NOT_FOUND {
+                    serde_json::Value::Null
+                } else {
+                    return Err(failed(&call, api, format!("{status}: {body}")));
+                };
+                discovered.insert(base.clone(), list);
+            }
+            let resource = discovered[&base]["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| {
+                    r["kind"] == doc.kind.as_str()
+                        && r["name"].as_str().is_some_and(|n| !n.contains('/'))
+                });
+            let Some(resource) = resource else {
+                return Err(KubeError::Apply {
+                    object: doc.describe(),
+                    message: format!(
+                        "no matches for kind {:?} in version {:?}; ensure its CustomResourceDefinition is installed first",
+                        doc.kind, doc.api_version
+                    ),
+                });
+            };
+            let plural = resource["name"].as_str().unwrap_or_default();
+            let path = if resource["namespaced"].as_bool().unwrap_or(false) {
+                let ns = doc.namespace.as_deref().unwrap_or("default");
+                format!("{base}/namespaces/{ns}/{plural}/{}", doc.name)
+            } else {
+                format!("{base}/{plural}/{}", doc.name)
+            };
+            let path = format!("{path}?fieldManager={FIELD_MANAGER}&force=true");
+            let call = format!("apply {}", doc.describe());
+            let body = Some((APPLY_PATCH, doc.object.clone()));
+            let (status, body) = self
+                .call_with(api, &call, Method::PATCH, &path, body)
+                .await?;
+            if !status.is_success() {
+                let message = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|s| s["message"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| format!("{status}: {body}"));
+                return Err(KubeError::Apply {
+                    object: doc.describe(),
+                    message,
+                });
+            }
+        }
+        Ok(format!(
+            "addon {addon}: {} objects applied: {}",
+            docs.len(),
+            docs.iter()
+                .map(|d| d.describe())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+
     /// Marks Node `node` schedulable again, as `kubectl uncordon` does.
     pub async fn uncordon(&mut self, api: &str, node: &str) -> Result<String, KubeError> {
         let call = format!("uncordon node {node}");
@@ -460,6 +553,12 @@ impl Kube {
         Ok((status, body))
     }
 }
+
+/// The field manager of everything Drover applies.
+pub const FIELD_MANAGER: &str = "drover";
+
+/// The content type of a server-side apply patch.
+const APPLY_PATCH: &str = "application/apply-patch+yaml";
 
 /// The path of the ConfigMap kubeadm keeps its `ClusterConfiguration` in.
 const KUBEADM_CONFIG: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";

@@ -1924,3 +1924,245 @@ fn without_a_pod_network_the_cluster_says_so_and_no_machine_is_blamed() {
         (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
     });
 }
+
+/// The addon statuses of cluster `name` as `(name, phase, message)`.
+fn addon_states(c: &Coordinator, name: &str) -> Vec<(String, String, String)> {
+    c.cluster(name).unwrap()["status"]["addons"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| {
+            let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+            (s("name"), s("phase"), s("message"))
+        })
+        .collect()
+}
+
+#[test]
+fn addons_are_applied_in_order_reconciled_reported_and_never_deleted() {
+    let (tmp, c, _agents) = registered_pool(2, "addon-");
+    let net = "apiVersion: v1
+kind: Namespace
+metadata:
+  name: drover-net
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+  namespace: drover-net
+data:
+  mode: bridge
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: net-agent
+  namespace: drover-net
+spec:
+  selector:
+    matchLabels: {app: net-agent}
+  template:
+    metadata:
+      labels: {app: net-agent}
+    spec:
+      containers: [{name: agent, image: registry.local/net-agent:1}]
+";
+    let indent = |text: &str| {
+        text.lines()
+            .map(|l| format!("        {l}\n"))
+            .collect::<String>()
+    };
+    std::fs::write(
+        tmp.path().join("extra.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: extra, namespace: kube-system}\ndata: {v: \"1\"}\n",
+    )
+    .unwrap();
+    let doc = |net: &str, extra_addons: &str| {
+        pool_cluster_yaml("addons", 1, 1, "dev").replace(
+            "  controlPlane:",
+            &format!(
+                "  addons:\n    - name: net\n      manifests: |\n{}    - name: extra\n      mode: Reconcile\n      manifestsFrom: extra.yaml\n{extra_addons}  controlPlane:",
+                indent(net)
+            ),
+        )
+    };
+    let f = tmp.path().join("addons.yaml");
+    std::fs::write(&f, doc(net, "")).unwrap();
+    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let stored = c.cluster("addons").unwrap();
+    assert!(
+        stored["spec"]["addons"][1]["manifests"]
+            .as_str()
+            .unwrap()
+            .contains("name: extra"),
+        "drover apply stores the file's content: {:#}",
+        stored["spec"]["addons"]
+    );
+    assert!(stored["spec"]["addons"][1]["manifestsFrom"].is_null());
+    c.wait_cluster_phase("addons", "Running", BOOT);
+    wait_for("both addons Applied and the cluster Ready", BOOT, || {
+        let states = addon_states(&c, "addons");
+        let ready = cluster_condition(&c.cluster("addons").unwrap(), "Ready");
+        (states.iter().all(|s| s.1 == "Applied") && states.len() == 2 && ready.0 == "True")
+            .then_some(())
+            .ok_or(format!("{states:?} {ready:?}"))
+    });
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "addons"])).unwrap();
+    let get = |args: &[&str]| kubectl(&kubeconfig, args).unwrap();
+    assert_eq!(
+        get(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "drover-net",
+            "-o",
+            "jsonpath={.data.mode}"
+        ]),
+        "bridge"
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "drover-net",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}"
+        ]),
+        "drover"
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "daemonsets",
+            "-n",
+            "drover-net",
+            "-o",
+            "jsonpath={.items[*].metadata.name}"
+        ]),
+        "net-agent"
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "configmap",
+            "extra",
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={.data.v}"
+        ]),
+        "1"
+    );
+    let described = c.cli_ok(&["describe", "cluster", "addons"]);
+    assert!(
+        described.contains("1. net (ApplyOnce): Applied sha256:"),
+        "{described}"
+    );
+    assert!(
+        described.contains("2. extra (Reconcile): Applied sha256:"),
+        "{described}"
+    );
+
+    // Both change: the Reconcile addon is applied again, the ApplyOnce one
+    // is not.
+    std::fs::write(
+        tmp.path().join("extra.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: extra, namespace: kube-system}\ndata: {v: \"2\"}\n",
+    )
+    .unwrap();
+    std::fs::write(&f, doc(&net.replace("mode: bridge", "mode: vxlan"), "")).unwrap();
+    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    wait_for("extra re-applied", BOOT, || {
+        let v = get(&[
+            "get",
+            "configmap",
+            "extra",
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={.data.v}",
+        ]);
+        (v == "2").then_some(()).ok_or(v)
+    });
+    assert_eq!(
+        get(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "drover-net",
+            "-o",
+            "jsonpath={.data.mode}"
+        ]),
+        "bridge",
+        "an ApplyOnce addon is not applied again"
+    );
+
+    // A manifest the API server refuses: the addon fails with the server's
+    // message, the cluster is not Ready, and it is tried again.
+    let broken = "    - name: broken\n      manifests: |\n        apiVersion: apps/v1\n        kind: Deployment\n        metadata: {name: web, namespace: default}\n        spec:\n          selector: {matchLabels: {app: web}}\n          template:\n            metadata: {labels: {app: other}}\n            spec: {containers: [{name: web, image: web}]}\n";
+    std::fs::write(&f, doc(&net.replace("mode: bridge", "mode: vxlan"), broken)).unwrap();
+    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    let message = wait_for("the broken addon to fail twice", BOOT, || {
+        let cluster = c.cluster("addons").unwrap();
+        let broken = cluster["status"]["addons"][2].clone();
+        let ready = cluster_condition(&cluster, "Ready");
+        (broken["phase"] == "Failed"
+            && broken["failures"].as_u64() >= Some(2)
+            && ready.1 == "AddonFailed")
+            .then(|| broken["message"].as_str().unwrap().to_owned())
+            .ok_or(format!("{broken} {ready:?}"))
+    });
+    assert!(
+        message.starts_with("Deployment default/web: Deployment \"web\" is invalid: spec.template.metadata.labels: Invalid value")
+            && message.contains("`selector` does not match template `labels`"),
+        "{message}"
+    );
+    let described = c.cli_ok(&["describe", "cluster", "addons"]);
+    assert!(
+        described.contains("3. broken (ApplyOnce): Failed ("),
+        "{described}"
+    );
+    assert!(
+        described.contains("AddonsApplied = False (AddonFailed) addon broken failed"),
+        "{described}"
+    );
+
+    // Removed from the spec, it is forgotten; what the others applied stays.
+    std::fs::write(&f, doc(&net.replace("mode: bridge", "mode: vxlan"), "")).unwrap();
+    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    wait_for("the cluster Ready again", BOOT, || {
+        let got = cluster_condition(&c.cluster("addons").unwrap(), "Ready");
+        (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
+    });
+    assert_eq!(addon_states(&c, "addons").len(), 2);
+    assert_eq!(
+        get(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "drover-net",
+            "-o",
+            "jsonpath={.data.mode}"
+        ]),
+        "bridge"
+    );
+
+    // A document without metadata.name is refused at apply, naming it.
+    std::fs::write(&f, doc(&net.replace("  name: settings\n", ""), "")).unwrap();
+    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("spec.addons[0].manifests")
+            && err.contains("document 2 (ConfigMap) has no metadata.name"),
+        "{err}"
+    );
+}

@@ -1250,3 +1250,218 @@ fn upgrade_hooks_install_kubeadm_then_the_kubelet_of_a_version() {
         "{log}"
     );
 }
+
+/// A request to the API server of `c` with the admin credentials of its
+/// `admin.conf`: `(status, body)`.
+fn admin_request(
+    c: &Cluster,
+    method: reqwest::Method,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> (u16, String) {
+    use base64::Engine;
+    use rustls::pki_types::pem::PemObject;
+    let conf: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(c.cp.path("/etc/kubernetes/admin.conf")).unwrap(),
+    )
+    .unwrap();
+    let b64 = |v: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap()
+    };
+    let user = &conf["users"][0]["user"];
+    let certs =
+        rustls::pki_types::CertificateDer::pem_slice_iter(&b64(&user["client-certificate-data"]))
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+    let key =
+        rustls::pki_types::PrivateKeyDer::from_pem_slice(&b64(&user["client-key-data"])).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(
+            drover_common::pki::first_cert_der(&c.cas.ca.cert_pem)
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(certs, key)
+    .unwrap();
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = format!("https://{}{path}", c.params.control_plane_endpoint);
+    block_on(async {
+        let r = client
+            .request(method, url)
+            .header("content-type", content_type)
+            .body(body.to_owned())
+            .send()
+            .await
+            .expect("request");
+        let code = r.status().as_u16();
+        (code, r.text().await.unwrap())
+    })
+}
+
+#[test]
+fn server_side_apply_is_accepted_from_real_kubectl_and_refused_as_the_real_server_refuses() {
+    let c = init_cluster();
+    // Real kubectl applies server-side through discovery, as Drover's agent does.
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("m.yaml");
+    std::fs::write(
+        &manifests,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: team}\ndata: {a: \"1\"}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: reader}\nrules: [{apiGroups: [\"\"], resources: [pods], verbs: [get]}]\n",
+    )
+    .unwrap();
+    let out = kubectl_output(
+        &c,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=drover",
+            "--validate=false",
+            "-f",
+            manifests.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let get = |args: &[&str]| {
+        let out = kubectl_output(&c, args);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        get(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "team",
+            "-o",
+            "jsonpath={.data.a} {.metadata.managedFields[*].manager}"
+        ]),
+        "1 drover"
+    );
+    assert_eq!(
+        get(&[
+            "get",
+            "clusterrole",
+            "reader",
+            "-o",
+            "jsonpath={.rules[0].verbs[0]}"
+        ]),
+        "get"
+    );
+    // Applied again with a change: merged, a new resourceVersion.
+    std::fs::write(
+        &manifests,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: team}\ndata: {a: \"2\"}\n",
+    )
+    .unwrap();
+    let out = kubectl_output(
+        &c,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=drover",
+            "--validate=false",
+            "-f",
+            manifests.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        get(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "team",
+            "-o",
+            "jsonpath={.data.a}"
+        ]),
+        "2"
+    );
+
+    let path = "/api/v1/namespaces/team/configmaps/x";
+    let apply = "application/apply-patch+yaml";
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n";
+    // No field manager.
+    let (code, body) = admin_request(&c, reqwest::Method::PATCH, path, apply, cm);
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body.contains("fieldManager: Required value: is required for apply patch"),
+        "{body}"
+    );
+    let with_manager = format!("{path}?fieldManager=drover");
+    // No metadata.name.
+    let (code, body) = admin_request(
+        &c,
+        reqwest::Method::PATCH,
+        &with_manager,
+        apply,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n",
+    );
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("metadata.name: Required value"), "{body}");
+    // An apiVersion the server does not serve: nothing to apply it to.
+    let (code, body) = admin_request(
+        &c,
+        reqwest::Method::PATCH,
+        "/apis/example.com/v1/widgets/w?fieldManager=drover",
+        apply,
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n",
+    );
+    assert_eq!(code, 404, "{body}");
+    let (code, _) = admin_request(&c, reqwest::Method::GET, "/apis/example.com/v1", "", "");
+    assert_eq!(code, 404);
+    // A namespace that does not exist; a body that is not what the URL says.
+    let (code, body) = admin_request(
+        &c,
+        reqwest::Method::PATCH,
+        "/api/v1/namespaces/nowhere/configmaps/x?fieldManager=drover",
+        apply,
+        cm,
+    );
+    assert_eq!(code, 404, "{body}");
+    assert!(
+        body.contains("namespaces \\\"nowhere\\\" not found"),
+        "{body}"
+    );
+    let (code, body) = admin_request(
+        &c,
+        reqwest::Method::PATCH,
+        &with_manager,
+        apply,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n",
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("does not match the expected kind (ConfigMap)"),
+        "{body}"
+    );
+    // A merge patch is not what the stand-in serves here.
+    let (code, _) = admin_request(
+        &c,
+        reqwest::Method::PATCH,
+        &with_manager,
+        "application/merge-patch+json",
+        "{}",
+    );
+    assert_eq!(code, 415);
+    // Nothing refused was stored.
+    let out = kubectl_output(&c, &["get", "configmap", "x", "-n", "team"]);
+    assert!(!out.status.success());
+}

@@ -118,6 +118,20 @@ impl Agent {
                         (command, Box::pin(call))
                     });
                 }
+                DirectiveAction::ApplyManifests { addon, manifests } => {
+                    tracing::info!(%addon, bytes = manifests.len(), "applying an addon at the coordinator's request");
+                    let mut kube = crate::kube::Kube::new(&self.settings.root);
+                    self.start_cluster_call(directive.id, "apply addons", |ip, port| {
+                        let api = crate::kube::local_api(ip, port);
+                        let command = format!(
+                            "server-side apply of addon {addon} (field manager drover) via {api}"
+                        );
+                        let call = async move {
+                            Ok(kube.apply_manifests(&api, &addon, &manifests).await?)
+                        };
+                        (command, Box::pin(call))
+                    });
+                }
                 DirectiveAction::SetKubernetesVersion { version } => {
                     tracing::info!(%version, "setting the kubeadm-config version at the coordinator's request");
                     let mut kube = crate::kube::Kube::new(&self.settings.root);

@@ -31,6 +31,9 @@ pub fn describe(action: &DirectiveAction) -> String {
             format!("upgrade in place to {version} ({command})")
         }
         DirectiveAction::UncordonNode { node } => format!("uncordon node {node}"),
+        DirectiveAction::ApplyManifests { addon, manifests } => {
+            format!("apply addon {addon} ({} bytes)", manifests.len())
+        }
     }
 }
 

@@ -345,6 +345,10 @@ impl Sim {
                     false,
                     format!("simulated machines run no API server; kubeadm-config was not set to {version}"),
                 ),
+                DirectiveAction::ApplyManifests { addon, .. } => (
+                    false,
+                    format!("simulated machines run no API server; addon {addon} was not applied"),
+                ),
                 DirectiveAction::RenewCertificates { .. } => (
                     false,
                     "simulated machines run no kubeadm; no certificate was renewed".to_owned(),

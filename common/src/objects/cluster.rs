@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+use super::addons::{validate_addons, Addon, AddonApply, AddonStatus};
 use super::aws::AwsProviderSpec;
 use super::customise::{
     resolve_file, validate_customisation, CustomiseError, MachineCustomisation, MachineFile,
@@ -73,6 +74,11 @@ pub struct ClusterSpec {
     /// a pool's own follow these.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_kubeadm_commands: Vec<String>,
+    /// Manifests applied in order, by server-side apply through a running
+    /// control plane, once the API server answers. Removing one never
+    /// deletes what it applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addons: Vec<Addon>,
 }
 
 /// `spec.upgrade`: how a rollout proceeds once `kubernetesVersion` or a
@@ -952,6 +958,12 @@ pub struct ClusterStatus {
     /// machine at a time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine_upgrade: Option<MachineUpgrade>,
+    /// Each addon of the spec, in its order: applied, pending or failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addons: Vec<AddonStatus>,
+    /// The addon apply asked of a running control plane, until it reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addon_apply: Option<AddonApply>,
     /// The rollout under way: machines made for another version or image
     /// being replaced; absent when every machine is up to date.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1186,6 +1198,7 @@ impl Cluster {
             &self.spec.control_plane.post_kubeadm_commands,
             &mut |f, m| err(f, m),
         );
+        validate_addons(&self.spec.addons, &mut |f, m| err(f, m));
         let pod = parse_cidr(&self.spec.network.pod_subnet);
         if let Err(why) = &pod {
             err("spec.network.podSubnet", why.to_string());

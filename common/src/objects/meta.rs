@@ -38,6 +38,10 @@ pub struct ObjectMeta {
     pub deletion_timestamp: Option<OffsetDateTime>,
 }
 
+pub(super) fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
 pub(super) fn is_zero(v: &u64) -> bool {
     *v == 0
 }

@@ -5,6 +5,7 @@
 //! The objects never use the machine protocol ([`crate::wire`]); the
 //! protocol may use them. `tests/tests/layers.rs` checks it.
 
+pub mod addons;
 pub mod aws;
 pub mod cluster;
 pub mod customise;
@@ -15,6 +16,7 @@ pub mod problem;
 pub mod registration;
 pub mod report;
 
+pub use addons::*;
 pub use cluster::*;
 pub use customise::*;
 pub use format::FormatError;

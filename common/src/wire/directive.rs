@@ -56,6 +56,12 @@ pub enum DirectiveAction {
     /// expires when.
     #[serde(rename_all = "camelCase")]
     RenewCertificates { reason: String },
+    /// Apply addon `addon`'s manifests (a YAML stream the coordinator has
+    /// validated) through this control plane's API server, document by
+    /// document, by server-side apply with field manager `drover`. Fails
+    /// naming the first object the API server refused and its message.
+    #[serde(rename_all = "camelCase")]
+    ApplyManifests { addon: String, manifests: String },
     /// Upgrade this machine in place to `version`: the image's
     /// `upgrade-kubeadm` hook, then `command` (`kubeadm upgrade apply
     /// VERSION -y` or `kubeadm upgrade node`), then its `upgrade-kubelet`

@@ -483,6 +483,7 @@ async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
             a.file.display()
         );
     }
+    let text = inline_manifests_from(&a.file, text)?;
     let client = Client::connect(&a.conn)?;
     let c: Cluster = client
         .put_yaml(&api_path(&["v1", "clusters", &name]), text)
@@ -497,6 +498,49 @@ async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
         wait_running(&client, &name, c.metadata.generation, a.timeout).await?;
     }
     Ok(())
+}
+
+/// Replaces each `spec.addons[].manifestsFrom` of a cluster document by
+/// `manifests`: the file's content, read relative to the document's
+/// directory, so the coordinator stores what was applied and never fetches
+/// anything. A document without one is sent as written.
+fn inline_manifests_from(file: &std::path::Path, text: String) -> anyhow::Result<String> {
+    let mut doc: serde_json::Value = serde_saphyr::from_str(&text)
+        .with_context(|| format!("{} is not a YAML document", file.display()))?;
+    let Some(addons) = doc["spec"]["addons"].as_array_mut() else {
+        return Ok(text);
+    };
+    let mut changed = false;
+    let dir = file.parent().unwrap_or(std::path::Path::new("."));
+    for (i, addon) in addons.iter_mut().enumerate() {
+        let Some(from) = addon["manifestsFrom"].as_str().map(str::to_owned) else {
+            continue;
+        };
+        if addon.get("manifests").is_some_and(|m| !m.is_null()) {
+            bail!(
+                "{}: spec.addons[{i}] gives both manifests and manifestsFrom; give one",
+                file.display()
+            );
+        }
+        let path = dir.join(&from);
+        let manifests = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "{}: spec.addons[{i}].manifestsFrom {from:?}: cannot read {}",
+                file.display(),
+                path.display()
+            )
+        })?;
+        let object = addon
+            .as_object_mut()
+            .expect("an addon with a field is a mapping");
+        object.remove("manifestsFrom");
+        object.insert("manifests".into(), manifests.into());
+        changed = true;
+    }
+    if !changed {
+        return Ok(text);
+    }
+    Ok(serde_saphyr::to_string(&doc)?)
 }
 
 /// Polls the cluster until it is Running at `generation`, printing a line
@@ -1375,6 +1419,40 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             printable(&r.via),
             printable(&r.reason)
         );
+    }
+    if !c.status.addons.is_empty() {
+        let _ = writeln!(o, "Addons:");
+        for (i, a) in c.status.addons.iter().enumerate() {
+            let mode = c
+                .spec
+                .addons
+                .iter()
+                .find(|s| s.name == a.name)
+                .map_or("?".to_owned(), |s| format!("{:?}", s.mode));
+            let hash = &a.hash[..a.hash.len().min(12)];
+            let state = match a.phase {
+                drover_common::api::AddonPhase::Applied => format!(
+                    "Applied sha256:{hash} at {}",
+                    a.applied_at.map(|t| t.to_string()).unwrap_or_default()
+                ),
+                drover_common::api::AddonPhase::Failed => format!(
+                    "Failed ({} attempts) sha256:{hash}: {}",
+                    a.failures,
+                    printable(&a.message)
+                ),
+                drover_common::api::AddonPhase::Pending => "Pending".to_owned(),
+            };
+            let _ = writeln!(o, "  {}. {} ({mode}): {state}", i + 1, printable(&a.name));
+        }
+        if let Some(r) = &c.status.addon_apply {
+            let _ = writeln!(
+                o,
+                "  applying {} through {} since {}",
+                printable(&r.addon),
+                printable(&r.via),
+                r.requested_at
+            );
+        }
     }
     if !c.status.conditions.is_empty() {
         let _ = writeln!(o, "Conditions:");

@@ -584,6 +584,13 @@ fn record_heartbeat(
         }) {
             record_upgrade_step(app, a, &name, r)?;
         }
+        for r in hb
+            .directive_results
+            .iter()
+            .filter(|r| r.id.starts_with(drover_common::api::ADDON_APPLY_PREFIX))
+        {
+            record_addon(app, a, &name, r, now)?;
+        }
     }
     if hb.etcd.is_some() || hb.nodes.is_some() {
         record_view(app, &machine, hb, now)?;
@@ -695,6 +702,56 @@ fn record_renewal(
         }
         _ => false,
     })
+}
+
+/// Records the outcome of an addon apply on the cluster's status, when it
+/// is the apply under way and `name` was asked for it; the planner asks for
+/// the next addon, or again after a back-off.
+fn record_addon(
+    app: &App,
+    a: &drover_common::api::Assignment,
+    name: &str,
+    result: &drover_common::wire::DirectiveResult,
+    now: time::OffsetDateTime,
+) -> Result<(), ApiError> {
+    use drover_common::api::AddonPhase;
+    let mut recorded = None;
+    update_own_cluster(app, a, |s| {
+        let Some(r) = s
+            .addon_apply
+            .clone()
+            .filter(|r| r.via == name && r.directive_id() == result.id)
+        else {
+            return false;
+        };
+        s.addon_apply = None;
+        let Some(st) = s.addons.iter_mut().find(|x| x.name == r.addon) else {
+            return true;
+        };
+        st.hash = r.hash;
+        st.last_attempt_at = Some(now);
+        if result.ok {
+            st.phase = AddonPhase::Applied;
+            st.applied_at = Some(now);
+            st.failures = 0;
+            st.message.clear();
+        } else {
+            st.phase = AddonPhase::Failed;
+            st.failures += 1;
+            st.message.clone_from(&result.message);
+        }
+        recorded = Some(r.addon);
+        true
+    })?;
+    if let Some(addon) = recorded {
+        if result.ok {
+            tracing::info!(cluster = %a.cluster, %addon, via = %name, message = %result.message, "addon applied");
+        } else {
+            tracing::warn!(cluster = %a.cluster, %addon, via = %name, error = %result.message, "addon apply failed; trying again after a back-off");
+        }
+        app.reconcile_soon();
+    }
+    Ok(())
 }
 
 /// Records the outcome of a step of the in-place upgrade under way (the
@@ -950,6 +1007,25 @@ fn heartbeat_answer(
                             r.requested_at.unix_timestamp()
                         ),
                         action: DirectiveAction::DeleteNode { node: r.node },
+                    });
+                }
+                if let Some((r, manifests)) = cluster.as_ref().and_then(|c| {
+                    let r = c
+                        .status
+                        .addon_apply
+                        .clone()
+                        .filter(|r| r.via == machine.metadata.name)?;
+                    let addon = c.spec.addons.iter().find(|x| x.name == r.addon)?;
+                    // Only the manifests the request was made for.
+                    (drover_common::api::manifests_hash(&addon.manifests) == r.hash)
+                        .then(|| (r, addon.manifests.clone()))
+                }) {
+                    directives.push(Directive {
+                        id: r.directive_id(),
+                        action: DirectiveAction::ApplyManifests {
+                            addon: r.addon,
+                            manifests,
+                        },
                     });
                 }
                 if let Some(u) = cluster

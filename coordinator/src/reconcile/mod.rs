@@ -291,6 +291,7 @@ mod tests {
                 files: vec![],
                 pre_kubeadm_commands: vec![],
                 post_kubeadm_commands: vec![],
+                addons: vec![],
             },
             status: ClusterStatus::default(),
         }

@@ -4,6 +4,7 @@
 //! use; `drain.rs` holds back the removal of a machine leaving on purpose
 //! until its Node is drained.
 
+mod addons;
 mod drain;
 #[cfg(test)]
 pub(crate) mod fixtures;

@@ -421,6 +421,7 @@ pub(super) fn plan_provider(
         &mut status,
         &plan_nodes(cluster, &owners, &via, observed.now),
     );
+    super::addons::apply_addons(&mut status, cluster, &via, observed.now);
     set_remediation_condition(&mut status, &paused);
     status.rollout =
         rollout::rollout_status(cluster, rollouts, rolling_before, new_halt, observed.now);

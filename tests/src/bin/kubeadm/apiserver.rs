@@ -26,6 +26,7 @@ use crate::daemon;
 use crate::store::{Added, EtcdAccess, Store, StoredToken};
 use crate::util::Root;
 
+mod objects;
 mod workloads;
 
 pub struct Opts {
@@ -222,6 +223,10 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
         Ok(resp) => return resp,
         Err(req) => req,
     };
+    let req = match objects::route(state, &who, req).await {
+        Ok(resp) => return resp,
+        Err(req) => req,
+    };
     match (method, path.as_str()) {
         (Method::GET, "/livez") => text(StatusCode::OK, "ok"),
         (Method::GET, "/readyz" | "/healthz") => ready(state).await,
@@ -233,7 +238,7 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
         ),
         (Method::GET, "/apis") => json_resp(
             StatusCode::OK,
-            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [workloads::policy_group()]}),
+            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": std::iter::once(workloads::policy_group()).chain(objects::groups()).collect::<Vec<_>>()}),
         ),
         (Method::GET, workloads::POLICY_V1) => {
             json_resp(StatusCode::OK, &workloads::policy_resources())
@@ -818,6 +823,7 @@ fn core_resources() -> serde_json::Value {
     let mut list = core_node_resources();
     if let Some(resources) = list["resources"].as_array_mut() {
         resources.extend(workloads::core_resources());
+        resources.extend(objects::core_resources());
     }
     list
 }

@@ -1,0 +1,577 @@
+//! The objects addons apply: ConfigMaps, Namespaces, ServiceAccounts,
+//! Services, DaemonSets, Deployments and RBAC, served as the real API
+//! server serves them to `kubectl get` and to server-side apply (`PATCH`
+//! with `application/apply-patch+yaml`), strictly: an apply without a
+//! `fieldManager`, a body whose apiVersion, kind, name or namespace is not
+//! the URL's, an object without `metadata.name`, a namespace that does not
+//! exist, or a workload whose selector does not match its template is
+//! refused with the real server's status and message. An apply merges the
+//! applied fields into what is stored and records the manager in
+//! `managedFields`. Everything here is for admins.
+
+use serde_json::{json, Value};
+
+use super::{forbidden, internal, json_resp, read_body, status, Identity, Resp, State};
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
+
+/// One kind of object served here.
+struct Resource {
+    /// `""` for the core group.
+    group: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+}
+
+const RESOURCES: &[Resource] = &[
+    Resource {
+        group: "",
+        plural: "configmaps",
+        kind: "ConfigMap",
+        namespaced: true,
+        short: &["cm"],
+    },
+    Resource {
+        group: "",
+        plural: "namespaces",
+        kind: "Namespace",
+        namespaced: false,
+        short: &["ns"],
+    },
+    Resource {
+        group: "",
+        plural: "serviceaccounts",
+        kind: "ServiceAccount",
+        namespaced: true,
+        short: &["sa"],
+    },
+    Resource {
+        group: "",
+        plural: "services",
+        kind: "Service",
+        namespaced: true,
+        short: &["svc"],
+    },
+    Resource {
+        group: "apps",
+        plural: "daemonsets",
+        kind: "DaemonSet",
+        namespaced: true,
+        short: &["ds"],
+    },
+    Resource {
+        group: "apps",
+        plural: "deployments",
+        kind: "Deployment",
+        namespaced: true,
+        short: &["deploy"],
+    },
+    Resource {
+        group: RBAC,
+        plural: "clusterroles",
+        kind: "ClusterRole",
+        namespaced: false,
+        short: &[],
+    },
+    Resource {
+        group: RBAC,
+        plural: "clusterrolebindings",
+        kind: "ClusterRoleBinding",
+        namespaced: false,
+        short: &[],
+    },
+    Resource {
+        group: RBAC,
+        plural: "roles",
+        kind: "Role",
+        namespaced: true,
+        short: &[],
+    },
+    Resource {
+        group: RBAC,
+        plural: "rolebindings",
+        kind: "RoleBinding",
+        namespaced: true,
+        short: &[],
+    },
+];
+
+const RBAC: &str = "rbac.authorization.k8s.io";
+
+/// Namespaces every cluster has from the start.
+const BUILTIN_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Paths the API server answers elsewhere (kubeadm's ConfigMaps).
+const ELSEWHERE: &[&str] = &[
+    "/api/v1/namespaces/kube-public/configmaps/cluster-info",
+    "/api/v1/namespaces/kube-system/configmaps/kubeadm-config",
+];
+
+impl Resource {
+    fn group_version(&self) -> String {
+        if self.group.is_empty() {
+            "v1".into()
+        } else {
+            format!("{}/v1", self.group)
+        }
+    }
+
+    /// `configmaps` or `deployments.apps`, as the API server names a
+    /// resource in its messages.
+    fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.into()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    fn key(&self, ns: Option<&str>, name: &str) -> String {
+        match ns {
+            Some(ns) => format!("/registry/{}/{ns}/{name}", self.plural),
+            None => format!("/registry/{}/{name}", self.plural),
+        }
+    }
+
+    fn discovery(&self) -> Value {
+        json!({"name": self.plural, "singularName": self.kind.to_lowercase(),
+               "namespaced": self.namespaced, "kind": self.kind,
+               "verbs": ["delete", "get", "list", "patch"], "shortNames": self.short})
+    }
+}
+
+/// The core resources served here, for `/api/v1`.
+pub(super) fn core_resources() -> Vec<Value> {
+    RESOURCES
+        .iter()
+        .filter(|r| r.group.is_empty())
+        .map(Resource::discovery)
+        .collect()
+}
+
+/// The groups served here, for `/apis`.
+pub(super) fn groups() -> Vec<Value> {
+    ["apps", RBAC]
+        .iter()
+        .map(|g| {
+            let v1 = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
+            json!({"name": g, "versions": [v1.clone()], "preferredVersion": v1})
+        })
+        .collect()
+}
+
+/// What a path names.
+struct Target {
+    resource: &'static Resource,
+    ns: Option<String>,
+    name: Option<String>,
+}
+
+fn target(path: &str) -> Option<Result<Target, &'static str>> {
+    let (group, rest) = if let Some(rest) = path.strip_prefix("/api/v1") {
+        ("", rest)
+    } else {
+        let rest = path.strip_prefix("/apis/")?;
+        let (group, rest) = rest.split_once('/')?;
+        let rest = rest.strip_prefix("v1")?;
+        (group, rest)
+    };
+    if rest.is_empty() {
+        // Discovery of a group version served here.
+        return (!group.is_empty() && RESOURCES.iter().any(|r| r.group == group))
+            .then_some(Err("discovery"));
+    }
+    let parts: Vec<&str> = rest.strip_prefix('/')?.split('/').collect();
+    let (ns, plural, name) = match parts.as_slice() {
+        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
+        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
+        [plural] => (None, *plural, None),
+        [plural, name] => (None, *plural, Some(*name)),
+        _ => return None,
+    };
+    let resource = RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural)?;
+    if ns.is_some() && !resource.namespaced {
+        return None;
+    }
+    // A namespaced object is named within its namespace.
+    if resource.namespaced && ns.is_none() && name.is_some() {
+        return None;
+    }
+    Some(Ok(Target {
+        resource,
+        ns: ns.map(str::to_owned),
+        name: name.map(str::to_owned),
+    }))
+}
+
+/// Serves the objects of [`RESOURCES`]; anything else goes back.
+pub(super) async fn route(
+    state: &State,
+    who: &Identity,
+    req: Request<Incoming>,
+) -> Result<Resp, Request<Incoming>> {
+    let path = req.uri().path().to_owned();
+    if ELSEWHERE.contains(&path.as_str()) {
+        return Err(req);
+    }
+    let target = match target(&path) {
+        None => return Err(req),
+        Some(Err(_)) => {
+            let group = path.trim_start_matches("/apis/").trim_end_matches("/v1");
+            let resources: Vec<Value> = RESOURCES
+                .iter()
+                .filter(|r| r.group == group)
+                .map(Resource::discovery)
+                .collect();
+            return Ok(json_resp(
+                StatusCode::OK,
+                &json!({"kind": "APIResourceList", "apiVersion": "v1",
+                        "groupVersion": format!("{group}/v1"), "resources": resources}),
+            ));
+        }
+        Some(Ok(t)) => t,
+    };
+    let method = req.method().clone();
+    if !who.is_admin() {
+        let verb = match (&method, &target.name) {
+            (&Method::GET, None) => "list",
+            (&Method::GET, Some(_)) => "get",
+            (&Method::PATCH, _) => "patch",
+            (&Method::DELETE, _) => "delete",
+            _ => "create",
+        };
+        return Ok(forbidden(
+            who,
+            verb,
+            target.resource.plural,
+            target.ns.as_deref().unwrap_or_default(),
+        ));
+    }
+    Ok(match (method, target.name.clone()) {
+        (Method::GET, None) => list(state, &target).await,
+        (Method::GET, Some(name)) => get(state, &target, &name).await,
+        (Method::PATCH, Some(name)) => apply(state, &target, &name, req).await,
+        (Method::DELETE, Some(name)) => delete(state, &target, &name).await,
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        ),
+    })
+}
+
+fn not_found(what: &str, name: &str) -> Resp {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        &format!("{what} \"{name}\" not found"),
+    )
+}
+
+fn invalid(kind: &str, name: &str, why: &str) -> Resp {
+    status(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        &format!("{kind} \"{name}\" is invalid: {why}"),
+    )
+}
+
+fn bad_request(message: &str) -> Resp {
+    status(StatusCode::BAD_REQUEST, "BadRequest", message)
+}
+
+async fn list(state: &State, t: &Target) -> Resp {
+    let prefix = match &t.ns {
+        Some(ns) => format!("/registry/{}/{ns}/", t.resource.plural),
+        None => format!("/registry/{}/", t.resource.plural),
+    };
+    let mut items = match state.store.objects(&prefix, t.resource.plural).await {
+        Ok(items) => items,
+        Err(e) => return internal(e),
+    };
+    if t.resource.kind == "Namespace" {
+        for ns in BUILTIN_NAMESPACES {
+            if !items.iter().any(|o| o["metadata"]["name"] == *ns) {
+                items.push(builtin_namespace(ns));
+            }
+        }
+    }
+    json_resp(
+        StatusCode::OK,
+        &json!({"apiVersion": t.resource.group_version(),
+                "kind": format!("{}List", t.resource.kind),
+                "metadata": {}, "items": items}),
+    )
+}
+
+fn builtin_namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace",
+           "metadata": {"name": name}, "status": {"phase": "Active"}})
+}
+
+async fn get(state: &State, t: &Target, name: &str) -> Resp {
+    if t.resource.kind == "Namespace" && BUILTIN_NAMESPACES.contains(&name) {
+        return json_resp(StatusCode::OK, &builtin_namespace(name));
+    }
+    match state
+        .store
+        .object(&t.resource.key(t.ns.as_deref(), name), t.resource.plural)
+        .await
+    {
+        Ok(Some(obj)) => json_resp(StatusCode::OK, &obj),
+        Ok(None) => not_found(&t.resource.qualified(), name),
+        Err(e) => internal(e),
+    }
+}
+
+async fn delete(state: &State, t: &Target, name: &str) -> Resp {
+    let key = t.resource.key(t.ns.as_deref(), name);
+    match state.store.object(&key, t.resource.plural).await {
+        Ok(Some(obj)) => match state.store.delete_object(&key, t.resource.plural).await {
+            Ok(_) => json_resp(StatusCode::OK, &obj),
+            Err(e) => internal(e),
+        },
+        Ok(None) => not_found(&t.resource.qualified(), name),
+        Err(e) => internal(e),
+    }
+}
+
+/// Whether namespace `ns` exists.
+async fn namespace_exists(state: &State, ns: &str) -> anyhow::Result<bool> {
+    if BUILTIN_NAMESPACES.contains(&ns) {
+        return Ok(true);
+    }
+    Ok(state
+        .store
+        .object(&format!("/registry/namespaces/{ns}"), "namespaces")
+        .await?
+        .is_some())
+}
+
+/// A lowercase RFC 1123 subdomain.
+fn is_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// What the real API server checks of these kinds, as far as tests use
+/// them: ConfigMap data holds strings; a workload's selector matches its
+/// Pod template's labels.
+fn check_kind(kind: &str, obj: &Value) -> Result<(), String> {
+    match kind {
+        "ConfigMap" => {
+            if let Some(data) = obj.get("data") {
+                let Some(map) = data.as_object() else {
+                    return Err("data: Invalid value: must be a map of strings".into());
+                };
+                for (k, v) in map {
+                    if !v.is_string() {
+                        return Err(format!("data[{k}]: Invalid value: must be a string"));
+                    }
+                }
+            }
+            Ok(())
+        }
+        "DaemonSet" | "Deployment" => {
+            let Some(selector) = obj["spec"]["selector"]["matchLabels"].as_object() else {
+                return Err("spec.selector: Required value".into());
+            };
+            let labels = &obj["spec"]["template"]["metadata"]["labels"];
+            let matches = selector.iter().all(|(k, v)| labels[k] == *v);
+            if selector.is_empty() || !matches {
+                return Err(format!(
+                    "spec.template.metadata.labels: Invalid value: {labels}: `selector` does not match template `labels`"
+                ));
+            }
+            if obj["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .is_none_or(|c| c.is_empty())
+            {
+                return Err("spec.template.spec.containers: Required value".into());
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Merges `applied` into `stored`: maps field by field, anything else
+/// replaced.
+fn merge(stored: &mut Value, applied: &Value) {
+    match (stored.as_object_mut(), applied.as_object()) {
+        (Some(s), Some(a)) => {
+            for (k, v) in a {
+                match s.get_mut(k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge(existing, v),
+                    _ => {
+                        s.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        _ => *stored = applied.clone(),
+    }
+}
+
+/// `PATCH` with an apply patch: server-side apply.
+async fn apply(state: &State, t: &Target, name: &str, req: Request<Incoming>) -> Resp {
+    let r = t.resource;
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    if content_type != "application/apply-patch+yaml" {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            &format!("the body of the request was in an unknown format - accepted media types include: application/apply-patch+yaml (the stand-in API server applies {} by server-side apply only)", r.qualified()),
+        );
+    }
+    let query = req.uri().query().unwrap_or_default().to_owned();
+    let param = |key: &str| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    };
+    let Some(manager) = param("fieldManager").filter(|m| !m.is_empty()) else {
+        return invalid(
+            "PatchOptions.meta.k8s.io",
+            "",
+            "fieldManager: Required value: is required for apply patch",
+        );
+    };
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let text = String::from_utf8_lossy(&body);
+    let applied: Value = match serde_saphyr::from_str::<Value>(&text) {
+        Ok(v) if v.is_object() => v,
+        Ok(_) => return bad_request("the apply patch is not an object"),
+        Err(e) => return bad_request(&format!("error decoding YAML: {e}")),
+    };
+    let gv = r.group_version();
+    if applied["apiVersion"] != gv.as_str() {
+        return bad_request(&format!(
+            "the API version in the data ({}) does not match the expected API version ({gv})",
+            applied["apiVersion"].as_str().unwrap_or_default()
+        ));
+    }
+    if applied["kind"] != r.kind {
+        return bad_request(&format!(
+            "the kind in the data ({}) does not match the expected kind ({})",
+            applied["kind"].as_str().unwrap_or_default(),
+            r.kind
+        ));
+    }
+    let body_name = applied["metadata"]["name"].as_str().unwrap_or_default();
+    if body_name.is_empty() {
+        return invalid(
+            r.kind,
+            "",
+            "metadata.name: Required value: name is required",
+        );
+    }
+    if body_name != name {
+        return bad_request(&format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        ));
+    }
+    if !is_subdomain(name) {
+        return invalid(
+            r.kind,
+            name,
+            &format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+        );
+    }
+    if let (Some(ns), Some(body_ns)) = (&t.ns, applied["metadata"]["namespace"].as_str()) {
+        if ns != body_ns {
+            return bad_request("the namespace of the provided object does not match the namespace sent on the request");
+        }
+    }
+    if let Err(why) = check_kind(r.kind, &applied) {
+        return invalid(r.kind, name, &why);
+    }
+    if let Some(ns) = &t.ns {
+        match namespace_exists(state, ns).await {
+            Ok(true) => {}
+            Ok(false) => return not_found("namespaces", ns),
+            Err(e) => return internal(e),
+        }
+    }
+    let key = r.key(t.ns.as_deref(), name);
+    let current = match state.store.object(&key, r.plural).await {
+        Ok(c) => c,
+        Err(e) => return internal(e),
+    };
+    let now = super::now_rfc3339();
+    let created = current.is_none();
+    let mut obj = current.unwrap_or_else(|| {
+        json!({"metadata": {"uid": format!("{:032x}", rand::random::<u128>()),
+                            "creationTimestamp": now.clone()}})
+    });
+    merge(&mut obj, &applied);
+    if let Some(ns) = &t.ns {
+        obj["metadata"]["namespace"] = ns.as_str().into();
+    }
+    let version = obj["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
+    obj["metadata"]["resourceVersion"] = version.to_string().into();
+    let mut managed: Vec<Value> = obj["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m["manager"] != manager.as_str())
+        .collect();
+    managed.push(
+        json!({"manager": manager, "operation": "Apply", "apiVersion": gv,
+                        "time": now, "fieldsType": "FieldsV1"}),
+    );
+    obj["metadata"]["managedFields"] = managed.into();
+    if r.kind == "Namespace" {
+        obj["status"] = json!({"phase": "Active"});
+    }
+    match state.store.put_object(&key, &obj, created).await {
+        Ok(true) => {
+            println!(
+                "standin-apiserver: applied {} {} (field manager {manager})",
+                r.qualified(),
+                t.ns.as_ref().map_or(name.to_owned(), |ns| format!("{ns}/{name}"))
+            );
+            json_resp(
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                &obj,
+            )
+        }
+        Ok(false) => status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                r.qualified()
+            ),
+        ),
+        Err(e) => internal(e),
+    }
+}
