@@ -84,6 +84,8 @@ pub enum FileError {
         owner: String,
         why: String,
     },
+    #[error("spec.network.cni is image, but the node image has no CNI config in {path}: {detail}; use an image that ships one, or cni: none with a network addon or file")]
+    ImageCni { path: PathBuf, detail: String },
     #[error("cannot give {path} the owner {uid}:{gid}: {source}")]
     Chown {
         path: PathBuf,
@@ -200,6 +202,46 @@ pub fn write_machine_files(
             })?;
         }
         written.push(file.path.clone());
+    }
+    Ok(written)
+}
+
+/// Installs the node image's CNI configuration: every file of
+/// `<root>/usr/share/drover/cni/net.d` into `<root>/etc/cni/net.d`
+/// (mode 0644), as a network's DaemonSet would on a real node. Returns
+/// the paths written; an image without one is an error saying so.
+pub fn install_image_cni(root: &Path) -> Result<Vec<String>, FileError> {
+    let source_path = format!("{}/net.d", drover_common::api::IMAGE_CNI_DIR);
+    let source = safe_join(root, &source_path)?;
+    let missing = |detail: String| FileError::ImageCni {
+        path: source.clone(),
+        detail,
+    };
+    let mut names: Vec<String> = fs::read_dir(&source)
+        .map_err(|e| missing(e.to_string()))?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            [".conf", ".conflist", ".json"]
+                .iter()
+                .any(|x| n.ends_with(x))
+        })
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Err(missing("it holds no .conf, .conflist or .json file".into()));
+    }
+    let mut written = Vec::new();
+    for name in names {
+        let content = fs::read(source.join(&name)).map_err(|e| missing(e.to_string()))?;
+        let path = format!("/etc/cni/net.d/{name}");
+        let target = safe_join(root, &path)?;
+        write_atomic(&target, &content, 0o644).map_err(|source| FileError::Write {
+            path: target.clone(),
+            source,
+        })?;
+        written.push(path);
     }
     Ok(written)
 }

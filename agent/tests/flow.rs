@@ -196,6 +196,7 @@ async fn handle(
                 machine_files: s.machine_files.clone(),
                 pre_kubeadm_commands: s.pre_commands.clone(),
                 post_kubeadm_commands: s.post_commands.clone(),
+                image_cni: false,
                 issued_at: drover_common::now(),
             };
             json_response(StatusCode::OK, &bundle::sign(&b, &s.ca.key_pem).unwrap())

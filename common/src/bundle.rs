@@ -47,6 +47,11 @@ pub struct ConfigBundle {
     /// Shell commands run in order once kubeadm succeeded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_kubeadm_commands: Vec<String>,
+    /// Whether the node image's CNI config (`/usr/share/drover/cni/net.d`)
+    /// is installed into `/etc/cni/net.d` before kubeadm runs
+    /// (`spec.network.cni: image`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub image_cni: bool,
     #[serde(with = "time::serde::rfc3339")]
     pub issued_at: OffsetDateTime,
 }
@@ -140,6 +145,7 @@ mod tests {
             machine_files: vec![],
             pre_kubeadm_commands: vec![],
             post_kubeadm_commands: vec![],
+            image_cni: false,
             issued_at: crate::now(),
         }
     }

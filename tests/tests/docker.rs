@@ -201,7 +201,15 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
     let (tmp, name, _cleanup) = setup("dk");
     let c = start(tmp.path(), "1s", "5s");
     let f = tmp.path().join("c.yaml");
-    std::fs::write(&f, docker_cluster_yaml(&name, 1, 2, "")).unwrap();
+    // The pod network the node image ships, not a file of the spec's.
+    let doc = docker_cluster_yaml(&name, 1, 2, "")
+        .replace(&bridge_cni_files(), "")
+        .replace(
+            "  controlPlane:",
+            "  network:\n    cni: image\n  controlPlane:",
+        );
+    assert!(!doc.contains("files:"), "{doc}");
+    std::fs::write(&f, doc).unwrap();
     let out = c.cli(&[
         "apply",
         "-f",
@@ -248,6 +256,37 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
     assert!(
         tree.contains("├─ control-plane: 1/1 running") && tree.contains("├─ default: 2/2 running"),
         "{tree}"
+    );
+    // Inside: three Ready Nodes on the image's network, whose cluster side
+    // went in as the first addon.
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
+    wait_for("three Ready Nodes", BOOT, || {
+        let ready = kube::ready_nodes(&kubeconfig)?;
+        (ready.len() == 3).then_some(()).ok_or(format!("{ready:?}"))
+    });
+    wait_for("the image's network applied", BOOT, || {
+        let cluster = c.cluster(&name).unwrap();
+        let cni = &cluster["status"]["addons"][0];
+        (cni["name"] == "cni" && cni["phase"] == "Applied")
+            .then_some(())
+            .ok_or(format!("{:#}", cluster["status"]["addons"]))
+    });
+    assert_eq!(
+        kube::kubectl(
+            &kubeconfig,
+            &[
+                "get",
+                "configmap",
+                "drover-cni",
+                "-n",
+                "kube-system",
+                "-o",
+                "jsonpath={.data.network}"
+            ]
+        )
+        .unwrap(),
+        "bridge"
     );
 
     c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "120s"]);

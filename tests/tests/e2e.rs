@@ -2166,3 +2166,94 @@ spec:
         "{err}"
     );
 }
+
+#[test]
+fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
+    let (tmp, c, agents) = registered_pool(2, "imgnet-");
+    // What the node image ships (scripts/build-node-image copies the same).
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/cni");
+    for a in &agents {
+        let dir = a.root.join("usr/share/drover/cni/net.d");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(
+            repo.join("manifests.yaml"),
+            dir.parent().unwrap().join("manifests.yaml"),
+        )
+        .unwrap();
+        std::fs::copy(
+            repo.join("net.d/10-drover-bridge.conflist"),
+            dir.join("10-drover-bridge.conflist"),
+        )
+        .unwrap();
+    }
+    let team = "  addons:\n    - name: team\n      manifests: |\n        apiVersion: v1\n        kind: Namespace\n        metadata: {name: team}\n";
+    let doc = pool_cluster_yaml("imgnet", 1, 1, "dev")
+        .replace(&bridge_cni_files(), "")
+        .replace(
+            "  controlPlane:",
+            &format!("  network:\n    cni: image\n{team}  controlPlane:"),
+        );
+    // The image's network is addon "cni": the name is taken.
+    let f = tmp.path().join("taken.yaml");
+    std::fs::write(
+        &f,
+        doc.replace("name: team\n      manifests", "name: cni\n      manifests"),
+    )
+    .unwrap();
+    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"cni\" is the node image's pod network"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    apply(&c, tmp.path(), &doc);
+    c.wait_cluster_phase("imgnet", "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "imgnet"])).unwrap();
+    wait_for("two Ready Nodes", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.len() == 2).then_some(()).ok_or(format!("{ready:?}"))
+    });
+    wait_for("both addons applied, the image's first", BOOT, || {
+        let states = addon_states(&c, "imgnet");
+        let names: Vec<&str> = states.iter().map(|s| s.0.as_str()).collect();
+        (names == ["cni", "team"] && states.iter().all(|s| s.1 == "Applied"))
+            .then_some(())
+            .ok_or(format!("{states:?}"))
+    });
+    for a in &agents {
+        assert!(a
+            .root
+            .join("etc/cni/net.d/10-drover-bridge.conflist")
+            .is_file());
+    }
+    assert_eq!(
+        kubectl(
+            &kubeconfig,
+            &[
+                "get",
+                "configmap",
+                "drover-cni",
+                "-n",
+                "kube-system",
+                "-o",
+                "jsonpath={.metadata.managedFields[*].manager}"
+            ]
+        )
+        .unwrap(),
+        "drover"
+    );
+    assert_eq!(
+        kubectl(
+            &kubeconfig,
+            &["get", "namespace", "team", "-o", "jsonpath={.status.phase}"]
+        )
+        .unwrap(),
+        "Active"
+    );
+    wait_for("the cluster Ready", BOOT, || {
+        let got = cluster_condition(&c.cluster("imgnet").unwrap(), "Ready");
+        (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
+    });
+}

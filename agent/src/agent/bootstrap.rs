@@ -245,6 +245,9 @@ impl Agent {
             return;
         }
         let written = files::write_bundle_files(&root, &bundle.files).and_then(|mut written| {
+            if bundle.image_cni {
+                written.extend(files::install_image_cni(&root)?);
+            }
             written.extend(files::write_machine_files(&root, &bundle.machine_files)?);
             Ok(written)
         });

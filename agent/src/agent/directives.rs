@@ -132,6 +132,39 @@ impl Agent {
                         (command, Box::pin(call))
                     });
                 }
+                DirectiveAction::ApplyImageManifests { addon } => {
+                    let path = self
+                        .settings
+                        .root
+                        .join(drover_common::api::IMAGE_CNI_DIR.trim_start_matches('/'));
+                    let path = path.join("manifests.yaml");
+                    let manifests = match std::fs::read_to_string(&path) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            self.finish_directive(
+                                directive.id,
+                                false,
+                                format!(
+                                    "addon {addon}: the node image has no default CNI manifest: cannot read {}: {e}; use an image that ships one, or spec.network.cni: none with a network addon",
+                                    path.display()
+                                ),
+                            );
+                            continue;
+                        }
+                    };
+                    tracing::info!(%addon, path = %path.display(), "applying the image's pod network at the coordinator's request");
+                    let mut kube = crate::kube::Kube::new(&self.settings.root);
+                    self.start_cluster_call(directive.id, "apply addons", |ip, port| {
+                        let api = crate::kube::local_api(ip, port);
+                        let command = format!(
+                            "server-side apply of addon {addon} from {} (field manager drover) via {api}",
+                            path.display()
+                        );
+                        let call =
+                            async move { Ok(kube.apply_manifests(&api, &addon, &manifests).await?) };
+                        (command, Box::pin(call))
+                    });
+                }
                 DirectiveAction::SetKubernetesVersion { version } => {
                     tracing::info!(%version, "setting the kubeadm-config version at the coordinator's request");
                     let mut kube = crate::kube::Kube::new(&self.settings.root);

@@ -191,6 +191,7 @@ mod tests {
             machine_files: vec![],
             pre_kubeadm_commands: vec![],
             post_kubeadm_commands: vec![],
+            image_cni: false,
             kubeadm_config_path: "/etc/drover/kubeadm.yaml".into(),
             files: vec![],
             issued_at: time::OffsetDateTime::UNIX_EPOCH,

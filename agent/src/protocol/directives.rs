@@ -34,6 +34,9 @@ pub fn describe(action: &DirectiveAction) -> String {
         DirectiveAction::ApplyManifests { addon, manifests } => {
             format!("apply addon {addon} ({} bytes)", manifests.len())
         }
+        DirectiveAction::ApplyImageManifests { addon } => {
+            format!("apply addon {addon} from the node image")
+        }
     }
 }
 

@@ -345,7 +345,8 @@ impl Sim {
                     false,
                     format!("simulated machines run no API server; kubeadm-config was not set to {version}"),
                 ),
-                DirectiveAction::ApplyManifests { addon, .. } => (
+                DirectiveAction::ApplyManifests { addon, .. }
+                | DirectiveAction::ApplyImageManifests { addon } => (
                     false,
                     format!("simulated machines run no API server; addon {addon} was not applied"),
                 ),

@@ -110,6 +110,49 @@ impl AddonApply {
     }
 }
 
+/// The name of the addon that is the node image's default pod network
+/// (`spec.network.cni: image`), applied before the spec's addons.
+pub const IMAGE_CNI_ADDON: &str = "cni";
+
+/// Where a node image keeps its default pod network: `manifests.yaml`
+/// (applied once, as addon [`IMAGE_CNI_ADDON`], by a control plane) and
+/// `net.d/` (the CNI configuration every machine's agent installs into
+/// `/etc/cni/net.d` before kubeadm runs), as kind's node image keeps its
+/// default CNI manifest at a known path.
+pub const IMAGE_CNI_DIR: &str = "/usr/share/drover/cni";
+
+/// The hash that stands for the image's manifests, which the coordinator
+/// never sees.
+pub const IMAGE_CNI_HASH: &str = "image";
+
+/// Where an addon's manifests come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddonSource<'a> {
+    /// The spec's `manifests`.
+    Spec(&'a str),
+    /// The node image's default CNI manifest ([`IMAGE_CNI_DIR`]).
+    Image,
+}
+
+/// An addon as the coordinator applies it: the spec's, after the image's
+/// pod network when `spec.network.cni` is `image`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectiveAddon<'a> {
+    pub name: &'a str,
+    pub mode: AddonMode,
+    pub source: AddonSource<'a>,
+}
+
+impl EffectiveAddon<'_> {
+    /// What tells one version of the addon from another.
+    pub fn hash(&self) -> String {
+        match self.source {
+            AddonSource::Spec(m) => manifests_hash(m),
+            AddonSource::Image => IMAGE_CNI_HASH.to_owned(),
+        }
+    }
+}
+
 /// The SHA-256 of an addon's manifests, hex.
 pub fn manifests_hash(manifests: &str) -> String {
     hex::encode(Sha256::digest(manifests.as_bytes()))
@@ -215,8 +258,13 @@ pub fn manifest_documents(text: &str) -> Result<Vec<ManifestDocument>, ManifestE
     Ok(out)
 }
 
-/// Reports every problem of `spec.addons`.
-pub(crate) fn validate_addons(addons: &[Addon], err: &mut dyn FnMut(&str, String)) {
+/// Reports every problem of `spec.addons`; with `image_cni`, the name of
+/// the image's network addon is taken.
+pub(crate) fn validate_addons(
+    addons: &[Addon],
+    image_cni: bool,
+    err: &mut dyn FnMut(&str, String),
+) {
     if addons.len() > MAX_ADDONS {
         err(
             "spec.addons",
@@ -228,6 +276,11 @@ pub(crate) fn validate_addons(addons: &[Addon], err: &mut dyn FnMut(&str, String
         let field = format!("spec.addons[{i}]");
         if let Err(e) = crate::names::check_dns_label("addon name", &addon.name) {
             err(&format!("{field}.name"), e.to_string());
+        } else if image_cni && addon.name == IMAGE_CNI_ADDON {
+            err(
+                &format!("{field}.name"),
+                format!("{IMAGE_CNI_ADDON:?} is the node image's pod network (spec.network.cni: image); name this addon otherwise"),
+            );
         } else if !seen.insert(addon.name.as_str()) {
             err(
                 &format!("{field}.name"),
@@ -296,15 +349,22 @@ mod tests {
         };
         let good = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n";
         let mut errs = Vec::new();
-        validate_addons(
-            &[
-                addon("cni", good, None),
-                addon("cni", good, None),
-                addon("Bad_Name", good, None),
-                addon("from", "", Some("./cni.yaml")),
-                addon("broken", "apiVersion: v1\nkind: ConfigMap\n", None),
-            ],
-            &mut |f, m| errs.push(format!("{f}: {m}")),
+        let addons = [
+            addon("cni", good, None),
+            addon("cni", good, None),
+            addon("Bad_Name", good, None),
+            addon("from", "", Some("./cni.yaml")),
+            addon("broken", "apiVersion: v1\nkind: ConfigMap\n", None),
+        ];
+        validate_addons(&addons, false, &mut |f, m| errs.push(format!("{f}: {m}")));
+        let mut taken = Vec::new();
+        validate_addons(&addons[..1], true, &mut |f, m| {
+            taken.push(format!("{f}: {m}"))
+        });
+        assert_eq!(taken.len(), 1);
+        assert!(
+            taken[0].contains("is the node image's pod network"),
+            "{taken:?}"
         );
         assert_eq!(errs.len(), 4, "{errs:#?}");
         assert!(errs[0].starts_with("spec.addons[1].name: duplicate"));

@@ -6,7 +6,10 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::addons::{validate_addons, Addon, AddonApply, AddonStatus};
+use super::addons::{
+    validate_addons, Addon, AddonApply, AddonMode, AddonSource, AddonStatus, EffectiveAddon,
+    IMAGE_CNI_ADDON,
+};
 use super::aws::AwsProviderSpec;
 use super::customise::{
     resolve_file, validate_customisation, CustomiseError, MachineCustomisation, MachineFile,
@@ -736,6 +739,25 @@ pub struct NetworkSpec {
     pub service_subnet: String,
     #[serde(default = "default_dns_domain")]
     pub dns_domain: String,
+    /// Where the pod network comes from: `none` (the default: an addon or
+    /// a file gives it) or `image` (the node image's default network).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub cni: CniMode,
+}
+
+/// Where a cluster's pod network comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CniMode {
+    /// Drover installs none: an addon (a CNI's manifests) or `spec.files`
+    /// (a CNI config) gives the cluster its network.
+    #[default]
+    None,
+    /// The node image's default network: every machine installs the
+    /// image's CNI config (`/usr/share/drover/cni/net.d`) before kubeadm,
+    /// and a control plane applies the image's manifest
+    /// (`/usr/share/drover/cni/manifests.yaml`) as the first addon, `cni`.
+    Image,
 }
 
 fn default_pod_subnet() -> String {
@@ -754,6 +776,7 @@ impl Default for NetworkSpec {
             pod_subnet: default_pod_subnet(),
             service_subnet: default_service_subnet(),
             dns_domain: default_dns_domain(),
+            cni: CniMode::None,
         }
     }
 }
@@ -1027,6 +1050,24 @@ impl fmt::Display for ClusterPhase {
 }
 
 impl ClusterSpec {
+    /// The addons the coordinator applies, in order: the image's network
+    /// first when `network.cni` is `image`, then `spec.addons`.
+    pub fn effective_addons(&self) -> Vec<EffectiveAddon<'_>> {
+        let image = (self.network.cni == CniMode::Image).then_some(EffectiveAddon {
+            name: IMAGE_CNI_ADDON,
+            mode: AddonMode::ApplyOnce,
+            source: AddonSource::Image,
+        });
+        image
+            .into_iter()
+            .chain(self.addons.iter().map(|a| EffectiveAddon {
+                name: &a.name,
+                mode: a.mode,
+                source: AddonSource::Spec(&a.manifests),
+            }))
+            .collect()
+    }
+
     /// Resolves what a machine of `pool` (a worker pool's name, or the control
     /// plane's) gets. A pool's file at the same path as one of `spec.files`
     /// replaces it; a `controlPlaneOnly` file never reaches a worker.
@@ -1198,7 +1239,11 @@ impl Cluster {
             &self.spec.control_plane.post_kubeadm_commands,
             &mut |f, m| err(f, m),
         );
-        validate_addons(&self.spec.addons, &mut |f, m| err(f, m));
+        validate_addons(
+            &self.spec.addons,
+            self.spec.network.cni == CniMode::Image,
+            &mut |f, m| err(f, m),
+        );
         let pod = parse_cidr(&self.spec.network.pod_subnet);
         if let Err(why) = &pod {
             err("spec.network.podSubnet", why.to_string());

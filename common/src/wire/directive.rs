@@ -62,6 +62,12 @@ pub enum DirectiveAction {
     /// naming the first object the API server refused and its message.
     #[serde(rename_all = "camelCase")]
     ApplyManifests { addon: String, manifests: String },
+    /// Apply the node image's default pod network
+    /// (`/usr/share/drover/cni/manifests.yaml` under the agent's root) as
+    /// addon `addon`, as [`DirectiveAction::ApplyManifests`] applies the
+    /// spec's (`spec.network.cni: image`).
+    #[serde(rename_all = "camelCase")]
+    ApplyImageManifests { addon: String },
     /// Upgrade this machine in place to `version`: the image's
     /// `upgrade-kubeadm` hook, then `command` (`kubeadm upgrade apply
     /// VERSION -y` or `kubeadm upgrade node`), then its `upgrade-kubelet`

@@ -226,6 +226,7 @@ pub fn bundle_for(
         machine_files: custom.files,
         pre_kubeadm_commands: custom.pre_kubeadm_commands,
         post_kubeadm_commands: custom.post_kubeadm_commands,
+        image_cni: cluster.spec.network.cni == drover_common::api::CniMode::Image,
         issued_at: drover_common::now(),
     };
     tracing::info!(machine = %name, cluster = %cluster.metadata.name, role = %a.role, generation = a.generation, "config bundle issued");

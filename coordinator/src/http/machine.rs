@@ -8,8 +8,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use drover_common::api::{
-    push_event, set_condition, Machine, MachinePhase, MachineRole, MachineSpec, MachineStatus,
-    MachineUpgradeStep, ObjectMeta, CERTIFICATE_RENEWAL_PREFIX, ETCD_REMOVAL_PREFIX,
+    push_event, set_condition, AddonSource, Machine, MachinePhase, MachineRole, MachineSpec,
+    MachineStatus, MachineUpgradeStep, ObjectMeta, CERTIFICATE_RENEWAL_PREFIX, ETCD_REMOVAL_PREFIX,
     MACHINE_UPGRADE_PREFIX, UNCORDON_PREFIX, VERSION_UPDATE_PREFIX,
 };
 use drover_common::pki::{LeafSpec, LeafUsage};
@@ -1009,24 +1009,29 @@ fn heartbeat_answer(
                         action: DirectiveAction::DeleteNode { node: r.node },
                     });
                 }
-                if let Some((r, manifests)) = cluster.as_ref().and_then(|c| {
+                if let Some((id, action)) = cluster.as_ref().and_then(|c| {
                     let r = c
                         .status
                         .addon_apply
                         .clone()
                         .filter(|r| r.via == machine.metadata.name)?;
-                    let addon = c.spec.addons.iter().find(|x| x.name == r.addon)?;
+                    let addons = c.spec.effective_addons();
                     // Only the manifests the request was made for.
-                    (drover_common::api::manifests_hash(&addon.manifests) == r.hash)
-                        .then(|| (r, addon.manifests.clone()))
-                }) {
-                    directives.push(Directive {
-                        id: r.directive_id(),
-                        action: DirectiveAction::ApplyManifests {
-                            addon: r.addon,
-                            manifests,
+                    let addon = addons
+                        .iter()
+                        .find(|x| x.name == r.addon && x.hash() == r.hash)?;
+                    let action = match addon.source {
+                        AddonSource::Spec(manifests) => DirectiveAction::ApplyManifests {
+                            addon: r.addon.clone(),
+                            manifests: manifests.to_owned(),
                         },
-                    });
+                        AddonSource::Image => DirectiveAction::ApplyImageManifests {
+                            addon: r.addon.clone(),
+                        },
+                    };
+                    Some((r.directive_id(), action))
+                }) {
+                    directives.push(Directive { id, action });
                 }
                 if let Some(u) = cluster
                     .as_ref()

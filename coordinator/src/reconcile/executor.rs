@@ -330,6 +330,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                         w.result = stored.result.clone();
                     }
                 }
+                keep_addon_reports(&mut wanted, &cluster.status, &c.status);
                 if c.metadata.uid != cluster.metadata.uid || c.status == wanted {
                     return Ok(false);
                 }
@@ -389,6 +390,22 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// Keeps an addon result an agent reported after the plan was made:
+/// `stored` (the cluster as it is now) then differs from `planned_from`
+/// (the cluster the plan saw) in its addon statuses or the apply under way,
+/// and writing the plan's would bring back an apply the agent already
+/// answered (and will not answer again). The next pass plans from it.
+fn keep_addon_reports(
+    wanted: &mut ClusterStatus,
+    planned_from: &ClusterStatus,
+    stored: &ClusterStatus,
+) {
+    if stored.addons != planned_from.addons || stored.addon_apply != planned_from.addon_apply {
+        wanted.addons.clone_from(&stored.addons);
+        wanted.addon_apply.clone_from(&stored.addon_apply);
+    }
 }
 
 /// Records a machine's `Alive` condition, unless it is leaving.
@@ -473,5 +490,60 @@ pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
                 crate::domain::liveness::Liveness { last_seen: now },
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::{AddonApply, AddonPhase, AddonStatus};
+
+    #[test]
+    fn an_addon_result_reported_after_the_plan_is_not_overwritten() {
+        let at = drover_common::now();
+        let pending = AddonStatus {
+            name: "cni".into(),
+            phase: AddonPhase::Pending,
+            hash: String::new(),
+            applied_at: None,
+            message: String::new(),
+            failures: 0,
+            last_attempt_at: None,
+        };
+        let request = AddonApply {
+            addon: "cni".into(),
+            hash: "image".into(),
+            via: "cp".into(),
+            requested_at: at,
+        };
+        // The plan saw the request under way and kept it.
+        let planned_from = ClusterStatus {
+            addons: vec![pending.clone()],
+            addon_apply: Some(request.clone()),
+            ..Default::default()
+        };
+        let mut wanted = planned_from.clone();
+        // Meanwhile the agent answered: applied, the request cleared.
+        let mut stored = planned_from.clone();
+        stored.addon_apply = None;
+        stored.addons[0].phase = AddonPhase::Applied;
+        keep_addon_reports(&mut wanted, &planned_from, &stored);
+        assert_eq!(wanted.addon_apply, None);
+        assert_eq!(wanted.addons[0].phase, AddonPhase::Applied);
+        // Nothing reported meanwhile: the plan's own change is written.
+        let mut wanted = planned_from.clone();
+        wanted.addon_apply = None;
+        keep_addon_reports(&mut wanted, &planned_from, &planned_from.clone());
+        assert_eq!(wanted.addon_apply, None);
+        let mut wanted = ClusterStatus {
+            addon_apply: Some(request),
+            ..Default::default()
+        };
+        keep_addon_reports(
+            &mut wanted,
+            &ClusterStatus::default(),
+            &ClusterStatus::default(),
+        );
+        assert!(wanted.addon_apply.is_some());
     }
 }

@@ -4,8 +4,8 @@
 //! the ones before it (a network before what needs one).
 
 use drover_common::api::{
-    manifests_hash, set_condition, AddonApply, AddonMode, AddonPhase, AddonStatus, Cluster,
-    ClusterStatus, Machine,
+    set_condition, AddonApply, AddonMode, AddonPhase, AddonStatus, Cluster, ClusterStatus,
+    EffectiveAddon, Machine,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -42,7 +42,7 @@ pub(crate) fn apply_addons(
     via: &[&Machine],
     now: OffsetDateTime,
 ) {
-    let addons = &cluster.spec.addons;
+    let addons = cluster.spec.effective_addons();
     // One status per addon of the spec, in its order; an addon removed
     // from the spec is forgotten (what it applied stays in the cluster).
     status.addons = addons
@@ -54,7 +54,7 @@ pub(crate) fn apply_addons(
                 .find(|s| s.name == a.name)
                 .cloned()
                 .unwrap_or_else(|| AddonStatus {
-                    name: a.name.clone(),
+                    name: a.name.to_owned(),
                     phase: AddonPhase::Pending,
                     hash: String::new(),
                     applied_at: None,
@@ -69,7 +69,7 @@ pub(crate) fn apply_addons(
     if let Some(r) = status.addon_apply.take() {
         let current = addons
             .iter()
-            .any(|a| a.name == r.addon && manifests_hash(&a.manifests) == r.hash);
+            .any(|a| a.name == r.addon && a.hash() == r.hash);
         let via_runs = via.iter().any(|m| m.metadata.name == r.via);
         let overdue = now - r.requested_at >= ADDON_ANSWER_TIMEOUT;
         if current && via_runs && !overdue {
@@ -89,24 +89,24 @@ pub(crate) fn apply_addons(
         }
     }
     if status.addon_apply.is_none() {
-        status.addon_apply = next_apply(status, cluster, via, now);
+        status.addon_apply = next_apply(status, &addons, via, now);
     }
-    set_addon_conditions(status, cluster, now);
+    set_addon_conditions(status, &addons, now);
 }
 
 /// The next apply to ask for: the first addon (in order) not done, unless
 /// it waits out its back-off.
 fn next_apply(
     status: &ClusterStatus,
-    cluster: &Cluster,
+    addons: &[EffectiveAddon<'_>],
     via: &[&Machine],
     now: OffsetDateTime,
 ) -> Option<AddonApply> {
     let via = via
         .iter()
         .min_by(|a, b| a.metadata.name.cmp(&b.metadata.name))?;
-    for (addon, s) in cluster.spec.addons.iter().zip(&status.addons) {
-        let hash = manifests_hash(&addon.manifests);
+    for (addon, s) in addons.iter().zip(&status.addons) {
+        let hash = addon.hash();
         if done(addon.mode, s, &hash) {
             continue;
         }
@@ -118,7 +118,7 @@ fn next_apply(
             return None;
         }
         return Some(AddonApply {
-            addon: addon.name.clone(),
+            addon: addon.name.to_owned(),
             hash,
             via: via.metadata.name.clone(),
             requested_at: now,
@@ -129,8 +129,12 @@ fn next_apply(
 
 /// `AddonsApplied` (only while the spec lists addons), and `Ready` false
 /// while an addon is not applied.
-fn set_addon_conditions(status: &mut ClusterStatus, cluster: &Cluster, now: OffsetDateTime) {
-    if cluster.spec.addons.is_empty() {
+fn set_addon_conditions(
+    status: &mut ClusterStatus,
+    addons: &[EffectiveAddon<'_>],
+    now: OffsetDateTime,
+) {
+    if addons.is_empty() {
         status.conditions.retain(|c| c.type_ != ADDONS_CONDITION);
         return;
     }
@@ -149,15 +153,11 @@ fn set_addon_conditions(status: &mut ClusterStatus, cluster: &Cluster, now: Offs
             )
         })
         .collect();
-    let pending: Vec<&str> = cluster
-        .spec
-        .addons
+    let pending: Vec<&str> = addons
         .iter()
         .zip(&status.addons)
-        .filter(|(a, s)| {
-            s.phase != AddonPhase::Failed && !done(a.mode, s, &manifests_hash(&a.manifests))
-        })
-        .map(|(a, _)| a.name.as_str())
+        .filter(|(a, s)| s.phase != AddonPhase::Failed && !done(a.mode, s, &a.hash()))
+        .map(|(a, _)| a.name)
         .collect();
     let (ok, reason, message) = if !failed.is_empty() {
         (false, "AddonFailed", failed.join("; "))
@@ -190,8 +190,8 @@ fn set_addon_conditions(status: &mut ClusterStatus, cluster: &Cluster, now: Offs
 mod tests {
     use super::*;
     use crate::reconcile::plan::fixtures::{cluster, running};
-    use drover_common::api::Addon;
     use drover_common::api::MachineRole;
+    use drover_common::api::{manifests_hash, Addon};
 
     const CM: &str =
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a, namespace: kube-system}\n";
