@@ -166,19 +166,7 @@ pub fn write_machine_files(
     root: &Path,
     files: &[MachineFileContent],
 ) -> Result<Vec<String>, FileError> {
-    let mut targets = Vec::with_capacity(files.len());
-    for file in files {
-        check_file_content(file).map_err(|source| FileError::Refused {
-            path: file.path.clone(),
-            source,
-        })?;
-        let (uid, gid) = resolve_owner(root, &file.owner).map_err(|why| FileError::Owner {
-            path: file.path.clone(),
-            owner: file.owner.clone(),
-            why,
-        })?;
-        targets.push((safe_join(root, &file.path)?, uid, gid));
-    }
+    let targets = check_machine_files(root, files)?;
     let mut written = Vec::with_capacity(files.len());
     for (file, (target, uid, gid)) in files.iter().zip(targets) {
         write_atomic(&target, file.content.as_bytes(), file.mode).map_err(|source| {
@@ -244,6 +232,29 @@ pub fn install_image_cni(root: &Path) -> Result<Vec<String>, FileError> {
         written.push(path);
     }
     Ok(written)
+}
+
+/// Checks every machine file (path rules, owner known on this machine)
+/// without writing anything; returns where each goes and its owner's ids.
+pub fn check_machine_files(
+    root: &Path,
+    files: &[MachineFileContent],
+) -> Result<Vec<(PathBuf, u32, u32)>, FileError> {
+    files
+        .iter()
+        .map(|file| {
+            check_file_content(file).map_err(|source| FileError::Refused {
+                path: file.path.clone(),
+                source,
+            })?;
+            let (uid, gid) = resolve_owner(root, &file.owner).map_err(|why| FileError::Owner {
+                path: file.path.clone(),
+                owner: file.owner.clone(),
+                why,
+            })?;
+            Ok((safe_join(root, &file.path)?, uid, gid))
+        })
+        .collect()
 }
 
 /// `user[:group]` as numeric ids, names looked up in `root`'s

@@ -913,6 +913,10 @@ async fn a_machine_file_at_a_reserved_path_is_refused_and_nothing_written() {
     );
     assert!(!m.root.join("etc/fine.conf").exists());
     assert!(!m.root.join("ran").exists());
+    assert!(
+        !m.root.join("etc/drover/kubeadm.yaml").exists(),
+        "nothing of the bundle is written"
+    );
     assert!(m.kubeadm_calls().is_empty());
     stop_cleanly(&mut agent).await;
 }

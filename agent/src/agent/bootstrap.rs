@@ -244,13 +244,16 @@ impl Agent {
             );
             return;
         }
-        let written = files::write_bundle_files(&root, &bundle.files).and_then(|mut written| {
-            if bundle.image_cni {
-                written.extend(files::install_image_cni(&root)?);
-            }
-            written.extend(files::write_machine_files(&root, &bundle.machine_files)?);
-            Ok(written)
-        });
+        // The cluster's files are checked before anything is written.
+        let written = files::check_machine_files(&root, &bundle.machine_files)
+            .and_then(|_| files::write_bundle_files(&root, &bundle.files))
+            .and_then(|mut written| {
+                if bundle.image_cni {
+                    written.extend(files::install_image_cni(&root)?);
+                }
+                written.extend(files::write_machine_files(&root, &bundle.machine_files)?);
+                Ok(written)
+            });
         let written = match written {
             Ok(w) => w,
             Err(e) => {

@@ -1,6 +1,8 @@
 //! What an apply changes of the files and commands a cluster puts on its
-//! machines, for the audit log: anything that runs as root on every machine
-//! is recorded with who set it and a hash of what was set.
+//! machines and of what goes into it (addons, the pod network's source),
+//! for the audit log: anything that runs as root on every machine or as an
+//! admin in the cluster is recorded with who set it and a hash of what was
+//! set.
 
 use drover_common::api::{ClusterSpec, MachineFile};
 use sha2::{Digest, Sha256};
@@ -38,6 +40,7 @@ pub fn changes(old: Option<&ClusterSpec>, new: &ClusterSpec) -> Vec<String> {
             }
         }
     }
+    addon_changes(old, new, &mut out);
     // A pool removed from the spec takes its files and commands with it.
     if let Some(old) = old {
         for (scope, files, pre, post) in scopes(old) {
@@ -49,6 +52,47 @@ pub fn changes(old: Option<&ClusterSpec>, new: &ClusterSpec) -> Vec<String> {
         }
     }
     out
+}
+
+/// Addons added, changed (content, mode) or removed, and a change of the
+/// pod network's source: what goes into the cluster as its admin.
+fn addon_changes(old: Option<&ClusterSpec>, new: &ClusterSpec, out: &mut Vec<String>) {
+    let old_addons = old.map_or(&[][..], |o| &o.addons[..]);
+    for a in &new.addons {
+        let hash = drover_common::api::manifests_hash(&a.manifests);
+        match old_addons.iter().find(|o| o.name == a.name) {
+            None => out.push(format!(
+                "spec.addons {} added ({:?}, sha256 {})",
+                a.name,
+                a.mode,
+                &hash[..12]
+            )),
+            Some(o) if o.manifests != a.manifests || o.mode != a.mode => out.push(format!(
+                "spec.addons {} changed ({:?}, sha256 {}; was {:?}, sha256 {})",
+                a.name,
+                a.mode,
+                &hash[..12],
+                o.mode,
+                &drover_common::api::manifests_hash(&o.manifests)[..12]
+            )),
+            Some(_) => {}
+        }
+    }
+    for o in old_addons {
+        if !new.addons.iter().any(|a| a.name == o.name) {
+            out.push(format!(
+                "spec.addons {} removed (what it applied stays)",
+                o.name
+            ));
+        }
+    }
+    let old_cni = old.map(|o| o.network.cni).unwrap_or_default();
+    if old_cni != new.network.cni {
+        out.push(format!(
+            "spec.network.cni changed to {:?} (was {old_cni:?})",
+            new.network.cni
+        ));
+    }
 }
 
 type Scope<'a> = (String, &'a [MachineFile], &'a [String], &'a [String]);
@@ -161,6 +205,23 @@ mod tests {
         );
         assert!(lines.iter().all(|l| !l.contains("secret")), "{lines:#?}");
         assert!(changes(Some(&new), &new).is_empty());
+        let with_addon = spec(&format!(
+            "{BASE}addons: [{{name: net, manifests: \"apiVersion: v1\\nkind: Namespace\\nmetadata: {{name: n}}\\n\"}}]\nnetwork: {{cni: image}}\n"
+        ));
+        let lines = changes(Some(&spec(BASE)), &with_addon);
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(
+            lines[0].starts_with("spec.addons net added (ApplyOnce, sha256 "),
+            "{lines:#?}"
+        );
+        assert_eq!(lines[1], "spec.network.cni changed to Image (was None)");
+        assert_eq!(
+            changes(Some(&with_addon), &spec(BASE)),
+            [
+                "spec.addons net removed (what it applied stays)",
+                "spec.network.cni changed to None (was Image)"
+            ]
+        );
         assert_eq!(changes(None, &spec(BASE)), Vec::<String>::new());
     }
 }

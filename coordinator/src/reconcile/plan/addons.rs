@@ -91,7 +91,7 @@ pub(crate) fn apply_addons(
     if status.addon_apply.is_none() {
         status.addon_apply = next_apply(status, &addons, via, now);
     }
-    set_addon_conditions(status, &addons, now);
+    set_addon_conditions(status, &addons);
 }
 
 /// The next apply to ask for: the first addon (in order) not done, unless
@@ -129,11 +129,7 @@ fn next_apply(
 
 /// `AddonsApplied` (only while the spec lists addons), and `Ready` false
 /// while an addon is not applied.
-fn set_addon_conditions(
-    status: &mut ClusterStatus,
-    addons: &[EffectiveAddon<'_>],
-    now: OffsetDateTime,
-) {
+fn set_addon_conditions(status: &mut ClusterStatus, addons: &[EffectiveAddon<'_>]) {
     if addons.is_empty() {
         status.conditions.retain(|c| c.type_ != ADDONS_CONDITION);
         return;
@@ -143,12 +139,18 @@ fn set_addon_conditions(
         .iter()
         .filter(|s| s.phase == AddonPhase::Failed)
         .map(|s| {
-            let retry = s
+            // An absolute time, so the message (and the stored status) does
+            // not change from one pass to the next.
+            let next = s
                 .last_attempt_at
-                .map(|t| (t + backoff(s.failures) - now).whole_seconds().max(0))
-                .unwrap_or(0);
+                .map(|t| t + backoff(s.failures))
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                })
+                .unwrap_or_default();
             format!(
-                "addon {} failed ({} attempts; next in {retry} s): {}",
+                "addon {} failed ({} attempts; next attempt at {next}): {}",
                 s.name, s.failures, s.message
             )
         })
@@ -314,7 +316,7 @@ mod tests {
         assert_eq!(cond.reason, "AddonFailed");
         assert!(
             cond.message.starts_with(
-                "addon broken failed (1 attempts; next in 4 s): ConfigMap kube-system/a: denied"
+                "addon broken failed (1 attempts; next attempt at 2027-01-15T08:00:06Z): ConfigMap kube-system/a: denied"
             ),
             "{}",
             cond.message
