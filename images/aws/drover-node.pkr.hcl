@@ -165,6 +165,12 @@ build {
     destination = "${local.staging}/install.sh"
   }
 
+  # The image's default pod network (images/cni), as staging/cni.
+  provisioner "file" {
+    source      = "${path.root}/../cni"
+    destination = local.staging
+  }
+
   # host, kubernetes, agent, then cleanup (cloud-init state, machine-id, SSH
   # host keys, Drover state); all in one session, as cleanup also removes
   # the build's authorized_keys.

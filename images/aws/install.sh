@@ -14,9 +14,11 @@
 #   kubernetes  containerd (Debian package, systemd cgroup driver), kubelet,
 #               kubeadm and kubectl from pkgs.k8s.io, held; kubelet enabled
 #   agent       /usr/local/bin/drover-agent, its unit, /etc/drover and
-#               /var/lib/drover-agent (0700), the unit enabled; no bootstrap
-#               document: the agent reads it at first boot (IMDSv2 user
-#               data or a NoCloud seed)
+#               /var/lib/drover-agent (0700), the unit enabled; the upgrade
+#               hooks; the image's default pod network under
+#               /usr/share/drover/cni (spec.network.cni: image); no
+#               bootstrap document: the agent reads it at first boot
+#               (IMDSv2 user data or a NoCloud seed)
 #   cleanup     cloud-init state, machine-id, SSH host keys, Drover state,
 #               logs, apt lists: nothing machine-specific in the image
 #   all         host kubernetes agent cleanup
@@ -32,6 +34,10 @@
 #   --unit FILE                the systemd unit (default: drover-agent.service
 #                              beside this script; the repository's is
 #                              images/systemd/drover-agent.service)
+#   --cni-dir DIR              the image's default pod network: manifests.yaml
+#                              and net.d/*.conflist (default: cni beside
+#                              this script, else the repository's
+#                              images/cni)
 #   --kubernetes-version V     the exact release vMAJOR.MINOR.PATCH the
 #                              image pins (default v1.31.2): every machine
 #                              of a cluster must run the one version its
@@ -42,6 +48,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=/
 agent_bin=$here/drover-agent
 unit_file=$here/drover-agent.service
+if [[ -d $here/cni ]]; then cni_dir=$here/cni; else cni_dir=$here/../cni; fi
 kubernetes_version=${KUBERNETES_VERSION:-v1.31.2}
 
 # The agent's paths. The unit's ExecStart must run this binary; its
@@ -218,6 +225,17 @@ phase_agent() {
   mv -f "$(r "$agent_path").new" "$(r "$agent_path")"
   install -m 0644 "$unit_file" "$(r "$unit_path")"
 
+  # The image's default pod network (spec.network.cni: image): every
+  # machine's agent installs net.d/ into /etc/cni/net.d before kubeadm, a
+  # control plane applies manifests.yaml as addon "cni". The plugins it
+  # names (bridge, host-local, portmap) come with the kubelet's
+  # kubernetes-cni package in /opt/cni/bin.
+  [[ -f $cni_dir/manifests.yaml ]] && compgen -G "$cni_dir/net.d/*.conflist" >/dev/null \
+    || die "--cni-dir $cni_dir has no manifests.yaml and net.d/*.conflist (the repository's is images/cni)"
+  install -d -m 0755 "$(r /usr/share/drover/cni/net.d)"
+  install -m 0644 "$cni_dir/manifests.yaml" "$(r /usr/share/drover/cni/manifests.yaml)"
+  install -m 0644 "$cni_dir"/net.d/*.conflist "$(r /usr/share/drover/cni/net.d)/"
+
   # The upgrade hooks the agent runs during an in-place upgrade (pool
   # clusters; README "Upgrading a cluster"): one script, by two names.
   install -d -m 0755 "$(r /usr/lib/drover)"
@@ -376,6 +394,8 @@ while [[ $# -gt 0 ]]; do
     --agent-bin=*) agent_bin=${1#*=}; shift ;;
     --unit) unit_file=${2:?--unit needs a file}; shift 2 ;;
     --unit=*) unit_file=${1#*=}; shift ;;
+    --cni-dir) cni_dir=${2:?--cni-dir needs a directory}; shift 2 ;;
+    --cni-dir=*) cni_dir=${1#*=}; shift ;;
     --kubernetes-version) kubernetes_version=${2:?--kubernetes-version needs a version}; shift 2 ;;
     --kubernetes-version=*) kubernetes_version=${1#*=}; shift ;;
     -h|--help) usage; exit 0 ;;
