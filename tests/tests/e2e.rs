@@ -2257,3 +2257,183 @@ fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
         (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
     });
 }
+
+#[test]
+fn a_file_from_a_secret_lands_on_its_machines_and_its_value_is_never_shown() {
+    let (tmp, c, agents) = registered_pool(2, "sec-");
+    let value = "{\"auths\":{\"registry.example\":{\"auth\":\"czNjcjN0LXRva2Vu\"}}}";
+    let secret = |keys: &str| {
+        let f = tmp.path().join(format!("secret-{}.yaml", rand_suffix()));
+        std::fs::write(
+            &f,
+            format!(
+                "apiVersion: drover.dev/v1alpha1
+kind: Secret
+metadata:
+  name: registry
+stringData:
+{keys}"
+            ),
+        )
+        .unwrap();
+        f
+    };
+    let doc = format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: sec
+spec:
+  kubernetesVersion: v1.31.2
+{cni}  controlPlane:
+    replicas: 1
+  workerPools:
+    - name: default
+      replicas: 1
+      files:
+        - path: /etc/drover-test/auth.json
+          permissions: \"0600\"
+          contentFrom: {{secret: registry, key: auth.json}}
+  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: dev
+",
+        cni = bridge_cni_files()
+    );
+    let cluster_file = tmp.path().join("sec.yaml");
+    std::fs::write(&cluster_file, &doc).unwrap();
+
+    // Before the Secret exists the cluster is refused, naming the file and
+    // what to do; nothing is stored.
+    let out = c.cli(&["apply", "-f", cluster_file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("spec.workerPools[0].files[0].contentFrom")
+            && err.contains("secret \"registry\" does not exist; apply it first"),
+        "{err}"
+    );
+    assert!(c.cluster("sec").is_none());
+
+    // A Secret with another key: the cluster is refused naming the keys.
+    let other = secret("  token: x\n");
+    c.cli_ok(&["apply", "-f", other.to_str().unwrap()]);
+    let out = c.cli(&["apply", "-f", cluster_file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has no key \"auth.json\" (its keys: token)"),
+        "{err}"
+    );
+
+    // With the key, the apply passes; the answer shows keys, never values.
+    let with_key = secret(&format!("  token: x\n  auth.json: '{value}'\n"));
+    let out = c.cli_ok(&["apply", "-f", with_key.to_str().unwrap()]);
+    assert!(
+        out.contains("secret/registry applied (generation 2, keys auth.json, token)"),
+        "{out}"
+    );
+    let listed = c.cli_ok(&["get", "secrets", "-o", "json"]);
+    let list: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(list[0]["keys"][0]["key"], "auth.json");
+    assert_eq!(list[0]["keys"][0]["bytes"], value.len());
+    assert!(!listed.contains("czNjcjN0"), "{listed}");
+    // Viewers reach no Secret, not even its key names.
+    let viewer = c.create_admin_token("viewer");
+    let api = c.api(None);
+    api.send("GET", "/v1/secrets", Some(&viewer), None)
+        .assert_problem(403, "Secrets are for admin tokens only");
+    api.send("GET", "/v1/secrets/registry", Some(&viewer), None)
+        .assert_problem(403, "viewer role");
+    api.send(
+        "PUT",
+        "/v1/secrets/registry",
+        Some(&viewer),
+        Some(("application/yaml", std::fs::read(&other).unwrap())),
+    )
+    .assert_problem(403, "viewer role");
+
+    c.cli_ok(&["apply", "-f", cluster_file.to_str().unwrap()]);
+    c.wait_cluster_phase("sec", "Running", BOOT);
+    let machines = c.machines();
+    for a in &agents {
+        let pool = machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["machinePool"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let path = a.root.join("etc/drover-test/auth.json");
+        if pool == "default" {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), value);
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        } else {
+            assert!(
+                !path.exists(),
+                "the control plane got the worker pool's file"
+            );
+        }
+    }
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "sec"])).unwrap();
+    wait_for("two Ready Nodes", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.len() == 2).then_some(()).ok_or(format!("{ready:?}"))
+    });
+
+    // A key the cluster reads cannot be dropped, nor the Secret deleted.
+    let out = c.cli(&["apply", "-f", other.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("data.auth.json")
+            && err.contains("is read by cluster sec spec.workerPools[0].files[0].contentFrom"),
+        "{err}"
+    );
+    let out = c.cli(&["delete", "secret", "registry"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("secret registry is read by cluster sec"),
+        "{err}"
+    );
+    let described = c.cli_ok(&["describe", "secret", "registry"]);
+    assert!(
+        described.contains("cluster sec spec.workerPools[0].files[0].contentFrom (key auth.json)"),
+        "{described}"
+    );
+
+    // Once no file reads it, it goes.
+    std::fs::write(
+        &cluster_file,
+        doc.replace(
+            "contentFrom: {secret: registry, key: auth.json}",
+            "content: inline",
+        ),
+    )
+    .unwrap();
+    c.cli_ok(&["apply", "-f", cluster_file.to_str().unwrap()]);
+    let out = c.cli_ok(&["delete", "secret", "registry"]);
+    assert!(
+        out.contains("secret/registry deleted (it held 2 key(s))"),
+        "{out}"
+    );
+
+    // The audit log names keys and sizes, never a value; the store holds the
+    // value sealed.
+    let audit = c.cli_ok(&["audit", "--limit", "200", "-o", "json"]);
+    assert!(
+        audit.contains("secret registry key auth.json added (")
+            && audit.contains("secret registry deleted"),
+        "{audit}"
+    );
+    assert!(
+        audit.contains("from secret registry key auth.json"),
+        "{audit}"
+    );
+    for f in std::fs::read_dir(tmp.path().join("data")).unwrap() {
+        let bytes = std::fs::read(f.unwrap().path()).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&bytes).contains("czNjcjN0LXRva2Vu"));
+    }
+    assert!(!audit.contains("czNjcjN0LXRva2Vu"));
+}

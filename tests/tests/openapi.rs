@@ -33,6 +33,10 @@ const OPERATIONS: &[&str] = &[
     "GET /v1/audit",
     "GET /v1/status",
     "GET /v1/coordinators",
+    "GET /v1/secrets",
+    "GET /v1/secrets/{name}",
+    "PUT /v1/secrets/{name}",
+    "DELETE /v1/secrets/{name}",
 ];
 
 #[test]

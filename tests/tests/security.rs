@@ -1196,6 +1196,8 @@ fn object_names_are_checked_by_the_cli_and_on_every_route() {
         ("POST", "/v1/machines/..%2Fx/revoke".to_owned()),
         ("DELETE", "/v1/registrationtokens/..%2Fx".to_owned()),
         ("PUT", "/v1/registrationtokens/A".to_owned()),
+        ("PUT", "/v1/secrets/..%2Fx".to_owned()),
+        ("DELETE", "/v1/secrets/A".to_owned()),
         ("DELETE", format!("/v1/admintokens/{id}%2F..")),
     ] {
         let body = match method {

@@ -13,7 +13,7 @@ use super::addons::{
 use super::aws::AwsProviderSpec;
 use super::customise::{
     resolve_file, validate_customisation, CustomiseError, MachineCustomisation, MachineFile,
-    MachineFileContent,
+    MachineFileContent, SecretLookup,
 };
 use super::format::FormatError;
 use super::meta::{is_zero, Condition, LabelSelector, ObjectMeta};
@@ -1068,13 +1068,41 @@ impl ClusterSpec {
             .collect()
     }
 
+    /// Every `contentFrom` of the spec's files, each with its field path
+    /// (`spec.workerPools[0].files[1].contentFrom`), in document order.
+    pub fn secret_refs(&self) -> Vec<(String, &crate::api::SecretKeyRef)> {
+        let lists = std::iter::once(("spec".to_owned(), &self.files))
+            .chain(std::iter::once((
+                "spec.controlPlane".to_owned(),
+                &self.control_plane.files,
+            )))
+            .chain(
+                self.worker_pools
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (format!("spec.workerPools[{i}]"), &p.files)),
+            );
+        let mut refs = Vec::new();
+        for (prefix, files) in lists {
+            for (i, file) in files.iter().enumerate() {
+                if let Some(r) = &file.content_from {
+                    refs.push((format!("{prefix}.files[{i}].contentFrom"), r));
+                }
+            }
+        }
+        refs
+    }
+
     /// Resolves what a machine of `pool` (a worker pool's name, or the control
     /// plane's) gets. A pool's file at the same path as one of `spec.files`
-    /// replaces it; a `controlPlaneOnly` file never reaches a worker.
+    /// replaces it; a `controlPlaneOnly` file never reaches a worker. A
+    /// file's `contentFrom` is read through `secrets`, for the files this
+    /// machine gets only.
     pub fn machine_customisation(
         &self,
         pool: &str,
         control_plane: bool,
+        secrets: SecretLookup<'_>,
     ) -> Result<MachineCustomisation, CustomiseError> {
         let spec = self;
         let (pool_files, pool_pre, pool_post): (&[MachineFile], &[String], &[String]) =
@@ -1091,17 +1119,22 @@ impl ClusterSpec {
                     None => (&[], &[], &[]),
                 }
             };
-        let mut files: Vec<MachineFileContent> = Vec::new();
+        // The last file at a path wins; only the winners are resolved, so a
+        // replaced file's Secret is never read.
+        let mut chosen: Vec<&MachineFile> = Vec::new();
         for file in spec
             .files
             .iter()
             .filter(|f| control_plane || !f.control_plane_only)
             .chain(pool_files)
         {
-            let resolved = resolve_file(file)?;
-            files.retain(|f| f.path != resolved.path);
-            files.push(resolved);
+            chosen.retain(|f| f.path != file.path);
+            chosen.push(file);
         }
+        let files = chosen
+            .into_iter()
+            .map(|f| resolve_file(f, secrets))
+            .collect::<Result<Vec<MachineFileContent>, _>>()?;
         Ok(MachineCustomisation {
             files,
             pre_kubeadm_commands: spec
@@ -1873,18 +1906,25 @@ workerPools:
                 .map(|f| format!("{}={}", f.path, f.content))
                 .collect::<Vec<_>>()
         };
-        let cp = spec.machine_customisation("control-plane", true).unwrap();
+        let no_secrets: SecretLookup = &|r| panic!("no file reads a secret: {r}");
+        let cp = spec
+            .machine_customisation("control-plane", true, no_secrets)
+            .unwrap();
         assert_eq!(
             paths(&cp),
             ["/etc/all=cluster", "/etc/secret=k", "/etc/cp-only=cp"]
         );
         assert_eq!(cp.pre_kubeadm_commands, ["all-pre", "cp-pre"]);
         assert_eq!(cp.post_kubeadm_commands, ["all-post"]);
-        let gpu = spec.machine_customisation("gpu", false).unwrap();
+        let gpu = spec
+            .machine_customisation("gpu", false, no_secrets)
+            .unwrap();
         assert_eq!(paths(&gpu), ["/etc/all=gpu", "/etc/gpu=g"]);
         assert_eq!(gpu.files[0].mode, 0o600);
         assert_eq!(gpu.post_kubeadm_commands, ["all-post", "gpu-post"]);
-        let plain = spec.machine_customisation("plain", false).unwrap();
+        let plain = spec
+            .machine_customisation("plain", false, no_secrets)
+            .unwrap();
         assert_eq!(paths(&plain), ["/etc/all=cluster"]);
         assert_eq!(plain.pre_kubeadm_commands, ["all-pre"]);
     }

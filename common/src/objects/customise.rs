@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::secret::{check_secret_key, SecretKeyRef};
+
 /// A file every machine of a cluster (or of one pool) gets before kubeadm
 /// runs, written atomically under the agent's root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -22,8 +24,13 @@ pub struct MachineFile {
     /// looked up in the machine's own `/etc/passwd` and `/etc/group`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-    /// The file's text.
-    pub content: String,
+    /// The file's text. Give this or `contentFrom`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// A Secret's key whose value is the file's text, read when a machine's
+    /// config bundle is built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_from: Option<SecretKeyRef>,
     /// Whether only control-plane machines get it; a worker never does.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub control_plane_only: bool,
@@ -105,6 +112,26 @@ pub enum CustomiseError {
     Owner(String),
     #[error("content is {0} bytes; a file may hold at most {MAX_FILE_BYTES}")]
     TooLarge(usize),
+    #[error("the file has neither content nor contentFrom; give one")]
+    NoContent,
+    #[error("the file gives both content and contentFrom; give one")]
+    BothContents,
+    #[error("{0}")]
+    SecretRef(String),
+    #[error(
+        "secret {secret:?} does not exist; apply it first (`drover apply -f` a Secret document)"
+    )]
+    MissingSecret { secret: String },
+    #[error("secret {secret:?} has no key {key:?} (its keys: {keys}); add the key to the Secret or fix contentFrom")]
+    MissingKey {
+        secret: String,
+        key: String,
+        keys: String,
+    },
+    #[error(
+        "the value of secret {secret:?} key {key:?} is not UTF-8 text; a machine file holds text"
+    )]
+    NotText { secret: String, key: String },
     #[error("command must not be empty")]
     EmptyCommand,
     #[error("command is {0} bytes; at most {MAX_COMMAND_BYTES} are allowed")]
@@ -204,23 +231,56 @@ pub fn check_command(command: &str) -> Result<(), CustomiseError> {
     Ok(())
 }
 
-/// Checks a file as the spec gives it, returning it as a bundle carries it.
-pub fn resolve_file(file: &MachineFile) -> Result<MachineFileContent, CustomiseError> {
+/// Finds the text a `contentFrom` names: the coordinator reads its
+/// Secrets; a check without them ([`check_file`]) never calls it.
+pub type SecretLookup<'a> = &'a dyn Fn(&SecretKeyRef) -> Result<String, CustomiseError>;
+
+/// Checks a file as the spec gives it, without reading any Secret: its
+/// path, permissions, owner, inline content's size and the shape of its
+/// `contentFrom`. Returns its mode.
+pub fn check_file(file: &MachineFile) -> Result<u32, CustomiseError> {
     check_machine_file_path(&file.path)?;
     let mode = match &file.permissions {
         Some(p) => parse_permissions(p)?,
         None => DEFAULT_PERMISSIONS,
     };
-    let owner = file.owner.as_deref().unwrap_or(DEFAULT_OWNER);
-    parse_owner(owner)?;
-    if file.content.len() > MAX_FILE_BYTES {
-        return Err(CustomiseError::TooLarge(file.content.len()));
+    parse_owner(file.owner.as_deref().unwrap_or(DEFAULT_OWNER))?;
+    match (&file.content, &file.content_from) {
+        (None, None) => return Err(CustomiseError::NoContent),
+        (Some(_), Some(_)) => return Err(CustomiseError::BothContents),
+        (Some(content), None) if content.len() > MAX_FILE_BYTES => {
+            return Err(CustomiseError::TooLarge(content.len()))
+        }
+        (Some(_), None) => {}
+        (None, Some(r)) => {
+            crate::names::check_object_name("the secret name", &r.secret)
+                .map_err(|e| CustomiseError::SecretRef(e.to_string()))?;
+            check_secret_key(&r.key).map_err(|e| CustomiseError::SecretRef(e.to_string()))?;
+        }
+    }
+    Ok(mode)
+}
+
+/// Checks a file as the spec gives it and returns it as a bundle carries
+/// it, its `contentFrom` read through `secrets`.
+pub fn resolve_file(
+    file: &MachineFile,
+    secrets: SecretLookup<'_>,
+) -> Result<MachineFileContent, CustomiseError> {
+    let mode = check_file(file)?;
+    let content = match (&file.content, &file.content_from) {
+        (Some(content), _) => content.clone(),
+        (None, Some(r)) => secrets(r)?,
+        (None, None) => return Err(CustomiseError::NoContent),
+    };
+    if content.len() > MAX_FILE_BYTES {
+        return Err(CustomiseError::TooLarge(content.len()));
     }
     Ok(MachineFileContent {
         path: file.path.clone(),
         mode,
-        owner: owner.to_owned(),
-        content: file.content.clone(),
+        owner: file.owner.as_deref().unwrap_or(DEFAULT_OWNER).to_owned(),
+        content,
     })
 }
 
@@ -265,11 +325,14 @@ pub(crate) fn validate_customisation(
     let mut seen = std::collections::BTreeSet::new();
     for (i, file) in files.iter().enumerate() {
         let field = format!("{prefix}.files[{i}]");
-        if let Err(e) = resolve_file(file) {
+        if let Err(e) = check_file(file) {
             let part = match e {
                 CustomiseError::Permissions(_) => "permissions",
                 CustomiseError::Owner(_) => "owner",
-                CustomiseError::TooLarge(_) => "content",
+                CustomiseError::TooLarge(_)
+                | CustomiseError::NoContent
+                | CustomiseError::BothContents => "content",
+                CustomiseError::SecretRef(_) => "contentFrom",
                 _ => "path",
             };
             err(&format!("{field}.{part}"), e.to_string());
@@ -305,7 +368,8 @@ mod tests {
             path: path.into(),
             permissions: None,
             owner: None,
-            content: "x".into(),
+            content: Some("x".into()),
+            content_from: None,
             control_plane_only: false,
         }
     }
@@ -366,12 +430,13 @@ mod tests {
 
     #[test]
     fn resolve_defaults_and_limits() {
-        let f = resolve_file(&file("/etc/x")).unwrap();
+        let none: SecretLookup = &|r| panic!("no secret is read for inline content: {r}");
+        let f = resolve_file(&file("/etc/x"), none).unwrap();
         assert_eq!((f.mode, f.owner.as_str()), (0o644, "root:root"));
         let mut big = file("/etc/x");
-        big.content = "x".repeat(MAX_FILE_BYTES + 1);
+        big.content = Some("x".repeat(MAX_FILE_BYTES + 1));
         assert!(matches!(
-            resolve_file(&big),
+            resolve_file(&big, none),
             Err(CustomiseError::TooLarge(_))
         ));
         let mut bad = file("/etc/x");
@@ -400,6 +465,76 @@ mod tests {
         assert!(
             errs[2].starts_with("spec.preKubeadmCommands[0]: "),
             "{errs:#?}"
+        );
+    }
+    #[test]
+    fn content_from_a_secret() {
+        let lookup: SecretLookup = &|r| match (r.secret.as_str(), r.key.as_str()) {
+            ("registry", "auth.json") => Ok("{\"auths\": {}}".into()),
+            ("registry", _) => Err(CustomiseError::MissingKey {
+                secret: r.secret.clone(),
+                key: r.key.clone(),
+                keys: "auth.json".into(),
+            }),
+            ("big", _) => Ok("x".repeat(MAX_FILE_BYTES + 1)),
+            _ => Err(CustomiseError::MissingSecret {
+                secret: r.secret.clone(),
+            }),
+        };
+        let from = |secret: &str, key: &str| MachineFile {
+            content: None,
+            content_from: Some(SecretKeyRef {
+                secret: secret.into(),
+                key: key.into(),
+            }),
+            permissions: Some("0600".into()),
+            ..file("/etc/containerd/auth.json")
+        };
+        // A Secret's value may be as large as a file.
+        assert_eq!(super::super::secret::MAX_SECRET_VALUE_BYTES, MAX_FILE_BYTES);
+        let f = resolve_file(&from("registry", "auth.json"), lookup).unwrap();
+        assert_eq!((f.content.as_str(), f.mode), ("{\"auths\": {}}", 0o600));
+        let e = resolve_file(&from("registry", "token"), lookup).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("has no key \"token\" (its keys: auth.json)"),
+            "{e}"
+        );
+        let e = resolve_file(&from("gone", "k"), lookup).unwrap_err();
+        assert!(e.to_string().contains("apply it first"), "{e}");
+        assert!(matches!(
+            resolve_file(&from("big", "k"), lookup),
+            Err(CustomiseError::TooLarge(_))
+        ));
+        // The shapes are checked without reading any Secret.
+        let mut both = from("registry", "auth.json");
+        both.content = Some("x".into());
+        let mut neither = from("registry", "auth.json");
+        neither.content_from = None;
+        let mut errs = Vec::new();
+        validate_customisation(
+            "spec.workerPools[0]",
+            &[
+                both,
+                neither,
+                from("Registry", "k"),
+                from("registry", "a/b"),
+            ],
+            &[],
+            &[],
+            &mut |f, m| errs.push(format!("{f}: {m}")),
+        );
+        assert_eq!(
+            errs,
+            [
+                "spec.workerPools[0].files[0].content: the file gives both content and contentFrom; give one",
+                "spec.workerPools[0].files[1].content: the file has neither content nor contentFrom; give one",
+                "spec.workerPools[0].files[1].path: \"/etc/containerd/auth.json\" is listed twice; give each path once",
+                "spec.workerPools[0].files[2].contentFrom: the secret name \"Registry\" is invalid: an object name must be a DNS-1123 subdomain: at most 253 characters, dot-separated parts of 1 to 63 lowercase letters, digits and '-', each starting and ending with a letter or digit",
+                "spec.workerPools[0].files[2].path: \"/etc/containerd/auth.json\" is listed twice; give each path once",
+                "spec.workerPools[0].files[3].contentFrom: key \"a/b\" must be 1 to 253 letters, digits, '-', '_' or '.' (not \".\" or \"..\")",
+                "spec.workerPools[0].files[3].path: \"/etc/containerd/auth.json\" is listed twice; give each path once",
+            ],
         );
     }
 }

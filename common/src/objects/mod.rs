@@ -15,6 +15,7 @@ pub mod meta;
 pub mod problem;
 pub mod registration;
 pub mod report;
+pub mod secret;
 
 pub use addons::*;
 pub use cluster::*;
@@ -25,6 +26,7 @@ pub use meta::*;
 pub use problem::*;
 pub use registration::*;
 pub use report::*;
+pub use secret::*;
 
 pub use crate::names::CONTROL_PLANE_POOL;
 pub use crate::units::{parse_duration, parse_percent, UnitError};

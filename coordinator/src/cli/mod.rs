@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use drover_common::api::{
     Cluster, CreateRegistrationToken, CreatedRegistrationToken, KubeconfigResponse, Machine,
-    MachinePhase, ProviderSpec, RegistrationToken,
+    MachinePhase, ProviderSpec, RegistrationToken, SecretInfo,
 };
 use drover_common::wire::ProbeState;
 use time::OffsetDateTime;
@@ -111,6 +111,10 @@ pub enum Resource {
     /// The coordinator's background tasks and their last runs.
     #[value(alias = "task")]
     Tasks,
+    /// Secrets machine files read: keys and sizes, never values (admin
+    /// tokens only).
+    #[value(alias = "secret")]
+    Secrets,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -140,6 +144,7 @@ pub struct GetArgs {
 pub enum Single {
     Cluster,
     Machine,
+    Secret,
 }
 
 #[derive(Debug, clap::Args)]
@@ -465,18 +470,42 @@ async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
     }
     let head: Head = serde_saphyr::from_str(&text)
         .with_context(|| format!("{} is not a YAML document", a.file.display()))?;
-    match head.kind.as_deref() {
-        Some("Cluster") => {}
+    let is_secret = match head.kind.as_deref() {
+        Some("Cluster") => false,
+        Some("Secret") => true,
         Some(k) => bail!(
-            "{}: kind {k:?} cannot be applied; only Cluster can",
+            "{}: kind {k:?} cannot be applied; only Cluster and Secret can",
             a.file.display()
         ),
         None => bail!("{}: the document has no kind", a.file.display()),
-    }
+    };
     let name = head
         .metadata
         .and_then(|m| m.name)
         .with_context(|| format!("{}: metadata.name is missing", a.file.display()))?;
+    if is_secret {
+        if drover_common::names::check_object_name("secret name", &name).is_err() {
+            bail!(
+                "{}: metadata.name {name:?} is not a valid name (lowercase letters, digits, '-' and '.')",
+                a.file.display()
+            );
+        }
+        let client = Client::connect(&a.conn)?;
+        let s: SecretInfo = client
+            .put_yaml(&api_path(&["v1", "secrets", &name]), text)
+            .await?;
+        println!(
+            "secret/{} applied (generation {}, keys {})",
+            s.metadata.name,
+            s.metadata.generation,
+            s.keys
+                .iter()
+                .map(|k| k.key.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return Ok(());
+    }
     if drover_common::names::check_dns_label("cluster name", &name).is_err() {
         bail!(
             "{}: metadata.name {name:?} is not a valid name (lowercase letters, digits and '-')",
@@ -722,7 +751,63 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
             };
             emit(&list, g.output, tasks_table)
         }
+        Resource::Secrets => {
+            let list: Vec<SecretInfo> = match &g.name {
+                Some(n) => vec![client.get(&api_path(&["v1", "secrets", n])).await?],
+                None => client.get("/v1/secrets").await?,
+            };
+            emit(&list, g.output, secrets_table)
+        }
     }
+}
+
+fn secrets_table(list: &[SecretInfo], _wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![["NAME", "KEYS", "BYTES", "AGE"].map(String::from).to_vec()];
+    for s in list {
+        rows.push(vec![
+            s.metadata.name.clone(),
+            s.keys
+                .iter()
+                .map(|k| k.key.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            s.keys.iter().map(|k| k.bytes).sum::<usize>().to_string(),
+            age(s.metadata.creation_timestamp),
+        ]);
+    }
+    rows
+}
+
+/// `drover describe secret NAME`: its keys and sizes, and the files of
+/// clusters that read it.
+fn describe_secret(s: &SecretInfo, clusters: &[Cluster]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "Name:        {}", s.metadata.name);
+    let _ = writeln!(
+        out,
+        "Created:     {} ago",
+        age(s.metadata.creation_timestamp)
+    );
+    let _ = writeln!(out, "Generation:  {}", s.metadata.generation);
+    let _ = writeln!(out, "Keys:");
+    for k in &s.keys {
+        let _ = writeln!(out, "  {:<24} {} bytes", k.key, k.bytes);
+    }
+    let _ = writeln!(out, "Read by:");
+    let mut any = false;
+    for c in clusters {
+        for (field, r) in c.spec.secret_refs() {
+            if r.secret == s.metadata.name {
+                any = true;
+                let _ = writeln!(out, "  cluster {} {field} (key {})", c.metadata.name, r.key);
+            }
+        }
+    }
+    if !any {
+        let _ = writeln!(out, "  no cluster");
+    }
+    out
 }
 
 fn tasks_table(list: &[crate::types::TaskStatus], _wide: bool) -> Vec<Vec<String>> {
@@ -1072,6 +1157,11 @@ async fn describe(d: DescribeArgs) -> anyhow::Result<()> {
             let c: Cluster = client.get(&api_path(&["v1", "clusters", &d.name])).await?;
             let machines: Vec<Machine> = client.get("/v1/machines").await?;
             print!("{}", printable_text(&describe_cluster(&c, &machines)));
+        }
+        Single::Secret => {
+            let s: SecretInfo = client.get(&api_path(&["v1", "secrets", &d.name])).await?;
+            let clusters: Vec<Cluster> = client.get("/v1/clusters").await?;
+            print!("{}", printable_text(&describe_secret(&s, &clusters)));
         }
     }
     Ok(())
@@ -1513,6 +1603,17 @@ async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Single::Machine => delete_machine(&client, &d).await,
+        Single::Secret => {
+            let s: SecretInfo = client
+                .delete(&api_path(&["v1", "secrets", &d.name]))
+                .await?;
+            println!(
+                "secret/{} deleted (it held {} key(s))",
+                s.metadata.name,
+                s.keys.len()
+            );
+            Ok(())
+        }
     }
 }
 

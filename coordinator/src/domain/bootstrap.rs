@@ -1,7 +1,7 @@
 //! Config bundles: the files and kubeadm configuration one machine needs,
 //! rendered for its role and signed with the coordinator CA key.
 
-use drover_common::api::{Cluster, Machine, MachinePhase, MachineRole};
+use drover_common::api::{Cluster, CustomiseError, Machine, MachinePhase, MachineRole};
 use drover_common::bundle::{BundleFile, ConfigBundle, SignedBundle};
 use drover_common::kubeadm::{self, ClusterParams, NodeHost, NodeParams, CERTIFICATES_DIR};
 use drover_common::pin::CaPin;
@@ -197,14 +197,26 @@ pub fn bundle_for(
     };
     // Validated at apply; an error here means a stored spec from before a
     // rule, which the machine cannot be given.
+    // A file's Secret may have gone or lost its key since the apply (a
+    // race with its deletion, or a restored store): the machine waits,
+    // saying which, until the Secret is applied again.
+    let secrets = crate::domain::user_secrets::referenced(app.store(), &cluster.spec)?;
+    let lookup =
+        |r: &drover_common::api::SecretKeyRef| crate::domain::user_secrets::lookup(&secrets, r);
     let custom = cluster
         .spec
-        .machine_customisation(&a.machine_pool, a.role.is_control_plane())
-        .map_err(|e| {
-            BootstrapError::Conflict(format!(
+        .machine_customisation(&a.machine_pool, a.role.is_control_plane(), &lookup)
+        .map_err(|e| match e {
+            CustomiseError::MissingSecret { .. }
+            | CustomiseError::MissingKey { .. }
+            | CustomiseError::NotText { .. } => not_ready(format!(
+                "a file of cluster {} cannot be read: {e}",
+                a.cluster
+            )),
+            e => BootstrapError::Conflict(format!(
                 "the files of cluster {} are refused ({e}); fix the spec and apply it again",
                 a.cluster
-            ))
+            )),
         })?;
     let mut files = vec![];
     if a.role.is_control_plane() {

@@ -125,8 +125,12 @@ fn scopes(spec: &ClusterSpec) -> Vec<Scope<'_>> {
 
 fn describe(file: &MachineFile) -> String {
     format!(
-        "sha256 {}, {} {}{}",
-        short_hash(&file.content),
+        "{}, {} {}{}",
+        match (&file.content, &file.content_from) {
+            (Some(content), _) => format!("sha256 {}", short_hash(content)),
+            (None, Some(r)) => format!("from {r}"),
+            (None, None) => "no content".into(),
+        },
         file.permissions.as_deref().unwrap_or("0644"),
         file.owner.as_deref().unwrap_or("root:root"),
         if file.control_plane_only {

@@ -16,3 +16,4 @@ pub mod registrar;
 pub mod removal;
 pub mod secrets;
 pub mod settings;
+pub mod user_secrets;

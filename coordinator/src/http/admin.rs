@@ -90,8 +90,13 @@ pub async fn get_cluster(
         .ok_or_else(|| ApiError::not_found("cluster", &name))
 }
 
-/// Parses a Cluster document, YAML or JSON by content type, strictly.
-fn parse_cluster(headers: &HeaderMap, body: &[u8]) -> Result<Cluster, ApiError> {
+/// Parses a document of `kind` (a Cluster, a Secret), YAML or JSON by
+/// content type, strictly.
+pub(super) fn parse_document<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<T, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("the document is not UTF-8 text"))?;
     let is_json = headers
@@ -99,13 +104,13 @@ fn parse_cluster(headers: &HeaderMap, body: &[u8]) -> Result<Cluster, ApiError> 
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
     let parsed = if is_json {
-        serde_json::from_str::<Cluster>(text).map_err(|e| e.to_string())
+        serde_json::from_str::<T>(text).map_err(|e| e.to_string())
     } else {
-        serde_saphyr::from_str::<Cluster>(text).map_err(|e| e.to_string())
+        serde_saphyr::from_str::<T>(text).map_err(|e| e.to_string())
     };
     parsed.map_err(|e| {
         ApiError::invalid(
-            "the Cluster document does not match the schema; nothing was changed",
+            format!("the {kind} document does not match the schema; nothing was changed"),
             vec![FieldError {
                 field: "(document)".into(),
                 message: e,
@@ -154,7 +159,7 @@ pub async fn apply_cluster(
     super::body::RawBody(body): super::body::RawBody,
 ) -> Result<(StatusCode, Extension<AuditChanges>, Json<Cluster>), ApiError> {
     admin.require_write()?;
-    let mut desired = parse_cluster(&headers, &body)?;
+    let mut desired = parse_document::<Cluster>("Cluster", &headers, &body)?;
     if let Err(errors) = desired.validate() {
         return Err(ApiError::invalid(
             format!("Cluster {name:?} is invalid; nothing was changed"),
@@ -166,6 +171,15 @@ pub async fn apply_cluster(
             "metadata.name {:?} does not match the URL's name {name:?}",
             desired.metadata.name
         )));
+    }
+    let unresolved = crate::domain::user_secrets::unresolved_refs(&app.store, &desired.spec)?;
+    if !unresolved.is_empty() {
+        return Err(ApiError::invalid(
+            format!(
+                "Cluster {name:?} reads Secrets that cannot give what it asks; nothing was changed"
+            ),
+            unresolved,
+        ));
     }
     let now = drover_common::now();
     match app.cluster(&name)? {

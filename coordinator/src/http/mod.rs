@@ -8,6 +8,7 @@ mod error;
 pub mod machine;
 pub mod openapi;
 pub mod responses;
+pub mod secrets;
 pub mod security;
 pub mod server;
 
@@ -73,6 +74,13 @@ pub fn router(app: Arc<App>) -> Router {
             put(admin::revoke_token_put).delete(admin::revoke_token),
         )
         .route("/v1/coordinators", get(admin::coordinators))
+        .route("/v1/secrets", get(secrets::list_secrets))
+        .route(
+            "/v1/secrets/{name}",
+            get(secrets::get_secret)
+                .put(secrets::apply_secret)
+                .delete(secrets::delete_secret),
+        )
         .merge(machine_api)
         .route(
             "/v1/admintokens",

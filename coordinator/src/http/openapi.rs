@@ -14,6 +14,7 @@ use utoipa::{Modify, OpenApi};
 use super::admin;
 use super::machine;
 use super::responses::*;
+use super::secrets;
 use super::security;
 
 /// The name of the admin bearer-token security scheme.
@@ -50,6 +51,10 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         admin::create_token,
         admin::revoke_token_put,
         admin::revoke_token,
+        secrets::list_secrets,
+        secrets::get_secret,
+        secrets::apply_secret,
+        secrets::delete_secret,
         machine::register,
         machine::heartbeat,
         machine::config,
@@ -82,6 +87,7 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         (name = "clusters", description = "Declarative clusters (admin API)."),
         (name = "machines", description = "Machines known to the coordinator (admin API)."),
         (name = "registration-tokens", description = "Tokens under which machines register into a pool (admin API)."),
+        (name = "secrets", description = "Values machine files read (`contentFrom`); keys and sizes are shown, never a value (admin role only)."),
         (name = "security", description = "Admin tokens, encryption keys and the audit log (admin role only)."),
         (name = "machine", description = "The machine API the agent calls."),
         (name = "coordinator", description = "The coordinator's own state: version and background loops (admin API)."),
@@ -231,11 +237,12 @@ mod tests {
             "/v1/machine/register",
             "/v1/audit",
             "/v1/status",
+            "/v1/secrets/{name}",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 28);
+        assert_eq!(operations, 32);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -12,12 +12,14 @@ pub enum Kind {
     Secret,
     /// Per-cluster kubeadm join tokens.
     JoinTokens,
+    /// The operators' Secrets (`kind: Secret`), which machine files read.
+    UserSecret,
 }
 
 impl Kind {
     /// Kinds whose bodies are encrypted at rest.
     pub fn is_sealed(self) -> bool {
-        matches!(self, Kind::Secret | Kind::JoinTokens)
+        matches!(self, Kind::Secret | Kind::JoinTokens | Kind::UserSecret)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -27,16 +29,18 @@ impl Kind {
             Kind::RegistrationToken => "registrationtokens",
             Kind::Secret => "secrets",
             Kind::JoinTokens => "jointokens",
+            Kind::UserSecret => "usersecrets",
         }
     }
 
     /// Every kind, for backends that map names back to kinds.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Cluster,
         Kind::Machine,
         Kind::RegistrationToken,
         Kind::Secret,
         Kind::JoinTokens,
+        Kind::UserSecret,
     ];
 
     /// The kind whose `as_str` is `s`.

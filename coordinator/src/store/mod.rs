@@ -403,7 +403,7 @@ impl Store {
             return Ok(0);
         };
         let mut todo = vec![];
-        for kind in [Kind::Secret, Kind::JoinTokens] {
+        for kind in Kind::ALL.into_iter().filter(|k| k.is_sealed()) {
             for r in self.list_raw(kind)? {
                 let primary = keyring
                     .read()

@@ -1,0 +1,290 @@
+//! Secrets (`kind: Secret`): values machine files read through
+//! `contentFrom`. Only the admin role reaches them, and no answer ever
+//! holds a value: reading a Secret lists its keys and their sizes.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
+use drover_common::api::{FieldError, Secret, SecretInfo};
+
+use super::admin::ObjectName;
+use super::auth::Admin;
+use super::error::ApiError;
+use super::AuditChanges;
+use crate::app::App;
+use crate::domain::user_secrets::{self, StoredSecret};
+use crate::store::{Kind, StoreError, MODIFY_ATTEMPTS};
+
+/// `GET /v1/secrets`: every Secret's keys, never a value.
+#[utoipa::path(
+    get,
+    path = "/v1/secrets",
+    tag = "secrets",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "Every Secret, by name: keys and sizes only.", body = Vec<SecretInfo>),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+    ),
+)]
+pub async fn list_secrets(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+) -> Result<Json<Vec<SecretInfo>>, ApiError> {
+    require_admin(&admin)?;
+    let list = app.store.list_json::<StoredSecret>(Kind::UserSecret)?;
+    let infos = list
+        .into_iter()
+        .map(|(s, rev)| s.info(rev))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(Json(infos))
+}
+
+/// `GET /v1/secrets/{name}`: one Secret's keys, never a value.
+#[utoipa::path(
+    get,
+    path = "/v1/secrets/{name}",
+    tag = "secrets",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The Secret's name.", example = "registry")),
+    responses(
+        (status = 200, description = "The Secret: keys and sizes only.", body = SecretInfo),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+    ),
+)]
+pub async fn get_secret(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    ObjectName(name): ObjectName,
+) -> Result<Json<SecretInfo>, ApiError> {
+    require_admin(&admin)?;
+    let (s, rev) = user_secrets::get(&app.store, &name)?
+        .ok_or_else(|| ApiError::not_found("secret", &name))?;
+    Ok(Json(s.info(rev)?))
+}
+
+/// `PUT /v1/secrets/{name}`: create or replace a Secret (what `drover
+/// apply -f` sends for `kind: Secret`).
+///
+/// The document is YAML unless sent as `application/json`, parsed
+/// strictly. Its values replace the stored ones as a whole; a key a live
+/// cluster's file reads may not be removed. A `metadata.resourceVersion`
+/// makes the change conditional on it. Machines read the new values the
+/// next time their config bundle is built (when they bootstrap).
+#[utoipa::path(
+    put,
+    path = "/v1/secrets/{name}",
+    tag = "secrets",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The Secret's name.", example = "registry")),
+    request_body(
+        description = "A Secret document, YAML or JSON.",
+        content(
+            (Secret = "application/yaml", example = example_secret),
+            (Secret = "application/json", example = example_secret),
+        ),
+    ),
+    responses(
+        (status = 200, description = "The Secret was replaced, or already held these values.", body = SecretInfo),
+        (status = 201, description = "The Secret was created.", body = SecretInfo),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 422, response = super::responses::Unprocessable),
+    ),
+)]
+pub async fn apply_secret(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    ObjectName(name): ObjectName,
+    headers: HeaderMap,
+    super::body::RawBody(body): super::body::RawBody,
+) -> Result<(StatusCode, Extension<AuditChanges>, Json<SecretInfo>), ApiError> {
+    require_admin(&admin)?;
+    let desired: Secret = super::admin::parse_document("Secret", &headers, &body)?;
+    let values = desired.values().map_err(|errors| {
+        ApiError::invalid(
+            format!("Secret {name:?} is invalid; nothing was changed"),
+            errors,
+        )
+    })?;
+    if desired.metadata.name != name {
+        return Err(ApiError::bad_request(format!(
+            "metadata.name {:?} does not match the URL's name {name:?}",
+            desired.metadata.name
+        )));
+    }
+    for _ in 0..MODIFY_ATTEMPTS {
+        let current = user_secrets::get(&app.store, &name)?;
+        if let Some(rv) = &desired.metadata.resource_version {
+            let found = current.as_ref().map(|(_, r)| r.to_string());
+            if found.as_ref() != Some(rv) {
+                return Err(match found {
+                    None => ApiError::not_found("secret", &name),
+                    Some(found) => ApiError::conflict(format!(
+                        "secret {name} has resourceVersion {found}, the document says {rv}; fetch it again and reapply"
+                    )),
+                });
+            }
+        }
+        let written = match &current {
+            None => {
+                let metadata = drover_common::api::ObjectMeta {
+                    name: name.clone(),
+                    uid: Some(uuid::Uuid::new_v4().to_string()),
+                    generation: 1,
+                    labels: desired.metadata.labels.clone(),
+                    creation_timestamp: Some(drover_common::now()),
+                    ..Default::default()
+                };
+                let stored = StoredSecret::new(metadata, &values);
+                app.store
+                    .create_json(Kind::UserSecret, &name, &stored)
+                    .map(|rev| (StatusCode::CREATED, stored, rev, None))
+            }
+            Some((old, rev)) => {
+                let old_values = old.values()?;
+                if old_values == values && old.metadata.labels == desired.metadata.labels {
+                    return Ok((
+                        StatusCode::OK,
+                        Extension(AuditChanges::default()),
+                        Json(old.info(*rev)?),
+                    ));
+                }
+                refuse_removing_used_keys(&app, &name, &values)?;
+                let mut stored = StoredSecret::new(old.metadata.clone(), &values);
+                stored.metadata.labels = desired.metadata.labels.clone();
+                if old_values != values {
+                    stored.metadata.generation += 1;
+                }
+                app.store
+                    .update_json(Kind::UserSecret, &name, &stored, Some(*rev))
+                    .map(|rev| (StatusCode::OK, stored, rev, Some(old_values)))
+            }
+        };
+        match written {
+            Ok((status, stored, rev, before)) => {
+                let changes = user_secrets::changes(&name, before.as_ref(), &values);
+                for change in &changes {
+                    tracing::info!(secret = %name, by = %admin.token_id, %change, "secret changed");
+                }
+                return Ok((
+                    status,
+                    Extension(AuditChanges(changes)),
+                    Json(stored.info(rev)?),
+                ));
+            }
+            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Contended {
+        kind: Kind::UserSecret.as_str(),
+        name,
+        attempts: MODIFY_ATTEMPTS,
+    }
+    .into())
+}
+
+/// `DELETE /v1/secrets/{name}`: delete a Secret no live cluster reads.
+#[utoipa::path(
+    delete,
+    path = "/v1/secrets/{name}",
+    tag = "secrets",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The Secret's name.", example = "registry")),
+    responses(
+        (status = 200, description = "The Secret is gone; what it held, keys only.", body = SecretInfo),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+    ),
+)]
+pub async fn delete_secret(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    ObjectName(name): ObjectName,
+) -> Result<(Extension<AuditChanges>, Json<SecretInfo>), ApiError> {
+    require_admin(&admin)?;
+    let (old, rev) = user_secrets::get(&app.store, &name)?
+        .ok_or_else(|| ApiError::not_found("secret", &name))?;
+    let (uses, _) = user_secrets::users(&app.clusters()?, &name);
+    if !uses.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "secret {name} is read by {}; change those files first, then delete it",
+            uses.join(", ")
+        )));
+    }
+    match app.store.delete(Kind::UserSecret, &name, Some(rev)) {
+        Ok(_) => {}
+        Err(StoreError::Conflict { .. }) => {
+            return Err(ApiError::conflict(format!(
+                "secret {name} changed while it was being deleted; nothing was deleted, try again"
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(secret = %name, by = %admin.token_id, "secret deleted");
+    Ok((
+        Extension(AuditChanges(vec![format!("secret {name} deleted")])),
+        Json(old.info(rev)?),
+    ))
+}
+
+/// Refuses a viewer: even a Secret's key names are for the admin role.
+fn require_admin(admin: &Admin) -> Result<(), ApiError> {
+    admin.require_write().map_err(|_| {
+        ApiError::forbidden(format!(
+            "token {} has the viewer role; Secrets are for admin tokens only",
+            admin.token_id
+        ))
+    })
+}
+
+/// Refuses new values that drop a key a live cluster's file reads.
+fn refuse_removing_used_keys(
+    app: &App,
+    name: &str,
+    values: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> Result<(), ApiError> {
+    let (uses, keys) = user_secrets::users(&app.clusters()?, name);
+    let dropped: Vec<&String> = keys.iter().filter(|k| !values.contains_key(*k)).collect();
+    if dropped.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        format!("Secret {name:?} would lose keys clusters read; nothing was changed"),
+        dropped
+            .into_iter()
+            .map(|key| FieldError {
+                field: format!("data.{key}"),
+                message: format!(
+                    "is read by {}; keep it, or change those files first",
+                    uses.iter()
+                        .filter(|u| u.ends_with(&format!("(key {key})")))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })
+            .collect(),
+    ))
+}
+
+/// The documents' example Secret: a registry credential a file reads.
+pub fn example_secret() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": drover_common::API_VERSION,
+        "kind": "Secret",
+        "metadata": {"name": "registry"},
+        "stringData": {"hosts.toml": "server = \"https://registry.example.com\"\n"}
+    })
+}
