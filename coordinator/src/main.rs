@@ -2,12 +2,12 @@
 
 use drover::cli::{self, client};
 use drover::http::server;
-use drover::{migrate, serve, store, EXIT_CONFIG};
+use drover::{config_file, migrate, serve, store, EXIT_CONFIG};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Drover runs Kubernetes clusters as a service.
 #[derive(Debug, Parser)]
@@ -41,6 +41,16 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
+    /// A YAML file of settings: each key is one of these flags' names in
+    /// camelCase (`dataDir`, `listen`, `heartbeatTimeout`). Flags and
+    /// their environment variables win over the file. Unknown keys and bad
+    /// values are refused naming the file, line and key (exit 64).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print the effective configuration (file, flags, environment and
+    /// defaults, each value's source noted, secrets redacted) and exit.
+    #[arg(long)]
+    print_config: bool,
     /// Directory for the embedded store, the encryption key, the audit log
     /// and the CA certificate.
     #[arg(long, env = "DROVER_DATA_DIR")]
@@ -124,7 +134,22 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let env = |name: &std::ffi::OsStr| std::env::var_os(name);
+    let command = Cli::command();
+    // `drover serve --config FILE`: the file's keys become flags first, each
+    // value checked and its line named, before anything is bound.
+    let expanded = match config_file::expand(std::env::args_os().collect(), &command, &env) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("drover serve: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let parsed = command
+        .clone()
+        .try_get_matches_from(&expanded.argv)
+        .and_then(|m| Cli::from_arg_matches(&m).map(|c| (c, m)));
+    let (cli, matches) = match parsed {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
@@ -132,6 +157,19 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let TopCommand::Main(Command::Serve(args)) = &cli.command {
+        if args.print_config {
+            let serve = command
+                .find_subcommand("serve")
+                .expect("serve is a subcommand");
+            let (_, serve_matches) = matches.subcommand().expect("serve was given");
+            print!(
+                "{}",
+                config_file::render(serve, serve_matches, &expanded, &env)
+            );
+            return ExitCode::SUCCESS;
+        }
+    }
     init_tracing(
         &cli.log_format,
         matches!(cli.command, TopCommand::Main(Command::Serve(_))),

@@ -659,9 +659,12 @@ fn default_url(bound: SocketAddr) -> String {
     }
 }
 
+/// The host's name, from gethostname(2): /proc/sys may be hidden (the
+/// systemd unit's ProcSubset=pid).
 fn nix_hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
+    nix::unistd::gethostname()
         .ok()
+        .and_then(|s| s.into_string().ok())
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
 }

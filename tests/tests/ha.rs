@@ -170,6 +170,13 @@ fn ha_replicas_fail_over_without_replacing_machines() {
         Some(("application/json", b"{}".to_vec())),
     );
     answer.assert_problem(421, &ha.replicas[leader].url());
+    // Both are ready (a follower knows its leader), to anyone, saying no more.
+    for i in [leader, follower] {
+        let ready = ha.replicas[i].api(None).send("GET", "/readyz", None, None);
+        assert_eq!((ready.status, ready.body.as_str()), (200, "ok\n"), "{i}");
+        let live = ha.replicas[i].api(None).send("GET", "/livez", None, None);
+        assert_eq!(live.status, 200);
+    }
 
     // A cluster, applied through a follower, made by the leader.
     let name = "ha";
@@ -253,4 +260,21 @@ fn ha_replicas_fail_over_without_replacing_machines() {
     // Deleting works through any replica and terminates every instance.
     ha.replicas[second].cli_ok(&["delete", "cluster", name, "--wait", "--timeout", "90s"]);
     assert_eq!(ha.ec2.live_instances(name).len(), 0);
+
+    // With its store's quorum gone (member 0 died above), a replica still
+    // lives but is not ready, and says why without any data.
+    ha.etcd.kill_member(1);
+    ha.etcd.kill_member(2);
+    wait_for("a replica without its store to be unready", BOOT, || {
+        let ready = ha.replicas[third]
+            .api(None)
+            .send("GET", "/readyz", None, None);
+        (ready.status == 503 && ready.body.starts_with("store: "))
+            .then_some(())
+            .ok_or(format!("{ready:?}"))
+    });
+    let live = ha.replicas[third]
+        .api(None)
+        .send("GET", "/livez", None, None);
+    assert_eq!(live.status, 200);
 }

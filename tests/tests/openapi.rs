@@ -6,6 +6,8 @@ use drover_tests::*;
 /// Every operation of the router, as `METHOD path`.
 const OPERATIONS: &[&str] = &[
     "GET /healthz",
+    "GET /livez",
+    "GET /readyz",
     "GET /openapi.json",
     "GET /v1/clusters",
     "GET /v1/clusters/{name}",
@@ -71,7 +73,16 @@ fn the_openapi_document_is_public_and_covers_every_operation() {
                     );
                 }
                 Some("[{}]") => assert_eq!(name, "POST /v1/machine/register"),
-                None => assert!(name == "GET /healthz" || name == "GET /openapi.json"),
+                None => assert!(
+                    [
+                        "GET /healthz",
+                        "GET /livez",
+                        "GET /readyz",
+                        "GET /openapi.json"
+                    ]
+                    .contains(&name.as_str()),
+                    "{name} is unauthenticated"
+                ),
                 Some(other) => panic!("{name}: unexpected security {other}"),
             }
             // Every `{param}` in the path is declared.

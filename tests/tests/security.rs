@@ -1436,3 +1436,117 @@ fn a_revoked_or_doubly_held_machine_identity_is_refused_at_the_next_request() {
         .cli_ok(&["describe", "machine", &name_c])
         .contains("IdentityRevoked"));
 }
+
+#[test]
+fn the_coordinator_runs_from_a_config_file_and_refuses_a_bad_one_before_binding() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = tmp.path().join("coordinator.yaml");
+    let endpoint = free_port();
+    std::fs::write(
+        &config,
+        format!(
+            "# what /etc/drover/coordinator.yaml holds
+dataDir: {data}
+listen: 127.0.0.1:{port}
+heartbeatTimeout: 1m
+clientConfig: {client}
+endpointPorts: {endpoint}-{endpoint}
+",
+            data = tmp.path().join("data").display(),
+            client = tmp.path().join("client.yaml").display(),
+        ),
+    )
+    .unwrap();
+    let serve = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin("drover"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env_remove("DROVER_DATA_DIR")
+            .env_remove("DROVER_STORE")
+            .env(
+                "DROVER_ENCRYPTION_KEY",
+                "ZHJvdmVyLXRlc3Qta2V5LW9mLTMyLWJ5dGVzLWxvbmc=",
+            );
+        cmd
+    };
+
+    // The effective configuration: file, flag and defaults, each named, the
+    // key from the environment redacted.
+    let out = serve(&["--heartbeat-interval", "5s", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains(&format!("listen: 127.0.0.1:{port}  # file\n")),
+        "{shown}"
+    );
+    assert!(shown.contains("heartbeatTimeout: 1m  # file\n"), "{shown}");
+    assert!(shown.contains("heartbeatInterval: 5s  # flag\n"), "{shown}");
+    assert!(
+        shown.contains("machineCertTtl: 24h  # default\n"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("# DROVER_ENCRYPTION_KEY is set (redacted)"),
+        "{shown}"
+    );
+    assert!(!shown.contains("ZHJvdmVyLXRlc3Qta2V5"), "{shown}");
+
+    // A misspelt key and a bad value: exit 64, naming file, line and key,
+    // and nothing is bound or created.
+    let bad = tmp.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!("listen: 127.0.0.1:{port}\nheartbeatTimout: 1m\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin("drover"))
+        .args(["serve", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}:2: unknown key `heartbeatTimout`",
+            bad.display()
+        )) && err.contains("heartbeatTimeout"),
+        "{err}"
+    );
+    std::fs::write(&bad, "dataDir: /nonexistent/x\nregistrationRate: many\n").unwrap();
+    let out = std::process::Command::new(bin("drover"))
+        .args(["serve", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":2: key `registrationRate`: invalid value 'many'"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("/nonexistent/x").exists());
+
+    // From the file alone, it serves: ready on the file's address.
+    let mut child = serve(&[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ca = tmp.path().join("data/ca.crt");
+    wait_for("the coordinator to be ready", BOOT, || {
+        let pem = std::fs::read_to_string(&ca).map_err(|e| e.to_string())?;
+        let ready = Api::new(&format!("https://127.0.0.1:{port}"), &pem, None)
+            .send("GET", "/readyz", None, None);
+        (ready.status == 200 && ready.body == "ok\n")
+            .then_some(())
+            .ok_or(format!("{ready:?}"))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -45,6 +45,8 @@ pub fn router(app: Arc<App>) -> Router {
         ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/v1/clusters", get(admin::list_clusters))
         .route(
@@ -100,6 +102,44 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(axum::middleware::from_fn(close_if_body_unread))
         .with_state(app)
+}
+
+/// How long `/readyz` waits for the store to answer.
+const READY_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /readyz`: whether this replica can do its work: its store answers
+/// a read within 2 s, its keys are loaded (the store is sealed with them),
+/// and it leads or knows which replica does. 200 `ok`, or 503 with one
+/// line per failed check; never any object's data.
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    let mut failed: Vec<&str> = Vec::new();
+    let store = app.store.clone();
+    let read = crate::store::blocking(move || {
+        // Opening the CA record proves the store answers and the keys
+        // that seal it are loaded.
+        store.get(
+            crate::store::Kind::Secret,
+            crate::domain::secrets::COORDINATOR_CA,
+        )
+    });
+    match tokio::time::timeout(READY_STORE_TIMEOUT, read).await {
+        Ok(Ok(Some(_))) => {}
+        Ok(Ok(None)) => failed.push("keys: the coordinator CA is missing from the store"),
+        Ok(Err(crate::store::StoreError::Sealed(_))) => {
+            failed.push("keys: the store's secrets do not open with the loaded keys")
+        }
+        Ok(Err(_)) => failed.push("store: unreachable"),
+        Err(_) => failed.push("store: no answer within 2s"),
+    }
+    if app.leadership.term().is_none() && app.leadership.leader_url().is_none() {
+        failed.push("leader: none elected yet");
+    }
+    if failed.is_empty() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        let body = failed.iter().map(|f| format!("{f}\n")).collect::<String>();
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
 }
 
 /// Serves a machine API request on the leader, inside its term's fence; a

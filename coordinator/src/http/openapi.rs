@@ -34,6 +34,8 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
     ),
     paths(
         healthz,
+        livez,
+        readyz,
         openapi_json,
         admin::list_clusters,
         admin::get_cluster,
@@ -221,6 +223,34 @@ pub async fn openapi_json() -> impl IntoResponse {
 #[allow(dead_code)]
 fn healthz() {}
 
+/// `GET /livez`: whether the process serves requests; wire it to a
+/// process supervisor's liveness check (documentation only).
+#[utoipa::path(
+    get,
+    path = "/livez",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The coordinator serves requests.", body = String, content_type = "text/plain", example = "ok"),
+    ),
+)]
+#[allow(dead_code)]
+fn livez() {}
+
+/// `GET /readyz`: whether this replica can do its work (store reachable,
+/// keys loaded, a leader known); wire it to a load balancer's health check
+/// (documentation only).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The replica is ready.", body = String, content_type = "text/plain", example = "ok"),
+        (status = 503, description = "Not ready: one line per failed check, such as `store: unreachable`.", body = String, content_type = "text/plain", example = "leader: none elected yet"),
+    ),
+)]
+#[allow(dead_code)]
+fn readyz() {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,7 +272,7 @@ mod tests {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 32);
+        assert_eq!(operations, 34);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),
