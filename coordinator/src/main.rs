@@ -237,7 +237,7 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
-                ExitCode::FAILURE
+                ExitCode::from(client::exit_code(&e))
             }
         },
     }

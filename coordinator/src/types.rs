@@ -11,6 +11,10 @@ use time::OffsetDateTime;
 /// serve`, the operator commands and `drover store` alike.
 pub const EXIT_CONFIG: u8 = 64;
 
+/// Exit code of an operator command that could not reach the coordinator
+/// (EX_UNAVAILABLE).
+pub const EXIT_UNAVAILABLE: u8 = 69;
+
 /// The condition type the reconciler keeps on a machine that went silent or
 /// whose instance stopped (False), cleared to True when it is back.
 pub const ALIVE_CONDITION: &str = "Alive";

@@ -372,6 +372,11 @@ impl Coordinator {
 
     /// Runs a `drover` CLI command against this coordinator.
     pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_command(args).output().expect("run drover")
+    }
+
+    /// A `drover` CLI command against this coordinator, to run or spawn.
+    pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin("drover"));
         cmd.args(args)
             .env("DROVER_CONFIG", self.client_config())
@@ -381,7 +386,7 @@ impl Coordinator {
         if let Some(addr) = &self.cli_addr {
             cmd.env("DROVER_ADDR", addr);
         }
-        cmd.output().expect("run drover")
+        cmd
     }
 
     /// Runs a CLI command that must succeed; returns its stdout.

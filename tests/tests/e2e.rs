@@ -2437,3 +2437,113 @@ spec:
     }
     assert!(!audit.contains("czNjcjN0LXRva2Vu"));
 }
+
+#[test]
+fn the_cli_prints_names_watches_and_says_why_it_failed_in_its_exit_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+
+    // Both versions; the client's alone without asking.
+    let out = c.cli_ok(&["version"]);
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        out.starts_with(&format!(
+            "client: drover {version}\nserver: drover {version} (replica "
+        )),
+        "{out}"
+    );
+    assert!(out.trim_end().ends_with(", leader)"), "{out}");
+    // 69: the coordinator cannot be reached (after the client's line).
+    let dead = format!("https://127.0.0.1:{}", free_port());
+    let out = c.cli(&["version", "--addr", &dead]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("client: drover "));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains(&format!("cannot reach the coordinator at {dead}")));
+    // 64: nothing says where the coordinator is; a bad flag.
+    let out = std::process::Command::new(bin("drover"))
+        .args(["get", "clusters"])
+        .env("DROVER_CONFIG", tmp.path().join("none.yaml"))
+        .env_remove("DROVER_ADDR")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no coordinator address"));
+    assert_eq!(
+        c.cli(&["get", "clusters", "--output", "csv"]).status.code(),
+        Some(64)
+    );
+    // 1: the coordinator answered no.
+    assert_eq!(
+        c.cli(&["describe", "cluster", "absent"]).status.code(),
+        Some(1)
+    );
+
+    // --watch prints each machine as it registers.
+    let mut watch = c
+        .cli_command(&["get", "machines", "--watch"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let lines = lines.clone();
+        let stdout = watch.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                lines.lock().unwrap().push(l);
+            }
+        })
+    };
+    wait_for("the watch's header", BOOT, || {
+        let l = lines.lock().unwrap();
+        (l.first().is_some_and(|h| h.starts_with("NAME")))
+            .then_some(())
+            .ok_or(format!("{l:?}"))
+    });
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 2, "1h", &boot);
+    let _agents = start_agents(tmp.path(), &boot, 2, "m", "watch-");
+    wait_registered(&c, 2);
+    let names: Vec<String> = c
+        .machines()
+        .iter()
+        .map(|m| m["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    wait_for("both machines in the watch", BOOT, || {
+        let l = lines.lock().unwrap();
+        names
+            .iter()
+            .all(|n| l.iter().any(|line| line.starts_with(n.as_str())))
+            .then_some(())
+            .ok_or(format!("{l:#?}"))
+    });
+    let _ = watch.kill();
+    let _ = watch.wait();
+    reader.join().unwrap();
+
+    // -o name on get and describe; describe -o json is the object.
+    let mut listed: Vec<String> = c
+        .cli_ok(&["get", "machines", "-o", "name"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    listed.sort();
+    let mut want: Vec<String> = names.iter().map(|n| format!("machine/{n}")).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    let described: serde_json::Value =
+        serde_json::from_str(&c.cli_ok(&["describe", "machine", &names[0], "-o", "json"])).unwrap();
+    assert_eq!(described["metadata"]["name"], names[0].as_str());
+    assert_eq!(
+        c.cli_ok(&["describe", "machine", &names[0], "-o", "name"]),
+        format!("machine/{}\n", names[0])
+    );
+    let yaml = c.cli_ok(&["describe", "machine", &names[0], "-o", "yaml"]);
+    assert!(yaml.contains(&format!("name: {}", names[0])), "{yaml}");
+}

@@ -36,6 +36,34 @@ pub struct ConnectArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The coordinator did not answer: no connection, TLS refused, or no
+/// answer in time. `drover` exits 69 for it.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach the coordinator at {base}")]
+pub struct Unreachable {
+    pub base: String,
+    #[source]
+    pub source: reqwest::Error,
+}
+
+/// The command line or the client config lacks what a command needs.
+/// `drover` exits 64 for it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// The exit code for a failed operator command: 69 when the coordinator
+/// could not be reached, 64 for missing settings, 1 otherwise.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.chain().any(|c| c.is::<Unreachable>()) {
+        crate::types::EXIT_UNAVAILABLE
+    } else if e.chain().any(|c| c.is::<Usage>()) {
+        crate::types::EXIT_CONFIG
+    } else {
+        1
+    }
+}
+
 /// A connected admin client.
 pub struct Client {
     http: reqwest::Client,
@@ -59,17 +87,17 @@ impl Client {
             .addr
             .clone()
             .or_else(|| file.as_ref().map(|f| f.server.clone()))
-            .with_context(|| {
-                format!(
+            .ok_or_else(|| {
+                Usage(format!(
                     "no coordinator address: pass --addr, set DROVER_ADDR, or run `drover serve` once to write {}",
                     path.display()
-                )
+                ))
             })?;
         let token = args
             .token
             .clone()
             .or_else(|| file.as_ref().and_then(|f| f.token.clone()))
-            .context("no admin token: pass --token or set DROVER_TOKEN")?;
+            .ok_or_else(|| Usage("no admin token: pass --token or set DROVER_TOKEN".into()))?;
         let ca_path = args
             .ca
             .clone()
@@ -77,9 +105,12 @@ impl Client {
                 file.as_ref()
                     .and_then(|f| f.ca_file.clone().map(PathBuf::from))
             })
-            .context(
-                "no coordinator CA: pass --ca or set DROVER_CA (the data directory's ca.crt)",
-            )?;
+            .ok_or_else(|| {
+                Usage(
+                    "no coordinator CA: pass --ca or set DROVER_CA (the data directory's ca.crt)"
+                        .into(),
+                )
+            })?;
         let ca_pem = std::fs::read(&ca_path)
             .with_context(|| format!("cannot read the coordinator CA {}", ca_path.display()))?;
         let http = crate::tls::client_trusting(&ca_pem, std::time::Duration::from_secs(30))
@@ -96,7 +127,10 @@ impl Client {
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach the coordinator at {}", self.base))?;
+            .map_err(|source| Unreachable {
+                base: self.base.clone(),
+                source,
+            })?;
         let status = resp.status();
         let bytes = resp.bytes().await?;
         if !status.is_success() {
@@ -113,7 +147,10 @@ impl Client {
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach the coordinator at {}", self.base))?;
+            .map_err(|source| Unreachable {
+                base: self.base.clone(),
+                source,
+            })?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());

@@ -44,6 +44,42 @@ pub enum Command {
     Revoke(RevokeArgs),
     /// Follow or resume a cluster's rollout to a new version or image.
     Rollout(RolloutArgs),
+    /// Print this client's version and the coordinator's.
+    Version(VersionArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct VersionArgs {
+    /// Print only the client's version; do not ask the coordinator.
+    #[arg(long)]
+    pub client: bool,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+/// `drover version`: the client's version, then the coordinator's (its
+/// replica and whether it leads). Exits 69 after the client line when the
+/// coordinator cannot be reached.
+async fn version(v: VersionArgs) -> anyhow::Result<()> {
+    println!("client: drover {}", env!("CARGO_PKG_VERSION"));
+    if v.client {
+        return Ok(());
+    }
+    /// The part of `GET /v1/status` this command reads.
+    #[derive(serde::Deserialize)]
+    struct Status {
+        version: String,
+        replica: crate::types::ReplicaInfo,
+        leader: bool,
+    }
+    let s: Status = Client::connect(&v.conn)?.get("/v1/status").await?;
+    println!(
+        "server: drover {} (replica {}, {})",
+        s.version,
+        s.replica.id,
+        if s.leader { "leader" } else { "follower" }
+    );
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -119,10 +155,15 @@ pub enum Resource {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
+    /// Columns (for `describe`: the text view).
+    #[value(alias = "text")]
     Table,
+    /// More columns.
     Wide,
     Json,
     Yaml,
+    /// `kind/name`, one per line.
+    Name,
 }
 
 #[derive(Debug, clap::Args)]
@@ -136,6 +177,11 @@ pub struct GetArgs {
     /// Include deleted machines kept for their history.
     #[arg(short = 'a', long)]
     pub all: bool,
+    /// After the list, print each object again whenever it changes (a row,
+    /// or one JSON document per line with -o json), and `kind/name deleted`
+    /// when it goes; until interrupted.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
     #[command(flatten)]
     pub conn: ConnectArgs,
 }
@@ -152,6 +198,10 @@ pub struct DescribeArgs {
     pub kind: Single,
     #[arg(value_parser = object_name)]
     pub name: String,
+    /// `table` (or `text`, `wide`): the text view; `json`, `yaml`: the
+    /// whole object; `name`: `kind/name`.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
     #[command(flatten)]
     pub conn: ConnectArgs,
 }
@@ -321,6 +371,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Audit(a) => audit(a).await,
         Command::Revoke(r) => revoke(r).await,
         Command::Rollout(r) => rollout(r.command).await,
+        Command::Version(v) => version(v).await,
     }
 }
 
@@ -683,13 +734,119 @@ pub struct ScaleArgs {
 
 async fn get(g: GetArgs) -> anyhow::Result<()> {
     let client = Client::connect(&g.conn)?;
+    let listing = fetch(&client, &g).await?;
+    print_listing(&listing, g.output)?;
+    if !g.watch {
+        return Ok(());
+    }
+    let mut widths = column_widths(&listing.rows);
+    let mut seen: std::collections::HashMap<String, String> =
+        listing.rendered(g.output).into_iter().collect();
+    loop {
+        tokio::time::sleep(WATCH_PERIOD).await;
+        let listing = fetch(&client, &g).await?;
+        let now = listing.rendered(g.output);
+        for (i, (name, text)) in now.iter().enumerate() {
+            if seen.get(name) == Some(text) {
+                continue;
+            }
+            match g.output {
+                Output::Table | Output::Wide => {
+                    let row = &listing.rows[i + 1];
+                    for (w, c) in widths.iter_mut().zip(row) {
+                        *w = (*w).max(printable(c).chars().count());
+                    }
+                    println!("{}", table_line(row, &widths));
+                }
+                _ => println!("{text}"),
+            }
+        }
+        for name in seen.keys().filter(|n| !now.iter().any(|(m, _)| m == *n)) {
+            println!("{}/{name} deleted", listing.kind);
+        }
+        seen = now.into_iter().collect();
+        use std::io::Write;
+        std::io::stdout().flush()?;
+    }
+}
+
+/// How often `--watch` lists again.
+const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What `drover get` shows: the objects (for json, yaml and name) and the
+/// table (header first) for the output asked.
+struct Listing {
+    kind: &'static str,
+    objects: Vec<serde_json::Value>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Listing {
+    fn new<T: serde::Serialize>(
+        kind: &'static str,
+        list: &[T],
+        output: Output,
+        table: fn(&[T], bool) -> Vec<Vec<String>>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            kind,
+            objects: list
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?,
+            rows: table(list, output == Output::Wide),
+        })
+    }
+
+    /// Each object's name and how it prints in `output`, in list order.
+    fn rendered(&self, output: Output) -> Vec<(String, String)> {
+        self.objects
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let text = match output {
+                    Output::Table | Output::Wide => self.rows[i + 1].join("\u{1f}"),
+                    Output::Name => format!("{}/{}", self.kind, object_name_of(o)),
+                    _ => serde_json::to_string(o).unwrap_or_default(),
+                };
+                (object_name_of(o), text)
+            })
+            .collect()
+    }
+}
+
+/// An object's name: `metadata.name`, else `name`, else `replica.id`.
+fn object_name_of(o: &serde_json::Value) -> String {
+    o["metadata"]["name"]
+        .as_str()
+        .or(o["name"].as_str())
+        .or(o["replica"]["id"].as_str())
+        .unwrap_or("?")
+        .to_owned()
+}
+
+fn print_listing(l: &Listing, output: Output) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&l.objects)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(&l.objects)?),
+        Output::Name => {
+            for o in &l.objects {
+                println!("{}/{}", l.kind, object_name_of(o));
+            }
+        }
+        Output::Table | Output::Wide => print_table(&l.rows),
+    }
+    Ok(())
+}
+
+async fn fetch(client: &Client, g: &GetArgs) -> anyhow::Result<Listing> {
     match g.resource {
         Resource::Clusters => {
             let list: Vec<Cluster> = match &g.name {
                 Some(n) => vec![client.get(&api_path(&["v1", "clusters", n])).await?],
                 None => client.get("/v1/clusters").await?,
             };
-            emit(&list, g.output, clusters_table)
+            Listing::new("cluster", &list, g.output, clusters_table)
         }
         Resource::Machines => {
             let list: Vec<Machine> = match &g.name {
@@ -718,18 +875,19 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
                         })
                     })
                     .collect();
-                print_table(&machines_rows(&list, true, &kubelets));
-                return Ok(());
+                let mut l = Listing::new("machine", &list, g.output, machines_table)?;
+                l.rows = machines_rows(&list, true, &kubelets);
+                return Ok(l);
             }
-            emit(&list, g.output, machines_table)
+            Listing::new("machine", &list, g.output, machines_table)
         }
         Resource::Tokens => {
             let list: Vec<RegistrationToken> = client.get("/v1/registrationtokens").await?;
-            emit(&list, g.output, tokens_table)
+            Listing::new("token", &list, g.output, tokens_table)
         }
         Resource::Coordinators => {
             let list: Vec<crate::types::CoordinatorEntry> = client.get("/v1/coordinators").await?;
-            emit(&list, g.output, coordinators_table)
+            Listing::new("coordinator", &list, g.output, coordinators_table)
         }
         Resource::Tasks => {
             /// The part of `GET /v1/status` this command reads.
@@ -749,14 +907,14 @@ async fn get(g: GetArgs) -> anyhow::Result<()> {
                 }
                 None => status.tasks,
             };
-            emit(&list, g.output, tasks_table)
+            Listing::new("task", &list, g.output, tasks_table)
         }
         Resource::Secrets => {
             let list: Vec<SecretInfo> = match &g.name {
                 Some(n) => vec![client.get(&api_path(&["v1", "secrets", n])).await?],
                 None => client.get("/v1/secrets").await?,
             };
-            emit(&list, g.output, secrets_table)
+            Listing::new("secret", &list, g.output, secrets_table)
         }
     }
 }
@@ -851,46 +1009,39 @@ fn coordinators_table(list: &[crate::types::CoordinatorEntry], _wide: bool) -> V
     rows
 }
 
-fn emit<T: serde::Serialize>(
-    list: &[T],
-    output: Output,
-    table: fn(&[T], bool) -> Vec<Vec<String>>,
-) -> anyhow::Result<()> {
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(list)?),
-        Output::Yaml => print!("{}", serde_saphyr::to_string(&list)?),
-        Output::Table | Output::Wide => print_table(&table(list, output == Output::Wide)),
+fn print_table(rows: &[Vec<String>]) {
+    let widths = column_widths(rows);
+    for r in rows {
+        println!("{}", table_line(r, &widths));
     }
-    Ok(())
 }
 
-fn print_table(rows: &[Vec<String>]) {
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| r.iter().map(|c| printable(c)).collect())
-        .collect();
-    let rows = &rows;
-    let Some(first) = rows.first() else { return };
-    let mut widths = vec![0; first.len()];
+/// The width of each column of `rows`, as printed.
+fn column_widths(rows: &[Vec<String>]) -> Vec<usize> {
+    let mut widths = vec![0; rows.first().map_or(0, |r| r.len())];
     for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(printable(c).chars().count());
         }
     }
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i + 1 == r.len() {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}", w = widths[i])
-                }
-            })
-            .collect();
-        println!("{}", line.join("   ").trim_end());
-    }
+    widths
+}
+
+/// One row, its cells padded to `widths` (the last one not).
+fn table_line(row: &[String], widths: &[usize]) -> String {
+    let line: Vec<String> = row
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let c = printable(c);
+            if i + 1 == row.len() {
+                c
+            } else {
+                format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0))
+            }
+        })
+        .collect();
+    line.join("   ").trim_end().to_owned()
 }
 
 /// `s` with every control character (terminal escape sequences, carriage
@@ -1148,21 +1299,39 @@ fn tokens_table(list: &[RegistrationToken], _wide: bool) -> Vec<Vec<String>> {
 
 async fn describe(d: DescribeArgs) -> anyhow::Result<()> {
     let client = Client::connect(&d.conn)?;
-    match d.kind {
+    let text_view = matches!(d.output, Output::Table | Output::Wide);
+    let (kind, object, text) = match d.kind {
         Single::Machine => {
             let m: Machine = client.get(&api_path(&["v1", "machines", &d.name])).await?;
-            print!("{}", printable_text(&describe_machine(&m)));
+            let text = text_view.then(|| describe_machine(&m));
+            ("machine", serde_json::to_value(&m)?, text)
         }
         Single::Cluster => {
             let c: Cluster = client.get(&api_path(&["v1", "clusters", &d.name])).await?;
-            let machines: Vec<Machine> = client.get("/v1/machines").await?;
-            print!("{}", printable_text(&describe_cluster(&c, &machines)));
+            let text = if text_view {
+                let machines: Vec<Machine> = client.get("/v1/machines").await?;
+                Some(describe_cluster(&c, &machines))
+            } else {
+                None
+            };
+            ("cluster", serde_json::to_value(&c)?, text)
         }
         Single::Secret => {
             let s: SecretInfo = client.get(&api_path(&["v1", "secrets", &d.name])).await?;
-            let clusters: Vec<Cluster> = client.get("/v1/clusters").await?;
-            print!("{}", printable_text(&describe_secret(&s, &clusters)));
+            let text = if text_view {
+                let clusters: Vec<Cluster> = client.get("/v1/clusters").await?;
+                Some(describe_secret(&s, &clusters))
+            } else {
+                None
+            };
+            ("secret", serde_json::to_value(&s)?, text)
         }
+    };
+    match (d.output, text) {
+        (_, Some(text)) => print!("{}", printable_text(&text)),
+        (Output::Json, _) => println!("{}", serde_json::to_string_pretty(&object)?),
+        (Output::Yaml, _) => print!("{}", serde_saphyr::to_string(&object)?),
+        _ => println!("{kind}/{}", object_name_of(&object)),
     }
     Ok(())
 }
@@ -1876,6 +2045,7 @@ pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
     match a.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&list)?),
         Output::Yaml => print!("{}", serde_saphyr::to_string(&list)?),
+        Output::Name => bail!("audit entries have no names; use -o table, json or yaml"),
         Output::Table | Output::Wide => {
             let mut rows = vec![["TIME", "ACTOR", "SOURCE", "METHOD", "PATH", "STATUS"]
                 .map(String::from)
