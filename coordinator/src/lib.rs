@@ -11,6 +11,7 @@ pub mod domain;
 pub mod http;
 pub mod leader;
 pub mod memory;
+pub mod metrics;
 pub mod migrate;
 pub mod provider;
 pub mod proxy;

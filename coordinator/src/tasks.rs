@@ -91,6 +91,8 @@ struct State {
     last_run_finished: Option<time::OffsetDateTime>,
     last_error: Option<String>,
     next_run: Option<time::OffsetDateTime>,
+    /// When the run under way began, for its duration metric.
+    started_at: Option<std::time::Instant>,
 }
 
 /// Why [`Task::tick`] returned.
@@ -132,6 +134,7 @@ impl Task {
         let mut s = self.lock();
         s.last_run_started = Some(drover_common::now());
         s.next_run = None;
+        s.started_at = Some(std::time::Instant::now());
     }
 
     /// Records that the run ended, and what went wrong if anything did: a
@@ -140,6 +143,8 @@ impl Task {
         let mut s = self.lock();
         s.runs += 1;
         s.last_run_finished = Some(drover_common::now());
+        let took = s.started_at.take().map(|t| t.elapsed()).unwrap_or_default();
+        crate::metrics::global().loop_run(&self.name, self.period, took, error.is_some());
         s.last_error = error;
     }
 

@@ -2547,3 +2547,184 @@ fn the_cli_prints_names_watches_and_says_why_it_failed_in_its_exit_code() {
     let yaml = c.cli_ok(&["describe", "machine", &names[0], "-o", "yaml"]);
     assert!(yaml.contains(&format!("name: {}", names[0])), "{yaml}");
 }
+
+/// A Prometheus server started for a test, stopped when dropped.
+struct PrometheusServer(std::process::Child);
+
+impl Drop for PrometheusServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_coordinator_and_promtool_accepts_its_metrics() {
+    let (tmp, c, _agents) = registered_pool(2, "prom-");
+    // A viewer token is enough to scrape.
+    let viewer = c.create_admin_token("viewer");
+    let api = c.api(None);
+    api.send("GET", "/metrics", None, None)
+        .assert_problem(401, "Authorization");
+
+    // The classic text format passes promtool's parser and its lint.
+    let scraped = api.send("GET", "/metrics", Some(&viewer), None);
+    assert_eq!(scraped.status, 200, "{scraped:?}");
+    assert!(
+        scraped
+            .content_type
+            .starts_with("text/plain; version=0.0.4"),
+        "{scraped:?}"
+    );
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; scripts/setup-host installs it)");
+    {
+        use std::io::Write;
+        promtool
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(scraped.body.as_bytes())
+            .unwrap();
+    }
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+        "promtool check metrics: {checked:?}\n{}",
+        scraped.body
+    );
+    for line in scraped.body.lines().filter(|l| !l.starts_with('#')) {
+        assert!(line.starts_with("drover_"), "{line}");
+    }
+
+    // A real Prometheus scrapes it over TLS with the viewer token.
+    let token_file = tmp.path().join("prometheus-token");
+    std::fs::write(&token_file, &viewer).unwrap();
+    let port = free_port();
+    let config = tmp.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - {rules}
+scrape_configs:
+  - job_name: drover
+    scheme: https
+    tls_config:
+      ca_file: {ca}
+    authorization:
+      credentials_file: {token}
+    static_configs:
+      - targets: ['{target}']
+",
+            ca = tmp.path().join("data/ca.crt").display(),
+            rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../images/prometheus/drover-alerts.yml")
+                .display(),
+            token = token_file.display(),
+            target = c.url().trim_start_matches("https://"),
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(tmp.path().join("prometheus.log")).unwrap();
+    let _prometheus = PrometheusServer(
+        std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                tmp.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus (Debian package prometheus; scripts/setup-host installs it)"),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Plain HTTP to Prometheus; reqwest still wants a TLS provider chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let query = |q: &str| -> Result<Vec<serde_json::Value>, String> {
+        let url = format!(
+            "http://127.0.0.1:{port}/api/v1/query?{}",
+            form_urlencoded::Serializer::new(String::new())
+                .append_pair("query", q)
+                .finish()
+        );
+        let r: serde_json::Value = rt
+            .block_on(async { http.get(&url).send().await?.json().await })
+            .map_err(|e| e.to_string())?;
+        r["data"]["result"]
+            .as_array()
+            .cloned()
+            .ok_or(format!("{r}"))
+    };
+    let value = |s: &serde_json::Value| -> f64 { s["value"][1].as_str().unwrap().parse().unwrap() };
+    wait_for("Prometheus to scrape the coordinator", BOOT, || {
+        let up = query("up{job=\"drover\"}")?;
+        (up.len() == 1 && value(&up[0]) == 1.0)
+            .then_some(())
+            .ok_or(format!(
+                "{up:?}; log: {}",
+                std::fs::read_to_string(tmp.path().join("prometheus.log")).unwrap_or_default()
+            ))
+    });
+    wait_for(
+        "the machines and their heartbeats in Prometheus",
+        BOOT,
+        || {
+            let machines = query("sum(drover_machines{phase=\"Registered\"})")?;
+            let beats = query("sum(drover_heartbeats_total{result=\"accepted\"})")?;
+            let leader = query("drover_leader")?;
+            let ok = machines.first().map(value) == Some(2.0)
+                && beats.first().map(value).unwrap_or(0.0) > 0.0
+                && leader.first().map(value) == Some(1.0);
+            ok.then_some(()).ok_or(format!(
+                "machines {machines:?} heartbeats {beats:?} leader {leader:?}"
+            ))
+        },
+    );
+    // The README's alert rules load and evaluate against these series
+    // (healthy machines: none fires).
+    wait_for("the alert rules evaluated", BOOT, || {
+        let r: serde_json::Value = rt
+            .block_on(async {
+                http.get(format!("http://127.0.0.1:{port}/api/v1/rules"))
+                    .send()
+                    .await?
+                    .json()
+                    .await
+            })
+            .map_err(|e| e.to_string())?;
+        let rules: Vec<&serde_json::Value> = r["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .collect();
+        let names: Vec<&str> = rules.iter().filter_map(|r| r["name"].as_str()).collect();
+        let evaluated = rules.len() == 3
+            && rules
+                .iter()
+                .all(|r| r["health"] == "ok" && r["state"] == "inactive");
+        evaluated.then_some(()).ok_or(format!("{names:?}: {r}"))
+    });
+    // A histogram Prometheus takes quantiles of: the heartbeats' p99.
+    wait_for("a heartbeat latency quantile", BOOT, || {
+        let p99 = query(
+            "histogram_quantile(0.99, sum by (le) (rate(drover_machine_request_duration_seconds_bucket{operation=\"heartbeat\"}[1m])))",
+        )?;
+        match p99.first().map(value) {
+            Some(v) if v.is_finite() && v > 0.0 => Ok(()),
+            _ => Err(format!("{p99:?}")),
+        }
+    });
+}

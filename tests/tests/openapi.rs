@@ -8,6 +8,7 @@ const OPERATIONS: &[&str] = &[
     "GET /healthz",
     "GET /livez",
     "GET /readyz",
+    "GET /metrics",
     "GET /openapi.json",
     "GET /v1/clusters",
     "GET /v1/clusters/{name}",

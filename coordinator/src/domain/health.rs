@@ -96,7 +96,35 @@ pub enum Unhealthy {
     },
 }
 
+/// The class of a remediation whose reason reads `unhealthy: <why>`, `why`
+/// an [`Unhealthy`]'s text: [`Unhealthy::class`] of it, or `other`.
+pub fn remediation_class(reason: &str) -> &'static str {
+    let why = reason.strip_prefix("unhealthy: ").unwrap_or(reason);
+    [
+        ("its provider reports it stopped", "stopped"),
+        ("not Running ", "not_started"),
+        ("no heartbeat ", "silent"),
+        ("its Node has been Ready=", "node_not_ready"),
+        ("reported unhealthy ", "reported"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| why.starts_with(prefix))
+    .map_or("other", |(_, class)| class)
+}
+
 impl Unhealthy {
+    /// A metric label for this state: stopped, not_started, silent,
+    /// node_not_ready or reported.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Unhealthy::Stopped => "stopped",
+            Unhealthy::NotStarted { .. } => "not_started",
+            Unhealthy::Silent { .. } => "silent",
+            Unhealthy::NodeNotReady { .. } => "node_not_ready",
+            Unhealthy::Reported { .. } => "reported",
+        }
+    }
+
     /// A few words that stay the same while the machine stays in this state
     /// (no ages), for status messages that must not change every pass.
     pub fn summary(&self) -> String {
@@ -364,6 +392,43 @@ pub fn quorum_allows_removal(members: u32, healthy_others: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remediation_reason_gives_back_its_class() {
+        let t = Duration::from_secs(40);
+        for u in [
+            Unhealthy::Stopped,
+            Unhealthy::NotStarted {
+                phase: MachinePhase::Bootstrapping,
+                timeout: t,
+            },
+            Unhealthy::Silent {
+                silence: time::Duration::seconds(50),
+                timeout: t,
+            },
+            Unhealthy::NodeNotReady {
+                ready: "False".into(),
+                since: time::Duration::seconds(400),
+                timeout: t,
+            },
+            Unhealthy::Reported {
+                since: time::Duration::seconds(400),
+                reason: "KubeletUnhealthy".into(),
+                message: "connection refused".into(),
+                timeout: t,
+            },
+        ] {
+            assert_eq!(
+                remediation_class(&format!("unhealthy: {u}")),
+                u.class(),
+                "{u}"
+            );
+        }
+        assert_eq!(
+            remediation_class("deletion requested by an operator"),
+            "other"
+        );
+    }
     use drover_common::api::{set_condition, MachineSpec, MachineStatus, ObjectMeta};
 
     fn t0() -> OffsetDateTime {

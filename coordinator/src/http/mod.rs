@@ -42,11 +42,13 @@ pub fn router(app: Arc<App>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             leader_only,
-        ));
+        ))
+        .route_layer(axum::middleware::from_fn(measure_machine_request));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/v1/clusters", get(admin::list_clusters))
         .route(
@@ -102,6 +104,88 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(axum::middleware::from_fn(close_if_body_unread))
         .with_state(app)
+}
+
+/// `GET /metrics`: the Prometheus text exposition (OpenMetrics), for any
+/// admin token (a viewer's is enough: give Prometheus one).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "meta",
+    security(("adminToken" = [])),
+    responses(
+        (status = 200, description = "Every drover_ series: OpenMetrics when the Accept header asks for it (Prometheus does), else the classic text format 0.0.4.", body = String, content_type = "text/plain"),
+        (status = 401, response = responses::Unauthorized),
+    ),
+)]
+pub async fn metrics(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, ApiError> {
+    let state = crate::metrics::State {
+        clusters: app.clusters()?,
+        machines: app.machines()?,
+        leader_term: app.leadership.term().map(|t| t.0),
+        connections: {
+            let c = server::connection_stats();
+            crate::metrics::Connections {
+                open: c.open,
+                parked: c.parked,
+                unauthenticated: c.unauthenticated,
+                full_handshakes: c.full_handshakes,
+                resumed_handshakes: c.resumed_handshakes,
+                failed_handshakes: c.failed_handshakes,
+            }
+        },
+    };
+    let text = crate::metrics::global().render(&state);
+    // Prometheus asks for OpenMetrics; anyone else gets the classic format.
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    Ok(if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            crate::metrics::classic_text(&text),
+        )
+            .into_response()
+    })
+}
+
+/// Records each machine API request's time and result in the metrics.
+async fn measure_machine_request(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let operation = match req.uri().path() {
+        "/v1/machine/register" => "register",
+        "/v1/machine/heartbeat" => "heartbeat",
+        "/v1/machine/config" => "config",
+        "/v1/machine/certificate" => "certificate",
+        _ => "other",
+    };
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    crate::metrics::global().machine_request(
+        operation,
+        resp.status().is_success(),
+        started.elapsed(),
+    );
+    resp
 }
 
 /// How long `/readyz` waits for the store to answer.

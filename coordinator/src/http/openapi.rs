@@ -36,6 +36,7 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         healthz,
         livez,
         readyz,
+        super::metrics,
         openapi_json,
         admin::list_clusters,
         admin::get_cluster,
@@ -272,7 +273,7 @@ mod tests {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 34);
+        assert_eq!(operations, 35);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -14,6 +14,7 @@
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod docker;
+pub mod metered;
 pub mod retries;
 
 use std::collections::BTreeMap;
@@ -410,6 +411,21 @@ pub enum CloudErrorClass {
 }
 
 impl CloudErrorClass {
+    /// The class as a metric label: throttled, insufficient_capacity,
+    /// quota_exceeded, unauthorized, invalid_configuration, transient or
+    /// other.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Throttled => "throttled",
+            Self::InsufficientCapacity => "insufficient_capacity",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::Unauthorized => "unauthorized",
+            Self::InvalidConfiguration => "invalid_configuration",
+            Self::Transient => "transient",
+            Self::Other => "other",
+        }
+    }
+
     /// Classifies an EC2 error code.
     #[cfg_attr(not(feature = "aws"), allow(dead_code))]
     pub fn from_code(code: &str) -> Self {

@@ -120,10 +120,13 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             reason,
             remediation,
         } => {
+            // Counted once: a pass that finds it already leaving changes nothing.
+            let mut taken = false;
             app.update_machine::<StoreError>(machine, |m| {
                 if m.status.phase == MachinePhase::Releasing || m.spec.assignment.is_none() {
                     return Ok(false);
                 }
+                taken = true;
                 if *remediation {
                     // `describe machine` says why it was taken out.
                     push_event(&mut m.status.events, "Unhealthy", reason.clone());
@@ -144,6 +147,10 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 Ok(true)
             })?;
             tracing::info!(cluster = %cname, machine = %machine, %reason, remediation, "machine released");
+            if *remediation && taken {
+                crate::metrics::global()
+                    .remediation(crate::domain::health::remediation_class(reason));
+            }
         }
         Step::CreateMachine {
             machine_pool,
@@ -232,6 +239,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             reason,
             remediation,
         } => {
+            let mut taken = false;
             app.update_machine::<StoreError>(machine, |m| {
                 if matches!(
                     m.status.phase,
@@ -239,6 +247,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 ) {
                     return Ok(false);
                 }
+                taken = true;
                 m.status.phase = MachinePhase::Deleting;
                 m.metadata.deletion_timestamp = Some(drover_common::now());
                 if *remediation {
@@ -254,6 +263,10 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 Ok(true)
             })?;
             tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started");
+            if *remediation && taken {
+                crate::metrics::global()
+                    .remediation(crate::domain::health::remediation_class(reason));
+            }
             provisioner::destroy(app, cluster, machine).await?;
         }
         Step::Destroy { machine } => provisioner::destroy(app, cluster, machine).await?,

@@ -10,6 +10,7 @@ use futures_util::future::BoxFuture;
 
 use crate::app::App;
 use crate::provider::docker::{DockerEngine, COORDINATOR_HOST};
+use crate::provider::metered::Metered;
 pub use crate::provider::InstanceCheckError;
 use crate::provider::{
     CloudErrorClass, CreateHost, HostError, InstanceState, Managed, Provider, ProviderError,
@@ -519,9 +520,15 @@ pub async fn verify_instance(
 pub async fn provider_for<'a>(app: &'a App, spec: &ProviderSpec) -> Option<Box<dyn Provider + 'a>> {
     match spec {
         ProviderSpec::Pool(_) => None,
-        ProviderSpec::Docker(_) => Some(Box::new(DockerEngine::new(&app.docker, app.owner()))),
+        ProviderSpec::Docker(_) => Some(Box::new(Metered {
+            name: "docker",
+            inner: DockerEngine::new(&app.docker, app.owner()),
+        })),
         #[cfg(feature = "aws")]
-        ProviderSpec::Aws(spec) => Some(Box::new(app.aws(&spec.region).await)),
+        ProviderSpec::Aws(spec) => Some(Box::new(Metered {
+            name: "aws",
+            inner: app.aws(&spec.region).await,
+        })),
         #[cfg(not(feature = "aws"))]
         ProviderSpec::Aws(_) => Some(Box::new(crate::provider::NotBuilt { provider: "aws" })),
     }
@@ -537,7 +544,10 @@ async fn providers_in_use<'a>(
 ) -> Vec<Box<dyn Provider + 'a>> {
     let mut providers: Vec<Box<dyn Provider + 'a>> = vec![];
     if docker {
-        providers.push(Box::new(DockerEngine::new(&app.docker, app.owner())));
+        providers.push(Box::new(Metered {
+            name: "docker",
+            inner: DockerEngine::new(&app.docker, app.owner()),
+        }));
     }
     #[cfg(feature = "aws")]
     {
@@ -548,7 +558,10 @@ async fn providers_in_use<'a>(
             }
         }
         for region in regions {
-            providers.push(Box::new(app.aws(&region).await));
+            providers.push(Box::new(Metered {
+                name: "aws",
+                inner: app.aws(&region).await,
+            }));
         }
     }
     #[cfg(not(feature = "aws"))]

@@ -346,10 +346,10 @@ impl Store {
     /// latest committed copy (refreshing the read cache).
     pub fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
         if !cache::caches(kind) {
-            return self.backend.get(kind, name);
+            return timed("get", || self.backend.get(kind, name));
         }
         let epoch = self.cache.epoch();
-        let r = self.backend.get(kind, name)?;
+        let r = timed("get", || self.backend.get(kind, name))?;
         self.cache.fill(kind, epoch, r.iter());
         Ok(r)
     }
@@ -385,10 +385,10 @@ impl Store {
     /// name, always from the backend (refreshing the read cache).
     pub fn list_raw(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
         if !cache::caches(kind) {
-            return self.backend.list(kind);
+            return timed("list", || self.backend.list(kind));
         }
         let epoch = self.cache.epoch();
-        let records = self.backend.list(kind)?;
+        let records = timed("list", || self.backend.list(kind))?;
         self.cache.fill(kind, epoch, records.iter());
         Ok(records)
     }
@@ -502,7 +502,7 @@ impl Store {
             }
         }
         outcome.retain(|(kind, _), _| cache::caches(*kind));
-        let result = self.backend.txn(&ops, fence);
+        let result = timed("txn", || self.backend.txn(&ops, fence));
         for ((kind, name), body) in outcome {
             match (&result, body) {
                 (Ok(revision), Some(body)) => self.cache.wrote(kind, name, *revision, body),
@@ -616,6 +616,27 @@ impl Store {
             expected_revision,
         }])
     }
+}
+
+/// Runs one backend operation, recording its time and result in the
+/// `drover_store_operation_duration_seconds` metric.
+fn timed<T>(
+    operation: &'static str,
+    work: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let started = std::time::Instant::now();
+    let r = work();
+    let result = match &r {
+        Ok(_) => "ok",
+        Err(
+            StoreError::Conflict { .. }
+            | StoreError::AlreadyExists { .. }
+            | StoreError::NotFound { .. },
+        ) => "conflict",
+        Err(_) => "error",
+    };
+    crate::metrics::global().store_operation(operation, result, started.elapsed());
+    r
 }
 
 /// Serializes a value for storage.

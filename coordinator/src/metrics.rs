@@ -1,0 +1,443 @@
+//! The coordinator's Prometheus metrics, served at `GET /metrics` in the
+//! text exposition format. Every series is named `drover_…`.
+//!
+//! Counters and histograms are updated where things happen (the machine
+//! API, the store, the providers, the background tasks, remediation) in
+//! one process-wide [`Metrics`]; the gauges of what the coordinator holds
+//! (clusters, machines, leadership, connections) are computed from its
+//! state at each scrape, so they can never drift from it.
+
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+use drover_common::api::{Cluster, Machine, MachinePhase};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// A series' labels, in a fixed order.
+pub type Labels = Vec<(&'static str, String)>;
+
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Latency buckets from 1 ms to about 16 s.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// Every metric of this coordinator process.
+pub struct Metrics {
+    registry: Registry,
+    /// Serializes scrapes: each refreshes the state gauges, then encodes.
+    scrape: Mutex<()>,
+    heartbeats: Family<Labels, Counter>,
+    machine_requests: Histograms,
+    store_ops: Histograms,
+    loop_runs: Histograms,
+    loop_errors: Family<Labels, Counter>,
+    loop_last_run: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    loop_period: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    remediations: Family<Labels, Counter>,
+    provider_calls: Family<Labels, Counter>,
+    provider_errors: Family<Labels, Counter>,
+    clusters: Family<Labels, Gauge>,
+    cluster_conditions: Family<Labels, Gauge>,
+    machines: Family<Labels, Gauge>,
+    leader: Gauge,
+    leader_term: Gauge,
+    connections: Family<Labels, Gauge>,
+    handshakes: Family<Labels, Gauge>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn global() -> &'static Metrics {
+    &METRICS
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("drover");
+        let m = Self {
+            registry: Registry::default(),
+            scrape: Mutex::new(()),
+            heartbeats: Family::default(),
+            machine_requests: Family::new_with_constructor(latency_histogram),
+            store_ops: Family::new_with_constructor(latency_histogram),
+            loop_runs: Family::new_with_constructor(latency_histogram),
+            loop_errors: Family::default(),
+            loop_last_run: Family::default(),
+            loop_period: Family::default(),
+            remediations: Family::default(),
+            provider_calls: Family::default(),
+            provider_errors: Family::default(),
+            clusters: Family::default(),
+            cluster_conditions: Family::default(),
+            machines: Family::default(),
+            leader: Gauge::default(),
+            leader_term: Gauge::default(),
+            connections: Family::default(),
+            handshakes: Family::default(),
+        };
+        registry.register(
+            "heartbeats",
+            "Machine heartbeats answered, by result: accepted, or refused (a bad certificate, a revoked or deleted machine, a follower, a malformed body)",
+            m.heartbeats.clone(),
+        );
+        registry.register(
+            "machine_request_duration_seconds",
+            "Time to answer machine API requests, by operation (register, config, heartbeat, certificate) and result",
+            m.machine_requests.clone(),
+        );
+        registry.register(
+            "store_operation_duration_seconds",
+            "Time of store operations that reach the backend (reads served from the cache are not counted), by operation (get, list, txn) and result",
+            m.store_ops.clone(),
+        );
+        registry.register(
+            "loop_run_duration_seconds",
+            "Time of one run of a background loop (the cluster reconciler, the sweeper, ...), by loop",
+            m.loop_runs.clone(),
+        );
+        registry.register(
+            "loop_errors",
+            "Runs of a background loop that ended in an error, by loop",
+            m.loop_errors.clone(),
+        );
+        registry.register(
+            "loop_last_run_timestamp_seconds",
+            "When a background loop last finished a run (Unix time), by loop; with loop_period_seconds, shows a stalled loop",
+            m.loop_last_run.clone(),
+        );
+        registry.register(
+            "loop_period_seconds",
+            "How often a background loop runs when nothing wakes it earlier, by loop",
+            m.loop_period.clone(),
+        );
+        registry.register(
+            "remediations",
+            "Machines taken out of their cluster to be replaced, by why (silent, stopped, not_started, node_not_ready, reported)",
+            m.remediations.clone(),
+        );
+        registry.register(
+            "provider_calls",
+            "Calls to a machine provider, by provider (docker, aws) and operation",
+            m.provider_calls.clone(),
+        );
+        registry.register(
+            "provider_errors",
+            "Failed calls to a machine provider, by provider, operation and error class (throttled, insufficient_capacity, quota_exceeded, unauthorized, invalid_configuration, transient, other)",
+            m.provider_errors.clone(),
+        );
+        registry.register("clusters", "Clusters, by phase.", m.clusters.clone());
+        registry.register(
+            "cluster_condition",
+            "One series per cluster and condition type, with the condition's status and reason as labels; the value is 1",
+            m.cluster_conditions.clone(),
+        );
+        registry.register(
+            "machines",
+            "Machines, by phase, health (healthy, unhealthy, silent, unknown) and provider (pool, docker, aws)",
+            m.machines.clone(),
+        );
+        registry.register(
+            "leader",
+            "Whether this replica leads (1) or follows (0)",
+            m.leader.clone(),
+        );
+        registry.register(
+            "leader_term",
+            "This replica's leadership term while it leads, else 0",
+            m.leader_term.clone(),
+        );
+        registry.register(
+            "connections",
+            "Client connections held now, by state (open, parked between requests, unauthenticated)",
+            m.connections.clone(),
+        );
+        registry.register(
+            "tls_handshakes",
+            "TLS handshakes since start, by result (full, resumed, failed); a counter kept by the server, exposed as a gauge of its value",
+            m.handshakes.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Records a machine API request: `operation` is register, config,
+    /// heartbeat or certificate.
+    pub fn machine_request(&self, operation: &'static str, ok: bool, took: Duration) {
+        let result = if ok { "ok" } else { "refused" };
+        if operation == "heartbeat" {
+            self.heartbeats
+                .get_or_create(&vec![(
+                    "result",
+                    if ok { "accepted" } else { "refused" }.to_owned(),
+                )])
+                .inc();
+        }
+        self.machine_requests
+            .get_or_create(&vec![
+                ("operation", operation.to_owned()),
+                ("result", result.to_owned()),
+            ])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records one store operation that reached the backend; `result` is
+    /// ok, conflict (a precondition failed) or error.
+    pub fn store_operation(&self, operation: &'static str, result: &'static str, took: Duration) {
+        self.store_ops
+            .get_or_create(&vec![
+                ("operation", operation.to_owned()),
+                ("result", result.to_owned()),
+            ])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records one run of background loop `name`.
+    pub fn loop_run(&self, name: &str, period: Duration, took: Duration, failed: bool) {
+        let labels = vec![("loop", name.to_owned())];
+        self.loop_runs
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if failed {
+            self.loop_errors.get_or_create(&labels).inc();
+        } else {
+            // Registered with no error yet: the series exists at 0.
+            let _ = self.loop_errors.get_or_create(&labels);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.loop_last_run.get_or_create(&labels).set(now);
+        self.loop_period
+            .get_or_create(&labels)
+            .set(period.as_secs_f64());
+    }
+
+    /// Records a machine taken out for replacement, `why` one of the
+    /// classes of `domain::health::Unhealthy`.
+    pub fn remediation(&self, why: &'static str) {
+        self.remediations
+            .get_or_create(&vec![("reason", why.to_owned())])
+            .inc();
+    }
+
+    /// Records a provider call and, when it failed, its error class.
+    pub fn provider_call(
+        &self,
+        provider: &'static str,
+        operation: &'static str,
+        error: Option<&'static str>,
+    ) {
+        let labels = vec![
+            ("provider", provider.to_owned()),
+            ("operation", operation.to_owned()),
+        ];
+        self.provider_calls.get_or_create(&labels).inc();
+        if let Some(class) = error {
+            let mut labels = labels;
+            labels.push(("class", class.to_owned()));
+            self.provider_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The text exposition of every metric, the state gauges computed from
+    /// `state` first.
+    pub fn render(&self, state: &State) -> String {
+        let _one = self.scrape.lock().expect("metrics scrape lock");
+        self.clusters.clear();
+        for c in &state.clusters {
+            self.clusters
+                .get_or_create(&vec![("phase", c.status.phase.to_string())])
+                .inc();
+        }
+        self.cluster_conditions.clear();
+        for c in &state.clusters {
+            for cond in &c.status.conditions {
+                self.cluster_conditions
+                    .get_or_create(&vec![
+                        ("cluster", c.metadata.name.clone()),
+                        ("condition", cond.type_.clone()),
+                        ("status", cond.status.clone()),
+                        ("reason", cond.reason.clone()),
+                    ])
+                    .set(1);
+            }
+        }
+        self.machines.clear();
+        for m in &state.machines {
+            if m.status.phase == MachinePhase::Deleted {
+                continue;
+            }
+            self.machines
+                .get_or_create(&vec![
+                    ("phase", m.status.phase.to_string()),
+                    ("health", machine_health(m).to_owned()),
+                    (
+                        "provider",
+                        m.spec.provider.clone().unwrap_or_else(|| "pool".into()),
+                    ),
+                ])
+                .inc();
+        }
+        self.leader.set(i64::from(state.leader_term.is_some()));
+        self.leader_term
+            .set(state.leader_term.map_or(0, |t| t as i64));
+        let c = &state.connections;
+        for (s, v) in [
+            ("open", c.open),
+            ("parked", c.parked),
+            ("unauthenticated", c.unauthenticated),
+        ] {
+            self.connections
+                .get_or_create(&vec![("state", s.to_owned())])
+                .set(v as i64);
+        }
+        for (r, v) in [
+            ("full", c.full_handshakes),
+            ("resumed", c.resumed_handshakes),
+            ("failed", c.failed_handshakes),
+        ] {
+            self.handshakes
+                .get_or_create(&vec![("result", r.to_owned())])
+                .set(v as i64);
+        }
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// The classic Prometheus text format (version 0.0.4) of an OpenMetrics
+/// exposition, for clients that do not ask for OpenMetrics (`curl`,
+/// `promtool check metrics`): a counter's family is named with its
+/// `_total` suffix, and the `# UNIT` and `# EOF` lines go.
+pub fn classic_text(openmetrics: &str) -> String {
+    let mut counters = std::collections::HashSet::new();
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.strip_suffix(" counter") {
+                counters.insert(name.to_owned());
+            }
+        }
+    }
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+/// What the state gauges are computed from at a scrape.
+pub struct State {
+    pub clusters: Vec<Cluster>,
+    pub machines: Vec<Machine>,
+    /// This replica's term while it leads.
+    pub leader_term: Option<u64>,
+    pub connections: Connections,
+}
+
+/// The server's connection counts at a scrape (the HTTP layer fills it;
+/// metrics depend on nothing of it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Connections {
+    pub open: u64,
+    pub parked: u64,
+    pub unauthenticated: u64,
+    pub full_handshakes: u64,
+    pub resumed_handshakes: u64,
+    pub failed_handshakes: u64,
+}
+
+/// A machine's health label: silent when the coordinator judged it not
+/// alive, else what its last report says.
+fn machine_health(m: &Machine) -> &'static str {
+    let not_alive = m
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False");
+    if not_alive {
+        return "silent";
+    }
+    match &m.status.health {
+        None => "unknown",
+        Some(h) if h.kubelet.state == drover_common::wire::ProbeState::Unknown => "unknown",
+        Some(h) if h.healthy() => "healthy",
+        Some(_) => "unhealthy",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_names_every_series_drover_and_counts_what_happened() {
+        let m = Metrics::new();
+        m.machine_request("heartbeat", true, Duration::from_millis(2));
+        m.machine_request("heartbeat", true, Duration::from_millis(3));
+        m.machine_request("heartbeat", false, Duration::from_millis(1));
+        m.remediation("silent");
+        m.provider_call("aws", "create", Some("throttled"));
+        m.loop_run(
+            "cluster-reconciler",
+            Duration::from_secs(5),
+            Duration::from_millis(40),
+            true,
+        );
+        let text = m.render(&State {
+            clusters: vec![],
+            machines: vec![],
+            leader_term: Some(7),
+            connections: Default::default(),
+        });
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("drover_"), "{line}");
+        }
+        for want in [
+            "drover_heartbeats_total{result=\"accepted\"} 2",
+            "drover_heartbeats_total{result=\"refused\"} 1",
+            "drover_remediations_total{reason=\"silent\"} 1",
+            "drover_provider_errors_total{provider=\"aws\",operation=\"create\",class=\"throttled\"} 1",
+            "drover_loop_errors_total{loop=\"cluster-reconciler\"} 1",
+            "drover_loop_period_seconds{loop=\"cluster-reconciler\"} 5.0",
+            "drover_leader 1",
+            "drover_leader_term 7",
+        ] {
+            assert!(text.contains(want), "{want} is missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        let classic = classic_text(&text);
+        assert!(
+            classic.contains("# TYPE drover_heartbeats_total counter\n"),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("# HELP drover_heartbeats_total Machine heartbeats"),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("# TYPE drover_leader gauge\n"),
+            "{classic}"
+        );
+        assert!(!classic.contains("# EOF"), "{classic}");
+    }
+}
