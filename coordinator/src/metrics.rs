@@ -50,6 +50,28 @@ pub struct Metrics {
     leader_term: Gauge,
     connections: Family<Labels, Gauge>,
     handshakes: Family<Labels, Gauge>,
+    history: Mutex<std::collections::VecDeque<Minute>>,
+}
+
+/// Heartbeats accepted and remediations in one minute, for the web view's
+/// chart of the last hour.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Minute {
+    /// Minutes since the Unix epoch.
+    pub minute: u64,
+    pub heartbeats: u64,
+    pub remediations: u64,
+}
+
+/// How many minutes [`Metrics::last_hour`] covers.
+pub const HISTORY_MINUTES: usize = 60;
+
+fn unix_minute() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+        / 60
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -82,6 +104,7 @@ impl Metrics {
             leader_term: Gauge::default(),
             connections: Family::default(),
             handshakes: Family::default(),
+            history: Mutex::new(Default::default()),
         };
         registry.register(
             "heartbeats",
@@ -171,6 +194,9 @@ impl Metrics {
     /// heartbeat or certificate.
     pub fn machine_request(&self, operation: &'static str, ok: bool, took: Duration) {
         let result = if ok { "ok" } else { "refused" };
+        if operation == "heartbeat" && ok {
+            self.count_minute(|m| m.heartbeats += 1);
+        }
         if operation == "heartbeat" {
             self.heartbeats
                 .get_or_create(&vec![(
@@ -223,6 +249,7 @@ impl Metrics {
     /// Records a machine taken out for replacement, `why` one of the
     /// classes of `domain::health::Unhealthy`.
     pub fn remediation(&self, why: &'static str) {
+        self.count_minute(|m| m.remediations += 1);
         self.remediations
             .get_or_create(&vec![("reason", why.to_owned())])
             .inc();
@@ -245,6 +272,41 @@ impl Metrics {
             labels.push(("class", class.to_owned()));
             self.provider_errors.get_or_create(&labels).inc();
         }
+    }
+
+    fn count_minute(&self, bump: impl FnOnce(&mut Minute)) {
+        let now = unix_minute();
+        let mut h = self.history.lock().expect("metrics history lock");
+        if h.back().is_none_or(|m| m.minute != now) {
+            h.push_back(Minute {
+                minute: now,
+                ..Default::default()
+            });
+        }
+        while h.len() > HISTORY_MINUTES {
+            h.pop_front();
+        }
+        bump(h.back_mut().expect("pushed above"));
+    }
+
+    /// The last [`HISTORY_MINUTES`] minutes, oldest first, this one last;
+    /// minutes without any count are zeros.
+    pub fn last_hour(&self) -> Vec<Minute> {
+        let now = unix_minute();
+        let h = self.history.lock().expect("metrics history lock");
+        (0..HISTORY_MINUTES as u64)
+            .rev()
+            .map(|ago| {
+                let minute = now.saturating_sub(ago);
+                h.iter()
+                    .find(|m| m.minute == minute)
+                    .copied()
+                    .unwrap_or(Minute {
+                        minute,
+                        ..Default::default()
+                    })
+            })
+            .collect()
     }
 
     /// The text exposition of every metric, the state gauges computed from
@@ -368,7 +430,7 @@ pub struct Connections {
 
 /// A machine's health label: silent when the coordinator judged it not
 /// alive, else what its last report says.
-fn machine_health(m: &Machine) -> &'static str {
+pub fn machine_health(m: &Machine) -> &'static str {
     let not_alive = m
         .status
         .conditions
@@ -439,5 +501,14 @@ mod tests {
             "{classic}"
         );
         assert!(!classic.contains("# EOF"), "{classic}");
+        let hour = m.last_hour();
+        assert_eq!(hour.len(), HISTORY_MINUTES);
+        // Counted in this minute (or the one before, had it just turned).
+        let heartbeats: u64 = hour.iter().map(|m| m.heartbeats).sum();
+        let remediations: u64 = hour.iter().map(|m| m.remediations).sum();
+        assert_eq!((heartbeats, remediations), (2, 1), "{hour:?}");
+        assert!(hour[..HISTORY_MINUTES - 2]
+            .iter()
+            .all(|m| m.heartbeats == 0));
     }
 }

@@ -842,6 +842,7 @@ fn kill_child(child: &mut Option<Child>) {
 /// Helpers for tests that use the Docker engine.
 #[cfg(feature = "aws")]
 pub mod aws;
+pub mod browser;
 pub mod etcd;
 pub mod kube;
 

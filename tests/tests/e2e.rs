@@ -2728,3 +2728,189 @@ scrape_configs:
         }
     });
 }
+
+#[test]
+fn the_web_view_shows_what_the_api_says_in_a_real_browser_and_changes_nothing() {
+    use drover_tests::browser::Browser;
+    let (tmp, c, _agents) = registered_pool(2, "ui-");
+    apply(&c, tmp.path(), &pool_cluster_yaml("web", 1, 1, "dev"));
+    c.wait_cluster_phase("web", "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "web"])).unwrap();
+    wait_for("two Ready Nodes", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.len() == 2).then_some(()).ok_or(format!("{ready:?}"))
+    });
+    wait_for("the cluster to list its Nodes", BOOT, || {
+        let n = c.cluster("web").unwrap()["status"]["nodes"]
+            .as_array()
+            .map_or(0, Vec::len);
+        (n == 2).then_some(()).ok_or(format!("{n} nodes"))
+    });
+    let viewer = c.create_admin_token("viewer");
+    let ui = format!("{}/ui", c.url());
+    let b = Browser::start();
+
+    // Not signed in: the sign-in page. A wrong token is refused.
+    b.go(&ui);
+    assert!(b.url().ends_with("/ui/login"), "{}", b.url());
+    b.screenshot("login");
+    b.type_into("#token", "not-a-token");
+    b.click("#sign-in");
+    wait_for("the refusal", BOOT, || {
+        let e = b.find_all("#login-error");
+        (!e.is_empty()).then_some(()).ok_or(b.url())
+    });
+    assert!(b.text_of("#login-error").contains("not an admin token"));
+
+    // Signed in with a viewer token: the overview counts what the API lists.
+    b.type_into("#token", &viewer);
+    b.click("#sign-in");
+    b.wait_url("/ui");
+    assert!(
+        b.text_of("#who").ends_with("viewer"),
+        "{}",
+        b.text_of("#who")
+    );
+    let machines = c.machines();
+    assert_eq!(b.text_of("#cluster-count"), "1");
+    assert_eq!(b.text_of("#machine-count"), machines.len().to_string());
+    assert!(
+        b.text_of("#machine-phases").contains("Running 2"),
+        "{}",
+        b.text_of("#machine-phases")
+    );
+    assert!(b.text_of("#hour-totals").contains("heartbeats accepted"));
+    assert_eq!(b.find_all("svg rect.hb").len(), 60);
+    b.screenshot("overview");
+
+    // Clusters: the phase the API reports.
+    let cluster = c.cluster("web").unwrap();
+    b.go(&format!("{ui}/clusters"));
+    let table = b.text_of("#clusters");
+    assert!(
+        table.contains(&format!(
+            "web {}",
+            cluster["status"]["phase"].as_str().unwrap()
+        )),
+        "{table}"
+    );
+    b.screenshot("clusters");
+    b.go(&format!("{ui}/clusters/web"));
+    assert_eq!(
+        b.text_of("#phase"),
+        cluster["status"]["phase"].as_str().unwrap()
+    );
+    let nodes = b.text_of("#nodes");
+    for n in cluster["status"]["nodes"].as_array().unwrap() {
+        assert!(nodes.contains(n["name"].as_str().unwrap()), "{nodes}");
+    }
+    b.screenshot("cluster");
+
+    // Machines: every one with its phase; one in detail with its events.
+    b.go(&format!("{ui}/machines"));
+    let table = b.text_of("#machines");
+    for m in &machines {
+        let line = format!("{} web", m["metadata"]["name"].as_str().unwrap());
+        assert!(table.contains(&line), "{line} not in {table}");
+    }
+    b.screenshot("machines");
+    let m = &machines[0];
+    let name = m["metadata"]["name"].as_str().unwrap();
+    b.go(&format!("{ui}/machines/{name}"));
+    assert_eq!(b.text_of("#phase"), m["status"]["phase"].as_str().unwrap());
+    assert_eq!(b.text_of("#health"), "healthy");
+    let events = b.text_of("#events");
+    let last = m["status"]["events"].as_array().unwrap().last().unwrap();
+    assert!(
+        events.contains(last["reason"].as_str().unwrap()),
+        "{events}"
+    );
+    assert!(!b.text_of("#last-heartbeat").is_empty());
+    b.screenshot("machine");
+
+    // Nothing on any page writes: the only form signs out; no script and
+    // no inline style (the Content-Security-Policy would refuse them); no
+    // token on the page.
+    for page in [
+        "",
+        "/clusters",
+        "/clusters/web",
+        "/machines",
+        &format!("/machines/{name}"),
+    ] {
+        b.go(&format!("{ui}{page}"));
+        let forms = b.find_all("form");
+        assert_eq!(forms.len(), 1, "{page}");
+        assert!(
+            b.attribute(&forms[0], "action")
+                .unwrap()
+                .ends_with("/ui/logout"),
+            "{page}"
+        );
+        let source = b.source();
+        assert!(
+            !source.contains("<script") && !source.contains(" style="),
+            "{page}: {source}"
+        );
+        assert!(
+            !source.contains(&viewer) && !source.contains(&c.admin_token),
+            "{page}"
+        );
+    }
+    let api = c.api(None);
+    let page = api.send("GET", "/ui/login", None, None);
+    assert_eq!(page.status, 200);
+    // The session cookie reaches no API write, and the view takes no other
+    // request that changes anything.
+    let cookie = b.cookie("drover_ui").expect("the session cookie");
+    let send_with_cookie = |method: &str, path: &str, cookie: &str| {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let client = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(c.ca_pem().as_bytes()).unwrap())
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let url = format!("{}{path}", c.url());
+        rt.block_on(async {
+            client
+                .request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url)
+                .header("cookie", format!("drover_ui={cookie}"))
+                .body(pool_cluster_yaml("web", 3, 1, "dev"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    let with_cookie = |method: &str, path: &str| send_with_cookie(method, path, &cookie);
+    // A session cookie changed by hand is not a session.
+    let mut forged = cookie.clone().into_bytes();
+    forged[3] = if forged[3] == b'A' { b'B' } else { b'A' };
+    let forged = String::from_utf8(forged).unwrap();
+    assert_eq!(send_with_cookie("GET", "/ui/machines", &forged), 303);
+    assert_eq!(with_cookie("PUT", "/v1/clusters/web"), 401);
+    assert_eq!(with_cookie("DELETE", &format!("/v1/machines/{name}")), 401);
+    assert_eq!(with_cookie("POST", "/ui/clusters/web"), 405);
+    assert_eq!(with_cookie("GET", "/ui/clusters/web"), 200);
+    assert_eq!(c.cluster("web").unwrap()["spec"], cluster["spec"]);
+
+    // Signing out ends the session; revoking the token ends another.
+    b.click("form.signout button");
+    b.wait_url("/ui/login");
+    b.go(&ui);
+    assert!(b.url().ends_with("/ui/login"), "{}", b.url());
+    b.type_into("#token", &viewer);
+    b.click("#sign-in");
+    b.wait_url("/ui");
+    let who = b.text_of("#who");
+    let id = who
+        .strip_prefix("token ")
+        .and_then(|w| w.split(' ').next())
+        .unwrap()
+        .to_owned();
+    c.cli_ok(&["admin-token", "revoke", &id]);
+    b.go(&format!("{ui}/machines"));
+    assert!(b.url().ends_with("/ui/login"), "{}", b.url());
+}

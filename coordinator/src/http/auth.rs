@@ -54,7 +54,12 @@ pub fn resolve_admin(app: &App, headers: &axum::http::HeaderMap) -> Result<Admin
     let token = value.strip_prefix("Bearer ").ok_or_else(|| {
         ApiError::unauthorized("the Authorization header must be `Bearer <token>`")
     })?;
-    let hash = hash_token(token.trim());
+    admin_for_hash(app, &hash_token(token.trim()))
+}
+
+/// The admin whose token hashes to `hash` (a web view session holds the
+/// hash, never the token).
+pub fn admin_for_hash(app: &App, hash: &str) -> Result<Admin, ApiError> {
     let tokens = app
         .store
         .get_json::<AdminTokens>(Kind::Secret, ADMIN_TOKENS)?

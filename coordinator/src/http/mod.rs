@@ -11,6 +11,7 @@ pub mod responses;
 pub mod secrets;
 pub mod security;
 pub mod server;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -49,6 +50,15 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/ui", get(ui::overview))
+        .route("/ui/", get(ui::overview))
+        .route("/ui/login", get(ui::login_page).post(ui::login))
+        .route("/ui/logout", post(ui::logout))
+        .route("/ui/static/drover.css", get(ui::stylesheet))
+        .route("/ui/clusters", get(ui::clusters))
+        .route("/ui/clusters/{name}", get(ui::cluster))
+        .route("/ui/machines", get(ui::machines))
+        .route("/ui/machines/{name}", get(ui::machine))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/v1/clusters", get(admin::list_clusters))
         .route(

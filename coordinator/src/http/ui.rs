@@ -1,0 +1,589 @@
+//! The read-only web view at `/ui`: server-rendered HTML (maud escapes
+//! every value), one stylesheet served from here, no script, no CDN, no
+//! external font, and a Content-Security-Policy that allows nothing else.
+//!
+//! Signing in takes an admin token (a viewer's is enough). The session is
+//! a cookie holding the token's SHA-256 and an expiry, signed with a key
+//! derived from the coordinator's ticket key, so every replica accepts it
+//! and nothing is kept per session; each page checks the token still
+//! exists, so revoking it ends its sessions. The pages show no secret: no
+//! token, key, certificate, file content or Secret value. The only forms
+//! sign in and out: the view changes nothing.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use drover_common::api::{Cluster, Machine, MachinePhase};
+use hmac::{Hmac, Mac};
+use maud::{html, Markup, DOCTYPE};
+use sha2::Sha256;
+
+use super::auth::{admin_for_hash, Admin};
+use crate::app::App;
+use crate::domain::secrets::{hash_token, AdminRole};
+
+/// The session cookie's name.
+pub const SESSION_COOKIE: &str = "drover_ui";
+/// How long a session lasts.
+pub const SESSION_SECONDS: i64 = 8 * 3600;
+
+/// Every page's Content-Security-Policy: this origin's stylesheet and
+/// nothing else; forms post only here; no framing.
+pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+const STYLESHEET: &str = include_str!("ui.css");
+
+/// `GET /ui/static/drover.css`.
+pub async fn stylesheet() -> Response {
+    let mut r = (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        STYLESHEET,
+    )
+        .into_response();
+    harden(&mut r);
+    r
+}
+
+/// `GET /ui/login`.
+pub async fn login_page() -> Response {
+    respond(StatusCode::OK, login_form(None))
+}
+
+/// `POST /ui/login`: checks the form's `token` and sets the session
+/// cookie.
+pub async fn login(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
+    let token = form_urlencoded::parse(&body)
+        .find(|(k, _)| k == "token")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    let hash = hash_token(token.trim());
+    match admin_for_hash(&app, &hash) {
+        Ok(admin) => {
+            tracing::info!(token = %admin.token_id, "web view: signed in");
+            let expires = drover_common::now().unix_timestamp() + SESSION_SECONDS;
+            let cookie = format!(
+                "{SESSION_COOKIE}={}; Path=/ui; Max-Age={SESSION_SECONDS}; HttpOnly; Secure; SameSite=Strict",
+                seal_session(&app, &hash, expires)
+            );
+            let mut r = Redirect::to("/ui").into_response();
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            harden(&mut r);
+            r
+        }
+        Err(_) => respond(
+            StatusCode::UNAUTHORIZED,
+            login_form(Some(
+                "That token is not an admin token of this coordinator. Create one with `drover admin-token create --role viewer`.",
+            )),
+        ),
+    }
+}
+
+/// `POST /ui/logout`: forgets the cookie.
+pub async fn logout() -> Response {
+    let mut r = Redirect::to("/ui/login").into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static(
+            "drover_ui=; Path=/ui; Max-Age=0; HttpOnly; Secure; SameSite=Strict",
+        ),
+    );
+    harden(&mut r);
+    r
+}
+
+/// `GET /ui`: the fleet at a glance.
+pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let Some(admin) = session(&app, &headers) else {
+        return to_login();
+    };
+    let (clusters, machines) = match (app.clusters(), app.machines()) {
+        (Ok(c), Ok(m)) => (c, m),
+        (Err(e), _) | (_, Err(e)) => return store_failed(&e),
+    };
+    let machines: Vec<Machine> = machines
+        .into_iter()
+        .filter(|m| m.status.phase != MachinePhase::Deleted)
+        .collect();
+    let hour = crate::metrics::global().last_hour();
+    let heartbeats: u64 = hour.iter().map(|m| m.heartbeats).sum();
+    let remediations: u64 = hour.iter().map(|m| m.remediations).sum();
+    let mut phases: Vec<(String, usize)> = vec![];
+    for c in &clusters {
+        count(&mut phases, c.status.phase.to_string());
+    }
+    let mut machine_phases: Vec<(String, usize)> = vec![];
+    let mut health: Vec<(String, usize)> = vec![];
+    for m in &machines {
+        count(&mut machine_phases, m.status.phase.to_string());
+        count(&mut health, crate::metrics::machine_health(m).to_owned());
+    }
+    let body = html! {
+        section.counts {
+            div.card { h2 { "Clusters" } p.big #cluster-count { (clusters.len()) }
+                (tally("cluster-phases", &phases)) }
+            div.card { h2 { "Machines" } p.big #machine-count { (machines.len()) }
+                (tally("machine-phases", &machine_phases)) }
+            div.card { h2 { "Health" } (tally("machine-health", &health)) }
+        }
+        section {
+            h2 { "The last hour" }
+            p #hour-totals {
+                (heartbeats) " heartbeats accepted, " (remediations) " remediations (this replica)"
+            }
+            (chart("Heartbeats per minute", "hb", hour.iter().map(|m| m.heartbeats).collect()))
+            (chart("Remediations per minute", "rem", hour.iter().map(|m| m.remediations).collect()))
+        }
+        section {
+            h2 { "Clusters" }
+            (clusters_table(&clusters))
+        }
+    };
+    respond(StatusCode::OK, page("Overview", &admin, body))
+}
+
+/// `GET /ui/clusters`.
+pub async fn clusters(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let Some(admin) = session(&app, &headers) else {
+        return to_login();
+    };
+    match app.clusters() {
+        Ok(list) => respond(
+            StatusCode::OK,
+            page("Clusters", &admin, clusters_table(&list)),
+        ),
+        Err(e) => store_failed(&e),
+    }
+}
+
+/// `GET /ui/clusters/{name}`.
+pub async fn cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    let Some(admin) = session(&app, &headers) else {
+        return to_login();
+    };
+    let (c, machines) = match (app.cluster(&name), app.machines()) {
+        (Ok(Some(c)), Ok(m)) => (c, m),
+        (Ok(None), _) => return not_found(&admin, "cluster", &name),
+        (Err(e), _) | (_, Err(e)) => return store_failed(&e),
+    };
+    let mine: Vec<Machine> = machines
+        .into_iter()
+        .filter(|m| {
+            m.status.phase != MachinePhase::Deleted
+                && m.spec
+                    .assignment
+                    .as_ref()
+                    .is_some_and(|a| a.cluster == c.metadata.name)
+        })
+        .collect();
+    let body = html! {
+        dl.facts {
+            dt { "Phase" } dd #phase { (c.status.phase) }
+            dt { "Kubernetes" } dd { (c.spec.kubernetes_version) }
+            dt { "Provider" } dd { (c.spec.provider.name()) }
+            dt { "Endpoint" } dd { (c.status.control_plane_endpoint.as_deref().unwrap_or("-")) }
+            dt { "Created" } dd { (ago(c.metadata.creation_timestamp)) }
+        }
+        h2 { "Pools" }
+        table #pools {
+            thead { tr { th { "Pool" } th { "Desired" } th { "Assigned" } th { "Running" } } }
+            tbody { @for p in &c.status.pools {
+                tr { td { (p.name) } td { (p.desired) } td { (p.assigned) } td { (p.running) } }
+            } }
+        }
+        h2 { "Conditions" }
+        (conditions(&c.status.conditions))
+        h2 { "Nodes" }
+        table #nodes {
+            thead { tr { th { "Node" } th { "Ready" } th { "Kubelet" } th { "Message" } } }
+            tbody { @for n in &c.status.nodes {
+                tr { td { (n.name) } td { (n.ready) } td { (n.kubelet_version) } td { (n.message) } }
+            } }
+        }
+        @if !c.status.addons.is_empty() {
+            h2 { "Addons" }
+            table #addons {
+                thead { tr { th { "Addon" } th { "Phase" } th { "Applied" } } }
+                tbody { @for a in &c.status.addons {
+                    tr { td { (a.name) } td { (format!("{:?}", a.phase)) } td { (ago(a.applied_at)) } }
+                } }
+            }
+        }
+        h2 { "Machines" }
+        (machines_table(&app, &mine))
+    };
+    respond(
+        StatusCode::OK,
+        page(&format!("Cluster {}", c.metadata.name), &admin, body),
+    )
+}
+
+/// `GET /ui/machines`.
+pub async fn machines(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let Some(admin) = session(&app, &headers) else {
+        return to_login();
+    };
+    match app.machines() {
+        Ok(list) => {
+            let live: Vec<Machine> = list
+                .into_iter()
+                .filter(|m| m.status.phase != MachinePhase::Deleted)
+                .collect();
+            respond(
+                StatusCode::OK,
+                page("Machines", &admin, machines_table(&app, &live)),
+            )
+        }
+        Err(e) => store_failed(&e),
+    }
+}
+
+/// `GET /ui/machines/{name}`.
+pub async fn machine(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    let Some(admin) = session(&app, &headers) else {
+        return to_login();
+    };
+    let m = match app.machine(&name) {
+        Ok(Some(m)) => m,
+        Ok(None) => return not_found(&admin, "machine", &name),
+        Err(e) => return store_failed(&e),
+    };
+    let a = m.spec.assignment.as_ref();
+    let body = html! {
+        dl.facts {
+            dt { "Phase" } dd #phase { (m.status.phase) }
+            dt { "Health" } dd #health { (health_text(&m)) }
+            dt { "Cluster" } dd { @match a {
+                Some(a) => a href={ "/ui/clusters/" (a.cluster) } { (a.cluster) },
+                None => "-",
+            } }
+            dt { "Pool" } dd { (a.map_or("-", |a| a.machine_pool.as_str())) }
+            dt { "Role" } dd { (a.map_or("-".to_owned(), |a| a.role.to_string())) }
+            dt { "Host name" } dd { (m.status.hostname) }
+            dt { "Addresses" } dd { (m.status.addresses.join(", ")) }
+            dt { "Last heartbeat" } dd #last-heartbeat { (ago(app.last_seen(&m.metadata.name).or(m.status.last_heartbeat_time))) }
+            dt { "kubeadm" } dd { (m.status.kubeadm_version) }
+            dt { "Agent" } dd { (m.status.agent_version) }
+            dt { "Provider" } dd { (m.spec.provider.as_deref().unwrap_or("pool")) }
+        }
+        h2 { "Conditions" }
+        (conditions(&m.status.conditions))
+        h2 { "Events" }
+        table #events {
+            thead { tr { th { "When" } th { "Reason" } th { "Message" } } }
+            tbody { @for e in m.status.events.iter().rev() {
+                tr { td { (ago(Some(e.time))) } td { (e.reason) } td { (e.message) } }
+            } }
+        }
+    };
+    respond(
+        StatusCode::OK,
+        page(&format!("Machine {}", m.metadata.name), &admin, body),
+    )
+}
+
+// ---- Sessions.
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The key that signs sessions: derived from the ticket key, so it is the
+/// same on every replica and never the ticket key itself.
+fn session_key(app: &App) -> HmacSha256 {
+    let mut derive =
+        HmacSha256::new_from_slice(app.ticket_key.as_bytes()).expect("HMAC takes any key length");
+    derive.update(b"drover web view session v1");
+    let key = derive.finalize().into_bytes();
+    HmacSha256::new_from_slice(&key).expect("HMAC takes any key length")
+}
+
+/// `payload.mac`: the token's hash and the expiry, signed.
+fn seal_session(app: &App, hash: &str, expires: i64) -> String {
+    let payload = URL_SAFE_NO_PAD.encode(format!("{hash}:{expires}"));
+    let mut mac = session_key(app);
+    mac.update(payload.as_bytes());
+    format!(
+        "{payload}.{}",
+        URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+    )
+}
+
+/// The answer that sends a request without a valid session to sign in.
+fn to_login() -> Response {
+    let mut r = Redirect::to("/ui/login").into_response();
+    harden(&mut r);
+    r
+}
+
+/// The signed-in admin of a request: its session cookie is signed, not
+/// expired, and its token still exists.
+fn session(app: &App, headers: &HeaderMap) -> Option<Admin> {
+    let value = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix(&format!("{SESSION_COOKIE}=")))?;
+    let (payload, tag) = value.split_once('.')?;
+    let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
+    let mut mac = session_key(app);
+    mac.update(payload.as_bytes());
+    mac.verify_slice(&tag).ok()?;
+    let payload = String::from_utf8(URL_SAFE_NO_PAD.decode(payload).ok()?).ok()?;
+    let (hash, expires) = payload.split_once(':')?;
+    let expires: i64 = expires.parse().ok()?;
+    if expires < drover_common::now().unix_timestamp() {
+        return None;
+    }
+    // A revoked token ends its sessions.
+    admin_for_hash(app, hash).ok()
+}
+
+// ---- Rendering.
+
+/// Sets the headers every web view answer carries.
+fn harden(r: &mut Response) {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+fn respond(status: StatusCode, markup: Markup) -> Response {
+    let mut r = (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        markup.into_string(),
+    )
+        .into_response();
+    harden(&mut r);
+    r
+}
+
+fn store_failed(e: &crate::store::StoreError) -> Response {
+    tracing::warn!(error = %e, "web view: the store failed");
+    respond(
+        StatusCode::SERVICE_UNAVAILABLE,
+        html! { (DOCTYPE) html lang="en" { head { meta charset="utf-8"; title { "Drover" } }
+        body { p { "The coordinator's store did not answer; try again shortly." } } } },
+    )
+}
+
+fn not_found(admin: &Admin, kind: &str, name: &str) -> Response {
+    respond(
+        StatusCode::NOT_FOUND,
+        page(
+            "Not found",
+            admin,
+            html! { p { "There is no " (kind) " named " code { (name) } "." } },
+        ),
+    )
+}
+
+fn page(title: &str, admin: &Admin, body: Markup) -> Markup {
+    let role = match admin.role {
+        AdminRole::Admin => "admin",
+        AdminRole::Viewer => "viewer",
+    };
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { "Drover · " (title) }
+                link rel="stylesheet" href="/ui/static/drover.css";
+            }
+            body {
+                header {
+                    span.brand { "Drover" }
+                    nav {
+                        a href="/ui" { "Overview" }
+                        a href="/ui/clusters" { "Clusters" }
+                        a href="/ui/machines" { "Machines" }
+                    }
+                    span.who #who { "token " (admin.token_id) " · " (role) }
+                    form.signout method="post" action="/ui/logout" {
+                        button type="submit" { "Sign out" }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+                footer { "Read-only view · drover " (env!("CARGO_PKG_VERSION")) }
+            }
+        }
+    }
+}
+
+fn login_form(error: Option<&str>) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { "Drover · sign in" }
+                link rel="stylesheet" href="/ui/static/drover.css";
+            }
+            body.login {
+                main {
+                    h1 { "Drover" }
+                    p { "A read-only view of this coordinator's clusters and machines. Sign in with an admin token; a viewer token is enough." }
+                    @if let Some(e) = error { p.error #login-error { (e) } }
+                    form method="post" action="/ui/login" {
+                        label for="token" { "Admin token" }
+                        input #token type="password" name="token" autocomplete="off" required;
+                        button type="submit" #sign-in { "Sign in" }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn count(counts: &mut Vec<(String, usize)>, key: String) {
+    match counts.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, n)) => *n += 1,
+        None => counts.push((key, 1)),
+    }
+}
+
+fn tally(id: &str, counts: &[(String, usize)]) -> Markup {
+    html! {
+        ul.tally id=(id) {
+            @for (k, n) in counts { li { span.key { (k) } " " span.n { (n) } } }
+            @if counts.is_empty() { li { "none" } }
+        }
+    }
+}
+
+/// A bar chart of one value per minute, as inline SVG (markup, styled by
+/// the stylesheet's classes: no inline style or script).
+fn chart(title: &str, class: &str, values: Vec<u64>) -> Markup {
+    const W: u64 = 600;
+    const H: u64 = 80;
+    let peak = values.iter().copied().max().unwrap_or(0);
+    let max = peak.max(1);
+    let n = values.len().max(1) as u64;
+    let bar = W / n;
+    html! {
+        figure.chart {
+            figcaption { (title) " · peak " (peak) }
+            svg xmlns="http://www.w3.org/2000/svg" viewBox={ "0 0 " (W) " " (H) } width=(W) height=(H) role="img" aria-label=(title) {
+                line.axis x1="0" y1=(H) x2=(W) y2=(H) {}
+                @for (i, v) in values.iter().enumerate() {
+                    @let h = v * (H - 4) / max;
+                    rect class=(class) x=(i as u64 * bar) y=(H - h) width=(bar.saturating_sub(1)) height=(h) {
+                        @let ago = n - 1 - i as u64;
+                        title { @if ago == 0 { "this minute" } @else { (ago) " min ago" } ": " (v) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn clusters_table(list: &[Cluster]) -> Markup {
+    html! {
+        table #clusters {
+            thead { tr { th { "Cluster" } th { "Phase" } th { "Version" } th { "Pools (running/desired)" } th { "Ready" } } }
+            tbody { @for c in list {
+                @let ready = c.status.conditions.iter().find(|x| x.type_ == "Ready");
+                tr {
+                    td { a href={ "/ui/clusters/" (c.metadata.name) } { (c.metadata.name) } }
+                    td.phase { (c.status.phase) }
+                    td { (c.spec.kubernetes_version) }
+                    td { (c.status.pools.iter().map(|p| format!("{} {}/{}", p.name, p.running, p.desired)).collect::<Vec<_>>().join(", ")) }
+                    td { @match ready {
+                        Some(r) => { (r.status) @if !r.reason.is_empty() { " (" (r.reason) ")" } },
+                        None => "-",
+                    } }
+                }
+            } }
+        }
+    }
+}
+
+fn conditions(list: &[drover_common::api::Condition]) -> Markup {
+    html! {
+        table.conditions {
+            thead { tr { th { "Condition" } th { "Status" } th { "Reason" } th { "Message" } th { "Since" } } }
+            tbody { @for c in list {
+                tr class={ "status-" (c.status.to_lowercase()) } {
+                    td { (c.type_) } td { (c.status) } td { (c.reason) } td { (c.message) }
+                    td { (ago(Some(c.last_transition_time))) }
+                }
+            } }
+        }
+    }
+}
+
+fn machines_table(app: &App, list: &[Machine]) -> Markup {
+    html! {
+        table #machines {
+            thead { tr { th { "Machine" } th { "Cluster" } th { "Pool" } th { "Phase" } th { "Health" } th { "Last heartbeat" } th { "Version" } } }
+            tbody { @for m in list {
+                @let a = m.spec.assignment.as_ref();
+                tr {
+                    td { a href={ "/ui/machines/" (m.metadata.name) } { (m.metadata.name) } }
+                    td { (a.map_or("-", |a| a.cluster.as_str())) }
+                    td { (a.map_or("-", |a| a.machine_pool.as_str())) }
+                    td.phase { (m.status.phase) }
+                    td { (health_text(m)) }
+                    td { (ago(app.last_seen(&m.metadata.name).or(m.status.last_heartbeat_time))) }
+                    td { (if m.status.kubeadm_version.is_empty() { "-" } else { &m.status.kubeadm_version }) }
+                }
+            } }
+        }
+    }
+}
+
+/// A machine's health label, with why when it is not healthy.
+fn health_text(m: &Machine) -> String {
+    let label = crate::metrics::machine_health(m);
+    let alive = m
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False");
+    match alive {
+        Some(c) if !c.reason.is_empty() => format!("{label} ({})", c.reason),
+        _ => label.to_owned(),
+    }
+}
+
+fn ago(t: Option<time::OffsetDateTime>) -> String {
+    let Some(t) = t else { return "-".into() };
+    let s = (drover_common::now() - t).whole_seconds().max(0);
+    match s {
+        0..=119 => format!("{s}s ago"),
+        120..=7199 => format!("{}m ago", s / 60),
+        7200..=172_799 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86400),
+    }
+}
