@@ -157,6 +157,14 @@ enum Command {
     /// over the API servers the coordinator lists in the backends file,
     /// each probed on `/readyz` every second.
     LoadBalancer(load_balancer::LoadBalancerArgs),
+    /// Print a shell completion script (`drover-agent completion bash`).
+    Completion {
+        #[arg(value_enum)]
+        shell: drover_common::cli_docs::Shell,
+    },
+    /// Write the man pages (drover-agent.1, ...) into DIR.
+    #[command(hide = true)]
+    Man { dir: PathBuf },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -222,6 +230,26 @@ fn main() -> ExitCode {
             };
         }
         Some(Command::LoadBalancer(args)) => return load_balancer_main(args),
+        Some(Command::Completion { shell }) => {
+            use clap::CommandFactory;
+            use std::io::Write;
+            let script = drover_common::cli_docs::completion(&mut Cli::command(), shell);
+            let _ = std::io::stdout().write_all(&script);
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Man { dir }) => {
+            use clap::CommandFactory;
+            return match drover_common::cli_docs::man_pages(Cli::command(), &dir) {
+                Ok(pages) => {
+                    println!("{} man pages written to {}", pages.len(), dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("drover-agent man: cannot write into {}: {e}", dir.display());
+                    ExitCode::FAILURE
+                }
+            };
+        }
         None => {}
     }
     if std::process::id() == 1 {

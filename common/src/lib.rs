@@ -41,6 +41,8 @@ macro_rules! string_type_serde {
 }
 
 // Leaves: shared primitives that import nothing of this crate.
+#[cfg(feature = "cli-docs")]
+pub mod cli_docs;
 pub mod fsutil;
 pub mod jws;
 pub mod names;

@@ -3,6 +3,7 @@
 use drover::cli::{self, client};
 use drover::http::server;
 use drover::{config_file, migrate, serve, store, EXIT_CONFIG};
+use drover_common::cli_docs::{self, Shell};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,15 @@ enum TopCommand {
 enum Command {
     /// Run the coordinator.
     Serve(Box<ServeArgs>),
+    /// Print a shell completion script (`drover completion bash >
+    /// /usr/share/bash-completion/completions/drover`).
+    Completion {
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write the man pages (drover.1, drover-serve.1, ...) into DIR.
+    #[command(hide = true)]
+    Man { dir: PathBuf },
     #[command(flatten)]
     Operator(cli::Command),
 }
@@ -176,6 +186,25 @@ fn main() -> ExitCode {
     );
     let command = match cli.command {
         TopCommand::Store(args) => return migrate::run(args),
+        TopCommand::Main(Command::Completion { shell }) => {
+            use std::io::Write;
+            let script = cli_docs::completion(&mut Cli::command(), shell);
+            // A closed pipe (`| head`) is the reader's choice, not a failure.
+            let _ = std::io::stdout().write_all(&script);
+            return ExitCode::SUCCESS;
+        }
+        TopCommand::Main(Command::Man { dir }) => {
+            return match cli_docs::man_pages(Cli::command(), &dir) {
+                Ok(pages) => {
+                    println!("{} man pages written to {}", pages.len(), dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("drover man: cannot write into {}: {e}", dir.display());
+                    ExitCode::FAILURE
+                }
+            };
+        }
         TopCommand::Main(command) => command,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -232,6 +261,9 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Completion { .. } | Command::Man { .. } => {
+            unreachable!("answered before the runtime starts")
         }
         Command::Operator(command) => match runtime.block_on(cli::run(command)) {
             Ok(()) => ExitCode::SUCCESS,
