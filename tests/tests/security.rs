@@ -1499,18 +1499,19 @@ endpointPorts: {endpoint}-{endpoint}
     // A misspelt key and a bad value: exit 64, naming file, line and key,
     // and nothing is bound or created.
     let bad = tmp.path().join("bad.yaml");
-    std::fs::write(
-        &bad,
-        format!("listen: 127.0.0.1:{port}\nheartbeatTimout: 1m\n"),
-    )
-    .unwrap();
-    let out = std::process::Command::new(bin("drover"))
-        .args(["serve", "--config"])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    // Serves from `text` as the config file: its exit must be 64; returns
+    // what it said.
+    let refused = |text: &str| {
+        std::fs::write(&bad, text).unwrap();
+        let out = std::process::Command::new(bin("drover"))
+            .args(["serve", "--config"])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(&format!("listen: 127.0.0.1:{port}\nheartbeatTimout: 1m\n"));
     assert!(
         err.contains(&format!(
             "{}:2: unknown key `heartbeatTimout`",
@@ -1518,14 +1519,7 @@ endpointPorts: {endpoint}-{endpoint}
         )) && err.contains("heartbeatTimeout"),
         "{err}"
     );
-    std::fs::write(&bad, "dataDir: /nonexistent/x\nregistrationRate: many\n").unwrap();
-    let out = std::process::Command::new(bin("drover"))
-        .args(["serve", "--config"])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused("dataDir: /nonexistent/x\nregistrationRate: many\n");
     assert!(
         err.contains(":2: key `registrationRate`: invalid value 'many'"),
         "{err}"
