@@ -51,7 +51,19 @@ pub struct Metrics {
     connections: Family<Labels, Gauge>,
     handshakes: Family<Labels, Gauge>,
     history: Mutex<std::collections::VecDeque<Minute>>,
+    /// The hot paths' series, made once: a heartbeat or a store call finds
+    /// its histogram without building labels.
+    hot: std::collections::HashMap<(&'static str, &'static str), Histogram>,
+    heartbeats_accepted: Counter,
+    heartbeats_refused: Counter,
 }
+
+/// The machine API operations, as the `operation` label.
+const MACHINE_OPERATIONS: [&str; 5] = ["register", "heartbeat", "config", "certificate", "other"];
+/// The store operations, as the `operation` label.
+const STORE_OPERATIONS: [&str; 3] = ["get", "list", "txn"];
+/// The store results, as the `result` label.
+const STORE_RESULTS: [&str; 3] = ["ok", "conflict", "error"];
 
 /// Heartbeats accepted and remediations in one minute, for the web view's
 /// chart of the last hour.
@@ -105,7 +117,35 @@ impl Metrics {
             connections: Family::default(),
             handshakes: Family::default(),
             history: Mutex::new(Default::default()),
+            hot: Default::default(),
+            heartbeats_accepted: Counter::default(),
+            heartbeats_refused: Counter::default(),
         };
+        let mut hot = std::collections::HashMap::new();
+        for op in MACHINE_OPERATIONS {
+            for result in ["ok", "refused"] {
+                let h = m.machine_requests.get_or_create_owned(&vec![
+                    ("operation", op.to_owned()),
+                    ("result", result.to_owned()),
+                ]);
+                hot.insert((op, result), h);
+            }
+        }
+        for op in STORE_OPERATIONS {
+            for result in STORE_RESULTS {
+                let h = m.store_ops.get_or_create_owned(&vec![
+                    ("operation", op.to_owned()),
+                    ("result", result.to_owned()),
+                ]);
+                hot.insert((op, result), h);
+            }
+        }
+        let heartbeats_accepted = m
+            .heartbeats
+            .get_or_create_owned(&vec![("result", "accepted".to_owned())]);
+        let heartbeats_refused = m
+            .heartbeats
+            .get_or_create_owned(&vec![("result", "refused".to_owned())]);
         registry.register(
             "heartbeats",
             "Machine heartbeats answered, by result: accepted, or refused (a bad certificate, a revoked or deleted machine, a follower, a malformed body)",
@@ -187,41 +227,53 @@ impl Metrics {
             "TLS handshakes since start, by result (full, resumed, failed); a counter kept by the server, exposed as a gauge of its value",
             m.handshakes.clone(),
         );
-        Self { registry, ..m }
+        Self {
+            registry,
+            hot,
+            heartbeats_accepted,
+            heartbeats_refused,
+            ..m
+        }
     }
 
     /// Records a machine API request: `operation` is register, config,
     /// heartbeat or certificate.
     pub fn machine_request(&self, operation: &'static str, ok: bool, took: Duration) {
         let result = if ok { "ok" } else { "refused" };
-        if operation == "heartbeat" && ok {
-            self.count_minute(|m| m.heartbeats += 1);
-        }
         if operation == "heartbeat" {
-            self.heartbeats
-                .get_or_create(&vec![(
-                    "result",
-                    if ok { "accepted" } else { "refused" }.to_owned(),
-                )])
-                .inc();
+            if ok {
+                self.heartbeats_accepted.inc();
+                self.count_minute(|m| m.heartbeats += 1);
+            } else {
+                self.heartbeats_refused.inc();
+            }
         }
-        self.machine_requests
-            .get_or_create(&vec![
-                ("operation", operation.to_owned()),
-                ("result", result.to_owned()),
-            ])
-            .observe(took.as_secs_f64());
+        self.observe_hot(operation, result, took);
+    }
+
+    fn observe_hot(&self, operation: &'static str, result: &'static str, took: Duration) {
+        match self.hot.get(&(operation, result)) {
+            Some(h) => h.observe(took.as_secs_f64()),
+            None => {
+                let family = if STORE_OPERATIONS.contains(&operation) {
+                    &self.store_ops
+                } else {
+                    &self.machine_requests
+                };
+                family
+                    .get_or_create(&vec![
+                        ("operation", operation.to_owned()),
+                        ("result", result.to_owned()),
+                    ])
+                    .observe(took.as_secs_f64());
+            }
+        }
     }
 
     /// Records one store operation that reached the backend; `result` is
     /// ok, conflict (a precondition failed) or error.
     pub fn store_operation(&self, operation: &'static str, result: &'static str, took: Duration) {
-        self.store_ops
-            .get_or_create(&vec![
-                ("operation", operation.to_owned()),
-                ("result", result.to_owned()),
-            ])
-            .observe(took.as_secs_f64());
+        self.observe_hot(operation, result, took);
     }
 
     /// Records one run of background loop `name`.

@@ -8,6 +8,7 @@
 //! never use it.
 
 pub mod bootstrap;
+pub mod datagram;
 pub mod directive;
 pub mod heartbeat;
 pub mod load_balancer;
