@@ -24,6 +24,25 @@ fn apply(c: &Coordinator, dir: &Path, yaml: &str) {
     c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
 }
 
+/// Writes cluster `name`'s admin kubeconfig under `dir` and waits until real
+/// kubectl lists `nodes` Ready Nodes through it; returns its path.
+fn kubeconfig_with_ready_nodes(
+    c: &Coordinator,
+    dir: &Path,
+    name: &str,
+    nodes: usize,
+) -> std::path::PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", name])).unwrap();
+    wait_for(&format!("{nodes} Ready Nodes in {name}"), BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.len() == nodes)
+            .then_some(())
+            .ok_or(format!("{ready:?}"))
+    });
+    kubeconfig
+}
+
 fn rand_suffix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1730,12 +1749,7 @@ spec:
         }
     }
     // Inside the cluster: three Ready Nodes, and the cluster says Ready.
-    let kubeconfig = tmp.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "cust"])).unwrap();
-    wait_for("three Ready Nodes", BOOT, || {
-        let ready = ready_nodes(&kubeconfig)?;
-        (ready.len() == 3).then_some(()).ok_or(format!("{ready:?}"))
-    });
+    kubeconfig_with_ready_nodes(&c, tmp.path(), "cust", 3);
     wait_for("the cluster Ready", BOOT, || {
         let got = cluster_condition(&c.cluster("cust").unwrap(), "Ready");
         (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
@@ -2209,12 +2223,7 @@ fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
     );
     apply(&c, tmp.path(), &doc);
     c.wait_cluster_phase("imgnet", "Running", BOOT);
-    let kubeconfig = tmp.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "imgnet"])).unwrap();
-    wait_for("two Ready Nodes", BOOT, || {
-        let ready = ready_nodes(&kubeconfig)?;
-        (ready.len() == 2).then_some(()).ok_or(format!("{ready:?}"))
-    });
+    let kubeconfig = kubeconfig_with_ready_nodes(&c, tmp.path(), "imgnet", 2);
     wait_for("both addons applied, the image's first", BOOT, || {
         let states = addon_states(&c, "imgnet");
         let names: Vec<&str> = states.iter().map(|s| s.0.as_str()).collect();
@@ -2375,12 +2384,7 @@ spec:
             );
         }
     }
-    let kubeconfig = tmp.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "sec"])).unwrap();
-    wait_for("two Ready Nodes", BOOT, || {
-        let ready = ready_nodes(&kubeconfig)?;
-        (ready.len() == 2).then_some(()).ok_or(format!("{ready:?}"))
-    });
+    kubeconfig_with_ready_nodes(&c, tmp.path(), "sec", 2);
 
     // A key the cluster reads cannot be dropped, nor the Secret deleted.
     let out = c.cli(&["apply", "-f", other.to_str().unwrap()]);
@@ -2735,12 +2739,7 @@ fn the_web_view_shows_what_the_api_says_in_a_real_browser_and_changes_nothing() 
     let (tmp, c, _agents) = registered_pool(2, "ui-");
     apply(&c, tmp.path(), &pool_cluster_yaml("web", 1, 1, "dev"));
     c.wait_cluster_phase("web", "Running", BOOT);
-    let kubeconfig = tmp.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "web"])).unwrap();
-    wait_for("two Ready Nodes", BOOT, || {
-        let ready = ready_nodes(&kubeconfig)?;
-        (ready.len() == 2).then_some(()).ok_or(format!("{ready:?}"))
-    });
+    kubeconfig_with_ready_nodes(&c, tmp.path(), "web", 2);
     wait_for("the cluster to list its Nodes", BOOT, || {
         let n = c.cluster("web").unwrap()["status"]["nodes"]
             .as_array()
