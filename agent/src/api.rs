@@ -140,6 +140,29 @@ impl Answer {
     }
 }
 
+/// Where heartbeat datagrams go: the address and port of coordinator
+/// `url`, over UDP.
+pub async fn datagram_target(url: &str) -> Result<std::net::SocketAddr, std::io::Error> {
+    let invalid =
+        |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{url}: {why}"));
+    let parsed = reqwest::Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
+    let port = parsed
+        .port_or_known_default()
+        .ok_or_else(|| invalid("no port"))?;
+    let host = parsed.host_str().ok_or_else(|| invalid("no host"))?;
+    let bare = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+        return Ok((ip, port).into());
+    }
+    let mut addrs = tokio::net::lookup_host((bare.as_str(), port)).await?;
+    addrs
+        .next()
+        .ok_or_else(|| invalid("the name has no address"))
+}
+
 /// A list a heartbeat reports, or why it could not be read: the list (empty
 /// on failure) and the error's message (empty on success).
 pub fn list_or_error<T, E: std::fmt::Display>(result: Result<Vec<T>, E>) -> (Vec<T>, String) {
@@ -286,6 +309,15 @@ impl CoordinatorClient {
             Some(m) => Err(ApiError::PinMismatch(m)),
             None => Err(ApiError::Unreachable(failures.join("; "))),
         }
+    }
+
+    /// The URL of the replica that answered last (the leader, in a highly
+    /// available coordinator).
+    pub fn preferred_url(&self) -> &str {
+        let n = self.urls.len().max(1);
+        self.urls
+            .get(self.preferred.load(Ordering::Relaxed) % n)
+            .map_or("", String::as_str)
     }
 
     /// `POST /v1/machine/register`.

@@ -154,6 +154,7 @@ async fn handle(
                     heartbeat_interval_seconds: 1,
                     assignment: s.assignment.clone(),
                     directives: s.directives.clone(),
+                    datagram: None,
                 },
             )
         }

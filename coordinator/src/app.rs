@@ -66,6 +66,20 @@ pub struct App {
     pub tasks: crate::tasks::TaskSet,
     /// This replica and whether it leads.
     pub leadership: crate::domain::leadership::Leadership,
+    /// The machines that may heartbeat by datagram, and their keys.
+    pub datagrams: crate::domain::datagrams::DatagramTable,
+}
+
+/// The master key of datagram heartbeat keys, derived from the ticket key
+/// (which every replica holds and which never changes for an
+/// installation) under a label of its own, so a heartbeat key says nothing
+/// about tickets.
+fn heartbeat_master(ticket_key: &TicketKey) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(ticket_key.as_bytes())
+        .expect("HMAC takes any key length");
+    mac.update(b"drover heartbeat master key v1");
+    mac.finalize().into_bytes().into()
 }
 
 /// What a coordinator is made of that its caller decides; [`App::new`] adds
@@ -91,7 +105,11 @@ impl App {
             parts.store.clone(),
             tasks.register(crate::domain::registrar::REGISTRAR_TASK, Duration::ZERO),
         );
+        let datagrams = crate::domain::datagrams::DatagramTable::new(heartbeat_master(
+            &parts.secrets.ticket_key,
+        ));
         std::sync::Arc::new(App {
+            datagrams,
             store: parts.store,
             ca: parts.secrets.ca,
             ca_pin: parts.ca_pin,
@@ -212,6 +230,7 @@ impl App {
         let Ok(machines) = self.machines() else {
             return;
         };
+        self.datagrams.fill(&machines);
         let mut live = self.liveness.lock().expect("liveness lock");
         for m in machines {
             live.insert(m.metadata.name, Liveness { last_seen: now });

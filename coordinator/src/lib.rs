@@ -8,6 +8,7 @@ pub mod app;
 pub mod cli;
 pub mod config_file;
 pub mod domain;
+pub mod heartbeat_udp;
 pub mod http;
 pub mod leader;
 pub mod memory;

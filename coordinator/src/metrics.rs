@@ -56,7 +56,23 @@ pub struct Metrics {
     hot: std::collections::HashMap<(&'static str, &'static str), Histogram>,
     heartbeats_accepted: Counter,
     heartbeats_refused: Counter,
+    datagrams: Family<Labels, Counter>,
+    /// [`DATAGRAM_RESULTS`]' counters, in that order.
+    datagram_results: Vec<Counter>,
 }
+
+/// The `result` label of `drover_heartbeat_datagrams_total`: answered quiet
+/// or "call over HTTPS", or refused unanswered, and why.
+pub const DATAGRAM_RESULTS: [&str; 8] = [
+    "quiet",
+    "call_https",
+    "malformed",
+    "unknown_machine",
+    "bad_tag",
+    "replayed",
+    "out_of_window",
+    "not_leader",
+];
 
 /// The machine API operations, as the `operation` label.
 const MACHINE_OPERATIONS: [&str; 5] = ["register", "heartbeat", "config", "certificate", "other"];
@@ -120,7 +136,21 @@ impl Metrics {
             hot: Default::default(),
             heartbeats_accepted: Counter::default(),
             heartbeats_refused: Counter::default(),
+            datagrams: Family::default(),
+            datagram_results: Vec::new(),
         };
+        let datagram_results = DATAGRAM_RESULTS
+            .iter()
+            .map(|r| {
+                m.datagrams
+                    .get_or_create_owned(&vec![("result", (*r).to_owned())])
+            })
+            .collect();
+        registry.register(
+            "heartbeat_datagrams",
+            "Heartbeat datagrams received, by result: answered quiet or call_https, or refused unanswered (malformed, unknown_machine, bad_tag, replayed, out_of_window, not_leader)",
+            m.datagrams.clone(),
+        );
         let mut hot = std::collections::HashMap::new();
         for op in MACHINE_OPERATIONS {
             for result in ["ok", "refused"] {
@@ -232,6 +262,7 @@ impl Metrics {
             hot,
             heartbeats_accepted,
             heartbeats_refused,
+            datagram_results,
             ..m
         }
     }
@@ -249,6 +280,20 @@ impl Metrics {
             }
         }
         self.observe_hot(operation, result, took);
+    }
+
+    /// Counts one heartbeat datagram by `result`, one of
+    /// [`DATAGRAM_RESULTS`]; a quiet one also counts as an accepted
+    /// heartbeat (one answered "call over HTTPS" is counted when that
+    /// heartbeat comes).
+    pub fn datagram(&self, result: &'static str) {
+        if let Some(i) = DATAGRAM_RESULTS.iter().position(|r| *r == result) {
+            self.datagram_results[i].inc();
+        }
+        if result == "quiet" {
+            self.heartbeats_accepted.inc();
+            self.count_minute(|m| m.heartbeats += 1);
+        }
     }
 
     fn observe_hot(&self, operation: &'static str, result: &'static str, took: Duration) {

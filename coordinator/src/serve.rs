@@ -474,6 +474,12 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     app.grant_grace_to_all();
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Datagram heartbeats on the listener's address and port, over UDP.
+    let udp = crate::heartbeat_udp::start(app.clone(), bound, stop_tx.subscribe())
+        .map_err(|e| {
+            tracing::warn!(error = %e, "machines will heartbeat over HTTPS only");
+        })
+        .ok();
     let reconciler = tokio::spawn(crate::reconcile::run_loop(
         app.clone(),
         app.reconciler.clone(),
@@ -531,6 +537,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         let tls = tls.clone();
         let router = router.clone();
         let stop = stop_tx.subscribe();
+        let app = app.clone();
         tokio::spawn(async move {
             let mut listening = std::collections::HashSet::new();
             let mut servers = vec![];
@@ -547,6 +554,10 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
                     Ok(l) => {
                         tracing::info!(%addr, "also listening on a machine network");
                         listening.insert(req.ip);
+                        if let Err(e) = crate::heartbeat_udp::start(app.clone(), addr, stop.clone())
+                        {
+                            tracing::warn!(error = %e, "machines on this network will heartbeat over HTTPS only");
+                        }
                         let mut stop = stop.clone();
                         servers.push(tokio::spawn(crate::http::server::run(
                             l,
@@ -584,6 +595,9 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     }
     drop(app);
     extra.abort();
+    if let Some(t) = udp {
+        let _ = t.join();
+    }
     tracing::info!("coordinator stopped");
     Ok(())
 }

@@ -6,11 +6,14 @@ use tokio::time::Instant;
 
 use super::{Agent, Link, Stopped};
 use crate::protocol::assignment::{self, Current, Decision, Stage};
+use crate::protocol::datagram::{answer_timeout, DatagramLink, Sent, RETRY_AFTER};
 use crate::protocol::directives::is_reset;
 use crate::protocol::heartbeat;
 use crate::protocol::timing::{heartbeat_timeout, interval_from_seconds};
 use crate::shutdown::Shutdown;
 use crate::state::{BootstrapProgress, BootstrapStep};
+use drover_common::wire::datagram::Verdict;
+use drover_common::wire::HeartbeatRequest;
 
 /// How often a control plane repeats an unchanged report of its cluster.
 const REPORT_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
@@ -51,6 +54,10 @@ impl Agent {
             .flatten()
             .filter(|v| self.kubeadm_sent.as_ref() != Some(v));
         request.certificates = self.certificates_report();
+        request.heartbeat_fallback = self.fallback.note();
+        if self.beat_by_datagram(&request, shutdown).await? {
+            return Ok(());
+        }
         let answer = tokio::select! {
             r = self.api.heartbeat(&request, heartbeat_timeout(self.interval)) => r,
             () = shutdown.requested() => return Err(Stopped),
@@ -86,6 +93,11 @@ impl Agent {
                 }
                 self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
                 self.next_heartbeat = Instant::now() + self.interval;
+                self.datagram = reply.datagram.as_ref().and_then(|offer| {
+                    DatagramLink::from_offer(offer, &request)
+                        .map_err(|e| tracing::warn!(error = %e, "cannot use the datagram offer"))
+                        .ok()
+                });
                 // Directives first, so an assignment is not started when a
                 // reset is already asked for.
                 self.accept_directives(reply.directives);
@@ -93,6 +105,7 @@ impl Agent {
             }
             Err(e) if e.is_unauthorized() => {
                 self.link = Link::Refused;
+                self.datagram = None;
                 tracing::warn!(
                     error = %e,
                     retry_in_s = self.interval.as_secs(),
@@ -105,6 +118,85 @@ impl Agent {
             }
         }
         Ok(())
+    }
+
+    /// Sends a heartbeat as a datagram when it may go as one (see
+    /// [`crate::protocol::datagram`]); true when the coordinator answered
+    /// that nothing waits, so no HTTPS heartbeat is needed.
+    async fn beat_by_datagram(
+        &mut self,
+        request: &HeartbeatRequest,
+        shutdown: &mut Shutdown,
+    ) -> Result<bool, Stopped> {
+        let now = Instant::now();
+        if !self.fallback.may_try(now) {
+            return Ok(false);
+        }
+        let Some(sent) = self
+            .datagram
+            .as_mut()
+            .and_then(|link| link.beat(request, std::time::SystemTime::now()))
+        else {
+            return Ok(false);
+        };
+        let target = match crate::api::datagram_target(self.api.preferred_url()).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!(error = %e, "no address for heartbeat datagrams; heartbeating over HTTPS");
+                return Ok(false);
+            }
+        };
+        if self.udp.is_none() {
+            let any = if target.is_ipv4() {
+                "0.0.0.0:0"
+            } else {
+                "[::]:0"
+            };
+            match tokio::net::UdpSocket::bind(any).await {
+                Ok(s) => self.udp = Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a UDP socket for heartbeat datagrams; heartbeating over HTTPS");
+                    return Ok(false);
+                }
+            }
+        }
+        let (Some(socket), Some(link)) = (self.udp.as_ref(), self.datagram.as_ref()) else {
+            return Ok(false);
+        };
+        let wait = answer_timeout(self.interval);
+        let verdict = match socket.send_to(&sent.datagram, target).await {
+            Ok(_) => tokio::select! {
+                v = await_answer(socket, link, &sent, wait) => v,
+                () = shutdown.requested() => return Err(Stopped),
+            },
+            Err(e) => {
+                tracing::debug!(%target, error = %e, "cannot send a heartbeat datagram");
+                None
+            }
+        };
+        match verdict {
+            Some(Verdict::Quiet) => {
+                self.fallback.answered();
+                if self.link != Link::Up {
+                    tracing::info!(%target, "heartbeat accepted by datagram");
+                }
+                self.link = Link::Up;
+                tracing::debug!(%target, "heartbeat sent as a datagram");
+                Ok(true)
+            }
+            Some(Verdict::CallHttps) => {
+                self.fallback.answered();
+                tracing::debug!(%target, "the coordinator asks for an HTTPS heartbeat");
+                Ok(false)
+            }
+            None => {
+                let at = crate::protocol::timing::rfc3339(drover_common::now());
+                if self.fallback.unanswered(&target.to_string(), now, &at) {
+                    tracing::warn!(%target, retry_in_s = RETRY_AFTER.as_secs(), "heartbeat datagrams go unanswered; heartbeating over HTTPS");
+                }
+                Ok(false)
+            }
+        }
     }
 
     /// Whether this machine reports on its cluster: a running control
@@ -264,6 +356,28 @@ impl Agent {
     fn set_assignment(&mut self, notice: AssignmentNotice) {
         if let Some(progress) = self.state.bootstrap.as_mut() {
             progress.assignment = notice;
+        }
+    }
+}
+
+/// The verdict of the answer to `sent`, read from `socket` within `wait`;
+/// `None` when none came. Anything else arriving (a late answer to an
+/// earlier beat, a forgery) is ignored.
+async fn await_answer(
+    socket: &tokio::net::UdpSocket,
+    link: &DatagramLink,
+    sent: &Sent,
+    wait: std::time::Duration,
+) -> Option<Verdict> {
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 64];
+    loop {
+        let (n, _) = tokio::time::timeout_at(deadline, socket.recv_from(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if let Some(v) = link.verdict(&buf[..n], sent) {
+            return Some(v);
         }
     }
 }

@@ -150,6 +150,12 @@ pub struct Agent {
     renewal_key: Option<(String, String)>,
     /// How the last heartbeat went, so transitions are logged once.
     link: Link,
+    /// Datagram heartbeats, while the coordinator offers them.
+    datagram: Option<crate::protocol::datagram::DatagramLink>,
+    /// The socket datagrams go from, made on first use.
+    udp: Option<tokio::net::UdpSocket>,
+    /// Whether datagrams get answered.
+    fallback: crate::protocol::datagram::Fallback<Instant>,
     /// The newer assignment generation already warned about.
     warned_generation: Option<u64>,
     origin: Origin,
@@ -198,6 +204,9 @@ impl Agent {
             origin,
             next_heartbeat: now,
             config: ConfigFetch::default(),
+            datagram: None,
+            udp: None,
+            fallback: Default::default(),
             config_reason: None,
             work: None,
             queue: VecDeque::new(),

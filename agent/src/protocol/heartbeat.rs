@@ -28,6 +28,7 @@ pub fn request(
         nodes,
         kubeadm_version: None,
         certificates: None,
+        heartbeat_fallback: None,
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod assignment;
 pub mod config;
+pub mod datagram;
 pub mod directives;
 pub mod heartbeat;
 pub mod paths;

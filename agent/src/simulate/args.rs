@@ -85,6 +85,20 @@ pub struct SimulateArgs {
     /// longer to finish the writes of the registration ramp.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
     pub settle: Option<Duration>,
+
+    /// How quiet heartbeats go: `datagram` takes the coordinator's offer of
+    /// datagram heartbeats, as the agent does, and holds no connection
+    /// between changes; `https` ignores it and heartbeats over HTTPS on a
+    /// kept connection (the transport agents fall back to).
+    #[arg(long, value_name = "TRANSPORT", default_value = "datagram")]
+    pub transport: Transport,
+}
+
+/// How simulated machines send quiet heartbeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    Datagram,
+    Https,
 }
 
 /// A heartbeat jitter, in percent of the interval.

@@ -50,6 +50,8 @@ pub(super) struct Fleet {
     pub(super) slots: Vec<Slot>,
     pub(super) stats: Mutex<Stats>,
     pub(super) interrupted: AtomicBool,
+    /// The shared sockets of datagram heartbeats (`--transport datagram`).
+    pub(super) datagrams: Option<Arc<super::datagrams::DatagramHub>>,
 }
 
 /// The coordinator CA, as the machines use it.
@@ -104,6 +106,7 @@ impl Fleet {
         pinned: rustls::ClientConfig,
         address: IpAddr,
         start: Instant,
+        datagrams: Option<Arc<super::datagrams::DatagramHub>>,
     ) -> Self {
         let n = args.machines as usize;
         Self {
@@ -124,6 +127,7 @@ impl Fleet {
             slots: (0..n).map(|_| Slot::default()).collect(),
             stats: Mutex::new(Stats::default()),
             interrupted: AtomicBool::new(false),
+            datagrams,
         }
     }
 
@@ -227,6 +231,7 @@ pub(super) struct Stats {
     pub(super) heartbeats_sent: u64,
     pub(super) heartbeats_ok: u64,
     pub(super) heartbeats_failed: u64,
+    pub(super) datagrams: super::summary::DatagramSummary,
     pub(super) heartbeat: Histogram,
     /// Heartbeats sent in the steady state (see [`Fleet::settle`]).
     pub(super) steady_heartbeat: Histogram,

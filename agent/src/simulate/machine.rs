@@ -21,6 +21,7 @@ use crate::api::{ApiError, CoordinatorClient};
 use crate::backoff::Backoff;
 use crate::protocol::assignment::{self, Current, Decision, Stage};
 use crate::protocol::config::{self, ConfigFetch, ConfigStep};
+use crate::protocol::datagram::{answer_timeout, DatagramLink};
 use crate::protocol::directives::may_create_token;
 use crate::protocol::heartbeat;
 use crate::protocol::register::{self, permanent_status, Facts};
@@ -28,6 +29,7 @@ use crate::protocol::report::{self, kubeadm_step_name};
 use crate::protocol::timing::{heartbeat_timeout, interval_from_seconds};
 use crate::shutdown::Shutdown;
 use crate::tls;
+use drover_common::wire::datagram::Verdict;
 
 /// Free disk space every simulated machine reports (constant, so a
 /// heartbeat that changes nothing stays one).
@@ -165,11 +167,36 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
 /// Shutdown was requested during a call.
 struct Stopped;
 
+/// Records a heartbeat answered `took` after it was sent `at`.
+fn record_ok(fleet: &Fleet, s: &mut super::fleet::Stats, at: Instant, took: Duration) {
+    s.heartbeats_ok += 1;
+    s.heartbeat.record(micros(took));
+    if s.steady_from.is_some_and(|from| at >= from) {
+        s.steady_heartbeat.record(micros(took));
+    }
+    s.first_heartbeat.get_or_insert(at);
+    let second = (at - fleet.start).as_secs() as usize;
+    if s.heartbeats_per_second.len() <= second {
+        s.heartbeats_per_second.resize(second + 1, 0);
+    }
+    s.heartbeats_per_second[second] += 1;
+}
+
 /// A registered simulated machine.
 struct Sim {
     index: usize,
     uid: String,
-    api: CoordinatorClient,
+    /// The HTTPS client, dropped (closing its connection) while the
+    /// machine heartbeats by datagram, and made again when needed.
+    api: Option<CoordinatorClient>,
+    /// The machine's TLS setup (identity and session cache), to make the
+    /// client again.
+    tls: rustls::ClientConfig,
+    /// Datagram heartbeats, while the coordinator offers them and the
+    /// run's transport is `datagram`.
+    link: Option<DatagramLink>,
+    /// Where the datagrams go.
+    target: Option<std::net::SocketAddr>,
     ca: Arc<CoordinatorCa>,
     interval: Duration,
     phase: AgentPhase,
@@ -192,12 +219,15 @@ impl Sim {
         let ca = fleet.coordinator_ca(&r.coordinator_ca_pem)?;
         let mut config = tls::mtls_config_with(ca.verifier.clone(), &r.certificate_pem, key_pem)?;
         config.resumption = Resumption::in_memory_sessions(SESSIONS_PER_MACHINE);
-        let api = fleet.client(index, config)?;
+        let api = fleet.client(index, config.clone())?;
         let _ = fleet.slots[index].name.set(r.machine_name);
         Ok(Self {
             index,
             uid: r.machine_uid,
-            api,
+            api: Some(api),
+            tls: config,
+            link: None,
+            target: None,
             ca,
             interval: interval_from_seconds(r.heartbeat_interval_seconds),
             phase: AgentPhase::Waiting,
@@ -273,36 +303,81 @@ impl Sim {
         )
     }
 
-    /// Sends one heartbeat; returns when the next is due.
-    async fn heartbeat(&mut self, fleet: &Fleet, stop: &mut Shutdown) -> Result<Instant, Stopped> {
-        let request = self.request();
-        let timeout = heartbeat_timeout(self.interval);
-        let sent = Instant::now();
-        fleet.stats().heartbeats_sent += 1;
+    /// The HTTPS client, made again if the machine dropped it.
+    fn api(&mut self, fleet: &Fleet) -> Result<&CoordinatorClient, ApiError> {
+        if self.api.is_none() {
+            self.api = Some(fleet.client(self.index, self.tls.clone())?);
+        }
+        Ok(self.api.as_ref().expect("made above"))
+    }
+
+    /// Sends one heartbeat as a datagram when it may go as one; true when
+    /// the coordinator answered that nothing waits.
+    async fn beat_by_datagram(
+        &mut self,
+        fleet: &Fleet,
+        request: &HeartbeatRequest,
+        stop: &mut Shutdown,
+    ) -> Result<bool, Stopped> {
+        let (Some(hub), Some(target), Some(link)) =
+            (fleet.datagrams.as_ref(), self.target, self.link.as_mut())
+        else {
+            return Ok(false);
+        };
+        let Some(sent) = link.beat(request, std::time::SystemTime::now()) else {
+            return Ok(false);
+        };
+        let at = Instant::now();
         let answer = tokio::select! {
             biased;
             () = stop.requested() => return Err(Stopped),
-            r = self.api.heartbeat(&request, timeout) => r,
+            a = hub.exchange(self.index, target, link.id(), &sent.datagram, answer_timeout(self.interval)) => a,
+        };
+        let took = at.elapsed();
+        match answer.and_then(|a| link.verdict(&a, &sent)) {
+            Some(Verdict::Quiet) => {
+                let mut s = fleet.stats();
+                s.heartbeats_sent += 1;
+                s.datagrams.quiet += 1;
+                record_ok(fleet, &mut s, at, took);
+                Ok(true)
+            }
+            Some(Verdict::CallHttps) => {
+                fleet.stats().datagrams.call_https += 1;
+                Ok(false)
+            }
+            None => {
+                fleet.stats().datagrams.unanswered += 1;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Sends one heartbeat; returns when the next is due.
+    async fn heartbeat(&mut self, fleet: &Fleet, stop: &mut Shutdown) -> Result<Instant, Stopped> {
+        let request = self.request();
+        if self.beat_by_datagram(fleet, &request, stop).await? {
+            return Ok(Instant::now() + fleet.jittered(self.interval));
+        }
+        let timeout = heartbeat_timeout(self.interval);
+        let sent = Instant::now();
+        fleet.stats().heartbeats_sent += 1;
+        let answer = match self.api(fleet) {
+            Ok(api) => tokio::select! {
+                biased;
+                () = stop.requested() => return Err(Stopped),
+                r = api.heartbeat(&request, timeout) => r,
+            },
+            Err(e) => Err(e),
         };
         let took = sent.elapsed();
         match answer {
-            Ok(reply) => {
-                {
-                    let mut s = fleet.stats();
-                    s.heartbeats_ok += 1;
-                    s.heartbeat.record(micros(took));
-                    if s.steady_from.is_some_and(|from| sent >= from) {
-                        s.steady_heartbeat.record(micros(took));
-                    }
-                    s.first_heartbeat.get_or_insert(sent);
-                    let second = (sent - fleet.start).as_secs() as usize;
-                    if s.heartbeats_per_second.len() <= second {
-                        s.heartbeats_per_second.resize(second + 1, 0);
-                    }
-                    s.heartbeats_per_second[second] += 1;
-                }
+            Ok(mut reply) => {
+                record_ok(fleet, &mut fleet.stats(), sent, took);
                 heartbeat::delivered(&mut self.results, &request);
                 self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
+                self.take_offer(reply.datagram.take(), &request, fleet)
+                    .await;
                 let soon = self.on_reply(fleet, reply);
                 Ok(if soon {
                     Instant::now()
@@ -317,6 +392,33 @@ impl Sim {
                 drop(s);
                 Ok(Instant::now() + fleet.jittered(self.interval))
             }
+        }
+    }
+
+    /// Takes up the datagram offer of an answer to `request` (with
+    /// `--transport datagram`); the HTTPS client is dropped while datagrams
+    /// carry the heartbeats.
+    async fn take_offer(
+        &mut self,
+        offer: Option<drover_common::wire::DatagramOffer>,
+        request: &HeartbeatRequest,
+        fleet: &Fleet,
+    ) {
+        self.link = offer
+            .filter(|_| fleet.datagrams.is_some())
+            .and_then(|o| DatagramLink::from_offer(&o, request).ok());
+        if self.link.is_none() {
+            return;
+        }
+        if self.target.is_none() {
+            let url = self.api.as_ref().map(|a| a.preferred_url().to_owned());
+            self.target = match url {
+                Some(u) => crate::api::datagram_target(&u).await.ok(),
+                None => None,
+            };
+        }
+        if self.target.is_some() {
+            self.api = None;
         }
     }
 
@@ -455,10 +557,13 @@ impl Sim {
             return Ok(false);
         };
         let sent = Instant::now();
-        let answer = tokio::select! {
-            biased;
-            () = stop.requested() => return Err(Stopped),
-            r = self.api.config() => r,
+        let answer = match self.api(fleet) {
+            Ok(api) => tokio::select! {
+                biased;
+                () = stop.requested() => return Err(Stopped),
+                r = api.config() => r,
+            },
+            Err(e) => Err(e),
         };
         let took = sent.elapsed();
         let now = Instant::now();

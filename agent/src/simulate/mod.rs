@@ -24,6 +24,7 @@
 //! with `--summary-json`.
 
 mod args;
+mod datagrams;
 mod fleet;
 mod histogram;
 mod machine;
@@ -191,7 +192,14 @@ async fn run(
     let pinned = tls::pinned_config(&doc.ca_pin).context("cannot set up TLS")?;
     let n = args.machines as usize;
     let start = Instant::now();
-    let fleet = Arc::new(Fleet::new(&doc, args, pinned, address, start));
+    let hub = match args.transport {
+        args::Transport::Datagram => Some(
+            datagrams::DatagramHub::bind(address.is_ipv4())
+                .context("cannot open UDP sockets for datagram heartbeats")?,
+        ),
+        args::Transport::Https => None,
+    };
+    let fleet = Arc::new(Fleet::new(&doc, args, pinned, address, start, hub));
     eprintln!(
         "drover-agent simulate: {n} machines against {} for {} (ramp {}, concurrency {}, jitter {}%)",
         doc.coordinators.join(", "),

@@ -73,6 +73,18 @@ pub struct HeartbeatSummary {
     pub steady_rate_per_second: Option<f64>,
     /// Heartbeating machines at the end divided by the interval.
     pub expected_rate_per_second: Option<f64>,
+    /// Heartbeats sent as datagrams, by answer (an unanswered or "call
+    /// over HTTPS" one is followed by an HTTPS heartbeat, counted above).
+    pub datagrams: DatagramSummary,
+}
+
+/// What became of heartbeat datagrams.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DatagramSummary {
+    pub quiet: u64,
+    pub call_https: u64,
+    pub unanswered: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -194,6 +206,7 @@ pub(super) fn summarize(
             rate_per_second: rate,
             steady_rate_per_second: steady,
             expected_rate_per_second: interval.map(|i| round(heartbeating as f64 / i)),
+            datagrams: s.datagrams.clone(),
         },
         config: ConfigSummary {
             fetches: s.config_fetches,
@@ -318,6 +331,15 @@ pub fn render(s: &Summary) -> String {
             fmt_rate(h.expected_rate_per_second)
         ),
     );
+    let d = &h.datagrams;
+    row(
+        w,
+        "as datagrams",
+        format!(
+            "{} quiet, {} asked for HTTPS, {} unanswered",
+            d.quiet, d.call_https, d.unanswered
+        ),
+    );
     let c = &s.config;
     let _ = writeln!(w, "\nConfig");
     row(
@@ -436,6 +458,11 @@ mod tests {
                 rate_per_second: Some(18.1),
                 steady_rate_per_second: Some(19.0),
                 expected_rate_per_second: Some(19.0),
+                datagrams: DatagramSummary {
+                    quiet: 60,
+                    call_https: 1,
+                    unanswered: 0,
+                },
             },
             config: ConfigSummary {
                 fetches: 3,

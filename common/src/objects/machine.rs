@@ -174,6 +174,11 @@ pub struct MachineStatus {
     /// The assignment generation the agent last applied.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub applied_generation: u64,
+    /// Why the machine heartbeats over HTTPS although it was offered
+    /// datagram heartbeats (their datagrams go unanswered: a firewall),
+    /// as its agent last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_fallback: Option<String>,
     #[serde(
         default,
         with = "time::serde::rfc3339::option",

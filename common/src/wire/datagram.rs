@@ -23,6 +23,7 @@
 //! bytes before the tag, so an answer never verifies as a request.
 
 use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 /// A request datagram's length.
@@ -223,6 +224,86 @@ fn check_frame(d: &[u8], len: usize, magic: &[u8; 4]) -> Result<(), DatagramErro
     Ok(())
 }
 
+/// What a machine needs to heartbeat by datagram: its heartbeat id and key,
+/// handed only over mutual TLS. Datagrams go over UDP to the address and
+/// port of the coordinator that answered.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DatagramOffer {
+    /// The machine's heartbeat id (not secret).
+    pub id: u64,
+    /// The machine's heartbeat key, 32 bytes in standard base64: a secret
+    /// of this machine's, like its private key.
+    pub key: String,
+}
+
+impl std::fmt::Debug for DatagramOffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatagramOffer")
+            .field("id", &self.id)
+            .field("key", &"..")
+            .finish()
+    }
+}
+
+impl DatagramOffer {
+    /// The offer of `key` for heartbeat id `id`.
+    pub fn new(id: u64, key: &HeartbeatKey) -> Self {
+        use base64::Engine;
+        Self {
+            id,
+            key: base64::engine::general_purpose::STANDARD.encode(key.as_bytes()),
+        }
+    }
+
+    /// The key, or why the offer is unusable.
+    pub fn heartbeat_key(&self) -> Result<HeartbeatKey, OfferError> {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&self.key)
+            .map_err(|_| OfferError)?;
+        let bytes: [u8; KEY_LEN] = bytes.try_into().map_err(|_| OfferError)?;
+        Ok(HeartbeatKey::from_bytes(bytes))
+    }
+}
+
+/// The heartbeat offer in an answer carried a key that is not 32 bytes of
+/// base64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the coordinator's datagram offer carries a key that is not 32 bytes of base64; heartbeating over HTTPS")]
+pub struct OfferError;
+
+/// The heartbeat id of machine `machine_uid`: the first 8 bytes of a
+/// SHA-256 over it, so every replica finds the same id without storing one.
+/// Not secret: it only says which key to verify a datagram with.
+pub fn machine_id(machine_uid: &str) -> u64 {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(b"drover heartbeat id v1\0");
+    h.update(machine_uid.as_bytes());
+    u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+}
+
+/// The digest a datagram carries of the heartbeat report it stands for:
+/// the first 8 bytes of a SHA-256 over the report's JSON. The agent sends a
+/// datagram only while its report's digest equals that of the last report
+/// the coordinator accepted over HTTPS, and the coordinator compares the
+/// datagram's digest with that report's: any change goes over HTTPS.
+pub fn status_digest<R: serde::Serialize>(report: &R) -> [u8; 8] {
+    use sha2::Digest;
+    let json = serde_json::to_vec(report).expect("a heartbeat report serialises");
+    let mut h = Sha256::new();
+    h.update(b"drover heartbeat digest v1\0");
+    h.update(&json);
+    h.finalize()[..8].try_into().expect("8 bytes")
+}
+
+/// The microseconds since the Unix epoch of `at` (0 before it).
+pub fn unix_micros(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// How far a beat's counter (microseconds) may be from the receiver's
 /// clock: 60 s either way.
 pub const COUNTER_SKEW_MICROS: u64 = 60_000_000;
@@ -335,6 +416,23 @@ mod tests {
                 verdict: Verdict::CallHttps
             }
         );
+    }
+
+    #[test]
+    fn ids_and_digests_are_stable_and_distinct() {
+        assert_eq!(machine_id("uid-a"), machine_id("uid-a"));
+        assert_ne!(machine_id("uid-a"), machine_id("uid-b"));
+        let d = status_digest(&("Running", 3));
+        assert_eq!(d, status_digest(&("Running", 3)));
+        assert_ne!(d, status_digest(&("Running", 4)));
+        let offer = DatagramOffer::new(7, &key(3));
+        assert_eq!(offer.heartbeat_key().unwrap(), key(3));
+        assert!(!format!("{offer:?}").contains(&offer.key));
+        let bad = DatagramOffer {
+            id: 7,
+            key: "c2hvcnQ=".into(),
+        };
+        assert_eq!(bad.heartbeat_key(), Err(OfferError));
     }
 
     #[test]

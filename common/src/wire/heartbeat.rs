@@ -52,6 +52,10 @@ pub struct HeartbeatRequest {
     /// expires, sent when it changes (and when the agent starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<crate::objects::CertificateExpiry>,
+    /// Why this machine heartbeats over HTTPS although it was offered
+    /// datagrams (they went unanswered), while it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_fallback: Option<String>,
 }
 
 /// What a control-plane agent reads of the cluster's Nodes.
@@ -179,6 +183,9 @@ impl HeartbeatRequest {
         if let Some(c) = &mut self.certificates {
             cut |= truncate_reported(&mut c.certificate, MAX_REPORTED_ID_CHARS);
         }
+        if let Some(f) = &mut self.heartbeat_fallback {
+            cut |= truncate_reported(f, MAX_REPORTED_CHARS);
+        }
         if let Some(e) = &mut self.etcd {
             cut |= truncate_reported(&mut e.error, MAX_REPORTED_CHARS);
             if e.members.len() > MAX_ETCD_MEMBERS {
@@ -214,6 +221,11 @@ pub struct HeartbeatResponse {
     pub assignment: Option<AssignmentNotice>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub directives: Vec<Directive>,
+    /// Present when the machine may send its next heartbeats as datagrams
+    /// (see [`crate::wire::datagram`]) while its report stays the same:
+    /// absent, it heartbeats over HTTPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datagram: Option<super::datagram::DatagramOffer>,
 }
 
 /// Tells an agent it belongs to a cluster.

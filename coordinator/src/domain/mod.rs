@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod bootstrap;
 pub mod customise;
+pub mod datagrams;
 pub mod endpoint;
 pub mod health;
 pub mod jointokens;

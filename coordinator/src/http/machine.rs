@@ -486,11 +486,34 @@ pub async fn heartbeat(
     if is_quiet(&machine, &hb) {
         // The steady state: nothing to record, nothing read from the store
         // (the machine came from its read cache), no durable write.
-        return Ok(Json(heartbeat_answer(&app, &machine, now)?));
+        let answer = heartbeat_answer(&app, &machine, now)?;
+        return Ok(Json(offer_datagrams(&app, &machine, &hb, answer)));
     }
-    crate::store::blocking(move || record_heartbeat(&app, machine, &hb, now))
-        .await
-        .map(Json)
+    crate::store::blocking(move || {
+        let (updated, answer) = record_heartbeat(&app, machine, &hb, now)?;
+        Ok(offer_datagrams(&app, &updated, &hb, answer))
+    })
+    .await
+    .map(Json)
+}
+
+/// Adds the datagram offer to an answer that asks nothing of the machine,
+/// when the machine may heartbeat by datagram (see
+/// [`crate::domain::datagrams`]); `machine` is as stored after the
+/// heartbeat.
+fn offer_datagrams(
+    app: &App,
+    machine: &Machine,
+    hb: &HeartbeatRequest,
+    mut answer: HeartbeatResponse,
+) -> HeartbeatResponse {
+    if !answer.directives.is_empty() {
+        app.datagrams.forget(machine);
+        return answer;
+    }
+    let digest = drover_common::wire::datagram::status_digest(hb);
+    answer.datagram = app.datagrams.offer(machine, digest);
+    answer
 }
 
 /// Whether a heartbeat changes nothing and needs nothing from the store:
@@ -521,7 +544,7 @@ fn record_heartbeat(
     machine: Machine,
     hb: &HeartbeatRequest,
     now: time::OffsetDateTime,
-) -> Result<HeartbeatResponse, ApiError> {
+) -> Result<(Machine, HeartbeatResponse), ApiError> {
     let name = machine.metadata.name.clone();
     // Directive results first: registered join tokens become usable.
     if let Some(a) = &machine.spec.assignment {
@@ -614,7 +637,8 @@ fn record_heartbeat(
         tracing::info!(machine = %name, phase = %updated.status.phase, "machine status changed");
         app.reconcile_soon();
     }
-    heartbeat_answer(app, &updated, now)
+    let answer = heartbeat_answer(app, &updated, now)?;
+    Ok((updated, answer))
 }
 
 /// Records the outcome of a drain attempt on the cluster's status, when it
@@ -1080,11 +1104,15 @@ fn heartbeat_answer(
         heartbeat_interval_seconds: app.settings.heartbeat_interval.as_secs().max(1),
         assignment,
         directives,
+        datagram: None,
     })
 }
 
 /// Folds a heartbeat into a machine. Pure, so it is unit-tested.
 pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
+    m.status
+        .heartbeat_fallback
+        .clone_from(&hb.heartbeat_fallback);
     if let Some(v) = &hb.kubeadm_version {
         m.status.kubeadm_version.clone_from(v);
     }
@@ -1469,6 +1497,7 @@ mod tests {
             health: HealthReport::default(),
             bootstrap: None,
             directive_results: vec![],
+            heartbeat_fallback: None,
             etcd: None,
             nodes: None,
             kubeadm_version: None,

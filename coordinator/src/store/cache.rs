@@ -63,6 +63,16 @@ impl ReadCache {
             })
     }
 
+    /// The cached revision of one object, if it is cached.
+    pub(super) fn revision(&self, kind: Kind, name: &str) -> Option<u64> {
+        let inner = self.inner.lock().expect("store cache lock");
+        inner
+            .objects
+            .get(&kind)
+            .and_then(|m| m.get(name))
+            .map(|c| c.revision)
+    }
+
     /// The epoch a backend read starts at, for [`ReadCache::fill`].
     pub(super) fn epoch(&self) -> u64 {
         self.inner.lock().expect("store cache lock").epoch

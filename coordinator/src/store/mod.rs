@@ -370,6 +370,14 @@ impl Store {
         self.get(kind, name)
     }
 
+    /// The revision of one object as the read cache holds it, without
+    /// copying its body or reading the backend: `None` when the object is
+    /// not cached (gone, changed elsewhere since, or never read). For the
+    /// datagram heartbeat, which asks only whether a machine changed.
+    pub fn cached_revision(&self, kind: Kind, name: &str) -> Option<u64> {
+        self.cache.revision(kind, name)
+    }
+
     /// Reads and decodes one object like [`Store::get_cached`].
     pub fn get_json_cached<T: DeserializeOwned>(
         &self,

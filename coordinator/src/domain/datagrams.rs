@@ -1,0 +1,448 @@
+//! The receiving side of datagram heartbeats: which machines may send them,
+//! with which key, and what each datagram is worth.
+//!
+//! A machine is offered datagram heartbeats in an HTTPS heartbeat answer
+//! (mutual TLS) when nothing waits for it: no directive, not a running
+//! control plane (those report their cluster and carry its directives), not
+//! leaving. The offer records, per machine, the key, the digest of the report
+//! just accepted and the revision of the machine's stored object. A datagram
+//! then counts as a heartbeat when its tag verifies, its counter is fresh,
+//! its digest matches and the stored machine has not changed since: any
+//! change (an assignment, a directive, a deletion, a revoked identity) makes
+//! the answer "call me over HTTPS", where every state change goes.
+//!
+//! Nothing here is stored: keys are derived from a master key the replicas
+//! share, ids from machine UIDs, and a new leader fills the table from the
+//! machines it lists (see [`DatagramTable::fill`]).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use drover_common::api::{Machine, MachinePhase};
+use drover_common::wire::datagram::{
+    check_fresh, machine_id, peek_id, Answer, Beat, DatagramError, DatagramOffer, Freshness,
+    HeartbeatKey, Verdict, ANSWER_LEN,
+};
+
+/// Who may send datagram heartbeats, and what each last said.
+pub struct DatagramTable {
+    master: [u8; 32],
+    entries: Mutex<HashMap<u64, Entry>>,
+}
+
+/// One machine that may send datagrams.
+struct Entry {
+    name: Box<str>,
+    key: HeartbeatKey,
+    /// The counter of the last datagram accepted (0: none).
+    last_counter: u64,
+    /// The digest of the last report accepted over HTTPS; `None` when this
+    /// replica did not see it (it became leader since), in which case the
+    /// first authentic datagram's is taken: an agent sends a datagram only
+    /// for a report the coordinator accepted.
+    digest: Option<[u8; 8]>,
+    /// The revision of the stored machine the offer was made at.
+    revision: u64,
+}
+
+/// Why a datagram was not taken as a heartbeat. Each costs at most one MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a heartbeat datagram (length, magic).
+    Malformed(DatagramError),
+    /// No machine of this replica's table has the id.
+    UnknownMachine,
+    /// The tag does not verify under the machine's key: forged or damaged.
+    BadTag,
+    /// Authentic, but the counter is not fresh.
+    Stale(Freshness),
+}
+
+impl Refusal {
+    /// The `result` label of `drover_heartbeat_datagrams_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Refusal::Malformed(_) => "malformed",
+            Refusal::UnknownMachine => "unknown_machine",
+            Refusal::BadTag => "bad_tag",
+            Refusal::Stale(Freshness::Replayed { .. }) => "replayed",
+            Refusal::Stale(Freshness::OutOfWindow { .. }) => "out_of_window",
+        }
+    }
+}
+
+/// What the store says of a machine now, as the table needs it.
+pub trait StoredRevision {
+    /// The revision of machine `name`'s stored object, `None` when it is
+    /// gone or not at hand without reading the backend.
+    fn revision(&self, name: &str) -> Option<u64>;
+}
+
+impl<F: Fn(&str) -> Option<u64>> StoredRevision for F {
+    fn revision(&self, name: &str) -> Option<u64> {
+        self(name)
+    }
+}
+
+/// Whether a machine may heartbeat by datagram: in the pool or running a
+/// worker's assignment, with nothing asked of it that only an HTTPS answer
+/// carries.
+pub fn may_use_datagrams(m: &Machine) -> bool {
+    let control_plane = m
+        .spec
+        .assignment
+        .as_ref()
+        .is_some_and(|a| a.role.is_control_plane());
+    let steady = match m.status.phase {
+        MachinePhase::Registered => true,
+        MachinePhase::Running => !control_plane,
+        _ => false,
+    };
+    steady
+        && m.status.upgrade.is_none()
+        && m.status.identity_revoked_at.is_none()
+        && m.metadata.uid.is_some()
+}
+
+impl DatagramTable {
+    /// A table whose keys derive from `master`.
+    pub fn new(master: [u8; 32]) -> Self {
+        Self {
+            master,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Offers datagram heartbeats to `machine` (as stored at its
+    /// `resourceVersion`), whose accepted report has `digest`. `None` when
+    /// it may not use them.
+    pub fn offer(&self, machine: &Machine, digest: [u8; 8]) -> Option<DatagramOffer> {
+        if !may_use_datagrams(machine) {
+            self.forget(machine);
+            return None;
+        }
+        let uid = machine.metadata.uid.as_deref()?;
+        let revision = machine.metadata.resource_version.as_deref()?.parse().ok()?;
+        let id = machine_id(uid);
+        let key = HeartbeatKey::derive(&self.master, uid);
+        let mut entries = self.entries.lock().expect("datagram table lock");
+        let entry = entries.entry(id).or_insert_with(|| Entry {
+            name: machine.metadata.name.as_str().into(),
+            key: key.clone(),
+            last_counter: 0,
+            digest: None,
+            revision,
+        });
+        if *entry.name != *machine.metadata.name {
+            // Two UIDs whose ids collide (about one pair in 2^64): the
+            // newer offer wins, and the other machine's datagrams fail
+            // their tag, so it heartbeats over HTTPS.
+            tracing::warn!(machine = %machine.metadata.name, other = %entry.name, id, "two machines share a heartbeat id; the other now heartbeats over HTTPS");
+            *entry = Entry {
+                name: machine.metadata.name.as_str().into(),
+                key: key.clone(),
+                last_counter: 0,
+                digest: None,
+                revision,
+            };
+        }
+        entry.digest = Some(digest);
+        entry.revision = revision;
+        Some(DatagramOffer::new(id, &key))
+    }
+
+    /// Stops taking datagrams of `machine`.
+    pub fn forget(&self, machine: &Machine) {
+        if let Some(uid) = machine.metadata.uid.as_deref() {
+            let id = machine_id(uid);
+            let mut entries = self.entries.lock().expect("datagram table lock");
+            if entries
+                .get(&id)
+                .is_some_and(|e| *e.name == *machine.metadata.name)
+            {
+                entries.remove(&id);
+            }
+        }
+    }
+
+    /// Adds the machines that may send datagrams and are not in the table
+    /// yet (a replica that becomes leader did not see their offers).
+    pub fn fill(&self, machines: &[Machine]) {
+        let mut entries = self.entries.lock().expect("datagram table lock");
+        for m in machines.iter().filter(|m| may_use_datagrams(m)) {
+            let (Some(uid), Some(revision)) = (
+                m.metadata.uid.as_deref(),
+                m.metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|r| r.parse().ok()),
+            ) else {
+                continue;
+            };
+            entries.entry(machine_id(uid)).or_insert_with(|| Entry {
+                name: m.metadata.name.as_str().into(),
+                key: HeartbeatKey::derive(&self.master, uid),
+                last_counter: 0,
+                digest: None,
+                revision,
+            });
+        }
+    }
+
+    /// How many machines may send datagrams.
+    pub fn len(&self) -> usize {
+        self.entries.lock().expect("datagram table lock").len()
+    }
+
+    /// Whether no machine may.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Judges one datagram received at `now_micros` (Unix time). An
+    /// authentic, fresh one calls `seen` with the machine's name and
+    /// returns the answer to send; anything else is refused and gets no
+    /// answer, so nothing unauthenticated is ever answered.
+    pub fn receive(
+        &self,
+        datagram: &[u8],
+        now_micros: u64,
+        store: &impl StoredRevision,
+        seen: impl FnOnce(&str),
+    ) -> Result<([u8; ANSWER_LEN], Verdict), Refusal> {
+        let id = peek_id(datagram).map_err(Refusal::Malformed)?;
+        let mut entries = self.entries.lock().expect("datagram table lock");
+        let entry = entries.get_mut(&id).ok_or(Refusal::UnknownMachine)?;
+        let beat = Beat::decode(datagram, &entry.key).map_err(|e| match e {
+            DatagramError::Tag => Refusal::BadTag,
+            other => Refusal::Malformed(other),
+        })?;
+        check_fresh(beat.counter, entry.last_counter, now_micros).map_err(Refusal::Stale)?;
+        entry.last_counter = beat.counter;
+        seen(&entry.name);
+        let current = store.revision(&entry.name);
+        let digest_holds = match entry.digest {
+            Some(d) => d == beat.digest,
+            None => {
+                entry.digest = Some(beat.digest);
+                true
+            }
+        };
+        let verdict = if current == Some(entry.revision) && digest_holds {
+            Verdict::Quiet
+        } else {
+            Verdict::CallHttps
+        };
+        let answer = Answer {
+            id,
+            counter: beat.counter,
+            verdict,
+        }
+        .encode(&entry.key);
+        if current.is_none() {
+            // Gone, or no longer at hand: the HTTPS heartbeat finds out
+            // which, and offers again if the machine is still there.
+            entries.remove(&id);
+        }
+        Ok((answer, verdict))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_common::api::{Assignment, MachineRole, MachineSpec, MachineStatus, ObjectMeta};
+    use drover_common::wire::datagram::{unix_micros, Answer};
+
+    use super::*;
+
+    const NOW: u64 = 1_800_000_000_000_000;
+
+    fn machine(name: &str, phase: MachinePhase, rev: u64) -> Machine {
+        Machine {
+            api_version: drover_common::API_VERSION.into(),
+            kind: "Machine".into(),
+            metadata: ObjectMeta {
+                name: name.into(),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some(rev.to_string()),
+                ..Default::default()
+            },
+            spec: MachineSpec::default(),
+            status: MachineStatus {
+                phase,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn beat(offer: &DatagramOffer, counter: u64, digest: [u8; 8]) -> [u8; 52] {
+        Beat {
+            id: offer.id,
+            counter,
+            generation: 0,
+            digest,
+        }
+        .encode(&offer.heartbeat_key().unwrap())
+    }
+
+    #[test]
+    fn a_quiet_machine_is_seen_and_answered_under_its_key() {
+        let table = DatagramTable::new([9; 32]);
+        let m = machine("m1", MachinePhase::Registered, 5);
+        let offer = table.offer(&m, *b"digest01").unwrap();
+        let store = |_: &str| Some(5);
+        let mut seen = None;
+        let (answer, verdict) = table
+            .receive(&beat(&offer, NOW, *b"digest01"), NOW, &store, |n| {
+                seen = Some(n.to_owned())
+            })
+            .unwrap();
+        assert_eq!(verdict, Verdict::Quiet);
+        assert_eq!(seen.as_deref(), Some("m1"));
+        let a = Answer::decode(&answer, &offer.heartbeat_key().unwrap()).unwrap();
+        assert_eq!(
+            (a.id, a.counter, a.verdict),
+            (offer.id, NOW, Verdict::Quiet)
+        );
+    }
+
+    #[test]
+    fn forged_replayed_and_unknown_datagrams_are_refused_and_not_seen() {
+        let table = DatagramTable::new([9; 32]);
+        let m = machine("m1", MachinePhase::Registered, 5);
+        let offer = table.offer(&m, [1; 8]).unwrap();
+        let store = |_: &str| Some(5);
+        let never = |n: &str| panic!("{n} was taken as seen");
+        // A forged tag: the same datagram under another key.
+        let forged = Beat {
+            id: offer.id,
+            counter: NOW,
+            generation: 0,
+            digest: [1; 8],
+        }
+        .encode(&HeartbeatKey::from_bytes([1; 32]));
+        assert_eq!(
+            table.receive(&forged, NOW, &store, never),
+            Err(Refusal::BadTag)
+        );
+        // Garbage.
+        assert!(matches!(
+            table.receive(b"hello", NOW, &store, never),
+            Err(Refusal::Malformed(_))
+        ));
+        // An unknown id.
+        let stranger = DatagramOffer::new(42, &HeartbeatKey::from_bytes([2; 32]));
+        assert_eq!(
+            table.receive(&beat(&stranger, NOW, [1; 8]), NOW, &store, never),
+            Err(Refusal::UnknownMachine)
+        );
+        // A replay: accepted once, refused after.
+        let genuine = beat(&offer, NOW, [1; 8]);
+        assert!(table.receive(&genuine, NOW, &store, |_| {}).is_ok());
+        assert_eq!(
+            table
+                .receive(&genuine, NOW + 1, &store, never)
+                .unwrap_err()
+                .label(),
+            "replayed"
+        );
+        // A counter far from the clock.
+        let old = beat(&offer, NOW + 1 - 120_000_000, [1; 8]);
+        assert!(matches!(
+            table.receive(&old, NOW + 2, &store, never),
+            Err(Refusal::Stale(_))
+        ));
+        let _ = unix_micros(std::time::SystemTime::now());
+    }
+
+    #[test]
+    fn any_change_since_the_offer_asks_for_https() {
+        let table = DatagramTable::new([9; 32]);
+        let m = machine("m1", MachinePhase::Registered, 5);
+        let offer = table.offer(&m, [1; 8]).unwrap();
+        // The agent's report changed.
+        let (_, v) = table
+            .receive(
+                &beat(&offer, NOW, [2; 8]),
+                NOW,
+                &(|_: &str| Some(5)),
+                |_| {},
+            )
+            .unwrap();
+        assert_eq!(v, Verdict::CallHttps);
+        // The stored machine changed (an assignment, say).
+        let (_, v) = table
+            .receive(
+                &beat(&offer, NOW + 1, [1; 8]),
+                NOW,
+                &(|_: &str| Some(6)),
+                |_| {},
+            )
+            .unwrap();
+        assert_eq!(v, Verdict::CallHttps);
+        // The machine is gone: asked to call, then forgotten.
+        let (_, v) = table
+            .receive(
+                &beat(&offer, NOW + 2, [1; 8]),
+                NOW,
+                &(|_: &str| None),
+                |_| {},
+            )
+            .unwrap();
+        assert_eq!(v, Verdict::CallHttps);
+        assert_eq!(
+            table.receive(
+                &beat(&offer, NOW + 3, [1; 8]),
+                NOW,
+                &(|_: &str| Some(5)),
+                |_| {}
+            ),
+            Err(Refusal::UnknownMachine)
+        );
+    }
+
+    #[test]
+    fn only_quiet_machines_are_offered_and_a_new_leader_fills_in() {
+        let table = DatagramTable::new([9; 32]);
+        let mut cp = machine("cp", MachinePhase::Running, 1);
+        cp.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: "control-plane".into(),
+            role: MachineRole::ControlPlane,
+            generation: 1,
+            assigned_at: None,
+            replaces: None,
+            kubernetes_version: None,
+            image: None,
+        });
+        assert!(table.offer(&cp, [0; 8]).is_none());
+        let mut worker = cp.clone();
+        worker.metadata.name = "w".into();
+        worker.metadata.uid = Some("uid-w".into());
+        worker.spec.assignment.as_mut().unwrap().role = MachineRole::Worker;
+        assert!(table.offer(&worker, [0; 8]).is_some());
+        let releasing = machine("r", MachinePhase::Releasing, 1);
+        assert!(table.offer(&releasing, [0; 8]).is_none());
+        assert_eq!(table.len(), 1);
+
+        // A new leader knows the machine but not its last digest: it takes
+        // the first authentic datagram's, and holds the machine to it.
+        let leader = DatagramTable::new([9; 32]);
+        leader.fill(&[machine("m1", MachinePhase::Registered, 5), cp]);
+        assert_eq!(leader.len(), 1);
+        let offer = DatagramOffer::new(
+            machine_id("uid-m1"),
+            &HeartbeatKey::derive(&[9; 32], "uid-m1"),
+        );
+        let store = |_: &str| Some(5);
+        let (_, v) = leader
+            .receive(&beat(&offer, NOW, [7; 8]), NOW, &store, |_| {})
+            .unwrap();
+        assert_eq!(v, Verdict::Quiet);
+        let (_, v) = leader
+            .receive(&beat(&offer, NOW + 1, [8; 8]), NOW, &store, |_| {})
+            .unwrap();
+        assert_eq!(v, Verdict::CallHttps);
+    }
+}

@@ -1,0 +1,112 @@
+//! The datagram heartbeat receiver: one UDP socket beside each HTTPS
+//! listener, on the same address and port, read by a thread of its own.
+//!
+//! A datagram costs one `recv_from`, a table lookup, one HMAC to verify and
+//! one to answer, and one `send_to`: no connection, no TLS, no allocation
+//! and no task wake-up per machine. Only the leader answers (it holds the
+//! heartbeat deadlines); a follower drops every datagram unanswered, and
+//! the agent falls back to HTTPS, which names the leader. Nothing
+//! unauthenticated is ever answered, and an answer is shorter than the
+//! request, so the socket cannot be used to reflect or amplify traffic.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_common::wire::datagram::{unix_micros, Verdict, REQUEST_LEN};
+
+use crate::app::App;
+use crate::store::Kind;
+
+/// How often a receiver looks whether the coordinator is stopping.
+const STOP_CHECK: Duration = Duration::from_millis(250);
+
+/// Why the datagram receiver could not start on an address.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot receive datagram heartbeats on udp://{addr}: {source}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Binds a UDP socket on `addr` (the address and port of an HTTPS
+/// listener) and receives heartbeat datagrams on a thread of its own until
+/// `stop` turns true.
+pub fn start(
+    app: Arc<App>,
+    addr: SocketAddr,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<std::thread::JoinHandle<()>, BindError> {
+    let socket = bind(addr).map_err(|source| BindError { addr, source })?;
+    std::thread::Builder::new()
+        .name(format!("heartbeat-udp-{}", addr.port()))
+        .spawn(move || receive(&app, &socket, &stop))
+        .map_err(|source| BindError { addr, source })
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(addr)?;
+    socket.set_read_timeout(Some(STOP_CHECK))?;
+    // Bursts of a large fleet's datagrams wait in the kernel rather than
+    // being dropped while the thread answers the ones before.
+    let sock = socket2::SockRef::from(&socket);
+    let _ = sock.set_recv_buffer_size(4 << 20);
+    Ok(socket)
+}
+
+fn receive(app: &App, socket: &UdpSocket, stop: &tokio::sync::watch::Receiver<bool>) {
+    let metrics = crate::metrics::global();
+    let local = socket.local_addr().ok();
+    tracing::info!(addr = ?local, "receiving datagram heartbeats");
+    // One byte more than a request, so a longer datagram reads as one.
+    let mut buf = [0u8; REQUEST_LEN + 1];
+    let revision = |name: &str| app.store.cached_revision(Kind::Machine, name);
+    while !*stop.borrow() {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(r) => r,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
+            Err(e) => {
+                // An ICMP error for an earlier answer (the machine went),
+                // reported on this socket: nothing to do but go on.
+                tracing::debug!(error = %e, "datagram heartbeat socket error");
+                continue;
+            }
+        };
+        if app.leadership.term().is_none() {
+            metrics.datagram("not_leader");
+            continue;
+        }
+        let now = std::time::SystemTime::now();
+        let result = app
+            .datagrams
+            .receive(&buf[..n], unix_micros(now), &revision, |name| {
+                app.saw(name, time::OffsetDateTime::from(now))
+            });
+        match result {
+            Ok((answer, verdict)) => {
+                metrics.datagram(match verdict {
+                    Verdict::Quiet => "quiet",
+                    Verdict::CallHttps => "call_https",
+                });
+                if let Err(e) = socket.send_to(&answer, from) {
+                    tracing::debug!(%from, error = %e, "cannot answer a heartbeat datagram");
+                }
+            }
+            Err(refusal) => {
+                metrics.datagram(refusal.label());
+                tracing::debug!(%from, ?refusal, "heartbeat datagram refused");
+            }
+        }
+    }
+    tracing::info!(addr = ?local, "datagram heartbeats stopped");
+}
