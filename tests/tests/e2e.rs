@@ -2913,3 +2913,122 @@ fn the_web_view_shows_what_the_api_says_in_a_real_browser_and_changes_nothing() 
     b.go(&format!("{ui}/machines"));
     assert!(b.url().ends_with("/ui/login"), "{}", b.url());
 }
+
+/// A series' value in a scrape of `/metrics` with the admin token.
+fn metric(c: &Coordinator, series: &str) -> f64 {
+    let scraped = c
+        .api(None)
+        .send("GET", "/metrics", Some(&c.admin_token), None);
+    assert_eq!(scraped.status, 200, "{scraped:?}");
+    scraped
+        .body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A coordinator the agent reaches directly: after its first HTTPS
+    // heartbeat, its heartbeats are datagrams (counted quiet) while the
+    // HTTPS heartbeat requests stay where they were.
+    let c = Coordinator::start(&tmp.path().join("open"), CoordinatorOptions::default());
+    let boot = tmp.path().join("open.yaml");
+    c.token("default", "env=x", 1, "1h", &boot);
+    let _agent = Agent::start(&tmp.path().join("a"), "a", &boot);
+    let quiet = r#"drover_heartbeat_datagrams_total{result="quiet"}"#;
+    let https =
+        r#"drover_machine_request_duration_seconds_count{operation="heartbeat",result="ok"}"#;
+    wait_for("a first datagram heartbeat", BOOT, || {
+        let q = metric(&c, quiet);
+        if q >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{q} quiet datagrams"))
+        }
+    });
+    let (q0, h0) = (metric(&c, quiet), metric(&c, https));
+    wait_for("five more datagram heartbeats", BOOT, || {
+        let q = metric(&c, quiet);
+        if q >= q0 + 5.0 {
+            Ok(())
+        } else {
+            Err(format!("{} more", q - q0))
+        }
+    });
+    assert_eq!(metric(&c, https), h0, "HTTPS heartbeats went on");
+    let machine = &c.machines()[0];
+    assert!(
+        machine["status"]["heartbeatFallback"].is_null(),
+        "{machine:#}"
+    );
+
+    // A coordinator behind a TCP-only front (a load balancer or firewall
+    // that passes HTTPS, not UDP): the agent's datagrams go unanswered, it
+    // heartbeats over HTTPS and its machine says why.
+    let front = free_port();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let advertised = format!("https://127.0.0.1:{front}");
+    let blocked = Coordinator::start_with_args(
+        &tmp.path().join("blocked"),
+        CoordinatorOptions::default(),
+        &["--advertise-url", &advertised],
+        &listen,
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", front)))
+        .unwrap();
+    rt.spawn(drover_common::tcp_proxy::accept_loop(
+        listener,
+        "tcp-only front".into(),
+        std::sync::Arc::new(std::sync::RwLock::new(vec![listen.parse().unwrap()])),
+    ));
+    let boot = tmp.path().join("blocked.yaml");
+    blocked.token("default", "env=x", 1, "1h", &boot);
+    let _agent = Agent::start(&tmp.path().join("b"), "b", &boot);
+    let why = wait_for("the machine to report its fallback", BOOT, || {
+        let m = blocked
+            .machines()
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no machine".to_string())?;
+        m["status"]["heartbeatFallback"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{:#}", m["status"]))
+    });
+    assert!(
+        why.contains(&format!("udp://127.0.0.1:{front} went unanswered 3 times")),
+        "{why}"
+    );
+    let name = blocked.machines()[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let described = blocked.cli_ok(&["describe", "machine", &name]);
+    assert!(
+        described.contains("Heartbeats:     over HTTPS: heartbeat datagrams"),
+        "{described}"
+    );
+    // Its HTTPS heartbeats keep it alive and healthy meanwhile.
+    let h0 = metric(&blocked, https);
+    wait_for("more HTTPS heartbeats", BOOT, || {
+        let h = metric(&blocked, https);
+        if h >= h0 + 3.0 {
+            Ok(())
+        } else {
+            Err(format!("{} more", h - h0))
+        }
+    });
+    assert_eq!(metric(&blocked, quiet), 0.0);
+    let m = &blocked.machines()[0];
+    assert_eq!(m["status"]["phase"], "Registered", "{m:#}");
+}

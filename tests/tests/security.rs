@@ -1544,3 +1544,212 @@ endpointPorts: {endpoint}-{endpoint}
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// `drover_heartbeat_datagrams_total` by result, scraped with the admin
+/// token.
+fn datagram_counts(c: &Coordinator) -> std::collections::BTreeMap<String, u64> {
+    let scraped = c
+        .api(None)
+        .send("GET", "/metrics", Some(&c.admin_token), None);
+    assert_eq!(scraped.status, 200, "{scraped:?}");
+    scraped
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("drover_heartbeat_datagrams_total{result=\""))
+        .filter_map(|l| {
+            let (result, value) = l.split_once("\"} ")?;
+            Some((result.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Waits until the coordinator counted `want` more datagrams of `result`
+/// than `before`.
+fn wait_counted(
+    c: &Coordinator,
+    before: &std::collections::BTreeMap<String, u64>,
+    result: &str,
+    want: u64,
+) {
+    let was = before.get(result).copied().unwrap_or(0);
+    wait_for(
+        &format!("{want} more {result} datagrams"),
+        Duration::from_secs(20),
+        || {
+            let now = datagram_counts(c).get(result).copied().unwrap_or(0);
+            if now >= was + want {
+                Ok(())
+            } else {
+                Err(format!("{} so far", now - was))
+            }
+        },
+    );
+}
+
+/// A heartbeat over mutual TLS with a machine's identity, returning the
+/// answer's datagram offer: (id, key).
+fn offer_of(
+    c: &Coordinator,
+    identity: (&str, &str),
+    report: &drover_common::wire::HeartbeatRequest,
+) -> (u64, drover_common::wire::datagram::HeartbeatKey) {
+    let answer = c.api(Some(identity)).json(
+        "POST",
+        "/v1/machine/heartbeat",
+        None,
+        &serde_json::to_value(report).unwrap(),
+    );
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let offer: drover_common::wire::DatagramOffer =
+        serde_json::from_value(answer.json()["datagram"].clone())
+            .unwrap_or_else(|e| panic!("no datagram offer ({e}): {answer:?}"));
+    (offer.id, offer.heartbeat_key().unwrap())
+}
+
+/// Receives one datagram within `wait`, if any comes.
+fn recv_within(socket: &std::net::UdpSocket, wait: Duration) -> Option<Vec<u8>> {
+    socket.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 128];
+    socket.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+}
+
+#[test]
+fn heartbeat_datagrams_refuse_forgery_replay_another_machines_key_and_garbage() {
+    use drover_common::wire::datagram::{self, Answer, Beat, Verdict};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=x", 2, "1h", &boot);
+    let mut a = Agent::start(&tmp.path().join("a"), "a", &boot);
+    let mut b = Agent::start(&tmp.path().join("b"), "b", &boot);
+    wait_machines(&c, 2);
+    let (cert_a, key_a, name_a) = identity_of(&c, &a);
+    let (cert_b, key_b, _) = identity_of(&c, &b);
+    a.kill();
+    b.kill();
+    // Each identity heartbeats once over mutual TLS and is offered datagrams.
+    let report = drover_common::wire::HeartbeatRequest::default();
+    let digest = datagram::status_digest(&report);
+    let (id_a, hk_a) = offer_of(&c, (&cert_a, &key_a), &report);
+    let (id_b, hk_b) = offer_of(&c, (&cert_b, &key_b), &report);
+    assert_ne!(id_a, id_b);
+    let coordinator: std::net::SocketAddr = format!("127.0.0.1:{}", c.port).parse().unwrap();
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let now = || datagram::unix_micros(std::time::SystemTime::now());
+    let beat = |id, key: &datagram::HeartbeatKey, counter| {
+        Beat {
+            id,
+            counter,
+            generation: 0,
+            digest,
+        }
+        .encode(key)
+    };
+
+    // A genuine datagram is answered "quiet" under the machine's key, and
+    // counts as its heartbeat.
+    let before = datagram_counts(&c);
+    let genuine = beat(id_a, &hk_a, now());
+    socket.send_to(&genuine, coordinator).unwrap();
+    let answer = recv_within(&socket, Duration::from_secs(10)).expect("an answer");
+    assert_eq!(
+        answer.len(),
+        datagram::ANSWER_LEN,
+        "shorter than the request"
+    );
+    let answer = Answer::decode(&answer, &hk_a).unwrap();
+    assert_eq!((answer.id, answer.verdict), (id_a, Verdict::Quiet));
+    wait_counted(&c, &before, "quiet", 1);
+
+    // Each attack is counted by the coordinator, and none is answered.
+    let attacks: Vec<(&str, Vec<u8>)> = vec![
+        // The genuine datagram again, from another source address.
+        ("replayed", genuine.to_vec()),
+        // A changed tag.
+        ("bad_tag", {
+            let mut d = beat(id_a, &hk_a, now());
+            d[datagram::REQUEST_LEN - 1] ^= 1;
+            d.to_vec()
+        }),
+        // Machine b's key used to heartbeat for machine a.
+        ("bad_tag", beat(id_a, &hk_b, now()).to_vec()),
+        // A changed body under the old tag (another generation).
+        ("bad_tag", {
+            let mut d = beat(id_a, &hk_a, now());
+            d[27] ^= 1;
+            d.to_vec()
+        }),
+        // An id no machine has.
+        ("unknown_machine", beat(id_a ^ 1, &hk_a, now()).to_vec()),
+        // A genuine datagram whose counter is two minutes ahead (one
+        // behind the last accepted is a replay).
+        (
+            "out_of_window",
+            beat(id_a, &hk_a, now() + 120_000_000).to_vec(),
+        ),
+        // Not a heartbeat at all.
+        ("malformed", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+        ("malformed", vec![0u8; 1400]),
+    ];
+    let spoofed = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    for (result, d) in &attacks {
+        let before = datagram_counts(&c);
+        spoofed.send_to(d, coordinator).unwrap();
+        wait_counted(&c, &before, result, 1);
+    }
+    // Counted means handled: no answer went to either address.
+    assert_eq!(recv_within(&spoofed, Duration::from_millis(1)), None);
+    assert_eq!(recv_within(&socket, Duration::from_millis(1)), None);
+
+    // A flood of garbage, in bursts the socket buffer holds, each followed
+    // by a genuine beat whose answer shows the burst was read: every
+    // datagram is refused, counted, and left unanswered, and the genuine
+    // heartbeats keep being answered.
+    let before = datagram_counts(&c);
+    let flood = std::net::UdpSocket::bind("127.0.0.3:0").unwrap();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (bursts, per_burst) = (25u64, 200u64);
+    for _ in 0..bursts {
+        for _ in 0..per_burst {
+            let mut d = vec![0u8; datagram::REQUEST_LEN];
+            for byte in d.iter_mut() {
+                *byte = next() as u8;
+            }
+            // Half look like requests of machine b, with random tags.
+            if next() % 2 == 0 {
+                d[..4].copy_from_slice(b"DRH1");
+                d[4..12].copy_from_slice(&id_b.to_be_bytes());
+            }
+            flood.send_to(&d, coordinator).unwrap();
+        }
+        socket
+            .send_to(&beat(id_a, &hk_a, now()), coordinator)
+            .unwrap();
+        let answer =
+            recv_within(&socket, Duration::from_secs(10)).expect("an answer after a burst");
+        assert_eq!(
+            Answer::decode(&answer, &hk_a).unwrap().verdict,
+            Verdict::Quiet
+        );
+    }
+    let after = datagram_counts(&c);
+    let refused: u64 = ["malformed", "bad_tag", "unknown_machine"]
+        .iter()
+        .map(|r| after.get(*r).unwrap_or(&0) - before.get(*r).unwrap_or(&0))
+        .sum();
+    assert_eq!(refused, bursts * per_burst, "{before:?} -> {after:?}");
+    assert_eq!(recv_within(&flood, Duration::from_millis(1)), None);
+    // The machine's own heartbeats kept it alive throughout.
+    let m = c
+        .machines()
+        .into_iter()
+        .find(|m| m["metadata"]["name"] == name_a.as_str())
+        .unwrap();
+    assert!(m["status"]["lastHeartbeatTime"].is_string(), "{m:#}");
+}

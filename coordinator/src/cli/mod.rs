@@ -1385,6 +1385,9 @@ pub fn describe_machine(m: &Machine) -> String {
         let _ = writeln!(o, "Made for:       {}", printable(v));
     }
     let _ = writeln!(o, "Last heartbeat: {} ago", age(s.last_heartbeat_time));
+    if let Some(why) = &s.heartbeat_fallback {
+        let _ = writeln!(o, "Heartbeats:     over HTTPS: {}", printable(why));
+    }
     if let Some(c) = &s.certificates {
         let _ = writeln!(
             o,
