@@ -230,7 +230,10 @@ impl App {
         let Ok(machines) = self.machines() else {
             return;
         };
-        self.datagrams.fill(&machines);
+        self.datagrams.fill(
+            &machines,
+            drover_common::wire::datagram::unix_micros(std::time::SystemTime::now()),
+        );
         let mut live = self.liveness.lock().expect("liveness lock");
         for m in machines {
             live.insert(m.metadata.name, Liveness { last_seen: now });

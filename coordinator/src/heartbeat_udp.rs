@@ -86,6 +86,7 @@ fn receive(app: &App, socket: &UdpSocket, stop: &tokio::sync::watch::Receiver<bo
             metrics.datagram("not_leader");
             continue;
         }
+        let received = std::time::Instant::now();
         let now = std::time::SystemTime::now();
         let result = app
             .datagrams
@@ -101,9 +102,11 @@ fn receive(app: &App, socket: &UdpSocket, stop: &tokio::sync::watch::Receiver<bo
                 if let Err(e) = socket.send_to(&answer, from) {
                     tracing::debug!(%from, error = %e, "cannot answer a heartbeat datagram");
                 }
+                metrics.machine_request("datagram", true, received.elapsed());
             }
             Err(refusal) => {
                 metrics.datagram(refusal.label());
+                metrics.machine_request("datagram", false, received.elapsed());
                 tracing::debug!(%from, ?refusal, "heartbeat datagram refused");
             }
         }

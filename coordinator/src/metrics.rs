@@ -75,7 +75,14 @@ pub const DATAGRAM_RESULTS: [&str; 8] = [
 ];
 
 /// The machine API operations, as the `operation` label.
-const MACHINE_OPERATIONS: [&str; 5] = ["register", "heartbeat", "config", "certificate", "other"];
+const MACHINE_OPERATIONS: [&str; 6] = [
+    "register",
+    "heartbeat",
+    "datagram",
+    "config",
+    "certificate",
+    "other",
+];
 /// The store operations, as the `operation` label.
 const STORE_OPERATIONS: [&str; 3] = ["get", "list", "txn"];
 /// The store results, as the `result` label.
@@ -183,7 +190,7 @@ impl Metrics {
         );
         registry.register(
             "machine_request_duration_seconds",
-            "Time to answer machine API requests, by operation (register, config, heartbeat, certificate) and result",
+            "Time to answer machine API requests, by operation (register, config, heartbeat, certificate; datagram: a heartbeat datagram, from its receipt to its answer) and result",
             m.machine_requests.clone(),
         );
         registry.register(

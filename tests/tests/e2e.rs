@@ -2721,10 +2721,11 @@ scrape_configs:
                 .all(|r| r["health"] == "ok" && r["state"] == "inactive");
         evaluated.then_some(()).ok_or(format!("{names:?}: {r}"))
     });
-    // A histogram Prometheus takes quantiles of: the heartbeats' p99.
+    // A histogram Prometheus takes quantiles of: the heartbeats' p99 (quiet
+    // machines heartbeat by datagram).
     wait_for("a heartbeat latency quantile", BOOT, || {
         let p99 = query(
-            "histogram_quantile(0.99, sum by (le) (rate(drover_machine_request_duration_seconds_bucket{operation=\"heartbeat\"}[1m])))",
+            "histogram_quantile(0.99, sum by (le) (rate(drover_machine_request_duration_seconds_bucket{operation=~\"heartbeat|datagram\"}[1m])))",
         )?;
         match p99.first().map(value) {
             Some(v) if v.is_finite() && v > 0.0 => Ok(()),
@@ -2955,15 +2956,19 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
         }
     });
     let (q0, h0) = (metric(&c, quiet), metric(&c, https));
-    wait_for("five more datagram heartbeats", BOOT, || {
+    wait_for("ten more datagram heartbeats", BOOT, || {
         let q = metric(&c, quiet);
-        if q >= q0 + 5.0 {
+        if q >= q0 + 10.0 {
             Ok(())
         } else {
             Err(format!("{} more", q - q0))
         }
     });
-    assert_eq!(metric(&c, https), h0, "HTTPS heartbeats went on");
+    // An HTTPS heartbeat now and then is expected (the coordinator changed
+    // the machine, or a datagram's answer was late on a loaded host), a
+    // steady one is not.
+    let more = metric(&c, https) - h0;
+    assert!(more <= 3.0, "{more} HTTPS heartbeats beside 10 datagrams");
     let machine = &c.machines()[0];
     assert!(
         machine["status"]["heartbeatFallback"].is_null(),

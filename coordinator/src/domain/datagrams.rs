@@ -34,7 +34,9 @@ pub struct DatagramTable {
 struct Entry {
     name: Box<str>,
     key: HeartbeatKey,
-    /// The counter of the last datagram accepted (0: none).
+    /// The counter of the last datagram accepted; when none was, the time
+    /// the entry was made less [`NEW_ENTRY_SLACK_MICROS`], so a datagram
+    /// captured before cannot be replayed to a new leader.
     last_counter: u64,
     /// The digest of the last report accepted over HTTPS; `None` when this
     /// replica did not see it (it became leader since), in which case the
@@ -44,6 +46,10 @@ struct Entry {
     /// The revision of the stored machine the offer was made at.
     revision: u64,
 }
+
+/// How far before an entry was made its first datagram's counter may be
+/// (the sender's clock may lag this coordinator's a little).
+pub const NEW_ENTRY_SLACK_MICROS: u64 = 5_000_000;
 
 /// Why a datagram was not taken as a heartbeat. Each costs at most one MAC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,9 +120,14 @@ impl DatagramTable {
     }
 
     /// Offers datagram heartbeats to `machine` (as stored at its
-    /// `resourceVersion`), whose accepted report has `digest`. `None` when
-    /// it may not use them.
-    pub fn offer(&self, machine: &Machine, digest: [u8; 8]) -> Option<DatagramOffer> {
+    /// `resourceVersion`), whose accepted report has `digest`, at
+    /// `now_micros`. `None` when it may not use them.
+    pub fn offer(
+        &self,
+        machine: &Machine,
+        digest: [u8; 8],
+        now_micros: u64,
+    ) -> Option<DatagramOffer> {
         if !may_use_datagrams(machine) {
             self.forget(machine);
             return None;
@@ -129,7 +140,7 @@ impl DatagramTable {
         let entry = entries.entry(id).or_insert_with(|| Entry {
             name: machine.metadata.name.as_str().into(),
             key: key.clone(),
-            last_counter: 0,
+            last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
             digest: None,
             revision,
         });
@@ -141,7 +152,7 @@ impl DatagramTable {
             *entry = Entry {
                 name: machine.metadata.name.as_str().into(),
                 key: key.clone(),
-                last_counter: 0,
+                last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
                 digest: None,
                 revision,
             };
@@ -166,8 +177,9 @@ impl DatagramTable {
     }
 
     /// Adds the machines that may send datagrams and are not in the table
-    /// yet (a replica that becomes leader did not see their offers).
-    pub fn fill(&self, machines: &[Machine]) {
+    /// yet (a replica that becomes leader did not see their offers), at
+    /// `now_micros`.
+    pub fn fill(&self, machines: &[Machine], now_micros: u64) {
         let mut entries = self.entries.lock().expect("datagram table lock");
         for m in machines.iter().filter(|m| may_use_datagrams(m)) {
             let (Some(uid), Some(revision)) = (
@@ -182,7 +194,7 @@ impl DatagramTable {
             entries.entry(machine_id(uid)).or_insert_with(|| Entry {
                 name: m.metadata.name.as_str().into(),
                 key: HeartbeatKey::derive(&self.master, uid),
-                last_counter: 0,
+                last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
                 digest: None,
                 revision,
             });
@@ -289,7 +301,7 @@ mod tests {
     fn a_quiet_machine_is_seen_and_answered_under_its_key() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Registered, 5);
-        let offer = table.offer(&m, *b"digest01").unwrap();
+        let offer = table.offer(&m, *b"digest01", NOW).unwrap();
         let store = |_: &str| Some(5);
         let mut seen = None;
         let (answer, verdict) = table
@@ -310,7 +322,7 @@ mod tests {
     fn forged_replayed_and_unknown_datagrams_are_refused_and_not_seen() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Registered, 5);
-        let offer = table.offer(&m, [1; 8]).unwrap();
+        let offer = table.offer(&m, [1; 8], NOW).unwrap();
         let store = |_: &str| Some(5);
         let never = |n: &str| panic!("{n} was taken as seen");
         // A forged tag: the same datagram under another key.
@@ -359,7 +371,7 @@ mod tests {
     fn any_change_since_the_offer_asks_for_https() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Registered, 5);
-        let offer = table.offer(&m, [1; 8]).unwrap();
+        let offer = table.offer(&m, [1; 8], NOW).unwrap();
         // The agent's report changed.
         let (_, v) = table
             .receive(
@@ -416,26 +428,31 @@ mod tests {
             kubernetes_version: None,
             image: None,
         });
-        assert!(table.offer(&cp, [0; 8]).is_none());
+        assert!(table.offer(&cp, [0; 8], NOW).is_none());
         let mut worker = cp.clone();
         worker.metadata.name = "w".into();
         worker.metadata.uid = Some("uid-w".into());
         worker.spec.assignment.as_mut().unwrap().role = MachineRole::Worker;
-        assert!(table.offer(&worker, [0; 8]).is_some());
+        assert!(table.offer(&worker, [0; 8], NOW).is_some());
         let releasing = machine("r", MachinePhase::Releasing, 1);
-        assert!(table.offer(&releasing, [0; 8]).is_none());
+        assert!(table.offer(&releasing, [0; 8], NOW).is_none());
         assert_eq!(table.len(), 1);
 
         // A new leader knows the machine but not its last digest: it takes
         // the first authentic datagram's, and holds the machine to it.
         let leader = DatagramTable::new([9; 32]);
-        leader.fill(&[machine("m1", MachinePhase::Registered, 5), cp]);
+        leader.fill(&[machine("m1", MachinePhase::Registered, 5), cp], NOW);
         assert_eq!(leader.len(), 1);
         let offer = DatagramOffer::new(
             machine_id("uid-m1"),
             &HeartbeatKey::derive(&[9; 32], "uid-m1"),
         );
         let store = |_: &str| Some(5);
+        // A datagram from before it led (captured, replayed) is refused.
+        assert!(matches!(
+            leader.receive(&beat(&offer, NOW - 6_000_000, [7; 8]), NOW, &store, |_| {}),
+            Err(Refusal::Stale(Freshness::Replayed { .. }))
+        ));
         let (_, v) = leader
             .receive(&beat(&offer, NOW, [7; 8]), NOW, &store, |_| {})
             .unwrap();

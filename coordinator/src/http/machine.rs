@@ -512,7 +512,8 @@ fn offer_datagrams(
         return answer;
     }
     let digest = drover_common::wire::datagram::status_digest(hb);
-    answer.datagram = app.datagrams.offer(machine, digest);
+    let now = drover_common::wire::datagram::unix_micros(std::time::SystemTime::now());
+    answer.datagram = app.datagrams.offer(machine, digest, now);
     answer
 }
 
