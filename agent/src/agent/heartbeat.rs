@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::{Agent, Link, Stopped};
 use crate::protocol::assignment::{self, Current, Decision, Stage};
-use crate::protocol::datagram::{answer_timeout, DatagramLink, Sent, RETRY_AFTER};
+use crate::protocol::datagram::{answer_timeout, DatagramLink, Sent, Unanswered, RETRY_AFTER};
 use crate::protocol::directives::is_reset;
 use crate::protocol::heartbeat;
 use crate::protocol::timing::{heartbeat_timeout, interval_from_seconds};
@@ -121,8 +121,9 @@ impl Agent {
     }
 
     /// Sends a heartbeat as a datagram when it may go as one (see
-    /// [`crate::protocol::datagram`]); true when the coordinator answered
-    /// that nothing waits, so no HTTPS heartbeat is needed.
+    /// [`crate::protocol::datagram`]); true when no HTTPS heartbeat is
+    /// needed now: the coordinator answered that nothing waits, or a first
+    /// datagram in a row went unanswered (the next goes at the interval).
     async fn beat_by_datagram(
         &mut self,
         request: &HeartbeatRequest,
@@ -191,10 +192,17 @@ impl Agent {
             }
             None => {
                 let at = crate::protocol::timing::rfc3339(drover_common::now());
-                if self.fallback.unanswered(&target.to_string(), now, &at) {
-                    tracing::warn!(%target, retry_in_s = RETRY_AFTER.as_secs(), "heartbeat datagrams go unanswered; heartbeating over HTTPS");
+                match self.fallback.unanswered(&target.to_string(), now, &at) {
+                    Unanswered::Wait => {
+                        tracing::debug!(%target, "a heartbeat datagram went unanswered; sending the next at the interval");
+                        Ok(true)
+                    }
+                    Unanswered::Https => Ok(false),
+                    Unanswered::FallBack => {
+                        tracing::warn!(%target, retry_in_s = RETRY_AFTER.as_secs(), "heartbeat datagrams go unanswered; heartbeating over HTTPS");
+                        Ok(false)
+                    }
                 }
-                Ok(false)
             }
         }
     }

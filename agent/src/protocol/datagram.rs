@@ -108,6 +108,20 @@ fn quiet(r: &HeartbeatRequest) -> bool {
         && r.certificates.is_none()
 }
 
+/// What to do about a datagram that went unanswered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unanswered {
+    /// The first in a row: send nothing more now and a datagram again at
+    /// the next interval. A coordinator that stalls for a moment (or drops
+    /// a burst) must not get its whole fleet's heartbeats over HTTPS at
+    /// once; one missed beat is well within the heartbeat timeout.
+    Wait,
+    /// The second in a row: heartbeat over HTTPS now.
+    Https,
+    /// The third: heartbeat over HTTPS from now on, for [`RETRY_AFTER`].
+    FallBack,
+}
+
 /// Whether datagrams get answered, and the note the machine's report
 /// carries while they do not.
 #[derive(Debug, Clone)]
@@ -141,12 +155,15 @@ impl<I: Copy + Ord + std::ops::Add<Duration, Output = I>> Fallback<I> {
         self.note = None;
     }
 
-    /// A datagram to `target` went unanswered at `now`; returns whether the
-    /// machine now falls back to HTTPS for a while.
-    pub fn unanswered(&mut self, target: &str, now: I, at: &str) -> bool {
+    /// A datagram to `target` went unanswered at `now`: what to do.
+    pub fn unanswered(&mut self, target: &str, now: I, at: &str) -> Unanswered {
         self.unanswered += 1;
         if self.unanswered < MAX_UNANSWERED {
-            return false;
+            return if self.unanswered == 1 {
+                Unanswered::Wait
+            } else {
+                Unanswered::Https
+            };
         }
         self.unanswered = 0;
         self.until = Some(now + RETRY_AFTER);
@@ -154,7 +171,7 @@ impl<I: Copy + Ord + std::ops::Add<Duration, Output = I>> Fallback<I> {
             "heartbeat datagrams to udp://{target} went unanswered {MAX_UNANSWERED} times in a row (last at {at}); heartbeating over HTTPS and trying datagrams again every {} s (is UDP to the coordinator blocked?)",
             RETRY_AFTER.as_secs()
         ));
-        true
+        Unanswered::FallBack
     }
 
     /// Why the machine heartbeats over HTTPS, while it does.
@@ -234,10 +251,13 @@ mod tests {
         let mut f = Fallback::<Duration>::default();
         let t0 = Duration::ZERO;
         assert!(f.may_try(t0));
-        assert!(!f.unanswered("10.0.0.1:7443", t0, "now"));
-        assert!(!f.unanswered("10.0.0.1:7443", t0, "now"));
+        assert_eq!(f.unanswered("10.0.0.1:7443", t0, "now"), Unanswered::Wait);
+        assert_eq!(f.unanswered("10.0.0.1:7443", t0, "now"), Unanswered::Https);
         assert!(f.note().is_none());
-        assert!(f.unanswered("10.0.0.1:7443", t0, "now"));
+        assert_eq!(
+            f.unanswered("10.0.0.1:7443", t0, "now"),
+            Unanswered::FallBack
+        );
         assert!(!f.may_try(t0 + RETRY_AFTER / 2));
         assert!(f
             .note()

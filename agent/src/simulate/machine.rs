@@ -21,7 +21,7 @@ use crate::api::{ApiError, CoordinatorClient};
 use crate::backoff::Backoff;
 use crate::protocol::assignment::{self, Current, Decision, Stage};
 use crate::protocol::config::{self, ConfigFetch, ConfigStep};
-use crate::protocol::datagram::{answer_timeout, DatagramLink};
+use crate::protocol::datagram::{answer_timeout, DatagramLink, Fallback, Unanswered};
 use crate::protocol::directives::may_create_token;
 use crate::protocol::heartbeat;
 use crate::protocol::register::{self, permanent_status, Facts};
@@ -197,6 +197,8 @@ struct Sim {
     link: Option<DatagramLink>,
     /// Where the datagrams go.
     target: Option<std::net::SocketAddr>,
+    /// Whether datagrams get answered.
+    fallback: Fallback<Instant>,
     ca: Arc<CoordinatorCa>,
     interval: Duration,
     phase: AgentPhase,
@@ -228,6 +230,7 @@ impl Sim {
             tls: config,
             link: None,
             target: None,
+            fallback: Fallback::default(),
             ca,
             interval: interval_from_seconds(r.heartbeat_interval_seconds),
             phase: AgentPhase::Waiting,
@@ -319,6 +322,9 @@ impl Sim {
         request: &HeartbeatRequest,
         stop: &mut Shutdown,
     ) -> Result<bool, Stopped> {
+        if !self.fallback.may_try(Instant::now()) {
+            return Ok(false);
+        }
         let (Some(hub), Some(target), Some(link)) =
             (fleet.datagrams.as_ref(), self.target, self.link.as_mut())
         else {
@@ -336,6 +342,7 @@ impl Sim {
         let took = at.elapsed();
         match answer.and_then(|a| link.verdict(&a, &sent)) {
             Some(Verdict::Quiet) => {
+                self.fallback.answered();
                 let mut s = fleet.stats();
                 s.heartbeats_sent += 1;
                 s.datagrams.quiet += 1;
@@ -343,19 +350,27 @@ impl Sim {
                 Ok(true)
             }
             Some(Verdict::CallHttps) => {
+                self.fallback.answered();
                 fleet.stats().datagrams.call_https += 1;
                 Ok(false)
             }
             None => {
                 fleet.stats().datagrams.unanswered += 1;
-                Ok(false)
+                let at = crate::protocol::timing::rfc3339(drover_common::now());
+                // As the agent: the first in a row waits for the next
+                // interval, so a stall does not turn into an HTTPS storm.
+                Ok(self
+                    .fallback
+                    .unanswered(&target.to_string(), Instant::now(), &at)
+                    == Unanswered::Wait)
             }
         }
     }
 
     /// Sends one heartbeat; returns when the next is due.
     async fn heartbeat(&mut self, fleet: &Fleet, stop: &mut Shutdown) -> Result<Instant, Stopped> {
-        let request = self.request();
+        let mut request = self.request();
+        request.heartbeat_fallback = self.fallback.note();
         if self.beat_by_datagram(fleet, &request, stop).await? {
             return Ok(Instant::now() + fleet.jittered(self.interval));
         }
