@@ -1114,6 +1114,15 @@ impl Coordinator {
         format!("https://127.0.0.1:{}", self.port)
     }
 
+    /// `/metrics` in the classic text format, scraped with the admin token.
+    pub fn metrics_text(&self) -> String {
+        let scraped = self
+            .api(None)
+            .send("GET", "/metrics", Some(&self.admin_token), None);
+        assert_eq!(scraped.status, 200, "{scraped:?}");
+        scraped.body
+    }
+
     /// A raw API client, optionally with a machine identity.
     pub fn api(&self, identity: Option<(&str, &str)>) -> Api {
         Api::new(&self.url(), &self.ca_pem(), identity)

@@ -2917,12 +2917,7 @@ fn the_web_view_shows_what_the_api_says_in_a_real_browser_and_changes_nothing() 
 
 /// A series' value in a scrape of `/metrics` with the admin token.
 fn metric(c: &Coordinator, series: &str) -> f64 {
-    let scraped = c
-        .api(None)
-        .send("GET", "/metrics", Some(&c.admin_token), None);
-    assert_eq!(scraped.status, 200, "{scraped:?}");
-    scraped
-        .body
+    c.metrics_text()
         .lines()
         .find_map(|l| {
             l.strip_prefix(series)?

@@ -29,6 +29,7 @@ pub fn request(
         kubeadm_version: None,
         certificates: None,
         heartbeat_fallback: None,
+        datagrams: true,
     }
 }
 

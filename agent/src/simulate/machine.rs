@@ -371,6 +371,9 @@ impl Sim {
     async fn heartbeat(&mut self, fleet: &Fleet, stop: &mut Shutdown) -> Result<Instant, Stopped> {
         let mut request = self.request();
         request.heartbeat_fallback = self.fallback.note();
+        // With `--transport https`, the machines are agents that take no
+        // datagram offer.
+        request.datagrams = fleet.datagrams.is_some();
         if self.beat_by_datagram(fleet, &request, stop).await? {
             return Ok(Instant::now() + fleet.jittered(self.interval));
         }

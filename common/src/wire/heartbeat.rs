@@ -56,6 +56,11 @@ pub struct HeartbeatRequest {
     /// datagrams (they went unanswered), while it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_fallback: Option<String>,
+    /// The agent takes datagram offers: only then does the answer carry
+    /// one (an agent from before datagram heartbeats refuses an answer
+    /// with a field it does not know).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub datagrams: bool,
 }
 
 /// What a control-plane agent reads of the cluster's Nodes.

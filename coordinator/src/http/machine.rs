@@ -507,7 +507,7 @@ fn offer_datagrams(
     hb: &HeartbeatRequest,
     mut answer: HeartbeatResponse,
 ) -> HeartbeatResponse {
-    if !answer.directives.is_empty() {
+    if !hb.datagrams || !answer.directives.is_empty() {
         app.datagrams.forget(machine);
         return answer;
     }
@@ -1499,6 +1499,7 @@ mod tests {
             bootstrap: None,
             directive_results: vec![],
             heartbeat_fallback: None,
+            datagrams: false,
             etcd: None,
             nodes: None,
             kubeadm_version: None,
