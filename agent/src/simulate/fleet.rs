@@ -231,7 +231,7 @@ pub(super) struct Stats {
     pub(super) heartbeats_sent: u64,
     pub(super) heartbeats_ok: u64,
     pub(super) heartbeats_failed: u64,
-    pub(super) datagrams: super::summary::DatagramSummary,
+    pub(super) datagrams: DatagramSummary,
     pub(super) heartbeat: Histogram,
     /// Heartbeats sent in the steady state (see [`Fleet::settle`]).
     pub(super) steady_heartbeat: Histogram,
@@ -248,6 +248,15 @@ pub(super) struct Stats {
     pub(super) errors: BTreeMap<String, ErrorCount>,
     pub(super) silenced: Vec<String>,
     pub(super) silenced_at: Option<(Instant, time::OffsetDateTime)>,
+}
+
+/// What became of heartbeat datagrams.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DatagramSummary {
+    pub quiet: u64,
+    pub call_https: u64,
+    pub unanswered: u64,
 }
 
 #[derive(Default)]

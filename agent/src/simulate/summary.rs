@@ -75,16 +75,7 @@ pub struct HeartbeatSummary {
     pub expected_rate_per_second: Option<f64>,
     /// Heartbeats sent as datagrams, by answer (an unanswered or "call
     /// over HTTPS" one is followed by an HTTPS heartbeat, counted above).
-    pub datagrams: DatagramSummary,
-}
-
-/// What became of heartbeat datagrams.
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DatagramSummary {
-    pub quiet: u64,
-    pub call_https: u64,
-    pub unanswered: u64,
+    pub datagrams: super::fleet::DatagramSummary,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -458,7 +449,7 @@ mod tests {
                 rate_per_second: Some(18.1),
                 steady_rate_per_second: Some(19.0),
                 expected_rate_per_second: Some(19.0),
-                datagrams: DatagramSummary {
+                datagrams: super::super::fleet::DatagramSummary {
                     quiet: 60,
                     call_https: 1,
                     unanswered: 0,
