@@ -350,6 +350,15 @@ pub struct RolloutStatus {
     /// changes or `drover rollout resume`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted: Option<RolloutHalt>,
+    /// What the rollout waits for before its next step, and why (a new
+    /// machine's Node NotReady and what it says, another change under
+    /// way, a silent machine); absent while it steps or is done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// New machines of this rollout that failed (bootstrap or health) and
+    /// were replaced; the second failure halts the rollout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<RolloutHalt>,
 }
 
 /// One pool's rollout progress.
@@ -364,7 +373,7 @@ pub struct PoolRollout {
     pub outdated: u32,
 }
 
-/// Where and why a rollout halted.
+/// Where and why a rollout halted, or one of its new machines failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RolloutHalt {

@@ -430,6 +430,17 @@ pub fn rollout_lines(c: &Cluster) -> Vec<String> {
             "HALTED at machine {} (step {}): {}; `drover rollout resume {}` to go on",
             h.machine,
             h.step,
+    if let Some(w) = &r.waiting_for {
+        out.push(format!("waiting for {}", printable(w)));
+    }
+    for f in &r.failures {
+        out.push(format!(
+            "new machine {} failed (step {}): {}",
+            f.machine,
+            f.step,
+            printable(&f.reason)
+        ));
+    }
             printable(&h.reason),
             c.metadata.name
         ));

@@ -902,7 +902,10 @@ fn record_view(
             tracing::info!(machine = %name, cluster = %a.cluster, version = ?version, "kubeadm-config version changed");
             c.status.kubeadm_config_version = version;
         }
-        let ready = nodes.and_then(|r| r.endpoint_ready);
+        // Whether the endpoint answers is reported even when the Nodes
+        // could not be listed: an API server that died is exactly when
+        // they cannot be.
+        let ready = hb.nodes.as_ref().and_then(|r| r.endpoint_ready);
         if ready.is_some() && c.status.endpoint_ready != ready {
             if ready == Some(false) {
                 tracing::warn!(machine = %name, cluster = %a.cluster, "the cluster's endpoint does not answer /readyz");

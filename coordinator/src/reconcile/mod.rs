@@ -1841,6 +1841,33 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_whose_endpoint_does_not_answer_is_not_ready() {
+        // Every machine runs and every Node was Ready when last listed, but
+        // the API server died under a living agent, which reports that
+        // the endpoint does not answer /readyz.
+        let (mut c, machines) = init_and_worker();
+        c.status.nodes = vec![cluster_node("a", "True"), cluster_node("w1", "True")];
+        c.status.endpoint_ready = Some(false);
+        let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
+        let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "EndpointNotReady"),
+            "{}",
+            ready.message
+        );
+        assert!(ready.message.contains("/readyz"), "{}", ready.message);
+        // It answers again: Ready.
+        c.status = st;
+        c.status.endpoint_ready = Some(true);
+        let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
+        assert!(st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"));
+    }
+
+    #[test]
     fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_unready() {
         let (mut c, machines) = init_and_worker();
         let node = cluster_node;

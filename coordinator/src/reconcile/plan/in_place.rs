@@ -130,8 +130,30 @@ pub(crate) fn plan_in_place(
     }
     // A halt stands until resumed, even when it was the last machine's.
     let rolling = upgrade.is_some() || halted || input.members.iter().any(|m| outdated(m));
+    // What the rollout waits for, said while it waits: a machine in its
+    // step that is silent, an unhealthy member, another change.
+    let waiting = if halted || !rolling {
+        None
+    } else if let Some(u) = &upgrade {
+        if !(input.alive)(&u.machine) {
+            Some(format!(
+                "machine {} is silent during its in-place upgrade (step {}): it goes on once it heartbeats again, or the rollout halts after the step's timeout",
+                u.machine, u.step
+            ))
+        } else {
+            Some(format!("machine {} to finish step {}", u.machine, u.step))
+        }
+    } else if let Some((m, why)) = input.unhealthy.first() {
+        Some(format!("machine {m} to be healthy: {why}"))
+    } else if !input.may_start {
+        Some(
+            "every pool to be whole and Running, etcd settled and no other change under way".into(),
+        )
+    } else {
+        None
+    };
     InPlacePlan {
-        rollout: rollout_status(cluster, pools, rolling, halt, now),
+        rollout: rollout_status(cluster, pools, rolling, halt, vec![], waiting, now),
         upgrade,
         upgraded,
     }

@@ -612,6 +612,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         self.status.machine_upgrade = plan.upgrade;
         self.status.rollout = plan.rollout;
         super::rollout::set_halted_condition(&mut self.status);
+        super::rollout::set_waiting_condition(&mut self.status);
     }
 
     /// The status and the steps every pass ends with.

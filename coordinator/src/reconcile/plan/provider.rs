@@ -86,9 +86,13 @@ pub(super) fn plan_provider(
             .iter()
             .all(|m| member_of(etcd_members, m).is_some());
     let halted = rollout::is_halted(cluster);
-    let mut rolling_before = false;
+    // The first pool still rolling: the later ones wait for it.
+    let mut rolling_pool: Option<String> = None;
+    let mut waiting: Option<String> = None;
     let mut rollouts = vec![];
     let mut new_halt = None;
+    let mut new_failures = vec![];
+    let failed_before = rollout::failed_before(cluster);
     let mut config_behind = false;
 
     for (pool_name, desired) in cluster.desired_pools() {
@@ -241,23 +245,52 @@ pub(super) fn plan_provider(
                 policy: cluster.rollout_policy(&pool_name),
                 remaining: &remaining,
                 unhealthy: &unhealthy_why,
-                may_step: !rolling_before
-                    && initialized
-                    && deleting_here == 0
-                    && remediate.is_empty()
-                    && unhealthy.is_empty()
-                    && (!is_cp || etcd_whole)
-                    && cluster.status.endpoint_ready != Some(false),
+                failed_before,
+                blocked: if let Some(pool) = &rolling_pool {
+                    Some(format!("pool {pool} to finish its rollout first"))
+                } else if !initialized {
+                    Some("the cluster to initialize".into())
+                } else if deleting_here > 0 {
+                    Some(format!(
+                        "{deleting_here} machine(s) of pool {pool_name} to finish leaving"
+                    ))
+                } else if let Some((m, why)) = remediate.first() {
+                    Some(format!(
+                        "machine {} to be replaced ({why})",
+                        m.metadata.name
+                    ))
+                } else if let Some((m, u)) = unhealthy.first() {
+                    Some(format!(
+                        "machine {} to be healthy: {}",
+                        m.metadata.name,
+                        u.summary()
+                    ))
+                } else if is_cp && !etcd_whole {
+                    Some(
+                        "etcd to be whole (a healthy member for every control plane, as they report)"
+                            .into(),
+                    )
+                } else if cluster.status.endpoint_ready == Some(false) {
+                    Some("the cluster's endpoint to answer /readyz".into())
+                } else {
+                    None
+                },
                 halted,
                 leaving: &leaving,
             },
             observed.now,
         );
-        rolling_before |= roll.rolling;
+        if roll.rolling && rolling_pool.is_none() {
+            rolling_pool = Some(pool_name.clone());
+        }
+        if waiting.is_none() {
+            waiting = roll.waiting.clone().map(|w| format!("{pool_name}: {w}"));
+        }
         rollouts.push(roll.progress.clone());
         if new_halt.is_none() {
             new_halt = roll.halt.clone();
         }
+        new_failures.extend(roll.failures.iter().cloned());
         let ceiling = roll.ceiling;
 
         let mut to_replace = unreplaced(mine, &members, &pool_name, &remediate);
@@ -423,9 +456,17 @@ pub(super) fn plan_provider(
     );
     super::addons::apply_addons(&mut status, cluster, &via, observed.now);
     set_remediation_condition(&mut status, &paused);
-    status.rollout =
-        rollout::rollout_status(cluster, rollouts, rolling_before, new_halt, observed.now);
+    status.rollout = rollout::rollout_status(
+        cluster,
+        rollouts,
+        rolling_pool.is_some(),
+        new_halt,
+        new_failures,
+        waiting,
+        observed.now,
+    );
     rollout::set_halted_condition(&mut status);
+    rollout::set_waiting_condition(&mut status);
     if status != cluster.status {
         steps.push(Step::SetStatus(Box::new(status)));
     }

@@ -3,7 +3,10 @@
 //! patched. Pools roll one at a time, the control plane first; each new
 //! machine must settle (Running, healthy, its Node Ready for the settle
 //! time) before the next step, and a new machine that fails halts the
-//! rollout until the spec changes or an operator resumes it.
+//! rollout until the spec changes or an operator resumes it. A failed new
+//! machine is replaced once: the rollout records it, and the second
+//! failure in the same rollout halts it, naming both machines (an image
+//! whose machines always die is not replaced forever).
 //!
 //! This module decides, per pool, how far the pool may grow this pass and
 //! which outdated machines leave; `provider.rs` turns that into the same
@@ -18,6 +21,11 @@ use time::OffsetDateTime;
 
 /// The cluster condition that says a rollout halted.
 pub const UPGRADE_HALTED_CONDITION: &str = "UpgradeHalted";
+
+/// How many new machines of one rollout may fail before it halts: the
+/// first is replaced (a machine can die of its own fault), the second
+/// stops it (the version or image is likely at fault).
+pub const FAILURES_BEFORE_HALT: usize = 2;
 
 /// What the cluster's machines should be made from: the version and each
 /// pool's image. A change of it starts a new rollout.
@@ -82,11 +90,15 @@ pub(crate) struct PoolRoll<'a, 'm> {
     pub policy: Option<&'a RolloutPolicy>,
     /// The pool's machines that are not leaving.
     pub remaining: &'a [&'m Machine],
-    /// The pool's unhealthy machines, with why.
+    /// The pool's unhealthy machines, with why, including those being
+    /// replaced this pass.
     pub unhealthy: &'a [(&'m Machine, String)],
-    /// Whether the pool may take a step now: nothing else changes in it,
-    /// the earlier pools are done, and (control plane) etcd is whole.
-    pub may_step: bool,
+    /// The new machines of this rollout that failed in earlier passes.
+    pub failed_before: &'a [RolloutHalt],
+    /// Why the pool may not take a step now (`None`: it may): something
+    /// else changes in it, an earlier pool is not done, (control plane)
+    /// etcd is not whole, the endpoint does not answer.
+    pub blocked: Option<String>,
     /// The rollout is halted (recorded for this target).
     pub halted: bool,
     /// Outdated machines already on their way out (a control plane whose
@@ -103,10 +115,14 @@ pub(crate) struct Roll<'m> {
     /// Outdated machines that leave now.
     pub retire: Vec<&'m Machine>,
     pub progress: PoolRollout,
-    /// A new machine failed: the rollout halts.
+    /// A second new machine failed: the rollout halts.
     pub halt: Option<RolloutHalt>,
+    /// New machines found failing this pass (to be recorded).
+    pub failures: Vec<RolloutHalt>,
     /// The pool has outdated machines, or a surplus still to shed.
     pub rolling: bool,
+    /// What the pool's rollout waits for, and why, when it takes no step.
+    pub waiting: Option<String>,
 }
 
 /// Decides one pool's rollout step. Pure.
@@ -150,29 +166,55 @@ pub(crate) fn roll_pool<'m>(
         retire: vec![],
         progress,
         halt: None,
+        failures: vec![],
         rolling: !outdated.is_empty(),
+        waiting: None,
     };
     if outdated.is_empty() {
         return roll;
     }
-    // A new machine that fails halts the rollout: the pool goes back to
-    // its replicas of outdated machines (the surplus is shed).
-    roll.halt = updated.iter().find_map(|m| {
-        input
-            .unhealthy
-            .iter()
-            .find(|(u, _)| u.metadata.name == m.metadata.name)
-            .map(|(_, why)| RolloutHalt {
-                machine: m.metadata.name.clone(),
-                step: if m.status.phase == MachinePhase::Running {
-                    "health".into()
-                } else {
-                    "bootstrap".into()
-                },
-                reason: why.clone(),
-                at: now,
-            })
-    });
+    // New machines that fail, whether or not they are replaced this pass
+    // (a machine killed mid-join is replaced the pass it is found).
+    roll.failures = input
+        .unhealthy
+        .iter()
+        .filter(|(m, _)| !is_outdated(cluster, m, now))
+        .filter(|(m, _)| {
+            !input
+                .failed_before
+                .iter()
+                .any(|f| f.machine == m.metadata.name)
+        })
+        .map(|(m, why)| RolloutHalt {
+            machine: m.metadata.name.clone(),
+            step: if m.status.phase == MachinePhase::Running {
+                "health".into()
+            } else {
+                "bootstrap".into()
+            },
+            reason: why.clone(),
+            at: now,
+        })
+        .collect();
+    // The second failure halts the rollout: the pool goes back to its
+    // replicas of outdated machines (the surplus is shed).
+    let all: Vec<&RolloutHalt> = input.failed_before.iter().chain(&roll.failures).collect();
+    if all.len() >= FAILURES_BEFORE_HALT && !roll.failures.is_empty() {
+        let last = all[all.len() - 1];
+        roll.halt = Some(RolloutHalt {
+            machine: last.machine.clone(),
+            step: last.step.clone(),
+            reason: format!(
+                "{} new machines failed: {}",
+                all.len(),
+                all.iter()
+                    .map(|f| format!("{} ({}: {})", f.machine, f.step, f.reason))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            at: now,
+        });
+    }
     if input.halted || roll.halt.is_some() {
         return roll;
     }
@@ -195,12 +237,16 @@ pub(crate) fn roll_pool<'m>(
         roll.retire = input.leaving.to_vec();
         return roll;
     }
-    if !input.may_step {
+    if let Some(why) = &input.blocked {
+        roll.waiting = Some(why.clone());
         return roll;
     }
     let settle = UpgradePolicy::settle_time(cluster.spec.upgrade.as_ref());
-    let settled = |m: &Machine| settled(cluster, m, settle, now);
-    if updated.iter().any(|m| !settled(m)) {
+    if let Some(why) = updated
+        .iter()
+        .find_map(|m| not_settled(cluster, m, settle, now))
+    {
+        roll.waiting = Some(why);
         return roll;
     }
     // The first new machine is the canary: until one has settled, one
@@ -220,20 +266,58 @@ pub(crate) fn roll_pool<'m>(
     roll
 }
 
-/// Whether a new machine has settled: Running, and its Node Ready for
-/// `settle`.
-fn settled(
+/// Why a new machine has not settled yet (`None` once it has): it must be
+/// Running and its Node Ready for `settle`. The words name the machine,
+/// its Node and what the Node says, so a rollout that waits (for a pod
+/// network, say) says what for.
+fn not_settled(
     cluster: &Cluster,
     m: &Machine,
     settle: std::time::Duration,
     now: OffsetDateTime,
-) -> bool {
-    m.status.phase == MachinePhase::Running
-        && cluster.status.nodes.iter().any(|n| {
-            n.name == m.status.hostname
-                && n.ready == "True"
-                && n.since.is_none_or(|t| now - t >= settle)
-        })
+) -> Option<String> {
+    let name = &m.metadata.name;
+    if m.status.phase != MachinePhase::Running {
+        return Some(format!(
+            "new machine {name} to run (it is {:?})",
+            m.status.phase
+        ));
+    }
+    let Some(node) = cluster
+        .status
+        .nodes
+        .iter()
+        .find(|n| n.name == m.status.hostname)
+    else {
+        return Some(format!(
+            "the Node of new machine {name} ({}) to register",
+            m.status.hostname
+        ));
+    };
+    if node.ready != "True" {
+        let why = if node.network_not_ready() {
+            "no pod network (give the cluster a CNI addon or `cni: image`)".to_owned()
+        } else if node.message.is_empty() {
+            format!("Ready={}", node.ready)
+        } else {
+            node.message.clone()
+        };
+        return Some(format!(
+            "Node {} of new machine {name} to be Ready: it is NotReady: {why}",
+            node.name
+        ));
+    }
+    let ready_for = node.since.map_or(settle, |t| {
+        std::time::Duration::try_from(now - t).unwrap_or_default()
+    });
+    (ready_for < settle).then(|| {
+        format!(
+            "Node {} of new machine {name} to stay Ready for {}s (Ready for {}s)",
+            node.name,
+            settle.as_secs(),
+            ready_for.as_secs()
+        )
+    })
 }
 
 /// The rollout status for this pass: `None` once nothing is outdated.
@@ -244,6 +328,8 @@ pub(crate) fn rollout_status(
     pools: Vec<PoolRollout>,
     rolling: bool,
     halt: Option<RolloutHalt>,
+    failures: Vec<RolloutHalt>,
+    waiting: Option<String>,
     now: OffsetDateTime,
 ) -> Option<RolloutStatus> {
     if !rolling {
@@ -261,7 +347,27 @@ pub(crate) fn rollout_status(
         started_at: previous.map_or(now, |r| r.started_at),
         pools,
         halted: previous.and_then(|r| r.halted.clone()).or(halt),
+        waiting_for: waiting,
+        failures: {
+            let mut all = failed_before(cluster).to_vec();
+            for f in failures {
+                if !all.iter().any(|a| a.machine == f.machine) {
+                    all.push(f);
+                }
+            }
+            all
+        },
     })
+}
+
+/// The new machines of the cluster's current rollout that failed so far.
+pub(crate) fn failed_before(cluster: &Cluster) -> &[RolloutHalt] {
+    cluster
+        .status
+        .rollout
+        .as_ref()
+        .filter(|r| r.target == target(cluster))
+        .map_or(&[], |r| r.failures.as_slice())
 }
 
 /// Whether the recorded rollout of `cluster` is halted for its current
@@ -272,6 +378,41 @@ pub(crate) fn is_halted(cluster: &Cluster) -> bool {
         .rollout
         .as_ref()
         .is_some_and(|r| r.halted.is_some() && r.target == target(cluster))
+}
+
+/// The cluster condition that says what a rollout waits for.
+pub const ROLLOUT_WAITING_CONDITION: &str = "RolloutWaiting";
+
+/// Sets or clears the `RolloutWaiting` condition from the rollout status:
+/// True with what the rollout waits for while it takes no step.
+pub(crate) fn set_waiting_condition(status: &mut drover_common::api::ClusterStatus) {
+    let waiting = status.rollout.as_ref().and_then(|r| r.waiting_for.clone());
+    match waiting {
+        Some(why) => {
+            drover_common::api::set_condition(
+                &mut status.conditions,
+                ROLLOUT_WAITING_CONDITION,
+                true,
+                "Waiting",
+                &format!("the rollout waits for {why}"),
+            );
+        }
+        None => {
+            if status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == ROLLOUT_WAITING_CONDITION && c.status == "True")
+            {
+                drover_common::api::set_condition(
+                    &mut status.conditions,
+                    ROLLOUT_WAITING_CONDITION,
+                    false,
+                    "NotWaiting",
+                    "",
+                );
+            }
+        }
+    }
 }
 
 /// Sets or clears the `UpgradeHalted` condition from the rollout status.
@@ -358,7 +499,8 @@ mod tests {
             policy: None,
             remaining,
             unhealthy,
-            may_step: true,
+            failed_before: &[],
+            blocked: None,
             halted: false,
             leaving: &[],
         }
@@ -456,22 +598,59 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_new_machine_halts_the_rollout_and_the_surplus_goes() {
+    fn a_failing_new_machine_is_replaced_once_and_the_second_halts_the_rollout() {
         let c = cluster("v1.32.0", "node:v1.32.0");
         let old1 = machine("old1", "v1.31.2", "node:v1.31.2", 900);
         let old2 = machine("old2", "v1.31.2", "node:v1.31.2", 800);
         let mut new1 = machine("new1", "v1.32.0", "node:v1.32.0", 700);
         new1.status.phase = MachinePhase::Bootstrapping;
+        // The first new machine fails (and is replaced this pass, so it is
+        // not among the remaining machines): recorded, no halt.
         let unhealthy = [(&new1, "did not start within 10m".to_string())];
-        let r = roll(&c, &[&old1, &old2, &new1], &unhealthy);
+        let r = roll(&c, &[&old1, &old2], &unhealthy);
+        assert!(r.halt.is_none(), "{:?}", r.halt);
+        assert_eq!(r.failures.len(), 1);
+        assert_eq!(
+            (r.failures[0].machine.as_str(), r.failures[0].step.as_str()),
+            ("new1", "bootstrap")
+        );
+        let failed_before = r.failures.clone();
+        // Found again in a later pass, it is not counted twice.
+        let r = roll_pool(
+            &c,
+            &PoolRoll {
+                failed_before: &failed_before,
+                ..input(&[&old1, &old2, &new1], &unhealthy)
+            },
+            t0(),
+        );
+        assert!(r.halt.is_none() && r.failures.is_empty(), "{r:?}");
+        // Its replacement fails too, after joining: the rollout halts,
+        // naming both machines and why each failed.
+        let new2 = machine("new2", "v1.32.0", "node:v1.32.0", 100);
+        let unhealthy = [(&new2, "silent for 41s".to_string())];
+        let r = roll_pool(
+            &c,
+            &PoolRoll {
+                failed_before: &failed_before,
+                ..input(&[&old1, &old2, &new2], &unhealthy)
+            },
+            t0(),
+        );
         let halt = r.halt.expect("halted");
         assert_eq!(
             (halt.machine.as_str(), halt.step.as_str()),
-            ("new1", "bootstrap")
+            ("new2", "health")
         );
-        assert_eq!(halt.reason, "did not start within 10m");
+        assert_eq!(
+            halt.reason,
+            "2 new machines failed: new1 (bootstrap: did not start within 10m); new2 (health: silent for 41s)"
+        );
         // The pool goes back to its replicas; nothing retired.
         assert_eq!((r.ceiling, r.retire.len()), (2, 0));
+        // An outdated machine failing is not the rollout's failure.
+        let r = roll(&c, &[&old2], &[(&old1, "silent for 41s".to_string())]);
+        assert!(r.failures.is_empty() && r.halt.is_none());
         // Once recorded, the halt holds after the failed machine is gone.
         let r = roll_pool(
             &c,
@@ -482,6 +661,100 @@ mod tests {
             t0(),
         );
         assert_eq!((r.ceiling, r.retire.len()), (2, 0));
+    }
+
+    #[test]
+    fn a_waiting_rollout_says_what_for() {
+        let mut c = cluster("v1.32.0", "node:v1.32.0");
+        let old1 = machine("old1", "v1.31.2", "node:v1.31.2", 900);
+        let old2 = machine("old2", "v1.31.2", "node:v1.31.2", 800);
+        let mut new1 = machine("new1", "v1.32.0", "node:v1.32.0", 20);
+        new1.status.hostname = "new1".into();
+        new1.status.phase = MachinePhase::Bootstrapping;
+        let waiting = |c: &Cluster, new1: &Machine| {
+            roll(c, &[&old1, &old2, new1], &[])
+                .waiting
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            waiting(&c, &new1),
+            "new machine new1 to run (it is Bootstrapping)"
+        );
+        new1.status.phase = MachinePhase::Running;
+        assert!(
+            waiting(&c, &new1).contains("Node of new machine new1 (new1) to register"),
+            "{}",
+            waiting(&c, &new1)
+        );
+        // Joined, and NotReady for want of a pod network: said so.
+        c.status.nodes.push(ClusterNode {
+            message: "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized".into(),
+            name: "new1".into(),
+            ready: "False".into(),
+            since: Some(t0()),
+            unschedulable: false,
+            kubelet_version: String::new(),
+        });
+        let w = waiting(&c, &new1);
+        assert!(
+            w.starts_with(
+                "Node new1 of new machine new1 to be Ready: it is NotReady: no pod network"
+            ),
+            "{w}"
+        );
+        c.status.nodes.clear();
+        ready_since(&mut c, "new1", 10);
+        assert_eq!(
+            waiting(&c, &new1),
+            "Node new1 of new machine new1 to stay Ready for 30s (Ready for 10s)"
+        );
+        // Blocked by something else: that reason.
+        let r = roll_pool(
+            &c,
+            &PoolRoll {
+                blocked: Some("pool control-plane to finish its rollout first".into()),
+                ..input(&[&old1, &old2, &new1], &[])
+            },
+            t0(),
+        );
+        assert_eq!(
+            r.waiting.as_deref(),
+            Some("pool control-plane to finish its rollout first")
+        );
+        // Stepping: not waiting.
+        c.status.nodes.clear();
+        ready_since(&mut c, "new1", 31);
+        let r = roll(&c, &[&old1, &old2, &new1], &[]);
+        assert!(r.waiting.is_none() && !r.retire.is_empty(), "{r:?}");
+        // The condition carries it.
+        let mut st = c.status.clone();
+        st.rollout = rollout_status(
+            &c,
+            vec![],
+            true,
+            None,
+            vec![],
+            Some("w: Node new1 of new machine new1 to be Ready".into()),
+            t0(),
+        );
+        set_waiting_condition(&mut st);
+        let cond = st
+            .conditions
+            .iter()
+            .find(|x| x.type_ == ROLLOUT_WAITING_CONDITION)
+            .unwrap();
+        assert_eq!(cond.status, "True");
+        assert!(
+            cond.message.contains("waits for w: Node new1"),
+            "{}",
+            cond.message
+        );
+        st.rollout = None;
+        set_waiting_condition(&mut st);
+        assert!(st
+            .conditions
+            .iter()
+            .any(|x| x.type_ == ROLLOUT_WAITING_CONDITION && x.status == "False"));
     }
 
     #[test]
@@ -510,7 +783,7 @@ mod tests {
         assert_eq!(names(&r), ["cp0"]);
         // While another change is under way, nothing happens...
         let waiting = PoolRoll {
-            may_step: false,
+            blocked: Some("machine x is leaving".into()),
             ..cp
         };
         let r = roll_pool(&c, &waiting, t0());
@@ -538,7 +811,7 @@ mod tests {
             reason: "Node not Ready".into(),
             at: t0(),
         };
-        let s = rollout_status(&c, vec![], true, Some(halt.clone()), t0()).unwrap();
+        let s = rollout_status(&c, vec![], true, Some(halt.clone()), vec![], None, t0()).unwrap();
         assert_eq!(
             s.target,
             "v1.32.0 control-plane=node:v1.32.0 w=node:v1.32.0"
@@ -546,7 +819,7 @@ mod tests {
         c.status.rollout = Some(s);
         assert!(is_halted(&c));
         let later = t0() + time::Duration::seconds(60);
-        let s = rollout_status(&c, vec![], true, None, later).unwrap();
+        let s = rollout_status(&c, vec![], true, None, vec![], None, later).unwrap();
         assert_eq!((s.started_at, s.halted.as_ref()), (t0(), Some(&halt)));
         set_halted_condition(&mut c.status);
         assert!(c
@@ -562,8 +835,8 @@ mod tests {
             p.image = "node:v1.32.1".into();
         }
         assert!(!is_halted(&d));
-        let s = rollout_status(&d, vec![], true, None, later).unwrap();
+        let s = rollout_status(&d, vec![], true, None, vec![], None, later).unwrap();
         assert_eq!((s.started_at, s.halted), (later, None));
-        assert!(rollout_status(&d, vec![], false, None, later).is_none());
+        assert!(rollout_status(&d, vec![], false, None, vec![], None, later).is_none());
     }
 }

@@ -931,13 +931,32 @@ pub(crate) fn plan_certificate_renewal(
 }
 
 /// Keeps `Ready` true to what is inside the cluster: a cluster whose
-/// machines all run is not Ready while any of their Nodes is not.
+/// machines all run is not Ready while its API endpoint does not answer
+/// `/readyz` (as its control planes report, every heartbeat), nor while
+/// any of its Nodes is not.
 pub(crate) fn apply_nodes(status: &mut ClusterStatus, plan: &NodesPlan) {
     status.node_removal = plan.removal.clone();
     let ready = status
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
+    if ready && status.endpoint_ready == Some(false) {
+        let endpoint = status
+            .control_plane_endpoint
+            .clone()
+            .unwrap_or_else(|| "the cluster's endpoint".into());
+        set_condition(
+            &mut status.conditions,
+            "Ready",
+            false,
+            "EndpointNotReady",
+            &format!(
+                "the Kubernetes API at {endpoint} does not answer /readyz (as its control planes report): \
+                 the API server or what is in front of it is down; the Nodes listed are as last seen"
+            ),
+        );
+        return;
+    }
     if ready && !plan.not_ready.is_empty() {
         let nodes = crate::domain::health::bounded_list(plan.not_ready.clone(), ", ");
         let message = if plan.no_network {
