@@ -187,9 +187,20 @@ pub fn machine_command(command: &str, root: &Path) -> CommandSpec {
     spec
 }
 
-/// `kubeadm reset -f [--rootfs <root>]`.
+/// `kubeadm reset -f --cri-socket <socket> [--rootfs <root>]`. The socket
+/// is the one init and join were given: after an interrupted join there is
+/// no cluster configuration for reset to read it from, and detection fails
+/// on a host with two runtimes.
 pub fn kubeadm_reset(kubeadm: &str, root: &Path) -> CommandSpec {
-    let mut spec = CommandSpec::new(kubeadm, &["reset", "-f"]);
+    let mut spec = CommandSpec::new(
+        kubeadm,
+        &[
+            "reset",
+            "-f",
+            "--cri-socket",
+            drover_common::kubeadm::CRI_SOCKET,
+        ],
+    );
     push_rootfs(&mut spec, root);
     spec
 }
@@ -489,10 +500,14 @@ mod tests {
             kubeadm_bootstrap("kubeadm", MachineRole::Worker, "/k.yaml", Path::new("/r")).args,
             ["join", "--config", "/k.yaml", "--rootfs", "/r"]
         );
-        assert_eq!(kubeadm_reset("kubeadm", root).args, ["reset", "-f"]);
+        let cri = drover_common::kubeadm::CRI_SOCKET;
+        assert_eq!(
+            kubeadm_reset("kubeadm", root).args,
+            ["reset", "-f", "--cri-socket", cri]
+        );
         assert_eq!(
             kubeadm_reset("kubeadm", Path::new("/r")).args,
-            ["reset", "-f", "--rootfs", "/r"]
+            ["reset", "-f", "--cri-socket", cri, "--rootfs", "/r"]
         );
         let token: BootstrapToken = "abcdef.0123456789abcdef".parse().unwrap();
         let create = kubeadm_token_create("kubeadm", &token, 3600, Path::new("/r"));

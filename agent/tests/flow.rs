@@ -637,7 +637,13 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     assert_eq!(hb.phase, AgentPhase::Waiting);
     assert_eq!(hb.applied_generation, 0);
     assert!(hb.directive_results[0].ok, "{hb:?}");
-    assert_eq!(m.kubeadm_calls()[2], format!("reset -f --rootfs {root}"));
+    assert_eq!(
+        m.kubeadm_calls()[2],
+        format!(
+            "reset -f --cri-socket {} --rootfs {root}",
+            drover_common::kubeadm::CRI_SOCKET
+        )
+    );
     assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
     assert!(!m.root.join("etc/kubernetes/pki/ca.crt").exists());
 
@@ -722,7 +728,10 @@ async fn interrupted_join_is_reset_and_joined_again() {
         m.kubeadm_calls(),
         [
             format!("join --config /etc/drover/kubeadm.yaml --rootfs {root}"),
-            format!("reset -f --rootfs {root}"),
+            format!(
+                "reset -f --cri-socket {} --rootfs {root}",
+                drover_common::kubeadm::CRI_SOCKET
+            ),
             format!("join --config /etc/drover/kubeadm.yaml --rootfs {root}"),
         ]
     );

@@ -203,7 +203,9 @@ impl App {
 
     /// Writes a machine, conditional on the revision it was read at.
     pub fn write_machine(&self, m: &Machine) -> Result<u64, StoreError> {
-        self.write_object(m)
+        let rev = self.write_object(m)?;
+        self.datagrams.forget_unless_eligible(m);
+        Ok(rev)
     }
 
     /// Writes a cluster, conditional on the revision it was read at.
@@ -352,7 +354,11 @@ impl App {
         name: &str,
         change: impl FnMut(&mut Machine) -> Result<bool, E>,
     ) -> Result<Option<Machine>, E> {
-        self.update_object(name, None, |n| self.machine(n), change)
+        let updated = self.update_object(name, None, |n| self.machine(n), change)?;
+        if let Some(m) = &updated {
+            self.datagrams.forget_unless_eligible(m);
+        }
+        Ok(updated)
     }
 
     /// [`App::update_machine`] starting from a copy just read (with its
@@ -364,7 +370,11 @@ impl App {
         change: impl FnMut(&mut Machine) -> Result<bool, E>,
     ) -> Result<Option<Machine>, E> {
         let name = read.metadata.name.clone();
-        self.update_object(&name, Some(read), |n| self.machine(n), change)
+        let updated = self.update_object(&name, Some(read), |n| self.machine(n), change)?;
+        if let Some(m) = &updated {
+            self.datagrams.forget_unless_eligible(m);
+        }
+        Ok(updated)
     }
 
     /// Read-modify-write of a cluster, like [`App::update_machine`].

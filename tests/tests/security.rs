@@ -1760,3 +1760,95 @@ fn heartbeat_datagrams_refuse_forgery_replay_another_machines_key_and_garbage() 
         .unwrap();
     assert!(m["status"]["lastHeartbeatTime"].is_string(), "{m:#}");
 }
+
+#[test]
+fn a_revoked_machines_datagrams_do_not_keep_it_alive() {
+    use drover_common::wire::datagram::{self, Answer, Beat, Verdict};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=x", 1, "1h", &boot);
+    let mut a = Agent::start(&tmp.path().join("a"), "a", &boot);
+    wait_machines(&c, 1);
+    // The certificate is stolen; the real agent is gone.
+    let (cert, key, name) = identity_of(&c, &a);
+    a.kill();
+    let report = drover_common::wire::HeartbeatRequest {
+        datagrams: true,
+        ..Default::default()
+    };
+    let digest = datagram::status_digest(&report);
+    let (id, hk) = offer_of(&c, (&cert, &key), &report);
+    let coordinator: std::net::SocketAddr = format!("127.0.0.1:{}", c.port).parse().unwrap();
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let beat = || {
+        Beat {
+            id,
+            counter: datagram::unix_micros(std::time::SystemTime::now()),
+            generation: 0,
+            digest,
+        }
+        .encode(&hk)
+    };
+    // Before the revocation a datagram is a heartbeat.
+    socket.send_to(&beat(), coordinator).unwrap();
+    let answer = recv_within(&socket, Duration::from_secs(10)).expect("an answer");
+    assert_eq!(
+        Answer::decode(&answer, &hk).unwrap().verdict,
+        Verdict::Quiet
+    );
+
+    c.cli_ok(&["revoke", "machine", &name]);
+    let last_heartbeat = || {
+        let m = c
+            .machines()
+            .into_iter()
+            .find(|m| m["metadata"]["name"] == name.as_str())
+            .unwrap();
+        time::OffsetDateTime::parse(
+            m["status"]["lastHeartbeatTime"].as_str().unwrap(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap()
+    };
+    let at_revocation = last_heartbeat();
+    // A datagram a second with the stolen key, for more than two seconds:
+    // each is handled (counted) and none is answered "quiet" or counts as
+    // a heartbeat.
+    let mut sent = 0;
+    wait_for(
+        "datagrams sent for two seconds after the revocation",
+        Duration::from_secs(30),
+        || {
+            let before = datagram_counts(&c);
+            socket.send_to(&beat(), coordinator).unwrap();
+            sent += 1;
+            wait_for("the datagram handled", Duration::from_secs(10), || {
+                let after = datagram_counts(&c);
+                let handled: u64 = after.values().sum::<u64>() - before.values().sum::<u64>();
+                (handled >= 1).then_some(()).ok_or(format!("{after:?}"))
+            });
+            if let Some(answer) = recv_within(&socket, Duration::from_millis(1)) {
+                assert_ne!(
+                    Answer::decode(&answer, &hk).unwrap().verdict,
+                    Verdict::Quiet,
+                    "a revoked machine's datagram answered quiet"
+                );
+            }
+            let elapsed = time::OffsetDateTime::now_utc() - at_revocation;
+            (elapsed > time::Duration::seconds(2))
+                .then_some(())
+                .ok_or(format!("{sent} sent, {elapsed} since the revocation"))
+        },
+    );
+    assert_eq!(
+        last_heartbeat(),
+        at_revocation,
+        "{sent} datagrams after the revocation moved the machine's last heartbeat"
+    );
+    let counts = datagram_counts(&c);
+    assert!(
+        counts.get("unknown_machine").copied().unwrap_or(0) >= 1,
+        "the revocation dropped the machine's datagram entry at once: {counts:?}"
+    );
+}

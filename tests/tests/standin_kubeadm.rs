@@ -701,6 +701,39 @@ fn version_short() {
 }
 
 #[test]
+fn reset_needs_the_cri_socket_on_a_host_with_two_runtimes() {
+    // No cluster configuration to read (an interrupted join) and two
+    // runtimes' sockets: detection fails, as kubeadm's does.
+    let m = Machine::new();
+    let mut listeners = Vec::new();
+    for s in [
+        "/var/run/containerd/containerd.sock",
+        "/var/run/crio/crio.sock",
+    ] {
+        let p = m.path(s);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        listeners.push(std::os::unix::net::UnixListener::bind(&p).unwrap());
+    }
+    assert_fails_with(
+        &m.kubeadm(&["reset", "-f"]),
+        "found multiple CRI endpoints on the host",
+    );
+    // With the socket named, as the agent names it, reset goes through.
+    let out = m.kubeadm(&[
+        "reset",
+        "-f",
+        "--cri-socket",
+        drover_common::kubeadm::CRI_SOCKET,
+    ]);
+    assert_ok(&out);
+    assert!(
+        text(&out).contains(drover_common::kubeadm::CRI_SOCKET),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
 fn unknown_flags_and_commands_are_refused() {
     let m = Machine::new();
     assert_fails_with(&m.kubeadm(&["init", "--foo"]), "unknown flag: --foo");

@@ -107,6 +107,7 @@ pub fn may_use_datagrams(m: &Machine) -> bool {
     steady
         && m.status.upgrade.is_none()
         && m.status.identity_revoked_at.is_none()
+        && m.metadata.deletion_timestamp.is_none()
         && m.metadata.uid.is_some()
 }
 
@@ -176,6 +177,17 @@ impl DatagramTable {
         }
     }
 
+    /// Stops taking datagrams of `machine` (as just written) when it may
+    /// no longer send them: revoked, leaving, upgrading, a control plane.
+    /// Every machine write of this replica goes through it, so a revoke or
+    /// a deletion mark drops the entry at once; a write made by another
+    /// replica is caught by the stored revision `receive` compares.
+    pub fn forget_unless_eligible(&self, machine: &Machine) {
+        if !may_use_datagrams(machine) {
+            self.forget(machine);
+        }
+    }
+
     /// Adds the machines that may send datagrams and are not in the table
     /// yet (a replica that becomes leader did not see their offers), at
     /// `now_micros`.
@@ -212,9 +224,11 @@ impl DatagramTable {
     }
 
     /// Judges one datagram received at `now_micros` (Unix time). An
-    /// authentic, fresh one calls `seen` with the machine's name and
-    /// returns the answer to send; anything else is refused and gets no
-    /// answer, so nothing unauthenticated is ever answered.
+    /// authentic, fresh one gets an answer; it calls `seen` with the
+    /// machine's name only when the machine is still as offered (quiet):
+    /// a datagram for a changed, revoked or deleted machine never counts as
+    /// a heartbeat. Anything else is refused and gets no answer, so nothing
+    /// unauthenticated is ever answered.
     pub fn receive(
         &self,
         datagram: &[u8],
@@ -231,7 +245,6 @@ impl DatagramTable {
         })?;
         check_fresh(beat.counter, entry.last_counter, now_micros).map_err(Refusal::Stale)?;
         entry.last_counter = beat.counter;
-        seen(&entry.name);
         let current = store.revision(&entry.name);
         let digest_holds = match entry.digest {
             Some(d) => d == beat.digest,
@@ -253,7 +266,13 @@ impl DatagramTable {
         .encode(&entry.key);
         if current.is_none() {
             // Gone, or no longer at hand: the HTTPS heartbeat finds out
+        // Only a datagram for the machine exactly as offered is a
+        // heartbeat. One for a machine changed since (revoked, marked for
+        // deletion, assigned, deleted) keeps nothing alive: it only asks
+        // the agent to call over HTTPS, where a revoked or deleted
+        // identity is refused.
             // which, and offers again if the machine is still there.
+            seen(&entry.name);
             entries.remove(&id);
         }
         Ok((answer, verdict))
@@ -426,6 +445,49 @@ mod tests {
             assigned_at: None,
             replaces: None,
             kubernetes_version: None,
+    #[test]
+    fn a_datagram_for_a_changed_revoked_or_deleted_machine_keeps_nothing_alive() {
+        let table = DatagramTable::new([9; 32]);
+        let m = machine("m1", MachinePhase::Running, 5);
+        let offer = table.offer(&m, [1; 8], NOW).unwrap();
+        let never = |n: &str| panic!("{n} was taken as seen");
+        // Changed since the offer (revoked on another replica, say): an
+        // answer asks for HTTPS, and the machine is not seen.
+        for (i, stored) in [Some(6), None].into_iter().enumerate() {
+            let (_, v) = table
+                .receive(
+                    &beat(&offer, NOW + i as u64, [1; 8]),
+                    NOW,
+                    &(move |_: &str| stored),
+                    never,
+                )
+                .unwrap();
+            assert_eq!(v, Verdict::CallHttps);
+        }
+        // Revoked or marked for deletion on this replica: the entry goes at
+        // once, so later datagrams are not even answered.
+        for change in [
+            (|m: &mut Machine| m.status.identity_revoked_at = Some(drover_common::now()))
+                as fn(&mut Machine),
+            |m: &mut Machine| m.metadata.deletion_timestamp = Some(drover_common::now()),
+        ] {
+            let mut m = machine("m2", MachinePhase::Running, 7);
+            let offer = table.offer(&m, [1; 8], NOW).unwrap();
+            change(&mut m);
+            m.metadata.resource_version = Some("8".into());
+            table.forget_unless_eligible(&m);
+            assert_eq!(
+                table.receive(
+                    &beat(&offer, NOW + 5, [1; 8]),
+                    NOW,
+                    &(|_: &str| Some(7)),
+                    never
+                ),
+                Err(Refusal::UnknownMachine)
+            );
+        }
+    }
+
             image: None,
         });
         assert!(table.offer(&cp, [0; 8], NOW).is_none());

@@ -587,6 +587,7 @@ fn request_removal(
     security(("adminToken" = [])),
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
+            app.datagrams.forget(&machine);
         (status = 200, description = "The machine, its identity revoked.", body = Machine),
         (status = 400, response = super::responses::BadRequest),
         (status = 401, response = super::responses::Unauthorized),

@@ -16,6 +16,58 @@ pub struct ResetOpts {
     pub dry_run: bool,
     /// Whether the remove-etcd-member phase runs.
     pub remove_etcd_member: bool,
+    /// `--cri-socket`.
+    pub cri_socket: Option<String>,
+}
+
+/// The CRI endpoints kubeadm looks for when it must detect one
+/// (`cmd/kubeadm/app/util/runtime/runtime_unix.go`,
+/// `defaultKnownCRISockets`).
+const KNOWN_CRI_SOCKETS: [&str; 3] = [
+    "/var/run/containerd/containerd.sock",
+    "/var/run/crio/crio.sock",
+    "/var/run/cri-dockerd.sock",
+];
+
+/// The CRI socket reset uses, as kubeadm picks it
+/// (`cmd/kubeadm/app/cmd/reset.go`, `resetDetectCRISocket`): the flag; else
+/// the node's `criSocket` from the cluster's configuration when it can be
+/// read; else detection (`cmd/kubeadm/app/util/runtime/runtime.go`,
+/// `detectCRISocketImpl`), which takes the one known socket present, the
+/// default when none is, and fails when several are. After an interrupted
+/// join there is no cluster configuration to read, so a host with two
+/// runtimes needs the flag.
+fn cri_socket(root: &Root, flag: Option<&str>) -> Result<String> {
+    if let Some(s) = flag {
+        return Ok(s.to_owned());
+    }
+    if let Some(yaml) = crate::store::load_local_cluster_config(root) {
+        if let Ok(doc) = serde_saphyr::from_str::<serde_json::Value>(&yaml) {
+            if let Some(s) = doc
+                .pointer("/nodeRegistration/criSocket")
+                .and_then(|s| s.as_str())
+            {
+                return Ok(s.to_owned());
+            }
+        }
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let found: Vec<String> = KNOWN_CRI_SOCKETS
+        .iter()
+        .filter(|s| std::fs::metadata(root.path(s)).is_ok_and(|m| m.file_type().is_socket()))
+        .map(|s| format!("unix://{s}"))
+        .collect();
+    match found.as_slice() {
+        [] => Ok(drover_common::kubeadm::CRI_SOCKET.to_owned()),
+        [one] => Ok(one.clone()),
+        many => Err(phase_err(
+            "preflight",
+            &format!(
+                "found multiple CRI endpoints on the host. Please define which one do you wish to use by setting the 'criSocket' field in the kubeadm configuration file: {}",
+                many.join(", ")
+            ),
+        )),
+    }
 }
 
 fn clean_dir_contents(root: &Root, logical: &str, dry_run: bool) -> Result<()> {
@@ -59,6 +111,8 @@ pub async fn run(root: &Root, o: ResetOpts) -> Result<()> {
         ));
     }
     println!("[preflight] Running pre-flight checks");
+    let cri = cri_socket(root, o.cri_socket.as_deref())?;
+    println!("[reset] Using the CRI socket {cri}");
     // Like kubeadm, take certificatesDir from the cluster's kubeadm-config
     // (here the stand-in API server's copy) unless --cert-dir says otherwise.
     let cert_dir = o

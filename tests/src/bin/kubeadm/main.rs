@@ -598,6 +598,7 @@ async fn dispatch(
                     cleanup_tmp_dir: a.cleanup_tmp_dir == Some(true),
                     dry_run: a.cluster.dry_run == Some(true),
                     remove_etcd_member: !skip.skipped("remove-etcd-member"),
+                    cri_socket: a.cri_socket,
                 },
             )
             .await
