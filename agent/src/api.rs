@@ -3,6 +3,7 @@
 
 use std::error::Error as StdError;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use drover_common::api::Problem;
@@ -88,7 +89,9 @@ impl ApiError {
 /// A client for the coordinator replicas.
 #[derive(Debug)]
 pub struct CoordinatorClient {
-    urls: Vec<String>,
+    /// The replicas' URLs without a trailing `/`; replaced when a heartbeat
+    /// answer names new ones ([`CoordinatorClient::set_urls`]).
+    urls: RwLock<Arc<Vec<String>>>,
     http: reqwest::Client,
     /// The replica that answered last; tried first next time.
     preferred: AtomicUsize,
@@ -224,10 +227,7 @@ impl CoordinatorClient {
             .build()
             .map_err(|e| ApiError::Client(error_chain(&e)))?;
         Ok(Self {
-            urls: urls
-                .iter()
-                .map(|u| u.trim_end_matches('/').to_owned())
-                .collect(),
+            urls: RwLock::new(Arc::new(normalise(urls))),
             http,
             preferred: AtomicUsize::new(0),
         })
@@ -251,13 +251,17 @@ impl CoordinatorClient {
         body: Option<&B>,
         timeout: Option<Duration>,
     ) -> Result<Answer, ApiError> {
-        let n = self.urls.len();
+        let urls = self.urls();
+        let n = urls.len();
         let start = self.preferred.load(Ordering::Relaxed) % n.max(1);
         let mut failures = Vec::new();
         let mut mismatch = None;
+        // The first replica that answered it cannot serve now (502, 503,
+        // 504): its answer is returned when no other replica serves.
+        let mut unavailable = None;
         for i in 0..n {
             let index = (start + i) % n;
-            let url = format!("{}{path}", self.urls[index]);
+            let url = format!("{}{path}", urls[index]);
             let mut request = self
                 .http
                 .request(method.clone(), &url)
@@ -297,6 +301,24 @@ impl CoordinatorClient {
                 failures.push(format!("{url}: not the leader"));
                 continue;
             }
+            // A replica that cannot serve now (its store is unreachable, a
+            // proxy in front of it has no backend): another may.
+            if matches!(
+                status,
+                StatusCode::BAD_GATEWAY
+                    | StatusCode::SERVICE_UNAVAILABLE
+                    | StatusCode::GATEWAY_TIMEOUT
+            ) {
+                tracing::debug!(url = %url, %status, "coordinator cannot serve now; trying the next");
+                failures.push(format!("{url}: {status}"));
+                unavailable.get_or_insert(Answer {
+                    method: method.clone(),
+                    url,
+                    status,
+                    body,
+                });
+                continue;
+            }
             self.preferred.store(index, Ordering::Relaxed);
             return Ok(Answer {
                 method,
@@ -305,19 +327,37 @@ impl CoordinatorClient {
                 body,
             });
         }
-        match mismatch {
-            Some(m) => Err(ApiError::PinMismatch(m)),
-            None => Err(ApiError::Unreachable(failures.join("; "))),
+        match (mismatch, unavailable) {
+            (Some(m), _) => Err(ApiError::PinMismatch(m)),
+            (None, Some(answer)) => Ok(answer),
+            (None, None) => Err(ApiError::Unreachable(failures.join("; "))),
         }
+    }
+
+    /// The replicas' URLs now.
+    pub fn urls(&self) -> Arc<Vec<String>> {
+        self.urls.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the replicas' URLs (a heartbeat answer named new ones). The
+    /// replica that answered last is still tried first when the new list
+    /// names it; else the new list's first.
+    pub fn set_urls(&self, urls: &[String]) {
+        let urls = normalise(urls);
+        let preferred = self.preferred_url();
+        let index = urls.iter().position(|u| *u == preferred).unwrap_or(0);
+        *self.urls.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(urls);
+        self.preferred.store(index, Ordering::Relaxed);
     }
 
     /// The URL of the replica that answered last (the leader, in a highly
     /// available coordinator).
-    pub fn preferred_url(&self) -> &str {
-        let n = self.urls.len().max(1);
-        self.urls
-            .get(self.preferred.load(Ordering::Relaxed) % n)
-            .map_or("", String::as_str)
+    pub fn preferred_url(&self) -> String {
+        let urls = self.urls();
+        let n = urls.len().max(1);
+        urls.get(self.preferred.load(Ordering::Relaxed) % n)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// `POST /v1/machine/register`.
@@ -366,6 +406,13 @@ impl CoordinatorClient {
             _ => Err(answer.refused()),
         }
     }
+}
+
+/// URLs as the client uses them: without a trailing `/`.
+fn normalise(urls: &[String]) -> Vec<String> {
+    urls.iter()
+        .map(|u| u.trim_end_matches('/').to_owned())
+        .collect()
 }
 
 /// Reads a 409 answer: a `ConfigNotReady`, or a problem document carrying its

@@ -31,7 +31,9 @@ const COMPLETED_DIRECTIVES_KEPT: usize = 256;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct State {
     pub version: u32,
-    /// The coordinator URLs from the bootstrap document.
+    /// The coordinator URLs: those of the bootstrap document, then the
+    /// list the coordinator last named in a heartbeat answer (every
+    /// registered replica), so a restart keeps what the agent learnt.
     pub coordinators: Vec<String>,
     /// The coordinator CA pin from the bootstrap document.
     pub ca_pin: CaPin,

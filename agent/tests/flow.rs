@@ -17,9 +17,9 @@ use drover_common::bundle::{self, BundleFile, ConfigBundle};
 use drover_common::pin::CaPin;
 use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
 use drover_common::wire::{
-    AgentPhase, AssignmentNotice, BootstrapDocument, ConfigNotReady, Directive, DirectiveAction,
-    HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse, RenewRequest,
-    RenewResponse,
+    coordinators_digest, AgentPhase, AssignmentNotice, BootstrapDocument, ConfigNotReady,
+    Directive, DirectiveAction, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
+    RegisterResponse, RenewRequest, RenewResponse,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -52,6 +52,12 @@ struct FakeState {
     machine_files: Vec<MachineFileContent>,
     pre_commands: Vec<String>,
     post_commands: Vec<String>,
+    /// The coordinator URLs heartbeat answers name (to an agent whose
+    /// digest differs, as the coordinator does).
+    coordinators: Option<Vec<String>>,
+    /// The status machine API requests are refused with (421: a follower,
+    /// 503: cannot serve now), if any.
+    refuse_with: Option<StatusCode>,
 }
 
 struct Fake {
@@ -110,6 +116,9 @@ async fn handle(
             "client certificate required",
         ));
     }
+    if let Some(status) = s.refuse_with {
+        return Ok(problem(status, "Not the leader", "refused by the test"));
+    }
     let response = match (method.as_str(), path.as_str()) {
         ("POST", "/v1/machine/register") => {
             let r: RegisterRequest = serde_json::from_slice(&body).unwrap();
@@ -147,6 +156,11 @@ async fn handle(
                     s.assignment = None;
                 }
             }
+            let coordinators = s.coordinators.clone().filter(|list| {
+                hb.coordinators_digest
+                    .as_ref()
+                    .is_some_and(|d| *d != coordinators_digest(list))
+            });
             let _ = heartbeats.send(hb);
             json_response(
                 StatusCode::OK,
@@ -155,6 +169,7 @@ async fn handle(
                     assignment: s.assignment.clone(),
                     directives: s.directives.clone(),
                     datagram: None,
+                    coordinators,
                 },
             )
         }
@@ -268,6 +283,8 @@ async fn start_fake(ca: CertificateAuthority) -> Fake {
         machine_files: vec![],
         pre_commands: vec![],
         post_commands: vec![],
+        coordinators: None,
+        refuse_with: None,
     }));
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = state.clone();
@@ -1189,5 +1206,111 @@ async fn an_agent_that_refuses_customisation_writes_and_runs_nothing() {
     assert!(!m.root.join("etc/fine.conf").exists() && !m.root.join("ran").exists());
     assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
     assert!(m.kubeadm_calls().is_empty());
+    stop_cleanly(&mut agent).await;
+}
+
+/// The coordinator URLs in the machine's state file.
+fn saved_coordinators(m: &Machine) -> Vec<String> {
+    let text = std::fs::read_to_string(m.root.join("var/lib/drover-agent/state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&text).unwrap();
+    serde_json::from_value(state["coordinators"].clone()).unwrap()
+}
+
+/// Waits until the agent's log of run `run` contains `text`.
+async fn log_shows(m: &Machine, run: u32, text: &str) {
+    let found = tokio::time::timeout(WAIT, async {
+        while !m.stderr(run).contains(text) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "no {text:?} in {}", m.stderr(run));
+}
+
+#[tokio::test]
+async fn coordinators_named_by_a_heartbeat_answer_replace_the_list_and_survive_a_restart() {
+    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
+    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let mut a = start_fake(ca.clone()).await;
+    let mut b = start_fake(ca).await;
+    let (a_url, b_url) = (
+        format!("https://127.0.0.1:{}", a.addr.port()),
+        format!("https://127.0.0.1:{}", b.addr.port()),
+    );
+    let m = Machine::new(a.addr, &pin, TICKET);
+    let boot = vec!["https://127.0.0.1:1".to_owned(), a_url.clone()];
+    let mut agent = m.spawn(1, true, &[]);
+
+    // An answer without a list changes nothing; heartbeats report the
+    // digest of the bootstrap document's list.
+    for _ in 0..2 {
+        let hb = a
+            .heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
+            .await;
+        assert_eq!(hb.coordinators_digest, Some(coordinators_digest(&boot)));
+    }
+    assert_eq!(saved_coordinators(&m), boot);
+
+    // The coordinator names replica B too: the list is replaced, saved,
+    // and reported from the next heartbeat on.
+    let new = vec![a_url.clone(), format!("{b_url}/")];
+    a.set(|s| s.coordinators = Some(new.clone()));
+    a.heartbeat_where("with the new list's digest", |h| {
+        h.coordinators_digest == Some(coordinators_digest(&new))
+    })
+    .await;
+    assert_eq!(saved_coordinators(&m), [a_url.clone(), b_url.clone()]);
+    log_shows(&m, 1, "the coordinator replicas changed").await;
+
+    // A cannot serve (503): the very next heartbeat goes to B, which the
+    // bootstrap document never named.
+    a.set(|s| s.refuse_with = Some(StatusCode::SERVICE_UNAVAILABLE));
+    b.heartbeat_where("through B", |_| true).await;
+
+    // Restarted, the agent still knows B: A (a follower now, 421) sends
+    // it on.
+    stop_cleanly(&mut agent).await;
+    a.set(|s| s.refuse_with = Some(StatusCode::MISDIRECTED_REQUEST));
+    let mut agent = m.spawn(2, false, &[]);
+    let hb = b
+        .heartbeat_where("through B after the restart", |h| {
+            h.kubeadm_version.is_some()
+        })
+        .await;
+    assert_eq!(
+        hb.coordinators_digest,
+        Some(coordinators_digest(&[a_url, b_url]))
+    );
+    assert_eq!(a.get(|s| s.registrations) + b.get(|s| s.registrations), 1);
+    stop_cleanly(&mut agent).await;
+}
+
+#[tokio::test]
+async fn an_invalid_coordinator_list_is_refused_logged_once_and_the_old_one_kept() {
+    let (mut fake, pin) = start_fake_with_new_ca().await;
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let boot = vec![
+        "https://127.0.0.1:1".to_owned(),
+        format!("https://127.0.0.1:{}", fake.addr.port()),
+    ];
+    let mut agent = m.spawn(1, true, &[]);
+    fake.heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
+        .await;
+    fake.set(|s| s.coordinators = Some(vec!["http://127.0.0.1:2".into()]));
+    log_shows(&m, 1, "invalid list of coordinator URLs").await;
+    // Answered with it again at every heartbeat: still the old list.
+    for _ in 0..3 {
+        let hb = fake.heartbeat_where("any", |_| true).await;
+        assert_eq!(hb.coordinators_digest, Some(coordinators_digest(&boot)));
+    }
+    assert_eq!(saved_coordinators(&m), boot);
+    assert_eq!(
+        m.stderr(1)
+            .matches("invalid list of coordinator URLs")
+            .count(),
+        1,
+        "{}",
+        m.stderr(1)
+    );
     stop_cleanly(&mut agent).await;
 }

@@ -447,6 +447,7 @@ impl App {
             version: "test".into(),
             started_at: drover_common::now(),
             gateway_port: None,
+            advertise_urls: vec![],
         };
         App::new(AppParts {
             store,

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::app::App;
 use crate::domain::leadership::Role;
+use crate::domain::replicas::{MachineUrls, REPLICA_RETENTION};
 use crate::store::{Election, Fence};
 use crate::types::ReplicaInfo;
 
@@ -39,6 +40,8 @@ pub async fn run(
     // a tenth of the TTL of the old lease expiring.
     let period = ttl / 3;
     let poll = (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    // This replica among the known ones (see `REPLICA_RETENTION`).
+    let mut known = Known::default();
     'lease: loop {
         let asked = tokio::time::Instant::now();
         let lease = match election.grant(ttl).await {
@@ -60,6 +63,7 @@ pub async fn run(
         {
             tracing::warn!(error = %e, "cannot announce this coordinator");
         }
+        known.renew(&election, &app.leadership.me.id, &value).await;
         loop {
             match app.leadership.term() {
                 None => match election.campaign(lease, value.clone()).await {
@@ -76,6 +80,9 @@ pub async fn run(
                     Err(e) => tracing::warn!(error = %e, "cannot read the leader key"),
                 },
             }
+            if app.leadership.term().is_some() {
+                refresh_machine_urls(&app).await;
+            }
             tokio::select! {
                 _ = shutdown.changed() => {
                     if app.leadership.term().is_some() {
@@ -91,6 +98,7 @@ pub async fn run(
             if tokio::time::Instant::now() < next_renewal {
                 continue;
             }
+            known.renew(&election, &app.leadership.me.id, &value).await;
             let before = tokio::time::Instant::now();
             next_renewal = before + period;
             match election.keep_alive(lease).await {
@@ -126,10 +134,104 @@ fn become_leader(app: &App, term: Fence) {
     app.reconcile_soon();
 }
 
+/// This replica's registration among the known replicas, under a lease
+/// of [`REPLICA_RETENTION`] renewed every minute while it runs.
+#[derive(Default)]
+struct Known {
+    lease: Option<i64>,
+    renewed: Option<tokio::time::Instant>,
+}
+
+/// How often the known registration is renewed.
+const KNOWN_RENEWAL: Duration = Duration::from_secs(60);
+
+impl Known {
+    async fn renew(&mut self, election: &Election, id: &str, value: &[u8]) {
+        if self.renewed.is_some_and(|at| at.elapsed() < KNOWN_RENEWAL) {
+            return;
+        }
+        let alive = match self.lease {
+            Some(lease) => match election.keep_alive(lease).await {
+                Ok(left) => !left.is_zero(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew this coordinator's registration among the known replicas");
+                    return;
+                }
+            },
+            None => false,
+        };
+        if !alive {
+            match election
+                .remember(id, value.to_vec(), REPLICA_RETENTION)
+                .await
+            {
+                Ok(lease) => self.lease = Some(lease),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot register this coordinator among the known replicas");
+                    return;
+                }
+            }
+        }
+        self.renewed = Some(tokio::time::Instant::now());
+    }
+}
+
+/// Reads the registry and sets the coordinator URLs machines are told
+/// (keeping the last ones when it cannot be read). When they changed, every
+/// machine heartbeating by datagram is asked to heartbeat over HTTPS, whose
+/// answer names the new list.
+async fn refresh_machine_urls(app: &App) {
+    let replicas = match known_replicas(app).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the coordinator replicas; machines keep being told the last list");
+            return;
+        }
+    };
+    let urls = MachineUrls::compute(&app.leadership.me, &app.settings.advertise_urls, &replicas);
+    let (docker, advertised) = (
+        urls.docker.as_ref().map(|l| l.urls.clone()),
+        urls.advertised.as_ref().map(|l| l.urls.clone()),
+    );
+    if app.leadership.machine_urls.set(Some(urls)) {
+        app.datagrams.recall_all();
+        tracing::info!(
+            ?docker,
+            ?advertised,
+            "the coordinator URLs machines are told changed"
+        );
+    }
+}
+
 fn step_down(app: &App, why: &str) {
     app.leadership.set(Role::Follower { leader: None });
+    app.leadership.machine_urls.set(None);
     app.liveness.lock().expect("liveness lock").clear();
     tracing::warn!(id = %app.leadership.me.id, reason = why, "this coordinator no longer leads");
+}
+
+/// Every known replica: registered now, or down for less than
+/// [`REPLICA_RETENTION`] (it may lead again), by id; this replica alone on
+/// SQLite.
+pub async fn known_replicas(app: &App) -> Result<Vec<ReplicaInfo>, crate::store::StoreError> {
+    let Some(election) = app.store.election() else {
+        return Ok(vec![app.leadership.me.clone()]);
+    };
+    let parse = |v: Vec<Vec<u8>>| -> Vec<ReplicaInfo> {
+        v.iter()
+            .filter_map(|v| serde_json::from_slice(v).ok())
+            .collect()
+    };
+    // The live registration wins: a replica from before the known
+    // registry is only there.
+    let mut list = parse(election.replicas().await?);
+    for r in parse(election.known_replicas().await?) {
+        if !list.iter().any(|l| l.id == r.id) {
+            list.push(r);
+        }
+    }
+    list.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(list)
 }
 
 /// Every replica and which one leads.

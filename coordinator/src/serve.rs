@@ -435,6 +435,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         started_at: drover_common::now(),
         gateway_port: Some(bound.port()),
+        advertise_urls: advertise_urls.clone(),
     };
     let leadership = match store.election() {
         Some(_) => crate::domain::leadership::Leadership::follower(me),

@@ -74,6 +74,11 @@ pub struct ReplicaInfo {
     /// replicas that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_port: Option<u16>,
+    /// The URLs the replica advertises to machines (`--advertise-url`);
+    /// the leader hands every replica's to machines outside docker
+    /// networks. Empty from replicas that predate it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advertise_urls: Vec<String>,
 }
 
 /// One coordinator replica and whether it leads.

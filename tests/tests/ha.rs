@@ -278,3 +278,91 @@ fn ha_replicas_fail_over_without_replacing_machines() {
         .send("GET", "/livez", None, None);
     assert_eq!(live.status, 200);
 }
+
+/// A machine whose bootstrap document names only replica A (B was not
+/// running when it was made) learns B's URL from its heartbeat answers and
+/// saves it; once A dies and B leads, it heartbeats through B.
+#[test]
+fn a_machine_learns_a_later_replica_and_follows_the_leader_to_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(1);
+    let key = tmp.path().join("encryption.key");
+    let start = |i: usize, first: Option<&Coordinator>| {
+        let port = free_port();
+        let args: Vec<String> = [
+            "--store",
+            &etcd.store_url(),
+            "--encryption-key-file",
+            key.to_str().unwrap(),
+            "--leader-lease",
+            LEASE,
+            // Each replica advertises only itself.
+            "--advertise-url",
+            &format!("https://127.0.0.1:{port}"),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Coordinator::start_replica(
+            &tmp.path().join(format!("replica-{i}")),
+            CoordinatorOptions {
+                heartbeat_interval: "1s",
+                heartbeat_timeout: "6s",
+                env: vec![],
+            },
+            &args,
+            &format!("127.0.0.1:{port}"),
+            first,
+        )
+    };
+    let leads = |c: &Coordinator| c.status()["leader"] == true;
+    let mut a = start(0, None);
+    wait_for("A to lead", BOOT, || {
+        leads(&a).then_some(()).ok_or_else(|| "not yet".to_owned())
+    });
+    let boot = tmp.path().join("bootstrap.yaml");
+    a.token("spare", "role=spare", 1, "10m", &boot);
+    let doc = std::fs::read_to_string(&boot).unwrap();
+    let b = start(1, Some(&a));
+    assert!(!doc.contains(&b.url()), "{doc}");
+    let agent = Agent::start(&tmp.path().join("m"), "m-0", &boot);
+
+    // The heartbeat answers name B too, and the agent saves the list.
+    wait_for(
+        "the agent to learn B's URL",
+        Duration::from_secs(30),
+        || {
+            let path = agent.root.join("var/lib/drover-agent/state.json");
+            let state: serde_json::Value = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            let urls = state["coordinators"].to_string();
+            (urls.contains(&a.url()) && urls.contains(&b.url()))
+                .then_some(())
+                .ok_or(urls)
+        },
+    );
+
+    // A dies; B leads and hears the machine's heartbeats.
+    a.kill();
+    wait_for("B to lead", BOOT, || {
+        leads(&b).then_some(()).ok_or_else(|| "not yet".to_owned())
+    });
+    let after = time::OffsetDateTime::now_utc();
+    let mut seen = BTreeSet::new();
+    wait_for("heartbeats through B", Duration::from_secs(30), || {
+        let m = b.machines().into_iter().next().ok_or("no machine")?;
+        let t = m["status"]["lastHeartbeatTime"]
+            .as_str()
+            .and_then(|t| {
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+            })
+            .ok_or(format!("{m}"))?;
+        if t > after {
+            seen.insert(t);
+        }
+        (seen.len() >= 2)
+            .then_some(())
+            .ok_or(format!("{seen:?} after {after}"))
+    });
+}

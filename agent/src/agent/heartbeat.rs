@@ -6,6 +6,7 @@ use tokio::time::Instant;
 
 use super::{Agent, Link, Stopped};
 use crate::protocol::assignment::{self, Current, Decision, Stage};
+use crate::protocol::coordinators::{self, Update};
 use crate::protocol::datagram::{answer_timeout, DatagramLink, Sent, Unanswered, RETRY_AFTER};
 use crate::protocol::directives::is_reset;
 use crate::protocol::heartbeat;
@@ -55,6 +56,7 @@ impl Agent {
             .filter(|v| self.kubeadm_sent.as_ref() != Some(v));
         request.certificates = self.certificates_report();
         request.heartbeat_fallback = self.fallback.note();
+        request.coordinators_digest = Some(coordinators::digest(&self.state.coordinators));
         if self.beat_by_datagram(&request, shutdown).await? {
             return Ok(());
         }
@@ -93,6 +95,7 @@ impl Agent {
                 }
                 self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
                 self.next_heartbeat = Instant::now() + self.interval;
+                self.take_coordinators(reply.coordinators);
                 self.datagram = reply.datagram.as_ref().and_then(|offer| {
                     DatagramLink::from_offer(offer, &request)
                         .map_err(|e| tracing::warn!(error = %e, "cannot use the datagram offer"))
@@ -120,6 +123,35 @@ impl Agent {
         Ok(())
     }
 
+    /// Takes up the coordinator URLs a heartbeat answer named: a valid new
+    /// list replaces the client's and is saved before the next request, so
+    /// a restart keeps it; an invalid one is logged and the old one kept.
+    fn take_coordinators(&mut self, offered: Option<Vec<String>>) {
+        match coordinators::decide(&self.state.coordinators, offered) {
+            Update::Keep => {}
+            Update::Replace(urls) => {
+                tracing::info!(
+                    from = ?self.state.coordinators,
+                    to = ?urls,
+                    "the coordinator replicas changed; using the new list"
+                );
+                self.api.set_urls(&urls);
+                self.state.coordinators = urls;
+                self.persist();
+            }
+            // Logged once per refusal, not at every heartbeat.
+            Update::Refuse(e) if self.refused_coordinators.as_ref() != Some(&e) => {
+                tracing::warn!(
+                    error = %e,
+                    kept = ?self.state.coordinators,
+                    "the coordinator named an invalid list of coordinator URLs; keeping the current one"
+                );
+                self.refused_coordinators = Some(e);
+            }
+            Update::Refuse(_) => {}
+        }
+    }
+
     /// Sends a heartbeat as a datagram when it may go as one (see
     /// [`crate::protocol::datagram`]); true when no HTTPS heartbeat is
     /// needed now: the coordinator answered that nothing waits, or a first
@@ -140,7 +172,7 @@ impl Agent {
         else {
             return Ok(false);
         };
-        let target = match crate::api::datagram_target(self.api.preferred_url()).await {
+        let target = match crate::api::datagram_target(&self.api.preferred_url()).await {
             Ok(t) => t,
             Err(e) => {
                 tracing::debug!(error = %e, "no address for heartbeat datagrams; heartbeating over HTTPS");

@@ -158,6 +158,9 @@ pub struct Agent {
     fallback: crate::protocol::datagram::Fallback<Instant>,
     /// The newer assignment generation already warned about.
     warned_generation: Option<u64>,
+    /// Why the last list of coordinator URLs named by the coordinator was
+    /// refused, so each refusal is logged once.
+    refused_coordinators: Option<drover_common::wire::CoordinatorUrlsError>,
     origin: Origin,
 }
 
@@ -217,6 +220,7 @@ impl Agent {
             renewal_key: None,
             link: Link::Unknown,
             warned_generation: None,
+            refused_coordinators: None,
         })
     }
 

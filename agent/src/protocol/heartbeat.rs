@@ -30,6 +30,7 @@ pub fn request(
         certificates: None,
         heartbeat_fallback: None,
         datagrams: true,
+        coordinators_digest: None,
     }
 }
 

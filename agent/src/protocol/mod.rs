@@ -9,6 +9,7 @@
 
 pub mod assignment;
 pub mod config;
+pub mod coordinators;
 pub mod datagram;
 pub mod directives;
 pub mod heartbeat;

@@ -26,6 +26,9 @@ pub(super) const ERROR_EXAMPLES: usize = 3;
 /// What every machine task shares.
 pub(super) struct Fleet {
     urls: Vec<String>,
+    /// The digest every machine reports of `urls` until a heartbeat answer
+    /// names another list for it.
+    pub(super) coordinators_digest: String,
     pin: CaPin,
     pub(super) ticket: String,
     /// Registration TLS: only the pinned CA, no client certificate.
@@ -111,6 +114,7 @@ impl Fleet {
         let n = args.machines as usize;
         Self {
             urls: doc.coordinators.clone(),
+            coordinators_digest: crate::protocol::coordinators::digest(&doc.coordinators),
             pin: doc.ca_pin.clone(),
             ticket: doc.ticket.clone(),
             pinned,
@@ -141,17 +145,33 @@ impl Fleet {
         IpAddr::V4(loopback_source(index))
     }
 
-    /// A machine API client for machine `index`.
+    /// A machine API client for machine `index`, for the run's coordinator
+    /// URLs.
     pub(super) fn client(
         &self,
         index: usize,
         tls: rustls::ClientConfig,
     ) -> Result<CoordinatorClient, ApiError> {
+        self.client_for(index, tls, &self.urls)
+    }
+
+    /// A machine API client for machine `index`, for `urls`.
+    pub(super) fn client_for(
+        &self,
+        index: usize,
+        tls: rustls::ClientConfig,
+        urls: &[String],
+    ) -> Result<CoordinatorClient, ApiError> {
         if self.spread_sources {
-            CoordinatorClient::bound_to(&self.urls, tls, Timeouts::default(), self.source(index))
+            CoordinatorClient::bound_to(urls, tls, Timeouts::default(), self.source(index))
         } else {
-            CoordinatorClient::new(&self.urls, tls, Timeouts::default())
+            CoordinatorClient::new(urls, tls, Timeouts::default())
         }
+    }
+
+    /// The run's coordinator URLs (those of its bootstrap document).
+    pub(super) fn urls(&self) -> &[String] {
+        &self.urls
     }
 
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {

@@ -21,6 +21,7 @@ use crate::api::{ApiError, CoordinatorClient};
 use crate::backoff::Backoff;
 use crate::protocol::assignment::{self, Current, Decision, Stage};
 use crate::protocol::config::{self, ConfigFetch, ConfigStep};
+use crate::protocol::coordinators::{self, Update};
 use crate::protocol::datagram::{answer_timeout, DatagramLink, Fallback, Unanswered};
 use crate::protocol::directives::may_create_token;
 use crate::protocol::heartbeat;
@@ -209,6 +210,9 @@ struct Sim {
     results: Vec<DirectiveResult>,
     done: VecDeque<String>,
     config: ConfigFetch,
+    /// The coordinator URLs a heartbeat answer named for this machine, and
+    /// their digest; `None` while it uses the run's.
+    coordinators: Option<(Vec<String>, String)>,
 }
 
 impl Sim {
@@ -240,6 +244,7 @@ impl Sim {
             results: Vec::new(),
             done: VecDeque::new(),
             config: ConfigFetch::default(),
+            coordinators: None,
         })
     }
 
@@ -309,7 +314,11 @@ impl Sim {
     /// The HTTPS client, made again if the machine dropped it.
     fn api(&mut self, fleet: &Fleet) -> Result<&CoordinatorClient, ApiError> {
         if self.api.is_none() {
-            self.api = Some(fleet.client(self.index, self.tls.clone())?);
+            let urls = self
+                .coordinators
+                .as_ref()
+                .map_or(fleet.urls(), |(urls, _)| urls.as_slice());
+            self.api = Some(fleet.client_for(self.index, self.tls.clone(), urls)?);
         }
         Ok(self.api.as_ref().expect("made above"))
     }
@@ -374,6 +383,11 @@ impl Sim {
         // With `--transport https`, the machines are agents that take no
         // datagram offer.
         request.datagrams = fleet.datagrams.is_some();
+        request.coordinators_digest = Some(
+            self.coordinators
+                .as_ref()
+                .map_or_else(|| fleet.coordinators_digest.clone(), |(_, d)| d.clone()),
+        );
         if self.beat_by_datagram(fleet, &request, stop).await? {
             return Ok(Instant::now() + fleet.jittered(self.interval));
         }
@@ -394,6 +408,7 @@ impl Sim {
                 record_ok(fleet, &mut fleet.stats(), sent, took);
                 heartbeat::delivered(&mut self.results, &request);
                 self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
+                self.take_coordinators(fleet, reply.coordinators.take());
                 self.take_offer(reply.datagram.take(), &request, fleet)
                     .await;
                 let soon = self.on_reply(fleet, reply);
@@ -413,6 +428,22 @@ impl Sim {
         }
     }
 
+    /// Takes up the coordinator URLs an answer named, as the agent does
+    /// (without saving them: a simulated machine has no state file).
+    fn take_coordinators(&mut self, fleet: &Fleet, offered: Option<Vec<String>>) {
+        let current = self
+            .coordinators
+            .as_ref()
+            .map_or(fleet.urls(), |(urls, _)| urls.as_slice());
+        if let Update::Replace(urls) = coordinators::decide(current, offered) {
+            if let Some(api) = &self.api {
+                api.set_urls(&urls);
+            }
+            let digest = coordinators::digest(&urls);
+            self.coordinators = Some((urls, digest));
+        }
+    }
+
     /// Takes up the datagram offer of an answer to `request` (with
     /// `--transport datagram`); the HTTPS client is dropped while datagrams
     /// carry the heartbeats.
@@ -429,7 +460,7 @@ impl Sim {
             return;
         }
         if self.target.is_none() {
-            let url = self.api.as_ref().map(|a| a.preferred_url().to_owned());
+            let url = self.api.as_ref().map(|a| a.preferred_url());
             self.target = match url {
                 Some(u) => crate::api::datagram_target(&u).await.ok(),
                 None => None,

@@ -61,6 +61,12 @@ pub struct HeartbeatRequest {
     /// with a field it does not know).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub datagrams: bool,
+    /// [`coordinators_digest`] of the coordinator URLs the agent holds.
+    /// Only an agent that sends it is sent a new list
+    /// ([`HeartbeatResponse::coordinators`]): an agent from before it
+    /// refuses an answer with a field it does not know.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinators_digest: Option<String>,
 }
 
 /// What a control-plane agent reads of the cluster's Nodes.
@@ -231,6 +237,94 @@ pub struct HeartbeatResponse {
     /// absent, it heartbeats over HTTPS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datagram: Option<super::datagram::DatagramOffer>,
+    /// The coordinator URLs this machine should use from now on (every
+    /// registered replica, the leader's first), present only when they
+    /// differ from the `coordinatorsDigest` of the heartbeat, and never to
+    /// an agent whose heartbeat has no `coordinatorsDigest` (it predates
+    /// the field and would refuse the answer). Checked by
+    /// [`check_coordinator_urls`] on both sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinators: Option<Vec<String>>,
+}
+
+/// The most coordinator URLs a machine keeps (a bootstrap document or a
+/// heartbeat answer may name).
+pub const MAX_COORDINATOR_URLS: usize = 16;
+/// The longest coordinator URL, in bytes.
+pub const MAX_COORDINATOR_URL_LEN: usize = 256;
+
+/// Why a list of coordinator URLs is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoordinatorUrlsError {
+    #[error("the list is empty")]
+    Empty,
+    #[error("the list has {0} URLs, more than {MAX_COORDINATOR_URLS}")]
+    TooMany(usize),
+    #[error("{url:?} {why}")]
+    Url { url: String, why: &'static str },
+}
+
+/// Checks a list of coordinator URLs a machine is told to use: 1 to
+/// [`MAX_COORDINATOR_URLS`] distinct `https://host[:port]` URLs (no path
+/// but `/`, no query or fragment) of at most [`MAX_COORDINATOR_URL_LEN`]
+/// bytes.
+pub fn check_coordinator_urls(urls: &[String]) -> Result<(), CoordinatorUrlsError> {
+    if urls.is_empty() {
+        return Err(CoordinatorUrlsError::Empty);
+    }
+    if urls.len() > MAX_COORDINATOR_URLS {
+        return Err(CoordinatorUrlsError::TooMany(urls.len()));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        check_coordinator_url(url).map_err(|why| CoordinatorUrlsError::Url {
+            url: url.chars().take(MAX_COORDINATOR_URL_LEN).collect(),
+            why,
+        })?;
+        if urls[..i].contains(url) {
+            return Err(CoordinatorUrlsError::Url {
+                url: url.clone(),
+                why: "is listed twice",
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_coordinator_url(url: &str) -> Result<(), &'static str> {
+    if url.len() > MAX_COORDINATOR_URL_LEN {
+        return Err("is too long");
+    }
+    let Some(rest) = url.strip_prefix("https://") else {
+        return Err("must start with https://");
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() {
+        return Err("names no host");
+    }
+    if authority
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || "/?#@\\".contains(c))
+    {
+        return Err("must be https://host[:port] with no path, query, fragment or user");
+    }
+    Ok(())
+}
+
+/// A short digest (16 hex digits) of a list of coordinator URLs as a set:
+/// order, duplicates and a trailing `/` do not change it, so a list that
+/// names the same replicas in another order is not sent again.
+pub fn coordinators_digest(urls: &[String]) -> String {
+    use sha2::Digest;
+    let mut set: Vec<&str> = urls.iter().map(|u| u.trim_end_matches('/')).collect();
+    set.sort_unstable();
+    set.dedup();
+    let mut h = sha2::Sha256::new();
+    h.update(b"drover coordinators v1\0");
+    for u in set {
+        h.update(u.as_bytes());
+        h.update(b"\n");
+    }
+    hex::encode(&h.finalize()[..8])
 }
 
 /// Tells an agent it belongs to a cluster.

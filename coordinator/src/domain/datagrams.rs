@@ -213,6 +213,19 @@ impl DatagramTable {
         }
     }
 
+    /// Asks every machine that heartbeats by datagram to heartbeat over
+    /// HTTPS once: its next datagram is answered call-https (and keeps
+    /// nothing alive, as for a changed machine) until an HTTPS heartbeat
+    /// offers datagrams again. Used when what an HTTPS answer would tell
+    /// every machine changed (the coordinator replicas).
+    pub fn recall_all(&self) {
+        let mut entries = self.entries.lock().expect("datagram table lock");
+        for e in entries.values_mut() {
+            // No stored machine is at revision 0.
+            e.revision = 0;
+        }
+    }
+
     /// How many machines may send datagrams.
     pub fn len(&self) -> usize {
         self.entries.lock().expect("datagram table lock").len()

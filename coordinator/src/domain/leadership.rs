@@ -24,6 +24,10 @@ pub enum Role {
 pub struct Leadership {
     pub me: ReplicaInfo,
     role: watch::Sender<Role>,
+    /// The coordinator URLs machines are told, while this replica leads
+    /// (on etcd: refreshed from the registry by `crate::leader`; on SQLite
+    /// never set, as the one replica's machines hold its URLs already).
+    pub machine_urls: super::replicas::CurrentUrls,
 }
 
 impl Leadership {
@@ -36,6 +40,7 @@ impl Leadership {
                 term: Fence(0),
                 since,
             }),
+            machine_urls: Default::default(),
         }
     }
 
@@ -44,6 +49,7 @@ impl Leadership {
         Self {
             me,
             role: watch::Sender::new(Role::Follower { leader: None }),
+            machine_urls: Default::default(),
         }
     }
 

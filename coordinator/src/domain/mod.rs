@@ -15,6 +15,7 @@ pub mod liveness;
 pub mod ratelimit;
 pub mod registrar;
 pub mod removal;
+pub mod replicas;
 pub mod secrets;
 pub mod settings;
 pub mod user_secrets;

@@ -486,11 +486,13 @@ pub async fn heartbeat(
     if is_quiet(&machine, &hb) {
         // The steady state: nothing to record, nothing read from the store
         // (the machine came from its read cache), no durable write.
-        let answer = heartbeat_answer(&app, &machine, now)?;
+        let mut answer = heartbeat_answer(&app, &machine, now)?;
+        answer.coordinators = coordinators_for(&app, &machine, &hb)?;
         return Ok(Json(offer_datagrams(&app, &machine, &hb, answer)));
     }
     crate::store::blocking(move || {
-        let (updated, answer) = record_heartbeat(&app, machine, &hb, now)?;
+        let (updated, mut answer) = record_heartbeat(&app, machine, &hb, now)?;
+        answer.coordinators = coordinators_for(&app, &updated, &hb)?;
         Ok(offer_datagrams(&app, &updated, &hb, answer))
     })
     .await
@@ -507,7 +509,9 @@ fn offer_datagrams(
     hb: &HeartbeatRequest,
     mut answer: HeartbeatResponse,
 ) -> HeartbeatResponse {
-    if !hb.datagrams || !answer.directives.is_empty() {
+    // An answer naming new coordinator URLs offers none: the next report
+    // carries the new list's digest, so it goes over HTTPS anyway.
+    if !hb.datagrams || !answer.directives.is_empty() || answer.coordinators.is_some() {
         app.datagrams.forget(machine);
         return answer;
     }
@@ -515,6 +519,46 @@ fn offer_datagrams(
     let now = drover_common::wire::datagram::unix_micros(std::time::SystemTime::now());
     answer.datagram = app.datagrams.offer(machine, digest, now);
     answer
+}
+
+/// The coordinator URLs to name in the answer to `hb`: the machine's
+/// current list (see [`crate::domain::replicas`]) when it differs from the
+/// digest the heartbeat reports. Never to an agent that reports no digest
+/// (it predates the field and would refuse the answer), and never on
+/// SQLite (one replica, whose machines hold its URLs). Nothing is looked up
+/// while the machine holds a current list, the steady state.
+fn coordinators_for(
+    app: &App,
+    machine: &Machine,
+    hb: &HeartbeatRequest,
+) -> Result<Option<Vec<String>>, ApiError> {
+    use crate::domain::replicas::MachineKind;
+    let (Some(digest), Some(urls)) = (
+        hb.coordinators_digest.as_deref(),
+        app.leadership.machine_urls.get(),
+    ) else {
+        return Ok(None);
+    };
+    if urls.holds(digest) {
+        return Ok(None);
+    }
+    let kind = match machine.spec.assignment.as_ref() {
+        None => MachineKind::Other,
+        Some(a) => {
+            let cluster = app
+                .store
+                .get_json_cached::<drover_common::api::Cluster>(Kind::Cluster, &a.cluster)?
+                .map(|(c, _)| c)
+                .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()));
+            match cluster.map(|c| c.spec.provider) {
+                Some(drover_common::api::ProviderSpec::Docker(_)) => MachineKind::Docker,
+                Some(_) => MachineKind::Other,
+                // Its cluster is gone: which list it can use is unknown.
+                None => return Ok(None),
+            }
+        }
+    };
+    Ok(urls.for_kind(kind).map(|l| l.urls.clone()))
 }
 
 /// Whether a heartbeat changes nothing and needs nothing from the store:
@@ -1109,6 +1153,7 @@ fn heartbeat_answer(
         assignment,
         directives,
         datagram: None,
+        coordinators: None,
     })
 }
 
@@ -1507,6 +1552,7 @@ mod tests {
             nodes: None,
             kubeadm_version: None,
             certificates: None,
+            coordinators_digest: None,
         }
     }
 

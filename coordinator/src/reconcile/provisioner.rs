@@ -9,7 +9,8 @@ use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
 use futures_util::future::BoxFuture;
 
 use crate::app::App;
-use crate::provider::docker::{DockerEngine, COORDINATOR_HOST};
+use crate::domain::replicas::gateway_urls;
+use crate::provider::docker::DockerEngine;
 use crate::provider::metered::Metered;
 pub use crate::provider::InstanceCheckError;
 use crate::provider::{
@@ -130,33 +131,15 @@ fn bootstrap_document(
 
 /// The coordinator URLs of a docker machine's bootstrap document: this
 /// replica's listener on the cluster network's gateway (at `own_port`)
-/// first, then that of every other replica in the registry (each serves
-/// every cluster network's gateway at its own `gatewayPort`), so the
-/// machine reaches whichever replica leads after a fail-over. The agent
-/// moves on to the next URL on a refused connection or a follower's 421.
+/// first, then that of every other replica known to the registry, down
+/// ones included until [`crate::domain::replicas::REPLICA_RETENTION`]
+/// (each serves every cluster network's gateway at its own `gatewayPort`),
+/// so the machine reaches whichever replica leads after a fail-over. The
+/// agent moves on to the next URL on a refused connection or a follower's
+/// 421, and its heartbeat answers name the list again when it changes.
 async fn docker_coordinator_urls(app: &App, own_port: u16) -> Result<Vec<String>, StoreError> {
-    let replicas = crate::leader::replicas(app).await?;
-    Ok(gateway_urls(own_port, replicas.iter().map(|(r, _)| r)))
-}
-
-/// `https://drover-coordinator:PORT` for `own_port` first, then for every
-/// replica that announced a gateway port, each port once. A replica that
-/// predates `gatewayPort` serves no gateway but the ones it provisioned on,
-/// so it is left out.
-fn gateway_urls<'a>(
-    own_port: u16,
-    replicas: impl IntoIterator<Item = &'a crate::types::ReplicaInfo>,
-) -> Vec<String> {
-    let mut ports = vec![own_port];
-    for r in replicas {
-        if let Some(p) = r.gateway_port.filter(|p| !ports.contains(p)) {
-            ports.push(p);
-        }
-    }
-    ports
-        .into_iter()
-        .map(|p| format!("https://{COORDINATOR_HOST}:{p}"))
-        .collect()
+    let replicas = crate::leader::known_replicas(app).await?;
+    Ok(gateway_urls(own_port, &replicas))
 }
 
 /// How often every replica checks that it listens on the gateway of every
@@ -642,6 +625,7 @@ mod tests {
             version: "0.1.0".into(),
             started_at: drover_common::now(),
             gateway_port: port,
+            advertise_urls: vec![],
         };
         // The registry lists replicas by id, this one among them.
         let registry = [

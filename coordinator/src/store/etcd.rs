@@ -715,7 +715,13 @@ fn leader_key(prefix: &str) -> String {
 }
 
 /// Leader election and the replica registry on the store's etcd, sharing
-/// its members (and their fail-over) and its client thread.
+/// its members (and their fail-over) and its client thread. A replica is
+/// registered twice: under `PREFIX/_coordinators/ID`, bound to its
+/// leadership lease, while it lives (what `drover get coordinators` lists),
+/// and under `PREFIX/_coordinators_known/ID`, bound to a lease of its own
+/// of `REPLICA_RETENTION` (24 h) renewed while it lives, so a replica that
+/// is down stays in the machines' coordinator lists that long: it may lead
+/// again.
 #[derive(Clone)]
 pub struct Election {
     members: Arc<Members>,
@@ -753,6 +759,10 @@ impl Election {
 
     fn replica_key(&self, id: &str) -> String {
         format!("{}_coordinators/{id}", self.prefix)
+    }
+
+    fn known_key(&self, id: &str) -> String {
+        format!("{}_coordinators_known/{id}", self.prefix)
     }
 
     /// Grants a lease of `ttl`; returns its id.
@@ -903,6 +913,66 @@ impl Election {
                     }
                 })
                 .await
+        })
+        .await
+    }
+
+    /// Records this replica among the known ones under a lease of its own
+    /// (`ttl`, the retention, renewed with [`Election::keep_alive`]), so it
+    /// stays known that long after it stops: it may lead again. Revokes the
+    /// lease an earlier run of this replica left on the key, so restarts
+    /// leave no leases behind. Returns the new lease.
+    pub async fn remember(
+        &self,
+        id: &str,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<i64, StoreError> {
+        let lease = self.grant(ttl).await?;
+        let members = self.members.clone();
+        let key = self.known_key(id);
+        let previous = self
+            .on_etcd(async move {
+                members
+                    .request("remember this coordinator", true, |mut kv| {
+                        let (key, value) = (key.clone(), value.clone());
+                        async move {
+                            kv.put(
+                                key,
+                                value,
+                                Some(
+                                    etcd_client::PutOptions::new()
+                                        .with_lease(lease)
+                                        .with_prev_key(),
+                                ),
+                            )
+                            .await
+                        }
+                    })
+                    .await
+                    .map(|r| r.prev_key().map(|kv| kv.lease()).unwrap_or(0))
+            })
+            .await?;
+        if previous != 0 && previous != lease {
+            // Expires by itself otherwise.
+            let _ = self.resign(previous).await;
+        }
+        Ok(lease)
+    }
+
+    /// Every known replica's announcement: registered now, or within the
+    /// retention of the lease it was remembered under.
+    pub async fn known_replicas(&self) -> Result<Vec<Vec<u8>>, StoreError> {
+        let members = self.members.clone();
+        let key = self.known_key("");
+        self.on_etcd(async move {
+            let resp = members
+                .request("list the known coordinators", true, |mut kv| {
+                    let key = key.clone();
+                    async move { kv.get(key, Some(GetOptions::new().with_prefix())).await }
+                })
+                .await?;
+            Ok(resp.kvs().iter().map(|kv| kv.value().to_vec()).collect())
         })
         .await
     }
