@@ -1939,6 +1939,51 @@ fn without_a_pod_network_the_cluster_says_so_and_no_machine_is_blamed() {
     });
 }
 
+#[test]
+fn a_cluster_whose_api_server_alone_died_is_not_ready() {
+    let (tmp, c, agents) = registered_pool(2, "apidown-");
+    apply(&c, tmp.path(), &pool_cluster_yaml("apidown", 1, 1, "dev"));
+    c.wait_cluster_phase("apidown", "Running", BOOT);
+    kubeconfig_with_ready_nodes(&c, tmp.path(), "apidown", 2);
+    wait_for("the cluster Ready", BOOT, || {
+        let got = cluster_condition(&c.cluster("apidown").unwrap(), "Ready");
+        (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
+    });
+    // The init machine's API server process dies; its agent, kubelet and
+    // etcd live on.
+    let machines = c.machines();
+    let init = agents
+        .iter()
+        .find(|a| {
+            machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["role"] == "init"
+        })
+        .expect("an init machine");
+    let pid_file = init.root.join("run/standin/apiserver.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Within a few heartbeats (timeout 5 s) the cluster says its API does
+    // not answer; no machine went silent.
+    let (status, _, message) = wait_for("Ready False: the endpoint", BOOT, || {
+        let got = cluster_condition(&c.cluster("apidown").unwrap(), "Ready");
+        (got.1 == "EndpointNotReady")
+            .then_some(got.clone())
+            .ok_or(format!("{got:?}"))
+    });
+    assert_eq!(status, "False");
+    assert!(message.contains("does not answer /readyz"), "{message}");
+    for m in c.machines() {
+        assert_eq!(m["status"]["phase"], "Running", "{m:#}");
+    }
+}
+
 /// The addon statuses of cluster `name` as `(name, phase, message)`.
 fn addon_states(c: &Coordinator, name: &str) -> Vec<(String, String, String)> {
     c.cluster(name).unwrap()["status"]["addons"]
