@@ -415,11 +415,22 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             "Drover coordinator initialised in {}.",
             cfg.data_dir.display()
         );
-        println!("Admin token (shown once, stored only as a hash): {token}");
-        println!(
-            "Client config written to {} (server, CA file and token).",
-            cfg.client_config.display()
-        );
+        // Standard output that is not a terminal is kept (the journal, read
+        // by the adm and systemd-journal groups, or a file): the token is
+        // shown only to a person at a terminal, and is in the 0600 file.
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            println!("Admin token (shown once, stored only as a hash): {token}");
+            println!(
+                "Client config written to {} (server, CA file and token).",
+                cfg.client_config.display()
+            );
+        } else {
+            println!(
+                "Admin token written to the client config {} (mode 0600, with the server and CA file), not printed: standard output is not a terminal. Use it with `drover --config {}`, or read its token field.",
+                cfg.client_config.display(),
+                cfg.client_config.display()
+            );
+        }
     }
     println!("CA pin: {ca_pin}");
     println!(

@@ -301,11 +301,6 @@ impl Coordinator {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(t) =
-                        line.strip_prefix("Admin token (shown once, stored only as a hash): ")
-                    {
-                        self.admin_token = t.trim().to_owned();
-                    }
                     if line.starts_with("Listening on ") {
                         break;
                     }
@@ -320,6 +315,24 @@ impl Coordinator {
             }
         }
         self.child = Some(child);
+        // Its standard output is a pipe, not a terminal: the first start
+        // writes the admin token only to the client config.
+        if self.admin_token.is_empty() {
+            self.admin_token = self.client_config_token();
+        }
+    }
+
+    /// The admin token of the client config file, or "" without one.
+    pub fn client_config_token(&self) -> String {
+        #[derive(serde::Deserialize)]
+        struct ClientConfig {
+            token: Option<String>,
+        }
+        std::fs::read_to_string(self.client_config())
+            .ok()
+            .and_then(|text| serde_saphyr::from_str::<ClientConfig>(&text).ok())
+            .and_then(|c| c.token)
+            .unwrap_or_default()
     }
 
     /// How many passes the cluster reconciler has completed.

@@ -847,6 +847,29 @@ fn anonymous_refusals_cannot_fill_the_audit_log() {
 }
 
 #[test]
+fn the_first_admin_token_is_not_printed_to_a_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Its standard output is a pipe, as under systemd (the journal).
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let token = c.client_config_token();
+    assert!(token.starts_with("drv_"), "{token:?}");
+    let output = c.output();
+    assert!(!output.contains(&token), "the token was printed:\n{output}");
+    assert!(
+        output.contains(&c.client_config().display().to_string()),
+        "where the token is was not said:\n{output}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(c.client_config())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // The token in the file works.
+    c.cli_ok(&["get", "clusters"]);
+}
+
+#[test]
 fn machine_config_fetches_and_oversized_requests_are_audited() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
