@@ -106,8 +106,14 @@ pub struct AuditEntry {
     /// The path, at most 256 bytes (a longer one is cut and ends in `…`);
     /// in a summary entry, the last refused path.
     pub path: String,
-    /// The HTTP status of the answer (the last one, in a summary entry).
+    /// The HTTP status of the answer (the last one, in a summary entry);
+    /// 0 in an entry of stage `RequestReceived`, written before the answer.
     pub status: u16,
+    /// `RequestReceived` in the entry of an admin's change written before
+    /// the change is carried out (the entry with its answer follows); unset
+    /// in every entry written after the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<AuditStage>,
     /// In a summary entry: how many refused requests from `source` it
     /// stands for, which were not recorded one by one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,6 +122,13 @@ pub struct AuditEntry {
     /// commands around kubeadm), one line each, content as hashes only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<String>,
+}
+
+/// When an audit entry was written, as Kubernetes' audit stages name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum AuditStage {
+    /// Before the request was carried out.
+    RequestReceived,
 }
 
 /// The client config file.

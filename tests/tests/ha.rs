@@ -277,6 +277,16 @@ fn ha_replicas_fail_over_without_replacing_machines() {
         .api(None)
         .send("GET", "/livez", None, None);
     assert_eq!(live.status, 200);
+    // The admin API says so too: 503, the store's failure and what to do.
+    let listed = ha.replicas[third].api(None).send(
+        "GET",
+        "/v1/clusters",
+        Some(&ha.replicas[third].admin_token),
+        None,
+    );
+    listed.assert_problem(503, "Store unavailable");
+    listed.assert_problem(503, "etcd http://127.0.0.1:");
+    listed.assert_problem(503, "lost quorum");
 }
 
 /// A machine whose bootstrap document names only replica A (B was not

@@ -847,6 +847,68 @@ fn anonymous_refusals_cannot_fill_the_audit_log() {
 }
 
 #[test]
+fn sign_outs_and_refused_machine_certificates_cannot_fill_the_audit_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=x", 1, "1h", &boot);
+    let mut agent = Agent::start(&tmp.path().join("a"), "a", &boot);
+    wait_machines(&c, 1);
+    let (cert, key, name) = identity_of(&c, &agent);
+    agent.kill();
+    c.cli_ok(&["revoke", "machine", &name]);
+    let revoked = c.api(Some((&cert, &key)));
+    let anonymous = c.api(None);
+    let before = std::fs::metadata(tmp.path().join("data/audit.log"))
+        .unwrap()
+        .len();
+    // The client follows the 303 to the sign-in page.
+    for _ in 0..200 {
+        let a = anonymous.send("POST", "/ui/logout", None, None);
+        assert_eq!(a.status, 200, "{a:?}");
+        revoked
+            .send("GET", "/v1/machine/config", None, None)
+            .assert_problem(401, "revoked");
+    }
+    // A sign-in is recorded as the token that signed in.
+    let signed_in = anonymous.send(
+        "POST",
+        "/ui/login",
+        None,
+        Some((
+            "application/x-www-form-urlencoded",
+            format!("token={}", c.admin_token).into_bytes(),
+        )),
+    );
+    assert_eq!(signed_in.status, 200, "{signed_in:?}");
+    let audit = audit_log(&c);
+    let flood: Vec<&serde_json::Value> = audit
+        .iter()
+        .filter(|e| {
+            (e["actor"] == "anonymous" && e["path"] == "/ui/logout")
+                || (e["actor"] == format!("machine:{name}").as_str() && e["status"] == 401)
+        })
+        .collect();
+    assert!(
+        !flood.is_empty() && flood.len() <= 20,
+        "{} of 400 sign-outs and refused certificates recorded one by one",
+        flood.len()
+    );
+    let token_id = c.admin_token.split('_').nth(1).unwrap();
+    assert!(
+        audit.iter().any(|e| e["path"] == "/ui/login"
+            && e["status"] == 303
+            && e["actor"] == format!("admin-token:{token_id} (admin)").as_str()),
+        "the sign-in is not recorded as its token: {audit:#?}"
+    );
+    let grown = std::fs::metadata(tmp.path().join("data/audit.log"))
+        .unwrap()
+        .len()
+        - before;
+    assert!(grown < 16 * 1024, "400 requests wrote {grown} bytes");
+}
+
+#[test]
 fn the_first_admin_token_is_not_printed_to_a_log() {
     let tmp = tempfile::tempdir().unwrap();
     // Its standard output is a pipe, as under systemd (the journal).

@@ -2077,7 +2077,11 @@ pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
                         Some(n) => format!("{} refused, the last {}", n, e.path),
                         None => e.path,
                     },
-                    e.status.to_string(),
+                    match e.stage {
+                        // Written before the change was made; its answer follows.
+                        Some(crate::types::AuditStage::RequestReceived) => "received".into(),
+                        None => e.status.to_string(),
+                    },
                 ]);
             }
             print_table(&rows);

@@ -2,10 +2,15 @@
 //! `DATA_DIR/audit.log` (mode 0600), also emitted as a tracing event.
 //!
 //! Its size is bounded whatever clients send: paths and methods are cut to
-//! a fixed length; refusals of unauthenticated clients are recorded one by
-//! one only up to [`REFUSALS_PER_WINDOW`] per source address a minute, the
-//! rest summed up in one entry per source and minute; and the file is
-//! rotated by size (`audit.log.1` ... `audit.log.3`).
+//! a fixed length; requests of clients that proved no identity, or whose
+//! machine certificate was refused, are recorded one by one only up to
+//! [`REFUSALS_PER_WINDOW`] per source address a minute, the rest summed up
+//! in one entry per source and minute; and the file is rotated by size
+//! (`audit.log.1` ... `audit.log.3`).
+//!
+//! A change an admin asks for is recorded before it is carried out
+//! ([`AuditLog::record_first`]): when that entry cannot be written (the
+//! disk is full), the change is refused, so no change goes unaudited.
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -33,9 +38,19 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 const KEPT_FILES: usize = 3;
 
 impl AuditEntry {
-    /// A refusal of a client that proved no identity.
-    fn is_unauthenticated_refusal(&self) -> bool {
-        self.status >= 400 && (self.actor == "anonymous" || self.actor == "invalid-admin-token")
+    /// A request anyone can send as often as they like, counted in the
+    /// per-source window: one of a client that proved no identity
+    /// (`anonymous`, `invalid-admin-token`), whatever its answer but
+    /// success (an anonymous sign-out answers 303; an anonymous success is
+    /// a registration, proven by its ticket and capped by the registration
+    /// limit), and one whose machine certificate was refused (401 or 403:
+    /// revoked, deleted, expired or superseded).
+    fn is_unproven(&self) -> bool {
+        match self.actor.as_str() {
+            "anonymous" | "invalid-admin-token" => !(200..300).contains(&self.status),
+            actor if actor.starts_with("machine:") => matches!(self.status, 401 | 403),
+            _ => false,
+        }
     }
 }
 
@@ -45,6 +60,14 @@ impl AuditEntry {
 pub struct AuditReadError {
     path: PathBuf,
     source: std::io::Error,
+}
+
+/// An entry that could not be written to the audit log.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the audit log {}: {source}", path.display())]
+pub struct AuditWriteError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
 }
 
 /// The refusals of one source in the current window.
@@ -59,6 +82,9 @@ struct Window {
 struct Writer {
     file: Option<std::fs::File>,
     size: u64,
+    /// A write failed part-way: the file may end in a torn line, which the
+    /// next entry must not continue.
+    torn: bool,
     windows: HashMap<String, Window>,
     last_sweep: Instant,
 }
@@ -101,6 +127,7 @@ impl AuditLog {
             writer: Mutex::new(Writer {
                 file: Some(file),
                 size,
+                torn: false,
                 windows: HashMap::new(),
                 last_sweep: Instant::now(),
             }),
@@ -127,6 +154,24 @@ impl AuditLog {
         self.record_at(e, Instant::now());
     }
 
+    /// Appends the entry of a change before it is carried out, outside the
+    /// per-source windows, and waits until it is on disk: an error means
+    /// the change must be refused, since it could not be audited.
+    pub fn record_first(&self, mut e: AuditEntry) -> Result<(), AuditWriteError> {
+        truncate(&mut e.path, MAX_PATH_BYTES);
+        truncate(&mut e.method, MAX_METHOD_BYTES);
+        let mut w = self.writer.lock().expect("audit lock");
+        self.write(&mut w, &e)
+            .and_then(|()| match w.file.as_ref() {
+                Some(f) => f.sync_data(),
+                None => Ok(()),
+            })
+            .map_err(|source| AuditWriteError {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     /// [`AuditLog::record`] at `now` (for tests).
     pub fn record_at(&self, mut e: AuditEntry, now: Instant) {
         truncate(&mut e.path, MAX_PATH_BYTES);
@@ -151,7 +196,7 @@ impl AuditLog {
                 }
             }
         }
-        if e.is_unauthenticated_refusal() {
+        if e.is_unproven() {
             let window = w.windows.remove(&e.source);
             let mut window = match window {
                 Some(win) if now.saturating_duration_since(win.start) < REFUSAL_WINDOW => win,
@@ -171,7 +216,7 @@ impl AuditLog {
             if window.recorded < REFUSALS_PER_WINDOW {
                 window.recorded += 1;
                 w.windows.insert(source, window);
-                self.write(&mut w, &e);
+                let _ = self.write(&mut w, &e);
             } else {
                 window.suppressed += 1;
                 window.last = Some(e);
@@ -179,7 +224,7 @@ impl AuditLog {
             }
             return;
         }
-        self.write(&mut w, &e);
+        let _ = self.write(&mut w, &e);
     }
 
     /// Writes the summary of a window that suppressed refusals.
@@ -188,23 +233,42 @@ impl AuditLog {
             last.method = "*".into();
             last.suppressed = Some(win.suppressed);
             last.time = drover_common::now();
-            self.write(w, &last);
+            let _ = self.write(w, &last);
         }
     }
 
-    fn write(&self, w: &mut Writer, e: &AuditEntry) {
-        tracing::info!(target: "audit", actor = ?e.actor, source = %e.source, method = ?e.method, path = ?e.path, status = e.status, suppressed = e.suppressed, "audit");
-        let mut line = serde_json::to_vec(e).expect("audit entry serializes");
+    /// Appends one line; a failure is logged and returned.
+    fn write(&self, w: &mut Writer, e: &AuditEntry) -> std::io::Result<()> {
+        tracing::info!(target: "audit", actor = ?e.actor, source = %e.source, method = ?e.method, path = ?e.path, status = e.status, stage = ?e.stage, suppressed = e.suppressed, "audit");
+        let mut line = Vec::with_capacity(256);
+        if w.torn {
+            // Ends the torn line, which readers skip, so this one parses.
+            line.push(b'\n');
+        }
+        serde_json::to_writer(&mut line, e).expect("audit entry serializes");
         line.push(b'\n');
         if w.size + line.len() as u64 > self.max_bytes && w.size > 0 {
             self.rotate(w);
         }
-        if let Some(f) = w.file.as_mut() {
-            match f.write_all(&line) {
-                Ok(()) => w.size += line.len() as u64,
-                Err(err) => {
-                    tracing::error!(error = %err, path = %self.path.display(), "cannot write the audit log")
-                }
+        if w.file.is_none() {
+            // Opening failed after a rotation: try again for each entry.
+            let f = Self::open_file(&self.path).inspect_err(|err| {
+                tracing::error!(error = %err, path = %self.path.display(), "cannot write the audit log");
+            })?;
+            w.size = f.metadata().map_or(0, |m| m.len());
+            w.file = Some(f);
+        }
+        let f = w.file.as_mut().expect("opened above");
+        match f.write_all(&line) {
+            Ok(()) => {
+                w.size += line.len() as u64;
+                w.torn = false;
+                Ok(())
+            }
+            Err(err) => {
+                w.torn = true;
+                tracing::error!(error = %err, path = %self.path.display(), "cannot write the audit log");
+                Err(err)
             }
         }
     }
@@ -228,6 +292,7 @@ impl AuditLog {
             Ok(f) => {
                 w.file = Some(f);
                 w.size = 0;
+                w.torn = false;
                 tracing::info!(path = %self.path.display(), "audit log rotated");
             }
             Err(err) => {
@@ -315,6 +380,7 @@ mod tests {
             method: "POST".into(),
             path: path.into(),
             status,
+            stage: None,
             suppressed: None,
             changes: Vec::new(),
         }
@@ -373,6 +439,103 @@ mod tests {
             assert_eq!(s.method, "*");
         }
         assert_eq!(all.last().unwrap().path, "/y");
+    }
+
+    #[test]
+    fn anonymous_sign_outs_and_refused_machine_certificates_are_bounded_per_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(&dir.path().join("audit.log")).unwrap();
+        let t0 = Instant::now();
+        for i in 0..100u64 {
+            let at = t0 + Duration::from_millis(i * 100);
+            // An anonymous sign-out answers 303, not a refusal.
+            log.record_at(entry("anonymous", "192.0.2.1", "/ui/logout", 303), at);
+            // A revoked or deleted machine's certificate.
+            log.record_at(
+                entry("machine:gone", "192.0.2.2", "/v1/machine/config", 401),
+                at,
+            );
+        }
+        // Registrations (proven by their tickets), a machine's other
+        // answers and signed-in admins are all recorded.
+        for _ in 0..30 {
+            log.record_at(
+                entry("anonymous", "192.0.2.3", "/v1/machine/register", 201),
+                t0,
+            );
+            log.record_at(
+                entry("machine:m", "192.0.2.3", "/v1/machine/config", 409),
+                t0,
+            );
+            log.record_at(
+                entry("admin-token:ab (admin)", "192.0.2.3", "/ui/logout", 303),
+                t0,
+            );
+        }
+        let all = log.tail(10_000).unwrap();
+        let count = |actor: &str, source: &str| {
+            all.iter()
+                .filter(|e| e.actor == actor && e.source == source)
+                .count()
+        };
+        assert_eq!(
+            count("anonymous", "192.0.2.1"),
+            REFUSALS_PER_WINDOW as usize
+        );
+        assert_eq!(
+            count("machine:gone", "192.0.2.2"),
+            REFUSALS_PER_WINDOW as usize
+        );
+        assert_eq!(count("anonymous", "192.0.2.3"), 30);
+        assert_eq!(count("machine:m", "192.0.2.3"), 30);
+        assert_eq!(count("admin-token:ab (admin)", "192.0.2.3"), 30);
+        drop(log);
+        // Closing the log sums up what the windows held back.
+        let log = AuditLog::open(&dir.path().join("audit.log")).unwrap();
+        let summaries: Vec<AuditEntry> = log
+            .tail(10_000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.suppressed.is_some())
+            .collect();
+        assert_eq!(summaries.len(), 2, "{summaries:#?}");
+        assert!(summaries
+            .iter()
+            .all(|s| s.suppressed == Some(100 - u64::from(REFUSALS_PER_WINDOW))));
+    }
+
+    #[test]
+    fn an_entry_written_first_fails_when_the_disk_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        // Every write to /dev/full fails with ENOSPC, as on a full disk.
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let log = AuditLog::open(&path).unwrap();
+        let e = log
+            .record_first(entry("admin-token:ab (admin)", "192.0.2.1", "/v1/x", 0))
+            .unwrap_err();
+        assert_eq!(e.source.kind(), std::io::ErrorKind::StorageFull, "{e}");
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+    }
+
+    #[test]
+    fn an_entry_after_a_torn_line_is_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).unwrap();
+        log.record(entry("machine:m", "192.0.2.1", "/v1/a", 200));
+        // A write that failed part-way left half a line.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"torn")
+            .unwrap();
+        log.writer.lock().unwrap().torn = true;
+        log.record_first(entry("machine:m", "192.0.2.1", "/v1/b", 200))
+            .unwrap();
+        let paths: Vec<String> = log.tail(10).unwrap().into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, ["/v1/a", "/v1/b"]);
     }
 
     #[test]

@@ -21,6 +21,11 @@ pub struct Admin {
 }
 
 impl Admin {
+    /// How the audit log names this token's holder.
+    pub fn audit_actor(&self) -> String {
+        format!("admin-token:{} ({:?})", self.token_id, self.role).to_lowercase()
+    }
+
     /// Refuses callers who may only read.
     pub fn require_write(&self) -> Result<(), ApiError> {
         match self.role {

@@ -120,10 +120,24 @@ impl From<StoreError> for ApiError {
             StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => {
                 ApiError::conflict(e.to_string())
             }
-            StoreError::Corrupt { .. }
-            | StoreError::Backend(_)
-            | StoreError::Sealed(_)
-            | StoreError::Contended { .. } => ApiError::internal(e),
+            // The store itself failed (etcd without quorum, a full disk):
+            // the request may succeed later, once an operator acts.
+            StoreError::Backend(_) => {
+                tracing::error!(error = %e, "the store failed");
+                let mut a = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Store unavailable",
+                    format!(
+                        "{e}; {}",
+                        e.remedy().unwrap_or("retry once the store answers")
+                    ),
+                );
+                a.retry_after = Some(5);
+                a
+            }
+            StoreError::Corrupt { .. } | StoreError::Sealed(_) | StoreError::Contended { .. } => {
+                ApiError::internal(e)
+            }
             // Deposed mid-request: the caller tries the next coordinator.
             StoreError::Fenced { .. } => {
                 let mut a = ApiError::new(
@@ -164,5 +178,35 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_store_answers_503_with_the_cause_and_what_to_do() {
+        for (cause, remedy) in [
+            // What SQLite says when the disk is full (SQLITE_FULL).
+            ("database or disk is full", "free space"),
+            (
+                "etcd http://127.0.0.1:2379: list clusters: http://127.0.0.1:2379: Unavailable: etcdserver: no leader",
+                "lost quorum",
+            ),
+        ] {
+            let e = ApiError::from(StoreError::Backend(cause.into()));
+            assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE, "{e:?}");
+            assert_eq!(e.title, "Store unavailable");
+            assert!(e.detail.contains(cause), "{e:?}");
+            assert!(e.detail.contains(remedy), "{e:?}");
+            assert!(e.retry_after.is_some());
+        }
+        // An object's own trouble is not the store's.
+        let e = ApiError::from(StoreError::NotFound {
+            kind: "clusters",
+            name: "a".into(),
+        });
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
     }
 }

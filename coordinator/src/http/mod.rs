@@ -310,6 +310,7 @@ pub async fn audit(
             method: method.to_string(),
             path: "/v1/machine/heartbeat".into(),
             status: resp.status().as_u16(),
+            stage: None,
             suppressed: None,
             changes: Vec::new(),
         });
@@ -323,12 +324,15 @@ pub async fn audit(
         .map(|c| c.0.ip().to_string())
         .unwrap_or_default();
     let mut viewer = None;
+    let mut admin_change = false;
     let actor = if req.headers().contains_key(header::AUTHORIZATION) {
         match resolve_admin(&app, req.headers()) {
             Ok(a) => {
-                let actor = format!("admin-token:{} ({:?})", a.token_id, a.role).to_lowercase();
+                let actor = a.audit_actor();
                 if a.role == AdminRole::Viewer {
                     viewer = Some(a);
+                } else {
+                    admin_change = !reads;
                 }
                 actor
             }
@@ -343,6 +347,34 @@ pub async fn audit(
     } else {
         "anonymous".to_owned()
     };
+    // Audit first: an admin's change is recorded before it is carried out,
+    // and refused when that record cannot be written (a full disk), so no
+    // change goes unaudited.
+    if admin_change {
+        let received = crate::domain::audit::AuditEntry {
+            time: drover_common::now(),
+            actor: actor.clone(),
+            source: source.clone(),
+            method: method.clone(),
+            path: path.clone(),
+            status: 0,
+            stage: Some(crate::types::AuditStage::RequestReceived),
+            suppressed: None,
+            changes: Vec::new(),
+        };
+        if let Err(e) = app.audit.record_first(received) {
+            let mut refused = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Audit log unavailable",
+                format!(
+                    "{method} {path} was refused and nothing was changed: {e}. Every change is recorded in the audit log before it is made; free space on the file system holding {} (or make the file writable by the coordinator), then retry",
+                    e.path.display()
+                ),
+            );
+            refused.retry_after = Some(10);
+            return refused.into_response();
+        }
+    }
     // The viewer role changes nothing: refused before the body is read or
     // parsed, whatever the route.
     let resp = match viewer {
@@ -357,6 +389,10 @@ pub async fn audit(
         .get::<AuditChanges>()
         .map(|c| c.0.clone())
         .unwrap_or_default();
+    let actor = resp
+        .extensions()
+        .get::<AuditActor>()
+        .map_or(actor, |a| a.0.clone());
     app.audit.record(crate::domain::audit::AuditEntry {
         time: drover_common::now(),
         actor,
@@ -364,6 +400,7 @@ pub async fn audit(
         method,
         path,
         status: resp.status().as_u16(),
+        stage: None,
         suppressed: None,
         changes,
     });
@@ -374,6 +411,13 @@ pub async fn audit(
 /// (a response extension, never sent to the client).
 #[derive(Debug, Clone, Default)]
 pub struct AuditChanges(pub Vec<String>);
+
+/// Who made a request that proved its identity in a way the audit
+/// middleware cannot see (a sign-in by the token in its form, a sign-out
+/// by its session cookie), as [`Admin::audit_actor`] names them (a
+/// response extension, never sent to the client).
+#[derive(Debug, Clone)]
+pub struct AuditActor(pub String);
 
 /// The body length a request announces, if it does.
 fn announced_length(headers: &axum::http::HeaderMap) -> Option<u64> {
@@ -483,6 +527,93 @@ mod tests {
             .header(header::CONTENT_LENGTH, body.len())
             .body(axum::body::Body::from(body))
             .unwrap()
+    }
+
+    /// Stores a new admin token of `role`; returns its secret.
+    fn admin_token(app: &App, role: AdminRole) -> String {
+        use crate::domain::secrets::{new_admin_token, AdminTokens, ADMIN_TOKENS};
+        let (token, record) = new_admin_token(role);
+        app.store
+            .modify_json(
+                crate::store::Kind::Secret,
+                ADMIN_TOKENS,
+                |tokens: Option<AdminTokens>| {
+                    let mut tokens = tokens.unwrap_or_default();
+                    tokens.tokens.push(record.clone());
+                    Ok::<_, crate::store::StoreError>(crate::store::Modify::Write(tokens, ()))
+                },
+            )
+            .unwrap();
+        token
+    }
+
+    #[tokio::test]
+    async fn a_change_that_cannot_be_audited_is_refused_before_it_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("audit.log");
+        // Every write to /dev/full fails with ENOSPC, as on a full disk.
+        std::os::unix::fs::symlink("/dev/full", &log).unwrap();
+        let app = App::for_tests(dir.path());
+        let token = admin_token(&app, AdminRole::Admin);
+        let secret = "apiVersion: drover.dev/v1alpha1\nkind: Secret\nmetadata:\n  name: s\nstringData:\n  k: v\n";
+        let put = axum::extract::Request::put("/v1/secrets/s")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/yaml")
+            .header(header::CONTENT_LENGTH, secret.len())
+            .body(axum::body::Body::from(secret))
+            .unwrap();
+        let resp = router(app.clone()).oneshot(put).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            resp.headers().get(header::CONTENT_TYPE).unwrap(),
+            "application/problem+json"
+        );
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(&log.display().to_string()), "{detail}");
+        assert!(detail.contains("No space left on device"), "{detail}");
+        assert!(detail.contains("nothing was changed"), "{detail}");
+        assert!(
+            crate::domain::user_secrets::get(&app.store, "s")
+                .unwrap()
+                .is_none(),
+            "the unaudited change was made"
+        );
+        // Reading changes nothing and is served.
+        let get = axum::extract::Request::get("/v1/secrets")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert_eq!(
+            router(app).oneshot(get).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+
+    #[tokio::test]
+    async fn an_admins_change_is_recorded_before_and_after_it_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = App::for_tests(dir.path());
+        let token = admin_token(&app, AdminRole::Admin);
+        let delete = axum::extract::Request::delete("/v1/secrets/nope")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = router(app.clone()).oneshot(delete).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        let entries = app.audit.tail(10).unwrap();
+        let stages: Vec<_> = entries.iter().map(|e| (e.stage, e.status)).collect();
+        assert_eq!(
+            stages,
+            [
+                (Some(crate::types::AuditStage::RequestReceived), 0),
+                (None, 404)
+            ]
+        );
+        assert!(entries.iter().all(|e| e.path == "/v1/secrets/nope"));
     }
 
     #[tokio::test]

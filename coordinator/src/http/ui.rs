@@ -23,6 +23,7 @@ use maud::{html, Markup, DOCTYPE};
 use sha2::Sha256;
 
 use super::auth::{admin_for_hash, Admin};
+use super::AuditActor;
 use crate::app::App;
 use crate::domain::secrets::{hash_token, AdminRole};
 
@@ -73,6 +74,7 @@ pub async fn login(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Resp
             if let Ok(v) = HeaderValue::from_str(&cookie) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
+            r.extensions_mut().insert(AuditActor(admin.audit_actor()));
             harden(&mut r);
             r
         }
@@ -85,9 +87,14 @@ pub async fn login(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Resp
     }
 }
 
-/// `POST /ui/logout`: forgets the cookie.
-pub async fn logout() -> Response {
+/// `POST /ui/logout`: forgets the cookie. Audited as the session's token
+/// when the session is valid; without one, as anonymous (and so counted in
+/// the anonymous per-source window).
+pub async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let mut r = Redirect::to("/ui/login").into_response();
+    if let Some(admin) = session(&app, &headers) {
+        r.extensions_mut().insert(AuditActor(admin.audit_actor()));
+    }
     r.headers_mut().insert(
         header::SET_COOKIE,
         HeaderValue::from_static(

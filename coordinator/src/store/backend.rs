@@ -116,6 +116,24 @@ pub enum StoreError {
     Sealed(#[from] crate::store::keyring::KeyError),
 }
 
+impl StoreError {
+    /// What an operator does when the store itself failed, not an object in
+    /// it (the etcd cluster lost quorum or cannot be reached, the disk is
+    /// full): `None` for every other error.
+    pub fn remedy(&self) -> Option<&'static str> {
+        let StoreError::Backend(cause) = self else {
+            return None;
+        };
+        Some(if cause.contains("database or disk is full") {
+            "the disk holding the coordinator's SQLite database (drover.db in its data directory, or in the directory of --store sqlite:DIR) is full: free space on it (df -h shows it), then retry"
+        } else if cause.starts_with("etcd") {
+            "the etcd cluster does not answer or has lost quorum: start the members that are down so that a majority runs and reaches each other (etcdctl endpoint health --cluster shows them), then retry; the coordinator's /readyz answers 200 again once the store answers"
+        } else {
+            "check the coordinator's log and the disk or hosts of its store, then retry; the coordinator's /readyz answers 200 again once the store answers"
+        })
+    }
+}
+
 /// A committed change, broadcast to watchers. With SQLite, the writes of
 /// this process; with etcd, the writes of every replica.
 #[derive(Debug, Clone)]

@@ -182,3 +182,39 @@ fn check_revision(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_database_refuses_writes_with_what_to_do_and_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (changes, _) = broadcast::channel(16);
+        let db = Sqlite::open(&dir.path().join("drover.db"), changes).unwrap();
+        // SQLite's cap on the file's size: a write past it fails exactly as
+        // on a full disk (SQLITE_FULL).
+        {
+            let conn = db.conn.lock().unwrap();
+            let pages: i64 = conn
+                .query_row("PRAGMA page_count", [], |r| r.get(0))
+                .unwrap();
+            conn.pragma_update(None, "max_page_count", pages).unwrap();
+        }
+        let e = db
+            .txn(
+                &[Op::Create {
+                    kind: Kind::Cluster,
+                    name: "c".into(),
+                    body: vec![7; 64 * 1024],
+                }],
+                None,
+            )
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Backend(_)), "{e:?}");
+        assert!(e.to_string().contains("database or disk is full"), "{e}");
+        let remedy = e.remedy().unwrap_or_default();
+        assert!(remedy.contains("is full: free space"), "{remedy}");
+        assert!(db.get(Kind::Cluster, "c").unwrap().is_none());
+    }
+}
