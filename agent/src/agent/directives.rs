@@ -166,6 +166,14 @@ impl Agent {
                     });
                 }
                 DirectiveAction::SetKubernetesVersion { version } => {
+                    if let Err(e) = drover_common::api::KubernetesVersion::parse(&version) {
+                        self.finish_directive(
+                            directive.id,
+                            false,
+                            format!("cannot set the kubeadm-config version to {version:?}: the version {e}"),
+                        );
+                        continue;
+                    }
                     tracing::info!(%version, "setting the kubeadm-config version at the coordinator's request");
                     let mut kube = crate::kube::Kube::new(&self.settings.root);
                     self.start_cluster_call(directive.id, "update kubeadm-config", |ip, port| {
@@ -247,6 +255,15 @@ impl Agent {
     /// directive with its command, exit status and output. Only a machine
     /// that runs in its cluster upgrades.
     fn start_upgrade(&mut self, id: String, version: String, command: UpgradeCommand) {
+        // The version is an argument of the image's hooks: nothing outside
+        // the grammar the coordinator validates reaches them.
+        if let Err(e) = drover_common::api::KubernetesVersion::parse(&version) {
+            return self.finish_directive(
+                id,
+                false,
+                format!("cannot upgrade to {version:?}: the version {e}; nothing was changed"),
+            );
+        }
         if !self.state.bootstrapped() {
             return self.finish_directive(
                 id,

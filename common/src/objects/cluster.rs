@@ -1516,24 +1516,78 @@ pub struct KubernetesVersion {
 }
 
 impl KubernetesVersion {
-    /// Parses the form; [`check_kubernetes_version`] also checks the range.
+    /// Parses the form, all of it: `v`, then a SemVer 2.0 version
+    /// (`MAJOR.MINOR.PATCH`, an optional `-` pre-release and `+` build of
+    /// dot-separated identifiers), as Kubernetes' own
+    /// `version.ParseSemantic` does; [`check_kubernetes_version`] also
+    /// checks the range. The text goes into kubeadm's config and the
+    /// image's upgrade hooks, so nothing outside the grammar passes.
     pub fn parse(v: &str) -> Result<Self, FormatError> {
-        let malformed = || FormatError::KubernetesVersion { got: v.to_string() };
-        let rest = v.strip_prefix('v').ok_or_else(malformed)?;
-        let core = rest.split(['-', '+']).next().unwrap_or_default();
+        let malformed = |why: String| FormatError::KubernetesVersion {
+            got: v.to_string(),
+            why,
+        };
+        let rest = v
+            .strip_prefix('v')
+            .ok_or_else(|| malformed("it does not start with 'v'".into()))?;
+        let (rest, build) = match rest.split_once('+') {
+            Some((r, b)) => (r, Some(b)),
+            None => (rest, None),
+        };
+        let (core, pre) = match rest.split_once('-') {
+            Some((c, p)) => (c, Some(p)),
+            None => (rest, None),
+        };
         let parts: Vec<u32> = core
             .split('.')
-            .map(|p| p.parse::<u32>().map_err(|_| malformed()))
+            .map(|p| {
+                if !is_numeric_identifier(p) {
+                    return Err(malformed(format!(
+                        "{p:?} in MAJOR.MINOR.PATCH is not a number without leading zeros"
+                    )));
+                }
+                p.parse::<u32>()
+                    .map_err(|_| malformed(format!("{p:?} is too large")))
+            })
             .collect::<Result<_, _>>()?;
         let [major, minor, patch] = parts[..] else {
-            return Err(malformed());
+            return Err(malformed(format!(
+                "{core:?} has {} numbers, not three (MAJOR.MINOR.PATCH)",
+                parts.len()
+            )));
         };
+        for (what, part) in [("pre-release", pre), ("build", build)] {
+            let Some(part) = part else { continue };
+            for id in part.split('.') {
+                if id.is_empty() {
+                    return Err(malformed(format!("the {what} has an empty identifier")));
+                }
+                if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                    return Err(malformed(format!(
+                        "the {what} identifier {id:?} holds a character other than letters, digits and '-'"
+                    )));
+                }
+                if what == "pre-release"
+                    && id.bytes().all(|b| b.is_ascii_digit())
+                    && !is_numeric_identifier(id)
+                {
+                    return Err(malformed(format!(
+                        "the pre-release identifier {id:?} is a number with a leading zero"
+                    )));
+                }
+            }
+        }
         Ok(Self {
             major,
             minor,
             patch,
         })
     }
+}
+
+/// SemVer's numeric identifier: `0`, or digits not starting with `0`.
+fn is_numeric_identifier(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'))
 }
 
 impl std::fmt::Display for KubernetesVersion {
@@ -1811,6 +1865,56 @@ spec:
                 .unwrap()
                 .to_string(),
             "v1.32.0"
+        );
+    }
+
+    #[test]
+    fn kubernetes_version_format_is_semver_throughout() {
+        for ok in [
+            "v1.31.2",
+            "v1.31.2-rc.1",
+            "v1.31.2-alpha.0.1-x",
+            "v1.31.2-0",
+            "v1.31.2+build.5",
+            "v1.31.2-rc.1+build.05",
+            "v1.31.2+k3s1",
+            "v1.31.2-eks-abc123",
+        ] {
+            check_kubernetes_version(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, why) in [
+            (
+                "v1.31.2-x;$(touch /tmp/pwn)",
+                "other than letters, digits and '-'",
+            ),
+            ("v1.31.2+b;id", "other than letters, digits and '-'"),
+            ("v1.31.2-rc..1", "empty identifier"),
+            ("v1.31.2-", "empty identifier"),
+            ("v1.31.2+", "empty identifier"),
+            ("v1.31.2-rc.01", "leading zero"),
+            ("v1.031.2", "without leading zeros"),
+            ("v1.31.+2", "not a number"),
+            ("v1.31.2 ", "without leading zeros"),
+            ("1.31.2", "does not start with 'v'"),
+            ("v1.31", "not three"),
+            ("v1.31.2.1", "not three"),
+            ("v1.31.2-rc.1\n", "other than letters"),
+        ] {
+            let e = check_kubernetes_version(bad).expect_err(bad).to_string();
+            assert!(
+                e.contains(why) && e.contains("SemVer") && e.contains(&format!("{bad:?}")),
+                "{bad}: {e}"
+            );
+        }
+        // Validation names the field.
+        let doc = sample().replace("v1.31.2", "v1.31.2-x;$(touch /tmp/pwn)");
+        let c: Cluster = serde_saphyr::from_str(&doc).unwrap();
+        let errs = c.validate().unwrap_err();
+        assert!(
+            errs.iter().any(|e| e.field == "spec.kubernetesVersion"
+                && e.message
+                    .contains("pre-release identifier \"x;$(touch /tmp/pwn)\"")),
+            "{errs:?}"
         );
     }
 

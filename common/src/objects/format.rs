@@ -8,8 +8,10 @@ use crate::names::NameError;
 /// A value of the wrong form.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("must look like v1.31.2, got {got:?}")]
-    KubernetesVersion { got: String },
+    #[error(
+        "must be v1.31.2 or the like (v, then SemVer: MAJOR.MINOR.PATCH, optionally a pre-release such as -rc.1 and a build such as +build.5, each of dot-separated identifiers of letters, digits and '-'): {why}, got {got:?}"
+    )]
+    KubernetesVersion { got: String, why: String },
     #[error(
         "must be v1.{oldest_minor}.0 or later: the kubeadm config API Drover renders (v1beta4, kubeadm 1.31) deploys no older control plane, got {got:?}"
     )]
