@@ -2487,6 +2487,307 @@ spec:
     assert!(!audit.contains("czNjcjN0LXRva2Vu"));
 }
 
+/// A Secret named `name` with key `key`, as `drover apply` takes it.
+fn secret_doc(name: &str, key: &str) -> String {
+    format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Secret
+metadata:
+  name: {name}
+stringData:
+  {key}: '{{\"auths\": {{}}}}'
+"
+    )
+}
+
+/// A pool cluster `name` whose workers get a file from Secret `secret`
+/// (so the coordinator refuses it unless the Secret was applied first).
+fn cluster_reading_secret(name: &str, secret: &str) -> String {
+    format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  kubernetesVersion: v1.31.2
+  controlPlane:
+    replicas: 1
+  workerPools:
+    - name: default
+      replicas: 1
+      files:
+        - path: /etc/drover-test/auth.json
+          permissions: \"0600\"
+          contentFrom: {{secret: {secret}, key: auth.json}}
+  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: nowhere
+"
+    )
+}
+
+/// Runs `drover apply -f -` with `input` on standard input.
+fn apply_stdin(c: &Coordinator, input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = c
+        .cli_command(&["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn secret_names(c: &Coordinator) -> Vec<String> {
+    let listed: serde_json::Value =
+        serde_json::from_str(&c.cli_ok(&["get", "secrets", "-o", "json"])).unwrap();
+    listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+
+    // One file: a Secret and the Cluster that reads it, with the empty
+    // documents and comments kubectl users write; one line per object.
+    let file = tmp.path().join("all.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "# the registry credential and its cluster\n---\n{}---\n# nothing here\n---\n{}---\n",
+            secret_doc("registry", "auth.json"),
+            cluster_reading_secret("multi", "registry")
+        ),
+    )
+    .unwrap();
+    let out = c.cli_ok(&["apply", "-f", file.to_str().unwrap()]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(
+        lines[0],
+        "secret/registry applied (generation 1, keys auth.json)"
+    );
+    assert!(
+        lines[1].starts_with("cluster/multi applied (generation 1, resourceVersion "),
+        "{out}"
+    );
+    assert!(c.cluster("multi").is_some());
+
+    // A directory: its .yaml, .yml and .json files in name order, nothing
+    // else of it.
+    let dir = tmp.path().join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(
+        dir.join("10-secret.yaml"),
+        secret_doc("dir-secret", "auth.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("20-cluster.yml"),
+        cluster_reading_secret("dir-cluster", "dir-secret"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("README.txt"), "not: [yaml").unwrap();
+    let out = c.cli_ok(&["apply", "-f", &format!("{}/", dir.display())]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].starts_with("secret/dir-secret applied"), "{out}");
+    assert!(lines[1].starts_with("cluster/dir-cluster applied"), "{out}");
+
+    // Standard input; applying the same again configures nothing new.
+    let input = format!(
+        "{}---\n{}",
+        secret_doc("stdin-secret", "auth.json"),
+        cluster_reading_secret("stdin-cluster", "stdin-secret")
+    );
+    let out = apply_stdin(&c, &input);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].starts_with("secret/stdin-secret applied"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("cluster/stdin-cluster applied (generation 1,"),
+        "{stdout}"
+    );
+
+    // -f more than once: applied in the order given.
+    let single = tmp.path().join("one.yaml");
+    std::fs::write(&single, secret_doc("later", "auth.json")).unwrap();
+    let out = c.cli_ok(&[
+        "apply",
+        "-f",
+        single.to_str().unwrap(),
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let kinds: Vec<&str> = out.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["secret/later", "secret/registry", "cluster/multi"],
+        "{out}"
+    );
+
+    // A file of only empty documents applies nothing and says so.
+    let empty = tmp.path().join("empty.yaml");
+    std::fs::write(&empty, "---\n# nothing\n---\n").unwrap();
+    let out = c.cli(&["apply", "-f", empty.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("nothing to apply"),
+        "{err}"
+    );
+}
+
+#[test]
+fn apply_stops_at_the_first_refused_document_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+
+    // The coordinator refuses document 2 (a version outside SemVer's
+    // grammar); document 1 stays applied, document 3 is never sent.
+    let file = tmp.path().join("refused.yaml");
+    let bad = cluster_reading_secret("bad", "first")
+        .replace("v1.31.2", "\"v1.31.2-x;$(touch /tmp/pwn)\"");
+    std::fs::write(
+        &file,
+        format!(
+            "{}---\n{bad}---\n{}",
+            secret_doc("first", "auth.json"),
+            secret_doc("third", "auth.json")
+        ),
+    )
+    .unwrap();
+    let out = c.cli(&["apply", "-f", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        err.contains(&format!(
+            "{} document 2 (line 7) (cluster/bad) was refused; the object before it was applied, none after it",
+            file.display()
+        )) && err.contains("spec.kubernetesVersion")
+            && err.contains("pre-release identifier"),
+        "{err}"
+    );
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert_eq!(secret_names(&c), ["first"]);
+    assert!(c.cluster("bad").is_none());
+
+    // What the CLI can tell itself (a kind it cannot apply, YAML that does
+    // not parse) is refused before anything is sent, naming the document,
+    // in words for people.
+    let local = tmp.path().join("local.yaml");
+    std::fs::write(
+        &local,
+        format!(
+            "{}---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n",
+            secret_doc("never", "auth.json")
+        ),
+    )
+    .unwrap();
+    let out = c.cli(&["apply", "-f", local.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("local.yaml document 2 (line 7): kind \"Pod\" cannot be applied")
+            && err.contains("nothing was applied"),
+        "{err}"
+    );
+    std::fs::write(
+        &local,
+        format!(
+            "{}---\nkind: Secret\nkind: Secret\n",
+            secret_doc("never", "auth.json")
+        ),
+    )
+    .unwrap();
+    let out = c.cli(&["apply", "-f", local.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err
+                .contains("local.yaml document 2 (line 7): not valid YAML: duplicate mapping key")
+            && err.contains("at line 9"),
+        "{err}"
+    );
+    for library in ["from_str", "Options", "<input>"] {
+        assert!(!err.contains(library), "{library}: {err}");
+    }
+    assert_eq!(secret_names(&c), ["first"]);
+}
+
+#[test]
+fn token_create_checks_its_output_before_the_token_exists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let tokens = || {
+        c.cli_ok(&["token", "list"])
+            .lines()
+            .skip(1)
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+
+    // A bare relative file name is written in the current directory.
+    let out = c
+        .cli_command(&["token", "create", "--pool", "default", "-o", "boot.yaml"])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(tmp.path().join("boot.yaml"))
+        .unwrap()
+        .contains("ticket"));
+    assert_eq!(tokens().len(), 1);
+
+    // A path that cannot be written is refused before the token is made.
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    for bad in [file.join("boot.yaml"), tmp.path().to_owned()] {
+        let out = c.cli(&[
+            "token",
+            "create",
+            "--pool",
+            "default",
+            "-o",
+            bad.to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(&format!("cannot write {}", bad.display())),
+            "{err}"
+        );
+        assert_eq!(tokens().len(), 1, "no token was left behind");
+    }
+}
+
 #[test]
 fn the_cli_prints_names_watches_and_says_why_it_failed_in_its_exit_code() {
     let tmp = tempfile::tempdir().unwrap();

@@ -76,10 +76,13 @@ impl Client {
     pub fn connect(args: &ConnectArgs) -> anyhow::Result<Self> {
         let path = args.config.clone().unwrap_or_else(default_config_path);
         let file: Option<ClientConfigFile> = match std::fs::read_to_string(&path) {
-            Ok(text) => Some(
-                serde_saphyr::from_str(&text)
-                    .with_context(|| format!("client config {} is invalid", path.display()))?,
-            ),
+            Ok(text) => Some(serde_saphyr::from_str(&text).map_err(|e| {
+                anyhow::anyhow!(
+                    "client config {} is invalid: {}; fix it, or pass --addr, --token and --ca",
+                    path.display(),
+                    crate::cli::documents::yaml_message(&e, 1)
+                )
+            })?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         };

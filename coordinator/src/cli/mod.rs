@@ -1,6 +1,7 @@
 //! The operator commands: apply, get, describe, delete, kubeconfig, token.
 
 pub mod client;
+pub mod documents;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -19,7 +20,8 @@ use crate::cli::client::{Client, ConnectArgs};
 /// The operator commands: each talks to a coordinator through [`Client`].
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Create or update objects from a YAML file.
+    /// Create or update Clusters and Secrets from YAML files, a directory or
+    /// standard input.
     Apply(ApplyArgs),
     /// List objects.
     Get(GetArgs),
@@ -120,9 +122,12 @@ pub struct RolloutResumeArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
-    /// The YAML file holding one Cluster.
-    #[arg(short = 'f', long = "filename")]
-    pub file: PathBuf,
+    /// A YAML or JSON file of Clusters and Secrets (documents separated by
+    /// `---`), a directory (its .yaml, .yml and .json files in name order),
+    /// or `-` for standard input; may be given more than once. Objects are
+    /// applied in order; the first refused stops the rest.
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<PathBuf>,
     /// Wait until the cluster is Running, showing progress.
     #[arg(long)]
     pub wait: bool,
@@ -518,120 +523,71 @@ async fn rollout(command: RolloutCommand) -> anyhow::Result<()> {
 }
 
 async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&a.file)
-        .with_context(|| format!("cannot read {}", a.file.display()))?;
-    // Find the name locally for the URL; the coordinator does the strict checks.
-    #[derive(serde::Deserialize)]
-    struct Head {
-        kind: Option<String>,
-        metadata: Option<HeadMeta>,
-    }
-    #[derive(serde::Deserialize)]
-    struct HeadMeta {
-        name: Option<String>,
-    }
-    let head: Head = serde_saphyr::from_str(&text)
-        .with_context(|| format!("{} is not a YAML document", a.file.display()))?;
-    let is_secret = match head.kind.as_deref() {
-        Some("Cluster") => false,
-        Some("Secret") => true,
-        Some(k) => bail!(
-            "{}: kind {k:?} cannot be applied; only Cluster and Secret can",
-            a.file.display()
-        ),
-        None => bail!("{}: the document has no kind", a.file.display()),
-    };
-    let name = head
-        .metadata
-        .and_then(|m| m.name)
-        .with_context(|| format!("{}: metadata.name is missing", a.file.display()))?;
-    if is_secret {
-        if drover_common::names::check_object_name("secret name", &name).is_err() {
-            bail!(
-                "{}: metadata.name {name:?} is not a valid name (lowercase letters, digits, '-' and '.')",
-                a.file.display()
-            );
-        }
-        let client = Client::connect(&a.conn)?;
-        let s: SecretInfo = client
-            .put_yaml(&api_path(&["v1", "secrets", &name]), text)
-            .await?;
-        println!(
-            "secret/{} applied (generation {}, keys {})",
-            s.metadata.name,
-            s.metadata.generation,
-            s.keys
-                .iter()
-                .map(|k| k.key.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        return Ok(());
-    }
-    if drover_common::names::check_dns_label("cluster name", &name).is_err() {
-        bail!(
-            "{}: metadata.name {name:?} is not a valid name (lowercase letters, digits and '-')",
-            a.file.display()
-        );
-    }
-    let text = inline_manifests_from(&a.file, text)?;
+    // Every document is read and checked before the first is sent.
+    let objects = documents::read_all(&a.files)?
+        .iter()
+        .map(documents::Document::object)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("{e}; nothing was applied"))?;
     let client = Client::connect(&a.conn)?;
-    let c: Cluster = client
-        .put_yaml(&api_path(&["v1", "clusters", &name]), text)
-        .await?;
-    println!(
-        "cluster/{} applied (generation {}, resourceVersion {})",
-        c.metadata.name,
-        c.metadata.generation,
-        c.metadata.resource_version.unwrap_or_default()
-    );
+    let mut clusters = Vec::new();
+    for (done, o) in objects.iter().enumerate() {
+        let applied = apply_object(&client, o).await.map_err(|e| {
+            let before = match done {
+                0 => "nothing was applied".to_owned(),
+                1 => "the object before it was applied".to_owned(),
+                n => format!("the {n} objects before it were applied"),
+            };
+            e.context(format!(
+                "{} ({}/{}) was refused; {before}, none after it",
+                o.at, o.kind, o.name
+            ))
+        })?;
+        if let Some(generation) = applied {
+            clusters.push((o.name.clone(), generation));
+        }
+    }
     if a.wait {
-        wait_running(&client, &name, c.metadata.generation, a.timeout).await?;
+        for (name, generation) in clusters {
+            wait_running(&client, &name, generation, a.timeout).await?;
+        }
     }
     Ok(())
 }
 
-/// Replaces each `spec.addons[].manifestsFrom` of a cluster document by
-/// `manifests`: the file's content, read relative to the document's
-/// directory, so the coordinator stores what was applied and never fetches
-/// anything. A document without one is sent as written.
-fn inline_manifests_from(file: &std::path::Path, text: String) -> anyhow::Result<String> {
-    let mut doc: serde_json::Value = serde_saphyr::from_str(&text)
-        .with_context(|| format!("{} is not a YAML document", file.display()))?;
-    let Some(addons) = doc["spec"]["addons"].as_array_mut() else {
-        return Ok(text);
-    };
-    let mut changed = false;
-    let dir = file.parent().unwrap_or(std::path::Path::new("."));
-    for (i, addon) in addons.iter_mut().enumerate() {
-        let Some(from) = addon["manifestsFrom"].as_str().map(str::to_owned) else {
-            continue;
-        };
-        if addon.get("manifests").is_some_and(|m| !m.is_null()) {
-            bail!(
-                "{}: spec.addons[{i}] gives both manifests and manifestsFrom; give one",
-                file.display()
+/// Sends one checked object and prints its line; a cluster's generation
+/// for `--wait`.
+async fn apply_object(client: &Client, o: &documents::Object) -> anyhow::Result<Option<u64>> {
+    match o.kind {
+        documents::Kind::Secret => {
+            let s: SecretInfo = client
+                .put_yaml(&api_path(&["v1", "secrets", &o.name]), o.body.clone())
+                .await?;
+            println!(
+                "secret/{} applied (generation {}, keys {})",
+                s.metadata.name,
+                s.metadata.generation,
+                s.keys
+                    .iter()
+                    .map(|k| k.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
+            Ok(None)
         }
-        let path = dir.join(&from);
-        let manifests = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "{}: spec.addons[{i}].manifestsFrom {from:?}: cannot read {}",
-                file.display(),
-                path.display()
-            )
-        })?;
-        let object = addon
-            .as_object_mut()
-            .expect("an addon with a field is a mapping");
-        object.remove("manifestsFrom");
-        object.insert("manifests".into(), manifests.into());
-        changed = true;
+        documents::Kind::Cluster => {
+            let c: Cluster = client
+                .put_yaml(&api_path(&["v1", "clusters", &o.name]), o.body.clone())
+                .await?;
+            println!(
+                "cluster/{} applied (generation {}, resourceVersion {})",
+                c.metadata.name,
+                c.metadata.generation,
+                c.metadata.resource_version.unwrap_or_default()
+            );
+            Ok(Some(c.metadata.generation))
+        }
     }
-    if !changed {
-        return Ok(text);
-    }
-    Ok(serde_saphyr::to_string(&doc)?)
 }
 
 /// Polls the cluster until it is Running at `generation`, printing a line
@@ -1863,6 +1819,10 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
             output,
             conn,
         } => {
+            // Whatever can fail here fails before the token exists.
+            if let Some(path) = &output {
+                check_writable(path)?;
+            }
             let client = Client::connect(&conn)?;
             let created: CreatedRegistrationToken = client
                 .post(
@@ -1876,18 +1836,31 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
                 )
                 .await?;
             let doc = created.bootstrap.to_yaml();
+            let name = &created.token.metadata.name;
             match output {
                 Some(path) => {
-                    write_private(&path, &doc)?;
+                    if let Err(e) = write_private(&path, &doc) {
+                        // A token nobody holds is revoked again, not left live.
+                        let revoked: anyhow::Result<RegistrationToken> = client
+                            .delete(&api_path(&["v1", "registrationtokens", name]))
+                            .await;
+                        return Err(match revoked {
+                            Ok(_) => e.context(format!(
+                                "token {name} was created but its bootstrap document could not be written, so it was revoked again; nothing can register with it"
+                            )),
+                            Err(r) => e.context(format!(
+                                "token {name} was created but its bootstrap document could not be written, and revoking it failed too ({r:#}); revoke it with `drover token revoke {name}`"
+                            )),
+                        });
+                    }
                     eprintln!(
-                        "token {} created; bootstrap document written to {}",
-                        created.token.metadata.name,
+                        "token {name} created; bootstrap document written to {}",
                         path.display()
                     );
                 }
                 None => {
                     print!("{doc}");
-                    eprintln!("# token {} created", created.token.metadata.name);
+                    eprintln!("# token {name} created");
                 }
             }
             Ok(())
@@ -1907,6 +1880,30 @@ async fn token(cmd: TokenCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Why `path` cannot take a private file, found without writing it: it is a
+/// directory, or its directory cannot be made or written (a file is
+/// created there and removed again).
+fn check_writable(path: &std::path::Path) -> anyhow::Result<()> {
+    let cannot = |why: String| anyhow::anyhow!("cannot write {}: {why}", path.display());
+    if path.is_dir() {
+        return Err(cannot(
+            "it is a directory; give a file name (-o DIR/bootstrap.yaml)".into(),
+        ));
+    }
+    let dir = drover_common::fsutil::parent_dir(path).map_err(|e| cannot(e.to_string()))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| cannot(format!("cannot make its directory {}: {e}", dir.display())))?;
+    let probe = dir.join(format!(".drover-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .map_err(|e| cannot(format!("cannot create a file in {}: {e}", dir.display())))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
@@ -2088,4 +2085,59 @@ pub async fn audit(a: AuditArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_takes_files_directories_and_standard_input_more_than_once() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Command,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "drover",
+            "apply",
+            "-f",
+            "a.yaml",
+            "-f",
+            "-",
+            "--filename",
+            "dir/",
+        ])
+        .unwrap();
+        let Command::Apply(a) = cli.command else {
+            panic!("not apply");
+        };
+        assert_eq!(
+            a.files,
+            [PathBuf::from("a.yaml"), "-".into(), "dir/".into()]
+        );
+        assert!(<Cli as clap::Parser>::try_parse_from(["drover", "apply"]).is_err());
+    }
+
+    #[test]
+    fn a_token_output_path_is_checked_before_the_token_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new/boot.yaml");
+        check_writable(&path).unwrap();
+        assert!(!path.exists(), "the check writes nothing at the path");
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            0
+        );
+        // A bare file name is written in the current directory.
+        check_writable(std::path::Path::new("boot-check.yaml")).unwrap();
+        let e = check_writable(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("is a directory; give a file name"), "{e}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let e = check_writable(&file.join("boot.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot make its directory"), "{e}");
+    }
 }

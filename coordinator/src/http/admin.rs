@@ -106,7 +106,14 @@ pub(super) fn parse_document<T: serde::de::DeserializeOwned>(
     let parsed = if is_json {
         serde_json::from_str::<T>(text).map_err(|e| e.to_string())
     } else {
-        serde_saphyr::from_str::<T>(text).map_err(|e| e.to_string())
+        // The parser's words for people: one line, no source snippet, no
+        // hint naming the library's functions or options.
+        serde_saphyr::from_str::<T>(text).map_err(|e| {
+            e.render_with_options(serde_saphyr::render_options! {
+                formatter: &serde_saphyr::UserMessageFormatter,
+                snippets: serde_saphyr::SnippetMode::Off,
+            })
+        })
     };
     parsed.map_err(|e| {
         ApiError::invalid(
