@@ -135,10 +135,12 @@ struct Cli {
     hooks_dir: Option<PathBuf>,
 
     /// Refuse config bundles that carry the cluster's `files`,
-    /// `preKubeadmCommands` or `postKubeadmCommands`: the bootstrap fails
-    /// naming this flag, and nothing is written or run. For machines whose
-    /// owners do not want a coordinator (or a thief of its CA key) to run
-    /// commands on them.
+    /// `preKubeadmCommands` or `postKubeadmCommands`, or whose cluster has
+    /// `addons` (manifests whose Pods would run on this machine): the
+    /// bootstrap fails naming this flag, and nothing is written or run. As
+    /// a control plane, refuse to apply an addon added later. For machines
+    /// whose owners do not want a coordinator (or a thief of its CA key) to
+    /// run anything on them.
     #[arg(long)]
     refuse_machine_customisation: bool,
 

@@ -52,6 +52,8 @@ struct FakeState {
     machine_files: Vec<MachineFileContent>,
     pre_commands: Vec<String>,
     post_commands: Vec<String>,
+    /// The names of the cluster's addons the bundle carries.
+    addons: Vec<String>,
     /// The coordinator URLs heartbeat answers name (to an agent whose
     /// digest differs, as the coordinator does).
     coordinators: Option<Vec<String>>,
@@ -213,6 +215,7 @@ async fn handle(
                 pre_kubeadm_commands: s.pre_commands.clone(),
                 post_kubeadm_commands: s.post_commands.clone(),
                 image_cni: false,
+                addons: s.addons.clone(),
                 issued_at: drover_common::now(),
             };
             json_response(StatusCode::OK, &bundle::sign(&b, &s.ca.key_pem).unwrap())
@@ -283,6 +286,7 @@ async fn start_fake(ca: CertificateAuthority) -> Fake {
         machine_files: vec![],
         pre_commands: vec![],
         post_commands: vec![],
+        addons: vec![],
         coordinators: None,
         refuse_with: None,
     }));
@@ -1206,6 +1210,58 @@ async fn an_agent_that_refuses_customisation_writes_and_runs_nothing() {
     assert!(!m.root.join("etc/fine.conf").exists() && !m.root.join("ran").exists());
     assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
     assert!(m.kubeadm_calls().is_empty());
+    stop_cleanly(&mut agent).await;
+}
+
+#[tokio::test]
+async fn an_agent_that_refuses_customisation_refuses_a_cluster_with_addons() {
+    let (mut fake, pin) = start_fake_with_new_ca().await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = assigned("demo", MachineRole::Init, 1);
+        s.addons = vec!["monitoring".into()];
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    let mut agent = m.spawn_with_args(1, true, &[], &["--refuse-machine-customisation"]);
+    let hb = fake
+        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
+        .await;
+    let report = hb.bootstrap.unwrap();
+    assert_eq!(report.step, "write-files");
+    let tail = report.failure.unwrap().output_tail.join("\n");
+    assert!(
+        tail.contains("1 addons (monitoring)") && tail.contains("--refuse-machine-customisation"),
+        "{tail}"
+    );
+    assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
+    assert!(m.kubeadm_calls().is_empty());
+
+    // An addon's manifests sent later are refused too, and nothing is
+    // applied.
+    fake.set(|s| {
+        s.directives.push(Directive {
+            id: "addon-1".into(),
+            action: DirectiveAction::ApplyManifests {
+                addon: "monitoring".into(),
+                manifests: "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: x\n".into(),
+            },
+        })
+    });
+    let hb = fake
+        .heartbeat_where("addon result", |h| {
+            h.directive_results.iter().any(|r| r.id == "addon-1")
+        })
+        .await;
+    let result = hb
+        .directive_results
+        .iter()
+        .find(|r| r.id == "addon-1")
+        .unwrap();
+    assert!(!result.ok, "{result:?}");
+    assert!(
+        result.message.contains("--refuse-machine-customisation"),
+        "{result:?}"
+    );
     stop_cleanly(&mut agent).await;
 }
 

@@ -52,6 +52,12 @@ pub struct ConfigBundle {
     /// (`spec.network.cni: image`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub image_cni: bool,
+    /// The names of the cluster's addons (`spec.addons`): manifests the
+    /// coordinator applies through a control plane, whose Pods run on the
+    /// cluster's machines. An agent that refuses customisation refuses a
+    /// bundle that names any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addons: Vec<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub issued_at: OffsetDateTime,
 }
@@ -146,6 +152,7 @@ mod tests {
             pre_kubeadm_commands: vec![],
             post_kubeadm_commands: vec![],
             image_cni: false,
+            addons: vec![],
             issued_at: crate::now(),
         }
     }

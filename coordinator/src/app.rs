@@ -68,6 +68,9 @@ pub struct App {
     pub leadership: crate::domain::leadership::Leadership,
     /// The machines that may heartbeat by datagram, and their keys.
     pub datagrams: crate::domain::datagrams::DatagramTable,
+    /// The machines whose config bundle is being built or sent: one fetch
+    /// per machine at a time.
+    pub bundle_builds: crate::domain::bootstrap::BundleBuilds,
 }
 
 /// The master key of datagram heartbeat keys, derived from the ticket key
@@ -110,6 +113,7 @@ impl App {
         ));
         std::sync::Arc::new(App {
             datagrams,
+            bundle_builds: Default::default(),
             store: parts.store,
             ca: parts.secrets.ca,
             ca_pin: parts.ca_pin,

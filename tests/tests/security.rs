@@ -1937,3 +1937,482 @@ fn a_revoked_machines_datagrams_do_not_keep_it_alive() {
         "the revocation dropped the machine's datagram entry at once: {counts:?}"
     );
 }
+
+/// A Secret document holding `bytes` letters under key `v`.
+fn letters_secret(name: &str, bytes: usize) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "drover.dev/v1alpha1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "stringData": {"v": "a".repeat(bytes)},
+    })
+}
+
+/// `n` files under `/etc/<dir>/` that read Secret `blob` key `v`, as list
+/// items indented by `indent` spaces (`[]` when there are none).
+fn files_reading_blob(n: usize, dir: &str, indent: usize) -> String {
+    if n == 0 {
+        return " []\n".into();
+    }
+    let pad = " ".repeat(indent);
+    let items: String = (0..n)
+        .map(|i| {
+            format!("{pad}- path: /etc/{dir}/{i}\n{pad}  contentFrom: {{secret: blob, key: v}}\n")
+        })
+        .collect();
+    format!("\n{items}")
+}
+
+/// A pool cluster with one control plane and pool `gpu` (`workers`
+/// machines); `spec_files` and `pool_files` files read Secret `blob`.
+fn blob_cluster_yaml(
+    name: &str,
+    workers: u32,
+    spec_files: usize,
+    pool_files: usize,
+    env: &str,
+) -> String {
+    format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  kubernetesVersion: v1.31.2
+  files:{}  controlPlane:
+    replicas: 1
+  workerPools:
+    - name: gpu
+      replicas: {workers}
+      files:{}  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: {env}
+",
+        files_reading_blob(spec_files, "spec", 4),
+        files_reading_blob(pool_files, "gpu", 8),
+    )
+}
+
+#[test]
+fn config_bundles_over_the_cap_are_refused_at_apply_naming_the_pool_and_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let api = c.api(None);
+    let token = c.admin_token.clone();
+    let put_yaml = |path: &str, yaml: String| {
+        api.send(
+            "PUT",
+            path,
+            Some(&token),
+            Some(("application/yaml", yaml.into_bytes())),
+        )
+    };
+    let a = api.json(
+        "PUT",
+        "/v1/secrets/blob",
+        Some(&token),
+        &letters_secret("blob", 200 * 1024),
+    );
+    assert_eq!(a.status, 201, "{a:?}");
+
+    // The attack: a small spec whose 128 files read one 200 KiB value, a
+    // bundle of 26 MB for every worker.
+    let refused = put_yaml("/v1/clusters/big", blob_cluster_yaml("big", 1, 64, 64, "x"));
+    refused.assert_problem(422, "over the cap of 4 MiB");
+    let errors = refused.json()["errors"].as_array().unwrap().clone();
+    let error_of = |field: &str| {
+        errors
+            .iter()
+            .find(|e| e["field"] == field)
+            .unwrap_or_else(|| panic!("no error for {field}: {errors:#?}"))["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let workers = error_of("spec.workerPools[0]");
+    assert!(
+        workers.contains("a machine of pool gpu")
+            && workers.contains("over the cap of 4194304 bytes")
+            && workers.contains("read a large Secret value from fewer files"),
+        "{workers}"
+    );
+    // 128 x 200 KiB, and the bundle's own part.
+    let bytes: usize = workers
+        .split("up to ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{workers}"));
+    assert!(bytes > 128 * 200 * 1024, "{workers}");
+    assert!(error_of("spec.controlPlane").contains("pool control-plane"));
+    assert!(c.cluster("big").is_none());
+    // The CLI says the same.
+    let f = tmp.path().join("big.yaml");
+    std::fs::write(&f, blob_cluster_yaml("big", 1, 64, 64, "x")).unwrap();
+    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success() && text.contains("spec.workerPools[0]") && text.contains("pool gpu"),
+        "{text}"
+    );
+
+    // Sixteen files of 200 KiB fit; the same files of 256 KiB would not,
+    // so the Secret may not grow to that.
+    let a = put_yaml("/v1/clusters/big", blob_cluster_yaml("big", 1, 0, 16, "x"));
+    assert_eq!(a.status, 201, "{a:?}");
+    let grown = api.json(
+        "PUT",
+        "/v1/secrets/blob",
+        Some(&token),
+        &letters_secret("blob", 256 * 1024),
+    );
+    grown.assert_problem(422, "over the cap of 4 MiB");
+    let message = grown.json()["errors"][0]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("cluster big spec.workerPools[0] reads this Secret")
+            && message.contains("pool gpu"),
+        "{message}"
+    );
+    let kept = api.send("GET", "/v1/secrets/blob", Some(&token), None);
+    assert_eq!(kept.json()["keys"][0]["bytes"], 200 * 1024, "{kept:?}");
+}
+
+/// A TLS client presenting a machine's certificate and key.
+fn machine_tls(ca_pem: &str, cert: &str, key: &str) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+    )
+}
+
+/// Reads an answer's head (status line and headers, lower-cased) and
+/// whatever of its body came with it.
+async fn read_head<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            return (head, buf[end + 4..].to_vec());
+        }
+        let n = tokio::time::timeout(Duration::from_secs(60), s.read(&mut chunk))
+            .await
+            .expect("an answer within 60 s")
+            .unwrap();
+        assert!(n > 0, "closed before the head ended: {buf:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A header's value in a lower-cased head.
+fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .map(str::trim)
+}
+
+#[test]
+fn one_config_fetch_per_machine_is_served_at_a_time() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=one", 1, "1h", &boot);
+    let agent = Agent::start(&tmp.path().join("a"), "a", &boot);
+    wait_machines(&c, 1);
+    let a = c.api(None).json(
+        "PUT",
+        "/v1/secrets/blob",
+        Some(&c.admin_token),
+        &letters_secret("blob", 200 * 1024),
+    );
+    assert_eq!(a.status, 201, "{a:?}");
+    // A bundle of about 3.3 MB: 16 files of 200 KiB.
+    apply(&c, tmp.path(), &blob_cluster_yaml("one", 0, 16, 0, "one"));
+    c.wait_cluster_phase("one", "Running", BOOT);
+    let (cert, key, name) = identity_of(&c, &agent);
+    let uid = agent.state()["machineUid"].as_str().unwrap().to_owned();
+    let ca = drover_common::pki::first_cert_der(&c.ca_pem()).unwrap();
+    let tls = machine_tls(&c.ca_pem(), &cert, &key);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", c.port).parse().unwrap();
+    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let request =
+        b"GET /v1/machine/config HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Eight fetches at once with one machine's certificate, as often as it
+    // takes for them to meet: every answer is a whole, verified bundle or
+    // a 429 saying when to ask again, and while one is served every other
+    // is refused, so no two bundles of the machine are ever built at once.
+    let mut rounds = 0;
+    wait_for(
+        "eight concurrent fetches of which some were refused",
+        Duration::from_secs(120),
+        || {
+            rounds += 1;
+            let answers = rt.block_on(async {
+                let mut fetches = tokio::task::JoinSet::new();
+                for _ in 0..8 {
+                    let tls = tls.clone();
+                    fetches.spawn(async move {
+                        let mut s = tls_from(loopback, addr, tls).await.unwrap();
+                        s.write_all(request).await.unwrap();
+                        let (head, mut body) = read_head(&mut s).await;
+                        tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut body))
+                            .await
+                            .expect("the whole answer within 60 s")
+                            .unwrap();
+                        (head, body)
+                    });
+                }
+                let mut answers = Vec::new();
+                while let Some(answer) = fetches.join_next().await {
+                    answers.push(answer.unwrap());
+                }
+                answers
+            });
+            let (mut served, mut refused) = (0, 0);
+            for (head, body) in answers {
+                let text = || String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned();
+                if head.starts_with("http/1.1 200") {
+                    let length: usize = header_of(&head, "content-length")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| panic!("no content-length: {head}"));
+                    assert_eq!(body.len(), length, "an answer was cut: {head}");
+                    assert!(length > 3_000_000, "{length}");
+                    let signed: drover_common::bundle::SignedBundle =
+                        serde_json::from_slice(&body).unwrap();
+                    let bundle = drover_common::bundle::verify(&signed, &ca, &uid).unwrap();
+                    assert_eq!(bundle.machine_files.len(), 16);
+                    served += 1;
+                } else {
+                    assert!(head.starts_with("http/1.1 429"), "{head}\n{}", text());
+                    let retry: u64 = header_of(&head, "retry-after")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| panic!("no Retry-After: {head}"));
+                    assert!((1..=5).contains(&retry), "{head}");
+                    assert_eq!(
+                        header_of(&head, "content-type"),
+                        Some("application/problem+json")
+                    );
+                    assert!(
+                        text().contains(&format!("machine {name} is being served")),
+                        "{}",
+                        text()
+                    );
+                    refused += 1;
+                }
+            }
+            assert!(served >= 1, "round {rounds}: none of the eight was served");
+            if refused > 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "round {rounds}: all {served} were served one after another"
+                ))
+            }
+        },
+    );
+}
+
+#[test]
+fn viewers_see_sizes_and_hashes_of_machine_files_commands_and_addons_not_their_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let content = "token = FILE-SECRET-4711\n";
+    let yaml = format!(
+        "apiVersion: drover.dev/v1alpha1
+kind: Cluster
+metadata:
+  name: hush
+spec:
+  kubernetesVersion: v1.31.2
+  files:
+    - path: /etc/hush/app.conf
+      permissions: \"0600\"
+      content: {content:?}
+  preKubeadmCommands: [\"echo PRE-SECRET-1\"]
+  postKubeadmCommands: [\"echo POST-SECRET-2\"]
+  controlPlane:
+    replicas: 1
+    preKubeadmCommands: [\"echo CP-SECRET-3\"]
+  workerPools:
+    - name: gpu
+      replicas: 0
+      files:
+        - path: /etc/hush/gpu.conf
+          content: GPU-SECRET-5
+      postKubeadmCommands: [\"echo POOL-SECRET-6\"]
+  addons:
+    - name: extra
+      manifests: |
+        apiVersion: v1
+        kind: ConfigMap
+        metadata:
+          name: extra
+        data:
+          key: ADDON-SECRET-7
+  provider:
+    pool:
+      selector:
+        matchLabels:
+          env: hush
+"
+    );
+    apply(&c, tmp.path(), &yaml);
+    let secrets = [
+        "FILE-SECRET-4711",
+        "PRE-SECRET-1",
+        "POST-SECRET-2",
+        "CP-SECRET-3",
+        "GPU-SECRET-5",
+        "POOL-SECRET-6",
+        "ADDON-SECRET-7",
+    ];
+    let viewer = c.create_admin_token("viewer");
+    let api = c.api(None);
+    let shown = drover_common::api::hidden_text(content);
+    assert!(
+        shown.starts_with(&format!(
+            "<hidden from viewers: {} bytes, sha256:",
+            content.len()
+        )) && shown.len() == "<hidden from viewers: 25 bytes, sha256:>".len() + 64,
+        "{shown}"
+    );
+    let assert_hidden = |what: &str, text: &str| {
+        for s in secrets {
+            assert!(!text.contains(s), "{what} shows {s} to a viewer: {text}");
+        }
+    };
+    // The API, which `get`, `get --watch` and `describe -o yaml` read.
+    for path in ["/v1/clusters", "/v1/clusters/hush"] {
+        let a = api.send("GET", path, Some(&viewer), None);
+        assert_eq!(a.status, 200, "{a:?}");
+        assert_hidden(path, &a.body);
+        let v = a.json();
+        let cluster = if v.is_array() { &v[0] } else { &v };
+        let file = &cluster["spec"]["files"][0];
+        assert_eq!(file["path"], "/etc/hush/app.conf");
+        assert_eq!(file["permissions"], "0600");
+        assert_eq!(file["content"], shown.as_str(), "{file}");
+        let pre = cluster["spec"]["preKubeadmCommands"][0].as_str().unwrap();
+        assert!(
+            pre.starts_with("<hidden from viewers: 17 bytes, sha256:"),
+            "{pre}"
+        );
+        // Admins see what was applied.
+        let admin = api.send("GET", path, Some(&c.admin_token), None);
+        for s in secrets {
+            assert!(admin.body.contains(s), "{s} not shown to an admin");
+        }
+    }
+    // The CLI with a viewer token.
+    for args in [
+        &["get", "clusters", "-o", "yaml"][..],
+        &["describe", "cluster", "hush", "-o", "yaml"][..],
+        &["describe", "cluster", "hush"][..],
+    ] {
+        let out = c
+            .cli_command(args)
+            .env("DROVER_TOKEN", &viewer)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{args:?}: {text}");
+        assert_hidden(&format!("{args:?}"), &text);
+    }
+    // The web view and the metrics.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured((*anonymous_tls(&c.ca_pem())).clone())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let login = client
+            .post(format!("{}/ui/login", c.url()))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={viewer}"))
+            .send()
+            .await
+            .unwrap();
+        let cookie = login
+            .headers()
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .expect("a session cookie")
+            .to_owned();
+        for page in ["/ui", "/ui/clusters", "/ui/clusters/hush"] {
+            let answer = client
+                .get(format!("{}{page}", c.url()))
+                .header("cookie", &cookie)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200, "{page}");
+            assert_hidden(page, &answer.text().await.unwrap());
+        }
+    });
+    let metrics = api.send("GET", "/metrics", Some(&viewer), None);
+    assert_hidden("/metrics", &metrics.body);
+
+    // What a viewer was shown cannot be applied back by mistake.
+    let copy = api
+        .send("GET", "/v1/clusters/hush", Some(&viewer), None)
+        .json();
+    let mut doc = copy.clone();
+    doc["metadata"]["resourceVersion"] = serde_json::Value::Null;
+    let a = api.json("PUT", "/v1/clusters/hush", Some(&c.admin_token), &doc);
+    a.assert_problem(422, "is what a viewer token is shown in place of the text");
+    let fields: Vec<String> = a.json()["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap().to_owned())
+        .collect();
+    for field in [
+        "spec.files[0].content",
+        "spec.preKubeadmCommands[0]",
+        "spec.workerPools[0].files[0].content",
+        "spec.addons[0].manifests",
+    ] {
+        assert!(
+            fields.iter().any(|f| f == field),
+            "{field} not in {fields:?}"
+        );
+    }
+    let kept = api.send("GET", "/v1/clusters/hush", Some(&c.admin_token), None);
+    assert!(kept.body.contains("FILE-SECRET-4711"), "{kept:?}");
+}

@@ -224,7 +224,8 @@ impl Agent {
         );
         let carries = !bundle.machine_files.is_empty()
             || !bundle.pre_kubeadm_commands.is_empty()
-            || !bundle.post_kubeadm_commands.is_empty();
+            || !bundle.post_kubeadm_commands.is_empty()
+            || !bundle.addons.is_empty();
         if carries && self.settings.customisation == Customisation::Refuse {
             self.fail_bootstrap(
                 report::WRITE_FILES_STEP,
@@ -233,11 +234,17 @@ impl Agent {
                     exit_code: None,
                     output_tail: vec![format!(
                         "refused: the bundle carries {} files, {} pre-kubeadm and {} post-kubeadm commands, \
-                         and this agent runs with --refuse-machine-customisation; nothing was written or run. \
-                         Remove them from the cluster's spec, or start the agent without the flag",
+                         its cluster has {} addons{}, and this agent runs with --refuse-machine-customisation; \
+                         nothing was written or run. Remove them from the cluster's spec, or start the agent without the flag",
                         bundle.machine_files.len(),
                         bundle.pre_kubeadm_commands.len(),
-                        bundle.post_kubeadm_commands.len()
+                        bundle.post_kubeadm_commands.len(),
+                        bundle.addons.len(),
+                        if bundle.addons.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", bundle.addons.join(", "))
+                        }
                     )],
                     at: drover_common::now(),
                 },

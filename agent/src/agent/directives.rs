@@ -118,6 +118,20 @@ impl Agent {
                         (command, Box::pin(call))
                     });
                 }
+                DirectiveAction::ApplyManifests { addon, .. }
+                    if self.settings.customisation == crate::settings::Customisation::Refuse =>
+                {
+                    tracing::warn!(%addon, "refusing to apply an addon: this agent runs with --refuse-machine-customisation");
+                    self.finish_directive(
+                        directive.id,
+                        false,
+                        format!(
+                            "refused: addon {addon} is manifests the coordinator sent, and this agent runs with \
+                             --refuse-machine-customisation; nothing was applied. Remove the addon from the cluster's \
+                             spec, or start the agent without the flag"
+                        ),
+                    );
+                }
                 DirectiveAction::ApplyManifests { addon, manifests } => {
                     tracing::info!(%addon, bytes = manifests.len(), "applying an addon at the coordinator's request");
                     let mut kube = crate::kube::Kube::new(&self.settings.root);

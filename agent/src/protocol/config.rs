@@ -192,6 +192,7 @@ mod tests {
             pre_kubeadm_commands: vec![],
             post_kubeadm_commands: vec![],
             image_cni: false,
+            addons: vec![],
             kubeadm_config_path: "/etc/drover/kubeadm.yaml".into(),
             files: vec![],
             issued_at: time::OffsetDateTime::UNIX_EPOCH,

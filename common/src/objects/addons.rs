@@ -304,6 +304,13 @@ pub(crate) fn validate_addons(
             );
             continue;
         }
+        if addon.manifests.starts_with(super::customise::HIDDEN_PREFIX) {
+            err(
+                &format!("{field}.manifests"),
+                super::customise::CustomiseError::Hidden.to_string(),
+            );
+            continue;
+        }
         if let Err(e) = manifest_documents(&addon.manifests) {
             err(&format!("{field}.manifests"), e.to_string());
         }

@@ -1113,6 +1113,61 @@ impl ClusterSpec {
         control_plane: bool,
         secrets: SecretLookup<'_>,
     ) -> Result<MachineCustomisation, CustomiseError> {
+        let (chosen, pre, post) = self.machine_scope(pool, control_plane);
+        let files = chosen
+            .into_iter()
+            .map(|f| resolve_file(f, secrets))
+            .collect::<Result<Vec<MachineFileContent>, _>>()?;
+        Ok(MachineCustomisation {
+            files,
+            pre_kubeadm_commands: pre.into_iter().cloned().collect(),
+            post_kubeadm_commands: post.into_iter().cloned().collect(),
+        })
+    }
+
+    /// How many bytes the files and commands of a machine of `pool` take
+    /// in its signed config bundle as it travels (see
+    /// [`crate::objects::customise::bundle_text_bytes`]), without reading
+    /// a file's content: `content_from_bytes` gives that of a
+    /// `contentFrom`'s value (0 for one that cannot be read). A Secret's
+    /// value counts once for every file that reads it.
+    pub fn machine_customisation_bytes(
+        &self,
+        pool: &str,
+        control_plane: bool,
+        content_from_bytes: &dyn Fn(&crate::api::SecretKeyRef) -> usize,
+    ) -> usize {
+        use crate::objects::customise::{bundle_text_bytes, BUNDLE_FILE_OVERHEAD, DEFAULT_OWNER};
+        let (files, pre, post) = self.machine_scope(pool, control_plane);
+        let files: usize = files
+            .into_iter()
+            .map(|f| {
+                BUNDLE_FILE_OVERHEAD
+                    + bundle_text_bytes(&f.path)
+                    + bundle_text_bytes(f.owner.as_deref().unwrap_or(DEFAULT_OWNER))
+                    + match (&f.content, &f.content_from) {
+                        (Some(text), _) => bundle_text_bytes(text),
+                        (None, Some(r)) => content_from_bytes(r),
+                        (None, None) => 0,
+                    }
+            })
+            .sum();
+        let commands: usize = pre
+            .into_iter()
+            .chain(post)
+            .map(|c| bundle_text_bytes(c) + 1)
+            .sum();
+        files + commands
+    }
+
+    /// The files a machine of `pool` gets (the last at a path wins; a
+    /// `controlPlaneOnly` one only on a control plane) and its pre- and
+    /// post-kubeadm commands, the cluster's before its pool's.
+    fn machine_scope(
+        &self,
+        pool: &str,
+        control_plane: bool,
+    ) -> (Vec<&MachineFile>, Vec<&String>, Vec<&String>) {
         let spec = self;
         let (pool_files, pool_pre, pool_post): (&[MachineFile], &[String], &[String]) =
             if control_plane {
@@ -1140,25 +1195,11 @@ impl ClusterSpec {
             chosen.retain(|f| f.path != file.path);
             chosen.push(file);
         }
-        let files = chosen
-            .into_iter()
-            .map(|f| resolve_file(f, secrets))
-            .collect::<Result<Vec<MachineFileContent>, _>>()?;
-        Ok(MachineCustomisation {
-            files,
-            pre_kubeadm_commands: spec
-                .pre_kubeadm_commands
-                .iter()
-                .chain(pool_pre)
-                .cloned()
-                .collect(),
-            post_kubeadm_commands: spec
-                .post_kubeadm_commands
-                .iter()
-                .chain(pool_post)
-                .cloned()
-                .collect(),
-        })
+        (
+            chosen,
+            spec.pre_kubeadm_commands.iter().chain(pool_pre).collect(),
+            spec.post_kubeadm_commands.iter().chain(pool_post).collect(),
+        )
     }
 }
 

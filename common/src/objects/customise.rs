@@ -62,6 +62,53 @@ pub const MAX_FILES: usize = 64;
 pub const MAX_COMMANDS: usize = 64;
 /// The longest command, in bytes.
 pub const MAX_COMMAND_BYTES: usize = 4096;
+/// The largest config bundle the coordinator sends one machine, in bytes
+/// of the signed bundle as it travels (its JSON). `drover apply` refuses a
+/// Cluster, or a Secret a cluster's files read, that would make a larger
+/// one; a bundle built past it anyway is refused, not sent.
+pub const MAX_BUNDLE_BYTES: usize = 4 * 1024 * 1024;
+/// What a bundle's own part may take (the CA set, the kubeadm config, the
+/// other fields and the signature): the cluster's files and commands get
+/// the rest of [`MAX_BUNDLE_BYTES`].
+pub const BUNDLE_OWN_BYTES: usize = 64 * 1024;
+/// What one machine file takes in a bundle besides its path, owner and
+/// content (the field names, its mode, the punctuation), at most.
+pub const BUNDLE_FILE_OVERHEAD: usize = 64;
+
+/// How many bytes `text` takes in a signed bundle as it travels: a JSON
+/// string inside the payload, which is itself sent as a JSON string, so
+/// escaped twice (a `"` takes 4 bytes, a control character up to 7).
+pub fn bundle_text_bytes(text: &str) -> usize {
+    let quotes = 4;
+    quotes
+        + text
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' => 4,
+                '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 3,
+                c if (c as u32) < 0x20 => 7,
+                c => c.len_utf8(),
+            })
+            .sum::<usize>()
+}
+
+/// How a viewer token is shown a file's inline content, a command or an
+/// addon's manifests: this prefix, the text's size and its SHA-256. Apply
+/// refuses a text that begins with it (a viewer's copy applied by
+/// mistake would put the placeholder on every machine).
+pub const HIDDEN_PREFIX: &str = "<hidden from viewers: ";
+
+/// What a viewer is shown in place of `text`:
+/// `<hidden from viewers: 12 bytes, sha256:0a1b…>`.
+pub fn hidden_text(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!(
+        "{HIDDEN_PREFIX}{} bytes, sha256:{}>",
+        text.len(),
+        hex::encode(Sha256::digest(text.as_bytes()))
+    )
+}
+
 /// How long one command may run before the agent kills it and fails the
 /// machine.
 pub const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -138,6 +185,8 @@ pub enum CustomiseError {
     LongCommand(usize),
     #[error("command contains a NUL byte")]
     NulCommand,
+    #[error("is what a viewer token is shown in place of the text, not the text itself; fetch the cluster with an admin token (`drover get cluster NAME -o yaml`) and apply that")]
+    Hidden,
 }
 
 /// Checks a machine file's path: absolute, every component a plain name,
@@ -228,6 +277,9 @@ pub fn check_command(command: &str) -> Result<(), CustomiseError> {
     if command.contains('\0') {
         return Err(CustomiseError::NulCommand);
     }
+    if command.starts_with(HIDDEN_PREFIX) {
+        return Err(CustomiseError::Hidden);
+    }
     Ok(())
 }
 
@@ -250,6 +302,9 @@ pub fn check_file(file: &MachineFile) -> Result<u32, CustomiseError> {
         (Some(_), Some(_)) => return Err(CustomiseError::BothContents),
         (Some(content), None) if content.len() > MAX_FILE_BYTES => {
             return Err(CustomiseError::TooLarge(content.len()))
+        }
+        (Some(content), None) if content.starts_with(HIDDEN_PREFIX) => {
+            return Err(CustomiseError::Hidden)
         }
         (Some(_), None) => {}
         (None, Some(r)) => {
@@ -331,7 +386,8 @@ pub(crate) fn validate_customisation(
                 CustomiseError::Owner(_) => "owner",
                 CustomiseError::TooLarge(_)
                 | CustomiseError::NoContent
-                | CustomiseError::BothContents => "content",
+                | CustomiseError::BothContents
+                | CustomiseError::Hidden => "content",
                 CustomiseError::SecretRef(_) => "contentFrom",
                 _ => "path",
             };
@@ -467,6 +523,34 @@ mod tests {
             "{errs:#?}"
         );
     }
+    #[test]
+    fn bundle_text_bytes_are_the_text_escaped_twice() {
+        for text in [
+            "plain",
+            "",
+            "quote \" back \\ nl \n tab \t bell \u{7} é ✓",
+            "\u{1f}\u{7f}",
+        ] {
+            // Inside the payload, whose own quotes are counted once.
+            let once = serde_json::to_string(text).unwrap();
+            let twice = serde_json::to_string(&once).unwrap();
+            assert_eq!(bundle_text_bytes(text), twice.len() - 2, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn what_viewers_are_shown_cannot_be_applied() {
+        let shown = hidden_text("echo hi");
+        assert_eq!(
+            shown,
+            "<hidden from viewers: 7 bytes, sha256:56a79f3b115448072387c2480044bfa2cf8f90e4f5fddd8c943b4e051b81f80b>"
+        );
+        assert_eq!(check_command(&shown), Err(CustomiseError::Hidden));
+        let mut f = file("/etc/x");
+        f.content = Some(shown);
+        assert_eq!(check_file(&f), Err(CustomiseError::Hidden));
+    }
+
     #[test]
     fn content_from_a_secret() {
         let lookup: SecretLookup = &|r| match (r.secret.as_str(), r.key.as_str()) {

@@ -1,9 +1,13 @@
 //! Config bundles: the files and kubeadm configuration one machine needs,
 //! rendered for its role and signed with the coordinator CA key.
 
-use drover_common::api::{Cluster, CustomiseError, Machine, MachinePhase, MachineRole};
+use drover_common::api::{
+    Cluster, ClusterSpec, CustomiseError, Machine, MachinePhase, MachineRole, SecretKeyRef,
+    CONTROL_PLANE_POOL,
+};
 use drover_common::bundle::{BundleFile, ConfigBundle, SignedBundle};
 use drover_common::kubeadm::{self, ClusterParams, NodeHost, NodeParams, CERTIFICATES_DIR};
+use drover_common::objects::customise::{bundle_text_bytes, BUNDLE_OWN_BYTES, MAX_BUNDLE_BYTES};
 use drover_common::pin::CaPin;
 
 use crate::domain::jointokens::{ClusterJoinTokens, JoinTokenDecision};
@@ -79,6 +83,50 @@ impl BootstrapError {
     }
 }
 
+/// The machines whose config bundle is being built or sent now. A machine
+/// is served one config fetch at a time: a second fetch with the same
+/// identity while one is under way is refused (429), never queued, so a
+/// stolen certificate cannot make the coordinator hold more than one
+/// bundle of that machine at once, and an agent, which fetches one at a
+/// time and retries after a back-off, only meets it after giving up on a
+/// fetch the coordinator is still serving.
+#[derive(Debug, Clone, Default)]
+pub struct BundleBuilds(std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+impl BundleBuilds {
+    /// Machine `name`'s turn, or `None` while another fetch of it has it.
+    pub fn begin(&self, name: &str) -> Option<BuildTurn> {
+        let mut busy = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        busy.insert(name.to_owned()).then(|| BuildTurn {
+            builds: self.clone(),
+            name: name.to_owned(),
+        })
+    }
+
+    /// How many machines' bundles are being built or sent now.
+    pub fn in_flight(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// One machine's turn to have its bundle built and sent; the next fetch
+/// may start once it is dropped.
+#[derive(Debug)]
+pub struct BuildTurn {
+    builds: BundleBuilds,
+    name: String,
+}
+
+impl Drop for BuildTurn {
+    fn drop(&mut self) {
+        self.builds
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.name);
+    }
+}
+
 /// The machine condition that says whether its kubeadm is its cluster's
 /// version.
 pub const KUBEADM_VERSION_CONDITION: &str = "KubeadmVersionMatches";
@@ -97,6 +145,110 @@ pub fn check_kubeadm_version(machine: &Machine, cluster: &Cluster) -> Result<(),
         cluster: cluster.metadata.name.clone(),
         version: want.to_owned(),
     })
+}
+
+/// The Secrets' values a spec's files read, as opened by
+/// [`crate::domain::user_secrets::referenced`].
+pub type SecretValues =
+    std::collections::BTreeMap<String, std::collections::BTreeMap<String, Vec<u8>>>;
+
+/// The pools of `spec` (`spec.controlPlane`, `spec.workerPools[i]`), each
+/// with its name, whose machines' config bundles would be larger than
+/// [`MAX_BUNDLE_BYTES`], with the bytes the cluster's files and commands
+/// take in one and that bundle's size: a Secret's value counts once for
+/// every file that reads it.
+pub fn oversized_pools(spec: &ClusterSpec, secrets: &SecretValues) -> Vec<OversizedPool> {
+    // Each value is measured once, however many files read it.
+    let mut sizes = std::collections::BTreeMap::new();
+    for (_, r) in spec.secret_refs() {
+        sizes
+            .entry((r.secret.clone(), r.key.clone()))
+            .or_insert_with(|| {
+                secrets
+                    .get(&r.secret)
+                    .and_then(|values| values.get(&r.key))
+                    .map_or(0, |v| bundle_text_bytes(&String::from_utf8_lossy(v)))
+            });
+    }
+    let content_from_bytes = |r: &SecretKeyRef| {
+        sizes
+            .get(&(r.secret.clone(), r.key.clone()))
+            .copied()
+            .unwrap_or(0)
+    };
+    let pools = std::iter::once((
+        CONTROL_PLANE_FIELD.to_owned(),
+        CONTROL_PLANE_POOL.to_owned(),
+        true,
+    ))
+    .chain(
+        spec.worker_pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("spec.workerPools[{i}]"), p.name.clone(), false)),
+    );
+    pools
+        .filter_map(|(field, pool, control_plane)| {
+            let custom =
+                spec.machine_customisation_bytes(&pool, control_plane, &content_from_bytes);
+            let bytes = custom + BUNDLE_OWN_BYTES;
+            (bytes > MAX_BUNDLE_BYTES).then_some(OversizedPool {
+                field,
+                pool,
+                customisation_bytes: custom,
+                bytes,
+            })
+        })
+        .collect()
+}
+
+/// The field of the control plane's pool.
+const CONTROL_PLANE_FIELD: &str = "spec.controlPlane";
+
+/// A pool whose machines' config bundles would be over the cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OversizedPool {
+    /// `spec.controlPlane` or `spec.workerPools[i]`.
+    pub field: String,
+    pub pool: String,
+    /// What the cluster's files and commands take in one bundle.
+    pub customisation_bytes: usize,
+    /// That plus what the bundle's own part may take.
+    pub bytes: usize,
+}
+
+impl std::fmt::Display for OversizedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a machine of pool {} would get a config bundle of up to {} bytes ({:.1} MiB: {} for its files and commands, \
+             a Secret's value counted once for every file that reads it, and {BUNDLE_OWN_BYTES} for the CA set and kubeadm config), \
+             over the cap of {MAX_BUNDLE_BYTES} bytes ({} MiB) per machine; make the files or commands smaller or fewer, \
+             read a large Secret value from fewer files, or put large content on the machine image",
+            self.pool,
+            self.bytes,
+            self.bytes as f64 / (1024.0 * 1024.0),
+            self.customisation_bytes,
+            MAX_BUNDLE_BYTES / (1024 * 1024),
+        )
+    }
+}
+
+/// How many bytes a signed bundle takes as it is sent (its JSON).
+pub fn signed_bundle_bytes(signed: &SignedBundle) -> usize {
+    fn json_string_bytes(text: &str) -> usize {
+        2 + text
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+                c if (c as u32) < 0x20 => 6,
+                c => c.len_utf8(),
+            })
+            .sum::<usize>()
+    }
+    r#"{"payload":,"signature":}"#.len()
+        + json_string_bytes(&signed.payload)
+        + json_string_bytes(&signed.signature)
 }
 
 /// Builds and signs the bundle for a machine's current assignment.
@@ -201,6 +353,20 @@ pub fn bundle_for(
     // race with its deletion, or a restored store): the machine waits,
     // saying which, until the Secret is applied again.
     let secrets = crate::domain::user_secrets::referenced(app.store(), &cluster.spec)?;
+    // Apply refuses a spec or Secret that would pass the cap; one stored
+    // before the rule is refused here, before any file is resolved.
+    if let Some(over) = oversized_pools(&cluster.spec, &secrets)
+        .into_iter()
+        .find(|o| {
+            (o.field == CONTROL_PLANE_FIELD) == a.role.is_control_plane()
+                && (a.role.is_control_plane() || o.pool == a.machine_pool)
+        })
+    {
+        return Err(BootstrapError::Conflict(format!(
+            "cluster {} {}: {over}; fix the cluster or its Secrets and apply them again",
+            a.cluster, over.field
+        )));
+    }
     let lookup =
         |r: &drover_common::api::SecretKeyRef| crate::domain::user_secrets::lookup(&secrets, r);
     let custom = cluster
@@ -239,11 +405,22 @@ pub fn bundle_for(
         pre_kubeadm_commands: custom.pre_kubeadm_commands,
         post_kubeadm_commands: custom.post_kubeadm_commands,
         image_cni: cluster.spec.network.cni == drover_common::api::CniMode::Image,
+        addons: cluster.spec.addons.iter().map(|a| a.name.clone()).collect(),
         issued_at: drover_common::now(),
     };
-    tracing::info!(machine = %name, cluster = %cluster.metadata.name, role = %a.role, generation = a.generation, "config bundle issued");
-    drover_common::bundle::sign(&bundle, app.ca_key_pem())
-        .map_err(|e| BootstrapError::Internal(e.to_string()))
+    let signed = drover_common::bundle::sign(&bundle, app.ca_key_pem())
+        .map_err(|e| BootstrapError::Internal(e.to_string()))?;
+    drop(bundle);
+    let bytes = signed_bundle_bytes(&signed);
+    if bytes > MAX_BUNDLE_BYTES {
+        return Err(BootstrapError::Conflict(format!(
+            "the config bundle of machine {name} in cluster {} would be {bytes} bytes, over the cap of \
+             {MAX_BUNDLE_BYTES}; make the cluster's files and commands smaller and apply it again",
+            a.cluster
+        )));
+    }
+    tracing::info!(machine = %name, cluster = %cluster.metadata.name, role = %a.role, generation = a.generation, bytes, "config bundle issued");
+    Ok(signed)
 }
 
 /// The shared CA set, for control-plane machines only.
@@ -416,5 +593,104 @@ pub fn join_token_for(
             tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
             Err(waiting())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::MachineFile;
+
+    fn spec(yaml: &str) -> ClusterSpec {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    fn reading(n: usize, key: &str) -> Vec<MachineFile> {
+        (0..n)
+            .map(|i| MachineFile {
+                path: format!("/etc/x/{key}-{i}"),
+                permissions: None,
+                owner: None,
+                content: None,
+                content_from: Some(SecretKeyRef {
+                    secret: "blob".into(),
+                    key: key.into(),
+                }),
+                control_plane_only: false,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_secret_read_by_many_files_counts_once_per_file() {
+        let mut s = spec(
+            "kubernetesVersion: v1.31.2\ncontrolPlane: {replicas: 1}\nworkerPools: [{name: gpu, replicas: 1}, {name: small, replicas: 1}]\nprovider: {pool: {selector: {matchLabels: {env: x}}}}\n",
+        );
+        let secrets: SecretValues = [(
+            "blob".to_owned(),
+            [("v".to_owned(), vec![b'a'; 250 * 1024])].into(),
+        )]
+        .into();
+        // 16 files of 250 KiB fit in 4 MiB; 17 do not.
+        s.worker_pools[0].files = reading(16, "v");
+        assert!(oversized_pools(&s, &secrets).is_empty());
+        s.worker_pools[0].files = reading(17, "v");
+        let over = oversized_pools(&s, &secrets);
+        assert_eq!(over.len(), 1, "{over:?}");
+        assert_eq!(
+            (over[0].field.as_str(), over[0].pool.as_str()),
+            ("spec.workerPools[0]", "gpu")
+        );
+        assert!(over[0].bytes > 17 * 250 * 1024 + BUNDLE_OWN_BYTES);
+        let message = over[0].to_string();
+        assert!(
+            message.contains("pool gpu") && message.contains("over the cap of 4194304 bytes"),
+            "{message}"
+        );
+        // The cluster's files reach every pool; control-plane-only ones
+        // only the control plane.
+        s.worker_pools[0].files.clear();
+        s.files = reading(17, "v");
+        for f in &mut s.files {
+            f.control_plane_only = true;
+        }
+        let over = oversized_pools(&s, &secrets);
+        assert_eq!(over.len(), 1, "{over:?}");
+        assert_eq!(over[0].pool, CONTROL_PLANE_POOL);
+        // Characters JSON escapes count as what they take on the wire.
+        let quotes: SecretValues = [(
+            "blob".to_owned(),
+            [("v".to_owned(), vec![b'"'; 250 * 1024])].into(),
+        )]
+        .into();
+        // (5 files of 250 KiB of quotes: 1,250 KiB as text, 5 MB on the wire.)
+        s.files = reading(5, "v");
+        assert!(oversized_pools(&s, &secrets).is_empty());
+        assert_eq!(oversized_pools(&s, &quotes).len(), 3);
+    }
+
+    #[test]
+    fn one_build_per_machine_at_a_time() {
+        let builds = BundleBuilds::default();
+        let turn = builds.begin("m1").expect("the first turn");
+        assert!(builds.begin("m1").is_none(), "a second fetch of m1 waits");
+        let other = builds.begin("m2").expect("another machine is not held up");
+        assert_eq!(builds.in_flight(), 2);
+        drop(turn);
+        assert!(builds.begin("m1").is_some());
+        drop(other);
+        assert_eq!(builds.in_flight(), 0);
+    }
+
+    #[test]
+    fn signed_bundle_bytes_are_the_json_sent() {
+        let signed = SignedBundle {
+            payload: "{\"a\":\"b\\n\\u0001\"}\u{1}é".into(),
+            signature: "c2ln".into(),
+        };
+        assert_eq!(
+            signed_bundle_bytes(&signed),
+            serde_json::to_vec(&signed).unwrap().len()
+        );
     }
 }

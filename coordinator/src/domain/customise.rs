@@ -4,7 +4,7 @@
 //! admin in the cluster is recorded with who set it and a hash of what was
 //! set.
 
-use drover_common::api::{ClusterSpec, MachineFile};
+use drover_common::api::{hidden_text, Cluster, ClusterSpec, MachineFile};
 use sha2::{Digest, Sha256};
 
 /// The first 12 hex digits of the SHA-256 of `text`: enough to tell two
@@ -95,6 +95,50 @@ fn addon_changes(old: Option<&ClusterSpec>, new: &ClusterSpec, out: &mut Vec<Str
     }
 }
 
+/// What a viewer token is shown of a cluster: the paths, modes and owners
+/// of the files it puts on machines and the Secrets they read, but in
+/// place of an inline file's content, each command and each addon's
+/// manifests only their size and SHA-256
+/// ([`drover_common::api::hidden_text`]). Admin tokens see the spec as
+/// applied.
+pub fn for_viewer(mut cluster: Cluster) -> Cluster {
+    fn hide(spec_files: &mut [MachineFile], pre: &mut [String], post: &mut [String]) {
+        for file in spec_files {
+            if let Some(content) = &mut file.content {
+                *content = hidden_text(content);
+            }
+        }
+        for command in pre.iter_mut().chain(post.iter_mut()) {
+            *command = hidden_text(command);
+        }
+    }
+    let spec = &mut cluster.spec;
+    hide(
+        &mut spec.files,
+        &mut spec.pre_kubeadm_commands,
+        &mut spec.post_kubeadm_commands,
+    );
+    let cp = &mut spec.control_plane;
+    hide(
+        &mut cp.files,
+        &mut cp.pre_kubeadm_commands,
+        &mut cp.post_kubeadm_commands,
+    );
+    for pool in &mut spec.worker_pools {
+        hide(
+            &mut pool.files,
+            &mut pool.pre_kubeadm_commands,
+            &mut pool.post_kubeadm_commands,
+        );
+    }
+    for addon in &mut spec.addons {
+        if !addon.manifests.is_empty() {
+            addon.manifests = hidden_text(&addon.manifests);
+        }
+    }
+    cluster
+}
+
 type Scope<'a> = (String, &'a [MachineFile], &'a [String], &'a [String]);
 
 fn scopes(spec: &ClusterSpec) -> Vec<Scope<'_>> {
@@ -175,6 +219,43 @@ mod tests {
 
     const BASE: &str =
         "kubernetesVersion: v1.31.2\ncontrolPlane: {replicas: 1}\nprovider: {pool: {}}\n";
+
+    #[test]
+    fn viewers_see_sizes_and_hashes_not_text() {
+        let applied = spec(&format!(
+            "{BASE}files: [{{path: /etc/a, content: SECRET-A}}, {{path: /etc/b, contentFrom: {{secret: s, key: k}}}}]\n\
+             preKubeadmCommands: [echo SECRET-B]\npostKubeadmCommands: [echo SECRET-C]\n\
+             workerPools: [{{name: w, replicas: 1, files: [{{path: /etc/c, content: SECRET-D}}], preKubeadmCommands: [echo SECRET-E]}}]\n\
+             addons: [{{name: x, manifests: \"apiVersion: v1\\nkind: ConfigMap\\nmetadata: {{name: SECRET-F}}\\n\"}}]\n"
+        ));
+        let cluster = Cluster {
+            api_version: drover_common::API_VERSION.into(),
+            kind: "Cluster".into(),
+            metadata: Default::default(),
+            spec: applied.clone(),
+            status: Default::default(),
+        };
+        let shown = for_viewer(cluster);
+        let text = serde_json::to_string(&shown).unwrap();
+        assert!(!text.contains("SECRET-"), "{text}");
+        let s = &shown.spec;
+        assert_eq!(s.files[0].path, "/etc/a");
+        assert_eq!(
+            s.files[0].content.as_deref(),
+            Some(hidden_text("SECRET-A").as_str())
+        );
+        assert_eq!(s.files[1].content, None);
+        assert_eq!(s.files[1].content_from, applied.files[1].content_from);
+        assert_eq!(s.pre_kubeadm_commands, [hidden_text("echo SECRET-B")]);
+        assert_eq!(
+            s.worker_pools[0].pre_kubeadm_commands,
+            [hidden_text("echo SECRET-E")]
+        );
+        assert_eq!(
+            s.addons[0].manifests,
+            hidden_text(&applied.addons[0].manifests)
+        );
+    }
 
     #[test]
     fn audit_lines_name_what_changed_and_never_the_content() {

@@ -62,9 +62,23 @@ const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
 )]
 pub async fn list_clusters(
     State(app): State<Arc<App>>,
-    _admin: Admin,
+    admin: Admin,
 ) -> Result<Json<Vec<Cluster>>, ApiError> {
-    Ok(Json(app.clusters()?))
+    Ok(Json(
+        app.clusters()?
+            .into_iter()
+            .map(|c| as_seen_by(&admin, c))
+            .collect(),
+    ))
+}
+
+/// A cluster as `admin` may see it: a viewer sees the sizes and SHA-256
+/// hashes of inline files, commands and addon manifests, not the text.
+fn as_seen_by(admin: &Admin, cluster: Cluster) -> Cluster {
+    match admin.role {
+        crate::types::AdminRole::Admin => cluster,
+        crate::types::AdminRole::Viewer => crate::domain::customise::for_viewer(cluster),
+    }
 }
 
 /// `GET /v1/clusters/{name}`: one cluster.
@@ -82,11 +96,11 @@ pub async fn list_clusters(
 )]
 pub async fn get_cluster(
     State(app): State<Arc<App>>,
-    _admin: Admin,
+    admin: Admin,
     ObjectName(name): ObjectName,
 ) -> Result<Json<Cluster>, ApiError> {
     app.cluster(&name)?
-        .map(Json)
+        .map(|c| Json(as_seen_by(&admin, c)))
         .ok_or_else(|| ApiError::not_found("cluster", &name))
 }
 
@@ -186,6 +200,24 @@ pub async fn apply_cluster(
                 "Cluster {name:?} reads Secrets that cannot give what it asks; nothing was changed"
             ),
             unresolved,
+        ));
+    }
+    let secrets = crate::domain::user_secrets::referenced(&app.store, &desired.spec)?;
+    let oversized = crate::domain::bootstrap::oversized_pools(&desired.spec, &secrets);
+    drop(secrets);
+    if !oversized.is_empty() {
+        return Err(ApiError::invalid(
+            format!(
+                "Cluster {name:?} would give machines config bundles over the cap of {} MiB; nothing was changed",
+                drover_common::api::MAX_BUNDLE_BYTES / (1024 * 1024)
+            ),
+            oversized
+                .iter()
+                .map(|o| FieldError {
+                    field: o.field.clone(),
+                    message: o.to_string(),
+                })
+                .collect(),
         ));
     }
     let now = drover_common::now();

@@ -1310,28 +1310,51 @@ fn activate_tokens(
         (status = 401, response = super::responses::MachineUnauthorized),
         (status = 403, response = super::responses::MachineForbidden),
         (status = 404, response = super::responses::NotFound),
-        (status = 409, description = "The machine cannot bootstrap yet (a `ConfigNotReady` to retry after `retryAfterSeconds`), or its state conflicts (a problem document).",
+        (status = 409, description = "The machine cannot bootstrap yet (a `ConfigNotReady` to retry after `retryAfterSeconds`), or its state conflicts (a problem document; also when its bundle would be over the 4 MiB cap).",
             headers(("Retry-After" = u64, description = "Seconds to wait before asking again (with a `ConfigNotReady`).")),
             content(
                 (ConfigNotReady = "application/json"),
                 (drover_common::api::Problem = "application/problem+json"),
             ),
         ),
+        (status = 429, description = "Another config fetch with this machine's identity is being served: one at a time per machine, never queued. Ask again after `Retry-After`.",
+            headers(("Retry-After" = u64, description = "Seconds to wait before asking again.")),
+            body = drover_common::api::Problem, content_type = "application/problem+json",
+        ),
     ),
 )]
 pub async fn config(
     State(app): State<Arc<App>>,
     Extension(peer): Extension<PeerCertificate>,
-) -> Result<Json<drover_common::bundle::SignedBundle>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     // Reads secrets and signs: off the async workers.
     crate::store::blocking(move || {
         let machine = authenticate(&app, &peer)?;
+        let name = &machine.metadata.name;
+        // The turn lasts until the answer is serialized, so one machine
+        // never has two bundles built, or held, at once.
+        let _turn = app.bundle_builds.begin(name).ok_or_else(|| {
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Config fetch under way",
+                format!(
+                    "a config fetch with the identity of machine {name} is being served; \
+                     one is served at a time per machine: ask again after Retry-After"
+                ),
+            );
+            e.retry_after = Some(app.settings.heartbeat_interval.as_secs().clamp(1, 5));
+            e
+        })?;
         let bundle = crate::domain::bootstrap::bundle_for(app.as_ref(), &machine);
         record_version_check(&app, &machine, &bundle)?;
-        bundle.map_err(ApiError::from)
+        let json =
+            serde_json::to_vec(&bundle.map_err(ApiError::from)?).map_err(ApiError::internal)?;
+        Ok(axum::response::IntoResponse::into_response((
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            json,
+        )))
     })
     .await
-    .map(Json)
 }
 
 /// Keeps the outcome of the kubeadm version check on the machine's

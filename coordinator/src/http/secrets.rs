@@ -136,6 +136,7 @@ pub async fn apply_secret(
         }
         let written = match &current {
             None => {
+                refuse_oversized_bundles(&app, &name, &values)?;
                 let metadata = drover_common::api::ObjectMeta {
                     name: name.clone(),
                     uid: Some(uuid::Uuid::new_v4().to_string()),
@@ -159,6 +160,7 @@ pub async fn apply_secret(
                     ));
                 }
                 refuse_removing_used_keys(&app, &name, &values)?;
+                refuse_oversized_bundles(&app, &name, &values)?;
                 let mut stored = StoredSecret::new(old.metadata.clone(), &values);
                 stored.metadata.labels = desired.metadata.labels.clone();
                 if old_values != values {
@@ -276,6 +278,48 @@ fn refuse_removing_used_keys(
                 ),
             })
             .collect(),
+    ))
+}
+
+/// Refuses new values that would give a machine of a live cluster that
+/// reads this Secret a config bundle over the cap.
+fn refuse_oversized_bundles(
+    app: &App,
+    name: &str,
+    values: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> Result<(), ApiError> {
+    let mut errors = Vec::new();
+    for cluster in app.clusters()? {
+        if cluster.metadata.deletion_timestamp.is_some()
+            || !cluster
+                .spec
+                .secret_refs()
+                .iter()
+                .any(|(_, r)| r.secret == name)
+        {
+            continue;
+        }
+        let mut secrets = user_secrets::referenced(&app.store, &cluster.spec)?;
+        secrets.insert(name.to_owned(), values.clone());
+        for over in crate::domain::bootstrap::oversized_pools(&cluster.spec, &secrets) {
+            errors.push(FieldError {
+                field: "data".into(),
+                message: format!(
+                    "cluster {} {} reads this Secret, and {over}",
+                    cluster.metadata.name, over.field
+                ),
+            });
+        }
+    }
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        format!(
+            "Secret {name:?} would give machines config bundles over the cap of {} MiB; nothing was changed",
+            drover_common::api::MAX_BUNDLE_BYTES / (1024 * 1024)
+        ),
+        errors,
     ))
 }
 
