@@ -1092,17 +1092,27 @@ fn init_join_token_and_reset() {
     let (ok, out) = kubectl(&["get", "node", "cp-2"]);
     assert!(!ok && out.contains("NotFound"), "{out}");
     // Real kubectl drain: evictions go through the Eviction API, and a
-    // PodDisruptionBudget that allows no disruption refuses them.
+    // PodDisruptionBudget that allows no disruption refuses them. A bare
+    // Pod (web-1) and a Pod with an emptyDir volume (cache-1) refuse the
+    // drain without --force and --delete-emptydir-data.
     let manifests = c.cp.path("/tmp/workloads.yaml");
     std::fs::create_dir_all(manifests.parent().unwrap()).unwrap();
+    let owned = "ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: rs-1, uid: 0a, controller: true}]";
     std::fs::write(
         &manifests,
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: web-1, namespace: default, labels: {app: web}}\n\
-         spec: {nodeName: worker-1, containers: [{name: web, image: web}]}\n---\n\
-         apiVersion: v1\nkind: Pod\nmetadata: {name: batch-1, namespace: default, labels: {app: batch}}\n\
-         spec: {nodeName: worker-1, containers: [{name: batch, image: batch}]}\n---\n\
-         apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web, namespace: default}\n\
-         spec: {minAvailable: 1, selector: {matchLabels: {app: web}}}\n",
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: default, labels: {{app: web}}}}\n\
+             spec: {{nodeName: worker-1, terminationGracePeriodSeconds: 2, containers: [{{name: web, image: web}}]}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: batch-1, namespace: default, labels: {{app: batch}}, {owned}}}\n\
+             spec: {{nodeName: worker-1, terminationGracePeriodSeconds: 2, containers: [{{name: batch, image: batch}}]}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: cache-1, namespace: default, {owned}}}\n\
+             spec: {{nodeName: worker-1, terminationGracePeriodSeconds: 2, containers: [{{name: c, image: c}}],\n\
+             volumes: [{{name: scratch, emptyDir: {{}}}}]}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: slow-1, namespace: default, {owned}}}\n\
+             spec: {{nodeName: worker-1, containers: [{{name: s, image: s}}]}}\n---\n\
+             apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: web, namespace: default}}\n\
+             spec: {{minAvailable: 1, selector: {{matchLabels: {{app: web}}}}}}\n"
+        ),
     )
     .unwrap();
     let (ok, out) = kubectl(&[
@@ -1112,15 +1122,71 @@ fn init_join_token_and_reset() {
         manifests.to_str().unwrap(),
     ]);
     assert!(ok && out.contains("pod/web-1 created"), "{out}");
+    // The API server defaults the grace period, as it does.
+    let out = field("pod", "slow-1", "{.spec.terminationGracePeriodSeconds}");
+    assert!(out.contains("--- stdout\n30"), "{out}");
     let out = field("pdb", "web", "{.status.disruptionsAllowed}");
     assert!(out.contains("--- stdout\n0"), "{out}");
-    let drain = ["drain", "worker-1", "--ignore-daemonsets", "--force"];
-    let (ok, out) = kubectl(&[&drain[..], &["--timeout=6s"]].concat());
-    assert!(!ok && out.contains("disruption budget"), "{out}");
-    let (_, out) = kubectl(&["get", "pods", "-n", "default", "-o", "name"]);
+    let pods = || kubectl(&["get", "pods", "-n", "default", "-o", "name"]).1;
+    let (ok, out) = kubectl(&["drain", "worker-1", "--ignore-daemonsets", "--timeout=6s"]);
     assert!(
-        out.contains("pod/web-1") && !out.contains("pod/batch-1"),
-        "the unprotected pod is evicted, the protected one stays: {out}"
+        !ok && out.contains("cannot delete Pods that declare no controller (use --force to override): default/web-1")
+            && out.contains("cannot delete Pods with local storage (use --delete-emptydir-data to override): default/cache-1"),
+        "{out}"
+    );
+    assert!(pods().contains("pod/batch-1"), "nothing was evicted");
+    // An evicted Pod lingers, Terminating, for its grace period, then its
+    // kubelet deletes it.
+    let eviction = c.cp.path("/tmp/eviction.json");
+    std::fs::write(
+        &eviction,
+        r#"{"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "slow-1", "namespace": "default"}}"#,
+    )
+    .unwrap();
+    let (ok, out) = kubectl(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/default/pods/slow-1/eviction",
+        "-f",
+        eviction.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    let out = field(
+        "pod",
+        "slow-1",
+        "{.metadata.deletionGracePeriodSeconds}/{.metadata.deletionTimestamp}",
+    );
+    assert!(
+        out.contains("--- stdout\n30/20"),
+        "slow-1 is terminating for 30 s: {out}"
+    );
+    // A second deletion may shorten the grace period, never lengthen it.
+    let (ok, out) = kubectl(&[
+        "delete",
+        "pod",
+        "slow-1",
+        "--grace-period=1",
+        "--wait=false",
+    ]);
+    assert!(ok, "{out}");
+    wait_for(
+        "slow-1 to go after its shortened grace period",
+        Duration::from_secs(20),
+        || !pods().contains("pod/slow-1"),
+    );
+    let drain = [
+        "drain",
+        "worker-1",
+        "--ignore-daemonsets",
+        "--force",
+        "--delete-emptydir-data",
+    ];
+    let (ok, out) = kubectl(&[&drain[..], &["--timeout=8s"]].concat());
+    assert!(!ok && out.contains("disruption budget"), "{out}");
+    let out = pods();
+    assert!(
+        out.contains("pod/web-1") && !out.contains("pod/batch-1") && !out.contains("pod/cache-1"),
+        "the unprotected pods are evicted and gone after their grace period, the protected one stays: {out}"
     );
     let (ok, out) = kubectl(&["delete", "pdb", "web"]);
     assert!(ok, "{out}");

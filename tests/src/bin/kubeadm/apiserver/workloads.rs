@@ -1,9 +1,22 @@
 //! Pods, PodDisruptionBudgets and the Eviction API: as much as `kubectl
 //! drain` and a drain by the agent use. Pods are stored as given (there is
 //! no scheduler: a Pod runs on the node its `spec.nodeName` names, and is
-//! Pending without one). An eviction deletes the Pod at once unless a
-//! PodDisruptionBudget selecting it allows no disruption, which is refused
-//! with 429, as the real API server does. Everything here is for admins.
+//! Pending without one), `spec.terminationGracePeriodSeconds` defaulted to
+//! 30 as the API server's defaulting does. An eviction is refused with 429
+//! while a PodDisruptionBudget selecting the Pod allows no disruption, as
+//! the real API server does. Deletion (by `DELETE` or an eviction) is
+//! graceful, as `pkg/registry/core/pod/strategy.go` (`CheckGracefulDelete`)
+//! and `staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go`
+//! (`BeforeDelete`) make it: a scheduled, unfinished Pod gets
+//! `metadata.deletionTimestamp` (now plus its grace period) and
+//! `deletionGracePeriodSeconds` and stays, Terminating, until its kubelet
+//! has killed its containers at the end of the grace period (the stand-in's
+//! containers ignore SIGTERM, so it takes all of it) and deletes it: a Pod
+//! is removed once its deadline passed, its Node is Ready (a dead kubelet
+//! deletes nothing) and it has no finalizers left; a Pod whose Node is gone
+//! is removed by the Pod garbage collector (`pkg/controller/podgc`). A
+//! second deletion only shortens the grace period. Everything here is for
+//! admins.
 
 use serde_json::Value;
 
@@ -143,7 +156,7 @@ pub(super) async fn route(
                 name: Some(name),
                 eviction: false,
             },
-        ) => delete(state, &ns, &name, Kind::Pod).await,
+        ) => delete_pod(state, req, &ns, &name, &query).await,
         (
             Method::POST,
             Target::Pods {
@@ -260,6 +273,10 @@ async fn create(state: &State, req: Request<Incoming>, ns: &str, kind: Kind) -> 
     obj["metadata"]["uid"] = format!("{:032x}", rand::random::<u128>()).into();
     obj["metadata"]["creationTimestamp"] = super::now_rfc3339().into();
     if kind == Kind::Pod {
+        // pkg/apis/core/v1/defaults.go (SetDefaults_PodSpec).
+        if obj["spec"].get("terminationGracePeriodSeconds").is_none() {
+            obj["spec"]["terminationGracePeriodSeconds"] = DEFAULT_GRACE_SECONDS.into();
+        }
         let scheduled = obj["spec"]["nodeName"]
             .as_str()
             .is_some_and(|n| !n.is_empty());
@@ -329,6 +346,11 @@ async fn get(state: &State, ns: &str, name: &str, kind: Kind) -> Resp {
             Ok(obj) => json_resp(StatusCode::OK, &obj),
             Err(e) => internal(e),
         },
+        Ok(Some(obj)) if kind == Kind::Pod => match reap(state, vec![obj]).await {
+            Ok(mut left) if !left.is_empty() => json_resp(StatusCode::OK, &left.remove(0)),
+            Ok(_) => not_found(kind, name),
+            Err(e) => internal(e),
+        },
         Ok(Some(obj)) => json_resp(StatusCode::OK, &obj),
         Ok(None) => not_found(kind, name),
         Err(e) => internal(e),
@@ -383,7 +405,11 @@ async fn list_pods(state: &State, ns: Option<&str>, query: &str) -> Resp {
         Some(ns) => format!("{POD_PREFIX}{ns}/"),
         None => POD_PREFIX.to_owned(),
     };
-    match state.store.objects(&prefix, "Pods").await {
+    let pods = match state.store.objects(&prefix, "Pods").await {
+        Ok(pods) => reap(state, pods).await,
+        Err(e) => Err(e),
+    };
+    match pods {
         Ok(pods) => {
             let items: Vec<Value> = pods
                 .into_iter()
@@ -447,11 +473,14 @@ async fn budget(state: &State, pdb: &Value) -> anyhow::Result<Budget> {
         .store
         .objects(&format!("{POD_PREFIX}{ns}/"), "Pods")
         .await?;
+    let pods = reap(state, pods).await?;
     let selected: Vec<&Value> = pods.iter().filter(|p| selects(pdb, p)).collect();
     let expected = selected.len() as u64;
+    // A terminating Pod is not healthy (pkg/controller/disruption,
+    // countHealthyPods).
     let current_healthy = selected
         .iter()
-        .filter(|p| p["status"]["phase"] == "Running")
+        .filter(|p| p["status"]["phase"] == "Running" && !terminating(p))
         .count() as u64;
     let spec = &pdb["spec"];
     let desired_healthy = match (spec.get("minAvailable"), spec.get("maxUnavailable")) {
@@ -484,11 +513,15 @@ async fn pdb_with_status(state: &State, mut pdb: Value) -> anyhow::Result<Value>
     Ok(pdb)
 }
 
-/// `POST pods/NAME/eviction`: deletes the Pod unless a budget selecting it
-/// allows no disruption (429, naming the budget).
+/// `POST pods/NAME/eviction`: deletes the Pod gracefully unless a budget
+/// selecting it allows no disruption (429, naming the budget).
 async fn evict(state: &State, ns: &str, name: &str) -> Resp {
     let pod = match state.store.object(&Kind::Pod.key(ns, name), "a Pod").await {
-        Ok(Some(p)) => p,
+        Ok(Some(p)) => match reap(state, vec![p]).await {
+            Ok(mut left) if !left.is_empty() => left.remove(0),
+            Ok(_) => return not_found(Kind::Pod, name),
+            Err(e) => return internal(e),
+        },
         Ok(None) => return not_found(Kind::Pod, name),
         Err(e) => return internal(e),
     };
@@ -500,8 +533,10 @@ async fn evict(state: &State, ns: &str, name: &str) -> Resp {
         Ok(p) => p,
         Err(e) => return internal(e),
     };
-    // A Pod that is not running disrupts nothing.
-    if pod["status"]["phase"] == "Running" {
+    // A Pod that is not running, or already terminating, disrupts nothing
+    // more: its budget is not asked (pkg/registry/core/pod/storage/
+    // eviction.go, canIgnorePDB).
+    if pod["status"]["phase"] == "Running" && !terminating(&pod) {
         for pdb in pdbs.iter().filter(|b| selects(b, &pod)) {
             let b = match budget(state, pdb).await {
                 Ok(b) => b,
@@ -525,11 +560,7 @@ async fn evict(state: &State, ns: &str, name: &str) -> Resp {
             }
         }
     }
-    match state
-        .store
-        .delete_object(&Kind::Pod.key(ns, name), "a Pod")
-        .await
-    {
+    match delete_gracefully(state, pod, None).await {
         Ok(_) => {
             println!("standin-apiserver: evicted pod {ns}/{name}");
             json_resp(
@@ -539,6 +570,151 @@ async fn evict(state: &State, ns: &str, name: &str) -> Resp {
         }
         Err(e) => internal(e),
     }
+}
+
+/// The grace period of a Pod whose spec names none.
+const DEFAULT_GRACE_SECONDS: u64 = 30;
+
+/// Whether the Pod is being deleted.
+fn terminating(pod: &Value) -> bool {
+    pod["metadata"].get("deletionTimestamp").is_some()
+}
+
+fn parse_time(v: &Value) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(v.as_str()?, &time::format_description::well_known::Rfc3339).ok()
+}
+
+/// `DELETE pods/NAME`: a graceful deletion with the grace period of the
+/// `gracePeriodSeconds` parameter or body (`DeleteOptions`), else the
+/// Pod's own. Answers the Pod as it now is, as the real server does.
+async fn delete_pod(
+    state: &State,
+    req: Request<Incoming>,
+    ns: &str,
+    name: &str,
+    query: &str,
+) -> Resp {
+    let from_query = form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "gracePeriodSeconds")
+        .and_then(|(_, v)| v.parse::<u64>().ok());
+    let body = match super::read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let from_body = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|o| o["gracePeriodSeconds"].as_u64());
+    let pod = match state.store.object(&Kind::Pod.key(ns, name), "a Pod").await {
+        Ok(Some(p)) => match reap(state, vec![p]).await {
+            Ok(mut left) if !left.is_empty() => left.remove(0),
+            Ok(_) => return not_found(Kind::Pod, name),
+            Err(e) => return internal(e),
+        },
+        Ok(None) => return not_found(Kind::Pod, name),
+        Err(e) => return internal(e),
+    };
+    match delete_gracefully(state, pod, from_body.or(from_query)).await {
+        Ok(pod) => {
+            println!("standin-apiserver: deleted pods {ns}/{name}");
+            json_resp(StatusCode::OK, &pod)
+        }
+        Err(e) => internal(e),
+    }
+}
+
+/// Deletes `pod` as the API server does: at once when it is not
+/// scheduled, finished or given no grace period; else it is marked
+/// Terminating until `now + grace` (a second deletion only shortens it).
+/// Returns the Pod as it now is.
+async fn delete_gracefully(
+    state: &State,
+    mut pod: Value,
+    grace: Option<u64>,
+) -> anyhow::Result<Value> {
+    let ns = pod["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let key = Kind::Pod.key(&ns, &name);
+    let scheduled = pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty());
+    let finished = matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    );
+    let mut grace = grace.unwrap_or_else(|| {
+        pod["spec"]["terminationGracePeriodSeconds"]
+            .as_u64()
+            .unwrap_or(DEFAULT_GRACE_SECONDS)
+    });
+    if !scheduled || finished {
+        grace = 0;
+    }
+    let has_finalizers = pod["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty());
+    let now = time::OffsetDateTime::now_utc().replace_nanosecond(0)?;
+    if let Some(current) = pod["metadata"]["deletionGracePeriodSeconds"].as_u64() {
+        if grace >= current {
+            return Ok(pod);
+        }
+    }
+    if grace == 0 && !has_finalizers {
+        state.store.delete_object(&key, "a Pod").await?;
+        return Ok(pod);
+    }
+    let deadline = now + time::Duration::seconds(grace as i64);
+    pod["metadata"]["deletionTimestamp"] = deadline
+        .format(&time::format_description::well_known::Rfc3339)?
+        .into();
+    pod["metadata"]["deletionGracePeriodSeconds"] = grace.into();
+    state.store.put_object(&key, &pod, false).await?;
+    Ok(pod)
+}
+
+/// `pods` without those the kubelet (or the Pod garbage collector) has
+/// deleted by now, which are removed from the store: a terminating Pod
+/// past its deadline whose Node is Ready, or whose Node is gone, and that
+/// has no finalizers.
+async fn reap(state: &State, pods: Vec<Value>) -> anyhow::Result<Vec<Value>> {
+    let now = time::OffsetDateTime::now_utc();
+    let mut left = Vec::with_capacity(pods.len());
+    for pod in pods {
+        let due = parse_time(&pod["metadata"]["deletionTimestamp"]).is_some_and(|t| t <= now);
+        let finalizers = pod["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if !due || finalizers {
+            left.push(pod);
+            continue;
+        }
+        let node = pod["spec"]["nodeName"].as_str().unwrap_or_default();
+        let kubelet_done = match state.store.node(node).await? {
+            None => true,
+            Some(n) => n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+        };
+        if !kubelet_done {
+            left.push(pod);
+            continue;
+        }
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        state
+            .store
+            .delete_object(&Kind::Pod.key(ns, name), "a Pod")
+            .await?;
+        println!("standin-apiserver: pod {ns}/{name} terminated and deleted by its kubelet");
+    }
+    Ok(left)
 }
 
 #[cfg(test)]
