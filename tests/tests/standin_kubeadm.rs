@@ -1564,3 +1564,263 @@ fn server_side_apply_is_accepted_from_real_kubectl_and_refused_as_the_real_serve
     let out = kubectl_output(&c, &["get", "configmap", "x", "-n", "team"]);
     assert!(!out.status.success());
 }
+
+/// `kubeadm init` creates kube-proxy and CoreDNS as real kubeadm does
+/// (phases/addons/proxy, phases/addons/dns), at the images it gives them,
+/// and `kubeadm upgrade apply` moves them to the new version's after the
+/// control plane (phases/upgrade/postupgrade.go), keeping the CoreDNS
+/// ConfigMap as the user left it; all read with real kubectl.
+#[test]
+fn init_creates_kube_proxy_and_coredns_and_upgrade_apply_moves_their_images() {
+    let c = init_cluster();
+    let get = |args: &[&str]| {
+        let all = [&["-n", "kube-system", "get"], args].concat();
+        let out = kubectl_output(&c, &all);
+        assert!(out.status.success(), "kubectl {all:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let images = || {
+        (
+            get(&[
+                "daemonset",
+                "kube-proxy",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].image}",
+            ]),
+            get(&[
+                "deployment",
+                "coredns",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].image}",
+            ]),
+        )
+    };
+    assert_eq!(
+        images(),
+        (
+            "registry.k8s.io/kube-proxy:v1.31.2".to_owned(),
+            "registry.k8s.io/coredns/coredns:v1.11.3".to_owned()
+        )
+    );
+    // The rest of what kubeadm creates with them.
+    assert_eq!(
+        get(&["service", "kube-dns", "-o", "jsonpath={.spec.clusterIP}"]),
+        "10.96.0.10"
+    );
+    assert!(get(&[
+        "configmap",
+        "kube-proxy",
+        "-o",
+        "jsonpath={.data.config\\.conf}"
+    ])
+    .contains("clusterCIDR: \"10.244.0.0/16\""));
+    assert!(
+        get(&["configmap", "coredns", "-o", "jsonpath={.data.Corefile}"])
+            .contains("kubernetes cluster.local in-addr.arpa ip6.arpa")
+    );
+    assert_eq!(
+        get(&[
+            "serviceaccount",
+            "kube-proxy",
+            "-o",
+            "jsonpath={.metadata.name}"
+        ]),
+        "kube-proxy"
+    );
+    // A user's Corefile survives upgrades (CreateOrRetainConfigMap); real
+    // kubectl replaces it with a whole-object update (no client-side
+    // validation: the stand-in serves no OpenAPI document).
+    let mut corefile: Value =
+        serde_json::from_str(&get(&["configmap", "coredns", "-o", "json"])).unwrap();
+    corefile["data"]["Corefile"] = ".:53 {\n    errors\n    forward . 192.0.2.53\n}\n".into();
+    let body = c.cp.path("/tmp/coredns.json");
+    std::fs::create_dir_all(body.parent().unwrap()).unwrap();
+    std::fs::write(&body, corefile.to_string()).unwrap();
+    let (ok, out) = kubectl_as(
+        &c,
+        &["replace", "--validate=false", "-f", body.to_str().unwrap()],
+    );
+    assert!(ok, "{out}");
+    // A stale resourceVersion is a conflict, as on the real server.
+    let (ok, out) = kubectl_as(
+        &c,
+        &["replace", "--validate=false", "-f", body.to_str().unwrap()],
+    );
+    assert!(!ok && out.contains("the object has been modified"), "{out}");
+
+    wait_for("cp-1 Ready", Duration::from_secs(20), || {
+        let ready = "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
+        let out = kubectl_output(&c, &["get", "node", "cp-1", "-o", ready]);
+        out.status.success() && out.stdout == b"True"
+    });
+    let no_renewal = "--certificate-renewal=false";
+    let out = c.cp.kubeadm_at(
+        "v1.32.0",
+        &["upgrade", "apply", "v1.32.0", "-y", no_renewal],
+    );
+    assert_ok(&out);
+    assert!(
+        text(&out).contains("[addons] Applied essential addon: kube-proxy"),
+        "{}",
+        text(&out)
+    );
+    // kubeadm v1.32 pairs v1.32 with CoreDNS v1.11.3, as v1.31 did.
+    assert_eq!(
+        images(),
+        (
+            "registry.k8s.io/kube-proxy:v1.32.0".to_owned(),
+            "registry.k8s.io/coredns/coredns:v1.11.3".to_owned()
+        )
+    );
+    let out = c.cp.kubeadm_at(
+        "v1.33.0",
+        &["upgrade", "apply", "v1.33.0", "-y", no_renewal],
+    );
+    assert_ok(&out);
+    assert_eq!(
+        images(),
+        (
+            "registry.k8s.io/kube-proxy:v1.33.0".to_owned(),
+            "registry.k8s.io/coredns/coredns:v1.12.0".to_owned()
+        )
+    );
+    assert!(
+        get(&["configmap", "coredns", "-o", "jsonpath={.data.Corefile}"])
+            .contains("forward . 192.0.2.53")
+    );
+    // Each write went through the API server as a whole-object update:
+    // the Deployment's spec changed once (v1.33's CoreDNS).
+    assert_eq!(
+        get(&[
+            "deployment",
+            "coredns",
+            "-o",
+            "jsonpath={.metadata.generation}"
+        ]),
+        "2"
+    );
+}
+
+/// The apiextensions API: a CustomResourceDefinition's kind is served only
+/// once the controllers have accepted its names and established it, a
+/// moment after it was applied, as kube-apiserver serves it (kubectl users
+/// `kubectl wait --for=condition=Established` in between).
+#[test]
+fn a_custom_resource_kind_is_served_only_once_its_definition_is_established() {
+    let c = init_cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let crd = dir.path().join("crd.yaml");
+    let definition = |plural: &str, kind: &str| {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: {plural}.example.com}}\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {{plural: {plural}, singular: {}, kind: {kind}, listKind: {kind}List}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n",
+            plural.trim_end_matches('s')
+        )
+    };
+    std::fs::write(&crd, definition("widgets", "Widget")).unwrap();
+    let apply = |path: &Path| {
+        kubectl_output(
+            &c,
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=drover",
+                "--validate=false",
+                "-f",
+                path.to_str().unwrap(),
+            ],
+        )
+    };
+    let out = apply(&crd);
+    assert!(out.status.success(), "{}", text(&out));
+    // Not established yet: the kind's paths are NotFound.
+    let (code, body) = admin_request(
+        &c,
+        reqwest::Method::GET,
+        "/apis/example.com/v1/namespaces/default/widgets",
+        "application/json",
+        "",
+    );
+    assert_eq!(code, 404, "served before Established: {body}");
+    let (code, body) = admin_request(
+        &c,
+        reqwest::Method::GET,
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com",
+        "application/json",
+        "",
+    );
+    assert_eq!(code, 200, "{body}");
+    let stored: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        !stored["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Established" && c["status"] == "True"),
+        "established by the request that applied it: {stored}"
+    );
+    let out = kubectl_output(
+        &c,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/widgets.example.com",
+            "--timeout=30s",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let widget = dir.path().join("widget.yaml");
+    std::fs::write(
+        &widget,
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: default}\nspec: {size: 3}\n",
+    )
+    .unwrap();
+    let out = apply(&widget);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = kubectl_output(&c, &["get", "widgets", "w1", "-o", "jsonpath={.spec.size}"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "3");
+    // A definition whose kind another of its group holds is never
+    // established: its names are refused.
+    std::fs::write(&crd, definition("gadgets", "Widget")).unwrap();
+    let out = apply(&crd);
+    assert!(out.status.success(), "{}", text(&out));
+    let names_accepted = || {
+        kubectl_output(
+            &c,
+            &[
+                "get",
+                "crd",
+                "gadgets.example.com",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"NamesAccepted\")].reason}",
+            ],
+        )
+    };
+    wait_for("the names to be judged", Duration::from_secs(20), || {
+        String::from_utf8_lossy(&names_accepted().stdout) == "KindConflict"
+    });
+    let out = kubectl_output(
+        &c,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/gadgets.example.com",
+            "--timeout=4s",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    // A definition that breaks the API's rules is refused.
+    std::fs::write(
+        &crd,
+        definition("things", "Thing")
+            .replace("name: things.example.com", "name: stuff.example.com"),
+    )
+    .unwrap();
+    let out = apply(&crd);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("must be spec.names.plural+\".\"+spec.group"),
+        "{}",
+        text(&out)
+    );
+}

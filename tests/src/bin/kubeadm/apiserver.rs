@@ -26,6 +26,7 @@ use crate::daemon;
 use crate::store::{Added, EtcdAccess, Store, StoredToken};
 use crate::util::Root;
 
+mod nodeipam;
 mod objects;
 mod workloads;
 
@@ -895,11 +896,27 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             if n.is_empty() || !creator {
                 return forbid("create");
             }
-            match state
+            // The node IPAM controller's pod range (nodeipam.rs); a Node
+            // that cannot have one is still created, as upstream.
+            let range = match nodeipam::allocate(&state.root, &state.store, &n).await {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("standin-apiserver: node {n}: {e:#}");
+                    None
+                }
+            };
+            let node = match &range {
+                Some(r) => nodeipam::with_range(node, r),
+                None => node,
+            };
+            let created = state
                 .store
                 .put_object(&Store::node_key(&n), &stamped(node, None), true)
-                .await
-            {
+                .await;
+            if let (Some(r), false) = (&range, matches!(created, Ok(true))) {
+                let _ = nodeipam::release(&state.store, r).await;
+            }
+            match created {
                 Ok(true) => json_resp(
                     StatusCode::CREATED,
                     &json!({"kind": "Node", "metadata": {"name": n}}),
@@ -974,6 +991,16 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             };
             let mut next = current.clone();
             merge_patch(&mut next, &patch);
+            // A pod range, once set, is the Node's for good
+            // (pkg/apis/core/validation/validation.go ValidateNodeUpdate).
+            let had = &current["spec"]["podCIDR"];
+            if had.is_string() && next["spec"]["podCIDR"] != *had {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    &format!("Node \"{name}\" is invalid: spec.podCIDRs: Forbidden: node updates may not change podCIDR except from \"\" to valid"),
+                );
+            }
             match state
                 .store
                 .put_object(
@@ -992,7 +1019,18 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             if !who.is_admin() {
                 return forbid("delete");
             }
-            match state.store.delete_node(&name).await {
+            // The node IPAM controller releases a deleted Node's range.
+            let range = match state.store.node(&name).await {
+                Ok(node) => node.and_then(|n| n["spec"]["podCIDR"].as_str().map(str::to_owned)),
+                Err(e) => return internal(e),
+            };
+            let deleted = state.store.delete_node(&name).await;
+            if let (Some(r), Ok(true)) = (&range, &deleted) {
+                if let Err(e) = nodeipam::release(&state.store, r).await {
+                    println!("standin-apiserver: node {name}: cannot release {r}: {e:#}");
+                }
+            }
+            match deleted {
                 Ok(true) => json_resp(
                     StatusCode::OK,
                     &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",

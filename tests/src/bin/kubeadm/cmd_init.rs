@@ -391,11 +391,22 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     };
     let dns_disabled = disabled(&cc.dns);
     let proxy_disabled = disabled(&cc.proxy);
-    if !skip.skipped("addon/coredns") && !dns_disabled {
-        println!("[addons] Applied essential addon: CoreDNS");
-    }
-    if !skip.skipped("addon/kube-proxy") && !proxy_disabled {
-        println!("[addons] Applied essential addon: kube-proxy");
+    let dns = !skip.skipped("addon/coredns") && !dns_disabled;
+    let proxy = !skip.skipped("addon/kube-proxy") && !proxy_disabled;
+    if dns || proxy {
+        // The addon phases create kube-proxy's and CoreDNS's objects through
+        // the API server, as the cluster admin (phases/addons/proxy/proxy.go,
+        // phases/addons/dns/dns.go).
+        let config = serde_json::to_value(&cc).map_err(|e| anyhow!("{e}"));
+        let addons = crate::addons::Addons::new(config.in_phase("addon")?, &server);
+        let client = crate::addons::Client::from_kubeconfig(
+            root,
+            std::path::Path::new("/etc/kubernetes/admin.conf"),
+        )
+        .in_phase("addon")?;
+        crate::addons::ensure(&client, &addons, dns, proxy)
+            .await
+            .in_phase("addon")?;
     }
     println!("\nYour Kubernetes control-plane has initialized successfully!\n");
     println!("To start using your cluster, you need to run the following as a regular user:\n");

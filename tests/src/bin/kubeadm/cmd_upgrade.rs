@@ -88,6 +88,7 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
     println!("[upgrade/config] Uploaded the ClusterConfiguration with kubernetesVersion {target_string} to the kube-system/kubeadm-config ConfigMap");
     renew_certificates(root, &o)?;
     upgrade_static_pods(root, &target_string)?;
+    upgrade_addons(root, &o, &config).await?;
     println!(
         "\n[upgrade/successful] SUCCESS! Your cluster was upgraded to {target_string:?}. Enjoy!\n"
     );
@@ -136,6 +137,34 @@ pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
     println!("[upgrade/kubelet-config] The kubelet configuration for this node was successfully upgraded!");
     println!("[upgrade] Now you should go ahead and upgrade the kubelet package using your package manager.");
     Ok(())
+}
+
+/// Upgrades kube-proxy and CoreDNS to the new version after the control
+/// plane, as `kubeadm upgrade apply` does (phases/upgrade/postupgrade.go,
+/// through phases/addons/proxy/proxy.go `EnsureProxyAddon` and
+/// phases/addons/dns/dns.go `EnsureDNSAddon`): an addon that is disabled in
+/// the ClusterConfiguration, or whose ConfigMap is missing (it was skipped
+/// at init, or its removal was the user's choice), is not deployed again.
+async fn upgrade_addons(root: &Root, o: &UpgradeOpts, config: &serde_json::Value) -> Result<()> {
+    let logical = o
+        .kubeconfig
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/etc/kubernetes/admin.conf"));
+    let client = crate::addons::Client::from_kubeconfig(root, &logical)?;
+    let addons = crate::addons::Addons::new(config.clone(), client.server());
+    let mut dns = !addons.dns_disabled();
+    if dns && !client.config_map_exists("coredns").await? {
+        println!("[upgrade/addons] the ConfigMap \"coredns\" in the namespace \"kube-system\" was not found; assuming that a DNS server was not deployed for this cluster");
+        dns = false;
+    }
+    let mut proxy = !addons.proxy_disabled();
+    if proxy && !client.config_map_exists("kube-proxy").await? {
+        println!("[upgrade/addons] the ConfigMap \"kube-proxy\" in the namespace \"kube-system\" was not found; assuming that kube-proxy was not deployed for this cluster");
+        proxy = false;
+    }
+    crate::addons::ensure(&client, &addons, dns, proxy)
+        .await
+        .context("[upgrade/addons] FATAL")
 }
 
 /// Renews this control plane's certificates, unless told not to.

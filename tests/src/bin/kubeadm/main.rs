@@ -10,6 +10,7 @@
 //! as `{"argv": [program, args...], "exit": N}` (argv[0] is the program as
 //! invoked, so the subcommand is argv[1]).
 
+mod addons;
 mod apiserver;
 mod certs;
 mod cmd_certs;

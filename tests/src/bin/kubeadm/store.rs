@@ -447,6 +447,42 @@ impl Store {
         Ok(matches!(added, Added::Created))
     }
 
+    /// The object at `key` with its etcd modification revision, for an
+    /// update that must not overwrite a concurrent one.
+    pub async fn object_with_revision(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<(serde_json::Value, i64)>> {
+        let resp = self
+            .get(key, None)
+            .await
+            .with_context(|| format!("cannot read {what} from etcd"))?;
+        resp.kvs()
+            .first()
+            .map(|kv| {
+                serde_json::from_slice(kv.value())
+                    .map(|v| (v, kv.mod_revision()))
+                    .with_context(|| format!("the stored {what} is corrupt"))
+            })
+            .transpose()
+    }
+
+    /// Replaces the object at `key` if it is still at `revision`, as the
+    /// API server's optimistic concurrency does; false when another writer
+    /// changed it first.
+    pub async fn replace_object(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        revision: i64,
+    ) -> Result<bool> {
+        let unchanged = Compare::mod_revision(key, CompareOp::Equal, revision);
+        let mut kv = self.client.kv_client();
+        let put = put_when(&mut kv, key, serde_json::to_vec(value)?, unchanged).await?;
+        Ok(put == Added::Created)
+    }
+
     /// Deletes the object at `key`; false when there was none.
     pub async fn delete_object(&self, key: &str, what: &str) -> Result<bool> {
         let mut kv = self.client.kv_client();

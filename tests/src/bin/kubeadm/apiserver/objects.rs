@@ -138,7 +138,8 @@ impl Resource {
     fn discovery(&self) -> Value {
         json!({"name": self.plural, "singularName": self.kind.to_lowercase(),
                "namespaced": self.namespaced, "kind": self.kind,
-               "verbs": ["delete", "get", "list", "patch"], "shortNames": self.short})
+               "verbs": ["create", "delete", "get", "list", "patch", "update"],
+               "shortNames": self.short})
     }
 }
 
@@ -241,6 +242,7 @@ pub(super) async fn route(
             (&Method::GET, None) => "list",
             (&Method::GET, Some(_)) => "get",
             (&Method::PATCH, _) => "patch",
+            (&Method::PUT, _) => "update",
             (&Method::DELETE, _) => "delete",
             _ => "create",
         };
@@ -255,6 +257,8 @@ pub(super) async fn route(
         (Method::GET, None) => list(state, &target).await,
         (Method::GET, Some(name)) => get(state, &target, &name).await,
         (Method::PATCH, Some(name)) => apply(state, &target, &name, req).await,
+        (Method::POST, None) => write(state, &target, None, req).await,
+        (Method::PUT, Some(name)) => write(state, &target, Some(name), req).await,
         (Method::DELETE, Some(name)) => delete(state, &target, &name).await,
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -363,6 +367,40 @@ fn is_subdomain(s: &str) -> bool {
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         })
+}
+
+/// Why `name` is no valid name of a `kind`, by the rule the real API
+/// server validates it with: RBAC objects any path segment
+/// (pkg/apis/rbac/validation/validation.go `ValidateRBACName`, so
+/// `system:coredns` is fine), a Service a DNS-1035 label
+/// (pkg/apis/core/validation/validation.go `ValidateServiceName`), a
+/// Namespace a DNS-1123 label, everything else a DNS-1123 subdomain.
+fn name_problem(kind: &str, name: &str) -> Option<String> {
+    match kind {
+        "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding" => {
+            if name == "." || name == ".." {
+                Some(format!("metadata.name: Invalid value: {name:?}: may not be '{name}'"))
+            } else if name.contains('/') || name.contains('%') {
+                Some(format!(
+                    "metadata.name: Invalid value: {name:?}: may not contain '/' or '%'"
+                ))
+            } else {
+                None
+            }
+        }
+        "Service" | "Namespace" => {
+            let label = name.len() <= 63 && is_subdomain(name) && !name.contains('.');
+            let starts_alpha = name.bytes().next().is_some_and(|b| b.is_ascii_lowercase());
+            if kind == "Service" && !(label && starts_alpha) {
+                Some(format!("metadata.name: Invalid value: {name:?}: a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character"))
+            } else if kind == "Namespace" && !label {
+                Some(format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"))
+            } else {
+                None
+            }
+        }
+        _ => (!is_subdomain(name)).then(|| format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")),
+    }
 }
 
 /// What the real API server checks of these kinds, as far as tests use
@@ -490,12 +528,8 @@ async fn apply(state: &State, t: &Target, name: &str, req: Request<Incoming>) ->
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         ));
     }
-    if !is_subdomain(name) {
-        return invalid(
-            r.kind,
-            name,
-            &format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
-        );
+    if let Some(why) = name_problem(r.kind, name) {
+        return invalid(r.kind, name, &why);
     }
     if let (Some(ns), Some(body_ns)) = (&t.ns, applied["metadata"]["namespace"].as_str()) {
         if ns != body_ns {
@@ -572,6 +606,237 @@ async fn apply(state: &State, t: &Target, name: &str, req: Request<Incoming>) ->
                 r.qualified()
             ),
         ),
+        Err(e) => internal(e),
+    }
+}
+
+/// The field manager of a create or an update: `fieldManager`, else the
+/// client's user agent up to its first `/` (as the real API server
+/// defaults it: staging/src/k8s.io/apiserver/pkg/endpoints/handlers/rest.go,
+/// `prefixFromUserAgent`).
+fn update_manager(query: &str, user_agent: &str) -> String {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "fieldManager")
+        .map(|(_, v)| v.into_owned())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| user_agent.split('/').next().unwrap_or_default().to_owned())
+}
+
+/// `POST` to a collection (create; `name` is `None`) or `PUT` to an
+/// object (update), with the whole object as JSON, as kubeadm's
+/// `CreateOrUpdate` helpers (cmd/kubeadm/app/util/apiclient/idempotency.go)
+/// and `kubectl create` / `replace` send it. The rules are the real
+/// server's (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go
+/// `Create` and `Update`, pkg/registry/apps/{daemonset,deployment}/strategy.go):
+/// a create of an existing name is `AlreadyExists`; an update of a missing
+/// object is `NotFound` (these kinds allow no create on update); an update
+/// naming a `resourceVersion` other than the stored one is a `Conflict`;
+/// a workload's `spec.selector` is immutable; `uid`, `creationTimestamp`
+/// and `status` stay the server's; `metadata.generation` counts changes of
+/// `spec`.
+async fn write(
+    state: &State,
+    t: &Target,
+    url_name: Option<String>,
+    req: Request<Incoming>,
+) -> Resp {
+    let r = t.resource;
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    if !content_type.starts_with("application/json") {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            &format!("the body of the request was in an unknown format - accepted media types include: application/json (the stand-in API server reads {} as JSON only)", r.qualified()),
+        );
+    }
+    let user_agent = req
+        .headers()
+        .get(hyper::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let manager = update_manager(req.uri().query().unwrap_or_default(), &user_agent);
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let mut obj: Value = match serde_json::from_slice::<Value>(&body) {
+        Ok(v) if v.is_object() => v,
+        Ok(_) => return bad_request("the object is not a JSON object"),
+        Err(e) => return bad_request(&format!("error decoding JSON: {e}")),
+    };
+    let gv = r.group_version();
+    if obj["apiVersion"] != gv.as_str() || obj["kind"] != r.kind {
+        return bad_request(&format!(
+            "the API version and kind in the data ({} {}) do not match the expected ones ({gv} {})",
+            obj["apiVersion"].as_str().unwrap_or_default(),
+            obj["kind"].as_str().unwrap_or_default(),
+            r.kind
+        ));
+    }
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if name.is_empty() {
+        return invalid(
+            r.kind,
+            "",
+            "metadata.name: Required value: name or generateName is required",
+        );
+    }
+    if let Some(url_name) = &url_name {
+        if *url_name != name {
+            return bad_request(&format!(
+                "the name of the object ({name}) does not match the name on the URL ({url_name})"
+            ));
+        }
+    }
+    if let Some(why) = name_problem(r.kind, &name) {
+        return invalid(r.kind, &name, &why);
+    }
+    if let (Some(ns), Some(body_ns)) = (&t.ns, obj["metadata"]["namespace"].as_str()) {
+        if ns != body_ns {
+            return bad_request("the namespace of the provided object does not match the namespace sent on the request");
+        }
+    }
+    if let Err(why) = check_kind(r.kind, &obj) {
+        return invalid(r.kind, &name, &why);
+    }
+    if let Some(ns) = &t.ns {
+        match namespace_exists(state, ns).await {
+            Ok(true) => {}
+            Ok(false) => return not_found("namespaces", ns),
+            Err(e) => return internal(e),
+        }
+        obj["metadata"]["namespace"] = ns.as_str().into();
+    }
+    let key = r.key(t.ns.as_deref(), &name);
+    let stored = match state.store.object_with_revision(&key, r.plural).await {
+        Ok(s) => s,
+        Err(e) => return internal(e),
+    };
+    let now = super::now_rfc3339();
+    let conflict = || {
+        status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                r.qualified()
+            ),
+        )
+    };
+    let entry = json!({"manager": manager, "operation": "Update", "apiVersion": gv,
+                       "time": now, "fieldsType": "FieldsV1"});
+    let written = match (url_name.is_some(), stored) {
+        (false, Some(_)) => {
+            return status(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                &format!("{} \"{name}\" already exists", r.qualified()),
+            )
+        }
+        (true, None) => return not_found(&r.qualified(), &name),
+        (false, None) => {
+            let meta = &mut obj["metadata"];
+            meta["uid"] = format!("{:032x}", rand::random::<u128>()).into();
+            meta["creationTimestamp"] = now.clone().into();
+            meta["resourceVersion"] = "1".into();
+            meta["managedFields"] = json!([entry]);
+            if obj.get("spec").is_some() {
+                obj["metadata"]["generation"] = 1.into();
+            }
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+            if r.kind == "Namespace" {
+                obj["status"] = json!({"phase": "Active"});
+            }
+            state.store.put_object(&key, &obj, true).await
+        }
+        (true, Some((current, revision))) => {
+            let was = current["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or("0")
+                .to_owned();
+            match obj["metadata"]["resourceVersion"].as_str() {
+                Some(v) if v != was => return conflict(),
+                _ => {}
+            }
+            if matches!(r.kind, "DaemonSet" | "Deployment")
+                && obj["spec"]["selector"] != current["spec"]["selector"]
+            {
+                return invalid(
+                    r.kind,
+                    &name,
+                    &format!(
+                        "spec.selector: Invalid value: {}: field is immutable",
+                        obj["spec"]["selector"]
+                    ),
+                );
+            }
+            for k in ["uid", "creationTimestamp"] {
+                obj["metadata"][k] = current["metadata"][k].clone();
+            }
+            let generation = current["metadata"]["generation"].as_u64().unwrap_or(0);
+            if current.get("spec").is_some() || obj.get("spec").is_some() {
+                let changed = obj["spec"] != current["spec"];
+                obj["metadata"]["generation"] = (generation + u64::from(changed)).max(1).into();
+            }
+            let version = was.parse::<u64>().unwrap_or(0) + 1;
+            obj["metadata"]["resourceVersion"] = version.to_string().into();
+            let mut managed: Vec<Value> = current["metadata"]["managedFields"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| !(m["manager"] == manager.as_str() && m["operation"] == "Update"))
+                .collect();
+            managed.push(entry);
+            obj["metadata"]["managedFields"] = managed.into();
+            match current.get("status") {
+                Some(st) => obj["status"] = st.clone(),
+                None => {
+                    if let Some(o) = obj.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+            state.store.replace_object(&key, &obj, revision).await
+        }
+    };
+    match written {
+        Ok(true) => {
+            let created = url_name.is_none();
+            println!(
+                "standin-apiserver: {} {} {} (field manager {manager})",
+                if created { "created" } else { "updated" },
+                r.qualified(),
+                t.ns.as_ref()
+                    .map_or(name.clone(), |ns| format!("{ns}/{name}"))
+            );
+            json_resp(
+                if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                },
+                &obj,
+            )
+        }
+        // Another writer got there first.
+        Ok(false) if url_name.is_none() => status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            &format!("{} \"{name}\" already exists", r.qualified()),
+        ),
+        Ok(false) => conflict(),
         Err(e) => internal(e),
     }
 }
