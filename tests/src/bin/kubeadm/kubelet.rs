@@ -214,7 +214,8 @@ async fn node_status_once(root: &Root, registered: bool, version: &str) -> Resul
     let control_plane = root
         .path("/etc/kubernetes/manifests/kube-apiserver.yaml")
         .exists();
-    let node = node_object(&name, ready, control_plane, version);
+    let mut node = node_object(&name, ready, control_plane, version);
+    node["status"]["addresses"] = node_addresses(root, &name);
     if !registered {
         let r = client
             .post(format!("{}/api/v1/nodes", kc.server))
@@ -316,4 +317,29 @@ fn node_object(
             "nodeInfo": {"kubeletVersion": version, "operatingSystem": "linux", "architecture": "amd64"},
         },
     })
+}
+
+/// The Node's addresses as the kubelet sets them (pkg/kubelet/nodestatus/
+/// setters.go NodeAddress): the InternalIP is `--node-ip` when given,
+/// otherwise the address of the interface holding the default route
+/// (k8s.io/apimachinery/pkg/util/net ChooseHostInterface; the address a
+/// socket towards the outside would leave from), and the Hostname.
+fn node_addresses(root: &Root, name: &str) -> serde_json::Value {
+    let flags = std::fs::read_to_string(root.path(FLAGS_FILE)).unwrap_or_default();
+    let node_ip = flags
+        .split(['"', ' ', '\n'])
+        .find_map(|f| f.strip_prefix("--node-ip="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.trim().parse::<std::net::IpAddr>().ok())
+        .or_else(|| {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+            s.connect("192.0.2.1:9").ok()?;
+            Some(s.local_addr().ok()?.ip())
+        });
+    let mut addresses = Vec::new();
+    if let Some(ip) = node_ip {
+        addresses.push(serde_json::json!({"type": "InternalIP", "address": ip.to_string()}));
+    }
+    addresses.push(serde_json::json!({"type": "Hostname", "address": name}));
+    serde_json::Value::Array(addresses)
 }
