@@ -534,6 +534,85 @@ fn a_node_is_not_ready_until_its_machine_has_a_cni_network_config() {
 }
 
 #[test]
+fn nodes_get_distinct_pod_ranges_of_the_pod_subnet_and_a_deleted_nodes_range_is_reused() {
+    let c = init_cluster();
+    let token = c.token.clone();
+    let pin = c.cas.pin();
+    let (_w1, n1, out) = worker_join(&c, "worker-1", &token, &pin);
+    assert_ok(&out);
+    let (_w2, n2, out) = worker_join(&c, "worker-2", &token, &pin);
+    assert_ok(&out);
+    // What real kubectl reads: name, pod range and InternalIP per Node.
+    let nodes = || -> Vec<(String, String, String)> {
+        let path = "jsonpath={range .items[*]}{.metadata.name} {.spec.podCIDR} \
+                    {.status.addresses[?(@.type==\"InternalIP\")].address}{\"\\n\"}{end}";
+        let out = kubectl_output(&c, &["get", "nodes", "-o", path]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace().map(str::to_owned);
+                Some((
+                    f.next()?,
+                    f.next().unwrap_or_default(),
+                    f.next().unwrap_or_default(),
+                ))
+            })
+            .collect()
+    };
+    wait_for("three Nodes", Duration::from_secs(20), || {
+        nodes().len() == 3
+    });
+    let listed = nodes();
+    let ranges: std::collections::BTreeSet<&str> =
+        listed.iter().map(|(_, r, _)| r.as_str()).collect();
+    assert_eq!(ranges.len(), 3, "{listed:?}");
+    for (name, range, _) in &listed {
+        let (addr, bits) = range.split_once('/').expect("a CIDR");
+        assert_eq!(bits, "24", "{name}: {range}");
+        assert!(
+            addr.starts_with("10.244.") && addr.ends_with(".0"),
+            "{name}: {range}"
+        );
+    }
+    // The kubelets report their --node-ip as InternalIP.
+    let ip_of = |name: &str| listed.iter().find(|n| n.0 == name).unwrap().2.clone();
+    assert_eq!(ip_of("worker-1"), n1.advertise_address);
+    assert_eq!(ip_of("worker-2"), n2.advertise_address);
+    // The simple list real kubectl users run.
+    let out = kubectl_output(
+        &c,
+        &["get", "nodes", "-o", "jsonpath={.items[*].spec.podCIDR}"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).split(' ').count(), 3);
+    // A deleted Node's range goes back to the pool: the next Node gets it.
+    let freed = listed.iter().find(|n| n.0 == "worker-1").unwrap().1.clone();
+    let (ok, said) = kubectl_as(&c, &["delete", "node", "worker-1"]);
+    assert!(ok, "{said}");
+    let (_w3, _, out) = worker_join(&c, "worker-3", &token, &pin);
+    assert_ok(&out);
+    wait_for("worker-3 listed", Duration::from_secs(20), || {
+        nodes().iter().any(|n| n.0 == "worker-3")
+    });
+    let after = nodes();
+    assert_eq!(after.len(), 3, "{after:?}");
+    let w3 = after.iter().find(|n| n.0 == "worker-3").unwrap();
+    assert_eq!(w3.1, freed, "{after:?}");
+    // podCIDR is immutable once set, as the API server's Node validation
+    // says (pkg/apis/core/validation/validation.go ValidateNodeUpdate).
+    let (ok, said) = kubectl_as(
+        &c,
+        &[
+            "patch",
+            "node",
+            "worker-2",
+            "-p",
+            r#"{"spec":{"podCIDR":"10.244.99.0/24"}}"#,
+        ],
+    );
+    assert!(!ok && said.contains("podCIDR"), "{said}");
+}
+
+#[test]
 fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
     let c = init_cluster();
     let (w, _, out) = worker_join(&c, "worker-1", &c.token, &c.cas.pin());
