@@ -104,10 +104,12 @@ pub fn kubeadm_bootstrap(
 /// The version of `kubeadm` (`kubeadm version -o short`), or `None` when it
 /// cannot be run or says something else (logged).
 pub async fn kubeadm_version(kubeadm: &str) -> Option<String> {
-    let spec = CommandSpec::new(kubeadm, &["version", "-o", "short"]);
-    let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), run(&spec, 5)).await;
+    let mut spec = CommandSpec::new(kubeadm, &["version", "-o", "short"]);
+    // Past it, the runner kills the process group: nothing is left running.
+    spec.timeout = Some(std::time::Duration::from_secs(10));
+    let outcome = run(&spec, 5).await;
     let version = match &outcome {
-        Ok(o) if o.success => o
+        o if o.success => o
             .output_tail
             .iter()
             .rev()
@@ -117,18 +119,12 @@ pub async fn kubeadm_version(kubeadm: &str) -> Option<String> {
         _ => None,
     };
     if version.is_none() {
-        match outcome {
-            Ok(o) => tracing::warn!(
-                command = %o.command,
-                exit_code = ?o.exit_code,
-                output = %o.output_tail.join(" | "),
-                "cannot tell the kubeadm version; the coordinator cannot check it against the cluster's"
-            ),
-            Err(_) => tracing::warn!(
-                command = %spec.display(),
-                "kubeadm version did not answer in 10 s; the coordinator cannot check it against the cluster's"
-            ),
-        }
+        tracing::warn!(
+            command = %outcome.command,
+            exit_code = ?outcome.exit_code,
+            output = %outcome.output_tail.join(" | "),
+            "cannot tell the kubeadm version; the coordinator cannot check it against the cluster's"
+        );
     }
     version
 }
@@ -156,22 +152,98 @@ pub fn kubeadm_upgrade(
     spec
 }
 
+/// How long an upgrade hook may run; past it, it is killed (and under
+/// systemd, its unit is stopped by systemd itself).
+pub const HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How the image's hooks are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookRunner {
+    /// As a child of the agent (containers, test roots, no systemd).
+    Direct,
+    /// As a transient systemd service of its own (`systemd-run --wait
+    /// --pipe`), outside the agent unit's sandbox: the agent's unit has
+    /// `NoNewPrivileges=yes` and `RestrictSUIDSGID=yes`, which every child
+    /// inherits, and the kubelet hook's `apt-get`/`dpkg` need setuid
+    /// helpers and may install setuid files.
+    Systemd,
+}
+
+impl HookRunner {
+    /// [`HookRunner::Systemd`] when this agent runs as a systemd service
+    /// (systemd is the init system and set `INVOCATION_ID` for it) on the
+    /// machine's real root; else [`HookRunner::Direct`]. A test agent with
+    /// a root of its own never asks systemd, even on a host that runs
+    /// systemd.
+    pub fn detect(root: &Path) -> Self {
+        let under_systemd = std::env::var_os("INVOCATION_ID").is_some_and(|v| !v.is_empty())
+            && Path::new("/run/systemd/system").is_dir();
+        if under_systemd && root == Path::new("/") {
+            HookRunner::Systemd
+        } else {
+            HookRunner::Direct
+        }
+    }
+}
+
 /// The image's upgrade hook `name` (`upgrade-kubeadm` or `upgrade-kubelet`)
 /// in `hooks_dir`, given `version`. It learns the machine's root and the
-/// kubeadm the agent runs from `DROVER_ROOT` and `DROVER_KUBEADM`.
+/// kubeadm the agent runs from `DROVER_ROOT` and `DROVER_KUBEADM`. Under
+/// systemd it runs as the transient unit `drover-hook-NAME` (one per hook,
+/// so a second copy of a hook cannot start while one runs), its output
+/// piped back, its exit status the command's, the unit collected even when
+/// it fails, and stopped by systemd after [`HOOK_TIMEOUT`].
 pub fn upgrade_hook(
     hooks_dir: &Path,
     name: &str,
     version: &str,
     kubeadm: &str,
     root: &Path,
+    runner: HookRunner,
 ) -> CommandSpec {
     let program = hooks_dir.join(name).display().to_string();
-    let mut spec = CommandSpec::new(&program, &[version]);
-    spec.env = vec![
-        (HOOK_ROOT_ENV.into(), root.display().to_string()),
-        (HOOK_KUBEADM_ENV.into(), kubeadm.to_owned()),
+    let env = vec![
+        (HOOK_ROOT_ENV.to_owned(), root.display().to_string()),
+        (HOOK_KUBEADM_ENV.to_owned(), kubeadm.to_owned()),
     ];
+    let mut spec = match runner {
+        HookRunner::Direct => {
+            let mut spec = CommandSpec::new(&program, &[version]);
+            spec.env = env;
+            spec
+        }
+        HookRunner::Systemd => {
+            let unit: String = name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let mut args = vec![
+                "--wait".to_owned(),
+                "--pipe".to_owned(),
+                "--collect".to_owned(),
+                "--quiet".to_owned(),
+                format!("--unit=drover-hook-{unit}"),
+                format!("--description=Drover upgrade hook {name} {version}"),
+                format!("--property=RuntimeMaxSec={}", HOOK_TIMEOUT.as_secs()),
+            ];
+            args.extend(env.iter().map(|(k, v)| format!("--setenv={k}={v}")));
+            args.extend(["--".to_owned(), program, version.to_owned()]);
+            CommandSpec {
+                program: "systemd-run".into(),
+                args,
+                redact: Vec::new(),
+                env: Vec::new(),
+                timeout: None,
+            }
+        }
+    };
+    spec.timeout = Some(HOOK_TIMEOUT);
     spec
 }
 
@@ -527,6 +599,61 @@ mod tests {
             create.display(),
             "kubeadm token create abcdef.<redacted> --ttl 3600s --kubeconfig /r/etc/kubernetes/admin.conf"
         );
+    }
+
+    /// Under systemd a hook runs as a transient unit of its own, outside
+    /// the agent unit's `NoNewPrivileges=yes` sandbox; elsewhere directly.
+    #[test]
+    fn hooks_run_outside_the_agent_units_sandbox_under_systemd() {
+        let hooks = Path::new("/usr/lib/drover");
+        let direct = upgrade_hook(
+            hooks,
+            "upgrade-kubelet",
+            "v1.32.0",
+            "kubeadm",
+            Path::new("/r"),
+            HookRunner::Direct,
+        );
+        assert_eq!(direct.display(), "/usr/lib/drover/upgrade-kubelet v1.32.0");
+        assert_eq!(
+            direct.env,
+            [
+                ("DROVER_ROOT".to_owned(), "/r".to_owned()),
+                ("DROVER_KUBEADM".to_owned(), "kubeadm".to_owned())
+            ]
+        );
+        assert_eq!(direct.timeout, Some(HOOK_TIMEOUT));
+        let unit = upgrade_hook(
+            hooks,
+            "upgrade-kubelet",
+            "v1.32.0",
+            "/usr/bin/kubeadm",
+            Path::new("/"),
+            HookRunner::Systemd,
+        );
+        assert_eq!(unit.program, "systemd-run");
+        assert_eq!(
+            unit.args,
+            [
+                "--wait",
+                "--pipe",
+                "--collect",
+                "--quiet",
+                "--unit=drover-hook-upgrade-kubelet",
+                "--description=Drover upgrade hook upgrade-kubelet v1.32.0",
+                "--property=RuntimeMaxSec=600",
+                "--setenv=DROVER_ROOT=/",
+                "--setenv=DROVER_KUBEADM=/usr/bin/kubeadm",
+                "--",
+                "/usr/lib/drover/upgrade-kubelet",
+                "v1.32.0",
+            ]
+        );
+        // The unit gets its environment from systemd, not from the agent.
+        assert!(unit.env.is_empty());
+        assert_eq!(unit.timeout, Some(HOOK_TIMEOUT));
+        // A test agent with a root of its own never asks systemd.
+        assert_eq!(HookRunner::detect(Path::new("/tmp/m1")), HookRunner::Direct);
     }
 
     #[tokio::test(start_paused = true)]

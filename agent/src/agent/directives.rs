@@ -307,10 +307,13 @@ impl Agent {
             );
         }
         tracing::info!(%version, %command, "upgrading this machine in place at the coordinator's request");
+        let runner = command::HookRunner::detect(&s.root);
+        let hook =
+            |name| command::upgrade_hook(&s.hooks_dir, name, &version, &s.kubeadm, &s.root, runner);
         let steps = [
-            command::upgrade_hook(&s.hooks_dir, KUBEADM_HOOK, &version, &s.kubeadm, &s.root),
+            hook(KUBEADM_HOOK),
             command::kubeadm_upgrade(&s.kubeadm, command, &version, &s.root),
-            command::upgrade_hook(&s.hooks_dir, KUBELET_HOOK, &version, &s.kubeadm, &s.root),
+            hook(KUBELET_HOOK),
         ];
         let shown = steps
             .iter()
@@ -423,20 +426,16 @@ const UPGRADE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 
 /// Runs `spec` for a directive, failing when it fails or takes longer than
 /// `timeout`: a command that hangs must not hold the work slot (a reset
-/// waits behind it).
+/// waits behind it). Past the timeout the runner kills the command's whole
+/// process group: a kubeadm given up on must not go on changing the
+/// machine behind the next step's back.
 async fn run_bounded(
     spec: &CommandSpec,
     timeout: std::time::Duration,
 ) -> Result<(), ClusterCallError> {
-    let outcome = tokio::time::timeout(timeout, command::run(spec, 20))
-        .await
-        .map_err(|_| {
-            ClusterCallError::Command(format!(
-                "{} did not finish in {}s",
-                spec.display(),
-                timeout.as_secs()
-            ))
-        })?;
+    let mut spec = spec.clone();
+    spec.timeout = Some(spec.timeout.map_or(timeout, |t| t.min(timeout)));
+    let outcome = command::run(&spec, 20).await;
     if outcome.success {
         Ok(())
     } else {
@@ -464,4 +463,51 @@ pub(super) enum ClusterCallError {
     Command(String),
     #[error("restarting the static Pods: {0}")]
     StaticPods(#[from] crate::certificates::StaticPodError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step past its timeout fails, and what it started is killed with
+    /// it (its whole process group), not left running behind the agent.
+    #[tokio::test]
+    async fn a_step_past_its_timeout_fails_and_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("kubeadm.pid");
+        let script = format!("sleep 600 & echo $! > {}; wait", pid_file.display());
+        let spec = command::machine_command(&script, dir.path());
+        let started = std::time::Instant::now();
+        let err = run_bounded(&spec, std::time::Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "it waited {:?}",
+            started.elapsed()
+        );
+        assert!(err.to_string().contains("did not finish"), "{err}");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone = || {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !gone() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let alive = !gone();
+        if alive {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(!alive, "the step's child {pid} outlived its timeout");
+    }
 }
