@@ -38,6 +38,8 @@ pub enum EtcdError {
     BadId(String),
     #[error("member {name} ({id}) is this machine's own; a machine never removes its own member on request (kubeadm reset does)")]
     Own { id: String, name: String },
+    #[error("etcd member {name} ({id}) leads and no other started, healthy voting member can take over; it is not removed while it leads")]
+    NoSuccessor { id: String, name: String },
 }
 
 /// A client for the local etcd member, rebuilt when the certificates change
@@ -66,6 +68,9 @@ struct GatewayMember {
     peer_urls: Vec<String>,
     #[serde(default, rename = "clientURLs")]
     client_urls: Vec<String>,
+    /// Absent (false) for a voting member.
+    #[serde(default, rename = "isLearner")]
+    is_learner: bool,
 }
 
 impl Etcd {
@@ -139,6 +144,7 @@ impl Etcd {
                 peer_urls: m.peer_urls,
                 client_urls: m.client_urls,
                 healthy,
+                is_learner: m.is_learner,
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
@@ -151,8 +157,108 @@ impl Etcd {
         EtcdReport { members, error }
     }
 
+    /// The id (hexadecimal) of the member that leads, as the member at
+    /// `endpoint` knows it (etcd's maintenance status).
+    async fn leader(&mut self, endpoint: &str) -> Result<String, EtcdError> {
+        #[derive(Deserialize)]
+        struct Status {
+            /// A uint64 as a decimal string; "0" or absent: no leader.
+            #[serde(default)]
+            leader: String,
+        }
+        let client = self.client()?;
+        let body = post(
+            &client,
+            endpoint,
+            "maintenance status",
+            "/v3/maintenance/status",
+            serde_json::json!({}),
+        )
+        .await?;
+        let status: Status = serde_json::from_str(&body).map_err(|e| EtcdError::Call {
+            call: "maintenance status",
+            endpoint: endpoint.to_owned(),
+            detail: e.to_string(),
+        })?;
+        Ok(status
+            .leader
+            .parse::<u64>()
+            .map(|id| format!("{id:x}"))
+            .unwrap_or_default())
+    }
+
+    /// Moves etcd leadership away from member `id` (hexadecimal) when it
+    /// leads, before the member is removed, as Cluster API's
+    /// KubeadmControlPlane does (controlplane/kubeadm/internal/
+    /// workload_cluster_etcd.go ForwardEtcdLeadership, etcd's MoveLeader):
+    /// removing the leader itself leaves the cluster without one until an
+    /// election timeout passes, and every write waits. The new leader is a
+    /// started, healthy voting member, the one at `endpoint` when it may;
+    /// the request goes to the leader, the only member that can hand
+    /// leadership over. Returns what was done, `None` when `id` does not
+    /// lead.
+    pub async fn hand_over_leadership(
+        &mut self,
+        endpoint: &str,
+        id: &str,
+    ) -> Result<Option<String>, EtcdError> {
+        let members = self.members(endpoint).await?;
+        if self.leader(endpoint).await? != id {
+            return Ok(None);
+        }
+        let Some(leader) = members.iter().find(|m| m.id == id) else {
+            return Ok(None);
+        };
+        let fit = |m: &&EtcdMember| m.id != id && m.started && m.healthy && !m.is_learner;
+        let successor = members
+            .iter()
+            .filter(fit)
+            .find(|m| m.client_urls.iter().any(|u| u == endpoint))
+            .or_else(|| members.iter().find(fit));
+        let (Some(successor), Some(leader_url)) = (successor, leader.client_urls.first()) else {
+            return Err(EtcdError::NoSuccessor {
+                id: id.to_owned(),
+                name: leader.name.clone(),
+            });
+        };
+        let target = u64::from_str_radix(&successor.id, 16)
+            .map_err(|_| EtcdError::BadId(successor.id.clone()))?;
+        let client = self.client()?;
+        post(
+            &client,
+            leader_url,
+            "move leader",
+            "/v3/maintenance/transfer-leadership",
+            serde_json::json!({ "targetID": target.to_string() }),
+        )
+        .await?;
+        Ok(Some(format!(
+            "moved etcd leadership from {} ({id}) to {} ({})",
+            leader.name, successor.name, successor.id
+        )))
+    }
+
+    /// Before this machine's `kubeadm reset` removes its own member (named
+    /// `own_name`): leadership leaves it first when it leads.
+    pub async fn hand_over_own_leadership(
+        &mut self,
+        endpoint: &str,
+        own_name: &str,
+    ) -> Result<Option<String>, EtcdError> {
+        let members = self.members(endpoint).await?;
+        let Some(own) = members.iter().find(|m| m.name == own_name) else {
+            return Ok(None);
+        };
+        if members.len() == 1 {
+            return Ok(None); // The last member: kubeadm reset keeps it.
+        }
+        let id = own.id.clone();
+        self.hand_over_leadership(endpoint, &id).await
+    }
+
     /// Removes member `id` (hexadecimal) through `endpoint`, unless it is
-    /// this machine's own (`own_name`).
+    /// this machine's own (`own_name`); when it leads, leadership moves to
+    /// another member first ([`Etcd::hand_over_leadership`]).
     pub async fn remove(
         &mut self,
         endpoint: &str,
@@ -172,6 +278,7 @@ impl Etcd {
         } else {
             return Ok(format!("etcd member {id} ({name}) is already gone"));
         }
+        let moved = self.hand_over_leadership(endpoint, id).await?;
         let client = self.client()?;
         post(
             &client,
@@ -181,7 +288,10 @@ impl Etcd {
             serde_json::json!({ "ID": numeric.to_string() }),
         )
         .await?;
-        Ok(format!("removed etcd member {id} ({name})"))
+        Ok(match moved {
+            Some(moved) => format!("{moved}, then removed etcd member {id} ({name})"),
+            None => format!("removed etcd member {id} ({name})"),
+        })
     }
 }
 
@@ -237,6 +347,107 @@ mod tests {
         assert_eq!(
             local_endpoint("fd00::1".parse().unwrap()),
             "https://[fd00::1]:2379"
+        );
+    }
+
+    #[test]
+    fn a_learner_is_reported_as_one() {
+        // What etcd 3.4's gateway answers with a learner added and started.
+        let body = r#"{"header":{"cluster_id":"3460116363838020990"},"members":[{"ID":"7501010807256764859","name":"a","peerURLs":["http://127.0.0.77:2380"],"clientURLs":["http://127.0.0.77:2379"]},{"ID":"8045402628072419262","name":"b","peerURLs":["http://127.0.0.78:2380"],"clientURLs":["http://127.0.0.78:2379"],"isLearner":true}]}"#;
+        let list: MemberList = serde_json::from_str(body).unwrap();
+        assert!(!list.members[0].is_learner);
+        assert!(list.members[1].is_learner);
+    }
+
+    /// Two fake members behind etcd's JSON gateway: `cp-a` (id a) and
+    /// `cp-b` (id b); `cp-a` leads until a leadership transfer sent to it
+    /// hands it to the target.
+    async fn two_members(pki: &crate::fake_https::Pki) -> (String, String) {
+        use std::sync::{Arc, OnceLock};
+        let addrs: Arc<OnceLock<(std::net::SocketAddr, std::net::SocketAddr)>> = Arc::default();
+        let seen = addrs.clone();
+        let handler: crate::fake_https::Handler = Arc::new(move |call, before| {
+            let (a, b) = *seen.get().unwrap();
+            let moved_to = before
+                .iter()
+                .rev()
+                .find(|c| c.path == "/v3/maintenance/transfer-leadership")
+                .map(|c| {
+                    serde_json::from_str::<serde_json::Value>(&c.body).unwrap()["targetID"].clone()
+                });
+            let leader = match moved_to {
+                Some(t) => t.as_str().unwrap().to_owned(),
+                None => "10".to_owned(),
+            };
+            let url = |s: std::net::SocketAddr| format!("https://{s}");
+            match call.path.as_str() {
+                "/v3/cluster/member/list" => (200, serde_json::json!({"members": [
+                    {"ID": "10", "name": "cp-a", "peerURLs": ["https://10.0.0.1:2380"], "clientURLs": [url(a)]},
+                    {"ID": "11", "name": "cp-b", "peerURLs": ["https://10.0.0.2:2380"], "clientURLs": [url(b)]},
+                ]}).to_string()),
+                "/health" => (200, r#"{"health":"true"}"#.into()),
+                "/v3/maintenance/status" => (200, serde_json::json!({"leader": leader}).to_string()),
+                "/v3/maintenance/transfer-leadership" => {
+                    let leads = if leader == "10" { a } else { b };
+                    if call.server == leads {
+                        (200, "{}".into())
+                    } else {
+                        (503, r#"{"error":"etcdserver: not leader","code":9}"#.into())
+                    }
+                }
+                "/v3/cluster/member/remove" => (200, "{}".into()),
+                _ => (404, "{}".into()),
+            }
+        });
+        let a = pki.serve(handler.clone()).await;
+        let b = pki.serve(handler).await;
+        addrs.set((a, b)).unwrap();
+        (format!("https://{a}"), format!("https://{b}"))
+    }
+
+    #[tokio::test]
+    async fn leadership_moves_away_before_the_leaders_member_is_removed() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root = tempfile::tempdir().unwrap();
+        let pki = crate::fake_https::Pki::new();
+        pki.write_etcd_client(root.path());
+        let (a, b) = two_members(&pki).await;
+        let mut etcd = Etcd::new(root.path());
+        // cp-b's own member does not lead: nothing moves before its reset.
+        assert_eq!(
+            etcd.hand_over_own_leadership(&b, "cp-b").await.unwrap(),
+            None
+        );
+        // The coordinator asks cp-b to remove cp-a, the leader: leadership
+        // goes to cp-b first, through cp-a, then the member goes.
+        let done = etcd.remove(&b, "a", "cp-a", "cp-b").await.unwrap();
+        assert_eq!(
+            done,
+            "moved etcd leadership from cp-a (a) to cp-b (b), then removed etcd member a (cp-a)"
+        );
+        let calls: Vec<(String, String, String)> = pki
+            .calls()
+            .into_iter()
+            .filter(|c| c.method == "POST" && c.path != "/v3/cluster/member/list")
+            .map(|c| (format!("https://{}", c.server), c.path, c.body))
+            .collect();
+        let moved = calls
+            .iter()
+            .position(|c| c.1 == "/v3/maintenance/transfer-leadership")
+            .expect("a leadership transfer");
+        let removed = calls
+            .iter()
+            .position(|c| c.1 == "/v3/cluster/member/remove")
+            .expect("a member removal");
+        assert!(moved < removed, "{calls:?}");
+        assert_eq!(calls[moved].0, a, "sent to the leader: {calls:?}");
+        assert_eq!(calls[moved].2, r#"{"targetID":"11"}"#);
+        assert_eq!(calls[removed].0, b);
+        // cp-a, leading no more, would hand nothing over before its reset.
+        let mut own = Etcd::new(root.path());
+        assert_eq!(
+            own.hand_over_own_leadership(&a, "cp-a").await.unwrap(),
+            None
         );
     }
 }

@@ -26,6 +26,8 @@ mod boot;
 mod certificates;
 mod command;
 mod etcd;
+#[cfg(test)]
+mod fake_https;
 mod files;
 mod health;
 mod imds;

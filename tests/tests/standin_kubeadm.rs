@@ -1644,6 +1644,84 @@ fn server_side_apply_is_accepted_from_real_kubectl_and_refused_as_the_real_serve
     assert!(!out.status.success());
 }
 
+/// kubeadm 1.29+ (`EtcdLearnerMode`, GA in 1.32) adds a joining control
+/// plane's etcd member as a learner and promotes it once it is in sync;
+/// real etcd takes one learner at a time.
+#[test]
+fn a_joining_control_planes_member_is_a_learner_until_promoted_and_etcd_takes_one_at_a_time() {
+    let c = init_cluster();
+    let cp1_etcd = format!(
+        "https://{}:2379",
+        c.params.control_plane_endpoint.rsplit_once(':').unwrap().0
+    );
+    // A join whose etcd never starts: its member stays a learner.
+    let stuck = Machine::new();
+    c.cas.provision(&stuck);
+    let address = drover_tests::free_loopback();
+    stuck.write(
+        CONFIG,
+        &render_join(
+            &c.params,
+            &node_params("cp-stuck", &address, free_port()),
+            &c.token,
+            &c.cas.pin(),
+            true,
+        ),
+    );
+    let out = Command::new(KUBEADM)
+        .args(["join", "--config", CONFIG, "--rootfs"])
+        .arg(stuck.root())
+        .env("DROVER_ETCD_BIN", "/bin/false")
+        .output()
+        .expect("run the stand-in kubeadm");
+    assert!(!out.status.success(), "{}", text(&out));
+    let members = etcd_members(&c.cp, &cp1_etcd);
+    let peer = format!("https://{address}:2380");
+    let learner = members
+        .iter()
+        .find(|m| m["peerURLs"][0] == peer.as_str())
+        .unwrap_or_else(|| panic!("no member {peer}: {members:?}"));
+    assert_eq!(learner["isLearner"], true, "{members:?}");
+    let cp1 = members.iter().find(|m| m["name"] == "cp-1").unwrap();
+    assert_ne!(cp1["isLearner"], true, "{members:?}");
+    // etcd refuses a second learner: the next join fails and says why.
+    let (second, _, out) = control_plane_join(&c, "cp-2", "v1.31.2");
+    assert_fails_with(&out, "too many learner members");
+    drop(second);
+    // Once the stale learner is removed, a join adds its learner and
+    // promotes it: every member votes.
+    let id = learner["ID"].as_u64().expect("a numeric member id");
+    let pki = c.cp.path("/etc/kubernetes/pki");
+    let removed = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &cp1_etcd, "--cacert"])
+        .arg(pki.join("etcd/ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("apiserver-etcd-client.crt"))
+        .arg("--key")
+        .arg(pki.join("apiserver-etcd-client.key"))
+        .args(["member", "remove", &format!("{id:x}")])
+        .output()
+        .expect("run etcdctl");
+    assert!(removed.status.success(), "{removed:?}");
+    let (_third, _, out) = control_plane_join(&c, "cp-3", "v1.31.2");
+    assert_ok(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Promoting the etcd learner"),
+        "{}",
+        text(&out)
+    );
+    let members = etcd_members(&c.cp, &cp1_etcd);
+    assert_eq!(
+        drover_tests::kube::started_member_names(&members),
+        ["cp-1", "cp-3"]
+    );
+    assert!(
+        members.iter().all(|m| m["isLearner"] != true),
+        "{members:?}"
+    );
+}
+
 /// `kubeadm init` creates kube-proxy and CoreDNS as real kubeadm does
 /// (phases/addons/proxy, phases/addons/dns), at the images it gives them,
 /// and `kubeadm upgrade apply` moves them to the new version's after the

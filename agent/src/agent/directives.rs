@@ -205,7 +205,52 @@ impl Agent {
                     self.activity = Some(report::RESET_STEP);
                     self.config.stop();
                     let spec = command::kubeadm_reset(&self.settings.kubeadm, &self.settings.root);
-                    self.start_work(WorkKind::Reset { id: directive.id }, spec);
+                    // kubeadm reset removes a control plane's own member
+                    // (its remove-etcd-member phase) and never asks whether
+                    // it leads: leadership leaves it first.
+                    let handover = self
+                        .advertise
+                        .filter(|_| may_create_token(self.state.bootstrapped(), self.state.role()))
+                        .map(|ip| {
+                            (
+                                crate::etcd::Etcd::new(&self.settings.root),
+                                crate::etcd::local_endpoint(ip),
+                                self.settings.hostname.clone(),
+                            )
+                        });
+                    let outcome = Box::pin(async move {
+                        let moved = match handover {
+                            Some((mut etcd, endpoint, own)) => Some(
+                                tokio::time::timeout(
+                                    LEADERSHIP_HANDOVER_TIMEOUT,
+                                    etcd.hand_over_own_leadership(&endpoint, &own),
+                                )
+                                .await,
+                            ),
+                            None => None,
+                        };
+                        let note = match moved {
+                            Some(Ok(Ok(Some(moved)))) => Some(moved),
+                            Some(Ok(Ok(None))) | None => None,
+                            Some(Ok(Err(e))) => Some(format!(
+                                "etcd leadership could not be moved away before the reset: {e}"
+                            )),
+                            Some(Err(_)) => Some(format!(
+                                "etcd leadership could not be moved away before the reset: etcd did not answer within {}s",
+                                LEADERSHIP_HANDOVER_TIMEOUT.as_secs()
+                            )),
+                        };
+                        if let Some(note) = &note {
+                            tracing::info!(%note, "before kubeadm reset");
+                        }
+                        let mut outcome = command::run(&spec, command::OUTPUT_TAIL_LINES).await;
+                        outcome.output_tail.splice(0..0, note);
+                        outcome
+                    });
+                    self.work = Some(super::Work {
+                        kind: WorkKind::Reset { id: directive.id },
+                        outcome,
+                    });
                     self.heartbeat_soon();
                 }
             }
@@ -420,6 +465,10 @@ impl Agent {
         }
     }
 }
+
+/// How long moving etcd leadership away before a reset may take; the reset
+/// goes on after it either way.
+const LEADERSHIP_HANDOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long each step of an in-place upgrade may take.
 const UPGRADE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);

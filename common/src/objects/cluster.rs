@@ -291,6 +291,18 @@ pub struct EtcdMember {
     /// Whether its `/health` answered true to the reporting agent.
     #[serde(default)]
     pub healthy: bool,
+    /// Whether it is a learner (etcd's non-voting member, as kubeadm 1.29+
+    /// adds a joining control plane's member until it is in sync): it
+    /// counts towards no quorum and is no settled member yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_learner: bool,
+}
+
+impl EtcdMember {
+    /// Whether it votes (every member but a learner).
+    pub fn voting(&self) -> bool {
+        !self.is_learner
+    }
 }
 
 /// One Node of the cluster, as a control-plane agent reads it.

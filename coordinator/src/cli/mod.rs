@@ -1597,7 +1597,11 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
                 } else {
                     &m.name
                 }),
-                if m.started { "started" } else { "unstarted" },
+                match (m.started, m.is_learner) {
+                    (_, true) => "learner",
+                    (true, false) => "started",
+                    (false, false) => "unstarted",
+                },
                 if m.healthy { "healthy" } else { "unhealthy" },
                 printable(&m.peer_urls.join(","))
             );

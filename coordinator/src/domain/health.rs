@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use drover_common::api::{parse_duration, parse_percent, Cluster, Machine, MachinePhase};
+use drover_common::api::{
+    parse_duration, parse_percent, Cluster, EtcdMember, Machine, MachinePhase,
+};
 use time::OffsetDateTime;
 
 use crate::provider::InstanceState;
@@ -389,6 +391,25 @@ pub fn quorum_allows_removal(members: u32, healthy_others: u32) -> bool {
     after > 0 && healthy_others >= quorum(after)
 }
 
+/// Whether etcd member `victim` may be removed from `members` as a control
+/// plane reported them, counting voting members only (a learner, as
+/// kubeadm 1.29+ adds a joining member, votes for nothing: etcd's
+/// `isReadyToRemoveVotingMember` counts voters alike). A learner or a
+/// member that is down may always go: removing it lowers no count of
+/// healthy voters. A healthy voter goes only while the healthy voters left
+/// keep quorum of the voters left.
+pub fn member_removal_keeps_quorum(members: &[EtcdMember], victim: &EtcdMember) -> bool {
+    if victim.is_learner || !victim.healthy {
+        return true;
+    }
+    let voters = members.iter().filter(|m| !m.is_learner).count() as u32;
+    let healthy_others = members
+        .iter()
+        .filter(|m| !m.is_learner && m.healthy && m.id != victim.id)
+        .count() as u32;
+    quorum_allows_removal(voters, healthy_others)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -579,6 +600,47 @@ mod tests {
         assert_eq!(quorum(3), 2);
         assert_eq!(quorum(2), 2);
         assert_eq!(quorum(1), 1);
+    }
+
+    fn member(id: &str, healthy: bool, is_learner: bool) -> EtcdMember {
+        EtcdMember {
+            id: id.into(),
+            name: format!("cp-{id}"),
+            peer_urls: vec![],
+            client_urls: vec![],
+            started: true,
+            healthy,
+            is_learner,
+        }
+    }
+
+    #[test]
+    fn etcd_quorum_counts_voting_members_only() {
+        // Two healthy voters, one voter down and a healthy learner: four
+        // members, three healthy, but only three vote and two of them are
+        // up. Taking a healthy voter out leaves one healthy of two voters:
+        // below quorum, whatever the learner says.
+        let members = vec![
+            member("1", true, false),
+            member("2", true, false),
+            member("3", false, false),
+            member("4", true, true),
+        ];
+        assert!(!member_removal_keeps_quorum(&members, &members[0]));
+        // The learner and the member that is down may go.
+        assert!(member_removal_keeps_quorum(&members, &members[3]));
+        assert!(member_removal_keeps_quorum(&members, &members[2]));
+        // Three healthy voters and a learner: one voter may go.
+        let members = vec![
+            member("1", true, false),
+            member("2", true, false),
+            member("3", true, false),
+            member("4", true, true),
+        ];
+        assert!(member_removal_keeps_quorum(&members, &members[0]));
+        // A lone voter with its learner is never removed.
+        let members = vec![member("1", true, false), member("2", true, true)];
+        assert!(!member_removal_keeps_quorum(&members, &members[0]));
     }
 
     /// Pool `default` of `members` machines, all desired, with `unhealthy`.

@@ -968,10 +968,11 @@ fn record_view(
             .flat_map(|r| &r.members)
             .map(|m| {
                 format!(
-                    "{}({}{})",
+                    "{}({}{}{})",
                     if m.name.is_empty() { &m.id } else { &m.name },
                     if m.started { "started" } else { "unstarted" },
-                    if m.healthy { ",healthy" } else { ",unhealthy" }
+                    if m.healthy { ",healthy" } else { ",unhealthy" },
+                    if m.is_learner { ",learner" } else { "" }
                 )
             })
             .collect();

@@ -1572,6 +1572,7 @@ mod tests {
             client_urls: vec!["https://x:2379".into()],
             started: true,
             healthy,
+            is_learner: false,
         };
         c.status.etcd_members = vec![
             member("1", "a", false),
@@ -1738,6 +1739,39 @@ mod tests {
         assert!(deletes(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
     }
 
+    #[test]
+    fn a_control_plane_joins_only_once_the_last_ones_learner_is_promoted() {
+        // kubeadm 1.29+ adds a joining member as a learner and promotes it
+        // once in sync; etcd takes one learner at a time, so the next
+        // control plane waits for the promotion.
+        let c = initialized(docker_cluster(3, 0), "cp1");
+        let machines: Vec<Machine> = [
+            ("cp1", MachineRole::Init),
+            ("cp2", MachineRole::ControlPlane),
+        ]
+        .iter()
+        .map(|(name, role)| {
+            let mut m = created(name, CONTROL_PLANE_POOL, *role, MachinePhase::Running);
+            m.status.hostname = m.metadata.name.clone();
+            m
+        })
+        .collect();
+        let mut reported = c.clone();
+        reported.status.etcd_members = healthy_members(&["cp1", "cp2"]);
+        reported.status.etcd_members[1].is_learner = true;
+        assert_eq!(
+            creates(&plan(&reported, &machines, &obs(true, &seen_now))),
+            vec![],
+            "a learner is a join under way"
+        );
+        // Promoted: the next control plane joins.
+        reported.status.etcd_members[1].is_learner = false;
+        assert_eq!(
+            creates(&plan(&reported, &machines, &obs(true, &seen_now))),
+            vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
+        );
+    }
+
     /// A started, healthy etcd member for each name, ids 0, 1, 2...
     fn healthy_members(names: &[&str]) -> Vec<drover_common::api::EtcdMember> {
         names
@@ -1750,6 +1784,7 @@ mod tests {
                 client_urls: vec![],
                 started: true,
                 healthy: true,
+                is_learner: false,
             })
             .collect()
     }

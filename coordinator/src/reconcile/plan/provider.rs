@@ -81,7 +81,7 @@ pub(super) fn plan_provider(
     // etcd whole: a healthy member for every control plane, no other.
     let etcd_whole = etcd_settled
         && etcd_members.len() == cp_owners.len()
-        && etcd_members.iter().all(|m| m.healthy)
+        && etcd_members.iter().all(|m| m.healthy && !m.is_learner)
         && cp_owners
             .iter()
             .all(|m| member_of(etcd_members, m).is_some());

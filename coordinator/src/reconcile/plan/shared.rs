@@ -544,7 +544,8 @@ pub(crate) struct EtcdPlan {
     /// The member removal to ask for (kept in the cluster's status, and
     /// handed to its `via` machine with its next heartbeat).
     pub removal: Option<drover_common::api::EtcdRemoval>,
-    /// Whether membership is settled: every member started, healthy and
+    /// Whether membership is settled: every member started, healthy, a
+    /// voter (no learner) and
     /// belonging to a control-plane machine of the cluster, one member per
     /// such machine, and no removal under way. A control-plane join waits
     /// for this, so joins never race a member change.
@@ -611,16 +612,17 @@ pub(crate) fn plan_etcd(
             };
         }
     }
-    let healthy = members.iter().filter(|m| m.healthy).count() as u32;
     let owned = |e: &drover_common::api::EtcdMember| {
         owners
             .iter()
             .any(|m| member_of(members, m).is_some_and(|o| o.id == e.id))
     };
+    // Through a healthy voter: a learner serves no member changes.
     let via_for = |victim: &drover_common::api::EtcdMember| {
-        via_candidates
-            .iter()
-            .find(|m| member_of(members, m).is_some_and(|own| own.healthy && own.id != victim.id))
+        via_candidates.iter().find(|m| {
+            member_of(members, m)
+                .is_some_and(|own| own.healthy && !own.is_learner && own.id != victim.id)
+        })
     };
     // Planned departures first (their machines still run), then members
     // of machines that are gone.
@@ -649,8 +651,8 @@ pub(crate) fn plan_etcd(
             )
         });
     let removal = planned.chain(orphans).find_map(|(e, reason)| {
-        let keeps_quorum = !e.healthy
-            || crate::domain::health::quorum_allows_removal(members.len() as u32, healthy - 1);
+        // Voting members only: a learner counts towards no quorum.
+        let keeps_quorum = crate::domain::health::member_removal_keeps_quorum(members, e);
         let via = via_for(e)?;
         keeps_quorum.then(|| EtcdRemoval {
             id: e.id.clone(),
@@ -662,8 +664,12 @@ pub(crate) fn plan_etcd(
             error: String::new(),
         })
     });
+    // A learner is a join under way (kubeadm promotes it once it is in
+    // sync), never a settled member: etcd takes one learner at a time.
     let settled = removal.is_none()
-        && members.iter().all(|e| e.started && e.healthy && owned(e))
+        && members
+            .iter()
+            .all(|e| e.started && e.healthy && !e.is_learner && owned(e))
         && owners
             .iter()
             .filter(|m| m.status.phase == MachinePhase::Running)

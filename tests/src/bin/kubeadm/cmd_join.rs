@@ -470,7 +470,7 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
     let etcd_url = node::etcd_client_url(advertise);
     if !skip.skipped("control-plane-join/etcd") {
         let peer_url = format!("https://{}", join_host_port(&advertise.to_string(), 2380));
-        let initial = add_etcd_member(root, &cs.cert_dir, &server, &node_name, &peer_url)
+        let (etcd, initial) = add_etcd_member(root, &cs.cert_dir, &server, &node_name, &peer_url)
             .await
             .in_phase("control-plane-join/etcd")?;
         node::write_etcd_manifest(root, &cs, &cp_node, Some(&initial))
@@ -481,6 +481,12 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             crate::util::format_go_duration(api_wait)
         );
         node::start_etcd(root, &cs.cert_dir, advertise, api_wait)
+            .await
+            .in_phase("control-plane-join/etcd")?;
+        // The learner votes once in sync (local.go: MemberPromote after the
+        // manifest, before the cluster is waited for).
+        println!("[etcd] Promoting the etcd learner {peer_url} to a voting member");
+        etcd.promote_member(&peer_url, api_wait)
             .await
             .in_phase("control-plane-join/etcd")?;
     }
@@ -507,14 +513,16 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
 /// Adds this machine's etcd member through the cluster's existing members,
 /// which it finds as kubeadm does: the etcd Pods' client-URL annotations,
 /// read through the control-plane endpoint with the admin credentials.
-/// Returns the new member's `--initial-cluster`.
+/// The member is added as a learner (see [`store::Store::add_member`]).
+/// Returns the client it was added with and the new member's
+/// `--initial-cluster`.
 async fn add_etcd_member(
     root: &Root,
     cert_dir: &str,
     server: &str,
     node_name: &str,
     peer_url: &str,
-) -> Result<String> {
+) -> Result<(store::Store, String)> {
     let text = std::fs::read_to_string(root.path("/etc/kubernetes/admin.conf"))
         .map_err(|e| anyhow!("open /etc/kubernetes/admin.conf: {e}"))?;
     let kc = crate::certs::parse_kubeconfig(&text, None)?;
@@ -548,7 +556,9 @@ async fn add_etcd_member(
     );
     let access = store::EtcdAccess::apiserver(root, cert_dir, &endpoints[0])?.at(endpoints);
     let etcd = store::Store::connect(&access).await?;
-    etcd.add_member(node_name, peer_url).await
+    println!("[etcd] Adding etcd member {peer_url} as a learner");
+    let initial = etcd.add_member(node_name, peer_url).await?;
+    Ok((etcd, initial))
 }
 
 /// The kubelet's TLS bootstrap, as `kubeadm join` leaves it to the kubelet:

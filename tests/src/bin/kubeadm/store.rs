@@ -327,8 +327,14 @@ impl Store {
         Ok(resp.members().iter().map(Member::from).collect())
     }
 
-    /// Adds a member with `peer_url` unless one has it already; returns
-    /// every member's `name=peerURL` for the new member's
+    /// Adds a member with `peer_url` as a learner unless one has it
+    /// already, as kubeadm's join does since its `EtcdLearnerMode` (GA in
+    /// 1.32; cmd/kubeadm/app/phases/etcd/local.go
+    /// CreateStackedEtcdStaticPodManifestFile calls
+    /// cmd/kubeadm/app/util/etcd/etcd.go AddMemberAsLearner): the learner
+    /// votes for nothing until [`Store::promote_member`], and etcd itself
+    /// refuses a second learner ("too many learner members in cluster").
+    /// Returns every member's `name=peerURL` for the new member's
     /// `--initial-cluster` (`name` is empty for members not started yet;
     /// the new member is named `new_name`).
     pub async fn add_member(&self, new_name: &str, peer_url: &str) -> Result<String> {
@@ -346,7 +352,10 @@ impl Store {
                 match self
                     .client
                     .cluster_client()
-                    .member_add(vec![peer_url.to_owned()], None)
+                    .member_add(
+                        vec![peer_url.to_owned()],
+                        Some(etcd_client::MemberAddOptions::new().with_is_learner()),
+                    )
                     .await
                 {
                     Ok(r) => break r,
@@ -377,6 +386,45 @@ impl Store {
             })
             .collect::<Vec<_>>()
             .join(","))
+    }
+
+    /// Promotes the learner with `peer_url` to a voting member, as
+    /// kubeadm's join does once the learner's static Pod is written
+    /// (cmd/kubeadm/app/util/etcd/etcd.go MemberPromote): etcd refuses
+    /// while the learner is not in sync with the leader ("can only promote
+    /// a learner member which is in sync with leader"), and kubeadm tries
+    /// again until `timeout`. A member already voting is left as it is.
+    pub async fn promote_member(&self, peer_url: &str, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let members = self.members().await?;
+            let Some(member) = members
+                .iter()
+                .find(|m| m.peer_urls.iter().any(|u| u == peer_url))
+            else {
+                anyhow::bail!("no etcd member has the peer URL {peer_url}");
+            };
+            if !member.is_learner {
+                return Ok(());
+            }
+            match self.client.cluster_client().member_promote(member.id).await {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if e.to_string().contains("in sync with leader")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "cannot promote the etcd learner {:x} ({peer_url})",
+                            member.id
+                        )
+                    })
+                }
+            }
+        }
     }
 
     /// Every Node, as stored.
@@ -529,6 +577,7 @@ pub struct Member {
     pub name: String,
     pub peer_urls: Vec<String>,
     pub client_urls: Vec<String>,
+    pub is_learner: bool,
 }
 
 impl From<&etcd_client::Member> for Member {
@@ -538,6 +587,7 @@ impl From<&etcd_client::Member> for Member {
             name: m.name().to_owned(),
             peer_urls: m.peer_urls().to_vec(),
             client_urls: m.client_urls().to_vec(),
+            is_learner: m.is_learner(),
         }
     }
 }
