@@ -312,86 +312,184 @@ impl Kube {
     /// resource is found through the API's discovery, then the document is
     /// sent as an apply patch. Stops at the first refusal, naming the
     /// object and the API server's message.
+    ///
+    /// An addon's CustomResourceDefinitions go first, and the rest waits
+    /// until each is `Established` (at most [`ESTABLISH_TIMEOUT`]), as
+    /// `kubectl apply` users learn to `kubectl wait
+    /// --for=condition=Established` in between: the API server serves a
+    /// definition's kind only once it is established, a moment after it
+    /// was created. One that is not established in time fails the addon,
+    /// named with why its names were refused, if they were.
     pub async fn apply_manifests(
         &mut self,
         api: &str,
         addon: &str,
         manifests: &str,
     ) -> Result<String, KubeError> {
+        self.apply_manifests_within(api, addon, manifests, ESTABLISH_TIMEOUT)
+            .await
+    }
+
+    async fn apply_manifests_within(
+        &mut self,
+        api: &str,
+        addon: &str,
+        manifests: &str,
+        establish_timeout: Duration,
+    ) -> Result<String, KubeError> {
         let docs =
             drover_common::api::manifest_documents(manifests).map_err(|e| KubeError::Apply {
                 object: format!("addon {addon}"),
                 message: e.to_string(),
             })?;
-        let mut discovered: std::collections::HashMap<String, serde_json::Value> =
-            std::collections::HashMap::new();
-        for doc in &docs {
-            let base = if doc.api_version.contains('/') {
-                format!("/apis/{}", doc.api_version)
-            } else {
-                format!("/api/{}", doc.api_version)
-            };
-            if !discovered.contains_key(&base) {
-                let call = format!("discover {}", doc.api_version);
-                let (status, body) = self.call(api, &call, Method::GET, &base).await?;
-                let list = if status.is_success() {
-                    serde_json::from_str(&body).map_err(|e| failed(&call, api, e.to_string()))?
-                } else if status == reqwest::StatusCode::NOT_FOUND {
-                    serde_json::Value::Null
-                } else {
-                    return Err(failed(&call, api, format!("{status}: {body}")));
-                };
-                discovered.insert(base.clone(), list);
-            }
-            let resource = discovered[&base]["resources"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|r| {
-                    r["kind"] == doc.kind.as_str()
-                        && r["name"].as_str().is_some_and(|n| !n.contains('/'))
-                });
-            let Some(resource) = resource else {
-                return Err(KubeError::Apply {
-                    object: doc.describe(),
-                    message: format!(
-                        "no matches for kind {:?} in version {:?}; ensure its CustomResourceDefinition is installed first",
-                        doc.kind, doc.api_version
-                    ),
-                });
-            };
-            let plural = resource["name"].as_str().unwrap_or_default();
-            let path = if resource["namespaced"].as_bool().unwrap_or(false) {
-                let ns = doc.namespace.as_deref().unwrap_or("default");
-                format!("{base}/namespaces/{ns}/{plural}/{}", doc.name)
-            } else {
-                format!("{base}/{plural}/{}", doc.name)
-            };
-            let path = format!("{path}?fieldManager={FIELD_MANAGER}&force=true");
-            let call = format!("apply {}", doc.describe());
-            let body = Some((APPLY_PATCH, doc.object.clone()));
-            let (status, body) = self
-                .call_with(api, &call, Method::PATCH, &path, body)
+        let is_definition = |d: &&drover_common::api::ManifestDocument| {
+            d.kind == "CustomResourceDefinition"
+                && d.api_version.starts_with("apiextensions.k8s.io/")
+        };
+        let definitions: Vec<_> = docs.iter().filter(is_definition).collect();
+        let mut discovered = std::collections::HashMap::new();
+        for doc in &definitions {
+            self.apply_document(api, doc, &mut discovered).await?;
+        }
+        for doc in &definitions {
+            self.wait_established(api, &doc.name, establish_timeout)
                 .await?;
-            if !status.is_success() {
-                let message = serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|s| s["message"].as_str().map(str::to_owned))
-                    .unwrap_or_else(|| format!("{status}: {body}"));
-                return Err(KubeError::Apply {
-                    object: doc.describe(),
-                    message,
-                });
-            }
+        }
+        // A kind served now was unknown to discovery a moment ago.
+        discovered.clear();
+        for doc in docs.iter().filter(|d| !is_definition(d)) {
+            self.apply_document(api, doc, &mut discovered).await?;
         }
         Ok(format!(
             "addon {addon}: {} objects applied: {}",
             docs.len(),
-            docs.iter()
+            definitions
+                .iter()
+                .copied()
+                .chain(docs.iter().filter(|d| !is_definition(d)))
                 .map(|d| d.describe())
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
+    }
+
+    /// Waits until CustomResourceDefinition `name` is `Established`.
+    async fn wait_established(
+        &mut self,
+        api: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), KubeError> {
+        let call = format!("get CustomResourceDefinition {name}");
+        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = String::new();
+        loop {
+            let (status, body) = self.call(api, &call, Method::GET, &path).await?;
+            if status.is_success() {
+                let crd: serde_json::Value =
+                    serde_json::from_str(&body).map_err(|e| failed(&call, api, e.to_string()))?;
+                let conditions = crd["status"]["conditions"].as_array().cloned();
+                let condition = |type_: &str| {
+                    conditions
+                        .iter()
+                        .flatten()
+                        .find(|c| c["type"] == type_)
+                        .cloned()
+                };
+                if condition("Established").is_some_and(|c| c["status"] == "True") {
+                    return Ok(());
+                }
+                last = match condition("NamesAccepted") {
+                    Some(c) if c["status"] == "False" => format!(
+                        ": its names are not accepted ({}: {})",
+                        c["reason"].as_str().unwrap_or_default(),
+                        c["message"].as_str().unwrap_or_default()
+                    ),
+                    _ => String::new(),
+                };
+            } else if status != reqwest::StatusCode::NOT_FOUND {
+                return Err(failed(&call, api, format!("{status}: {body}")));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(KubeError::Apply {
+                    object: format!("CustomResourceDefinition {name}"),
+                    message: format!(
+                        "not Established within {}s{last}; nothing of its kind was applied",
+                        timeout.as_secs()
+                    ),
+                });
+            }
+            tokio::time::sleep(ESTABLISH_POLL).await;
+        }
+    }
+
+    /// Applies one document (see [`Kube::apply_manifests`]); `discovered`
+    /// keeps each group version's discovery.
+    async fn apply_document(
+        &mut self,
+        api: &str,
+        doc: &drover_common::api::ManifestDocument,
+        discovered: &mut std::collections::HashMap<String, serde_json::Value>,
+    ) -> Result<(), KubeError> {
+        let base = if doc.api_version.contains('/') {
+            format!("/apis/{}", doc.api_version)
+        } else {
+            format!("/api/{}", doc.api_version)
+        };
+        if !discovered.contains_key(&base) {
+            let call = format!("discover {}", doc.api_version);
+            let (status, body) = self.call(api, &call, Method::GET, &base).await?;
+            let list = if status.is_success() {
+                serde_json::from_str(&body).map_err(|e| failed(&call, api, e.to_string()))?
+            } else if status == reqwest::StatusCode::NOT_FOUND {
+                serde_json::Value::Null
+            } else {
+                return Err(failed(&call, api, format!("{status}: {body}")));
+            };
+            discovered.insert(base.clone(), list);
+        }
+        let resource = discovered[&base]["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| {
+                r["kind"] == doc.kind.as_str()
+                    && r["name"].as_str().is_some_and(|n| !n.contains('/'))
+            });
+        let Some(resource) = resource else {
+            return Err(KubeError::Apply {
+                object: doc.describe(),
+                message: format!(
+                    "no matches for kind {:?} in version {:?}; ensure its CustomResourceDefinition is installed first",
+                    doc.kind, doc.api_version
+                ),
+            });
+        };
+        let plural = resource["name"].as_str().unwrap_or_default();
+        let path = if resource["namespaced"].as_bool().unwrap_or(false) {
+            let ns = doc.namespace.as_deref().unwrap_or("default");
+            format!("{base}/namespaces/{ns}/{plural}/{}", doc.name)
+        } else {
+            format!("{base}/{plural}/{}", doc.name)
+        };
+        let path = format!("{path}?fieldManager={FIELD_MANAGER}&force=true");
+        let call = format!("apply {}", doc.describe());
+        let body = Some((APPLY_PATCH, doc.object.clone()));
+        let (status, body) = self
+            .call_with(api, &call, Method::PATCH, &path, body)
+            .await?;
+        if !status.is_success() {
+            let message = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|s| s["message"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| format!("{status}: {body}"));
+            return Err(KubeError::Apply {
+                object: doc.describe(),
+                message,
+            });
+        }
+        Ok(())
     }
 
     /// Marks Node `node` schedulable again, as `kubectl uncordon` does.
@@ -554,6 +652,13 @@ impl Kube {
     }
 }
 
+/// How long an addon's CustomResourceDefinitions may take to be
+/// `Established` before the addon fails.
+pub const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often a definition's conditions are read while waiting.
+const ESTABLISH_POLL: Duration = Duration::from_millis(500);
+
 /// The field manager of everything Drover applies.
 pub const FIELD_MANAGER: &str = "drover";
 
@@ -625,6 +730,127 @@ pub fn local_api(advertise: std::net::IpAddr, port: u16) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A fake API server for an addon of CustomResourceDefinitions and
+    /// objects of their kinds: a definition applied is established after
+    /// `gets_until_established` earlier reads of it (never when `None`, its names
+    /// refused), and its kind is served only once it is.
+    async fn fake_api(
+        pki: &crate::fake_https::Pki,
+        gets_until_established: Option<usize>,
+    ) -> String {
+        use crate::fake_https::{Call, Handler};
+        let handler: Handler = std::sync::Arc::new(move |call: &Call, before: &[Call]| {
+            const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/";
+            let reads = before
+                .iter()
+                .filter(|c| c.method == "GET" && c.path.starts_with(CRDS))
+                .count();
+            let applied = before
+                .iter()
+                .any(|c| c.method == "PATCH" && c.path.starts_with(CRDS));
+            let established = applied && gets_until_established.is_some_and(|n| reads >= n);
+            let path = call.path.split('?').next().unwrap_or_default();
+            match (call.method.as_str(), path) {
+                ("GET", "/apis/apiextensions.k8s.io/v1") => (200, serde_json::json!({"resources": [
+                    {"name": "customresourcedefinitions", "kind": "CustomResourceDefinition", "namespaced": false}
+                ]}).to_string()),
+                ("PATCH", p) if p.starts_with(CRDS) => (201, "{}".into()),
+                ("GET", p) if p.starts_with(CRDS) && applied => {
+                    let conditions = match gets_until_established {
+                        None => serde_json::json!([
+                            {"type": "NamesAccepted", "status": "False", "reason": "KindConflict", "message": "\"Widget\" is already in use"},
+                            {"type": "Established", "status": "False", "reason": "NotAccepted"}]),
+                        Some(_) if established => serde_json::json!([
+                            {"type": "NamesAccepted", "status": "True"}, {"type": "Established", "status": "True"}]),
+                        Some(_) => serde_json::json!([{"type": "NamesAccepted", "status": "True"}]),
+                    };
+                    (200, serde_json::json!({"status": {"conditions": conditions}}).to_string())
+                }
+                ("GET", "/apis/example.com/v1") if established => (200, serde_json::json!({"resources": [
+                    {"name": "widgets", "kind": "Widget", "namespaced": true}
+                ]}).to_string()),
+                ("PATCH", "/apis/example.com/v1/namespaces/default/widgets/w1") if established => {
+                    (201, "{}".into())
+                }
+                _ => (404, r#"{"kind":"Status","message":"the server could not find the requested resource"}"#.into()),
+            }
+        });
+        let addr = pki.serve(handler).await;
+        format!("https://{addr}")
+    }
+
+    /// A Widget before its definition, as an addon may list them.
+    const ADDON: &str = "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: default}\n---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec: {group: example.com}\n";
+
+    #[tokio::test]
+    async fn an_addons_objects_wait_for_their_definition_to_be_established() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root = tempfile::tempdir().unwrap();
+        let pki = crate::fake_https::Pki::new();
+        let api = fake_api(&pki, Some(3)).await;
+        pki.write_admin_conf(root.path(), &api);
+        let mut kube = Kube::new(root.path());
+        let done = kube
+            .apply_manifests_within(&api, "widgets", ADDON, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert_eq!(
+            done,
+            "addon widgets: 2 objects applied: CustomResourceDefinition widgets.example.com, Widget default/w1"
+        );
+        let calls: Vec<String> = pki
+            .calls()
+            .iter()
+            .map(|c| format!("{} {}", c.method, c.path.split('?').next().unwrap()))
+            .collect();
+        let at = |s: &str| {
+            calls
+                .iter()
+                .position(|c| c == s)
+                .unwrap_or_else(|| panic!("no {s}: {calls:?}"))
+        };
+        let applied =
+            at("PATCH /apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com");
+        let widget = at("PATCH /apis/example.com/v1/namespaces/default/widgets/w1");
+        assert!(applied < widget, "{calls:?}");
+        // It read the definition until it was established, never the
+        // kind's paths before.
+        let reads = calls[..widget]
+            .iter()
+            .filter(|c| {
+                c.starts_with("GET /apis/apiextensions.k8s.io/v1/customresourcedefinitions/")
+            })
+            .count();
+        assert_eq!(reads, 4, "{calls:?}");
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| c.contains("example.com/v1"))
+                .count(),
+            2,
+            "{calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_addon_whose_definition_is_never_established_fails_naming_it() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root = tempfile::tempdir().unwrap();
+        let pki = crate::fake_https::Pki::new();
+        let api = fake_api(&pki, None).await;
+        pki.write_admin_conf(root.path(), &api);
+        let mut kube = Kube::new(root.path());
+        let err = kube
+            .apply_manifests_within(&api, "widgets", ADDON, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "CustomResourceDefinition widgets.example.com: not Established within 1s: its names are not accepted (KindConflict: \"Widget\" is already in use); nothing of its kind was applied"
+        );
+        assert!(!pki.calls().iter().any(|c| c.path.contains("widgets/w1")));
+    }
+
     #[test]
     fn local_api_brackets_ipv6() {
         assert_eq!(

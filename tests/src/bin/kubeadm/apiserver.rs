@@ -26,6 +26,7 @@ use crate::daemon;
 use crate::store::{Added, EtcdAccess, Store, StoredToken};
 use crate::util::Root;
 
+mod crds;
 mod nodeipam;
 mod objects;
 mod workloads;
@@ -111,6 +112,8 @@ async fn serve(root: &Root, opts: Opts) -> Result<()> {
         server: opts.server,
         store,
     });
+    // kube-apiserver's apiextensions controllers (naming, establishing).
+    tokio::spawn(crds::run_controller(state.clone()));
     let watchdog = daemon::watchdog(root.clone(), "apiserver");
     tokio::pin!(watchdog);
     let term = daemon::termination();
@@ -228,6 +231,10 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
         Ok(resp) => return resp,
         Err(req) => req,
     };
+    let req = match crds::route(state, &who, req).await {
+        Ok(resp) => return resp,
+        Err(req) => req,
+    };
     match (method, path.as_str()) {
         (Method::GET, "/livez") => text(StatusCode::OK, "ok"),
         (Method::GET, "/readyz" | "/healthz") => ready(state).await,
@@ -239,7 +246,7 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
         ),
         (Method::GET, "/apis") => json_resp(
             StatusCode::OK,
-            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": std::iter::once(workloads::policy_group()).chain(objects::groups()).collect::<Vec<_>>()}),
+            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": std::iter::once(workloads::policy_group()).chain(objects::groups()).chain(crds::groups(state).await).collect::<Vec<_>>()}),
         ),
         (Method::GET, workloads::POLICY_V1) => {
             json_resp(StatusCode::OK, &workloads::policy_resources())

@@ -516,6 +516,31 @@ impl Store {
             .transpose()
     }
 
+    /// Every object stored under `prefix` (`what`, for errors), each with
+    /// its key and etcd mod revision, for [`Self::replace_object`].
+    pub async fn objects_with_revisions(
+        &self,
+        prefix: &str,
+        what: &str,
+    ) -> Result<Vec<(String, serde_json::Value, i64)>> {
+        let resp = self
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .with_context(|| format!("cannot read {what} from etcd"))?;
+        resp.kvs()
+            .iter()
+            .map(|kv| {
+                let value = serde_json::from_slice(kv.value())
+                    .with_context(|| format!("the stored {what} is corrupt"))?;
+                Ok((
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    value,
+                    kv.mod_revision(),
+                ))
+            })
+            .collect()
+    }
+
     /// Replaces the object at `key` if it is still at `revision`, as the
     /// API server's optimistic concurrency does; false when another writer
     /// changed it first.

@@ -345,7 +345,7 @@ async fn delete(state: &State, t: &Target, name: &str) -> Resp {
 }
 
 /// Whether namespace `ns` exists.
-async fn namespace_exists(state: &State, ns: &str) -> anyhow::Result<bool> {
+pub(super) async fn namespace_exists(state: &State, ns: &str) -> anyhow::Result<bool> {
     if BUILTIN_NAMESPACES.contains(&ns) {
         return Ok(true);
     }
@@ -357,7 +357,7 @@ async fn namespace_exists(state: &State, ns: &str) -> anyhow::Result<bool> {
 }
 
 /// A lowercase RFC 1123 subdomain.
-fn is_subdomain(s: &str) -> bool {
+pub(super) fn is_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && s.split('.').all(|l| {
@@ -446,7 +446,7 @@ fn check_kind(kind: &str, obj: &Value) -> Result<(), String> {
 
 /// Merges `applied` into `stored`: maps field by field, anything else
 /// replaced.
-fn merge(stored: &mut Value, applied: &Value) {
+pub(super) fn merge(stored: &mut Value, applied: &Value) {
     match (stored.as_object_mut(), applied.as_object()) {
         (Some(s), Some(a)) => {
             for (k, v) in a {
