@@ -628,14 +628,51 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
         c.cp.kubeadm_at(version, &all)
     };
     let no_renewal = "--certificate-renewal=false";
-    // A v1.31 kubeadm cannot upgrade to v1.32.
-    let out = apply("v1.31.2", &["v1.32.0", "-y", no_renewal]);
-    assert_fails_with(&out, "is higher than the kubeadm version \"v1.31.2\"");
-    // A v1.33 kubeadm still moves one minor at a time, and never down.
-    let out = apply("v1.33.0", &["v1.33.0", "-y", no_renewal]);
+    // A v1.31 kubeadm cannot upgrade to v1.32, even with --force
+    // (policy.go: a minor above kubeadm's own is a mandatory error).
+    let out = apply("v1.31.2", &["v1.32.0", "-y", "--force", no_renewal]);
+    assert_fails_with(
+        &out,
+        "\"v1.32.0\" is at least one minor release higher than the kubeadm minor release (32 > 31)",
+    );
+    // A v1.32.0 kubeadm goes to a later v1.32 patch only with --force.
+    let out = apply("v1.32.0", &["v1.32.1", "-y", "--dry-run", no_renewal]);
+    assert_fails_with(&out, "is higher than the kubeadm version \"v1.32.0\"");
+    assert_fails_with(&out, "Can be bypassed if you pass the --force flag");
+    // A v1.33 kubeadm still moves one minor at a time.
+    let out = apply("v1.33.0", &["v1.33.0", "-y", "--force", no_renewal]);
     assert_fails_with(&out, "kubeadm can upgrade only 1 minor version at a time");
-    let out = apply("v1.32.0", &["v1.30.5", "-y", no_renewal]);
-    assert_fails_with(&out, "Downgrades are not supported yet");
+    // A kubeadm whose minor is above the target's needs --force.
+    let out = apply("v1.32.0", &["v1.31.3", "-y", "--dry-run", no_renewal]);
+    assert_fails_with(
+        &out,
+        "Kubeadm version v1.32.0 can only be used to upgrade to Kubernetes version 1.32",
+    );
+    let out = apply(
+        "v1.32.0",
+        &["v1.31.3", "-y", "--force", "--dry-run", no_renewal],
+    );
+    assert_ok(&out);
+    assert!(
+        text(&out).contains("skipping since the --force flag is set"),
+        "{}",
+        text(&out)
+    );
+    // The health checks: every control-plane static Pod manifest must be
+    // there (health.go, StaticPodManifest), unless the check is ignored.
+    let scheduler = c.cp.path("/etc/kubernetes/manifests/kube-scheduler.yaml");
+    let aside = c.cp.path("/etc/kubernetes/kube-scheduler.yaml.aside");
+    std::fs::rename(&scheduler, &aside).unwrap();
+    let out = apply("v1.32.0", &["v1.32.0", "-y", "--dry-run", no_renewal]);
+    assert_fails_with(&out, "[ERROR StaticPodManifest]");
+    let ignored = "--ignore-preflight-errors=StaticPodManifest";
+    let out = apply(
+        "v1.32.0",
+        &["v1.32.0", "-y", "--dry-run", ignored, no_renewal],
+    );
+    assert_ok(&out);
+    assert!(text(&out).contains("[WARNING StaticPodManifest]"));
+    std::fs::rename(&aside, &scheduler).unwrap();
     // It asks before it acts.
     let out = apply("v1.32.0", &["v1.32.0", no_renewal]);
     assert_fails_with(&out, "won't proceed");
@@ -669,7 +706,10 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
     let backups = std::fs::read_dir(c.cp.path("/etc/kubernetes/tmp"))
         .unwrap()
         .count();
-    assert_eq!(backups, 1);
+    assert_eq!(backups, 2, "the manifests' backup and etcd's");
+    // etcd went to the etcd kubeadm v1.32 pairs with it.
+    let etcd = std::fs::read_to_string(c.cp.path("/etc/kubernetes/manifests/etcd.yaml")).unwrap();
+    assert!(etcd.contains("/etcd:3.5.16-0"), "{etcd}");
     // The worker: a v1.31 kubeadm cannot follow; a v1.32 one does, as the
     // kubelet, with no control plane to upgrade.
     let out = w.kubeadm_at("v1.31.2", &["upgrade", "node", no_renewal]);

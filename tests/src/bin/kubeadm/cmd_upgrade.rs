@@ -1,9 +1,15 @@
 //! `kubeadm upgrade apply VERSION` and `kubeadm upgrade node`: the in-place
 //! upgrade of a running cluster, as strict as real kubeadm about versions.
 //!
-//! `upgrade apply` (on one control plane) checks the cluster's health (every
-//! control-plane Node Ready), refuses a downgrade, a skipped minor release
-//! and a version newer than this kubeadm, records the new version in
+//! `upgrade apply` (on one control plane) runs kubeadm's cluster health
+//! checks (`cmd/kubeadm/app/phases/upgrade/health.go`: the API server
+//! answers, every control-plane Node is Ready, this node's control-plane
+//! static Pod manifests exist; each can be made a warning with
+//! `--ignore-preflight-errors`), enforces kubeadm's version skew policy
+//! (`cmd/kubeadm/app/phases/upgrade/policy.go`, `EnforceVersionPolicies`:
+//! more than one minor up or down, or a minor above this kubeadm's, is
+//! refused outright; a patch above this kubeadm's, or a target below this
+//! kubeadm's minor, only with `--force`), records the new version in
 //! `kube-system/kubeadm-config` and rewrites this node's control-plane
 //! static Pod manifests for it (the old ones backed up under
 //! `/etc/kubernetes/tmp`); the stand-in API server then answers `/version`
@@ -13,8 +19,11 @@
 //! manager (Drover's `upgrade-kubelet` hook) does that afterwards.
 //!
 //! Both renew this node's certificates first, unless
-//! `--certificate-renewal=false` (as real kubeadm does). etcd is the node
-//! image's and is left as it is.
+//! `--certificate-renewal=false`, and upgrade the local etcd member's
+//! static Pod to the etcd kubeadm pairs with the target release
+//! (`constants.SupportedEtcdVersion`), never down, unless
+//! `--etcd-upgrade=false`, as real kubeadm does. The stand-in's etcd
+//! process is the node image's; the manifest records the image.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -30,7 +39,13 @@ use crate::util::{kubeadm_version, kubeadm_version_string, parse_version, write_
 pub struct UpgradeOpts {
     pub kubeconfig: Option<PathBuf>,
     pub certificate_renewal: bool,
+    pub etcd_upgrade: bool,
     pub dry_run: bool,
+    /// `--ignore-preflight-errors`: health checks that only warn.
+    pub ignore: crate::util::IgnoreSet,
+    /// `upgrade apply --force`: version skew errors that may be skipped
+    /// are.
+    pub force: bool,
 }
 
 /// `kubeadm upgrade apply VERSION`.
@@ -50,7 +65,9 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
         anyhow!("the cluster's kubernetesVersion {current_string:?} does not parse: {e}")
     })?;
     println!("[upgrade] Running cluster health checks");
-    api.control_planes_ready().await?;
+    let mut health = crate::util::Preflight::default();
+    api.health(root, &mut health).await;
+    health.finish(&o.ignore)?;
     println!(
         "[upgrade/version] You have chosen to change the cluster version to {target_string:?}"
     );
@@ -58,21 +75,29 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
         "[upgrade/versions] Cluster version: {current_string}\n[upgrade/versions] kubeadm version: {}",
         kubeadm_version_string()
     );
-    let mine = kubeadm_version();
-    if target > mine {
+    let skew = version_skew(
+        current,
+        target,
+        &target_string,
+        version_is_pre_release(version),
+    );
+    if !skew.mandatory.is_empty() {
         bail!(
-            "[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- Specified version to upgrade to {target_string:?} is higher than the kubeadm version {:?}. Upgrade kubeadm first using the tool you used to install kubeadm\n\nCan be bypassed if you pass the --force flag",
-            kubeadm_version_string()
+            "[upgrade/version] FATAL: the --version argument is invalid due to these fatal errors:\n\n{}\nPlease fix the misalignments highlighted above and try upgrading again",
+            format_errors(&skew.mandatory)
         );
     }
-    if target < current {
-        bail!(
-            "[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- Specified version to upgrade to {target_string:?} is lower than the cluster version {current_string:?}. Downgrades are not supported yet\n\nCan be bypassed if you pass the --force flag"
-        );
-    }
-    if target.major != current.major || target.minor > current.minor + 1 {
-        bail!(
-            "[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n\t- Specified version to upgrade to {target_string:?} is too high; kubeadm can upgrade only 1 minor version at a time\n\nCan be bypassed if you pass the --force flag"
+    if !skew.skippable.is_empty() {
+        if !o.force {
+            bail!(
+                "[upgrade/version] FATAL: the --version argument is invalid due to these errors:\n\n{}\nCan be bypassed if you pass the --force flag",
+                format_errors(&skew.skippable)
+            );
+        }
+        println!(
+            "[upgrade/version] Found {} potential version compatibility errors but skipping since the --force flag is set: \n\n{}",
+            skew.skippable.len(),
+            format_errors(&skew.skippable)
         );
     }
     if !yes {
@@ -87,6 +112,7 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
     api.put_kubeadm_config(map, &config).await?;
     println!("[upgrade/config] Uploaded the ClusterConfiguration with kubernetesVersion {target_string} to the kube-system/kubeadm-config ConfigMap");
     renew_certificates(root, &o)?;
+    upgrade_etcd(root, &o, target)?;
     upgrade_static_pods(root, &target_string)?;
     upgrade_addons(root, &o, &config).await?;
     println!(
@@ -129,6 +155,7 @@ pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
     if control_plane {
         println!("[upgrade] Upgrading your Static Pod-hosted control plane instance to version {version:?}...");
         renew_certificates(root, &o)?;
+        upgrade_etcd(root, &o, parsed)?;
         upgrade_static_pods(root, &version)?;
         println!("[upgrade] The control plane instance for this node was successfully updated!");
     } else {
@@ -165,6 +192,147 @@ async fn upgrade_addons(root: &Root, o: &UpgradeOpts, config: &serde_json::Value
     crate::addons::ensure(&client, &addons, dns, proxy)
         .await
         .context("[upgrade/addons] FATAL")
+}
+
+/// The version skew errors of an upgrade from `current` to `target`, as
+/// `EnforceVersionPolicies` (`cmd/kubeadm/app/phases/upgrade/policy.go`)
+/// sorts them: mandatory ones no flag bypasses, skippable ones `--force`
+/// does. A pre-release target turns the skew errors into skippable ones.
+struct Skew {
+    mandatory: Vec<String>,
+    skippable: Vec<String>,
+}
+
+fn version_is_pre_release(v: &str) -> bool {
+    v.split('+').next().unwrap_or_default().contains('-')
+}
+
+fn version_skew(
+    current: crate::util::Version,
+    target: crate::util::Version,
+    target_string: &str,
+    pre_release: bool,
+) -> Skew {
+    let mine = kubeadm_version();
+    let mut skew = Skew {
+        mandatory: Vec::new(),
+        skippable: Vec::new(),
+    };
+    let fatal_unless_pre_release = |e: String, skew: &mut Skew| {
+        if pre_release {
+            skew.skippable.push(e)
+        } else {
+            skew.mandatory.push(e)
+        }
+    };
+    if target.minor > current.minor + 1 || target.major != current.major {
+        fatal_unless_pre_release(
+            format!("Specified version to upgrade to {target_string:?} is too high; kubeadm can upgrade only 1 minor version at a time"),
+            &mut skew,
+        );
+    }
+    if target.minor + 1 < current.minor {
+        fatal_unless_pre_release(
+            format!("Specified version to downgrade to {target_string:?} is too low; kubeadm can downgrade only 1 minor version at a time"),
+            &mut skew,
+        );
+    }
+    if mine < target {
+        if target.minor > mine.minor {
+            fatal_unless_pre_release(
+                format!(
+                    "Specified version to upgrade to {target_string:?} is at least one minor release higher than the kubeadm minor release ({} > {}). Such an upgrade is not supported",
+                    target.minor, mine.minor
+                ),
+                &mut skew,
+            );
+        } else {
+            skew.skippable.push(format!(
+                "Specified version to upgrade to {target_string:?} is higher than the kubeadm version {:?}. Upgrade kubeadm first using the tool you used to install kubeadm",
+                kubeadm_version_string()
+            ));
+        }
+    }
+    if mine.major > target.major || mine.minor > target.minor {
+        skew.skippable.push(format!(
+            "Kubeadm version {} can only be used to upgrade to Kubernetes version {}.{}",
+            kubeadm_version_string(),
+            mine.major,
+            mine.minor
+        ));
+    }
+    if pre_release {
+        skew.skippable.push(format!(
+            "Specified version to upgrade to {target_string:?} is an unstable version and such upgrades weren't allowed via setting the --allow-*-upgrades flags"
+        ));
+    }
+    skew
+}
+
+/// Errors as kubeadm lists them (`kubeadmutil.FormatErrMsg`).
+fn format_errors(errors: &[String]) -> String {
+    errors.iter().map(|e| format!("\t- {e}\n")).collect()
+}
+
+/// The etcd release kubeadm pairs with Kubernetes `minor`
+/// (`cmd/kubeadm/app/constants/constants.go`, `SupportedEtcdVersion`, as
+/// of the kubeadm release of each minor); an unlisted minor takes the
+/// nearest listed one, as `EtcdSupportedVersion` does.
+fn etcd_version_for(minor: u64) -> &'static str {
+    const SUPPORTED: &[(u64, &str)] = &[
+        (30, "3.5.15-0"),
+        (31, "3.5.15-0"),
+        (32, "3.5.16-0"),
+        (33, "3.5.21-0"),
+    ];
+    SUPPORTED
+        .iter()
+        .min_by_key(|(m, _)| m.abs_diff(minor))
+        .map(|(_, v)| *v)
+        .unwrap_or(crate::node::ETCD_IMAGE_TAG)
+}
+
+/// An etcd image tag (`3.5.15-0`) as numbers, for comparing.
+fn etcd_tag_order(tag: &str) -> Vec<u64> {
+    tag.split(['.', '-'])
+        .map(|p| p.parse().unwrap_or(0))
+        .collect()
+}
+
+/// Upgrades this node's local etcd member (its static Pod) to the etcd of
+/// `target`, as kubeadm's `upgrade/etcd` does: never to an older etcd, not
+/// at all with `--etcd-upgrade=false` or without a local member.
+fn upgrade_etcd(root: &Root, o: &UpgradeOpts, target: crate::util::Version) -> Result<()> {
+    let logical = format!("{MANIFESTS_DIR}/etcd.yaml");
+    if !o.etcd_upgrade {
+        println!("[upgrade/etcd] Skipping the upgrade of etcd (--etcd-upgrade=false)");
+        return Ok(());
+    }
+    let Ok(text) = std::fs::read_to_string(root.path(&logical)) else {
+        return Ok(());
+    };
+    let current = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("image:"))
+        .and_then(|i| i.trim().rsplit_once(':'))
+        .map(|(_, tag)| tag.to_owned())
+        .ok_or_else(|| anyhow!("{logical} names no etcd image"))?;
+    let wanted = etcd_version_for(target.minor);
+    if etcd_tag_order(wanted) <= etcd_tag_order(&current) {
+        println!(
+            "[upgrade/etcd] etcd {current} is not older than {wanted}, the etcd of v{}.{}: not upgrading it",
+            target.major, target.minor
+        );
+        return Ok(());
+    }
+    let stamp = time::OffsetDateTime::now_utc().unix_timestamp();
+    let backup = format!("/etc/kubernetes/tmp/kubeadm-backup-etcd-{stamp}/etcd.yaml");
+    write_file(&root.path(&backup), text.as_bytes(), 0o600)?;
+    let upgraded = retag(&text, wanted).ok_or_else(|| anyhow!("{logical} names no image"))?;
+    write_file(&root.path(&logical), upgraded.as_bytes(), 0o600)?;
+    println!("[upgrade/staticpods] Moving new manifest to {logical:?} and backing up old manifest to {backup:?}");
+    println!("[upgrade/staticpods] Component \"etcd\" upgraded successfully!");
+    Ok(())
 }
 
 /// Renews this control plane's certificates, unless told not to.
@@ -324,6 +492,48 @@ impl Api {
         Ok(())
     }
 
+    /// kubeadm's upgrade health checks (`CheckClusterHealth` in
+    /// `cmd/kubeadm/app/phases/upgrade/health.go`), each failure recorded
+    /// under its check's name: `CreateJob` (kubeadm runs a Job; the
+    /// stand-in, which runs no Pods, asks the API server's `/healthz`
+    /// through the same credentials), `ControlPlaneNodesReady` and
+    /// `StaticPodManifest` (this node's control-plane manifests exist).
+    async fn health(&self, root: &Root, checks: &mut crate::util::Preflight) {
+        let healthz = self
+            .client
+            .get(format!("{}/healthz", self.server))
+            .send()
+            .await;
+        match healthz {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => checks.error(
+                "CreateJob",
+                format!(
+                    "the API server is not healthy: /healthz answered {}",
+                    r.status()
+                ),
+            ),
+            Err(e) => checks.error("CreateJob", format!("the API server is not healthy: {e}")),
+        }
+        if let Err(e) = self.control_planes_ready().await {
+            checks.error("ControlPlaneNodesReady", format!("{e:#}"));
+        }
+        let missing: Vec<String> = CONTROL_PLANE_PODS
+            .iter()
+            .map(|pod| format!("{MANIFESTS_DIR}/{pod}.yaml"))
+            .filter(|m| !root.path(m).exists())
+            .collect();
+        if !missing.is_empty() {
+            checks.error(
+                "StaticPodManifest",
+                format!(
+                    "The control plane seems to be Static Pod-hosted, but some of the manifests don't seem to exist on disk. This probably means you're running 'kubeadm upgrade' on a remote machine, which is not supported for a Static Pod-hosted cluster. Manifest files not found: [{}]",
+                    missing.join(" ")
+                ),
+            );
+        }
+    }
+
     /// Fails, as kubeadm's `ControlPlaneNodesReady` check does, when a
     /// control-plane Node is not Ready.
     async fn control_planes_ready(&self) -> Result<()> {
@@ -360,7 +570,7 @@ impl Api {
             .collect();
         if !not_ready.is_empty() {
             bail!(
-                "[preflight] Some fatal errors occurred:\n\t[ERROR ControlPlaneNodesReady]: there are NotReady control-planes in the cluster: [{}]",
+                "there are NotReady control-planes in the cluster: [{}]",
                 not_ready.join(" ")
             );
         }

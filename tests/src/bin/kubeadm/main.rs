@@ -391,7 +391,7 @@ struct UpgradeApplyArgs {
     /// Perform the upgrade and do not prompt for confirmation (non-interactive mode).
     #[arg(short = 'y', long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     yes: Option<bool>,
-    /// Force upgrading although some requirements might not be met (refused by the stand-in).
+    /// Force upgrading although some requirements might not be met.
     #[arg(short = 'f', long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     force: Option<bool>,
     #[command(flatten)]
@@ -649,17 +649,21 @@ async fn dispatch(
             if common.patches.is_some() {
                 bail!("--patches: the stand-in kubeadm does not patch static Pod manifests");
             }
-            util::IgnoreSet::new(&[&common.cluster.ignore_preflight_errors])?;
+            let ignore = util::IgnoreSet::new(&[&common.cluster.ignore_preflight_errors])?;
             let opts = cmd_upgrade::UpgradeOpts {
                 kubeconfig: common.cluster.kubeconfig.clone(),
                 certificate_renewal: common.certificate_renewal != Some(false),
+                etcd_upgrade: common.etcd_upgrade != Some(false),
                 dry_run: common.cluster.dry_run == Some(true),
+                ignore,
+                force: false,
             };
             match u.cmd {
                 UpgradeCmd::Apply(a) => {
-                    if a.force == Some(true) {
-                        bail!("--force: the stand-in kubeadm refuses to bypass its version checks");
-                    }
+                    let opts = cmd_upgrade::UpgradeOpts {
+                        force: a.force == Some(true),
+                        ..opts
+                    };
                     let version = a.version.ok_or_else(|| {
                         anyhow!(
                             "missing one or more required arguments. Required arguments: [version]"
