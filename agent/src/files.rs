@@ -194,10 +194,12 @@ pub fn write_machine_files(
     Ok(written)
 }
 
-/// Installs the node image's CNI configuration: every file of
-/// `<root>/usr/share/drover/cni/net.d` into `<root>/etc/cni/net.d`
-/// (mode 0644), as a network's DaemonSet would on a real node. Returns
-/// the paths written; an image without one is an error saying so.
+/// Sets up the node image's pod network (`spec.network.cni: image`): checks
+/// the image's CNI config template (`<root>/usr/share/drover/cni/net.d`)
+/// and writes the marker that starts the agent's pod network loop
+/// ([`crate::podnet`]), which writes `/etc/cni/net.d`'s config once the
+/// Node has its pod range. Returns the paths written; an image without a
+/// usable template is an error saying so.
 pub fn install_image_cni(root: &Path) -> Result<Vec<String>, FileError> {
     let source_path = format!("{}/net.d", drover_common::api::IMAGE_CNI_DIR);
     let source = safe_join(root, &source_path)?;
@@ -205,33 +207,18 @@ pub fn install_image_cni(root: &Path) -> Result<Vec<String>, FileError> {
         path: source.clone(),
         detail,
     };
-    let mut names: Vec<String> = fs::read_dir(&source)
-        .map_err(|e| missing(e.to_string()))?
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| {
-            [".conf", ".conflist", ".json"]
-                .iter()
-                .any(|x| n.ends_with(x))
-        })
-        .collect();
-    names.sort();
-    if names.is_empty() {
-        return Err(missing("it holds no .conf, .conflist or .json file".into()));
-    }
-    let mut written = Vec::new();
-    for name in names {
-        let content = fs::read(source.join(&name)).map_err(|e| missing(e.to_string()))?;
-        let path = format!("/etc/cni/net.d/{name}");
-        let target = safe_join(root, &path)?;
-        write_atomic(&target, &content, 0o644).map_err(|source| FileError::Write {
+    let (_, template) = crate::podnet::template(root).map_err(&missing)?;
+    let probe = "10.244.0.0/24".parse().expect("a CIDR");
+    crate::podnet::conflist(&template, probe).map_err(&missing)?;
+    let path = format!("/{}", crate::podnet::MARKER);
+    let target = safe_join(root, &path)?;
+    write_atomic(&target, b"spec.network.cni: image\n", 0o644).map_err(|source| {
+        FileError::Write {
             path: target.clone(),
             source,
-        })?;
-        written.push(path);
-    }
-    Ok(written)
+        }
+    })?;
+    Ok(vec![path])
 }
 
 /// Checks every machine file (path rules, owner known on this machine)

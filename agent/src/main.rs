@@ -35,6 +35,7 @@ mod kube;
 mod load_balancer;
 mod netfilter;
 mod nocloud;
+mod podnet;
 mod protocol;
 mod register;
 mod settings;

@@ -162,6 +162,17 @@ pub struct Agent {
     /// refused, so each refusal is logged once.
     refused_coordinators: Option<drover_common::wire::CoordinatorUrlsError>,
     origin: Origin,
+    /// What the image pod network's loop last did.
+    podnet: crate::podnet::Shared,
+}
+
+/// Stops a spawned task when the agent's loop ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Agent {
@@ -221,6 +232,7 @@ impl Agent {
             link: Link::Unknown,
             warned_generation: None,
             refused_coordinators: None,
+            podnet: Default::default(),
         })
     }
 
@@ -230,6 +242,13 @@ impl Agent {
             &self.settings.root.join("etc/kubernetes/manifests"),
         );
         self.resume();
+        // The image pod network's loop (podnet.rs), beside this one; it
+        // does nothing while the machine has no image network.
+        let podnet = tokio::spawn(crate::podnet::run(
+            self.settings.root.clone(),
+            self.podnet.clone(),
+        ));
+        let _podnet = AbortOnDrop(podnet);
         loop {
             self.start_queued_directives();
             let heartbeat_at = self.next_heartbeat;
