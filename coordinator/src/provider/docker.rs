@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
     ContainerCreateBody, ContainerInspectResponse, ContainerSummary, HostConfig,
-    HostConfigCgroupnsModeEnum, Ipam, NetworkCreateRequest,
+    HostConfigCgroupnsModeEnum, Ipam, NetworkCreateRequest, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
     CreateContainerOptions, InspectNetworkOptions, KillContainerOptions, ListContainersOptions,
@@ -386,6 +386,13 @@ impl DockerProvider {
             ..Default::default()
         };
         match self.docker.create_container(Some(opts), body).await {
+                // The engine brings it back after a crash or a reboot; the
+                // reconciler brings it back from anything else (a kill, a
+                // pause, a removal).
+                restart_policy: Some(RestartPolicy {
+                    name: Some(RestartPolicyNameEnum::UNLESS_STOPPED),
+                    maximum_retry_count: None,
+                }),
             Ok(_) => tracing::info!(container = %name, cluster, "load-balancer container created"),
             Err(e) if status_code(&e) == Some(409) => {}
             Err(e) if status_code(&e) == Some(404) => {
@@ -402,6 +409,14 @@ impl DockerProvider {
             .and_then(|n| n.networks.as_ref())
             .and_then(|n| n.get(&network.name))
             .and_then(|n| n.ip_address.clone())
+        let (c, _) = self.inspect(&name, "inspect the load balancer").await?;
+        if c.state.as_ref().and_then(|s| s.paused) == Some(true) {
+            self.docker
+                .unpause_container(&name)
+                .await
+                .map_err(|e| failed("unpause the load balancer", &name, e))?;
+            tracing::info!(container = %name, cluster, "load-balancer container unpaused");
+        }
             .filter(|ip| !ip.is_empty())
             .ok_or_else(|| ProviderError::Failed {
                 provider: PROVIDER,
@@ -594,13 +609,7 @@ impl DockerProvider {
             .into_iter()
             .filter(|c| !is_load_balancer(c.labels.as_ref()))
             .map(|c| {
-                use bollard::models::ContainerSummaryStateEnum as S;
-                let state = match c.state {
-                    Some(S::RUNNING) | Some(S::RESTARTING) => InstanceState::Running,
-                    Some(S::PAUSED) => InstanceState::Paused,
-                    Some(S::CREATED) | Some(S::EMPTY) | None => InstanceState::Pending,
-                    _ => InstanceState::Stopped,
-                };
+                let state = container_state(c.state);
                 ProviderMachine {
                     provider_id: c.id.unwrap_or_default(),
                     labels: c
@@ -623,6 +632,23 @@ impl DockerProvider {
             .into_iter()
             .filter(|c| is_load_balancer(c.labels.as_ref()))
             .filter_map(|c| {
+    /// The state of every load-balancer container this coordinator
+    /// created, by its cluster's UID.
+    pub async fn load_balancer_states(
+        &self,
+    ) -> Result<Vec<(String, InstanceState)>, ProviderError> {
+        Ok(self
+            .containers()
+            .await?
+            .into_iter()
+            .filter(|c| is_load_balancer(c.labels.as_ref()))
+            .filter_map(|c| {
+                let uid = c.labels.as_ref()?.get(LABEL_CLUSTER_UID)?.clone();
+                Some((uid, container_state(c.state)))
+            })
+            .collect())
+    }
+
                 let name = c.names?.first()?.trim_start_matches('/').to_owned();
                 Some(Managed::ClusterResource {
                     name,
@@ -865,6 +891,12 @@ impl Provider for DockerEngine<'_> {
         orphan: &'a Managed,
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
         Box::pin(self.remove(orphan))
+    fn endpoint_states(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(String, InstanceState)>, ProviderError>> {
+        Box::pin(async move { self.docker().await?.load_balancer_states().await })
+    }
+
     }
 
     /// Containers run on the coordinator's own engine and read their seed
@@ -889,6 +921,17 @@ fn is_load_balancer_labels(labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// The first 12 characters of a container ID, as `docker ps` shows it.
+/// What a container's state means for the machine or endpoint it is.
+fn container_state(state: Option<bollard::models::ContainerSummaryStateEnum>) -> InstanceState {
+    use bollard::models::ContainerSummaryStateEnum as S;
+    match state {
+        Some(S::RUNNING) | Some(S::RESTARTING) => InstanceState::Running,
+        Some(S::PAUSED) => InstanceState::Paused,
+        Some(S::CREATED) | Some(S::EMPTY) | None => InstanceState::Pending,
+        _ => InstanceState::Stopped,
+    }
+}
+
 pub fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }

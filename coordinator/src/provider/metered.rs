@@ -94,6 +94,15 @@ impl<P: Provider> Provider for Metered<P> {
         })
     }
 
+    fn endpoint_states(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(String, super::InstanceState)>, ProviderError>> {
+        Box::pin(async move {
+            let r = self.inner.endpoint_states().await;
+            self.count("endpoint_states", r)
+        })
+    }
+
     fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
         Box::pin(async move {
             let r = self.inner.managed().await;

@@ -221,6 +221,17 @@ pub trait Provider: Send + Sync {
     /// its state (the caller matches them to machines by UID label).
     fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>>;
 
+    /// Observes the control-plane endpoints this provider runs as its own
+    /// objects (docker's load-balancer containers): the state of each, by
+    /// cluster UID. A cluster with a recorded endpoint that is not listed
+    /// has lost it. Providers whose endpoints are the cloud's own service
+    /// (an NLB) list none.
+    fn endpoint_states(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(String, InstanceState)>, ProviderError>> {
+        Box::pin(async { Ok(vec![]) })
+    }
+
     /// Sweep support: everything this coordinator manages at this provider.
     fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>>;
 
@@ -316,6 +327,13 @@ pub enum InstanceState {
     /// Stopped, exited or dead: it will not come back by itself.
     Stopped,
     Paused,
+}
+
+/// The key under which the reconciler's observation holds the state of a
+/// cluster's provider-run endpoint (see [`Provider::endpoint_states`]),
+/// beside the machines' states keyed by machine UID.
+pub fn endpoint_key(cluster_uid: &str) -> String {
+    format!("endpoint:{cluster_uid}")
 }
 
 /// A machine the provider knows about.

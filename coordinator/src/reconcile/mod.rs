@@ -626,6 +626,80 @@ mod tests {
     }
 
     #[test]
+    fn a_docker_load_balancer_that_is_down_is_brought_back_and_no_machine_is_blamed() {
+        let mut c = initialized(docker_cluster(1, 1), "cp1");
+        c.metadata.uid = Some("cluster-uid".into());
+        c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
+            address: "172.18.0.2:6443".into(),
+            id: "drover-c-lb".into(),
+            backends: vec!["10.0.0.1:6443".into()],
+        });
+        c.status.control_plane_endpoint = Some("172.18.0.2:6443".into());
+        let mut machines = vec![
+            created(
+                "cp1",
+                CONTROL_PLANE_POOL,
+                MachineRole::Init,
+                MachinePhase::Running,
+            ),
+            created("w1", "default", MachineRole::Worker, MachinePhase::Running),
+        ];
+        machines[0].status.addresses = vec!["10.0.0.1".into()];
+        for m in &mut machines {
+            m.status.hostname = m.metadata.name.clone();
+        }
+        // Every Node Unknown for ten minutes: the kubelets cannot reach the
+        // API through the stopped load balancer.
+        c.status.nodes = ["cp1", "w1"]
+            .iter()
+            .map(|n| drover_common::api::ClusterNode {
+                since: Some(drover_common::now() - time::Duration::minutes(10)),
+                ..cluster_node(n, "Unknown")
+            })
+            .collect();
+        let key = crate::provider::endpoint_key("cluster-uid");
+        let stopped = |k: &str| (k == key).then_some(InstanceState::Stopped);
+        let o = Observed {
+            instance: &stopped,
+            ..obs(true, &seen_now)
+        };
+        let steps = plan(&c, &machines, &o);
+        assert!(steps.contains(&Step::EnsureEndpoint), "{steps:?}");
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+        let st = final_status(&steps);
+        let cond = st
+            .conditions
+            .iter()
+            .find(|x| x.type_ == "EndpointAvailable")
+            .expect("EndpointAvailable");
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "LoadBalancerDown")
+        );
+        assert!(cond.message.contains("drover-c-lb"), "{}", cond.message);
+        // Running again: nothing to do, the condition says so.
+        c.status = st;
+        let running = |k: &str| (k == key).then_some(InstanceState::Running);
+        let o = Observed {
+            instance: &running,
+            ..obs(true, &seen_now)
+        };
+        let steps = plan(&c, &machines, &o);
+        assert!(!steps.contains(&Step::EnsureEndpoint), "{steps:?}");
+        let st = final_status(&steps);
+        assert!(st
+            .conditions
+            .iter()
+            .any(|x| x.type_ == "EndpointAvailable" && x.status == "True"));
+        // Its control planes report that the endpoint does not answer: the
+        // Nodes they list are not the machines' fault either.
+        c.status = st;
+        c.status.endpoint_ready = Some(false);
+        let steps = plan(&c, &machines, &o);
+        assert!(deletes(&steps).is_empty(), "{steps:?}");
+    }
+
+    #[test]
     fn a_pool_clusters_coordinator_endpoint_follows_its_control_planes() {
         let mut c = initialized(cluster(3, 0), "a");
         c.spec.control_plane_endpoint = Some(drover_common::api::ControlPlaneEndpoint::Managed {

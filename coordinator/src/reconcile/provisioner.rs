@@ -273,6 +273,9 @@ pub async fn ensure_endpoint(app: &App, cluster: &Cluster) -> Result<(), Reconci
     let Some(provider) = provider_for(app, &cluster.spec.provider).await else {
         return Ok(());
     };
+    if let Some(recorded) = &cluster.status.load_balancer {
+        return restore_endpoint(app, cluster, provider.as_ref(), recorded).await;
+    }
     let Some(lb) = provider.ensure_endpoint(cluster).await? else {
         return Err(crate::provider::ProviderError::Failed {
             provider: cluster.spec.provider.name(),
@@ -300,6 +303,48 @@ pub async fn ensure_endpoint(app: &App, cluster: &Cluster) -> Result<(), Reconci
     if recorded {
         tracing::info!(cluster = %name, endpoint = %lb.address, load_balancer = %lb.id, "control-plane load balancer made");
     }
+    Ok(())
+}
+
+/// Brings back a cluster's load balancer that stopped, was paused or was
+/// removed: the provider starts, unpauses or re-creates it; it must come
+/// back at the recorded address (the API server's certificate and every
+/// kubeconfig name it), and gets its backends again (a re-created one has
+/// none).
+async fn restore_endpoint(
+    app: &App,
+    cluster: &Cluster,
+    provider: &dyn crate::provider::Provider,
+    recorded: &drover_common::api::LoadBalancerStatus,
+) -> Result<(), ReconcileError> {
+    let name = &cluster.metadata.name;
+    let Some(lb) = provider.ensure_endpoint(cluster).await? else {
+        return Ok(());
+    };
+    if lb.address != recorded.address {
+        return Err(crate::provider::ProviderError::Failed {
+            provider: cluster.spec.provider.name(),
+            action: "restore the control-plane endpoint of",
+            object: format!("cluster {name}"),
+            detail: format!(
+                "load balancer {} came back at {} but the cluster's certificates and kubeconfigs name {}; \
+                 free that address on the cluster's network (another container may hold it) and remove {} so it is made again",
+                lb.id, lb.address, recorded.address, lb.id
+            ),
+        }
+        .into());
+    }
+    if !recorded.backends.is_empty() {
+        let Some(pki) = crate::domain::secrets::load_pki(&app.store, cluster)? else {
+            return Ok(());
+        };
+        let config = drover_common::wire::LoadBalancerConfig {
+            ca_pem: pki.ca.cert_pem.clone(),
+            backends: recorded.backends.clone(),
+        };
+        provider.set_endpoint_backends(cluster, &config).await?;
+    }
+    tracing::warn!(cluster = %name, load_balancer = %lb.id, endpoint = %lb.address, "control-plane load balancer was down; restored");
     Ok(())
 }
 
@@ -373,7 +418,8 @@ pub async fn observe(
 ) -> (HashMap<String, InstanceState>, Vec<ProviderError>) {
     let mut states = HashMap::new();
     let mut errors = vec![];
-    let mut add = |list: Vec<crate::provider::ProviderMachine>| {
+    let add = |states: &mut HashMap<String, InstanceState>,
+               list: Vec<crate::provider::ProviderMachine>| {
         for pm in list {
             if let Some(uid) = pm.machine_uid() {
                 // EC2 lists terminated instances for a while; a live one for
@@ -390,8 +436,31 @@ pub async fn observe(
         .any(|c| matches!(c.spec.provider, ProviderSpec::Docker(_)));
     for provider in providers_in_use(app, clusters, docker).await {
         match provider.list().await {
-            Ok(list) => add(list),
+            Ok(list) => add(&mut states, list),
             Err(e) => errors.push(e),
+        }
+        match provider.endpoint_states().await {
+            Ok(list) => {
+                for (uid, state) in list {
+                    states.insert(crate::provider::endpoint_key(&uid), state);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if docker && errors.is_empty() {
+        // A docker cluster whose recorded load balancer was not listed has
+        // lost it (removed): as good as stopped.
+        for c in clusters {
+            if let (ProviderSpec::Docker(_), Some(_), Some(uid)) = (
+                &c.spec.provider,
+                &c.status.load_balancer,
+                c.metadata.uid.as_deref(),
+            ) {
+                states
+                    .entry(crate::provider::endpoint_key(uid))
+                    .or_insert(InstanceState::Stopped);
+            }
         }
     }
     (states, errors)

@@ -170,7 +170,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             desired,
             &members,
             in_flight,
-            &self.cluster.status.nodes,
+            nodes_to_judge(self.cluster, false),
             self.observed,
         );
         let unhealthy = &judged.unhealthy;

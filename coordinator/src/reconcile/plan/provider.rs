@@ -30,6 +30,12 @@ pub(super) fn plan_provider(
         steps.push(Step::EnsureEndpoint);
         return steps;
     }
+    // The load balancer is part of the cluster: checked every pass, and
+    // brought back (started, unpaused, made again) when it is down.
+    let endpoint_down = endpoint_down(cluster, observed);
+    if endpoint_down.is_some() {
+        steps.push(Step::EnsureEndpoint);
+    }
     let mut status = base_status(cluster);
     let live: Vec<&Machine> = mine
         .iter()
@@ -132,7 +138,7 @@ pub(super) fn plan_provider(
             desired,
             &active,
             in_flight,
-            &cluster.status.nodes,
+            nodes_to_judge(cluster, endpoint_down.is_some()),
             observed,
         );
         let unhealthy = &judged.unhealthy;
@@ -501,6 +507,7 @@ fn made_for(m: &Machine) -> String {
         .unwrap_or("an unrecorded version");
     match a.and_then(|a| a.image.as_deref()) {
         Some(image) => format!("{version} from {image}"),
+    set_endpoint_condition(&mut status, endpoint_down.as_deref());
         None => version.to_owned(),
     }
 }
@@ -527,6 +534,29 @@ fn remediation<'a>(
     paused: &mut Vec<String>,
 ) -> Vec<(&'a Machine, String)> {
     let names = match &judged.decision {
+/// Why the cluster's provider-run endpoint (docker's load-balancer
+/// container) is down, as observed this pass; `None` while it runs or is
+/// not observed (another provider, a listing that failed).
+fn endpoint_down(cluster: &Cluster, observed: &Observed<'_>) -> Option<String> {
+    let lb = cluster.status.load_balancer.as_ref()?;
+    if !matches!(cluster.spec.provider, ProviderSpec::Docker(_)) {
+        return None;
+    }
+    let uid = cluster.metadata.uid.as_deref()?;
+    let state = (observed.instance)(&crate::provider::endpoint_key(uid))?;
+    let what = match state {
+        crate::provider::InstanceState::Running | crate::provider::InstanceState::Pending => {
+            return None
+        }
+        crate::provider::InstanceState::Paused => "paused",
+        crate::provider::InstanceState::Stopped => "stopped or removed",
+    };
+    Some(format!(
+        "load balancer {} ({}) is {what}; the coordinator brings it back",
+        lb.id, lb.address
+    ))
+}
+
         Decision::Paused(msg) => {
             paused.push(msg.clone());
             return vec![];

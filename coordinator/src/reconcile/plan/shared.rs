@@ -936,6 +936,57 @@ pub(crate) fn plan_certificate_renewal(
         })
 }
 
+/// The Nodes machines are judged by. None while the cluster's endpoint is
+/// down (as its control planes report, or as the provider shows its load
+/// balancer): kubelets reach the API through it, so every Node goes
+/// NotReady or Unknown, and that is the endpoint's fault, not the
+/// machines'. Their own probes and heartbeats still judge them.
+pub(crate) fn nodes_to_judge(
+    cluster: &Cluster,
+    endpoint_down: bool,
+) -> &[drover_common::api::ClusterNode] {
+    if endpoint_down || cluster.status.endpoint_ready == Some(false) {
+        &[]
+    } else {
+        &cluster.status.nodes
+    }
+}
+
+/// The cluster condition that says whether its control-plane endpoint
+/// (the load balancer in front of the API servers) is up.
+pub const ENDPOINT_AVAILABLE_CONDITION: &str = "EndpointAvailable";
+
+/// Sets `EndpointAvailable` False naming what is down, or True again once
+/// it is back (only on a cluster that had the condition).
+pub(crate) fn set_endpoint_condition(status: &mut ClusterStatus, down: Option<&str>) {
+    match down {
+        Some(why) => {
+            set_condition(
+                &mut status.conditions,
+                ENDPOINT_AVAILABLE_CONDITION,
+                false,
+                "LoadBalancerDown",
+                why,
+            );
+        }
+        None => {
+            if status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == ENDPOINT_AVAILABLE_CONDITION && c.status == "False")
+            {
+                set_condition(
+                    &mut status.conditions,
+                    ENDPOINT_AVAILABLE_CONDITION,
+                    true,
+                    "LoadBalancerRunning",
+                    "",
+                );
+            }
+        }
+    }
+}
+
 /// Keeps `Ready` true to what is inside the cluster: a cluster whose
 /// machines all run is not Ready while its API endpoint does not answer
 /// `/readyz` (as its control planes report, every heartbeat), nor while

@@ -62,7 +62,7 @@ fn cri_socket(root: &Root, flag: Option<&str>) -> Result<String> {
         [one] => Ok(one.clone()),
         many => Err(phase_err(
             "preflight",
-            &format!(
+            format!(
                 "found multiple CRI endpoints on the host. Please define which one do you wish to use by setting the 'criSocket' field in the kubeadm configuration file: {}",
                 many.join(", ")
             ),
