@@ -264,12 +264,20 @@ pub async fn run(root: PathBuf, shared: Shared) {
     let mut routes: Option<Routes> = None;
     // Routes of an earlier run may be left after a reset: look once.
     let mut may_have_routes = manage_routes;
+    let mut last_error = String::new();
     loop {
         let active = root.join(MARKER).exists();
         let period = if active {
             let status = pass(&root, &mut kube, &mut routes, manage_routes).await;
             let settled = status.error.is_empty();
             may_have_routes |= !status.routes.is_empty();
+            // Each new reason is logged once.
+            if status.error != last_error {
+                if !status.error.is_empty() {
+                    tracing::warn!(reason = %status.error, "pod network not in place yet");
+                }
+                last_error = status.error.clone();
+            }
             if let Ok(mut s) = shared.lock() {
                 *s = Some(status);
             }

@@ -300,13 +300,22 @@ fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
     let (tmp, name, _cleanup) = setup("heal");
     let c = start(tmp.path(), "1s", "4s");
     // At the default 40 %, rounded down, a pool of two is never remediated;
-    // 50 % lets one of the two be replaced at a time.
+    // 50 % lets one of the two be replaced at a time. The image's pod
+    // network: each Node's own range, routed to from every other machine.
     apply(
         &c,
         tmp.path(),
-        &docker_cluster_yaml(&name, 1, 2, "  health:\n    maxUnhealthy: 50%\n"),
+        &docker_cluster_yaml(&name, 1, 2, "  health:\n    maxUnhealthy: 50%\n")
+            .replace(&bridge_cni_files(), "")
+            .replace(
+                "  controlPlane:",
+                "  network:\n    cni: image\n  controlPlane:",
+            ),
     );
     c.wait_cluster_phase(&name, "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
+    wait_pod_routes(&c, &name, &kubeconfig, 3);
     let workers = worker_names(&c, &name);
 
     // A killed machine: its provider reports it stopped.
@@ -327,6 +336,9 @@ fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
         "{new_desc}"
     );
     c.wait_cluster_phase(&name, "Running", BOOT);
+    // The replacement's range is routed to on every machine, the killed
+    // Node's route is gone everywhere.
+    wait_pod_routes(&c, &name, &kubeconfig, 3);
 
     // A hung machine: paused, so it stops heartbeating.
     docker_ok(&["pause", &container_of(&name, &workers[1])]);
@@ -334,11 +346,114 @@ fn killed_and_paused_containers_are_replaced_and_the_new_machines_join() {
     let described = c.cli_ok(&["describe", "machine", &workers[1]]);
     assert!(described.contains("no heartbeat"), "{described}");
     c.wait_cluster_phase(&name, "Running", BOOT);
+    wait_pod_routes(&c, &name, &kubeconfig, 3);
     assert_eq!(
         containers(&name).len(),
         3,
         "exactly the desired containers remain"
     );
+}
+
+/// Waits until the cluster has `nodes` Ready Nodes with distinct pod
+/// ranges, each live machine's bridge config holds its own Node's range,
+/// and each machine's routes to pod ranges (read from the kernel's
+/// `/proc/net/route` of each machine) are exactly the other
+/// Nodes' ranges via their InternalIPs.
+fn wait_pod_routes(c: &Coordinator, cluster: &str, kubeconfig: &Path, nodes: usize) {
+    wait_for(
+        "every machine routing to every other Node's pod range",
+        BOOT,
+        || {
+            let ready = kube::ready_nodes(kubeconfig)?;
+            if ready.len() != nodes {
+                return Err(format!("Ready Nodes {ready:?}"));
+            }
+            let listed = kube::kubectl(
+            kubeconfig,
+            &[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.spec.podCIDR} {.status.addresses[?(@.type==\"InternalIP\")].address}{\"\\n\"}{end}",
+            ],
+        )?;
+            let table: Vec<(String, String, String)> = listed
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.len() == 3).then(|| (f[0].to_owned(), f[1].to_owned(), f[2].to_owned()))
+                })
+                .collect();
+            let ranges: BTreeSet<&String> = table.iter().map(|n| &n.1).collect();
+            if table.len() != nodes || ranges.len() != nodes {
+                return Err(format!("Nodes without distinct ranges: {listed}"));
+            }
+            for m in live_machines(c, cluster) {
+                let machine = name_of(&m);
+                let container = container_of(cluster, &machine);
+                let own = table
+                    .iter()
+                    .find(|n| n.0 == machine)
+                    .ok_or(format!("no Node {machine}: {listed}"))?;
+                let want: BTreeSet<String> = table
+                    .iter()
+                    .filter(|n| n.0 != machine)
+                    .map(|n| format!("{} via {}", n.1, n.2))
+                    .collect();
+                let have = pod_routes(&container)?;
+                if have != want {
+                    return Err(format!("{machine}: routes {have:?}, want {want:?}"));
+                }
+                let pid = container_pid(&container)?;
+                let conf = std::fs::read_to_string(format!(
+                    "/proc/{pid}/root/etc/cni/net.d/10-drover-bridge.conflist"
+                ))
+                .map_err(|e| format!("{machine}: no bridge config: {e}"))?;
+                if !conf.contains(&format!("\"subnet\": \"{}\"", own.1)) {
+                    return Err(format!("{machine}: bridge config {conf}"));
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
+/// The host pid of a machine container's first process.
+fn container_pid(container: &str) -> Result<u32, String> {
+    let out = docker(&["inspect", "-f", "{{.State.Pid}}", container]);
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or(format!("{container} is not running"))
+}
+
+/// The gateway routes of a machine to pod ranges (10.244.0.0/16, the
+/// default pod subnet), as `range via gateway`, read from its kernel.
+fn pod_routes(container: &str) -> Result<BTreeSet<String>, String> {
+    // The image has no shell or cat: the kernel's table of the machine's
+    // network namespace, through its first process.
+    let pid = container_pid(container)?;
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/route"))
+        .map_err(|e| format!("{container}: {e}"))?;
+    let hex =
+        |s: &str| u32::from_str_radix(s, 16).map(|v| std::net::Ipv4Addr::from(v.swap_bytes()));
+    Ok(table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (dst, gw, mask) = (
+                hex(f.get(1)?).ok()?,
+                hex(f.get(2)?).ok()?,
+                hex(f.get(7)?).ok()?,
+            );
+            let bits = u32::from(mask).count_ones();
+            (dst.octets()[..2] == [10, 244] && !gw.is_unspecified())
+                .then(|| format!("{dst}/{bits} via {gw}"))
+        })
+        .collect())
 }
 
 #[test]

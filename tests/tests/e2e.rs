@@ -2276,12 +2276,29 @@ fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
             .then_some(())
             .ok_or(format!("{states:?}"))
     });
+    // Each Node's bridge takes that Node's own pod range.
+    let mut subnets = std::collections::BTreeSet::new();
     for a in &agents {
-        assert!(a
-            .root
-            .join("etc/cni/net.d/10-drover-bridge.conflist")
-            .is_file());
+        let path = a.root.join("etc/cni/net.d/10-drover-bridge.conflist");
+        let conf = std::fs::read_to_string(&path).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&conf).unwrap();
+        assert_eq!(doc["plugins"][0]["type"], "bridge", "{conf}");
+        subnets.insert(
+            doc["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
     }
+    let ranges = kubectl(
+        &kubeconfig,
+        &["get", "nodes", "-o", "jsonpath={.items[*].spec.podCIDR}"],
+    )
+    .unwrap();
+    let ranges: std::collections::BTreeSet<String> =
+        ranges.split_whitespace().map(str::to_owned).collect();
+    assert_eq!(subnets.len(), 2, "{subnets:?}");
+    assert_eq!(subnets, ranges);
     assert_eq!(
         kubectl(
             &kubeconfig,

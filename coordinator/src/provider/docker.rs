@@ -45,6 +45,10 @@ pub const LOAD_BALANCER_PORT: u16 = 6443;
 /// network settings kube-proxy and the CNI plugins make.
 pub const UNPRIVILEGED_KIND_CAPABILITIES: [&str; 2] = ["CAP_SYS_ADMIN", "CAP_NET_ADMIN"];
 
+/// What a `minimal` machine gets beyond Docker's default capabilities:
+/// the routes of the image pod network.
+pub const MINIMAL_NETWORK_CAPABILITY: &str = "CAP_NET_ADMIN";
+
 /// A connection to the Docker engine, scoped to one coordinator's objects.
 #[derive(Clone)]
 pub struct DockerProvider {
@@ -102,7 +106,12 @@ fn machine_container(
         ..Default::default()
     };
     match spec.profile {
-        DockerMachineProfile::Minimal => {}
+        // The image pod network's routes to other Nodes' pod ranges
+        // (`cni: image`, agent/src/podnet.rs) need CAP_NET_ADMIN in the
+        // machine's own network namespace; Docker's default set lacks it.
+        DockerMachineProfile::Minimal => {
+            host_config.cap_add = Some(vec![MINIMAL_NETWORK_CAPABILITY.into()]);
+        }
         DockerMachineProfile::Kind => {
             // As kind's node provisioning does: systemd, containerd and the
             // kubelet need every device, capability and cgroup (privileged,
@@ -1020,6 +1029,10 @@ mod tests {
         let plain = container(DockerMachineProfile::Minimal, None);
         let hc = plain.host_config.as_ref().unwrap();
         assert_eq!(hc.privileged, None);
+        assert_eq!(
+            hc.cap_add.as_deref(),
+            Some(&["CAP_NET_ADMIN".to_owned()][..])
+        );
         assert_eq!(hc.tmpfs, None);
         assert_eq!(plain.volumes, None);
         assert_eq!(plain.stop_signal, None);
