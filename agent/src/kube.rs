@@ -507,14 +507,25 @@ impl Kube {
         Ok(format!("node {node} uncordoned"))
     }
 
-    /// Drains Node `node` as `kubectl drain --ignore-daemonsets` does:
-    /// cordons it, asks the Eviction API to evict each of its Pods (mirror
-    /// Pods of static manifests and DaemonSet Pods stay), then waits up to
-    /// [`DRAIN_WAIT`] for them to go. A PodDisruptionBudget that refuses an
-    /// eviction fails the drain, naming the Pod and the budget; the
-    /// coordinator asks again until its drain timeout. A Node already gone
-    /// counts as drained.
-    pub async fn drain(&mut self, api: &str, node: &str) -> Result<String, KubeError> {
+    /// Drains Node `node` as `kubectl drain --ignore-daemonsets` does
+    /// (`staging/src/k8s.io/kubectl/pkg/drain/drain.go` and `filters.go`):
+    /// cordons it, sorts its Pods by [`drain_plan`] (DaemonSet Pods stay,
+    /// mirror Pods of static manifests are skipped, Pods without a
+    /// controller and Pods with `emptyDir` volumes refuse the whole drain
+    /// unless `options` allow deleting them, before anything is evicted),
+    /// asks the Eviction API to evict the rest, then waits for each to go:
+    /// an evicted Pod lingers, terminating, for its grace period
+    /// (`terminationGracePeriodSeconds`, 30 s by default); one still there
+    /// [`TERMINATION_MARGIN`] after that fails the attempt, naming it. A
+    /// PodDisruptionBudget that refuses an eviction fails the attempt,
+    /// naming the Pod and the budget. The coordinator asks again until its
+    /// drain timeout. A Node already gone counts as drained.
+    pub async fn drain(
+        &mut self,
+        api: &str,
+        node: &str,
+        options: DrainOptions,
+    ) -> Result<String, KubeError> {
         let call = format!("cordon node {node}");
         let patch = serde_json::json!({"spec": {"unschedulable": true}});
         let path = format!("/api/v1/nodes/{node}");
@@ -528,9 +539,17 @@ impl Kube {
         if !status.is_success() {
             return Err(failed(&call, api, format!("{status}: {body}")));
         }
-        let pods = self.pods_on(api, node).await?;
+        let plan = drain_plan(&self.pods_on(api, node).await?, options);
+        if !plan.refused.is_empty() {
+            return Err(KubeError::DrainBlocked {
+                node: node.to_owned(),
+                why: plan.refusal(),
+            });
+        }
         let mut blocked = Vec::new();
-        for (ns, name) in &pods {
+        let mut evicted = Vec::new();
+        for pod in plan.evict {
+            let (ns, name) = (&pod.namespace, &pod.name);
             let call = format!("evict pod {ns}/{name}");
             let eviction = serde_json::json!({
                 "apiVersion": "policy/v1",
@@ -539,11 +558,13 @@ impl Kube {
             });
             let path = format!("/api/v1/namespaces/{ns}/pods/{name}/eviction");
             let eviction = Some(("application/json", eviction));
+            let asked = tokio::time::Instant::now();
             let (status, body) = self
                 .call_with(api, &call, Method::POST, &path, eviction)
                 .await?;
             match status {
-                s if s.is_success() || s == reqwest::StatusCode::NOT_FOUND => {}
+                reqwest::StatusCode::NOT_FOUND => {}
+                s if s.is_success() => evicted.push((pod, asked)),
                 reqwest::StatusCode::TOO_MANY_REQUESTS => {
                     blocked.push(format!("{ns}/{name} ({})", refusal(&body)))
                 }
@@ -556,23 +577,34 @@ impl Kube {
                 why: format!("evictions refused: {}", blocked.join("; ")),
             });
         }
-        let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+        let count = evicted.len();
         loop {
-            let left = self.pods_on(api, node).await?;
-            if left.is_empty() {
-                return Ok(format!(
-                    "node {node} drained: {} pod(s) evicted",
-                    pods.len()
-                ));
+            let now = tokio::time::Instant::now();
+            let present = self.pods_on(api, node).await?;
+            evicted.retain(|(pod, _)| present.iter().any(|p| p.same_pod(pod)));
+            if evicted.is_empty() {
+                return Ok(format!("node {node} drained: {count} pod(s) evicted"));
             }
-            if tokio::time::Instant::now() >= deadline {
-                let names: Vec<String> = left.iter().map(|(ns, n)| format!("{ns}/{n}")).collect();
+            let overdue: Vec<String> = evicted
+                .iter()
+                .filter(|(pod, asked)| now >= *asked + pod.termination_wait())
+                .map(|(pod, asked)| {
+                    format!(
+                        "{}/{} still terminating {}s after its eviction (grace period {}s)",
+                        pod.namespace,
+                        pod.name,
+                        now.duration_since(*asked).as_secs(),
+                        pod.grace.as_secs()
+                    )
+                })
+                .collect();
+            if !overdue.is_empty() {
                 return Err(KubeError::DrainBlocked {
                     node: node.to_owned(),
                     why: format!(
-                        "still there {}s after their eviction: {}",
-                        DRAIN_WAIT.as_secs(),
-                        names.join(", ")
+                        "evicted Pods did not go within their grace period and {}s: {}",
+                        TERMINATION_MARGIN.as_secs(),
+                        overdue.join("; ")
                     ),
                 });
             }
@@ -580,8 +612,8 @@ impl Kube {
         }
     }
 
-    /// The Pods on `node` a drain evicts, as (namespace, name).
-    async fn pods_on(&mut self, api: &str, node: &str) -> Result<Vec<(String, String)>, KubeError> {
+    /// Every Pod bound to `node`.
+    async fn pods_on(&mut self, api: &str, node: &str) -> Result<Vec<NodePod>, KubeError> {
         let call = format!("list the pods of node {node}");
         let (status, body) = self
             .call(
@@ -600,14 +632,7 @@ impl Kube {
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|p| evicted_by_drain(p))
-            .filter_map(|p| {
-                let meta = &p["metadata"];
-                Some((
-                    meta["namespace"].as_str()?.to_owned(),
-                    meta["name"].as_str()?.to_owned(),
-                ))
-            })
+            .filter_map(NodePod::from_json)
             .collect())
     }
 
@@ -683,23 +708,158 @@ impl KubeadmConfig {
     }
 }
 
-/// How long a drain waits for evicted Pods to go.
-pub const DRAIN_WAIT: Duration = Duration::from_secs(30);
+/// How long past its grace period an evicted Pod may still be there
+/// before the drain attempt fails: the kubelet kills its containers at the
+/// end of the grace period and then deletes the Pod.
+pub const TERMINATION_MARGIN: Duration = Duration::from_secs(10);
 
-/// Whether a drain evicts this Pod: not the mirror Pod of a static
-/// manifest (the kubelet owns it), not a DaemonSet's (its controller would
-/// put it back).
-fn evicted_by_drain(pod: &serde_json::Value) -> bool {
-    let meta = &pod["metadata"];
-    let mirror = meta["annotations"]
-        .get("kubernetes.io/config.mirror")
-        .is_some();
-    let daemon_set = meta["ownerReferences"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|o| o["kind"] == "DaemonSet" && o["controller"] == true);
-    !mirror && !daemon_set
+/// A Pod's grace period when its spec names none (the API server's
+/// default `terminationGracePeriodSeconds`).
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+
+/// The longest grace period a drain attempt waits out; a Pod asking for
+/// more fails the attempt after this (and the next attempt waits again).
+pub const MAX_GRACE_WAIT: Duration = Duration::from_secs(600);
+
+/// What a cluster's drain policy lets a drain delete: kubectl drain's
+/// `--force` (Pods without a controller) and `--delete-emptydir-data`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainOptions {
+    pub delete_pods_without_controller: bool,
+    pub delete_empty_dir_data: bool,
+}
+
+/// A Pod on the Node being drained, as much as a drain looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `status.phase`.
+    pub phase: String,
+    /// The kind of its controller (`metadata.ownerReferences` with
+    /// `controller: true`), if it has one.
+    pub controller: Option<String>,
+    /// A mirror Pod of a static manifest (the kubelet owns it).
+    pub mirror: bool,
+    /// It has an `emptyDir` volume.
+    pub empty_dir: bool,
+    /// Its grace period: `metadata.deletionGracePeriodSeconds` once it is
+    /// terminating, else `spec.terminationGracePeriodSeconds`, else 30 s.
+    pub grace: Duration,
+}
+
+impl NodePod {
+    fn from_json(p: &serde_json::Value) -> Option<Self> {
+        let meta = &p["metadata"];
+        let seconds = |v: &serde_json::Value| v.as_u64().map(Duration::from_secs);
+        Some(Self {
+            namespace: meta["namespace"].as_str()?.to_owned(),
+            name: meta["name"].as_str()?.to_owned(),
+            uid: meta["uid"].as_str().unwrap_or_default().to_owned(),
+            phase: p["status"]["phase"].as_str().unwrap_or_default().to_owned(),
+            controller: meta["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|o| o["controller"] == true)
+                .map(|o| o["kind"].as_str().unwrap_or_default().to_owned()),
+            mirror: meta["annotations"]
+                .get("kubernetes.io/config.mirror")
+                .is_some(),
+            empty_dir: p["spec"]["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v.get("emptyDir").is_some()),
+            grace: seconds(&meta["deletionGracePeriodSeconds"])
+                .or_else(|| seconds(&p["spec"]["terminationGracePeriodSeconds"]))
+                .unwrap_or(DEFAULT_GRACE_PERIOD),
+        })
+    }
+
+    fn finished(&self) -> bool {
+        self.phase == "Succeeded" || self.phase == "Failed"
+    }
+
+    /// The same Pod (not one made again under its name).
+    fn same_pod(&self, other: &NodePod) -> bool {
+        self.namespace == other.namespace && self.name == other.name && self.uid == other.uid
+    }
+
+    /// How long after its eviction the Pod may still be there.
+    fn termination_wait(&self) -> Duration {
+        self.grace.min(MAX_GRACE_WAIT) + TERMINATION_MARGIN
+    }
+}
+
+/// What a drain does with a Node's Pods.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DrainPlan {
+    /// The Pods to evict.
+    pub evict: Vec<NodePod>,
+    /// Why the drain is refused: each reason with the Pods (`ns/name`) it
+    /// holds for, in the order kubectl checks them.
+    pub refused: Vec<(&'static str, Vec<String>)>,
+}
+
+impl DrainPlan {
+    /// The refusal, as kubectl words it, with the policy field that
+    /// overrides each reason.
+    pub fn refusal(&self) -> String {
+        self.refused
+            .iter()
+            .map(|(why, pods)| format!("{why}: {}", pods.join(", ")))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+const UNMANAGED_REFUSED: &str = "cannot delete Pods that declare no controller (spec.drain.deletePodsWithoutController: true allows it, as kubectl drain --force)";
+const LOCAL_STORAGE_REFUSED: &str = "cannot delete Pods with local storage (spec.drain.deleteEmptyDirData: true allows it, as kubectl drain --delete-emptydir-data)";
+
+/// Sorts a Node's Pods as `kubectl drain --ignore-daemonsets` does, its
+/// filters in their order (`staging/src/k8s.io/kubectl/pkg/drain/filters.go`),
+/// the first that does not delete a Pod deciding it: a running DaemonSet Pod
+/// stays (its controller would put it back; kubectl also refuses one whose
+/// DaemonSet is gone without `--force`, which Drover leaves to the
+/// DaemonSet controller); a mirror Pod is skipped; a running Pod with an
+/// `emptyDir` volume refuses the drain unless
+/// `delete_empty_dir_data`; a running Pod without a controller refuses it
+/// unless `delete_pods_without_controller`. Finished Pods are evicted.
+pub fn drain_plan(pods: &[NodePod], options: DrainOptions) -> DrainPlan {
+    let mut plan = DrainPlan::default();
+    let mut refuse = |why: &'static str, pod: &NodePod| {
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        match plan.refused.iter_mut().find(|(w, _)| *w == why) {
+            Some((_, pods)) => pods.push(name),
+            None => plan.refused.push((why, vec![name])),
+        }
+    };
+    let mut evict = Vec::new();
+    for pod in pods {
+        if pod.controller.as_deref() == Some("DaemonSet") && !pod.finished() {
+            continue;
+        }
+        if pod.mirror {
+            continue;
+        }
+        if pod.empty_dir && !pod.finished() && !options.delete_empty_dir_data {
+            refuse(LOCAL_STORAGE_REFUSED, pod);
+            continue;
+        }
+        if pod.controller.is_none() && !pod.finished() && !options.delete_pods_without_controller {
+            refuse(UNMANAGED_REFUSED, pod);
+            continue;
+        }
+        evict.push(pod.clone());
+    }
+    // kubectl lists each reason once; keep its order: local storage is
+    // checked before the controller.
+    plan.refused
+        .sort_by_key(|(why, _)| *why != LOCAL_STORAGE_REFUSED);
+    plan.evict = evict;
+    plan
 }
 
 /// Why the API server refused an eviction: the budget's own words when it
@@ -730,6 +890,127 @@ pub fn local_api(advertise: std::net::IpAddr, port: u16) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn pod(name: &str, extra: serde_json::Value) -> NodePod {
+        let mut p = serde_json::json!({
+            "metadata": {"namespace": "default", "name": name, "uid": format!("uid-{name}"),
+                         "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "controller": true}]},
+            "spec": {"nodeName": "w1"},
+            "status": {"phase": "Running"},
+        });
+        json_merge(&mut p, extra);
+        NodePod::from_json(&p).unwrap()
+    }
+
+    fn json_merge(into: &mut serde_json::Value, patch: serde_json::Value) {
+        match (into, patch) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    json_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+
+    /// kubectl drain's filters: bare Pods and emptyDir Pods refuse the
+    /// drain unless the policy allows deleting them; DaemonSet Pods stay,
+    /// mirror Pods are skipped, finished Pods go.
+    #[test]
+    fn a_drain_refuses_bare_and_empty_dir_pods_unless_the_policy_allows_them() {
+        let bare = pod(
+            "solo",
+            serde_json::json!({"metadata": {"ownerReferences": []}}),
+        );
+        let cache = pod(
+            "cache",
+            serde_json::json!({"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}),
+        );
+        let daemon = pod(
+            "proxy",
+            serde_json::json!({"metadata": {"ownerReferences": [{"kind": "DaemonSet", "name": "p", "controller": true}]}}),
+        );
+        let mirror = pod(
+            "kube-apiserver-w1",
+            serde_json::json!({"metadata": {"ownerReferences": [], "annotations": {"kubernetes.io/config.mirror": "x"}}}),
+        );
+        let done = pod(
+            "job-1",
+            serde_json::json!({"metadata": {"ownerReferences": []}, "status": {"phase": "Succeeded"}}),
+        );
+        let web = pod("web", serde_json::json!({}));
+        let pods = [bare, cache, daemon, mirror, done, web];
+
+        let plan = drain_plan(&pods, DrainOptions::default());
+        assert!(!plan.refused.is_empty());
+        let refusal = plan.refusal();
+        assert_eq!(
+            refusal,
+            format!("{LOCAL_STORAGE_REFUSED}: default/cache; {UNMANAGED_REFUSED}: default/solo")
+        );
+
+        let plan = drain_plan(
+            &pods,
+            DrainOptions {
+                delete_pods_without_controller: true,
+                delete_empty_dir_data: false,
+            },
+        );
+        assert_eq!(
+            plan.refusal(),
+            format!("{LOCAL_STORAGE_REFUSED}: default/cache")
+        );
+
+        let plan = drain_plan(
+            &pods,
+            DrainOptions {
+                delete_pods_without_controller: true,
+                delete_empty_dir_data: true,
+            },
+        );
+        assert!(plan.refused.is_empty());
+        let names: Vec<&str> = plan.evict.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["solo", "cache", "job-1", "web"]);
+    }
+
+    /// An evicted Pod may linger for its own grace period (30 s unless it
+    /// says), and a margin; one terminating longer fails the attempt.
+    #[test]
+    fn an_evicted_pod_is_waited_for_its_grace_period_and_a_margin() {
+        let default = pod("web", serde_json::json!({}));
+        assert_eq!(default.grace, DEFAULT_GRACE_PERIOD);
+        assert_eq!(
+            default.termination_wait(),
+            Duration::from_secs(30) + TERMINATION_MARGIN
+        );
+        let short = pod(
+            "web",
+            serde_json::json!({"spec": {"terminationGracePeriodSeconds": 2}}),
+        );
+        assert_eq!(
+            short.termination_wait(),
+            Duration::from_secs(2) + TERMINATION_MARGIN
+        );
+        // Once terminating, the grace period the deletion was given counts.
+        let deleting = pod(
+            "web",
+            serde_json::json!({"metadata": {"deletionGracePeriodSeconds": 5},
+                               "spec": {"terminationGracePeriodSeconds": 60}}),
+        );
+        assert_eq!(deleting.grace, Duration::from_secs(5));
+        let long = pod(
+            "web",
+            serde_json::json!({"spec": {"terminationGracePeriodSeconds": 86400}}),
+        );
+        assert_eq!(long.termination_wait(), MAX_GRACE_WAIT + TERMINATION_MARGIN);
+        // A Pod made again under the same name is not the one evicted.
+        let mut again = short.clone();
+        again.uid = "other".into();
+        assert!(!again.same_pod(&short));
+        assert!(short.same_pod(&short.clone()));
+    }
+
     /// A fake API server for an addon of CustomResourceDefinitions and
     /// objects of their kinds: a definition applied is established after
     /// `gets_until_established` earlier reads of it (never when `None`, its names
@@ -854,11 +1135,11 @@ mod tests {
     #[test]
     fn local_api_brackets_ipv6() {
         assert_eq!(
-            super::local_api("10.0.0.1".parse().unwrap(), 6443),
+            local_api("10.0.0.1".parse().unwrap(), 6443),
             "https://10.0.0.1:6443"
         );
         assert_eq!(
-            super::local_api("fd00::1".parse().unwrap(), 6443),
+            local_api("fd00::1".parse().unwrap(), 6443),
             "https://[fd00::1]:6443"
         );
     }

@@ -1339,13 +1339,19 @@ fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it
         }
     });
 
-    // A Pod on the worker, protected by a budget that allows no disruption.
+    // A Pod on the worker, protected by a budget that allows no disruption,
+    // and a bare Pod with an emptyDir volume, which kubectl drain refuses
+    // to delete unless told to. Both go 2 s after their eviction.
     let manifests = tmp.path().join("web.yaml");
     std::fs::write(
         &manifests,
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: default, labels: {{app: web}}}}\n\
-             spec: {{nodeName: {node}, containers: [{{name: web, image: web}}]}}\n---\n\
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: default, labels: {{app: web}},\n\
+             ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: web-rs, uid: 0a, controller: true}}]}}\n\
+             spec: {{nodeName: {node}, terminationGracePeriodSeconds: 2, containers: [{{name: web, image: web}}]}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: solo, namespace: default}}\n\
+             spec: {{nodeName: {node}, terminationGracePeriodSeconds: 2, containers: [{{name: s, image: s}}],\n\
+             volumes: [{{name: scratch, emptyDir: {{}}}}]}}\n---\n\
              apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: web, namespace: default}}\n\
              spec: {{minAvailable: 1, selector: {{matchLabels: {{app: web}}}}}}\n",
             node = worker.hostname
@@ -1363,14 +1369,43 @@ fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it
     )
     .unwrap();
 
-    // The operator deletes the worker: it is cordoned, its eviction is
-    // refused, and after the drain timeout the removal halts, saying why.
+    // The operator deletes the worker: it is cordoned, the drain is
+    // refused for the emptyDir Pod (nothing is evicted), and after the
+    // drain timeout the removal halts, saying which Pod and why.
     c.cli_ok(&["delete", "machine", &worker_name]);
     let message = c.wait_condition("drain", "DrainFailed", "True");
     assert!(
-        message.contains("default/web-1") && message.contains("disruption budget web"),
+        message.contains("cannot delete Pods with local storage")
+            && message.contains("default/solo")
+            && message.contains("spec.drain.deleteEmptyDirData"),
         "{message}"
     );
+    assert!(kubectl(&admin, &["get", "pod", "web-1"]).is_ok());
+    // The drain policy allows deleting it: the next attempt evicts it (it
+    // goes after its grace period), and the budget refuses web-1's.
+    apply(
+        &c,
+        tmp.path(),
+        &(pool_cluster_yaml("drain", 1, 1, "dev")
+            + "  drain:\n    timeout: 20s\n    deleteEmptyDirData: true\n    deletePodsWithoutController: true\n"),
+    );
+    wait_for("the budget alone to be what blocks the drain", BOOT, || {
+        let described = c.cli_ok(&["describe", "cluster", "drain"]);
+        if described.contains("default/web-1")
+            && described.contains("disruption budget web")
+            && !described.contains("default/solo")
+        {
+            Ok(())
+        } else {
+            Err(described)
+        }
+    });
+    wait_for("the evicted bare Pod to go", BOOT, || {
+        match kubectl(&admin, &["get", "pod", "solo"]) {
+            Err(e) if e.contains("NotFound") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
     let held = c.machines();
     let held = machine_by_host(&held, &worker.hostname);
     assert_eq!(held["status"]["phase"], "Running", "{held}");

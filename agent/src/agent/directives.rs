@@ -18,7 +18,7 @@ use crate::state::BootstrapStep;
 #[derive(Debug, Clone, Copy)]
 enum NodeCall {
     Delete,
-    Drain,
+    Drain(crate::kube::DrainOptions),
     Uncordon,
 }
 
@@ -89,8 +89,16 @@ impl Agent {
                 DirectiveAction::DeleteNode { node } => {
                     self.start_node_call(directive.id, node, NodeCall::Delete);
                 }
-                DirectiveAction::DrainNode { node } => {
-                    self.start_node_call(directive.id, node, NodeCall::Drain);
+                DirectiveAction::DrainNode {
+                    node,
+                    delete_pods_without_controller,
+                    delete_empty_dir_data,
+                } => {
+                    let options = crate::kube::DrainOptions {
+                        delete_pods_without_controller,
+                        delete_empty_dir_data,
+                    };
+                    self.start_node_call(directive.id, node, NodeCall::Drain(options));
                 }
                 DirectiveAction::UncordonNode { node } => {
                     self.start_node_call(directive.id, node, NodeCall::Uncordon);
@@ -266,7 +274,7 @@ impl Agent {
     fn start_node_call(&mut self, id: String, node: String, what: NodeCall) {
         let verb = match what {
             NodeCall::Delete => "delete",
-            NodeCall::Drain => "drain",
+            NodeCall::Drain(_) => "drain",
             NodeCall::Uncordon => "uncordon",
         };
         tracing::info!(node = %node, action = verb, "acting on a Node at the coordinator's request");
@@ -277,7 +285,7 @@ impl Agent {
             let call = async move {
                 Ok(match what {
                     NodeCall::Delete => kube.delete_node(&api, &node).await?,
-                    NodeCall::Drain => kube.drain(&api, &node).await?,
+                    NodeCall::Drain(options) => kube.drain(&api, &node, options).await?,
                     NodeCall::Uncordon => kube.uncordon(&api, &node).await?,
                 })
             };

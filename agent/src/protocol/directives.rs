@@ -20,7 +20,7 @@ pub fn describe(action: &DirectiveAction) -> String {
             format!("remove etcd member {id} ({name})")
         }
         DirectiveAction::DeleteNode { node } => format!("delete node {node}"),
-        DirectiveAction::DrainNode { node } => format!("drain node {node}"),
+        DirectiveAction::DrainNode { node, .. } => format!("drain node {node}"),
         DirectiveAction::SetKubernetesVersion { version } => {
             format!("set the kubeadm-config version to {version}")
         }

@@ -488,7 +488,7 @@ impl Sim {
                     false,
                     format!("simulated machines run no API server; node {node} was not deleted"),
                 ),
-                DirectiveAction::DrainNode { node } => (
+                DirectiveAction::DrainNode { node, .. } => (
                     false,
                     format!("simulated machines run no API server; node {node} was not drained"),
                 ),

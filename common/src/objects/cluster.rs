@@ -173,6 +173,18 @@ pub struct DrainPolicy {
     /// After the timeout, remove the machine anyway instead of halting.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force: bool,
+    /// Evict Pods that declare no controller (bare Pods: nothing creates
+    /// them again elsewhere), as `kubectl drain --force` does. Without it a
+    /// Node running one is not drained: each attempt is refused naming
+    /// those Pods, and the removal halts after the timeout. Finished Pods
+    /// (Succeeded, Failed) are always evicted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delete_pods_without_controller: bool,
+    /// Evict Pods with an `emptyDir` volume, whose data is lost with the
+    /// Pod, as `kubectl drain --delete-emptydir-data` does. Without it a
+    /// Node running one is not drained, as above.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delete_empty_dir_data: bool,
 }
 
 /// The drain timeout when `spec.drain.timeout` is unset.
@@ -1798,6 +1810,32 @@ spec:
         c.validate().unwrap();
         assert_eq!(c.spec.network.pod_subnet, "10.244.0.0/16");
         assert_eq!(c.desired_pools().len(), 2);
+    }
+
+    /// kubectl drain's `--force` and `--delete-emptydir-data` are policy
+    /// fields; anything else under `spec.drain` is refused by name.
+    #[test]
+    fn the_drain_policy_says_which_pods_a_drain_may_delete() {
+        let c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        let policy = c.spec.drain.unwrap_or_default();
+        assert!(!policy.delete_pods_without_controller && !policy.delete_empty_dir_data);
+        let with = format!(
+            "{}  drain:\n    timeout: 5m\n    deletePodsWithoutController: true\n    deleteEmptyDirData: true\n",
+            sample()
+        );
+        let c: Cluster = serde_saphyr::from_str(&with).unwrap();
+        c.validate().unwrap();
+        let policy = c.spec.drain.clone().unwrap();
+        assert!(policy.delete_pods_without_controller && policy.delete_empty_dir_data);
+        assert_eq!(
+            serde_json::to_value(&policy).unwrap(),
+            serde_json::json!({"timeout": "5m", "deletePodsWithoutController": true, "deleteEmptyDirData": true})
+        );
+        let old_name = format!("{}  drain:\n    deleteLocalData: true\n", sample());
+        let e = serde_saphyr::from_str::<Cluster>(&old_name)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("deleteLocalData"), "{e}");
     }
 
     #[test]

@@ -38,10 +38,22 @@ pub enum DirectiveAction {
     #[serde(rename_all = "camelCase")]
     DeleteNode { node: String },
     /// Cordon a Node and evict its Pods through the Eviction API (so
-    /// PodDisruptionBudgets hold), then wait a while for them to go. Fails
-    /// naming the Pods that did not go and why.
+    /// PodDisruptionBudgets hold), then wait for them to go (each for its
+    /// grace period and a margin), as `kubectl drain --ignore-daemonsets`
+    /// does; Pods without a controller and Pods with `emptyDir` volumes
+    /// refuse the drain unless the cluster's drain policy allows deleting
+    /// them. Fails naming the Pods that block it and why.
     #[serde(rename_all = "camelCase")]
-    DrainNode { node: String },
+    DrainNode {
+        node: String,
+        /// `spec.drain.deletePodsWithoutController` (kubectl's `--force`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        delete_pods_without_controller: bool,
+        /// `spec.drain.deleteEmptyDirData` (kubectl's
+        /// `--delete-emptydir-data`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        delete_empty_dir_data: bool,
+    },
     /// Set `ClusterConfiguration.kubernetesVersion` in the ConfigMap
     /// `kube-system/kubeadm-config` to `version`, so the control planes
     /// that join from now on deploy that version (what `kubeadm upgrade

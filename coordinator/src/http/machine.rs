@@ -1063,9 +1063,15 @@ fn heartbeat_answer(
                     .and_then(|c| c.status.drain.clone())
                     .filter(|d| d.via == machine.metadata.name && d.result.is_none())
                 {
+                    let policy = cluster.as_ref().and_then(|c| c.spec.drain.as_ref());
                     directives.push(Directive {
                         id: d.directive_id(),
-                        action: DirectiveAction::DrainNode { node: d.node },
+                        action: DirectiveAction::DrainNode {
+                            node: d.node,
+                            delete_pods_without_controller: policy
+                                .is_some_and(|p| p.delete_pods_without_controller),
+                            delete_empty_dir_data: policy.is_some_and(|p| p.delete_empty_dir_data),
+                        },
                     });
                 }
                 if let Some(r) = cluster
