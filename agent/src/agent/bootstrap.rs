@@ -143,7 +143,7 @@ impl Agent {
             config::verify(signed, &ca, uid)
         });
         match step {
-            ConfigStep::Apply(bundle) => match allowed_kubeadm_config(bundle) {
+            ConfigStep::Apply(bundle) => match allowed_kubeadm_config(*bundle) {
                 Ok(bundle) => {
                     self.config_reason = None;
                     self.apply_bundle(bundle);

@@ -62,8 +62,9 @@ pub fn fetch_failure(why: String, at: time::OffsetDateTime) -> CommandFailure {
 /// What a config answer means for the machine.
 #[derive(Debug)]
 pub enum ConfigStep {
-    /// A verified, current bundle: apply it. Fetching stopped.
-    Apply(ConfigBundle),
+    /// A verified, current bundle: apply it. Fetching stopped. Boxed: a
+    /// bundle is far larger than the other answers.
+    Apply(Box<ConfigBundle>),
     /// A bundle older than the assignment; fetched again after a back-off.
     Stale {
         got: u64,
@@ -148,7 +149,7 @@ impl ConfigFetch {
                 match verify(&signed).and_then(|b| check_generation(b, want)) {
                     Ok(bundle) => {
                         self.stop();
-                        ConfigStep::Apply(bundle)
+                        ConfigStep::Apply(Box::new(bundle))
                     }
                     Err(BundleRefusal::Stale { got, want }) => ConfigStep::Stale {
                         got,
