@@ -2034,6 +2034,7 @@ mod tests {
         c.spec.drain = Some(drover_common::api::DrainPolicy {
             timeout: Some("60s".into()),
             force: false,
+            ..Default::default()
         });
         machines[1].metadata.deletion_timestamp = Some(drover_common::now());
         c.status.nodes = vec![cluster_node("a", "True"), cluster_node("w1", "True")];
