@@ -266,7 +266,13 @@ impl DatagramTable {
                 true
             }
         };
+        // Only a datagram for the machine exactly as offered is a
+        // heartbeat. One for a machine changed since (revoked, marked for
+        // deletion, assigned, deleted) keeps nothing alive: it only asks
+        // the agent to call over HTTPS, where a revoked or deleted
+        // identity is refused.
         let verdict = if current == Some(entry.revision) && digest_holds {
+            seen(&entry.name);
             Verdict::Quiet
         } else {
             Verdict::CallHttps
@@ -279,13 +285,7 @@ impl DatagramTable {
         .encode(&entry.key);
         if current.is_none() {
             // Gone, or no longer at hand: the HTTPS heartbeat finds out
-        // Only a datagram for the machine exactly as offered is a
-        // heartbeat. One for a machine changed since (revoked, marked for
-        // deletion, assigned, deleted) keeps nothing alive: it only asks
-        // the agent to call over HTTPS, where a revoked or deleted
-        // identity is refused.
             // which, and offers again if the machine is still there.
-            seen(&entry.name);
             entries.remove(&id);
         }
         Ok((answer, verdict))
@@ -446,19 +446,6 @@ mod tests {
     }
 
     #[test]
-    fn only_quiet_machines_are_offered_and_a_new_leader_fills_in() {
-        let table = DatagramTable::new([9; 32]);
-        let mut cp = machine("cp", MachinePhase::Running, 1);
-        cp.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: "control-plane".into(),
-            role: MachineRole::ControlPlane,
-            generation: 1,
-            assigned_at: None,
-            replaces: None,
-            kubernetes_version: None,
-    #[test]
     fn a_datagram_for_a_changed_revoked_or_deleted_machine_keeps_nothing_alive() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Running, 5);
@@ -501,6 +488,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn only_quiet_machines_are_offered_and_a_new_leader_fills_in() {
+        let table = DatagramTable::new([9; 32]);
+        let mut cp = machine("cp", MachinePhase::Running, 1);
+        cp.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: "control-plane".into(),
+            role: MachineRole::ControlPlane,
+            generation: 1,
+            assigned_at: None,
+            replaces: None,
+            kubernetes_version: None,
             image: None,
         });
         assert!(table.offer(&cp, [0; 8], NOW).is_none());
