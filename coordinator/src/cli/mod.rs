@@ -430,11 +430,6 @@ pub fn rollout_lines(c: &Cluster) -> Vec<String> {
             }
         ));
     }
-    if let Some(h) = &r.halted {
-        out.push(format!(
-            "HALTED at machine {} (step {}): {}; `drover rollout resume {}` to go on",
-            h.machine,
-            h.step,
     if let Some(w) = &r.waiting_for {
         out.push(format!("waiting for {}", printable(w)));
     }
@@ -446,6 +441,11 @@ pub fn rollout_lines(c: &Cluster) -> Vec<String> {
             printable(&f.reason)
         ));
     }
+    if let Some(h) = &r.halted {
+        out.push(format!(
+            "HALTED at machine {} (step {}): {}; `drover rollout resume {}` to go on",
+            h.machine,
+            h.step,
             printable(&h.reason),
             c.metadata.name
         ));

@@ -587,6 +587,7 @@ fn request_removal(
                 .as_ref()
                 .and_then(|r| r.parse().ok());
             app.store.delete(Kind::Machine, name, rev)?;
+            app.datagrams.forget(&machine);
             tracing::info!(machine = %name, by, "free machine deregistered");
             Ok((StatusCode::OK, Json(machine)))
         }
@@ -626,7 +627,6 @@ fn request_removal(
     security(("adminToken" = [])),
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
-            app.datagrams.forget(&machine);
         (status = 200, description = "The machine, its identity revoked.", body = Machine),
         (status = 400, response = super::responses::BadRequest),
         (status = 401, response = super::responses::Unauthorized),

@@ -386,6 +386,13 @@ impl DockerProvider {
             host_config: Some(HostConfig {
                 network_mode: Some(network.name.clone()),
                 init: Some(true),
+                // The engine brings it back after a crash or a reboot; the
+                // reconciler brings it back from anything else (a kill, a
+                // pause, a removal).
+                restart_policy: Some(RestartPolicy {
+                    name: Some(RestartPolicyNameEnum::UNLESS_STOPPED),
+                    maximum_retry_count: None,
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -395,19 +402,20 @@ impl DockerProvider {
             ..Default::default()
         };
         match self.docker.create_container(Some(opts), body).await {
-                // The engine brings it back after a crash or a reboot; the
-                // reconciler brings it back from anything else (a kill, a
-                // pause, a removal).
-                restart_policy: Some(RestartPolicy {
-                    name: Some(RestartPolicyNameEnum::UNLESS_STOPPED),
-                    maximum_retry_count: None,
-                }),
             Ok(_) => tracing::info!(container = %name, cluster, "load-balancer container created"),
             Err(e) if status_code(&e) == Some(409) => {}
             Err(e) if status_code(&e) == Some(404) => {
                 return Err(image_missing("create the load balancer", name, image))
             }
             Err(e) => return Err(failed("create the load balancer", &name, e)),
+        }
+        let (c, _) = self.inspect(&name, "inspect the load balancer").await?;
+        if c.state.as_ref().and_then(|s| s.paused) == Some(true) {
+            self.docker
+                .unpause_container(&name)
+                .await
+                .map_err(|e| failed("unpause the load balancer", &name, e))?;
+            tracing::info!(container = %name, cluster, "load-balancer container unpaused");
         }
         self.start(&name, "start the load balancer").await?;
         let (c, labels) = self.inspect(&name, "inspect the load balancer").await?;
@@ -418,14 +426,6 @@ impl DockerProvider {
             .and_then(|n| n.networks.as_ref())
             .and_then(|n| n.get(&network.name))
             .and_then(|n| n.ip_address.clone())
-        let (c, _) = self.inspect(&name, "inspect the load balancer").await?;
-        if c.state.as_ref().and_then(|s| s.paused) == Some(true) {
-            self.docker
-                .unpause_container(&name)
-                .await
-                .map_err(|e| failed("unpause the load balancer", &name, e))?;
-            tracing::info!(container = %name, cluster, "load-balancer container unpaused");
-        }
             .filter(|ip| !ip.is_empty())
             .ok_or_else(|| ProviderError::Failed {
                 provider: PROVIDER,
@@ -632,15 +632,6 @@ impl DockerProvider {
             .collect())
     }
 
-    /// Every load-balancer container this coordinator created, as
-    /// cluster resources named by container name.
-    pub async fn list_load_balancers(&self) -> Result<Vec<Managed>, ProviderError> {
-        Ok(self
-            .containers()
-            .await?
-            .into_iter()
-            .filter(|c| is_load_balancer(c.labels.as_ref()))
-            .filter_map(|c| {
     /// The state of every load-balancer container this coordinator
     /// created, by its cluster's UID.
     pub async fn load_balancer_states(
@@ -658,6 +649,15 @@ impl DockerProvider {
             .collect())
     }
 
+    /// Every load-balancer container this coordinator created, as
+    /// cluster resources named by container name.
+    pub async fn list_load_balancers(&self) -> Result<Vec<Managed>, ProviderError> {
+        Ok(self
+            .containers()
+            .await?
+            .into_iter()
+            .filter(|c| is_load_balancer(c.labels.as_ref()))
+            .filter_map(|c| {
                 let name = c.names?.first()?.trim_start_matches('/').to_owned();
                 Some(Managed::ClusterResource {
                     name,
@@ -891,6 +891,12 @@ impl Provider for DockerEngine<'_> {
         Box::pin(async move { self.docker().await?.list().await })
     }
 
+    fn endpoint_states(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(String, InstanceState)>, ProviderError>> {
+        Box::pin(async move { self.docker().await?.load_balancer_states().await })
+    }
+
     fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
         Box::pin(self.managed_objects())
     }
@@ -900,12 +906,6 @@ impl Provider for DockerEngine<'_> {
         orphan: &'a Managed,
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
         Box::pin(self.remove(orphan))
-    fn endpoint_states(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<(String, InstanceState)>, ProviderError>> {
-        Box::pin(async move { self.docker().await?.load_balancer_states().await })
-    }
-
     }
 
     /// Containers run on the coordinator's own engine and read their seed
@@ -921,15 +921,6 @@ impl Provider for DockerEngine<'_> {
 }
 
 /// Whether a container's labels mark a load balancer, not a machine.
-fn is_load_balancer(labels: Option<&HashMap<String, String>>) -> bool {
-    labels.and_then(|l| l.get(LABEL_ROLE)).map(String::as_str) == Some(ROLE_LOAD_BALANCER)
-}
-
-fn is_load_balancer_labels(labels: &BTreeMap<String, String>) -> bool {
-    labels.get(LABEL_ROLE).map(String::as_str) == Some(ROLE_LOAD_BALANCER)
-}
-
-/// The first 12 characters of a container ID, as `docker ps` shows it.
 /// What a container's state means for the machine or endpoint it is.
 fn container_state(state: Option<bollard::models::ContainerSummaryStateEnum>) -> InstanceState {
     use bollard::models::ContainerSummaryStateEnum as S;
@@ -941,6 +932,15 @@ fn container_state(state: Option<bollard::models::ContainerSummaryStateEnum>) ->
     }
 }
 
+fn is_load_balancer(labels: Option<&HashMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(LABEL_ROLE)).map(String::as_str) == Some(ROLE_LOAD_BALANCER)
+}
+
+fn is_load_balancer_labels(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(LABEL_ROLE).map(String::as_str) == Some(ROLE_LOAD_BALANCER)
+}
+
+/// The first 12 characters of a container ID, as `docker ps` shows it.
 pub fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }

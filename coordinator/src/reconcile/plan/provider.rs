@@ -473,6 +473,7 @@ pub(super) fn plan_provider(
     );
     rollout::set_halted_condition(&mut status);
     rollout::set_waiting_condition(&mut status);
+    set_endpoint_condition(&mut status, endpoint_down.as_deref());
     if status != cluster.status {
         steps.push(Step::SetStatus(Box::new(status)));
     }
@@ -499,6 +500,29 @@ fn wants_load_balancer(cluster: &Cluster, mine: &[&Machine]) -> bool {
         && mine.iter().all(|m| m.status.phase == MachinePhase::Deleted)
 }
 
+/// Why the cluster's provider-run endpoint (docker's load-balancer
+/// container) is down, as observed this pass; `None` while it runs or is
+/// not observed (another provider, a listing that failed).
+fn endpoint_down(cluster: &Cluster, observed: &Observed<'_>) -> Option<String> {
+    let lb = cluster.status.load_balancer.as_ref()?;
+    if !matches!(cluster.spec.provider, ProviderSpec::Docker(_)) {
+        return None;
+    }
+    let uid = cluster.metadata.uid.as_deref()?;
+    let state = (observed.instance)(&crate::provider::endpoint_key(uid))?;
+    let what = match state {
+        crate::provider::InstanceState::Running | crate::provider::InstanceState::Pending => {
+            return None
+        }
+        crate::provider::InstanceState::Paused => "paused",
+        crate::provider::InstanceState::Stopped => "stopped or removed",
+    };
+    Some(format!(
+        "load balancer {} ({}) is {what}; the coordinator brings it back",
+        lb.id, lb.address
+    ))
+}
+
 /// What a machine was made for: its version and image, as recorded.
 fn made_for(m: &Machine) -> String {
     let a = m.spec.assignment.as_ref();
@@ -507,7 +531,6 @@ fn made_for(m: &Machine) -> String {
         .unwrap_or("an unrecorded version");
     match a.and_then(|a| a.image.as_deref()) {
         Some(image) => format!("{version} from {image}"),
-    set_endpoint_condition(&mut status, endpoint_down.as_deref());
         None => version.to_owned(),
     }
 }
@@ -534,29 +557,6 @@ fn remediation<'a>(
     paused: &mut Vec<String>,
 ) -> Vec<(&'a Machine, String)> {
     let names = match &judged.decision {
-/// Why the cluster's provider-run endpoint (docker's load-balancer
-/// container) is down, as observed this pass; `None` while it runs or is
-/// not observed (another provider, a listing that failed).
-fn endpoint_down(cluster: &Cluster, observed: &Observed<'_>) -> Option<String> {
-    let lb = cluster.status.load_balancer.as_ref()?;
-    if !matches!(cluster.spec.provider, ProviderSpec::Docker(_)) {
-        return None;
-    }
-    let uid = cluster.metadata.uid.as_deref()?;
-    let state = (observed.instance)(&crate::provider::endpoint_key(uid))?;
-    let what = match state {
-        crate::provider::InstanceState::Running | crate::provider::InstanceState::Pending => {
-            return None
-        }
-        crate::provider::InstanceState::Paused => "paused",
-        crate::provider::InstanceState::Stopped => "stopped or removed",
-    };
-    Some(format!(
-        "load balancer {} ({}) is {what}; the coordinator brings it back",
-        lb.id, lb.address
-    ))
-}
-
         Decision::Paused(msg) => {
             paused.push(msg.clone());
             return vec![];
