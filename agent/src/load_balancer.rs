@@ -10,6 +10,10 @@
 //! `drover_common::tcp_proxy`, shared with the coordinator's managed
 //! endpoints). A backend the coordinator removed, or one that stops
 //! answering, gets no new connection from the next second on.
+//!
+//! Connections are capped per source and in total (half of the open-file
+//! limit at most: the container does nothing else), and idle or half-closed
+//! ones time out, as the coordinator's managed endpoints do.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use drover_common::tcp_proxy::{accept_loop, Backends};
+use drover_common::tcp_proxy::{accept_loop, Admission, Backends, Limits};
 use drover_common::wire::{LoadBalancerConfig, LOAD_BALANCER_CONFIG_PATH};
 
 /// How often the backends are re-read and probed.
@@ -34,6 +38,16 @@ pub struct LoadBalancerArgs {
     /// The backends file the coordinator writes (JSON: `caPem`, `backends`).
     #[arg(long, value_name = "FILE", default_value = LOAD_BALANCER_CONFIG_PATH)]
     pub config: PathBuf,
+    /// Connections held at once; more are closed at once. Lowered to a
+    /// quarter of the open-file limit if above it (each holds two files).
+    #[arg(long, default_value_t = drover_common::tcp_proxy::DEFAULT_TOTAL)]
+    pub max_connections: u32,
+    /// Of those, from one source address (an IPv6 /64).
+    #[arg(long, default_value_t = drover_common::tcp_proxy::DEFAULT_PER_SOURCE)]
+    pub max_connections_per_source: u32,
+    /// Close a connection after this long without a byte either way.
+    #[arg(long, default_value = "1h", value_parser = drover_common::api::parse_duration)]
+    pub idle_timeout: Duration,
 }
 
 /// Runs the load balancer until SIGTERM or SIGINT.
@@ -46,11 +60,35 @@ pub async fn run(args: LoadBalancerArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(listen = %args.listen, config = %args.config.display(), "load balancer listening");
+    let open_files = match drover_common::process::raise_open_files_limit() {
+        Ok(limit) => Some(limit),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit");
+            None
+        }
+    };
+    let admission = Arc::new(Admission::new(
+        Limits {
+            per_source: args.max_connections_per_source.max(1),
+            total: args.max_connections.max(1),
+            idle_timeout: args.idle_timeout.max(Duration::from_secs(1)),
+            ..Limits::default()
+        },
+        open_files.map(|limit| limit / 2),
+    ));
+    let limits = admission.limits();
+    tracing::info!(
+        total = limits.total,
+        per_source = limits.per_source,
+        idle_timeout = ?limits.idle_timeout,
+        "load balancer connection limits"
+    );
     let backends: Backends = Arc::new(RwLock::new(vec![]));
     let accept = tokio::spawn(accept_loop(
         listener,
         args.listen.to_string(),
         backends.clone(),
+        admission,
     ));
     let mut state = Probing::default();
     let mut tick = tokio::time::interval(PERIOD);

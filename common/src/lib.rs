@@ -41,6 +41,7 @@ macro_rules! string_type_serde {
 }
 
 // Leaves: shared primitives that import nothing of this crate.
+pub mod caps;
 #[cfg(feature = "cli-docs")]
 pub mod cli_docs;
 pub mod fsutil;

@@ -137,6 +137,21 @@ struct ServeArgs {
     /// Of those, from one source address.
     #[arg(long, default_value_t = 256)]
     max_unauthenticated_connections_per_source: u32,
+    /// Connections the managed control-plane endpoints hold at once, all
+    /// endpoints together; more are closed at once. Lowered to an eighth of
+    /// the open-file limit if above it (each holds two open files), so the
+    /// API keeps its own.
+    #[arg(long, default_value_t = drover_common::tcp_proxy::DEFAULT_TOTAL)]
+    endpoint_max_connections: u32,
+    /// Of those, from one source address (an IPv6 /64). Raise it when many
+    /// Nodes reach an endpoint through one NAT address.
+    #[arg(long, default_value_t = drover_common::tcp_proxy::DEFAULT_PER_SOURCE)]
+    endpoint_max_connections_per_source: u32,
+    /// Close a managed endpoint's connection after this long without a byte
+    /// either way (live Kubernetes clients ping or watch well within it).
+    /// One whose side has closed is closed after a minute of silence.
+    #[arg(long, default_value = "1h", value_parser = drover_common::api::parse_duration)]
+    endpoint_idle_timeout: std::time::Duration,
     /// With an etcd store: the leader's lease. A new leader takes over
     /// within this long after the old one dies.
     #[arg(long, default_value = "15s", value_parser = drover_common::api::parse_duration)]
@@ -244,6 +259,12 @@ fn main() -> ExitCode {
                 unauthenticated: server::UnauthenticatedCaps {
                     per_source: args.max_unauthenticated_connections_per_source,
                     total: args.max_unauthenticated_connections,
+                },
+                endpoint_proxy: drover_common::tcp_proxy::Limits {
+                    per_source: args.endpoint_max_connections_per_source,
+                    total: args.endpoint_max_connections,
+                    idle_timeout: args.endpoint_idle_timeout,
+                    ..Default::default()
                 },
             };
             let cfg = match cfg.validate() {

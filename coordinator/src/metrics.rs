@@ -50,6 +50,8 @@ pub struct Metrics {
     leader_term: Gauge,
     connections: Family<Labels, Gauge>,
     handshakes: Family<Labels, Gauge>,
+    endpoint_proxy_connections: Family<Labels, Gauge>,
+    endpoint_proxy_closed: Family<Labels, Gauge>,
     history: Mutex<std::collections::VecDeque<Minute>>,
     /// The hot paths' series, made once: a heartbeat or a store call finds
     /// its histogram without building labels.
@@ -139,6 +141,8 @@ impl Metrics {
             leader_term: Gauge::default(),
             connections: Family::default(),
             handshakes: Family::default(),
+            endpoint_proxy_connections: Family::default(),
+            endpoint_proxy_closed: Family::default(),
             history: Mutex::new(Default::default()),
             hot: Default::default(),
             heartbeats_accepted: Counter::default(),
@@ -264,6 +268,16 @@ impl Metrics {
             "TLS handshakes since start, by result (full, resumed, failed); a counter kept by the server, exposed as a gauge of its value",
             m.handshakes.clone(),
         );
+        registry.register(
+            "endpoint_proxy_connections",
+            "Connections the managed control-plane endpoints hold now, all endpoints together, by state (open: admitted, connecting or forwarding)",
+            m.endpoint_proxy_connections.clone(),
+        );
+        registry.register(
+            "endpoint_proxy_closed",
+            "Managed endpoint connections the proxy closed since start, by reason: refused at once over a cap (per_source, total), no backend ready or accepting (no_backend), or timed out (idle: no byte either way; half_closed: one side closed, the other silent); a counter kept by the proxy, exposed as a gauge of its value and refreshed every second",
+            m.endpoint_proxy_closed.clone(),
+        );
         Self {
             registry,
             hot,
@@ -287,6 +301,25 @@ impl Metrics {
             }
         }
         self.observe_hot(operation, result, took);
+    }
+
+    /// Records the managed endpoints' proxy figures (the `endpoint-proxies`
+    /// task, once a period).
+    pub fn endpoint_proxy(&self, stats: &drover_common::tcp_proxy::Stats) {
+        self.endpoint_proxy_connections
+            .get_or_create(&vec![("state", "open".to_owned())])
+            .set(stats.open as i64);
+        for (reason, v) in [
+            ("per_source", stats.refused_per_source),
+            ("total", stats.refused_total),
+            ("no_backend", stats.no_backend),
+            ("idle", stats.idle_timeouts),
+            ("half_closed", stats.half_close_timeouts),
+        ] {
+            self.endpoint_proxy_closed
+                .get_or_create(&vec![("reason", reason.to_owned())])
+                .set(v as i64);
+        }
     }
 
     /// Counts one heartbeat datagram by `result`, one of

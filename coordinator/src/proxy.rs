@@ -10,6 +10,12 @@
 //! TLS passes through untouched: the proxy never holds a key of the
 //! cluster's, and kubectl and kubelets see the API servers' certificates,
 //! whose SANs carry the endpoint's host.
+//!
+//! Every endpoint of the process shares one [`Admission`]: connections
+//! capped per source and in total (at most a quarter of the open files, so
+//! the API and the machines keep theirs), idle and half-closed ones timed
+//! out (`--endpoint-max-connections`, `--endpoint-idle-timeout`). Its
+//! figures go to the metrics once a period.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -17,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use drover_common::api::Cluster;
-use drover_common::tcp_proxy::{accept_loop, Backends};
+use drover_common::tcp_proxy::{accept_loop, Admission, Backends};
 use tokio::net::TcpListener;
 
 use crate::app::App;
@@ -32,11 +38,17 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
 
 /// Runs the `endpoint-proxies` task until `shutdown` fires.
-pub async fn run(app: Arc<App>, task: Arc<Task>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn run(
+    app: Arc<App>,
+    task: Arc<Task>,
+    admission: Arc<Admission>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let mut proxies: HashMap<String, Proxy> = HashMap::new();
     loop {
         task.started();
-        let errors = refresh(&app, &mut proxies).await;
+        let errors = refresh(&app, &admission, &mut proxies).await;
+        crate::metrics::global().endpoint_proxy(&admission.stats());
         task.finished((!errors.is_empty()).then(|| errors.join("; ")));
         tokio::select! {
             _ = shutdown.changed() => break,
@@ -58,7 +70,11 @@ struct Proxy {
 }
 
 /// Brings the proxies in line with the clusters; returns what went wrong.
-async fn refresh(app: &Arc<App>, proxies: &mut HashMap<String, Proxy>) -> Vec<String> {
+async fn refresh(
+    app: &Arc<App>,
+    admission: &Arc<Admission>,
+    proxies: &mut HashMap<String, Proxy>,
+) -> Vec<String> {
     let mut errors = vec![];
     // Only clusters are read: the reconciler records each one's backends
     // in its status, so this once-a-second loop on every replica never
@@ -91,7 +107,7 @@ async fn refresh(app: &Arc<App>, proxies: &mut HashMap<String, Proxy>) -> Vec<St
     for (uid, (cluster, port)) in managed {
         let name = &cluster.metadata.name;
         if !proxies.contains_key(&uid) {
-            match open(app, cluster, port).await {
+            match open(app, cluster, port, admission.clone()).await {
                 Ok(p) => {
                     proxies.insert(uid.clone(), p);
                 }
@@ -136,7 +152,12 @@ enum OpenError {
 }
 
 /// Opens a cluster's listener and starts accepting.
-async fn open(app: &App, cluster: &Cluster, port: u16) -> Result<Proxy, OpenError> {
+async fn open(
+    app: &App,
+    cluster: &Cluster,
+    port: u16,
+    admission: Arc<Admission>,
+) -> Result<Proxy, OpenError> {
     let pki = crate::domain::secrets::load_pki(&app.store, cluster)?.ok_or(OpenError::NoCa)?;
     let probe = crate::tls::client_trusting(pki.ca.cert_pem.as_bytes(), PROBE_TIMEOUT)?;
     let addr = SocketAddr::new(app.settings.endpoints.bind, port);
@@ -149,6 +170,7 @@ async fn open(app: &App, cluster: &Cluster, port: u16) -> Result<Proxy, OpenErro
         listener,
         cluster.metadata.name.clone(),
         backends.clone(),
+        admission,
     ));
     Ok(Proxy {
         port,

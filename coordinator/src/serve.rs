@@ -43,6 +43,8 @@ pub struct ServeConfig {
     pub endpoint_ports: (u16, u16),
     /// `--max-unauthenticated-connections` and `...-per-source`.
     pub unauthenticated: crate::http::server::UnauthenticatedCaps,
+    /// `--endpoint-max-connections`, `...-per-source`, `--endpoint-idle-timeout`.
+    pub endpoint_proxy: drover_common::tcp_proxy::Limits,
 }
 
 /// The host of an `https://host[:port][/path]` URL, without IPv6 brackets.
@@ -131,6 +133,18 @@ impl ServeConfig {
                 "--max-unauthenticated-connections-per-source ({}) must not exceed --max-unauthenticated-connections ({})",
                 caps.per_source, caps.total
             )));
+        }
+        let proxy = self.endpoint_proxy;
+        if proxy.total == 0 || proxy.per_source == 0 || proxy.per_source > proxy.total {
+            return Err(ConfigError(format!(
+                "--endpoint-max-connections ({}) and --endpoint-max-connections-per-source ({}) must be at least 1, the second no more than the first",
+                proxy.total, proxy.per_source
+            )));
+        }
+        if proxy.idle_timeout < Duration::from_secs(1) {
+            return Err(ConfigError(
+                "--endpoint-idle-timeout must be at least 1s".into(),
+            ));
         }
         if std::env::var_os(crate::store::keyring::KEY_ENV).is_none() {
             check_key_file_mode(&self.key_file())?;
@@ -391,6 +405,20 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             "unauthenticated connections capped at a quarter of the open-file limit, below --max-unauthenticated-connections"
         );
     }
+    // The managed endpoints' proxy may hold a quarter of the open files
+    // (an eighth in connections): with the HTTPS server's half for
+    // connections without a certificate, a quarter is left to machines.
+    let endpoint_admission = std::sync::Arc::new(drover_common::tcp_proxy::Admission::new(
+        cfg.endpoint_proxy,
+        open_files.map(|limit| limit / 4),
+    ));
+    if endpoint_admission.limits() != cfg.endpoint_proxy {
+        tracing::warn!(
+            total = endpoint_admission.limits().total,
+            per_source = endpoint_admission.limits().per_source,
+            "managed endpoint connections capped at an eighth of the open-file limit, below --endpoint-max-connections"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -532,6 +560,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let endpoint_proxies = tokio::spawn(crate::proxy::run(
         app.clone(),
         app.tasks.register("endpoint-proxies", crate::proxy::PERIOD),
+        endpoint_admission,
         stop_tx.subscribe(),
     ));
     let router = crate::http::router(app.clone());
@@ -778,6 +807,7 @@ mod tests {
                 per_source: 256,
                 total: 4096,
             },
+            endpoint_proxy: Default::default(),
         }
     }
 
@@ -797,6 +827,9 @@ mod tests {
             msg.contains("must not exceed --max-unauthenticated-connections"),
             "{msg}"
         );
+        let mut cfg = config(dir.path());
+        cfg.endpoint_proxy.per_source = cfg.endpoint_proxy.total + 1;
+        assert!(refused(cfg).contains("--endpoint-max-connections-per-source"));
         let mut cfg = config(dir.path());
         cfg.request_body_timeout = Duration::from_millis(10);
         assert!(refused(cfg).contains("--request-body-timeout"));

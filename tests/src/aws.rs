@@ -698,6 +698,10 @@ async fn refresh(
                     listener,
                     dns.to_owned(),
                     backends.clone(),
+                    std::sync::Arc::new(drover_common::tcp_proxy::Admission::new(
+                        Default::default(),
+                        None,
+                    )),
                 ));
                 served.insert(dns.to_owned(), (ip, backends));
             }

@@ -179,6 +179,8 @@ pub struct Coordinator {
     cli_addr: Option<String>,
     /// `--endpoint-ports`, chosen once so a restart keeps it.
     pub endpoint_ports: (u16, u16),
+    /// The open-file limit `drover serve` runs under (`ulimit -n`), if set.
+    open_files: Option<u64>,
 }
 
 impl Coordinator {
@@ -196,6 +198,34 @@ impl Coordinator {
             extra_args: Vec::new(),
             cli_addr: None,
             endpoint_ports: free_port_range(8),
+            open_files: None,
+        };
+        c.spawn();
+        c
+    }
+
+    /// [`Self::start`] with more `drover serve` flags, run under an
+    /// open-file limit of `open_files` (soft and hard, as `ulimit -n` sets
+    /// them), restarts included.
+    pub fn start_limited(
+        dir: &Path,
+        opts: CoordinatorOptions,
+        extra_args: &[&str],
+        open_files: u64,
+    ) -> Self {
+        let port = free_port();
+        let mut c = Self {
+            dir: dir.to_path_buf(),
+            port,
+            admin_token: String::new(),
+            child: None,
+            log: Default::default(),
+            opts,
+            listen: format!("127.0.0.1:{port}"),
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            cli_addr: None,
+            endpoint_ports: free_port_range(8),
+            open_files: Some(open_files),
         };
         c.spawn();
         c
@@ -231,6 +261,7 @@ impl Coordinator {
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
             cli_addr: Some(format!("https://{addr}")),
             endpoint_ports: free_port_range(8),
+            open_files: None,
         };
         c.spawn();
         c
@@ -260,7 +291,16 @@ impl Coordinator {
     }
 
     fn spawn(&mut self) {
-        let mut child = Command::new(bin("drover"))
+        let mut command = match self.open_files {
+            Some(n) => {
+                let mut c = Command::new("bash");
+                c.args(["-c", &format!("ulimit -n {n} && exec \"$@\""), "bash"])
+                    .arg(bin("drover"));
+                c
+            }
+            None => Command::new(bin("drover")),
+        };
+        let mut child = command
             .args(["serve", "--data-dir"])
             .arg(self.dir.join("data"))
             .args(["--listen", &self.listen])

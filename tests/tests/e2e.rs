@@ -3411,6 +3411,10 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
     let name = blocked.machines()[0]["metadata"]["name"]
         .as_str()
         .unwrap()
+        std::sync::Arc::new(drover_common::tcp_proxy::Admission::new(
+            Default::default(),
+            None,
+        )),
         .to_owned();
     let described = blocked.cli_ok(&["describe", "machine", &name]);
     assert!(

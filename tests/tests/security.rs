@@ -2416,3 +2416,179 @@ spec:
     let kept = api.send("GET", "/v1/clusters/hush", Some(&c.admin_token), None);
     assert!(kept.body.contains("FILE-SECRET-4711"), "{kept:?}");
 }
+
+/// The CA of a cluster, from the kubeconfig `drover kubeconfig` prints.
+fn cluster_ca(c: &Coordinator, cluster: &str) -> String {
+    use base64::Engine;
+    let kubeconfig = c.cli_ok(&["kubeconfig", cluster]);
+    let parsed: serde_json::Value = serde_saphyr::from_str(&kubeconfig).unwrap();
+    let data = parsed["clusters"][0]["cluster"]["certificate-authority-data"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no CA in {kubeconfig}"));
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .unwrap();
+    String::from_utf8(pem).unwrap()
+}
+
+/// A TLS handshake from `source` with the API server behind the managed
+/// endpoint at `addr` (its certificate names the endpoint's address):
+/// `Ok` holding the connection, or why not within 10 s.
+async fn through_endpoint(
+    source: std::net::IpAddr,
+    addr: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let attempt = async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::new(source, 0))?;
+        let tcp = socket.connect(addr).await?;
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+    };
+    match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(format!("closed: {e}")),
+        Err(_) => Err("hung: no handshake and no close within 10 s".to_owned()),
+    }
+}
+
+/// The managed endpoints' proxy figures from the metrics.
+fn endpoint_proxy_figures(c: &Coordinator) -> std::collections::BTreeMap<String, u64> {
+    c.metrics_text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("drover_endpoint_proxy_"))
+        .filter_map(|l| {
+            let (series, value) = l.split_once("} ")?;
+            Some((format!("{series}}}"), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn endpoint_floods_are_capped_and_leave_the_coordinator_its_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    // As the attack found it: 1,024 open files, which 600 proxied
+    // connections (two files each) took. The proxy's total is then an
+    // eighth of them, 128; one source may hold 64.
+    let c = Coordinator::start_limited(
+        tmp.path(),
+        CoordinatorOptions::default(),
+        &["--endpoint-max-connections-per-source", "64"],
+        1024,
+    );
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=ep", 1, "1h", &boot);
+    let _agent = Agent::start(&tmp.path().join("m"), "m", &boot);
+    wait_machines(&c, 1);
+    let yaml = pool_cluster_yaml("ep", 1, 0, "ep").replace(
+        "          env: ep\n",
+        "          env: ep\n  controlPlaneEndpoint:\n    managed: coordinator\n",
+    );
+    apply(&c, tmp.path(), &yaml);
+    c.wait_cluster_phase("ep", "Running", BOOT);
+    let port = c.cluster("ep").unwrap()["status"]["endpointPort"]
+        .as_u64()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let tls = anonymous_tls(&cluster_ca(&c, "ep"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    wait_for("a handshake through the endpoint", BOOT, || {
+        rt.block_on(through_endpoint(ip("127.0.0.1"), addr, tls.clone()))
+            .map(drop)
+    });
+
+    // 600 connections from four sources, 150 each, one source after the
+    // other, every one of them kept open once through.
+    let mut held = vec![];
+    let mut per_source = vec![];
+    for source in ["127.0.3.1", "127.0.3.2", "127.0.3.3", "127.0.3.4"] {
+        let attempts: Vec<_> = (0..150)
+            .map(|_| rt.spawn(through_endpoint(ip(source), addr, tls.clone())))
+            .collect();
+        let mut through = 0;
+        for a in attempts {
+            match rt.block_on(a).unwrap() {
+                Ok(s) => {
+                    through += 1;
+                    held.push(s);
+                }
+                Err(e) => assert!(e.starts_with("closed"), "from {source}: {e}"),
+            }
+        }
+        per_source.push(through);
+    }
+    // One source got its 64 and no more, all of them together the total
+    // at most; every other connection was closed at once.
+    assert_eq!(per_source[0], 64, "{per_source:?}");
+    assert!(held.len() <= 128, "{} held: {per_source:?}", held.len());
+    assert!(
+        per_source[2..].iter().all(|n| *n <= 1),
+        "past the total: {per_source:?}"
+    );
+
+    // While they are held, the coordinator answers: /livez, and an admin
+    // list through the CLI.
+    let api = c.api(None);
+    let asked = std::time::Instant::now();
+    let livez = api.send("GET", "/livez", None, None);
+    assert_eq!(livez.status, 200, "{livez:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    let mut list = c
+        .cli_command(&["get", "machines"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let listed = wait_for("drover get machines", Duration::from_secs(20), || {
+        list.try_wait()
+            .unwrap()
+            .ok_or_else(|| "still running".to_owned())
+    });
+    assert!(listed.success());
+
+    // Refusals are counted, and logged once per source, not per connection.
+    let figures = wait_for(
+        "the refusals in the metrics",
+        Duration::from_secs(10),
+        || {
+            let f = endpoint_proxy_figures(&c);
+            let refused = f.get("closed{reason=\"per_source\"}").copied().unwrap_or(0)
+                + f.get("closed{reason=\"total\"}").copied().unwrap_or(0);
+            if refused >= 600 - 128
+                && f.get("connections{state=\"open\"}") >= Some(&(held.len() as u64))
+            {
+                Ok(f)
+            } else {
+                Err(format!("{f:?}"))
+            }
+        },
+    );
+    assert!(
+        figures["closed{reason=\"per_source\"}"] >= 86,
+        "{figures:?}"
+    );
+    let warnings = c
+        .output()
+        .lines()
+        .filter(|l| l.contains("endpoint refusing connections"))
+        .count();
+    assert!((1..=6).contains(&warnings), "{warnings} refusal warnings");
+
+    // Once the flood lets go, its sources are served again.
+    drop(held);
+    wait_for(
+        "a flooding source through the endpoint again",
+        Duration::from_secs(20),
+        || {
+            rt.block_on(through_endpoint(ip("127.0.3.3"), addr, tls.clone()))
+                .map(drop)
+        },
+    );
+}

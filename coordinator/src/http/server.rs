@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use drover_common::caps::source_key;
 use drover_common::pki::{
     cert_info, CertInfo, CertificateAuthority, LeafSpec, LeafUsage, PkiError,
 };
@@ -187,10 +188,7 @@ impl Admission {
     /// handshakes and unauthenticated connections together leave half of
     /// the open files to machines.
     pub fn new(caps: UnauthenticatedCaps, open_files: Option<u64>) -> Self {
-        let total = match open_files {
-            Some(limit) => u64::from(caps.total).min((limit / 4).max(1)) as u32,
-            None => caps.total,
-        };
+        let total = drover_common::caps::within_share(caps.total, open_files, 4);
         Self {
             caps: UnauthenticatedCaps {
                 per_source: caps.per_source.min(total),
@@ -276,20 +274,6 @@ impl Admission {
                 "open files are running short; closing parked connections without a client certificate so machines keep theirs (raise the open-file limit, or lower --max-unauthenticated-connections)"
             );
         }
-    }
-}
-
-/// The source a connection is counted under: its IPv4 address, or the
-/// /64 network of an IPv6 one (a single host commonly holds a whole /64).
-fn source_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(std::net::Ipv6Addr::from(
-                u128::from(v6) & !((1u128 << 64) - 1),
-            )),
-        },
     }
 }
 

@@ -453,13 +453,27 @@ impl Client {
         let kind = obj["kind"].as_str().unwrap_or_default();
         let name = obj["metadata"]["name"].as_str().unwrap_or_default();
         let what = format!("{kind} {name}");
-        let resp = self
-            .http
-            .post(format!("{}{collection}?fieldManager=kubeadm", self.server))
-            .json(obj)
-            .send()
-            .await
-            .with_context(|| format!("unable to create {what}"))?;
+        // kubeadm's idempotency helpers poll every 500 ms, for up to the
+        // KubernetesAPICall timeout (1 min), while the API server cannot be
+        // reached (cmd/kubeadm/app/util/apiclient/idempotency.go): through
+        // the control-plane endpoint, until its load balancer has found the
+        // new API server ready.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let resp = loop {
+            let sent = self
+                .http
+                .post(format!("{}{collection}?fieldManager=kubeadm", self.server))
+                .json(obj)
+                .send()
+                .await;
+            match sent {
+                Ok(r) => break r,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e).with_context(|| format!("unable to create {what}")),
+            }
+        };
         let status = resp.status();
         let body = resp.text().await.unwrap_or_default();
         if status.is_success() {
