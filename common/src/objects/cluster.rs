@@ -772,23 +772,34 @@ pub struct NetworkSpec {
     pub service_subnet: String,
     #[serde(default = "default_dns_domain")]
     pub dns_domain: String,
-    /// Where the pod network comes from: `none` (the default: an addon or
-    /// a file gives it) or `image` (the node image's default network).
+    /// Where the pod network comes from: `none` (an addon or a file gives
+    /// it) or `image` (the node image's default network). A document that
+    /// leaves it out gets, when the cluster is created, `image` for the
+    /// docker provider (unless the spec brings a CNI config file or an
+    /// addon named `cni`) and `none` for pool and aws; an existing cluster
+    /// keeps what it has (`drover apply`, `http/admin.rs`). A stored
+    /// cluster without it is `none`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub cni: CniMode,
 }
 
-/// Where a cluster's pod network comes from.
+/// Where a cluster's pod network comes from. Left out of a new cluster's
+/// document: `image` on docker (as kind installs kindnet by default;
+/// `none` when the spec brings a CNI config file or an addon named `cni`),
+/// `none` on pool and aws; an explicit value is always kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CniMode {
     /// Drover installs none: an addon (a CNI's manifests) or `spec.files`
-    /// (a CNI config) gives the cluster its network.
+    /// (a CNI config) gives the cluster its network. What a stored cluster
+    /// without the field has.
     #[default]
     None,
-    /// The node image's default network: every machine installs the
-    /// image's CNI config (`/usr/share/drover/cni/net.d`) before kubeadm,
-    /// and a control plane applies the image's manifest
+    /// The node image's default network, for machines on one flat
+    /// network: every machine's agent writes the image's CNI config
+    /// (`/usr/share/drover/cni/net.d`) with its own Node's `spec.podCIDR`
+    /// and routes every other Node's range to that Node's `InternalIP`;
+    /// a control plane applies the image's manifest
     /// (`/usr/share/drover/cni/manifests.yaml`) as the first addon, `cni`.
     Image,
 }

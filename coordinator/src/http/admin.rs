@@ -221,7 +221,11 @@ pub async fn apply_cluster(
         ));
     }
     let now = drover_common::now();
-    match app.cluster(&name)? {
+    let existing = app.cluster(&name)?;
+    if !document_sets_cni(&body) {
+        desired.spec.network.cni = defaulted_cni(&desired.spec, existing.as_ref().map(|c| &c.spec));
+    }
+    match existing {
         None => {
             if desired.metadata.resource_version.is_some() {
                 return Err(ApiError::not_found("cluster", &name));
@@ -312,6 +316,42 @@ pub async fn apply_cluster(
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
             Ok((StatusCode::OK, changes, Json(updated)))
         }
+    }
+}
+
+/// Whether a Cluster document says `spec.network.cni` itself.
+fn document_sets_cni(body: &[u8]) -> bool {
+    std::str::from_utf8(body)
+        .ok()
+        .and_then(|t| serde_saphyr::from_str::<serde_json::Value>(t).ok())
+        .is_some_and(|d| d["spec"]["network"].get("cni").is_some())
+}
+
+/// `spec.network.cni` of a document that leaves it out. An existing
+/// cluster keeps what it has (so clusters stored before this default keep
+/// `none`). A new docker cluster gets the node image's network, as kind
+/// installs kindnet unless told `disableDefaultCNI`, unless its spec
+/// brings its own: a file in `/etc/cni/net.d` or an addon named `cni`.
+/// Pool and aws clusters get `none`: their machines' networks differ too
+/// much for one default.
+fn defaulted_cni(
+    spec: &drover_common::api::ClusterSpec,
+    existing: Option<&drover_common::api::ClusterSpec>,
+) -> drover_common::api::CniMode {
+    use drover_common::api::{CniMode, ProviderSpec, IMAGE_CNI_ADDON};
+    if let Some(existing) = existing {
+        return existing.network.cni;
+    }
+    let own_network = spec
+        .files
+        .iter()
+        .chain(&spec.control_plane.files)
+        .chain(spec.worker_pools.iter().flat_map(|p| &p.files))
+        .any(|f| f.path.starts_with("/etc/cni/net.d/"))
+        || spec.addons.iter().any(|a| a.name == IMAGE_CNI_ADDON);
+    match spec.provider {
+        ProviderSpec::Docker(_) if !own_network => CniMode::Image,
+        _ => CniMode::None,
     }
 }
 
@@ -998,4 +1038,48 @@ pub async fn kubeconfig(
     .map_err(ApiError::internal)?;
     tracing::info!(cluster = %name, by = %admin.token_id, ttl, "admin kubeconfig issued");
     Ok(Json(kc))
+}
+
+#[cfg(test)]
+mod cni_default_tests {
+    use super::*;
+    use drover_common::api::CniMode;
+
+    fn doc(provider: &str, extra: &str) -> String {
+        format!(
+            "apiVersion: drover.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: c\nspec:\n  kubernetesVersion: v1.31.2\n{extra}  controlPlane:\n    replicas: 1\n  provider:\n{provider}"
+        )
+    }
+
+    fn spec(text: &str) -> drover_common::api::ClusterSpec {
+        serde_saphyr::from_str::<Cluster>(text).unwrap().spec
+    }
+
+    const DOCKER: &str = "    docker:\n      image: drover-node:test\n";
+    const POOL: &str = "    pool:\n      selector:\n        matchLabels:\n          env: dev\n";
+
+    #[test]
+    fn a_new_docker_cluster_gets_the_image_network_unless_it_says_or_brings_one() {
+        let plain = doc(DOCKER, "");
+        assert!(!document_sets_cni(plain.as_bytes()));
+        assert_eq!(defaulted_cni(&spec(&plain), None), CniMode::Image);
+        // An explicit `none` is the document's own.
+        let none = doc(DOCKER, "  network:\n    cni: none\n");
+        assert!(document_sets_cni(none.as_bytes()));
+        assert_eq!(spec(&none).network.cni, CniMode::None);
+        // A CNI config of its own, or an addon named cni: none.
+        let files = doc(
+            DOCKER,
+            "  files:\n    - path: /etc/cni/net.d/10-calico.conflist\n      content: \"{}\"\n",
+        );
+        assert_eq!(defaulted_cni(&spec(&files), None), CniMode::None);
+        // Pool clusters: none.
+        assert_eq!(defaulted_cni(&spec(&doc(POOL, "")), None), CniMode::None);
+        // A stored cluster keeps what it has, image or none.
+        let stored = spec(&none);
+        assert_eq!(defaulted_cni(&spec(&plain), Some(&stored)), CniMode::None);
+        let mut image = stored.clone();
+        image.network.cni = CniMode::Image;
+        assert_eq!(defaulted_cni(&spec(&plain), Some(&image)), CniMode::Image);
+    }
 }
