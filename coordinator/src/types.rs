@@ -1,5 +1,5 @@
-//! The admin API's answers and the client config file: what the server
-//! and the operator CLI share. This module imports nothing of the server,
+//! The admin API's answers, the client config file and the wording of a
+//! YAML error: what the server and the operator CLI share. This module imports nothing of the server,
 //! so the CLI can use it without depending on the server's modules.
 
 use std::path::{Path, PathBuf};
@@ -161,6 +161,57 @@ pub fn default_config_path() -> PathBuf {
     }
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     PathBuf::from(home).join(".config/drover/config.yaml")
+}
+
+/// A YAML parse error as Drover words it, on one line: the parser's message
+/// at its line and column in the whole source (the text parsed starts at
+/// line `first_line` of it), then, when `text` is given, that line as
+/// written, so a type error still shows its field. Never a source snippet,
+/// nor the library's hints to programmers (its functions and options, Rust
+/// types). The coordinator gives the text of every document but a Secret's.
+pub fn yaml_error(e: &serde_saphyr::Error, text: Option<&str>, first_line: usize) -> String {
+    let mut out = e.render_with_options(serde_saphyr::render_options! {
+        formatter: &YamlWords,
+        snippets: serde_saphyr::SnippetMode::Off,
+        line_offset: first_line.saturating_sub(1) as u64,
+    });
+    let written = e
+        .location()
+        .map(|l| l.line() as usize)
+        .filter(|l| *l > 0)
+        .and_then(|l| text?.lines().nth(l - 1))
+        .map(str::trim)
+        .filter(|l| !l.is_empty());
+    if let Some(line) = written {
+        let line: String = line.chars().take(80).collect();
+        out.push_str(&format!(", in {line:?}"));
+    }
+    out
+}
+
+/// serde-saphyr's messages, and its messages for users (or ours) where
+/// those name its functions, options or Rust types.
+struct YamlWords;
+
+impl serde_saphyr::MessageFormatter for YamlWords {
+    fn format_message<'a>(&self, err: &'a serde_saphyr::Error) -> std::borrow::Cow<'a, str> {
+        use serde_saphyr::Error as E;
+        match err {
+            E::MultipleDocuments { .. } => {
+                "a second document starts here; put a line of --- between documents".into()
+            }
+            E::DuplicateMappingKey { .. }
+            | E::BinaryNotUtf8 { .. }
+            | E::InvalidCharNull { .. }
+            | E::InvalidCharNotSingleScalar { .. }
+            | E::NullIntoString { .. }
+            | E::BytesNotSupportedMissingBinaryTag { .. }
+            | E::InvalidBooleanStrict { .. } => {
+                serde_saphyr::UserMessageFormatter.format_message(err)
+            }
+            _ => serde_saphyr::DefaultMessageFormatter.format_message(err),
+        }
+    }
 }
 
 /// What one background task of a coordinator reports about itself in

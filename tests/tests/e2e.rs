@@ -2748,6 +2748,28 @@ fn apply_stops_at_the_first_refused_document_naming_it() {
     assert_eq!(secret_names(&c), ["first"]);
     assert!(c.cluster("bad").is_none());
 
+    // The coordinator's schema errors name the file's line and show it.
+    let typo = cluster_reading_secret("typo", "first").replace(
+        "  controlPlane:\n    replicas: 1",
+        "  controlPlane:\n    replicas: two",
+    );
+    std::fs::write(
+        &file,
+        format!("{}---\n{typo}", secret_doc("first", "auth.json")),
+    )
+    .unwrap();
+    let out = c.cli(&["apply", "-f", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("document 2 (line 7) (cluster/typo) was refused")
+            && err.contains("at line 15, column 15, in \"replicas: two\""),
+        "{err}"
+    );
+    for library in ["from_str", "Options", "<input>", "-->"] {
+        assert!(!err.contains(library), "{library}: {err}");
+    }
+
     // What the CLI can tell itself (a kind it cannot apply, YAML that does
     // not parse) is refused before anything is sent, naming the document,
     // in words for people.

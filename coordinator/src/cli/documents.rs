@@ -8,7 +8,6 @@
 //! words for people, at the line of the whole file, never with the
 //! library's hints to programmers.
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// The name `-f` gives standard input.
@@ -159,7 +158,7 @@ impl Document {
         }
         let body = match kind {
             Kind::Cluster => self.with_manifests_inlined()?,
-            Kind::Secret => self.text.clone(),
+            Kind::Secret => self.as_sent(),
         };
         Ok(Object {
             kind,
@@ -169,6 +168,14 @@ impl Document {
         })
     }
 
+    /// The text as sent: after as many empty lines as come before it in its
+    /// source, so the lines the coordinator's errors name are the file's.
+    fn as_sent(&self) -> String {
+        let mut out = "\n".repeat(self.line.saturating_sub(1));
+        out.push_str(&self.text);
+        out
+    }
+
     /// The document with each `spec.addons[].manifestsFrom` replaced by
     /// `manifests`: the file's content, read relative to the document's
     /// directory, so the coordinator stores what was applied and never
@@ -176,7 +183,7 @@ impl Document {
     fn with_manifests_inlined(&self) -> Result<String, DocumentError> {
         let mut doc = self.value.clone();
         let Some(addons) = doc["spec"]["addons"].as_array_mut() else {
-            return Ok(self.text.clone());
+            return Ok(self.as_sent());
         };
         let mut changed = false;
         for (index, addon) in addons.iter_mut().enumerate() {
@@ -206,7 +213,7 @@ impl Document {
             changed = true;
         }
         if !changed {
-            return Ok(self.text.clone());
+            return Ok(self.as_sent());
         }
         serde_saphyr::to_string(&doc).map_err(|e| DocumentError::Write {
             at: self.at(),
@@ -391,31 +398,10 @@ fn chunks(text: &str) -> Vec<(usize, String)> {
     out
 }
 
-/// A YAML error for people: the parser's message, at its line in the whole
-/// source (the document starts at `first_line`), without a source snippet
-/// and without the library's hints to programmers (which name its
-/// functions and options).
+/// A YAML error for people (see [`crate::types::yaml_error`]), at its
+/// line in the whole source: the document starts at `first_line`.
 pub fn yaml_message(e: &serde_saphyr::Error, first_line: usize) -> String {
-    e.render_with_options(serde_saphyr::render_options! {
-        formatter: &ForPeople,
-        snippets: serde_saphyr::SnippetMode::Off,
-        line_offset: first_line.saturating_sub(1) as u64,
-    })
-}
-
-/// serde-saphyr's messages for users, and ours where even those speak to
-/// programmers.
-struct ForPeople;
-
-impl serde_saphyr::MessageFormatter for ForPeople {
-    fn format_message<'a>(&self, err: &'a serde_saphyr::Error) -> Cow<'a, str> {
-        match err {
-            serde_saphyr::Error::MultipleDocuments { .. } => {
-                Cow::Borrowed("a second document starts here; put a line of --- between documents")
-            }
-            _ => serde_saphyr::UserMessageFormatter.format_message(err),
-        }
-    }
+    crate::types::yaml_error(e, None, first_line)
 }
 
 #[cfg(test)]
@@ -443,8 +429,14 @@ mod tests {
         assert_eq!(d[1].at(), "all.yaml document 2 (line 13)");
         let o = d[1].object().unwrap();
         assert_eq!((o.kind, o.name.as_str()), (Kind::Cluster, "demo"));
-        // The text is sent as written, one document.
-        assert!(o.body.starts_with("--- # the cluster\n"), "{}", o.body);
+        // The text is sent as written, one document, on the lines it has
+        // in the file.
+        assert!(
+            o.body
+                .starts_with(&format!("{}--- # the cluster\n", "\n".repeat(12))),
+            "{}",
+            o.body
+        );
         let _: serde_json::Value = serde_saphyr::from_str(&o.body).unwrap();
         // One document, CRLF and a byte-order mark as editors write them.
         let crlf = format!("\u{feff}{}", SECRET.replace('\n', "\r\n"));
@@ -500,6 +492,30 @@ mod tests {
                 assert!(!e.contains(library), "{library} in {e}");
             }
         }
+    }
+
+    #[test]
+    fn the_coordinators_schema_errors_show_the_line_at_fault() {
+        let doc = format!("{CLUSTER}  controlPlane:\n    replicas: two\n");
+        let e = serde_saphyr::from_str::<drover_common::api::Cluster>(&doc).unwrap_err();
+        let shown = crate::types::yaml_error(&e, Some(&doc), 1);
+        assert!(
+            shown.contains("at line 8") && shown.ends_with(", in \"replicas: two\""),
+            "{shown}"
+        );
+        // A document sent from line 20 of its file is told at the file's line.
+        let d = docs(&format!("{}---\n{doc}", "# x\n".repeat(18))).unwrap();
+        let body = d[0].object().unwrap().body;
+        let e = serde_saphyr::from_str::<drover_common::api::Cluster>(&body).unwrap_err();
+        let shown = crate::types::yaml_error(&e, Some(&body), 1);
+        assert!(shown.contains("at line 27"), "{shown}");
+        // Never a Secret's line; never the library's hints.
+        let e = serde_saphyr::from_str::<serde_json::Value>("a: 1\na: 2\n").unwrap_err();
+        let shown = crate::types::yaml_error(&e, None, 1);
+        assert_eq!(
+            shown,
+            "duplicate mapping key `a` is not allowed here at line 2, column 1"
+        );
     }
 
     #[test]

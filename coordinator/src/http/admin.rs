@@ -120,14 +120,10 @@ pub(super) fn parse_document<T: serde::de::DeserializeOwned>(
     let parsed = if is_json {
         serde_json::from_str::<T>(text).map_err(|e| e.to_string())
     } else {
-        // The parser's words for people: one line, no source snippet, no
-        // hint naming the library's functions or options.
-        serde_saphyr::from_str::<T>(text).map_err(|e| {
-            e.render_with_options(serde_saphyr::render_options! {
-                formatter: &serde_saphyr::UserMessageFormatter,
-                snippets: serde_saphyr::SnippetMode::Off,
-            })
-        })
+        // One line in words for people, showing the line at fault (never
+        // a Secret's: it may hold a value).
+        serde_saphyr::from_str::<T>(text)
+            .map_err(|e| crate::types::yaml_error(&e, (kind != "Secret").then_some(text), 1))
     };
     parsed.map_err(|e| {
         ApiError::invalid(
