@@ -833,6 +833,51 @@ fn the_endpoint_outlives_each_control_plane_and_killed_machines_leave_no_member_
     }
     prober.stop_and_check("the load balancer", 5);
 
+    // The load balancer itself goes down, paused (which no restart policy
+    // undoes) and then killed: the coordinator brings it back at the same
+    // address with its backends, the cluster says what was down, and no
+    // machine is blamed.
+    let machines_before: BTreeSet<String> = live_names(&c, &name);
+    let lb_state = |field: &str| docker_ok(&["inspect", "-f", field, &lb]).trim().to_owned();
+    docker_ok(&["pause", &lb]);
+    wait_for(
+        "the load balancer unpaused and said to have been down",
+        BOOT,
+        || {
+            let cond = c.condition(&name, "EndpointAvailable");
+            let paused = lb_state("{{.State.Paused}}");
+            // The condition turns True again only after it was False.
+            match (&cond, paused.as_str()) {
+                (Some((s, _)), "false") if s == "True" => Ok(()),
+                _ => Err(format!("paused {paused}, EndpointAvailable {cond:?}")),
+            }
+        },
+    );
+    docker_ok(&["kill", &lb]);
+    wait_for("the load balancer running again", BOOT, || {
+        let running = lb_state("{{.State.Running}}");
+        (running == "true" && lb_state("{{.State.Paused}}") == "false")
+            .then_some(())
+            .ok_or(format!("running {running}"))
+    });
+    let ip_after = lb_state("{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}");
+    assert_eq!(ip_after, lb_ip.trim(), "the endpoint moved");
+    wait_backends(&c, &name, tmp.path());
+    wait_for("the API through the endpoint again", BOOT, || {
+        kube::kubectl(&kubeconfig, &["get", "--raw", "/readyz"]).map(|_| ())
+    });
+    assert!(
+        c.output()
+            .contains("control-plane load balancer was down; restored"),
+        "the coordinator did not restore the load balancer"
+    );
+    c.wait_condition(&name, "Ready", "True");
+    assert_eq!(
+        live_names(&c, &name),
+        machines_before,
+        "a machine was replaced because the endpoint was down"
+    );
+
     c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "120s"]);
     assert!(
         all_containers(&name).is_empty(),
