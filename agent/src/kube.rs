@@ -291,6 +291,102 @@ impl Kube {
         ))
     }
 
+    /// Upgrades kube-proxy and CoreDNS to Kubernetes `version`'s images
+    /// (`crate::essential_addons`), as `kubeadm upgrade apply` does after
+    /// the control plane: the image of the DaemonSet
+    /// `kube-system/kube-proxy` and of the Deployment `kube-system/coredns`,
+    /// each by an update of the object as read (its `resourceVersion`
+    /// makes a concurrent change fail the write, which is read and tried
+    /// again), field manager `drover`. An absent one is left absent (the
+    /// cluster runs without it, as kubeadm's upgrade assumes when its
+    /// ConfigMap is gone); one at its image already is done. Says what it
+    /// did to each.
+    pub async fn upgrade_essential_addons(
+        &mut self,
+        api: &str,
+        version: &str,
+    ) -> Result<String, KubeError> {
+        let config = self.kubeadm_config(api).await?;
+        let images = crate::essential_addons::images(&config.cluster, version).map_err(|e| {
+            KubeError::Apply {
+                object: "kube-proxy and CoreDNS".into(),
+                message: e,
+            }
+        })?;
+        let proxy = self
+            .set_workload_image(
+                api,
+                ESSENTIAL_ADDONS[0],
+                "kube-proxy",
+                Some(&images.kube_proxy),
+            )
+            .await?;
+        let dns = self
+            .set_workload_image(
+                api,
+                ESSENTIAL_ADDONS[1],
+                "coredns",
+                images.coredns.as_deref(),
+            )
+            .await?;
+        Ok(format!("{proxy}; {dns}"))
+    }
+
+    /// Sets the image of container `container` of the workload at `path`
+    /// (see [`Kube::upgrade_essential_addons`]); `None` leaves it as it is.
+    async fn set_workload_image(
+        &mut self,
+        api: &str,
+        (what, path): (&str, &str),
+        container: &str,
+        image: Option<&str>,
+    ) -> Result<String, KubeError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let call = format!("get {what}");
+            let (status, body) = self.call(api, &call, Method::GET, path).await?;
+            if status == reqwest::StatusCode::NOT_FOUND {
+                return Ok(format!("{what} is not installed: left alone"));
+            }
+            if !status.is_success() {
+                return Err(failed(&call, api, format!("{status}: {body}")));
+            }
+            let mut workload: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| failed(&call, api, e.to_string()))?;
+            let Some(image) = image else {
+                return Ok(format!(
+                    "{what}: no CoreDNS version is known for this Kubernetes minor release: left alone"
+                ));
+            };
+            let was = crate::essential_addons::set_image(&mut workload, container, image).map_err(
+                |message| KubeError::Apply {
+                    object: what.to_owned(),
+                    message,
+                },
+            )?;
+            if was == image {
+                return Ok(format!("{what} already at {image}"));
+            }
+            let call = format!("update {what}");
+            let (status, body) = self
+                .call_with(
+                    api,
+                    &call,
+                    Method::PUT,
+                    &format!("{path}?fieldManager=drover"),
+                    Some(("application/json", workload)),
+                )
+                .await?;
+            if status.is_success() {
+                return Ok(format!("{what} image {was} -> {image}"));
+            }
+            if status != reqwest::StatusCode::CONFLICT || attempts >= 3 {
+                return Err(failed(&call, api, format!("{status}: {body}")));
+            }
+        }
+    }
+
     /// Deletes Node `name`; one already gone counts as done.
     pub async fn delete_node(&mut self, api: &str, name: &str) -> Result<String, KubeError> {
         let call = format!("delete node {name}");
@@ -692,6 +788,19 @@ const APPLY_PATCH: &str = "application/apply-patch+yaml";
 
 /// The path of the ConfigMap kubeadm keeps its `ClusterConfiguration` in.
 const KUBEADM_CONFIG: &str = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config";
+
+/// The workloads of kube-proxy and CoreDNS as `kubeadm init` names them
+/// (`cmd/kubeadm/app/constants/constants.go`), and their paths.
+const ESSENTIAL_ADDONS: [(&str, &str); 2] = [
+    (
+        "DaemonSet kube-system/kube-proxy",
+        "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy",
+    ),
+    (
+        "Deployment kube-system/coredns",
+        "/apis/apps/v1/namespaces/kube-system/deployments/coredns",
+    ),
+];
 
 /// The ConfigMap `kube-system/kubeadm-config` as read, and the
 /// `ClusterConfiguration` it holds, parsed.

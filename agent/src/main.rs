@@ -25,6 +25,7 @@ mod backoff;
 mod boot;
 mod certificates;
 mod command;
+mod essential_addons;
 mod etcd;
 #[cfg(test)]
 mod fake_https;

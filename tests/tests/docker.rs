@@ -1535,6 +1535,30 @@ fn rolling_cluster_yaml(name: &str, cp: u32, workers: u32, settle: &str) -> Stri
         .replace("  controlPlane:", &format!("{upgrade}  controlPlane:"))
 }
 
+/// The images of kube-proxy's DaemonSet and CoreDNS's Deployment, as real
+/// kubectl reads them.
+fn essential_addon_images(kubeconfig: &std::path::Path) -> (String, String) {
+    let image = |kind: &str, name: &str| {
+        kube::kubectl(
+            kubeconfig,
+            &[
+                "-n",
+                "kube-system",
+                "get",
+                kind,
+                name,
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].image}",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{kind} {name}: {e}"))
+    };
+    (
+        image("daemonset", "kube-proxy"),
+        image("deployment", "coredns"),
+    )
+}
+
 #[test]
 fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_halts() {
     let (tmp, name, _cleanup) = setup("roll");
@@ -1553,6 +1577,12 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
         (v == ["v1.31.2"; 5]).then_some(()).ok_or(format!("{v:?}"))
     });
     assert_eq!(kube::server_version(&kubeconfig), "v1.31.2");
+    // kubeadm init made kube-proxy and CoreDNS at v1.31's images.
+    let coredns = "registry.k8s.io/coredns/coredns:v1.11.3".to_owned();
+    assert_eq!(
+        essential_addon_images(&kubeconfig),
+        ("registry.k8s.io/kube-proxy:v1.31.2".to_owned(), coredns.clone())
+    );
     let before: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
     let image = node_image();
     for m in live_machines(&c, &name) {
@@ -1688,6 +1718,17 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
         "{wide}"
     );
     assert!(c.cluster(&name).unwrap()["status"]["rollout"].is_null());
+    // No machine was upgraded in place, yet kube-proxy and CoreDNS run
+    // v1.32's images (kubeadm pairs v1.32 with CoreDNS v1.11.3, as v1.31):
+    // the rollout upgraded them once its last new control plane was in,
+    // and finished only once that was reported done.
+    assert_eq!(
+        essential_addon_images(&kubeconfig),
+        ("registry.k8s.io/kube-proxy:v1.32.0".to_owned(), coredns)
+    );
+    let addons = &c.cluster(&name).unwrap()["status"]["essentialAddons"];
+    assert_eq!(addons["version"], "v1.32.0", "{addons}");
+    assert!(addons["doneAt"].is_string(), "{addons}");
 
     // A patch release whose image was not rebuilt: the new machine's
     // kubeadm (v1.32.0) is not the cluster's (v1.32.1), so it is refused

@@ -207,6 +207,24 @@ impl Agent {
                         (command, Box::pin(call))
                     });
                 }
+                DirectiveAction::UpgradeEssentialAddons { version } => {
+                    tracing::info!(%version, "upgrading kube-proxy and CoreDNS at the coordinator's request");
+                    let mut kube = crate::kube::Kube::new(&self.settings.root);
+                    self.start_cluster_call(
+                        directive.id,
+                        "upgrade kube-proxy and CoreDNS",
+                        |ip, port| {
+                            let api = crate::kube::local_api(ip, port);
+                            let command = format!(
+                                "set the kube-proxy and CoreDNS images of {version} via {api}"
+                            );
+                            let call = async move {
+                                Ok(kube.upgrade_essential_addons(&api, &version).await?)
+                            };
+                            (command, Box::pin(call))
+                        },
+                    );
+                }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
                     self.resetting = true;

@@ -31,6 +31,9 @@ pub fn describe(action: &DirectiveAction) -> String {
             format!("upgrade in place to {version} ({command})")
         }
         DirectiveAction::UncordonNode { node } => format!("uncordon node {node}"),
+        DirectiveAction::UpgradeEssentialAddons { version } => {
+            format!("upgrade kube-proxy and CoreDNS to those of {version}")
+        }
         DirectiveAction::ApplyManifests { addon, manifests } => {
             format!("apply addon {addon} ({} bytes)", manifests.len())
         }

@@ -509,6 +509,10 @@ impl Sim {
                     false,
                     format!("simulated machines run no kubeadm; nothing was upgraded to {version}"),
                 ),
+                DirectiveAction::UpgradeEssentialAddons { version } => (
+                    false,
+                    format!("simulated machines run no API server; kube-proxy and CoreDNS were not upgraded to {version}'s"),
+                ),
                 DirectiveAction::UncordonNode { node } => (
                     false,
                     format!("simulated machines run no API server; node {node} was not uncordoned"),

@@ -487,6 +487,59 @@ impl VersionUpdate {
 /// The id prefix of the directives that set the `kubeadm-config` version.
 pub const VERSION_UPDATE_PREFIX: &str = "kubeadm-config-version-";
 
+/// The upgrade of the addons `kubeadm init` installs (kube-proxy and
+/// CoreDNS, kubeadm's "essential addons") to a Kubernetes version, asked of
+/// a running control plane once the last new control plane of a rollout is
+/// in: real `kubeadm join` never touches them, `kubeadm upgrade apply`
+/// upgrades them after the control plane (kubeadm's
+/// `phases/upgrade/postupgrade.go`). Kept once done, as the version they
+/// were last upgraded to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EssentialAddonsUpgrade {
+    /// The Kubernetes version whose kube-proxy and CoreDNS are wanted.
+    pub version: String,
+    /// The control plane asked to upgrade them.
+    pub via: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+    /// When the machine reported both at that version's images; absent
+    /// while the upgrade is under way.
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub done_at: Option<time::OffsetDateTime>,
+    /// What the machine reported it did (the images set).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Why the last attempt failed, as the machine reported it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+impl EssentialAddonsUpgrade {
+    /// The id of the directive that carries this request; a retry (a new
+    /// `requestedAt`) is a new directive.
+    pub fn directive_id(&self) -> String {
+        format!(
+            "{}{}-{}",
+            ESSENTIAL_ADDONS_PREFIX,
+            self.version,
+            self.requested_at.unix_timestamp()
+        )
+    }
+
+    /// Whether the machine reported it done.
+    pub fn is_done(&self) -> bool {
+        self.done_at.is_some()
+    }
+}
+
+/// The id prefix of the directives that upgrade kube-proxy and CoreDNS.
+pub const ESSENTIAL_ADDONS_PREFIX: &str = "essential-addons-";
+
 /// The in-place upgrade of one pool machine to the cluster's version: its
 /// Node is drained, the machine upgrades itself (`kubeadm upgrade apply` on
 /// the first control plane, `kubeadm upgrade node` elsewhere, then the
@@ -1021,6 +1074,11 @@ pub struct ClusterStatus {
     /// done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_update: Option<VersionUpdate>,
+    /// The upgrade of kube-proxy and CoreDNS a rollout asked of a
+    /// control plane once its last new control plane was in; kept once
+    /// done (the version they were last upgraded to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub essential_addons: Option<EssentialAddonsUpgrade>,
     /// The pool machine being upgraded in place (pool clusters, one
     /// machine at a time).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -93,6 +93,16 @@ pub enum DirectiveAction {
     /// Mark a Node schedulable again (after its machine's upgrade).
     #[serde(rename_all = "camelCase")]
     UncordonNode { node: String },
+    /// Upgrade the addons `kubeadm init` installs (its "essential
+    /// addons") to those of Kubernetes `version`, as `kubeadm upgrade
+    /// apply` does once the control plane is upgraded: the image of the
+    /// DaemonSet `kube-system/kube-proxy` to `<imageRepository>/kube-proxy:
+    /// <version>` and that of the Deployment `kube-system/coredns` to the
+    /// CoreDNS kubeadm pairs with that minor release, each by an update
+    /// with the `resourceVersion` read. One that is absent (the cluster
+    /// runs without it) is left alone; one already at its image is done.
+    #[serde(rename_all = "camelCase")]
+    UpgradeEssentialAddons { version: String },
 }
 
 /// The outcome of a directive.

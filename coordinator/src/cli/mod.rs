@@ -1528,6 +1528,27 @@ fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             }
         );
     }
+    if let Some(u) = &c.status.essential_addons {
+        let _ = match u.done_at {
+            Some(at) => writeln!(
+                o,
+                "kube-proxy/DNS: at {}'s images since {}",
+                printable(&u.version),
+                rfc3339(at)
+            ),
+            None => writeln!(
+                o,
+                "kube-proxy/DNS: upgrading to {}'s images through {}{}",
+                printable(&u.version),
+                printable(&u.via),
+                if u.error.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (failed, retrying: {})", printable(&u.error))
+                }
+            ),
+        };
+    }
     if let Some(r) = &c.status.certificate_renewal {
         let _ = writeln!(
             o,

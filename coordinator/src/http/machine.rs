@@ -643,6 +643,13 @@ fn record_heartbeat(
         for r in hb
             .directive_results
             .iter()
+            .filter(|r| r.id.starts_with(drover_common::api::ESSENTIAL_ADDONS_PREFIX))
+        {
+            record_essential_addons(app, a, &name, r, now)?;
+        }
+        for r in hb
+            .directive_results
+            .iter()
             .filter(|r| r.id.starts_with(CERTIFICATE_RENEWAL_PREFIX))
         {
             record_renewal(app, a, &name, r, now)?;
@@ -745,6 +752,45 @@ fn record_version_update(
         }
         _ => false,
     })
+}
+
+/// Records the outcome of a kube-proxy and CoreDNS upgrade on the
+/// cluster's status, when it is the request under way and `name` was asked
+/// for it: done (the rollout may finish), or why it failed (the planner
+/// asks again a while later).
+fn record_essential_addons(
+    app: &App,
+    a: &drover_common::api::Assignment,
+    name: &str,
+    result: &drover_common::wire::DirectiveResult,
+    now: time::OffsetDateTime,
+) -> Result<(), ApiError> {
+    let mut recorded = false;
+    update_own_cluster(app, a, |s| match s.essential_addons.as_mut() {
+        Some(u) if u.via == name && u.directive_id() == result.id && !u.is_done() => {
+            if result.ok {
+                u.done_at = Some(now);
+                u.message.clone_from(&result.message);
+                u.error.clear();
+            } else if u.error == result.message {
+                return false;
+            } else {
+                u.error.clone_from(&result.message);
+            }
+            recorded = true;
+            true
+        }
+        _ => false,
+    })?;
+    if recorded {
+        if result.ok {
+            tracing::info!(cluster = %a.cluster, via = %name, message = %result.message, "kube-proxy and CoreDNS upgraded");
+        } else {
+            tracing::warn!(cluster = %a.cluster, via = %name, message = %result.message, "upgrading kube-proxy and CoreDNS failed; asking again later");
+        }
+        app.reconcile_soon();
+    }
+    Ok(())
 }
 
 /// Records the outcome of a certificate renewal: success in the log (the
@@ -1120,6 +1166,16 @@ fn heartbeat_answer(
                     directives.push(Directive {
                         id: u.directive_id(),
                         action: DirectiveAction::SetKubernetesVersion { version: u.version },
+                    });
+                }
+                if let Some(u) = cluster
+                    .as_ref()
+                    .and_then(|c| c.status.essential_addons.clone())
+                    .filter(|u| u.via == machine.metadata.name && !u.is_done())
+                {
+                    directives.push(Directive {
+                        id: u.directive_id(),
+                        action: DirectiveAction::UpgradeEssentialAddons { version: u.version },
                     });
                 }
                 if let Some(r) = cluster

@@ -344,6 +344,12 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                     }
                 }
                 keep_addon_reports(&mut wanted, &cluster.status, &c.status);
+                // So is the report of the kube-proxy and CoreDNS upgrade.
+                if c.status.essential_addons != cluster.status.essential_addons
+                    && wanted.essential_addons == cluster.status.essential_addons
+                {
+                    wanted.essential_addons = c.status.essential_addons.clone();
+                }
                 if c.metadata.uid != cluster.metadata.uid || c.status == wanted {
                     return Ok(false);
                 }

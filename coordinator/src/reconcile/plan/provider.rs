@@ -100,6 +100,8 @@ pub(super) fn plan_provider(
     let mut new_failures = vec![];
     let failed_before = rollout::failed_before(cluster);
     let mut config_behind = false;
+    // The control-plane pool has nothing outdated and all its machines run.
+    let mut cp_rolled = false;
 
     for (pool_name, desired) in cluster.desired_pools() {
         let is_cp = pool_name == CONTROL_PLANE_POOL;
@@ -289,6 +291,9 @@ pub(super) fn plan_provider(
         if roll.rolling && rolling_pool.is_none() {
             rolling_pool = Some(pool_name.clone());
         }
+        if is_cp {
+            cp_rolled = !roll.rolling && count_running(&remaining) >= desired;
+        }
         if waiting.is_none() {
             waiting = roll.waiting.clone().map(|w| format!("{pool_name}: {w}"));
         }
@@ -451,6 +456,35 @@ pub(super) fn plan_provider(
         &via,
         observed.now,
     );
+    // Once the last new control plane of a rollout is in, kube-proxy and
+    // CoreDNS follow, as `kubeadm upgrade apply` upgrades them after the
+    // control plane; the rollout is done only once they are.
+    let version = cluster.spec.kubernetes_version.as_str();
+    let rollout_under_way = rolling_pool.is_some()
+        || cluster
+            .status
+            .rollout
+            .as_ref()
+            .is_some_and(|r| r.target == rollout::target(cluster));
+    let addons_wanted = (initialized
+        && cp_rolled
+        && rollout_under_way
+        && config_names(cluster, version))
+    .then_some(version);
+    status.essential_addons =
+        rollout::plan_essential_addons(cluster, addons_wanted, &via, observed.now);
+    let addons_pending = addons_wanted.is_some()
+        && !status
+            .essential_addons
+            .as_ref()
+            .is_some_and(|u| u.version == version && u.is_done());
+    if addons_pending && waiting.is_none() {
+        waiting = Some(rollout::essential_addons_waiting(
+            version,
+            status.essential_addons.as_ref(),
+            observed.now,
+        ));
+    }
     let owners: Vec<&Machine> = live
         .iter()
         .copied()
@@ -465,7 +499,7 @@ pub(super) fn plan_provider(
     status.rollout = rollout::rollout_status(
         cluster,
         rollouts,
-        rolling_pool.is_some(),
+        rolling_pool.is_some() || addons_pending,
         new_halt,
         new_failures,
         waiting,

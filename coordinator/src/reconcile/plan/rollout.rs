@@ -14,8 +14,8 @@
 //! the safe path (load balancer first, drain, etcd member, Node).
 
 use drover_common::api::{
-    CertificateExpiry, Cluster, Machine, MachinePhase, PoolRollout, RolloutHalt, RolloutPolicy,
-    RolloutStatus, UpgradePolicy,
+    CertificateExpiry, Cluster, EssentialAddonsUpgrade, Machine, MachinePhase, PoolRollout,
+    RolloutHalt, RolloutPolicy, RolloutStatus, UpgradePolicy,
 };
 use time::OffsetDateTime;
 
@@ -378,6 +378,80 @@ pub(crate) fn is_halted(cluster: &Cluster) -> bool {
         .rollout
         .as_ref()
         .is_some_and(|r| r.halted.is_some() && r.target == target(cluster))
+}
+
+/// How long an upgrade of kube-proxy and CoreDNS asked of a control plane
+/// may stay unreported, or stand failed, before it is asked again (perhaps
+/// of another control plane).
+pub const ESSENTIAL_ADDONS_RETRY: time::Duration = time::Duration::seconds(60);
+
+/// Plans the upgrade of kube-proxy and CoreDNS (kubeadm's essential
+/// addons) to `wanted`, the version of a rollout whose last new control
+/// plane is in (`None`: nothing asks for one now), through a running
+/// control plane of `via`: real `kubeadm join` never touches them, and a
+/// provider cluster's machines are replaced, never upgraded with `kubeadm
+/// upgrade apply`, which would upgrade them after the control plane
+/// (kubeadm's `phases/upgrade/postupgrade.go`; Cluster API's
+/// KubeadmControlPlane updates both on every reconcile). A request stands
+/// until the machine reports it done, and is asked again (a new directive,
+/// of the first of `via` if its machine no longer runs) a while after it
+/// was made or failed; one done stays recorded, one under way that nothing
+/// wants any more is dropped.
+pub(crate) fn plan_essential_addons(
+    cluster: &Cluster,
+    wanted: Option<&str>,
+    via: &[&Machine],
+    now: OffsetDateTime,
+) -> Option<EssentialAddonsUpgrade> {
+    let current = cluster.status.essential_addons.as_ref();
+    let Some(wanted) = wanted else {
+        return current.filter(|u| u.is_done()).cloned();
+    };
+    let same = current.filter(|u| u.version == wanted);
+    if let Some(u) = same {
+        let standing = now - u.requested_at < ESSENTIAL_ADDONS_RETRY
+            && via.iter().any(|m| m.metadata.name == u.via);
+        if u.is_done() || standing {
+            return Some(u.clone());
+        }
+    }
+    let Some(first) = via.first() else {
+        return current.cloned();
+    };
+    Some(EssentialAddonsUpgrade {
+        version: wanted.to_owned(),
+        via: first.metadata.name.clone(),
+        requested_at: now,
+        done_at: None,
+        message: String::new(),
+        // Why the last attempt failed stays until this one reports.
+        error: same.map(|u| u.error.clone()).unwrap_or_default(),
+    })
+}
+
+/// What a rollout waits for while kube-proxy and CoreDNS are upgraded
+/// to `version` (`upgrade` as planned).
+pub(crate) fn essential_addons_waiting(
+    version: &str,
+    upgrade: Option<&EssentialAddonsUpgrade>,
+    now: OffsetDateTime,
+) -> String {
+    match upgrade.filter(|u| u.version == version) {
+        Some(u) => {
+            let mut why = format!(
+                "kube-proxy and CoreDNS to be upgraded to {version}'s images by control plane {} (asked {}s ago)",
+                u.via,
+                (now - u.requested_at).whole_seconds().max(0)
+            );
+            if !u.error.is_empty() {
+                why.push_str(&format!("; the last attempt failed: {}", u.error));
+            }
+            why
+        }
+        None => format!(
+            "a running control plane to upgrade kube-proxy and CoreDNS to {version}'s images"
+        ),
+    }
 }
 
 /// The cluster condition that says what a rollout waits for.
@@ -755,6 +829,143 @@ mod tests {
             .conditions
             .iter()
             .any(|x| x.type_ == ROLLOUT_WAITING_CONDITION && x.status == "False"));
+    }
+
+    /// The whole provider planner, as the reconciler runs it, at `t0() +
+    /// after_s`: every machine heard from just now.
+    fn plan_at(c: &Cluster, machines: &[Machine], after_s: i64) -> Vec<super::super::Step> {
+        let now = t0() + time::Duration::seconds(after_s);
+        let seen = move |_: &str| Some(now);
+        let no_instance = |_: &str| None;
+        let no_retry = |_: &str| None;
+        let observed = super::super::Observed {
+            now,
+            has_pki: true,
+            last_seen: &seen,
+            instance: &no_instance,
+            retry_not_before: &no_retry,
+            policy: crate::domain::health::Policy::defaults(std::time::Duration::from_secs(40)),
+            heartbeat_interval: std::time::Duration::from_secs(10),
+        };
+        super::super::plan(c, machines, &observed)
+    }
+
+    fn planned_status(steps: &[super::super::Step]) -> drover_common::api::ClusterStatus {
+        steps
+            .iter()
+            .find_map(|s| match s {
+                super::super::Step::SetStatus(st) => Some((**st).clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("a status step: {steps:?}"))
+    }
+
+    #[test]
+    fn kube_proxy_and_coredns_follow_the_last_new_control_plane_and_end_the_rollout() {
+        let mut c = cluster("v1.32.0", "node:test");
+        c.spec.worker_pools[0].replicas = 1;
+        c.status.initialized = true;
+        c.status.kubeadm_config_version = Some("v1.32.0".into());
+        c.status.endpoint_ready = Some(true);
+        let made_for = |name: &str, pool: &str, role: MachineRole, version: &str| {
+            let mut m = running(name, pool, role);
+            m.status.provider_id = Some(format!("ctr-{name}"));
+            m.metadata.creation_timestamp = Some(t0() - time::Duration::hours(1));
+            let a = m.spec.assignment.as_mut().unwrap();
+            a.kubernetes_version = Some(version.into());
+            a.image = Some("node:test".into());
+            m
+        };
+        let cp_old = made_for("cp-old", "control-plane", MachineRole::Init, "v1.31.2");
+        let cp_new = made_for(
+            "cp-new",
+            "control-plane",
+            MachineRole::ControlPlane,
+            "v1.32.0",
+        );
+        let w_old = made_for("w-old", "w", MachineRole::Worker, "v1.31.2");
+        let w_new = made_for("w-new", "w", MachineRole::Worker, "v1.32.0");
+        for n in ["cp-old", "cp-new", "w-old", "w-new"] {
+            ready_since(&mut c, n, 3600);
+        }
+        let asks = |steps: &[super::super::Step]| planned_status(steps).essential_addons;
+
+        // An outdated control plane is still in: nothing asked yet.
+        let steps = plan_at(&c, &[cp_old.clone(), cp_new.clone(), w_old.clone()], 0);
+        assert_eq!(asks(&steps), None);
+        c.status.rollout = planned_status(&steps).rollout;
+        assert!(c.status.rollout.is_some());
+
+        // The last new control plane is in (workers still roll): asked of
+        // it, once.
+        let steps = plan_at(&c, &[cp_new.clone(), w_old.clone()], 0);
+        let asked = asks(&steps).expect("asked once the control plane is new");
+        assert_eq!(
+            (asked.version.as_str(), asked.via.as_str(), asked.done_at),
+            ("v1.32.0", "cp-new", None)
+        );
+        assert_eq!(
+            asked.directive_id(),
+            format!("essential-addons-v1.32.0-{}", t0().unix_timestamp())
+        );
+        c.status.essential_addons = Some(asked.clone());
+        c.status.rollout = planned_status(&steps).rollout;
+        let steps = plan_at(&c, &[cp_new.clone(), w_old.clone()], 10);
+        assert_eq!(asks(&steps), Some(asked.clone()), "the same request stands");
+
+        // Every machine is new, but the upgrade is not reported: the
+        // rollout is not done, and says what it waits for.
+        let machines = [cp_new.clone(), w_new.clone()];
+        let steps = plan_at(&c, &machines, 20);
+        let st = planned_status(&steps);
+        let rollout = st
+            .rollout
+            .clone()
+            .expect("the rollout waits for the addons");
+        let waiting = rollout.waiting_for.unwrap_or_default();
+        assert!(
+            waiting.contains(
+                "kube-proxy and CoreDNS to be upgraded to v1.32.0's images by control plane cp-new"
+            ),
+            "{waiting}"
+        );
+        assert!(st
+            .conditions
+            .iter()
+            .any(|x| x.type_ == ROLLOUT_WAITING_CONDITION
+                && x.status == "True"
+                && x.message.contains("kube-proxy and CoreDNS")));
+        c.status.rollout = st.rollout;
+
+        // A failure is said, and asked again a while later (a new directive).
+        c.status.essential_addons.as_mut().unwrap().error =
+            "update DaemonSet kube-system/kube-proxy failed: 409 Conflict".into();
+        let st = planned_status(&plan_at(&c, &machines, 30));
+        assert!(st
+            .rollout
+            .and_then(|r| r.waiting_for)
+            .unwrap_or_default()
+            .contains("the last attempt failed: update DaemonSet"));
+        let again = asks(&plan_at(&c, &machines, 61)).unwrap();
+        assert_eq!(again.requested_at, t0() + time::Duration::seconds(61));
+        assert_ne!(again.directive_id(), asked.directive_id());
+        assert!(again.error.contains("409 Conflict") && again.done_at.is_none());
+
+        // Reported done: the rollout ends; the record stays.
+        let mut done = asked.clone();
+        done.done_at = Some(t0() + time::Duration::seconds(25));
+        done.message = "DaemonSet kube-system/kube-proxy image registry.k8s.io/kube-proxy:v1.31.2 -> registry.k8s.io/kube-proxy:v1.32.0".into();
+        c.status.essential_addons = Some(done.clone());
+        let st = planned_status(&plan_at(&c, &machines, 30));
+        assert_eq!(st.rollout, None);
+        assert_eq!(st.essential_addons, Some(done.clone()));
+        c.status.rollout = None;
+        // A cluster that is not rolling asks nothing more.
+        let steps = plan_at(&c, &machines, 600);
+        assert!(steps.iter().all(|s| match s {
+            super::super::Step::SetStatus(st) => st.essential_addons == Some(done.clone()),
+            _ => true,
+        }));
     }
 
     #[test]
