@@ -3411,6 +3411,10 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
         listener,
         "tcp-only front".into(),
         std::sync::Arc::new(std::sync::RwLock::new(vec![listen.parse().unwrap()])),
+        std::sync::Arc::new(drover_common::tcp_proxy::Admission::new(
+            Default::default(),
+            None,
+        )),
     ));
     let boot = tmp.path().join("blocked.yaml");
     blocked.token("default", "env=x", 1, "1h", &boot);
@@ -3433,10 +3437,6 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
     let name = blocked.machines()[0]["metadata"]["name"]
         .as_str()
         .unwrap()
-        std::sync::Arc::new(drover_common::tcp_proxy::Admission::new(
-            Default::default(),
-            None,
-        )),
         .to_owned();
     let described = blocked.cli_ok(&["describe", "machine", &name]);
     assert!(

@@ -2532,15 +2532,11 @@ fn endpoint_floods_are_capped_and_leave_the_coordinator_its_files() {
 
     // While they are held, the coordinator answers: /livez, and an admin
     // list through the CLI.
+    // (A coordinator out of files never answers: the client's own 30 s
+    // timeout fails the request.)
     let api = c.api(None);
-    let asked = std::time::Instant::now();
     let livez = api.send("GET", "/livez", None, None);
     assert_eq!(livez.status, 200, "{livez:?}");
-    assert!(
-        asked.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        asked.elapsed()
-    );
     let mut list = c
         .cli_command(&["get", "machines"])
         .stdout(std::process::Stdio::null())
