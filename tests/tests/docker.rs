@@ -1581,7 +1581,10 @@ fn a_version_change_rolls_every_machine_control_plane_first_and_a_wrong_image_ha
     let coredns = "registry.k8s.io/coredns/coredns:v1.11.3".to_owned();
     assert_eq!(
         essential_addon_images(&kubeconfig),
-        ("registry.k8s.io/kube-proxy:v1.31.2".to_owned(), coredns.clone())
+        (
+            "registry.k8s.io/kube-proxy:v1.31.2".to_owned(),
+            coredns.clone()
+        )
     );
     let before: BTreeSet<String> = live_machines(&c, &name).iter().map(name_of).collect();
     let image = node_image();

@@ -1989,9 +1989,7 @@ fn a_cluster_whose_api_server_alone_died_is_not_ready() {
     let machines = c.machines();
     let init = agents
         .iter()
-        .find(|a| {
-            machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["role"] == "init"
-        })
+        .find(|a| machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["role"] == "init")
         .expect("an init machine");
     let pid_file = init.root.join("run/standin/apiserver.pid");
     let pid: i32 = std::fs::read_to_string(&pid_file)

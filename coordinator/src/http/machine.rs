@@ -640,11 +640,9 @@ fn record_heartbeat(
         {
             record_version_update(app, a, &name, r)?;
         }
-        for r in hb
-            .directive_results
-            .iter()
-            .filter(|r| r.id.starts_with(drover_common::api::ESSENTIAL_ADDONS_PREFIX))
-        {
+        for r in hb.directive_results.iter().filter(|r| {
+            r.id.starts_with(drover_common::api::ESSENTIAL_ADDONS_PREFIX)
+        }) {
             record_essential_addons(app, a, &name, r, now)?;
         }
         for r in hb

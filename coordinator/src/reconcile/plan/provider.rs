@@ -466,11 +466,9 @@ pub(super) fn plan_provider(
             .rollout
             .as_ref()
             .is_some_and(|r| r.target == rollout::target(cluster));
-    let addons_wanted = (initialized
-        && cp_rolled
-        && rollout_under_way
-        && config_names(cluster, version))
-    .then_some(version);
+    let addons_wanted =
+        (initialized && cp_rolled && rollout_under_way && config_names(cluster, version))
+            .then_some(version);
     status.essential_addons =
         rollout::plan_essential_addons(cluster, addons_wanted, &via, observed.now);
     let addons_pending = addons_wanted.is_some()
