@@ -1072,7 +1072,10 @@ fn coordinator_killed_mid_create_leaves_exactly_the_desired_containers() {
 fn scale_down_drains_the_newest_workers_a_disruption_budget_holds_and_scale_up_adds() {
     let (tmp, name, _cleanup) = setup("scale");
     let c = start(tmp.path(), "1s", "5s");
-    let drain = "  drain:\n    timeout: 20s\n";
+    // The Pod below has no controller: kubectl drain (and Drover) refuse
+    // it unless told to delete such Pods, which this test does, so that
+    // the disruption budget is what holds the drain.
+    let drain = "  drain:\n    timeout: 20s\n    deletePodsWithoutController: true\n";
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 1, 3, drain));
     c.wait_cluster_phase(&name, "Running", BOOT);
     let init = c.cluster(&name).unwrap()["status"]["initMachine"]
