@@ -47,11 +47,27 @@ pub struct Images {
     pub coredns: Option<String>,
 }
 
+/// Why the images of kube-proxy and CoreDNS cannot be named or set.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ImageError {
+    #[error("the version {version:?} {detail}")]
+    Version { version: String, detail: String },
+    #[error("imageRepository {0:?} is not an image repository")]
+    Repository(String),
+    #[error("it has no spec.template.spec.containers")]
+    NoContainers,
+    #[error("it has no container named {0:?}")]
+    NoContainer(String),
+}
+
 /// The images for Kubernetes `version` under the cluster's
 /// `ClusterConfiguration` (as kubeadm-config holds it, parsed).
-pub fn images(cluster_config: &serde_json::Value, version: &str) -> Result<Images, String> {
-    let parsed = drover_common::api::KubernetesVersion::parse(version)
-        .map_err(|e| format!("the version {version:?} {e}"))?;
+pub fn images(cluster_config: &serde_json::Value, version: &str) -> Result<Images, ImageError> {
+    let parsed =
+        drover_common::api::KubernetesVersion::parse(version).map_err(|e| ImageError::Version {
+            version: version.to_owned(),
+            detail: e.to_string(),
+        })?;
     let string = |v: &serde_json::Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
     let repository = string(&cluster_config["imageRepository"])
         .unwrap_or_else(|| DEFAULT_IMAGE_REPOSITORY.to_owned());
@@ -59,9 +75,7 @@ pub fn images(cluster_config: &serde_json::Value, version: &str) -> Result<Image
         .chars()
         .any(|c| c.is_whitespace() || c.is_control())
     {
-        return Err(format!(
-            "imageRepository {repository:?} is not an image repository"
-        ));
+        return Err(ImageError::Repository(repository));
     }
     let dns = &cluster_config["dns"];
     let mut dns_repository = string(&dns["imageRepository"]).unwrap_or(repository.clone());
@@ -81,14 +95,14 @@ pub fn set_image(
     workload: &mut serde_json::Value,
     container: &str,
     image: &str,
-) -> Result<String, String> {
+) -> Result<String, ImageError> {
     let containers = workload["spec"]["template"]["spec"]["containers"]
         .as_array_mut()
-        .ok_or_else(|| "it has no spec.template.spec.containers".to_owned())?;
+        .ok_or(ImageError::NoContainers)?;
     let c = containers
         .iter_mut()
         .find(|c| c["name"] == container)
-        .ok_or_else(|| format!("it has no container named {container:?}"))?;
+        .ok_or_else(|| ImageError::NoContainer(container.to_owned()))?;
     let was = c["image"].as_str().unwrap_or_default().to_owned();
     c["image"] = serde_json::Value::String(image.to_owned());
     Ok(was)

@@ -203,9 +203,9 @@ pub fn write_machine_files(
 pub fn install_image_cni(root: &Path) -> Result<Vec<String>, FileError> {
     let source_path = format!("{}/net.d", drover_common::api::IMAGE_CNI_DIR);
     let source = safe_join(root, &source_path)?;
-    let missing = |detail: String| FileError::ImageCni {
+    let missing = |e: crate::podnet::ConfigError| FileError::ImageCni {
         path: source.clone(),
-        detail,
+        detail: e.to_string(),
     };
     let (_, template) = crate::podnet::template(root).map_err(&missing)?;
     let probe = "10.244.0.0/24".parse().expect("a CIDR");

@@ -310,7 +310,7 @@ impl Kube {
         let images = crate::essential_addons::images(&config.cluster, version).map_err(|e| {
             KubeError::Apply {
                 object: "kube-proxy and CoreDNS".into(),
-                message: e,
+                message: e.to_string(),
             }
         })?;
         let proxy = self
@@ -360,9 +360,9 @@ impl Kube {
                 ));
             };
             let was = crate::essential_addons::set_image(&mut workload, container, image).map_err(
-                |message| KubeError::Apply {
+                |e| KubeError::Apply {
                     object: what.to_owned(),
-                    message,
+                    message: e.to_string(),
                 },
             )?;
             if was == image {

@@ -66,10 +66,15 @@ impl Cidr {
     }
 }
 
+/// A text that is not an IPv4 CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an IPv4 CIDR")]
+pub struct NotACidr(String);
+
 impl FromStr for Cidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not an IPv4 CIDR");
+    type Err = NotACidr;
+    fn from_str(s: &str) -> Result<Self, NotACidr> {
+        let bad = || NotACidr(s.to_owned());
         let (a, b) = s.split_once('/').ok_or_else(bad)?;
         Cidr::new(a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?).ok_or_else(bad)
     }
@@ -117,11 +122,30 @@ impl NodeNet {
     }
 }
 
+/// Why this Node's CNI config cannot be written (yet).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("Node {0} is not registered yet")]
+    NotRegistered(String),
+    #[error("Node {0} has no spec.podCIDR yet (the controller manager gives one from the cluster's pod subnet)")]
+    NoPodCidr(String),
+    #[error("the image's CNI config has no plugin with host-local IPAM to give the Node's range")]
+    NoHostLocal,
+    #[error("the image's CNI config cannot be written as JSON: {0}")]
+    Json(String),
+    #[error("cannot read {path}: {detail}")]
+    Read { path: String, detail: String },
+    #[error("{0} holds no .conflist")]
+    NoTemplate(String),
+    #[error("{name} is not JSON: {detail}")]
+    NotJson { name: String, detail: String },
+}
+
 /// What to do on this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// This Node's CNI config, or why there is none yet.
-    pub conflist: Result<String, String>,
+    pub conflist: Result<String, ConfigError>,
     /// The routes there should be: other Nodes' ranges to their addresses.
     pub routes: BTreeMap<Cidr, Ipv4Addr>,
     /// Routes to add, or to replace (their Node moved).
@@ -142,10 +166,8 @@ pub fn plan(
 ) -> Plan {
     let me = nodes.iter().find(|n| n.name == own);
     let conflist = match me {
-        None => Err(format!("Node {own} is not registered yet")),
-        Some(NodeNet { pod_cidr: None, .. }) => Err(format!(
-            "Node {own} has no spec.podCIDR yet (the controller manager gives one from the cluster's pod subnet)"
-        )),
+        None => Err(ConfigError::NotRegistered(own.to_owned())),
+        Some(NodeNet { pod_cidr: None, .. }) => Err(ConfigError::NoPodCidr(own.to_owned())),
         Some(NodeNet {
             pod_cidr: Some(cidr),
             ..
@@ -194,7 +216,7 @@ pub fn plan(
 }
 
 /// The image's config with every `host-local` IPAM's ranges set to `cidr`.
-pub fn conflist(template: &serde_json::Value, cidr: Cidr) -> Result<String, String> {
+pub fn conflist(template: &serde_json::Value, cidr: Cidr) -> Result<String, ConfigError> {
     let mut doc = template.clone();
     let mut set = 0;
     let plugins: Vec<&mut serde_json::Value> = match doc.get_mut("plugins") {
@@ -208,12 +230,10 @@ pub fn conflist(template: &serde_json::Value, cidr: Cidr) -> Result<String, Stri
         }
     }
     if set == 0 {
-        return Err(
-            "the image's CNI config has no plugin with host-local IPAM to give the Node's range"
-                .into(),
-        );
+        return Err(ConfigError::NoHostLocal);
     }
-    let mut text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    let mut text =
+        serde_json::to_string_pretty(&doc).map_err(|e| ConfigError::Json(e.to_string()))?;
     text.push('\n');
     Ok(text)
 }
@@ -237,23 +257,31 @@ pub struct Status {
 pub type Shared = Arc<Mutex<Option<Status>>>;
 
 /// The image's config template: the one file of its `net.d` directory.
-pub fn template(root: &Path) -> Result<(String, serde_json::Value), String> {
+pub fn template(root: &Path) -> Result<(String, serde_json::Value), ConfigError> {
     let dir = root
         .join(drover_common::api::IMAGE_CNI_DIR.trim_start_matches('/'))
         .join("net.d");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .map_err(|e| ConfigError::Read {
+            path: dir.display().to_string(),
+            detail: e.to_string(),
+        })?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".conflist"))
         .collect();
     names.sort();
     let Some(name) = names.into_iter().next() else {
-        return Err(format!("{} holds no .conflist", dir.display()));
+        return Err(ConfigError::NoTemplate(dir.display().to_string()));
     };
-    let text =
-        std::fs::read_to_string(dir.join(&name)).map_err(|e| format!("cannot read {name}: {e}"))?;
-    let doc = serde_json::from_str(&text).map_err(|e| format!("{name} is not JSON: {e}"))?;
+    let text = std::fs::read_to_string(dir.join(&name)).map_err(|e| ConfigError::Read {
+        path: name.clone(),
+        detail: e.to_string(),
+    })?;
+    let doc = serde_json::from_str(&text).map_err(|e| ConfigError::NotJson {
+        name: name.clone(),
+        detail: e.to_string(),
+    })?;
     Ok((name, doc))
 }
 
@@ -318,14 +346,14 @@ async fn pass(
     let (name, template) = match template(root) {
         Ok(t) => t,
         Err(e) => {
-            status.error = e;
+            status.error = e.to_string();
             return status;
         }
     };
     let (own, nodes) = match kube.nodes(root).await {
         Ok(n) => n,
         Err(e) => {
-            status.error = e;
+            status.error = e.to_string();
             return status;
         }
     };
@@ -348,7 +376,7 @@ async fn pass(
             Ok(c) => c,
             Err(e) => {
                 *routes = None;
-                status.error = e;
+                status.error = e.to_string();
                 return status;
             }
         }
@@ -367,7 +395,7 @@ async fn pass(
                 }
             }
         }
-        Err(why) => status.error = why.clone(),
+        Err(why) => status.error = why.to_string(),
     }
     if !manage_routes {
         return status;
@@ -404,7 +432,7 @@ struct KubeletClient {
 
 impl KubeletClient {
     /// This machine's Node name and every Node.
-    async fn nodes(&mut self, root: &Path) -> Result<(String, Vec<NodeNet>), String> {
+    async fn nodes(&mut self, root: &Path) -> Result<(String, Vec<NodeNet>), KubeletApiError> {
         let (own, server, client) = self.client(root)?;
         let url = format!("{server}/api/v1/nodes");
         let resp = client
@@ -415,10 +443,10 @@ impl KubeletClient {
         let code = resp.status();
         let body = resp.text().await.unwrap_or_default();
         if !code.is_success() {
-            return Err(format!(
+            return Err(KubeletApiError(format!(
                 "list nodes at {server}: {code}: {}",
                 body.chars().take(300).collect::<String>()
-            ));
+            )));
         }
         let list: serde_json::Value =
             serde_json::from_str(&body).map_err(|e| format!("list nodes: {e}"))?;
@@ -431,7 +459,10 @@ impl KubeletClient {
         Ok((own, nodes))
     }
 
-    fn client(&mut self, root: &Path) -> Result<(String, String, reqwest::Client), String> {
+    fn client(
+        &mut self,
+        root: &Path,
+    ) -> Result<(String, String, reqwest::Client), KubeletApiError> {
         let path = root.join("etc/kubernetes/kubelet.conf");
         let text = std::fs::read(&path)
             .map_err(|e| format!("cannot read {}: {e} (not joined yet)", path.display()))?;
@@ -441,19 +472,20 @@ impl KubeletClient {
         let user = &doc["users"][0]["user"];
         // Inline data, or a file (kubeadm's kubelet.conf names the rotated
         // client certificate, /var/lib/kubelet/pki/kubelet-client-current.pem).
-        let pem = |data: &str, file: &str, v: &serde_json::Value| -> Result<String, String> {
-            if let Some(d) = v[data].as_str() {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(d)
-                    .map_err(|e| format!("kubelet.conf {data}: {e}"))?;
-                return Ok(String::from_utf8_lossy(&bytes).into_owned());
-            }
-            let f = v[file]
-                .as_str()
-                .ok_or_else(|| format!("kubelet.conf has no {data} or {file}"))?;
-            std::fs::read_to_string(root.join(f.trim_start_matches('/')))
-                .map_err(|e| format!("cannot read {f}: {e}"))
-        };
+        let pem =
+            |data: &str, file: &str, v: &serde_json::Value| -> Result<String, KubeletApiError> {
+                if let Some(d) = v[data].as_str() {
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(d)
+                        .map_err(|e| format!("kubelet.conf {data}: {e}"))?;
+                    return Ok(String::from_utf8_lossy(&bytes).into_owned());
+                }
+                let f = v[file]
+                    .as_str()
+                    .ok_or_else(|| format!("kubelet.conf has no {data} or {file}"))?;
+                std::fs::read_to_string(root.join(f.trim_start_matches('/')))
+                    .map_err(|e| KubeletApiError(format!("cannot read {f}: {e}")))
+            };
         let ca = pem(
             "certificate-authority-data",
             "certificate-authority",
@@ -483,7 +515,7 @@ impl KubeletClient {
 }
 
 /// The Node a kubelet certificate is for (`CN=system:node:NAME`).
-fn node_name(cert_pem: &str) -> Result<String, String> {
+fn node_name(cert_pem: &str) -> Result<String, KubeletApiError> {
     let der = drover_common::pki::first_cert_der(cert_pem).map_err(|e| e.to_string())?;
     let (_, cert) = x509_parser::parse_x509_certificate(&der)
         .map_err(|e| format!("kubelet.conf: unreadable client certificate: {e}"))?;
@@ -495,7 +527,35 @@ fn node_name(cert_pem: &str) -> Result<String, String> {
         .unwrap_or_default();
     cn.strip_prefix("system:node:")
         .map(str::to_owned)
-        .ok_or_else(|| format!("kubelet.conf: {cn:?} is not a Node's certificate"))
+        .ok_or_else(|| KubeletApiError(format!("kubelet.conf: {cn:?} is not a Node's certificate")))
+}
+
+/// Why the Nodes could not be read with the kubelet's credentials.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("reading the Nodes with the kubelet's credentials: {0}")]
+pub struct KubeletApiError(String);
+
+impl From<String> for KubeletApiError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for KubeletApiError {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+/// Why a route of the image network could not be read or changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("routes (netlink): {0}")]
+pub struct RouteError(String);
+
+impl From<String> for RouteError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
 }
 
 /// The routes this loop keeps, through rtnetlink.
@@ -504,14 +564,14 @@ struct Routes {
 }
 
 impl Routes {
-    async fn connect() -> Result<Self, String> {
+    async fn connect() -> Result<Self, RouteError> {
         let (connection, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
         tokio::spawn(connection);
         Ok(Self { handle })
     }
 
     /// The main table's IPv4 routes of [`ROUTE_PROTOCOL`].
-    async fn list(&self) -> Result<BTreeMap<Cidr, Ipv4Addr>, String> {
+    async fn list(&self) -> Result<BTreeMap<Cidr, Ipv4Addr>, RouteError> {
         use futures_util::TryStreamExt;
         use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteProtocol};
         let query = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build();
@@ -556,17 +616,17 @@ impl Routes {
     }
 
     /// `ip route replace CIDR via VIA proto 207`.
-    async fn replace(&self, cidr: Cidr, via: Ipv4Addr) -> Result<(), String> {
+    async fn replace(&self, cidr: Cidr, via: Ipv4Addr) -> Result<(), RouteError> {
         self.handle
             .route()
             .add(Self::message(cidr, via))
             .replace()
             .execute()
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| RouteError(e.to_string()))
     }
 
-    async fn delete(&self, cidr: Cidr, via: Ipv4Addr) -> Result<(), String> {
+    async fn delete(&self, cidr: Cidr, via: Ipv4Addr) -> Result<(), RouteError> {
         match self
             .handle
             .route()
@@ -576,12 +636,12 @@ impl Routes {
         {
             // Already gone (ESRCH): what was wanted.
             Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc_esrch() => Ok(()),
-            other => other.map_err(|e| e.to_string()),
+            other => other.map_err(|e| RouteError(e.to_string())),
         }
     }
 
     /// Deletes every route of [`ROUTE_PROTOCOL`].
-    async fn clear(&self) -> Result<(), String> {
+    async fn clear(&self) -> Result<(), RouteError> {
         for (cidr, via) in self.list().await? {
             self.delete(cidr, via).await?;
         }
@@ -680,11 +740,19 @@ mod tests {
             node("w2", Some("10.244.2.0/24"), None),
         ];
         let p = plan("w1", &nodes, &template(), &BTreeMap::new());
-        assert!(p.conflist.unwrap_err().contains("no spec.podCIDR"));
+        assert!(p
+            .conflist
+            .unwrap_err()
+            .to_string()
+            .contains("no spec.podCIDR"));
         assert_eq!(p.routes.len(), 1);
         assert_eq!(p.skipped, vec!["w2: no InternalIP".to_owned()]);
         let p = plan("w9", &nodes, &template(), &BTreeMap::new());
-        assert!(p.conflist.unwrap_err().contains("not registered"));
+        assert!(p
+            .conflist
+            .unwrap_err()
+            .to_string()
+            .contains("not registered"));
         // A config without host-local IPAM cannot take a range.
         let bad = serde_json::json!({"name": "x", "plugins": [{"type": "ptp"}]});
         assert!(conflist(&bad, c("10.244.0.0/24")).is_err());

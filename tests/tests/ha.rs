@@ -278,12 +278,22 @@ fn ha_replicas_fail_over_without_replacing_machines() {
         .send("GET", "/livez", None, None);
     assert_eq!(live.status, 200);
     // The admin API says so too: 503, the store's failure and what to do.
-    let listed = ha.replicas[third].api(None).send(
-        "GET",
-        "/v1/clusters",
-        Some(&ha.replicas[third].admin_token),
-        None,
-    );
+    // Each store call may take its whole deadline (10 s) and calls queue
+    // behind the reconciler's, so one request can outlast the client's
+    // 30 s: asked again until one is answered, which must be a 503.
+    let listed = wait_for("the admin API to answer without its store", BOOT, || {
+        let a = ha.replicas[third].api(None).send(
+            "GET",
+            "/v1/clusters",
+            Some(&ha.replicas[third].admin_token),
+            None,
+        );
+        if a.status != 0 {
+            Ok(a)
+        } else {
+            Err(format!("{a:?}"))
+        }
+    });
     listed.assert_problem(503, "Store unavailable");
     listed.assert_problem(503, "etcd http://127.0.0.1:");
     listed.assert_problem(503, "lost quorum");
