@@ -177,13 +177,22 @@ impl DatagramTable {
         }
     }
 
-    /// Stops taking datagrams of `machine` (as just written) when it may
-    /// no longer send them: revoked, leaving, upgrading, a control plane.
+    /// Stops taking datagrams of `machine` (as just written) when its
+    /// identity may no longer be used: revoked or marked for deletion.
     /// Every machine write of this replica goes through it, so a revoke or
     /// a deletion mark drops the entry at once; a write made by another
     /// replica is caught by the stored revision `receive` compares.
+    ///
+    /// Any other change (an assignment, an upgrade, a control-plane role)
+    /// keeps the entry: the machine's next datagram no longer matches the
+    /// stored revision, so it is answered "call HTTPS" at once and counts
+    /// as no heartbeat, and the HTTPS answer carries what changed. Dropping
+    /// it would leave that datagram unanswered, and the machine would learn
+    /// of its assignment only after its unanswered-datagram fallback.
     pub fn forget_unless_eligible(&self, machine: &Machine) {
-        if !may_use_datagrams(machine) {
+        if machine.status.identity_revoked_at.is_some()
+            || machine.metadata.deletion_timestamp.is_some()
+        {
             self.forget(machine);
         }
     }
@@ -486,6 +495,50 @@ mod tests {
                 Err(Refusal::UnknownMachine)
             );
         }
+    }
+
+    #[test]
+    fn a_pool_machine_just_assigned_is_asked_for_https_at_its_next_datagram() {
+        let table = DatagramTable::new([9; 32]);
+        let mut m = machine("m3", MachinePhase::Registered, 3);
+        let offer = table.offer(&m, [1; 8], NOW).unwrap();
+        // Claimed as a control plane on this replica: no longer eligible,
+        // but its identity stands, so its next datagram is answered.
+        m.spec.assignment = Some(Assignment {
+            cluster: "c".into(),
+            cluster_uid: "cu".into(),
+            machine_pool: "control-plane".into(),
+            role: MachineRole::ControlPlane,
+            generation: 1,
+            assigned_at: None,
+            replaces: None,
+            kubernetes_version: None,
+            image: None,
+        });
+        m.status.phase = MachinePhase::Assigned;
+        m.metadata.resource_version = Some("4".into());
+        assert!(!may_use_datagrams(&m));
+        table.forget_unless_eligible(&m);
+        let (_, v) = table
+            .receive(
+                &beat(&offer, NOW + 1, [1; 8]),
+                NOW,
+                &(|_: &str| Some(4)),
+                |n: &str| panic!("{n} was taken as seen"),
+            )
+            .unwrap();
+        assert_eq!(v, Verdict::CallHttps);
+        // Its HTTPS heartbeat is offered nothing and drops the entry.
+        assert!(table.offer(&m, [1; 8], NOW + 2).is_none());
+        assert_eq!(
+            table.receive(
+                &beat(&offer, NOW + 3, [1; 8]),
+                NOW,
+                &(|_: &str| Some(4)),
+                |n: &str| panic!("{n} was taken as seen"),
+            ),
+            Err(Refusal::UnknownMachine)
+        );
     }
 
     #[test]
