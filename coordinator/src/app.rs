@@ -60,8 +60,8 @@ pub struct App {
     pub register_limiter: crate::domain::ratelimit::RateLimiter,
     /// One key rotation at a time.
     pub rotation: Mutex<()>,
-    /// What the cluster reconcile loop reports about itself.
-    pub reconciler: std::sync::Arc<Mutex<crate::types::LoopStatus>>,
+    /// The cluster controller's queue and fleet index.
+    pub controller: std::sync::Arc<crate::domain::controller::Controller>,
     /// Every background task, with its status (`tasks` in `/v1/status`).
     pub tasks: crate::tasks::TaskSet,
     /// This replica and whether it leads.
@@ -129,10 +129,7 @@ impl App {
             registrar,
             register_limiter: parts.register_limiter,
             rotation: Mutex::new(()),
-            reconciler: std::sync::Arc::new(Mutex::new(crate::types::LoopStatus {
-                name: crate::tasks::RECONCILER_TASK.into(),
-                ..Default::default()
-            })),
+            controller: Default::default(),
             tasks,
             leadership: parts.leadership,
         })
@@ -143,6 +140,17 @@ impl App {
         Ok(self
             .store
             .get_json::<Cluster>(Kind::Cluster, name)?
+            .map(|(mut c, rev)| {
+                c.metadata.resource_version = Some(rev.to_string());
+                c
+            }))
+    }
+
+    /// Reads a cluster like [`App::cluster`], from the store's read cache.
+    pub fn cluster_cached(&self, name: &str) -> Result<Option<Cluster>, StoreError> {
+        Ok(self
+            .store
+            .get_json_cached::<Cluster>(Kind::Cluster, name)?
             .map(|(mut c, rev)| {
                 c.metadata.resource_version = Some(rev.to_string());
                 c
@@ -249,11 +257,21 @@ impl App {
     /// Records that `machine` was heard from at `now` (memory only).
     pub fn saw(&self, machine: &str, now: OffsetDateTime) {
         let mut live = self.liveness.lock().expect("liveness lock");
-        match live.get_mut(machine) {
-            Some(l) => l.last_seen = now,
+        let revived = match live.get_mut(machine) {
+            Some(l) => {
+                let was_quiet = now - l.last_seen > self.settings.health_defaults.heartbeat_timeout;
+                l.last_seen = now;
+                was_quiet
+            }
             None => {
                 live.insert(machine.to_owned(), Liveness { last_seen: now });
+                false
             }
+        };
+        drop(live);
+        if revived {
+            // Its cluster judged it silent, or will: it looks again now.
+            self.reconcile_machine(machine);
         }
     }
 
@@ -479,11 +497,24 @@ impl App {
 }
 
 impl App {
-    /// Asks the cluster reconciler for a pass now rather than at the end of
-    /// its period (`Task::activate` of `cluster-reconciler`); a burst of
-    /// requests makes one pass.
+    /// Asks the cluster reconciler to reconcile every cluster now
+    /// (`Task::activate` of `cluster-reconciler`): for what concerns the
+    /// whole fleet, such as a new leader term. A change to one cluster or
+    /// machine queues just that cluster ([`App::reconcile_cluster`],
+    /// [`App::reconcile_machine`]).
     pub fn reconcile_soon(&self) {
         self.tasks.activate(crate::tasks::RECONCILER_TASK);
+    }
+
+    /// Queues cluster `name` for a reconcile now.
+    pub fn reconcile_cluster(&self, name: &str) {
+        self.controller.queue.add(name);
+    }
+
+    /// Queues the cluster machine `name` belongs to, if any, for a
+    /// reconcile now (a report or a result of the machine was recorded).
+    pub fn reconcile_machine(&self, name: &str) {
+        self.controller.machine_event(name);
     }
 }
 

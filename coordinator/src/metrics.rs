@@ -37,6 +37,9 @@ pub struct Metrics {
     machine_requests: Histograms,
     store_ops: Histograms,
     loop_runs: Histograms,
+    reconcile_duration: Histograms,
+    reconcile_wait: Histogram,
+    reconcile_queue_depth: Gauge,
     loop_errors: Family<Labels, Counter>,
     loop_last_run: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     loop_period: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -128,6 +131,9 @@ impl Metrics {
             machine_requests: Family::new_with_constructor(latency_histogram),
             store_ops: Family::new_with_constructor(latency_histogram),
             loop_runs: Family::new_with_constructor(latency_histogram),
+            reconcile_duration: Family::new_with_constructor(latency_histogram),
+            reconcile_wait: latency_histogram(),
+            reconcile_queue_depth: Gauge::default(),
             loop_errors: Family::default(),
             loop_last_run: Family::default(),
             loop_period: Family::default(),
@@ -206,6 +212,21 @@ impl Metrics {
             "loop_run_duration_seconds",
             "Time of one run of a background loop (the cluster reconciler, the sweeper, ...), by loop",
             m.loop_runs.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time of one cluster's reconcile (read, plan, apply its steps), by result (ok, error)",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconcile_queue_wait_seconds",
+            "How long a cluster waited in the reconcile queue for a worker",
+            m.reconcile_wait.clone(),
+        );
+        registry.register(
+            "reconcile_queue_depth",
+            "Clusters waiting in the reconcile queue for a worker",
+            m.reconcile_queue_depth.clone(),
         );
         registry.register(
             "loop_errors",
@@ -381,6 +402,20 @@ impl Metrics {
         self.loop_period
             .get_or_create(&labels)
             .set(period.as_secs_f64());
+    }
+
+    /// Records how long a cluster waited in the reconcile queue.
+    pub fn reconcile_queued(&self, waited: Duration) {
+        self.reconcile_wait.observe(waited.as_secs_f64());
+    }
+
+    /// Records one cluster's reconcile and the queue's depth after it.
+    pub fn reconcile_done(&self, took: Duration, ok: bool, depth: usize) {
+        let result = if ok { "ok" } else { "error" };
+        self.reconcile_duration
+            .get_or_create(&vec![("result", result.to_owned())])
+            .observe(took.as_secs_f64());
+        self.reconcile_queue_depth.set(depth as i64);
     }
 
     /// Records a machine taken out for replacement, `why` one of the

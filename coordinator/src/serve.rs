@@ -520,9 +520,8 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             tracing::warn!(error = %e, "machines will heartbeat over HTTPS only");
         })
         .ok();
-    let reconciler = tokio::spawn(crate::reconcile::run_loop(
+    let reconciler = tokio::spawn(crate::reconcile::controller::run(
         app.clone(),
-        app.reconciler.clone(),
         app.tasks
             .register(crate::tasks::RECONCILER_TASK, app.settings.reconcile_period),
         stop_rx,

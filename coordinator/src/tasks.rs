@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-pub use crate::types::TaskStatus;
+pub use crate::types::{QueueStatus, TaskStatus};
 
 /// The cluster reconciler's name in the set (`App::reconcile_soon`
 /// activates it).
@@ -93,6 +93,7 @@ struct State {
     next_run: Option<time::OffsetDateTime>,
     /// When the run under way began, for its duration metric.
     started_at: Option<std::time::Instant>,
+    queue: Option<QueueStatus>,
 }
 
 /// Why [`Task::tick`] returned.
@@ -148,6 +149,11 @@ impl Task {
         s.last_error = error;
     }
 
+    /// Records the task's work queue as it stands.
+    pub fn set_queue(&self, queue: QueueStatus) {
+        self.lock().queue = Some(queue);
+    }
+
     /// What the task reports about itself.
     pub fn status(&self) -> TaskStatus {
         let s = self.lock();
@@ -159,6 +165,7 @@ impl Task {
             last_run_finished: s.last_run_finished,
             last_error: s.last_error.clone(),
             next_run: s.next_run,
+            queue: s.queue,
         }
     }
 

@@ -237,18 +237,37 @@ pub struct TaskStatus {
     /// When the task runs next unless something activates it earlier.
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub next_run: Option<OffsetDateTime>,
+    /// The work queue of a task that runs per object (the cluster
+    /// reconciler: one run is one cluster's reconcile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
 }
 
-/// What the reconcile loop reports about itself.
+/// A task's work queue as it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// Objects waiting for a worker.
+    pub ready: u64,
+    /// Objects being worked on.
+    pub processing: u64,
+    /// Objects waiting for their requeue time.
+    pub delayed: u64,
+    /// How long the last object taken had waited for a worker.
+    pub last_wait_millis: u64,
+}
+
+/// What the cluster reconciler reports about itself.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LoopStatus {
     /// The loop's name, such as `cluster-reconciler`.
     pub name: String,
-    /// Passes completed since the coordinator started.
+    /// Cluster reconciles completed since the coordinator started.
     pub runs: u64,
-    /// How long the last pass took.
+    /// How long the last reconcile took.
     pub last_run_millis: u64,
-    /// What went wrong in the last pass, each naming its object.
+    /// The last error of each cluster whose last reconcile failed, each
+    /// naming its cluster.
     pub last_errors: Vec<String>,
 }

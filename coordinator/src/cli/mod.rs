@@ -948,12 +948,16 @@ fn tasks_table(list: &[crate::types::TaskStatus], _wide: bool) -> Vec<Vec<String
                 None => "-".into(),
             },
             t.last_error.clone().unwrap_or_else(|| "-".into()),
-            match t.next_run {
-                Some(next) => {
+            match (t.queue, t.next_run) {
+                (Some(q), _) => format!(
+                    "queue: {} ready, {} running, {} waiting (last waited {} ms)",
+                    q.ready, q.processing, q.delayed, q.last_wait_millis
+                ),
+                (None, Some(next)) => {
                     let s = (next - drover_common::now()).whole_seconds().max(0);
                     format!("in {s}s")
                 }
-                None => "now".into(),
+                (None, None) => "now".into(),
             },
         ]);
     }

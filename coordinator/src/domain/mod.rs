@@ -4,9 +4,11 @@
 
 pub mod audit;
 pub mod bootstrap;
+pub mod controller;
 pub mod customise;
 pub mod datagrams;
 pub mod endpoint;
+pub mod fleet_index;
 pub mod health;
 pub mod jointokens;
 pub mod kubeconfig;
@@ -19,3 +21,4 @@ pub mod replicas;
 pub mod secrets;
 pub mod settings;
 pub mod user_secrets;
+pub mod workqueue;

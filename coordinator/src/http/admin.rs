@@ -234,7 +234,7 @@ pub async fn apply_cluster(
             app.store.create_json(Kind::Cluster, &name, &desired)?;
             let changes = audited(&name, &admin, None, &desired.spec);
             tracing::info!(cluster = %name, by = %admin.token_id, "cluster created");
-            app.reconcile_soon();
+            app.reconcile_cluster(&name);
             let created = app
                 .cluster(&name)?
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
@@ -306,7 +306,7 @@ pub async fn apply_cluster(
             }
             let changes = audited(&name, &admin, before.as_ref(), &current.spec);
             tracing::info!(cluster = %name, generation = current.metadata.generation, by = %admin.token_id, "cluster updated");
-            app.reconcile_soon();
+            app.reconcile_cluster(&name);
             let updated = app
                 .cluster(&name)?
                 .ok_or_else(|| ApiError::not_found("cluster", &name))?;
@@ -443,7 +443,7 @@ pub async fn delete_cluster(
     if requested {
         tracing::info!(cluster = %name, by = %admin.token_id, "cluster deletion requested");
     }
-    app.reconcile_soon();
+    app.reconcile_cluster(&name);
     let c = app.cluster(&name)?.unwrap_or(c);
     Ok((StatusCode::ACCEPTED, Json(c)))
 }
@@ -481,7 +481,13 @@ pub struct CoordinatorStatus {
     ),
 )]
 pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<CoordinatorStatus> {
-    let reconciler = app.reconciler.lock().expect("loop status lock").clone();
+    let (runs, last_run_millis, last_errors) = app.controller.report();
+    let reconciler = crate::types::LoopStatus {
+        name: crate::tasks::RECONCILER_TASK.into(),
+        runs,
+        last_run_millis,
+        last_errors,
+    };
     Json(CoordinatorStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         replica: app.leadership.me.clone(),
@@ -599,7 +605,7 @@ pub async fn delete_machine(
         move || request_removal(&app, &name, &by)
     })
     .await?;
-    app.reconcile_soon();
+    app.reconcile_machine(&name);
     Ok(answer)
 }
 
@@ -697,7 +703,7 @@ pub async fn revoke_machine(
     .await?
     .ok_or_else(|| ApiError::not_found("machine", &name))?;
     tracing::warn!(machine = %name, by = %admin.token_id, "machine identity revoked");
-    app.reconcile_soon();
+    app.reconcile_machine(&name);
     Ok(Json(revoked))
 }
 
@@ -744,7 +750,7 @@ pub async fn resume_rollout(
     .await?
     .ok_or_else(|| ApiError::not_found("cluster", &name))?;
     tracing::info!(cluster = %name, by = %admin.token_id, "rollout resumed");
-    app.reconcile_soon();
+    app.reconcile_cluster(&name);
     Ok(Json(resumed))
 }
 

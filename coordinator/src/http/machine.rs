@@ -166,7 +166,7 @@ pub async fn register(
         .await?;
     app.saw(&name, now);
     tracing::info!(machine = %name, pool = %pool, token = %token_id, hostname = %req.facts.hostname, "machine registered");
-    app.reconcile_soon();
+    app.reconcile_machine(&name);
     Ok((
         StatusCode::CREATED,
         Json(RegisterResponse {
@@ -335,7 +335,7 @@ async fn register_created_machine(
     })?;
     app.saw(machine, now);
     tracing::info!(machine, cluster, hostname = %req.facts.hostname, "created machine registered");
-    app.reconcile_soon();
+    app.reconcile_machine(machine);
     Ok((
         StatusCode::CREATED,
         Json(RegisterResponse {
@@ -623,7 +623,7 @@ fn record_heartbeat(
                 record_removal_failure(app, a, r, now)?;
             }
         }
-        app.reconcile_soon();
+        app.reconcile_machine(&name);
     }
     for r in hb
         .directive_results
@@ -685,7 +685,7 @@ fn record_heartbeat(
         .ok_or_else(|| ApiError::unauthorized(format!("machine {name} was deleted")))?;
     if woke {
         tracing::info!(machine = %name, phase = %updated.status.phase, "machine status changed");
-        app.reconcile_soon();
+        app.reconcile_machine(&name);
     }
     let answer = heartbeat_answer(app, &updated, now)?;
     Ok((updated, answer))
@@ -723,7 +723,7 @@ fn record_drain(
         } else {
             tracing::warn!(cluster = %a.cluster, machine = %leaving, %node, via = %name, message = %result.message, "node drain refused; retrying until the drain timeout");
         }
-        app.reconcile_soon();
+        app.reconcile_machine(name);
     }
     Ok(())
 }
@@ -739,7 +739,7 @@ fn record_version_update(
 ) -> Result<(), ApiError> {
     if result.ok {
         tracing::info!(cluster = %a.cluster, via = %name, message = %result.message, "kubeadm-config version set");
-        app.reconcile_soon();
+        app.reconcile_machine(name);
         return Ok(());
     }
     tracing::warn!(cluster = %a.cluster, via = %name, message = %result.message, "setting the kubeadm-config version failed; asking again later");
@@ -786,7 +786,7 @@ fn record_essential_addons(
         } else {
             tracing::warn!(cluster = %a.cluster, via = %name, message = %result.message, "upgrading kube-proxy and CoreDNS failed; asking again later");
         }
-        app.reconcile_soon();
+        app.reconcile_machine(name);
     }
     Ok(())
 }
@@ -803,7 +803,7 @@ fn record_renewal(
 ) -> Result<(), ApiError> {
     if result.ok {
         tracing::info!(cluster = %a.cluster, machine = %name, message = %result.message, "certificates renewed");
-        app.reconcile_soon();
+        app.reconcile_machine(name);
         return Ok(());
     }
     tracing::warn!(cluster = %a.cluster, machine = %name, message = %result.message, "renewing the certificates failed; asking again later");
@@ -862,7 +862,7 @@ fn record_addon(
         } else {
             tracing::warn!(cluster = %a.cluster, %addon, via = %name, error = %result.message, "addon apply failed; trying again after a back-off");
         }
-        app.reconcile_soon();
+        app.reconcile_machine(name);
     }
     Ok(())
 }
@@ -902,7 +902,7 @@ fn record_upgrade_step(
         } else {
             tracing::warn!(cluster = %a.cluster, %machine, %step, via = %name, message = %result.message, "in-place upgrade step failed");
         }
-        app.reconcile_soon();
+        app.reconcile_machine(name);
     }
     Ok(())
 }
@@ -1032,7 +1032,7 @@ fn record_view(
         tracing::info!(machine = %name, cluster = %a.cluster, nodes = %summary.join(" "), "Nodes changed");
     }
     if etcd_changed || nodes_changed || reported_changed {
-        app.reconcile_soon();
+        app.reconcile_machine(name);
     }
     Ok(())
 }

@@ -1,8 +1,12 @@
-//! The cluster reconciler: a level-triggered loop that, for each cluster,
-//! plans the steps from the cluster and the machines as they are (a pure
-//! function) and applies them (the executor). It never sees events, only
-//! objects, so running it twice changes nothing the second time.
+//! The cluster reconciler: for each cluster on its own, level-triggered,
+//! it plans the steps from the cluster and its machines as they are (a
+//! pure function) and applies them (the executor). It never sees events,
+//! only objects, so running it twice changes nothing the second time. The
+//! controller (`controller.rs`) decides when: a work queue of cluster names
+//! (`domain::workqueue`) fed by store changes through the fleet index
+//! (`domain::fleet_index`).
 
+pub mod controller;
 pub mod error;
 pub mod provisioner;
 
@@ -17,81 +21,10 @@ pub use executor::execute;
 use executor::unassigned_alive;
 pub use plan::{plan, Observed, Step, TOMBSTONE_TTL};
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drover_common::api::Machine;
-
 use crate::app::App;
-use crate::domain::health::Policy;
-
-/// One pass over every cluster. Returns the errors met (each names its
-/// cluster); one cluster failing never stops the others.
-pub async fn reconcile_all(app: &App) -> Vec<String> {
-    let mut errors = vec![];
-    let clusters = match app.clusters() {
-        Ok(c) => c,
-        Err(e) => return vec![format!("cannot list clusters: {e}")],
-    };
-    // What providers report, once per pass.
-    let (instances, provider_errors) = crate::reconcile::provisioner::observe(app, &clusters).await;
-    errors.extend(
-        provider_errors
-            .into_iter()
-            .map(|e| format!("cannot list provider machines: {e}")),
-    );
-    // Read once, and again only after a cluster changed something (it may
-    // have claimed pool machines): with many clusters and a large fleet, a
-    // read per cluster would make each pass clusters x machines decodes.
-    let mut listed: Option<Vec<Machine>> = None;
-    for cluster in clusters {
-        let now = drover_common::now();
-        let machines = match listed.take() {
-            Some(m) => m,
-            None => match app.machines() {
-                Ok(m) => m,
-                Err(e) => return vec![format!("cannot list machines: {e}")],
-            },
-        };
-        let has_pki = match crate::domain::secrets::load_pki(&app.store, &cluster) {
-            Ok(p) => p.is_some(),
-            Err(e) => {
-                errors.push(format!("cluster {}: {e}", cluster.metadata.name));
-                continue;
-            }
-        };
-        let last_seen = |name: &str| app.last_seen(name);
-        let instance = |uid: &str| instances.get(uid).copied();
-        let generation = cluster.metadata.generation;
-        let retry_not_before = |name: &str| app.provision_retries.not_before(name, generation);
-        let policy = Policy::for_cluster(&cluster, app.settings.health_defaults);
-        let steps = plan(
-            &cluster,
-            &machines,
-            &Observed {
-                now,
-                has_pki,
-                last_seen: &last_seen,
-                instance: &instance,
-                retry_not_before: &retry_not_before,
-                policy,
-                heartbeat_interval: app.settings.heartbeat_interval,
-            },
-        );
-        for step in &steps {
-            if let Err(e) = execute(app, &cluster, step).await {
-                let msg = format!("cluster {}: {step:?}: {e}", cluster.metadata.name);
-                tracing::warn!(error = %msg, "reconcile step failed");
-                errors.push(msg);
-                break;
-            }
-        }
-        if steps.is_empty() {
-            listed = Some(machines);
-        }
-    }
-    errors
-}
 
 /// Keeps the `Alive` condition of pool machines that no cluster claimed true
 /// to what the coordinator sees. A machine's condition can only need a
@@ -120,19 +53,12 @@ pub const FULL_FREE_SCAN: Duration = Duration::from_secs(600);
 pub struct FreeScan {
     quiet: std::collections::HashMap<String, bool>,
     full_at: Option<Instant>,
-    ran_at: Option<Instant>,
 }
 
 impl FreeScan {
-    /// Whether `period` has passed since the last scan (or none ran yet).
-    fn due(&self, period: Duration) -> bool {
-        self.ran_at.is_none_or(|at| at.elapsed() >= period)
-    }
-
     /// Reads the machines that may need their `Alive` condition changed and
     /// changes it. Returns the errors met.
     fn run(&mut self, app: &App) -> Vec<String> {
-        self.ran_at = Some(Instant::now());
         let now = drover_common::now();
         let timeout = app.settings.health_defaults.heartbeat_timeout;
         let quiet: std::collections::HashMap<String, bool> = app
@@ -173,58 +99,6 @@ impl FreeScan {
     }
 }
 
-/// Runs the reconcile loop until `shutdown` fires: every `period`, on store
-/// changes, or at once when something calls `app.reconcile_soon()`.
-pub async fn run_loop(
-    app: Arc<App>,
-    status: Arc<Mutex<LoopStatus>>,
-    task: Arc<crate::tasks::Task>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut changes = app.store.watch();
-    let mut free_scan = FreeScan::default();
-    loop {
-        let started = Instant::now();
-        // Only the leader reconciles, and every write of its pass is fenced
-        // by its term.
-        // A follower's loop idles: `runs` counts passes made as leader.
-        if let Some(term) = app.leadership.term() {
-            task.started();
-            let mut errors = crate::store::fenced(term, reconcile_all(&app)).await;
-            if free_scan.due(app.settings.heartbeat_interval) {
-                let scan = std::mem::take(&mut free_scan);
-                let (scan, free_errors) =
-                    crate::store::fenced(term, free_machines_alive(app.clone(), scan)).await;
-                free_scan = scan;
-                errors.extend(free_errors);
-            }
-            task.finished((!errors.is_empty()).then(|| errors.join("; ")));
-            let mut s = status.lock().expect("loop status lock");
-            s.runs += 1;
-            s.last_run_millis = started.elapsed().as_millis() as u64;
-            s.last_errors = errors;
-        }
-        // Besides its period and `Task::activate` (`App::reconcile_soon`),
-        // store changes activate the reconciler.
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            change = changes.recv() => {
-                if let Ok(c) = &change {
-                    tracing::trace!(kind = c.kind.as_str(), name = %c.name, revision = c.revision, deleted = c.deleted, "store change");
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                // Coalesce everything that arrived meanwhile into this pass.
-                while changes.try_recv().is_ok() {}
-            }
-            wake = task.tick() => {
-                if wake == crate::tasks::Wake::Activated {
-                    // Let a burst of requests settle into one pass.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-}
 #[cfg(test)]
 mod tests {
 

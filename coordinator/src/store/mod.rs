@@ -183,6 +183,12 @@ pub fn with_fence<T>(term: Fence, work: impl FnOnce() -> T) -> T {
     FENCE.sync_scope(term, work)
 }
 
+/// How many store changes a watcher may fall behind before it misses some
+/// (and must read everything again): a burst of registrations commits
+/// thousands of machines in seconds, and the reconciler must keep up with
+/// them without rereading the fleet.
+pub const CHANGE_BUFFER: usize = 65_536;
+
 /// Runs blocking work (store reads and writes, certificate signing) on
 /// tokio's blocking threads instead of an async worker, under the calling
 /// task's fence. A slow fsync or etcd round trip then holds one of those
@@ -229,7 +235,7 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) the SQLite store at `path`.
     pub fn open_sqlite(path: &Path) -> Result<Self, StoreError> {
-        let (changes, _) = broadcast::channel(1024);
+        let (changes, _) = broadcast::channel(CHANGE_BUFFER);
         let backend = sqlite::Sqlite::open(path, changes.clone())?;
         Ok(Self::new(Arc::new(backend), changes, Arc::default()))
     }
@@ -272,7 +278,7 @@ impl Store {
     /// Connects to the etcd cluster of `options`, checks that it answers,
     /// and starts watching its prefix.
     pub fn open_etcd(options: &EtcdOptions) -> Result<Self, StoreError> {
-        let (changes, _) = broadcast::channel(1024);
+        let (changes, _) = broadcast::channel(CHANGE_BUFFER);
         let cache = Arc::new(cache::ReadCache::default());
         let backend = etcd::Etcd::open(options, changes.clone(), cache.clone())?;
         let election = backend.election();

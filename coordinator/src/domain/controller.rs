@@ -1,0 +1,147 @@
+//! The cluster controller's shared state: its work queue of cluster names,
+//! the fleet index that maps machines to clusters, and what it reports
+//! (`/v1/status`, `drover get tasks`). `reconcile::controller` runs the
+//! workers; the HTTP edge queues clusters through `App::reconcile_cluster`
+//! and `App::reconcile_machine`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::fleet_index::FleetIndex;
+use super::workqueue::{Depth, WorkQueue};
+use crate::store::Fence;
+
+/// Reconciles the last errors are kept for, at most (`/v1/status`).
+const KEPT_ERRORS: usize = 50;
+
+/// The controller's state, shared by its workers and the rest of the
+/// coordinator (`App::controller`).
+#[derive(Debug, Default)]
+pub struct Controller {
+    pub queue: WorkQueue,
+    pub index: FleetIndex,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The leader term the index was built for.
+    term: Option<Fence>,
+    /// Consecutive failures per cluster.
+    failures: BTreeMap<String, u32>,
+    /// The last error of each cluster whose last reconcile failed.
+    errors: BTreeMap<String, String>,
+    /// Clusters known to have their PKI (it is never removed while the
+    /// cluster lives): spares decrypting it on every reconcile.
+    has_pki: HashSet<String>,
+    reconciles: u64,
+    last_millis: u64,
+}
+
+impl Controller {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("controller state lock")
+    }
+
+    /// Queues the cluster machine `name` belongs to.
+    pub fn machine_event(&self, name: &str) {
+        if let Some(cluster) = self.index.cluster_of(name) {
+            self.queue.add(&cluster);
+        }
+    }
+
+    /// The queue as it stands.
+    pub fn depth(&self) -> Depth {
+        self.queue.depth()
+    }
+
+    /// The leader term the index was built for; `None` while following.
+    pub fn term(&self) -> Option<Fence> {
+        self.lock().term
+    }
+
+    pub fn set_term(&self, term: Option<Fence>) {
+        self.lock().term = term;
+    }
+
+    /// Whether cluster `name` is known to have its PKI.
+    pub fn has_pki(&self, name: &str) -> bool {
+        self.lock().has_pki.contains(name)
+    }
+
+    pub fn pki_created(&self, name: &str) {
+        self.lock().has_pki.insert(name.to_owned());
+    }
+
+    /// Cluster `name` is gone: forgets what was kept of it.
+    pub fn cluster_gone(&self, name: &str) {
+        self.index.cluster_gone(name);
+        self.queue.forget(name);
+        let mut s = self.lock();
+        s.has_pki.remove(name);
+        s.failures.remove(name);
+        s.errors.remove(name);
+    }
+
+    /// Records the end of one reconcile of `cluster`; returns how many of
+    /// its reconciles in a row failed (0 when this one succeeded).
+    pub fn finished(&self, cluster: &str, took: Duration, error: Option<String>) -> u32 {
+        let mut s = self.lock();
+        s.reconciles += 1;
+        s.last_millis = took.as_millis() as u64;
+        match error {
+            None => {
+                s.failures.remove(cluster);
+                s.errors.remove(cluster);
+                0
+            }
+            Some(e) => {
+                // Past the cap, a new cluster's error is only counted.
+                if s.errors.len() < KEPT_ERRORS || s.errors.contains_key(cluster) {
+                    s.errors.insert(cluster.to_owned(), e);
+                }
+                let n = s.failures.entry(cluster.to_owned()).or_default();
+                *n = n.saturating_add(1);
+                *n
+            }
+        }
+    }
+
+    /// (reconciles so far, the last one's milliseconds, the last errors).
+    pub fn report(&self) -> (u64, u64, Vec<String>) {
+        let s = self.lock();
+        (
+            s.reconciles,
+            s.last_millis,
+            s.errors
+                .iter()
+                .map(|(c, e)| format!("cluster {c}: {e}"))
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_kept_per_cluster_until_it_succeeds_and_failures_count_up() {
+        let c = Controller::default();
+        assert_eq!(
+            c.finished("a", Duration::from_millis(5), Some("boom".into())),
+            1
+        );
+        assert_eq!(
+            c.finished("a", Duration::from_millis(5), Some("boom again".into())),
+            2
+        );
+        assert_eq!(c.finished("b", Duration::from_millis(7), None), 0);
+        let (runs, last, errors) = c.report();
+        assert_eq!((runs, last), (3, 7));
+        assert_eq!(errors, ["cluster a: boom again"]);
+        assert_eq!(c.finished("a", Duration::from_millis(1), None), 0);
+        assert!(c.report().2.is_empty());
+    }
+}

@@ -1,0 +1,439 @@
+//! The cluster controller: each cluster reconciled on its own, when
+//! something about it changed, by one of a bounded set of workers (after
+//! controller-runtime and kube-rs' `Controller`).
+//!
+//! - **What wakes a cluster**: a store change of the cluster or of one of
+//!   its machines (the [`FleetIndex`] maps a machine to its cluster), a
+//!   machine that becomes free while a pool cluster waits for one, a
+//!   machine whose heartbeats come back, an operator's request
+//!   ([`crate::app::App::reconcile_soon`]), and the cluster's own requeue
+//!   time.
+//! - **Requeue**: a cluster with work under way (steps taken, machines not
+//!   yet running, an operation in flight) comes back every reconcile
+//!   period; a settled one at the first heartbeat deadline of its machines
+//!   (so a silent machine is judged at the timeout itself, not on the next
+//!   pass over the fleet) and at the latest after [`RESYNC`], jittered.
+//!   A failed reconcile comes back after a doubling back-off.
+//! - **One at a time**: the [`WorkQueue`] never hands one cluster to two
+//!   workers; a cluster's long step holds one worker, and the others go on.
+//! - **Off the async workers**: a reconcile runs on a blocking thread (its
+//!   store calls are synchronous), so the coordinator's own load never
+//!   keeps the async workers from answering machines.
+//! - **A reconcile reads its cluster**: the cluster, its machines, and a
+//!   window of the free machines it may claim, from the store's read cache
+//!   — not the fleet.
+//!
+//! The planner is unchanged: one cluster and its machines in, steps out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use drover_common::api::{AddonPhase, Cluster, ClusterPhase, Machine, MachinePhase};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{execute, plan, Observed, Step, TOMBSTONE_TTL};
+use crate::app::App;
+use crate::domain::health::Policy;
+use crate::store::Kind;
+
+/// How long a settled cluster goes without a reconcile at most.
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// How many clusters are reconciled at once.
+pub const WORKERS: usize = 4;
+
+/// The longest back-off after failed reconciles, in reconcile periods.
+const MAX_BACKOFF_PERIODS: u32 = 8;
+
+/// What one reconcile came to.
+#[derive(Debug)]
+struct Outcome {
+    requeue: Option<Duration>,
+}
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("cannot read the cluster or its machines: {0}")]
+    Read(#[from] crate::store::StoreError),
+    #[error("cannot list provider machines: {0}")]
+    Provider(#[from] crate::provider::ProviderError),
+    #[error("{step}: {source}")]
+    Step {
+        step: String,
+        source: super::ReconcileError,
+    },
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
+}
+
+/// Queues every cluster.
+fn enqueue_all(app: &App) {
+    match app.clusters() {
+        Ok(clusters) => app
+            .controller
+            .queue
+            .add_all(clusters.iter().map(|c| c.metadata.name.as_str())),
+        Err(e) => tracing::warn!(error = %e, "cannot list clusters to reconcile them"),
+    }
+}
+
+/// Runs the controller until `shutdown`: feeds the queue from store
+/// changes and leadership, and runs [`WORKERS`] workers.
+pub async fn run(
+    app: Arc<App>,
+    task: Arc<crate::tasks::Task>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let ctl = app.controller.clone();
+    let mut changes = app.store.watch();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..WORKERS {
+        workers.spawn(worker(app.clone(), task.clone()));
+    }
+    let free = tokio::spawn(free_machines(app.clone(), shutdown.clone()));
+    let mut leadership = tokio::time::interval(Duration::from_secs(1));
+    leadership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            change = changes.recv() => match change {
+                Ok(c) => on_change(&app, &c).await,
+                Err(RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "the reconciler missed store changes; reading everything again");
+                    start_term(&app, true).await;
+                }
+                Err(RecvError::Closed) => break,
+            },
+            _ = leadership.tick() => start_term(&app, false).await,
+            wake = task.tick() => {
+                start_term(&app, false).await;
+                if wake == crate::tasks::Wake::Activated {
+                    enqueue_all(&app);
+                }
+            }
+        }
+    }
+    ctl.queue.shut_down();
+    while workers.join_next().await.is_some() {}
+    free.abort();
+}
+
+/// On a new leader term (or with `force`), builds the index from a full
+/// read and queues every cluster; when leadership is lost, drops the queue.
+async fn start_term(app: &Arc<App>, force: bool) {
+    let ctl = &app.controller;
+    let term = app.leadership.term();
+    let known = ctl.term();
+    if term == known && !force {
+        return;
+    }
+    let Some(t) = term else {
+        ctl.set_term(None);
+        ctl.queue.clear();
+        return;
+    };
+    let read = {
+        let app = app.clone();
+        crate::store::blocking(move || -> Result<(Vec<Cluster>, Vec<Machine>), String> {
+            let clusters = app.clusters().map_err(|e| e.to_string())?;
+            let machines = app.machines().map_err(|e| e.to_string())?;
+            Ok((clusters, machines))
+        })
+        .await
+    };
+    match read {
+        Ok((clusters, machines)) => {
+            ctl.index.rebuild(&clusters, &machines);
+            ctl.set_term(Some(t));
+            ctl.queue
+                .add_all(clusters.iter().map(|c| c.metadata.name.as_str()));
+            tracing::info!(
+                clusters = clusters.len(),
+                machines = machines.len(),
+                "reconciling every cluster"
+            );
+        }
+        // Tried again at the next tick.
+        Err(e) => tracing::warn!(error = %e, "cannot read the fleet to reconcile it"),
+    }
+}
+
+async fn on_change(app: &Arc<App>, c: &crate::store::Change) {
+    let ctl = &app.controller;
+    if ctl.term().is_none() {
+        return;
+    }
+    tracing::trace!(kind = c.kind.as_str(), name = %c.name, revision = c.revision, deleted = c.deleted, "store change");
+    match c.kind {
+        Kind::Cluster => ctl.queue.add(&c.name),
+        Kind::Machine => {
+            let record = if c.deleted {
+                None
+            } else {
+                match app.machine_cached(&c.name) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(machine = %c.name, error = %e, "cannot read a changed machine; reading everything again");
+                        start_term(app, true).await;
+                        return;
+                    }
+                }
+            };
+            for cluster in ctl.index.machine_changed(&c.name, record.as_ref()) {
+                ctl.queue.add(&cluster);
+            }
+        }
+        // Machine files may name an operator's Secret.
+        Kind::UserSecret => enqueue_all(app),
+        Kind::RegistrationToken | Kind::Secret | Kind::JoinTokens => {}
+    }
+}
+
+async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
+    let ctl = app.controller.clone();
+    while let Some(item) = ctl.queue.next().await {
+        let Some(term) = app.leadership.term() else {
+            ctl.queue.done(&item.key, None);
+            continue;
+        };
+        let metrics = crate::metrics::global();
+        metrics.reconcile_queued(item.waited);
+        task.started();
+        let started = Instant::now();
+        let outcome = {
+            let (app, key) = (app.clone(), item.key.clone());
+            let handle = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                handle.block_on(crate::store::fenced(term, reconcile(&app, &key)))
+            })
+            .await
+            .unwrap_or_else(|e| Err(Failure::Panicked(e.to_string())))
+        };
+        let took = started.elapsed();
+        let depth = ctl.queue.depth();
+        metrics.reconcile_done(took, outcome.is_ok(), depth.ready);
+        task.set_queue(crate::types::QueueStatus {
+            ready: depth.ready as u64,
+            processing: depth.processing as u64,
+            delayed: depth.delayed as u64,
+            last_wait_millis: item.waited.as_millis() as u64,
+        });
+        match outcome {
+            Ok(o) => {
+                ctl.finished(&item.key, took, None);
+                task.finished(None);
+                ctl.queue.done(&item.key, o.requeue);
+            }
+            Err(e) => {
+                tracing::warn!(cluster = %item.key, error = %e, "reconcile failed");
+                let failures = ctl.finished(&item.key, took, Some(e.to_string()));
+                task.finished(Some(format!("cluster {}: {e}", item.key)));
+                let period = app.settings.reconcile_period;
+                let backoff = period * 2u32.pow(failures.saturating_sub(1).min(3));
+                ctl.queue
+                    .done(&item.key, Some(backoff.min(period * MAX_BACKOFF_PERIODS)));
+            }
+        }
+    }
+}
+
+/// Reconciles cluster `name`: reads it and its machines, plans, applies
+/// the steps, and says when to come back.
+async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
+    let ctl = &app.controller;
+    let Some(cluster) = app.cluster_cached(name)? else {
+        ctl.cluster_gone(name);
+        return Ok(Outcome { requeue: None });
+    };
+    ctl.index.cluster_seen(&cluster);
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let mut names = ctl.index.machines_of(&uid);
+    let policy = Policy::for_cluster(&cluster, app.settings.health_defaults);
+    let now = drover_common::now();
+    let alive = |m: &str| {
+        app.last_seen(m)
+            .is_some_and(|t| now - t <= policy.heartbeat_timeout)
+    };
+    names.extend(ctl.index.candidates(&cluster, alive));
+    let mut machines = Vec::with_capacity(names.len());
+    for n in &names {
+        if let Some(m) = app.machine_cached(n)? {
+            machines.push(m);
+        }
+    }
+    let has_pki = ctl.has_pki(name) || {
+        let has = crate::domain::secrets::load_pki(&app.store, &cluster)?.is_some();
+        if has {
+            ctl.pki_created(name);
+        }
+        has
+    };
+    let instances = if cluster.spec.provider.creates_machines() {
+        let (instances, errors) =
+            crate::reconcile::provisioner::observe(app, std::slice::from_ref(&cluster)).await;
+        if let Some(e) = errors.into_iter().next() {
+            return Err(e.into());
+        }
+        instances
+    } else {
+        Default::default()
+    };
+    let last_seen = |n: &str| app.last_seen(n);
+    let instance = |uid: &str| instances.get(uid).copied();
+    let generation = cluster.metadata.generation;
+    let retry_not_before = |n: &str| app.provision_retries.not_before(n, generation);
+    let observed = Observed {
+        now,
+        has_pki,
+        last_seen: &last_seen,
+        instance: &instance,
+        retry_not_before: &retry_not_before,
+        policy,
+        heartbeat_interval: app.settings.heartbeat_interval,
+    };
+    let steps = plan(&cluster, &machines, &observed);
+    for step in &steps {
+        execute(app, &cluster, step)
+            .await
+            .map_err(|source| Failure::Step {
+                step: format!("{step:?}"),
+                source,
+            })?;
+    }
+    let mine: Vec<&Machine> = machines
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.cluster_uid == uid)
+        })
+        .collect();
+    ctl.index
+        .set_hungry(&cluster, lacks_machines(&cluster, &mine));
+    let period = app.settings.reconcile_period;
+    let requeue = if !steps.is_empty() || !settled(&cluster, &mine, &steps) {
+        period
+    } else {
+        next_deadline(&mine, &observed)
+            .unwrap_or(RESYNC)
+            .min(jittered(RESYNC, name))
+    };
+    Ok(Outcome {
+        requeue: Some(requeue),
+    })
+}
+
+/// Whether the cluster wants more machines than it holds (pool clusters
+/// then wait for free ones).
+fn lacks_machines(cluster: &Cluster, mine: &[&Machine]) -> bool {
+    let wanted = cluster.spec.control_plane.replicas
+        + cluster
+            .spec
+            .worker_pools
+            .iter()
+            .map(|w| w.replicas)
+            .sum::<u32>();
+    let live = mine
+        .iter()
+        .filter(|m| {
+            m.status.phase != MachinePhase::Deleted && m.metadata.deletion_timestamp.is_none()
+        })
+        .count();
+    (live as u64) < wanted as u64 || cluster.status.phase == ClusterPhase::Degraded
+}
+
+/// Whether nothing about the cluster moves with time alone but its
+/// machines' heartbeats: every machine running, nothing in flight, nothing
+/// to do.
+fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
+    let s = &cluster.status;
+    steps.is_empty()
+        && cluster.metadata.deletion_timestamp.is_none()
+        && s.phase == ClusterPhase::Running
+        && s.observed_generation == cluster.metadata.generation
+        && s.node_removal.is_none()
+        && s.etcd_removal.is_none()
+        && s.drain.is_none()
+        && s.certificate_renewal.is_none()
+        && s.version_update.is_none()
+        && s.machine_upgrade.is_none()
+        && s.addon_apply.is_none()
+        && s.rollout.is_none()
+        && s.addons.iter().all(|a| a.phase == AddonPhase::Applied)
+        && mine.iter().all(|m| {
+            m.status.phase == MachinePhase::Running
+                && m.metadata.deletion_timestamp.is_none()
+                && m.status.upgrade.is_none()
+        })
+}
+
+/// The first time a settled cluster's state changes with time alone: a
+/// machine's heartbeat timeout running out, a tombstone's time to go.
+fn next_deadline(mine: &[&Machine], observed: &Observed<'_>) -> Option<Duration> {
+    let timeout = observed.policy.heartbeat_timeout;
+    let mut first: Option<time::OffsetDateTime> = None;
+    for m in mine {
+        let at = if m.status.phase == MachinePhase::Deleted {
+            m.metadata.deletion_timestamp.map(|t| t + TOMBSTONE_TTL)
+        } else {
+            (observed.last_seen)(&m.metadata.name).map(|t| t + timeout)
+        };
+        if let Some(at) = at {
+            first = Some(first.map_or(at, |f| f.min(at)));
+        }
+    }
+    // Just past the deadline, so the judgement sees it passed.
+    first.map(|at| {
+        let left = at - observed.now + time::Duration::milliseconds(100);
+        Duration::try_from(left).unwrap_or(Duration::from_millis(100))
+    })
+}
+
+/// `period` less up to a tenth, by cluster name: settled clusters spread
+/// over the period instead of coming back together.
+fn jittered(period: Duration, name: &str) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    let tenth = period.as_millis() as u64 / 10;
+    period - Duration::from_millis(h.finish() % tenth.max(1))
+}
+
+/// Keeps the `Alive` condition of free machines true (see
+/// [`super::FreeScan`]), once per heartbeat interval while leading.
+async fn free_machines(app: Arc<App>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut scan = super::FreeScan::default();
+    loop {
+        if let Some(term) = app.leadership.term() {
+            let taken = std::mem::take(&mut scan);
+            let (back, errors) =
+                crate::store::fenced(term, super::free_machines_alive(app.clone(), taken)).await;
+            scan = back;
+            for e in errors {
+                tracing::warn!(error = %e, "free machine scan");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            () = tokio::time::sleep(app.settings.heartbeat_interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settled_clusters_come_back_spread_over_the_resync_period() {
+        let a = jittered(RESYNC, "a");
+        let b = jittered(RESYNC, "b");
+        for j in [a, b] {
+            assert!(j <= RESYNC && j > RESYNC - RESYNC / 10, "{j:?}");
+        }
+        assert_ne!(a, b);
+        assert_eq!(jittered(RESYNC, "a"), a, "stable per cluster");
+    }
+}
