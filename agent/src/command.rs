@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use drover_common::api::{MachineRole, UpgradeCommand};
-use drover_common::kubeadm::{HOOK_KUBEADM_ENV, HOOK_ROOT_ENV};
+use drover_common::kubeadm::{HOOK_KUBEADM_ENV, HOOK_ROOT_ENV, KUBEADM_PATCHES_DIR};
 use drover_common::token::BootstrapToken;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
@@ -137,7 +137,15 @@ pub fn kubeadm_certs_renew(kubeadm: &str, root: &Path) -> CommandSpec {
 }
 
 /// `kubeadm upgrade apply VERSION -y` or `kubeadm upgrade node`, with
-/// `--rootfs <root>` unless the root is `/`.
+/// `--patches` naming the machine's kubeadm patches directory when it has
+/// one, and `--rootfs <root>` unless the root is `/`.
+///
+/// Both commands write `/var/lib/kubelet/config.yaml` again, from the
+/// cluster's `kubelet-config` ConfigMap and the patches they are given
+/// (kubeadm's `WriteKubeletConfigFiles`): without `--patches` the machine's
+/// own kubelet settings (its healthz port) would be lost at the kubelet's
+/// restart. kubeadm refuses a `--patches` directory that does not exist,
+/// so it is named only when the bundle wrote one.
 pub fn kubeadm_upgrade(
     kubeadm: &str,
     command: UpgradeCommand,
@@ -148,6 +156,11 @@ pub fn kubeadm_upgrade(
         UpgradeCommand::Apply => CommandSpec::new(kubeadm, &["upgrade", "apply", version, "-y"]),
         UpgradeCommand::Node => CommandSpec::new(kubeadm, &["upgrade", "node"]),
     };
+    let patches = KUBEADM_PATCHES_DIR;
+    if crate::files::safe_join(root, patches).is_ok_and(|dir| dir.is_dir()) {
+        spec.args.push("--patches".into());
+        spec.args.push(patches.into());
+    }
     push_rootfs(&mut spec, root);
     spec
 }
@@ -598,6 +611,42 @@ mod tests {
         assert_eq!(
             create.display(),
             "kubeadm token create abcdef.<redacted> --ttl 3600s --kubeconfig /r/etc/kubernetes/admin.conf"
+        );
+    }
+
+    /// kubeadm upgrade writes the kubelet configuration again: it is given
+    /// the machine's patches when the machine has them, and only then.
+    #[test]
+    fn upgrades_pass_the_machines_kubeadm_patches_when_it_has_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let shown = root.display().to_string();
+        let upgrade = |command| kubeadm_upgrade("kubeadm", command, "v1.32.0", root).args;
+        assert_eq!(
+            upgrade(UpgradeCommand::Apply),
+            ["upgrade", "apply", "v1.32.0", "-y", "--rootfs", &shown]
+        );
+        assert_eq!(
+            upgrade(UpgradeCommand::Node),
+            ["upgrade", "node", "--rootfs", &shown]
+        );
+        let patch = drover_common::kubeadm::KUBELET_CONFIG_PATCH_FILE;
+        let patch = crate::files::safe_join(root, patch).unwrap();
+        std::fs::create_dir_all(patch.parent().unwrap()).unwrap();
+        std::fs::write(&patch, "healthzPort: 10300\n").unwrap();
+        let patches = ["--patches", KUBEADM_PATCHES_DIR];
+        assert_eq!(
+            upgrade(UpgradeCommand::Apply),
+            [
+                &["upgrade", "apply", "v1.32.0", "-y"][..],
+                &patches,
+                &["--rootfs", &shown]
+            ]
+            .concat()
+        );
+        assert_eq!(
+            upgrade(UpgradeCommand::Node),
+            [&["upgrade", "node"][..], &patches, &["--rootfs", &shown]].concat()
         );
     }
 

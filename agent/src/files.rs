@@ -1,8 +1,9 @@
 //! Writing the files of a config bundle under the agent's root.
 //!
 //! A bundle may carry only the files kubeadm needs: the kubeadm config
-//! (`/etc/drover/kubeadm.yaml`) and the shared cluster CA set under
-//! `/etc/kubernetes/pki/` ([`ALLOWED_FILES`]). Any other path is refused
+//! (`/etc/drover/kubeadm.yaml`), the kubelet configuration patch its
+//! `patches.directory` names (`/etc/drover/kubeadm-patches/`), and the
+//! shared cluster CA set under `/etc/kubernetes/pki/` ([`ALLOWED_FILES`]). Any other path is refused
 //! before anything is written, and the mode of each file is the agent's
 //! choice, not the bundle's: private keys and the kubeadm config (it holds
 //! a join token) 0600, certificates and public keys 0644. So even a bundle
@@ -28,6 +29,7 @@ pub const KUBEADM_CONFIG_PATH: &str = "/etc/drover/kubeadm.yaml";
 /// The only files a bundle may carry, each with the mode the agent gives it.
 pub const ALLOWED_FILES: &[(&str, u32)] = &[
     (KUBEADM_CONFIG_PATH, 0o600),
+    (drover_common::kubeadm::KUBELET_CONFIG_PATCH_FILE, 0o644),
     ("/etc/kubernetes/pki/ca.crt", 0o644),
     ("/etc/kubernetes/pki/ca.key", 0o600),
     ("/etc/kubernetes/pki/front-proxy-ca.crt", 0o644),
@@ -50,7 +52,7 @@ pub fn allowed_mode(path: &str) -> Result<u32, PathError> {
 /// Why a bundle path is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
-    #[error("bundle path {0:?} is refused: a bundle may carry only the kubeadm config (/etc/drover/kubeadm.yaml) and the shared CA files under /etc/kubernetes/pki/; nothing was written")]
+    #[error("bundle path {0:?} is refused: a bundle may carry only the kubeadm config (/etc/drover/kubeadm.yaml), its kubelet configuration patch (/etc/drover/kubeadm-patches/) and the shared CA files under /etc/kubernetes/pki/; nothing was written")]
     NotAllowed(String),
     #[error("bundle path {0:?} is not absolute")]
     NotAbsolute(String),
@@ -442,6 +444,17 @@ mod tests {
             fs::read_dir(dir.path().join("etc/drover")).unwrap().count(),
             1
         );
+        // The kubelet configuration patch the kubeadm config names is
+        // readable, as kubeadm's own files are.
+        let patch = drover_common::kubeadm::KUBELET_CONFIG_PATCH_FILE;
+        write_bundle_files(dir.path(), &[file(patch, 0o600)]).unwrap();
+        let patch_path = safe_join(dir.path(), patch).unwrap();
+        assert_eq!(mode(&patch_path), 0o644);
+        assert_eq!(
+            fs::read_to_string(&patch_path).unwrap(),
+            format!("content of {patch}")
+        );
+        std::fs::remove_dir_all(dir.path().join("etc/drover/kubeadm-patches")).unwrap();
 
         // A path kubeadm does not need, anywhere, means nothing is written,
         // and the refusal names it.
@@ -453,6 +466,10 @@ mod tests {
             "/etc/drover/../cron.d/x",
             "/etc/drover/kubeadm.yaml/x",
             "/etc/kubernetes/pki//ca.crt",
+            // Only the kubelet configuration patch: a patch of a static
+            // Pod (the API server's flags) is no bundle's business.
+            "/etc/drover/kubeadm-patches/kube-apiserver+merge.yaml",
+            "/etc/drover/kubeadm-patches/kubeletconfiguration+json.yaml",
         ] {
             let err = write_bundle_files(
                 dir.path(),

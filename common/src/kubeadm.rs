@@ -477,7 +477,8 @@ pub const CONTAINER_IGNORED_PREFLIGHT_CHECKS: [&str; 3] = [
 /// The kubelet configuration of the whole cluster. Only `kubeadm init`
 /// reads it (it becomes the `kubelet-config` ConfigMap that joining
 /// machines download); `kubeadm join` ignores such a document. So it holds
-/// nothing of one machine: per-machine values go in [`node_registration`].
+/// nothing of one machine: per-machine values go in [`node_registration`]
+/// or the machine's kubeadm patches ([`kubeadm_patch_files`]).
 fn cluster_kubelet_config(nodes: NodeHost) -> KubeletConfiguration {
     let mut config = KubeletConfiguration {
         api_version: KUBELET_API_VERSION.into(),
@@ -515,22 +516,23 @@ fn kube_proxy_config(nodes: NodeHost) -> Option<KubeProxyConfiguration> {
 }
 
 /// The machine's own registration: its name, the runtime socket, and the
-/// kubelet settings of this machine alone as `kubeletExtraArgs` (kubeadm
-/// writes them to `kubeadm-flags.env`; kubelet flags override its config
-/// file), which `init` and `join` both honour.
+/// kubelet's `--node-ip` as `kubeletExtraArgs` (kubeadm writes them to
+/// `kubeadm-flags.env`; kubelet flags override its config file), which
+/// `init` and `join` both honour.
+///
+/// The healthz port is no flag: kubeadm waits for the kubelet on the
+/// `healthzBindAddress:healthzPort` of the kubelet configuration it wrote,
+/// with its patches applied, never on a flag, so a `--healthz-port` flag
+/// would make the kubelet listen where kubeadm does not look. It travels
+/// as a patch instead ([`kubeadm_patch_files`]).
 fn node_registration(node: &NodeParams, nodes: NodeHost) -> NodeRegistration {
-    let arg = |name: &str, value: String| Arg {
-        name: name.into(),
-        value,
-    };
-    let mut kubelet_extra_args = vec![arg("node-ip", node.advertise_address.clone())];
-    if node.kubelet_healthz_port != 0 {
-        kubelet_extra_args.push(arg("healthz-port", node.kubelet_healthz_port.to_string()));
-    }
     NodeRegistration {
         name: Some(node.node_name.clone()),
         cri_socket: Some(CRI_SOCKET.into()),
-        kubelet_extra_args,
+        kubelet_extra_args: vec![Arg {
+            name: "node-ip".into(),
+            value: node.advertise_address.clone(),
+        }],
         ignore_preflight_errors: match nodes {
             NodeHost::Machine => vec![],
             NodeHost::Container => CONTAINER_IGNORED_PREFLIGHT_CHECKS
@@ -540,6 +542,52 @@ fn node_registration(node: &NodeParams, nodes: NodeHost) -> NodeRegistration {
         },
         ..Default::default()
     }
+}
+
+/// Where Drover puts kubeadm's patches on a machine; a config rendered for
+/// a machine that has any names it as `patches.directory`, which `init`,
+/// `join` and `upgrade` (`--patches`) read.
+pub const KUBEADM_PATCHES_DIR: &str = "/etc/drover/kubeadm-patches";
+
+/// The patch of the machine's own kubelet settings: target
+/// `kubeletconfiguration`, type `merge` (RFC 7386), in kubeadm's file
+/// naming `target[suffix][+patchtype].extension`.
+pub const KUBELET_CONFIG_PATCH_FILE: &str =
+    "/etc/drover/kubeadm-patches/kubeletconfiguration+merge.yaml";
+
+/// The kubelet's own default `healthzPort`.
+pub const KUBELET_DEFAULT_HEALTHZ_PORT: u16 = 10248;
+
+/// One file of a machine's kubeadm patches directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeadmPatchFile {
+    /// The absolute machine path, under [`KUBEADM_PATCHES_DIR`].
+    pub path: String,
+    pub content: String,
+}
+
+/// The kubeadm patches a machine needs, to be written before kubeadm runs:
+/// its kubelet's healthz port when it is not the kubelet's default. kubeadm
+/// applies them to the kubelet configuration it writes to
+/// `/var/lib/kubelet/config.yaml` and waits for the kubelet on the patched
+/// address; the cluster's `kubelet-config` ConfigMap stays the same for
+/// every machine. Empty for a machine with nothing of its own.
+pub fn kubeadm_patch_files(node: &NodeParams) -> Vec<KubeadmPatchFile> {
+    let port = node.kubelet_healthz_port;
+    if port == 0 || port == KUBELET_DEFAULT_HEALTHZ_PORT {
+        return vec![];
+    }
+    vec![KubeadmPatchFile {
+        path: KUBELET_CONFIG_PATCH_FILE.into(),
+        content: format!("healthzPort: {port}\n"),
+    }]
+}
+
+/// `patches` of a rendered config: the patches directory, when the
+/// machine has patches.
+fn patches_for(node: &NodeParams) -> Option<serde_json::Value> {
+    (!kubeadm_patch_files(node).is_empty())
+        .then(|| serde_json::json!({ "directory": KUBEADM_PATCHES_DIR }))
 }
 
 fn to_yaml_docs(docs: &[serde_json::Value]) -> String {
@@ -577,7 +625,7 @@ pub fn render_init(
         },
         certificate_key: None,
         skip_phases: vec![],
-        patches: None,
+        patches: patches_for(node),
         timeouts: None,
     };
     let cc = ClusterConfiguration {
@@ -649,7 +697,7 @@ pub fn render_join(
             certificate_key: None,
         }),
         skip_phases: vec![],
-        patches: None,
+        patches: patches_for(node),
         timeouts: None,
     };
     to_yaml_docs(&[serde_json::to_value(join).expect("serializes")])
@@ -712,17 +760,16 @@ mod tests {
         assert_eq!(
             cfg.kubelet.as_ref().unwrap().healthz_port,
             0,
-            "per-machine values are flags"
+            "per-machine values are not the cluster's"
         );
         assert_eq!(
             init.node_registration.cri_socket.as_deref(),
             Some(CRI_SOCKET)
         );
-        let healthz = &init.node_registration.kubelet_extra_args[1];
-        assert_eq!(
-            (healthz.name.as_str(), healthz.value.as_str()),
-            ("healthz-port", "10248")
-        );
+        // The kubelet's default healthz port needs no patch, and no flag.
+        assert_eq!(init.node_registration.kubelet_extra_args.len(), 1);
+        assert_eq!(init.patches, None, "{text}");
+        assert!(kubeadm_patch_files(&node()).is_empty());
         assert!(cfg.join.is_none());
         assert!(init.node_registration.ignore_preflight_errors.is_empty());
         assert_eq!(cfg.kubelet.as_ref().unwrap().fail_swap_on, None);
@@ -777,8 +824,9 @@ mod tests {
         assert_eq!(d.ca_cert_hashes, vec![pin]);
         assert_eq!(join.control_plane.unwrap().certificate_key, None);
         // kubeadm join ignores a KubeletConfiguration document; this
-        // machine's kubelet settings travel as flags instead.
+        // machine's kubelet settings travel as flags and patches instead.
         assert!(cfg.kubelet.is_none(), "{text}");
+        assert_eq!(join.patches, None, "the default port needs no patch");
         assert_eq!(
             join.node_registration.cri_socket.as_deref(),
             Some(CRI_SOCKET)
@@ -789,7 +837,62 @@ mod tests {
             .iter()
             .map(|a| (a.name.as_str(), a.value.as_str()))
             .collect();
-        assert_eq!(args, [("node-ip", "10.0.0.1"), ("healthz-port", "10248")]);
+        assert_eq!(args, [("node-ip", "10.0.0.1")]);
+    }
+
+    #[test]
+    fn a_machines_own_healthz_port_is_a_kubelet_config_patch_never_a_flag() {
+        let token = BootstrapToken::generate();
+        let pin: CaPin = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+            .parse()
+            .unwrap();
+        let node = NodeParams {
+            kubelet_healthz_port: 10300,
+            ..node()
+        };
+        let files = kubeadm_patch_files(&node);
+        assert_eq!(
+            files,
+            [KubeadmPatchFile {
+                path: KUBELET_CONFIG_PATCH_FILE.into(),
+                content: "healthzPort: 10300\n".into(),
+            }]
+        );
+        assert!(files[0]
+            .path
+            .starts_with(&format!("{KUBEADM_PATCHES_DIR}/")));
+        let patch: serde_json::Value = serde_saphyr::from_str(&files[0].content).unwrap();
+        assert_eq!(patch, serde_json::json!({"healthzPort": 10300}));
+        let directory = Some(serde_json::json!({"directory": KUBEADM_PATCHES_DIR}));
+        let no_healthz_flag = |nr: &NodeRegistration| {
+            let names: Vec<&str> = nr
+                .kubelet_extra_args
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect();
+            assert_eq!(names, ["node-ip"]);
+        };
+        let text = render_init(&cluster(), &node, &token, 900);
+        let cfg = parse_config(&text).unwrap();
+        let init = cfg.init.unwrap();
+        assert_eq!(init.patches, directory, "{text}");
+        no_healthz_flag(&init.node_registration);
+        // The cluster's kubelet configuration stays every machine's.
+        assert_eq!(cfg.kubelet.unwrap().healthz_port, 0, "{text}");
+        for control_plane in [false, true] {
+            let text = render_join(&cluster(), &node, &token, &pin, control_plane);
+            let join = parse_config(&text).unwrap().join.unwrap();
+            assert_eq!(join.patches, directory, "{text}");
+            no_healthz_flag(&join.node_registration);
+        }
+        // An unknown port (0) is the kubelet's default: nothing to patch.
+        let unknown = NodeParams {
+            kubelet_healthz_port: 0,
+            ..node
+        };
+        assert!(kubeadm_patch_files(&unknown).is_empty());
+        let text = render_join(&cluster(), &unknown, &token, &pin, false);
+        assert_eq!(parse_config(&text).unwrap().join.unwrap().patches, None);
     }
 
     #[test]

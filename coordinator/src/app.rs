@@ -198,6 +198,20 @@ impl App {
             .collect())
     }
 
+    /// Every machine of the cluster with UID `cluster_uid`, and maybe
+    /// others (callers filter on the records): from the reconciler's fleet
+    /// index while this replica leads, else every machine.
+    pub fn cluster_machines(&self, cluster_uid: &str) -> Result<Vec<Machine>, StoreError> {
+        if self.controller.term().is_none() {
+            return self.machines();
+        }
+        let mut out = vec![];
+        for name in self.controller.index.machines_of(cluster_uid) {
+            out.extend(self.machine_cached(&name)?);
+        }
+        Ok(out)
+    }
+
     fn overlay(&self, mut m: Machine, rev: u64) -> Machine {
         m.metadata.resource_version = Some(rev.to_string());
         if let Some(l) = self
@@ -539,7 +553,7 @@ impl crate::domain::bootstrap::BundleSource for App {
         App::machine(self, name)
     }
 
-    fn machines(&self) -> Result<Vec<Machine>, StoreError> {
-        App::machines(self)
+    fn cluster_machines(&self, cluster_uid: &str) -> Result<Vec<Machine>, StoreError> {
+        App::cluster_machines(self, cluster_uid)
     }
 }

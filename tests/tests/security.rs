@@ -222,9 +222,14 @@ fn machines_see_only_their_own_config_and_workers_get_no_ca_key() {
         .iter()
         .map(|f| f["path"].as_str().unwrap())
         .collect();
+    // Its kubeadm config and, as its kubelet's health port is not the
+    // default on this shared loopback, the kubeadm patch that sets it.
     assert_eq!(
         paths,
-        vec!["/etc/drover/kubeadm.yaml"],
+        vec![
+            "/etc/drover/kubeadm.yaml",
+            "/etc/drover/kubeadm-patches/kubeletconfiguration+merge.yaml"
+        ],
         "a worker receives no CA file"
     );
     assert!(!wb.to_string().contains("PRIVATE KEY"));

@@ -8,7 +8,9 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drover_common::kubeadm::{render_init, render_join, ClusterParams, NodeHost, NodeParams};
+use drover_common::kubeadm::{
+    kubeadm_patch_files, render_init, render_join, ClusterParams, NodeHost, NodeParams,
+};
 use drover_common::pin::CaPin;
 use drover_common::pki::CertificateAuthority;
 use drover_common::token::BootstrapToken;
@@ -80,6 +82,21 @@ impl Machine {
         let p = self.path(logical);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, contents).unwrap();
+    }
+
+    /// Writes the kubeadm patches Drover gives `node`'s machine, where the
+    /// agent writes its bundle's files.
+    fn write_patches(&self, node: &NodeParams) {
+        for f in kubeadm_patch_files(node) {
+            self.write(&f.path, &f.content);
+        }
+    }
+
+    /// Writes the kubeadm config Drover rendered for `node` and the
+    /// patches it names, as the agent does.
+    fn configure(&self, config: &str, node: &NodeParams) {
+        self.write(CONFIG, config);
+        self.write_patches(node);
     }
 
     /// Runs `kubeadm <args> --rootfs <root>`.
@@ -284,6 +301,7 @@ struct Cluster {
     params: ClusterParams,
     token: BootstrapToken,
     cp: Machine,
+    cp_node: NodeParams,
 }
 
 fn init_cluster() -> Cluster {
@@ -294,15 +312,8 @@ fn init_cluster() -> Cluster {
     let cas = SharedCas::generate();
     let cp = Machine::new();
     cas.provision(&cp);
-    cp.write(
-        CONFIG,
-        &render_init(
-            &params,
-            &node_params("cp-1", &address, api_port),
-            &token,
-            900,
-        ),
-    );
+    let cp_node = node_params("cp-1", &address, api_port);
+    cp.configure(&render_init(&params, &cp_node, &token, 900), &cp_node);
     let out = cp.kubeadm(&["init", "--config", CONFIG]);
     assert_ok(&out);
     assert!(String::from_utf8_lossy(&out.stdout)
@@ -312,6 +323,7 @@ fn init_cluster() -> Cluster {
         params,
         token,
         cp,
+        cp_node,
     }
 }
 
@@ -401,7 +413,7 @@ fn join_worker_on(
     pin: &CaPin,
 ) -> (NodeParams, Output) {
     let node = node_params(name, &drover_tests::free_loopback(), 0);
-    m.write(CONFIG, &render_join(&c.params, &node, token, pin, false));
+    m.configure(&render_join(&c.params, &node, token, pin, false), &node);
     let out = m.kubeadm(&["join", "--config", CONFIG]);
     (node, out)
 }
@@ -415,9 +427,9 @@ fn control_plane_join(c: &Cluster, name: &str, version: &str) -> (Machine, Strin
     let port = free_port();
     let address = drover_tests::free_loopback();
     let node = node_params(name, &address, port);
-    m.write(
-        CONFIG,
+    m.configure(
         &render_join(&c.params, &node, &c.token, &c.cas.pin(), true),
+        &node,
     );
     let out = m.kubeadm_at(version, &["join", "--config", CONFIG]);
     (m, format!("https://{address}:{port}"), out)
@@ -706,7 +718,10 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
     let backups = std::fs::read_dir(c.cp.path("/etc/kubernetes/tmp"))
         .unwrap()
         .count();
-    assert_eq!(backups, 2, "the manifests' backup and etcd's");
+    assert_eq!(
+        backups, 3,
+        "the manifests' backup, etcd's and the kubelet configuration's"
+    );
     // etcd went to the etcd kubeadm v1.32 pairs with it.
     let etcd = std::fs::read_to_string(c.cp.path("/etc/kubernetes/manifests/etcd.yaml")).unwrap();
     assert!(etcd.contains("/etcd:3.5.16-0"), "{etcd}");
@@ -915,17 +930,13 @@ fn init_refuses_incomplete_or_extra_ca_files() {
     let address = drover_tests::free_loopback();
     let params = cluster_params(&address, api_port);
     let cas = SharedCas::generate();
-    let config = render_init(
-        &params,
-        &node_params("cp-1", &address, api_port),
-        &BootstrapToken::generate(),
-        900,
-    );
+    let cp_node = node_params("cp-1", &address, api_port);
+    let config = render_init(&params, &cp_node, &BootstrapToken::generate(), 900);
 
     let missing = Machine::new();
     cas.provision(&missing);
     std::fs::remove_file(missing.path("/etc/kubernetes/pki/etcd/ca.key")).unwrap();
-    missing.write(CONFIG, &config);
+    missing.configure(&config, &cp_node);
     let out = missing.kubeadm(&["init", "--config", CONFIG]);
     assert_fails_with(&out, "/etc/kubernetes/pki/etcd/ca.key is missing");
     assert!(!missing.path("/etc/kubernetes/admin.conf").exists());
@@ -938,7 +949,7 @@ fn init_refuses_incomplete_or_extra_ca_files() {
         for (path, content) in files {
             m.write(path, content);
         }
-        m.write(CONFIG, config);
+        m.configure(config, &cp_node);
         assert_fails_with(&m.kubeadm(&["init", "--config", CONFIG]), needle);
     };
     refused(
@@ -990,7 +1001,7 @@ fn init_refuses_incomplete_or_extra_ca_files() {
     // An unsupported Kubernetes version is refused.
     let old = Machine::new();
     cas.provision(&old);
-    old.write(CONFIG, &config.replace("v1.31.2", "v1.29.0"));
+    old.configure(&config.replace("v1.31.2", "v1.29.0"), &cp_node);
     let out = old.kubeadm(&["init", "--config", CONFIG]);
     assert_fails_with(&out, "control plane version >= 1.30.0");
 }
@@ -1127,15 +1138,10 @@ fn init_join_token_and_reset() {
     // A worker that already holds ca.crt is refused by preflight.
     let stale = Machine::new();
     stale.write("/etc/kubernetes/pki/ca.crt", &c.cas.ca.cert_pem);
-    stale.write(
-        CONFIG,
-        &render_join(
-            &c.params,
-            &node_params("stale", &drover_tests::free_loopback(), 0),
-            &c.token,
-            &c.cas.pin(),
-            false,
-        ),
+    let stale_node = node_params("stale", &drover_tests::free_loopback(), 0);
+    stale.configure(
+        &render_join(&c.params, &stale_node, &c.token, &c.cas.pin(), false),
+        &stale_node,
     );
     let out = stale.kubeadm(&["join", "--config", CONFIG]);
     assert_fails_with(
@@ -1155,15 +1161,10 @@ fn init_join_token_and_reset() {
     c.cas.provision(&cp2);
     let cp2_port = free_port();
     let cp2_address = drover_tests::free_loopback();
-    cp2.write(
-        CONFIG,
-        &render_join(
-            &c.params,
-            &node_params("cp-2", &cp2_address, cp2_port),
-            &c.token,
-            &c.cas.pin(),
-            true,
-        ),
+    let cp2_node = node_params("cp-2", &cp2_address, cp2_port);
+    cp2.configure(
+        &render_join(&c.params, &cp2_node, &c.token, &c.cas.pin(), true),
+        &cp2_node,
     );
     let out = cp2.kubeadm(&["join", "--config", CONFIG]);
     assert_ok(&out);
@@ -1365,6 +1366,161 @@ fn init_join_token_and_reset() {
         http_get(&healthz).is_none(),
         "the worker's kubelet still answers"
     );
+}
+
+/// The machine's `/var/lib/kubelet/config.yaml`.
+fn kubelet_config_of(m: &Machine) -> Value {
+    let text = std::fs::read_to_string(m.path("/var/lib/kubelet/config.yaml")).unwrap();
+    serde_saphyr::from_str(&text).unwrap()
+}
+
+/// The kubelet flags kubeadm wrote on the machine.
+fn kubelet_flags_of(m: &Machine) -> String {
+    std::fs::read_to_string(m.path("/var/lib/kubelet/kubeadm-flags.env")).unwrap()
+}
+
+/// kubeadm waits for the kubelet on the healthz address of the kubelet
+/// configuration it wrote, the machine's patches applied, never on a
+/// kubelet flag, while the kubelet itself listens where its flags say.
+/// Drover gives a machine's own healthz port as such a patch, so init and
+/// join pass; a machine whose flag says another port fails the wait and
+/// says where it waited; `upgrade` keeps the port only when given the
+/// patches.
+#[test]
+fn kubeadm_waits_for_the_kubelet_on_its_patched_config_never_on_a_flag() {
+    let c = init_cluster();
+    let healthz = |port: u16| format!("http://127.0.0.1:{port}/healthz");
+    let patch_line = "[patches] Applied patch of type \"application/merge-patch+json\" to target \"kubeletconfiguration\"";
+    // init: this machine's kubelet has its own port, from the patch; the
+    // cluster's kubelet-config ConfigMap keeps the kubelet's default.
+    let cp_port = c.cp_node.kubelet_healthz_port;
+    assert_eq!(kubelet_config_of(&c.cp)["healthzPort"], cp_port);
+    assert!(!kubelet_flags_of(&c.cp).contains("healthz"));
+    assert_eq!(http_get(&healthz(cp_port)), Some((200, "ok".into())));
+    let out = kubectl_output(
+        &c,
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "cm",
+            "kubelet-config",
+            "-o",
+            "jsonpath={.data.kubelet}",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let cluster: Value = serde_saphyr::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(cluster["kind"], "KubeletConfiguration", "{cluster}");
+    assert_eq!(cluster["healthzPort"], 10248, "{cluster}");
+    // Only joining machines, nodes and admins read it.
+    let (code, body) = https_get(
+        &format!(
+            "https://{}/api/v1/namespaces/kube-system/configmaps/kubelet-config",
+            c.params.control_plane_endpoint
+        ),
+        &c.cas.ca.cert_pem,
+    );
+    assert_eq!(code, 403, "{body}");
+
+    // join with Drover's config and the patch where the agent writes it.
+    let (w, node, out) = worker_join(&c, "worker-1", &c.token, &c.cas.pin());
+    assert_ok(&out);
+    let port = node.kubelet_healthz_port;
+    assert!(
+        text(&out).contains(&format!(
+            "Waiting for a healthy kubelet at {}",
+            healthz(port)
+        )),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains(patch_line), "{}", text(&out));
+    assert_eq!(http_get(&healthz(port)), Some((200, "ok".into())));
+    let config = kubelet_config_of(&w);
+    assert_eq!(config["healthzPort"], port, "{config}");
+    assert_eq!(
+        config["clusterDNS"][0], "10.96.0.10",
+        "the cluster's: {config}"
+    );
+    assert!(!kubelet_flags_of(&w).contains("healthz"));
+
+    // A kubelet flag that says another port: the kubelet listens there,
+    // kubeadm waits on the configuration's port and gives up, naming it.
+    let m = Machine::new();
+    let node = node_params("worker-2", &drover_tests::free_loopback(), 0);
+    let flag_port = free_port();
+    let rendered = render_join(&c.params, &node, &c.token, &c.cas.pin(), false);
+    let mut config: Value = serde_saphyr::from_str(&rendered).unwrap();
+    config["nodeRegistration"]["kubeletExtraArgs"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "healthz-port", "value": flag_port.to_string()}));
+    config["timeouts"] = serde_json::json!({"kubeletHealthCheck": "3s"});
+    m.configure(&serde_saphyr::to_string(&config).unwrap(), &node);
+    let out = m.kubeadm(&["join", "--config", CONFIG]);
+    let waited = healthz(node.kubelet_healthz_port);
+    assert_fails_with(&out, &format!("The kubelet is not healthy at {waited}"));
+    assert_fails_with(&out, &format!("curl -sSL {waited}"));
+    assert!(
+        text(&out).contains(&format!("Waiting for a healthy kubelet at {waited}")),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(http_get(&healthz(flag_port)), Some((200, "ok".into())));
+    assert_eq!(http_get(&waited), None, "nothing listens there");
+
+    // A config naming patches the machine does not have is refused.
+    let bare = Machine::new();
+    let bare_node = node_params("worker-3", &drover_tests::free_loopback(), 0);
+    bare.write(
+        CONFIG,
+        &render_join(&c.params, &bare_node, &c.token, &c.cas.pin(), false),
+    );
+    assert_fails_with(
+        &bare.kubeadm(&["join", "--config", CONFIG]),
+        "could not list patch files for path \"/etc/drover/kubeadm-patches\"",
+    );
+
+    // upgrade writes the kubelet configuration again, from the ConfigMap
+    // and the patches it is given: with them the port stays...
+    let no_renewal = "--certificate-renewal=false";
+    let patches = drover_common::kubeadm::KUBEADM_PATCHES_DIR;
+    let upgrade = |args: &[&str]| {
+        let all = [&["upgrade", "node", no_renewal][..], args].concat();
+        w.kubeadm_at("v1.31.2", &all)
+    };
+    let out = upgrade(&["--patches", patches]);
+    assert_ok(&out);
+    assert!(text(&out).contains(patch_line), "{}", text(&out));
+    assert_eq!(kubelet_config_of(&w)["healthzPort"], port);
+    // ...a patch the stand-in does not apply is refused before anything
+    // changes...
+    w.write("/etc/other-patches/kube-apiserver+merge.yaml", "spec: {}\n");
+    assert_fails_with(
+        &upgrade(&["--patches", "/etc/other-patches"]),
+        "applies only \"kubeletconfiguration\" patches",
+    );
+    // ...and without them the machine's own port is gone, as with real
+    // kubeadm; the file it replaced is kept.
+    assert_ok(&upgrade(&[]));
+    assert_eq!(kubelet_config_of(&w)["healthzPort"], 10248);
+    let kept: Vec<Value> = std::fs::read_dir(w.path("/etc/kubernetes/tmp"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("kubeadm-kubelet-config")
+        })
+        .map(|p| {
+            serde_saphyr::from_str(&std::fs::read_to_string(p.join("config.yaml")).unwrap())
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(kept.len(), 2, "one backup per upgrade");
+    assert!(kept.iter().all(|k| k["healthzPort"] == port), "{kept:?}");
 }
 
 #[test]
@@ -1698,15 +1854,10 @@ fn a_joining_control_planes_member_is_a_learner_until_promoted_and_etcd_takes_on
     let stuck = Machine::new();
     c.cas.provision(&stuck);
     let address = drover_tests::free_loopback();
-    stuck.write(
-        CONFIG,
-        &render_join(
-            &c.params,
-            &node_params("cp-stuck", &address, free_port()),
-            &c.token,
-            &c.cas.pin(),
-            true,
-        ),
+    let stuck_node = node_params("cp-stuck", &address, free_port());
+    stuck.configure(
+        &render_join(&c.params, &stuck_node, &c.token, &c.cas.pin(), true),
+        &stuck_node,
     );
     let out = Command::new(KUBEADM)
         .args(["join", "--config", CONFIG, "--rootfs"])

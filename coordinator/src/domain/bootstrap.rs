@@ -24,7 +24,9 @@ pub trait BundleSource {
     fn ca_key_pem(&self) -> &str;
     fn cluster(&self, name: &str) -> Result<Option<Cluster>, StoreError>;
     fn machine(&self, name: &str) -> Result<Option<Machine>, StoreError>;
-    fn machines(&self) -> Result<Vec<Machine>, StoreError>;
+    /// Every machine of the cluster with UID `cluster_uid` (and maybe
+    /// others: callers filter).
+    fn cluster_machines(&self, cluster_uid: &str) -> Result<Vec<Machine>, StoreError>;
 }
 
 /// Where the agent writes the kubeadm config, inside the machine's root.
@@ -393,6 +395,17 @@ pub fn bundle_for(
         mode: 0o600,
         content: kubeadm_yaml,
     });
+    // The patches the config's `patches.directory` names (the machine's
+    // own kubelet settings); none for a machine with the defaults.
+    files.extend(
+        kubeadm::kubeadm_patch_files(&node)
+            .into_iter()
+            .map(|f| BundleFile {
+                path: f.path,
+                mode: 0o644,
+                content: f.content,
+            }),
+    );
     let bundle = ConfigBundle {
         machine_uid: machine.metadata.uid.clone().unwrap_or_default(),
         cluster: cluster.metadata.name.clone(),
@@ -518,7 +531,7 @@ fn token_registrar(
     cluster_uid: &str,
 ) -> Result<Option<Machine>, StoreError> {
     let mut candidates: Vec<Machine> =
-        app.machines()?
+        app.cluster_machines(cluster_uid)?
             .into_iter()
             .filter(|o| {
                 o.status.phase == MachinePhase::Running

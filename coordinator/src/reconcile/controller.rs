@@ -362,6 +362,9 @@ fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
         && s.addon_apply.is_none()
         && s.rollout.is_none()
         && s.addons.iter().all(|a| a.phase == AddonPhase::Applied)
+        // A Node not Ready is judged after a timeout of its own.
+        && s.nodes.iter().all(|n| n.ready == "True" && !n.unschedulable)
+        && s.endpoint_ready != Some(false)
         && mine.iter().all(|m| {
             m.status.phase == MachinePhase::Running
                 && m.metadata.deletion_timestamp.is_none()
@@ -425,6 +428,71 @@ async fn free_machines(app: Arc<App>, mut shutdown: tokio::sync::watch::Receiver
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::plan::fixtures::{running, t0};
+    use drover_common::api::MachineRole;
+
+    #[test]
+    fn a_settled_cluster_comes_back_just_after_its_first_heartbeat_deadline() {
+        let a = running("a", "w", MachineRole::Worker);
+        let b = running("b", "w", MachineRole::Worker);
+        let now = t0();
+        let last_seen = |n: &str| match n {
+            "a" => Some(now - time::Duration::seconds(10)),
+            "b" => Some(now - time::Duration::seconds(30)),
+            _ => None,
+        };
+        let no_instance = |_: &str| None;
+        let no_retry = |_: &str| None;
+        let observed = Observed {
+            now,
+            has_pki: true,
+            last_seen: &last_seen,
+            instance: &no_instance,
+            retry_not_before: &no_retry,
+            policy: Policy::defaults(Duration::from_secs(40)),
+            heartbeat_interval: Duration::from_secs(10),
+        };
+        // b's timeout runs out first: 40 s after it was last seen.
+        assert_eq!(
+            next_deadline(&[&a, &b], &observed),
+            Some(Duration::from_millis(10_100))
+        );
+        // Already past it (its cluster has not judged it yet): at once.
+        let late = |_: &str| Some(now - time::Duration::seconds(60));
+        let observed = Observed {
+            last_seen: &late,
+            ..observed
+        };
+        assert_eq!(
+            next_deadline(&[&a], &observed),
+            Some(Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn only_a_running_cluster_with_nothing_in_flight_is_settled() {
+        let mut c = crate::reconcile::plan::fixtures::cluster(
+            "v1.31.2",
+            1,
+            1,
+            serde_json::json!({"pool": {}}),
+        );
+        c.status.phase = ClusterPhase::Running;
+        c.status.observed_generation = c.metadata.generation;
+        let cp = running("cp", "control-plane", MachineRole::Init);
+        let w = running("w1", "w", MachineRole::Worker);
+        assert!(settled(&c, &[&cp, &w], &[]));
+        assert!(!settled(&c, &[&cp, &w], &[Step::EnsurePki]), "steps taken");
+        let mut joining = w.clone();
+        joining.status.phase = MachinePhase::Bootstrapping;
+        assert!(!settled(&c, &[&cp, &joining], &[]), "a machine joining");
+        let mut provisioning = c.clone();
+        provisioning.status.phase = ClusterPhase::Provisioning;
+        assert!(!settled(&provisioning, &[&cp, &w], &[]));
+        let mut changed = c.clone();
+        changed.metadata.generation += 1;
+        assert!(!settled(&changed, &[&cp, &w], &[]), "a new generation");
+    }
 
     #[test]
     fn settled_clusters_come_back_spread_over_the_resync_period() {

@@ -377,7 +377,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 crate::reconcile::provisioner::delete_cluster_resources(app, cluster).await?;
             }
             // Tombstones of the cluster's machines go with it.
-            for m in app.machines()? {
+            for m in app.cluster_machines(&uid)? {
                 if m.status.phase == MachinePhase::Deleted
                     && m.spec
                         .assignment
@@ -496,7 +496,9 @@ pub(super) fn unassigned_alive(app: &App, machines: &[Machine]) -> Vec<String> {
 /// Gives every machine of a cluster a fresh heartbeat grace period.
 pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
     let now = drover_common::now();
-    let Ok(machines) = app.machines() else { return };
+    let Ok(machines) = app.cluster_machines(cluster_uid) else {
+        return;
+    };
     let mut live = app.liveness.lock().expect("liveness lock");
     for m in machines {
         if m.spec

@@ -52,8 +52,16 @@ type Resp = Response<Full<Bytes>>;
 #[derive(Debug, Clone)]
 enum Identity {
     Anonymous,
-    Cert { cn: String, groups: Vec<String> },
-    Bootstrap { id: String },
+    Cert {
+        cn: String,
+        groups: Vec<String>,
+    },
+    /// A bootstrap token: `system:bootstrappers` and the token's
+    /// `auth-extra-groups`, as the bootstrap token authenticator gives them.
+    Bootstrap {
+        id: String,
+        groups: Vec<String>,
+    },
 }
 
 impl Identity {
@@ -61,13 +69,36 @@ impl Identity {
         match self {
             Self::Anonymous => "system:anonymous".into(),
             Self::Cert { cn, .. } => cn.clone(),
-            Self::Bootstrap { id } => format!("system:bootstrap:{id}"),
+            Self::Bootstrap { id, .. } => format!("system:bootstrap:{id}"),
         }
     }
 
     fn is_admin(&self) -> bool {
         matches!(self, Self::Cert { groups, .. }
             if groups.iter().any(|g| g == "system:masters" || g == "kubeadm:cluster-admins"))
+    }
+
+    fn in_group(&self, group: &str) -> bool {
+        match self {
+            Self::Anonymous => false,
+            Self::Cert { groups, .. } | Self::Bootstrap { groups, .. } => {
+                groups.iter().any(|g| g == group)
+            }
+        }
+    }
+
+    /// Whether the caller may read the cluster's configuration for nodes,
+    /// the ConfigMaps `kubeadm-config` and `kubelet-config`: kubeadm's
+    /// Roles `kubeadm:nodes-kubeadm-config` and `kubeadm:kubelet-config`
+    /// bind them to the groups `system:bootstrappers:kubeadm:default-node-token`
+    /// (joining machines) and `system:nodes` (their kubelets, and `upgrade
+    /// node`), besides the admins (cmd/kubeadm/app/phases/uploadconfig/
+    /// uploadconfig.go and cmd/kubeadm/app/phases/kubelet/config.go
+    /// `createConfigMapRBACRules`).
+    fn may_read_node_config(&self) -> bool {
+        self.is_admin()
+            || self.in_group(crate::cmd_init::DEFAULT_TOKEN_GROUP)
+            || self.in_group("system:nodes")
     }
 }
 
@@ -264,10 +295,7 @@ async fn route(state: &State, peer: Option<(String, Vec<String>)>, req: Request<
         }
         (_, p) if p == NODES || p.starts_with("/api/v1/nodes/") => nodes(state, &who, req).await,
         (Method::GET, KUBEADM_CONFIG) => {
-            let allowed = who.is_admin()
-                || matches!(who, Identity::Bootstrap { .. })
-                || matches!(&who, Identity::Cert { groups, .. } if groups.iter().any(|g| g == "system:nodes"));
-            if !allowed {
+            if !who.may_read_node_config() {
                 return forbidden(&who, "get", "configmaps", "kube-system");
             }
             kubeadm_config(state).await
@@ -317,14 +345,17 @@ async fn authenticate(
         let bearer = auth.to_str().ok()?.strip_prefix("Bearer ")?;
         let token: BootstrapToken = bearer.trim().parse().ok()?;
         let tokens = state.store.load_tokens().await.ok()?;
-        let ok = tokens.iter().any(|t| {
+        let found = tokens.into_iter().find(|t| {
             t.id == token.id()
                 && t.secret == token.secret()
                 && !t.expired()
                 && t.has_usage("authentication")
-        });
-        return ok.then(|| Identity::Bootstrap {
-            id: token.id().to_owned(),
+        })?;
+        return Some(Identity::Bootstrap {
+            id: found.id,
+            groups: std::iter::once("system:bootstrappers".to_owned())
+                .chain(found.groups)
+                .collect(),
         });
     }
     Some(match peer {

@@ -134,6 +134,23 @@ fn timeout_from(t: Option<&String>, what: &str) -> Result<Duration> {
     }
 }
 
+/// Uploads the cluster's kubelet configuration (without any machine's
+/// patches) as the ConfigMap `kube-system/kubelet-config`, as the admin,
+/// created or replaced (cmd/kubeadm/app/phases/kubelet/config.go
+/// `CreateConfigMap`: `apiclient.CreateOrUpdate`); joining machines read it
+/// with their bootstrap token.
+async fn upload_kubelet_config(root: &Root, config: &serde_json::Value) -> Result<()> {
+    let client = crate::addons::Client::from_kubeconfig(
+        root,
+        std::path::Path::new("/etc/kubernetes/admin.conf"),
+    )?;
+    let cm = crate::kubelet::config_map(config)?;
+    client
+        .ensure(&cm, crate::addons::Write::CreateOrUpdate)
+        .await?;
+    Ok(())
+}
+
 pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     let text = read_config(root, &o.config)?;
     let cfg = crate::kconfig::parse(&text)?;
@@ -149,9 +166,6 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     let cs = ClusterSettings::from_config(&cc)?;
     if init.certificate_key.is_some() {
         bail!("InitConfiguration.certificateKey is set: it only serves `--upload-certs`, which Drover never uses (it copies the shared CA set to control-plane machines)");
-    }
-    if init.patches.is_some() {
-        bail!("InitConfiguration.patches: the stand-in kubeadm does not apply patches");
     }
     let dry_run = o.dry_run || init.dry_run == Some(true);
     let node_name = o
@@ -195,15 +209,15 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
             None,
         ));
     }
-    let kubelet_doc = node::raw_kubelet_doc(&text);
-    let (kubelet_host, kubelet_port) = crate::kubelet::healthz_for(
-        kubelet_doc.as_ref(),
-        &init.node_registration.kubelet_extra_args,
-    );
-    let kubelet = node::KubeletStart {
-        doc: kubelet_doc,
-        timeout: kubelet_wait,
-    };
+    // The cluster's kubelet configuration: the config's
+    // KubeletConfiguration with kubeadm's defaults. It is uploaded as it
+    // is; this machine's kubelet gets it with the patches applied, and
+    // kubeadm waits on the patched healthz address.
+    let kubelet_config = node::node_kubelet_config(node::raw_kubelet_doc(&text), &cs)?;
+    let patches =
+        crate::patches::from_config(root, init.patches.as_ref(), "InitConfiguration.patches")?;
+    let kubelet = node::KubeletStart::new(kubelet_config.clone(), patches.as_ref(), kubelet_wait)?;
+    let (kubelet_host, kubelet_port) = kubelet.listen_address(&init.node_registration)?;
 
     println!("[init] Using Kubernetes version: {}", cs.kubernetes_version);
     if !skip.skipped("preflight") {
@@ -320,7 +334,7 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     }
     if !skip.skipped("kubelet-start") {
         kubelet
-            .run(root, &cs, &node_name, &init.node_registration)
+            .run(root, &node_name, &init.node_registration)
             .await?;
     }
     println!("[wait-control-plane] Waiting for the kubelet to boot up the control plane as static Pods from directory {MANIFESTS_DIR:?}");
@@ -357,6 +371,9 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     }
     if !skip.skipped("upload-config/kubelet") {
         println!("[kubelet] Creating a ConfigMap \"kubelet-config\" in namespace kube-system with the configuration for the kubelets in the cluster");
+        upload_kubelet_config(root, &kubelet_config)
+            .await
+            .in_phase("upload-config/kubelet")?;
     }
     println!("[upload-certs] Skipping phase. Please see --upload-certs");
     if !skip.skipped("mark-control-plane") {

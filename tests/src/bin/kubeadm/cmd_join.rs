@@ -148,18 +148,60 @@ async fn discover(
     })
 }
 
+/// The ConfigMap at `path`, read through the API server with the
+/// bootstrap token, as kubeadm reads the cluster's configuration.
+async fn fetch_config_map(
+    endpoint: &str,
+    path: &str,
+    ca_pem: &str,
+    token: &BootstrapToken,
+    timeout: Duration,
+) -> Result<Value> {
+    let url = format!("https://{endpoint}{path}");
+    let client = net::http_client(net::client_config(ca_pem, None)?, Duration::from_secs(5))?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    fetch_json(&client, &url, Some(&token.to_string()), deadline).await
+}
+
+/// The cluster's kubelet configuration, the `kubelet-config` ConfigMap
+/// `kubeadm init` uploaded (cmd/kubeadm/app/componentconfigs: the kubelet's
+/// must exist, unlike kube-proxy's).
+async fn fetch_kubelet_configuration(
+    endpoint: &str,
+    ca_pem: &str,
+    token: &BootstrapToken,
+    timeout: Duration,
+) -> Result<Value> {
+    let fail = |e: anyhow::Error| {
+        anyhow!("unable to fetch the {} ConfigMap, the cluster's kubelet configuration that `kubeadm init` uploads (phase upload-config/kubelet): {e:#}", crate::kubelet::CONFIG_MAP)
+    };
+    let cm = fetch_config_map(
+        endpoint,
+        crate::kubelet::CONFIG_MAP_PATH,
+        ca_pem,
+        token,
+        timeout,
+    )
+    .await
+    .map_err(fail)?;
+    crate::kubelet::from_config_map(&cm).map_err(fail)
+}
+
 async fn fetch_cluster_configuration(
     endpoint: &str,
     ca_pem: &str,
     token: &BootstrapToken,
     timeout: Duration,
 ) -> Result<String> {
-    let url = format!("https://{endpoint}/api/v1/namespaces/kube-system/configmaps/kubeadm-config");
-    let client = net::http_client(net::client_config(ca_pem, None)?, Duration::from_secs(5))?;
-    let deadline = tokio::time::Instant::now() + timeout;
-    let cm = fetch_json(&client, &url, Some(&token.to_string()), deadline)
-        .await
-        .map_err(|e| anyhow!("unable to fetch the kubeadm-config ConfigMap: {e:#}"))?;
+    let cm = fetch_config_map(
+        endpoint,
+        "/api/v1/namespaces/kube-system/configmaps/kubeadm-config",
+        ca_pem,
+        token,
+        timeout,
+    )
+    .await
+    .map_err(|e| anyhow!("unable to fetch the kubeadm-config ConfigMap: {e:#}"))?;
     cm.get("data")
         .and_then(|d| d.get("ClusterConfiguration"))
         .and_then(|v| v.as_str())
@@ -204,9 +246,8 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             .map_err(|e| anyhow!("discovery.tlsBootstrapToken: Invalid value: {e}"))?,
         None => bt.token.clone(),
     };
-    if join.patches.is_some() {
-        bail!("JoinConfiguration.patches: the stand-in kubeadm does not apply patches");
-    }
+    let patches_dir =
+        crate::patches::directory(join.patches.as_ref(), "JoinConfiguration.patches")?;
     let cp = join.control_plane.clone();
     if let Some(cp) = &cp {
         if cp.certificate_key.is_some() {
@@ -258,26 +299,19 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
         .unwrap_or_else(|| "/etc/kubernetes/pki/ca.crt".to_owned());
     // As real kubeadm join: a KubeletConfiguration document is ignored
     // (the kubelet's configuration is the cluster's), so a machine's own
-    // kubelet settings must come as kubeletExtraArgs.
+    // kubelet settings must come as kubeletExtraArgs or patches.
     if node::raw_kubelet_doc(&text).is_some() {
         println!(
             "[config] WARNING: Ignored configuration document with GroupVersionKind {}, Kind=KubeletConfiguration",
             drover_common::kubeadm::KUBELET_API_VERSION
         );
     }
-    let (kubelet_host, kubelet_port) =
-        crate::kubelet::healthz_for(None, &join.node_registration.kubelet_extra_args);
-    let kubelet = node::KubeletStart {
-        doc: None,
-        timeout: kubelet_wait,
-    };
 
     println!("[preflight] Running pre-flight checks");
     if !skip.skipped("preflight") {
         let mut pf = Preflight::default();
         pf.file_available(root, "/etc/kubernetes/kubelet.conf");
         pf.file_available(root, "/etc/kubernetes/bootstrap-kubelet.conf");
-        pf.port(&kubelet_host, kubelet_port);
         match &cp_endpoint {
             None => {
                 pf.file_available(root, &ca_cert_path);
@@ -336,6 +370,33 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
         .ok_or_else(|| anyhow!("the kubeadm-config ConfigMap holds no ClusterConfiguration"))
         .in_phase("preflight")?;
     let cs = ClusterSettings::from_config(&cc).in_phase("preflight")?;
+    // The kubelet's configuration is the cluster's, with this machine's
+    // patches; kubeadm waits for the kubelet on its healthz address
+    // (cmd/kubeadm/app/cmd/phases/join/kubelet.go).
+    let kubelet_config = fetch_kubelet_configuration(
+        &bt.api_server_endpoint,
+        &disc.ca_pem,
+        &tls_token,
+        discovery_wait,
+    )
+    .await
+    .and_then(|doc| node::node_kubelet_config(Some(doc), &cs))
+    .in_phase("preflight")?;
+    let patches = patches_dir
+        .map(|dir| crate::patches::load(root, &dir))
+        .transpose()
+        .in_phase("preflight")?;
+    let kubelet = node::KubeletStart::new(kubelet_config, patches.as_ref(), kubelet_wait)
+        .in_phase("preflight")?;
+    if !skip.skipped("preflight") {
+        // Where the kubelet will listen is known once its configuration is.
+        let mut pf = Preflight::default();
+        let (host, port) = kubelet
+            .listen_address(&join.node_registration)
+            .in_phase("preflight")?;
+        pf.port(&host, port);
+        pf.finish(&ignore)?;
+    }
 
     let Some((advertise, bind_port)) = cp_endpoint else {
         // Worker join.
@@ -364,7 +425,7 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             )
             .in_phase("kubelet-start")?;
             kubelet
-                .run(root, &cs, &node_name, &join.node_registration)
+                .run(root, &node_name, &join.node_registration)
                 .await?;
             println!("[kubelet-start] Waiting for the kubelet to perform the TLS Bootstrap");
         }
@@ -464,7 +525,7 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
         };
         node::write_kubeconfigs(root, &cs, &set, &[kubelet_spec]).in_phase("kubelet-start")?;
         kubelet
-            .run(root, &cs, &node_name, &join.node_registration)
+            .run(root, &node_name, &join.node_registration)
             .await?;
     }
     let etcd_url = node::etcd_client_url(advertise);

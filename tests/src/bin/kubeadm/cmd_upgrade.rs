@@ -15,8 +15,13 @@
 //! `/etc/kubernetes/tmp`); the stand-in API server then answers `/version`
 //! with it. `upgrade node` (on the other control planes and on workers)
 //! reads the version the config names and does the same for this node's
-//! manifests, if it has any. Neither upgrades the kubelet: the package
-//! manager (Drover's `upgrade-kubelet` hook) does that afterwards.
+//! manifests, if it has any. Both then write this node's
+//! `/var/lib/kubelet/config.yaml` again from the cluster's `kubelet-config`
+//! ConfigMap and the patches `--patches` names, the old file backed up
+//! (`cmd/kubeadm/app/phases/upgrade/postupgrade.go`
+//! `WriteKubeletConfigFiles`): a machine's own kubelet settings survive
+//! only in its patches. Neither upgrades or restarts the kubelet: the
+//! package manager (Drover's `upgrade-kubelet` hook) does that afterwards.
 //!
 //! Both renew this node's certificates first, unless
 //! `--certificate-renewal=false`, and upgrade the local etcd member's
@@ -46,6 +51,9 @@ pub struct UpgradeOpts {
     /// `upgrade apply --force`: version skew errors that may be skipped
     /// are.
     pub force: bool,
+    /// `--patches`: the directory of patches (the stand-in applies only
+    /// `kubeletconfiguration` ones).
+    pub patches: Option<String>,
 }
 
 /// `kubeadm upgrade apply VERSION`.
@@ -100,6 +108,9 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
             format_errors(&skew.skippable)
         );
     }
+    // Read before anything changes: a patch the stand-in refuses fails
+    // the upgrade while nothing was upgraded yet.
+    let patches = load_patches(root, &o)?;
     if !yes {
         println!("[upgrade] Are you sure you want to proceed? [y/N]: ");
         bail!("won't proceed; the user didn't answer (Y|y) in order to continue (the stand-in never prompts: pass -y/--yes)");
@@ -114,6 +125,7 @@ pub async fn apply(root: &Root, version: &str, yes: bool, o: UpgradeOpts) -> Res
     renew_certificates(root, &o)?;
     upgrade_etcd(root, &o, target)?;
     upgrade_static_pods(root, &target_string)?;
+    upgrade_kubelet_config(root, &api, patches.as_ref()).await?;
     upgrade_addons(root, &o, &config).await?;
     println!(
         "\n[upgrade/successful] SUCCESS! Your cluster was upgraded to {target_string:?}. Enjoy!\n"
@@ -148,6 +160,7 @@ pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
     let control_plane = root
         .path(format!("{MANIFESTS_DIR}/kube-apiserver.yaml"))
         .exists();
+    let patches = load_patches(root, &o)?;
     if o.dry_run {
         println!("[dryrun] Would upgrade this node to {version}");
         return Ok(());
@@ -161,9 +174,56 @@ pub async fn node(root: &Root, o: UpgradeOpts) -> Result<()> {
     } else {
         println!("[upgrade] Skipping phase. Not a control plane node.");
     }
+    upgrade_kubelet_config(root, &api, patches.as_ref()).await?;
     println!("[upgrade/kubelet-config] The kubelet configuration for this node was successfully upgraded!");
     println!("[upgrade] Now you should go ahead and upgrade the kubelet package using your package manager.");
     Ok(())
+}
+
+/// The patches `--patches` names, if any.
+fn load_patches(root: &Root, o: &UpgradeOpts) -> Result<Option<crate::patches::Patches>> {
+    o.patches
+        .as_deref()
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| crate::patches::load(root, dir))
+        .transpose()
+}
+
+/// The kubelet-config phase (cmd/kubeadm/app/phases/upgrade/postupgrade.go
+/// `WriteKubeletConfigFiles`): the current `/var/lib/kubelet/config.yaml`
+/// is backed up under `/etc/kubernetes/tmp/kubeadm-kubelet-config*`, then
+/// written again from the cluster's `kubelet-config` ConfigMap with
+/// `patches` applied (`kubeletphase.WriteConfigToDisk`). Without the
+/// patches a machine wrote its own kubelet settings in, they are gone.
+async fn upgrade_kubelet_config(
+    root: &Root,
+    api: &Api,
+    patches: Option<&crate::patches::Patches>,
+) -> Result<()> {
+    let fail = |e: anyhow::Error| anyhow!("[upgrade/kubelet-config] FATAL: {e:#}");
+    let cm = api
+        .get(crate::kubelet::CONFIG_MAP_PATH, crate::kubelet::CONFIG_MAP)
+        .await
+        .map_err(fail)?;
+    let mut config = crate::kubelet::from_config_map(&cm).map_err(fail)?;
+    if let Some(patches) = patches {
+        patches
+            .apply_to_kubelet_config(&mut config)
+            .map_err(|e| fail(e.context("error writing kubelet configuration to file")))?;
+    }
+    crate::kubelet::healthz_of_config(&config).map_err(fail)?;
+    let current = crate::kubelet::CONFIG_FILE;
+    let text = std::fs::read(root.path(current))
+        .with_context(|| format!("error backing up the kubelet config file: open {current}"))
+        .map_err(fail)?;
+    // A directory of its own each time, as os.MkdirTemp makes it.
+    let backup = format!(
+        "/etc/kubernetes/tmp/kubeadm-kubelet-config{}/config.yaml",
+        rand::random::<u32>()
+    );
+    println!("[upgrade] Backing up kubelet config file to {backup}");
+    write_file(&root.path(&backup), &text, 0o644)?;
+    crate::node::write_kubelet_config(root, &config)
 }
 
 /// Upgrades kube-proxy and CoreDNS to the new version after the control
@@ -463,6 +523,24 @@ impl Api {
         let config: serde_json::Value = serde_saphyr::from_str(yaml)
             .map_err(|e| fail(format!("failed to decode cluster configuration data: {e}")))?;
         Ok((map, config))
+    }
+
+    /// The ConfigMap at `path` (`what` names it in errors); not finding
+    /// it is an error.
+    async fn get(&self, path: &str, what: &str) -> Result<serde_json::Value> {
+        let fail = |e: String| anyhow!("unable to fetch the {what} ConfigMap: {e}");
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.server))
+            .send()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let status = resp.status();
+        let body = resp.text().await.map_err(|e| fail(e.to_string()))?;
+        if !status.is_success() {
+            return Err(fail(format!("{status}: {}", net::status_message(&body))));
+        }
+        serde_json::from_str(&body).map_err(|e| fail(e.to_string()))
     }
 
     /// Writes `config` back into `map` (with the `resourceVersion` read).

@@ -114,10 +114,19 @@ fn restart_kubelet(root: &Root, kubeadm: PathBuf) -> Result<String> {
         return Ok("the kubelet was not running; not started".into());
     };
     crate::util::set_program(kubeadm);
+    // The restarted kubelet is waited for where it listens (its config
+    // file, flags over it), as a look at the service would: no kubeadm is
+    // waiting here.
+    let (host, port) = crate::kubelet::healthz_address(root)?;
+    let url = crate::kubelet::healthz_url(&host, port);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(crate::node::start_kubelet(root, Duration::from_secs(240)))
-        .map_err(|e| anyhow!("{stopped}, but it did not start again: {e:#}"))?;
+    rt.block_on(crate::node::start_kubelet(
+        root,
+        &url,
+        Duration::from_secs(240),
+    ))
+    .map_err(|e| anyhow!("{stopped}, but it did not start again: {e:#}"))?;
     Ok(format!("{stopped}; the kubelet restarted"))
 }

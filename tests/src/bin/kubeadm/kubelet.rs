@@ -1,5 +1,7 @@
 //! The stand-in kubelet (`kubeadm __standin-kubelet`): plain HTTP `/healthz`
-//! on the KubeletConfiguration's healthzBindAddress:healthzPort, failing while
+//! on the KubeletConfiguration's healthzBindAddress:healthzPort (or on what
+//! the `--healthz-*` flags in `kubeadm-flags.env` say instead, as a real
+//! kubelet's flags override its config file), failing while
 //! `<root>/var/lib/kubelet/standin-fail` exists; and, as a real kubelet does,
 //! it registers its Node with the API server (`kubelet.conf`'s credentials)
 //! and renews the Node's `Ready` condition every few seconds: NotReady while
@@ -26,9 +28,10 @@ pub const FAIL_FILE: &str = "/var/lib/kubelet/standin-fail";
 
 pub const FLAGS_FILE: &str = "/var/lib/kubelet/kubeadm-flags.env";
 
-/// The healthz address the kubelet serves: its config file's (kubelet
-/// defaults: 127.0.0.1:10248), overridden by the flags kubeadm wrote to
-/// `kubeadm-flags.env`, as kubelet flags override its config file.
+/// The healthz address the kubelet daemon serves: its config file's,
+/// overridden by the flags kubeadm wrote to `kubeadm-flags.env`, as kubelet
+/// flags override its config file. kubeadm itself never looks at the flags
+/// (see [`healthz_of_config`]).
 pub fn healthz_address(root: &Root) -> Result<(String, u16)> {
     let text = std::fs::read_to_string(root.path(CONFIG_FILE))
         .with_context(|| format!("failed to load kubelet config file, path: {CONFIG_FILE}"))?;
@@ -40,54 +43,106 @@ pub fn healthz_address(root: &Root) -> Result<(String, u16)> {
         .filter_map(|f| f.strip_prefix("--")?.split_once('='))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-    Ok(with_flags(healthz_from_doc(&doc), &flags))
-}
-
-/// The healthz address of a kubelet started with `doc` (or none) as its
-/// config and `extra_args` as flags.
-pub fn healthz_for(
-    doc: Option<&serde_json::Value>,
-    extra_args: &[drover_common::kubeadm::Arg],
-) -> (String, u16) {
-    let base = doc
-        .map(healthz_from_doc)
-        .unwrap_or_else(|| ("127.0.0.1".into(), 10248));
-    let flags: Vec<(String, String)> = extra_args
-        .iter()
-        .map(|a| (a.name.clone(), a.value.clone()))
-        .collect();
+    let base =
+        healthz_of_config(&doc).with_context(|| format!("kubelet config file {CONFIG_FILE}"))?;
     with_flags(base, &flags)
 }
 
-/// `--healthz-bind-address` and `--healthz-port` over the config's values.
-fn with_flags((mut host, mut port): (String, u16), flags: &[(String, String)]) -> (String, u16) {
+/// `--healthz-bind-address` and `--healthz-port` over the config's values,
+/// as the kubelet takes them; a port flag that is no port is refused, as
+/// the kubelet's flag parsing and validation refuse it (0, which turns the
+/// healthz server off, too: nothing could wait on it).
+pub fn with_flags(
+    (mut host, mut port): (String, u16),
+    flags: &[(String, String)],
+) -> Result<(String, u16)> {
     for (name, value) in flags {
         match name.as_str() {
             "healthz-bind-address" if !value.is_empty() => host = value.clone(),
             "healthz-port" => {
-                if let Some(p) = value.parse::<u16>().ok().filter(|p| *p != 0) {
-                    port = p;
-                }
+                port = value.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                    anyhow::anyhow!("invalid argument {value:?} for \"--healthz-port\" flag: the stand-in kubelet needs a port between 1 and 65535")
+                })?;
             }
             _ => {}
         }
     }
-    (host, port)
+    Ok((host, port))
 }
 
-pub fn healthz_from_doc(doc: &serde_json::Value) -> (String, u16) {
-    let addr = doc
-        .get("healthzBindAddress")
-        .and_then(|v| v.as_str())
-        .filter(|s| !s.is_empty())
-        .unwrap_or("127.0.0.1")
-        .to_owned();
-    let port = doc
-        .get("healthzPort")
-        .and_then(|v| v.as_u64())
-        .filter(|p| *p != 0 && *p <= u16::MAX as u64)
-        .unwrap_or(10248) as u16;
-    (addr, port)
+/// Where kubeadm waits for the kubelet: the `healthzBindAddress` and
+/// `healthzPort` of the kubelet configuration it wrote, its patches
+/// applied, never a kubelet flag (`cmd/kubeadm/app/cmd/phases/join/
+/// kubelet.go` `runKubeletWaitBootstrapPhase` and init's
+/// `wait-control-plane` phase: `ApplyPatchesToConfig`, then
+/// `WaitForKubelet(HealthzBindAddress, *HealthzPort)`), with the kubelet's
+/// defaults (`127.0.0.1`, `10248`) for what the document leaves out.
+/// Strict as decoding into the Go type and the kubelet's validation are: a
+/// port that is no integer between 1 and 65535, or an address that is no
+/// string, is an error (port 0 turns the healthz server off, and kubeadm
+/// would wait in vain).
+pub fn healthz_of_config(doc: &serde_json::Value) -> Result<(String, u16)> {
+    let host = match doc.get("healthzBindAddress") {
+        None | Some(serde_json::Value::Null) => "127.0.0.1".to_owned(),
+        Some(serde_json::Value::String(s)) if s.is_empty() => "127.0.0.1".to_owned(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => anyhow::bail!(
+            "KubeletConfiguration.healthzBindAddress: cannot unmarshal {other} into a string"
+        ),
+    };
+    let port = match doc.get("healthzPort") {
+        None | Some(serde_json::Value::Null) => 10248,
+        Some(v) => v
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+            .ok_or_else(|| {
+                anyhow::anyhow!("invalid configuration: healthzPort (--healthz-port) {v} must be between 1 and 65535, inclusive")
+            })?,
+    };
+    Ok((host, port))
+}
+
+/// The ConfigMap `kube-system/kubelet-config` `kubeadm init` uploads the
+/// cluster's kubelet configuration to, under the data key `kubelet`
+/// (cmd/kubeadm/app/constants: `KubeletBaseConfigurationConfigMap`,
+/// `KubeletBaseConfigurationConfigMapKey`); joining machines and upgrades
+/// write `/var/lib/kubelet/config.yaml` from it.
+pub const CONFIG_MAP: &str = "kubelet-config";
+pub const CONFIG_MAP_KEY: &str = "kubelet";
+pub const CONFIG_MAP_PATH: &str = "/api/v1/namespaces/kube-system/configmaps/kubelet-config";
+
+/// The ConfigMap holding `config` (cmd/kubeadm/app/phases/kubelet/
+/// config.go `CreateConfigMap`).
+pub fn config_map(config: &serde_json::Value) -> Result<serde_json::Value> {
+    let yaml = serde_saphyr::to_string(config)
+        .map_err(|e| anyhow::anyhow!("cannot render the kubelet configuration: {e}"))?;
+    Ok(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIG_MAP, "namespace": "kube-system"},
+        "data": {CONFIG_MAP_KEY: yaml},
+    }))
+}
+
+/// The kubelet configuration a `kubelet-config` ConfigMap holds: a
+/// KubeletConfiguration of `kubelet.config.k8s.io/v1beta1`.
+pub fn from_config_map(cm: &serde_json::Value) -> Result<serde_json::Value> {
+    let yaml = cm["data"][CONFIG_MAP_KEY].as_str().ok_or_else(|| {
+        anyhow::anyhow!("the {CONFIG_MAP} ConfigMap has no data.{CONFIG_MAP_KEY}")
+    })?;
+    let doc: serde_json::Value = serde_saphyr::from_str(yaml)
+        .map_err(|e| anyhow::anyhow!("the {CONFIG_MAP} ConfigMap: invalid YAML: {e}"))?;
+    let api_version = drover_common::kubeadm::KUBELET_API_VERSION;
+    if doc["kind"] != "KubeletConfiguration" || doc["apiVersion"] != api_version {
+        anyhow::bail!("the {CONFIG_MAP} ConfigMap holds no KubeletConfiguration of {api_version}");
+    }
+    Ok(doc)
+}
+
+/// The URL kubeadm (or anyone) checks the kubelet's health at.
+pub fn healthz_url(host: &str, port: u16) -> String {
+    format!("http://{}/healthz", join_host_port(host, port))
 }
 
 pub fn run(root: Root) -> Result<()> {
@@ -342,4 +397,48 @@ fn node_addresses(root: &Root, name: &str) -> serde_json::Value {
     }
     addresses.push(serde_json::json!({"type": "Hostname", "address": name}));
     serde_json::Value::Array(addresses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn kubeadm_waits_on_the_config_and_the_kubelet_listens_on_flags_over_it() {
+        let local = |port| ("127.0.0.1".to_owned(), port);
+        assert_eq!(healthz_of_config(&json!({})).unwrap(), local(10248));
+        let doc = json!({"healthzBindAddress": "127.0.0.5", "healthzPort": 10300});
+        assert_eq!(
+            healthz_of_config(&doc).unwrap(),
+            ("127.0.0.5".to_owned(), 10300)
+        );
+        assert_eq!(
+            healthz_of_config(&json!({"healthzBindAddress": ""})).unwrap(),
+            local(10248)
+        );
+        for bad in [
+            json!({"healthzPort": 0}),
+            json!({"healthzPort": 70000}),
+            json!({"healthzPort": "10300"}),
+            json!({"healthzBindAddress": 1}),
+        ] {
+            assert!(healthz_of_config(&bad).is_err(), "{bad}");
+        }
+        let flag = |name: &str, value: &str| vec![(name.to_owned(), value.to_owned())];
+        assert_eq!(
+            with_flags(local(10300), &flag("healthz-port", "10301")).unwrap(),
+            local(10301)
+        );
+        assert_eq!(
+            with_flags(local(10300), &flag("node-ip", "10.0.0.1")).unwrap(),
+            local(10300)
+        );
+        assert_eq!(
+            with_flags(local(10300), &flag("healthz-bind-address", "127.0.0.9")).unwrap(),
+            ("127.0.0.9".to_owned(), 10300)
+        );
+        assert!(with_flags(local(10300), &flag("healthz-port", "0")).is_err());
+        assert!(with_flags(local(10300), &flag("healthz-port", "x")).is_err());
+    }
 }

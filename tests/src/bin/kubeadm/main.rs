@@ -26,6 +26,7 @@ mod kconfig;
 mod kubelet;
 mod net;
 mod node;
+mod patches;
 mod store;
 mod util;
 
@@ -378,7 +379,7 @@ struct UpgradeCommonArgs {
     /// Path to a kubeadm configuration file (refused by the stand-in).
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
-    /// Path to a directory that contains files named "target[suffix][+patchtype].extension" (refused by the stand-in).
+    /// Path to a directory that contains files named "target[suffix][+patchtype].extension" (the stand-in applies only kubeletconfiguration patches).
     #[arg(long, value_name = "DIR")]
     patches: Option<String>,
 }
@@ -511,6 +512,12 @@ fn version_output(format: Option<&str>) -> Result<String> {
 fn config_validate(root: &Root, path: &Path) -> Result<()> {
     let text = cmd_init::read_config(root, path)?;
     let cfg = kconfig::parse(&text)?;
+    if let Some(init) = &cfg.init {
+        patches::directory(init.patches.as_ref(), "InitConfiguration.patches")?;
+    }
+    if let Some(join) = &cfg.join {
+        patches::directory(join.patches.as_ref(), "JoinConfiguration.patches")?;
+    }
     match (&cfg.init, &cfg.cluster, &cfg.join) {
         (_, _, Some(join)) if cfg.init.is_none() && cfg.cluster.is_none() => {
             let bt = join.discovery.bootstrap_token.as_ref();
@@ -646,9 +653,6 @@ async fn dispatch(
             if common.config.is_some() {
                 bail!("--config: the stand-in kubeadm does not read an UpgradeConfiguration; use flags");
             }
-            if common.patches.is_some() {
-                bail!("--patches: the stand-in kubeadm does not patch static Pod manifests");
-            }
             let ignore = util::IgnoreSet::new(&[&common.cluster.ignore_preflight_errors])?;
             let opts = cmd_upgrade::UpgradeOpts {
                 kubeconfig: common.cluster.kubeconfig.clone(),
@@ -657,6 +661,7 @@ async fn dispatch(
                 dry_run: common.cluster.dry_run == Some(true),
                 ignore,
                 force: false,
+                patches: common.patches.clone(),
             };
             match u.cmd {
                 UpgradeCmd::Apply(a) => {

@@ -747,16 +747,17 @@ pub fn raw_kubelet_doc(config_text: &str) -> Option<Value> {
         .find(|d| d.get("kind").and_then(|k| k.as_str()) == Some("KubeletConfiguration"))
 }
 
-/// Writes `/var/lib/kubelet/config.yaml` (the given document with kubeadm's
-/// defaults filled in) and `/var/lib/kubelet/kubeadm-flags.env`.
-pub fn write_kubelet_files(
-    root: &Root,
+/// The kubelet configuration kubeadm generates from `doc` (a config file's
+/// KubeletConfiguration document, the cluster's `kubelet-config`
+/// ConfigMap, or nothing): the document with kubeadm's defaults filled in
+/// (`cmd/kubeadm/app/componentconfigs/kubelet.go` `Default`, and the
+/// kubelet's own for the healthz address). It is what `init` uploads as
+/// the `kubelet-config` ConfigMap, before any patch.
+pub fn kubelet_config(
     doc: Option<Value>,
     cluster_dns: Option<IpAddr>,
     dns_domain: &str,
-    node_name: &str,
-    reg: &NodeRegistration,
-) -> Result<()> {
+) -> Result<Value> {
     let mut doc = doc.unwrap_or_else(|| {
         serde_json::json!({
             "apiVersion": drover_common::kubeadm::KUBELET_API_VERSION,
@@ -787,8 +788,36 @@ pub fn write_kubelet_files(
     default("healthzPort", 10248.into());
     default("rotateCertificates", true.into());
     default("staticPodPath", MANIFESTS_DIR.into());
-    let text = serde_saphyr::to_string(&doc)
+    Ok(doc)
+}
+
+/// The kubelet configuration of a node: [`kubelet_config`] with
+/// the cluster's DNS settings.
+pub fn node_kubelet_config(doc: Option<Value>, cs: &ClusterSettings) -> Result<Value> {
+    kubelet_config(doc, cs.service_ips(10).first().copied(), &cs.dns_domain)
+}
+
+/// Writes `/var/lib/kubelet/config.yaml` (`config`, the machine's patches
+/// already applied) as kubeadm does.
+pub fn write_kubelet_config(root: &Root, config: &Value) -> Result<()> {
+    let text = serde_saphyr::to_string(config)
         .map_err(|e| anyhow!("cannot render the kubelet config: {e}"))?;
+    println!(
+        "[kubelet-start] Writing kubelet configuration to file \"{}\"",
+        kubelet::CONFIG_FILE
+    );
+    write_file(&root.path(kubelet::CONFIG_FILE), text.as_bytes(), 0o644)
+}
+
+/// Writes `/var/lib/kubelet/kubeadm-flags.env` and
+/// `/var/lib/kubelet/config.yaml` (`config`, the machine's patches
+/// already applied).
+pub fn write_kubelet_files(
+    root: &Root,
+    config: &Value,
+    node_name: &str,
+    reg: &NodeRegistration,
+) -> Result<()> {
     let mut flags = vec![format!(
         "--container-runtime-endpoint={}",
         reg.cri_socket
@@ -803,55 +832,69 @@ pub fn write_kubelet_files(
     }
     println!("[kubelet-start] Writing kubelet environment file with flags to file \"/var/lib/kubelet/kubeadm-flags.env\"");
     write_file(
-        &root.path("/var/lib/kubelet/kubeadm-flags.env"),
+        &root.path(kubelet::FLAGS_FILE),
         format!("KUBELET_KUBEADM_ARGS=\"{}\"\n", flags.join(" ")).as_bytes(),
         0o644,
     )?;
-    println!(
-        "[kubelet-start] Writing kubelet configuration to file \"{}\"",
-        kubelet::CONFIG_FILE
-    );
-    write_file(&root.path(kubelet::CONFIG_FILE), text.as_bytes(), 0o644)
+    write_kubelet_config(root, config)
 }
 
-/// Starts the stand-in kubelet and waits until its /healthz answers 200.
 /// What the kubelet-start phase takes from a command's configuration: the
-/// raw `KubeletConfiguration` document, if any, and how long to wait for a
-/// healthy kubelet.
+/// kubelet configuration with the machine's patches applied, where kubeadm
+/// waits for the kubelet (that configuration's healthz address, never a
+/// flag), and how long.
 pub struct KubeletStart {
-    pub doc: Option<Value>,
-    pub timeout: Duration,
+    config: Value,
+    healthz: (String, u16),
+    timeout: Duration,
 }
 
 impl KubeletStart {
+    /// `config` (the defaulted kubelet configuration) with `patches`
+    /// applied, as kubeadm applies them before writing it and before
+    /// waiting on it.
+    pub fn new(
+        mut config: Value,
+        patches: Option<&crate::patches::Patches>,
+        timeout: Duration,
+    ) -> Result<Self> {
+        if let Some(patches) = patches {
+            patches.apply_to_kubelet_config(&mut config)?;
+        }
+        let healthz = kubelet::healthz_of_config(&config)?;
+        Ok(Self {
+            config,
+            healthz,
+            timeout,
+        })
+    }
+
+    /// Where the kubelet will listen for healthz: the configuration's
+    /// address unless `reg`'s kubelet flags say otherwise (for the
+    /// preflight port check; kubeadm's wait ignores the flags).
+    pub fn listen_address(&self, reg: &NodeRegistration) -> Result<(String, u16)> {
+        let flags: Vec<(String, String)> = reg
+            .kubelet_extra_args
+            .iter()
+            .map(|a| (a.name.clone(), a.value.clone()))
+            .collect();
+        kubelet::with_flags(self.healthz.clone(), &flags)
+    }
+
     /// The kubelet-start phase: the kubelet's files for `node_name`, then
     /// the kubelet, waited on until it is healthy.
-    pub async fn run(
-        self,
-        root: &Root,
-        cs: &ClusterSettings,
-        node_name: &str,
-        reg: &NodeRegistration,
-    ) -> Result<()> {
-        write_kubelet_files(
-            root,
-            self.doc,
-            cs.service_ips(10).first().copied(),
-            &cs.dns_domain,
-            node_name,
-            reg,
-        )
-        .in_phase("kubelet-start")?;
-        start_kubelet(root, self.timeout)
+    pub async fn run(self, root: &Root, node_name: &str, reg: &NodeRegistration) -> Result<()> {
+        write_kubelet_files(root, &self.config, node_name, reg).in_phase("kubelet-start")?;
+        let (host, port) = &self.healthz;
+        start_kubelet(root, &kubelet::healthz_url(host, *port), self.timeout)
             .await
             .in_phase("kubelet-start")
     }
 }
 
-pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
+/// Starts the stand-in kubelet and waits until `url` answers 200.
+pub async fn start_kubelet(root: &Root, url: &str, timeout: Duration) -> Result<()> {
     println!("[kubelet-start] Starting the kubelet");
-    let (host, port) = kubelet::healthz_address(root)?;
-    let url = format!("http://{}/healthz", join_host_port(&host, port));
     let mut child = daemon::spawn(root, "kubelet", &[])?;
     println!(
         "[kubelet-check] Waiting for a healthy kubelet at {url}. This can take up to {}",
@@ -863,7 +906,7 @@ pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
         .build()?;
     let took = daemon::wait_ready(&mut child, root, "kubelet", timeout, || {
         let client = client.clone();
-        let url = url.clone();
+        let url = url.to_owned();
         async move {
             match client.get(&url).send().await {
                 Ok(r) if r.status().is_success() => Ok(()),
@@ -879,7 +922,7 @@ pub async fn start_kubelet(root: &Root, timeout: Duration) -> Result<()> {
         }
     })
     .await
-    .map_err(|e| anyhow!("The kubelet is not healthy: {e:#}"))?;
+    .map_err(|e| anyhow!("The kubelet is not healthy at {url}: {e:#}"))?;
     println!("[kubelet-check] The kubelet is healthy after {took:?}");
     Ok(())
 }

@@ -7,7 +7,9 @@
 //! exist, or a workload whose selector does not match its template is
 //! refused with the real server's status and message. An apply merges the
 //! applied fields into what is stored and records the manager in
-//! `managedFields`. Everything here is for admins.
+//! `managedFields`. Everything here is for admins, but for the reading of
+//! the `kubelet-config` ConfigMap kubeadm allows joining machines and
+//! nodes.
 
 use serde_json::{json, Value};
 
@@ -237,7 +239,15 @@ pub(super) async fn route(
         Some(Ok(t)) => t,
     };
     let method = req.method().clone();
-    if !who.is_admin() {
+    // Besides the admins, joining machines and nodes read the cluster's
+    // kubelet configuration (kubeadm's Role `kubeadm:kubelet-config`, see
+    // `Identity::may_read_node_config`).
+    let reads_kubelet_config = method == Method::GET
+        && target.resource.plural == "configmaps"
+        && target.ns.as_deref() == Some("kube-system")
+        && target.name.as_deref() == Some(crate::kubelet::CONFIG_MAP);
+    let allowed = who.is_admin() || (reads_kubelet_config && who.may_read_node_config());
+    if !allowed {
         let verb = match (&method, &target.name) {
             (&Method::GET, None) => "list",
             (&Method::GET, Some(_)) => "get",
