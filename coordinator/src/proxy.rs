@@ -45,18 +45,53 @@ pub async fn run(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut proxies: HashMap<String, Proxy> = HashMap::new();
+    let mut changes = app.store.watch();
+    let mut clusters = Clusters::default();
     loop {
         task.started();
-        let errors = refresh(&app, &admission, &mut proxies).await;
+        let errors = refresh(&app, &admission, &mut proxies, &mut clusters).await;
         crate::metrics::global().endpoint_proxy(&admission.stats());
         task.finished((!errors.is_empty()).then(|| errors.join("; ")));
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            _ = task.tick() => {}
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    for (_, p) in proxies.drain() {
+                        p.accept.abort();
+                    }
+                    return;
+                }
+                change = changes.recv() => {
+                    match change {
+                        Ok(c) if c.kind == crate::store::Kind::Cluster => clusters.stale = true,
+                        Ok(_) => {}
+                        Err(_) => clusters.stale = true,
+                    }
+                    continue;
+                }
+                _ = task.tick() => break,
+            }
         }
     }
-    for (_, p) in proxies.drain() {
-        p.accept.abort();
+}
+
+/// The clusters the proxies were last brought in line with. Read again
+/// only after a cluster changed, and every [`REREAD`] regardless: the
+/// backends are probed every period, but decoding every cluster every
+/// second cost the whole steady state of a coordinator of thousands of
+/// clusters.
+#[derive(Default)]
+struct Clusters {
+    list: Vec<Cluster>,
+    read_at: Option<std::time::Instant>,
+    stale: bool,
+}
+
+/// How often the proxies read every cluster even when none changed.
+const REREAD: Duration = Duration::from_secs(60);
+
+impl Clusters {
+    fn due(&self) -> bool {
+        self.stale || self.read_at.is_none_or(|at| at.elapsed() >= REREAD)
     }
 }
 
@@ -74,20 +109,31 @@ async fn refresh(
     app: &Arc<App>,
     admission: &Arc<Admission>,
     proxies: &mut HashMap<String, Proxy>,
+    cache: &mut Clusters,
 ) -> Vec<String> {
     let mut errors = vec![];
-    // Only clusters are read: the reconciler records each one's backends
-    // in its status, so this once-a-second loop on every replica never
-    // decodes the fleet's machines.
-    let read = crate::store::blocking({
-        let app = app.clone();
-        move || app.clusters()
-    })
-    .await;
-    let clusters = match read {
-        Ok(r) => r,
-        Err(e) => return vec![format!("cannot read clusters: {e}")],
-    };
+    // Only clusters are read, and only when one changed: the reconciler
+    // records each one's backends in its status, so this once-a-second
+    // loop on every replica never decodes the fleet's machines.
+    if cache.due() {
+        cache.stale = false;
+        let read = crate::store::blocking({
+            let app = app.clone();
+            move || app.clusters()
+        })
+        .await;
+        match read {
+            Ok(r) => {
+                cache.list = r;
+                cache.read_at = Some(std::time::Instant::now());
+            }
+            Err(e) => {
+                cache.stale = true;
+                return vec![format!("cannot read clusters: {e}")];
+            }
+        }
+    }
+    let clusters = &cache.list;
     let managed: BTreeMap<String, (&Cluster, u16)> = clusters
         .iter()
         .filter(|c| c.spec.endpoint_managed_by_coordinator())

@@ -4,7 +4,7 @@
 //! workers; the HTTP edge queues clusters through `App::reconcile_cluster`
 //! and `App::reconcile_machine`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -14,6 +14,23 @@ use crate::store::Fence;
 
 /// Reconciles the last errors are kept for, at most (`/v1/status`).
 const KEPT_ERRORS: usize = 50;
+
+/// What a settled cluster looked like at its last full reconcile: the
+/// revisions of it and of its machines, and the heartbeat timeout its
+/// machines are judged by. While every revision is the same and no
+/// machine's heartbeat is older than the timeout, a reconcile would plan
+/// nothing: it is skipped, and the cluster comes back at the next
+/// deadline (`reconcile::controller`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub cluster_revision: u64,
+    pub cluster_uid: String,
+    /// The cluster's machines and their revisions, by name.
+    pub machines: Vec<(String, u64)>,
+    pub heartbeat_timeout: Duration,
+    /// When the full reconcile ran.
+    pub at: tokio::time::Instant,
+}
 
 /// The controller's state, shared by its workers and the rest of the
 /// coordinator (`App::controller`).
@@ -35,6 +52,9 @@ struct State {
     /// Clusters known to have their PKI (it is never removed while the
     /// cluster lives): spares decrypting it on every reconcile.
     has_pki: HashSet<String>,
+    /// Clusters whose last reconcile found nothing to do and nothing that
+    /// moves with time but their machines' heartbeats.
+    settled: HashMap<String, Settled>,
     reconciles: u64,
     last_millis: u64,
 }
@@ -74,12 +94,32 @@ impl Controller {
         self.lock().has_pki.insert(name.to_owned());
     }
 
+    /// Records that cluster `name` was settled at its last full
+    /// reconcile (or forgets it, with `None`).
+    pub fn set_settled(&self, name: &str, settled: Option<Settled>) {
+        let mut s = self.lock();
+        match settled {
+            Some(mark) => {
+                s.settled.insert(name.to_owned(), mark);
+            }
+            None => {
+                s.settled.remove(name);
+            }
+        }
+    }
+
+    /// How cluster `name` was settled, if it was at its last reconcile.
+    pub fn settled(&self, name: &str) -> Option<Settled> {
+        self.lock().settled.get(name).cloned()
+    }
+
     /// Cluster `name` is gone: forgets what was kept of it.
     pub fn cluster_gone(&self, name: &str) {
         self.index.cluster_gone(name);
         self.queue.forget(name);
         let mut s = self.lock();
         s.has_pki.remove(name);
+        s.settled.remove(name);
         s.failures.remove(name);
         s.errors.remove(name);
     }

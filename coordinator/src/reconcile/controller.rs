@@ -33,6 +33,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::{execute, plan, Observed, Step, TOMBSTONE_TTL};
 use crate::app::App;
+use crate::domain::controller::Settled;
 use crate::domain::health::Policy;
 use crate::store::Kind;
 
@@ -201,6 +202,14 @@ async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
         metrics.reconcile_queued(item.waited);
         task.started();
         let started = Instant::now();
+        if let Some(requeue) = still_settled(&app, &item.key) {
+            // Nothing about the cluster changed and no heartbeat deadline
+            // passed: a reconcile would plan nothing.
+            ctl.finished(&item.key, started.elapsed(), None);
+            task.finished(None);
+            ctl.queue.done(&item.key, Some(requeue));
+            continue;
+        }
         let outcome = {
             let (app, key) = (app.clone(), item.key.clone());
             let handle = tokio::runtime::Handle::current();
@@ -313,7 +322,14 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
     ctl.index
         .set_hungry(&cluster, lacks_machines(&cluster, &mine));
     let period = app.settings.reconcile_period;
-    let requeue = if !steps.is_empty() || !settled(&cluster, &mine, &steps) {
+    let is_settled = settled(&cluster, &mine, &steps);
+    ctl.set_settled(
+        name,
+        is_settled
+            .then(|| settled_mark(&cluster, &mine, policy.heartbeat_timeout))
+            .flatten(),
+    );
+    let requeue = if !is_settled {
         period
     } else {
         next_deadline(&mine, &observed)
@@ -323,6 +339,62 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
     Ok(Outcome {
         requeue: Some(requeue),
     })
+}
+
+/// What a settled cluster looks like, to skip its reconciles while it
+/// stays so; `None` when a revision is unknown.
+fn settled_mark(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    heartbeat_timeout: Duration,
+) -> Option<Settled> {
+    let revision = |m: &drover_common::api::ObjectMeta| m.resource_version.as_deref()?.parse().ok();
+    Some(Settled {
+        cluster_revision: revision(&cluster.metadata)?,
+        cluster_uid: cluster.metadata.uid.clone()?,
+        machines: mine
+            .iter()
+            .map(|m| Some((m.metadata.name.clone(), revision(&m.metadata)?)))
+            .collect::<Option<Vec<_>>>()?,
+        heartbeat_timeout,
+        at: tokio::time::Instant::now(),
+    })
+}
+
+/// When cluster `name` is as it was at its last full reconcile, which
+/// found it settled (the same revisions of it and its machines as the read
+/// cache holds them, the same machines, none past its heartbeat timeout,
+/// less than [`RESYNC`] ago): when to come back. `None` when it must be
+/// reconciled.
+fn still_settled(app: &App, name: &str) -> Option<Duration> {
+    let ctl = &app.controller;
+    let mark = ctl.settled(name)?;
+    let fresh = mark.at.elapsed() < RESYNC
+        && app.store.cached_revision(Kind::Cluster, name) == Some(mark.cluster_revision)
+        && ctl.index.machines_of(&mark.cluster_uid).len() == mark.machines.len()
+        && mark
+            .machines
+            .iter()
+            .all(|(m, rev)| app.store.cached_revision(Kind::Machine, m) == Some(*rev));
+    if !fresh {
+        ctl.set_settled(name, None);
+        return None;
+    }
+    let now = drover_common::now();
+    let mut first: Option<time::OffsetDateTime> = None;
+    for (m, _) in &mark.machines {
+        let deadline = app.last_seen(m)? + mark.heartbeat_timeout;
+        if deadline <= now {
+            return None;
+        }
+        first = Some(first.map_or(deadline, |f| f.min(deadline)));
+    }
+    let until_resync = RESYNC.saturating_sub(mark.at.elapsed());
+    let next = first.map_or(until_resync, |at| {
+        Duration::try_from(at - now + time::Duration::milliseconds(100))
+            .unwrap_or(Duration::from_millis(100))
+    });
+    Some(next.min(until_resync))
 }
 
 /// Whether the cluster wants more machines than it holds (pool clusters
