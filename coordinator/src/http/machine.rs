@@ -1075,8 +1075,10 @@ fn heartbeat_answer(
                 });
             }
             if a.role.is_control_plane() && running {
+                // From the read cache: every running control plane asks at
+                // every heartbeat.
                 let cluster = app
-                    .cluster(&a.cluster)?
+                    .cluster_cached(&a.cluster)?
                     .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()));
                 if let Some(u) = cluster
                     .as_ref()
