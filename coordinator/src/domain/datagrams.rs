@@ -497,14 +497,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_pool_machine_just_assigned_is_asked_for_https_at_its_next_datagram() {
-        let table = DatagramTable::new([9; 32]);
-        let mut m = machine("m3", MachinePhase::Registered, 3);
-        let offer = table.offer(&m, [1; 8], NOW).unwrap();
-        // Claimed as a control plane on this replica: no longer eligible,
-        // but its identity stands, so its next datagram is answered.
-        m.spec.assignment = Some(Assignment {
+    /// An assignment as a control plane of cluster `c`.
+    fn control_plane_of_c() -> Assignment {
+        Assignment {
             cluster: "c".into(),
             cluster_uid: "cu".into(),
             machine_pool: "control-plane".into(),
@@ -514,7 +509,17 @@ mod tests {
             replaces: None,
             kubernetes_version: None,
             image: None,
-        });
+        }
+    }
+
+    #[test]
+    fn a_pool_machine_just_assigned_is_asked_for_https_at_its_next_datagram() {
+        let table = DatagramTable::new([9; 32]);
+        let mut m = machine("m3", MachinePhase::Registered, 3);
+        let offer = table.offer(&m, [1; 8], NOW).unwrap();
+        // Claimed as a control plane on this replica: no longer eligible,
+        // but its identity stands, so its next datagram is answered.
+        m.spec.assignment = Some(control_plane_of_c());
         m.status.phase = MachinePhase::Assigned;
         m.metadata.resource_version = Some("4".into());
         assert!(!may_use_datagrams(&m));
@@ -545,17 +550,7 @@ mod tests {
     fn only_quiet_machines_are_offered_and_a_new_leader_fills_in() {
         let table = DatagramTable::new([9; 32]);
         let mut cp = machine("cp", MachinePhase::Running, 1);
-        cp.spec.assignment = Some(Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: "control-plane".into(),
-            role: MachineRole::ControlPlane,
-            generation: 1,
-            assigned_at: None,
-            replaces: None,
-            kubernetes_version: None,
-            image: None,
-        });
+        cp.spec.assignment = Some(control_plane_of_c());
         assert!(table.offer(&cp, [0; 8], NOW).is_none());
         let mut worker = cp.clone();
         worker.metadata.name = "w".into();

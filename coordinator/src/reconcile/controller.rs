@@ -288,6 +288,22 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
     } else {
         Default::default()
     };
+    // Listing the provider takes a while: plan on the cluster and the
+    // machines as they are now, not as they were before it.
+    let (cluster, machines) = if cluster.spec.provider.creates_machines() {
+        let Some(fresh) = app.cluster_cached(name)? else {
+            return Ok(Outcome {
+                requeue: Some(app.settings.reconcile_period),
+            });
+        };
+        let mut again = Vec::with_capacity(machines.len());
+        for m in &machines {
+            again.extend(app.machine_cached(&m.metadata.name)?);
+        }
+        (fresh, again)
+    } else {
+        (cluster, machines)
+    };
     let last_seen = |n: &str| app.last_seen(n);
     let instance = |uid: &str| instances.get(uid).copied();
     let generation = cluster.metadata.generation;
@@ -310,15 +326,7 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
                 source,
             })?;
     }
-    let mine: Vec<&Machine> = machines
-        .iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.cluster_uid == uid)
-        })
-        .collect();
+    let mine = super::plan::machines_of(&cluster, &machines);
     ctl.index
         .set_hungry(&cluster, lacks_machines(&cluster, &mine));
     let period = app.settings.reconcile_period;

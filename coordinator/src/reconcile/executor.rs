@@ -331,6 +331,12 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 wanted.etcd_reported_by = c.status.etcd_reported_by.clone();
                 wanted.etcd_reported_at = c.status.etcd_reported_at;
                 wanted.nodes = c.status.nodes.clone();
+                // So are the endpoint's /readyz and the kubeadm-config
+                // version, which only control planes report: a report made
+                // while this reconcile ran must not be undone by it (an
+                // agent reports a change once, so it would stick).
+                wanted.endpoint_ready = c.status.endpoint_ready;
+                wanted.kubeadm_config_version = c.status.kubeadm_config_version.clone();
                 // The load balancer is the endpoint steps' to record.
                 wanted.load_balancer = c.status.load_balancer.clone();
                 // A drain result an agent reported meanwhile, for this very

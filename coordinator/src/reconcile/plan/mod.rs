@@ -22,10 +22,10 @@ pub use shared::*;
 
 use drover_common::api::{Cluster, Machine};
 
-/// Plans the steps that bring `cluster` closer to its spec. Pure.
-pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) -> Vec<Step> {
+/// The machines of `machines` assigned to `cluster`.
+pub fn machines_of<'a>(cluster: &Cluster, machines: &'a [Machine]) -> Vec<&'a Machine> {
     let uid = cluster.metadata.uid.as_deref().unwrap_or_default();
-    let mine: Vec<&Machine> = machines
+    machines
         .iter()
         .filter(|m| {
             m.spec
@@ -33,7 +33,12 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
                 .as_ref()
                 .is_some_and(|a| a.cluster_uid == uid)
         })
-        .collect();
+        .collect()
+}
+
+/// Plans the steps that bring `cluster` closer to its spec. Pure.
+pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) -> Vec<Step> {
+    let mine = machines_of(cluster, machines);
     let steps = if cluster.spec.provider.creates_machines() {
         plan_provider(cluster, &mine, observed)
     } else {
