@@ -99,6 +99,12 @@ pub struct AppParts {
     pub register_limiter: crate::domain::ratelimit::RateLimiter,
 }
 
+/// A cluster as read, with its `resourceVersion` filled in.
+fn with_revision((mut c, rev): (Cluster, u64)) -> Cluster {
+    c.metadata.resource_version = Some(rev.to_string());
+    c
+}
+
 impl App {
     /// Assembles a coordinator from its parts. Needs a tokio runtime (the
     /// registrar task starts here).
@@ -140,10 +146,7 @@ impl App {
         Ok(self
             .store
             .get_json::<Cluster>(Kind::Cluster, name)?
-            .map(|(mut c, rev)| {
-                c.metadata.resource_version = Some(rev.to_string());
-                c
-            }))
+            .map(with_revision))
     }
 
     /// Reads a cluster like [`App::cluster`], from the store's read cache.
@@ -151,10 +154,7 @@ impl App {
         Ok(self
             .store
             .get_json_cached::<Cluster>(Kind::Cluster, name)?
-            .map(|(mut c, rev)| {
-                c.metadata.resource_version = Some(rev.to_string());
-                c
-            }))
+            .map(with_revision))
     }
 
     /// Reads every cluster.

@@ -504,19 +504,7 @@ impl Api {
     /// ClusterConfiguration.
     async fn kubeadm_config(&self) -> Result<(serde_json::Value, serde_json::Value)> {
         let fail = |e: String| anyhow!("unable to fetch the kubeadm-config ConfigMap: {e}");
-        let resp = self
-            .client
-            .get(format!("{}{KUBEADM_CONFIG}", self.server))
-            .send()
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let status = resp.status();
-        let body = resp.text().await.map_err(|e| fail(e.to_string()))?;
-        if !status.is_success() {
-            return Err(fail(format!("{status}: {}", net::status_message(&body))));
-        }
-        let map: serde_json::Value =
-            serde_json::from_str(&body).map_err(|e| fail(e.to_string()))?;
+        let map = self.get(KUBEADM_CONFIG, "kubeadm-config").await?;
         let yaml = map["data"]["ClusterConfiguration"]
             .as_str()
             .ok_or_else(|| fail("it holds no data.ClusterConfiguration".into()))?;
