@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use drover_common::api::{Cluster, Machine};
 use drover_common::pin::CaPin;
@@ -63,7 +62,7 @@ pub struct App {
     /// The cluster controller's queue and fleet index.
     pub controller: std::sync::Arc<crate::domain::controller::Controller>,
     /// Every background task, with its status (`tasks` in `/v1/status`).
-    pub tasks: crate::tasks::TaskSet,
+    pub tasks: crate::tasks::Driver,
     /// This replica and whether it leads.
     pub leadership: crate::domain::leadership::Leadership,
     /// The machines that may heartbeat by datagram, and their keys.
@@ -109,11 +108,8 @@ impl App {
     /// Assembles a coordinator from its parts. Needs a tokio runtime (the
     /// registrar task starts here).
     pub fn new(parts: AppParts) -> std::sync::Arc<App> {
-        let tasks = crate::tasks::TaskSet::default();
-        let registrar = crate::domain::registrar::Registrar::start(
-            parts.store.clone(),
-            tasks.register(crate::domain::registrar::REGISTRAR_TASK, Duration::ZERO),
-        );
+        let tasks = crate::tasks::Driver::default();
+        let registrar = crate::domain::registrar::Registrar::start(parts.store.clone(), &tasks);
         let datagrams = crate::domain::datagrams::DatagramTable::new(heartbeat_master(
             &parts.secrets.ticket_key,
         ));
@@ -464,6 +460,7 @@ impl App {
     /// Needs a tokio runtime (the registrar task).
     pub fn for_tests(dir: &std::path::Path) -> std::sync::Arc<App> {
         use std::sync::{Arc, RwLock};
+        use std::time::Duration;
         let key = {
             use base64::Engine;
             base64::engine::general_purpose::STANDARD.encode([7u8; 32])

@@ -18,105 +18,166 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 use crate::app::App;
 use crate::domain::leadership::Role;
 use crate::domain::replicas::{MachineUrls, REPLICA_RETENTION};
 use crate::store::{Election, Fence};
 use crate::types::ReplicaInfo;
 
-/// Runs the election until `shutdown`; on shutdown a leader resigns, so
-/// another replica takes over at once instead of after the lease.
-pub async fn run(
+/// The `leader-election` task (etcd stores only). Each run renews the
+/// lease when it is due (every third of its TTL) — or gets a new one when
+/// it was lost — then campaigns as a follower or checks the leader key as
+/// the leader. A follower runs every tenth of the TTL (a cheap compare in
+/// etcd), so it takes over within about a tenth of the TTL of the old
+/// lease expiring. On shutdown a leader resigns, so another replica takes
+/// over at once instead of after the lease.
+pub struct LeaderElection {
     app: Arc<App>,
     election: Election,
     ttl: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let value = serde_json::to_vec(&app.leadership.me).expect("replica info serializes");
-    // The lease is renewed every third of its TTL; a follower campaigns far
-    // more often (a cheap compare in etcd), so it takes over within about
-    // a tenth of the TTL of the old lease expiring.
-    let period = ttl / 3;
-    let poll = (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
-    // This replica among the known ones (see `REPLICA_RETENTION`).
-    let mut known = Known::default();
-    'lease: loop {
-        let asked = tokio::time::Instant::now();
-        let lease = match election.grant(ttl).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot get a leadership lease; retrying");
-                tokio::select! {
-                    _ = shutdown.changed() => return,
-                    _ = tokio::time::sleep(period) => continue 'lease,
-                }
+    /// This replica's record, as announced.
+    value: Vec<u8>,
+    /// This replica among the known ones (see `REPLICA_RETENTION`).
+    known: Known,
+    lease: Option<Held>,
+}
+
+/// A lease this replica holds.
+struct Held {
+    id: i64,
+    /// When it was last renewed (or asked for: it is safe to count on
+    /// from before it was asked for).
+    renewed: tokio::time::Instant,
+    next_renewal: tokio::time::Instant,
+}
+
+impl LeaderElection {
+    pub fn new(app: Arc<App>, election: Election, ttl: Duration) -> Self {
+        let value = serde_json::to_vec(&app.leadership.me).expect("replica info serializes");
+        Self {
+            app,
+            election,
+            ttl,
+            value,
+            known: Known::default(),
+            lease: None,
+        }
+    }
+
+    /// The lease is renewed every third of its TTL.
+    fn renewal_period(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// Renews the lease if it is due; drops it (stepping down) when it
+    /// expired or could not be renewed for a whole TTL.
+    async fn renew_if_due(&mut self) {
+        let Some(held) = &mut self.lease else { return };
+        if tokio::time::Instant::now() < held.next_renewal {
+            return;
+        }
+        self.known
+            .renew(&self.election, &self.app.leadership.me.id, &self.value)
+            .await;
+        let before = tokio::time::Instant::now();
+        held.next_renewal = before + self.ttl / 3;
+        match self.election.keep_alive(held.id).await {
+            Ok(left) if !left.is_zero() => held.renewed = before,
+            Ok(_) => {
+                self.lose_lease("its lease expired");
+                return;
             }
-        };
-        // The lease is safe to count on from before it was asked for.
-        let mut renewed = asked;
-        let mut next_renewal = asked + period;
-        if let Err(e) = election
-            .announce(&app.leadership.me.id, value.clone(), lease)
+            Err(e) => tracing::warn!(error = %e, "cannot renew the leadership lease"),
+        }
+        if held.renewed.elapsed() >= self.ttl {
+            self.lose_lease("its lease could not be renewed within its TTL");
+        }
+    }
+
+    fn lose_lease(&mut self, why: &str) {
+        if self.app.leadership.term().is_some() {
+            step_down(&self.app, why);
+        }
+        self.lease = None;
+    }
+
+    /// Gets a lease and announces this replica under it.
+    async fn acquire(&mut self) -> Result<(), crate::store::StoreError> {
+        let asked = tokio::time::Instant::now();
+        let id = self.election.grant(self.ttl).await.inspect_err(|e| {
+            tracing::warn!(error = %e, "cannot get a leadership lease; retrying");
+        })?;
+        self.lease = Some(Held {
+            id,
+            renewed: asked,
+            next_renewal: asked + self.renewal_period(),
+        });
+        if let Err(e) = self
+            .election
+            .announce(&self.app.leadership.me.id, self.value.clone(), id)
             .await
         {
             tracing::warn!(error = %e, "cannot announce this coordinator");
         }
-        known.renew(&election, &app.leadership.me.id, &value).await;
-        loop {
-            match app.leadership.term() {
-                None => match election.campaign(lease, value.clone()).await {
-                    Ok(Ok(term)) => become_leader(&app, term),
-                    Ok(Err(leader)) => app.leadership.set(Role::Follower {
-                        leader: serde_json::from_slice(&leader).ok(),
-                    }),
-                    Err(e) => tracing::warn!(error = %e, "campaign failed"),
-                },
-                Some(term) => match election.leader().await {
-                    Ok(Some((_, t))) if t == term => {}
-                    Ok(Some((_, t))) => step_down(&app, &format!("term {} began", t.0)),
-                    Ok(None) => step_down(&app, "the leader key is gone"),
-                    Err(e) => tracing::warn!(error = %e, "cannot read the leader key"),
-                },
+        self.known
+            .renew(&self.election, &self.app.leadership.me.id, &self.value)
+            .await;
+        Ok(())
+    }
+}
+
+impl crate::tasks::BackgroundTask for LeaderElection {
+    async fn activate(&mut self, _: crate::tasks::Wake) -> crate::tasks::Outcome {
+        self.renew_if_due().await;
+        if self.lease.is_none() {
+            if let Err(e) = self.acquire().await {
+                return crate::tasks::Outcome::Failed(crate::tasks::TaskError::new(format!(
+                    "cannot get a leadership lease: {e}"
+                )));
             }
-            if app.leadership.term().is_some() {
-                refresh_machine_urls(&app).await;
-            }
-            tokio::select! {
-                _ = shutdown.changed() => {
-                    if app.leadership.term().is_some() {
-                        step_down(&app, "shutting down");
-                    }
-                    if let Err(e) = election.resign(lease).await {
-                        tracing::warn!(error = %e, "cannot resign the lease; it expires by itself");
-                    }
-                    return;
-                }
-                _ = tokio::time::sleep(if app.leadership.term().is_some() { period } else { poll }) => {}
-            }
-            if tokio::time::Instant::now() < next_renewal {
-                continue;
-            }
-            known.renew(&election, &app.leadership.me.id, &value).await;
-            let before = tokio::time::Instant::now();
-            next_renewal = before + period;
-            match election.keep_alive(lease).await {
-                Ok(left) if !left.is_zero() => renewed = before,
-                Ok(_) => {
-                    if app.leadership.term().is_some() {
-                        step_down(&app, "its lease expired");
-                    }
-                    continue 'lease;
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot renew the leadership lease"),
-            }
-            if renewed.elapsed() >= ttl {
-                if app.leadership.term().is_some() {
-                    step_down(&app, "its lease could not be renewed within its TTL");
-                }
-                continue 'lease;
-            }
+        }
+        let lease = self.lease.as_ref().map(|h| h.id).expect("a lease is held");
+        let app = &self.app;
+        match app.leadership.term() {
+            None => match self.election.campaign(lease, self.value.clone()).await {
+                Ok(Ok(term)) => become_leader(app, term),
+                Ok(Err(leader)) => app.leadership.set(Role::Follower {
+                    leader: serde_json::from_slice(&leader).ok(),
+                }),
+                Err(e) => tracing::warn!(error = %e, "campaign failed"),
+            },
+            Some(term) => match self.election.leader().await {
+                Ok(Some((_, t))) if t == term => {}
+                Ok(Some((_, t))) => step_down(app, &format!("term {} began", t.0)),
+                Ok(None) => step_down(app, "the leader key is gone"),
+                Err(e) => tracing::warn!(error = %e, "cannot read the leader key"),
+            },
+        }
+        if app.leadership.term().is_some() {
+            refresh_machine_urls(app).await;
+        }
+        crate::tasks::Outcome::Done
+    }
+
+    /// A leader (and a replica without a lease) comes back at the next
+    /// renewal; a follower far more often, to campaign.
+    fn next_wait(&self, _: Option<Duration>) -> Option<Duration> {
+        if self.lease.is_none() || self.app.leadership.term().is_some() {
+            Some(self.renewal_period())
+        } else {
+            Some((self.ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1)))
+        }
+    }
+
+    async fn stop(&mut self) {
+        let Some(held) = self.lease.take() else {
+            return;
+        };
+        if self.app.leadership.term().is_some() {
+            step_down(&self.app, "shutting down");
+        }
+        if let Err(e) = self.election.resign(held.id).await {
+            tracing::warn!(error = %e, "cannot resign the lease; it expires by itself");
         }
     }
 }

@@ -12,19 +12,13 @@ use std::time::{Duration, Instant};
 /// How often the trimmer runs.
 pub const TRIM_PERIOD: Duration = Duration::from_secs(30);
 
-/// Runs [`trim`] at each of `task`'s ticks (its period, first after one
-/// period) until `shutdown` changes.
-pub async fn run_trimmer(
-    task: std::sync::Arc<crate::tasks::Task>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = task.tick() => {}
-        }
+/// The `memory-trimmer` task: [`trim`] on a blocking thread, once a
+/// [`TRIM_PERIOD`] (first after one period).
+pub struct Trimmer;
+
+impl crate::tasks::BackgroundTask for Trimmer {
+    async fn activate(&mut self, _: crate::tasks::Wake) -> crate::tasks::Outcome {
         let started = Instant::now();
-        task.started();
         match tokio::task::spawn_blocking(trim).await {
             Ok(released) => {
                 tracing::debug!(
@@ -32,11 +26,13 @@ pub async fn run_trimmer(
                     took_ms = started.elapsed().as_millis() as u64,
                     "heap trimmed"
                 );
-                task.finished(None);
+                crate::tasks::Outcome::Done
             }
             Err(e) => {
                 tracing::warn!(error = %e, "heap trim did not finish");
-                task.finished(Some(format!("heap trim did not finish: {e}")));
+                crate::tasks::Outcome::Failed(crate::tasks::TaskError::new(format!(
+                    "heap trim did not finish: {e}"
+                )))
             }
         }
     }
@@ -97,18 +93,5 @@ mod tests {
         })
         .join()
         .unwrap();
-    }
-
-    #[tokio::test]
-    async fn the_trimmer_stops_on_shutdown() {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let task =
-            crate::tasks::TaskSet::default().register("memory-trimmer", Duration::from_secs(30));
-        let trimmer = tokio::spawn(run_trimmer(task, rx));
-        tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(1), trimmer)
-            .await
-            .expect("the trimmer stops")
-            .unwrap();
     }
 }

@@ -27,7 +27,6 @@ use drover_common::tcp_proxy::{accept_loop, Admission, Backends};
 use tokio::net::TcpListener;
 
 use crate::app::App;
-use crate::tasks::Task;
 
 /// What a pool cluster's `status.loadBalancer.id` says when the
 /// coordinator's proxies are its load balancer.
@@ -37,39 +36,67 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 /// How long one `/readyz` probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
 
-/// Runs the `endpoint-proxies` task until `shutdown` fires.
-pub async fn run(
+/// The `endpoint-proxies` task: each run brings the listeners and their
+/// backends in line with the clusters and probes the backends; a change
+/// of a cluster in the store marks the clusters to be read again at the
+/// next run.
+pub struct EndpointProxies {
     app: Arc<App>,
-    task: Arc<Task>,
     admission: Arc<Admission>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut proxies: HashMap<String, Proxy> = HashMap::new();
-    let mut changes = app.store.watch();
-    let mut clusters = Clusters::default();
-    loop {
-        task.started();
-        let errors = refresh(&app, &admission, &mut proxies, &mut clusters).await;
-        crate::metrics::global().endpoint_proxy(&admission.stats());
-        task.finished((!errors.is_empty()).then(|| errors.join("; ")));
+    proxies: HashMap<String, Proxy>,
+    changes: tokio::sync::broadcast::Receiver<crate::store::Change>,
+    clusters: Clusters,
+}
+
+impl EndpointProxies {
+    pub fn new(app: Arc<App>, admission: Arc<Admission>) -> Self {
+        Self {
+            changes: app.store.watch(),
+            app,
+            admission,
+            proxies: HashMap::new(),
+            clusters: Clusters::default(),
+        }
+    }
+}
+
+impl crate::tasks::BackgroundTask for EndpointProxies {
+    async fn activate(&mut self, _: crate::tasks::Wake) -> crate::tasks::Outcome {
+        let errors = refresh(
+            &self.app,
+            &self.admission,
+            &mut self.proxies,
+            &mut self.clusters,
+        )
+        .await;
+        crate::metrics::global().endpoint_proxy(&self.admission.stats());
+        if errors.is_empty() {
+            crate::tasks::Outcome::Done
+        } else {
+            crate::tasks::Outcome::Failed(crate::tasks::TaskError::new(errors.join("; ")))
+        }
+    }
+
+    /// Notes cluster changes for the next run; never wakes the task (the
+    /// backends are probed every period anyway).
+    async fn watch(&mut self) {
         loop {
-            tokio::select! {
-                _ = shutdown.changed() => {
-                    for (_, p) in proxies.drain() {
-                        p.accept.abort();
-                    }
-                    return;
+            match self.changes.recv().await {
+                Ok(c) if c.kind == crate::store::Kind::Cluster => self.clusters.stale = true,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    self.clusters.stale = true
                 }
-                change = changes.recv() => {
-                    match change {
-                        Ok(c) if c.kind == crate::store::Kind::Cluster => clusters.stale = true,
-                        Ok(_) => {}
-                        Err(_) => clusters.stale = true,
-                    }
-                    continue;
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    std::future::pending::<()>().await
                 }
-                _ = task.tick() => break,
             }
+        }
+    }
+
+    async fn stop(&mut self) {
+        for (_, p) in self.proxies.drain() {
+            p.accept.abort();
         }
     }
 }

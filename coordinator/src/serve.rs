@@ -47,6 +47,175 @@ pub struct ServeConfig {
     pub endpoint_proxy: drover_common::tcp_proxy::Limits,
 }
 
+/// The flags of `drover serve` (also what a `--config` file's keys name).
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// A YAML file of settings: each key is one of these flags' names in
+    /// camelCase (`dataDir`, `listen`, `heartbeatTimeout`). Flags and
+    /// their environment variables win over the file. Unknown keys and bad
+    /// values are refused naming the file, line and key (exit 64).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (file, flags, environment and
+    /// defaults, each value's source noted, secrets redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Directory for the embedded store, the encryption key, the audit log
+    /// and the CA certificate.
+    #[arg(long, env = "DROVER_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Where objects are kept: `sqlite` (DATA_DIR/drover.db), `sqlite:DIR`
+    /// (DIR/drover.db), or `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`, an
+    /// etcd cluster several coordinator replicas share (keys under PREFIX,
+    /// default /drover). The data directory keeps the encryption key and
+    /// the audit log either way.
+    #[arg(long, env = "DROVER_STORE", default_value = "sqlite")]
+    pub store: Location,
+    #[command(flatten)]
+    pub etcd: EtcdTlsArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7443")]
+    pub listen: std::net::SocketAddr,
+    /// URL agents use to reach this coordinator (repeatable); defaults to the listen address.
+    #[arg(long = "advertise-url")]
+    pub advertise_urls: Vec<String>,
+    /// Extra DNS name or IP for the serving certificate (repeatable).
+    #[arg(long = "san")]
+    pub sans: Vec<String>,
+    /// How often agents heartbeat.
+    #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
+    pub heartbeat_interval: std::time::Duration,
+    /// Silence after which a machine counts as dead.
+    #[arg(long, default_value = "40s", value_parser = drover_common::api::parse_duration)]
+    pub heartbeat_timeout: std::time::Duration,
+    /// Lifetime of machine client certificates.
+    #[arg(long, default_value = "24h", value_parser = drover_common::api::parse_duration)]
+    pub machine_cert_ttl: std::time::Duration,
+    /// Lifetime of the kubeadm join tokens the coordinator mints.
+    #[arg(long, default_value = "30m", value_parser = drover_common::api::parse_duration)]
+    pub join_token_ttl: std::time::Duration,
+    /// Where to write the client config at first start (default: $DROVER_CONFIG or ~/.config/drover/config.yaml).
+    #[arg(long)]
+    pub client_config: Option<PathBuf>,
+    /// File of base64 keys that encrypt secrets at rest, the first encrypting
+    /// (default: DATA_DIR/encryption.key, created at first start). The
+    /// environment variable DROVER_ENCRYPTION_KEY overrides it.
+    #[arg(long)]
+    pub encryption_key_file: Option<PathBuf>,
+    /// Registrations accepted per second from one source address, with a
+    /// burst of five times as many (0 disables the limit).
+    #[arg(long, default_value_t = 20)]
+    pub registration_rate: u32,
+    /// How long open connections may take to finish after SIGTERM.
+    #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
+    pub drain_timeout: std::time::Duration,
+    /// Close client connections idle this long (default: keep them open).
+    /// A kept connection holds about 15 KiB between heartbeats. With a
+    /// timeout well below --heartbeat-interval (100ms, say), agents
+    /// reconnect for every heartbeat, resuming their TLS session: under
+    /// 4 KiB per machine, for about three times the CPU per heartbeat
+    /// (see BENCHMARKS.md).
+    #[arg(long, value_parser = drover_common::api::parse_duration)]
+    pub idle_timeout: Option<std::time::Duration>,
+    /// How long a request's body may take to arrive once the server waits
+    /// for it; a body still missing then is answered 408 and the
+    /// connection closed.
+    #[arg(long, default_value = "30s", value_parser = drover_common::api::parse_duration)]
+    pub request_body_timeout: std::time::Duration,
+    /// The ports of the coordinator's own control-plane endpoints (pool
+    /// clusters with `controlPlaneEndpoint: {managed: coordinator}`),
+    /// `FIRST-LAST`. One port per such cluster, on the --listen address.
+    #[arg(long, default_value = crate::domain::endpoint::DEFAULT_PORTS, value_parser = crate::domain::endpoint::parse_port_range)]
+    pub endpoint_ports: (u16, u16),
+    /// Connections without a client certificate (admin commands,
+    /// registrations, anyone else) held at once, TLS handshakes counted
+    /// apart; more are refused. Lowered to a quarter of the open-file
+    /// limit if above it.
+    #[arg(long, default_value_t = 4096)]
+    pub max_unauthenticated_connections: u32,
+    /// Of those, from one source address.
+    #[arg(long, default_value_t = 256)]
+    pub max_unauthenticated_connections_per_source: u32,
+    /// Connections the managed control-plane endpoints hold at once, all
+    /// endpoints together; more are closed at once. Lowered to an eighth of
+    /// the open-file limit if above it (each holds two open files), so the
+    /// API keeps its own.
+    #[arg(long, default_value_t = drover_common::tcp_proxy::DEFAULT_TOTAL)]
+    pub endpoint_max_connections: u32,
+    /// Of those, from one source address (an IPv6 /64). Raise it when many
+    /// Nodes reach an endpoint through one NAT address.
+    #[arg(long, default_value_t = drover_common::tcp_proxy::DEFAULT_PER_SOURCE)]
+    pub endpoint_max_connections_per_source: u32,
+    /// Close a managed endpoint's connection after this long without a byte
+    /// either way (live Kubernetes clients ping or watch well within it).
+    /// One whose side has closed is closed after a minute of silence.
+    #[arg(long, default_value = "1h", value_parser = drover_common::api::parse_duration)]
+    pub endpoint_idle_timeout: std::time::Duration,
+    /// With an etcd store: the leader's lease. A new leader takes over
+    /// within this long after the old one dies.
+    #[arg(long, default_value = "15s", value_parser = drover_common::api::parse_duration)]
+    pub leader_lease: std::time::Duration,
+}
+
+impl ServeArgs {
+    /// The settings these flags give, not yet validated.
+    pub fn into_config(self) -> ServeConfig {
+        ServeConfig {
+            data_dir: self.data_dir,
+            listen: self.listen,
+            advertise_urls: self.advertise_urls,
+            extra_sans: self.sans,
+            heartbeat_interval: self.heartbeat_interval,
+            heartbeat_timeout: self.heartbeat_timeout,
+            machine_cert_ttl: self.machine_cert_ttl,
+            join_token_ttl: self.join_token_ttl,
+            client_config: self
+                .client_config
+                .unwrap_or_else(crate::cli::client::default_config_path),
+            drain: self.drain_timeout,
+            idle_timeout: self.idle_timeout,
+            encryption_key_file: self.encryption_key_file,
+            registration_rate: self.registration_rate,
+            leader_lease: self.leader_lease,
+            store: self.store,
+            etcd_ca_file: self.etcd.etcd_ca_file,
+            etcd_cert_file: self.etcd.etcd_cert_file,
+            etcd_key_file: self.etcd.etcd_key_file,
+            request_body_timeout: self.request_body_timeout,
+            endpoint_ports: self.endpoint_ports,
+            unauthenticated: crate::http::server::UnauthenticatedCaps {
+                per_source: self.max_unauthenticated_connections_per_source,
+                total: self.max_unauthenticated_connections,
+            },
+            endpoint_proxy: drover_common::tcp_proxy::Limits {
+                per_source: self.endpoint_max_connections_per_source,
+                total: self.endpoint_max_connections,
+                idle_timeout: self.endpoint_idle_timeout,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// The validated settings of `drover serve` given these flags (as on its
+/// command line, without `serve`): for starting a coordinator in-process.
+pub fn config_from_flags<I, T>(flags: I) -> Result<ServeConfig, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+    let argv =
+        std::iter::once(std::ffi::OsString::from("serve")).chain(flags.into_iter().map(Into::into));
+    let serve =
+        <Serve as clap::Parser>::try_parse_from(argv).map_err(|e| ConfigError(e.to_string()))?;
+    serve.args.into_config().validate()
+}
+
 /// The host of an `https://host[:port][/path]` URL, without IPv6 brackets.
 fn url_host(url: &str) -> String {
     let rest = url.trim_start_matches("https://");
@@ -359,8 +528,46 @@ pub enum EtcdTlsFlagError {
 /// machines keeping connections would run out.
 const MIN_OPEN_FILES: u64 = 65_536;
 
-/// Runs the coordinator until SIGTERM or SIGINT.
+/// Runs the coordinator on `cfg.listen` until SIGTERM or SIGINT.
 pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    start(cfg, listener, shutdown_signal()).await?.wait().await;
+    Ok(())
+}
+
+/// A coordinator started by [`start`].
+pub struct Running {
+    /// The address its API listens on.
+    pub addr: SocketAddr,
+    /// Its state: store, keys, settings and background tasks.
+    pub app: std::sync::Arc<App>,
+    served: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Waits until the coordinator has shut down: its listeners drained,
+    /// every background task stopped.
+    pub async fn wait(self) {
+        if let Err(e) = self.served.await {
+            tracing::error!(error = %e, "the coordinator stopped abnormally");
+        }
+    }
+}
+
+/// Starts a coordinator serving on `listener` (mini-redis'
+/// `server::run(listener, shutdown)`): opens the store in `cfg.data_dir`
+/// (or where `cfg.store` says), initialises it on first start, starts
+/// every background task, and serves until `shutdown` resolves; then it
+/// drains connections and stops the tasks. Tests start one in-process on
+/// `127.0.0.1:0`; `drover serve` passes SIGTERM/SIGINT as `shutdown`.
+pub async fn start(
+    cfg: ServeConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Running> {
     use anyhow::Context;
     prepare_data_dir(&cfg.data_dir)?;
     let store = open_store(&cfg)?;
@@ -419,9 +626,6 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
             "managed endpoint connections capped at an eighth of the open-file limit, below --endpoint-max-connections"
         );
     }
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let bound = listener.local_addr()?;
     let advertise_urls = if cfg.advertise_urls.is_empty() {
         vec![default_url(bound)]
@@ -515,53 +719,12 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // Datagram heartbeats on the listener's address and port, over UDP.
-    let udp = crate::heartbeat_udp::start(app.clone(), bound, stop_tx.subscribe())
+    let udp = crate::heartbeat_udp::start(app.clone(), bound, stop_rx.clone())
         .map_err(|e| {
             tracing::warn!(error = %e, "machines will heartbeat over HTTPS only");
         })
         .ok();
-    let reconciler = tokio::spawn(crate::reconcile::controller::run(
-        app.clone(),
-        app.tasks
-            .register(crate::tasks::RECONCILER_TASK, app.settings.reconcile_period),
-        stop_rx,
-    ));
-    let election = app.store.election().cloned().map(|election| {
-        tokio::spawn(crate::leader::run(
-            app.clone(),
-            election,
-            cfg.leader_lease,
-            stop_tx.subscribe(),
-        ))
-    });
-    let sweeper = tokio::spawn(crate::reconcile::provisioner::run_sweeper(
-        app.clone(),
-        app.tasks
-            .register("orphan-sweeper", Duration::from_secs(15)),
-        stop_tx.subscribe(),
-    ));
-    // Machines of docker clusters made before this start, or by another
-    // replica, reach this one only once it listens on their gateway.
-    let gateways = tokio::spawn(crate::reconcile::provisioner::run_gateway_listeners(
-        app.clone(),
-        app.tasks.register(
-            "gateway-listeners",
-            crate::reconcile::provisioner::GATEWAY_CHECK_PERIOD,
-        ),
-        stop_tx.subscribe(),
-    ));
-    let trimmer = tokio::spawn(crate::memory::run_trimmer(
-        app.tasks
-            .register("memory-trimmer", crate::memory::TRIM_PERIOD),
-        stop_tx.subscribe(),
-    ));
-    // Every replica serves the managed control-plane endpoints.
-    let endpoint_proxies = tokio::spawn(crate::proxy::run(
-        app.clone(),
-        app.tasks.register("endpoint-proxies", crate::proxy::PERIOD),
-        endpoint_admission,
-        stop_tx.subscribe(),
-    ));
+    start_tasks(&app, &cfg, endpoint_admission);
     let router = crate::http::router(app.clone());
     let connections = crate::http::server::ConnectionPolicy {
         body_timeout: cfg.request_body_timeout,
@@ -576,7 +739,7 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
     let extra = {
         let tls = tls.clone();
         let router = router.clone();
-        let stop = stop_tx.subscribe();
+        let stop = stop_rx.clone();
         let app = app.clone();
         tokio::spawn(async move {
             let mut listening = std::collections::HashSet::new();
@@ -623,23 +786,85 @@ pub async fn run(cfg: ServeConfig) -> anyhow::Result<()> {
         })
     };
     tracing::info!(%bound, "coordinator serving");
-    crate::http::server::run(listener, tls, router, shutdown_signal(), connections).await;
-    let _ = stop_tx.send(true);
-    let _ = reconciler.await;
-    let _ = sweeper.await;
-    let _ = gateways.await;
-    let _ = trimmer.await;
-    let _ = endpoint_proxies.await;
-    if let Some(e) = election {
-        let _ = e.await;
+    let served = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            crate::http::server::run(listener, tls, router, shutdown, connections).await;
+            let _ = stop_tx.send(true);
+            app.tasks.shutdown().await;
+            extra.abort();
+            if let Some(t) = udp {
+                let _ = tokio::task::spawn_blocking(move || t.join()).await;
+            }
+            tracing::info!("coordinator stopped");
+        })
+    };
+    Ok(Running {
+        addr: bound,
+        app,
+        served,
+    })
+}
+
+/// Registers and starts every background task of a coordinator with the
+/// driver (`app.tasks`); the registrar's started with `app`.
+fn start_tasks(
+    app: &std::sync::Arc<App>,
+    cfg: &ServeConfig,
+    endpoint_admission: std::sync::Arc<drover_common::tcp_proxy::Admission>,
+) {
+    use crate::tasks::Start;
+    let tasks = &app.tasks;
+    let reconciler = tasks.register(
+        crate::tasks::RECONCILER_TASK,
+        Some(app.settings.reconcile_period),
+    );
+    tasks.start(
+        reconciler.clone(),
+        Start::Now,
+        crate::reconcile::controller::Reconciler::new(app.clone(), reconciler),
+    );
+    tasks.spawn(
+        "free-machines",
+        Some(app.settings.heartbeat_interval),
+        Start::Now,
+        crate::reconcile::controller::FreeMachines::new(app.clone()),
+    );
+    if let Some(election) = app.store.election().cloned() {
+        tasks.spawn(
+            "leader-election",
+            Some(cfg.leader_lease / 3),
+            Start::Now,
+            crate::leader::LeaderElection::new(app.clone(), election, cfg.leader_lease),
+        );
     }
-    drop(app);
-    extra.abort();
-    if let Some(t) = udp {
-        let _ = t.join();
-    }
-    tracing::info!("coordinator stopped");
-    Ok(())
+    tasks.spawn(
+        "orphan-sweeper",
+        Some(Duration::from_secs(15)),
+        Start::Now,
+        crate::reconcile::provisioner::Sweeper(app.clone()),
+    );
+    // Machines of docker clusters made before this start, or by another
+    // replica, reach this one only once it listens on their gateway.
+    tasks.spawn(
+        "gateway-listeners",
+        Some(crate::reconcile::provisioner::GATEWAY_CHECK_PERIOD),
+        Start::Now,
+        crate::reconcile::provisioner::GatewayListeners::new(app.clone()),
+    );
+    tasks.spawn(
+        "memory-trimmer",
+        Some(crate::memory::TRIM_PERIOD),
+        Start::AfterPeriod,
+        crate::memory::Trimmer,
+    );
+    // Every replica serves the managed control-plane endpoints.
+    tasks.spawn(
+        "endpoint-proxies",
+        Some(crate::proxy::PERIOD),
+        Start::Now,
+        crate::proxy::EndpointProxies::new(app.clone(), endpoint_admission),
+    );
 }
 
 /// Opens the store `--store` names: SQLite in the data directory (or the

@@ -241,6 +241,10 @@ pub struct TaskStatus {
     /// reconciler: one run is one cluster's reconcile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueStatus>,
+    /// The last error of each object whose last run failed, each naming
+    /// its object (the cluster reconciler: one per failing cluster).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub object_errors: Vec<String>,
 }
 
 /// A task's work queue as it stands.
@@ -255,19 +259,4 @@ pub struct QueueStatus {
     pub delayed: u64,
     /// How long the last object taken had waited for a worker.
     pub last_wait_millis: u64,
-}
-
-/// What the cluster reconciler reports about itself.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LoopStatus {
-    /// The loop's name, such as `cluster-reconciler`.
-    pub name: String,
-    /// Cluster reconciles completed since the coordinator started.
-    pub runs: u64,
-    /// How long the last reconcile took.
-    pub last_run_millis: u64,
-    /// The last error of each cluster whose last reconcile failed, each
-    /// naming its cluster.
-    pub last_errors: Vec<String>,
 }

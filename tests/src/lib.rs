@@ -181,6 +181,38 @@ pub struct Coordinator {
     pub endpoint_ports: (u16, u16),
     /// The open-file limit `drover serve` runs under (`ulimit -n`), if set.
     open_files: Option<u64>,
+    /// A coordinator run in this process instead of a `drover serve` child.
+    in_process: Option<InProcess>,
+}
+
+/// A coordinator run in the test process (`drover::serve::start` on a
+/// listener bound here), on a runtime of its own; stopped (drained, every
+/// background task stopped) on drop.
+struct InProcess {
+    runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    running: Option<drover::serve::Running>,
+}
+
+impl InProcess {
+    fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(running) = self.running.take() {
+            self.runtime
+                .block_on(async {
+                    tokio::time::timeout(Duration::from_secs(30), running.wait()).await
+                })
+                .expect("the in-process coordinator stops within 30 s");
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 impl Coordinator {
@@ -199,8 +231,71 @@ impl Coordinator {
             cli_addr: None,
             endpoint_ports: free_port_range(8),
             open_files: None,
+            in_process: None,
         };
         c.spawn();
+        c
+    }
+
+    /// Starts a coordinator in this test process with a new data directory
+    /// under `dir`, on `127.0.0.1:0` (mini-redis' in-process server tests):
+    /// for tests that need no coordinator process (no kill, restart,
+    /// signal or output), no agent and no Docker. The CLI still runs as
+    /// the `drover` binary.
+    pub fn in_process(dir: &Path, opts: CoordinatorOptions) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the coordinator");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().unwrap().port();
+        let endpoint_ports = free_port_range(8);
+        let data = dir.join("data");
+        let client = dir.join("client.yaml");
+        let ports = format!("{}-{}", endpoint_ports.0, endpoint_ports.1);
+        let flags: Vec<&std::ffi::OsStr> = vec![
+            "--data-dir".as_ref(),
+            data.as_os_str(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--heartbeat-interval".as_ref(),
+            opts.heartbeat_interval.as_ref(),
+            "--heartbeat-timeout".as_ref(),
+            opts.heartbeat_timeout.as_ref(),
+            "--endpoint-ports".as_ref(),
+            ports.as_ref(),
+            "--client-config".as_ref(),
+            client.as_os_str(),
+        ];
+        let cfg = drover::serve::config_from_flags(flags).expect("valid serve flags");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = runtime
+            .block_on(drover::serve::start(cfg, listener, async {
+                let _ = stopped.await;
+            }))
+            .unwrap_or_else(|e| panic!("the in-process coordinator did not start: {e:#}"));
+        let mut c = Self {
+            dir: dir.to_path_buf(),
+            port,
+            admin_token: String::new(),
+            child: None,
+            log: Default::default(),
+            opts,
+            listen: format!("127.0.0.1:{port}"),
+            extra_args: Vec::new(),
+            cli_addr: None,
+            endpoint_ports,
+            open_files: None,
+            in_process: Some(InProcess {
+                runtime,
+                stop: Some(stop),
+                running: Some(running),
+            }),
+        };
+        c.admin_token = c.client_config_token();
         c
     }
 
@@ -226,6 +321,7 @@ impl Coordinator {
             cli_addr: None,
             endpoint_ports: free_port_range(8),
             open_files: Some(open_files),
+            in_process: None,
         };
         c.spawn();
         c
@@ -262,6 +358,7 @@ impl Coordinator {
             cli_addr: Some(format!("https://{addr}")),
             endpoint_ports: free_port_range(8),
             open_files: None,
+            in_process: None,
         };
         c.spawn();
         c
@@ -378,8 +475,10 @@ impl Coordinator {
     /// How many passes the cluster reconciler has completed.
     pub fn reconciler_runs(&self) -> u64 {
         let status = self.status();
-        status["loops"][0]["runs"]
-            .as_u64()
+        status["tasks"]
+            .as_array()
+            .and_then(|tasks| tasks.iter().find(|t| t["name"] == "cluster-reconciler"))
+            .and_then(|t| t["runs"].as_u64())
             .unwrap_or_else(|| panic!("no reconciler in {status}"))
     }
 
@@ -391,6 +490,10 @@ impl Coordinator {
     /// Sends `signal` to the coordinator process (SIGSTOP pauses it, SIGCONT
     /// resumes it).
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        assert!(
+            self.in_process.is_none(),
+            "an in-process coordinator cannot be signalled; start it with Coordinator::start"
+        );
         let pid = self.child.as_ref().expect("coordinator runs").id();
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
     }
@@ -406,6 +509,10 @@ impl Coordinator {
 
     /// Kills the coordinator (SIGKILL, as a crash would).
     pub fn kill(&mut self) {
+        assert!(
+            self.in_process.is_none(),
+            "an in-process coordinator cannot be killed; start it with Coordinator::start"
+        );
         kill_child(&mut self.child);
     }
 
@@ -541,7 +648,10 @@ impl Coordinator {
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
-        self.kill();
+        if let Some(mut p) = self.in_process.take() {
+            p.stop();
+        }
+        kill_child(&mut self.child);
         if std::thread::panicking() {
             eprintln!("--- coordinator output ---\n{}", self.output());
         }

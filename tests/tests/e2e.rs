@@ -598,7 +598,7 @@ fn failed_bootstrap_is_visible_without_logging_in() {
 #[test]
 fn bad_cluster_documents_are_refused_and_change_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     apply(&c, tmp.path(), &pool_cluster_yaml("stable", 1, 2, "dev"));
     let before = c.cluster("stable").unwrap();
 
@@ -2611,7 +2611,7 @@ fn secret_names(c: &Coordinator) -> Vec<String> {
 #[test]
 fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
 
     // One file: a Secret and the Cluster that reads it, with the empty
     // documents and comments kubectl users write; one line per object.
@@ -2714,7 +2714,7 @@ fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
 #[test]
 fn apply_stops_at_the_first_refused_document_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
 
     // The coordinator refuses document 2 (a version outside SemVer's
     // grammar); document 1 stays applied, document 3 is never sent.

@@ -45,7 +45,7 @@ const OPERATIONS: &[&str] = &[
 #[test]
 fn the_openapi_document_is_public_and_covers_every_operation() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let answer = c.api(None).send("GET", "/openapi.json", None, None);
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert!(

@@ -23,7 +23,7 @@ fn b64(s: &str) -> String {
 #[test]
 fn viewer_tokens_read_but_change_nothing_and_are_audited() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     apply(&c, tmp.path(), &pool_cluster_yaml("guarded", 1, 0, "x"));
     let viewer = c.create_admin_token("viewer");
     assert!(viewer.starts_with("drv_"), "{viewer}");
@@ -97,7 +97,7 @@ fn viewer_tokens_read_but_change_nothing_and_are_audited() {
 #[test]
 fn oversized_and_malformed_bodies_are_refused_with_problems() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let api = c.api(None);
     let token = c.admin_token.clone();
     // Refused from the announced length, before the body is read.
@@ -510,7 +510,7 @@ fn registration_is_rate_limited_and_silent_clients_are_cut_off() {
 fn a_ticket_altered_to_name_another_cluster_is_refused() {
     use base64::Engine;
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let boot = tmp.path().join("boot.yaml");
     c.token("pool-a", "env=a", 1, "1h", &boot);
     let doc: serde_json::Value =
@@ -821,7 +821,7 @@ fn slow_bodies_cannot_take_the_coordinators_connections() {
 #[test]
 fn anonymous_refusals_cannot_fill_the_audit_log() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let api = c.api(None);
     let long = format!("/v1/clusters/{}", "a".repeat(4000));
     for _ in 0..200 {
@@ -1248,7 +1248,7 @@ fn init_config_fetches_reuse_one_join_token_so_later_joins_work() {
 #[test]
 fn object_names_are_checked_by_the_cli_and_on_every_route() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let second = c.create_admin_token("admin");
     let id = second.split('_').nth(1).unwrap().to_owned();
     // The CLI refuses a name that would reach another path, before sending.
@@ -1310,7 +1310,7 @@ fn object_names_are_checked_by_the_cli_and_on_every_route() {
 #[test]
 fn names_labels_and_hostnames_are_validated_where_they_enter() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let api = c.api(None);
     let token = c.admin_token.clone();
     // A selector key with a newline, a worker pool selector value with a space.
@@ -2003,7 +2003,7 @@ spec:
 #[test]
 fn config_bundles_over_the_cap_are_refused_at_apply_naming_the_pool_and_size() {
     let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let api = c.api(None);
     let token = c.admin_token.clone();
     let put_yaml = |path: &str, yaml: String| {

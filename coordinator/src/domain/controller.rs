@@ -55,8 +55,6 @@ struct State {
     /// Clusters whose last reconcile found nothing to do and nothing that
     /// moves with time but their machines' heartbeats.
     settled: HashMap<String, Settled>,
-    reconciles: u64,
-    last_millis: u64,
 }
 
 impl Controller {
@@ -126,10 +124,8 @@ impl Controller {
 
     /// Records the end of one reconcile of `cluster`; returns how many of
     /// its reconciles in a row failed (0 when this one succeeded).
-    pub fn finished(&self, cluster: &str, took: Duration, error: Option<String>) -> u32 {
+    pub fn finished(&self, cluster: &str, error: Option<String>) -> u32 {
         let mut s = self.lock();
-        s.reconciles += 1;
-        s.last_millis = took.as_millis() as u64;
         match error {
             None => {
                 s.failures.remove(cluster);
@@ -148,17 +144,14 @@ impl Controller {
         }
     }
 
-    /// (reconciles so far, the last one's milliseconds, the last errors).
-    pub fn report(&self) -> (u64, u64, Vec<String>) {
-        let s = self.lock();
-        (
-            s.reconciles,
-            s.last_millis,
-            s.errors
-                .iter()
-                .map(|(c, e)| format!("cluster {c}: {e}"))
-                .collect(),
-        )
+    /// The last error of each cluster whose last reconcile failed, each
+    /// naming its cluster.
+    pub fn errors(&self) -> Vec<String> {
+        self.lock()
+            .errors
+            .iter()
+            .map(|(c, e)| format!("cluster {c}: {e}"))
+            .collect()
     }
 }
 
@@ -169,19 +162,11 @@ mod tests {
     #[test]
     fn errors_are_kept_per_cluster_until_it_succeeds_and_failures_count_up() {
         let c = Controller::default();
-        assert_eq!(
-            c.finished("a", Duration::from_millis(5), Some("boom".into())),
-            1
-        );
-        assert_eq!(
-            c.finished("a", Duration::from_millis(5), Some("boom again".into())),
-            2
-        );
-        assert_eq!(c.finished("b", Duration::from_millis(7), None), 0);
-        let (runs, last, errors) = c.report();
-        assert_eq!((runs, last), (3, 7));
-        assert_eq!(errors, ["cluster a: boom again"]);
-        assert_eq!(c.finished("a", Duration::from_millis(1), None), 0);
-        assert!(c.report().2.is_empty());
+        assert_eq!(c.finished("a", Some("boom".into())), 1);
+        assert_eq!(c.finished("a", Some("boom again".into())), 2);
+        assert_eq!(c.finished("b", None), 0);
+        assert_eq!(c.errors(), ["cluster a: boom again"]);
+        assert_eq!(c.finished("a", None), 0);
+        assert!(c.errors().is_empty());
     }
 }

@@ -17,13 +17,11 @@
 //! admin's concurrent change to a token, and is then checked again.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use drover_common::api::{Machine, RegistrationToken};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::{encode, Fence, Kind, Op, Store, StoreError};
-use crate::tasks::Task;
 
 /// The most registrations one transaction commits. etcd allows 128
 /// operations per transaction: a batch is at most this many machine
@@ -84,14 +82,21 @@ struct Pending {
 }
 
 impl Registrar {
-    /// Starts the committer on the current tokio runtime. It stops when the
-    /// last handle is dropped.
-    /// Starts the committer; it reports each batch it commits as a run of
-    /// `task` (the task set's `registration-committer`, which runs when
-    /// registrations arrive rather than on a period).
-    pub fn start(store: Store, task: Arc<Task>) -> Self {
+    /// Starts the committer as the driver's `registration-committer` task,
+    /// which runs when registrations arrive rather than on a period, each
+    /// batch it commits a run.
+    pub fn start(store: Store, driver: &crate::tasks::Driver) -> Self {
         let (registrar, rx) = Self::unstarted();
-        tokio::spawn(run(store, rx, task));
+        driver.spawn(
+            REGISTRAR_TASK,
+            None,
+            crate::tasks::Start::AfterPeriod,
+            Committer {
+                store,
+                rx,
+                first: None,
+            },
+        );
         registrar
     }
 
@@ -122,30 +127,49 @@ impl Registrar {
 /// The committer's name in the task set.
 pub const REGISTRAR_TASK: &str = "registration-committer";
 
-async fn run(store: Store, mut rx: mpsc::Receiver<Pending>, task: Arc<Task>) {
-    while let Some(first) = rx.recv().await {
-        task.started();
+/// The committer: woken by the first registration queued, it commits it
+/// with up to [`MAX_BATCH`] queued behind it.
+struct Committer {
+    store: Store,
+    rx: mpsc::Receiver<Pending>,
+    /// The registration that woke it.
+    first: Option<Pending>,
+}
+
+impl crate::tasks::BackgroundTask for Committer {
+    async fn activate(&mut self, _: crate::tasks::Wake) -> crate::tasks::Outcome {
+        let Some(first) = self.first.take() else {
+            return crate::tasks::Outcome::Idle;
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
+            match self.rx.try_recv() {
                 Ok(p) => batch.push(p),
                 Err(_) => break,
             }
         }
-        let store = store.clone();
+        let store = self.store.clone();
         let size = batch.len();
         // Store writes block; the next batch gathers while this one commits.
-        let outcome = tokio::task::spawn_blocking(move || commit_by_term(&store, batch)).await;
-        if let Err(e) = &outcome {
-            // The replies were dropped with the batch: each caller gets
-            // "shutting down; retry".
-            tracing::error!(error = %e, size, "registration commit panicked");
+        match tokio::task::spawn_blocking(move || commit_by_term(&store, batch)).await {
+            Ok(()) => crate::tasks::Outcome::Done,
+            Err(e) => {
+                // The replies were dropped with the batch: each caller gets
+                // "shutting down; retry".
+                tracing::error!(error = %e, size, "registration commit panicked");
+                crate::tasks::Outcome::Failed(crate::tasks::TaskError::new(format!(
+                    "a commit of {size} registrations failed: {e}"
+                )))
+            }
         }
-        task.finished(
-            outcome
-                .err()
-                .map(|e| format!("a commit of {size} registrations failed: {e}")),
-        );
+    }
+
+    /// The next registration queued (mpsc's `recv` is cancel-safe).
+    async fn watch(&mut self) {
+        match self.rx.recv().await {
+            Some(p) => self.first = Some(p),
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -384,12 +408,17 @@ mod tests {
         })
         .await
         .expect("80 registrations queued");
-        let task_set = crate::tasks::TaskSet::default();
-        tokio::spawn(run(
-            store.clone(),
-            rx,
-            task_set.register(REGISTRAR_TASK, std::time::Duration::ZERO),
-        ));
+        let driver = crate::tasks::Driver::default();
+        driver.spawn(
+            REGISTRAR_TASK,
+            None,
+            crate::tasks::Start::AfterPeriod,
+            Committer {
+                store: store.clone(),
+                rx,
+                first: None,
+            },
+        );
         let mut ok = 0;
         let mut used_up = 0;
         for t in tasks {
@@ -433,11 +462,8 @@ mod tests {
         store
             .create_json(Kind::RegistrationToken, "t1", &t)
             .unwrap();
-        let tasks = crate::tasks::TaskSet::default();
-        let registrar = Registrar::start(
-            store.clone(),
-            tasks.register(REGISTRAR_TASK, std::time::Duration::ZERO),
-        );
+        let driver = crate::tasks::Driver::default();
+        let registrar = Registrar::start(store.clone(), &driver);
         for (n, token_id, says) in [(1, "t1", "revoked"), (2, "nope", "no longer exists")] {
             let err = registrar
                 .register(PoolRegistration {

@@ -461,8 +461,6 @@ pub struct CoordinatorStatus {
     /// The leader's URL, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_url: Option<String>,
-    /// Its background loops.
-    pub loops: Vec<crate::types::LoopStatus>,
     /// Every background task: its period, runs, last error and next run.
     pub tasks: Vec<crate::types::TaskStatus>,
     /// Its API server's connections and TLS handshakes.
@@ -481,13 +479,13 @@ pub struct CoordinatorStatus {
     ),
 )]
 pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<CoordinatorStatus> {
-    let (runs, last_run_millis, last_errors) = app.controller.report();
-    let reconciler = crate::types::LoopStatus {
-        name: crate::tasks::RECONCILER_TASK.into(),
-        runs,
-        last_run_millis,
-        last_errors,
-    };
+    let mut tasks = app.tasks.statuses();
+    if let Some(r) = tasks
+        .iter_mut()
+        .find(|t| t.name == crate::tasks::RECONCILER_TASK)
+    {
+        r.object_errors = app.controller.errors();
+    }
     Json(CoordinatorStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         replica: app.leadership.me.clone(),
@@ -496,8 +494,7 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
             crate::domain::leadership::Role::Leader { .. }
         ),
         leader_url: app.leadership.leader_url(),
-        loops: vec![reconciler],
-        tasks: app.tasks.statuses(),
+        tasks,
         connections: crate::http::server::connection_stats(),
     })
 }

@@ -79,45 +79,76 @@ fn enqueue_all(app: &App) {
     }
 }
 
-/// Runs the controller until `shutdown`: feeds the queue from store
-/// changes and leadership, and runs [`WORKERS`] workers.
-pub async fn run(
+/// The `cluster-reconciler` task: its runs feed the queue (a new leader
+/// term builds the index and queues every cluster; an activation queues
+/// every cluster), its watcher queues what each store change touches, and
+/// [`WORKERS`] workers reconcile what is queued, each reconcile recorded
+/// as a run of the task. Feeding runs are not counted.
+pub struct Reconciler {
     app: Arc<App>,
-    task: Arc<crate::tasks::Task>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let ctl = app.controller.clone();
-    let mut changes = app.store.watch();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..WORKERS {
-        workers.spawn(worker(app.clone(), task.clone()));
+    changes: tokio::sync::broadcast::Receiver<crate::store::Change>,
+    role: tokio::sync::watch::Receiver<crate::domain::leadership::Role>,
+    /// The index must be built again from a full read (changes were lost).
+    rebuild: bool,
+    workers: tokio::task::JoinSet<()>,
+}
+
+impl Reconciler {
+    /// The reconciler, with its workers started; `task` is its entry in
+    /// the driver, where each cluster reconcile is recorded.
+    pub fn new(app: Arc<App>, task: Arc<crate::tasks::Task>) -> Self {
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..WORKERS {
+            workers.spawn(worker(app.clone(), task.clone()));
+        }
+        Self {
+            changes: app.store.watch(),
+            role: app.leadership.changes(),
+            app,
+            rebuild: false,
+            workers,
+        }
     }
-    let free = tokio::spawn(free_machines(app.clone(), shutdown.clone()));
-    let mut leadership = tokio::time::interval(Duration::from_secs(1));
-    leadership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            change = changes.recv() => match change {
-                Ok(c) => on_change(&app, &c).await,
-                Err(RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "the reconciler missed store changes; reading everything again");
-                    start_term(&app, true).await;
-                }
-                Err(RecvError::Closed) => break,
-            },
-            _ = leadership.tick() => start_term(&app, false).await,
-            wake = task.tick() => {
-                start_term(&app, false).await;
-                if wake == crate::tasks::Wake::Activated {
-                    enqueue_all(&app);
-                }
+}
+
+impl crate::tasks::BackgroundTask for Reconciler {
+    async fn activate(&mut self, why: crate::tasks::Wake) -> crate::tasks::Outcome {
+        start_term(&self.app, std::mem::take(&mut self.rebuild)).await;
+        if why == crate::tasks::Wake::Activated {
+            enqueue_all(&self.app);
+        }
+        crate::tasks::Outcome::Idle
+    }
+
+    /// Queues the clusters each store change touches; resolves when the
+    /// role changes, or when changes were lost and the index must be
+    /// built again.
+    async fn watch(&mut self) {
+        loop {
+            tokio::select! {
+                change = self.changes.recv() => match change {
+                    Ok(c) => {
+                        if !on_change(&self.app, &c) {
+                            self.rebuild = true;
+                            return;
+                        }
+                    }
+                    Err(RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "the reconciler missed store changes; reading everything again");
+                        self.rebuild = true;
+                        return;
+                    }
+                    Err(RecvError::Closed) => std::future::pending::<()>().await,
+                },
+                Ok(()) = self.role.changed() => return,
             }
         }
     }
-    ctl.queue.shut_down();
-    while workers.join_next().await.is_some() {}
-    free.abort();
+
+    async fn stop(&mut self) {
+        self.app.controller.queue.shut_down();
+        while self.workers.join_next().await.is_some() {}
+    }
 }
 
 /// On a new leader term (or with `force`), builds the index from a full
@@ -136,11 +167,11 @@ async fn start_term(app: &Arc<App>, force: bool) {
     };
     let read = {
         let app = app.clone();
-        crate::store::blocking(move || -> Result<(Vec<Cluster>, Vec<Machine>), String> {
-            let clusters = app.clusters().map_err(|e| e.to_string())?;
-            let machines = app.machines().map_err(|e| e.to_string())?;
-            Ok((clusters, machines))
-        })
+        crate::store::blocking(
+            move || -> Result<(Vec<Cluster>, Vec<Machine>), crate::store::StoreError> {
+                Ok((app.clusters()?, app.machines()?))
+            },
+        )
         .await
     };
     match read {
@@ -155,15 +186,17 @@ async fn start_term(app: &Arc<App>, force: bool) {
                 "reconciling every cluster"
             );
         }
-        // Tried again at the next tick.
+        // Tried again at the next run.
         Err(e) => tracing::warn!(error = %e, "cannot read the fleet to reconcile it"),
     }
 }
 
-async fn on_change(app: &Arc<App>, c: &crate::store::Change) {
+/// Queues the clusters a store change touches; false when the changed
+/// record cannot be read (the index must be built again).
+fn on_change(app: &Arc<App>, c: &crate::store::Change) -> bool {
     let ctl = &app.controller;
     if ctl.term().is_none() {
-        return;
+        return true;
     }
     tracing::trace!(kind = c.kind.as_str(), name = %c.name, revision = c.revision, deleted = c.deleted, "store change");
     match c.kind {
@@ -176,8 +209,7 @@ async fn on_change(app: &Arc<App>, c: &crate::store::Change) {
                     Ok(m) => m,
                     Err(e) => {
                         tracing::warn!(machine = %c.name, error = %e, "cannot read a changed machine; reading everything again");
-                        start_term(app, true).await;
-                        return;
+                        return false;
                     }
                 }
             };
@@ -189,6 +221,7 @@ async fn on_change(app: &Arc<App>, c: &crate::store::Change) {
         Kind::UserSecret => enqueue_all(app),
         Kind::RegistrationToken | Kind::Secret | Kind::JoinTokens => {}
     }
+    true
 }
 
 async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
@@ -205,7 +238,7 @@ async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
         if let Some(requeue) = still_settled(&app, &item.key) {
             // Nothing about the cluster changed and no heartbeat deadline
             // passed: a reconcile would plan nothing.
-            ctl.finished(&item.key, started.elapsed(), None);
+            ctl.finished(&item.key, None);
             task.finished(None);
             ctl.queue.done(&item.key, Some(requeue));
             continue;
@@ -230,13 +263,13 @@ async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
         });
         match outcome {
             Ok(o) => {
-                ctl.finished(&item.key, took, None);
+                ctl.finished(&item.key, None);
                 task.finished(None);
                 ctl.queue.done(&item.key, o.requeue);
             }
             Err(e) => {
                 tracing::warn!(cluster = %item.key, error = %e, "reconcile failed");
-                let failures = ctl.finished(&item.key, took, Some(e.to_string()));
+                let failures = ctl.finished(&item.key, Some(e.to_string()));
                 task.finished(Some(format!("cluster {}: {e}", item.key)));
                 let period = app.settings.reconcile_period;
                 let backoff = period * 2u32.pow(failures.saturating_sub(1).min(3));
@@ -484,23 +517,42 @@ fn jittered(period: Duration, name: &str) -> Duration {
     period - Duration::from_millis(h.finish() % tenth.max(1))
 }
 
-/// Keeps the `Alive` condition of free machines true (see
-/// [`super::FreeScan`]), once per heartbeat interval while leading.
-async fn free_machines(app: Arc<App>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut scan = super::FreeScan::default();
-    loop {
-        if let Some(term) = app.leadership.term() {
-            let taken = std::mem::take(&mut scan);
-            let (back, errors) =
-                crate::store::fenced(term, super::free_machines_alive(app.clone(), taken)).await;
-            scan = back;
-            for e in errors {
-                tracing::warn!(error = %e, "free machine scan");
-            }
+/// The `free-machines` task: keeps the `Alive` condition of free machines
+/// true (see [`super::FreeScan`]), once per heartbeat interval while
+/// leading.
+pub struct FreeMachines {
+    app: Arc<App>,
+    scan: super::FreeScan,
+}
+
+impl FreeMachines {
+    pub fn new(app: Arc<App>) -> Self {
+        Self {
+            app,
+            scan: super::FreeScan::default(),
         }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            () = tokio::time::sleep(app.settings.heartbeat_interval) => {}
+    }
+}
+
+impl crate::tasks::BackgroundTask for FreeMachines {
+    async fn activate(&mut self, _: crate::tasks::Wake) -> crate::tasks::Outcome {
+        let app = self.app.clone();
+        let Some(term) = app.leadership.term() else {
+            return crate::tasks::Outcome::Idle;
+        };
+        let taken = std::mem::take(&mut self.scan);
+        let (back, errors) =
+            crate::store::fenced(term, super::free_machines_alive(app, taken)).await;
+        self.scan = back;
+        for e in &errors {
+            tracing::warn!(error = %e, "free machine scan");
+        }
+        match errors.first() {
+            None => crate::tasks::Outcome::Done,
+            Some(e) => crate::tasks::Outcome::Failed(crate::tasks::TaskError::new(format!(
+                "{e} ({} errors)",
+                errors.len()
+            ))),
         }
     }
 }

@@ -11,7 +11,6 @@ pub mod error;
 pub mod provisioner;
 
 pub use crate::provider::retries::ProvisionRetries;
-pub use crate::types::LoopStatus;
 pub use error::ReconcileError;
 
 mod executor;

@@ -185,33 +185,41 @@ pub async fn restore_gateway_listeners(app: &App) -> Result<Vec<std::net::IpAddr
     Ok(served)
 }
 
-/// Keeps this replica listening on every docker cluster network's gateway:
-/// at once, whenever its role changes (a new leader must be reachable
-/// before machines give up), and every `period` (networks another replica
-/// made, a Docker engine that was down). Runs on every replica, leader or
-/// not: a follower answers machines with 421, which sends the agent on to
-/// the next URL as fast as a refusal, and serves at once if it is elected.
-pub async fn run_gateway_listeners(
+/// The `gateway-listeners` task: keeps this replica listening on every
+/// docker cluster network's gateway: at once, whenever its role changes (a
+/// new leader must be reachable before machines give up), and every period
+/// (networks another replica made, a Docker engine that was down). Runs on
+/// every replica, leader or not: a follower answers machines with 421,
+/// which sends the agent on to the next URL as fast as a refusal, and
+/// serves at once if it is elected.
+pub struct GatewayListeners {
     app: std::sync::Arc<App>,
-    task: std::sync::Arc<crate::tasks::Task>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut role = app.leadership.changes();
-    loop {
-        task.started();
-        match restore_gateway_listeners(&app).await {
-            // serve.rs logs every listener it opens.
-            Ok(_) => task.finished(None),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot restore the listeners on docker cluster networks");
-                task.finished(Some(e.to_string()));
-            }
+    role: tokio::sync::watch::Receiver<crate::domain::leadership::Role>,
+}
+
+impl GatewayListeners {
+    pub fn new(app: std::sync::Arc<App>) -> Self {
+        Self {
+            role: app.leadership.changes(),
+            app,
         }
-        // A change of role activates it too.
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            Ok(()) = role.changed() => {}
-            _ = task.tick() => {}
+    }
+}
+
+impl crate::tasks::BackgroundTask for GatewayListeners {
+    async fn activate(&mut self, _: crate::tasks::Wake) -> crate::tasks::Outcome {
+        // serve.rs logs every listener it opens.
+        let restored = restore_gateway_listeners(&self.app).await;
+        if let Err(e) = &restored {
+            tracing::warn!(error = %e, "cannot restore the listeners on docker cluster networks");
+        }
+        restored.map(|_| ()).into()
+    }
+
+    /// A change of role.
+    async fn watch(&mut self) {
+        if self.role.changed().await.is_err() {
+            std::future::pending::<()>().await
         }
     }
 }
@@ -514,31 +522,26 @@ fn machine_known(machines: &[Machine], uid: Option<&str>) -> bool {
     })
 }
 
-/// Runs the orphan sweeper every `period` until shutdown.
-pub async fn run_sweeper(
-    app: std::sync::Arc<App>,
-    task: std::sync::Arc<crate::tasks::Task>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        if let Some(term) = app.leadership.term() {
-            task.started();
-            match crate::store::fenced(term, sweep(&app)).await {
-                Ok(r) => {
-                    if !r.is_empty() {
-                        tracing::info!(removed = ?r, "orphan sweep");
-                    }
-                    task.finished(None);
+/// The `orphan-sweeper` task: while this replica leads, each run removes
+/// what the providers hold for machines and clusters that are gone.
+pub struct Sweeper(pub std::sync::Arc<App>);
+
+impl crate::tasks::BackgroundTask for Sweeper {
+    async fn activate(&mut self, _: crate::tasks::Wake) -> crate::tasks::Outcome {
+        let Some(term) = self.0.leadership.term() else {
+            return crate::tasks::Outcome::Idle;
+        };
+        match crate::store::fenced(term, sweep(&self.0)).await {
+            Ok(r) => {
+                if !r.is_empty() {
+                    tracing::info!(removed = ?r, "orphan sweep");
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "orphan sweep failed");
-                    task.finished(Some(e.to_string()));
-                }
+                crate::tasks::Outcome::Done
             }
-        }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = task.tick() => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "orphan sweep failed");
+                crate::tasks::Outcome::Failed(crate::tasks::TaskError::new(e))
+            }
         }
     }
 }
