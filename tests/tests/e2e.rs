@@ -194,6 +194,7 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
         [
             "registration-committer",
             "cluster-reconciler",
+            "free-machines",
             "orphan-sweeper",
             "gateway-listeners",
             "memory-trimmer",
