@@ -8,7 +8,8 @@ use drover_common::api::{
     Cluster, Machine, MachinePhase, MachineRole, PoolStatus, ProviderSpec, CONTROL_PLANE_POOL,
 };
 
-use crate::domain::health::{quorum_allows_removal, Decision};
+use crate::health::{quorum_allows_removal, Decision};
+use crate::instance::InstanceState;
 
 pub(super) fn plan_provider(
     cluster: &Cluster,
@@ -541,13 +542,11 @@ fn endpoint_down(cluster: &Cluster, observed: &Observed<'_>) -> Option<String> {
         return None;
     }
     let uid = cluster.metadata.uid.as_deref()?;
-    let state = (observed.instance)(&crate::provider::endpoint_key(uid))?;
+    let state = (observed.instance)(&crate::instance::endpoint_key(uid))?;
     let what = match state {
-        crate::provider::InstanceState::Running | crate::provider::InstanceState::Pending => {
-            return None
-        }
-        crate::provider::InstanceState::Paused => "paused",
-        crate::provider::InstanceState::Stopped => "stopped or removed",
+        InstanceState::Running | InstanceState::Pending => return None,
+        InstanceState::Paused => "paused",
+        InstanceState::Stopped => "stopped or removed",
     };
     Some(format!(
         "load balancer {} ({}) is {what}; the coordinator brings it back",
