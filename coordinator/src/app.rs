@@ -492,7 +492,7 @@ impl App {
                 machine_cert_ttl: Duration::from_secs(3600),
                 join_token_ttl: Duration::from_secs(1800),
                 reconcile_period: Duration::from_secs(1),
-                health_defaults: crate::domain::health::Policy::defaults(Duration::from_secs(5)),
+                health_defaults: drover_planner::health::Policy::defaults(Duration::from_secs(5)),
                 endpoints: crate::domain::endpoint::EndpointSettings {
                     ports: (36443, 36542),
                     bind: std::net::Ipv4Addr::LOCALHOST.into(),

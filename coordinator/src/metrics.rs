@@ -419,7 +419,7 @@ impl Metrics {
     }
 
     /// Records a machine taken out for replacement, `why` one of the
-    /// classes of `domain::health::Unhealthy`.
+    /// classes of `drover_planner::health::Unhealthy`.
     pub fn remediation(&self, why: &'static str) {
         self.count_minute(|m| m.remediations += 1);
         self.remediations

@@ -695,7 +695,7 @@ pub async fn start(
             machine_cert_ttl: cfg.machine_cert_ttl,
             join_token_ttl: cfg.join_token_ttl,
             reconcile_period: Duration::from_secs(2).min(cfg.heartbeat_interval),
-            health_defaults: crate::domain::health::Policy::defaults(cfg.heartbeat_timeout),
+            health_defaults: drover_planner::health::Policy::defaults(cfg.heartbeat_timeout),
             endpoints: crate::domain::endpoint::EndpointSettings {
                 ports: cfg.endpoint_ports,
                 bind: bound.ip(),

@@ -17,7 +17,7 @@ pub const EXIT_UNAVAILABLE: u8 = 69;
 
 /// The condition type the reconciler keeps on a machine that went silent or
 /// whose instance stopped (False), cleared to True when it is back.
-pub const ALIVE_CONDITION: &str = "Alive";
+pub use drover_common::api::ALIVE_CONDITION;
 
 /// A role an admin token grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

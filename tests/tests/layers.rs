@@ -1,5 +1,5 @@
 //! The dependency rule of ARCHITECTURE.md, checked on the source text of
-//! every crate (`common`, `agent`, `coordinator`):
+//! every crate (`common`, `planner`, `agent`, `coordinator`):
 //!
 //! - no module imports another that imports it back: no cycle among the
 //!   top-level modules of a crate (its `lib.rs`/`main.rs` counts as the node
@@ -90,6 +90,17 @@ const CLOUD_SDKS: &[Target] = &[
     Target::Crate("aws_config"),
 ];
 
+/// The planner's planning modules, above its health judgement.
+const PLANNERS: &[Target] = &[
+    Target::Module("addons"),
+    Target::Module("drain"),
+    Target::Module("in_place"),
+    Target::Module("pool"),
+    Target::Module("provider"),
+    Target::Module("rollout"),
+    Target::Module("shared"),
+];
+
 const RULES: &[Rule] = &[
     Rule {
         krate: "common",
@@ -108,6 +119,24 @@ const RULES: &[Rule] = &[
         from: Modules::Only(&["wire"]),
         forbidden: &[Target::Module("api")],
         why: "the machine protocol never uses the admin API bodies",
+    },
+    Rule {
+        krate: "planner",
+        from: Modules::Only(&["instance"]),
+        forbidden: &[Target::AnyModule],
+        why: "what a provider reports is a leaf the planners and the health judgement read",
+    },
+    Rule {
+        krate: "planner",
+        from: Modules::Only(&["health"]),
+        forbidden: PLANNERS,
+        why: "the health judgement is below the planners: they use it, never the reverse",
+    },
+    Rule {
+        krate: "planner",
+        from: Modules::AllBut(&["fixtures"]),
+        forbidden: &[Target::Module("fixtures")],
+        why: "the test objects never reach the planner's own code",
     },
     Rule {
         krate: "coordinator",
@@ -199,7 +228,7 @@ const KNOWN_VIOLATIONS: &[Known] = &[
 fn dependency_rules_hold() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut found = BTreeMap::new();
-    for krate in ["common", "agent", "coordinator"] {
+    for krate in ["common", "planner", "agent", "coordinator"] {
         let tree = Tree::load(krate, &root.join(krate).join("src"));
         assert!(
             tree.modules.len() > 3,
@@ -725,7 +754,7 @@ impl Tree {
 fn no_string_errors_outside_tests() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut found = Vec::new();
-    for krate in ["common", "agent", "coordinator"] {
+    for krate in ["common", "planner", "agent", "coordinator"] {
         let tree = Tree::load(krate, &root.join(krate).join("src"));
         for file in tree.modules.values().flatten() {
             for line in string_error_results(&file.tokens) {
@@ -738,6 +767,183 @@ fn no_string_errors_outside_tests() {
         "Result<_, String> outside test code; return a thiserror enum that names what failed:\n{}",
         found.join("\n")
     );
+}
+
+/// The crates `drover-planner` may depend on, and why each does no IO.
+/// The planner does no IO (ARCHITECTURE.md): it is a function of the
+/// cluster, its machines and what the coordinator observed. Its source
+/// could not reach a socket, a file or a clock of its own without a crate
+/// for it, so Cargo keeps it pure as long as its manifest names only these.
+const PLANNER_DEPENDENCIES: &[(&str, &str)] = &[
+    (
+        "drover-common",
+        "the objects it plans over; without features, as `tcp-proxy` brings tokio",
+    ),
+    (
+        "time",
+        "arithmetic on the `now` the coordinator hands it; the planner reads no clock",
+    ),
+    (
+        "serde_json",
+        "optional, for the `fixtures` feature only: the tests' objects are written as JSON",
+    ),
+];
+
+#[test]
+fn the_planner_depends_on_no_io_crate() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../planner/Cargo.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", manifest.display()));
+    let deps = manifest_dependencies(&text);
+    assert!(
+        deps.iter().any(|d| d.name == "drover-common"),
+        "no dependency found in {}: is the manifest where the test expects it? {deps:?}",
+        manifest.display()
+    );
+    let mut wrong = vec![];
+    for d in &deps {
+        if !PLANNER_DEPENDENCIES.iter().any(|(name, _)| *name == d.name) {
+            wrong.push(format!(
+                "    line {}: {} (in [{}])",
+                d.line, d.name, d.section
+            ));
+        } else if d.name == "drover-common" && d.spec.contains("features") {
+            wrong.push(format!(
+                "    line {}: drover-common with features ({}); its `tcp-proxy` brings tokio",
+                d.line, d.spec
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "planner/Cargo.toml names a dependency outside the planner's allow-list. \
+         The planner does no IO, and Cargo keeps it so only while its manifest \
+         names no crate that does (tokio, the store, a cloud SDK, an HTTP client): \
+         keep the IO in the coordinator and hand the planner what it read \
+         (`Observed`), or, for a purely computational crate, add it with the \
+         reason to PLANNER_DEPENDENCIES in tests/tests/layers.rs.\n{}\nallowed: {:?}",
+        wrong.join("\n"),
+        PLANNER_DEPENDENCIES
+            .iter()
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+    );
+}
+
+/// One dependency a manifest names outside `[dev-dependencies]`.
+#[derive(Debug)]
+struct ManifestDependency {
+    name: String,
+    /// What follows the name on its line (`{ workspace = true, ... }`).
+    spec: String,
+    section: String,
+    line: usize,
+}
+
+/// The dependencies of a Cargo manifest that build into the crate:
+/// `[dependencies]`, `[build-dependencies]`, their `[target.….…]` forms and
+/// `[dependencies.name]` tables; dev-dependencies only build its tests.
+fn manifest_dependencies(text: &str) -> Vec<ManifestDependency> {
+    let mut out = vec![];
+    let mut section = String::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(header) = line.strip_prefix('[') {
+            section = header.trim_end_matches(']').trim().to_string();
+            // `[dependencies.name]`, `[target.'cfg(unix)'.dependencies.name]`.
+            for kind in ["dependencies.", "build-dependencies."] {
+                if let Some(at) = section.find(kind) {
+                    let before = &section[..at];
+                    // (`dev-dependencies.` leaves `dev-` before it: skipped.)
+                    if before.is_empty() || before.ends_with('.') {
+                        out.push(ManifestDependency {
+                            name: section[at + kind.len()..].trim_matches('"').to_string(),
+                            spec: String::new(),
+                            section: section.clone(),
+                            line: i + 1,
+                        });
+                    }
+                }
+            }
+            continue;
+        }
+        let builds_in = section == "dependencies"
+            || section == "build-dependencies"
+            || (section.starts_with("target.")
+                && (section.ends_with(".dependencies")
+                    || section.ends_with(".build-dependencies")));
+        if !builds_in {
+            continue;
+        }
+        let Some((key, spec)) = line.split_once('=') else {
+            continue;
+        };
+        // `name = ...`, `name.workspace = true`, `"name" = ...`.
+        let name = key
+            .split('.')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .trim_matches('"');
+        out.push(ManifestDependency {
+            name: name.to_string(),
+            spec: format!("{}={}", &key[name.len().min(key.len())..], spec)
+                .trim()
+                .to_string(),
+            section: section.clone(),
+            line: i + 1,
+        });
+    }
+    out
+}
+
+#[test]
+fn manifest_dependencies_are_read_in_every_form_but_dev() {
+    let deps = manifest_dependencies(
+        r#"[package]
+name = "demo"
+
+[dependencies]
+drover-common.workspace = true # the objects
+time = { workspace = true }
+"quoted" = "1"
+
+[dependencies.tokio]
+workspace = true
+
+[target.'cfg(unix)'.dependencies]
+nix = "0.30"
+
+[build-dependencies]
+cc = "1"
+
+[dev-dependencies]
+tempfile.workspace = true
+
+[dev-dependencies.serde_json]
+workspace = true
+"#,
+    );
+    let names: Vec<(&str, &str)> = deps
+        .iter()
+        .map(|d| (d.name.as_str(), d.section.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("drover-common", "dependencies"),
+            ("time", "dependencies"),
+            ("quoted", "dependencies"),
+            ("tokio", "dependencies.tokio"),
+            ("nix", "target.'cfg(unix)'.dependencies"),
+            ("cc", "build-dependencies"),
+        ]
+    );
+    assert_eq!(deps[1].spec, "= { workspace = true }");
+    assert_eq!(deps[0].line, 5);
 }
 
 /// The lines of `Result<…, String>` types: the last type argument of a

@@ -8,6 +8,11 @@ use time::OffsetDateTime;
 use super::meta::{is_zero, Condition, Event, ObjectMeta};
 use super::report::{BootstrapReport, HealthReport};
 
+/// The condition type the reconciler keeps on a machine that went silent or
+/// whose instance stopped (False), cleared to True when it is back. The
+/// planner writes it, the operator CLI and the web view read it.
+pub const ALIVE_CONDITION: &str = "Alive";
+
 /// A machine known to the coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

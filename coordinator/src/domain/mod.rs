@@ -9,7 +9,6 @@ pub mod customise;
 pub mod datagrams;
 pub mod endpoint;
 pub mod fleet_index;
-pub mod health;
 pub mod jointokens;
 pub mod kubeconfig;
 pub mod leadership;

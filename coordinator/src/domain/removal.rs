@@ -3,8 +3,7 @@
 //! the HTTP edge and the tests share one rule.
 
 use drover_common::api::{Machine, MachinePhase, CONTROL_PLANE_POOL};
-
-use crate::domain::health::{quorum_allows_removal, ALIVE_CONDITION, HEALTHY_CONDITION};
+use drover_planner::health::{quorum_allows_removal, ALIVE_CONDITION, HEALTHY_CONDITION};
 
 /// What a removal request does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +84,7 @@ pub fn check_removal(machine: &Machine, all: &[Machine]) -> Result<Removal, Remo
             cluster: a.cluster.clone(),
             members: members - 1,
             healthy,
-            needed: crate::domain::health::quorum(members - 1),
+            needed: drover_planner::health::quorum(members - 1),
         })
     }
 }

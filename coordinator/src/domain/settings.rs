@@ -15,7 +15,7 @@ pub struct Settings {
     /// Period of the cluster reconcile loop when nothing wakes it earlier.
     pub reconcile_period: Duration,
     /// Health and remediation defaults; clusters may override them.
-    pub health_defaults: crate::domain::health::Policy,
+    pub health_defaults: drover_planner::health::Policy,
     /// Managed control-plane endpoints: their ports and address.
     pub endpoints: crate::domain::endpoint::EndpointSettings,
 }

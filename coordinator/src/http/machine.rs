@@ -1269,7 +1269,7 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
         let (healthy, reason, message) = health_verdict(&hb.health);
         set_condition(
             &mut m.status.conditions,
-            crate::domain::health::HEALTHY_CONDITION,
+            drover_planner::health::HEALTHY_CONDITION,
             healthy,
             reason,
             &message,

@@ -23,6 +23,11 @@ use std::net::IpAddr;
 use drover_common::api::{Cluster, Machine};
 use futures_util::future::BoxFuture;
 
+/// The state of a provider machine and the key of a provider-run endpoint's
+/// state: facts the providers produce and the planner reads, so they live
+/// in the planner crate.
+pub use drover_planner::{endpoint_key, InstanceState};
+
 /// Labels (or tags) on everything a provider creates.
 pub const LABEL_MANAGED: &str = "drover.dev/managed-by";
 pub const LABEL_CLUSTER: &str = "drover.dev/cluster";
@@ -317,23 +322,6 @@ impl Provider for NotBuilt {
             ))
         })
     }
-}
-
-/// The state of a provider machine as the provider sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InstanceState {
-    Pending,
-    Running,
-    /// Stopped, exited or dead: it will not come back by itself.
-    Stopped,
-    Paused,
-}
-
-/// The key under which the reconciler's observation holds the state of a
-/// cluster's provider-run endpoint (see [`Provider::endpoint_states`]),
-/// beside the machines' states keyed by machine UID.
-pub fn endpoint_key(cluster_uid: &str) -> String {
-    format!("endpoint:{cluster_uid}")
 }
 
 /// A machine the provider knows about.

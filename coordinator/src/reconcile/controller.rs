@@ -29,12 +29,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drover_common::api::{AddonPhase, Cluster, ClusterPhase, Machine, MachinePhase};
+use drover_planner::health::Policy;
+use drover_planner::{machines_of, plan, Observed, Step, TOMBSTONE_TTL};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{execute, plan, Observed, Step, TOMBSTONE_TTL};
+use super::execute;
 use crate::app::App;
 use crate::domain::controller::Settled;
-use crate::domain::health::Policy;
 use crate::store::Kind;
 
 /// How long a settled cluster goes without a reconcile at most.
@@ -359,7 +360,7 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
                 source,
             })?;
     }
-    let mine = super::plan::machines_of(&cluster, &machines);
+    let mine = machines_of(&cluster, &machines);
     ctl.index
         .set_hungry(&cluster, lacks_machines(&cluster, &mine));
     let period = app.settings.reconcile_period;
@@ -560,8 +561,8 @@ impl crate::tasks::BackgroundTask for FreeMachines {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::plan::fixtures::{running, t0};
     use drover_common::api::MachineRole;
+    use drover_planner::fixtures::{running, t0};
 
     #[test]
     fn a_settled_cluster_comes_back_just_after_its_first_heartbeat_deadline() {
@@ -603,12 +604,8 @@ mod tests {
 
     #[test]
     fn only_a_running_cluster_with_nothing_in_flight_is_settled() {
-        let mut c = crate::reconcile::plan::fixtures::cluster(
-            "v1.31.2",
-            1,
-            1,
-            serde_json::json!({"pool": {}}),
-        );
+        let mut c =
+            drover_planner::fixtures::cluster("v1.31.2", 1, 1, serde_json::json!({"pool": {}}));
         c.status.phase = ClusterPhase::Running;
         c.status.observed_generation = c.metadata.generation;
         let cp = running("cp", "control-plane", MachineRole::Init);

@@ -2,14 +2,13 @@
 
 use drover_common::api::{
     push_event, set_condition, Assignment, Cluster, ClusterStatus, Machine, MachinePhase,
-    MachineRole, MachineSpec, MachineStatus, ObjectMeta, CONTROL_PLANE_POOL,
+    MachineRole, MachineSpec, MachineStatus, ObjectMeta, ALIVE_CONDITION, CONTROL_PLANE_POOL,
 };
+use drover_planner::{alive_steps, Observed, Step};
 
 use super::error::ReconcileError;
-use super::plan::*;
 use super::provisioner;
 use crate::app::App;
-use crate::domain::health::ALIVE_CONDITION;
 use crate::domain::secrets::{cluster_pki_name, ClusterPki};
 use crate::store::{Kind, StoreError};
 
@@ -149,7 +148,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             tracing::info!(cluster = %cname, machine = %machine, %reason, remediation, "machine released");
             if *remediation && taken {
                 crate::metrics::global()
-                    .remediation(crate::domain::health::remediation_class(reason));
+                    .remediation(drover_planner::health::remediation_class(reason));
             }
         }
         Step::CreateMachine {
@@ -265,7 +264,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started");
             if *remediation && taken {
                 crate::metrics::global()
-                    .remediation(crate::domain::health::remediation_class(reason));
+                    .remediation(drover_planner::health::remediation_class(reason));
             }
             provisioner::destroy(app, cluster, machine).await?;
         }
@@ -523,7 +522,7 @@ pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_common::api::{AddonApply, AddonPhase, AddonStatus};
+    use drover_common::api::{AddonApply, AddonPhase, AddonStatus, ClusterPhase};
 
     #[test]
     fn an_addon_result_reported_after_the_plan_is_not_overwritten() {
@@ -572,5 +571,56 @@ mod tests {
             &ClusterStatus::default(),
         );
         assert!(wanted.addon_apply.is_some());
+    }
+
+    /// A control plane answers a drain between a pass's read of the cluster
+    /// and its status write: the answer survives the write, so the machine
+    /// is not drained a second time (CI on e5e632b drained a worker twice,
+    /// 90 s apart, because the write dropped the first answer).
+    #[tokio::test]
+    async fn a_drain_answer_recorded_during_a_pass_survives_its_status_write() {
+        use crate::store::{Kind, StoreError};
+        use drover_common::api::{DrainResult, NodeDrain};
+        let dir = tempfile::tempdir().unwrap();
+        let app = crate::app::App::for_tests(dir.path());
+        let at = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let mut c = drover_planner::fixtures::pool_cluster(1, 1);
+        c.status.drain = Some(NodeDrain {
+            machine: "w".into(),
+            node: "w".into(),
+            via: "cp".into(),
+            started_at: at,
+            requested_at: at,
+            result: None,
+        });
+        app.store.create_json(Kind::Cluster, "c", &c).unwrap();
+        let read_by_the_pass = app.cluster("c").unwrap().unwrap();
+        app.update_cluster::<StoreError>("c", |c| {
+            c.status.drain.as_mut().unwrap().result = Some(DrainResult {
+                ok: true,
+                message: "evicted 2 pods".into(),
+            });
+            Ok(true)
+        })
+        .unwrap();
+        let mut status = read_by_the_pass.status.clone();
+        status.phase = ClusterPhase::Provisioning;
+        execute(&app, &read_by_the_pass, &Step::SetStatus(Box::new(status)))
+            .await
+            .unwrap();
+        let stored = app.cluster("c").unwrap().unwrap().status;
+        assert_eq!(
+            stored.phase,
+            ClusterPhase::Provisioning,
+            "the pass's own change is written"
+        );
+        assert_eq!(
+            stored.drain.and_then(|d| d.result),
+            Some(DrainResult {
+                ok: true,
+                message: "evicted 2 pods".into()
+            }),
+            "the answer recorded meanwhile is kept"
+        );
     }
 }

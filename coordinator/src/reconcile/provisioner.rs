@@ -100,7 +100,7 @@ fn bootstrap_document(
         .metadata
         .creation_timestamp
         .unwrap_or_else(drover_common::now);
-    let policy = crate::domain::health::Policy::for_cluster(cluster, app.settings.health_defaults);
+    let policy = drover_planner::health::Policy::for_cluster(cluster, app.settings.health_defaults);
     let ttl = time::Duration::try_from(policy.startup_timeout)
         .unwrap_or(time::Duration::minutes(10))
         + TICKET_SLACK;

@@ -191,7 +191,7 @@ fn set_addon_conditions(status: &mut ClusterStatus, addons: &[EffectiveAddon<'_>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::plan::fixtures::{cluster, running};
+    use crate::fixtures::{cluster, running};
     use drover_common::api::MachineRole;
     use drover_common::api::{manifests_hash, Addon};
 

@@ -411,12 +411,12 @@ pub(crate) fn upgrade_order(cluster: &Cluster, members: &mut [&Machine]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{running, t0};
     use super::*;
+    use crate::fixtures::{running, t0};
     use drover_common::api::{ClusterNode, MachineRole, NodeDrain};
 
     fn cluster(version: &str, control_planes: u32) -> Cluster {
-        super::super::fixtures::cluster(
+        crate::fixtures::cluster(
             version,
             control_planes,
             1,

@@ -1,5 +1,11 @@
 //! Machine health as the remediation loop judges it. Pure functions of the
-//! machine, the time, its last heartbeat and what its provider reports.
+//! machine, the time, its last heartbeat and what its provider reports:
+//! [`Policy`] (the timeouts and `maxUnhealthy`), [`check`] and
+//! [`node_not_ready`] (whether one machine is unhealthy, [`Unhealthy`]),
+//! [`silence`] and [`is_late`], [`decide`] (remediation over a whole pool)
+//! and etcd quorum. Below the planners: it imports only
+//! [`crate::instance`]. The coordinator's removal rule and metrics use it
+//! too.
 
 use std::time::Duration;
 
@@ -8,8 +14,8 @@ use drover_common::api::{
 };
 use time::OffsetDateTime;
 
-use crate::provider::InstanceState;
-pub use crate::types::ALIVE_CONDITION;
+use crate::instance::InstanceState;
+pub use drover_common::api::ALIVE_CONDITION;
 
 /// The condition type the heartbeat handler keeps on machines.
 pub const HEALTHY_CONDITION: &str = "Healthy";

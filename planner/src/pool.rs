@@ -13,7 +13,7 @@ use drover_common::api::{
     ProviderSpec, CONTROL_PLANE_POOL,
 };
 
-use crate::domain::health::{quorum_allows_removal, Decision};
+use crate::health::{quorum_allows_removal, Decision};
 
 pub(super) fn plan_pool(
     cluster: &Cluster,

@@ -9,8 +9,8 @@ use drover_common::api::{
 };
 use time::OffsetDateTime;
 
-use crate::domain::health::{Policy, ALIVE_CONDITION};
-use crate::provider::InstanceState;
+use crate::health::{Policy, ALIVE_CONDITION};
+use crate::instance::InstanceState;
 
 /// How long deleted machines stay visible for `describe`.
 pub const TOMBSTONE_TTL: time::Duration = time::Duration::hours(1);
@@ -316,10 +316,7 @@ pub(crate) fn finish_status(
     } else if is_degraded {
         (
             "MachinesUnhealthy",
-            crate::domain::health::bounded_list(
-                degraded.iter().map(|(_, d)| d.clone()).collect(),
-                "; ",
-            ),
+            crate::health::bounded_list(degraded.iter().map(|(_, d)| d.clone()).collect(), "; "),
         )
     } else {
         ("Provisioning", String::new())
@@ -445,8 +442,10 @@ pub(crate) fn replaced_by(m: &Machine) -> Option<&str> {
 
 /// Keeps each member's `Alive` condition true to what the coordinator sees:
 /// False with `Silent` or `Stopped` while it is, True again once it is not.
-/// A machine that never had trouble carries no condition (no write).
-pub(crate) fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
+/// A machine that never had trouble carries no condition (no write). The
+/// coordinator's free-machine scan keeps the machines no cluster claimed
+/// with it too.
+pub fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
     let mut steps = vec![];
     for m in mine {
         if matches!(
@@ -462,7 +461,7 @@ pub(crate) fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Ste
                 "Stopped",
                 "its provider reports it stopped".to_string(),
             )
-        } else if crate::domain::health::silence(
+        } else if crate::health::silence(
             m,
             observed.now,
             (observed.last_seen)(&m.metadata.name),
@@ -652,7 +651,7 @@ pub(crate) fn plan_etcd(
         });
     let removal = planned.chain(orphans).find_map(|(e, reason)| {
         // Voting members only: a learner counts towards no quorum.
-        let keeps_quorum = crate::domain::health::member_removal_keeps_quorum(members, e);
+        let keeps_quorum = crate::health::member_removal_keeps_quorum(members, e);
         let via = via_for(e)?;
         keeps_quorum.then(|| EtcdRemoval {
             id: e.id.clone(),
@@ -680,9 +679,9 @@ pub(crate) fn plan_etcd(
 /// One pool's health as remediation judges it in one pass.
 pub(crate) struct Judgement<'a> {
     /// The unhealthy members and why.
-    pub unhealthy: Vec<(&'a Machine, crate::domain::health::Unhealthy)>,
+    pub unhealthy: Vec<(&'a Machine, crate::health::Unhealthy)>,
     /// Whom `maxUnhealthy` lets remediation replace, or why it pauses.
-    pub decision: crate::domain::health::Decision,
+    pub decision: crate::health::Decision,
 }
 
 impl Judgement<'_> {
@@ -715,8 +714,8 @@ pub(crate) fn judge<'a>(
     nodes: &[drover_common::api::ClusterNode],
     observed: &Observed<'_>,
 ) -> Judgement<'a> {
-    use crate::domain::health::{check, decide, is_late, node_not_ready, PoolHealth};
-    let unhealthy: Vec<(&'a Machine, crate::domain::health::Unhealthy)> = members
+    use crate::health::{check, decide, is_late, node_not_ready, PoolHealth};
+    let unhealthy: Vec<(&'a Machine, crate::health::Unhealthy)> = members
         .iter()
         .filter_map(|m| {
             let uid = m.metadata.uid.as_deref().unwrap_or_default();
@@ -1015,7 +1014,7 @@ pub(crate) fn apply_nodes(status: &mut ClusterStatus, plan: &NodesPlan) {
         return;
     }
     if ready && !plan.not_ready.is_empty() {
-        let nodes = crate::domain::health::bounded_list(plan.not_ready.clone(), ", ");
+        let nodes = crate::health::bounded_list(plan.not_ready.clone(), ", ");
         let message = if plan.no_network {
             format!(
                 "no pod network: Nodes {nodes} report \"cni plugin not initialized\"; \

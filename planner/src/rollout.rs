@@ -528,12 +528,12 @@ pub(crate) fn set_halted_condition(status: &mut drover_common::api::ClusterStatu
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{running, t0};
     use super::*;
+    use crate::fixtures::{running, t0};
     use drover_common::api::{ClusterNode, MachineRole};
 
     fn cluster(version: &str, image: &str) -> Cluster {
-        super::super::fixtures::cluster(
+        crate::fixtures::cluster(
             version,
             1,
             2,
@@ -833,28 +833,28 @@ mod tests {
 
     /// The whole provider planner, as the reconciler runs it, at `t0() +
     /// after_s`: every machine heard from just now.
-    fn plan_at(c: &Cluster, machines: &[Machine], after_s: i64) -> Vec<super::super::Step> {
+    fn plan_at(c: &Cluster, machines: &[Machine], after_s: i64) -> Vec<crate::Step> {
         let now = t0() + time::Duration::seconds(after_s);
         let seen = move |_: &str| Some(now);
         let no_instance = |_: &str| None;
         let no_retry = |_: &str| None;
-        let observed = super::super::Observed {
+        let observed = crate::Observed {
             now,
             has_pki: true,
             last_seen: &seen,
             instance: &no_instance,
             retry_not_before: &no_retry,
-            policy: crate::domain::health::Policy::defaults(std::time::Duration::from_secs(40)),
+            policy: crate::health::Policy::defaults(std::time::Duration::from_secs(40)),
             heartbeat_interval: std::time::Duration::from_secs(10),
         };
-        super::super::plan(c, machines, &observed)
+        crate::plan(c, machines, &observed)
     }
 
-    fn planned_status(steps: &[super::super::Step]) -> drover_common::api::ClusterStatus {
+    fn planned_status(steps: &[crate::Step]) -> drover_common::api::ClusterStatus {
         steps
             .iter()
             .find_map(|s| match s {
-                super::super::Step::SetStatus(st) => Some((**st).clone()),
+                crate::Step::SetStatus(st) => Some((**st).clone()),
                 _ => None,
             })
             .unwrap_or_else(|| panic!("a status step: {steps:?}"))
@@ -888,7 +888,7 @@ mod tests {
         for n in ["cp-old", "cp-new", "w-old", "w-new"] {
             ready_since(&mut c, n, 3600);
         }
-        let asks = |steps: &[super::super::Step]| planned_status(steps).essential_addons;
+        let asks = |steps: &[crate::Step]| planned_status(steps).essential_addons;
 
         // An outdated control plane is still in: nothing asked yet.
         let steps = plan_at(&c, &[cp_old.clone(), cp_new.clone(), w_old.clone()], 0);
@@ -963,7 +963,7 @@ mod tests {
         // A cluster that is not rolling asks nothing more.
         let steps = plan_at(&c, &machines, 600);
         assert!(steps.iter().all(|s| match s {
-            super::super::Step::SetStatus(st) => st.essential_addons == Some(done.clone()),
+            crate::Step::SetStatus(st) => st.essential_addons == Some(done.clone()),
             _ => true,
         }));
     }
