@@ -18,16 +18,16 @@ use crate::state::{decide_resume, BootstrapStep, ResumeAction, ResumeFiles};
 impl Agent {
     pub(super) fn resume(&mut self) {
         let files = ResumeFiles::probe(&self.settings.root);
-        let action = decide_resume(&self.state, files);
-        let message = match self.origin {
+        let action = decide_resume(&self.saved.state, files);
+        let message = match self.saved.origin {
             Origin::Registered { .. } => "agent started; waiting for an assignment",
             Origin::Saved => "resuming from the saved state",
         };
         tracing::info!(
-            machine = %self.state.machine_name,
-            uid = %self.state.machine_uid,
-            state = %self.store.path().display(),
-            assignment = ?self.state.bootstrap.as_ref().map(|p| &p.assignment),
+            machine = %self.saved.state.machine_name,
+            uid = %self.saved.state.machine_uid,
+            state = %self.saved.store.path().display(),
+            assignment = ?self.saved.state.bootstrap.as_ref().map(|p| &p.assignment),
             ?action,
             "{message}"
         );
@@ -82,7 +82,7 @@ impl Agent {
     }
 
     pub(super) fn set_step(&mut self, step: BootstrapStep) {
-        if let Some(p) = self.state.bootstrap.as_mut() {
+        if let Some(p) = self.saved.state.bootstrap.as_mut() {
             p.step = step;
             self.persist();
         }
@@ -90,6 +90,7 @@ impl Agent {
 
     pub(super) fn bootstrap_command(&self) -> CommandSpec {
         let (role, path) = self
+            .saved
             .state
             .bootstrap
             .as_ref()
@@ -109,7 +110,7 @@ impl Agent {
     }
 
     pub(super) async fn fetch_config(&mut self, shutdown: &mut Shutdown) -> Result<(), Stopped> {
-        let want = match &self.state.bootstrap {
+        let want = match &self.saved.state.bootstrap {
             Some(p) if p.step == BootstrapStep::Assigned => p.assignment.generation,
             _ => {
                 self.config.stop();
@@ -117,7 +118,7 @@ impl Agent {
             }
         };
         let answer = tokio::select! {
-            r = self.api.config() => r,
+            r = self.coordinator.api.config() => r,
             () = shutdown.requested() => return Err(Stopped),
         };
         let now = Instant::now();
@@ -125,7 +126,7 @@ impl Agent {
             Ok(answer) => answer,
             Err(e) if e.is_unauthorized() => {
                 tracing::warn!(error = %e, "the coordinator no longer accepts this machine's certificate");
-                self.config.retry_at(now + self.interval);
+                self.config.retry_at(now + self.coordinator.interval);
                 return Ok(());
             }
             Err(e) => {
@@ -134,8 +135,8 @@ impl Agent {
                 return Ok(());
             }
         };
-        let ca_pem = &self.state.coordinator_ca_pem;
-        let uid = &self.state.machine_uid;
+        let ca_pem = &self.saved.state.coordinator_ca_pem;
+        let uid = &self.saved.state.machine_uid;
         let step = self.config.on_answer(now, answer, want, |signed| {
             let ca = drover_common::pki::first_cert_der(ca_pem).map_err(|e| {
                 BundleRefusal::Invalid(format!("the saved coordinator CA is unreadable: {e}"))
@@ -145,7 +146,7 @@ impl Agent {
         match step {
             ConfigStep::Apply(bundle) => match allowed_kubeadm_config(*bundle) {
                 Ok(bundle) => {
-                    self.config_reason = None;
+                    self.logged.config_reason = None;
                     self.apply_bundle(bundle);
                 }
                 Err(why) => self.fail_fetch(why.to_string()),
@@ -164,13 +165,13 @@ impl Agent {
             }
             ConfigStep::Invalid(why) => self.fail_fetch(why),
             ConfigStep::NotReady(not_ready) => {
-                if self.config_reason.as_deref() != Some(not_ready.reason.as_str()) {
+                if self.logged.config_reason.as_deref() != Some(not_ready.reason.as_str()) {
                     tracing::info!(
                         reason = %not_ready.reason,
                         retry_after_s = not_ready.retry_after_seconds,
                         "the config is not ready yet; waiting"
                     );
-                    self.config_reason = Some(not_ready.reason);
+                    self.logged.config_reason = Some(not_ready.reason);
                 }
             }
             ConfigStep::NotAssigned => {
@@ -194,7 +195,7 @@ impl Agent {
     fn apply_bundle(&mut self, bundle: ConfigBundle) {
         let root = self.settings.root.clone();
         {
-            let progress = self.state.bootstrap.as_mut().expect("assigned");
+            let progress = self.saved.state.bootstrap.as_mut().expect("assigned");
             if progress.assignment.role != bundle.role
                 || progress.assignment.cluster != bundle.cluster
             {
@@ -280,7 +281,7 @@ impl Agent {
                 return;
             }
         };
-        let progress = self.state.bootstrap.as_mut().expect("assigned");
+        let progress = self.saved.state.bootstrap.as_mut().expect("assigned");
         for path in written {
             if !progress.written_files.contains(&path) {
                 progress.written_files.push(path);
@@ -296,7 +297,7 @@ impl Agent {
         } else {
             // A restart before kubeadm starts fetches the bundle again and
             // runs every command again: they must be safe to repeat.
-            self.activity = Some(report::PRE_COMMANDS_STEP);
+            self.work.activity = Some(report::PRE_COMMANDS_STEP);
             self.start_commands(WorkKind::PreCommands, &bundle.pre_kubeadm_commands);
             self.heartbeat_soon();
         }
@@ -329,7 +330,7 @@ impl Agent {
                 output_tail: Vec::new(),
             }
         });
-        self.work = Some(super::Work { kind, outcome });
+        self.work.running = Some(super::Work { kind, outcome });
     }
 
     /// The pre-kubeadm commands ended.
@@ -356,6 +357,7 @@ impl Agent {
     /// the machine is running.
     fn after_kubeadm(&mut self) {
         let commands = self
+            .saved
             .state
             .bootstrap
             .as_ref()
@@ -372,14 +374,14 @@ impl Agent {
 
     /// Records that kubeadm may run, then starts `kubeadm init|join`.
     fn start_kubeadm(&mut self) {
-        let Some(role) = self.state.role() else {
+        let Some(role) = self.saved.state.role() else {
             return;
         };
         let spec = self.bootstrap_command();
         let step = kubeadm_step_name(role);
         // The record that kubeadm may have run must exist before it runs.
-        self.state.bootstrap.as_mut().expect("assigned").step = BootstrapStep::KubeadmStarted;
-        if let Err(e) = self.store.save(&self.state) {
+        self.saved.state.bootstrap.as_mut().expect("assigned").step = BootstrapStep::KubeadmStarted;
+        if let Err(e) = self.saved.store.save(&self.saved.state) {
             self.fail_bootstrap(
                 step,
                 CommandFailure {
@@ -406,7 +408,7 @@ impl Agent {
             output_tail = %failure.output_tail.join("\n"),
             "bootstrap failed; waiting for the coordinator to decide"
         );
-        if let Some(p) = self.state.bootstrap.as_mut() {
+        if let Some(p) = self.saved.state.bootstrap.as_mut() {
             p.step = BootstrapStep::Failed {
                 step: step.to_owned(),
                 failure,
@@ -418,7 +420,7 @@ impl Agent {
 
     /// kubeadm init or join ended.
     pub(super) fn finish_bootstrap(&mut self, outcome: CommandOutcome) {
-        let Some(role) = self.state.role() else {
+        let Some(role) = self.saved.state.role() else {
             return;
         };
         if outcome.success {

@@ -26,35 +26,35 @@ impl Agent {
     pub(super) fn accept_directives(&mut self, directives: Vec<Directive>) {
         for directive in directives {
             let running = matches!(
-                self.work.as_ref().map(|w| &w.kind),
+                self.work.running.as_ref().map(|w| &w.kind),
                 Some(WorkKind::TokenCreate { id, .. } | WorkKind::Reset { id } | WorkKind::ClusterCall { id }) if *id == directive.id
             );
             if running
-                || self.state.directive_completed(&directive.id)
-                || self.queue.iter().any(|d| d.id == directive.id)
+                || self.saved.state.directive_completed(&directive.id)
+                || self.work.queue.iter().any(|d| d.id == directive.id)
             {
                 continue;
             }
             tracing::info!(id = %directive.id, action = %describe(&directive.action), "directive received");
-            self.queue.push_back(directive);
+            self.work.queue.push_back(directive);
         }
     }
 
     pub(super) fn start_queued_directives(&mut self) {
-        while self.work.is_none() {
-            let Some(directive) = self.queue.pop_front() else {
+        while self.work.running.is_none() {
+            let Some(directive) = self.work.queue.pop_front() else {
                 return;
             };
             match directive.action {
                 DirectiveAction::CreateBootstrapToken { token, ttl_seconds } => {
-                    if !may_create_token(self.state.bootstrapped(), self.state.role()) {
+                    if !may_create_token(self.saved.state.bootstrapped(), self.saved.state.role()) {
                         self.finish_directive(
                             directive.id,
                             false,
                             format!(
                                 "this machine cannot create bootstrap tokens: it is not a running control-plane machine (phase {:?}, role {})",
                                 self.phase(),
-                                self.state.role().map_or("none".to_owned(), |r| r.to_string())
+                                self.saved.state.role().map_or("none".to_owned(), |r| r.to_string())
                             ),
                         );
                         continue;
@@ -227,16 +227,22 @@ impl Agent {
                 }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
-                    self.resetting = true;
-                    self.activity = Some(report::RESET_STEP);
+                    self.work.resetting = true;
+                    self.work.activity = Some(report::RESET_STEP);
                     self.config.stop();
                     let spec = command::kubeadm_reset(&self.settings.kubeadm, &self.settings.root);
                     // kubeadm reset removes a control plane's own member
                     // (its remove-etcd-member phase) and never asks whether
                     // it leads: leadership leaves it first.
                     let handover = self
+                        .local
                         .advertise
-                        .filter(|_| may_create_token(self.state.bootstrapped(), self.state.role()))
+                        .filter(|_| {
+                            may_create_token(
+                                self.saved.state.bootstrapped(),
+                                self.saved.state.role(),
+                            )
+                        })
                         .map(|ip| {
                             (
                                 crate::etcd::Etcd::new(&self.settings.root),
@@ -273,7 +279,7 @@ impl Agent {
                         outcome.output_tail.splice(0..0, note);
                         outcome
                     });
-                    self.work = Some(super::Work {
+                    self.work.running = Some(super::Work {
                         kind: WorkKind::Reset { id: directive.id },
                         outcome,
                     });
@@ -317,12 +323,13 @@ impl Agent {
         what: &str,
         make: impl FnOnce(std::net::IpAddr, u16) -> (String, ClusterCall),
     ) {
-        let ip = if !may_create_token(self.state.bootstrapped(), self.state.role()) {
+        let ip = if !may_create_token(self.saved.state.bootstrapped(), self.saved.state.role()) {
             Err(format!(
                 "this machine cannot {what}: it is not a running control-plane machine"
             ))
         } else {
-            self.advertise
+            self.local
+                .advertise
                 .ok_or_else(|| "this machine does not know its advertise address yet".to_owned())
         };
         let ip = match ip {
@@ -349,7 +356,7 @@ impl Agent {
                 format!("cannot upgrade to {version:?}: the version {e}; nothing was changed"),
             );
         }
-        if !self.state.bootstrapped() {
+        if !self.saved.state.bootstrapped() {
             return self.finish_directive(
                 id,
                 false,
@@ -417,7 +424,7 @@ impl Agent {
                 output_tail: vec![message],
             }
         });
-        self.work = Some(super::Work {
+        self.work.running = Some(super::Work {
             kind: WorkKind::ClusterCall { id },
             outcome,
         });
@@ -429,7 +436,8 @@ impl Agent {
         } else {
             tracing::warn!(id = %id, message = %message, "directive failed");
         }
-        self.state
+        self.saved
+            .state
             .complete_directive(DirectiveResult { id, ok, message });
         self.persist();
         self.heartbeat_soon();
@@ -454,9 +462,10 @@ impl Agent {
     /// back in its pool, its bundle files removed and its assignment
     /// retired.
     pub(super) fn finish_reset(&mut self, id: String, outcome: CommandOutcome) {
-        self.resetting = false;
+        self.work.resetting = false;
         if outcome.success {
             let written = self
+                .saved
                 .state
                 .bootstrap
                 .as_ref()
@@ -468,12 +477,15 @@ impl Agent {
                 .unwrap_or_default();
             let mut problems = files::remove_bundle_files(&self.settings.root, &written);
             problems.extend(files::clean_after_reset(&self.settings.root));
-            if let Some(p) = self.state.bootstrap.take() {
-                self.state.retired_generation =
-                    self.state.retired_generation.max(p.assignment.generation);
+            if let Some(p) = self.saved.state.bootstrap.take() {
+                self.saved.state.retired_generation = self
+                    .saved
+                    .state
+                    .retired_generation
+                    .max(p.assignment.generation);
             }
             self.config.stop();
-            self.warned_generation = None;
+            self.logged.warned_generation = None;
             let mut message = "kubeadm reset done; the machine is back in its pool".to_owned();
             if !problems.is_empty() {
                 message.push_str(&format!("; could not remove: {}", problems.join("; ")));
@@ -481,7 +493,7 @@ impl Agent {
             self.finish_directive(id, true, message);
         } else {
             let failure = outcome.to_failure();
-            if let Some(p) = self.state.bootstrap.as_mut() {
+            if let Some(p) = self.saved.state.bootstrap.as_mut() {
                 p.step = BootstrapStep::Failed {
                     step: report::RESET_STEP.into(),
                     failure,

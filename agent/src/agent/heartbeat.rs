@@ -28,45 +28,46 @@ fn worth_sending<T: PartialEq>(sent: Option<&(T, Instant)>, report: &T) -> bool 
 
 impl Agent {
     pub(super) async fn heartbeat(&mut self, shutdown: &mut Shutdown) -> Result<(), Stopped> {
-        self.next_heartbeat = Instant::now() + self.interval;
+        self.coordinator.next_heartbeat = Instant::now() + self.coordinator.interval;
         let plan = self.probe_plan().await;
         let health = tokio::select! {
-            h = self.prober.report(&plan) => h,
+            h = self.local.prober.report(&plan) => h,
             () = shutdown.requested() => return Err(Stopped),
         };
         let etcd = self.etcd_report().await;
         let nodes = self.nodes_report().await;
-        if self.kubeadm_version.is_none() {
-            self.kubeadm_version =
+        if self.local.kubeadm_version.is_none() {
+            self.local.kubeadm_version =
                 Some(crate::command::kubeadm_version(&self.settings.kubeadm).await);
         }
         let mut request = heartbeat::request(
             self.phase(),
-            self.state.applied_generation(),
+            self.saved.state.applied_generation(),
             health,
             self.bootstrap_report(),
-            &self.state.pending_results,
+            &self.saved.state.pending_results,
             etcd,
             nodes,
         );
         request.kubeadm_version = self
+            .local
             .kubeadm_version
             .clone()
             .flatten()
-            .filter(|v| self.kubeadm_sent.as_ref() != Some(v));
+            .filter(|v| self.delivered.kubeadm_version.as_ref() != Some(v));
         request.certificates = self.certificates_report();
-        request.heartbeat_fallback = self.fallback.note();
-        request.coordinators_digest = Some(coordinators::digest(&self.state.coordinators));
+        request.heartbeat_fallback = self.coordinator.fallback.note();
+        request.coordinators_digest = Some(coordinators::digest(&self.saved.state.coordinators));
         if self.beat_by_datagram(&request, shutdown).await? {
             return Ok(());
         }
         let answer = tokio::select! {
-            r = self.api.heartbeat(&request, heartbeat_timeout(self.interval)) => r,
+            r = self.coordinator.api.heartbeat(&request, heartbeat_timeout(self.coordinator.interval)) => r,
             () = shutdown.requested() => return Err(Stopped),
         };
         match answer {
             Ok(reply) => {
-                match self.link {
+                match self.coordinator.link {
                     Link::Up => {}
                     Link::Unknown => tracing::info!(
                         interval_s = reply.heartbeat_interval_seconds,
@@ -76,27 +77,27 @@ impl Agent {
                         tracing::info!("heartbeat accepted again after failures")
                     }
                 }
-                self.link = Link::Up;
+                self.coordinator.link = Link::Up;
                 tracing::debug!(phase = ?request.phase, applied_generation = request.applied_generation, "heartbeat sent");
-                if heartbeat::delivered(&mut self.state.pending_results, &request) {
+                if heartbeat::delivered(&mut self.saved.state.pending_results, &request) {
                     self.persist();
                 }
                 if let Some(report) = request.etcd.clone() {
-                    self.etcd_sent = Some((report, Instant::now()));
+                    self.delivered.etcd = Some((report, Instant::now()));
                 }
                 if let Some(report) = request.nodes.clone() {
-                    self.nodes_sent = Some((report, Instant::now()));
+                    self.delivered.nodes = Some((report, Instant::now()));
                 }
                 if let Some(v) = request.kubeadm_version.clone() {
-                    self.kubeadm_sent = Some(v);
+                    self.delivered.kubeadm_version = Some(v);
                 }
                 if let Some(c) = request.certificates.clone() {
-                    self.certificates_sent = Some(c);
+                    self.delivered.certificates = Some(c);
                 }
-                self.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
-                self.next_heartbeat = Instant::now() + self.interval;
+                self.coordinator.interval = interval_from_seconds(reply.heartbeat_interval_seconds);
+                self.coordinator.next_heartbeat = Instant::now() + self.coordinator.interval;
                 self.take_coordinators(reply.coordinators);
-                self.datagram = reply.datagram.as_ref().and_then(|offer| {
+                self.coordinator.datagram = reply.datagram.as_ref().and_then(|offer| {
                     DatagramLink::from_offer(offer, &request)
                         .map_err(|e| tracing::warn!(error = %e, "cannot use the datagram offer"))
                         .ok()
@@ -107,17 +108,17 @@ impl Agent {
                 self.on_assignment(reply.assignment);
             }
             Err(e) if e.is_unauthorized() => {
-                self.link = Link::Refused;
-                self.datagram = None;
+                self.coordinator.link = Link::Refused;
+                self.coordinator.datagram = None;
                 tracing::warn!(
                     error = %e,
-                    retry_in_s = self.interval.as_secs(),
+                    retry_in_s = self.coordinator.interval.as_secs(),
                     "the coordinator no longer accepts this machine's certificate; retrying at the heartbeat interval"
                 );
             }
             Err(e) => {
-                self.link = Link::Down;
-                tracing::warn!(error = %e, retry_in_s = self.interval.as_secs(), "heartbeat failed; retrying at the next tick");
+                self.coordinator.link = Link::Down;
+                tracing::warn!(error = %e, retry_in_s = self.coordinator.interval.as_secs(), "heartbeat failed; retrying at the next tick");
             }
         }
         Ok(())
@@ -127,26 +128,26 @@ impl Agent {
     /// list replaces the client's and is saved before the next request, so
     /// a restart keeps it; an invalid one is logged and the old one kept.
     fn take_coordinators(&mut self, offered: Option<Vec<String>>) {
-        match coordinators::decide(&self.state.coordinators, offered) {
+        match coordinators::decide(&self.saved.state.coordinators, offered) {
             Update::Keep => {}
             Update::Replace(urls) => {
                 tracing::info!(
-                    from = ?self.state.coordinators,
+                    from = ?self.saved.state.coordinators,
                     to = ?urls,
                     "the coordinator replicas changed; using the new list"
                 );
-                self.api.set_urls(&urls);
-                self.state.coordinators = urls;
+                self.coordinator.api.set_urls(&urls);
+                self.saved.state.coordinators = urls;
                 self.persist();
             }
             // Logged once per refusal, not at every heartbeat.
-            Update::Refuse(e) if self.refused_coordinators.as_ref() != Some(&e) => {
+            Update::Refuse(e) if self.logged.refused_coordinators.as_ref() != Some(&e) => {
                 tracing::warn!(
                     error = %e,
-                    kept = ?self.state.coordinators,
+                    kept = ?self.saved.state.coordinators,
                     "the coordinator named an invalid list of coordinator URLs; keeping the current one"
                 );
-                self.refused_coordinators = Some(e);
+                self.logged.refused_coordinators = Some(e);
             }
             Update::Refuse(_) => {}
         }
@@ -162,41 +163,46 @@ impl Agent {
         shutdown: &mut Shutdown,
     ) -> Result<bool, Stopped> {
         let now = Instant::now();
-        if !self.fallback.may_try(now) {
+        if !self.coordinator.fallback.may_try(now) {
             return Ok(false);
         }
         let Some(sent) = self
+            .coordinator
             .datagram
             .as_mut()
             .and_then(|link| link.beat(request, std::time::SystemTime::now()))
         else {
             return Ok(false);
         };
-        let target = match crate::api::datagram_target(&self.api.preferred_url()).await {
+        let target = match crate::api::datagram_target(&self.coordinator.api.preferred_url()).await
+        {
             Ok(t) => t,
             Err(e) => {
                 tracing::debug!(error = %e, "no address for heartbeat datagrams; heartbeating over HTTPS");
                 return Ok(false);
             }
         };
-        if self.udp.is_none() {
+        if self.coordinator.udp.is_none() {
             let any = if target.is_ipv4() {
                 "0.0.0.0:0"
             } else {
                 "[::]:0"
             };
             match tokio::net::UdpSocket::bind(any).await {
-                Ok(s) => self.udp = Some(s),
+                Ok(s) => self.coordinator.udp = Some(s),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot open a UDP socket for heartbeat datagrams; heartbeating over HTTPS");
                     return Ok(false);
                 }
             }
         }
-        let (Some(socket), Some(link)) = (self.udp.as_ref(), self.datagram.as_ref()) else {
+        let (Some(socket), Some(link)) = (
+            self.coordinator.udp.as_ref(),
+            self.coordinator.datagram.as_ref(),
+        ) else {
             return Ok(false);
         };
-        let wait = answer_timeout(self.interval);
+        let wait = answer_timeout(self.coordinator.interval);
         let verdict = match socket.send_to(&sent.datagram, target).await {
             Ok(_) => tokio::select! {
                 v = await_answer(socket, link, &sent, wait) => v,
@@ -209,22 +215,26 @@ impl Agent {
         };
         match verdict {
             Some(Verdict::Quiet) => {
-                self.fallback.answered();
-                if self.link != Link::Up {
+                self.coordinator.fallback.answered();
+                if self.coordinator.link != Link::Up {
                     tracing::info!(%target, "heartbeat accepted by datagram");
                 }
-                self.link = Link::Up;
+                self.coordinator.link = Link::Up;
                 tracing::debug!(%target, "heartbeat sent as a datagram");
                 Ok(true)
             }
             Some(Verdict::CallHttps) => {
-                self.fallback.answered();
+                self.coordinator.fallback.answered();
                 tracing::debug!(%target, "the coordinator asks for an HTTPS heartbeat");
                 Ok(false)
             }
             None => {
                 let at = crate::protocol::timing::rfc3339(drover_common::now());
-                match self.fallback.unanswered(&target.to_string(), now, &at) {
+                match self
+                    .coordinator
+                    .fallback
+                    .unanswered(&target.to_string(), now, &at)
+                {
                     Unanswered::Wait => {
                         tracing::debug!(%target, "a heartbeat datagram went unanswered; sending the next at the interval");
                         Ok(true)
@@ -242,12 +252,16 @@ impl Agent {
     /// Whether this machine reports on its cluster: a running control
     /// plane that is not resetting. Forgets what was sent when it is not.
     fn reports_cluster(&mut self) -> bool {
-        let control_plane = self.state.role().is_some_and(|r| r.is_control_plane());
-        let reports = self.state.bootstrapped() && control_plane && !self.resetting;
+        let control_plane = self
+            .saved
+            .state
+            .role()
+            .is_some_and(|r| r.is_control_plane());
+        let reports = self.saved.state.bootstrapped() && control_plane && !self.work.resetting;
         if !reports {
-            self.etcd_sent = None;
-            self.nodes_sent = None;
-            self.certificates_sent = None;
+            self.delivered.etcd = None;
+            self.delivered.nodes = None;
+            self.delivered.certificates = None;
         }
         reports
     }
@@ -261,10 +275,11 @@ impl Agent {
             return None;
         }
         let root = &self.settings.root;
-        self.certificates
+        self.local
+            .certificates
             .get_or_insert_with(|| crate::certificates::earliest_expiry(root))
             .clone()
-            .filter(|c| self.certificates_sent.as_ref() != Some(c))
+            .filter(|c| self.delivered.certificates.as_ref() != Some(c))
     }
 
     /// What a running control plane reads of its etcd, when it differs
@@ -275,14 +290,16 @@ impl Agent {
         }
         let ip = self.advertise_address().await?;
         let endpoint = crate::etcd::local_endpoint(ip);
-        let report =
-            tokio::time::timeout(crate::etcd::ETCD_TIMEOUT * 2, self.etcd.report(&endpoint))
-                .await
-                .unwrap_or_else(|_| drover_common::wire::EtcdReport {
-                    members: vec![],
-                    error: format!("etcd at {endpoint} did not answer in time"),
-                });
-        worth_sending(self.etcd_sent.as_ref(), &report).then_some(report)
+        let report = tokio::time::timeout(
+            crate::etcd::ETCD_TIMEOUT * 2,
+            self.local.etcd.report(&endpoint),
+        )
+        .await
+        .unwrap_or_else(|_| drover_common::wire::EtcdReport {
+            members: vec![],
+            error: format!("etcd at {endpoint} did not answer in time"),
+        });
+        worth_sending(self.delivered.etcd.as_ref(), &report).then_some(report)
     }
 
     /// What a running control plane's API server lists of the Nodes, when
@@ -294,20 +311,21 @@ impl Agent {
         }
         let ip = self.advertise_address().await?;
         let api = crate::kube::local_api(ip, self.settings.api_server_port);
-        let report = tokio::time::timeout(crate::kube::KUBE_TIMEOUT * 2, self.kube.report(&api))
-            .await
-            .unwrap_or_else(|_| drover_common::wire::NodesReport {
-                error: format!("the API server at {api} did not answer in time"),
-                ..Default::default()
-            });
-        worth_sending(self.nodes_sent.as_ref(), &report).then_some(report)
+        let report =
+            tokio::time::timeout(crate::kube::KUBE_TIMEOUT * 2, self.local.kube.report(&api))
+                .await
+                .unwrap_or_else(|_| drover_common::wire::NodesReport {
+                    error: format!("the API server at {api} did not answer in time"),
+                    ..Default::default()
+                });
+        worth_sending(self.delivered.nodes.as_ref(), &report).then_some(report)
     }
 
     fn on_assignment(&mut self, notice: Option<AssignmentNotice>) {
         let Some(notice) = notice else { return };
-        let work_busy = self.work.is_some();
+        let work_busy = self.work.running.is_some();
         let fetching = self.config.wanted();
-        let current = self.state.bootstrap.as_ref().map(|p| Current {
+        let current = self.saved.state.bootstrap.as_ref().map(|p| Current {
             generation: p.assignment.generation,
             stage: match &p.step {
                 BootstrapStep::Assigned => Stage::Fetching { fetching },
@@ -322,10 +340,10 @@ impl Agent {
                 },
             },
         });
-        let reset_pending = self.resetting || self.queue.iter().any(is_reset);
+        let reset_pending = self.work.resetting || self.work.queue.iter().any(is_reset);
         let decision = assignment::decide(
             current,
-            self.state.retired_generation,
+            self.saved.state.retired_generation,
             reset_pending,
             notice.generation,
         );
@@ -339,7 +357,7 @@ impl Agent {
                     generation = notice.generation,
                     "assigned to a cluster; fetching the config"
                 );
-                self.state.bootstrap = Some(BootstrapProgress {
+                self.saved.state.bootstrap = Some(BootstrapProgress {
                     assignment: notice,
                     step: BootstrapStep::Assigned,
                     written_files: Vec::new(),
@@ -380,13 +398,13 @@ impl Agent {
                 self.heartbeat_soon();
             }
             Decision::RefuseNewer => {
-                if self.warned_generation != Some(notice.generation) {
+                if self.logged.warned_generation != Some(notice.generation) {
                     tracing::warn!(
-                        applied = self.state.applied_generation(),
+                        applied = self.saved.state.applied_generation(),
                         offered = notice.generation,
                         "already bootstrapped an assignment; a newer one needs a reset first, ignoring it"
                     );
-                    self.warned_generation = Some(notice.generation);
+                    self.logged.warned_generation = Some(notice.generation);
                 }
             }
         }
@@ -394,7 +412,7 @@ impl Agent {
 
     /// Replaces the assignment being bootstrapped (not persisted yet).
     fn set_assignment(&mut self, notice: AssignmentNotice) {
-        if let Some(progress) = self.state.bootstrap.as_mut() {
+        if let Some(progress) = self.saved.state.bootstrap.as_mut() {
             progress.assignment = notice;
         }
     }

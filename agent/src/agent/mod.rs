@@ -104,50 +104,52 @@ enum Wake {
     Renew,
 }
 
-/// The registered agent.
+/// The registered agent: its state in parts, each about one thing. The
+/// loop ([`Agent::run`]) waits on the timers of `coordinator` (the next
+/// heartbeat), `config` (the next fetch), `renewal` (the next renewal) and
+/// on the command `work` runs.
 pub struct Agent {
+    /// The local configuration: flags and the first boot's document.
     settings: Settings,
-    store: StateStore,
-    state: State,
-    api: CoordinatorClient,
-    prober: Prober,
-    /// The local etcd member, on control-plane machines.
-    etcd: crate::etcd::Etcd,
-    /// The etcd report last delivered, and when.
-    etcd_sent: Option<(drover_common::wire::EtcdReport, Instant)>,
-    /// The local API server, on control-plane machines.
-    kube: crate::kube::Kube,
-    /// The Nodes report last delivered, and when.
-    nodes_sent: Option<(drover_common::wire::NodesReport, Instant)>,
-    /// The machine's kubeadm version, once read; read again after each
-    /// command the agent runs (an upgrade may have replaced kubeadm).
-    kubeadm_version: Option<Option<String>>,
-    /// The kubeadm version the coordinator last accepted.
-    kubeadm_sent: Option<String>,
-    /// The certificate expiry the coordinator last accepted.
-    certificates_sent: Option<drover_common::api::CertificateExpiry>,
-    /// The machine's first kubeadm certificate to expire, once read; read
-    /// again after each command the agent runs (they write certificates).
-    certificates: Option<Option<drover_common::api::CertificateExpiry>>,
-    advertise: Option<IpAddr>,
-    interval: Duration,
-    next_heartbeat: Instant,
+    /// The machine's identity and bootstrap progress, as saved.
+    saved: Saved,
+    /// The connection to the coordinator: the client, when to heartbeat
+    /// next and how heartbeats go.
+    coordinator: Connection,
+    /// What the agent carries out: the command running, the directives
+    /// waiting, a reset under way.
+    work: Workload,
     /// When to fetch the config bundle next.
     config: ConfigFetch,
-    /// The last "not ready" reason logged, so each is logged once.
-    config_reason: Option<String>,
-    work: Option<Work>,
-    queue: VecDeque<Directive>,
-    /// A Reset directive is being carried out.
-    resetting: bool,
-    /// The step to report while a reset runs.
-    activity: Option<&'static str>,
-    renew_at: Instant,
-    renew_backoff: Backoff,
-    /// The key and CSR of a renewal not yet done: retries reuse them, so a
-    /// renewal whose answer was lost is a retry to the coordinator, not a
-    /// second holder of the identity (which revokes it).
-    renewal_key: Option<(String, String)>,
+    /// The client certificate's renewal.
+    renewal: Renewal,
+    /// What the agent reads of this machine and the cluster it runs in.
+    local: Local,
+    /// What of those reports the coordinator last accepted, so each is sent
+    /// when it changes (or now and then), not at every heartbeat.
+    delivered: Delivered,
+    /// What was logged, so that each warning or transition is logged once.
+    logged: Logged,
+}
+
+/// The identity (key, certificate, coordinator URLs and CA) and the
+/// bootstrap progress, in `state.json`: every transition is saved before
+/// the action it announces.
+struct Saved {
+    store: StateStore,
+    state: State,
+    /// Whether the identity was registered by this run or read from an
+    /// earlier one's state file.
+    origin: Origin,
+}
+
+/// The connection to the coordinator.
+struct Connection {
+    /// The HTTPS client of the machine API, with the saved identity.
+    api: CoordinatorClient,
+    /// The heartbeat interval the coordinator last named.
+    interval: Duration,
+    next_heartbeat: Instant,
     /// How the last heartbeat went, so transitions are logged once.
     link: Link,
     /// Datagram heartbeats, while the coordinator offers them.
@@ -156,14 +158,74 @@ pub struct Agent {
     udp: Option<tokio::net::UdpSocket>,
     /// Whether datagrams get answered.
     fallback: crate::protocol::datagram::Fallback<Instant>,
+}
+
+/// What the agent carries out, one command at a time.
+struct Workload {
+    /// The command running in the background of the loop.
+    running: Option<Work>,
+    /// Directives accepted and not started yet.
+    queue: VecDeque<Directive>,
+    /// A Reset directive is being carried out.
+    resetting: bool,
+    /// The step to report while a reset or the pre-kubeadm commands run.
+    activity: Option<&'static str>,
+}
+
+/// The client certificate's renewal.
+struct Renewal {
+    /// When to renew next.
+    at: Instant,
+    backoff: Backoff,
+    /// The key and CSR of a renewal not yet done: retries reuse them, so a
+    /// renewal whose answer was lost is a retry to the coordinator, not a
+    /// second holder of the identity (which revokes it).
+    key: Option<(String, String)>,
+}
+
+/// This machine and its cluster, as the agent reads them.
+struct Local {
+    /// The kubelet and API server health probes.
+    prober: Prober,
+    /// The local etcd member, on control-plane machines.
+    etcd: crate::etcd::Etcd,
+    /// The local API server, on control-plane machines.
+    kube: crate::kube::Kube,
+    /// The address this machine advertises, once known.
+    advertise: Option<IpAddr>,
+    /// The machine's kubeadm version, once read; read again after each
+    /// command the agent runs (an upgrade may have replaced kubeadm).
+    kubeadm_version: Option<Option<String>>,
+    /// The machine's first kubeadm certificate to expire, once read; read
+    /// again after each command the agent runs (they write certificates).
+    certificates: Option<Option<drover_common::api::CertificateExpiry>>,
+    /// What the image pod network's loop last did.
+    podnet: crate::podnet::Shared,
+}
+
+/// What the coordinator last accepted of the agent's reports.
+#[derive(Default)]
+struct Delivered {
+    /// The etcd report last delivered, and when.
+    etcd: Option<(drover_common::wire::EtcdReport, Instant)>,
+    /// The Nodes report last delivered, and when.
+    nodes: Option<(drover_common::wire::NodesReport, Instant)>,
+    /// The kubeadm version the coordinator last accepted.
+    kubeadm_version: Option<String>,
+    /// The certificate expiry the coordinator last accepted.
+    certificates: Option<drover_common::api::CertificateExpiry>,
+}
+
+/// What was logged once and is not logged again until it changes.
+#[derive(Default)]
+struct Logged {
+    /// The last "not ready" reason of a config fetch.
+    config_reason: Option<String>,
     /// The newer assignment generation already warned about.
     warned_generation: Option<u64>,
     /// Why the last list of coordinator URLs named by the coordinator was
-    /// refused, so each refusal is logged once.
+    /// refused.
     refused_coordinators: Option<drover_common::wire::CoordinatorUrlsError>,
-    origin: Origin,
-    /// What the image pod network's loop last did.
-    podnet: crate::podnet::Shared,
 }
 
 /// Stops a spawned task when the agent's loop ends.
@@ -197,42 +259,47 @@ impl Agent {
         let now = Instant::now();
         let renew_at = Self::renewal_instant(&state);
         Ok(Self {
-            etcd: crate::etcd::Etcd::new(&settings.root),
-            etcd_sent: None,
-            kube: crate::kube::Kube::new(&settings.root),
-            nodes_sent: None,
-            kubeadm_version: None,
-            kubeadm_sent: None,
-            certificates_sent: None,
-            certificates: None,
-            advertise: settings.advertise_address,
-            settings,
-            store,
-            state,
-            api,
-            prober,
-            interval: match origin {
-                Origin::Registered { heartbeat_interval } => clamp_interval(heartbeat_interval),
-                Origin::Saved => DEFAULT_HEARTBEAT_INTERVAL,
+            local: Local {
+                prober,
+                etcd: crate::etcd::Etcd::new(&settings.root),
+                kube: crate::kube::Kube::new(&settings.root),
+                advertise: settings.advertise_address,
+                kubeadm_version: None,
+                certificates: None,
+                podnet: Default::default(),
             },
-            origin,
-            next_heartbeat: now,
+            delivered: Delivered::default(),
+            settings,
+            coordinator: Connection {
+                api,
+                interval: match origin {
+                    Origin::Registered { heartbeat_interval } => clamp_interval(heartbeat_interval),
+                    Origin::Saved => DEFAULT_HEARTBEAT_INTERVAL,
+                },
+                next_heartbeat: now,
+                link: Link::Unknown,
+                datagram: None,
+                udp: None,
+                fallback: Default::default(),
+            },
+            saved: Saved {
+                store,
+                state,
+                origin,
+            },
             config: ConfigFetch::default(),
-            datagram: None,
-            udp: None,
-            fallback: Default::default(),
-            config_reason: None,
-            work: None,
-            queue: VecDeque::new(),
-            resetting: false,
-            activity: None,
-            renew_at,
-            renew_backoff: Backoff::standard(),
-            renewal_key: None,
-            link: Link::Unknown,
-            warned_generation: None,
-            refused_coordinators: None,
-            podnet: Default::default(),
+            work: Workload {
+                running: None,
+                queue: VecDeque::new(),
+                resetting: false,
+                activity: None,
+            },
+            renewal: Renewal {
+                at: renew_at,
+                backoff: Backoff::standard(),
+                key: None,
+            },
+            logged: Logged::default(),
         })
     }
 
@@ -246,19 +313,19 @@ impl Agent {
         // does nothing while the machine has no image network.
         let podnet = tokio::spawn(crate::podnet::run(
             self.settings.root.clone(),
-            self.podnet.clone(),
+            self.local.podnet.clone(),
         ));
         let _podnet = AbortOnDrop(podnet);
         loop {
             self.start_queued_directives();
-            let heartbeat_at = self.next_heartbeat;
-            let renew_at = self.renew_at;
+            let heartbeat_at = self.coordinator.next_heartbeat;
+            let renew_at = self.renewal.at;
             let config_at = self
                 .config
                 .next_at()
-                .filter(|_| self.work.is_none() && !self.resetting);
+                .filter(|_| self.work.running.is_none() && !self.work.resetting);
             let wake = {
-                let work = self.work.as_mut().map(|w| &mut w.outcome);
+                let work = self.work.running.as_mut().map(|w| &mut w.outcome);
                 tokio::select! {
                     biased;
                     () = shutdown.requested() => Wake::Shutdown,
@@ -271,10 +338,10 @@ impl Agent {
             let step = match wake {
                 Wake::Shutdown => Err(Stopped),
                 Wake::WorkDone(outcome) => {
-                    let work = self.work.take().expect("work was running");
+                    let work = self.work.running.take().expect("work was running");
                     self.finish_work(work.kind, outcome);
-                    self.kubeadm_version = None;
-                    self.certificates = None;
+                    self.local.kubeadm_version = None;
+                    self.local.certificates = None;
                     Ok(())
                 }
                 Wake::Heartbeat => self.heartbeat(&mut shutdown).await,
@@ -282,7 +349,7 @@ impl Agent {
                 Wake::Renew => self.renew(&mut shutdown).await,
             };
             if step.is_err() {
-                if self.work.is_some() {
+                if self.work.running.is_some() {
                     tracing::info!(
                         "shutting down while a command runs; it keeps running and a restarted agent resumes from the saved progress"
                     );
@@ -297,10 +364,10 @@ impl Agent {
     // ------------------------------------------------------------ reporting
 
     fn phase(&self) -> AgentPhase {
-        if self.resetting {
+        if self.work.resetting {
             return AgentPhase::Resetting;
         }
-        match self.state.bootstrap.as_ref().map(|p| &p.step) {
+        match self.saved.state.bootstrap.as_ref().map(|p| &p.step) {
             None => AgentPhase::Waiting,
             Some(BootstrapStep::Done) => AgentPhase::Running,
             Some(BootstrapStep::Failed { .. }) => AgentPhase::Failed,
@@ -309,10 +376,10 @@ impl Agent {
     }
 
     fn bootstrap_report(&self) -> Option<BootstrapReport> {
-        if let Some(activity) = self.activity {
+        if let Some(activity) = self.work.activity {
             return Some(report::at_step(activity));
         }
-        let progress = self.state.bootstrap.as_ref()?;
+        let progress = self.saved.state.bootstrap.as_ref()?;
         let step = match &progress.step {
             BootstrapStep::Assigned => report::FETCH_CONFIG_STEP,
             BootstrapStep::Resetting => report::RESET_STEP,
@@ -332,8 +399,12 @@ impl Agent {
     }
 
     async fn probe_plan(&mut self) -> ProbePlan {
-        let done = self.state.bootstrapped() && !self.resetting;
-        let control_plane = self.state.role().is_some_and(|r| r.is_control_plane());
+        let done = self.saved.state.bootstrapped() && !self.work.resetting;
+        let control_plane = self
+            .saved
+            .state
+            .role()
+            .is_some_and(|r| r.is_control_plane());
         let api_server = if done && control_plane {
             match self.advertise_address().await {
                 Some(ip) => {
@@ -351,21 +422,21 @@ impl Agent {
     }
 
     async fn advertise_address(&mut self) -> Option<IpAddr> {
-        if self.advertise.is_none() {
-            match advertise_address(&self.settings, &self.state.coordinators).await {
-                Ok(ip) => self.advertise = Some(ip),
+        if self.local.advertise.is_none() {
+            match advertise_address(&self.settings, &self.saved.state.coordinators).await {
+                Ok(ip) => self.local.advertise = Some(ip),
                 Err(e) => tracing::warn!(error = %e, "cannot determine the advertise address"),
             }
         }
-        self.advertise
+        self.local.advertise
     }
 
     fn heartbeat_soon(&mut self) {
-        self.next_heartbeat = Instant::now();
+        self.coordinator.next_heartbeat = Instant::now();
     }
 
     fn persist(&self) {
-        if let Err(e) = self.store.save(&self.state) {
+        if let Err(e) = self.saved.store.save(&self.saved.state) {
             tracing::error!(error = %e, "cannot save the agent state");
         }
     }
@@ -374,11 +445,11 @@ impl Agent {
 
     fn start_work(&mut self, kind: WorkKind, spec: CommandSpec) {
         let outcome = Box::pin(async move { command::run(&spec, OUTPUT_TAIL_LINES).await });
-        self.work = Some(Work { kind, outcome });
+        self.work.running = Some(Work { kind, outcome });
     }
 
     fn finish_work(&mut self, kind: WorkKind, outcome: CommandOutcome) {
-        self.activity = None;
+        self.work.activity = None;
         match kind {
             WorkKind::Bootstrap => self.finish_bootstrap(outcome),
             WorkKind::TokenCreate { id, token_id } => {

@@ -15,37 +15,39 @@ use crate::state::State;
 impl Agent {
     pub(super) async fn renew(&mut self, shutdown: &mut Shutdown) -> Result<(), Stopped> {
         let retry = |agent: &mut Self| {
-            let delay = agent.renew_backoff.next_delay();
-            agent.renew_at = Instant::now() + delay;
+            let delay = agent.renewal.backoff.next_delay();
+            agent.renewal.at = Instant::now() + delay;
         };
-        let (key_pem, csr_pem) = match &self.renewal_key {
+        let (key_pem, csr_pem) = match &self.renewal.key {
             Some(pair) => pair.clone(),
-            None => match drover_common::pki::generate_key_and_csr(&self.state.machine_name) {
-                Ok(pair) => {
-                    self.renewal_key = Some(pair.clone());
-                    pair
+            None => {
+                match drover_common::pki::generate_key_and_csr(&self.saved.state.machine_name) {
+                    Ok(pair) => {
+                        self.renewal.key = Some(pair.clone());
+                        pair
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot create a key for certificate renewal");
+                        retry(self);
+                        return Ok(());
+                    }
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot create a key for certificate renewal");
-                    retry(self);
-                    return Ok(());
-                }
-            },
+            }
         };
         let request = RenewRequest { csr_pem };
         let answer = tokio::select! {
-            r = self.api.renew(&request) => r,
+            r = self.coordinator.api.renew(&request) => r,
             () = shutdown.requested() => return Err(Stopped),
         };
         let renewed = match answer {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %e, not_after = %rfc3339(self.state.certificate_not_after), "certificate renewal failed; retrying");
+                tracing::warn!(error = %e, not_after = %rfc3339(self.saved.state.certificate_not_after), "certificate renewal failed; retrying");
                 retry(self);
                 return Ok(());
             }
         };
-        let mut next = self.state.clone();
+        let mut next = self.saved.state.clone();
         next.key_pem = key_pem;
         next.certificate_pem = renewed.certificate_pem;
         next.certificate_not_after = renewed.not_after;
@@ -59,17 +61,17 @@ impl Agent {
         };
         // The new key and certificate are saved before they are used, so a
         // crash cannot leave the agent with a key the coordinator never saw.
-        if let Err(e) = self.store.save(&next) {
+        if let Err(e) = self.saved.store.save(&next) {
             tracing::error!(error = %e, "cannot save the renewed certificate; keeping the old one");
             retry(self);
             return Ok(());
         }
-        self.state = next;
-        self.api = client;
-        self.renewal_key = None;
-        self.renew_backoff.reset();
-        self.renew_at = Self::renewal_instant(&self.state);
-        tracing::info!(not_after = %rfc3339(self.state.certificate_not_after), "client certificate renewed");
+        self.saved.state = next;
+        self.coordinator.api = client;
+        self.renewal.key = None;
+        self.renewal.backoff.reset();
+        self.renewal.at = Self::renewal_instant(&self.saved.state);
+        tracing::info!(not_after = %rfc3339(self.saved.state.certificate_not_after), "client certificate renewed");
         Ok(())
     }
 

@@ -1,0 +1,191 @@
+//! `drover apply -f`: every document read and checked, then sent in order;
+//! with `--wait`, until each cluster applied is Running (the wait `drover
+//! scale --wait` shares).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::bail;
+use drover_common::api::{Cluster, SecretInfo};
+
+use crate::cli::api_path;
+use crate::cli::client::{Client, ConnectArgs};
+use crate::cli::documents;
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// A YAML or JSON file of Clusters and Secrets (documents separated by
+    /// `---`), a directory (its .yaml, .yml and .json files in name order),
+    /// or `-` for standard input; may be given more than once. Objects are
+    /// applied in order; the first refused stops the rest.
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Wait until the cluster is Running, showing progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "15m", value_parser = drover_common::api::parse_duration)]
+    pub timeout: std::time::Duration,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+pub(super) async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
+    // Every document is read and checked before the first is sent.
+    let objects = documents::read_all(&a.files)?
+        .iter()
+        .map(documents::Document::object)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("{e}; nothing was applied"))?;
+    let client = Client::connect(&a.conn)?;
+    let mut clusters = Vec::new();
+    for (done, o) in objects.iter().enumerate() {
+        let applied = apply_object(&client, o).await.map_err(|e| {
+            let before = match done {
+                0 => "nothing was applied".to_owned(),
+                1 => "the object before it was applied".to_owned(),
+                n => format!("the {n} objects before it were applied"),
+            };
+            e.context(format!(
+                "{} ({}/{}) was refused; {before}, none after it",
+                o.at, o.kind, o.name
+            ))
+        })?;
+        if let Some(generation) = applied {
+            clusters.push((o.name.clone(), generation));
+        }
+    }
+    if a.wait {
+        for (name, generation) in clusters {
+            wait_running(&client, &name, generation, a.timeout).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Sends one checked object and prints its line; a cluster's generation
+/// for `--wait`.
+async fn apply_object(client: &Client, o: &documents::Object) -> anyhow::Result<Option<u64>> {
+    match o.kind {
+        documents::Kind::Secret => {
+            let s: SecretInfo = client
+                .put_yaml(&api_path(&["v1", "secrets", &o.name]), o.body.clone())
+                .await?;
+            println!(
+                "secret/{} applied (generation {}, keys {})",
+                s.metadata.name,
+                s.metadata.generation,
+                s.keys
+                    .iter()
+                    .map(|k| k.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Ok(None)
+        }
+        documents::Kind::Cluster => {
+            let c: Cluster = client
+                .put_yaml(&api_path(&["v1", "clusters", &o.name]), o.body.clone())
+                .await?;
+            println!(
+                "cluster/{} applied (generation {}, resourceVersion {})",
+                c.metadata.name,
+                c.metadata.generation,
+                c.metadata.resource_version.unwrap_or_default()
+            );
+            Ok(Some(c.metadata.generation))
+        }
+    }
+}
+
+/// Polls the cluster until it is Running at `generation`, printing a line
+/// whenever its progress changes (a live line on a terminal).
+pub(super) async fn wait_running(
+    client: &Client,
+    name: &str,
+    generation: u64,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    let started = std::time::Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut last = String::new();
+    loop {
+        let c: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
+        let pools: Vec<String> = c
+            .status
+            .pools
+            .iter()
+            .map(|p| format!("{} {}/{}", p.name, p.running, p.desired))
+            .collect();
+        let line = format!("{} [{}]", c.status.phase, pools.join(", "));
+        if line != last {
+            if tty {
+                eprint!(
+                    "\r\x1b[2K{:>4}s  cluster/{name}: {line}",
+                    started.elapsed().as_secs()
+                );
+            } else {
+                eprintln!(
+                    "{:>4}s  cluster/{name}: {line}",
+                    started.elapsed().as_secs()
+                );
+            }
+            last = line;
+        }
+        if c.status.phase == drover_common::api::ClusterPhase::Running
+            && c.status.observed_generation >= generation
+        {
+            if tty {
+                eprintln!();
+            }
+            println!("cluster/{name} is Running");
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            if tty {
+                eprintln!();
+            }
+            bail!(
+                "cluster {name} is not Running after {:?} (it is {}); see `drover describe cluster {name}`",
+                timeout,
+                c.status.phase
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Command;
+
+    #[test]
+    fn apply_takes_files_directories_and_standard_input_more_than_once() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: Command,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "drover",
+            "apply",
+            "-f",
+            "a.yaml",
+            "-f",
+            "-",
+            "--filename",
+            "dir/",
+        ])
+        .unwrap();
+        let Command::Apply(a) = cli.command else {
+            panic!("not apply");
+        };
+        assert_eq!(
+            a.files,
+            [PathBuf::from("a.yaml"), "-".into(), "dir/".into()]
+        );
+        assert!(<Cli as clap::Parser>::try_parse_from(["drover", "apply"]).is_err());
+    }
+}

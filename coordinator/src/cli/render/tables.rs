@@ -1,0 +1,241 @@
+//! The tables of `drover get` (and `drover token list`): one function per
+//! kind, a header row then one row per object; `wide` adds columns.
+
+use drover_common::api::{Cluster, Machine, RegistrationToken, SecretInfo};
+
+use crate::cli::render::{age, health_summary};
+
+pub(crate) fn secrets_table(list: &[SecretInfo], _wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![["NAME", "KEYS", "BYTES", "AGE"].map(String::from).to_vec()];
+    for s in list {
+        rows.push(vec![
+            s.metadata.name.clone(),
+            s.keys
+                .iter()
+                .map(|k| k.key.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            s.keys.iter().map(|k| k.bytes).sum::<usize>().to_string(),
+            age(s.metadata.creation_timestamp),
+        ]);
+    }
+    rows
+}
+
+pub(crate) fn tasks_table(list: &[crate::types::TaskStatus], _wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![["NAME", "PERIOD", "LAST RUN", "LAST ERROR", "NEXT RUN"]
+        .map(String::from)
+        .to_vec()];
+    for t in list {
+        rows.push(vec![
+            t.name.clone(),
+            format!("{:?}", std::time::Duration::from_millis(t.period_millis)),
+            match t.last_run_started {
+                Some(_) => format!("{} ago ({} runs)", age(t.last_run_started), t.runs),
+                None => "-".into(),
+            },
+            t.last_error.clone().unwrap_or_else(|| "-".into()),
+            match (t.queue, t.next_run) {
+                (Some(q), _) => format!(
+                    "queue: {} ready, {} running, {} waiting (last waited {} ms)",
+                    q.ready, q.processing, q.delayed, q.last_wait_millis
+                ),
+                (None, Some(next)) => {
+                    let s = (next - drover_common::now()).whole_seconds().max(0);
+                    format!("in {s}s")
+                }
+                (None, None) => "now".into(),
+            },
+        ]);
+    }
+    rows
+}
+
+pub(crate) fn coordinators_table(
+    list: &[crate::types::CoordinatorEntry],
+    _wide: bool,
+) -> Vec<Vec<String>> {
+    let mut rows = vec![["ID", "ROLE", "URL", "VERSION", "AGE"]
+        .map(String::from)
+        .to_vec()];
+    for c in list {
+        rows.push(vec![
+            c.replica.id.clone(),
+            if c.leader { "leader" } else { "follower" }.into(),
+            c.replica.url.clone(),
+            c.replica.version.clone(),
+            age(Some(c.replica.started_at)),
+        ]);
+    }
+    rows
+}
+
+pub(crate) fn clusters_table(list: &[Cluster], wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![vec![
+        "NAME",
+        "PHASE",
+        "VERSION",
+        "CONTROL-PLANE",
+        "WORKERS",
+        "ENDPOINT",
+        "AGE",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>()];
+    if wide {
+        rows[0].extend(["PROVIDER".into(), "GENERATION".into()]);
+    }
+    for c in list {
+        let cp = c
+            .status
+            .pools
+            .iter()
+            .find(|p| p.name == drover_common::api::CONTROL_PLANE_POOL);
+        let (wr, wd) = c
+            .status
+            .pools
+            .iter()
+            .filter(|p| p.name != drover_common::api::CONTROL_PLANE_POOL)
+            .fold((0, 0), |(r, d), p| (r + p.running, d + p.desired));
+        let wd = if c.status.pools.is_empty() {
+            c.spec.worker_pools.iter().map(|p| p.replicas).sum()
+        } else {
+            wd
+        };
+        let phase = if c.metadata.deletion_timestamp.is_some() {
+            "Deleting".to_string()
+        } else {
+            c.status.phase.to_string()
+        };
+        let mut row = vec![
+            c.metadata.name.clone(),
+            phase,
+            c.spec.kubernetes_version.clone(),
+            format!(
+                "{}/{}",
+                cp.map(|p| p.running).unwrap_or(0),
+                c.spec.control_plane.replicas
+            ),
+            format!("{wr}/{wd}"),
+            c.status
+                .control_plane_endpoint
+                .clone()
+                .unwrap_or_else(|| "-".into()),
+            age(c.metadata.creation_timestamp),
+        ];
+        if wide {
+            row.push(c.spec.provider.name().into());
+            row.push(c.metadata.generation.to_string());
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+pub(crate) fn machines_table(list: &[Machine], wide: bool) -> Vec<Vec<String>> {
+    machines_rows(list, wide, &Default::default())
+}
+
+/// The machines table; `kubelets` holds each Node's kubelet version by
+/// (cluster, Node name).
+pub(crate) fn machines_rows(
+    list: &[Machine],
+    wide: bool,
+    kubelets: &std::collections::HashMap<(String, String), String>,
+) -> Vec<Vec<String>> {
+    let mut rows = vec![vec![
+        "NAME",
+        "CLUSTER",
+        "POOL",
+        "ROLE",
+        "PHASE",
+        "ADDRESS",
+        "HEARTBEAT",
+        "HEALTH",
+        "AGE",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>()];
+    if wide {
+        rows[0].extend([
+            "HOSTNAME".into(),
+            "REG-POOL".into(),
+            "GENERATION".into(),
+            "AGENT".into(),
+            "MADE-FOR".into(),
+            "KUBEADM".into(),
+            "KUBELET".into(),
+            "UID".into(),
+        ]);
+    }
+    for m in list {
+        let a = m.spec.assignment.as_ref();
+        let mut row = vec![
+            m.metadata.name.clone(),
+            a.map(|a| a.cluster.clone()).unwrap_or_else(|| "-".into()),
+            a.map(|a| a.machine_pool.clone())
+                .unwrap_or_else(|| "-".into()),
+            a.map(|a| a.role.to_string()).unwrap_or_else(|| "-".into()),
+            m.status.phase.to_string(),
+            m.status
+                .addresses
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "-".into()),
+            age(m.status.last_heartbeat_time),
+            health_summary(m),
+            age(m.metadata.creation_timestamp),
+        ];
+        if wide {
+            row.extend([
+                m.status.hostname.clone(),
+                m.spec.pool.clone(),
+                a.map(|a| a.generation.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                m.status.agent_version.clone(),
+                a.and_then(|a| a.kubernetes_version.clone())
+                    .unwrap_or_else(|| "-".into()),
+                if m.status.kubeadm_version.is_empty() {
+                    "-".into()
+                } else {
+                    m.status.kubeadm_version.clone()
+                },
+                a.and_then(|a| kubelets.get(&(a.cluster.clone(), m.status.hostname.clone())))
+                    .filter(|v| !v.is_empty())
+                    .cloned()
+                    .unwrap_or_else(|| "-".into()),
+                m.metadata.uid.clone().unwrap_or_default(),
+            ]);
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+pub(crate) fn tokens_table(list: &[RegistrationToken], _wide: bool) -> Vec<Vec<String>> {
+    let mut rows = vec![vec!["NAME", "POOL", "USES", "EXPIRES", "REVOKED", "LABELS"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()];
+    for t in list {
+        rows.push(vec![
+            t.metadata.name.clone(),
+            t.spec.pool.clone(),
+            format!("{}/{}", t.status.uses, t.spec.max_uses),
+            t.spec
+                .expires_at
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            t.spec.revoked.to_string(),
+            t.spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ]);
+    }
+    rows
+}
