@@ -9,9 +9,9 @@
 //! limited, liveness is marked, and what happened is logged and wakes the
 //! reconciler. Signing and store writes run on blocking threads.
 //!
-//! Invariant: a machine's state changes only through a core change applied
-//! here; every failure is a [`MachineCallError`], which the HTTP edge turns
-//! into a problem document in one place.
+//! Invariant: a machine call changes the store only through a change of
+//! the core applied here; every failure is a [`MachineCallError`], which
+//! the HTTP edge turns into a problem document in one place.
 
 use std::net::IpAddr;
 use std::sync::Arc;
