@@ -218,8 +218,15 @@ impl Drop for InProcess {
 impl Coordinator {
     /// Starts a coordinator with a new data directory under `dir`.
     pub fn start(dir: &Path, opts: CoordinatorOptions) -> Self {
-        let port = free_port();
-        let mut c = Self {
+        let mut c = Self::unstarted(dir, opts, free_port());
+        c.spawn();
+        c
+    }
+
+    /// A coordinator not yet started, listening on `127.0.0.1:port` with
+    /// no more flags once started.
+    fn unstarted(dir: &Path, opts: CoordinatorOptions, port: u16) -> Self {
+        Self {
             dir: dir.to_path_buf(),
             port,
             admin_token: String::new(),
@@ -232,9 +239,7 @@ impl Coordinator {
             endpoint_ports: free_port_range(8),
             open_files: None,
             in_process: None,
-        };
-        c.spawn();
-        c
+        }
     }
 
     /// Starts a coordinator in this test process with a new data directory
@@ -251,20 +256,19 @@ impl Coordinator {
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .expect("bind 127.0.0.1:0");
-        let port = listener.local_addr().unwrap().port();
-        let endpoint_ports = free_port_range(8);
+        let mut c = Self::unstarted(dir, opts, listener.local_addr().unwrap().port());
         let data = dir.join("data");
-        let client = dir.join("client.yaml");
-        let ports = format!("{}-{}", endpoint_ports.0, endpoint_ports.1);
+        let client = c.client_config();
+        let ports = format!("{}-{}", c.endpoint_ports.0, c.endpoint_ports.1);
         let flags: Vec<&std::ffi::OsStr> = vec![
             "--data-dir".as_ref(),
             data.as_os_str(),
             "--listen".as_ref(),
             "127.0.0.1:0".as_ref(),
             "--heartbeat-interval".as_ref(),
-            opts.heartbeat_interval.as_ref(),
+            c.opts.heartbeat_interval.as_ref(),
             "--heartbeat-timeout".as_ref(),
-            opts.heartbeat_timeout.as_ref(),
+            c.opts.heartbeat_timeout.as_ref(),
             "--endpoint-ports".as_ref(),
             ports.as_ref(),
             "--client-config".as_ref(),
@@ -277,24 +281,11 @@ impl Coordinator {
                 let _ = stopped.await;
             }))
             .unwrap_or_else(|e| panic!("the in-process coordinator did not start: {e:#}"));
-        let mut c = Self {
-            dir: dir.to_path_buf(),
-            port,
-            admin_token: String::new(),
-            child: None,
-            log: Default::default(),
-            opts,
-            listen: format!("127.0.0.1:{port}"),
-            extra_args: Vec::new(),
-            cli_addr: None,
-            endpoint_ports,
-            open_files: None,
-            in_process: Some(InProcess {
-                runtime,
-                stop: Some(stop),
-                running: Some(running),
-            }),
-        };
+        c.in_process = Some(InProcess {
+            runtime,
+            stop: Some(stop),
+            running: Some(running),
+        });
         c.admin_token = c.client_config_token();
         c
     }
@@ -308,21 +299,9 @@ impl Coordinator {
         extra_args: &[&str],
         open_files: u64,
     ) -> Self {
-        let port = free_port();
-        let mut c = Self {
-            dir: dir.to_path_buf(),
-            port,
-            admin_token: String::new(),
-            child: None,
-            log: Default::default(),
-            opts,
-            listen: format!("127.0.0.1:{port}"),
-            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
-            cli_addr: None,
-            endpoint_ports: free_port_range(8),
-            open_files: Some(open_files),
-            in_process: None,
-        };
+        let mut c = Self::unstarted(dir, opts, free_port());
+        c.extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        c.open_files = Some(open_files);
         c.spawn();
         c
     }
@@ -346,20 +325,10 @@ impl Coordinator {
             !addr.ip().is_unspecified() && addr.port() != 0,
             "listen {listen:?} must be a concrete address and port"
         );
-        let mut c = Self {
-            dir: dir.to_path_buf(),
-            port: addr.port(),
-            admin_token: String::new(),
-            child: None,
-            log: Default::default(),
-            opts,
-            listen: addr.to_string(),
-            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
-            cli_addr: Some(format!("https://{addr}")),
-            endpoint_ports: free_port_range(8),
-            open_files: None,
-            in_process: None,
-        };
+        let mut c = Self::unstarted(dir, opts, addr.port());
+        c.listen = addr.to_string();
+        c.extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        c.cli_addr = Some(format!("https://{addr}"));
         c.spawn();
         c
     }
