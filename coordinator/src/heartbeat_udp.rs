@@ -13,10 +13,10 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_common::wire::datagram::{unix_micros, Verdict, REQUEST_LEN};
+use drover_common::wire::datagram::{Verdict, REQUEST_LEN};
 
 use crate::app::App;
-use crate::store::Kind;
+use crate::machine_service::{self, DatagramRefusal};
 
 /// How often a receiver looks whether the coordinator is stopping.
 const STOP_CHECK: Duration = Duration::from_millis(250);
@@ -105,22 +105,13 @@ fn waited(e: &std::io::Error) -> bool {
     )
 }
 
-/// Judges one datagram from `from` and answers it when it is authentic.
+/// Judges one datagram from `from` (through [`machine_service`], as an
+/// HTTPS heartbeat is) and answers it when it is authentic.
 fn handle(app: &App, socket: &UdpSocket, datagram: &[u8], from: SocketAddr) {
     let metrics = crate::metrics::global();
-    if app.leadership.term().is_none() {
-        metrics.datagram("not_leader");
-        return;
-    }
     let received = std::time::Instant::now();
-    let now = std::time::SystemTime::now();
-    let revision = |name: &str| app.store.cached_revision(Kind::Machine, name);
-    let result = app
-        .datagrams
-        .receive(datagram, unix_micros(now), &revision, |name| {
-            app.saw(name, time::OffsetDateTime::from(now))
-        });
-    match result {
+    match machine_service::datagram_heartbeat(app, datagram, std::time::SystemTime::now()) {
+        Err(DatagramRefusal::NotLeader) => metrics.datagram("not_leader"),
         Ok((answer, verdict)) => {
             metrics.datagram(match verdict {
                 Verdict::Quiet => "quiet",
@@ -131,7 +122,7 @@ fn handle(app: &App, socket: &UdpSocket, datagram: &[u8], from: SocketAddr) {
             }
             metrics.machine_request("datagram", true, received.elapsed());
         }
-        Err(refusal) => {
+        Err(DatagramRefusal::Refused(refusal)) => {
             metrics.datagram(refusal.label());
             metrics.machine_request("datagram", false, received.elapsed());
             tracing::debug!(%from, ?refusal, "heartbeat datagram refused");

@@ -105,12 +105,24 @@ impl Prober {
         let counted = count.clone();
         let thread = std::thread::spawn(move || {
             let mut results = vec![];
+            let started = std::time::Instant::now();
             loop {
                 let ok = kubectl(
                     &kubeconfig,
                     &["get", "--raw", "/readyz", "--request-timeout=2s"],
                 )
                 .is_ok();
+                if !ok {
+                    // When each failure happened, to lay beside the
+                    // coordinator's log (printed when a test fails, or
+                    // always with DROVER_TEST_LOG set).
+                    eprintln!(
+                        "{} /readyz probe {} failed, {:.1} s after probing began",
+                        time::OffsetDateTime::now_utc(),
+                        results.len(),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
                 results.push(ok);
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match stopped.recv_timeout(Duration::from_secs(1)) {

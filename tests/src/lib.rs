@@ -621,7 +621,7 @@ impl Drop for Coordinator {
             p.stop();
         }
         kill_child(&mut self.child);
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("DROVER_TEST_LOG").is_some() {
             eprintln!("--- coordinator output ---\n{}", self.output());
         }
     }

@@ -164,6 +164,28 @@ const RULES: &[Rule] = &[
     },
     Rule {
         krate: "coordinator",
+        from: Modules::Only(&["protocol"]),
+        forbidden: &[
+            Target::Module("app"),
+            Target::Module("http"),
+            Target::Module("store"),
+            Target::Module("provider"),
+            Target::Module("reconcile"),
+            Target::Module("leader"),
+            Target::Module("machine_service"),
+            Target::Module("heartbeat_udp"),
+            Target::Crate("tokio"),
+        ],
+        why: "the machine protocol core does no IO: it takes the machine, its cluster, the request and the time, and returns the change and the answer; machine_service does the IO around it",
+    },
+    Rule {
+        krate: "coordinator",
+        from: Modules::Only(&["machine_service"]),
+        forbidden: &[Target::Module("http"), Target::Module("heartbeat_udp")],
+        why: "the IO around the machine protocol is below both edges that call it (the HTTPS handlers and the datagram receiver)",
+    },
+    Rule {
+        krate: "coordinator",
         from: Modules::Only(&["store"]),
         forbidden: &[
             Target::Module("app"),

@@ -101,12 +101,8 @@ impl AddonApply {
     /// The id of the directive that carries it: a new request is a new
     /// directive.
     pub fn directive_id(&self) -> String {
-        format!(
-            "{ADDON_APPLY_PREFIX}{}-{}-{}",
-            self.addon,
-            &self.hash[..self.hash.len().min(12)],
-            self.requested_at.unix_timestamp()
-        )
+        let subject = format!("{}-{}", self.addon, &self.hash[..self.hash.len().min(12)]);
+        super::operations::operation_id(ADDON_APPLY_PREFIX, Some(&subject), self.requested_at)
     }
 }
 

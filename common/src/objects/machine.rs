@@ -165,7 +165,7 @@ pub struct MachineStatus {
     /// The in-place upgrade this machine is asked to run (pool clusters),
     /// kept here so its heartbeats carry it without reading its cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upgrade: Option<crate::objects::cluster::UpgradeRequest>,
+    pub upgrade: Option<crate::objects::operations::UpgradeRequest>,
     #[serde(
         default,
         with = "time::serde::rfc3339::option",
