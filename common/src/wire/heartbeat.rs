@@ -3,6 +3,7 @@
 //! directives).
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use super::directive::{Directive, DirectiveResult};
 pub use crate::objects::report::{
@@ -23,6 +24,7 @@ pub enum AgentPhase {
 }
 
 /// `POST /v1/machine/heartbeat`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeartbeatRequest {
@@ -30,31 +32,25 @@ pub struct HeartbeatRequest {
     /// The assignment generation the agent has applied (0: none).
     pub applied_generation: u64,
     pub health: HealthReport,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapReport>,
     /// Results of directives carried out since the last heartbeat.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub directive_results: Vec<DirectiveResult>,
     /// The cluster's etcd members as this control plane sees them, sent
     /// when they change (and now and then).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdReport>,
     /// The cluster's Nodes as this control plane's API server lists them,
     /// sent when they change (and now and then).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodesReport>,
     /// The version of the machine's kubeadm (`kubeadm version -o short`),
     /// sent when the agent starts and when it changes (an in-place
     /// upgrade).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_version: Option<String>,
     /// When the first of this control plane's kubeadm certificates
     /// expires, sent when it changes (and when the agent starts).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<crate::objects::CertificateExpiry>,
     /// Why this machine heartbeats over HTTPS although it was offered
     /// datagrams (they went unanswered), while it does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_fallback: Option<String>,
     /// The agent takes datagram offers: only then does the answer carry
     /// one (an agent from before datagram heartbeats refuses an answer
@@ -65,11 +61,11 @@ pub struct HeartbeatRequest {
     /// Only an agent that sends it is sent a new list
     /// ([`HeartbeatResponse::coordinators`]): an agent from before it
     /// refuses an answer with a field it does not know.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinators_digest: Option<String>,
 }
 
 /// What a control-plane agent reads of the cluster's Nodes.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodesReport {
@@ -82,12 +78,10 @@ pub struct NodesReport {
     /// `kube-system/kubeadm-config`: the control-plane version that
     /// `kubeadm join --control-plane` deploys. Absent when it could not be
     /// read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_config_version: Option<String>,
     /// Whether the cluster's endpoint (the server `admin.conf` names)
     /// answered `GET /readyz` with 200. Absent when the machine has no
     /// `admin.conf` to read it from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_ready: Option<bool>,
 }
 
@@ -222,20 +216,19 @@ impl HeartbeatRequest {
 }
 
 /// The answer to a heartbeat.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeartbeatResponse {
     /// When to send the next heartbeat.
     pub heartbeat_interval_seconds: u64,
     /// The machine's current assignment, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment: Option<AssignmentNotice>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub directives: Vec<Directive>,
     /// Present when the machine may send its next heartbeats as datagrams
     /// (see [`crate::wire::datagram`]) while its report stays the same:
     /// absent, it heartbeats over HTTPS.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datagram: Option<super::datagram::DatagramOffer>,
     /// The coordinator URLs this machine should use from now on (every
     /// registered replica, the leader's first), present only when they
@@ -243,7 +236,6 @@ pub struct HeartbeatResponse {
     /// an agent whose heartbeat has no `coordinatorsDigest` (it predates
     /// the field and would refuse the answer). Checked by
     /// [`check_coordinator_urls`] on both sides.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinators: Option<Vec<String>>,
 }
 

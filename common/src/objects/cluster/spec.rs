@@ -12,6 +12,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use super::status::ClusterStatus;
 use crate::names::CONTROL_PLANE_POOL;
@@ -22,6 +23,7 @@ use crate::objects::customise::{
     SecretLookup,
 };
 use crate::objects::meta::{LabelSelector, ObjectMeta};
+use crate::serde_skip::is_default;
 use crate::units::parse_duration;
 
 /// A declared Kubernetes cluster.
@@ -39,6 +41,7 @@ pub struct Cluster {
 /// What the cluster should be: versions, counts and templates, and what
 /// goes onto its machines around kubeadm (files, commands) and into it
 /// (addons, a pod network).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
@@ -55,16 +58,12 @@ pub struct ClusterSpec {
     /// `{managed: coordinator}` (pool clusters) for a TCP proxy the
     /// coordinator keeps. When unset, a control-plane machine's own address
     /// is used, which dies with that machine.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<ControlPlaneEndpoint>,
     /// When machines count as unhealthy and how many may be replaced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthPolicy>,
     /// How a machine leaving on purpose is drained first.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainPolicy>,
     /// How machines made for an older version (or image) are rolled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradePolicy>,
     /// Files every machine gets before kubeadm runs (a pool may add its
     /// own; `controlPlaneOnly` keeps one off workers).
@@ -87,18 +86,17 @@ pub struct ClusterSpec {
 
 /// `spec.upgrade`: how a rollout proceeds once `kubernetesVersion` or a
 /// machine image changes.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpgradePolicy {
     /// How long each new machine must be Running, healthy and its Node
     /// Ready before the rollout takes its next step (default `2m`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settle_time: Option<String>,
     /// A control plane whose kubeadm certificates expire within this is
     /// replaced (docker, aws) by one with new certificates, at the same
     /// version (default `30d`; from `7d` to under a year, the validity
     /// kubeadm gives them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renew_certificates_before: Option<String>,
 }
 
@@ -135,16 +133,15 @@ impl UpgradePolicy {
 }
 
 /// How a pool replaces its machines during a rollout.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RolloutPolicy {
     /// How many machines may be created above the pool's replicas (the
     /// control plane: 0 or 1; default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_surge: Option<u32>,
     /// How many of the pool's machines may be missing (worker pools
     /// only; default 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_unavailable: Option<u32>,
 }
 
@@ -163,13 +160,13 @@ impl RolloutPolicy {
 /// `spec.drain`: a machine that leaves on purpose (scale-down, `drover
 /// delete machine`) is cordoned and its Pods evicted through the Eviction
 /// API first, so PodDisruptionBudgets hold.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DrainPolicy {
     /// How long a drain may be refused (by a PodDisruptionBudget, or Pods
     /// that do not go) before the machine's removal halts with a
     /// `DrainFailed` condition; `10m` by default.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
     /// After the timeout, remove the machine anyway instead of halting.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -286,25 +283,23 @@ impl ClusterSpec {
 }
 
 /// Overrides of the coordinator's health and remediation defaults.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthPolicy {
     /// Silence after which a machine is unhealthy, e.g. `40s`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_timeout: Option<String>,
     /// Longest time from creation to Running, e.g. `10m`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup_timeout: Option<String>,
     /// How long a machine may report a failing kubelet or node, e.g. `2m`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unhealthy_timeout: Option<String>,
     /// Remediation pauses for a pool when more than this share of it is
     /// unhealthy, e.g. `40%`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_unhealthy: Option<String>,
 }
 
 /// The control-plane pool.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ControlPlaneSpec {
@@ -314,7 +309,6 @@ pub struct ControlPlaneSpec {
     #[serde(default, skip_serializing_if = "is_default")]
     pub selector: LabelSelector,
     /// How the control plane rolls (`maxSurge` 0 or 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutPolicy>,
     /// Files for control-plane machines only, after `spec.files`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -330,6 +324,7 @@ pub struct ControlPlaneSpec {
 }
 
 /// A pool of worker machines.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerPoolSpec {
@@ -338,7 +333,6 @@ pub struct WorkerPoolSpec {
     #[serde(default, skip_serializing_if = "is_default")]
     pub selector: LabelSelector,
     /// How the pool rolls (`maxSurge`, `maxUnavailable`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutPolicy>,
     /// Files for this pool's machines only, after `spec.files`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -351,10 +345,6 @@ pub struct WorkerPoolSpec {
     /// `spec.postKubeadmCommands`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_kubeadm_commands: Vec<String>,
-}
-
-fn is_default<T: Default + PartialEq>(v: &T) -> bool {
-    *v == T::default()
 }
 
 /// Pod and service networks.
@@ -496,6 +486,7 @@ impl ProviderSpec {
 }
 
 /// The `docker` provider: machines are containers from a node image.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DockerProviderSpec {
@@ -510,7 +501,6 @@ pub struct DockerProviderSpec {
     /// user namespaces): the machine then gets only `CAP_SYS_ADMIN` and
     /// `CAP_NET_ADMIN` beyond Docker's defaults, enough for systemd and the
     /// agent, not for a real containerd and kubelet. Default `true`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privileged: Option<bool>,
 }
 
@@ -539,11 +529,11 @@ pub enum DockerMachineProfile {
 }
 
 /// The `pool` provider: which self-registered machines the cluster may claim.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolProviderSpec {
     /// Only machines that registered into this pool are claimed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub selector: LabelSelector,

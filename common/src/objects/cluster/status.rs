@@ -11,13 +11,15 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use crate::objects::addons::{AddonApply, AddonStatus};
-use crate::objects::meta::{is_zero, Condition};
+use crate::objects::meta::Condition;
 use crate::objects::operations::{
     CertificateRenewal, EssentialAddonsUpgrade, EtcdRemoval, MachineUpgrade, NodeDrain,
     NodeRemoval, VersionUpdate,
 };
+use crate::serde_skip::is_default;
 
 /// One etcd member, as a control-plane agent sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -53,6 +55,7 @@ impl EtcdMember {
 }
 
 /// One Node of the cluster, as a control-plane agent reads it.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterNode {
@@ -60,11 +63,7 @@ pub struct ClusterNode {
     /// Its `Ready` condition: `True`, `False` or `Unknown`.
     pub ready: String,
     /// When `Ready` last changed (its `lastTransitionTime`).
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub since: Option<time::OffsetDateTime>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unschedulable: bool,
@@ -92,6 +91,7 @@ impl ClusterNode {
 }
 
 /// A rollout's progress.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RolloutStatus {
@@ -107,12 +107,10 @@ pub struct RolloutStatus {
     pub pools: Vec<PoolRollout>,
     /// Why the rollout stopped; nothing more is replaced until the spec
     /// changes or `drover rollout resume`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted: Option<RolloutHalt>,
     /// What the rollout waits for before its next step, and why (a new
     /// machine's Node NotReady and what it says, another change under
     /// way, a silent machine); absent while it steps or is done.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
     /// New machines of this rollout that failed (bootstrap or health) and
     /// were replaced; the second failure halts the rollout.
@@ -145,24 +143,22 @@ pub struct RolloutHalt {
 }
 
 /// The observed state of a cluster, written by the coordinator.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterStatus {
     #[serde(default)]
     pub phase: ClusterPhase,
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub observed_generation: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<String>,
     /// The coordinator's port that proxies to the control plane, when the
     /// spec asks for `{managed: coordinator}`. Allocated once, before
     /// `kubeadm init`, and kept for the cluster's life.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_port: Option<u16>,
     /// The provider's load balancer in front of the control planes (docker
     /// clusters), made before the first machine; `controlPlaneEndpoint` is
     /// its address.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<LoadBalancerStatus>,
     /// The cluster's etcd members as a control-plane agent last reported
     /// them (`drover describe cluster` shows them). Every quorum decision
@@ -170,68 +166,51 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub etcd_members: Vec<EtcdMember>,
     /// Which machine reported `etcdMembers`, and when.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_reported_by: Option<String>,
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub etcd_reported_at: Option<time::OffsetDateTime>,
     /// The cluster's Nodes as a control-plane agent last reported them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<ClusterNode>,
     /// The Node deletion the coordinator asked a control-plane machine to
     /// make (a Node whose machine left), until it is gone from the list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_removal: Option<NodeRemoval>,
     /// The member removal the coordinator asked a control-plane machine to
     /// make, until the member is gone from the reported list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_removal: Option<EtcdRemoval>,
     /// The drain under way of a machine leaving on purpose.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<NodeDrain>,
     /// `ClusterConfiguration.kubernetesVersion` in the cluster's
     /// `kube-system/kubeadm-config` as a control plane last reported it:
     /// the version a control plane that joins deploys.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_config_version: Option<String>,
     /// Whether the cluster's endpoint answered `/readyz`, as a control
     /// plane last reported it. A rollout takes no step while it does not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_ready: Option<bool>,
     /// The certificate renewal asked of a pool control plane whose first
     /// kubeadm certificate expires within the renewal window (one machine
     /// at a time), until it reports new ones.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_renewal: Option<CertificateRenewal>,
     /// The change of that version asked of a control-plane machine, before
     /// the first control plane of a new version joins; until it is reported
     /// done.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_update: Option<VersionUpdate>,
     /// The upgrade of kube-proxy and CoreDNS a rollout asked of a
     /// control plane once its last new control plane was in; kept once
     /// done (the version they were last upgraded to).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub essential_addons: Option<EssentialAddonsUpgrade>,
     /// The pool machine being upgraded in place (pool clusters, one
     /// machine at a time).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine_upgrade: Option<MachineUpgrade>,
     /// Each addon of the spec, in its order: applied, pending or failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addons: Vec<AddonStatus>,
     /// The addon apply asked of a running control plane, until it reports.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addon_apply: Option<AddonApply>,
     /// The rollout under way: machines made for another version or image
     /// being replaced; absent when every machine is up to date.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
     /// The machine that ran `kubeadm init`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_machine: Option<String>,
     /// Whether `kubeadm init` has succeeded once for this cluster.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
