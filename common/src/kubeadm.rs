@@ -324,11 +324,6 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
             return Err(ConfigError::NoTypeMeta { index });
         };
         let (api_version, kind) = (api_version.to_owned(), kind.to_owned());
-        let strict = |detail: serde_json::Error| ConfigError::Strict {
-            index,
-            kind: kind.clone(),
-            detail: detail.to_string(),
-        };
         let expected = match kind.as_str() {
             "KubeletConfiguration" => KUBELET_API_VERSION,
             "KubeProxyConfiguration" => KUBE_PROXY_API_VERSION,
@@ -350,38 +345,30 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
             });
         }
         match kind.as_str() {
-            "InitConfiguration" => put(
-                &mut out.init,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "ClusterConfiguration" => put(
-                &mut out.cluster,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "JoinConfiguration" => put(
-                &mut out.join,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "KubeletConfiguration" => put(
-                &mut out.kubelet,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "KubeProxyConfiguration" => put(
-                &mut out.kube_proxy,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
+            "InitConfiguration" => put(&mut out.init, doc, index, &kind)?,
+            "ClusterConfiguration" => put(&mut out.cluster, doc, index, &kind)?,
+            "JoinConfiguration" => put(&mut out.join, doc, index, &kind)?,
+            "KubeletConfiguration" => put(&mut out.kubelet, doc, index, &kind)?,
+            "KubeProxyConfiguration" => put(&mut out.kube_proxy, doc, index, &kind)?,
             _ => return Err(ConfigError::UnknownKind { index, kind }),
         }
     }
     Ok(out)
 }
 
-fn put<T>(slot: &mut Option<T>, v: T, kind: &str) -> Result<(), ConfigError> {
+/// Decodes document `index`, of kind `kind`, strictly into `slot`, which
+/// must still be empty: a kind appears once in a file.
+fn put<T: serde::de::DeserializeOwned>(
+    slot: &mut Option<T>,
+    doc: serde_json::Value,
+    index: usize,
+    kind: &str,
+) -> Result<(), ConfigError> {
+    let v = serde_json::from_value(doc).map_err(|detail| ConfigError::Strict {
+        index,
+        kind: kind.to_owned(),
+        detail: detail.to_string(),
+    })?;
     if slot.is_some() {
         return Err(ConfigError::Duplicate(kind.to_owned()));
     }

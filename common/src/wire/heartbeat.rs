@@ -134,6 +134,13 @@ pub fn truncate_reported(s: &mut String, max: usize) -> bool {
     true
 }
 
+/// Keeps the first `max` items of `list`; returns whether any was dropped.
+fn truncate_list<T>(list: &mut Vec<T>, max: usize) -> bool {
+    let cut = list.len() > max;
+    list.truncate(max);
+    cut
+}
+
 impl HeartbeatRequest {
     /// Bounds every string and list a machine reports, so what the
     /// coordinator stores and shows stays small whatever an agent (or
@@ -162,20 +169,14 @@ impl HeartbeatRequest {
                 }
             }
         }
-        if self.directive_results.len() > MAX_DIRECTIVE_RESULTS {
-            self.directive_results.truncate(MAX_DIRECTIVE_RESULTS);
-            cut = true;
-        }
+        cut |= truncate_list(&mut self.directive_results, MAX_DIRECTIVE_RESULTS);
         for r in &mut self.directive_results {
             cut |= truncate_reported(&mut r.id, MAX_REPORTED_ID_CHARS);
             cut |= truncate_reported(&mut r.message, MAX_REPORTED_CHARS);
         }
         if let Some(n) = &mut self.nodes {
             cut |= truncate_reported(&mut n.error, MAX_REPORTED_CHARS);
-            if n.nodes.len() > MAX_NODES {
-                n.nodes.truncate(MAX_NODES);
-                cut = true;
-            }
+            cut |= truncate_list(&mut n.nodes, MAX_NODES);
             for node in &mut n.nodes {
                 cut |= truncate_reported(&mut node.name, 253);
                 cut |= truncate_reported(&mut node.ready, MAX_REPORTED_ID_CHARS);
@@ -193,18 +194,12 @@ impl HeartbeatRequest {
         }
         if let Some(e) = &mut self.etcd {
             cut |= truncate_reported(&mut e.error, MAX_REPORTED_CHARS);
-            if e.members.len() > MAX_ETCD_MEMBERS {
-                e.members.truncate(MAX_ETCD_MEMBERS);
-                cut = true;
-            }
+            cut |= truncate_list(&mut e.members, MAX_ETCD_MEMBERS);
             for m in &mut e.members {
                 cut |= truncate_reported(&mut m.id, MAX_REPORTED_ID_CHARS);
                 cut |= truncate_reported(&mut m.name, MAX_REPORTED_ID_CHARS);
                 for urls in [&mut m.peer_urls, &mut m.client_urls] {
-                    if urls.len() > 4 {
-                        urls.truncate(4);
-                        cut = true;
-                    }
+                    cut |= truncate_list(urls, 4);
                     for u in urls.iter_mut() {
                         cut |= truncate_reported(u, 256);
                     }
