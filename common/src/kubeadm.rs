@@ -8,8 +8,10 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use crate::pin::CaPin;
+use crate::serde_skip::is_default;
 use crate::token::BootstrapToken;
 
 pub const KUBEADM_API_VERSION: &str = "kubeadm.k8s.io/v1beta4";
@@ -47,16 +49,14 @@ pub struct Arg {
 }
 
 /// `BootstrapToken` in `InitConfiguration.bootstrapTokens`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapTokenSpec {
     pub token: BootstrapToken,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     /// A Go duration such as `900s` or `24h0m0s`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub usages: Vec<String>,
@@ -65,22 +65,18 @@ pub struct BootstrapTokenSpec {
 }
 
 /// `NodeRegistrationOptions`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeRegistration {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cri_socket: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taints: Option<Vec<serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kubelet_extra_args: Vec<Arg>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore_preflight_errors: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_serial: Option<bool>,
 }
 
@@ -90,43 +86,28 @@ pub struct NodeRegistration {
 pub struct ApiEndpoint {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub advertise_address: String,
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub bind_port: u16,
 }
 
-fn is_zero(v: &u16) -> bool {
-    *v == 0
-}
-
 /// `Timeouts` (all Go durations).
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Timeouts {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_component_health_check: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet_health_check: Option<String>,
-    #[serde(
-        default,
-        rename = "kubernetesAPICall",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "kubernetesAPICall")]
     pub kubernetes_api_call: Option<String>,
-    #[serde(
-        default,
-        rename = "etcdAPICall",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "etcdAPICall")]
     pub etcd_api_call: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_bootstrap: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_manifests: Option<String>,
 }
 
 /// `InitConfiguration`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InitConfiguration {
@@ -134,19 +115,15 @@ pub struct InitConfiguration {
     pub kind: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bootstrap_tokens: Vec<BootstrapTokenSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
     #[serde(default)]
     pub node_registration: NodeRegistration,
     #[serde(default, rename = "localAPIEndpoint")]
     pub local_api_endpoint: ApiEndpoint,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_key: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skip_phases: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patches: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<Timeouts>,
 }
 
@@ -173,12 +150,12 @@ pub struct ApiServer {
 }
 
 /// `ClusterConfiguration`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterConfiguration {
     pub api_version: String,
     pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<serde_json::Value>,
     #[serde(default)]
     pub networking: Networking,
@@ -187,31 +164,24 @@ pub struct ClusterConfiguration {
     pub control_plane_endpoint: String,
     #[serde(default, rename = "apiServer")]
     pub api_server: ApiServer,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_manager: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub certificates_dir: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_repository: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feature_gates: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cluster_name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub encryption_algorithm: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_validity_period: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_certificate_validity_period: Option<String>,
 }
 
 /// `BootstrapTokenDiscovery`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapTokenDiscovery {
@@ -220,61 +190,52 @@ pub struct BootstrapTokenDiscovery {
     pub api_server_endpoint: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ca_cert_hashes: Vec<CaPin>,
-    #[serde(
-        default,
-        rename = "unsafeSkipCAVerification",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "unsafeSkipCAVerification")]
     pub unsafe_skip_ca_verification: Option<bool>,
 }
 
 /// `Discovery`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Discovery {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_token: Option<BootstrapTokenDiscovery>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_bootstrap_token: Option<String>,
 }
 
 /// `JoinControlPlane`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinControlPlane {
     #[serde(default, rename = "localAPIEndpoint")]
     pub local_api_endpoint: ApiEndpoint,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_key: Option<String>,
 }
 
 /// `JoinConfiguration`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinConfiguration {
     pub api_version: String,
     pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
     #[serde(default)]
     pub node_registration: NodeRegistration,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_cert_path: Option<String>,
     pub discovery: Discovery,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane: Option<JoinControlPlane>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skip_phases: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patches: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<Timeouts>,
 }
 
 /// The part of `KubeletConfiguration` Drover sets. Other fields are passed
 /// through untouched when parsing.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeletConfiguration {
@@ -282,13 +243,11 @@ pub struct KubeletConfiguration {
     pub kind: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub healthz_bind_address: String,
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub healthz_port: u16,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cgroup_driver: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_swap_on: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_gc_high_threshold_percent: Option<u8>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub eviction_hard: BTreeMap<String, String>,
@@ -297,21 +256,21 @@ pub struct KubeletConfiguration {
 /// The part of kube-proxy's `KubeProxyConfiguration` Drover sets; kubeadm
 /// passes it on to the `kube-proxy` ConfigMap. Other fields are passed
 /// through untouched when parsing.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeProxyConfiguration {
     pub api_version: String,
     pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conntrack: Option<KubeProxyConntrack>,
 }
 
 /// kube-proxy's conntrack settings.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeProxyConntrack {
     /// Connections tracked per CPU; 0 leaves the kernel's limit alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_core: Option<u32>,
 }
 
@@ -365,11 +324,6 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
             return Err(ConfigError::NoTypeMeta { index });
         };
         let (api_version, kind) = (api_version.to_owned(), kind.to_owned());
-        let strict = |detail: serde_json::Error| ConfigError::Strict {
-            index,
-            kind: kind.clone(),
-            detail: detail.to_string(),
-        };
         let expected = match kind.as_str() {
             "KubeletConfiguration" => KUBELET_API_VERSION,
             "KubeProxyConfiguration" => KUBE_PROXY_API_VERSION,
@@ -391,38 +345,30 @@ pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
             });
         }
         match kind.as_str() {
-            "InitConfiguration" => put(
-                &mut out.init,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "ClusterConfiguration" => put(
-                &mut out.cluster,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "JoinConfiguration" => put(
-                &mut out.join,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "KubeletConfiguration" => put(
-                &mut out.kubelet,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
-            "KubeProxyConfiguration" => put(
-                &mut out.kube_proxy,
-                serde_json::from_value(doc).map_err(strict)?,
-                &kind,
-            )?,
+            "InitConfiguration" => put(&mut out.init, doc, index, &kind)?,
+            "ClusterConfiguration" => put(&mut out.cluster, doc, index, &kind)?,
+            "JoinConfiguration" => put(&mut out.join, doc, index, &kind)?,
+            "KubeletConfiguration" => put(&mut out.kubelet, doc, index, &kind)?,
+            "KubeProxyConfiguration" => put(&mut out.kube_proxy, doc, index, &kind)?,
             _ => return Err(ConfigError::UnknownKind { index, kind }),
         }
     }
     Ok(out)
 }
 
-fn put<T>(slot: &mut Option<T>, v: T, kind: &str) -> Result<(), ConfigError> {
+/// Decodes document `index`, of kind `kind`, strictly into `slot`, which
+/// must still be empty: a kind appears once in a file.
+fn put<T: serde::de::DeserializeOwned>(
+    slot: &mut Option<T>,
+    doc: serde_json::Value,
+    index: usize,
+    kind: &str,
+) -> Result<(), ConfigError> {
+    let v = serde_json::from_value(doc).map_err(|detail| ConfigError::Strict {
+        index,
+        kind: kind.to_owned(),
+        detail: detail.to_string(),
+    })?;
     if slot.is_some() {
         return Err(ConfigError::Duplicate(kind.to_owned()));
     }

@@ -49,6 +49,7 @@ pub mod jws;
 pub mod names;
 pub mod pem;
 pub mod process;
+pub(crate) mod serde_skip;
 #[cfg(feature = "tcp-proxy")]
 pub mod tcp_proxy;
 pub mod token;

@@ -3,10 +3,14 @@
 //! plane once the API server answers, and their status.
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
+use crate::serde_skip::is_default;
+
 /// One addon of `spec.addons`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Addon {
@@ -22,7 +26,6 @@ pub struct Addon {
     /// A file `drover apply` reads (relative to the cluster document) and
     /// stores as `manifests`; the coordinator never fetches anything, so it
     /// refuses a document that still names one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifests_from: Option<String>,
 }
 
@@ -39,6 +42,7 @@ pub enum AddonMode {
 }
 
 /// Where one addon stands, in `status.addons` (spec order).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AddonStatus {
@@ -47,24 +51,16 @@ pub struct AddonStatus {
     /// The SHA-256 of the manifests applied (`Applied`) or last tried.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash: String,
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub applied_at: Option<OffsetDateTime>,
     /// Why the last attempt failed: the object it failed on and the API
     /// server's own message.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// Failed attempts in a row (0 once applied).
-    #[serde(default, skip_serializing_if = "super::meta::is_zero_u32")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub failures: u32,
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub last_attempt_at: Option<OffsetDateTime>,
 }
 

@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use super::format::FormatError;
 
 /// The `aws` provider: machines are EC2 instances launched from an AMI with
 /// `drover-agent` baked in.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AwsProviderSpec {
@@ -30,18 +32,17 @@ pub struct AwsProviderSpec {
     /// may then set its scheme); with one, `targetGroupArn` names the
     /// target group of that load balancer Drover keeps the control planes
     /// registered in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<AwsLoadBalancerSpec>,
 }
 
 /// How an aws cluster's control planes are reached.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AwsLoadBalancerSpec {
     /// A TCP target group of the user's own load balancer: Drover makes no
     /// load balancer, and registers each control plane's address (port
     /// 6443) in this group while it serves. Needs `spec.controlPlaneEndpoint`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_group_arn: Option<String>,
     /// Whether the load balancer Drover makes has an internal address (the
     /// default: machines and the coordinator reach it inside the VPC) or a
@@ -70,6 +71,7 @@ impl AwsLoadBalancerScheme {
 }
 
 /// How the instances of one pool are launched.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AwsMachineTemplate {
@@ -83,7 +85,6 @@ pub struct AwsMachineTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub security_groups: Vec<String>,
     /// An IAM instance profile, by name or ARN.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_profile: Option<String>,
     /// Tags for this pool's instances; they override cluster-wide tags.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

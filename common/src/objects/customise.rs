@@ -5,11 +5,13 @@
 //! agent (before it writes anything) check.
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use super::secret::{check_secret_key, SecretKeyRef};
 
 /// A file every machine of a cluster (or of one pool) gets before kubeadm
 /// runs, written atomically under the agent's root.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineFile {
@@ -18,18 +20,14 @@ pub struct MachineFile {
     /// own are refused ([`RESERVED_PATHS`]).
     pub path: String,
     /// Octal permission bits, such as `"0644"` (the default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permissions: Option<String>,
     /// `user`, `user:group` or numeric ids (default `root:root`). Names are
     /// looked up in the machine's own `/etc/passwd` and `/etc/group`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     /// The file's text. Give this or `contentFrom`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// A Secret's key whose value is the file's text, read when a machine's
     /// config bundle is built.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_from: Option<SecretKeyRef>,
     /// Whether only control-plane machines get it; a worker never does.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

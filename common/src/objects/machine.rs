@@ -3,10 +3,12 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
-use super::meta::{is_zero, Condition, Event, ObjectMeta};
+use super::meta::{Condition, Event, ObjectMeta};
 use super::report::{BootstrapReport, HealthReport};
+use crate::serde_skip::is_default;
 
 /// The condition type the reconciler keeps on a machine that went silent or
 /// whose instance stopped (False), cleared to True when it is back. The
@@ -26,6 +28,7 @@ pub struct Machine {
 }
 
 /// What the coordinator wants of the machine.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineSpec {
@@ -34,14 +37,13 @@ pub struct MachineSpec {
     #[serde(default)]
     pub pool: String,
     /// The provider that created the machine, when the coordinator made it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     /// The cluster the machine serves, when claimed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment: Option<Assignment>,
 }
 
 /// A machine's place in a cluster.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Assignment {
@@ -57,23 +59,16 @@ pub struct Assignment {
     /// When the machine was given this assignment. A pool machine may have
     /// waited in its pool for weeks, so its startup timeout runs from here,
     /// not from its registration.
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub assigned_at: Option<OffsetDateTime>,
     /// The machine this one replaces in its cluster, when it was claimed or
     /// created to take an unhealthy or removed machine's place.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<String>,
     /// The Kubernetes version the machine was made (or claimed) for: the
     /// cluster's `kubernetesVersion` then. A machine whose version (or
     /// image) differs from the cluster's is replaced by a rollout.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
     /// The image a provider made the machine from (a docker image, an AMI).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 }
 
@@ -137,6 +132,7 @@ impl fmt::Display for MachinePhase {
 }
 
 /// What the coordinator knows about a machine.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineStatus {
@@ -147,10 +143,10 @@ pub struct MachineStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
     /// Where this machine's API server listens, when it is control plane.
-    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub api_server_port: u16,
     /// Where this machine's kubelet serves `/healthz`.
-    #[serde(default, skip_serializing_if = "is_zero_u16")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub kubelet_healthz_port: u16,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub agent_version: String,
@@ -160,58 +156,38 @@ pub struct MachineStatus {
     pub kubeadm_version: String,
     /// When the first of the machine's kubeadm certificates expires (a
     /// control plane), as its agent last reported it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<CertificateExpiry>,
     /// The in-place upgrade this machine is asked to run (pool clusters),
     /// kept here so its heartbeats carry it without reading its cluster.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<crate::objects::operations::UpgradeRequest>,
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub last_heartbeat_time: Option<OffsetDateTime>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthReport>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapReport>,
     /// The assignment generation the agent last applied.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub applied_generation: u64,
     /// Why the machine heartbeats over HTTPS although it was offered
     /// datagram heartbeats (their datagrams go unanswered: a firewall),
     /// as its agent last reported it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_fallback: Option<String>,
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub certificate_not_after: Option<OffsetDateTime>,
     /// The `sha256:` pin of the current client certificate's public key.
     /// Only that certificate may renew, so a stolen copy cannot extend
     /// itself past its expiry without the coordinator noticing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_key: Option<String>,
     /// When the machine's identity was revoked (by an admin, or by the
     /// coordinator on seeing two holders of it): from then on every
     /// certificate of the machine is refused.
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub identity_revoked_at: Option<OffsetDateTime>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The provider's id for the machine (a container or instance id).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_id: Option<String>,
     /// Where the provider placed the machine: its subnet on `aws`. Chosen
     /// and recorded before the first create call, so retries agree.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
     /// Whether the machine's single-use ticket was redeemed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -219,10 +195,6 @@ pub struct MachineStatus {
     /// What happened to the machine, oldest first (the last 30 events).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
-}
-
-fn is_zero_u16(v: &u16) -> bool {
-    *v == 0
 }
 
 /// The kubeadm certificate of a control plane that expires first: the

@@ -4,46 +4,32 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
+use crate::serde_skip::is_default;
+
 /// Object metadata, as in Kubernetes' `ObjectMeta` (the subset Drover uses).
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ObjectMeta {
     pub name: String,
     /// Set by the coordinator at creation; never changes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
     /// Incremented by the coordinator whenever the spec changes.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub generation: u64,
     /// The store revision of the last write; send it back to update with
     /// optimistic concurrency.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_version: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub creation_timestamp: Option<OffsetDateTime>,
     /// Set when deletion was requested; the object goes once cleanup is done.
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub deletion_timestamp: Option<OffsetDateTime>,
-}
-
-pub(super) fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-
-pub(super) fn is_zero(v: &u64) -> bool {
-    *v == 0
 }
 
 /// A condition, as in Kubernetes' `metav1.Condition`.

@@ -12,6 +12,7 @@
 //! result records behind one trait; these are the records as stored.
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 /// The id of the directive carrying an operation with id prefix `prefix`,
 /// about `subject` (`None` when the time alone tells requests apart), asked
@@ -60,6 +61,7 @@ pub const NODE_DELETE_PREFIX: &str = "node-delete-";
 
 /// A renewal of a pool control plane's kubeadm certificates, asked of that
 /// machine.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CertificateRenewal {
@@ -69,11 +71,7 @@ pub struct CertificateRenewal {
     #[serde(with = "time::serde::rfc3339")]
     pub requested_at: time::OffsetDateTime,
     /// When the last attempt failed and why, as the machine reported it.
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub failed_at: Option<time::OffsetDateTime>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
@@ -128,6 +126,7 @@ pub const VERSION_UPDATE_PREFIX: &str = "kubeadm-config-version-";
 /// upgrades them after the control plane (kubeadm's
 /// `phases/upgrade/postupgrade.go`). Kept once done, as the version they
 /// were last upgraded to.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EssentialAddonsUpgrade {
@@ -139,11 +138,7 @@ pub struct EssentialAddonsUpgrade {
     pub requested_at: time::OffsetDateTime,
     /// When the machine reported both at that version's images; absent
     /// while the upgrade is under way.
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub done_at: Option<time::OffsetDateTime>,
     /// What the machine reported it did (the images set).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -178,6 +173,7 @@ pub const ESSENTIAL_ADDONS_PREFIX: &str = "essential-addons-";
 /// the first control plane, `kubeadm upgrade node` elsewhere, then the
 /// image's kubelet hook), a control plane uncordons the Node, and the
 /// machine settles before the next one starts.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineUpgrade {
@@ -197,7 +193,6 @@ pub struct MachineUpgrade {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub via: String,
     /// The current step's outcome, once the machine reported it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<DrainResult>,
 }
 
@@ -290,6 +285,7 @@ pub const UNCORDON_PREFIX: &str = "uncordon-";
 
 /// The drain of a machine leaving on purpose, asked of a control-plane
 /// machine (one attempt at a time, retried until the drain timeout).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeDrain {
@@ -305,7 +301,6 @@ pub struct NodeDrain {
     #[serde(with = "time::serde::rfc3339")]
     pub requested_at: time::OffsetDateTime,
     /// This attempt's outcome, once the agent reported it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<DrainResult>,
 }
 
@@ -334,6 +329,7 @@ impl NodeDrain {
 }
 
 /// A member removal asked of a control-plane machine.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EtcdRemoval {
@@ -350,11 +346,7 @@ pub struct EtcdRemoval {
     /// When this request failed and why, as the machine reported it (etcd
     /// refuses a removal while a member that just joined is not yet
     /// active): it is asked again shortly.
-    #[serde(
-        default,
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, with = "time::serde::rfc3339::option")]
     pub failed_at: Option<time::OffsetDateTime>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,

@@ -4,6 +4,7 @@
 //! `Machine` object holds them.
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
 /// Health of one probed component.
@@ -25,13 +26,13 @@ pub struct Probe {
 }
 
 /// What the agent saw when it last probed its machine.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthReport {
     /// kubelet `/healthz`.
     pub kubelet: Probe,
     /// API server `/readyz`, on control-plane machines only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_server: Option<Probe>,
     /// Free bytes on the file system holding the agent's root.
     #[serde(default)]
@@ -50,23 +51,23 @@ impl HealthReport {
 }
 
 /// Where bootstrap stands, as the agent reports it.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapReport {
     /// The step in progress or last finished, e.g. `kubeadm-join`.
     pub step: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<CommandFailure>,
 }
 
 /// A failed command, with enough to debug it without logging in.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandFailure {
     /// The command line as run.
     pub command: String,
     /// The exit code, absent when killed by a signal or not started.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// The last lines of its combined output.
     pub output_tail: Vec<String>,

@@ -3,6 +3,7 @@
 //! directives).
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use super::directive::{Directive, DirectiveResult};
 pub use crate::objects::report::{
@@ -23,6 +24,7 @@ pub enum AgentPhase {
 }
 
 /// `POST /v1/machine/heartbeat`.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeartbeatRequest {
@@ -30,31 +32,25 @@ pub struct HeartbeatRequest {
     /// The assignment generation the agent has applied (0: none).
     pub applied_generation: u64,
     pub health: HealthReport,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapReport>,
     /// Results of directives carried out since the last heartbeat.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub directive_results: Vec<DirectiveResult>,
     /// The cluster's etcd members as this control plane sees them, sent
     /// when they change (and now and then).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdReport>,
     /// The cluster's Nodes as this control plane's API server lists them,
     /// sent when they change (and now and then).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<NodesReport>,
     /// The version of the machine's kubeadm (`kubeadm version -o short`),
     /// sent when the agent starts and when it changes (an in-place
     /// upgrade).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_version: Option<String>,
     /// When the first of this control plane's kubeadm certificates
     /// expires, sent when it changes (and when the agent starts).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<crate::objects::CertificateExpiry>,
     /// Why this machine heartbeats over HTTPS although it was offered
     /// datagrams (they went unanswered), while it does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_fallback: Option<String>,
     /// The agent takes datagram offers: only then does the answer carry
     /// one (an agent from before datagram heartbeats refuses an answer
@@ -65,11 +61,11 @@ pub struct HeartbeatRequest {
     /// Only an agent that sends it is sent a new list
     /// ([`HeartbeatResponse::coordinators`]): an agent from before it
     /// refuses an answer with a field it does not know.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinators_digest: Option<String>,
 }
 
 /// What a control-plane agent reads of the cluster's Nodes.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodesReport {
@@ -82,12 +78,10 @@ pub struct NodesReport {
     /// `kube-system/kubeadm-config`: the control-plane version that
     /// `kubeadm join --control-plane` deploys. Absent when it could not be
     /// read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_config_version: Option<String>,
     /// Whether the cluster's endpoint (the server `admin.conf` names)
     /// answered `GET /readyz` with 200. Absent when the machine has no
     /// `admin.conf` to read it from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_ready: Option<bool>,
 }
 
@@ -140,6 +134,13 @@ pub fn truncate_reported(s: &mut String, max: usize) -> bool {
     true
 }
 
+/// Keeps the first `max` items of `list`; returns whether any was dropped.
+fn truncate_list<T>(list: &mut Vec<T>, max: usize) -> bool {
+    let cut = list.len() > max;
+    list.truncate(max);
+    cut
+}
+
 impl HeartbeatRequest {
     /// Bounds every string and list a machine reports, so what the
     /// coordinator stores and shows stays small whatever an agent (or
@@ -168,20 +169,14 @@ impl HeartbeatRequest {
                 }
             }
         }
-        if self.directive_results.len() > MAX_DIRECTIVE_RESULTS {
-            self.directive_results.truncate(MAX_DIRECTIVE_RESULTS);
-            cut = true;
-        }
+        cut |= truncate_list(&mut self.directive_results, MAX_DIRECTIVE_RESULTS);
         for r in &mut self.directive_results {
             cut |= truncate_reported(&mut r.id, MAX_REPORTED_ID_CHARS);
             cut |= truncate_reported(&mut r.message, MAX_REPORTED_CHARS);
         }
         if let Some(n) = &mut self.nodes {
             cut |= truncate_reported(&mut n.error, MAX_REPORTED_CHARS);
-            if n.nodes.len() > MAX_NODES {
-                n.nodes.truncate(MAX_NODES);
-                cut = true;
-            }
+            cut |= truncate_list(&mut n.nodes, MAX_NODES);
             for node in &mut n.nodes {
                 cut |= truncate_reported(&mut node.name, 253);
                 cut |= truncate_reported(&mut node.ready, MAX_REPORTED_ID_CHARS);
@@ -199,18 +194,12 @@ impl HeartbeatRequest {
         }
         if let Some(e) = &mut self.etcd {
             cut |= truncate_reported(&mut e.error, MAX_REPORTED_CHARS);
-            if e.members.len() > MAX_ETCD_MEMBERS {
-                e.members.truncate(MAX_ETCD_MEMBERS);
-                cut = true;
-            }
+            cut |= truncate_list(&mut e.members, MAX_ETCD_MEMBERS);
             for m in &mut e.members {
                 cut |= truncate_reported(&mut m.id, MAX_REPORTED_ID_CHARS);
                 cut |= truncate_reported(&mut m.name, MAX_REPORTED_ID_CHARS);
                 for urls in [&mut m.peer_urls, &mut m.client_urls] {
-                    if urls.len() > 4 {
-                        urls.truncate(4);
-                        cut = true;
-                    }
+                    cut |= truncate_list(urls, 4);
                     for u in urls.iter_mut() {
                         cut |= truncate_reported(u, 256);
                     }
@@ -222,20 +211,19 @@ impl HeartbeatRequest {
 }
 
 /// The answer to a heartbeat.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HeartbeatResponse {
     /// When to send the next heartbeat.
     pub heartbeat_interval_seconds: u64,
     /// The machine's current assignment, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment: Option<AssignmentNotice>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub directives: Vec<Directive>,
     /// Present when the machine may send its next heartbeats as datagrams
     /// (see [`crate::wire::datagram`]) while its report stays the same:
     /// absent, it heartbeats over HTTPS.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datagram: Option<super::datagram::DatagramOffer>,
     /// The coordinator URLs this machine should use from now on (every
     /// registered replica, the leader's first), present only when they
@@ -243,7 +231,6 @@ pub struct HeartbeatResponse {
     /// an agent whose heartbeat has no `coordinatorsDigest` (it predates
     /// the field and would refuse the answer). Checked by
     /// [`check_coordinator_urls`] on both sides.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinators: Option<Vec<String>>,
 }
 

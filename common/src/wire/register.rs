@@ -2,9 +2,11 @@
 //! renewal.
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
 /// Facts a machine reports about itself at registration.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineFacts {
@@ -19,7 +21,6 @@ pub struct MachineFacts {
     /// The cloud instance the agent runs on, read from instance metadata;
     /// the coordinator checks it against the instance it launched for the
     /// ticket's machine.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
 }
 
