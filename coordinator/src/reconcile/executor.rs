@@ -324,6 +324,9 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 grant_grace(app, &uid);
                 tracing::info!(cluster = %cname, "remediation resumes; every machine gets a fresh grace period");
             }
+            if let Some(why) = newly_paused(&cluster.status, status) {
+                tracing::info!(cluster = %cname, reason = %why, "remediation paused");
+            }
             app.update_cluster::<StoreError>(cname, |c| {
                 let mut wanted: ClusterStatus = status.clone();
                 wanted.etcd_members = c.status.etcd_members.clone();
@@ -349,12 +352,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                     }
                 }
                 keep_addon_reports(&mut wanted, &cluster.status, &c.status);
-                // So is the report of the kube-proxy and CoreDNS upgrade.
-                if c.status.essential_addons != cluster.status.essential_addons
-                    && wanted.essential_addons == cluster.status.essential_addons
-                {
-                    wanted.essential_addons = c.status.essential_addons.clone();
-                }
+                keep_operation_reports(&mut wanted, &cluster.status, &c.status);
                 if c.metadata.uid != cluster.metadata.uid || c.status == wanted {
                     return Ok(false);
                 }
@@ -429,6 +427,67 @@ fn keep_addon_reports(
     if stored.addons != planned_from.addons || stored.addon_apply != planned_from.addon_apply {
         wanted.addons.clone_from(&stored.addons);
         wanted.addon_apply.clone_from(&stored.addon_apply);
+    }
+}
+
+/// Keeps the results agents reported on the operations in flight after the
+/// plan was made. An operation the plan left as it read it (`wanted` equals
+/// `planned_from` there) but that the store holds changed (`stored`) was
+/// answered meanwhile by its machine (a failed member removal, renewal or
+/// version change, a step of an in-place upgrade, the kube-proxy and CoreDNS
+/// upgrade): reconciles of one cluster run one at a time, so nothing else
+/// writes them. Writing the plan's copy would undo the answer, which the
+/// agent gives once, and the operation would wait out its whole timeout.
+/// Where the plan changed an operation (a new request, a retry, the end of
+/// it), the plan's stands.
+fn keep_operation_reports(
+    wanted: &mut ClusterStatus,
+    planned_from: &ClusterStatus,
+    stored: &ClusterStatus,
+) {
+    fn keep<T: Clone + PartialEq>(wanted: &mut T, planned_from: &T, stored: &T) {
+        if *wanted == *planned_from && *stored != *planned_from {
+            wanted.clone_from(stored);
+        }
+    }
+    keep(
+        &mut wanted.etcd_removal,
+        &planned_from.etcd_removal,
+        &stored.etcd_removal,
+    );
+    keep(
+        &mut wanted.certificate_renewal,
+        &planned_from.certificate_renewal,
+        &stored.certificate_renewal,
+    );
+    keep(
+        &mut wanted.version_update,
+        &planned_from.version_update,
+        &stored.version_update,
+    );
+    keep(
+        &mut wanted.machine_upgrade,
+        &planned_from.machine_upgrade,
+        &stored.machine_upgrade,
+    );
+    keep(
+        &mut wanted.essential_addons,
+        &planned_from.essential_addons,
+        &stored.essential_addons,
+    );
+}
+
+/// Why remediation pauses, when `planned` pauses it and `stored` did not.
+fn newly_paused(stored: &ClusterStatus, planned: &ClusterStatus) -> Option<String> {
+    let paused = |st: &ClusterStatus| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed" && c.status == "False")
+            .map(|c| c.message.clone())
+    };
+    match (paused(stored), paused(planned)) {
+        (None, Some(why)) => Some(why),
+        _ => None,
     }
 }
 
@@ -523,6 +582,81 @@ pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
 mod tests {
     use super::*;
     use drover_common::api::{AddonApply, AddonPhase, AddonStatus, ClusterPhase};
+
+    #[test]
+    fn a_failure_reported_after_the_plan_is_kept_and_a_retry_of_the_plan_stands() {
+        let at = drover_common::now();
+        let removal = drover_common::api::EtcdRemoval {
+            id: "be99668240cb5dc7".into(),
+            name: "cp-1".into(),
+            via: "cp-2".into(),
+            reason: "member of a dead control plane".into(),
+            requested_at: at,
+            failed_at: None,
+            error: String::new(),
+        };
+        // The plan saw the removal under way and kept it.
+        let planned_from = ClusterStatus {
+            etcd_removal: Some(removal.clone()),
+            ..Default::default()
+        };
+        // Meanwhile the machine reported that it failed.
+        let mut stored = planned_from.clone();
+        let failed = drover_common::api::EtcdRemoval {
+            failed_at: Some(at),
+            error: "member list timed out".into(),
+            ..removal.clone()
+        };
+        stored.etcd_removal = Some(failed.clone());
+        let mut wanted = planned_from.clone();
+        keep_operation_reports(&mut wanted, &planned_from, &stored);
+        assert_eq!(
+            wanted.etcd_removal,
+            Some(failed.clone()),
+            "the failure is kept, so the removal is asked again shortly"
+        );
+        // A plan that asked again (a new request) writes its own.
+        let retry = drover_common::api::EtcdRemoval {
+            requested_at: at + time::Duration::seconds(5),
+            ..removal.clone()
+        };
+        let mut wanted = ClusterStatus {
+            etcd_removal: Some(retry.clone()),
+            ..Default::default()
+        };
+        keep_operation_reports(&mut wanted, &planned_from, &stored);
+        assert_eq!(wanted.etcd_removal, Some(retry));
+        // Nothing reported meanwhile: the plan's end of it is written.
+        let mut wanted = ClusterStatus::default();
+        keep_operation_reports(&mut wanted, &planned_from, &planned_from.clone());
+        assert_eq!(wanted.etcd_removal, None);
+    }
+
+    #[test]
+    fn a_pause_is_said_with_its_reason_once() {
+        let mut paused = ClusterStatus::default();
+        drover_common::api::set_condition(
+            &mut paused.conditions,
+            "RemediationAllowed",
+            false,
+            "RemediationPaused",
+            "workers: 2 of 2 unhealthy",
+        );
+        let mut allowed = ClusterStatus::default();
+        drover_common::api::set_condition(
+            &mut allowed.conditions,
+            "RemediationAllowed",
+            true,
+            "WithinLimits",
+            "",
+        );
+        assert_eq!(
+            newly_paused(&allowed, &paused).as_deref(),
+            Some("workers: 2 of 2 unhealthy")
+        );
+        assert_eq!(newly_paused(&paused, &paused), None);
+        assert_eq!(newly_paused(&paused, &allowed), None);
+    }
 
     #[test]
     fn an_addon_result_reported_after_the_plan_is_not_overwritten() {
