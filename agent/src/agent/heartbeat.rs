@@ -30,12 +30,31 @@ impl Agent {
     pub(super) async fn heartbeat(&mut self, shutdown: &mut Shutdown) -> Result<(), Stopped> {
         self.coordinator.next_heartbeat = Instant::now() + self.coordinator.interval;
         let plan = self.probe_plan().await;
-        let health = tokio::select! {
-            h = self.local.prober.report(&plan) => h,
+        // A running control plane also reads its etcd members and the
+        // Nodes. The probes and both reads run at once: a hung etcd or API
+        // server holds the heartbeat back by the longest timeout, not by
+        // their sum (which outlasted a short heartbeat timeout, so the
+        // coordinator took the machine for silent exactly when its cluster
+        // was in trouble).
+        let view = match self.reports_cluster() {
+            true => self.advertise_address().await,
+            false => None,
+        };
+        let api_server_port = self.settings.api_server_port;
+        let local = &mut self.local;
+        let reads = async {
+            tokio::join!(
+                local.prober.report(&plan),
+                etcd_report(&mut local.etcd, view),
+                nodes_report(&mut local.kube, view, api_server_port),
+            )
+        };
+        let (health, etcd, nodes) = tokio::select! {
+            r = reads => r,
             () = shutdown.requested() => return Err(Stopped),
         };
-        let etcd = self.etcd_report().await;
-        let nodes = self.nodes_report().await;
+        let etcd = etcd.filter(|r| worth_sending(self.delivered.etcd.as_ref(), r));
+        let nodes = nodes.filter(|r| worth_sending(self.delivered.nodes.as_ref(), r));
         if self.local.kubeadm_version.is_none() {
             self.local.kubeadm_version =
                 Some(crate::command::kubeadm_version(&self.settings.kubeadm).await);
@@ -282,45 +301,6 @@ impl Agent {
             .filter(|c| self.delivered.certificates.as_ref() != Some(c))
     }
 
-    /// What a running control plane reads of its etcd, when it differs
-    /// from what the coordinator last heard or that is a while ago.
-    async fn etcd_report(&mut self) -> Option<drover_common::wire::EtcdReport> {
-        if !self.reports_cluster() {
-            return None;
-        }
-        let ip = self.advertise_address().await?;
-        let endpoint = crate::etcd::local_endpoint(ip);
-        let report = tokio::time::timeout(
-            crate::etcd::ETCD_TIMEOUT * 2,
-            self.local.etcd.report(&endpoint),
-        )
-        .await
-        .unwrap_or_else(|_| drover_common::wire::EtcdReport {
-            members: vec![],
-            error: format!("etcd at {endpoint} did not answer in time"),
-        });
-        worth_sending(self.delivered.etcd.as_ref(), &report).then_some(report)
-    }
-
-    /// What a running control plane's API server lists of the Nodes, when
-    /// it differs from what the coordinator last heard or that is a while
-    /// ago.
-    async fn nodes_report(&mut self) -> Option<drover_common::wire::NodesReport> {
-        if !self.reports_cluster() {
-            return None;
-        }
-        let ip = self.advertise_address().await?;
-        let api = crate::kube::local_api(ip, self.settings.api_server_port);
-        let report =
-            tokio::time::timeout(crate::kube::KUBE_TIMEOUT * 2, self.local.kube.report(&api))
-                .await
-                .unwrap_or_else(|_| drover_common::wire::NodesReport {
-                    error: format!("the API server at {api} did not answer in time"),
-                    ..Default::default()
-                });
-        worth_sending(self.delivered.nodes.as_ref(), &report).then_some(report)
-    }
-
     fn on_assignment(&mut self, notice: Option<AssignmentNotice>) {
         let Some(notice) = notice else { return };
         let work_busy = self.work.running.is_some();
@@ -438,6 +418,39 @@ async fn await_answer(
             return Some(v);
         }
     }
+}
+
+/// What a running control plane at `ip` reads of its etcd members (`None`
+/// when it reports no view).
+async fn etcd_report(
+    etcd: &mut crate::etcd::Etcd,
+    ip: Option<std::net::IpAddr>,
+) -> Option<drover_common::wire::EtcdReport> {
+    let endpoint = crate::etcd::local_endpoint(ip?);
+    let report = tokio::time::timeout(crate::etcd::ETCD_TIMEOUT * 2, etcd.report(&endpoint))
+        .await
+        .unwrap_or_else(|_| drover_common::wire::EtcdReport {
+            members: vec![],
+            error: format!("etcd at {endpoint} did not answer in time"),
+        });
+    Some(report)
+}
+
+/// What the API server of a running control plane at `ip` lists of the
+/// Nodes (`None` when it reports no view).
+async fn nodes_report(
+    kube: &mut crate::kube::Kube,
+    ip: Option<std::net::IpAddr>,
+    api_server_port: u16,
+) -> Option<drover_common::wire::NodesReport> {
+    let api = crate::kube::local_api(ip?, api_server_port);
+    let report = tokio::time::timeout(crate::kube::KUBE_TIMEOUT * 2, kube.report(&api))
+        .await
+        .unwrap_or_else(|_| drover_common::wire::NodesReport {
+            error: format!("the API server at {api} did not answer in time"),
+            ..Default::default()
+        });
+    Some(report)
 }
 
 #[cfg(test)]
