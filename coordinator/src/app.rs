@@ -34,42 +34,75 @@ pub enum ListenError {
     },
 }
 
-/// State shared by the API handlers and the background tasks.
+/// State shared by the API handlers and the background tasks: the store
+/// and what sits beside it, grouped by what it is about.
 pub struct App {
     pub store: Store,
-    pub ca: CertificateAuthority,
-    pub ca_pin: CaPin,
-    pub ticket_key: TicketKey,
     pub settings: Settings,
-    pub liveness: Mutex<HashMap<String, Liveness>>,
-    /// The Docker provider, connected on first use.
-    pub docker: tokio::sync::OnceCell<crate::provider::docker::DockerProvider>,
-    /// EC2 clients by region, made on first use.
-    #[cfg(feature = "aws")]
-    pub aws: Mutex<HashMap<String, crate::provider::aws::AwsProvider>>,
-    /// Back-off of failed provider creates, per machine.
-    pub provision_retries: crate::provider::retries::ProvisionRetries,
-    /// Asks the server to listen on more addresses.
-    pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
+    /// The coordinator's signing material.
+    pub keys: Keys,
+    /// What the coordinator knows of machines and clusters at run time.
+    pub fleet: Fleet,
+    /// The provider clients, made by the provider layer on first use.
+    pub providers: crate::provider::clients::Providers,
+    /// What machines and listeners ask of the coordinator.
+    pub intake: Intake,
     /// Who changed what, and when.
     pub audit: crate::domain::audit::AuditLog,
-    /// Commits pool registrations in batches.
-    pub registrar: crate::domain::registrar::Registrar,
-    /// Limits registrations per source address.
-    pub register_limiter: crate::domain::ratelimit::RateLimiter,
-    /// One key rotation at a time.
-    pub rotation: Mutex<()>,
-    /// The cluster controller's queue and fleet index.
-    pub controller: std::sync::Arc<crate::domain::controller::Controller>,
     /// Every background task, with its status (`tasks` in `/v1/status`).
     pub tasks: crate::tasks::Driver,
     /// This replica and whether it leads.
     pub leadership: crate::domain::leadership::Leadership,
+}
+
+/// The coordinator's signing material: the CA that signs machine
+/// certificates and config bundles, its pin, and the key of join tickets.
+///
+/// Invariant: loaded once at start from the store's secrets and never
+/// replaced while the coordinator runs (`ca_pin` is the pin of `ca`'s
+/// certificate); a rotation of what is derived from them holds `rotation`,
+/// so there is one at a time.
+pub struct Keys {
+    pub ca: CertificateAuthority,
+    pub ca_pin: CaPin,
+    pub ticket_key: TicketKey,
+    /// One key rotation at a time.
+    pub rotation: Mutex<()>,
+}
+
+/// What the coordinator knows of machines and clusters at run time, beside
+/// what the store records.
+///
+/// Invariant: memory only, rebuilt from the store after a start or a
+/// leader change (liveness gets a fresh grace period, the datagram table
+/// is refilled); nothing here is written back as it is.
+pub struct Fleet {
+    /// When each machine was last heard from.
+    pub liveness: Mutex<HashMap<String, Liveness>>,
     /// The machines that may heartbeat by datagram, and their keys.
     pub datagrams: crate::domain::datagrams::DatagramTable,
+    /// The cluster controller's queue and fleet index.
+    pub controller: std::sync::Arc<crate::domain::controller::Controller>,
+    /// Back-off of failed provider creates, per machine.
+    pub provision_retries: crate::provider::retries::ProvisionRetries,
     /// The machines whose config bundle is being built or sent: one fetch
     /// per machine at a time.
     pub bundle_builds: crate::domain::bootstrap::BundleBuilds,
+}
+
+/// What machines and listeners ask of the coordinator: registrations and
+/// more addresses to serve the API on.
+///
+/// Invariant: each request goes through here in order, once: a
+/// registration passes `register_limiter` before `registrar` commits it,
+/// and a listen request is answered by the server on `listen_requests`.
+pub struct Intake {
+    /// Commits pool registrations in batches.
+    pub registrar: crate::domain::registrar::Registrar,
+    /// Limits registrations per source address.
+    pub register_limiter: crate::domain::ratelimit::RateLimiter,
+    /// Asks the server to listen on more addresses.
+    pub listen_requests: tokio::sync::mpsc::UnboundedSender<ListenRequest>,
 }
 
 /// The master key of datagram heartbeat keys, derived from the ticket key
@@ -98,6 +131,13 @@ pub struct AppParts {
     pub register_limiter: crate::domain::ratelimit::RateLimiter,
 }
 
+/// The managed-by value of the installation with CA pin `pin`: see
+/// [`App::owner`].
+fn owner_of(pin: &CaPin) -> String {
+    let pin = pin.to_string();
+    pin.trim_start_matches("sha256:")[..16].to_owned()
+}
+
 /// A cluster as read, with its `resourceVersion` filled in.
 fn with_revision((mut c, rev): (Cluster, u64)) -> Cluster {
     c.metadata.resource_version = Some(rev.to_string());
@@ -113,25 +153,30 @@ impl App {
         let datagrams = crate::domain::datagrams::DatagramTable::new(heartbeat_master(
             &parts.secrets.ticket_key,
         ));
+        let providers = crate::provider::clients::Providers::new(owner_of(&parts.ca_pin));
         std::sync::Arc::new(App {
-            datagrams,
-            bundle_builds: Default::default(),
             store: parts.store,
-            ca: parts.secrets.ca,
-            ca_pin: parts.ca_pin,
-            ticket_key: parts.secrets.ticket_key,
             settings: parts.settings,
-            liveness: Mutex::new(HashMap::new()),
-            docker: Default::default(),
-            #[cfg(feature = "aws")]
-            aws: Default::default(),
-            provision_retries: Default::default(),
-            listen_requests: parts.listen_requests,
+            keys: Keys {
+                ca: parts.secrets.ca,
+                ca_pin: parts.ca_pin,
+                ticket_key: parts.secrets.ticket_key,
+                rotation: Mutex::new(()),
+            },
+            fleet: Fleet {
+                liveness: Mutex::new(HashMap::new()),
+                datagrams,
+                controller: Default::default(),
+                provision_retries: Default::default(),
+                bundle_builds: Default::default(),
+            },
+            providers,
+            intake: Intake {
+                registrar,
+                register_limiter: parts.register_limiter,
+                listen_requests: parts.listen_requests,
+            },
             audit: parts.audit,
-            registrar,
-            register_limiter: parts.register_limiter,
-            rotation: Mutex::new(()),
-            controller: Default::default(),
             tasks,
             leadership: parts.leadership,
         })
@@ -198,11 +243,11 @@ impl App {
     /// others (callers filter on the records): from the reconciler's fleet
     /// index while this replica leads, else every machine.
     pub fn cluster_machines(&self, cluster_uid: &str) -> Result<Vec<Machine>, StoreError> {
-        if self.controller.term().is_none() {
+        if self.fleet.controller.term().is_none() {
             return self.machines();
         }
         let mut out = vec![];
-        for name in self.controller.index.machines_of(cluster_uid) {
+        for name in self.fleet.controller.index.machines_of(cluster_uid) {
             out.extend(self.machine_cached(&name)?);
         }
         Ok(out)
@@ -211,6 +256,7 @@ impl App {
     fn overlay(&self, mut m: Machine, rev: u64) -> Machine {
         m.metadata.resource_version = Some(rev.to_string());
         if let Some(l) = self
+            .fleet
             .liveness
             .lock()
             .expect("liveness lock")
@@ -226,7 +272,7 @@ impl App {
     /// Writes a machine, conditional on the revision it was read at.
     pub fn write_machine(&self, m: &Machine) -> Result<u64, StoreError> {
         let rev = self.write_object(m)?;
-        self.datagrams.forget_unless_eligible(m);
+        self.fleet.datagrams.forget_unless_eligible(m);
         Ok(rev)
     }
 
@@ -254,11 +300,11 @@ impl App {
         let Ok(machines) = self.machines() else {
             return;
         };
-        self.datagrams.fill(
+        self.fleet.datagrams.fill(
             &machines,
             drover_common::wire::datagram::unix_micros(std::time::SystemTime::now()),
         );
-        let mut live = self.liveness.lock().expect("liveness lock");
+        let mut live = self.fleet.liveness.lock().expect("liveness lock");
         for m in machines {
             live.insert(m.metadata.name, Liveness { last_seen: now });
         }
@@ -266,7 +312,7 @@ impl App {
 
     /// Records that `machine` was heard from at `now` (memory only).
     pub fn saw(&self, machine: &str, now: OffsetDateTime) {
-        let mut live = self.liveness.lock().expect("liveness lock");
+        let mut live = self.fleet.liveness.lock().expect("liveness lock");
         let revived = match live.get_mut(machine) {
             Some(l) => {
                 let was_quiet = now - l.last_seen > self.settings.health_defaults.heartbeat_timeout;
@@ -287,7 +333,8 @@ impl App {
 
     /// When a machine last heartbeated (or the coordinator started).
     pub fn last_seen(&self, machine: &str) -> Option<OffsetDateTime> {
-        self.liveness
+        self.fleet
+            .liveness
             .lock()
             .expect("liveness lock")
             .get(machine)
@@ -298,48 +345,12 @@ impl App {
     /// installation creates: the CA pin's first 16 hex digits, which stay
     /// the same across restarts and differ between installations.
     pub fn owner(&self) -> String {
-        let pin = self.ca_pin.to_string();
-        pin.trim_start_matches("sha256:")[..16].to_owned()
-    }
-
-    /// The Docker provider, connecting on first use.
-    pub async fn docker(
-        &self,
-    ) -> Result<&crate::provider::docker::DockerProvider, crate::provider::ProviderError> {
-        self.docker
-            .get_or_try_init(|| crate::provider::docker::DockerProvider::connect(self.owner()))
-            .await
-    }
-
-    /// The EC2 client of a region, made on first use.
-    #[cfg(feature = "aws")]
-    pub async fn aws(&self, region: &str) -> crate::provider::aws::AwsProvider {
-        if let Some(c) = self.aws.lock().expect("aws clients lock").get(region) {
-            return c.clone();
-        }
-        let c = crate::provider::aws::AwsProvider::connect(region, self.owner()).await;
-        self.aws
-            .lock()
-            .expect("aws clients lock")
-            .entry(region.to_owned())
-            .or_insert(c)
-            .clone()
-    }
-
-    /// The regions this coordinator has made EC2 clients for.
-    #[cfg(feature = "aws")]
-    pub fn aws_regions(&self) -> std::collections::BTreeSet<String> {
-        self.aws
-            .lock()
-            .expect("aws clients lock")
-            .keys()
-            .cloned()
-            .collect()
+        owner_of(&self.keys.ca_pin)
     }
 
     /// Whether anything in the store uses the Docker provider.
     pub fn docker_in_use(&self) -> bool {
-        self.docker.initialized()
+        self.providers.docker_connected()
             || self.clusters().is_ok_and(|cs| {
                 cs.iter()
                     .any(|c| matches!(c.spec.provider, drover_common::api::ProviderSpec::Docker(_)))
@@ -350,7 +361,8 @@ impl App {
     /// a network whose gateway that is.
     pub async fn listen_on(&self, ip: std::net::IpAddr) -> Result<u16, ListenError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.listen_requests
+        self.intake
+            .listen_requests
             .send(ListenRequest { ip, reply })
             .map_err(|_| ListenError::ShuttingDown)?;
         answer.await.map_err(|_| ListenError::ShuttingDown)?
@@ -388,7 +400,7 @@ impl App {
     ) -> Result<Option<Machine>, E> {
         let updated = self.update_object(name, None, |n| self.machine(n), change)?;
         if let Some(m) = &updated {
-            self.datagrams.forget_unless_eligible(m);
+            self.fleet.datagrams.forget_unless_eligible(m);
         }
         Ok(updated)
     }
@@ -404,7 +416,7 @@ impl App {
         let name = read.metadata.name.clone();
         let updated = self.update_object(&name, Some(read), |n| self.machine(n), change)?;
         if let Some(m) = &updated {
-            self.datagrams.forget_unless_eligible(m);
+            self.fleet.datagrams.forget_unless_eligible(m);
         }
         Ok(updated)
     }
@@ -519,13 +531,13 @@ impl App {
 
     /// Queues cluster `name` for a reconcile now.
     pub fn reconcile_cluster(&self, name: &str) {
-        self.controller.queue.add(name);
+        self.fleet.controller.queue.add(name);
     }
 
     /// Queues the cluster machine `name` belongs to, if any, for a
     /// reconcile now (a report or a result of the machine was recorded).
     pub fn reconcile_machine(&self, name: &str) {
-        self.controller.machine_event(name);
+        self.fleet.controller.machine_event(name);
     }
 }
 
@@ -539,7 +551,7 @@ impl crate::domain::bootstrap::BundleSource for App {
     }
 
     fn ca_key_pem(&self) -> &str {
-        &self.ca.key_pem
+        &self.keys.ca.key_pem
     }
 
     fn cluster(&self, name: &str) -> Result<Option<Cluster>, StoreError> {

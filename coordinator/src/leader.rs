@@ -187,7 +187,7 @@ fn become_leader(app: &App, term: Fence) {
     // machines of docker clusters reach this replica on their network's
     // gateway before their grace period ends.
     // Machines heartbeated to the old leader: every deadline starts afresh.
-    app.liveness.lock().expect("liveness lock").clear();
+    app.fleet.liveness.lock().expect("liveness lock").clear();
     app.grant_grace_to_all();
     let now = drover_common::now();
     app.leadership.set(Role::Leader { term, since: now });
@@ -255,7 +255,7 @@ async fn refresh_machine_urls(app: &App) {
         urls.advertised.as_ref().map(|l| l.urls.clone()),
     );
     if app.leadership.machine_urls.set(Some(urls)) {
-        app.datagrams.recall_all();
+        app.fleet.datagrams.recall_all();
         tracing::info!(
             ?docker,
             ?advertised,
@@ -267,7 +267,7 @@ async fn refresh_machine_urls(app: &App) {
 fn step_down(app: &App, why: &str) {
     app.leadership.set(Role::Follower { leader: None });
     app.leadership.machine_urls.set(None);
-    app.liveness.lock().expect("liveness lock").clear();
+    app.fleet.liveness.lock().expect("liveness lock").clear();
     tracing::warn!(id = %app.leadership.me.id, reason = why, "this coordinator no longer leads");
 }
 

@@ -94,7 +94,7 @@ pub fn authenticate(app: &App, presented: Option<&Result<CertInfo, PkiError>>) -
 async fn issue(app: &Arc<App>, csr_pem: String, name: String) -> Result<Issued> {
     let app = app.clone();
     Ok(crate::store::blocking(move || {
-        identity::issue(&app.ca, &csr_pem, &name, app.settings.machine_cert_ttl)
+        identity::issue(&app.keys.ca, &csr_pem, &name, app.settings.machine_cert_ttl)
     })
     .await?)
 }
@@ -108,7 +108,11 @@ pub async fn register(
     from: IpAddr,
     req: RegisterRequest,
 ) -> Result<RegisterResponse> {
-    if let Err(wait) = app.register_limiter.check(from, std::time::Instant::now()) {
+    if let Err(wait) = app
+        .intake
+        .register_limiter
+        .check(from, std::time::Instant::now())
+    {
         tracing::warn!(source = %from, "registration rate limit hit");
         return Err(RegisterError::RateLimited { from, wait }.into());
     }
@@ -117,6 +121,7 @@ pub async fn register(
     register::check_facts(&req.facts)?;
     let now = drover_common::now();
     let claims = app
+        .keys
         .ticket_key
         .verify(&req.ticket, now.unix_timestamp())
         .map_err(|e| {
@@ -151,7 +156,7 @@ fn registered(app: &App, name: String, uid: String, issued: Issued) -> RegisterR
         machine_uid: uid,
         certificate_pem: issued.cert.cert_pem,
         not_after: issued.cert.not_after,
-        coordinator_ca_pem: app.ca.cert_pem.clone(),
+        coordinator_ca_pem: app.keys.ca.cert_pem.clone(),
         heartbeat_interval_seconds: interval(app),
     }
 }
@@ -170,7 +175,8 @@ async fn register_pool_machine(
     let machine = register::pool_machine(&name, &uid, pool, token_id, &req.facts, &issued, now);
     // Redeeming the token and creating the machine commit together, in a
     // batch with the registrations arriving meanwhile (see `registrar.rs`).
-    app.registrar
+    app.intake
+        .registrar
         .register(PoolRegistration {
             token_id: token_id.to_owned(),
             machine,
@@ -545,11 +551,11 @@ fn offer_datagrams(
     mut answer: HeartbeatResponse,
 ) -> HeartbeatResponse {
     if !heartbeat::may_offer_datagrams(hb, &answer) {
-        app.datagrams.forget(machine);
+        app.fleet.datagrams.forget(machine);
         return answer;
     }
     let now = unix_micros(SystemTime::now());
-    answer.datagram = app.datagrams.offer(machine, status_digest(hb), now);
+    answer.datagram = app.fleet.datagrams.offer(machine, status_digest(hb), now);
     answer
 }
 
@@ -609,7 +615,8 @@ pub fn datagram_heartbeat(
         return Err(DatagramRefusal::NotLeader);
     }
     let revision = |name: &str| app.store.cached_revision(Kind::Machine, name);
-    app.datagrams
+    app.fleet
+        .datagrams
         .receive(datagram, unix_micros(now), &revision, |name| {
             app.saw(name, OffsetDateTime::from(now))
         })
@@ -625,13 +632,14 @@ pub fn config(app: &App, presented: Option<&Result<CertInfo, PkiError>>) -> Resu
     let name = &machine.metadata.name;
     // The turn lasts until the answer is serialized, so one machine never
     // has two bundles built, or held, at once.
-    let _turn = app
-        .bundle_builds
-        .begin(name)
-        .ok_or_else(|| MachineCallError::ConfigBusy {
-            machine: name.clone(),
-            retry_after: app.settings.heartbeat_interval.as_secs().clamp(1, 5),
-        })?;
+    let _turn =
+        app.fleet
+            .bundle_builds
+            .begin(name)
+            .ok_or_else(|| MachineCallError::ConfigBusy {
+                machine: name.clone(),
+                retry_after: app.settings.heartbeat_interval.as_secs().clamp(1, 5),
+            })?;
     let bundle = crate::domain::bootstrap::bundle_for(app, &machine);
     record_version_check(app, &machine, &bundle)?;
     Ok(serde_json::to_vec(&bundle?)?)
@@ -678,7 +686,7 @@ pub async fn renew(
     // Signs and writes: off the async workers.
     crate::store::blocking(move || {
         let name = machine.metadata.name.clone();
-        let issued = identity::issue(&app.ca, &csr_pem, &name, app.settings.machine_cert_ttl)?;
+        let issued = identity::issue(&app.keys.ca, &csr_pem, &name, app.settings.machine_cert_ttl)?;
         let not_after = issued.cert.not_after;
         let asked = Renewal {
             presented: &presented,

@@ -186,6 +186,15 @@ const RULES: &[Rule] = &[
     },
     Rule {
         krate: "coordinator",
+        from: Modules::Only(&["app"]),
+        forbidden: &[
+            Target::Module("provider/docker"),
+            Target::Module("provider/aws"),
+        ],
+        why: "App holds the provider clients but never builds them: provider/clients.rs (Providers) makes the Docker connection and the EC2 clients",
+    },
+    Rule {
+        krate: "coordinator",
         from: Modules::Only(&["store"]),
         forbidden: &[
             Target::Module("app"),

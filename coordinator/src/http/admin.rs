@@ -484,7 +484,7 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
         .iter_mut()
         .find(|t| t.name == crate::tasks::RECONCILER_TASK)
     {
-        r.object_errors = app.controller.errors();
+        r.object_errors = app.fleet.controller.errors();
     }
     Json(CoordinatorStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -626,7 +626,7 @@ fn request_removal(
                 .as_ref()
                 .and_then(|r| r.parse().ok());
             app.store.delete(Kind::Machine, name, rev)?;
-            app.datagrams.forget(&machine);
+            app.fleet.datagrams.forget(&machine);
             tracing::info!(machine = %name, by, "free machine deregistered");
             Ok((StatusCode::OK, Json(machine)))
         }
@@ -844,7 +844,7 @@ pub async fn create_token(
     };
     app.store
         .create_json(Kind::RegistrationToken, &id, &token)?;
-    let ticket = app.ticket_key.sign(&TicketClaims {
+    let ticket = app.keys.ticket_key.sign(&TicketClaims {
         grant: TicketGrant::PoolRegistration {
             token_id: id.clone(),
             pool: req.pool,
@@ -862,7 +862,7 @@ pub async fn create_token(
                 api_version: API_VERSION.into(),
                 kind: BOOTSTRAP_KIND.into(),
                 coordinators: app.settings.advertise_urls.clone(),
-                ca_pin: app.ca_pin.clone(),
+                ca_pin: app.keys.ca_pin.clone(),
                 ticket,
             },
         }),

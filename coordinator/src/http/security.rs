@@ -210,7 +210,7 @@ pub async fn rotate_keys(
     let app2 = app.clone();
     let by = admin.token_id.clone();
     let result = tokio::task::spawn_blocking(move || -> Result<KeysInfo, ApiError> {
-        let _rotation = app2.rotation.lock().expect("rotation lock");
+        let _rotation = app2.keys.rotation.lock().expect("rotation lock");
         let previous = {
             let mut r = ring.write().expect("keyring lock");
             let previous = r.clone();

@@ -310,8 +310,8 @@ type HmacSha256 = Hmac<Sha256>;
 /// The key that signs sessions: derived from the ticket key, so it is the
 /// same on every replica and never the ticket key itself.
 fn session_key(app: &App) -> HmacSha256 {
-    let mut derive =
-        HmacSha256::new_from_slice(app.ticket_key.as_bytes()).expect("HMAC takes any key length");
+    let mut derive = HmacSha256::new_from_slice(app.keys.ticket_key.as_bytes())
+        .expect("HMAC takes any key length");
     derive.update(b"drover web view session v1");
     let key = derive.finalize().into_bytes();
     HmacSha256::new_from_slice(&key).expect("HMAC takes any key length")

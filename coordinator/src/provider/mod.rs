@@ -13,6 +13,7 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
+pub mod clients;
 pub mod docker;
 pub mod metered;
 pub mod retries;

@@ -73,6 +73,7 @@ enum Failure {
 fn enqueue_all(app: &App) {
     match app.clusters() {
         Ok(clusters) => app
+            .fleet
             .controller
             .queue
             .add_all(clusters.iter().map(|c| c.metadata.name.as_str())),
@@ -147,7 +148,7 @@ impl crate::tasks::BackgroundTask for Reconciler {
     }
 
     async fn stop(&mut self) {
-        self.app.controller.queue.shut_down();
+        self.app.fleet.controller.queue.shut_down();
         while self.workers.join_next().await.is_some() {}
     }
 }
@@ -155,7 +156,7 @@ impl crate::tasks::BackgroundTask for Reconciler {
 /// On a new leader term (or with `force`), builds the index from a full
 /// read and queues every cluster; when leadership is lost, drops the queue.
 async fn start_term(app: &Arc<App>, force: bool) {
-    let ctl = &app.controller;
+    let ctl = &app.fleet.controller;
     let term = app.leadership.term();
     let known = ctl.term();
     if term == known && !force {
@@ -195,7 +196,7 @@ async fn start_term(app: &Arc<App>, force: bool) {
 /// Queues the clusters a store change touches; false when the changed
 /// record cannot be read (the index must be built again).
 fn on_change(app: &Arc<App>, c: &crate::store::Change) -> bool {
-    let ctl = &app.controller;
+    let ctl = &app.fleet.controller;
     if ctl.term().is_none() {
         return true;
     }
@@ -226,7 +227,7 @@ fn on_change(app: &Arc<App>, c: &crate::store::Change) -> bool {
 }
 
 async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
-    let ctl = app.controller.clone();
+    let ctl = app.fleet.controller.clone();
     while let Some(item) = ctl.queue.next().await {
         let Some(term) = app.leadership.term() else {
             ctl.queue.done(&item.key, None);
@@ -284,7 +285,7 @@ async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
 /// Reconciles cluster `name`: reads it and its machines, plans, applies
 /// the steps, and says when to come back.
 async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
-    let ctl = &app.controller;
+    let ctl = &app.fleet.controller;
     let Some(cluster) = app.cluster_cached(name)? else {
         ctl.cluster_gone(name);
         return Ok(Outcome { requeue: None });
@@ -341,7 +342,7 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
     let last_seen = |n: &str| app.last_seen(n);
     let instance = |uid: &str| instances.get(uid).copied();
     let generation = cluster.metadata.generation;
-    let retry_not_before = |n: &str| app.provision_retries.not_before(n, generation);
+    let retry_not_before = |n: &str| app.fleet.provision_retries.not_before(n, generation);
     let observed = Observed {
         now,
         has_pki,
@@ -409,7 +410,7 @@ fn settled_mark(
 /// less than [`RESYNC`] ago): when to come back. `None` when it must be
 /// reconciled.
 fn still_settled(app: &App, name: &str) -> Option<Duration> {
-    let ctl = &app.controller;
+    let ctl = &app.fleet.controller;
     let mark = ctl.settled(name)?;
     let fresh = mark.at.elapsed() < RESYNC
         && app.store.cached_revision(Kind::Cluster, name) == Some(mark.cluster_revision)

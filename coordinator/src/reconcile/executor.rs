@@ -563,7 +563,7 @@ pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
     let Ok(machines) = app.cluster_machines(cluster_uid) else {
         return;
     };
-    let mut live = app.liveness.lock().expect("liveness lock");
+    let mut live = app.fleet.liveness.lock().expect("liveness lock");
     for m in machines {
         if m.spec
             .assignment

@@ -59,6 +59,7 @@ impl FreeScan {
         let now = drover_common::now();
         let timeout = app.settings.health_defaults.heartbeat_timeout;
         let quiet: std::collections::HashMap<String, bool> = app
+            .fleet
             .liveness
             .lock()
             .expect("liveness lock")
@@ -113,7 +114,7 @@ mod tests {
         m.status.phase = MachinePhase::Registered;
         app.store.create_json(Kind::Machine, "m", &m).unwrap();
         let seen = |ago: u64| {
-            app.liveness.lock().unwrap().insert(
+            app.fleet.liveness.lock().unwrap().insert(
                 "m".into(),
                 Liveness {
                     last_seen: drover_common::now() - Duration::from_secs(ago),

@@ -10,7 +10,6 @@ use futures_util::future::BoxFuture;
 
 use crate::app::App;
 use crate::domain::replicas::gateway_urls;
-use crate::provider::docker::DockerEngine;
 use crate::provider::metered::Metered;
 pub use crate::provider::InstanceCheckError;
 use crate::provider::{
@@ -43,7 +42,7 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
     let result = provider.create(cluster, &m, &host).await;
     match result {
         Ok(created) => {
-            app.provision_retries.succeeded(machine);
+            app.fleet.provision_retries.succeeded(machine);
             app.update_machine::<StoreError>(machine, |m| {
                 if m.status.provider_id.as_deref() == Some(created.provider_id.as_str()) {
                     return Ok(false);
@@ -61,7 +60,7 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
         }
         Err(e) => {
             let class = e.class();
-            let (attempt, delay) = app.provision_retries.failed(
+            let (attempt, delay) = app.fleet.provision_retries.failed(
                 machine,
                 cluster.metadata.generation,
                 class,
@@ -104,7 +103,7 @@ fn bootstrap_document(
     let ttl = time::Duration::try_from(policy.startup_timeout)
         .unwrap_or(time::Duration::minutes(10))
         + TICKET_SLACK;
-    let ticket = app.ticket_key.sign(&TicketClaims {
+    let ticket = app.keys.ticket_key.sign(&TicketClaims {
         grant: TicketGrant::Machine {
             cluster: cluster.metadata.name.clone(),
             machine: m.metadata.name.clone(),
@@ -124,7 +123,7 @@ fn bootstrap_document(
         api_version: drover_common::API_VERSION.into(),
         kind: BOOTSTRAP_KIND.into(),
         coordinators,
-        ca_pin: app.ca_pin.clone(),
+        ca_pin: app.keys.ca_pin.clone(),
         ticket,
     }
 }
@@ -161,7 +160,7 @@ pub async fn restore_gateway_listeners(app: &App) -> Result<Vec<std::net::IpAddr
     if clusters.is_empty() {
         return Ok(vec![]);
     }
-    let docker = app.docker().await?;
+    let docker = app.providers.docker().await?;
     let mut served = vec![];
     for c in &clusters {
         let name = &c.metadata.name;
@@ -256,8 +255,12 @@ pub async fn destroy(app: &App, cluster: &Cluster, machine: &str) -> Result<(), 
     if let Some(provider) = provider_for(app, &cluster.spec.provider).await {
         provider.destroy(cluster, &m).await?;
     }
-    app.provision_retries.succeeded(machine);
-    app.liveness.lock().expect("liveness lock").remove(machine);
+    app.fleet.provision_retries.succeeded(machine);
+    app.fleet
+        .liveness
+        .lock()
+        .expect("liveness lock")
+        .remove(machine);
     app.update_machine::<StoreError>(machine, |m| {
         if m.status.phase == MachinePhase::Deleted {
             return Ok(false);
@@ -577,12 +580,12 @@ pub async fn provider_for<'a>(app: &'a App, spec: &ProviderSpec) -> Option<Box<d
         ProviderSpec::Pool(_) => None,
         ProviderSpec::Docker(_) => Some(Box::new(Metered {
             name: "docker",
-            inner: DockerEngine::new(&app.docker, app.owner()),
+            inner: app.providers.docker_engine(),
         })),
         #[cfg(feature = "aws")]
         ProviderSpec::Aws(spec) => Some(Box::new(Metered {
             name: "aws",
-            inner: app.aws(&spec.region).await,
+            inner: app.providers.aws(&spec.region).await,
         })),
         #[cfg(not(feature = "aws"))]
         ProviderSpec::Aws(_) => Some(Box::new(crate::provider::NotBuilt { provider: "aws" })),
@@ -601,12 +604,12 @@ async fn providers_in_use<'a>(
     if docker {
         providers.push(Box::new(Metered {
             name: "docker",
-            inner: DockerEngine::new(&app.docker, app.owner()),
+            inner: app.providers.docker_engine(),
         }));
     }
     #[cfg(feature = "aws")]
     {
-        let mut regions = app.aws_regions();
+        let mut regions = app.providers.aws_regions();
         for c in clusters {
             if let ProviderSpec::Aws(a) = &c.spec.provider {
                 regions.insert(a.region.clone());
@@ -615,7 +618,7 @@ async fn providers_in_use<'a>(
         for region in regions {
             providers.push(Box::new(Metered {
                 name: "aws",
-                inner: app.aws(&region).await,
+                inner: app.providers.aws(&region).await,
             }));
         }
     }
