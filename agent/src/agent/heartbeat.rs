@@ -31,25 +31,22 @@ impl Agent {
         self.coordinator.next_heartbeat = Instant::now() + self.coordinator.interval;
         let plan = self.probe_plan().await;
         // A running control plane also reads its etcd members and the
-        // Nodes. The probes and both reads run at once: a hung etcd or API
-        // server holds the heartbeat back by the longest timeout, not by
-        // their sum (which outlasted a short heartbeat timeout, so the
-        // coordinator took the machine for silent exactly when its cluster
-        // was in trouble).
-        let view = match self.reports_cluster() {
+        // Nodes, beside the probes; the heartbeat waits for that view at
+        // most half an interval (see `view.rs`).
+        let view_ip = match self.reports_cluster() {
             true => self.advertise_address().await,
             false => None,
         };
         let api_server_port = self.settings.api_server_port;
+        let budget = self.coordinator.interval / 2;
         let local = &mut self.local;
         let reads = async {
             tokio::join!(
                 local.prober.report(&plan),
-                etcd_report(&mut local.etcd, view),
-                nodes_report(&mut local.kube, view, api_server_port),
+                local.view.read(view_ip, api_server_port, budget),
             )
         };
-        let (health, etcd, nodes) = tokio::select! {
+        let (health, (etcd, nodes)) = tokio::select! {
             r = reads => r,
             () = shutdown.requested() => return Err(Stopped),
         };
@@ -418,39 +415,6 @@ async fn await_answer(
             return Some(v);
         }
     }
-}
-
-/// What a running control plane at `ip` reads of its etcd members (`None`
-/// when it reports no view).
-async fn etcd_report(
-    etcd: &mut crate::etcd::Etcd,
-    ip: Option<std::net::IpAddr>,
-) -> Option<drover_common::wire::EtcdReport> {
-    let endpoint = crate::etcd::local_endpoint(ip?);
-    let report = tokio::time::timeout(crate::etcd::ETCD_TIMEOUT * 2, etcd.report(&endpoint))
-        .await
-        .unwrap_or_else(|_| drover_common::wire::EtcdReport {
-            members: vec![],
-            error: format!("etcd at {endpoint} did not answer in time"),
-        });
-    Some(report)
-}
-
-/// What the API server of a running control plane at `ip` lists of the
-/// Nodes (`None` when it reports no view).
-async fn nodes_report(
-    kube: &mut crate::kube::Kube,
-    ip: Option<std::net::IpAddr>,
-    api_server_port: u16,
-) -> Option<drover_common::wire::NodesReport> {
-    let api = crate::kube::local_api(ip?, api_server_port);
-    let report = tokio::time::timeout(crate::kube::KUBE_TIMEOUT * 2, kube.report(&api))
-        .await
-        .unwrap_or_else(|_| drover_common::wire::NodesReport {
-            error: format!("the API server at {api} did not answer in time"),
-            ..Default::default()
-        });
-    Some(report)
 }
 
 #[cfg(test)]

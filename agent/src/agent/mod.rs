@@ -36,6 +36,7 @@ mod bootstrap;
 mod directives;
 mod heartbeat;
 mod renewal;
+mod view;
 
 /// Why the agent cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -187,10 +188,9 @@ struct Renewal {
 struct Local {
     /// The kubelet and API server health probes.
     prober: Prober,
-    /// The local etcd member, on control-plane machines.
-    etcd: crate::etcd::Etcd,
-    /// The local API server, on control-plane machines.
-    kube: crate::kube::Kube,
+    /// The cluster view (etcd members, Nodes) a running control plane
+    /// reads through its local etcd member and API server.
+    view: view::ViewReader,
     /// The address this machine advertises, once known.
     advertise: Option<IpAddr>,
     /// The machine's kubeadm version, once read; read again after each
@@ -261,8 +261,7 @@ impl Agent {
         Ok(Self {
             local: Local {
                 prober,
-                etcd: crate::etcd::Etcd::new(&settings.root),
-                kube: crate::kube::Kube::new(&settings.root),
+                view: view::ViewReader::new(&settings.root),
                 advertise: settings.advertise_address,
                 kubeadm_version: None,
                 certificates: None,
