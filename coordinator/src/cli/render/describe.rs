@@ -227,15 +227,8 @@ fn earliest_certificates<'m>(
     c: &Cluster,
     machines: &'m [Machine],
 ) -> Option<(&'m Machine, &'m drover_common::api::CertificateExpiry)> {
-    let uid = c.metadata.uid.as_deref();
-    machines
-        .iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| Some(a.cluster_uid.as_str()) == uid)
-        })
+    drover_planner::machines_of(c, machines)
+        .into_iter()
         .filter_map(|m| Some((m, m.status.certificates.as_ref()?)))
         .min_by_key(|(_, c)| c.expires_at)
 }
