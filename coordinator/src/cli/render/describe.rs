@@ -221,6 +221,16 @@ pub fn describe_machine(m: &Machine) -> String {
     o
 }
 
+/// ` (failed, retrying: ERROR)` after a step under way, or nothing when
+/// it did not fail.
+fn failed_retrying(error: &str) -> String {
+    if error.is_empty() {
+        String::new()
+    } else {
+        format!(" (failed, retrying: {})", printable(error))
+    }
+}
+
 /// The control plane of `c` whose kubeadm certificate expires first, and
 /// that certificate.
 fn earliest_certificates<'m>(
@@ -283,11 +293,7 @@ pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             "Config update:  to {} through {}{}",
             printable(&u.version),
             printable(&u.via),
-            if u.error.is_empty() {
-                String::new()
-            } else {
-                format!(" (failed, retrying: {})", printable(&u.error))
-            }
+            failed_retrying(&u.error)
         );
     }
     if let Some(u) = &c.status.essential_addons {
@@ -303,11 +309,7 @@ pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
                 "kube-proxy/DNS: upgrading to {}'s images through {}{}",
                 printable(&u.version),
                 printable(&u.via),
-                if u.error.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (failed, retrying: {})", printable(&u.error))
-                }
+                failed_retrying(&u.error)
             ),
         };
     }
