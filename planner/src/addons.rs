@@ -21,6 +21,19 @@ pub const ADDON_ANSWER_TIMEOUT: Duration = Duration::minutes(2);
 const FIRST_BACKOFF: Duration = Duration::seconds(5);
 const MAX_BACKOFF: Duration = Duration::minutes(5);
 
+/// The status of addon `name` before its first apply.
+pub fn pending_addon(name: &str) -> AddonStatus {
+    AddonStatus {
+        name: name.to_owned(),
+        phase: AddonPhase::Pending,
+        hash: String::new(),
+        applied_at: None,
+        message: String::new(),
+        failures: 0,
+        last_attempt_at: None,
+    }
+}
+
 /// The wait before an addon that failed `failures` times in a row is tried
 /// again.
 pub fn backoff(failures: u32) -> Duration {
@@ -53,15 +66,7 @@ pub(crate) fn apply_addons(
                 .iter()
                 .find(|s| s.name == a.name)
                 .cloned()
-                .unwrap_or_else(|| AddonStatus {
-                    name: a.name.to_owned(),
-                    phase: AddonPhase::Pending,
-                    hash: String::new(),
-                    applied_at: None,
-                    message: String::new(),
-                    failures: 0,
-                    last_attempt_at: None,
-                })
+                .unwrap_or_else(|| pending_addon(a.name))
         })
         .collect();
     // The request under way stands while its control plane runs, its

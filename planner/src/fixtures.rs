@@ -405,3 +405,116 @@ pub fn cluster_node(name: &str, ready: &str) -> drover_common::api::ClusterNode 
         kubelet_version: "v1.31.2".into(),
     }
 }
+
+/// [`docker_cluster`] as initialized by its init machine `i`.
+pub fn initialized_docker(cp: u32, workers: u32) -> Cluster {
+    initialized_by(docker_cluster(cp, workers), "i")
+}
+
+/// A Running provider machine `name` of the control plane, as `role`.
+pub fn created_cp(name: &str, role: MachineRole) -> Machine {
+    created(name, CONTROL_PLANE_POOL, role, MachinePhase::Running)
+}
+
+/// The Running provider machines of the control plane: the first one
+/// the init machine, the others joined control planes.
+pub fn created_control_planes(names: &[&str]) -> Vec<Machine> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let role = if i == 0 {
+                MachineRole::Init
+            } else {
+                MachineRole::ControlPlane
+            };
+            created_cp(name, role)
+        })
+        .collect()
+}
+
+/// Running provider workers of pool `w`.
+pub fn created_workers(names: &[&str]) -> Vec<Machine> {
+    names
+        .iter()
+        .map(|name| created(name, "w", MachineRole::Worker, MachinePhase::Running))
+        .collect()
+}
+
+/// The Running init machine `i` of a provider cluster and its Running
+/// workers of pool `w`.
+pub fn init_i_and_workers(workers: &[&str]) -> Vec<Machine> {
+    let mut machines = vec![created_cp("i", MachineRole::Init)];
+    machines.extend(created_workers(workers));
+    machines
+}
+
+/// Each machine's name as its hostname (its Node's name).
+pub fn hostnames_are_names(machines: &mut [Machine]) {
+    for m in machines {
+        m.status.hostname = m.metadata.name.clone();
+    }
+}
+
+/// Heartbeats: the machines named in `silent` unheard since `ago`
+/// before `now`, every other one heard at `now`.
+pub fn heard_but<'a>(
+    now: OffsetDateTime,
+    silent: &'a [&'a str],
+    ago: time::Duration,
+) -> impl Fn(&str) -> Option<OffsetDateTime> + 'a {
+    move |n: &str| Some(if silent.contains(&n) { now - ago } else { now })
+}
+
+/// Plans with every machine heard from just now.
+pub fn plan_now(c: &Cluster, machines: &[Machine]) -> Vec<Step> {
+    plan(c, machines, &obs(true, &seen_now))
+}
+
+/// Plans at `now` with heartbeats from `last_seen`.
+pub fn plan_at(
+    c: &Cluster,
+    machines: &[Machine],
+    now: OffsetDateTime,
+    last_seen: &dyn Fn(&str) -> Option<OffsetDateTime>,
+) -> Vec<Step> {
+    plan(
+        c,
+        machines,
+        &Observed {
+            now,
+            ..obs(true, last_seen)
+        },
+    )
+}
+
+/// Whether `st` holds condition `t` with `status`.
+pub fn has_condition(st: &ClusterStatus, t: &str, status: &str) -> bool {
+    st.conditions
+        .iter()
+        .any(|c| c.type_ == t && c.status == status)
+}
+
+/// The docker load balancer `drover-c-lb` at 172.18.0.2:6443.
+pub fn docker_load_balancer(backends: &[&str]) -> drover_common::api::LoadBalancerStatus {
+    drover_common::api::LoadBalancerStatus {
+        address: "172.18.0.2:6443".into(),
+        id: "drover-c-lb".into(),
+        backends: backends.iter().map(|b| (*b).to_owned()).collect(),
+    }
+}
+
+/// Whether the steps set the endpoint's backends.
+pub fn sets_backends(steps: &[Step]) -> bool {
+    steps
+        .iter()
+        .any(|s| matches!(s, Step::SetEndpointBackends { .. }))
+}
+
+/// Asserts condition `t` of `st` has `status` and a message containing
+/// `part`.
+pub fn assert_condition(st: &ClusterStatus, t: &str, status: &str, part: &str) {
+    let cond = condition(st, t);
+    assert_eq!(cond.status, status, "{t}: {cond:?}");
+    assert!(cond.message.contains(part), "{t}: {}", cond.message);
+}

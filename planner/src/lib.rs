@@ -23,6 +23,7 @@
 //!   tests): the objects every planner test builds on.
 
 mod addons;
+pub use addons::pending_addon;
 mod drain;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;

@@ -22,6 +22,20 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// `kubectl get WHAT -n NAMESPACE -o jsonpath=PATH` with `kubeconfig`.
+pub fn jsonpath(
+    kubeconfig: &Path,
+    what: &[&str],
+    namespace: &str,
+    path: &str,
+) -> Result<String, String> {
+    let jsonpath = format!("jsonpath={path}");
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    args.extend_from_slice(&["-n", namespace, "-o", &jsonpath]);
+    kubectl(kubeconfig, &args)
+}
+
 /// The names of every Node and of the Ready ones, as real kubectl lists
 /// them, sorted.
 pub fn nodes(kubeconfig: &Path) -> Result<(Vec<String>, Vec<String>), String> {

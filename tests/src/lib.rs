@@ -144,6 +144,23 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:05x}", n % 0xfffff)
 }
 
+/// A coordinator of its own under a new temporary directory, and the
+/// bootstrap file (`boot.yaml` there) of a token for pool `pool`, labels
+/// `labels`, `uses` machines and `ttl`. Bind the three in this order, so
+/// the coordinator stops before the directory goes.
+pub fn coordinator_with_token(
+    pool: &str,
+    labels: &str,
+    uses: u32,
+    ttl: &str,
+) -> (tempfile::TempDir, Coordinator, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let boot = tmp.path().join("boot.yaml");
+    c.token(pool, labels, uses, ttl, &boot);
+    (tmp, c, boot)
+}
+
 /// Settings for a test coordinator.
 #[derive(Debug, Clone)]
 pub struct CoordinatorOptions {
@@ -530,6 +547,40 @@ impl Coordinator {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Writes `yaml` to a file of its own under `dir` and applies it with
+    /// `drover apply -f`, which must succeed.
+    pub fn apply_yaml(&self, dir: &Path, yaml: &str) {
+        static APPLIED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = APPLIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let f = dir.join(format!("cluster-{n}.yaml"));
+        self.apply_file(&f, yaml);
+    }
+
+    /// Writes `yaml` to `file` and applies it with `drover apply -f`,
+    /// which must succeed; returns its stdout.
+    pub fn apply_file(&self, file: &Path, yaml: &str) -> String {
+        std::fs::write(file, yaml).unwrap();
+        self.cli_ok(&["apply", "-f", file.to_str().unwrap()])
+    }
+
+    /// Writes `yaml` to `file` and applies it with `drover apply -f`,
+    /// which must fail; returns its stderr.
+    pub fn apply_refused(&self, file: &Path, yaml: &str) -> String {
+        std::fs::write(file, yaml).unwrap();
+        let out = self.cli(&["apply", "-f", file.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "accepted:\n{yaml}\n{err}");
+        err
+    }
+
+    /// Waits up to `timeout` until `n` machines have registered.
+    pub fn wait_registered(&self, n: usize, timeout: Duration) {
+        wait_for(&format!("{n} machines to register"), timeout, || {
+            let got = self.machines().len();
+            (got == n).then_some(()).ok_or(format!("{got} registered"))
+        });
+    }
+
     /// Creates an admin token with `role` through the CLI; returns it.
     pub fn create_admin_token(&self, role: &str) -> String {
         self.cli_ok(&["admin-token", "create", "--role", role])
@@ -882,20 +933,44 @@ pub fn bridge_cni_files() -> String {
 /// through `spec.files`, so their Nodes go Ready.
 pub fn cluster_yaml(name: &str, cp: u32, workers: u32, provider: &str) -> String {
     let files = bridge_cni_files();
+    cluster_doc(
+        name,
+        &format!(
+            "{files}  controlPlane:\n    replicas: {cp}\n  workerPools:\n    - name: default\n      replicas: {workers}\n  provider:\n{provider}"
+        ),
+    )
+}
+
+/// The start of a Cluster document named `name` at v1.31.2, then `spec`:
+/// the rest of its spec, indented by two.
+pub fn cluster_doc(name: &str, spec: &str) -> String {
     format!(
-        "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  kubernetesVersion: v1.31.2
-{files}  controlPlane:
-    replicas: {cp}
-  workerPools:
-    - name: default
-      replicas: {workers}
-  provider:
-{provider}"
+        "apiVersion: drover.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  kubernetesVersion: v1.31.2\n{spec}"
+    )
+}
+
+/// What stands under `  provider:` for the pool provider: claim machines
+/// labelled `env: <env>`.
+pub fn pool_selector(env: &str) -> String {
+    format!("    pool:\n      selector:\n        matchLabels:\n          env: {env}\n")
+}
+
+/// A cluster's `provider:` for the pool provider (see [`pool_selector`]).
+pub fn pool_provider(env: &str) -> String {
+    format!("  provider:\n{}", pool_selector(env))
+}
+
+/// A pool cluster `name` claiming machines labelled `env: <env>`, its spec
+/// starting with `spec_start` (say the spec's own files), one control
+/// plane and one worker in pool `default` that gets file
+/// `/etc/drover-test/auth.json` from Secret `secret`.
+pub fn cluster_reading_secret(name: &str, secret: &str, spec_start: &str, env: &str) -> String {
+    cluster_doc(
+        name,
+        &format!(
+            "{spec_start}  controlPlane:\n    replicas: 1\n  workerPools:\n    - name: default\n      replicas: 1\n      files:\n        - path: /etc/drover-test/auth.json\n          permissions: \"0600\"\n          contentFrom: {{secret: {secret}, key: auth.json}}\n{}",
+            pool_provider(env)
+        ),
     )
 }
 
@@ -912,13 +987,7 @@ pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String
         name,
         cp,
         workers,
-        &format!(
-            "    pool:
-      selector:
-        matchLabels:
-          env: {env}
-{endpoint}"
-        ),
+        &format!("{}{endpoint}", pool_selector(env)),
     )
 }
 
@@ -1124,32 +1193,38 @@ impl Answer {
     }
 }
 
+/// A TLS client configuration trusting `ca_pem`, presenting `identity`
+/// (certificate and key PEM) when given.
+pub fn client_tls(ca_pem: &str, identity: Option<(&str, &str)>) -> rustls::ClientConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    }
+}
+
 impl Api {
     /// A client trusting `ca_pem`, presenting `identity` (certificate and
     /// key PEM) when given.
     pub fn new(base: &str, ca_pem: &str, identity: Option<(&str, &str)>) -> Self {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
-        let cfg = match identity {
-            Some((cert, key)) => builder
-                .with_client_auth_cert(
-                    CertificateDer::pem_slice_iter(cert.as_bytes())
-                        .map(Result::unwrap)
-                        .collect(),
-                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-                )
-                .unwrap(),
-            None => builder.with_no_client_auth(),
-        };
+        let cfg = client_tls(ca_pem, identity);
         let tls = std::sync::Arc::new(cfg.clone());
         let client = reqwest::Client::builder()
             .tls_backend_preconfigured(cfg)

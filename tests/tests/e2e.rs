@@ -19,9 +19,7 @@ fn machine_by_host<'a>(machines: &'a [serde_json::Value], host: &str) -> &'a ser
 }
 
 fn apply(c: &Coordinator, dir: &Path, yaml: &str) {
-    let f = dir.join(format!("cluster-{}.yaml", rand_suffix()));
-    std::fs::write(&f, yaml).unwrap();
-    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    c.apply_yaml(dir, yaml);
 }
 
 /// Writes cluster `name`'s admin kubeconfig under `dir` and waits until real
@@ -67,10 +65,7 @@ fn start_agents(tmp: &Path, boot: &Path, n: usize, dir: &str, host: &str) -> Vec
 /// test. Bind the three in this order, so the agents and the coordinator
 /// stop before the directory goes.
 fn registered_pool(n: usize, host: &str) -> (tempfile::TempDir, Coordinator, Vec<Agent>) {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", n as u32, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", n as u32, "1h");
     let agents = start_agents(tmp.path(), &boot, n, "m", host);
     wait_registered(&c, n);
     (tmp, c, agents)
@@ -78,14 +73,7 @@ fn registered_pool(n: usize, host: &str) -> (tempfile::TempDir, Coordinator, Vec
 
 /// Waits until `n` machines have registered.
 fn wait_registered(c: &Coordinator, n: usize) {
-    wait_for(&format!("{n} machines to register"), BOOT, || {
-        let got = c.machines().len();
-        if got == n {
-            Ok(())
-        } else {
-            Err(format!("{got} registered"))
-        }
-    });
+    c.wait_registered(n, BOOT);
 }
 
 #[test]
@@ -97,16 +85,12 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     // kubeadm upgrades one minor release at a time: skipping one is
     // refused, naming what is allowed.
     let f = tmp.path().join("upgrade.yaml");
-    std::fs::write(
+    let err = c.apply_refused(
         &f,
-        pool_cluster_yaml("demo", 1, 2, "dev").replace("v1.31.2", "v1.33.0"),
-    )
-    .unwrap();
-    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
+        &pool_cluster_yaml("demo", 1, 2, "dev").replace("v1.31.2", "v1.33.0"),
+    );
     assert!(
-        !out.status.success()
-            && err.contains("spec.kubernetesVersion")
+        err.contains("spec.kubernetesVersion")
             && err.contains("cannot go from v1.31.2 to v1.33.0")
             && err.contains("v1.32"),
         "{err}"
@@ -282,10 +266,7 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
 
 #[test]
 fn three_control_planes_one_init_two_joins_with_shared_ca_set() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("cp", "env=ha", 3, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("cp", "env=ha", 3, "1h");
     let agents = start_agents(tmp.path(), &boot, 3, "cp", "cp-");
     wait_registered(&c, 3);
     apply(&c, tmp.path(), &pool_cluster_yaml("ha", 3, 0, "ha"));
@@ -441,10 +422,7 @@ fn bad_tickets_and_wrong_pins_are_refused_with_clear_errors() {
 
 #[test]
 fn killed_agent_resumes_and_restarted_coordinator_keeps_state() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 2, "1h", &boot);
+    let (tmp, mut c, boot) = coordinator_with_token("default", "env=dev", 2, "1h");
     let mut agents = [
         Agent::start(&tmp.path().join("a"), "a", &boot),
         Agent::start(&tmp.path().join("b"), "b", &boot),
@@ -554,10 +532,7 @@ fn killed_agent_resumes_and_restarted_coordinator_keeps_state() {
 
 #[test]
 fn failed_bootstrap_is_visible_without_logging_in() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 1, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 1, "1h");
     let a = Agent::start(&tmp.path().join("m"), "broken", &boot);
     // Something else holds the port the API server must listen on, so
     // kubeadm's preflight fails as it would on a real machine.
@@ -603,82 +578,39 @@ fn bad_cluster_documents_are_refused_and_change_nothing() {
     apply(&c, tmp.path(), &pool_cluster_yaml("stable", 1, 2, "dev"));
     let before = c.cluster("stable").unwrap();
 
-    let cases = [
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev")
-                .replace("replicas: 2", "replicas: 2\n      replcas: 3"),
-            "unknown field `replcas`",
-        ),
-        (
-            pool_cluster_yaml("stable", 2, 2, "dev"),
-            "spec.controlPlane.replicas",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "1.31"),
-            "spec.kubernetesVersion",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace("replicas: 2", "replicas: two"),
-            "replicas",
-        ),
-        (
-            pool_cluster_yaml("stable", 3, 2, "dev")
-                .replace("  controlPlaneEndpoint:\n    managed: coordinator\n", ""),
-            "needs an endpoint that outlives any one of them",
-        ),
-        (
-            pool_cluster_yaml("stable", 3, 2, "dev")
-                .replace("managed: coordinator", "managed: kube-vip"),
-            "\"kube-vip\" is not known",
-        ),
-        ("kind: Cluster\nmetadata: [oops\n".to_string(), "YAML"),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "v1.33.0"),
-            "Kubernetes upgrades one minor release at a time; allowed: v1.31.2 itself, a later v1.31 patch, or a v1.32 release",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "v1.30.9"),
-            "Kubernetes supports no downgrade",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace("v1.31.2", "v1.29.0"),
-            "must be v1.30.0 or later",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace(
-                "    replicas: 1\n",
-                "    replicas: 1\n    rollout:\n      maxSurge: 0\n",
-            ),
-            "spec.controlPlane.rollout.maxSurge: 0 (replace in place) needs at least 3 control planes",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace(
-                "      replicas: 2\n",
-                "      replicas: 2\n      rollout:\n        maxSurge: 0\n        maxUnavailable: 0\n",
-            ),
-            "spec.workerPools[0].rollout: maxSurge and maxUnavailable cannot both be 0",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace(
-                "  controlPlane:",
-                "  upgrade:\n    settleTime: soon\n  controlPlane:",
-            ),
-            "spec.upgrade.settleTime",
-        ),
-        (
-            pool_cluster_yaml("stable", 1, 2, "dev").replace(
-                "  controlPlane:",
-                "  upgrade:\n    renewCertificatesBefore: 400d\n  controlPlane:",
-            ),
-            "spec.upgrade.renewCertificatesBefore: must be at least 7d and less than 365d",
-        ),
+    // Each case: the control planes of the document, the text changed
+    // in it (from "" to "": none) and what the refusal says.
+    let edits = [
+        (1, "replicas: 2", "replicas: 2\n      replcas: 3", "unknown field `replcas`"),
+        (2, "", "", "spec.controlPlane.replicas"),
+        (1, "v1.31.2", "1.31", "spec.kubernetesVersion"),
+        (1, "replicas: 2", "replicas: two", "replicas"),
+        (3, "  controlPlaneEndpoint:\n    managed: coordinator\n", "", "needs an endpoint that outlives any one of them"),
+        (3, "managed: coordinator", "managed: kube-vip", "\"kube-vip\" is not known"),
+        (1, "v1.31.2", "v1.33.0", "Kubernetes upgrades one minor release at a time; allowed: v1.31.2 itself, a later v1.31 patch, or a v1.32 release"),
+        (1, "v1.31.2", "v1.30.9", "Kubernetes supports no downgrade"),
+        (1, "v1.31.2", "v1.29.0", "must be v1.30.0 or later"),
+        (1, "    replicas: 1\n", "    replicas: 1\n    rollout:\n      maxSurge: 0\n", "spec.controlPlane.rollout.maxSurge: 0 (replace in place) needs at least 3 control planes"),
+        (1, "      replicas: 2\n", "      replicas: 2\n      rollout:\n        maxSurge: 0\n        maxUnavailable: 0\n", "spec.workerPools[0].rollout: maxSurge and maxUnavailable cannot both be 0"),
+        (1, "  controlPlane:", "  upgrade:\n    settleTime: soon\n  controlPlane:", "spec.upgrade.settleTime"),
+        (1, "  controlPlane:", "  upgrade:\n    renewCertificatesBefore: 400d\n  controlPlane:", "spec.upgrade.renewCertificatesBefore: must be at least 7d and less than 365d"),
     ];
+    let mut cases: Vec<(String, &str)> = edits
+        .iter()
+        .map(|(cp, from, to, expected)| {
+            let doc = pool_cluster_yaml("stable", *cp, 2, "dev");
+            let doc = if from.is_empty() {
+                doc
+            } else {
+                doc.replace(from, to)
+            };
+            (doc, *expected)
+        })
+        .collect();
+    cases.insert(6, ("kind: Cluster\nmetadata: [oops\n".to_string(), "YAML"));
     for (doc, expected) in cases {
         let f = tmp.path().join("bad.yaml");
-        std::fs::write(&f, &doc).unwrap();
-        let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
-        assert!(!out.status.success(), "accepted:\n{doc}");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = c.apply_refused(&f, &doc);
         assert!(err.contains(expected), "error for {expected:?} was: {err}");
     }
     let after = c.cluster("stable").unwrap();
@@ -1462,10 +1394,7 @@ fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it
 
 #[test]
 fn a_pool_cluster_upgrades_in_place_one_machine_at_a_time_control_plane_first() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 3, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 3, "1h");
     // Each machine has its own kubeadm installation and upgrade hooks, as
     // a node image has.
     let agents: Vec<Agent> = (0..3)
@@ -1503,12 +1432,9 @@ fn a_pool_cluster_upgrades_in_place_one_machine_at_a_time_control_plane_first() 
             .ok_or_else(|| "no rollout yet".to_string())
     });
     let next = tmp.path().join("next.yaml");
-    std::fs::write(&next, doc.replace("v1.31.2", "v1.33.0")).unwrap();
-    let out = c.cli(&["apply", "-f", next.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = c.apply_refused(&next, &doc.replace("v1.31.2", "v1.33.0"));
     assert!(
-        !out.status.success()
-            && err.contains("a machine still runs v1.31.2")
+        err.contains("a machine still runs v1.31.2")
             && err.contains("cannot go from v1.31.2 to v1.33.0"),
         "{err}"
     );
@@ -1717,14 +1643,8 @@ fn files_and_commands_land_where_the_spec_says_and_only_admins_set_them() {
     let (tmp, c, agents) = registered_pool(3, "cust-");
     // The bridge CNI config for every machine (cluster_yaml's), a file for
     // control planes only, one for pool gpu only; commands around kubeadm.
-    let doc = format!(
-        "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: cust
-spec:
-  kubernetesVersion: v1.31.2
-{cni}    - path: /etc/drover-test/cp-only.conf
+    let spec = format!(
+        "{cni}    - path: /etc/drover-test/cp-only.conf
       content: control-plane-secret
       permissions: \"0600\"
       controlPlaneOnly: true
@@ -1744,14 +1664,11 @@ spec:
         - echo gpu-post >> \"$DROVER_ROOT/var/log/drover-test.log\"
     - name: plain
       replicas: 1
-  provider:
-    pool:
-      selector:
-        matchLabels:
-          env: dev
-",
-        cni = bridge_cni_files()
+{provider}",
+        cni = bridge_cni_files(),
+        provider = pool_provider("dev")
     );
+    let doc = cluster_doc("cust", &spec);
     apply(&c, tmp.path(), &doc);
     c.wait_cluster_phase("cust", "Running", BOOT);
     let machines = c.machines();
@@ -1833,14 +1750,10 @@ spec:
 
     // A file at a path the agent owns is refused at apply, naming it.
     let f = tmp.path().join("reserved.yaml");
-    std::fs::write(
+    let err = c.apply_refused(
         &f,
-        doc.replace("/etc/drover-test/gpu.conf", "/etc/kubernetes/pki/ca.key"),
-    )
-    .unwrap();
-    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+        &doc.replace("/etc/drover-test/gpu.conf", "/etc/kubernetes/pki/ca.key"),
+    );
     assert!(
         err.contains("spec.workerPools[0].files[0].path")
             && err.contains("/etc/kubernetes/pki/ca.key")
@@ -2082,8 +1995,7 @@ spec:
         )
     };
     let f = tmp.path().join("addons.yaml");
-    std::fs::write(&f, doc(net, "")).unwrap();
-    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    c.apply_file(&f, &doc(net, ""));
     let stored = c.cluster("addons").unwrap();
     assert!(
         stored["spec"]["addons"][1]["manifests"]
@@ -2104,52 +2016,27 @@ spec:
     });
     let kubeconfig = tmp.path().join("kubeconfig");
     std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "addons"])).unwrap();
-    let get = |args: &[&str]| kubectl(&kubeconfig, args).unwrap();
+    let field = |what: &[&str], namespace: &str, path: &str| {
+        kube::jsonpath(&kubeconfig, what, namespace, path).unwrap()
+    };
     assert_eq!(
-        get(&[
-            "get",
-            "configmap",
-            "settings",
-            "-n",
-            "drover-net",
-            "-o",
-            "jsonpath={.data.mode}"
-        ]),
+        field(&["configmap", "settings"], "drover-net", "{.data.mode}"),
         "bridge"
     );
     assert_eq!(
-        get(&[
-            "get",
-            "configmap",
-            "settings",
-            "-n",
+        field(
+            &["configmap", "settings"],
             "drover-net",
-            "-o",
-            "jsonpath={.metadata.managedFields[*].manager}"
-        ]),
+            "{.metadata.managedFields[*].manager}"
+        ),
         "drover"
     );
     assert_eq!(
-        get(&[
-            "get",
-            "daemonsets",
-            "-n",
-            "drover-net",
-            "-o",
-            "jsonpath={.items[*].metadata.name}"
-        ]),
+        field(&["daemonsets"], "drover-net", "{.items[*].metadata.name}"),
         "net-agent"
     );
     assert_eq!(
-        get(&[
-            "get",
-            "configmap",
-            "extra",
-            "-n",
-            "kube-system",
-            "-o",
-            "jsonpath={.data.v}"
-        ]),
+        field(&["configmap", "extra"], "kube-system", "{.data.v}"),
         "1"
     );
     let described = c.cli_ok(&["describe", "cluster", "addons"]);
@@ -2169,30 +2056,13 @@ spec:
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: extra, namespace: kube-system}\ndata: {v: \"2\"}\n",
     )
     .unwrap();
-    std::fs::write(&f, doc(&net.replace("mode: bridge", "mode: vxlan"), "")).unwrap();
-    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    c.apply_file(&f, &doc(&net.replace("mode: bridge", "mode: vxlan"), ""));
     wait_for("extra re-applied", BOOT, || {
-        let v = get(&[
-            "get",
-            "configmap",
-            "extra",
-            "-n",
-            "kube-system",
-            "-o",
-            "jsonpath={.data.v}",
-        ]);
+        let v = field(&["configmap", "extra"], "kube-system", "{.data.v}");
         (v == "2").then_some(()).ok_or(v)
     });
     assert_eq!(
-        get(&[
-            "get",
-            "configmap",
-            "settings",
-            "-n",
-            "drover-net",
-            "-o",
-            "jsonpath={.data.mode}"
-        ]),
+        field(&["configmap", "settings"], "drover-net", "{.data.mode}"),
         "bridge",
         "an ApplyOnce addon is not applied again"
     );
@@ -2200,8 +2070,10 @@ spec:
     // A manifest the API server refuses: the addon fails with the server's
     // message, the cluster is not Ready, and it is tried again.
     let broken = "    - name: broken\n      manifests: |\n        apiVersion: apps/v1\n        kind: Deployment\n        metadata: {name: web, namespace: default}\n        spec:\n          selector: {matchLabels: {app: web}}\n          template:\n            metadata: {labels: {app: other}}\n            spec: {containers: [{name: web, image: web}]}\n";
-    std::fs::write(&f, doc(&net.replace("mode: bridge", "mode: vxlan"), broken)).unwrap();
-    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    c.apply_file(
+        &f,
+        &doc(&net.replace("mode: bridge", "mode: vxlan"), broken),
+    );
     let message = wait_for("the broken addon to fail twice", BOOT, || {
         let cluster = c.cluster("addons").unwrap();
         let broken = cluster["status"]["addons"][2].clone();
@@ -2228,31 +2100,19 @@ spec:
     );
 
     // Removed from the spec, it is forgotten; what the others applied stays.
-    std::fs::write(&f, doc(&net.replace("mode: bridge", "mode: vxlan"), "")).unwrap();
-    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    c.apply_file(&f, &doc(&net.replace("mode: bridge", "mode: vxlan"), ""));
     wait_for("the cluster Ready again", BOOT, || {
         let got = cluster_condition(&c.cluster("addons").unwrap(), "Ready");
         (got.0 == "True").then_some(()).ok_or(format!("{got:?}"))
     });
     assert_eq!(addon_states(&c, "addons").len(), 2);
     assert_eq!(
-        get(&[
-            "get",
-            "configmap",
-            "settings",
-            "-n",
-            "drover-net",
-            "-o",
-            "jsonpath={.data.mode}"
-        ]),
+        field(&["configmap", "settings"], "drover-net", "{.data.mode}"),
         "bridge"
     );
 
     // A document without metadata.name is refused at apply, naming it.
-    std::fs::write(&f, doc(&net.replace("  name: settings\n", ""), "")).unwrap();
-    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = c.apply_refused(&f, &doc(&net.replace("  name: settings\n", ""), ""));
     assert!(
         err.contains("spec.addons[0].manifests")
             && err.contains("document 2 (ConfigMap) has no metadata.name"),
@@ -2288,17 +2148,13 @@ fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
         );
     // The image's network is addon "cni": the name is taken.
     let f = tmp.path().join("taken.yaml");
-    std::fs::write(
+    let err = c.apply_refused(
         &f,
-        doc.replace("name: team\n      manifests", "name: cni\n      manifests"),
-    )
-    .unwrap();
-    let out = c.cli(&["apply", "-f", f.to_str().unwrap()]);
-    assert!(!out.status.success());
+        &doc.replace("name: team\n      manifests", "name: cni\n      manifests"),
+    );
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("\"cni\" is the node image's pod network"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("\"cni\" is the node image's pod network"),
+        "{err}"
     );
     apply(&c, tmp.path(), &doc);
     c.wait_cluster_phase("imgnet", "Running", BOOT);
@@ -2334,17 +2190,11 @@ fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
     assert_eq!(subnets.len(), 2, "{subnets:?}");
     assert_eq!(subnets, ranges);
     assert_eq!(
-        kubectl(
+        kube::jsonpath(
             &kubeconfig,
-            &[
-                "get",
-                "configmap",
-                "drover-cni",
-                "-n",
-                "kube-system",
-                "-o",
-                "jsonpath={.metadata.managedFields[*].manager}"
-            ]
+            &["configmap", "drover-cni"],
+            "kube-system",
+            "{.metadata.managedFields[*].manager}"
         )
         .unwrap(),
         "drover"
@@ -2383,30 +2233,7 @@ stringData:
         .unwrap();
         f
     };
-    let doc = format!(
-        "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: sec
-spec:
-  kubernetesVersion: v1.31.2
-{cni}  controlPlane:
-    replicas: 1
-  workerPools:
-    - name: default
-      replicas: 1
-      files:
-        - path: /etc/drover-test/auth.json
-          permissions: \"0600\"
-          contentFrom: {{secret: registry, key: auth.json}}
-  provider:
-    pool:
-      selector:
-        matchLabels:
-          env: dev
-",
-        cni = bridge_cni_files()
-    );
+    let doc = cluster_reading_secret("sec", "registry", &bridge_cni_files(), "dev");
     let cluster_file = tmp.path().join("sec.yaml");
     std::fs::write(&cluster_file, &doc).unwrap();
 
@@ -2551,34 +2378,6 @@ stringData:
     )
 }
 
-/// A pool cluster `name` whose workers get a file from Secret `secret`
-/// (so the coordinator refuses it unless the Secret was applied first).
-fn cluster_reading_secret(name: &str, secret: &str) -> String {
-    format!(
-        "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  kubernetesVersion: v1.31.2
-  controlPlane:
-    replicas: 1
-  workerPools:
-    - name: default
-      replicas: 1
-      files:
-        - path: /etc/drover-test/auth.json
-          permissions: \"0600\"
-          contentFrom: {{secret: {secret}, key: auth.json}}
-  provider:
-    pool:
-      selector:
-        matchLabels:
-          env: nowhere
-"
-    )
-}
-
 /// Runs `drover apply -f -` with `input` on standard input.
 fn apply_stdin(c: &Coordinator, input: &str) -> std::process::Output {
     use std::io::Write;
@@ -2622,7 +2421,7 @@ fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
         format!(
             "# the registry credential and its cluster\n---\n{}---\n# nothing here\n---\n{}---\n",
             secret_doc("registry", "auth.json"),
-            cluster_reading_secret("multi", "registry")
+            cluster_reading_secret("multi", "registry", "", "nowhere")
         ),
     )
     .unwrap();
@@ -2650,7 +2449,7 @@ fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
     .unwrap();
     std::fs::write(
         dir.join("20-cluster.yml"),
-        cluster_reading_secret("dir-cluster", "dir-secret"),
+        cluster_reading_secret("dir-cluster", "dir-secret", "", "nowhere"),
     )
     .unwrap();
     std::fs::write(dir.join("README.txt"), "not: [yaml").unwrap();
@@ -2664,7 +2463,7 @@ fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
     let input = format!(
         "{}---\n{}",
         secret_doc("stdin-secret", "auth.json"),
-        cluster_reading_secret("stdin-cluster", "stdin-secret")
+        cluster_reading_secret("stdin-cluster", "stdin-secret", "", "nowhere")
     );
     let out = apply_stdin(&c, &input);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -2703,13 +2502,8 @@ fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
 
     // A file of only empty documents applies nothing and says so.
     let empty = tmp.path().join("empty.yaml");
-    std::fs::write(&empty, "---\n# nothing\n---\n").unwrap();
-    let out = c.cli(&["apply", "-f", empty.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("nothing to apply"),
-        "{err}"
-    );
+    let err = c.apply_refused(&empty, "---\n# nothing\n---\n");
+    assert!(err.contains("nothing to apply"), "{err}");
 }
 
 #[test]
@@ -2720,7 +2514,7 @@ fn apply_stops_at_the_first_refused_document_naming_it() {
     // The coordinator refuses document 2 (a version outside SemVer's
     // grammar); document 1 stays applied, document 3 is never sent.
     let file = tmp.path().join("refused.yaml");
-    let bad = cluster_reading_secret("bad", "first")
+    let bad = cluster_reading_secret("bad", "first", "", "nowhere")
         .replace("v1.31.2", "\"v1.31.2-x;$(touch /tmp/pwn)\"");
     std::fs::write(
         &file,
@@ -2748,20 +2542,16 @@ fn apply_stops_at_the_first_refused_document_naming_it() {
     assert!(c.cluster("bad").is_none());
 
     // The coordinator's schema errors name the file's line and show it.
-    let typo = cluster_reading_secret("typo", "first").replace(
+    let typo = cluster_reading_secret("typo", "first", "", "nowhere").replace(
         "  controlPlane:\n    replicas: 1",
         "  controlPlane:\n    replicas: two",
     );
-    std::fs::write(
+    let err = c.apply_refused(
         &file,
-        format!("{}---\n{typo}", secret_doc("first", "auth.json")),
-    )
-    .unwrap();
-    let out = c.cli(&["apply", "-f", file.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
+        &format!("{}---\n{typo}", secret_doc("first", "auth.json")),
+    );
     assert!(
-        !out.status.success()
-            && err.contains("document 2 (line 7) (cluster/typo) was refused")
+        err.contains("document 2 (line 7) (cluster/typo) was refused")
             && err.contains("at line 15, column 15, in \"replicas: two\""),
         "{err}"
     );
@@ -2773,36 +2563,27 @@ fn apply_stops_at_the_first_refused_document_naming_it() {
     // not parse) is refused before anything is sent, naming the document,
     // in words for people.
     let local = tmp.path().join("local.yaml");
-    std::fs::write(
+    let err = c.apply_refused(
         &local,
-        format!(
+        &format!(
             "{}---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n",
             secret_doc("never", "auth.json")
         ),
-    )
-    .unwrap();
-    let out = c.cli(&["apply", "-f", local.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
-        !out.status.success()
-            && err.contains("local.yaml document 2 (line 7): kind \"Pod\" cannot be applied")
+        err.contains("local.yaml document 2 (line 7): kind \"Pod\" cannot be applied")
             && err.contains("nothing was applied"),
         "{err}"
     );
-    std::fs::write(
+    let err = c.apply_refused(
         &local,
-        format!(
+        &format!(
             "{}---\nkind: Secret\nkind: Secret\n",
             secret_doc("never", "auth.json")
         ),
-    )
-    .unwrap();
-    let out = c.cli(&["apply", "-f", local.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
-        !out.status.success()
-            && err
-                .contains("local.yaml document 2 (line 7): not valid YAML: duplicate mapping key")
+        err.contains("local.yaml document 2 (line 7): not valid YAML: duplicate mapping key")
             && err.contains("at line 9"),
         "{err}"
     );

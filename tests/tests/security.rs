@@ -10,9 +10,7 @@ use drover_tests::*;
 const BOOT: Duration = Duration::from_secs(120);
 
 fn apply(c: &Coordinator, dir: &Path, yaml: &str) {
-    let f = dir.join("cluster.yaml");
-    std::fs::write(&f, yaml).unwrap();
-    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    c.apply_yaml(dir, yaml);
 }
 
 fn b64(s: &str) -> String {
@@ -160,10 +158,7 @@ fn oversized_and_malformed_bodies_are_refused_with_problems() {
 
 #[test]
 fn machines_see_only_their_own_config_and_workers_get_no_ca_key() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=sec", 2, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=sec", 2, "1h");
     let agents = [
         Agent::start(&tmp.path().join("a"), "a", &boot),
         Agent::start(&tmp.path().join("b"), "b", &boot),
@@ -541,10 +536,7 @@ fn a_ticket_altered_to_name_another_cluster_is_refused() {
 
 #[test]
 fn accepted_heartbeats_are_not_audited_but_refused_ones_are() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("bootstrap.yaml");
-    c.token("audit", "role=x", 1, "10m", &boot);
+    let (tmp, c, boot) = coordinator_with_token("audit", "role=x", 1, "10m");
     let _agent = Agent::start(&tmp.path().join("m1"), "m1", &boot);
     // Heartbeats every second: wait until three were accepted.
     let mut seen = std::collections::BTreeSet::new();
@@ -853,10 +845,7 @@ fn anonymous_refusals_cannot_fill_the_audit_log() {
 
 #[test]
 fn sign_outs_and_refused_machine_certificates_cannot_fill_the_audit_log() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=x", 1, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=x", 1, "1h");
     let mut agent = Agent::start(&tmp.path().join("a"), "a", &boot);
     wait_machines(&c, 1);
     let (cert, key, name) = identity_of(&c, &agent);
@@ -938,10 +927,7 @@ fn the_first_admin_token_is_not_printed_to_a_log() {
 
 #[test]
 fn machine_config_fetches_and_oversized_requests_are_audited() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("bootstrap.yaml");
-    c.token("audit", "role=x", 1, "10m", &boot);
+    let (tmp, c, boot) = coordinator_with_token("audit", "role=x", 1, "10m");
     let agent = Agent::start(&tmp.path().join("m1"), "m1", &boot);
     let name = wait_for("the machine to register", BOOT, || {
         c.machines()
@@ -1163,14 +1149,7 @@ fn identity_of(c: &Coordinator, a: &Agent) -> (String, String, String) {
 
 /// Waits for `n` registered machines.
 fn wait_machines(c: &Coordinator, n: usize) {
-    wait_for(&format!("{n} machines"), BOOT, || {
-        let got = c.machines().len();
-        if got == n {
-            Ok(())
-        } else {
-            Err(format!("{got} machines"))
-        }
-    });
+    c.wait_registered(n, BOOT);
 }
 
 /// The kubeadm token in a signed bundle's kubeadm config.
@@ -1198,10 +1177,7 @@ fn bundle_token(answer: &Answer) -> String {
 
 #[test]
 fn init_config_fetches_reuse_one_join_token_so_later_joins_work() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=jt", 3, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=jt", 3, "1h");
     let a = Agent::start(&tmp.path().join("a"), "a", &boot);
     let b = Agent::start(&tmp.path().join("b"), "b", &boot);
     wait_machines(&c, 2);
@@ -1364,10 +1340,7 @@ fn names_labels_and_hostnames_are_validated_where_they_enter() {
 
 #[test]
 fn reported_strings_are_bounded_and_printed_escaped() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=x", 1, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=x", 1, "1h");
     let mut agent = Agent::start(&tmp.path().join("m"), "m", &boot);
     wait_machines(&c, 1);
     // Its certificate, in other hands: the agent itself is stopped.
@@ -1414,10 +1387,7 @@ fn reported_strings_are_bounded_and_printed_escaped() {
 
 #[test]
 fn a_revoked_or_doubly_held_machine_identity_is_refused_at_the_next_request() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=x", 3, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=x", 3, "1h");
     let mut a = Agent::start(&tmp.path().join("a"), "a", &boot);
     let mut b = Agent::start(&tmp.path().join("b"), "b", &boot);
     let mut m3 = Agent::start(&tmp.path().join("c"), "c", &boot);
@@ -1701,10 +1671,7 @@ fn recv_within(socket: &std::net::UdpSocket, wait: Duration) -> Option<Vec<u8>> 
 #[test]
 fn heartbeat_datagrams_refuse_forgery_replay_another_machines_key_and_garbage() {
     use drover_common::wire::datagram::{self, Answer, Beat, Verdict};
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=x", 2, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=x", 2, "1h");
     let mut a = Agent::start(&tmp.path().join("a"), "a", &boot);
     let mut b = Agent::start(&tmp.path().join("b"), "b", &boot);
     wait_machines(&c, 2);
@@ -1854,10 +1821,7 @@ fn heartbeat_datagrams_refuse_forgery_replay_another_machines_key_and_garbage() 
 #[test]
 fn a_revoked_machines_datagrams_do_not_keep_it_alive() {
     use drover_common::wire::datagram::{self, Answer, Beat, Verdict};
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=x", 1, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=x", 1, "1h");
     let mut a = Agent::start(&tmp.path().join("a"), "a", &boot);
     wait_machines(&c, 1);
     // The certificate is stolen; the real agent is gone.
@@ -1977,27 +1941,13 @@ fn blob_cluster_yaml(
     pool_files: usize,
     env: &str,
 ) -> String {
-    format!(
-        "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  kubernetesVersion: v1.31.2
-  files:{}  controlPlane:
-    replicas: 1
-  workerPools:
-    - name: gpu
-      replicas: {workers}
-      files:{}  provider:
-    pool:
-      selector:
-        matchLabels:
-          env: {env}
-",
+    let spec = format!(
+        "  files:{}  controlPlane:\n    replicas: 1\n  workerPools:\n    - name: gpu\n      replicas: {workers}\n      files:{}{}",
         files_reading_blob(spec_files, "spec", 4),
         files_reading_blob(pool_files, "gpu", 8),
-    )
+        pool_provider(env),
+    );
+    cluster_doc(name, &spec)
 }
 
 #[test]
@@ -2091,30 +2041,6 @@ fn config_bundles_over_the_cap_are_refused_at_apply_naming_the_pool_and_size() {
     assert_eq!(kept.json()["keys"][0]["bytes"], 200 * 1024, "{kept:?}");
 }
 
-/// A TLS client presenting a machine's certificate and key.
-fn machine_tls(ca_pem: &str, cert: &str, key: &str) -> std::sync::Arc<rustls::ClientConfig> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    std::sync::Arc::new(
-        rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(cert.as_bytes())
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-    )
-}
-
 /// Reads an answer's head (status line and headers, lower-cased) and
 /// whatever of its body came with it.
 async fn read_head<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> (String, Vec<u8>) {
@@ -2145,10 +2071,7 @@ fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 #[test]
 fn one_config_fetch_per_machine_is_served_at_a_time() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=one", 1, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("default", "env=one", 1, "1h");
     let agent = Agent::start(&tmp.path().join("a"), "a", &boot);
     wait_machines(&c, 1);
     let a = c.api(None).json(
@@ -2164,7 +2087,7 @@ fn one_config_fetch_per_machine_is_served_at_a_time() {
     let (cert, key, name) = identity_of(&c, &agent);
     let uid = agent.state()["machineUid"].as_str().unwrap().to_owned();
     let ca = drover_common::pki::first_cert_der(&c.ca_pem()).unwrap();
-    let tls = machine_tls(&c.ca_pem(), &cert, &key);
+    let tls = std::sync::Arc::new(client_tls(&c.ca_pem(), Some((&cert, &key))));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", c.port).parse().unwrap();
     let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
     let request =
@@ -2253,14 +2176,8 @@ fn viewers_see_sizes_and_hashes_of_machine_files_commands_and_addons_not_their_t
     let tmp = tempfile::tempdir().unwrap();
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     let content = "token = FILE-SECRET-4711\n";
-    let yaml = format!(
-        "apiVersion: drover.dev/v1alpha1
-kind: Cluster
-metadata:
-  name: hush
-spec:
-  kubernetesVersion: v1.31.2
-  files:
+    let spec = format!(
+        "  files:
     - path: /etc/hush/app.conf
       permissions: \"0600\"
       content: {content:?}
@@ -2285,14 +2202,10 @@ spec:
           name: extra
         data:
           key: ADDON-SECRET-7
-  provider:
-    pool:
-      selector:
-        matchLabels:
-          env: hush
-"
+{}",
+        pool_provider("hush")
     );
-    apply(&c, tmp.path(), &yaml);
+    apply(&c, tmp.path(), &cluster_doc("hush", &spec));
     let secrets = [
         "FILE-SECRET-4711",
         "PRE-SECRET-1",

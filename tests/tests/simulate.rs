@@ -32,10 +32,7 @@ fn heartbeat_time(m: &serde_json::Value) -> OffsetDateTime {
 
 #[test]
 fn twenty_machines_register_heartbeat_fetch_config_and_go_silent() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("sim", "env=sim", 20, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("sim", "env=sim", 20, "1h");
     // A cluster that claims three simulated machines as they register, so
     // they fetch (and verify) their config bundles.
     let cluster = tmp.path().join("cluster.yaml");
@@ -178,10 +175,7 @@ fn twenty_machines_register_heartbeat_fetch_config_and_go_silent() {
 
 #[test]
 fn sigterm_stops_early_and_still_prints_the_summary() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let boot = tmp.path().join("boot.yaml");
-    c.token("sim", "env=sim", 5, "1h", &boot);
+    let (tmp, c, boot) = coordinator_with_token("sim", "env=sim", 5, "1h");
     let summary_path = tmp.path().join("summary.json");
     let mut child = Command::new(bin("drover-agent"))
         .args(["simulate", "--bootstrap", boot.to_str().unwrap()])

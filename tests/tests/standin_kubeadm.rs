@@ -189,6 +189,31 @@ fn kubectl_output(c: &Cluster, args: &[&str]) -> Output {
         .expect("run kubectl")
 }
 
+/// What real kubectl with the cluster's `admin.conf` printed to stdout;
+/// it must succeed.
+fn kubectl_ok(c: &Cluster, args: &[&str]) -> String {
+    let out = kubectl_output(c, args);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Real kubectl's server-side apply of `manifests`, written to `file`
+/// first, as Drover's agent runs it.
+fn server_side_apply(c: &Cluster, file: &Path, manifests: &str) -> Output {
+    std::fs::write(file, manifests).unwrap();
+    kubectl_output(
+        c,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=drover",
+            "--validate=false",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    )
+}
+
 fn text(o: &Output) -> String {
     format!(
         "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
@@ -200,6 +225,12 @@ fn text(o: &Output) -> String {
 
 fn assert_ok(o: &Output) {
     assert!(o.status.success(), "kubeadm failed: {}", text(o));
+}
+
+/// Asserts that kubeadm succeeded and said `needle`.
+fn assert_ok_saying(o: &Output, needle: &str) {
+    assert_ok(o);
+    assert!(text(o).contains(needle), "lacks {needle:?}: {}", text(o));
 }
 
 fn assert_fails_with(o: &Output, needle: &str) {
@@ -335,24 +366,51 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-/// GET over TLS verified with the cluster CA, optionally with a client cert.
-fn https_get(url: &str, ca_pem: &str) -> (u16, String) {
+/// A TLS client configuration trusting the first certificate of
+/// `ca_pem`, presenting `identity` (certificates and key) when given.
+fn tls_trusting(
+    ca_pem: &str,
+    identity: Option<(
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    )>,
+) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     let der = drover_common::pki::first_cert_der(ca_pem).unwrap();
     roots.add(der.into()).unwrap();
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let client = reqwest::Client::builder()
+    .with_root_certificates(roots);
+    match identity {
+        Some((certs, key)) => builder.with_client_auth_cert(certs, key).unwrap(),
+        None => builder.with_no_client_auth(),
+    }
+}
+
+/// An HTTPS client over `tls`, without proxies, giving up after 5 s.
+fn https_client(tls: rustls::ClientConfig) -> reqwest::Client {
+    reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .no_proxy()
         .timeout(Duration::from_secs(5))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// GET `path` anonymously from the cluster's endpoint, verified with its CA.
+fn endpoint_get(c: &Cluster, path: &str) -> (u16, String) {
+    https_get(
+        &format!("https://{}{path}", c.params.control_plane_endpoint),
+        &c.cas.ca.cert_pem,
+    )
+}
+
+/// GET over TLS verified with the cluster CA, optionally with a client cert.
+fn https_get(url: &str, ca_pem: &str) -> (u16, String) {
+    let client = https_client(tls_trusting(ca_pem, None));
     block_on(async {
         let r = client.get(url).send().await.expect("GET");
         let code = r.status().as_u16();
@@ -375,13 +433,7 @@ fn http_get(url: &str) -> Option<(u16, String)> {
 }
 
 fn cluster_info(c: &Cluster) -> Value {
-    let (code, body) = https_get(
-        &format!(
-            "https://{}/api/v1/namespaces/kube-public/configmaps/cluster-info",
-            c.params.control_plane_endpoint
-        ),
-        &c.cas.ca.cert_pem,
-    );
+    let (code, body) = endpoint_get(c, "/api/v1/namespaces/kube-public/configmaps/cluster-info");
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).unwrap()
 }
@@ -664,12 +716,7 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
         "v1.32.0",
         &["v1.31.3", "-y", "--force", "--dry-run", no_renewal],
     );
-    assert_ok(&out);
-    assert!(
-        text(&out).contains("skipping since the --force flag is set"),
-        "{}",
-        text(&out)
-    );
+    assert_ok_saying(&out, "skipping since the --force flag is set");
     // The health checks: every control-plane static Pod manifest must be
     // there (health.go, StaticPodManifest), unless the check is ignored.
     let scheduler = c.cp.path("/etc/kubernetes/manifests/kube-scheduler.yaml");
@@ -682,8 +729,7 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
         "v1.32.0",
         &["v1.32.0", "-y", "--dry-run", ignored, no_renewal],
     );
-    assert_ok(&out);
-    assert!(text(&out).contains("[WARNING StaticPodManifest]"));
+    assert_ok_saying(&out, "[WARNING StaticPodManifest]");
     std::fs::rename(&aside, &scheduler).unwrap();
     // It asks before it acts.
     let out = apply("v1.32.0", &["v1.32.0", no_renewal]);
@@ -698,8 +744,7 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
         || std::fs::read_to_string(c.cp.path("/etc/kubernetes/pki/apiserver.crt")).unwrap();
     let before = serving();
     let out = apply("v1.32.0", &["v1.32.0", "-y"]);
-    assert_ok(&out);
-    assert!(text(&out).contains("SUCCESS! Your cluster was upgraded to \"v1.32.0\""));
+    assert_ok_saying(&out, "SUCCESS! Your cluster was upgraded to \"v1.32.0\"");
     // As with real kubeadm, the certificates were renewed on the way.
     assert!(text(&out).contains("certificate for serving the Kubernetes API renewed"));
     assert_ne!(serving(), before);
@@ -730,34 +775,16 @@ fn upgrade_apply_and_node_move_the_cluster_one_minor_at_a_time() {
     let out = w.kubeadm_at("v1.31.2", &["upgrade", "node", no_renewal]);
     assert_fails_with(&out, "is higher than the kubeadm version");
     let out = w.kubeadm_at("v1.32.0", &["upgrade", "node", no_renewal]);
-    assert_ok(&out);
-    assert!(text(&out).contains("Skipping phase. Not a control plane node."));
+    assert_ok_saying(&out, "Skipping phase. Not a control plane node.");
     // A second upgrade apply to the same version changes nothing harmful.
     let out = apply("v1.32.0", &["v1.32.0", "-y", no_renewal]);
-    assert_ok(&out);
-    assert!(text(&out).contains("Skipping the renewal of certificates"));
+    assert_ok_saying(&out, "Skipping the renewal of certificates");
 }
 
 /// The serving certificate an API server presents, DER.
 fn served_certificate(c: &Cluster, api: &str) -> Vec<u8> {
     let addr = api.trim_start_matches("https://");
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates({
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(
-                drover_common::pki::first_cert_der(&c.cas.ca.cert_pem)
-                    .unwrap()
-                    .into(),
-            )
-            .unwrap();
-        roots
-    })
-    .with_no_client_auth();
+    let tls = tls_trusting(&c.cas.ca.cert_pem, None);
     let host = addr.rsplit_once(':').unwrap().0.to_owned();
     block_on(async {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -808,8 +835,7 @@ fn certs_renew_all_reissues_every_leaf_and_kubeconfig_and_the_api_server_serves_
         "renews only `all`",
     );
     let out = c.cp.kubeadm(&["certs", "renew", "all"]);
-    assert_ok(&out);
-    assert!(text(&out).contains("Done renewing certificates."));
+    assert_ok_saying(&out, "Done renewing certificates.");
     let after = read();
     for (f, (b, a)) in files.iter().zip(before.iter().zip(after.iter())) {
         assert_ne!(a, b, "{f} was not renewed");
@@ -859,12 +885,7 @@ fn reset_needs_the_cri_socket_on_a_host_with_two_runtimes() {
         "--cri-socket",
         drover_common::kubeadm::CRI_SOCKET,
     ]);
-    assert_ok(&out);
-    assert!(
-        text(&out).contains(drover_common::kubeadm::CRI_SOCKET),
-        "{}",
-        text(&out)
-    );
+    assert_ok_saying(&out, drover_common::kubeadm::CRI_SOCKET);
 }
 
 #[test]
@@ -1414,12 +1435,9 @@ fn kubeadm_waits_for_the_kubelet_on_its_patched_config_never_on_a_flag() {
     assert_eq!(cluster["kind"], "KubeletConfiguration", "{cluster}");
     assert_eq!(cluster["healthzPort"], 10248, "{cluster}");
     // Only joining machines, nodes and admins read it.
-    let (code, body) = https_get(
-        &format!(
-            "https://{}/api/v1/namespaces/kube-system/configmaps/kubelet-config",
-            c.params.control_plane_endpoint
-        ),
-        &c.cas.ca.cert_pem,
+    let (code, body) = endpoint_get(
+        &c,
+        "/api/v1/namespaces/kube-system/configmaps/kubelet-config",
     );
     assert_eq!(code, 403, "{body}");
 
@@ -1491,8 +1509,7 @@ fn kubeadm_waits_for_the_kubelet_on_its_patched_config_never_on_a_flag() {
         w.kubeadm_at("v1.31.2", &all)
     };
     let out = upgrade(&["--patches", patches]);
-    assert_ok(&out);
-    assert!(text(&out).contains(patch_line), "{}", text(&out));
+    assert_ok_saying(&out, patch_line);
     assert_eq!(kubelet_config_of(&w)["healthzPort"], port);
     // ...a patch the stand-in does not apply is refused before anything
     // changes...
@@ -1598,22 +1615,16 @@ fn upgrade_hooks_install_kubeadm_then_the_kubelet_of_a_version() {
     );
 
     // kubeadm first; the kubelet stays what it was until its own hook.
-    let o = hook("upgrade-kubeadm", &["v1.32.0"]);
-    assert_ok(&o);
-    assert!(
-        text(&o).contains("kubeadm v1.31.2 -> v1.32.0 installed"),
-        "{}",
-        text(&o)
+    assert_ok_saying(
+        &hook("upgrade-kubeadm", &["v1.32.0"]),
+        "kubeadm v1.31.2 -> v1.32.0 installed",
     );
     assert_eq!(version(), "v1.32.0");
     assert_eq!(installed("kubelet.version"), "v1.31.2");
     // No kubelet runs on this root: it is installed, not started.
-    let o = hook("upgrade-kubelet", &["v1.32.0"]);
-    assert_ok(&o);
-    assert!(
-        text(&o).contains("not running; not started"),
-        "{}",
-        text(&o)
+    assert_ok_saying(
+        &hook("upgrade-kubelet", &["v1.32.0"]),
+        "not running; not started",
     );
     assert_eq!(installed("kubelet.version"), "v1.32.0");
     // Each run is in the machine's kubeadm invocation log.
@@ -1652,28 +1663,7 @@ fn admin_request(
             .unwrap();
     let key =
         rustls::pki_types::PrivateKeyDer::from_pem_slice(&b64(&user["client-key-data"])).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(
-            drover_common::pki::first_cert_der(&c.cas.ca.cert_pem)
-                .unwrap()
-                .into(),
-        )
-        .unwrap();
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_client_auth_cert(certs, key)
-    .unwrap();
-    let client = reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .no_proxy()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let client = https_client(tls_trusting(&c.cas.ca.cert_pem, Some((certs, key))));
     let url = format!("https://{}{path}", c.params.control_plane_endpoint);
     block_on(async {
         let r = client
@@ -1694,29 +1684,11 @@ fn server_side_apply_is_accepted_from_real_kubectl_and_refused_as_the_real_serve
     // Real kubectl applies server-side through discovery, as Drover's agent does.
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("m.yaml");
-    std::fs::write(
-        &manifests,
-        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: team}\ndata: {a: \"1\"}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: reader}\nrules: [{apiGroups: [\"\"], resources: [pods], verbs: [get]}]\n",
-    )
-    .unwrap();
-    let out = kubectl_output(
-        &c,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=drover",
-            "--validate=false",
-            "-f",
-            manifests.to_str().unwrap(),
-        ],
-    );
+    let out = server_side_apply(&c, &manifests, "apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: team}\ndata: {a: \"1\"}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: reader}\nrules: [{apiGroups: [\"\"], resources: [pods], verbs: [get]}]\n");
     assert!(out.status.success(), "{}", text(&out));
-    let get = |args: &[&str]| {
-        let out = kubectl_output(&c, args);
-        assert!(out.status.success(), "{}", text(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert_eq!(
+    let get = |args: &[&str]| kubectl_ok(&c, args);
+    let settings = |jsonpath: &str| {
+        let jsonpath = format!("jsonpath={jsonpath}");
         get(&[
             "get",
             "configmap",
@@ -1724,8 +1696,11 @@ fn server_side_apply_is_accepted_from_real_kubectl_and_refused_as_the_real_serve
             "-n",
             "team",
             "-o",
-            "jsonpath={.data.a} {.metadata.managedFields[*].manager}"
-        ]),
+            &jsonpath,
+        ])
+    };
+    assert_eq!(
+        settings("{.data.a} {.metadata.managedFields[*].manager}"),
         "1 drover"
     );
     assert_eq!(
@@ -1739,102 +1714,74 @@ fn server_side_apply_is_accepted_from_real_kubectl_and_refused_as_the_real_serve
         "get"
     );
     // Applied again with a change: merged, a new resourceVersion.
-    std::fs::write(
-        &manifests,
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: team}\ndata: {a: \"2\"}\n",
-    )
-    .unwrap();
-    let out = kubectl_output(
-        &c,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=drover",
-            "--validate=false",
-            "-f",
-            manifests.to_str().unwrap(),
-        ],
-    );
+    let out = server_side_apply(&c, &manifests, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: team}\ndata: {a: \"2\"}\n");
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        get(&[
-            "get",
-            "configmap",
-            "settings",
-            "-n",
-            "team",
-            "-o",
-            "jsonpath={.data.a}"
-        ]),
-        "2"
-    );
+    assert_eq!(settings("{.data.a}"), "2");
 
     let path = "/api/v1/namespaces/team/configmaps/x";
     let apply = "application/apply-patch+yaml";
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n";
-    // No field manager.
-    let (code, body) = admin_request(&c, reqwest::Method::PATCH, path, apply, cm);
-    assert_eq!(code, 422, "{body}");
-    assert!(
-        body.contains("fieldManager: Required value: is required for apply patch"),
-        "{body}"
-    );
     let with_manager = format!("{path}?fieldManager=drover");
-    // No metadata.name.
-    let (code, body) = admin_request(
-        &c,
-        reqwest::Method::PATCH,
-        &with_manager,
-        apply,
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n",
-    );
-    assert_eq!(code, 422, "{body}");
-    assert!(body.contains("metadata.name: Required value"), "{body}");
-    // An apiVersion the server does not serve: nothing to apply it to.
-    let (code, body) = admin_request(
-        &c,
-        reqwest::Method::PATCH,
-        "/apis/example.com/v1/widgets/w?fieldManager=drover",
-        apply,
-        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n",
-    );
-    assert_eq!(code, 404, "{body}");
+    let with_manager = with_manager.as_str();
+    // Each case: what is wrong, the path, the content type, the body, the
+    // status the real server answers and what its message says.
+    let cases = [
+        (
+            "no field manager",
+            path,
+            apply,
+            cm,
+            422,
+            "fieldManager: Required value: is required for apply patch",
+        ),
+        (
+            "no metadata.name",
+            with_manager,
+            apply,
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n",
+            422,
+            "metadata.name: Required value",
+        ),
+        (
+            "an apiVersion the server does not serve: nothing to apply it to",
+            "/apis/example.com/v1/widgets/w?fieldManager=drover",
+            apply,
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n",
+            404,
+            "",
+        ),
+        (
+            "a namespace that does not exist",
+            "/api/v1/namespaces/nowhere/configmaps/x?fieldManager=drover",
+            apply,
+            cm,
+            404,
+            "namespaces \\\"nowhere\\\" not found",
+        ),
+        (
+            "a body that is not what the URL says",
+            with_manager,
+            apply,
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n",
+            400,
+            "does not match the expected kind (ConfigMap)",
+        ),
+        (
+            "a merge patch, not what the stand-in serves here",
+            with_manager,
+            "application/merge-patch+json",
+            "{}",
+            415,
+            "",
+        ),
+    ];
+    for (what, url, content_type, sent, status, says) in cases {
+        let (code, body) = admin_request(&c, reqwest::Method::PATCH, url, content_type, sent);
+        assert_eq!(code, status, "{what}: {body}");
+        assert!(body.contains(says), "{what}: {says:?} not in {body}");
+    }
     let (code, _) = admin_request(&c, reqwest::Method::GET, "/apis/example.com/v1", "", "");
     assert_eq!(code, 404);
-    // A namespace that does not exist; a body that is not what the URL says.
-    let (code, body) = admin_request(
-        &c,
-        reqwest::Method::PATCH,
-        "/api/v1/namespaces/nowhere/configmaps/x?fieldManager=drover",
-        apply,
-        cm,
-    );
-    assert_eq!(code, 404, "{body}");
-    assert!(
-        body.contains("namespaces \\\"nowhere\\\" not found"),
-        "{body}"
-    );
-    let (code, body) = admin_request(
-        &c,
-        reqwest::Method::PATCH,
-        &with_manager,
-        apply,
-        "apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n",
-    );
-    assert_eq!(code, 400, "{body}");
-    assert!(
-        body.contains("does not match the expected kind (ConfigMap)"),
-        "{body}"
-    );
-    // A merge patch is not what the stand-in serves here.
-    let (code, _) = admin_request(
-        &c,
-        reqwest::Method::PATCH,
-        &with_manager,
-        "application/merge-patch+json",
-        "{}",
-    );
-    assert_eq!(code, 415);
     // Nothing refused was stored.
     let out = kubectl_output(&c, &["get", "configmap", "x", "-n", "team"]);
     assert!(!out.status.success());
@@ -1927,6 +1874,7 @@ fn init_creates_kube_proxy_and_coredns_and_upgrade_apply_moves_their_images() {
         assert!(out.status.success(), "kubectl {all:?}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let corefile_text = || get(&["configmap", "coredns", "-o", "jsonpath={.data.Corefile}"]);
     let images = || {
         (
             get(&[
@@ -1962,10 +1910,7 @@ fn init_creates_kube_proxy_and_coredns_and_upgrade_apply_moves_their_images() {
         "jsonpath={.data.config\\.conf}"
     ])
     .contains("clusterCIDR: \"10.244.0.0/16\""));
-    assert!(
-        get(&["configmap", "coredns", "-o", "jsonpath={.data.Corefile}"])
-            .contains("kubernetes cluster.local in-addr.arpa ip6.arpa")
-    );
+    assert!(corefile_text().contains("kubernetes cluster.local in-addr.arpa ip6.arpa"));
     assert_eq!(
         get(&[
             "serviceaccount",
@@ -2006,12 +1951,7 @@ fn init_creates_kube_proxy_and_coredns_and_upgrade_apply_moves_their_images() {
         "v1.32.0",
         &["upgrade", "apply", "v1.32.0", "-y", no_renewal],
     );
-    assert_ok(&out);
-    assert!(
-        text(&out).contains("[addons] Applied essential addon: kube-proxy"),
-        "{}",
-        text(&out)
-    );
+    assert_ok_saying(&out, "[addons] Applied essential addon: kube-proxy");
     // kubeadm v1.32 pairs v1.32 with CoreDNS v1.11.3, as v1.31 did.
     assert_eq!(
         images(),
@@ -2032,10 +1972,7 @@ fn init_creates_kube_proxy_and_coredns_and_upgrade_apply_moves_their_images() {
             "registry.k8s.io/coredns/coredns:v1.12.0".to_owned()
         )
     );
-    assert!(
-        get(&["configmap", "coredns", "-o", "jsonpath={.data.Corefile}"])
-            .contains("forward . 192.0.2.53")
-    );
+    assert!(corefile_text().contains("forward . 192.0.2.53"));
     // Each write went through the API server as a whole-object update:
     // the Deployment's spec changed once (v1.33's CoreDNS).
     assert_eq!(
@@ -2064,38 +2001,16 @@ fn a_custom_resource_kind_is_served_only_once_its_definition_is_established() {
             plural.trim_end_matches('s')
         )
     };
-    std::fs::write(&crd, definition("widgets", "Widget")).unwrap();
-    let apply = |path: &Path| {
-        kubectl_output(
-            &c,
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager=drover",
-                "--validate=false",
-                "-f",
-                path.to_str().unwrap(),
-            ],
-        )
-    };
-    let out = apply(&crd);
+    let apply = |path: &Path, manifests: &str| server_side_apply(&c, path, manifests);
+    let out = apply(&crd, &definition("widgets", "Widget"));
     assert!(out.status.success(), "{}", text(&out));
     // Not established yet: the kind's paths are NotFound.
-    let (code, body) = admin_request(
-        &c,
-        reqwest::Method::GET,
-        "/apis/example.com/v1/namespaces/default/widgets",
-        "application/json",
-        "",
-    );
+    let admin_get =
+        |path: &str| admin_request(&c, reqwest::Method::GET, path, "application/json", "");
+    let (code, body) = admin_get("/apis/example.com/v1/namespaces/default/widgets");
     assert_eq!(code, 404, "served before Established: {body}");
-    let (code, body) = admin_request(
-        &c,
-        reqwest::Method::GET,
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com",
-        "application/json",
-        "",
-    );
+    let (code, body) =
+        admin_get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com");
     assert_eq!(code, 200, "{body}");
     let stored: Value = serde_json::from_str(&body).unwrap();
     assert!(
@@ -2117,20 +2032,15 @@ fn a_custom_resource_kind_is_served_only_once_its_definition_is_established() {
     );
     assert!(out.status.success(), "{}", text(&out));
     let widget = dir.path().join("widget.yaml");
-    std::fs::write(
-        &widget,
-        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: default}\nspec: {size: 3}\n",
-    )
-    .unwrap();
-    let out = apply(&widget);
+    let out = apply(&widget, "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: default}\nspec: {size: 3}\n");
     assert!(out.status.success(), "{}", text(&out));
-    let out = kubectl_output(&c, &["get", "widgets", "w1", "-o", "jsonpath={.spec.size}"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "3");
+    assert_eq!(
+        kubectl_ok(&c, &["get", "widgets", "w1", "-o", "jsonpath={.spec.size}"]),
+        "3"
+    );
     // A definition whose kind another of its group holds is never
     // established: its names are refused.
-    std::fs::write(&crd, definition("gadgets", "Widget")).unwrap();
-    let out = apply(&crd);
+    let out = apply(&crd, &definition("gadgets", "Widget"));
     assert!(out.status.success(), "{}", text(&out));
     let names_accepted = || {
         kubectl_output(
@@ -2158,13 +2068,11 @@ fn a_custom_resource_kind_is_served_only_once_its_definition_is_established() {
     );
     assert!(!out.status.success(), "{}", text(&out));
     // A definition that breaks the API's rules is refused.
-    std::fs::write(
+    let out = apply(
         &crd,
-        definition("things", "Thing")
+        &definition("things", "Thing")
             .replace("name: things.example.com", "name: stuff.example.com"),
-    )
-    .unwrap();
-    let out = apply(&crd);
+    );
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("must be spec.names.plural+\".\"+spec.group"),

@@ -570,27 +570,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("did not finish"), "{err}");
-        let pid: i32 = std::fs::read_to_string(&pid_file)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let gone = || {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
-                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !gone() && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        let alive = !gone();
-        if alive {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        assert!(!alive, "the step's child {pid} outlived its timeout");
+        let (pid, gone) = command::wait_gone(&pid_file).await;
+        assert!(gone, "the step's child {pid} outlived its timeout");
     }
 }

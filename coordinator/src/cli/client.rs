@@ -125,15 +125,20 @@ impl Client {
         })
     }
 
-    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<T> {
-        let resp = req
+    /// Sends `req` with the token; an answer of any status is `Ok`.
+    async fn dispatch(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        Ok(req
             .bearer_auth(&self.token)
             .send()
             .await
             .map_err(|source| Unreachable {
                 base: self.base.clone(),
                 source,
-            })?;
+            })?)
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<T> {
+        let resp = self.dispatch(req).await?;
         let status = resp.status();
         let bytes = resp.bytes().await?;
         if !status.is_success() {
@@ -145,15 +150,8 @@ impl Client {
     /// A DELETE whose answer has no body.
     pub async fn delete_empty(&self, path: &str) -> anyhow::Result<()> {
         let resp = self
-            .http
-            .delete(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|source| Unreachable {
-                base: self.base.clone(),
-                source,
-            })?;
+            .dispatch(self.http.delete(format!("{}{path}", self.base)))
+            .await?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());

@@ -372,6 +372,33 @@ fn tail_lines(path: &Path, limit: usize, out: &mut Vec<AuditEntry>) -> std::io::
 mod tests {
     use super::*;
 
+    /// Appends half a line to the log at `path`, as a write that failed
+    /// part-way leaves it.
+    fn tear_a_line(path: &Path) {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .write_all(b"{\"torn")
+            .unwrap();
+    }
+
+    /// Records each of `entries` 30 times at `at`, in turn.
+    fn record_30_times(log: &AuditLog, entries: &[AuditEntry], at: Instant) {
+        for _ in 0..30 {
+            for e in entries {
+                log.record_at(e.clone(), at);
+            }
+        }
+    }
+
+    /// How many of `all` are from `actor` at `source`.
+    fn count_of(all: &[AuditEntry], actor: &str, source: &str) -> usize {
+        all.iter()
+            .filter(|e| e.actor == actor && e.source == source)
+            .count()
+    }
+
     fn entry(actor: &str, source: &str, path: &str, status: u16) -> AuditEntry {
         AuditEntry {
             time: drover_common::now(),
@@ -398,22 +425,16 @@ mod tests {
             log.record_at(entry("invalid-admin-token", "192.0.2.2", "/x", 401), at);
         }
         // Accepted requests and authenticated refusals are all recorded.
-        for _ in 0..30 {
-            log.record_at(
+        record_30_times(
+            &log,
+            &[
                 entry("machine:m", "192.0.2.1", "/v1/machine/register", 201),
-                t0,
-            );
-            log.record_at(
                 entry("admin-token:ab (viewer)", "192.0.2.1", "/v1/x", 403),
-                t0,
-            );
-        }
+            ],
+            t0,
+        );
         let all = log.tail(10_000).unwrap();
-        let from = |source: &str, actor: &str| {
-            all.iter()
-                .filter(|e| e.source == source && e.actor == actor)
-                .count()
-        };
+        let from = |source: &str, actor: &str| count_of(&all, actor, source);
         assert_eq!(from("192.0.2.1", "anonymous"), REFUSALS_PER_WINDOW as usize);
         assert_eq!(
             from("192.0.2.2", "invalid-admin-token"),
@@ -458,26 +479,17 @@ mod tests {
         }
         // Registrations (proven by their tickets), a machine's other
         // answers and signed-in admins are all recorded.
-        for _ in 0..30 {
-            log.record_at(
+        record_30_times(
+            &log,
+            &[
                 entry("anonymous", "192.0.2.3", "/v1/machine/register", 201),
-                t0,
-            );
-            log.record_at(
                 entry("machine:m", "192.0.2.3", "/v1/machine/config", 409),
-                t0,
-            );
-            log.record_at(
                 entry("admin-token:ab (admin)", "192.0.2.3", "/ui/logout", 303),
-                t0,
-            );
-        }
+            ],
+            t0,
+        );
         let all = log.tail(10_000).unwrap();
-        let count = |actor: &str, source: &str| {
-            all.iter()
-                .filter(|e| e.actor == actor && e.source == source)
-                .count()
-        };
+        let count = |actor: &str, source: &str| count_of(&all, actor, source);
         assert_eq!(
             count("anonymous", "192.0.2.1"),
             REFUSALS_PER_WINDOW as usize
@@ -525,12 +537,7 @@ mod tests {
         let log = AuditLog::open(&path).unwrap();
         log.record(entry("machine:m", "192.0.2.1", "/v1/a", 200));
         // A write that failed part-way left half a line.
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap()
-            .write_all(b"{\"torn")
-            .unwrap();
+        tear_a_line(&path);
         log.writer.lock().unwrap().torn = true;
         log.record_first(entry("machine:m", "192.0.2.1", "/v1/b", 200))
             .unwrap();
@@ -575,12 +582,7 @@ mod tests {
                 200,
             ));
         }
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap()
-            .write_all(b"{\"torn")
-            .unwrap();
+        tear_a_line(&path);
         let tail = log.tail(2500).unwrap();
         assert_eq!(tail.len(), 2500);
         for (n, e) in tail.iter().enumerate() {

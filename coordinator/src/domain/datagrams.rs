@@ -499,17 +499,7 @@ mod tests {
 
     /// An assignment as a control plane of cluster `c`.
     fn control_plane_of_c() -> Assignment {
-        Assignment {
-            cluster: "c".into(),
-            cluster_uid: "cu".into(),
-            machine_pool: "control-plane".into(),
-            role: MachineRole::ControlPlane,
-            generation: 1,
-            assigned_at: None,
-            replaces: None,
-            kubernetes_version: None,
-            image: None,
-        }
+        drover_planner::fixtures::assignment("control-plane", MachineRole::ControlPlane)
     }
 
     #[test]

@@ -118,7 +118,7 @@ fn is_healthy(m: &Machine) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_common::api::{set_condition, Assignment, MachineRole, MachineSpec, ObjectMeta};
+    use drover_common::api::{set_condition, MachineRole, MachineSpec, ObjectMeta};
 
     fn cp(name: &str, phase: MachinePhase) -> Machine {
         Machine {
@@ -129,17 +129,10 @@ mod tests {
                 ..Default::default()
             },
             spec: MachineSpec {
-                assignment: Some(Assignment {
-                    cluster: "c".into(),
-                    cluster_uid: "cu".into(),
-                    machine_pool: CONTROL_PLANE_POOL.into(),
-                    role: MachineRole::ControlPlane,
-                    generation: 1,
-                    assigned_at: None,
-                    replaces: None,
-                    kubernetes_version: None,
-                    image: None,
-                }),
+                assignment: Some(drover_planner::fixtures::assignment(
+                    CONTROL_PLANE_POOL,
+                    MachineRole::ControlPlane,
+                )),
                 ..Default::default()
             },
             status: drover_common::api::MachineStatus {

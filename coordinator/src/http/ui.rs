@@ -107,66 +107,62 @@ pub async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
 
 /// `GET /ui`: the fleet at a glance.
 pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let Some(admin) = session(&app, &headers) else {
-        return to_login();
-    };
-    let (clusters, machines) = match (app.clusters(), app.machines()) {
-        (Ok(c), Ok(m)) => (c, m),
-        (Err(e), _) | (_, Err(e)) => return store_failed(&e),
-    };
-    let machines: Vec<Machine> = machines
-        .into_iter()
-        .filter(|m| m.status.phase != MachinePhase::Deleted)
-        .collect();
-    let hour = crate::metrics::global().last_hour();
-    let heartbeats: u64 = hour.iter().map(|m| m.heartbeats).sum();
-    let remediations: u64 = hour.iter().map(|m| m.remediations).sum();
-    let mut phases: Vec<(String, usize)> = vec![];
-    for c in &clusters {
-        count(&mut phases, c.status.phase.to_string());
-    }
-    let mut machine_phases: Vec<(String, usize)> = vec![];
-    let mut health: Vec<(String, usize)> = vec![];
-    for m in &machines {
-        count(&mut machine_phases, m.status.phase.to_string());
-        count(&mut health, crate::metrics::machine_health(m).to_owned());
-    }
-    let body = html! {
-        section.counts {
-            div.card { h2 { "Clusters" } p.big #cluster-count { (clusters.len()) }
-                (tally("cluster-phases", &phases)) }
-            div.card { h2 { "Machines" } p.big #machine-count { (machines.len()) }
-                (tally("machine-phases", &machine_phases)) }
-            div.card { h2 { "Health" } (tally("machine-health", &health)) }
+    signed_in(&app, &headers, |admin| {
+        let (clusters, machines) = match (app.clusters(), app.machines()) {
+            (Ok(c), Ok(m)) => (c, m),
+            (Err(e), _) | (_, Err(e)) => return store_failed(&e),
+        };
+        let machines: Vec<Machine> = machines
+            .into_iter()
+            .filter(|m| m.status.phase != MachinePhase::Deleted)
+            .collect();
+        let hour = crate::metrics::global().last_hour();
+        let heartbeats: u64 = hour.iter().map(|m| m.heartbeats).sum();
+        let remediations: u64 = hour.iter().map(|m| m.remediations).sum();
+        let mut phases: Vec<(String, usize)> = vec![];
+        for c in &clusters {
+            count(&mut phases, c.status.phase.to_string());
         }
-        section {
-            h2 { "The last hour" }
-            p #hour-totals {
-                (heartbeats) " heartbeats accepted, " (remediations) " remediations (this replica)"
+        let mut machine_phases: Vec<(String, usize)> = vec![];
+        let mut health: Vec<(String, usize)> = vec![];
+        for m in &machines {
+            count(&mut machine_phases, m.status.phase.to_string());
+            count(&mut health, crate::metrics::machine_health(m).to_owned());
+        }
+        let body = html! {
+            section.counts {
+                div.card { h2 { "Clusters" } p.big #cluster-count { (clusters.len()) }
+                    (tally("cluster-phases", &phases)) }
+                div.card { h2 { "Machines" } p.big #machine-count { (machines.len()) }
+                    (tally("machine-phases", &machine_phases)) }
+                div.card { h2 { "Health" } (tally("machine-health", &health)) }
             }
-            (chart("Heartbeats per minute", "hb", hour.iter().map(|m| m.heartbeats).collect()))
-            (chart("Remediations per minute", "rem", hour.iter().map(|m| m.remediations).collect()))
-        }
-        section {
-            h2 { "Clusters" }
-            (clusters_table(&clusters))
-        }
-    };
-    respond(StatusCode::OK, page("Overview", &admin, body))
+            section {
+                h2 { "The last hour" }
+                p #hour-totals {
+                    (heartbeats) " heartbeats accepted, " (remediations) " remediations (this replica)"
+                }
+                (chart("Heartbeats per minute", "hb", hour.iter().map(|m| m.heartbeats).collect()))
+                (chart("Remediations per minute", "rem", hour.iter().map(|m| m.remediations).collect()))
+            }
+            section {
+                h2 { "Clusters" }
+                (clusters_table(&clusters))
+            }
+        };
+        respond(StatusCode::OK, page("Overview", &admin, body))
+    })
 }
 
 /// `GET /ui/clusters`.
 pub async fn clusters(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let Some(admin) = session(&app, &headers) else {
-        return to_login();
-    };
-    match app.clusters() {
+    signed_in(&app, &headers, |admin| match app.clusters() {
         Ok(list) => respond(
             StatusCode::OK,
             page("Clusters", &admin, clusters_table(&list)),
         ),
         Err(e) => store_failed(&e),
-    }
+    })
 }
 
 /// `GET /ui/clusters/{name}`.
@@ -175,72 +171,68 @@ pub async fn cluster(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Response {
-    let Some(admin) = session(&app, &headers) else {
-        return to_login();
-    };
-    let (c, machines) = match (app.cluster(&name), app.machines()) {
-        (Ok(Some(c)), Ok(m)) => (c, m),
-        (Ok(None), _) => return not_found(&admin, "cluster", &name),
-        (Err(e), _) | (_, Err(e)) => return store_failed(&e),
-    };
-    let mine: Vec<Machine> = machines
-        .into_iter()
-        .filter(|m| {
-            m.status.phase != MachinePhase::Deleted
-                && m.spec
-                    .assignment
-                    .as_ref()
-                    .is_some_and(|a| a.cluster == c.metadata.name)
-        })
-        .collect();
-    let body = html! {
-        dl.facts {
-            dt { "Phase" } dd #phase { (c.status.phase) }
-            dt { "Kubernetes" } dd { (c.spec.kubernetes_version) }
-            dt { "Provider" } dd { (c.spec.provider.name()) }
-            dt { "Endpoint" } dd { (c.status.control_plane_endpoint.as_deref().unwrap_or("-")) }
-            dt { "Created" } dd { (ago(c.metadata.creation_timestamp)) }
-        }
-        h2 { "Pools" }
-        table #pools {
-            thead { tr { th { "Pool" } th { "Desired" } th { "Assigned" } th { "Running" } } }
-            tbody { @for p in &c.status.pools {
-                tr { td { (p.name) } td { (p.desired) } td { (p.assigned) } td { (p.running) } }
-            } }
-        }
-        h2 { "Conditions" }
-        (conditions(&c.status.conditions))
-        h2 { "Nodes" }
-        table #nodes {
-            thead { tr { th { "Node" } th { "Ready" } th { "Kubelet" } th { "Message" } } }
-            tbody { @for n in &c.status.nodes {
-                tr { td { (n.name) } td { (n.ready) } td { (n.kubelet_version) } td { (n.message) } }
-            } }
-        }
-        @if !c.status.addons.is_empty() {
-            h2 { "Addons" }
-            table #addons {
-                thead { tr { th { "Addon" } th { "Phase" } th { "Applied" } } }
-                tbody { @for a in &c.status.addons {
-                    tr { td { (a.name) } td { (format!("{:?}", a.phase)) } td { (ago(a.applied_at)) } }
+    signed_in(&app, &headers, |admin| {
+        let (c, machines) = match (app.cluster(&name), app.machines()) {
+            (Ok(Some(c)), Ok(m)) => (c, m),
+            (Ok(None), _) => return not_found(&admin, "cluster", &name),
+            (Err(e), _) | (_, Err(e)) => return store_failed(&e),
+        };
+        let mine: Vec<Machine> = machines
+            .into_iter()
+            .filter(|m| {
+                m.status.phase != MachinePhase::Deleted
+                    && m.spec
+                        .assignment
+                        .as_ref()
+                        .is_some_and(|a| a.cluster == c.metadata.name)
+            })
+            .collect();
+        let body = html! {
+            dl.facts {
+                dt { "Phase" } dd #phase { (c.status.phase) }
+                dt { "Kubernetes" } dd { (c.spec.kubernetes_version) }
+                dt { "Provider" } dd { (c.spec.provider.name()) }
+                dt { "Endpoint" } dd { (c.status.control_plane_endpoint.as_deref().unwrap_or("-")) }
+                dt { "Created" } dd { (ago(c.metadata.creation_timestamp)) }
+            }
+            h2 { "Pools" }
+            table #pools {
+                thead { tr { th { "Pool" } th { "Desired" } th { "Assigned" } th { "Running" } } }
+                tbody { @for p in &c.status.pools {
+                    tr { td { (p.name) } td { (p.desired) } td { (p.assigned) } td { (p.running) } }
                 } }
             }
-        }
-        h2 { "Machines" }
-        (machines_table(&app, &mine))
-    };
-    respond(
-        StatusCode::OK,
-        page(&format!("Cluster {}", c.metadata.name), &admin, body),
-    )
+            h2 { "Conditions" }
+            (conditions(&c.status.conditions))
+            h2 { "Nodes" }
+            table #nodes {
+                thead { tr { th { "Node" } th { "Ready" } th { "Kubelet" } th { "Message" } } }
+                tbody { @for n in &c.status.nodes {
+                    tr { td { (n.name) } td { (n.ready) } td { (n.kubelet_version) } td { (n.message) } }
+                } }
+            }
+            @if !c.status.addons.is_empty() {
+                h2 { "Addons" }
+                table #addons {
+                    thead { tr { th { "Addon" } th { "Phase" } th { "Applied" } } }
+                    tbody { @for a in &c.status.addons {
+                        tr { td { (a.name) } td { (format!("{:?}", a.phase)) } td { (ago(a.applied_at)) } }
+                    } }
+                }
+            }
+            h2 { "Machines" }
+            (machines_table(&app, &mine))
+        };
+        respond(
+            StatusCode::OK,
+            page(&format!("Cluster {}", c.metadata.name), &admin, body),
+        )
+    })
 }
 
 /// `GET /ui/machines`.
 pub async fn machines(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let Some(admin) = session(&app, &headers) else {
-        return to_login();
-    };
-    match app.machines() {
+    signed_in(&app, &headers, |admin| match app.machines() {
         Ok(list) => {
             let live: Vec<Machine> = list
                 .into_iter()
@@ -252,7 +244,7 @@ pub async fn machines(State(app): State<Arc<App>>, headers: HeaderMap) -> Respon
             )
         }
         Err(e) => store_failed(&e),
-    }
+    })
 }
 
 /// `GET /ui/machines/{name}`.
@@ -261,46 +253,45 @@ pub async fn machine(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Response {
-    let Some(admin) = session(&app, &headers) else {
-        return to_login();
-    };
-    let m = match app.machine(&name) {
-        Ok(Some(m)) => m,
-        Ok(None) => return not_found(&admin, "machine", &name),
-        Err(e) => return store_failed(&e),
-    };
-    let a = m.spec.assignment.as_ref();
-    let body = html! {
-        dl.facts {
-            dt { "Phase" } dd #phase { (m.status.phase) }
-            dt { "Health" } dd #health { (health_text(&m)) }
-            dt { "Cluster" } dd { @match a {
-                Some(a) => a href={ "/ui/clusters/" (a.cluster) } { (a.cluster) },
-                None => "-",
-            } }
-            dt { "Pool" } dd { (a.map_or("-", |a| a.machine_pool.as_str())) }
-            dt { "Role" } dd { (a.map_or("-".to_owned(), |a| a.role.to_string())) }
-            dt { "Host name" } dd { (m.status.hostname) }
-            dt { "Addresses" } dd { (m.status.addresses.join(", ")) }
-            dt { "Last heartbeat" } dd #last-heartbeat { (ago(app.last_seen(&m.metadata.name).or(m.status.last_heartbeat_time))) }
-            dt { "kubeadm" } dd { (m.status.kubeadm_version) }
-            dt { "Agent" } dd { (m.status.agent_version) }
-            dt { "Provider" } dd { (m.spec.provider.as_deref().unwrap_or("pool")) }
-        }
-        h2 { "Conditions" }
-        (conditions(&m.status.conditions))
-        h2 { "Events" }
-        table #events {
-            thead { tr { th { "When" } th { "Reason" } th { "Message" } } }
-            tbody { @for e in m.status.events.iter().rev() {
-                tr { td { (ago(Some(e.time))) } td { (e.reason) } td { (e.message) } }
-            } }
-        }
-    };
-    respond(
-        StatusCode::OK,
-        page(&format!("Machine {}", m.metadata.name), &admin, body),
-    )
+    signed_in(&app, &headers, |admin| {
+        let m = match app.machine(&name) {
+            Ok(Some(m)) => m,
+            Ok(None) => return not_found(&admin, "machine", &name),
+            Err(e) => return store_failed(&e),
+        };
+        let a = m.spec.assignment.as_ref();
+        let body = html! {
+            dl.facts {
+                dt { "Phase" } dd #phase { (m.status.phase) }
+                dt { "Health" } dd #health { (health_text(&m)) }
+                dt { "Cluster" } dd { @match a {
+                    Some(a) => a href={ "/ui/clusters/" (a.cluster) } { (a.cluster) },
+                    None => "-",
+                } }
+                dt { "Pool" } dd { (a.map_or("-", |a| a.machine_pool.as_str())) }
+                dt { "Role" } dd { (a.map_or("-".to_owned(), |a| a.role.to_string())) }
+                dt { "Host name" } dd { (m.status.hostname) }
+                dt { "Addresses" } dd { (m.status.addresses.join(", ")) }
+                dt { "Last heartbeat" } dd #last-heartbeat { (ago(app.last_seen(&m.metadata.name).or(m.status.last_heartbeat_time))) }
+                dt { "kubeadm" } dd { (m.status.kubeadm_version) }
+                dt { "Agent" } dd { (m.status.agent_version) }
+                dt { "Provider" } dd { (m.spec.provider.as_deref().unwrap_or("pool")) }
+            }
+            h2 { "Conditions" }
+            (conditions(&m.status.conditions))
+            h2 { "Events" }
+            table #events {
+                thead { tr { th { "When" } th { "Reason" } th { "Message" } } }
+                tbody { @for e in m.status.events.iter().rev() {
+                    tr { td { (ago(Some(e.time))) } td { (e.reason) } td { (e.message) } }
+                } }
+            }
+        };
+        respond(
+            StatusCode::OK,
+            page(&format!("Machine {}", m.metadata.name), &admin, body),
+        )
+    })
 }
 
 // ---- Sessions.
@@ -333,6 +324,15 @@ fn to_login() -> Response {
     let mut r = Redirect::to("/ui/login").into_response();
     harden(&mut r);
     r
+}
+
+/// `page` for the signed-in admin of a request, or the way to the login
+/// page when there is none.
+fn signed_in(app: &App, headers: &HeaderMap, page: impl FnOnce(Admin) -> Response) -> Response {
+    match session(app, headers) {
+        Some(admin) => page(admin),
+        None => to_login(),
+    }
 }
 
 /// The signed-in admin of a request: its session cookie is signed, not

@@ -610,6 +610,18 @@ impl DockerProvider {
             .map_err(|e| failed("list containers", "of this coordinator", e))
     }
 
+    /// Every load-balancer container this coordinator created, in any
+    /// state.
+    async fn load_balancer_containers(
+        &self,
+    ) -> Result<impl Iterator<Item = ContainerSummary>, ProviderError> {
+        Ok(self
+            .containers()
+            .await?
+            .into_iter()
+            .filter(|c| is_load_balancer(c.labels.as_ref())))
+    }
+
     /// Every machine container this coordinator created, in any state.
     pub async fn list(&self) -> Result<Vec<ProviderMachine>, ProviderError> {
         Ok(self
@@ -638,10 +650,8 @@ impl DockerProvider {
         &self,
     ) -> Result<Vec<(String, InstanceState)>, ProviderError> {
         Ok(self
-            .containers()
+            .load_balancer_containers()
             .await?
-            .into_iter()
-            .filter(|c| is_load_balancer(c.labels.as_ref()))
             .filter_map(|c| {
                 let uid = c.labels.as_ref()?.get(LABEL_CLUSTER_UID)?.clone();
                 Some((uid, container_state(c.state)))
@@ -653,10 +663,8 @@ impl DockerProvider {
     /// cluster resources named by container name.
     pub async fn list_load_balancers(&self) -> Result<Vec<Managed>, ProviderError> {
         Ok(self
-            .containers()
+            .load_balancer_containers()
             .await?
-            .into_iter()
-            .filter(|c| is_load_balancer(c.labels.as_ref()))
             .filter_map(|c| {
                 let name = c.names?.first()?.trim_start_matches('/').to_owned();
                 Some(Managed::ClusterResource {

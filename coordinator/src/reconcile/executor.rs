@@ -581,7 +581,7 @@ pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_common::api::{AddonApply, AddonPhase, AddonStatus, ClusterPhase};
+    use drover_common::api::{AddonApply, AddonPhase, ClusterPhase};
 
     #[test]
     fn a_failure_reported_after_the_plan_is_kept_and_a_retry_of_the_plan_stands() {
@@ -661,15 +661,7 @@ mod tests {
     #[test]
     fn an_addon_result_reported_after_the_plan_is_not_overwritten() {
         let at = drover_common::now();
-        let pending = AddonStatus {
-            name: "cni".into(),
-            phase: AddonPhase::Pending,
-            hash: String::new(),
-            applied_at: None,
-            message: String::new(),
-            failures: 0,
-            last_attempt_at: None,
-        };
+        let pending = drover_planner::pending_addon("cni");
         let request = AddonApply {
             addon: "cni".into(),
             hash: "image".into(),

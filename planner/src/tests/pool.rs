@@ -71,9 +71,8 @@ fn dead_machines_are_not_claimed() {
     }));
 }
 
-#[test]
-fn converged_cluster_plans_nothing() {
-    let mut c = pool_cluster(1, 0);
+/// Free machine `a` assigned as the Running init machine of cluster `c`.
+fn init_a_assigned_at_creation() -> Machine {
     let mut m = free("a", "dev");
     m.spec.assignment = Some(Assignment {
         generation: 2,
@@ -81,6 +80,13 @@ fn converged_cluster_plans_nothing() {
         ..assignment(CONTROL_PLANE_POOL, MachineRole::Init)
     });
     m.status.phase = MachinePhase::Running;
+    m
+}
+
+#[test]
+fn converged_cluster_plans_nothing() {
+    let mut c = pool_cluster(1, 0);
+    let m = init_a_assigned_at_creation();
     let obs = obs(true, &seen_now);
     let steps = plan(&c, std::slice::from_ref(&m), &obs);
     let Some(Step::SetStatus(st)) = steps.last() else {
@@ -95,13 +101,7 @@ fn converged_cluster_plans_nothing() {
 fn deletion_releases_then_finalizes() {
     let mut c = pool_cluster(1, 0);
     c.metadata.deletion_timestamp = Some(drover_common::now());
-    let mut m = free("a", "dev");
-    m.spec.assignment = Some(Assignment {
-        generation: 2,
-        assigned_at: None,
-        ..assignment(CONTROL_PLANE_POOL, MachineRole::Init)
-    });
-    m.status.phase = MachinePhase::Running;
+    let m = init_a_assigned_at_creation();
     let obs = obs(true, &seen_now);
     let steps = plan(&c, std::slice::from_ref(&m), &obs);
     assert!(matches!(steps[0], Step::Release { .. }));
@@ -178,22 +178,23 @@ fn alive_condition_is_written_only_when_it_changes() {
     let now = drover_common::now();
     let silent = |_: &str| Some(now - time::Duration::minutes(5));
     let heard = |_: &str| Some(now);
+    let stopped = |_: &str| Some(InstanceState::Stopped);
+    let no_instance = |_: &str| None;
+    let alive_at = |m: &Machine,
+                    last_seen: &dyn Fn(&str) -> Option<time::OffsetDateTime>,
+                    instance: &dyn Fn(&str) -> Option<InstanceState>| {
+        alive_steps(
+            &[m],
+            &Observed {
+                now,
+                instance,
+                ..obs(true, last_seen)
+            },
+        )
+    };
     // Never in trouble: no condition, no write.
-    assert!(alive_steps(
-        &[&m],
-        &Observed {
-            now,
-            ..obs(true, &heard)
-        }
-    )
-    .is_empty());
-    let steps = alive_steps(
-        &[&m],
-        &Observed {
-            now,
-            ..obs(true, &silent)
-        },
-    );
+    assert!(alive_at(&m, &heard, &no_instance).is_empty());
+    let steps = alive_at(&m, &silent, &no_instance);
     assert_eq!(
         steps,
         vec![Step::SetAlive {
@@ -210,40 +211,18 @@ fn alive_condition_is_written_only_when_it_changes() {
         "Silent",
         "no heartbeat within the heartbeat timeout (40s)",
     );
-    assert!(alive_steps(
-        &[&m],
-        &Observed {
-            now,
-            ..obs(true, &silent)
-        }
-    )
-    .is_empty());
-    let stopped = |_: &str| Some(InstanceState::Stopped);
+    assert!(alive_at(&m, &silent, &no_instance).is_empty());
     assert!(matches!(
-        &alive_steps(
-            &[&m],
-            &Observed {
-                now,
-                instance: &stopped,
-                ..obs(true, &heard)
-            }
-        )[..],
+        &alive_at(&m, &heard, &stopped)[..],
         [Step::SetAlive { alive: false, reason, .. }] if reason == "Stopped"
     ));
     assert!(matches!(
-        &alive_steps(&[&m], &Observed { now, ..obs(true, &heard) })[..],
+        &alive_at(&m, &heard, &no_instance)[..],
         [Step::SetAlive { alive: true, reason, .. }] if reason == "Heartbeating"
     ));
     // A deleted machine is left alone.
     m.status.phase = MachinePhase::Deleted;
-    assert!(alive_steps(
-        &[&m],
-        &Observed {
-            now,
-            ..obs(true, &heard)
-        }
-    )
-    .is_empty());
+    assert!(alive_at(&m, &heard, &no_instance).is_empty());
 }
 
 #[test]
@@ -260,7 +239,7 @@ fn pool_control_planes_renew_their_certificates_one_at_a_time_soonest_first() {
         expiring_in(m, days);
     }
     // b expires first: it alone renews.
-    let renewal = final_status(&plan(&c, &machines, &obs(true, &seen_now)))
+    let renewal = final_status(&plan_now(&c, &machines))
         .certificate_renewal
         .expect("a renewal");
     assert_eq!(renewal.machine, "b");
@@ -272,44 +251,54 @@ fn pool_control_planes_renew_their_certificates_one_at_a_time_soonest_first() {
     let mut asked = c.clone();
     asked.status.certificate_renewal = Some(renewal.clone());
     assert_eq!(
-        final_status(&plan(&asked, &machines, &obs(true, &seen_now))).certificate_renewal,
+        final_status(&plan_now(&asked, &machines)).certificate_renewal,
         Some(renewal.clone())
     );
     // Once b reports new certificates, a is next.
     expiring_in(&mut machines[1], 365);
-    let next = final_status(&plan(&asked, &machines, &obs(true, &seen_now)))
+    let next = final_status(&plan_now(&asked, &machines))
         .certificate_renewal
         .expect("the next renewal");
     assert_eq!(next.machine, "a");
     // None starts while a control plane does not run.
     machines[2].status.phase = MachinePhase::Bootstrapping;
     assert_eq!(
-        final_status(&plan(&c, &machines, &obs(true, &seen_now))).certificate_renewal,
+        final_status(&plan_now(&c, &machines)).certificate_renewal,
         None
     );
+}
+
+/// Asserts the steps release worker `dead` as a remediation and claim
+/// free machine `f` in its place.
+fn assert_worker_replaced_by_f(steps: &[Step], dead: &str) {
+    assert_eq!(releases(steps), vec![(dead.to_string(), true)]);
+    assert_eq!(
+        assigns(steps),
+        vec![("f".to_string(), MachineRole::Worker, Some(dead.to_string()))]
+    );
+}
+
+/// The Running init machine `a`, Running workers of pool `w` claimed a
+/// minute ago, and free machine `f`.
+fn init_a_workers_and_free_f(workers: &[&str]) -> Vec<Machine> {
+    let mut machines = vec![running_init_a()];
+    machines.extend(
+        workers
+            .iter()
+            .map(|w| claimed(w, "w", MachineRole::Worker, MachinePhase::Running)),
+    );
+    machines.push(free("f", "dev"));
+    machines
 }
 
 #[test]
 fn a_silent_pool_worker_is_taken_out_and_a_free_machine_claimed_in_its_place() {
     // maxUnhealthy 40 % of 3 allows one.
     let c = initialized_by(pool_cluster(1, 3), "a");
-    let machines = vec![
-        running_init_a(),
-        claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        claimed("w2", "w", MachineRole::Worker, MachinePhase::Running),
-        claimed("w3", "w", MachineRole::Worker, MachinePhase::Running),
-        free("f", "dev"),
-    ];
+    let machines = init_a_workers_and_free_f(&["w1", "w2", "w3"]);
     let steps = plan_silent(&c, &machines, &["w1"]);
-    assert_eq!(releases(&steps), vec![("w1".to_string(), true)]);
-    assert_eq!(
-        assigns(&steps),
-        vec![("f".to_string(), MachineRole::Worker, Some("w1".to_string()))]
-    );
-    let st = final_status(&steps);
-    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(ready.status, "False");
-    assert!(ready.message.contains("w1 silent"), "{}", ready.message);
+    assert_worker_replaced_by_f(&steps, "w1");
+    assert_condition(&final_status(&steps), "Ready", "False", "w1 silent");
 }
 
 #[test]
@@ -337,23 +326,16 @@ fn a_replacement_of_a_replacement_that_dies_is_replaced_in_turn() {
         free("f", "dev"),
     ];
     let steps = plan_silent(&c, &machines, &["w1", "r1", "r2"]);
-    assert_eq!(releases(&steps), vec![("r2".to_string(), true)]);
-    assert_eq!(
-        assigns(&steps),
-        vec![("f".to_string(), MachineRole::Worker, Some("r2".to_string()))]
-    );
+    assert_worker_replaced_by_f(&steps, "r2");
 }
 
 #[test]
 fn a_pool_machine_claimed_late_in_life_gets_its_full_startup_time() {
     let c = initialized_by(pool_cluster(1, 1), "a");
     // Registered thirty days ago, claimed a minute ago, still joining.
-    let machines = vec![
-        running_init_a(),
-        claimed("w1", "w", MachineRole::Worker, MachinePhase::Bootstrapping),
-        free("f", "dev"),
-    ];
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let mut machines = init_a_workers_and_free_f(&["w1"]);
+    machines[1].status.phase = MachinePhase::Bootstrapping;
+    let steps = plan_now(&c, &machines);
     assert!(releases(&steps).is_empty(), "{steps:?}");
     assert!(assigns(&steps).is_empty(), "{steps:?}");
 }
@@ -367,7 +349,7 @@ fn pool_control_planes_join_one_at_a_time() {
         free("d", "dev"),
         free("e", "dev"),
     ];
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert_eq!(
         assigns(&steps),
         vec![("b".to_string(), MachineRole::ControlPlane, None)]
@@ -379,10 +361,10 @@ fn pool_control_planes_join_one_at_a_time() {
         MachineRole::ControlPlane,
         MachinePhase::Bootstrapping,
     );
-    assert!(assigns(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
+    assert!(assigns(&plan_now(&c, &machines)).is_empty());
     machines[1].status.phase = MachinePhase::Running;
     assert_eq!(
-        assigns(&plan(&c, &machines, &obs(true, &seen_now))),
+        assigns(&plan_now(&c, &machines)),
         vec![("d".to_string(), MachineRole::ControlPlane, None)]
     );
 }
@@ -392,7 +374,7 @@ fn before_init_only_the_init_machine_is_claimed_for_the_control_plane() {
     let c = pool_cluster(3, 0);
     let machines = vec![free("a", "dev"), free("b", "dev"), free("d", "dev")];
     assert_eq!(
-        assigns(&plan(&c, &machines, &obs(true, &seen_now))),
+        assigns(&plan_now(&c, &machines)),
         vec![("a".to_string(), MachineRole::Init, None)]
     );
 }
@@ -402,17 +384,14 @@ fn pool_control_plane_scale_down_goes_one_at_a_time_and_keeps_the_init_machine()
     let c = initialized_by(pool_cluster(1, 0), "a");
     let mut machines = three_control_planes();
     machines[2].metadata.creation_timestamp = Some(drover_common::now());
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert_eq!(releases(&steps), vec![("d".to_string(), false)]);
     // While d resets, b stays.
     machines[2].status.phase = MachinePhase::Releasing;
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert!(releases(&steps).is_empty(), "{steps:?}");
     let st = final_status(&steps);
-    assert!(st
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "RemovalAllowed" && c.status == "False"));
+    assert!(has_condition(&st, "RemovalAllowed", "False"));
 }
 
 #[test]
@@ -450,9 +429,7 @@ fn a_dead_init_machine_of_three_is_replaced_by_a_joining_control_plane() {
         member("2", "b", true),
         member("3", "d", true),
     ];
-    for m in &mut machines {
-        m.status.hostname = m.metadata.name.clone();
-    }
+    hostnames_are_names(&mut machines);
     let steps = plan_silent(&c, &machines, &["a"]);
     assert!(assigns(&steps).is_empty(), "{steps:?}");
     let removal = final_status(&steps).etcd_removal.expect("a removal");
@@ -492,19 +469,11 @@ fn a_dead_init_machine_of_three_is_replaced_by_a_joining_control_plane() {
 #[test]
 fn a_pool_cluster_that_lost_every_control_plane_is_never_initialized_again() {
     let c = initialized_by(pool_cluster(1, 1), "a");
-    let mut gone = claimed(
-        "a",
-        CONTROL_PLANE_POOL,
-        MachineRole::Init,
-        MachinePhase::Releasing,
-    );
+    let mut machines = init_a_workers_and_free_f(&["w1"]);
+    let gone = &mut machines[0];
+    gone.status.phase = MachinePhase::Releasing;
     push_event(&mut gone.status.events, "Remediating", "taken out");
-    let machines = vec![
-        gone,
-        claimed("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        free("f", "dev"),
-    ];
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert!(assigns(&steps).is_empty(), "{steps:?}");
     let st = final_status(&steps);
     let lost = st
@@ -519,7 +488,7 @@ fn a_pool_cluster_that_lost_every_control_plane_is_never_initialized_again() {
 #[test]
 fn a_lone_dead_pool_control_plane_is_kept_for_quorum() {
     let c = initialized_by(pool_cluster(1, 0), "a");
-    let machines = vec![running_init_a(), free("f", "dev")];
+    let machines = init_a_workers_and_free_f(&[]);
     let now = drover_common::now();
     let heard = move |_: &str| Some(now - time::Duration::seconds(60));
     let mut policy = Policy::defaults(Duration::from_secs(40));
@@ -535,14 +504,12 @@ fn a_lone_dead_pool_control_plane_is_kept_for_quorum() {
         },
     );
     assert!(releases(&steps).is_empty(), "{steps:?}");
-    let st = final_status(&steps);
-    let allowed = st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "RemediationAllowed")
-        .unwrap();
-    assert_eq!(allowed.status, "False");
-    assert!(allowed.message.contains("quorum"), "{}", allowed.message);
+    assert_condition(
+        &final_status(&steps),
+        "RemediationAllowed",
+        "False",
+        "quorum",
+    );
 }
 
 #[test]
@@ -553,8 +520,8 @@ fn a_cluster_whose_endpoint_does_not_answer_is_not_ready() {
     let (mut c, machines) = init_and_worker();
     c.status.nodes = vec![cluster_node("a", "True"), cluster_node("w1", "True")];
     c.status.endpoint_ready = Some(false);
-    let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
-    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    let st = final_status(&plan_now(&c, &machines));
+    let ready = condition(&st, "Ready");
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "EndpointNotReady"),
@@ -565,11 +532,8 @@ fn a_cluster_whose_endpoint_does_not_answer_is_not_ready() {
     // It answers again: Ready.
     c.status = st;
     c.status.endpoint_ready = Some(true);
-    let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
-    assert!(st
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True"));
+    let st = final_status(&plan_now(&c, &machines));
+    assert!(has_condition(&st, "Ready", "True"));
 }
 
 #[test]
@@ -581,10 +545,10 @@ fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_un
         node("gone", "Unknown"),
         node("w1", "False"),
     ];
-    let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
+    let st = final_status(&plan_now(&c, &machines));
     let removal = st.node_removal.clone().expect("the orphan Node goes");
     assert_eq!((removal.node.as_str(), removal.via.as_str()), ("gone", "a"));
-    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    let ready = condition(&st, "Ready");
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "NodesNotReady")
@@ -599,12 +563,8 @@ fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_un
     };
     let mut ready_before = c.clone();
     ready_before.status.nodes = vec![no_cni("a"), no_cni("w1")];
-    let st_net = final_status(&plan(&ready_before, &machines, &obs(true, &seen_now)));
-    let ready = st_net
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let st_net = final_status(&plan_now(&ready_before, &machines));
+    let ready = condition(&st_net, "Ready");
     assert_eq!(ready.reason, "NodesNotReady");
     assert!(
         ready
@@ -616,10 +576,7 @@ fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_un
     // Once it is gone and w1 is Ready, the cluster is Ready again.
     c.status = st;
     c.status.nodes = vec![node("a", "True"), node("w1", "True")];
-    let st = final_status(&plan(&c, &machines, &obs(true, &seen_now)));
+    let st = final_status(&plan_now(&c, &machines));
     assert_eq!(st.node_removal, None);
-    assert!(st
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True"));
+    assert!(has_condition(&st, "Ready", "True"));
 }

@@ -69,44 +69,24 @@ fn a_docker_cluster_gets_its_load_balancer_first_and_it_follows_the_control_plan
     assert_eq!(plan(&c, &[], &o), vec![Step::EnsureEndpoint]);
 
     // Once made, it is the endpoint the init machine is created with.
-    c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
-        address: "172.18.0.2:6443".into(),
-        id: "drover-c-lb".into(),
-        backends: vec![],
-    });
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
     let steps = plan(&c, &[], &o);
     assert_eq!(
         creates(&steps),
         vec![(CONTROL_PLANE_POOL.to_owned(), MachineRole::Init)]
     );
-    let status = steps
-        .iter()
-        .find_map(|s| match s {
-            Step::SetStatus(st) => Some(st.clone()),
-            _ => None,
-        })
-        .expect("a status");
     assert_eq!(
-        status.control_plane_endpoint.as_deref(),
+        status_of(&steps).control_plane_endpoint.as_deref(),
         Some("172.18.0.2:6443")
     );
 
     // Control planes are backends from the moment they bootstrap, set
     // before anything else of the pass.
-    let cp = |name: &str, role, phase, ip: &str| {
-        let mut m = created(name, CONTROL_PLANE_POOL, role, phase);
+    let mut machines = created_control_planes(&["cp1", "cp2"]);
+    machines[1].status.phase = MachinePhase::Bootstrapping;
+    for (m, ip) in machines.iter_mut().zip(["10.0.0.1", "10.0.0.2"]) {
         m.status.addresses = vec![ip.into()];
-        m
-    };
-    let mut machines = vec![
-        cp("cp1", MachineRole::Init, MachinePhase::Running, "10.0.0.1"),
-        cp(
-            "cp2",
-            MachineRole::ControlPlane,
-            MachinePhase::Bootstrapping,
-            "10.0.0.2",
-        ),
-    ];
+    }
     let both = vec!["10.0.0.1:6443".to_owned(), "10.0.0.2:6443".to_owned()];
     let steps = plan(&c, &machines, &o);
     assert_eq!(
@@ -117,12 +97,7 @@ fn a_docker_cluster_gets_its_load_balancer_first_and_it_follows_the_control_plan
     );
     c.status.load_balancer.as_mut().unwrap().backends = both;
     let steps = plan(&c, &machines, &o);
-    assert!(
-        !steps
-            .iter()
-            .any(|s| matches!(s, Step::SetEndpointBackends { .. })),
-        "{steps:?}"
-    );
+    assert!(!sets_backends(&steps), "{steps:?}");
 
     // Scaled down to one: the control plane that leaves is taken out
     // of the backends first, and deleted only in a later pass, once the
@@ -157,25 +132,14 @@ fn a_docker_cluster_gets_its_load_balancer_first_and_it_follows_the_control_plan
 fn a_docker_load_balancer_that_is_down_is_brought_back_and_no_machine_is_blamed() {
     let mut c = initialized_by(docker_cluster(1, 1), "cp1");
     c.metadata.uid = Some("cluster-uid".into());
-    c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
-        address: "172.18.0.2:6443".into(),
-        id: "drover-c-lb".into(),
-        backends: vec!["10.0.0.1:6443".into()],
-    });
+    c.status.load_balancer = Some(docker_load_balancer(&["10.0.0.1:6443"]));
     c.status.control_plane_endpoint = Some("172.18.0.2:6443".into());
     let mut machines = vec![
-        created(
-            "cp1",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
+        created_cp("cp1", MachineRole::Init),
         created("w1", "default", MachineRole::Worker, MachinePhase::Running),
     ];
     machines[0].status.addresses = vec!["10.0.0.1".into()];
-    for m in &mut machines {
-        m.status.hostname = m.metadata.name.clone();
-    }
+    hostnames_are_names(&mut machines);
     // Every Node Unknown for ten minutes: the kubelets cannot reach the
     // API through the stopped load balancer.
     c.status.nodes = ["cp1", "w1"]
@@ -195,11 +159,7 @@ fn a_docker_load_balancer_that_is_down_is_brought_back_and_no_machine_is_blamed(
     assert!(steps.contains(&Step::EnsureEndpoint), "{steps:?}");
     assert!(deletes(&steps).is_empty(), "{steps:?}");
     let st = final_status(&steps);
-    let cond = st
-        .conditions
-        .iter()
-        .find(|x| x.type_ == "EndpointAvailable")
-        .expect("EndpointAvailable");
+    let cond = condition(&st, "EndpointAvailable");
     assert_eq!(
         (cond.status.as_str(), cond.reason.as_str()),
         ("False", "LoadBalancerDown")
@@ -215,10 +175,7 @@ fn a_docker_load_balancer_that_is_down_is_brought_back_and_no_machine_is_blamed(
     let steps = plan(&c, &machines, &o);
     assert!(!steps.contains(&Step::EnsureEndpoint), "{steps:?}");
     let st = final_status(&steps);
-    assert!(st
-        .conditions
-        .iter()
-        .any(|x| x.type_ == "EndpointAvailable" && x.status == "True"));
+    assert!(has_condition(&st, "EndpointAvailable", "True"), "{st:?}");
     // Its control planes report that the endpoint does not answer: the
     // Nodes they list are not the machines' fault either.
     c.status = st;
@@ -233,15 +190,7 @@ fn a_failed_create_waits_out_its_back_off() {
     let mut pending = created("w1", "w", MachineRole::Worker, MachinePhase::Provisioning);
     pending.status.provider_id = None;
     pending.status.ticket_redeemed = false;
-    let machines = vec![
-        created(
-            "cp1",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        pending,
-    ];
+    let machines = vec![created_cp("cp1", MachineRole::Init), pending];
     let provisions = |o: &Observed<'_>| {
         plan(&c, &machines, o)
             .into_iter()
@@ -273,14 +222,9 @@ fn a_failed_create_waits_out_its_back_off() {
 fn provider_cluster_starts_with_the_init_machine_and_workers() {
     // Its load balancer is made (the pass before).
     let mut c = docker_cluster(3, 2);
-    c.status.load_balancer = Some(drover_common::api::LoadBalancerStatus {
-        address: "172.18.0.2:6443".into(),
-        id: "drover-c-lb".into(),
-        backends: vec![],
-    });
-    let steps = plan(&c, &[], &obs(true, &seen_now));
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
     assert_eq!(
-        creates(&steps),
+        creates(&plan_now(&c, &[])),
         vec![
             (CONTROL_PLANE_POOL.to_string(), MachineRole::Init),
             ("w".to_string(), MachineRole::Worker),
@@ -290,31 +234,15 @@ fn provider_cluster_starts_with_the_init_machine_and_workers() {
     // With the init machine recorded but not running, no other control plane yet.
     let mut c = docker_cluster(3, 0);
     c.status.init_machine = Some("i".into());
-    let init = created(
-        "i",
-        CONTROL_PLANE_POOL,
-        MachineRole::Init,
-        MachinePhase::Bootstrapping,
-    );
-    assert!(creates(&plan(&c, &[init], &obs(true, &seen_now))).is_empty());
+    let mut init = created_cp("i", MachineRole::Init);
+    init.status.phase = MachinePhase::Bootstrapping;
+    assert!(creates(&plan_now(&c, &[init])).is_empty());
 }
 
 #[test]
 fn stopped_worker_is_replaced() {
-    let mut c = docker_cluster(1, 3);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
-    let machines = vec![
-        created(
-            "i",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        created("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w2", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w3", "w", MachineRole::Worker, MachinePhase::Running),
-    ];
+    let c = initialized_docker(1, 3);
+    let machines = init_i_and_workers(&["w1", "w2", "w3"]);
     let stopped = |uid: &str| (uid == "uid-w2").then_some(InstanceState::Stopped);
     let o = Observed {
         instance: &stopped,
@@ -329,137 +257,64 @@ fn stopped_worker_is_replaced() {
     }));
 }
 
+/// Plans `c` with the machines named in `silent` unheard for `ago`.
+fn plan_with_silent(
+    c: &Cluster,
+    machines: &[Machine],
+    silent: &[&str],
+    ago: time::Duration,
+) -> Vec<Step> {
+    let now = drover_common::now();
+    plan_at(c, machines, now, &heard_but(now, silent, ago))
+}
+
+/// Asserts the steps delete nothing and pause remediation, the
+/// `RemediationAllowed` condition's message containing `why`.
+fn assert_remediation_paused(steps: &[Step], why: &str) {
+    assert!(deletes(steps).is_empty(), "{steps:?}");
+    assert_condition(status_of(steps), "RemediationAllowed", "False", why);
+}
+
 #[test]
 fn too_many_unhealthy_pauses_remediation() {
-    let mut c = docker_cluster(1, 2);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
-    let machines = vec![
-        created(
-            "i",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        created("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w2", "w", MachineRole::Worker, MachinePhase::Running),
-    ];
-    let silent = |n: &str| {
-        Some(if n.starts_with('w') {
-            drover_common::now() - time::Duration::minutes(5)
-        } else {
-            drover_common::now()
-        })
-    };
-    let steps = plan(&c, &machines, &obs(true, &silent));
-    assert!(deletes(&steps).is_empty(), "{steps:?}");
-    let Some(Step::SetStatus(st)) = steps.last() else {
-        panic!("{steps:?}")
-    };
-    let cond = st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "RemediationAllowed")
-        .unwrap();
-    assert_eq!(cond.status, "False");
-    assert!(
-        cond.message.contains("remediation paused"),
-        "{}",
-        cond.message
-    );
+    let c = initialized_docker(1, 2);
+    let machines = init_i_and_workers(&["w1", "w2"]);
+    let steps = plan_with_silent(&c, &machines, &["w1", "w2"], time::Duration::minutes(5));
+    assert_remediation_paused(&steps, "remediation paused");
 }
 
 #[test]
 fn lone_initialized_control_plane_is_not_remediated() {
-    let mut c = docker_cluster(1, 0);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
-    let machines = vec![created(
-        "i",
-        CONTROL_PLANE_POOL,
-        MachineRole::Init,
-        MachinePhase::Running,
-    )];
-    let silent = |_: &str| Some(drover_common::now() - time::Duration::minutes(5));
-    let steps = plan(&c, &machines, &obs(true, &silent));
+    let c = initialized_docker(1, 0);
+    let machines = init_i_and_workers(&[]);
+    let steps = plan_with_silent(&c, &machines, &["i"], time::Duration::minutes(5));
     assert!(deletes(&steps).is_empty(), "{steps:?}");
 }
 
 #[test]
 fn three_control_planes_remediate_one_keeping_quorum() {
-    let mut c = docker_cluster(3, 0);
-    c.status.init_machine = Some("a".into());
-    c.status.initialized = true;
-    let machines = vec![
-        created(
-            "a",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        created(
-            "b",
-            CONTROL_PLANE_POOL,
-            MachineRole::ControlPlane,
-            MachinePhase::Running,
-        ),
-        created(
-            "c",
-            CONTROL_PLANE_POOL,
-            MachineRole::ControlPlane,
-            MachinePhase::Running,
-        ),
-    ];
-    let one_silent = |n: &str| {
-        Some(if n == "c" {
-            drover_common::now() - time::Duration::minutes(5)
-        } else {
-            drover_common::now()
-        })
-    };
+    let c = initialized_by(docker_cluster(3, 0), "a");
+    let machines = created_control_planes(&["a", "b", "c"]);
+    let five_minutes = time::Duration::minutes(5);
     assert_eq!(
-        deletes(&plan(&c, &machines, &obs(true, &one_silent))),
+        deletes(&plan_with_silent(&c, &machines, &["c"], five_minutes)),
         vec!["c".to_string()]
     );
-    let two_silent = |n: &str| {
-        Some(if n == "a" {
-            drover_common::now()
-        } else {
-            drover_common::now() - time::Duration::minutes(5)
-        })
-    };
     // Two of three unhealthy: over maxUnhealthy, and quorum would break anyway.
-    assert!(deletes(&plan(&c, &machines, &obs(true, &two_silent))).is_empty());
+    assert!(deletes(&plan_with_silent(&c, &machines, &["b", "c"], five_minutes)).is_empty());
 }
 
 #[test]
 fn scale_down_removes_newest_worker() {
-    let mut c = docker_cluster(1, 1);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
-    let mut old = created("w1", "w", MachineRole::Worker, MachinePhase::Running);
-    old.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::hours(1));
-    let machines = vec![
-        created(
-            "i",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        old,
-        created("w2", "w", MachineRole::Worker, MachinePhase::Running),
-    ];
-    assert_eq!(
-        deletes(&plan(&c, &machines, &obs(true, &seen_now))),
-        vec!["w2".to_string()]
-    );
+    let c = initialized_docker(1, 1);
+    let mut machines = init_i_and_workers(&["w1", "w2"]);
+    machines[1].metadata.creation_timestamp = Some(drover_common::now() - time::Duration::hours(1));
+    assert_eq!(deletes(&plan_now(&c, &machines)), vec!["w2".to_string()]);
 }
 
 #[test]
 fn no_remediation_in_the_pass_that_ends_a_pause() {
-    let mut c = docker_cluster(1, 3);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
+    let mut c = initialized_docker(1, 3);
     set_condition(
         &mut c.status.conditions,
         "RemediationAllowed",
@@ -467,106 +322,55 @@ fn no_remediation_in_the_pass_that_ends_a_pause() {
         "RemediationPaused",
         "x",
     );
-    let machines = vec![
-        created(
-            "i",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        created("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w2", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w3", "w", MachineRole::Worker, MachinePhase::Running),
-    ];
+    let machines = init_i_and_workers(&["w1", "w2", "w3"]);
     // w1 is back, w2 is still a little late.
-    let late = |n: &str| {
-        Some(if n == "w2" {
-            drover_common::now() - time::Duration::minutes(1)
-        } else {
-            drover_common::now()
-        })
-    };
-    let steps = plan(&c, &machines, &obs(true, &late));
+    let steps = plan_with_silent(&c, &machines, &["w2"], time::Duration::minutes(1));
     assert!(deletes(&steps).is_empty(), "{steps:?}");
-    let Some(Step::SetStatus(st)) = steps.last() else {
-        panic!("{steps:?}")
-    };
-    let cond = st
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "RemediationAllowed")
-        .unwrap();
-    assert_eq!(cond.status, "True");
+    assert!(
+        has_condition(&final_status(&steps), "RemediationAllowed", "True"),
+        "{steps:?}"
+    );
+}
+
+/// `m` deleted by remediation, to be replaced.
+fn deleted_to_replace(m: &mut Machine) {
+    m.status.phase = MachinePhase::Deleted;
+    push_event(
+        &mut m.status.events,
+        "Remediating",
+        "deleting to replace it",
+    );
+    m.metadata.deletion_timestamp = Some(drover_common::now());
 }
 
 #[test]
 fn a_replacement_still_starting_counts_against_max_unhealthy() {
-    let mut c = docker_cluster(1, 3);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
-    let mut old = created("w1", "w", MachineRole::Worker, MachinePhase::Deleted);
+    let c = initialized_docker(1, 3);
+    let mut machines = init_i_and_workers(&["w1", "r1", "w2", "w3"]);
+    deleted_to_replace(&mut machines[1]);
     push_event(
-        &mut old.status.events,
-        "Remediating",
-        "deleting to replace it",
+        &mut machines[1].status.events,
+        "ReplacedBy",
+        "replaced by r1",
     );
-    push_event(&mut old.status.events, "ReplacedBy", "replaced by r1");
-    old.metadata.deletion_timestamp = Some(drover_common::now());
-    let machines = vec![
-        created(
-            "i",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        old,
-        created("r1", "w", MachineRole::Worker, MachinePhase::Bootstrapping),
-        created("w2", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w3", "w", MachineRole::Worker, MachinePhase::Running),
-    ];
+    machines[2].status.phase = MachinePhase::Bootstrapping;
     // w2 went silent a pass after w1: with r1 not Running yet, two of
     // three slots are down.
-    let w2_silent = |n: &str| {
-        Some(if n == "w2" {
-            drover_common::now() - time::Duration::minutes(5)
-        } else {
-            drover_common::now()
-        })
-    };
-    let steps = plan(&c, &machines, &obs(true, &w2_silent));
-    assert!(deletes(&steps).is_empty(), "{steps:?}");
-    let cond = condition(status_of(&steps), "RemediationAllowed");
-    assert_eq!(cond.status, "False");
-    assert!(
-        cond.message.contains("r1 being replaced"),
-        "{}",
-        cond.message
-    );
+    let five_minutes = time::Duration::minutes(5);
+    let steps = plan_with_silent(&c, &machines, &["w2"], five_minutes);
+    assert_remediation_paused(&steps, "r1 being replaced");
     // Once r1 runs, w2 alone is within the limit.
-    let mut machines = machines;
     machines[2].status.phase = MachinePhase::Running;
     assert_eq!(
-        deletes(&plan(&c, &machines, &obs(true, &w2_silent))),
+        deletes(&plan_with_silent(&c, &machines, &["w2"], five_minutes)),
         vec!["w2".to_string()]
     );
 }
 
 #[test]
 fn a_silent_machine_is_replaced_at_its_timeout_unless_others_missed_beats_too() {
-    let mut c = docker_cluster(1, 3);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
-    let machines = vec![
-        created(
-            "i",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        created("w1", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w2", "w", MachineRole::Worker, MachinePhase::Running),
-        created("w3", "w", MachineRole::Worker, MachinePhase::Running),
-    ];
+    let c = initialized_docker(1, 3);
+    let machines = init_i_and_workers(&["w1", "w2", "w3"]);
     let now = drover_common::now();
     let silent = |w1: i64, w2: i64| {
         move |n: &str| {
@@ -579,71 +383,26 @@ fn a_silent_machine_is_replaced_at_its_timeout_unless_others_missed_beats_too() 
     };
     // Timeout 40 s, interval 10 s. w1 alone is past its timeout: it is
     // replaced at once, with no wait beyond the timeout.
-    let alone = silent(41, 0);
     assert_eq!(
-        deletes(&plan(
-            &c,
-            &machines,
-            &Observed {
-                now,
-                ..obs(true, &alone)
-            }
-        )),
+        deletes(&plan_at(&c, &machines, now, &silent(41, 0))),
         vec!["w1".to_string()]
     );
     // w2 was cut off with it and has missed beats for 32 s (late, not
     // yet past its own timeout): two of three count, so nothing is
     // replaced and remediation pauses.
-    let together = silent(41, 32);
-    let steps = plan(
-        &c,
-        &machines,
-        &Observed {
-            now,
-            ..obs(true, &together)
-        },
-    );
-    assert!(deletes(&steps).is_empty(), "{steps:?}");
-    let status = status_of(&steps);
-    let allowed = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "RemediationAllowed")
-        .expect("RemediationAllowed condition");
-    assert_eq!(allowed.status, "False", "{allowed:?}");
-    assert!(
-        allowed.message.contains("w2 missing heartbeats"),
-        "{}",
-        allowed.message
-    );
+    let steps = plan_at(&c, &machines, now, &silent(41, 32));
+    assert_remediation_paused(&steps, "w2 missing heartbeats");
 }
 
 #[test]
 fn a_dead_lone_control_plane_degrades_the_cluster_with_a_stable_status() {
-    let mut c = docker_cluster(1, 1);
-    c.status.init_machine = Some("i".into());
-    c.status.initialized = true;
+    let mut c = initialized_docker(1, 1);
     c.status.control_plane_endpoint = Some("10.0.0.9:6443".into());
-    let machines = vec![
-        created(
-            "i",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        created("w1", "w", MachineRole::Worker, MachinePhase::Running),
-    ];
+    let machines = init_i_and_workers(&["w1"]);
     let now = drover_common::now();
     let cp_silent_since = now - time::Duration::minutes(5);
     let cp_silent = |n: &str| Some(if n == "i" { cp_silent_since } else { now });
-    let steps = plan(
-        &c,
-        &machines,
-        &Observed {
-            now,
-            ..obs(true, &cp_silent)
-        },
-    );
+    let steps = plan_at(&c, &machines, now, &cp_silent);
     assert!(deletes(&steps).is_empty(), "{steps:?}");
     assert!(steps.contains(&Step::SetAlive {
         machine: "i".into(),
@@ -666,14 +425,7 @@ fn a_dead_lone_control_plane_degrades_the_cluster_with_a_stable_status() {
     c.status = st;
     let later = now + time::Duration::minutes(1);
     let still_silent = |n: &str| Some(if n == "i" { cp_silent_since } else { later });
-    let steps = plan(
-        &c,
-        &machines,
-        &Observed {
-            now: later,
-            ..obs(true, &still_silent)
-        },
-    );
+    let steps = plan_at(&c, &machines, later, &still_silent);
     assert!(
         !steps.iter().any(|s| matches!(s, Step::SetStatus(_))),
         "{steps:?}"
@@ -682,39 +434,19 @@ fn a_dead_lone_control_plane_degrades_the_cluster_with_a_stable_status() {
 
 #[test]
 fn after_the_init_machine_is_replaced_joins_aim_at_a_live_control_plane() {
-    let mut c = docker_cluster(3, 0);
-    c.status.init_machine = Some("a".into());
-    c.status.initialized = true;
+    let mut c = initialized_by(docker_cluster(3, 0), "a");
     c.status.control_plane_endpoint = Some("10.0.0.1:6443".into());
-    let mut a = created(
-        "a",
-        CONTROL_PLANE_POOL,
-        MachineRole::Init,
-        MachinePhase::Deleted,
-    );
-    a.status.addresses = vec!["10.0.0.1".into()];
-    push_event(
-        &mut a.status.events,
-        "Remediating",
-        "deleting to replace it",
-    );
-    a.metadata.deletion_timestamp = Some(drover_common::now());
-    let mut b = created(
-        "b",
-        CONTROL_PLANE_POOL,
-        MachineRole::ControlPlane,
-        MachinePhase::Running,
-    );
-    b.status.addresses = vec!["10.0.0.2".into()];
-    let mut cc = created(
-        "c",
-        CONTROL_PLANE_POOL,
-        MachineRole::ControlPlane,
-        MachinePhase::Running,
-    );
-    cc.status.addresses = vec!["10.0.0.3".into()];
-    b.metadata.creation_timestamp = Some(drover_common::now() - time::Duration::minutes(2));
-    let steps = plan(&c, &[a, b, cc], &obs(true, &seen_now));
+    let mut machines = created_control_planes(&["a", "b", "c"]);
+    for (m, ip) in machines
+        .iter_mut()
+        .zip(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    {
+        m.status.addresses = vec![ip.into()];
+    }
+    deleted_to_replace(&mut machines[0]);
+    machines[1].metadata.creation_timestamp =
+        Some(drover_common::now() - time::Duration::minutes(2));
+    let steps = plan_now(&c, &machines);
     // The replacement joins as a control plane: the cluster is initialized.
     assert!(steps.contains(&Step::CreateMachine {
         machine_pool: CONTROL_PLANE_POOL.into(),
@@ -730,33 +462,14 @@ fn after_the_init_machine_is_replaced_joins_aim_at_a_live_control_plane() {
 #[test]
 fn a_provider_machine_deleted_by_an_operator_is_replaced_one_control_plane_at_a_time() {
     let c = initialized_by(docker_cluster(3, 0), "cp1");
-    let mut machines = vec![
-        created(
-            "cp1",
-            CONTROL_PLANE_POOL,
-            MachineRole::Init,
-            MachinePhase::Running,
-        ),
-        created(
-            "cp2",
-            CONTROL_PLANE_POOL,
-            MachineRole::ControlPlane,
-            MachinePhase::Running,
-        ),
-        created(
-            "cp3",
-            CONTROL_PLANE_POOL,
-            MachineRole::ControlPlane,
-            MachinePhase::Running,
-        ),
-    ];
+    let mut machines = created_control_planes(&["cp1", "cp2", "cp3"]);
     machines[1].metadata.deletion_timestamp = Some(drover_common::now());
     push_event(
         &mut machines[1].status.events,
         "DeletionRequested",
         "by an operator",
     );
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert_eq!(deletes(&steps), vec!["cp2".to_string()]);
     // Its replacement waits for the next pass, when the member of the
     // machine leaving no longer counts as healthy.
@@ -766,30 +479,20 @@ fn a_provider_machine_deleted_by_an_operator_is_replaced_one_control_plane_at_a_
     // Its member, last reported healthy, holds the join until removed.
     let mut reported = c.clone();
     reported.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
-    for m in &mut deleting {
-        m.status.hostname = m.metadata.name.clone();
-    }
-    assert_eq!(
-        creates(&plan(&reported, &deleting, &obs(true, &seen_now))),
-        vec![]
-    );
+    hostnames_are_names(&mut deleting);
+    assert_eq!(creates(&plan_now(&reported, &deleting)), vec![]);
     reported.status.etcd_members.remove(1);
-    assert_eq!(
-        creates(&plan(&reported, &deleting, &obs(true, &seen_now))),
-        vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
-    );
-    let steps = plan(&c, &deleting, &obs(true, &seen_now));
-    assert_eq!(
-        creates(&steps),
-        vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
-    );
+    let joins = vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)];
+    assert_eq!(creates(&plan_now(&reported, &deleting)), joins);
+    let steps = plan_now(&c, &deleting);
+    assert_eq!(creates(&steps), joins);
     assert!(steps.iter().any(|s| matches!(
         s,
         Step::CreateMachine { replaces: Some(r), .. } if r == "cp2"
     )));
     // While another control plane still joins, the requested one waits.
     machines[2].status.phase = MachinePhase::Bootstrapping;
-    assert!(deletes(&plan(&c, &machines, &obs(true, &seen_now))).is_empty());
+    assert!(deletes(&plan_now(&c, &machines)).is_empty());
 }
 
 #[test]
@@ -798,29 +501,20 @@ fn a_control_plane_joins_only_once_the_last_ones_learner_is_promoted() {
     // once in sync; etcd takes one learner at a time, so the next
     // control plane waits for the promotion.
     let c = initialized_by(docker_cluster(3, 0), "cp1");
-    let machines: Vec<Machine> = [
-        ("cp1", MachineRole::Init),
-        ("cp2", MachineRole::ControlPlane),
-    ]
-    .iter()
-    .map(|(name, role)| {
-        let mut m = created(name, CONTROL_PLANE_POOL, *role, MachinePhase::Running);
-        m.status.hostname = m.metadata.name.clone();
-        m
-    })
-    .collect();
+    let mut machines = created_control_planes(&["cp1", "cp2"]);
+    hostnames_are_names(&mut machines);
     let mut reported = c.clone();
     reported.status.etcd_members = healthy_members(&["cp1", "cp2"]);
     reported.status.etcd_members[1].is_learner = true;
     assert_eq!(
-        creates(&plan(&reported, &machines, &obs(true, &seen_now))),
+        creates(&plan_now(&reported, &machines)),
         vec![],
         "a learner is a join under way"
     );
     // Promoted: the next control plane joins.
     reported.status.etcd_members[1].is_learner = false;
     assert_eq!(
-        creates(&plan(&reported, &machines, &obs(true, &seen_now))),
+        creates(&plan_now(&reported, &machines)),
         vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]
     );
 }
@@ -829,25 +523,16 @@ fn a_control_plane_joins_only_once_the_last_ones_learner_is_promoted() {
 fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version() {
     let mut c = initialized_by(docker_cluster(3, 0), "cp1");
     c.spec.kubernetes_version = "v1.32.0".into();
-    let roles = [
-        ("cp1", MachineRole::Init),
-        ("cp2", MachineRole::ControlPlane),
-        ("cp3", MachineRole::ControlPlane),
-    ];
-    let machines: Vec<Machine> = roles
-        .iter()
-        .map(|(name, role)| {
-            let mut m = created(name, CONTROL_PLANE_POOL, *role, MachinePhase::Running);
-            m.status.hostname = m.metadata.name.clone();
-            m.spec.assignment.as_mut().unwrap().kubernetes_version = Some("v1.31.2".into());
-            m
-        })
-        .collect();
+    let mut machines = created_control_planes(&["cp1", "cp2", "cp3"]);
+    hostnames_are_names(&mut machines);
+    for m in &mut machines {
+        m.spec.assignment.as_mut().unwrap().kubernetes_version = Some("v1.31.2".into());
+    }
     c.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
     c.status.kubeadm_config_version = Some("v1.31.2".into());
     // The surge control plane would deploy v1.31.2: the config changes
     // first, through a running control plane.
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert_eq!(creates(&steps), vec![]);
     let update = status_of(&steps).version_update.clone().expect("asked for");
     assert_eq!(
@@ -856,7 +541,7 @@ fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version(
     );
     // Asked once: a later pass keeps the same request (and directive).
     c.status.version_update = Some(update.clone());
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert!(steps.iter().all(|s| match s {
         Step::SetStatus(st) => st.version_update.as_ref() == Some(&update),
         _ => true,
@@ -865,9 +550,9 @@ fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version(
     // request is dropped; not while the endpoint does not answer.
     c.status.kubeadm_config_version = Some("v1.32.0".into());
     c.status.endpoint_ready = Some(false);
-    assert_eq!(creates(&plan(&c, &machines, &obs(true, &seen_now))), vec![]);
+    assert_eq!(creates(&plan_now(&c, &machines)), vec![]);
     c.status.endpoint_ready = Some(true);
-    let steps = plan(&c, &machines, &obs(true, &seen_now));
+    let steps = plan_now(&c, &machines);
     assert_eq!(
         creates(&steps),
         vec![(CONTROL_PLANE_POOL.to_string(), MachineRole::ControlPlane)]

@@ -221,21 +221,24 @@ pub fn describe_machine(m: &Machine) -> String {
     o
 }
 
+/// ` (failed, retrying: ERROR)` after a step under way, or nothing when
+/// it did not fail.
+fn failed_retrying(error: &str) -> String {
+    if error.is_empty() {
+        String::new()
+    } else {
+        format!(" (failed, retrying: {})", printable(error))
+    }
+}
+
 /// The control plane of `c` whose kubeadm certificate expires first, and
 /// that certificate.
 fn earliest_certificates<'m>(
     c: &Cluster,
     machines: &'m [Machine],
 ) -> Option<(&'m Machine, &'m drover_common::api::CertificateExpiry)> {
-    let uid = c.metadata.uid.as_deref();
-    machines
-        .iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| Some(a.cluster_uid.as_str()) == uid)
-        })
+    drover_planner::machines_of(c, machines)
+        .into_iter()
         .filter_map(|m| Some((m, m.status.certificates.as_ref()?)))
         .min_by_key(|(_, c)| c.expires_at)
 }
@@ -290,11 +293,7 @@ pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             "Config update:  to {} through {}{}",
             printable(&u.version),
             printable(&u.via),
-            if u.error.is_empty() {
-                String::new()
-            } else {
-                format!(" (failed, retrying: {})", printable(&u.error))
-            }
+            failed_retrying(&u.error)
         );
     }
     if let Some(u) = &c.status.essential_addons {
@@ -310,11 +309,7 @@ pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
                 "kube-proxy/DNS: upgrading to {}'s images through {}{}",
                 printable(&u.version),
                 printable(&u.via),
-                if u.error.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (failed, retrying: {})", printable(&u.error))
-                }
+                failed_retrying(&u.error)
             ),
         };
     }

@@ -145,56 +145,46 @@ async fn serve(root: &Root, opts: Opts) -> Result<()> {
     });
     // kube-apiserver's apiextensions controllers (naming, establishing).
     tokio::spawn(crds::run_controller(state.clone()));
-    let watchdog = daemon::watchdog(root.clone(), "apiserver");
-    tokio::pin!(watchdog);
-    let term = daemon::termination();
-    tokio::pin!(term);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
-                if modified() != loaded {
-                    match load() {
-                        Ok(a) => {
-                            println!("standin-apiserver: serving the renewed certificate");
-                            acceptor = a;
-                            loaded = modified();
-                        }
-                        Err(e) => eprintln!("standin-apiserver: keeping the serving certificate: {e:#}"),
-                    }
+    daemon::accept_until_stopped(root, "apiserver", &listener, |tcp| {
+        if modified() != loaded {
+            match load() {
+                Ok(a) => {
+                    println!("standin-apiserver: serving the renewed certificate");
+                    acceptor = a;
+                    loaded = modified();
                 }
-                let acceptor = acceptor.clone();
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await else {
-                        return;
-                    };
-                    let peer = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(|c| subject(c.as_ref()));
-                    let svc = hyper::service::service_fn(move |req| {
-                        let state = state.clone();
-                        let peer = peer.clone();
-                        async move { Ok::<_, Infallible>(route(&state, peer, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
+                Err(e) => eprintln!("standin-apiserver: keeping the serving certificate: {e:#}"),
             }
-            sig = &mut term => {
-                println!("standin-apiserver: received {}, shutting down", sig?);
-                return Ok(());
-            }
-            _ = &mut watchdog => return Ok(()),
         }
-    }
+        let acceptor = acceptor.clone();
+        let state = state.clone();
+        tokio::spawn(async move {
+            let Ok(Ok(tls)) =
+                tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+            else {
+                return;
+            };
+            let peer = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| subject(c.as_ref()));
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                let peer = peer.clone();
+                async move { Ok::<_, Infallible>(route(&state, peer, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), svc)
+                .await;
+        });
+    })
+    .await
 }
 
-fn text(code: StatusCode, body: &str) -> Resp {
+/// A plain-text answer (the kubelet's health endpoint answers the same way).
+pub(crate) fn text(code: StatusCode, body: &str) -> Resp {
     Response::builder()
         .status(code)
         .header("content-type", "text/plain; charset=utf-8")

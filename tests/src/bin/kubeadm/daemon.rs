@@ -133,6 +133,33 @@ pub async fn termination() -> Result<&'static str> {
     })
 }
 
+/// Hands every connection accepted on `listener` to `on_accept` until a
+/// termination signal or the [`watchdog`] ends daemon `name`.
+pub async fn accept_until_stopped(
+    root: &Root,
+    name: &'static str,
+    listener: &tokio::net::TcpListener,
+    mut on_accept: impl FnMut(tokio::net::TcpStream),
+) -> Result<()> {
+    let watchdog = watchdog(root.clone(), name);
+    tokio::pin!(watchdog);
+    let term = termination();
+    tokio::pin!(term);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((tcp, _)) = accepted else { continue };
+                on_accept(tcp);
+            }
+            sig = &mut term => {
+                println!("standin-{name}: received {}, shutting down", sig?);
+                return Ok(());
+            }
+            _ = &mut watchdog => return Ok(()),
+        }
+    }
+}
+
 /// Starts `kubeadm __standin-<name> --rootfs ROOT <args>` detached: its own
 /// session, stdin from /dev/null, output appended to the daemon's log.
 pub fn spawn(root: &Root, name: &str, args: &[String]) -> Result<Child> {

@@ -14,9 +14,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Method, Response, StatusCode};
+use hyper::{Method, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
@@ -162,47 +160,29 @@ async fn serve(root: &Root) -> Result<()> {
     );
     let fail_file = Arc::new(root.path(FAIL_FILE));
     tokio::spawn(node_status_loop(root.clone()));
-    let watchdog = daemon::watchdog(root.clone(), "kubelet");
-    tokio::pin!(watchdog);
-    let term = daemon::termination();
-    tokio::pin!(term);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
-                let fail_file = fail_file.clone();
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let fail_file = fail_file.clone();
-                        async move {
-                            let (code, body) = match (req.method(), req.uri().path()) {
-                                (&Method::GET, "/healthz") if fail_file.exists() => {
-                                    (StatusCode::INTERNAL_SERVER_ERROR, "kubelet unhealthy")
-                                }
-                                (&Method::GET, "/healthz") => (StatusCode::OK, "ok"),
-                                _ => (StatusCode::NOT_FOUND, "404 page not found"),
-                            };
-                            Ok::<_, Infallible>(
-                                Response::builder()
-                                    .status(code)
-                                    .header("content-type", "text/plain; charset=utf-8")
-                                    .body(Full::new(Bytes::from_static(body.as_bytes())))
-                                    .expect("valid response"),
-                            )
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
+    daemon::accept_until_stopped(root, "kubelet", &listener, |tcp| {
+        let fail_file = fail_file.clone();
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let fail_file = fail_file.clone();
+                    async move {
+                        let (code, body) = match (req.method(), req.uri().path()) {
+                            (&Method::GET, "/healthz") if fail_file.exists() => {
+                                (StatusCode::INTERNAL_SERVER_ERROR, "kubelet unhealthy")
+                            }
+                            (&Method::GET, "/healthz") => (StatusCode::OK, "ok"),
+                            _ => (StatusCode::NOT_FOUND, "404 page not found"),
+                        };
+                        Ok::<_, Infallible>(crate::apiserver::text(code, body))
+                    }
                 });
-            }
-            sig = &mut term => {
-                println!("standin-kubelet: received {}, shutting down", sig?);
-                return Ok(());
-            }
-            _ = &mut watchdog => return Ok(()),
-        }
-    }
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
+        });
+    })
+    .await
 }
 
 /// How often the kubelet renews its Node's status (the real default is 10s;

@@ -513,17 +513,26 @@ async fn pdb_with_status(state: &State, mut pdb: Value) -> anyhow::Result<Value>
     Ok(pdb)
 }
 
+/// Pod `ns/name` as it stands (one whose grace period ran out is reaped
+/// first, so it is gone), or the answer when there is none.
+async fn live_pod(state: &State, ns: &str, name: &str) -> Result<Value, Resp> {
+    match state.store.object(&Kind::Pod.key(ns, name), "a Pod").await {
+        Ok(Some(p)) => match reap(state, vec![p]).await {
+            Ok(mut left) if !left.is_empty() => Ok(left.remove(0)),
+            Ok(_) => Err(not_found(Kind::Pod, name)),
+            Err(e) => Err(internal(e)),
+        },
+        Ok(None) => Err(not_found(Kind::Pod, name)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
 /// `POST pods/NAME/eviction`: deletes the Pod gracefully unless a budget
 /// selecting it allows no disruption (429, naming the budget).
 async fn evict(state: &State, ns: &str, name: &str) -> Resp {
-    let pod = match state.store.object(&Kind::Pod.key(ns, name), "a Pod").await {
-        Ok(Some(p)) => match reap(state, vec![p]).await {
-            Ok(mut left) if !left.is_empty() => left.remove(0),
-            Ok(_) => return not_found(Kind::Pod, name),
-            Err(e) => return internal(e),
-        },
-        Ok(None) => return not_found(Kind::Pod, name),
-        Err(e) => return internal(e),
+    let pod = match live_pod(state, ns, name).await {
+        Ok(pod) => pod,
+        Err(r) => return r,
     };
     let pdbs = match state
         .store
@@ -604,14 +613,9 @@ async fn delete_pod(
     let from_body = serde_json::from_slice::<Value>(&body)
         .ok()
         .and_then(|o| o["gracePeriodSeconds"].as_u64());
-    let pod = match state.store.object(&Kind::Pod.key(ns, name), "a Pod").await {
-        Ok(Some(p)) => match reap(state, vec![p]).await {
-            Ok(mut left) if !left.is_empty() => left.remove(0),
-            Ok(_) => return not_found(Kind::Pod, name),
-            Err(e) => return internal(e),
-        },
-        Ok(None) => return not_found(Kind::Pod, name),
-        Err(e) => return internal(e),
+    let pod = match live_pod(state, ns, name).await {
+        Ok(pod) => pod,
+        Err(r) => return r,
     };
     match delete_gracefully(state, pod, from_body.or(from_query)).await {
         Ok(pod) => {
