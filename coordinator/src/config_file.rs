@@ -602,55 +602,51 @@ mod tests {
         let c = cmd();
         let serve = c.find_subcommand("serve").unwrap();
         let p = Path::new("/etc/drover/coordinator.yaml");
-        let e = ConfigFile::parse(p, "listen: 0.0.0.0:1\nlisen: x\n")
-            .unwrap()
-            .flags(serve, &[], &no_env)
-            .unwrap_err()
-            .to_string();
+        // Refused when the file's flags are made, or when it is read.
+        let by_flags = |text: &str| {
+            ConfigFile::parse(p, text)
+                .unwrap()
+                .flags(serve, &[], &no_env)
+                .unwrap_err()
+                .to_string()
+        };
+        let by_parse = |text: &str| ConfigFile::parse(p, text).unwrap_err().to_string();
+        let e = by_flags("listen: 0.0.0.0:1\nlisen: x\n");
         assert!(
             e.starts_with("/etc/drover/coordinator.yaml:2: unknown key `lisen`; the keys are"),
             "{e}"
         );
         assert!(e.contains("dataDir, listen, heartbeatTimeout, san"), "{e}");
-        let e = ConfigFile::parse(p, "heartbeatTimeout: 4 parsecs\n")
-            .unwrap()
-            .flags(serve, &[], &no_env)
-            .unwrap_err()
-            .to_string();
+        let e = by_flags("heartbeatTimeout: 4 parsecs\n");
         assert!(
             e.starts_with(
                 "/etc/drover/coordinator.yaml:1: key `heartbeatTimeout`: invalid value '4 parsecs'"
             ),
             "{e}"
         );
-        let e = ConfigFile::parse(p, "listen: [a, b]\n")
-            .unwrap()
-            .flags(serve, &[], &no_env)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains(":1: key `listen`: takes one value, not a list"),
-            "{e}"
-        );
-        let e = ConfigFile::parse(p, "\n\nconfig: /other.yaml\n")
-            .unwrap()
-            .flags(serve, &[], &no_env)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains(":3: key `config` cannot be set in the file"),
-            "{e}"
-        );
-        let e = ConfigFile::parse(p, "listen: {host: x}\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains(":1: key `listen`: must be a value or a list"),
-            "{e}"
-        );
-        let e = ConfigFile::parse(p, "- listen\n").unwrap_err().to_string();
-        assert!(e.contains("must be a mapping"), "{e}");
-        let e = ConfigFile::parse(p, "listen: [\n").unwrap_err().to_string();
+        let refusals: [(&dyn Fn(&str) -> String, &str, &str); 4] = [
+            (
+                &by_flags,
+                "listen: [a, b]\n",
+                ":1: key `listen`: takes one value, not a list",
+            ),
+            (
+                &by_flags,
+                "\n\nconfig: /other.yaml\n",
+                ":3: key `config` cannot be set in the file",
+            ),
+            (
+                &by_parse,
+                "listen: {host: x}\n",
+                ":1: key `listen`: must be a value or a list",
+            ),
+            (&by_parse, "- listen\n", "must be a mapping"),
+        ];
+        for (refuse, text, says) in refusals {
+            let e = refuse(text);
+            assert!(e.contains(says), "{e}");
+        }
+        let e = by_parse("listen: [\n");
         assert!(
             e.starts_with("config file /etc/drover/coordinator.yaml is not YAML: "),
             "{e}"

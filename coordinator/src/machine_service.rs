@@ -722,7 +722,7 @@ mod tests {
     use drover_common::api::{
         Assignment, MachinePhase, MachineRole, MachineSpec, MachineStatus, ObjectMeta,
     };
-    use drover_common::wire::{AgentPhase, HealthReport};
+    use drover_common::wire::AgentPhase;
 
     /// A running machine of cluster `c` (uid `u`) with the given role.
     fn member(app: &App, name: &str, role: MachineRole) -> Machine {
@@ -738,15 +738,8 @@ mod tests {
                 pool: "p".into(),
                 provider: None,
                 assignment: Some(Assignment {
-                    cluster: "c".into(),
                     cluster_uid: "u".into(),
-                    machine_pool: "control-plane".into(),
-                    role,
-                    generation: 1,
-                    assigned_at: None,
-                    replaces: None,
-                    kubernetes_version: None,
-                    image: None,
+                    ..drover_planner::fixtures::assignment("control-plane", role)
                 }),
             },
             status: MachineStatus {
@@ -759,23 +752,10 @@ mod tests {
     }
 
     fn result(id: &str) -> HeartbeatRequest {
+        use crate::protocol::fixtures;
         HeartbeatRequest {
-            phase: AgentPhase::Running,
-            applied_generation: 1,
-            health: HealthReport::default(),
-            bootstrap: None,
-            directive_results: vec![DirectiveResult {
-                id: id.into(),
-                ok: true,
-                message: String::new(),
-            }],
-            heartbeat_fallback: None,
-            datagrams: false,
-            etcd: None,
-            nodes: None,
-            kubeadm_version: None,
-            certificates: None,
-            coordinators_digest: None,
+            directive_results: vec![fixtures::result(id, true, "")],
+            ..fixtures::heartbeat(AgentPhase::Running, 1)
         }
     }
 

@@ -524,22 +524,22 @@ impl Metrics {
         self.leader_term
             .set(state.leader_term.map_or(0, |t| t as i64));
         let c = &state.connections;
-        for (s, v) in [
-            ("open", c.open),
-            ("parked", c.parked),
-            ("unauthenticated", c.unauthenticated),
-        ] {
-            self.connections
-                .get_or_create(&vec![("state", s.to_owned())])
-                .set(v as i64);
-        }
-        for (r, v) in [
-            ("full", c.full_handshakes),
-            ("resumed", c.resumed_handshakes),
-            ("failed", c.failed_handshakes),
-        ] {
-            self.handshakes
-                .get_or_create(&vec![("result", r.to_owned())])
+        let gauges = [
+            (&self.connections, "state", "open", c.open),
+            (&self.connections, "state", "parked", c.parked),
+            (
+                &self.connections,
+                "state",
+                "unauthenticated",
+                c.unauthenticated,
+            ),
+            (&self.handshakes, "result", "full", c.full_handshakes),
+            (&self.handshakes, "result", "resumed", c.resumed_handshakes),
+            (&self.handshakes, "result", "failed", c.failed_handshakes),
+        ];
+        for (family, label, value, v) in gauges {
+            family
+                .get_or_create(&vec![(label, value.to_owned())])
                 .set(v as i64);
         }
         let mut out = String::new();
@@ -603,12 +603,7 @@ pub struct Connections {
 /// A machine's health label: silent when the coordinator judged it not
 /// alive, else what its last report says.
 pub fn machine_health(m: &Machine) -> &'static str {
-    let not_alive = m
-        .status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False");
-    if not_alive {
+    if not_alive(m).is_some() {
         return "silent";
     }
     match &m.status.health {
@@ -617,6 +612,15 @@ pub fn machine_health(m: &Machine) -> &'static str {
         Some(h) if h.healthy() => "healthy",
         Some(_) => "unhealthy",
     }
+}
+
+/// The condition by which the coordinator judged a machine not alive, if
+/// it did.
+pub fn not_alive(m: &Machine) -> Option<&drover_common::api::Condition> {
+    m.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False")
 }
 
 #[cfg(test)]
@@ -660,18 +664,13 @@ mod tests {
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
         let classic = classic_text(&text);
-        assert!(
-            classic.contains("# TYPE drover_heartbeats_total counter\n"),
-            "{classic}"
-        );
-        assert!(
-            classic.contains("# HELP drover_heartbeats_total Machine heartbeats"),
-            "{classic}"
-        );
-        assert!(
-            classic.contains("# TYPE drover_leader gauge\n"),
-            "{classic}"
-        );
+        for want in [
+            "# TYPE drover_heartbeats_total counter\n",
+            "# HELP drover_heartbeats_total Machine heartbeats",
+            "# TYPE drover_leader gauge\n",
+        ] {
+            assert!(classic.contains(want), "{classic}");
+        }
         assert!(!classic.contains("# EOF"), "{classic}");
         let hour = m.last_hour();
         assert_eq!(hour.len(), HISTORY_MINUTES);

@@ -859,6 +859,15 @@ mod tests {
         raw(store).into_iter().map(|(k, (b, _))| (k, b)).collect()
     }
 
+    /// A test etcd (none when it cannot start), a key, and a source of
+    /// `machines` machines sealed with it.
+    fn etcd_and_source(machines: usize) -> Option<(TestEtcd, Keyring, tempfile::TempDir)> {
+        let etcd = TestEtcd::start()?;
+        let key = ring(7);
+        let dir = source(&key, machines);
+        Some((etcd, key, dir))
+    }
+
     fn digest(path: &Path) -> Vec<u8> {
         use sha2::Digest;
         sha2::Sha256::digest(std::fs::read(path).unwrap()).to_vec()
@@ -873,11 +882,9 @@ mod tests {
 
     #[test]
     fn migrates_everything_once_and_secrets_stay_sealed() {
-        let Some(etcd) = TestEtcd::start() else {
+        let Some((etcd, key, dir)) = etcd_and_source(250) else {
             return;
         };
-        let key = ring(7);
-        let dir = source(&key, 250);
         let db = dir.path().join("drover.db");
         let before = digest(&db);
         let src = Store::open_sqlite(&db).unwrap().with_keyring(shared(&key));
@@ -977,10 +984,9 @@ mod tests {
 
     #[test]
     fn a_wrong_key_is_refused_before_anything_is_written() {
-        let Some(etcd) = TestEtcd::start() else {
+        let Some((etcd, _, dir)) = etcd_and_source(1) else {
             return;
         };
-        let dir = source(&ring(7), 1);
         let wrong = ring(8);
         let msg = err(migrate(
             &plan(dir.path(), etcd.options("/drover"), &wrong, false),
@@ -1005,11 +1011,9 @@ mod tests {
 
     #[test]
     fn plaintext_secrets_are_sealed_on_the_way() {
-        let Some(etcd) = TestEtcd::start() else {
+        let Some((etcd, key, dir)) = etcd_and_source(1) else {
             return;
         };
-        let key = ring(7);
-        let dir = source(&key, 1);
         // A record from before encryption.
         Store::open_sqlite(&dir.path().join("drover.db"))
             .unwrap()
@@ -1036,11 +1040,9 @@ mod tests {
 
     #[test]
     fn roll_back_removes_only_what_is_still_the_copy() {
-        let Some(etcd) = TestEtcd::start() else {
+        let Some((etcd, key, dir)) = etcd_and_source(120) else {
             return;
         };
-        let key = ring(7);
-        let dir = source(&key, 120);
         let snapshot = read_snapshot(&dir.path().join("drover.db")).unwrap();
         let items = check_sealed(&key, snapshot.records).unwrap();
         let dest = etcd.open();

@@ -403,17 +403,19 @@ mod tests {
         }
     }
 
+    /// `probe` spawned as `name`, run at once and every `period`, once its
+    /// first run has begun.
+    async fn started(driver: &Driver, name: &str, period: Duration, probe: &Probe) -> Arc<Task> {
+        let task = driver.spawn(name, Some(period), Start::Now, probe.clone());
+        settle().await;
+        task
+    }
+
     #[tokio::test(start_paused = true)]
     async fn tasks_run_each_period_early_when_activated_and_record_errors() {
         let driver = Driver::default();
         let probe = Probe::default();
-        let task = driver.spawn(
-            "test-task",
-            Some(Duration::from_secs(10)),
-            Start::Now,
-            probe.clone(),
-        );
-        settle().await;
+        let task = started(&driver, "test-task", Duration::from_secs(10), &probe).await;
         assert_eq!(task.status().runs, 1, "the first run is at once");
         assert!(task.status().next_run.is_some(), "the next run is due");
 
@@ -489,13 +491,7 @@ mod tests {
             hold: Some(hold.clone()),
             ..Probe::default()
         };
-        let task = driver.spawn(
-            "held",
-            Some(Duration::from_secs(1)),
-            Start::Now,
-            probe.clone(),
-        );
-        settle().await;
+        let task = started(&driver, "held", Duration::from_secs(1), &probe).await;
         assert_eq!(probe.wakes.lock().unwrap().len(), 1, "the run began");
         let shutdown = {
             let driver = Arc::new(driver);

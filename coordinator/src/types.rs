@@ -150,6 +150,19 @@ impl ClientConfigFile {
     }
 }
 
+/// How long ago `t` was, as the CLI's tables and the web view show it:
+/// "5s", "3m", "2h", "4d"; `-` for no time.
+pub fn age(t: Option<OffsetDateTime>) -> String {
+    let Some(t) = t else { return "-".into() };
+    let s = (drover_common::now() - t).whole_seconds().max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
 /// The default client config path: `$DROVER_CONFIG`, else
 /// `$XDG_CONFIG_HOME/drover/config.yaml`, else `~/.config/drover/config.yaml`.
 pub fn default_config_path() -> PathBuf {

@@ -68,34 +68,37 @@ pub(super) async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
 async fn apply_object(client: &Client, o: &documents::Object) -> anyhow::Result<Option<u64>> {
     match o.kind {
         documents::Kind::Secret => {
-            let s: SecretInfo = client
-                .put_yaml(&api_path(&["v1", "secrets", &o.name]), o.body.clone())
-                .await?;
-            println!(
-                "secret/{} applied (generation {}, keys {})",
-                s.metadata.name,
-                s.metadata.generation,
-                s.keys
-                    .iter()
-                    .map(|k| k.key.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            let s: SecretInfo = put(client, "secrets", o).await?;
+            let keys = s.keys.iter().map(|k| k.key.as_str()).collect::<Vec<_>>();
+            applied("secret", &s.metadata, format!("keys {}", keys.join(", ")));
             Ok(None)
         }
         documents::Kind::Cluster => {
-            let c: Cluster = client
-                .put_yaml(&api_path(&["v1", "clusters", &o.name]), o.body.clone())
-                .await?;
-            println!(
-                "cluster/{} applied (generation {}, resourceVersion {})",
-                c.metadata.name,
-                c.metadata.generation,
-                c.metadata.resource_version.unwrap_or_default()
-            );
+            let c: Cluster = put(client, "clusters", o).await?;
+            let rv = c.metadata.resource_version.as_deref().unwrap_or_default();
+            applied("cluster", &c.metadata, format!("resourceVersion {rv}"));
             Ok(Some(c.metadata.generation))
         }
     }
+}
+
+/// Sends `o` to `/v1/{plural}/{its name}`.
+async fn put<T: serde::de::DeserializeOwned>(
+    client: &Client,
+    plural: &str,
+    o: &documents::Object,
+) -> anyhow::Result<T> {
+    client
+        .put_yaml(&api_path(&["v1", plural, &o.name]), o.body.clone())
+        .await
+}
+
+/// Prints the line of an object applied.
+fn applied(kind: &str, meta: &drover_common::api::ObjectMeta, detail: String) {
+    println!(
+        "{kind}/{} applied (generation {}, {detail})",
+        meta.name, meta.generation
+    );
 }
 
 /// Polls the cluster until it is Running at `generation`, printing a line

@@ -24,32 +24,23 @@ pub struct DescribeArgs {
 pub(super) async fn describe(d: DescribeArgs) -> anyhow::Result<()> {
     let client = Client::connect(&d.conn)?;
     let text_view = matches!(d.output, Output::Table | Output::Wide);
+    let cluster_text = |c: &Cluster, machines: Vec<Machine>| describe_cluster(c, &machines);
+    let secret_text = |s: &SecretInfo, clusters: Vec<Cluster>| describe_secret(s, &clusters);
+    let read = Read {
+        client: &client,
+        name: &d.name,
+        text_view,
+    };
     let (kind, object, text) = match d.kind {
         Single::Machine => {
-            let m: Machine = client.get(&api_path(&["v1", "machines", &d.name])).await?;
-            let text = text_view.then(|| describe_machine(&m));
-            ("machine", serde_json::to_value(&m)?, text)
+            read.of("machine", None, |m, ()| describe_machine(m))
+                .await?
         }
         Single::Cluster => {
-            let c: Cluster = client.get(&api_path(&["v1", "clusters", &d.name])).await?;
-            let text = if text_view {
-                let machines: Vec<Machine> = client.get("/v1/machines").await?;
-                Some(describe_cluster(&c, &machines))
-            } else {
-                None
-            };
-            ("cluster", serde_json::to_value(&c)?, text)
+            read.of("cluster", Some("/v1/machines"), cluster_text)
+                .await?
         }
-        Single::Secret => {
-            let s: SecretInfo = client.get(&api_path(&["v1", "secrets", &d.name])).await?;
-            let text = if text_view {
-                let clusters: Vec<Cluster> = client.get("/v1/clusters").await?;
-                Some(describe_secret(&s, &clusters))
-            } else {
-                None
-            };
-            ("secret", serde_json::to_value(&s)?, text)
-        }
+        Single::Secret => read.of("secret", Some("/v1/clusters"), secret_text).await?,
     };
     match (d.output, text) {
         (_, Some(text)) => print!("{}", printable_text(&text)),
@@ -58,4 +49,41 @@ pub(super) async fn describe(d: DescribeArgs) -> anyhow::Result<()> {
         _ => println!("{kind}/{}", object_name_of(&object)),
     }
     Ok(())
+}
+
+/// What `drover describe` reads: object `name`, and for the text view what
+/// that view reads besides.
+struct Read<'a> {
+    client: &'a Client,
+    name: &'a str,
+    text_view: bool,
+}
+
+impl Read<'_> {
+    /// The object, of `kind`, as JSON, and its text view when wanted:
+    /// `describe` of it and of what it reads at `context` (nothing without
+    /// one).
+    async fn of<T, L>(
+        &self,
+        kind: &'static str,
+        context: Option<&str>,
+        describe: impl FnOnce(&T, L) -> String,
+    ) -> anyhow::Result<(&'static str, serde_json::Value, Option<String>)>
+    where
+        T: serde::de::DeserializeOwned + serde::Serialize,
+        L: serde::de::DeserializeOwned + Default,
+    {
+        let path = api_path(&["v1", &format!("{kind}s"), self.name]);
+        let object: T = self.client.get(&path).await?;
+        let text = if self.text_view {
+            let read = match context {
+                Some(path) => self.client.get(path).await?,
+                None => L::default(),
+            };
+            Some(describe(&object, read))
+        } else {
+            None
+        };
+        Ok((kind, serde_json::to_value(&object)?, text))
+    }
 }

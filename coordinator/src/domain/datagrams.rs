@@ -413,36 +413,25 @@ mod tests {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Registered, 5);
         let offer = table.offer(&m, [1; 8], NOW).unwrap();
-        // The agent's report changed.
-        let (_, v) = table
-            .receive(
-                &beat(&offer, NOW, [2; 8]),
-                NOW,
-                &(|_: &str| Some(5)),
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(v, Verdict::CallHttps);
-        // The stored machine changed (an assignment, say).
-        let (_, v) = table
-            .receive(
-                &beat(&offer, NOW + 1, [1; 8]),
-                NOW,
-                &(|_: &str| Some(6)),
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(v, Verdict::CallHttps);
-        // The machine is gone: asked to call, then forgotten.
-        let (_, v) = table
-            .receive(
-                &beat(&offer, NOW + 2, [1; 8]),
-                NOW,
-                &(|_: &str| None),
-                |_| {},
-            )
-            .unwrap();
-        assert_eq!(v, Verdict::CallHttps);
+        let changes = [
+            // The agent's report changed.
+            (NOW, [2; 8], Some(5)),
+            // The stored machine changed (an assignment, say).
+            (NOW + 1, [1; 8], Some(6)),
+            // The machine is gone: asked to call, then forgotten.
+            (NOW + 2, [1; 8], None),
+        ];
+        for (at, report, stored) in changes {
+            let (_, v) = table
+                .receive(
+                    &beat(&offer, at, report),
+                    NOW,
+                    &(move |_: &str| stored),
+                    |_| {},
+                )
+                .unwrap();
+            assert_eq!(v, Verdict::CallHttps);
+        }
         assert_eq!(
             table.receive(
                 &beat(&offer, NOW + 3, [1; 8]),

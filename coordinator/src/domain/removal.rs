@@ -118,16 +118,10 @@ fn is_healthy(m: &Machine) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_common::api::{set_condition, MachineRole, MachineSpec, ObjectMeta};
+    use drover_common::api::{set_condition, MachineRole, MachineSpec};
 
     fn cp(name: &str, phase: MachinePhase) -> Machine {
         Machine {
-            api_version: drover_common::API_VERSION.into(),
-            kind: "Machine".into(),
-            metadata: ObjectMeta {
-                name: name.into(),
-                ..Default::default()
-            },
             spec: MachineSpec {
                 assignment: Some(drover_planner::fixtures::assignment(
                     CONTROL_PLANE_POOL,
@@ -139,6 +133,7 @@ mod tests {
                 phase,
                 ..Default::default()
             },
+            ..crate::protocol::fixtures::machine(name)
         }
     }
 

@@ -915,11 +915,7 @@ mod tests {
     async fn serve(
         idle_timeout: Option<Duration>,
     ) -> (std::net::SocketAddr, tokio_rustls::TlsConnector) {
-        let caps = UnauthenticatedCaps {
-            per_source: 64,
-            total: 64,
-        };
-        let s = serve_with(idle_timeout, caps, Duration::from_secs(30)).await;
+        let s = serve_with(idle_timeout, 64, Duration::from_secs(30)).await;
         (s.addr, s.connector)
     }
 
@@ -932,13 +928,18 @@ mod tests {
         admission: &'static Admission,
     }
 
-    /// The test server with these caps and body timeout; `/echo` answers
-    /// a POST with its body.
+    /// The test server with these caps (`cap` unauthenticated connections
+    /// from one source and from all) and body timeout; `/echo` answers a
+    /// POST with its body.
     async fn serve_with(
         idle_timeout: Option<Duration>,
-        caps: UnauthenticatedCaps,
+        cap: u32,
         body_timeout: Duration,
     ) -> TestServer {
+        let caps = UnauthenticatedCaps {
+            per_source: cap,
+            total: cap,
+        };
         let ca = CertificateAuthority::generate("test-ca").unwrap();
         let tls = server_config(&ca, vec!["localhost".into()], vec![]).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1003,6 +1004,16 @@ mod tests {
 
     /// Reads until the server closes the connection; the answer, or `None`
     /// if it stays open for `within`.
+    /// Sends `request`, then reads like [`read_until_closed`] for at most
+    /// 5 s.
+    async fn send_until_closed<S>(stream: &mut S, request: &[u8]) -> Option<String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        stream.write_all(request).await.unwrap();
+        read_until_closed(stream, Duration::from_secs(5)).await
+    }
+
     async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(
         stream: &mut S,
         within: Duration,
@@ -1115,12 +1126,9 @@ mod tests {
     async fn connection_close_closes_the_connection_after_the_answer() {
         let (addr, connector) = serve(None).await;
         let mut stream = connect(addr, &connector).await;
-        stream
-            .write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap();
         // Answered, then closed: not parked for a next request.
-        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+        let request = b"GET / HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n";
+        let answer = send_until_closed(&mut stream, request)
             .await
             .expect("the connection was kept after `Connection: close`");
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -1129,11 +1137,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_trickled_past_the_timeout_is_cut_off() {
-        let caps = UnauthenticatedCaps {
-            per_source: 8,
-            total: 8,
-        };
-        let s = serve_with(None, caps, Duration::from_millis(500)).await;
+        let s = serve_with(None, 8, Duration::from_millis(500)).await;
         let mut stream = connect(s.addr, &s.connector).await;
         stream
             .write_all(b"POST /echo HTTP/1.1\r\nhost: localhost\r\ncontent-length: 100\r\n\r\n")
@@ -1159,11 +1163,7 @@ mod tests {
         assert!(answer.contains("did not arrive within"), "{answer}");
         // A body sent with its headers is served as always.
         let mut stream = connect(s.addr, &s.connector).await;
-        stream
-            .write_all(b"POST /echo HTTP/1.1\r\nhost: localhost\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello")
-            .await
-            .unwrap();
-        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+        let answer = send_until_closed(&mut stream, b"POST /echo HTTP/1.1\r\nhost: localhost\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello")
             .await
             .unwrap();
         assert!(
@@ -1174,11 +1174,7 @@ mod tests {
 
     #[tokio::test]
     async fn unauthenticated_connections_are_capped_and_machines_still_get_in() {
-        let caps = UnauthenticatedCaps {
-            per_source: 3,
-            total: 3,
-        };
-        let s = serve_with(None, caps, Duration::from_secs(30)).await;
+        let s = serve_with(None, 3, Duration::from_secs(30)).await;
         // Three clients without certificates hold their connections.
         let mut held = vec![];
         for _ in 0..3 {
@@ -1224,11 +1220,7 @@ mod tests {
 
     #[tokio::test]
     async fn short_of_files_parked_unauthenticated_connections_go_first() {
-        let caps = UnauthenticatedCaps {
-            per_source: 8,
-            total: 8,
-        };
-        let s = serve_with(None, caps, Duration::from_secs(30)).await;
+        let s = serve_with(None, 8, Duration::from_secs(30)).await;
         let mut anonymous = connect(s.addr, &s.connector).await;
         assert!(get(&mut anonymous, "/").await.ends_with("ok"));
         let mut machine = connect(s.addr, &s.machine).await;

@@ -156,12 +156,10 @@ pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Respon
 
 /// `GET /ui/clusters`.
 pub async fn clusters(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    signed_in(&app, &headers, |admin| match app.clusters() {
-        Ok(list) => respond(
-            StatusCode::OK,
-            page("Clusters", &admin, clusters_table(&list)),
-        ),
-        Err(e) => store_failed(&e),
+    let read = || app.clusters().map(Some);
+    read_page(&app, &headers, ("clusters", ""), read, |admin, list| {
+        let table = clusters_table(&list);
+        respond(StatusCode::OK, page("Clusters", &admin, table))
     })
 }
 
@@ -171,12 +169,13 @@ pub async fn cluster(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Response {
-    signed_in(&app, &headers, |admin| {
-        let (c, machines) = match (app.cluster(&name), app.machines()) {
-            (Ok(Some(c)), Ok(m)) => (c, m),
-            (Ok(None), _) => return not_found(&admin, "cluster", &name),
-            (Err(e), _) | (_, Err(e)) => return store_failed(&e),
-        };
+    let read = || -> Result<_, crate::store::StoreError> {
+        match app.cluster(&name)? {
+            Some(c) => Ok(Some((c, app.machines()?))),
+            None => Ok(None),
+        }
+    };
+    let show = |admin: Admin, (c, machines): (Cluster, Vec<Machine>)| {
         let mine: Vec<Machine> = machines
             .into_iter()
             .filter(|m| {
@@ -227,23 +226,22 @@ pub async fn cluster(
             StatusCode::OK,
             page(&format!("Cluster {}", c.metadata.name), &admin, body),
         )
-    })
+    };
+    read_page(&app, &headers, ("cluster", &name), read, show)
 }
 
 /// `GET /ui/machines`.
 pub async fn machines(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    signed_in(&app, &headers, |admin| match app.machines() {
-        Ok(list) => {
-            let live: Vec<Machine> = list
-                .into_iter()
-                .filter(|m| m.status.phase != MachinePhase::Deleted)
-                .collect();
-            respond(
-                StatusCode::OK,
-                page("Machines", &admin, machines_table(&app, &live)),
-            )
-        }
-        Err(e) => store_failed(&e),
+    let read = || app.machines().map(Some);
+    read_page(&app, &headers, ("machines", ""), read, |admin, list| {
+        let live: Vec<Machine> = list
+            .into_iter()
+            .filter(|m| m.status.phase != MachinePhase::Deleted)
+            .collect();
+        respond(
+            StatusCode::OK,
+            page("Machines", &admin, machines_table(&app, &live)),
+        )
     })
 }
 
@@ -253,12 +251,8 @@ pub async fn machine(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Response {
-    signed_in(&app, &headers, |admin| {
-        let m = match app.machine(&name) {
-            Ok(Some(m)) => m,
-            Ok(None) => return not_found(&admin, "machine", &name),
-            Err(e) => return store_failed(&e),
-        };
+    let read = || app.machine(&name);
+    read_page(&app, &headers, ("machine", &name), read, |admin, m| {
         let a = m.spec.assignment.as_ref();
         let body = html! {
             dl.facts {
@@ -389,6 +383,22 @@ fn respond(status: StatusCode, markup: Markup) -> Response {
         .into_response();
     harden(&mut r);
     r
+}
+
+/// The page `show` makes of what `read` finds, for a signed-in admin; when
+/// it finds nothing, the page saying there is no `what` (a kind and a name).
+fn read_page<T>(
+    app: &App,
+    headers: &HeaderMap,
+    what: (&str, &str),
+    read: impl FnOnce() -> Result<Option<T>, crate::store::StoreError>,
+    show: impl FnOnce(Admin, T) -> Response,
+) -> Response {
+    signed_in(app, headers, |admin| match read() {
+        Ok(Some(found)) => show(admin, found),
+        Ok(None) => not_found(&admin, what.0, what.1),
+        Err(e) => store_failed(&e),
+    })
 }
 
 fn store_failed(e: &crate::store::StoreError) -> Response {
@@ -573,24 +583,15 @@ fn machines_table(app: &App, list: &[Machine]) -> Markup {
 /// A machine's health label, with why when it is not healthy.
 fn health_text(m: &Machine) -> String {
     let label = crate::metrics::machine_health(m);
-    let alive = m
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False");
-    match alive {
+    match crate::metrics::not_alive(m) {
         Some(c) if !c.reason.is_empty() => format!("{label} ({})", c.reason),
         _ => label.to_owned(),
     }
 }
 
 fn ago(t: Option<time::OffsetDateTime>) -> String {
-    let Some(t) = t else { return "-".into() };
-    let s = (drover_common::now() - t).whole_seconds().max(0);
-    match s {
-        0..=119 => format!("{s}s ago"),
-        120..=7199 => format!("{}m ago", s / 60),
-        7200..=172_799 => format!("{}h ago", s / 3600),
-        _ => format!("{}d ago", s / 86400),
+    match t {
+        None => "-".into(),
+        Some(_) => format!("{} ago", crate::types::age(t)),
     }
 }

@@ -401,18 +401,11 @@ mod tests {
     use super::*;
     use drover_common::api::{
         Assignment, ClusterStatus, MachineRole, MachineSpec, MachineStatus, MachineUpgrade,
-        MachineUpgradeStep, NodeDrain, ObjectMeta, UpgradeCommand,
+        MachineUpgradeStep, NodeDrain, UpgradeCommand,
     };
-    use drover_common::API_VERSION;
 
     fn machine(phase: MachinePhase, generation: Option<u64>) -> Machine {
         Machine {
-            api_version: API_VERSION.into(),
-            kind: "Machine".into(),
-            metadata: ObjectMeta {
-                name: "m".into(),
-                ..Default::default()
-            },
             spec: MachineSpec {
                 pool: "p".into(),
                 provider: None,
@@ -432,25 +425,11 @@ mod tests {
                 phase,
                 ..Default::default()
             },
+            ..crate::protocol::fixtures::machine("m")
         }
     }
 
-    fn hb(phase: AgentPhase, generation: u64) -> HeartbeatRequest {
-        HeartbeatRequest {
-            phase,
-            applied_generation: generation,
-            health: HealthReport::default(),
-            bootstrap: None,
-            directive_results: vec![],
-            heartbeat_fallback: None,
-            datagrams: false,
-            etcd: None,
-            nodes: None,
-            kubeadm_version: None,
-            certificates: None,
-            coordinators_digest: None,
-        }
-    }
+    use crate::protocol::fixtures::{heartbeat as hb, result};
 
     /// Whether an answer asks for the uncordon of an in-place upgrade.
     fn asks_uncordon(answer: &HeartbeatResponse) -> bool {
@@ -484,14 +463,6 @@ mod tests {
             ..Default::default()
         };
         c
-    }
-
-    fn result(id: &str, ok: bool, message: &str) -> DirectiveResult {
-        DirectiveResult {
-            id: id.into(),
-            ok,
-            message: message.into(),
-        }
     }
 
     #[test]

@@ -143,16 +143,7 @@ mod tests {
         assert_eq!(identify(Some(&presented), now).unwrap().common_name, "m");
 
         assert!(matches!(admit("m", None), Err(AuthError::Unknown { .. })));
-        let mut m = Machine {
-            api_version: drover_common::API_VERSION.into(),
-            kind: "Machine".into(),
-            metadata: drover_common::api::ObjectMeta {
-                name: "m".into(),
-                ..Default::default()
-            },
-            spec: Default::default(),
-            status: Default::default(),
-        };
+        let mut m = crate::protocol::fixtures::machine("m");
         assert!(admit("m", Some(m.clone())).is_ok());
         m.status.identity_revoked_at = Some(now);
         let refused = admit("m", Some(m.clone())).unwrap_err();

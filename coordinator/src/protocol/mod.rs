@@ -13,6 +13,8 @@
 //! tokio.
 
 pub mod config;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod heartbeat;
 pub mod identity;
 pub mod operations;

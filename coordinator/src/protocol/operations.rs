@@ -532,13 +532,7 @@ mod tests {
         .unwrap()
     }
 
-    fn result(id: &str, ok: bool, message: &str) -> DirectiveResult {
-        DirectiveResult {
-            id: id.into(),
-            ok,
-            message: message.into(),
-        }
-    }
+    use crate::protocol::fixtures::result;
 
     #[test]
     fn a_failed_version_change_is_kept_once_and_a_success_only_said() {

@@ -96,16 +96,7 @@ mod tests {
     use super::*;
 
     fn machine(key: &str) -> Machine {
-        let mut m = Machine {
-            api_version: drover_common::API_VERSION.into(),
-            kind: "Machine".into(),
-            metadata: drover_common::api::ObjectMeta {
-                name: "m".into(),
-                ..Default::default()
-            },
-            spec: Default::default(),
-            status: Default::default(),
-        };
+        let mut m = crate::protocol::fixtures::machine("m");
         m.status.certificate_key = Some(key.into());
         m
     }

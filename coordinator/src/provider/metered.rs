@@ -3,6 +3,8 @@
 //! class): the reconciler, the sweeper and registration all reach the
 //! providers through it.
 
+use std::future::Future;
+
 use drover_common::api::{Cluster, Machine};
 use futures_util::future::BoxFuture;
 
@@ -18,17 +20,24 @@ pub struct Metered<P> {
 }
 
 impl<P> Metered<P> {
-    fn count<T>(
-        &self,
+    /// `call`, counted as `operation` when it ends.
+    fn metered<'a, T: 'a>(
+        &'a self,
         operation: &'static str,
-        r: Result<T, ProviderError>,
-    ) -> Result<T, ProviderError> {
-        crate::metrics::global().provider_call(
-            self.name,
-            operation,
-            r.as_ref().err().map(|e| e.class().label()),
-        );
-        r
+        call: impl Future<Output = Result<T, ProviderError>> + Send + 'a,
+    ) -> BoxFuture<'a, Result<T, ProviderError>>
+    where
+        P: Sync,
+    {
+        Box::pin(async move {
+            let r = call.await;
+            crate::metrics::global().provider_call(
+                self.name,
+                operation,
+                r.as_ref().err().map(|e| e.class().label()),
+            );
+            r
+        })
     }
 }
 
@@ -39,10 +48,7 @@ impl<P: Provider> Provider for Metered<P> {
         machine: &'a Machine,
         host: &'a dyn CreateHost,
     ) -> BoxFuture<'a, Result<Created, ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.create(cluster, machine, host).await;
-            self.count("create", r)
-        })
+        self.metered("create", self.inner.create(cluster, machine, host))
     }
 
     fn destroy<'a>(
@@ -50,30 +56,24 @@ impl<P: Provider> Provider for Metered<P> {
         cluster: &'a Cluster,
         machine: &'a Machine,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.destroy(cluster, machine).await;
-            self.count("destroy", r)
-        })
+        self.metered("destroy", self.inner.destroy(cluster, machine))
     }
 
     fn delete_cluster_resources<'a>(
         &'a self,
         cluster: &'a Cluster,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.delete_cluster_resources(cluster).await;
-            self.count("delete_cluster_resources", r)
-        })
+        self.metered(
+            "delete_cluster_resources",
+            self.inner.delete_cluster_resources(cluster),
+        )
     }
 
     fn ensure_endpoint<'a>(
         &'a self,
         cluster: &'a Cluster,
     ) -> BoxFuture<'a, Result<Option<EndpointLoadBalancer>, ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.ensure_endpoint(cluster).await;
-            self.count("ensure_endpoint", r)
-        })
+        self.metered("ensure_endpoint", self.inner.ensure_endpoint(cluster))
     }
 
     fn set_endpoint_backends<'a>(
@@ -81,43 +81,31 @@ impl<P: Provider> Provider for Metered<P> {
         cluster: &'a Cluster,
         config: &'a drover_common::wire::LoadBalancerConfig,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.set_endpoint_backends(cluster, config).await;
-            self.count("set_endpoint_backends", r)
-        })
+        self.metered(
+            "set_endpoint_backends",
+            self.inner.set_endpoint_backends(cluster, config),
+        )
     }
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.list().await;
-            self.count("list", r)
-        })
+        self.metered("list", self.inner.list())
     }
 
     fn endpoint_states(
         &self,
     ) -> BoxFuture<'_, Result<Vec<(String, super::InstanceState)>, ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.endpoint_states().await;
-            self.count("endpoint_states", r)
-        })
+        self.metered("endpoint_states", self.inner.endpoint_states())
     }
 
     fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.managed().await;
-            self.count("managed", r)
-        })
+        self.metered("managed", self.inner.managed())
     }
 
     fn remove_orphan<'a>(
         &'a self,
         orphan: &'a Managed,
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
-        Box::pin(async move {
-            let r = self.inner.remove_orphan(orphan).await;
-            self.count("remove_orphan", r)
-        })
+        self.metered("remove_orphan", self.inner.remove_orphan(orphan))
     }
 
     fn verify_instance<'a>(

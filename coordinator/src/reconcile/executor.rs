@@ -118,39 +118,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             machine,
             reason,
             remediation,
-        } => {
-            // Counted once: a pass that finds it already leaving changes nothing.
-            let mut taken = false;
-            app.update_machine::<StoreError>(machine, |m| {
-                if m.status.phase == MachinePhase::Releasing || m.spec.assignment.is_none() {
-                    return Ok(false);
-                }
-                taken = true;
-                if *remediation {
-                    // `describe machine` says why it was taken out.
-                    push_event(&mut m.status.events, "Unhealthy", reason.clone());
-                    push_event(
-                        &mut m.status.events,
-                        "Remediating",
-                        format!("taken out of cluster {cname} to be replaced; its agent resets it before it can be claimed again"),
-                    );
-                } else {
-                    push_event(&mut m.status.events, "Released", reason.clone());
-                }
-                if m.status.phase == MachinePhase::Assigned && m.status.applied_generation == 0 {
-                    // The agent has not started: nothing to undo on the machine.
-                    crate::domain::removal::finish_leaving(m);
-                } else {
-                    m.status.phase = MachinePhase::Releasing;
-                }
-                Ok(true)
-            })?;
-            tracing::info!(cluster = %cname, machine = %machine, %reason, remediation, "machine released");
-            if *remediation && taken {
-                crate::metrics::global()
-                    .remediation(drover_planner::health::remediation_class(reason));
-            }
-        }
+        } => take_out(app, cname, machine, reason, *remediation, Leave::Release)?,
         Step::CreateMachine {
             machine_pool,
             role,
@@ -238,34 +206,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             reason,
             remediation,
         } => {
-            let mut taken = false;
-            app.update_machine::<StoreError>(machine, |m| {
-                if matches!(
-                    m.status.phase,
-                    MachinePhase::Deleting | MachinePhase::Deleted
-                ) {
-                    return Ok(false);
-                }
-                taken = true;
-                m.status.phase = MachinePhase::Deleting;
-                m.metadata.deletion_timestamp = Some(drover_common::now());
-                if *remediation {
-                    push_event(&mut m.status.events, "Unhealthy", reason.clone());
-                    push_event(
-                        &mut m.status.events,
-                        "Remediating",
-                        "deleting to replace it",
-                    );
-                } else {
-                    push_event(&mut m.status.events, "Deleting", reason.clone());
-                }
-                Ok(true)
-            })?;
-            tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started");
-            if *remediation && taken {
-                crate::metrics::global()
-                    .remediation(drover_planner::health::remediation_class(reason));
-            }
+            take_out(app, cname, machine, reason, *remediation, Leave::Delete)?;
             provisioner::destroy(app, cluster, machine).await?;
         }
         Step::Destroy { machine } => provisioner::destroy(app, cluster, machine).await?,
@@ -578,6 +519,86 @@ pub(super) fn grant_grace(app: &App, cluster_uid: &str) {
     }
 }
 
+/// How a machine leaves its cluster.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// Back to its pool, reset by its agent.
+    Release,
+    /// Deleted with its instance.
+    Delete,
+}
+
+/// Takes `machine` out of cluster `cname` as `how` says, unless an earlier
+/// pass did, with events saying why: `reason`, or for a remediation that it
+/// is unhealthy and replaced. A remediation is counted once: a pass that
+/// finds it already leaving changes nothing.
+fn take_out(
+    app: &App,
+    cname: &str,
+    machine: &str,
+    reason: &str,
+    remediation: bool,
+    how: Leave,
+) -> Result<(), StoreError> {
+    let mut taken = false;
+    app.update_machine::<StoreError>(machine, |m| {
+        let leaving = match how {
+            Leave::Release => {
+                m.status.phase == MachinePhase::Releasing || m.spec.assignment.is_none()
+            }
+            Leave::Delete => matches!(
+                m.status.phase,
+                MachinePhase::Deleting | MachinePhase::Deleted
+            ),
+        };
+        if leaving {
+            return Ok(false);
+        }
+        taken = true;
+        if remediation {
+            // `describe machine` says why it was taken out.
+            push_event(&mut m.status.events, "Unhealthy", reason);
+            let remediating = match how {
+                Leave::Release => format!("taken out of cluster {cname} to be replaced; its agent resets it before it can be claimed again"),
+                Leave::Delete => "deleting to replace it".to_owned(),
+            };
+            push_event(&mut m.status.events, "Remediating", remediating);
+        } else {
+            let event = match how {
+                Leave::Release => "Released",
+                Leave::Delete => "Deleting",
+            };
+            push_event(&mut m.status.events, event, reason);
+        }
+        match how {
+            Leave::Delete => {
+                m.status.phase = MachinePhase::Deleting;
+                m.metadata.deletion_timestamp = Some(drover_common::now());
+            }
+            Leave::Release
+                if m.status.phase == MachinePhase::Assigned && m.status.applied_generation == 0 =>
+            {
+                // The agent has not started: nothing to undo on the machine.
+                crate::domain::removal::finish_leaving(m);
+            }
+            Leave::Release => m.status.phase = MachinePhase::Releasing,
+        }
+        Ok(true)
+    })?;
+    match how {
+        Leave::Release => {
+            tracing::info!(cluster = %cname, machine = %machine, %reason, remediation, "machine released")
+        }
+        Leave::Delete => {
+            tracing::info!(cluster = %cname, machine = %machine, %reason, "machine deletion started")
+        }
+    }
+    if remediation && taken {
+        crate::metrics::global().remediation(drover_planner::health::remediation_class(reason));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,22 +655,19 @@ mod tests {
 
     #[test]
     fn a_pause_is_said_with_its_reason_once() {
-        let mut paused = ClusterStatus::default();
-        drover_common::api::set_condition(
-            &mut paused.conditions,
-            "RemediationAllowed",
-            false,
-            "RemediationPaused",
-            "workers: 2 of 2 unhealthy",
-        );
-        let mut allowed = ClusterStatus::default();
-        drover_common::api::set_condition(
-            &mut allowed.conditions,
-            "RemediationAllowed",
-            true,
-            "WithinLimits",
-            "",
-        );
+        let remediation = |allowed: bool, reason: &str, message: &str| {
+            let mut status = ClusterStatus::default();
+            drover_common::api::set_condition(
+                &mut status.conditions,
+                "RemediationAllowed",
+                allowed,
+                reason,
+                message,
+            );
+            status
+        };
+        let paused = remediation(false, "RemediationPaused", "workers: 2 of 2 unhealthy");
+        let allowed = remediation(true, "WithinLimits", "");
         assert_eq!(
             newly_paused(&allowed, &paused).as_deref(),
             Some("workers: 2 of 2 unhealthy")

@@ -51,26 +51,22 @@ pub(super) fn caches(kind: Kind) -> bool {
 impl ReadCache {
     /// The cached record, if any.
     pub(super) fn get(&self, kind: Kind, name: &str) -> Option<Record> {
-        let inner = self.inner.lock().expect("store cache lock");
-        inner
-            .objects
-            .get(&kind)
-            .and_then(|m| m.get(name))
-            .map(|c| Record {
-                name: name.to_owned(),
-                revision: c.revision,
-                body: c.body.to_vec(),
-            })
+        self.read(kind, name, |c| Record {
+            name: name.to_owned(),
+            revision: c.revision,
+            body: c.body.to_vec(),
+        })
     }
 
     /// The cached revision of one object, if it is cached.
     pub(super) fn revision(&self, kind: Kind, name: &str) -> Option<u64> {
+        self.read(kind, name, |c| c.revision)
+    }
+
+    /// What `f` reads of one cached object, if it is cached.
+    fn read<T>(&self, kind: Kind, name: &str, f: impl FnOnce(&Cached) -> T) -> Option<T> {
         let inner = self.inner.lock().expect("store cache lock");
-        inner
-            .objects
-            .get(&kind)
-            .and_then(|m| m.get(name))
-            .map(|c| c.revision)
+        inner.objects.get(&kind).and_then(|m| m.get(name)).map(f)
     }
 
     /// The epoch a backend read starts at, for [`ReadCache::fill`].

@@ -896,21 +896,31 @@ impl Election {
 
     /// Records this replica under `lease`, so it disappears with it.
     pub async fn announce(&self, id: &str, value: Vec<u8>, lease: i64) -> Result<(), StoreError> {
+        let options = etcd_client::PutOptions::new().with_lease(lease);
+        self.put(
+            "announce this coordinator",
+            self.replica_key(id),
+            value,
+            options,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Puts `value` at `key` with `options`.
+    async fn put(
+        &self,
+        what: &'static str,
+        key: String,
+        value: Vec<u8>,
+        options: etcd_client::PutOptions,
+    ) -> Result<etcd_client::PutResponse, StoreError> {
         let members = self.members.clone();
-        let key = self.replica_key(id);
         self.on_etcd(async move {
             members
-                .request("announce this coordinator", true, |mut kv| {
-                    let (key, value) = (key.clone(), value.clone());
-                    async move {
-                        kv.put(
-                            key,
-                            value,
-                            Some(etcd_client::PutOptions::new().with_lease(lease)),
-                        )
-                        .await
-                        .map(|_| ())
-                    }
+                .request(what, true, |mut kv| {
+                    let (key, value, options) = (key.clone(), value.clone(), options.clone());
+                    async move { kv.put(key, value, Some(options)).await }
                 })
                 .await
         })
@@ -929,30 +939,20 @@ impl Election {
         ttl: Duration,
     ) -> Result<i64, StoreError> {
         let lease = self.grant(ttl).await?;
-        let members = self.members.clone();
-        let key = self.known_key(id);
+        let options = etcd_client::PutOptions::new()
+            .with_lease(lease)
+            .with_prev_key();
         let previous = self
-            .on_etcd(async move {
-                members
-                    .request("remember this coordinator", true, |mut kv| {
-                        let (key, value) = (key.clone(), value.clone());
-                        async move {
-                            kv.put(
-                                key,
-                                value,
-                                Some(
-                                    etcd_client::PutOptions::new()
-                                        .with_lease(lease)
-                                        .with_prev_key(),
-                                ),
-                            )
-                            .await
-                        }
-                    })
-                    .await
-                    .map(|r| r.prev_key().map(|kv| kv.lease()).unwrap_or(0))
-            })
-            .await?;
+            .put(
+                "remember this coordinator",
+                self.known_key(id),
+                value,
+                options,
+            )
+            .await?
+            .prev_key()
+            .map(|kv| kv.lease())
+            .unwrap_or(0);
         if previous != 0 && previous != lease {
             // Expires by itself otherwise.
             let _ = self.resign(previous).await;
@@ -963,29 +963,28 @@ impl Election {
     /// Every known replica's announcement: registered now, or within the
     /// retention of the lease it was remembered under.
     pub async fn known_replicas(&self) -> Result<Vec<Vec<u8>>, StoreError> {
-        let members = self.members.clone();
-        let key = self.known_key("");
-        self.on_etcd(async move {
-            let resp = members
-                .request("list the known coordinators", true, |mut kv| {
-                    let key = key.clone();
-                    async move { kv.get(key, Some(GetOptions::new().with_prefix())).await }
-                })
-                .await?;
-            Ok(resp.kvs().iter().map(|kv| kv.value().to_vec()).collect())
-        })
-        .await
+        self.values_under("list the known coordinators", self.known_key(""))
+            .await
     }
 
     /// Every live replica's announcement.
     pub async fn replicas(&self) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.values_under("list the coordinators", self.replica_key(""))
+            .await
+    }
+
+    /// The values of every key under `prefix`.
+    async fn values_under(
+        &self,
+        what: &'static str,
+        prefix: String,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
         let members = self.members.clone();
-        let key = self.replica_key("");
         self.on_etcd(async move {
             let resp = members
-                .request("list the coordinators", true, |mut kv| {
-                    let key = key.clone();
-                    async move { kv.get(key, Some(GetOptions::new().with_prefix())).await }
+                .request(what, true, |mut kv| {
+                    let prefix = prefix.clone();
+                    async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
                 })
                 .await?;
             Ok(resp.kvs().iter().map(|kv| kv.value().to_vec()).collect())

@@ -390,9 +390,7 @@ impl Store {
         kind: Kind,
         name: &str,
     ) -> Result<Option<(T, u64)>, StoreError> {
-        self.get_cached(kind, name)?
-            .map(|r| decode(kind, &r).map(|v| (v, r.revision)))
-            .transpose()
+        decode_record(kind, self.get_cached(kind, name)?)
     }
 
     /// Reads every object of a kind as stored (still sealed), ordered by
@@ -533,9 +531,7 @@ impl Store {
         kind: Kind,
         name: &str,
     ) -> Result<Option<(T, u64)>, StoreError> {
-        self.get(kind, name)?
-            .map(|r| decode(kind, &r).map(|v| (v, r.revision)))
-            .transpose()
+        decode_record(kind, self.get(kind, name)?)
     }
 
     /// Reads and decodes every object of a kind.
@@ -553,11 +549,7 @@ impl Store {
         name: &str,
         v: &T,
     ) -> Result<u64, StoreError> {
-        self.txn(vec![Op::Create {
-            kind,
-            name: name.to_owned(),
-            body: encode(v),
-        }])
+        self.txn(vec![Op::create(kind, name, v)])
     }
 
     /// Read-modify-write of one object with optimistic concurrency, the one
@@ -609,12 +601,7 @@ impl Store {
         v: &T,
         expected_revision: Option<u64>,
     ) -> Result<u64, StoreError> {
-        self.txn(vec![Op::Update {
-            kind,
-            name: name.to_owned(),
-            body: encode(v),
-            expected_revision,
-        }])
+        self.txn(vec![Op::update(kind, name, v, expected_revision)])
     }
 
     /// Deletes one object, conditional on its revision when given.
@@ -624,11 +611,7 @@ impl Store {
         name: &str,
         expected_revision: Option<u64>,
     ) -> Result<u64, StoreError> {
-        self.txn(vec![Op::Delete {
-            kind,
-            name: name.to_owned(),
-            expected_revision,
-        }])
+        self.txn(vec![Op::delete(kind, name, expected_revision)])
     }
 }
 
@@ -651,6 +634,53 @@ fn timed<T>(
     };
     crate::metrics::global().store_operation(operation, result, started.elapsed());
     r
+}
+
+impl Op {
+    /// Creates object `name` of `kind` holding `v`.
+    pub fn create<T: Serialize>(kind: Kind, name: &str, v: &T) -> Self {
+        Op::Create {
+            kind,
+            name: name.to_owned(),
+            body: encode(v),
+        }
+    }
+
+    /// Updates object `name` of `kind` to `v`, conditional on its revision
+    /// when given.
+    pub fn update<T: Serialize>(
+        kind: Kind,
+        name: &str,
+        v: &T,
+        expected_revision: Option<u64>,
+    ) -> Self {
+        Op::Update {
+            kind,
+            name: name.to_owned(),
+            body: encode(v),
+            expected_revision,
+        }
+    }
+
+    /// Deletes object `name` of `kind`, conditional on its revision when
+    /// given.
+    pub fn delete(kind: Kind, name: &str, expected_revision: Option<u64>) -> Self {
+        Op::Delete {
+            kind,
+            name: name.to_owned(),
+            expected_revision,
+        }
+    }
+}
+
+/// Decodes a record read, if there is one, with its revision.
+fn decode_record<T: DeserializeOwned>(
+    kind: Kind,
+    record: Option<Record>,
+) -> Result<Option<(T, u64)>, StoreError> {
+    record
+        .map(|r| decode(kind, &r).map(|v| (v, r.revision)))
+        .transpose()
 }
 
 /// Serializes a value for storage.
@@ -856,17 +886,8 @@ mod tests {
         let s = b.open();
         s.create_json(Kind::Machine, "m", &1u32).unwrap();
         let err = s.txn(vec![
-            Op::Create {
-                kind: Kind::Machine,
-                name: "n".into(),
-                body: encode(&1u32),
-            },
-            Op::Update {
-                kind: Kind::Machine,
-                name: "missing".into(),
-                body: encode(&1u32),
-                expected_revision: None,
-            },
+            Op::create(Kind::Machine, "n", &1u32),
+            Op::update(Kind::Machine, "missing", &1u32, None),
         ]);
         assert!(matches!(err, Err(StoreError::NotFound { .. })));
         assert!(s.get(Kind::Machine, "n").unwrap().is_none());
@@ -880,22 +901,9 @@ mod tests {
         let rz = s.create_json(Kind::Machine, "z", &1u32).unwrap();
         let ops = |y_expected| {
             vec![
-                Op::Create {
-                    kind: Kind::Machine,
-                    name: "x".into(),
-                    body: encode(&1u32),
-                },
-                Op::Update {
-                    kind: Kind::Machine,
-                    name: "y".into(),
-                    body: encode(&3u32),
-                    expected_revision: Some(y_expected),
-                },
-                Op::Delete {
-                    kind: Kind::Machine,
-                    name: "z".into(),
-                    expected_revision: Some(rz),
-                },
+                Op::create(Kind::Machine, "x", &1u32),
+                Op::update(Kind::Machine, "y", &3u32, Some(y_expected)),
+                Op::delete(Kind::Machine, "z", Some(rz)),
             ]
         };
         match s.txn(ops(ry)) {
@@ -921,16 +929,8 @@ mod tests {
         );
         // The first failing operation is the one reported.
         let err = s.txn(vec![
-            Op::Delete {
-                kind: Kind::Machine,
-                name: "nope".into(),
-                expected_revision: None,
-            },
-            Op::Create {
-                kind: Kind::Machine,
-                name: "y".into(),
-                body: encode(&0u32),
-            },
+            Op::delete(Kind::Machine, "nope", None),
+            Op::create(Kind::Machine, "y", &0u32),
         ]);
         assert!(matches!(err, Err(StoreError::NotFound { name, .. }) if name == "nope"));
         // With every precondition right, all three commit at one revision.
@@ -942,22 +942,9 @@ mod tests {
 
     fn operations_apply_in_order(b: &Backing) {
         let s = b.open();
-        let create = |v: u32| Op::Create {
-            kind: Kind::Cluster,
-            name: "c".into(),
-            body: encode(&v),
-        };
-        let update = |v: u32| Op::Update {
-            kind: Kind::Cluster,
-            name: "c".into(),
-            body: encode(&v),
-            expected_revision: None,
-        };
-        let delete = || Op::Delete {
-            kind: Kind::Cluster,
-            name: "c".into(),
-            expected_revision: None,
-        };
+        let create = |v: u32| Op::create(Kind::Cluster, "c", &v);
+        let update = |v: u32| Op::update(Kind::Cluster, "c", &v, None);
+        let delete = || Op::delete(Kind::Cluster, "c", None);
         let r = s.txn(vec![create(1), update(2)]).unwrap();
         assert_eq!(s.get_json::<u32>(Kind::Cluster, "c").unwrap(), Some((2, r)));
         assert!(matches!(
@@ -1039,17 +1026,8 @@ mod tests {
         next(other.update_json(Kind::Machine, "b", &2u32, None).unwrap());
         let both = next(
             s.txn(vec![
-                Op::Update {
-                    kind: Kind::Machine,
-                    name: "a".into(),
-                    body: encode(&3u32),
-                    expected_revision: Some(a2),
-                },
-                Op::Create {
-                    kind: Kind::Cluster,
-                    name: "k".into(),
-                    body: encode(&1u32),
-                },
+                Op::update(Kind::Machine, "a", &3u32, Some(a2)),
+                Op::create(Kind::Cluster, "k", &1u32),
             ])
             .unwrap(),
         );
@@ -1078,11 +1056,7 @@ mod tests {
             s.txn(
                 chunk
                     .iter()
-                    .map(|n| Op::Create {
-                        kind: Kind::Machine,
-                        name: n.clone(),
-                        body: encode(n),
-                    })
+                    .map(|n| Op::create(Kind::Machine, n, n))
                     .collect(),
             )
             .unwrap();
@@ -1163,16 +1137,8 @@ mod tests {
         assert!(s.update_json(Kind::Machine, "m", &3u32, Some(r1)).is_err());
         let r3 = s
             .txn(vec![
-                Op::Delete {
-                    kind: Kind::Machine,
-                    name: "m".into(),
-                    expected_revision: Some(r2),
-                },
-                Op::Create {
-                    kind: Kind::Secret,
-                    name: "s".into(),
-                    body: encode(&1u32),
-                },
+                Op::delete(Kind::Machine, "m", Some(r2)),
+                Op::create(Kind::Secret, "s", &1u32),
             ])
             .unwrap();
         let mut seen = vec![];
@@ -1529,17 +1495,8 @@ mod tests {
         // update's body.
         let r = s
             .txn(vec![
-                Op::Create {
-                    kind: Kind::Machine,
-                    name: "n".into(),
-                    body: encode(&1u32),
-                },
-                Op::Update {
-                    kind: Kind::Machine,
-                    name: "n".into(),
-                    body: encode(&3u32),
-                    expected_revision: None,
-                },
+                Op::create(Kind::Machine, "n", &1u32),
+                Op::update(Kind::Machine, "n", &3u32, None),
             ])
             .unwrap();
         assert_eq!(

@@ -9,9 +9,10 @@ pub mod tables;
 
 pub use describe::{describe_machine, rollout_lines};
 
+pub use crate::types::age;
+
 use drover_common::api::Machine;
 use drover_common::wire::ProbeState;
-use time::OffsetDateTime;
 
 pub(crate) fn print_table(rows: &[Vec<String>]) {
     let widths = column_widths(rows);
@@ -70,18 +71,6 @@ pub fn printable(s: &str) -> String {
 /// program composed.
 pub fn printable_text(s: &str) -> String {
     s.split('\n').map(printable).collect::<Vec<_>>().join("\n")
-}
-
-/// "5s", "3m", "2h", "4d".
-pub fn age(t: Option<OffsetDateTime>) -> String {
-    let Some(t) = t else { return "-".into() };
-    let s = (drover_common::now() - t).whole_seconds().max(0);
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
 }
 
 /// A time as RFC 3339, `-` when it cannot be written so.

@@ -5,8 +5,15 @@ use drover_common::api::{Cluster, Machine, RegistrationToken, SecretInfo};
 
 use crate::cli::render::{age, health_summary};
 
+/// The rows of a table so far: its header, the `wide_columns` after the
+/// others when `wide`.
+fn header(columns: &[&str], wide_columns: &[&str], wide: bool) -> Vec<Vec<String>> {
+    let shown = if wide { wide_columns } else { &[] };
+    vec![columns.iter().chain(shown).map(|c| c.to_string()).collect()]
+}
+
 pub(crate) fn secrets_table(list: &[SecretInfo], _wide: bool) -> Vec<Vec<String>> {
-    let mut rows = vec![["NAME", "KEYS", "BYTES", "AGE"].map(String::from).to_vec()];
+    let mut rows = header(&["NAME", "KEYS", "BYTES", "AGE"], &[], false);
     for s in list {
         rows.push(vec![
             s.metadata.name.clone(),
@@ -23,9 +30,8 @@ pub(crate) fn secrets_table(list: &[SecretInfo], _wide: bool) -> Vec<Vec<String>
 }
 
 pub(crate) fn tasks_table(list: &[crate::types::TaskStatus], _wide: bool) -> Vec<Vec<String>> {
-    let mut rows = vec![["NAME", "PERIOD", "LAST RUN", "LAST ERROR", "NEXT RUN"]
-        .map(String::from)
-        .to_vec()];
+    let columns = ["NAME", "PERIOD", "LAST RUN", "LAST ERROR", "NEXT RUN"];
+    let mut rows = header(&columns, &[], false);
     for t in list {
         rows.push(vec![
             t.name.clone(),
@@ -55,9 +61,7 @@ pub(crate) fn coordinators_table(
     list: &[crate::types::CoordinatorEntry],
     _wide: bool,
 ) -> Vec<Vec<String>> {
-    let mut rows = vec![["ID", "ROLE", "URL", "VERSION", "AGE"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = header(&["ID", "ROLE", "URL", "VERSION", "AGE"], &[], false);
     for c in list {
         rows.push(vec![
             c.replica.id.clone(),
@@ -71,7 +75,7 @@ pub(crate) fn coordinators_table(
 }
 
 pub(crate) fn clusters_table(list: &[Cluster], wide: bool) -> Vec<Vec<String>> {
-    let mut rows = vec![vec![
+    let columns = [
         "NAME",
         "PHASE",
         "VERSION",
@@ -79,13 +83,8 @@ pub(crate) fn clusters_table(list: &[Cluster], wide: bool) -> Vec<Vec<String>> {
         "WORKERS",
         "ENDPOINT",
         "AGE",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect::<Vec<_>>()];
-    if wide {
-        rows[0].extend(["PROVIDER".into(), "GENERATION".into()]);
-    }
+    ];
+    let mut rows = header(&columns, &["PROVIDER", "GENERATION"], wide);
     for c in list {
         let cp = c
             .status
@@ -144,7 +143,7 @@ pub(crate) fn machines_rows(
     wide: bool,
     kubelets: &std::collections::HashMap<(String, String), String>,
 ) -> Vec<Vec<String>> {
-    let mut rows = vec![vec![
+    let columns = [
         "NAME",
         "CLUSTER",
         "POOL",
@@ -154,22 +153,18 @@ pub(crate) fn machines_rows(
         "HEARTBEAT",
         "HEALTH",
         "AGE",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect::<Vec<_>>()];
-    if wide {
-        rows[0].extend([
-            "HOSTNAME".into(),
-            "REG-POOL".into(),
-            "GENERATION".into(),
-            "AGENT".into(),
-            "MADE-FOR".into(),
-            "KUBEADM".into(),
-            "KUBELET".into(),
-            "UID".into(),
-        ]);
-    }
+    ];
+    let wide_columns = [
+        "HOSTNAME",
+        "REG-POOL",
+        "GENERATION",
+        "AGENT",
+        "MADE-FOR",
+        "KUBEADM",
+        "KUBELET",
+        "UID",
+    ];
+    let mut rows = header(&columns, &wide_columns, wide);
     for m in list {
         let a = m.spec.assignment.as_ref();
         let mut row = vec![
@@ -215,10 +210,8 @@ pub(crate) fn machines_rows(
 }
 
 pub(crate) fn tokens_table(list: &[RegistrationToken], _wide: bool) -> Vec<Vec<String>> {
-    let mut rows = vec![vec!["NAME", "POOL", "USES", "EXPIRES", "REVOKED", "LABELS"]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>()];
+    let columns = ["NAME", "POOL", "USES", "EXPIRES", "REVOKED", "LABELS"];
+    let mut rows = header(&columns, &[], false);
     for t in list {
         rows.push(vec![
             t.metadata.name.clone(),
