@@ -624,7 +624,8 @@ mod tests {
             ),
             "{e}"
         );
-        let refusals: [(&dyn Fn(&str) -> String, &str, &str); 4] = [
+        type Refuse<'a> = &'a dyn Fn(&str) -> String;
+        let refusals: [(Refuse, &str, &str); 4] = [
             (
                 &by_flags,
                 "listen: [a, b]\n",
