@@ -251,6 +251,19 @@ impl App {
             .map(|(m, rev)| self.overlay(m, rev)))
     }
 
+    /// Reads a machine a store change announced, as of that change or
+    /// later (see [`crate::store::Store::get_json_at_least`]).
+    pub fn machine_at_least(
+        &self,
+        name: &str,
+        revision: u64,
+    ) -> Result<Option<Machine>, StoreError> {
+        Ok(self
+            .store
+            .get_json_at_least::<Machine>(Kind::Machine, name, revision)?
+            .map(|(m, rev)| self.overlay(m, rev)))
+    }
+
     /// Reads every machine.
     pub fn machines(&self) -> Result<Vec<Machine>, StoreError> {
         Ok(self

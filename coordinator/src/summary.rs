@@ -4,8 +4,9 @@
 //!
 //! It subscribes to the store's changes before its first full read, so no
 //! change falls between the two; each change is applied by reading the
-//! changed record as it is now (from the read cache), which makes applying
-//! one twice harmless. When the change feed lags (changes were dropped),
+//! changed record as it is now, at the announced revision or later (from
+//! the read cache when it has caught up, else from the backend), which
+//! makes applying one twice harmless. When the change feed lags (changes were dropped),
 //! the next run reads everything again.
 
 use std::sync::Arc;
@@ -42,22 +43,31 @@ impl Summarizer {
     }
 }
 
+/// The record a change announced, as of that change or later (`None`:
+/// deleted).
+fn read_changed<T: serde::de::DeserializeOwned>(
+    app: &App,
+    c: &Change,
+) -> Result<Option<T>, StoreError> {
+    if c.deleted {
+        return Ok(None);
+    }
+    Ok(app
+        .store
+        .get_json_at_least::<T>(c.kind, &c.name, c.revision)?
+        .map(|(v, _)| v))
+}
+
 /// Applies one store change to `summary`.
 fn apply(app: &App, summary: &FleetSummary, c: &Change) -> Result<(), StoreError> {
     match c.kind {
         Kind::Cluster => {
-            let cluster = match c.deleted {
-                true => None,
-                false => app.store.get_json_cached::<Cluster>(c.kind, &c.name)?,
-            };
-            summary.cluster_changed(&c.name, cluster.as_ref().map(|(c, _)| c));
+            let cluster = read_changed::<Cluster>(app, c)?;
+            summary.cluster_changed(&c.name, cluster.as_ref());
         }
         Kind::Machine => {
-            let machine = match c.deleted {
-                true => None,
-                false => app.store.get_json_cached::<Machine>(c.kind, &c.name)?,
-            };
-            summary.machine_changed(&c.name, machine.as_ref().map(|(m, _)| m));
+            let machine = read_changed::<Machine>(app, c)?;
+            summary.machine_changed(&c.name, machine.as_ref());
         }
         _ => {}
     }
@@ -118,5 +128,78 @@ impl BackgroundTask for Summarizer {
                 Err(RecvError::Closed) => return std::future::pending().await,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::ClusterPhase;
+
+    /// Cluster `name`'s phase as the summary counts it.
+    fn counted(app: &App, phase: &str) -> u64 {
+        use crate::metrics::FleetGauges;
+        app.fleet
+            .summary
+            .cluster_phases()
+            .into_iter()
+            .find(|(p, _)| p == phase)
+            .map_or(0, |(_, n)| n)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_summary_follows_every_change_though_the_feed_runs_ahead_of_the_cache() {
+        const CLUSTERS: usize = 300;
+        let dir = tempfile::tempdir().unwrap();
+        let app = App::for_tests(dir.path());
+        let mut c = drover_planner::fixtures::pool_cluster(1, 0);
+        for i in 0..CLUSTERS {
+            c.metadata.name = format!("c{i}");
+            app.store
+                .create_json(Kind::Cluster, &c.metadata.name, &c)
+                .unwrap();
+        }
+        let mut task = Summarizer::new(app.clone());
+        assert!(matches!(task.activate(Wake::Start).await, Outcome::Done));
+        assert_eq!(counted(&app, "Pending"), CLUSTERS as u64);
+        let watching = tokio::spawn(async move {
+            task.watch().await;
+            task.rebuild
+        });
+        // From another thread, each cluster read into the read cache and
+        // then written once, Running: the summary counts them all Running
+        // only if it applied each change as written, not the cached copy
+        // from before it.
+        let writer = app.clone();
+        tokio::task::spawn_blocking(move || {
+            for i in 0..CLUSTERS {
+                let name = format!("c{i}");
+                let (mut c, rev) = writer
+                    .store
+                    .get_json_cached::<Cluster>(Kind::Cluster, &name)
+                    .unwrap()
+                    .unwrap();
+                c.status.phase = ClusterPhase::Running;
+                writer
+                    .store
+                    .update_json(Kind::Cluster, &name, &c, Some(rev))
+                    .unwrap();
+            }
+        })
+        .await
+        .unwrap();
+        let caught_up = tokio::time::timeout(Duration::from_secs(20), async {
+            while counted(&app, "Running") != CLUSTERS as u64 && !watching.is_finished() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(!watching.is_finished(), "the feed lagged");
+        assert!(
+            caught_up.is_ok(),
+            "the summary did not catch up: {:?}",
+            crate::metrics::FleetGauges::cluster_phases(&app.fleet.summary)
+        );
+        watching.abort();
     }
 }
