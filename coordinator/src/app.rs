@@ -79,6 +79,8 @@ pub struct Keys {
 pub struct Fleet {
     /// When each machine was last heard from.
     pub liveness: Mutex<HashMap<String, Liveness>>,
+    /// The coordinator's own stalls, not held against machines.
+    pub stalls: std::sync::Arc<crate::domain::liveness::StallClock>,
     /// The machines that may heartbeat by datagram, and their keys.
     pub datagrams: crate::domain::datagrams::DatagramTable,
     /// The cluster controller's queue and fleet index.
@@ -88,6 +90,9 @@ pub struct Fleet {
     /// The machines whose config bundle is being built or sent: one fetch
     /// per machine at a time.
     pub bundle_builds: crate::domain::bootstrap::BundleBuilds,
+    /// The fleet in numbers (for `/metrics` and the web overview), kept up
+    /// to date from store changes by the `fleet-summary` task.
+    pub summary: crate::domain::fleet_summary::FleetSummary,
 }
 
 /// What machines and listeners ask of the coordinator: registrations and
@@ -165,10 +170,12 @@ impl App {
             },
             fleet: Fleet {
                 liveness: Mutex::new(HashMap::new()),
+                stalls: Default::default(),
                 datagrams,
                 controller: Default::default(),
                 provision_retries: Default::default(),
                 bundle_builds: Default::default(),
+                summary: Default::default(),
             },
             providers,
             intake: Intake {
@@ -196,6 +203,21 @@ impl App {
             .store
             .get_json_cached::<Cluster>(Kind::Cluster, name)?
             .map(with_revision))
+    }
+
+    /// Calls `f` with the fleet summary; before the `fleet-summary` task's
+    /// first full read (just after a start), with one made from a full
+    /// read here.
+    pub fn with_summary<R>(
+        &self,
+        f: impl FnOnce(&crate::domain::fleet_summary::FleetSummary) -> R,
+    ) -> Result<R, StoreError> {
+        if self.fleet.summary.is_built() {
+            return Ok(f(&self.fleet.summary));
+        }
+        let fresh = crate::domain::fleet_summary::FleetSummary::default();
+        fresh.rebuild(&self.clusters()?, &self.machines()?);
+        Ok(f(&fresh))
     }
 
     /// Reads every cluster.
@@ -226,6 +248,19 @@ impl App {
         Ok(self
             .store
             .get_json_cached::<Machine>(Kind::Machine, name)?
+            .map(|(m, rev)| self.overlay(m, rev)))
+    }
+
+    /// Reads a machine a store change announced, as of that change or
+    /// later (see [`crate::store::Store::get_json_at_least`]).
+    pub fn machine_at_least(
+        &self,
+        name: &str,
+        revision: u64,
+    ) -> Result<Option<Machine>, StoreError> {
+        Ok(self
+            .store
+            .get_json_at_least::<Machine>(Kind::Machine, name, revision)?
             .map(|(m, rev)| self.overlay(m, rev)))
     }
 
@@ -315,7 +350,8 @@ impl App {
         let mut live = self.fleet.liveness.lock().expect("liveness lock");
         let revived = match live.get_mut(machine) {
             Some(l) => {
-                let was_quiet = now - l.last_seen > self.settings.health_defaults.heartbeat_timeout;
+                let judged = self.fleet.stalls.judged_last_seen(l.last_seen, now);
+                let was_quiet = now - judged > self.settings.health_defaults.heartbeat_timeout;
                 l.last_seen = now;
                 was_quiet
             }
@@ -332,13 +368,25 @@ impl App {
     }
 
     /// When a machine last heartbeated (or the coordinator started).
-    pub fn last_seen(&self, machine: &str) -> Option<OffsetDateTime> {
+    pub fn last_heard(&self, machine: &str) -> Option<OffsetDateTime> {
         self.fleet
             .liveness
             .lock()
             .expect("liveness lock")
             .get(machine)
             .map(|l| l.last_seen)
+    }
+
+    /// The time to judge a machine's silence from: its last heartbeat,
+    /// moved forward by the time the coordinator itself stalled since (see
+    /// [`crate::domain::liveness::StallClock`]).
+    pub fn last_seen(&self, machine: &str) -> Option<OffsetDateTime> {
+        let heard = self.last_heard(machine)?;
+        Some(
+            self.fleet
+                .stalls
+                .judged_last_seen(heard, drover_common::now()),
+        )
     }
 
     /// The value of the managed-by label or tag on everything this

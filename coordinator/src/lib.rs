@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod reconcile;
 pub mod serve;
 pub mod store;
+pub mod summary;
 pub mod tasks;
 pub mod tls;
 pub mod types;

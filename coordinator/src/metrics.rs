@@ -10,7 +10,6 @@
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
-use drover_common::api::{Cluster, Machine, MachinePhase};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -486,39 +485,33 @@ impl Metrics {
     pub fn render(&self, state: &State) -> String {
         let _one = self.scrape.lock().expect("metrics scrape lock");
         self.clusters.clear();
-        for c in &state.clusters {
+        for (phase, n) in state.fleet.cluster_phases() {
             self.clusters
-                .get_or_create(&vec![("phase", c.status.phase.to_string())])
-                .inc();
+                .get_or_create(&vec![("phase", phase)])
+                .set(n as i64);
         }
         self.cluster_conditions.clear();
-        for c in &state.clusters {
-            for cond in &c.status.conditions {
+        state
+            .fleet
+            .each_condition(&mut |[cluster, type_, status, reason]| {
                 self.cluster_conditions
                     .get_or_create(&vec![
-                        ("cluster", c.metadata.name.clone()),
-                        ("condition", cond.type_.clone()),
-                        ("status", cond.status.clone()),
-                        ("reason", cond.reason.clone()),
+                        ("cluster", cluster.to_owned()),
+                        ("condition", type_.to_owned()),
+                        ("status", status.to_owned()),
+                        ("reason", reason.to_owned()),
                     ])
                     .set(1);
-            }
-        }
+            });
         self.machines.clear();
-        for m in &state.machines {
-            if m.status.phase == MachinePhase::Deleted {
-                continue;
-            }
+        for (l, n) in state.fleet.machine_counts() {
             self.machines
                 .get_or_create(&vec![
-                    ("phase", m.status.phase.to_string()),
-                    ("health", machine_health(m).to_owned()),
-                    (
-                        "provider",
-                        m.spec.provider.clone().unwrap_or_else(|| "pool".into()),
-                    ),
+                    ("phase", l.phase),
+                    ("health", l.health.to_owned()),
+                    ("provider", l.provider),
                 ])
-                .inc();
+                .set(n as i64);
         }
         self.leader.set(i64::from(state.leader_term.is_some()));
         self.leader_term
@@ -580,12 +573,33 @@ pub fn classic_text(openmetrics: &str) -> String {
 }
 
 /// What the state gauges are computed from at a scrape.
-pub struct State {
-    pub clusters: Vec<Cluster>,
-    pub machines: Vec<Machine>,
+pub struct State<'a> {
+    /// The fleet's counts, kept up to date between scrapes (the domain's
+    /// fleet summary), so a scrape reads no store.
+    pub fleet: &'a dyn FleetGauges,
     /// This replica's term while it leads.
     pub leader_term: Option<u64>,
     pub connections: Connections,
+}
+
+/// The labels a machine is counted under in `drover_machines`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MachineLabels {
+    pub phase: String,
+    pub health: &'static str,
+    /// The provider that made it, or `pool` for a registered machine.
+    pub provider: String,
+}
+
+/// The fleet as the state gauges show it.
+pub trait FleetGauges {
+    /// How many clusters are in each phase.
+    fn cluster_phases(&self) -> Vec<(String, u64)>;
+    /// How many machines (not deleted) have each set of labels.
+    fn machine_counts(&self) -> Vec<(MachineLabels, u64)>;
+    /// Calls `f` with (cluster, type, status, reason) of every condition
+    /// of every cluster.
+    fn each_condition(&self, f: &mut dyn FnMut([&str; 4]));
 }
 
 /// The server's connection counts at a scrape (the HTTP layer fills it;
@@ -600,32 +614,22 @@ pub struct Connections {
     pub failed_handshakes: u64,
 }
 
-/// A machine's health label: silent when the coordinator judged it not
-/// alive, else what its last report says.
-pub fn machine_health(m: &Machine) -> &'static str {
-    if not_alive(m).is_some() {
-        return "silent";
-    }
-    match &m.status.health {
-        None => "unknown",
-        Some(h) if h.kubelet.state == drover_common::wire::ProbeState::Unknown => "unknown",
-        Some(h) if h.healthy() => "healthy",
-        Some(_) => "unhealthy",
-    }
-}
-
-/// The condition by which the coordinator judged a machine not alive, if
-/// it did.
-pub fn not_alive(m: &Machine) -> Option<&drover_common::api::Condition> {
-    m.status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct NoFleet;
+    impl FleetGauges for NoFleet {
+        fn cluster_phases(&self) -> Vec<(String, u64)> {
+            vec![("Running".into(), 3)]
+        }
+        fn machine_counts(&self) -> Vec<(MachineLabels, u64)> {
+            vec![]
+        }
+        fn each_condition(&self, f: &mut dyn FnMut([&str; 4])) {
+            f(["web", "Ready", "True", "ControlPlaneUp"]);
+        }
+    }
 
     #[test]
     fn the_exposition_names_every_series_drover_and_counts_what_happened() {
@@ -642,8 +646,7 @@ mod tests {
             true,
         );
         let text = m.render(&State {
-            clusters: vec![],
-            machines: vec![],
+            fleet: &NoFleet,
             leader_term: Some(7),
             connections: Default::default(),
         });
@@ -659,6 +662,8 @@ mod tests {
             "drover_loop_period_seconds{loop=\"cluster-reconciler\"} 5.0",
             "drover_leader 1",
             "drover_leader_term 7",
+            "drover_clusters{phase=\"Running\"} 3",
+            "drover_cluster_condition{cluster=\"web\",condition=\"Ready\",status=\"True\",reason=\"ControlPlaneUp\"} 1",
         ] {
             assert!(text.contains(want), "{want} is missing from\n{text}");
         }

@@ -824,6 +824,20 @@ fn start_tasks(
         Start::Now,
         crate::reconcile::controller::Reconciler::new(app.clone(), reconciler),
     );
+    // Silence measured across the coordinator's own stalls is excused.
+    tasks.spawn(
+        "stall-clock",
+        Some(crate::domain::liveness::TICK),
+        Start::Now,
+        crate::domain::liveness::Ticker(app.fleet.stalls.clone()),
+    );
+    // Every replica answers /metrics and the web overview from it.
+    tasks.spawn(
+        "fleet-summary",
+        Some(crate::summary::PERIOD),
+        Start::Now,
+        crate::summary::Summarizer::new(app.clone()),
+    );
     tasks.spawn(
         "free-machines",
         Some(app.settings.heartbeat_interval),

@@ -9,6 +9,7 @@ pub mod customise;
 pub mod datagrams;
 pub mod endpoint;
 pub mod fleet_index;
+pub mod fleet_summary;
 pub mod jointokens;
 pub mod kubeconfig;
 pub mod leadership;

@@ -133,23 +133,25 @@ pub async fn metrics(
     _admin: Admin,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
-    let state = crate::metrics::State {
-        clusters: app.clusters()?,
-        machines: app.machines()?,
-        leader_term: app.leadership.term().map(|t| t.0),
-        connections: {
-            let c = server::connection_stats();
-            crate::metrics::Connections {
-                open: c.open,
-                parked: c.parked,
-                unauthenticated: c.unauthenticated,
-                full_handshakes: c.full_handshakes,
-                resumed_handshakes: c.resumed_handshakes,
-                failed_handshakes: c.failed_handshakes,
-            }
-        },
+    let connections = {
+        let c = server::connection_stats();
+        crate::metrics::Connections {
+            open: c.open,
+            parked: c.parked,
+            unauthenticated: c.unauthenticated,
+            full_handshakes: c.full_handshakes,
+            resumed_handshakes: c.resumed_handshakes,
+            failed_handshakes: c.failed_handshakes,
+        }
     };
-    let text = crate::metrics::global().render(&state);
+    let leader_term = app.leadership.term().map(|t| t.0);
+    let text = app.with_summary(|fleet| {
+        crate::metrics::global().render(&crate::metrics::State {
+            fleet,
+            leader_term,
+            connections,
+        })
+    })?;
     // Prometheus asks for OpenMetrics; anyone else gets the classic format.
     let openmetrics = headers
         .get(header::ACCEPT)

@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use drover_common::api::{Cluster, Machine, MachinePhase};
+use drover_common::api::{Cluster, ClusterPhase, Machine, MachinePhase};
 use hmac::{Hmac, Mac};
 use maud::{html, Markup, DOCTYPE};
 use sha2::Sha256;
@@ -37,6 +37,9 @@ pub const SESSION_SECONDS: i64 = 8 * 3600;
 pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 const STYLESHEET: &str = include_str!("ui.css");
+
+/// How many clusters that are not Running the overview lists.
+const ATTENTION_ROWS: usize = 50;
 
 /// `GET /ui/static/drover.css`.
 pub async fn stylesheet() -> Response {
@@ -108,34 +111,37 @@ pub async fn logout(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
 /// `GET /ui`: the fleet at a glance.
 pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     signed_in(&app, &headers, |admin| {
-        let (clusters, machines) = match (app.clusters(), app.machines()) {
-            (Ok(c), Ok(m)) => (c, m),
-            (Err(e), _) | (_, Err(e)) => return store_failed(&e),
+        // Counts kept up to date from the store's changes, and only the
+        // clusters that need attention read: the page costs what it shows,
+        // not the fleet.
+        let counted = app.with_summary(|s| {
+            (
+                s.overview(),
+                s.clusters_not_in(ClusterPhase::Running, ATTENTION_ROWS),
+            )
+        });
+        let (counts, (attention, needing)) = match counted {
+            Ok(c) => c,
+            Err(e) => return store_failed(&e),
         };
-        let machines: Vec<Machine> = machines
-            .into_iter()
-            .filter(|m| m.status.phase != MachinePhase::Deleted)
-            .collect();
+        let mut clusters = Vec::with_capacity(attention.len());
+        for name in &attention {
+            match app.cluster_cached(name) {
+                Ok(Some(c)) => clusters.push(c),
+                Ok(None) => {}
+                Err(e) => return store_failed(&e),
+            }
+        }
         let hour = crate::metrics::global().last_hour();
         let heartbeats: u64 = hour.iter().map(|m| m.heartbeats).sum();
         let remediations: u64 = hour.iter().map(|m| m.remediations).sum();
-        let mut phases: Vec<(String, usize)> = vec![];
-        for c in &clusters {
-            count(&mut phases, c.status.phase.to_string());
-        }
-        let mut machine_phases: Vec<(String, usize)> = vec![];
-        let mut health: Vec<(String, usize)> = vec![];
-        for m in &machines {
-            count(&mut machine_phases, m.status.phase.to_string());
-            count(&mut health, crate::metrics::machine_health(m).to_owned());
-        }
         let body = html! {
             section.counts {
-                div.card { h2 { "Clusters" } p.big #cluster-count { (clusters.len()) }
-                    (tally("cluster-phases", &phases)) }
-                div.card { h2 { "Machines" } p.big #machine-count { (machines.len()) }
-                    (tally("machine-phases", &machine_phases)) }
-                div.card { h2 { "Health" } (tally("machine-health", &health)) }
+                div.card { h2 { "Clusters" } p.big #cluster-count { (counts.clusters) }
+                    (tally("cluster-phases", &counts.cluster_phases)) }
+                div.card { h2 { "Machines" } p.big #machine-count { (counts.machines) }
+                    (tally("machine-phases", &counts.machine_phases)) }
+                div.card { h2 { "Health" } (tally("machine-health", &counts.machine_health)) }
             }
             section {
                 h2 { "The last hour" }
@@ -146,8 +152,13 @@ pub async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Respon
                 (chart("Remediations per minute", "rem", hour.iter().map(|m| m.remediations).collect()))
             }
             section {
-                h2 { "Clusters" }
-                (clusters_table(&clusters))
+                h2 { "Clusters not Running" }
+                p #attention-count {
+                    (needing) " of " (counts.clusters) " clusters are not Running"
+                    @if needing > clusters.len() { "; the first " (clusters.len()) " by name" }
+                    ". " a href="/ui/clusters" { "Every cluster" }
+                }
+                @if !clusters.is_empty() { (clusters_table_with_id("attention", &clusters)) }
             }
         };
         respond(StatusCode::OK, page("Overview", &admin, body))
@@ -266,7 +277,7 @@ pub async fn machine(
                 dt { "Role" } dd { (a.map_or("-".to_owned(), |a| a.role.to_string())) }
                 dt { "Host name" } dd { (m.status.hostname) }
                 dt { "Addresses" } dd { (m.status.addresses.join(", ")) }
-                dt { "Last heartbeat" } dd #last-heartbeat { (ago(app.last_seen(&m.metadata.name).or(m.status.last_heartbeat_time))) }
+                dt { "Last heartbeat" } dd #last-heartbeat { (ago(app.last_heard(&m.metadata.name).or(m.status.last_heartbeat_time))) }
                 dt { "kubeadm" } dd { (m.status.kubeadm_version) }
                 dt { "Agent" } dd { (m.status.agent_version) }
                 dt { "Provider" } dd { (m.spec.provider.as_deref().unwrap_or("pool")) }
@@ -483,14 +494,7 @@ fn login_form(error: Option<&str>) -> Markup {
     }
 }
 
-fn count(counts: &mut Vec<(String, usize)>, key: String) {
-    match counts.iter_mut().find(|(k, _)| *k == key) {
-        Some((_, n)) => *n += 1,
-        None => counts.push((key, 1)),
-    }
-}
-
-fn tally(id: &str, counts: &[(String, usize)]) -> Markup {
+fn tally(id: &str, counts: &[(String, u64)]) -> Markup {
     html! {
         ul.tally id=(id) {
             @for (k, n) in counts { li { span.key { (k) } " " span.n { (n) } } }
@@ -526,8 +530,12 @@ fn chart(title: &str, class: &str, values: Vec<u64>) -> Markup {
 }
 
 fn clusters_table(list: &[Cluster]) -> Markup {
+    clusters_table_with_id("clusters", list)
+}
+
+fn clusters_table_with_id(id: &str, list: &[Cluster]) -> Markup {
     html! {
-        table #clusters {
+        table id=(id) {
             thead { tr { th { "Cluster" } th { "Phase" } th { "Version" } th { "Pools (running/desired)" } th { "Ready" } } }
             tbody { @for c in list {
                 @let ready = c.status.conditions.iter().find(|x| x.type_ == "Ready");
@@ -572,7 +580,7 @@ fn machines_table(app: &App, list: &[Machine]) -> Markup {
                     td { (a.map_or("-", |a| a.machine_pool.as_str())) }
                     td.phase { (m.status.phase) }
                     td { (health_text(m)) }
-                    td { (ago(app.last_seen(&m.metadata.name).or(m.status.last_heartbeat_time))) }
+                    td { (ago(app.last_heard(&m.metadata.name).or(m.status.last_heartbeat_time))) }
                     td { (if m.status.kubeadm_version.is_empty() { "-" } else { &m.status.kubeadm_version }) }
                 }
             } }
@@ -582,8 +590,8 @@ fn machines_table(app: &App, list: &[Machine]) -> Markup {
 
 /// A machine's health label, with why when it is not healthy.
 fn health_text(m: &Machine) -> String {
-    let label = crate::metrics::machine_health(m);
-    match crate::metrics::not_alive(m) {
+    let label = crate::domain::fleet_summary::machine_health(m);
+    match crate::domain::fleet_summary::not_alive(m) {
         Some(c) if !c.reason.is_empty() => format!("{label} ({})", c.reason),
         _ => label.to_owned(),
     }

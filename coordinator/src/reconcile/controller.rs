@@ -207,7 +207,8 @@ fn on_change(app: &Arc<App>, c: &crate::store::Change) -> bool {
             let record = if c.deleted {
                 None
             } else {
-                match app.machine_cached(&c.name) {
+                // As of this change: the read cache may not hold it yet.
+                match app.machine_at_least(&c.name, c.revision) {
                     Ok(m) => m,
                     Err(e) => {
                         tracing::warn!(machine = %c.name, error = %e, "cannot read a changed machine; reading everything again");

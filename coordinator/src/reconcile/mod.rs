@@ -64,7 +64,12 @@ impl FreeScan {
             .lock()
             .expect("liveness lock")
             .iter()
-            .map(|(name, l)| (name.clone(), now - l.last_seen > timeout))
+            .map(|(name, l)| {
+                // The stall clock is asked only of what looks quiet.
+                let quiet = now - l.last_seen > timeout
+                    && now - app.fleet.stalls.judged_last_seen(l.last_seen, now) > timeout;
+                (name.clone(), quiet)
+            })
             .collect();
         let full = self.full_at.is_none_or(|at| at.elapsed() >= FULL_FREE_SCAN);
         let machines = if full {
@@ -156,5 +161,62 @@ mod tests {
         scan.full_at = std::time::Instant::now().checked_sub(super::FULL_FREE_SCAN);
         assert!(scan.run(&app).is_empty());
         assert_eq!(alive(), Some(("True".into(), "Heartbeating".into())));
+    }
+
+    #[tokio::test]
+    async fn silence_while_the_coordinator_stalled_is_not_held_against_a_machine() {
+        use crate::app::Liveness;
+        use crate::store::Kind;
+        let dir = tempfile::tempdir().unwrap();
+        let app = crate::app::App::for_tests(dir.path());
+        let mut m = free("m", "dev");
+        m.status.phase = MachinePhase::Registered;
+        app.store.create_json(Kind::Machine, "m", &m).unwrap();
+        let alive = || {
+            let m = app.machine("m").unwrap().unwrap();
+            m.status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == ALIVE_CONDITION)
+                .map(|c| c.status.clone())
+        };
+        // Last heard 60 s ago (the timeout is 40 s), just before the
+        // coordinator's runtime stood still for 59 s.
+        let now = drover_common::now();
+        let heard = now - Duration::from_secs(60);
+        app.fleet
+            .liveness
+            .lock()
+            .unwrap()
+            .insert("m".into(), Liveness { last_seen: heard });
+        let stalls = &app.fleet.stalls;
+        stalls.tick(heard);
+        assert!(stalls.tick(now - Duration::from_millis(700)).is_some());
+        stalls.tick(now);
+        let mut scan = super::FreeScan::default();
+        assert!(scan.run(&app).is_empty());
+        assert_ne!(
+            alive().as_deref(),
+            Some("False"),
+            "judged silent across a stall"
+        );
+        // The same silence with the coordinator running all along is.
+        let other = tempfile::tempdir().unwrap();
+        let app = crate::app::App::for_tests(other.path());
+        app.store.create_json(Kind::Machine, "m", &m).unwrap();
+        app.fleet
+            .liveness
+            .lock()
+            .unwrap()
+            .insert("m".into(), Liveness { last_seen: heard });
+        let mut scan = super::FreeScan::default();
+        assert!(scan.run(&app).is_empty());
+        let alive = app.machine("m").unwrap().unwrap().status.conditions;
+        assert!(
+            alive
+                .iter()
+                .any(|c| c.type_ == ALIVE_CONDITION && c.status == "False"),
+            "{alive:?}"
+        );
     }
 }

@@ -393,6 +393,23 @@ impl Store {
         decode_record(kind, self.get_cached(kind, name)?)
     }
 
+    /// Reads and decodes the object a [`Change`] announced, at its revision
+    /// or later: from the read cache when the cache has caught up, else
+    /// from the backend. (A backend announces a commit before the writer
+    /// installs it in the cache, so for a moment the cache may still hold
+    /// the copy from before the change.)
+    pub fn get_json_at_least<T: DeserializeOwned>(
+        &self,
+        kind: Kind,
+        name: &str,
+        revision: u64,
+    ) -> Result<Option<(T, u64)>, StoreError> {
+        match self.get_json_cached::<T>(kind, name)? {
+            Some((v, rev)) if rev >= revision => Ok(Some((v, rev))),
+            _ => self.get_json::<T>(kind, name),
+        }
+    }
+
     /// Reads every object of a kind as stored (still sealed), ordered by
     /// name, always from the backend (refreshing the read cache).
     pub fn list_raw(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {

@@ -1,0 +1,336 @@
+//! The fleet in numbers: how many clusters are in each phase, how many
+//! machines in each phase and health, and each cluster's conditions, kept
+//! up to date from the store's changes (on every replica, leader or not)
+//! so that `/metrics` and the web overview cost what they show rather
+//! than a read and decode of every object per request.
+//!
+//! Invariant: after [`FleetSummary::rebuild`] from a full read, applying
+//! every later change of a cluster or machine (its record as it is now, or
+//! `None` when deleted) leaves the summary equal to a rebuild from a full
+//! read at that point; `changes_match_a_rebuild` checks it. A change
+//! missed (the store's change feed lagged) is repaired by a rebuild.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use drover_common::api::{Cluster, ClusterPhase, Machine, MachinePhase};
+
+use crate::metrics::{FleetGauges, MachineLabels};
+
+/// A machine's health label: silent when the coordinator judged it not
+/// alive, else what its last report says.
+pub fn machine_health(m: &Machine) -> &'static str {
+    if not_alive(m).is_some() {
+        return "silent";
+    }
+    match &m.status.health {
+        None => "unknown",
+        Some(h) if h.kubelet.state == drover_common::wire::ProbeState::Unknown => "unknown",
+        Some(h) if h.healthy() => "healthy",
+        Some(_) => "unhealthy",
+    }
+}
+
+/// The condition by which the coordinator judged a machine not alive, if
+/// it did.
+pub fn not_alive(m: &Machine) -> Option<&drover_common::api::Condition> {
+    m.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False")
+}
+
+/// What the summary keeps of one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ClusterEntry {
+    phase: ClusterPhase,
+    /// (type, status, reason) of each condition.
+    conditions: Vec<[String; 3]>,
+}
+
+impl ClusterEntry {
+    fn of(c: &Cluster) -> Self {
+        Self {
+            phase: c.status.phase,
+            conditions: c
+                .status
+                .conditions
+                .iter()
+                .map(|k| [k.type_.clone(), k.status.clone(), k.reason.clone()])
+                .collect(),
+        }
+    }
+}
+
+/// The labels a machine is counted under; `None` for a deleted machine
+/// (its tombstone is not counted).
+fn machine_labels(m: &Machine) -> Option<MachineLabels> {
+    (m.status.phase != MachinePhase::Deleted).then(|| MachineLabels {
+        phase: m.status.phase.to_string(),
+        health: machine_health(m),
+        provider: m.spec.provider.clone().unwrap_or_else(|| "pool".into()),
+    })
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Inner {
+    /// False until the first rebuild: nothing is known yet.
+    built: bool,
+    clusters: BTreeMap<String, ClusterEntry>,
+    machines: HashMap<String, MachineLabels>,
+    cluster_phases: BTreeMap<String, u64>,
+    machine_counts: BTreeMap<MachineLabels, u64>,
+}
+
+impl Inner {
+    fn put_cluster(&mut self, name: &str, cluster: Option<&Cluster>) {
+        if let Some(old) = self.clusters.remove(name) {
+            decrement(&mut self.cluster_phases, &old.phase.to_string());
+        }
+        if let Some(c) = cluster {
+            let entry = ClusterEntry::of(c);
+            *self
+                .cluster_phases
+                .entry(entry.phase.to_string())
+                .or_default() += 1;
+            self.clusters.insert(name.to_owned(), entry);
+        }
+    }
+
+    fn put_machine(&mut self, name: &str, machine: Option<&Machine>) {
+        if let Some(old) = self.machines.remove(name) {
+            decrement(&mut self.machine_counts, &old);
+        }
+        if let Some(labels) = machine.and_then(machine_labels) {
+            *self.machine_counts.entry(labels.clone()).or_default() += 1;
+            self.machines.insert(name.to_owned(), labels);
+        }
+    }
+}
+
+fn decrement<K: Ord>(counts: &mut BTreeMap<K, u64>, key: &K) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
+/// The counts the web overview shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overview {
+    pub clusters: u64,
+    pub cluster_phases: Vec<(String, u64)>,
+    pub machines: u64,
+    pub machine_phases: Vec<(String, u64)>,
+    pub machine_health: Vec<(String, u64)>,
+}
+
+/// The summary; see the module documentation.
+#[derive(Debug, Default)]
+pub struct FleetSummary {
+    inner: Mutex<Inner>,
+}
+
+impl FleetSummary {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("fleet summary lock")
+    }
+
+    /// Whether a full read has been applied yet.
+    pub fn is_built(&self) -> bool {
+        self.lock().built
+    }
+
+    /// Replaces everything with what a full read says.
+    pub fn rebuild(&self, clusters: &[Cluster], machines: &[Machine]) {
+        let mut fresh = Inner {
+            built: true,
+            ..Inner::default()
+        };
+        for c in clusters {
+            fresh.put_cluster(&c.metadata.name, Some(c));
+        }
+        for m in machines {
+            fresh.put_machine(&m.metadata.name, Some(m));
+        }
+        *self.lock() = fresh;
+    }
+
+    /// Records cluster `name` as it is now (`None`: deleted).
+    pub fn cluster_changed(&self, name: &str, cluster: Option<&Cluster>) {
+        self.lock().put_cluster(name, cluster);
+    }
+
+    /// Records machine `name` as it is now (`None`: deleted).
+    pub fn machine_changed(&self, name: &str, machine: Option<&Machine>) {
+        self.lock().put_machine(name, machine);
+    }
+
+    /// The counts of the web overview.
+    pub fn overview(&self) -> Overview {
+        let inner = self.lock();
+        let mut phases: BTreeMap<String, u64> = BTreeMap::new();
+        let mut health: BTreeMap<String, u64> = BTreeMap::new();
+        for (labels, n) in &inner.machine_counts {
+            *phases.entry(labels.phase.clone()).or_default() += n;
+            *health.entry(labels.health.to_owned()).or_default() += n;
+        }
+        Overview {
+            clusters: inner.clusters.len() as u64,
+            cluster_phases: inner
+                .cluster_phases
+                .iter()
+                .map(|(p, n)| (p.clone(), *n))
+                .collect(),
+            machines: inner.machines.len() as u64,
+            machine_phases: phases.into_iter().collect(),
+            machine_health: health.into_iter().collect(),
+        }
+    }
+
+    /// The names of up to `limit` clusters, in name order, whose phase is
+    /// not `phase`, and how many such clusters there are in all.
+    pub fn clusters_not_in(&self, phase: ClusterPhase, limit: usize) -> (Vec<String>, usize) {
+        let inner = self.lock();
+        let mut names = vec![];
+        let mut all = 0;
+        for (name, entry) in &inner.clusters {
+            if entry.phase != phase {
+                all += 1;
+                if names.len() < limit {
+                    names.push(name.clone());
+                }
+            }
+        }
+        (names, all)
+    }
+}
+
+impl FleetGauges for FleetSummary {
+    fn cluster_phases(&self) -> Vec<(String, u64)> {
+        self.lock()
+            .cluster_phases
+            .iter()
+            .map(|(p, n)| (p.clone(), *n))
+            .collect()
+    }
+
+    fn machine_counts(&self) -> Vec<(MachineLabels, u64)> {
+        self.lock()
+            .machine_counts
+            .iter()
+            .map(|(l, n)| (l.clone(), *n))
+            .collect()
+    }
+
+    fn each_condition(&self, f: &mut dyn FnMut([&str; 4])) {
+        let inner = self.lock();
+        for (name, entry) in &inner.clusters {
+            for [type_, status, reason] in &entry.conditions {
+                f([name, type_, status, reason]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::Condition;
+    use drover_planner::fixtures;
+
+    fn cluster(name: &str, phase: ClusterPhase, ready: &str) -> Cluster {
+        let mut c = fixtures::pool_cluster(1, 0);
+        c.metadata.name = name.into();
+        c.status.phase = phase;
+        c.status.conditions = vec![Condition {
+            type_: "Ready".into(),
+            status: ready.into(),
+            reason: "Because".into(),
+            message: String::new(),
+            last_transition_time: fixtures::t0(),
+        }];
+        c
+    }
+
+    fn machine(name: &str, phase: MachinePhase, provider: Option<&str>) -> Machine {
+        let mut m = fixtures::free(name, "dev");
+        m.status.phase = phase;
+        m.spec.provider = provider.map(str::to_owned);
+        m
+    }
+
+    fn conditions(s: &FleetSummary) -> Vec<String> {
+        let mut out = vec![];
+        s.each_condition(&mut |l| out.push(l.join("/")));
+        out
+    }
+
+    #[test]
+    fn changes_match_a_rebuild() {
+        let a = cluster("a", ClusterPhase::Provisioning, "False");
+        let b = cluster("b", ClusterPhase::Running, "True");
+        let m1 = machine("m1", MachinePhase::Registered, None);
+        let m2 = machine("m2", MachinePhase::Running, Some("docker"));
+        let s = FleetSummary::default();
+        assert!(!s.is_built());
+        s.rebuild(&[a.clone(), b.clone()], &[m1.clone(), m2.clone()]);
+        assert!(s.is_built());
+
+        // a comes up, b goes, m1 joins a cluster, m2 is deleted (its
+        // tombstone is not counted), m3 registers.
+        let a2 = cluster("a", ClusterPhase::Running, "True");
+        let m1b = machine("m1", MachinePhase::Running, None);
+        let m2b = machine("m2", MachinePhase::Deleted, Some("docker"));
+        let m3 = machine("m3", MachinePhase::Registered, None);
+        s.cluster_changed("a", Some(&a2));
+        s.cluster_changed("b", None);
+        s.machine_changed("m1", Some(&m1b));
+        s.machine_changed("m2", Some(&m2b));
+        s.machine_changed("m3", Some(&m3));
+
+        let fresh = FleetSummary::default();
+        fresh.rebuild(&[a2], &[m1b, m2b, m3]);
+        assert_eq!(*s.lock(), *fresh.lock());
+        assert_eq!(
+            s.overview(),
+            Overview {
+                clusters: 1,
+                cluster_phases: vec![("Running".into(), 1)],
+                machines: 2,
+                machine_phases: vec![("Registered".into(), 1), ("Running".into(), 1)],
+                machine_health: vec![("unknown".into(), 2)],
+            }
+        );
+        assert_eq!(conditions(&s), ["a/Ready/True/Because"]);
+        assert_eq!(s.cluster_phases(), [("Running".to_owned(), 1)]);
+        // A count that falls to zero leaves no series behind.
+        assert!(s.machine_counts().iter().all(|(l, _)| l.provider == "pool"));
+    }
+
+    #[test]
+    fn the_overview_lists_the_clusters_that_are_not_running_first_by_name() {
+        let s = FleetSummary::default();
+        let clusters: Vec<Cluster> = (0..5)
+            .map(|i| {
+                let phase = if i % 2 == 0 {
+                    ClusterPhase::Running
+                } else {
+                    ClusterPhase::Degraded
+                };
+                cluster(&format!("c{i}"), phase, "True")
+            })
+            .collect();
+        s.rebuild(&clusters, &[]);
+        assert_eq!(
+            s.clusters_not_in(ClusterPhase::Running, 1),
+            (vec!["c1".to_owned()], 2)
+        );
+        assert_eq!(
+            s.clusters_not_in(ClusterPhase::Running, 10),
+            (vec!["c1".to_owned(), "c3".to_owned()], 2)
+        );
+    }
+}
