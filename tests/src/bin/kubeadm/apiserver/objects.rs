@@ -575,14 +575,15 @@ fn conflict(what: &str, name: &str) -> Resp {
     )
 }
 
-/// Refuses a body whose namespace is not the URL's `ns`.
-fn check_body_namespace(ns: Option<&str>, obj: &Value) -> Result<(), Resp> {
-    if let (Some(ns), Some(body_ns)) = (ns, obj["metadata"]["namespace"].as_str()) {
-        if ns != body_ns {
-            return Err(bad_request("the namespace of the provided object does not match the namespace sent on the request"));
-        }
+/// The refusal of a body whose namespace is not the URL's `ns`, if it is
+/// one.
+fn body_namespace_refusal(ns: Option<&str>, obj: &Value) -> Option<Resp> {
+    match (ns, obj["metadata"]["namespace"].as_str()) {
+        (Some(ns), Some(body_ns)) if ns != body_ns => Some(bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        _ => None,
     }
-    Ok(())
 }
 
 /// Refuses an object of namespace `ns` (if namespaced) when `ns` does not
@@ -664,7 +665,9 @@ pub(super) async fn read_apply(
     if let Some(why) = name_problem {
         return Err(invalid(kind, name, &why));
     }
-    check_body_namespace(ns, &applied)?;
+    if let Some(refusal) = body_namespace_refusal(ns, &applied) {
+        return Err(refusal);
+    }
     Ok((applied, manager))
 }
 
@@ -818,8 +821,8 @@ async fn write(
     if let Some(why) = name_problem(r.kind, &name) {
         return invalid(r.kind, &name, &why);
     }
-    if let Err(r) = check_body_namespace(t.ns.as_deref(), &obj) {
-        return r;
+    if let Some(refusal) = body_namespace_refusal(t.ns.as_deref(), &obj) {
+        return refusal;
     }
     if let Err(why) = check_kind(r.kind, &obj) {
         return invalid(r.kind, &name, &why);
