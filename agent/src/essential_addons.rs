@@ -13,22 +13,11 @@
 //! `cmd/kubeadm/app/constants/constants.go` `CoreDNSVersion`), kept here
 //! per minor release in [`COREDNS_BY_MINOR`].
 
-/// kubeadm's default image repository (`DefaultImageRepository`).
-pub const DEFAULT_IMAGE_REPOSITORY: &str = "registry.k8s.io";
-
-/// `CoreDNSVersion` in `cmd/kubeadm/app/constants/constants.go` of each
-/// Kubernetes minor release (Drover's oldest supported minor on). A minor
-/// missing here leaves CoreDNS as it is (unless the cluster's
-/// ClusterConfiguration names `dns.imageTag`): extend the table when a
-/// Kubernetes release changes it.
-pub const COREDNS_BY_MINOR: &[(u32, &str)] = &[
-    (30, "v1.11.1"),
-    (31, "v1.11.3"),
-    (32, "v1.11.3"),
-    (33, "v1.12.0"),
-    (34, "v1.12.1"),
-    (35, "v1.13.1"),
-];
+/// kubeadm's default image repository, and the CoreDNS version each
+/// Kubernetes minor release pairs with: a minor missing from the table
+/// leaves CoreDNS as it is (unless the cluster's ClusterConfiguration names
+/// `dns.imageTag`).
+pub use drover_common::kubeadm::{COREDNS_BY_MINOR, DEFAULT_IMAGE_REPOSITORY};
 
 /// The CoreDNS version kubeadm of Kubernetes 1.`minor` deploys.
 pub fn coredns_version(minor: u32) -> Option<&'static str> {

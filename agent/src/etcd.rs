@@ -101,19 +101,8 @@ impl Etcd {
     /// with each started member's health as this machine sees it.
     pub async fn members(&mut self, endpoint: &str) -> Result<Vec<EtcdMember>, EtcdError> {
         let client = self.client()?;
-        let body = post(
-            &client,
-            endpoint,
-            "member list",
-            "/v3/cluster/member/list",
-            serde_json::json!({}),
-        )
-        .await?;
-        let list: MemberList = serde_json::from_str(&body).map_err(|e| EtcdError::Call {
-            call: "member list",
-            endpoint: endpoint.to_owned(),
-            detail: e.to_string(),
-        })?;
+        let list: MemberList =
+            query(&client, endpoint, "member list", "/v3/cluster/member/list").await?;
         let checks = list.members.iter().map(|m| {
             let client = client.clone();
             let url = m.client_urls.first().cloned();
@@ -134,11 +123,7 @@ impl Etcd {
             .into_iter()
             .zip(health)
             .map(|(m, healthy)| EtcdMember {
-                id: m
-                    .id
-                    .parse::<u64>()
-                    .map(|id| format!("{id:x}"))
-                    .unwrap_or(m.id),
+                id: hex_id(&m.id).unwrap_or(m.id),
                 started: !m.name.is_empty() && !m.client_urls.is_empty(),
                 name: m.name,
                 peer_urls: m.peer_urls,
@@ -167,24 +152,14 @@ impl Etcd {
             leader: String,
         }
         let client = self.client()?;
-        let body = post(
+        let status: Status = query(
             &client,
             endpoint,
             "maintenance status",
             "/v3/maintenance/status",
-            serde_json::json!({}),
         )
         .await?;
-        let status: Status = serde_json::from_str(&body).map_err(|e| EtcdError::Call {
-            call: "maintenance status",
-            endpoint: endpoint.to_owned(),
-            detail: e.to_string(),
-        })?;
-        Ok(status
-            .leader
-            .parse::<u64>()
-            .map(|id| format!("{id:x}"))
-            .unwrap_or_default())
+        Ok(hex_id(&status.leader).unwrap_or_default())
     }
 
     /// Moves etcd leadership away from member `id` (hexadecimal) when it
@@ -293,6 +268,26 @@ impl Etcd {
             None => format!("removed etcd member {id} ({name})"),
         })
     }
+}
+
+/// A member id (a uint64 as a decimal string) in hexadecimal.
+fn hex_id(decimal: &str) -> Option<String> {
+    decimal.parse::<u64>().ok().map(|id| format!("{id:x}"))
+}
+
+/// A call of etcd's JSON gateway without arguments; its answer parsed.
+async fn query<T: serde::de::DeserializeOwned>(
+    client: &reqwest::Client,
+    endpoint: &str,
+    call: &'static str,
+    path: &str,
+) -> Result<T, EtcdError> {
+    let body = post(client, endpoint, call, path, serde_json::json!({})).await?;
+    serde_json::from_str(&body).map_err(|e| EtcdError::Call {
+        call,
+        endpoint: endpoint.to_owned(),
+        detail: e.to_string(),
+    })
 }
 
 /// One call of etcd's JSON gateway; the answer's body when it succeeded.

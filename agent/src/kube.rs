@@ -588,15 +588,31 @@ impl Kube {
         Ok(())
     }
 
-    /// Marks Node `node` schedulable again, as `kubectl uncordon` does.
-    pub async fn uncordon(&mut self, api: &str, node: &str) -> Result<String, KubeError> {
-        let call = format!("uncordon node {node}");
-        let patch = serde_json::json!({"spec": {"unschedulable": null}});
+    /// Cordons Node `node` (`unschedulable`) or uncordons it, as kubectl
+    /// does: the call as logged, and the API server's answer.
+    async fn set_unschedulable(
+        &mut self,
+        api: &str,
+        node: &str,
+        unschedulable: bool,
+    ) -> Result<(String, reqwest::StatusCode, String), KubeError> {
+        let (call, value) = if unschedulable {
+            (format!("cordon node {node}"), serde_json::json!(true))
+        } else {
+            (format!("uncordon node {node}"), serde_json::Value::Null)
+        };
+        let patch = serde_json::json!({"spec": {"unschedulable": value}});
         let path = format!("/api/v1/nodes/{node}");
         let patch = Some(("application/merge-patch+json", patch));
         let (status, body) = self
             .call_with(api, &call, Method::PATCH, &path, patch)
             .await?;
+        Ok((call, status, body))
+    }
+
+    /// Marks Node `node` schedulable again, as `kubectl uncordon` does.
+    pub async fn uncordon(&mut self, api: &str, node: &str) -> Result<String, KubeError> {
+        let (call, status, body) = self.set_unschedulable(api, node, false).await?;
         if !status.is_success() {
             return Err(failed(&call, api, format!("{status}: {body}")));
         }
@@ -622,13 +638,7 @@ impl Kube {
         node: &str,
         options: DrainOptions,
     ) -> Result<String, KubeError> {
-        let call = format!("cordon node {node}");
-        let patch = serde_json::json!({"spec": {"unschedulable": true}});
-        let path = format!("/api/v1/nodes/{node}");
-        let patch = Some(("application/merge-patch+json", patch));
-        let (status, body) = self
-            .call_with(api, &call, Method::PATCH, &path, patch)
-            .await?;
+        let (call, status, body) = self.set_unschedulable(api, node, true).await?;
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(format!("node {node} is gone; nothing to drain"));
         }
@@ -1169,17 +1179,26 @@ mod tests {
         format!("https://{addr}")
     }
 
+    /// A `Kube` whose admin.conf names a [`fake_api`], under a fresh root;
+    /// with the PKI that records the calls.
+    async fn kube_on_fake_api(
+        gets_until_established: Option<usize>,
+    ) -> (tempfile::TempDir, crate::fake_https::Pki, String, Kube) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root = tempfile::tempdir().unwrap();
+        let pki = crate::fake_https::Pki::new();
+        let api = fake_api(&pki, gets_until_established).await;
+        pki.write_admin_conf(root.path(), &api);
+        let kube = Kube::new(root.path());
+        (root, pki, api, kube)
+    }
+
     /// A Widget before its definition, as an addon may list them.
     const ADDON: &str = "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1, namespace: default}\n---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec: {group: example.com}\n";
 
     #[tokio::test]
     async fn an_addons_objects_wait_for_their_definition_to_be_established() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let root = tempfile::tempdir().unwrap();
-        let pki = crate::fake_https::Pki::new();
-        let api = fake_api(&pki, Some(3)).await;
-        pki.write_admin_conf(root.path(), &api);
-        let mut kube = Kube::new(root.path());
+        let (_root, pki, api, mut kube) = kube_on_fake_api(Some(3)).await;
         let done = kube
             .apply_manifests_within(&api, "widgets", ADDON, Duration::from_secs(20))
             .await
@@ -1224,12 +1243,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_addon_whose_definition_is_never_established_fails_naming_it() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let root = tempfile::tempdir().unwrap();
-        let pki = crate::fake_https::Pki::new();
-        let api = fake_api(&pki, None).await;
-        pki.write_admin_conf(root.path(), &api);
-        let mut kube = Kube::new(root.path());
+        let (_root, pki, api, mut kube) = kube_on_fake_api(None).await;
         let err = kube
             .apply_manifests_within(&api, "widgets", ADDON, Duration::from_secs(1))
             .await

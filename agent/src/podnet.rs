@@ -739,20 +739,16 @@ mod tests {
             node("w1", None, Some("172.18.0.3")),
             node("w2", Some("10.244.2.0/24"), None),
         ];
+        let refused = |p: &Plan, why: &str| {
+            let err = p.conflist.as_ref().unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        };
         let p = plan("w1", &nodes, &template(), &BTreeMap::new());
-        assert!(p
-            .conflist
-            .unwrap_err()
-            .to_string()
-            .contains("no spec.podCIDR"));
+        refused(&p, "no spec.podCIDR");
         assert_eq!(p.routes.len(), 1);
         assert_eq!(p.skipped, vec!["w2: no InternalIP".to_owned()]);
         let p = plan("w9", &nodes, &template(), &BTreeMap::new());
-        assert!(p
-            .conflist
-            .unwrap_err()
-            .to_string()
-            .contains("not registered"));
+        refused(&p, "not registered");
         // A config without host-local IPAM cannot take a range.
         let bad = serde_json::json!({"name": "x", "plugins": [{"type": "ptp"}]});
         assert!(conflist(&bad, c("10.244.0.0/24")).is_err());

@@ -12,12 +12,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use drover_common::pin::CaPin;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use drover_common::tls_verify::{CheckedVerifier, PresentedCert, ServerCertCheck};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, OtherError, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, OtherError, RootCertStore};
 
 /// The one crypto provider the agent uses, chosen explicitly.
 pub fn provider() -> Arc<CryptoProvider> {
@@ -72,32 +73,28 @@ impl fmt::Display for PinMismatch {
     }
 }
 
-/// A server certificate verifier that trusts only the CA matching a pin.
+/// Trusts only the CA matching a pin: the certificate of the server's
+/// chain whose public key matches, as the only root.
 #[derive(Debug)]
-pub struct PinnedCaVerifier {
-    pin: CaPin,
-    provider: Arc<CryptoProvider>,
-}
+pub struct PinnedCa(pub CaPin);
 
-impl PinnedCaVerifier {
-    pub fn new(pin: CaPin, provider: Arc<CryptoProvider>) -> Self {
-        Self { pin, provider }
-    }
-}
+/// A server certificate verifier that trusts only the CA matching a pin.
+pub type PinnedCaVerifier = CheckedVerifier<PinnedCa>;
 
-impl ServerCertVerifier for PinnedCaVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+impl ServerCertCheck for PinnedCa {
+    fn check(&self, presented: PresentedCert<'_>) -> Result<ServerCertVerified, rustls::Error> {
+        let PresentedCert {
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+            provider,
+        } = presented;
         let chain = || std::iter::once(end_entity).chain(intermediates);
-        let Some(ca) = chain().find(|c| self.pin.matches_cert_der(c)) else {
+        let Some(ca) = chain().find(|c| self.0.matches_cert_der(c)) else {
             let mismatch = PinMismatch {
-                pinned: self.pin.clone(),
+                pinned: self.0.clone(),
                 presented: chain()
                     .filter_map(|c| CaPin::from_cert_der(c).ok())
                     .collect(),
@@ -107,44 +104,10 @@ impl ServerCertVerifier for PinnedCaVerifier {
         let mut roots = RootCertStore::empty();
         roots.add(ca.clone().into_owned())?;
         let verifier =
-            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .build()
                 .map_err(|e| rustls::Error::General(e.to_string()))?;
         verifier.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
     }
 }
 
@@ -185,7 +148,10 @@ fn builder() -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier
 pub fn pinned_config(pin: &CaPin) -> Result<ClientConfig, TlsError> {
     Ok(builder()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier::new(pin.clone(), provider())))
+        .with_custom_certificate_verifier(Arc::new(PinnedCaVerifier::new(
+            PinnedCa(pin.clone()),
+            provider(),
+        )))
         .with_no_client_auth())
 }
 
@@ -324,6 +290,7 @@ impl CachedClient {
 pub(crate) mod tests {
     use super::*;
     use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
+    use rustls::pki_types::{ServerName, UnixTime};
 
     pub(crate) fn server_leaf(ca: &CertificateAuthority) -> (String, String) {
         let issued = ca
@@ -342,7 +309,7 @@ pub(crate) mod tests {
         rest: &[CertificateDer<'_>],
         name: &str,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        PinnedCaVerifier::new(pin.clone(), provider()).verify_server_cert(
+        PinnedCaVerifier::new(PinnedCa(pin.clone()), provider()).verify_server_cert(
             leaf,
             rest,
             &ServerName::try_from(name.to_owned()).unwrap(),

@@ -35,6 +35,23 @@ pub const SHARED_CA_FILES: [&str; 8] = [
 /// kubeadm's default certificates directory.
 pub const CERTIFICATES_DIR: &str = "/etc/kubernetes/pki";
 
+/// kubeadm's default image repository (`DefaultImageRepository` in
+/// `cmd/kubeadm/app/constants/constants.go`).
+pub const DEFAULT_IMAGE_REPOSITORY: &str = "registry.k8s.io";
+
+/// `CoreDNSVersion` in `cmd/kubeadm/app/constants/constants.go` of each
+/// kubeadm minor release (Drover's oldest supported minor on): the CoreDNS
+/// a kubeadm of that release deploys. Extend the table when a Kubernetes
+/// release changes it.
+pub const COREDNS_BY_MINOR: &[(u32, &str)] = &[
+    (30, "v1.11.1"),
+    (31, "v1.11.3"),
+    (32, "v1.11.3"),
+    (33, "v1.12.0"),
+    (34, "v1.12.1"),
+    (35, "v1.13.1"),
+];
+
 /// The container runtime socket every Drover node image provides
 /// (containerd). It is set in every config: kubeadm's auto-detection fails
 /// on a host with two runtime sockets.

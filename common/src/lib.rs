@@ -5,7 +5,9 @@
 //! coordinator and the agent agree on formats by construction. The one
 //! system call, in `process`, raises the open-file limit at start; the one
 //! exception, `tcp_proxy` (behind the `tcp-proxy` feature), is the TCP
-//! load balancer both binaries run for control-plane endpoints.
+//! load balancer both binaries run for control-plane endpoints; `tls_verify`
+//! (behind the `tls` feature) is the rustls server certificate verifier the
+//! agent and the stand-in kubeadm build theirs on.
 
 /// Implements the OpenAPI schema, `Serialize` and `Deserialize` of a type
 /// that travels as a string: its `Display` form, parsed back with `FromStr`.
@@ -52,6 +54,8 @@ pub mod process;
 pub(crate) mod serde_skip;
 #[cfg(feature = "tcp-proxy")]
 pub mod tcp_proxy;
+#[cfg(feature = "tls")]
+pub mod tls_verify;
 pub mod token;
 pub mod units;
 // Certificates and their pins.

@@ -35,17 +35,29 @@ fn invalid(what: &'static str, value: &str, why: &'static str) -> NameError {
     }
 }
 
+/// Refuses an empty `value`, and one longer than `max` (saying
+/// `too_long`).
+fn check_size(
+    what: &'static str,
+    value: &str,
+    max: usize,
+    too_long: &'static str,
+) -> Result<(), NameError> {
+    if value.is_empty() {
+        return Err(invalid(what, value, "it must not be empty"));
+    }
+    if value.len() > max {
+        return Err(invalid(what, value, too_long));
+    }
+    Ok(())
+}
+
 /// Checks a DNS-1123 label: 1 to 63 characters of `[a-z0-9-]`, starting and
 /// ending with a letter or digit. Object names use this, so they never
 /// contain path separators or dots.
 pub fn check_dns_label(what: &'static str, value: &str) -> Result<(), NameError> {
+    check_size(what, value, 63, "it must be at most 63 characters")?;
     let bad = |why| Err(invalid(what, value, why));
-    if value.is_empty() {
-        return bad("it must not be empty");
-    }
-    if value.len() > 63 {
-        return bad("it must be at most 63 characters");
-    }
     if !value
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -81,13 +93,8 @@ pub const MAX_NAME_PREFIX: usize = 56;
 /// Checks a DNS-1123 subdomain: at most 253 characters, dot-separated
 /// DNS-1123 labels (so no empty part: `.`, `..` and `a..b` are refused).
 pub fn check_dns_subdomain(what: &'static str, value: &str) -> Result<(), NameError> {
+    check_size(what, value, 253, "it must be at most 253 characters")?;
     let bad = |why| Err(invalid(what, value, why));
-    if value.is_empty() {
-        return bad("it must not be empty");
-    }
-    if value.len() > 253 {
-        return bad("it must be at most 253 characters");
-    }
     for part in value.split('.') {
         if check_dns_label(what, part).is_err() {
             return bad("it must be a DNS-1123 subdomain: dot-separated parts of 1 to 63 lowercase letters, digits and '-', each starting and ending with a letter or digit");
@@ -184,6 +191,17 @@ pub fn random_suffix(len: usize) -> String {
 mod tests {
     use super::*;
 
+    /// Asserts that `check` accepts every one of `good` and refuses every
+    /// one of `bad`.
+    fn sorts(check: impl Fn(&str) -> Result<(), NameError>, good: &[&str], bad: &[&str]) {
+        for good in good {
+            assert!(check(good).is_ok(), "{good:?} refused");
+        }
+        for bad in bad {
+            assert!(check(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
     #[test]
     fn dns_labels() {
         assert!(check_dns_label("name", "demo-1").is_ok());
@@ -213,60 +231,58 @@ mod tests {
 
     #[test]
     fn hostnames() {
-        for good in ["node-1", "a", "ip-10-0-0-1.ec2.internal", &"a".repeat(63)] {
-            assert!(check_hostname(good).is_ok(), "{good:?} refused");
-        }
-        for bad in [
-            "",
-            ".",
-            "..",
-            "-rf",
-            "a..b",
-            ".a",
-            "a.",
-            "Node1",
-            "a_b",
-            "a b",
-            "a\nb",
-            "a\u{1b}[2J",
-            &"a".repeat(64),
-            &format!("{}.b", "a".repeat(252)),
-        ] {
-            assert!(check_hostname(bad).is_err(), "{bad:?} accepted");
-        }
+        sorts(
+            check_hostname,
+            &["node-1", "a", "ip-10-0-0-1.ec2.internal", &"a".repeat(63)],
+            &[
+                "",
+                ".",
+                "..",
+                "-rf",
+                "a..b",
+                ".a",
+                "a.",
+                "Node1",
+                "a_b",
+                "a b",
+                "a\nb",
+                "a\u{1b}[2J",
+                &"a".repeat(64),
+                &format!("{}.b", "a".repeat(252)),
+            ],
+        );
     }
 
     #[test]
     fn labels() {
-        for good in [
-            "env",
-            "drover.dev/role",
-            "app.kubernetes.io/name",
-            "A_b.c-D",
-            &"k".repeat(63),
-        ] {
-            assert!(check_label_key(good).is_ok(), "{good:?} refused");
-        }
-        for bad in [
-            "",
-            "/x",
-            "x/",
-            "a/b/c",
-            "Drover.dev/x",
-            "..//x",
-            "-x",
-            "x-",
-            "a\nb",
-            "env\n",
-            "a b",
-            &"k".repeat(64),
-        ] {
-            assert!(check_label_key(bad).is_err(), "{bad:?} accepted");
-        }
-        assert!(check_label_value("").is_ok());
-        assert!(check_label_value("v1.2_x-Y").is_ok());
-        for bad in ["a b", "-x", "x/y", "a\u{1b}", &"v".repeat(64)] {
-            assert!(check_label_value(bad).is_err(), "{bad:?} accepted");
-        }
+        sorts(
+            check_label_key,
+            &[
+                "env",
+                "drover.dev/role",
+                "app.kubernetes.io/name",
+                "A_b.c-D",
+                &"k".repeat(63),
+            ],
+            &[
+                "",
+                "/x",
+                "x/",
+                "a/b/c",
+                "Drover.dev/x",
+                "..//x",
+                "-x",
+                "x-",
+                "a\nb",
+                "env\n",
+                "a b",
+                &"k".repeat(64),
+            ],
+        );
+        sorts(
+            check_label_value,
+            &["", "v1.2_x-Y"],
+            &["a b", "-x", "x/y", "a\u{1b}", &"v".repeat(64)],
+        );
     }
 }

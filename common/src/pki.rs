@@ -181,6 +181,33 @@ fn dn(common_name: &str, organizations: &[String]) -> DistinguishedName {
     dn
 }
 
+/// Names a leaf certificate (the subject alternative names `dns_names` and
+/// `ip_addresses`, with the authority key identifier) and dates it as
+/// kubeadm does: backdated by five minutes, valid for `validity` from now.
+/// Err: a DNS name that is no IA5 string, and why.
+pub fn name_and_date_leaf(
+    params: &mut CertificateParams,
+    dns_names: &[String],
+    ip_addresses: &[std::net::IpAddr],
+    validity: Duration,
+) -> Result<(), (String, rcgen::Error)> {
+    for name in dns_names {
+        let ia5 = name
+            .clone()
+            .try_into()
+            .map_err(|source| (name.clone(), source))?;
+        params.subject_alt_names.push(SanType::DnsName(ia5));
+    }
+    for ip in ip_addresses {
+        params.subject_alt_names.push(SanType::IpAddress(*ip));
+    }
+    params.use_authority_key_identifier_extension = true;
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::minutes(5);
+    params.not_after = now + validity;
+    Ok(())
+}
+
 fn leaf_params(spec: &LeafSpec) -> Result<CertificateParams, PkiError> {
     let mut params = CertificateParams::default();
     params.distinguished_name = dn(&spec.common_name, &spec.organizations);
@@ -190,20 +217,13 @@ fn leaf_params(spec: &LeafSpec) -> Result<CertificateParams, PkiError> {
         LeafUsage::Server => ExtendedKeyUsagePurpose::ServerAuth,
         LeafUsage::Client => ExtendedKeyUsagePurpose::ClientAuth,
     }];
-    for name in &spec.dns_names {
-        let ia5 = name
-            .clone()
-            .try_into()
-            .map_err(|source| PkiError::sign(&spec.common_name, source))?;
-        params.subject_alt_names.push(SanType::DnsName(ia5));
-    }
-    for ip in &spec.ip_addresses {
-        params.subject_alt_names.push(SanType::IpAddress(*ip));
-    }
-    params.use_authority_key_identifier_extension = true;
-    let now = OffsetDateTime::now_utc();
-    params.not_before = now - Duration::minutes(5);
-    params.not_after = now + spec.validity;
+    name_and_date_leaf(
+        &mut params,
+        &spec.dns_names,
+        &spec.ip_addresses,
+        spec.validity,
+    )
+    .map_err(|(_, source)| PkiError::sign(&spec.common_name, source))?;
     let mut serial = [0u8; 16];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut serial);
     serial[0] &= 0x7f;

@@ -220,6 +220,15 @@ mod tests {
         c
     }
 
+    /// A cluster with `modes`' addons, its running control plane and its
+    /// status, where the passes write.
+    fn with_control_plane(modes: &[(&str, AddonMode, &str)]) -> (Cluster, Machine, ClusterStatus) {
+        let c = with_addons(modes);
+        let cp = running("cp-1", "control-plane", MachineRole::Init);
+        let s = c.status.clone();
+        (c, cp, s)
+    }
+
     /// A planner pass: `Ready` as the machines make it (true here), then
     /// the addons.
     fn pass(s: &mut ClusterStatus, c: &Cluster, via: &[&Machine], now: OffsetDateTime) {
@@ -254,12 +263,10 @@ mod tests {
 
     #[test]
     fn addons_go_in_order_one_at_a_time_and_ready_waits_for_all() {
-        let c = with_addons(&[
+        let (c, cp, mut s) = with_control_plane(&[
             ("cni", AddonMode::ApplyOnce, CM),
             ("extra", AddonMode::Reconcile, NS),
         ]);
-        let cp = running("cp-1", "control-plane", MachineRole::Init);
-        let mut s = c.status.clone();
         // No running control plane: nothing asked, Ready says why.
         pass(&mut s, &c, &[], t(0));
         assert_eq!(s.addon_apply, None);
@@ -304,12 +311,10 @@ mod tests {
 
     #[test]
     fn a_failed_addon_is_retried_with_back_off_and_holds_the_ones_after_it() {
-        let c = with_addons(&[
+        let (c, cp, mut s) = with_control_plane(&[
             ("broken", AddonMode::ApplyOnce, CM),
             ("after", AddonMode::ApplyOnce, NS),
         ]);
-        let cp = running("cp-1", "control-plane", MachineRole::Init);
-        let mut s = c.status.clone();
         pass(&mut s, &c, &[&cp], t(0));
         answer(&mut s, false, "ConfigMap kube-system/a: denied", t(1));
         pass(&mut s, &c, &[&cp], t(2));

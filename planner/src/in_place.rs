@@ -449,6 +449,15 @@ mod tests {
             .collect();
     }
 
+    /// A cluster of one control plane, `cp`, at v1.32.0, whose Node runs
+    /// kubelet `node_version`.
+    fn lone_control_plane(node_version: &str) -> (Machine, Cluster) {
+        let cp = machine("cp", MachineRole::Init);
+        let mut c = cluster("v1.32.0", 1);
+        nodes(&mut c, &[&cp], &[node_version]);
+        (cp, c)
+    }
+
     fn pass(c: &Cluster, members: &[&Machine], unhealthy: &[(String, String)]) -> InPlacePlan {
         pass_at(c, members, unhealthy, t0())
     }
@@ -530,10 +539,8 @@ mod tests {
 
     #[test]
     fn each_step_follows_the_last_ones_outcome_and_the_machine_settles() {
-        let cp = machine("cp", MachineRole::Init);
+        let (cp, mut c) = lone_control_plane("v1.31.2");
         let members = [&cp];
-        let mut c = cluster("v1.32.0", 1);
-        nodes(&mut c, &members, &["v1.31.2"]);
         let mut u = pass(&c, &members, &[]).upgrade.unwrap();
         c.status.machine_upgrade = Some(u.clone());
         // Waits for its drain, then asks for the upgrade.
@@ -650,10 +657,8 @@ mod tests {
 
     #[test]
     fn an_upgraded_machine_that_turns_unhealthy_halts_the_rollout() {
-        let cp = machine("cp", MachineRole::Init);
+        let (cp, mut c) = lone_control_plane("v1.32.0");
         let members = [&cp];
-        let mut c = cluster("v1.32.0", 1);
-        nodes(&mut c, &members, &["v1.32.0"]);
         assert!(pass(&c, &members, &[]).upgrade.is_none(), "already there");
         nodes(&mut c, &members, &["v1.31.2"]);
         let mut u = pass(&c, &members, &[]).upgrade.unwrap();

@@ -530,18 +530,12 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         }
         let recorded: &[String] = recorded.map(|lb| &lb.backends[..]).unwrap_or_default();
         let live = &self.live;
-        let still_served = |name: &str| {
-            live.iter()
-                .filter(|m| m.metadata.name == name)
-                .filter_map(|m| backend_of(m))
-                .any(|b| recorded.contains(&b))
-        };
         self.steps.retain(|s| match s {
             Step::Release {
                 machine,
                 remediation: false,
                 ..
-            } => !still_served(machine),
+            } => !still_served(live, recorded, machine),
             _ => true,
         });
     }

@@ -688,22 +688,16 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             self.steps.insert(0, Step::SetEndpointBackends { backends });
         }
         let live = &self.live;
-        let still_served = |name: &str| {
-            live.iter()
-                .filter(|m| m.metadata.name == name)
-                .filter_map(|m| backend_of(m))
-                .any(|b| lb.backends.contains(&b))
-        };
         self.steps.retain(|s| match s {
             Step::DeleteMachine {
                 machine,
                 remediation: false,
                 ..
-            } => !still_served(machine),
+            } => !still_served(live, &lb.backends, machine),
             _ => true,
         });
         self.etcd_leaving
-            .retain(|m| !still_served(&m.metadata.name));
+            .retain(|m| !still_served(live, &lb.backends, &m.metadata.name));
     }
 
     /// The cluster's status from what the phases found: its endpoint and

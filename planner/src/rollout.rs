@@ -461,69 +461,52 @@ pub const ROLLOUT_WAITING_CONDITION: &str = "RolloutWaiting";
 /// True with what the rollout waits for while it takes no step.
 pub(crate) fn set_waiting_condition(status: &mut drover_common::api::ClusterStatus) {
     let waiting = status.rollout.as_ref().and_then(|r| r.waiting_for.clone());
-    match waiting {
-        Some(why) => {
-            drover_common::api::set_condition(
-                &mut status.conditions,
-                ROLLOUT_WAITING_CONDITION,
-                true,
-                "Waiting",
-                &format!("the rollout waits for {why}"),
-            );
-        }
-        None => {
-            if status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == ROLLOUT_WAITING_CONDITION && c.status == "True")
-            {
-                drover_common::api::set_condition(
-                    &mut status.conditions,
-                    ROLLOUT_WAITING_CONDITION,
-                    false,
-                    "NotWaiting",
-                    "",
-                );
-            }
-        }
-    }
+    let set = waiting.map(|why| ("Waiting", format!("the rollout waits for {why}")));
+    set_or_clear(status, ROLLOUT_WAITING_CONDITION, set, "NotWaiting", |c| {
+        c.status == "True"
+    });
 }
 
 /// Sets or clears the `UpgradeHalted` condition from the rollout status.
 pub(crate) fn set_halted_condition(status: &mut drover_common::api::ClusterStatus) {
     let halted = status.rollout.as_ref().and_then(|r| r.halted.as_ref());
-    match halted {
-        Some(h) => {
-            drover_common::api::set_condition(
-                &mut status.conditions,
-                UPGRADE_HALTED_CONDITION,
-                true,
-                "NewMachineFailed",
-                &format!(
-                    "the rollout to {} halted at machine {} (step {}): {}; nothing more is replaced until the spec changes or `drover rollout resume`",
-                    status.rollout.as_ref().map_or("", |r| r.version.as_str()),
-                    h.machine,
-                    h.step,
-                    h.reason
-                ),
-            );
+    let set = halted.map(|h| {
+        (
+            "NewMachineFailed",
+            format!(
+                "the rollout to {} halted at machine {} (step {}): {}; nothing more is replaced until the spec changes or `drover rollout resume`",
+                status.rollout.as_ref().map_or("", |r| r.version.as_str()),
+                h.machine,
+                h.step,
+                h.reason
+            ),
+        )
+    });
+    set_or_clear(status, UPGRADE_HALTED_CONDITION, set, "NotHalted", |_| true);
+}
+
+/// Sets condition `type_` True with `set`'s reason and message, or, without
+/// `set`, False with reason `cleared` where a condition `stale` finds
+/// (none is added).
+fn set_or_clear(
+    status: &mut drover_common::api::ClusterStatus,
+    type_: &str,
+    set: Option<(&str, String)>,
+    cleared: &str,
+    stale: impl Fn(&drover_common::api::Condition) -> bool,
+) {
+    let (ok, reason, message) = match &set {
+        Some((reason, message)) => (true, *reason, message.as_str()),
+        None if status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == type_ && stale(c)) =>
+        {
+            (false, cleared, "")
         }
-        None => {
-            if status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == UPGRADE_HALTED_CONDITION)
-            {
-                drover_common::api::set_condition(
-                    &mut status.conditions,
-                    UPGRADE_HALTED_CONDITION,
-                    false,
-                    "NotHalted",
-                    "",
-                );
-            }
-        }
-    }
+        None => return,
+    };
+    drover_common::api::set_condition(&mut status.conditions, type_, ok, reason, message);
 }
 
 #[cfg(test)]
@@ -586,6 +569,20 @@ mod tests {
         unhealthy: &[(&'m Machine, String)],
     ) -> Roll<'m> {
         roll_pool(c, &input(remaining, unhealthy), t0())
+    }
+
+    /// [`roll`] after a pass that recorded `failed_before`.
+    fn roll_after<'m>(
+        c: &Cluster,
+        failed_before: &[RolloutHalt],
+        remaining: &[&'m Machine],
+        unhealthy: &[(&'m Machine, String)],
+    ) -> Roll<'m> {
+        let again = PoolRoll {
+            failed_before,
+            ..input(remaining, unhealthy)
+        };
+        roll_pool(c, &again, t0())
     }
 
     #[test]
@@ -690,27 +687,13 @@ mod tests {
         );
         let failed_before = r.failures.clone();
         // Found again in a later pass, it is not counted twice.
-        let r = roll_pool(
-            &c,
-            &PoolRoll {
-                failed_before: &failed_before,
-                ..input(&[&old1, &old2, &new1], &unhealthy)
-            },
-            t0(),
-        );
+        let r = roll_after(&c, &failed_before, &[&old1, &old2, &new1], &unhealthy);
         assert!(r.halt.is_none() && r.failures.is_empty(), "{r:?}");
         // Its replacement fails too, after joining: the rollout halts,
         // naming both machines and why each failed.
         let new2 = machine("new2", "v1.32.0", "node:v1.32.0", 100);
         let unhealthy = [(&new2, "silent for 41s".to_string())];
-        let r = roll_pool(
-            &c,
-            &PoolRoll {
-                failed_before: &failed_before,
-                ..input(&[&old1, &old2, &new2], &unhealthy)
-            },
-            t0(),
-        );
+        let r = roll_after(&c, &failed_before, &[&old1, &old2, &new2], &unhealthy);
         let halt = r.halt.expect("halted");
         assert_eq!(
             (halt.machine.as_str(), halt.step.as_str()),

@@ -1057,6 +1057,15 @@ pub(crate) fn endpoint_backends(live: &[&Machine], leaving: &[String]) -> Vec<St
     out
 }
 
+/// Whether machine `name`'s API server is among the `recorded` backends of
+/// the load balancer: a machine still served is not released yet.
+pub(crate) fn still_served(live: &[&Machine], recorded: &[String], name: &str) -> bool {
+    live.iter()
+        .filter(|m| m.metadata.name == name)
+        .filter_map(|m| backend_of(m))
+        .any(|b| recorded.contains(&b))
+}
+
 /// A machine's API server as a load balancer names it, `ip:port`, whatever
 /// its phase: what a recorded list of backends is searched for.
 pub(crate) fn backend_of(m: &Machine) -> Option<String> {

@@ -64,6 +64,23 @@ pub fn systemd_node_image() -> String {
 
 /// A free TCP port on 127.0.0.1 (bound and released; tests run few enough
 /// processes that a race is unlikely, and a taken port fails loudly).
+/// A YAML file (a bootstrap document, user data) as JSON.
+pub fn read_yaml(path: &Path) -> serde_json::Value {
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `drover serve` of data directory `data` on a free loopback port, with
+/// the CLI config file `config` and `extra` arguments, to be run.
+pub fn drover_serve(data: &Path, config: &Path, extra: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin("drover"));
+    cmd.args(["serve", "--data-dir"])
+        .arg(data)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(extra)
+        .env("DROVER_CONFIG", config);
+    cmd
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -554,6 +571,13 @@ impl Coordinator {
         let n = APPLIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let f = dir.join(format!("cluster-{n}.yaml"));
         self.apply_file(&f, yaml);
+    }
+
+    /// Applies `yaml` (as [`Self::apply_yaml`]) and waits up to `timeout`
+    /// for cluster `name` to be Running.
+    pub fn apply_until_running(&self, dir: &Path, name: &str, yaml: &str, timeout: Duration) {
+        self.apply_yaml(dir, yaml);
+        self.wait_cluster_phase(name, "Running", timeout);
     }
 
     /// Writes `yaml` to `file` and applies it with `drover apply -f`,

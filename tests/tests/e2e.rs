@@ -311,10 +311,6 @@ fn three_control_planes_one_init_two_joins_with_shared_ca_set() {
     assert_eq!((inits, joins), (1, 2));
 }
 
-fn bootstrap_doc(path: &Path) -> serde_json::Value {
-    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
 fn write_doc(path: &Path, v: &serde_json::Value) {
     std::fs::write(path, serde_saphyr::to_string(v).unwrap()).unwrap();
 }
@@ -329,13 +325,10 @@ fn wait_exit(a: &mut Agent) -> i32 {
 
 #[test]
 fn bad_tickets_and_wrong_pins_are_refused_with_clear_errors() {
-    let tmp = tempfile::tempdir().unwrap();
-    let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    let (tmp, c, good) = coordinator_with_token("default", "env=dev", 1, "1h");
 
     // Forged: a ticket whose signature was altered.
-    let good = tmp.path().join("good.yaml");
-    c.token("default", "env=dev", 1, "1h", &good);
-    let mut doc = bootstrap_doc(&good);
+    let mut doc = read_yaml(&good);
     let ticket = doc["ticket"].as_str().unwrap().to_owned();
     let (signed, _) = ticket.rsplit_once('.').unwrap();
     doc["ticket"] = format!("{signed}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA").into();
@@ -346,7 +339,7 @@ fn bad_tickets_and_wrong_pins_are_refused_with_clear_errors() {
     assert!(a.log().contains("signature is invalid"), "{}", a.log());
 
     // Wrong CA pin: the agent refuses the coordinator before sending anything.
-    let mut doc = bootstrap_doc(&good);
+    let mut doc = read_yaml(&good);
     doc["caPin"] = "sha256:0000000000000000000000000000000000000000000000000000000000000000".into();
     let wrong_pin = tmp.path().join("wrongpin.yaml");
     write_doc(&wrong_pin, &doc);
@@ -388,7 +381,7 @@ fn bad_tickets_and_wrong_pins_are_refused_with_clear_errors() {
     let short = tmp.path().join("short.yaml");
     c.token("default", "env=dev", 1, "1s", &short);
     let claims_exp = {
-        let doc = bootstrap_doc(&short);
+        let doc = read_yaml(&short);
         let t = doc["ticket"].as_str().unwrap().to_owned();
         let body = t.split('.').nth(1).unwrap().to_owned();
         use base64::Engine;
@@ -698,16 +691,8 @@ fn clients_find_the_coordinator_through_flags_environment_or_config() {
 fn a_second_coordinator_on_the_same_data_directory_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
-    let serve = |data: &Path, extra: &[&str]| {
-        std::process::Command::new(bin("drover"))
-            .args(["serve", "--data-dir"])
-            .arg(data)
-            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-            .args(extra)
-            .env("DROVER_CONFIG", tmp.path().join("second.yaml"))
-            .output()
-            .unwrap()
-    };
+    let config = tmp.path().join("second.yaml");
+    let serve = |data: &Path, extra: &[&str]| drover_serve(data, &config, extra).output().unwrap();
     let out = serve(&c.dir.join("data"), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
@@ -1183,8 +1168,7 @@ fn started_members(a: &Agent) -> Vec<String> {
 fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etcd_members() {
     let (tmp, c, agents) = registered_pool(3, "cp-");
     let three = pool_cluster_yaml("scale", 3, 0, "dev");
-    apply(&c, tmp.path(), &three);
-    c.wait_cluster_phase("scale", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "scale", &three, BOOT);
     let cp_of = |name: &str| -> &Agent {
         let ms = c.machines();
         let host = ms.iter().find(|m| m["metadata"]["name"] == name).unwrap()["status"]["hostname"]
@@ -1219,8 +1203,7 @@ fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etc
 
     // 1 -> 3: the released machines come back through the pool and join
     // one after another.
-    apply(&c, tmp.path(), &three);
-    c.wait_cluster_phase("scale", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "scale", &three, BOOT);
     wait_for("three members again", BOOT, || {
         let m = started_members(init_agent);
         if m.len() == 3 {
@@ -1245,8 +1228,7 @@ fn pool_control_plane_scales_three_one_three_one_machine_at_a_time_with_true_etc
 fn a_worker_deleted_on_request_is_drained_first_and_a_disruption_budget_holds_it() {
     let (tmp, c, agents) = registered_pool(2, "node-");
     let yaml = pool_cluster_yaml("drain", 1, 1, "dev") + "  drain:\n    timeout: 20s\n";
-    apply(&c, tmp.path(), &yaml);
-    c.wait_cluster_phase("drain", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "drain", &yaml, BOOT);
     let machines = c.machines();
     let role_of = |a: &Agent| {
         machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["role"]
@@ -1407,8 +1389,7 @@ fn a_pool_cluster_upgrades_in_place_one_machine_at_a_time_control_plane_first() 
         "  controlPlane:",
         "  upgrade:\n    settleTime: 2s\n  controlPlane:",
     );
-    apply(&c, tmp.path(), &doc);
-    c.wait_cluster_phase("up", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "up", &doc, BOOT);
     let kubeconfig = tmp.path().join("kubeconfig");
     std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "up"])).unwrap();
     wait_for("three v1.31.2 kubelets", BOOT, || {
@@ -1567,8 +1548,7 @@ fn a_pool_cluster_upgrades_in_place_one_machine_at_a_time_control_plane_first() 
 fn a_pool_control_plane_renews_its_certificates_in_place_before_they_expire() {
     let (tmp, c, agents) = registered_pool(1, "node-");
     let doc = pool_cluster_yaml("renew", 1, 0, "dev");
-    apply(&c, tmp.path(), &doc);
-    c.wait_cluster_phase("renew", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "renew", &doc, BOOT);
     let expiry = |m: &serde_json::Value| {
         m["status"]["certificates"]["expiresAt"]
             .as_str()
@@ -1669,8 +1649,7 @@ fn files_and_commands_land_where_the_spec_says_and_only_admins_set_them() {
         provider = pool_provider("dev")
     );
     let doc = cluster_doc("cust", &spec);
-    apply(&c, tmp.path(), &doc);
-    c.wait_cluster_phase("cust", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "cust", &doc, BOOT);
     let machines = c.machines();
     let pool_of = |a: &Agent| {
         machine_by_host(&machines, &a.hostname)["spec"]["assignment"]["machinePool"]
@@ -1827,8 +1806,7 @@ fn without_a_pod_network_the_cluster_says_so_and_no_machine_is_blamed() {
             "  health:\n    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n  controlPlane:",
         );
     assert!(!doc.contains("files:"), "{doc}");
-    apply(&c, tmp.path(), &doc);
-    c.wait_cluster_phase("nonet", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "nonet", &doc, BOOT);
     let kubeconfig = tmp.path().join("kubeconfig");
     std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "nonet"])).unwrap();
     // Real kubectl: both Nodes NotReady, with the kubelet's reason.
@@ -2156,8 +2134,7 @@ fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
         err.contains("\"cni\" is the node image's pod network"),
         "{err}"
     );
-    apply(&c, tmp.path(), &doc);
-    c.wait_cluster_phase("imgnet", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "imgnet", &doc, BOOT);
     let kubeconfig = kubeconfig_with_ready_nodes(&c, tmp.path(), "imgnet", 2);
     wait_for("both addons applied, the image's first", BOOT, || {
         let states = addon_states(&c, "imgnet");

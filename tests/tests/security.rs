@@ -315,13 +315,9 @@ fn a_store_copied_without_its_key_is_refused_and_rotation_keeps_serving() {
             std::fs::copy(data.join(f), stolen.join(f)).unwrap();
         }
     }
+    let config = tmp.path().join("unused.yaml");
     let serve = |dir: &Path, extra: &[&str]| {
-        std::process::Command::new(bin("drover"))
-            .args(["serve", "--data-dir"])
-            .arg(dir)
-            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-            .args(extra)
-            .env("DROVER_CONFIG", tmp.path().join("unused.yaml"))
+        drover_serve(dir, &config, extra)
             .env_remove("DROVER_ENCRYPTION_KEY")
             .output()
             .unwrap()
@@ -411,8 +407,7 @@ fn machine_tickets_are_single_use_and_die_with_their_machine() {
         &format!("{container}:/var/lib/drover-agent/state.json"),
         state.to_str().unwrap(),
     ]);
-    let doc: serde_json::Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(&user_data).unwrap()).unwrap();
+    let doc = read_yaml(&user_data);
     let ticket = doc["ticket"].as_str().unwrap().to_owned();
     let (_key, csr) = drover_common::pki::generate_key_and_csr("thief").unwrap();
     let register = |ticket: &str| {
@@ -508,8 +503,7 @@ fn a_ticket_altered_to_name_another_cluster_is_refused() {
     let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     let boot = tmp.path().join("boot.yaml");
     c.token("pool-a", "env=a", 1, "1h", &boot);
-    let doc: serde_json::Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(&boot).unwrap()).unwrap();
+    let doc = read_yaml(&boot);
     let ticket = doc["ticket"].as_str().unwrap().to_owned();
     let parts: Vec<&str> = ticket.split('.').collect();
     let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -1315,8 +1309,7 @@ fn names_labels_and_hostnames_are_validated_where_they_enter() {
     // Host names are DNS-1123 subdomains (they become node names).
     let boot = tmp.path().join("boot.yaml");
     c.token("default", "env=x", 5, "1h", &boot);
-    let doc: serde_json::Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(&boot).unwrap()).unwrap();
+    let doc = read_yaml(&boot);
     let ticket = doc["ticket"].as_str().unwrap().to_owned();
     let (_k, csr) = drover_common::pki::generate_key_and_csr("x").unwrap();
     for hostname in ["..", ".", "-rf", "a..b", "Node_1", "a\nb", "\u{1b}[2J"] {
@@ -2405,8 +2398,7 @@ fn endpoint_floods_are_capped_and_leave_the_coordinator_its_files() {
         "          env: ep\n",
         "          env: ep\n  controlPlaneEndpoint:\n    managed: coordinator\n",
     );
-    apply(&c, tmp.path(), &yaml);
-    c.wait_cluster_phase("ep", "Running", BOOT);
+    c.apply_until_running(tmp.path(), "ep", &yaml, BOOT);
     let port = c.cluster("ep").unwrap()["status"]["endpointPort"]
         .as_u64()
         .unwrap();

@@ -18,6 +18,19 @@ fn simulate(args: &[&str]) -> Output {
         .expect("run drover-agent simulate")
 }
 
+/// `simulate` of `machines` machines bootstrapped by `boot`, with `more`
+/// arguments.
+fn simulate_fleet(boot: &Path, machines: &str, more: &[&str]) -> Output {
+    let mut args = vec![
+        "--bootstrap",
+        boot.to_str().unwrap(),
+        "--machines",
+        machines,
+    ];
+    args.extend_from_slice(more);
+    simulate(&args)
+}
+
 fn read_summary(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("summary JSON written");
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {text}"))
@@ -40,24 +53,24 @@ fn twenty_machines_register_heartbeat_fetch_config_and_go_silent() {
     c.cli_ok(&["apply", "-f", cluster.to_str().unwrap()]);
 
     let summary_path = tmp.path().join("summary.json");
-    let out = simulate(&[
-        "--bootstrap",
-        boot.to_str().unwrap(),
-        "--machines",
+    let out = simulate_fleet(
+        &boot,
         "20",
-        "--duration",
-        "5s",
-        "--ramp",
-        "0",
-        "--silence",
-        "5",
-        "--silence-after",
-        "2s",
-        "--summary-json",
-        summary_path.to_str().unwrap(),
-        "--progress",
-        "1s",
-    ]);
+        &[
+            "--duration",
+            "5s",
+            "--ramp",
+            "0",
+            "--silence",
+            "5",
+            "--silence-after",
+            "2s",
+            "--summary-json",
+            summary_path.to_str().unwrap(),
+            "--progress",
+            "1s",
+        ],
+    );
     // Right away, before the coordinator's 5 s heartbeat timeout can see
     // the machines the simulator stopped with its end.
     let cluster = c.cluster("simc").expect("cluster simc");
@@ -287,14 +300,11 @@ fn bad_flags_exit_64_with_a_clear_message() {
          caPin: sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nticket: t\n",
     )
     .unwrap();
-    let out = simulate(&[
-        "--bootstrap",
-        boot.to_str().unwrap(),
-        "--machines",
+    let out = simulate_fleet(
+        &boot,
         "2",
-        "--summary-json",
-        unwritable.to_str().unwrap(),
-    ]);
+        &["--summary-json", unwritable.to_str().unwrap()],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("--summary-json"), "{stderr}");

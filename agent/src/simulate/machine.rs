@@ -169,6 +169,15 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
 struct Stopped;
 
 /// Records a heartbeat answered `took` after it was sent `at`.
+/// The result of a directive a simulated machine cannot carry out, for it
+/// runs no `what`: what did not happen.
+fn cannot(what: &str, outcome: String) -> (bool, String) {
+    (
+        false,
+        format!("simulated machines run no {what}; {outcome}"),
+    )
+}
+
 fn record_ok(fleet: &Fleet, s: &mut super::fleet::Stats, at: Instant, took: Duration) {
     s.heartbeats_ok += 1;
     s.heartbeat.record(micros(took));
@@ -480,43 +489,36 @@ impl Sim {
                 continue;
             }
             let (ok, message) = match d.action {
-                DirectiveAction::RemoveEtcdMember { id, .. } => (
-                    false,
-                    format!("simulated machines run no etcd; member {id} was not removed"),
-                ),
-                DirectiveAction::DeleteNode { node } => (
-                    false,
-                    format!("simulated machines run no API server; node {node} was not deleted"),
-                ),
-                DirectiveAction::DrainNode { node, .. } => (
-                    false,
-                    format!("simulated machines run no API server; node {node} was not drained"),
-                ),
-                DirectiveAction::SetKubernetesVersion { version } => (
-                    false,
-                    format!("simulated machines run no API server; kubeadm-config was not set to {version}"),
+                DirectiveAction::RemoveEtcdMember { id, .. } => {
+                    cannot("etcd", format!("member {id} was not removed"))
+                }
+                DirectiveAction::DeleteNode { node } => {
+                    cannot("API server", format!("node {node} was not deleted"))
+                }
+                DirectiveAction::DrainNode { node, .. } => {
+                    cannot("API server", format!("node {node} was not drained"))
+                }
+                DirectiveAction::SetKubernetesVersion { version } => cannot(
+                    "API server",
+                    format!("kubeadm-config was not set to {version}"),
                 ),
                 DirectiveAction::ApplyManifests { addon, .. }
-                | DirectiveAction::ApplyImageManifests { addon } => (
-                    false,
-                    format!("simulated machines run no API server; addon {addon} was not applied"),
+                | DirectiveAction::ApplyImageManifests { addon } => {
+                    cannot("API server", format!("addon {addon} was not applied"))
+                }
+                DirectiveAction::RenewCertificates { .. } => {
+                    cannot("kubeadm", "no certificate was renewed".to_owned())
+                }
+                DirectiveAction::UpgradeKubernetes { version, .. } => {
+                    cannot("kubeadm", format!("nothing was upgraded to {version}"))
+                }
+                DirectiveAction::UpgradeEssentialAddons { version } => cannot(
+                    "API server",
+                    format!("kube-proxy and CoreDNS were not upgraded to {version}'s"),
                 ),
-                DirectiveAction::RenewCertificates { .. } => (
-                    false,
-                    "simulated machines run no kubeadm; no certificate was renewed".to_owned(),
-                ),
-                DirectiveAction::UpgradeKubernetes { version, .. } => (
-                    false,
-                    format!("simulated machines run no kubeadm; nothing was upgraded to {version}"),
-                ),
-                DirectiveAction::UpgradeEssentialAddons { version } => (
-                    false,
-                    format!("simulated machines run no API server; kube-proxy and CoreDNS were not upgraded to {version}'s"),
-                ),
-                DirectiveAction::UncordonNode { node } => (
-                    false,
-                    format!("simulated machines run no API server; node {node} was not uncordoned"),
-                ),
+                DirectiveAction::UncordonNode { node } => {
+                    cannot("API server", format!("node {node} was not uncordoned"))
+                }
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

@@ -147,25 +147,17 @@ pub fn peek_id(datagram: &[u8]) -> Result<u64, DatagramError> {
 impl Beat {
     /// The datagram of this beat under `key`.
     pub fn encode(&self, key: &HeartbeatKey) -> [u8; REQUEST_LEN] {
-        let mut d = [0u8; REQUEST_LEN];
-        d[..4].copy_from_slice(REQUEST_MAGIC);
-        d[4..12].copy_from_slice(&self.id.to_be_bytes());
-        d[12..20].copy_from_slice(&self.counter.to_be_bytes());
+        let mut d = REQUEST.start::<REQUEST_LEN>(self.id, self.counter);
         d[20..28].copy_from_slice(&self.generation.to_be_bytes());
         d[28..36].copy_from_slice(&self.digest);
-        let tag = key.tag(REQUEST_DOMAIN, &d[..36]);
-        d[36..].copy_from_slice(&tag);
+        REQUEST.seal(&mut d, key);
         d
     }
 
     /// Reads and authenticates a request datagram under `key` (the key of
     /// the id [`peek_id`] read).
     pub fn decode(datagram: &[u8], key: &HeartbeatKey) -> Result<Self, DatagramError> {
-        check_frame(datagram, REQUEST_LEN, REQUEST_MAGIC)?;
-        if !key.verify(REQUEST_DOMAIN, &datagram[..36], &datagram[36..]) {
-            return Err(DatagramError::Tag);
-        }
-        let u = |r: std::ops::Range<usize>| u64::from_be_bytes(datagram[r].try_into().expect("8"));
+        let u = REQUEST.open(datagram, key)?;
         Ok(Self {
             id: u(4..12),
             counter: u(12..20),
@@ -178,26 +170,18 @@ impl Beat {
 impl Answer {
     /// The datagram of this answer under `key`.
     pub fn encode(&self, key: &HeartbeatKey) -> [u8; ANSWER_LEN] {
-        let mut d = [0u8; ANSWER_LEN];
-        d[..4].copy_from_slice(ANSWER_MAGIC);
-        d[4..12].copy_from_slice(&self.id.to_be_bytes());
-        d[12..20].copy_from_slice(&self.counter.to_be_bytes());
+        let mut d = ANSWER.start::<ANSWER_LEN>(self.id, self.counter);
         d[20] = match self.verdict {
             Verdict::Quiet => 0,
             Verdict::CallHttps => 1,
         };
-        let tag = key.tag(ANSWER_DOMAIN, &d[..21]);
-        d[21..].copy_from_slice(&tag);
+        ANSWER.seal(&mut d, key);
         d
     }
 
     /// Reads and authenticates an answer datagram under the machine's key.
     pub fn decode(datagram: &[u8], key: &HeartbeatKey) -> Result<Self, DatagramError> {
-        check_frame(datagram, ANSWER_LEN, ANSWER_MAGIC)?;
-        if !key.verify(ANSWER_DOMAIN, &datagram[..21], &datagram[21..]) {
-            return Err(DatagramError::Tag);
-        }
-        let u = |r: std::ops::Range<usize>| u64::from_be_bytes(datagram[r].try_into().expect("8"));
+        let u = ANSWER.open(datagram, key)?;
         let verdict = match datagram[20] {
             0 => Verdict::Quiet,
             1 => Verdict::CallHttps,
@@ -208,6 +192,61 @@ impl Answer {
             counter: u(12..20),
             verdict,
         })
+    }
+}
+
+/// The layout of a kind of datagram: `magic`, the sender's id and counter,
+/// its own fields up to `body`, then the tag of the first `body` bytes
+/// under the key and `domain`, `len` bytes in all.
+struct Frame {
+    magic: &'static [u8; 4],
+    domain: &'static [u8],
+    body: usize,
+    len: usize,
+}
+
+const REQUEST: Frame = Frame {
+    magic: REQUEST_MAGIC,
+    domain: REQUEST_DOMAIN,
+    body: 36,
+    len: REQUEST_LEN,
+};
+
+const ANSWER: Frame = Frame {
+    magic: ANSWER_MAGIC,
+    domain: ANSWER_DOMAIN,
+    body: 21,
+    len: ANSWER_LEN,
+};
+
+impl Frame {
+    /// A datagram of this kind with its magic, `id` and `counter` written.
+    fn start<const N: usize>(&self, id: u64, counter: u64) -> [u8; N] {
+        let mut d = [0u8; N];
+        d[..4].copy_from_slice(self.magic);
+        d[4..12].copy_from_slice(&id.to_be_bytes());
+        d[12..20].copy_from_slice(&counter.to_be_bytes());
+        d
+    }
+
+    /// Writes the tag of `d`'s body under `key`.
+    fn seal(&self, d: &mut [u8], key: &HeartbeatKey) {
+        let tag = key.tag(self.domain, &d[..self.body]);
+        d[self.body..].copy_from_slice(&tag);
+    }
+
+    /// Checks `datagram`'s frame and tag under `key`: the reader of its
+    /// big-endian `u64` fields.
+    fn open<'a>(
+        &self,
+        datagram: &'a [u8],
+        key: &HeartbeatKey,
+    ) -> Result<impl Fn(std::ops::Range<usize>) -> u64 + 'a, DatagramError> {
+        check_frame(datagram, self.len, self.magic)?;
+        if !key.verify(self.domain, &datagram[..self.body], &datagram[self.body..]) {
+            return Err(DatagramError::Tag);
+        }
+        Ok(|r: std::ops::Range<usize>| u64::from_be_bytes(datagram[r].try_into().expect("8")))
     }
 }
 

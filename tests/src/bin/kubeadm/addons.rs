@@ -28,35 +28,22 @@ use crate::certs::parse_kubeconfig;
 use crate::net;
 use crate::util::{cidr_nth_ip, kubeadm_version, Root};
 
-/// kubeadm's default image repository (constants.go
-/// `DefaultImageRepository`).
-pub const DEFAULT_IMAGE_REPOSITORY: &str = "registry.k8s.io";
-
-/// `constants.CoreDNSVersion` of each kubeadm minor release: the CoreDNS a
-/// kubeadm of that release deploys (cmd/kubeadm/app/constants/constants.go
-/// on each release branch).
-pub const COREDNS_BY_KUBEADM_MINOR: &[(u64, &str)] = &[
-    (29, "v1.11.1"),
-    (30, "v1.11.1"),
-    (31, "v1.11.3"),
-    (32, "v1.11.3"),
-    (33, "v1.12.0"),
-    (34, "v1.12.1"),
-    (35, "v1.13.1"),
-];
+pub use drover_common::kubeadm::DEFAULT_IMAGE_REPOSITORY;
 
 /// The CoreDNS version this kubeadm deploys: that of its own minor (the
-/// nearest known one outside the table).
+/// nearest known one outside the table, kubeadm's
+/// `constants.CoreDNSVersion` of each release).
 fn coredns_version() -> &'static str {
     let minor = kubeadm_version().minor;
-    COREDNS_BY_KUBEADM_MINOR
+    let table = drover_common::kubeadm::COREDNS_BY_MINOR;
+    table
         .iter()
-        .find(|(m, _)| *m == minor)
+        .find(|(m, _)| u64::from(*m) == minor)
         .or_else(|| {
-            if minor < COREDNS_BY_KUBEADM_MINOR[0].0 {
-                COREDNS_BY_KUBEADM_MINOR.first()
+            if minor < u64::from(table[0].0) {
+                table.first()
             } else {
-                COREDNS_BY_KUBEADM_MINOR.last()
+                table.last()
             }
         })
         .map(|(_, v)| *v)
@@ -157,20 +144,8 @@ impl Addons {
         );
         let labels = json!({"k8s-app": "kube-proxy"});
         Ok(vec![
-            (
-                json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                       "metadata": {"name": "kube-proxy", "namespace": "kube-system"}}),
-                Write::CreateOrRetain,
-            ),
-            (
-                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                       "metadata": {"name": "kubeadm:node-proxier"},
-                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                   "name": "system:node-proxier"},
-                       "subjects": [{"kind": "ServiceAccount", "name": "kube-proxy",
-                                     "namespace": "kube-system"}]}),
-                Write::CreateOrUpdate,
-            ),
+            service_account("kube-proxy"),
+            cluster_role_binding("kubeadm:node-proxier", "system:node-proxier", "kube-proxy"),
             (
                 json!({"apiVersion": "v1", "kind": "ConfigMap",
                        "metadata": {"name": "kube-proxy", "namespace": "kube-system",
@@ -249,11 +224,7 @@ impl Addons {
         );
         let labels = json!({"k8s-app": "kube-dns"});
         Ok(vec![
-            (
-                json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                       "metadata": {"name": "coredns", "namespace": "kube-system"}}),
-                Write::CreateOrRetain,
-            ),
+            service_account("coredns"),
             (
                 json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                        "metadata": {"name": "system:coredns"},
@@ -265,15 +236,7 @@ impl Addons {
                             "verbs": ["list", "watch"]}]}),
                 Write::CreateOrUpdate,
             ),
-            (
-                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                       "metadata": {"name": "system:coredns"},
-                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                   "name": "system:coredns"},
-                       "subjects": [{"kind": "ServiceAccount", "name": "coredns",
-                                     "namespace": "kube-system"}]}),
-                Write::CreateOrUpdate,
-            ),
+            cluster_role_binding("system:coredns", "system:coredns", "coredns"),
             (
                 json!({"apiVersion": "v1", "kind": "ConfigMap",
                        "metadata": {"name": "coredns", "namespace": "kube-system"},
@@ -380,15 +343,11 @@ impl Client {
             .with_context(|| format!("failed to load kubeconfig {}", logical.display()))?;
         let ca = kc
             .ca_pem
+            .clone()
             .ok_or_else(|| anyhow!("the kubeconfig {} holds no CA", logical.display()))?;
-        let creds = match (&kc.client_cert_pem, &kc.client_key_pem) {
-            (Some(c), Some(k)) => Some((c.as_str(), k.as_str())),
-            _ => None,
-        };
-        let http = net::http_client(net::client_config(&ca, creds)?, Duration::from_secs(10))?;
         Ok(Self {
-            http,
-            server: kc.server.trim_end_matches('/').to_owned(),
+            http: kc.http_client(&ca, Duration::from_secs(10))?,
+            server: kc.server_url().to_owned(),
         })
     }
 
@@ -474,16 +433,8 @@ impl Client {
                 Err(e) => return Err(e).with_context(|| format!("unable to create {what}")),
             }
         };
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        if status.is_success() {
+        if written(resp, "create", &what).await? {
             return Ok("created");
-        }
-        if status != reqwest::StatusCode::CONFLICT {
-            bail!(
-                "unable to create {what}: {status}: {}",
-                net::status_message(&body)
-            );
         }
         if write == Write::CreateOrRetain {
             return Ok("kept");
@@ -503,16 +454,8 @@ impl Client {
                 .send()
                 .await
                 .with_context(|| format!("unable to update {what}"))?;
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            if status.is_success() {
+            if written(resp, "update", &what).await? {
                 return Ok("updated");
-            }
-            if status != reqwest::StatusCode::CONFLICT {
-                bail!(
-                    "unable to update {what}: {status}: {}",
-                    net::status_message(&body)
-                );
             }
         }
         bail!("unable to update {what}: it kept changing meanwhile")
@@ -525,6 +468,46 @@ impl Client {
             .await?
             .is_some())
     }
+}
+
+/// Whether a write (`verb` of `what`, for errors) succeeded: false when it
+/// met a conflict, an error for any other refusal.
+async fn written(resp: reqwest::Response, verb: &str, what: &str) -> Result<bool> {
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    if status.is_success() {
+        return Ok(true);
+    }
+    if status != reqwest::StatusCode::CONFLICT {
+        bail!(
+            "unable to {verb} {what}: {status}: {}",
+            net::status_message(&body)
+        );
+    }
+    Ok(false)
+}
+
+/// A ServiceAccount of kube-system, created once and then kept.
+fn service_account(name: &str) -> (Value, Write) {
+    (
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": name, "namespace": "kube-system"}}),
+        Write::CreateOrRetain,
+    )
+}
+
+/// ClusterRoleBinding `name` of ClusterRole `role` to the kube-system
+/// ServiceAccount `account`, kept up to date.
+fn cluster_role_binding(name: &str, role: &str, account: &str) -> (Value, Write) {
+    (
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": role},
+               "subjects": [{"kind": "ServiceAccount", "name": account,
+                             "namespace": "kube-system"}]}),
+        Write::CreateOrUpdate,
+    )
 }
 
 /// Creates or updates the objects of kube-proxy and CoreDNS, those of

@@ -398,13 +398,7 @@ async fn cluster_info(state: &State) -> Resp {
     let kubeconfig = render_cluster_info_kubeconfig(&state.server, &ca_pem);
     let tokens = match state.store.load_tokens().await {
         Ok(t) => t,
-        Err(e) => {
-            return status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalError",
-                &format!("{e:#}"),
-            )
-        }
+        Err(e) => return internal(e),
     };
     let mut data = BTreeMap::new();
     for t in tokens
@@ -430,11 +424,7 @@ async fn cluster_info(state: &State) -> Resp {
 
 async fn kubeadm_config(state: &State) -> Resp {
     match state.store.cluster_config_with_revision().await {
-        Err(e) => status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            &format!("{e:#}"),
-        ),
+        Err(e) => internal(e),
         Ok(Some((yaml, revision))) => {
             json_resp(StatusCode::OK, &kubeadm_config_map(&yaml, revision))
         }
@@ -509,13 +499,7 @@ async fn update_kubeadm_config(state: &State, req: Request<Incoming>) -> Resp {
     let current = match state.store.cluster_config_with_revision().await {
         Ok(Some((_, revision))) => revision,
         Ok(None) => return kubeadm_config_not_found(),
-        Err(e) => {
-            return status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalError",
-                &format!("{e:#}"),
-            )
-        }
+        Err(e) => return internal(e),
     };
     let conflict = || {
         status(
@@ -543,11 +527,7 @@ async fn update_kubeadm_config(state: &State, req: Request<Incoming>) -> Resp {
             }
         }
         Ok(false) => conflict(),
-        Err(e) => status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            &format!("{e:#}"),
-        ),
+        Err(e) => internal(e),
     }
 }
 
@@ -586,11 +566,7 @@ async fn create_secret(state: &State, req: Request<Incoming>) -> Resp {
             "AlreadyExists",
             &format!("secrets \"{name}\" already exists"),
         ),
-        Err(e) => status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            &format!("{e:#}"),
-        ),
+        Err(e) => internal(e),
     }
 }
 
@@ -645,31 +621,32 @@ fn parse_token_secret(body: &[u8]) -> Result<StoredToken, Reject> {
         )));
     }
     let mut fields: BTreeMap<String, String> = BTreeMap::new();
-    if let Some(data) = v.get("data") {
-        let obj = data
+    // `stringData` is written over `data`.
+    for (field, base64) in [("data", true), ("stringData", false)] {
+        let Some(map) = v.get(field) else {
+            continue;
+        };
+        let obj = map
             .as_object()
-            .ok_or_else(|| bad("data must be a map".into()))?;
+            .ok_or_else(|| bad(format!("{field} must be a map")))?;
+        let want = if base64 {
+            "a base64 string"
+        } else {
+            "a string"
+        };
         for (k, val) in obj {
             let s = val
                 .as_str()
-                .ok_or_else(|| bad(format!("data[{k}] must be a base64 string")))?;
-            let bytes = B64
-                .decode(s)
-                .map_err(|e| bad(format!("data[{k}]: illegal base64 data: {e}")))?;
-            let s =
-                String::from_utf8(bytes).map_err(|_| invalid(format!("data[{k}] is not UTF-8")))?;
+                .ok_or_else(|| bad(format!("{field}[{k}] must be {want}")))?;
+            let s = if base64 {
+                let bytes = B64
+                    .decode(s)
+                    .map_err(|e| bad(format!("data[{k}]: illegal base64 data: {e}")))?;
+                String::from_utf8(bytes).map_err(|_| invalid(format!("data[{k}] is not UTF-8")))?
+            } else {
+                s.to_owned()
+            };
             fields.insert(k.clone(), s);
-        }
-    }
-    if let Some(sd) = v.get("stringData") {
-        let obj = sd
-            .as_object()
-            .ok_or_else(|| bad("stringData must be a map".into()))?;
-        for (k, val) in obj {
-            let s = val
-                .as_str()
-                .ok_or_else(|| bad(format!("stringData[{k}] must be a string")))?;
-            fields.insert(k.clone(), s.to_owned());
         }
     }
     for k in fields.keys() {
@@ -1252,13 +1229,7 @@ async fn etcd_pods(state: &State, query: &str) -> Resp {
     }
     let members = match state.store.members().await {
         Ok(m) => m,
-        Err(e) => {
-            return status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalError",
-                &format!("{e:#}"),
-            )
-        }
+        Err(e) => return internal(e),
     };
     let items: Vec<serde_json::Value> = members
         .iter()

@@ -10,7 +10,7 @@ use base64::Engine;
 use drover_common::kubeadm::SHARED_CA_FILES;
 use rcgen::{
     CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, PublicKeyData, SanType,
+    KeyUsagePurpose, PublicKeyData,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, SubjectPublicKeyInfoDer};
@@ -410,21 +410,8 @@ fn leaf_params(spec: &LeafSpec, validity: Duration) -> Result<CertificateParams>
             .extended_key_usages
             .push(ExtendedKeyUsagePurpose::ClientAuth);
     }
-    for d in &spec.dns {
-        let ia5 = d
-            .clone()
-            .try_into()
-            .map_err(|e| anyhow!("invalid DNS name {d:?}: {e}"))?;
-        params.subject_alt_names.push(SanType::DnsName(ia5));
-    }
-    for ip in &spec.ips {
-        params.subject_alt_names.push(SanType::IpAddress(*ip));
-    }
-    params.use_authority_key_identifier_extension = true;
-    let now = OffsetDateTime::now_utc();
-    // kubeadm backdates certificates by five minutes.
-    params.not_before = now - Duration::minutes(5);
-    params.not_after = now + validity;
+    drover_common::pki::name_and_date_leaf(&mut params, &spec.dns, &spec.ips, validity)
+        .map_err(|(d, e)| anyhow!("invalid DNS name {d:?}: {e}"))?;
     Ok(params)
 }
 
@@ -499,6 +486,23 @@ pub struct Kubeconfig {
     pub ca_pem: Option<String>,
     pub client_cert_pem: Option<String>,
     pub client_key_pem: Option<String>,
+}
+
+impl Kubeconfig {
+    /// An HTTP client for this kubeconfig's API server, trusting `ca` (its
+    /// CA) and presenting its client certificate when it holds one.
+    pub fn http_client(&self, ca: &str, timeout: std::time::Duration) -> Result<reqwest::Client> {
+        let creds = match (&self.client_cert_pem, &self.client_key_pem) {
+            (Some(c), Some(k)) => Some((c.as_str(), k.as_str())),
+            _ => None,
+        };
+        crate::net::http_client(crate::net::client_config(ca, creds)?, timeout)
+    }
+
+    /// The API server's URL, without a trailing `/`.
+    pub fn server_url(&self) -> &str {
+        self.server.trim_end_matches('/')
+    }
 }
 
 /// Reads a kubeconfig (YAML or JSON): the current context's cluster and user,

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use drover_common::kubeadm::BootstrapTokenSpec;
+use drover_common::kubeadm::{BootstrapTokenSpec, NodeRegistration};
 use drover_common::pin::CaPin;
 use drover_common::token::BootstrapToken;
 use time::format_description::well_known::Rfc3339;
@@ -18,12 +18,53 @@ use crate::util::{
     INIT_PHASES,
 };
 
-pub struct InitOpts {
+/// What `kubeadm init` and `kubeadm join` take from the flags they share.
+pub struct NodeOpts {
     pub config: PathBuf,
     pub ignore_preflight_errors: Vec<String>,
     pub skip_phases: Vec<String>,
     pub dry_run: bool,
     pub node_name: Option<String>,
+}
+
+impl NodeOpts {
+    /// Whether to change nothing: `--dry-run` or the config's `dryRun`.
+    pub fn dry_run(&self, configured: Option<bool>) -> bool {
+        self.dry_run || configured == Some(true)
+    }
+
+    /// The node's name: `--node-name`, else `registration.name`, else the
+    /// host name; checked as kubeadm does.
+    pub fn node_name(&self, registration: &NodeRegistration) -> Result<String> {
+        let name = self
+            .node_name
+            .clone()
+            .or_else(|| registration.name.clone())
+            .unwrap_or_else(crate::util::hostname);
+        check_node_name(&name)?;
+        Ok(name)
+    }
+
+    /// The phases of `phases` to skip (the flag's and the config's
+    /// `skip_phases`) and the preflight errors to ignore (the flag's and
+    /// `registration`'s).
+    pub fn skip_and_ignore(
+        &self,
+        phases: &[&str],
+        skip_phases: &[String],
+        registration: &NodeRegistration,
+    ) -> Result<(SkipPhases, IgnoreSet)> {
+        let skip = SkipPhases::new(phases, &[&self.skip_phases, skip_phases])?;
+        let ignore = IgnoreSet::new(&[
+            &self.ignore_preflight_errors,
+            &registration.ignore_preflight_errors,
+        ])?;
+        Ok((skip, ignore))
+    }
+}
+
+pub struct InitOpts {
+    pub node: NodeOpts,
     pub skip_token_print: bool,
 }
 
@@ -152,7 +193,7 @@ async fn upload_kubelet_config(root: &Root, config: &serde_json::Value) -> Resul
 }
 
 pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
-    let text = read_config(root, &o.config)?;
+    let text = read_config(root, &o.node.config)?;
     let cfg = crate::kconfig::parse(&text)?;
     if cfg.join.is_some() {
         bail!("the config holds a JoinConfiguration: `kubeadm init` reads InitConfiguration and ClusterConfiguration (use `kubeadm join` for a JoinConfiguration)");
@@ -167,26 +208,13 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     if init.certificate_key.is_some() {
         bail!("InitConfiguration.certificateKey is set: it only serves `--upload-certs`, which Drover never uses (it copies the shared CA set to control-plane machines)");
     }
-    let dry_run = o.dry_run || init.dry_run == Some(true);
-    let node_name = o
-        .node_name
-        .clone()
-        .or_else(|| init.node_registration.name.clone())
-        .unwrap_or_else(crate::util::hostname);
-    check_node_name(&node_name)?;
-    let advertise = node::parse_advertise(
-        &init.local_api_endpoint.advertise_address,
-        "localAPIEndpoint",
-    )?;
-    let bind_port = match init.local_api_endpoint.bind_port {
-        0 => 6443,
-        p => p,
-    };
-    let skip = SkipPhases::new(INIT_PHASES, &[&o.skip_phases, &init.skip_phases])?;
-    let ignore = IgnoreSet::new(&[
-        &o.ignore_preflight_errors,
-        &init.node_registration.ignore_preflight_errors,
-    ])?;
+    let dry_run = o.node.dry_run(init.dry_run);
+    let node_name = o.node.node_name(&init.node_registration)?;
+    let (advertise, bind_port) =
+        node::local_endpoint(&init.local_api_endpoint, "localAPIEndpoint")?;
+    let (skip, ignore) =
+        o.node
+            .skip_and_ignore(INIT_PHASES, &init.skip_phases, &init.node_registration)?;
     let timeouts = init.timeouts.clone().unwrap_or_default();
     let kubelet_wait = timeout_from(timeouts.kubelet_health_check.as_ref(), "kubeletHealthCheck")?;
     let api_wait = timeout_from(
@@ -223,15 +251,7 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     if !skip.skipped("preflight") {
         println!("[preflight] Running pre-flight checks");
         let mut pf = Preflight::default();
-        for m in [
-            "kube-apiserver",
-            "kube-controller-manager",
-            "kube-scheduler",
-            "etcd",
-        ] {
-            pf.file_available(root, &format!("{MANIFESTS_DIR}/{m}.yaml"));
-        }
-        pf.file_available(root, "/etc/kubernetes/admin.conf");
+        node::control_plane_files_available(&mut pf, root);
         pf.file_available(root, "/etc/kubernetes/kubelet.conf");
         pf.port(&advertise.to_string(), bind_port);
         pf.port(&kubelet_host, kubelet_port);
@@ -244,16 +264,8 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
     let set = check_shared_ca_set(root, &cs.cert_dir, cs.alg).in_phase("certs/ca")?;
     let pin = CaPin::from_cert_der(&set.ca.cert_der).map_err(|e| anyhow!("{e}"))?;
     let server = cs.server_url(&advertise.to_string(), bind_port);
-    let local_server = format!(
-        "https://{}",
-        join_host_port(&advertise.to_string(), bind_port)
-    );
-    let cp_node = ControlPlaneNode {
-        name: node_name.clone(),
-        advertise,
-        bind_port,
-        joining: false,
-    };
+    let cp_node = ControlPlaneNode::new(&node_name, advertise, bind_port, false);
+    let local_server = cp_node.local_server();
 
     if dry_run {
         println!(
@@ -342,17 +354,9 @@ pub async fn run(root: &Root, o: InitOpts) -> Result<()> {
         .await
         .in_phase("wait-control-plane")?;
     let etcd_url = node::etcd_client_url(advertise);
-    node::start_apiserver(
-        root,
-        &join_host_port(&advertise.to_string(), bind_port),
-        &cs.cert_dir,
-        &server,
-        &etcd_url,
-        &set.ca.cert_pem,
-        api_wait,
-    )
-    .await
-    .in_phase("wait-control-plane")?;
+    node::start_apiserver(root, &cp_node, &cs, &etcd_url, &set.ca.cert_pem, api_wait)
+        .await
+        .in_phase("wait-control-plane")?;
     let etcd = store::Store::connect(&store::EtcdAccess::apiserver(
         root,
         &cs.cert_dir,

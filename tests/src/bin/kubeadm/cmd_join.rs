@@ -1,7 +1,6 @@
 //! `kubeadm join --config PATH`: bootstrap-token discovery as kubeadm does
 //! it, then a worker or a control-plane join.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
@@ -10,22 +9,14 @@ use drover_common::token::BootstrapToken;
 use serde_json::Value;
 
 use crate::certs::{self, check_shared_ca_set};
-use crate::cmd_init::{check_node_name, read_config};
+use crate::cmd_init::{read_config, NodeOpts};
 use crate::net::{self, is_connect_error, status_message};
-use crate::node::{self, ClusterSettings, ControlPlaneNode, KubeconfigSpec, MANIFESTS_DIR};
+use crate::node::{self, ClusterSettings, ControlPlaneNode, KubeconfigSpec};
 use crate::store;
 use crate::util::{
-    join_host_port, parse_go_duration_std, split_host_port, write_file, IgnoreSet, InPhase,
-    Preflight, Root, SkipPhases, JOIN_PHASES,
+    join_host_port, parse_go_duration_std, split_host_port, write_file, InPhase, Preflight, Root,
+    JOIN_PHASES,
 };
-
-pub struct JoinOpts {
-    pub config: PathBuf,
-    pub ignore_preflight_errors: Vec<String>,
-    pub skip_phases: Vec<String>,
-    pub dry_run: bool,
-    pub node_name: Option<String>,
-}
 
 const STANDIN_DEFAULT_WAIT: Duration = Duration::from_secs(10);
 
@@ -211,7 +202,7 @@ async fn fetch_cluster_configuration(
         })
 }
 
-pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
+pub async fn run(root: &Root, o: NodeOpts) -> Result<()> {
     let text = read_config(root, &o.config)?;
     let cfg = crate::kconfig::parse(&text)?;
     if cfg.init.is_some() || cfg.cluster.is_some() {
@@ -254,32 +245,17 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             bail!("controlPlane.certificateKey is set: Drover copies the shared CA set to control-plane machines and joins without --certificate-key (no certificates are downloaded from the cluster); remove certificateKey");
         }
     }
-    let dry_run = o.dry_run || join.dry_run == Some(true);
-    let node_name = o
-        .node_name
-        .clone()
-        .or_else(|| join.node_registration.name.clone())
-        .unwrap_or_else(crate::util::hostname);
-    check_node_name(&node_name)?;
+    let dry_run = o.dry_run(join.dry_run);
+    let node_name = o.node_name(&join.node_registration)?;
     let cp_endpoint = match &cp {
-        Some(cp) => {
-            let adv = node::parse_advertise(
-                &cp.local_api_endpoint.advertise_address,
-                "controlPlane.localAPIEndpoint",
-            )?;
-            let port = match cp.local_api_endpoint.bind_port {
-                0 => 6443,
-                p => p,
-            };
-            Some((adv, port))
-        }
+        Some(cp) => Some(node::local_endpoint(
+            &cp.local_api_endpoint,
+            "controlPlane.localAPIEndpoint",
+        )?),
         None => None,
     };
-    let skip = SkipPhases::new(JOIN_PHASES, &[&o.skip_phases, &join.skip_phases])?;
-    let ignore = IgnoreSet::new(&[
-        &o.ignore_preflight_errors,
-        &join.node_registration.ignore_preflight_errors,
-    ])?;
+    let (skip, ignore) =
+        o.skip_and_ignore(JOIN_PHASES, &join.skip_phases, &join.node_registration)?;
     let timeouts = join.timeouts.clone().unwrap_or_default();
     let t = |v: Option<&String>, what: &str| -> Result<Duration> {
         match v {
@@ -330,15 +306,7 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
                 }
             }
             Some((adv, port)) => {
-                for m in [
-                    "kube-apiserver",
-                    "kube-controller-manager",
-                    "kube-scheduler",
-                    "etcd",
-                ] {
-                    pf.file_available(root, &format!("{MANIFESTS_DIR}/{m}.yaml"));
-                }
-                pf.file_available(root, "/etc/kubernetes/admin.conf");
+                node::control_plane_files_available(&mut pf, root);
                 pf.port(&adv.to_string(), *port);
             }
         }
@@ -452,22 +420,14 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
         ))
         .in_phase("preflight");
     }
-    let cp_node = ControlPlaneNode {
-        name: node_name.clone(),
-        advertise,
-        bind_port,
-        joining: true,
-    };
+    let cp_node = ControlPlaneNode::new(&node_name, advertise, bind_port, true);
     if dry_run {
         println!("[dryrun] The shared CA set is complete, valid and matches the cluster");
         println!("[dryrun] Would write the leaf certificates, kubeconfigs, static Pod manifests and kubelet files, and start the stand-in kubelet and API server on {}", join_host_port(&advertise.to_string(), bind_port));
         return Ok(());
     }
     let server = cs.server_url(&advertise.to_string(), bind_port);
-    let local_server = format!(
-        "https://{}",
-        join_host_port(&advertise.to_string(), bind_port)
-    );
+    let local_server = cp_node.local_server();
     println!(
         "[preflight] Running pre-flight checks before initializing the new control plane instance"
     );
@@ -552,17 +512,9 @@ pub async fn run(root: &Root, o: JoinOpts) -> Result<()> {
             .in_phase("control-plane-join/etcd")?;
     }
     store::save_local_cluster_config(root, &cc_yaml).in_phase("wait-control-plane")?;
-    node::start_apiserver(
-        root,
-        &join_host_port(&advertise.to_string(), bind_port),
-        &cs.cert_dir,
-        &server,
-        &etcd_url,
-        &set.ca.cert_pem,
-        api_wait,
-    )
-    .await
-    .in_phase("wait-control-plane")?;
+    node::start_apiserver(root, &cp_node, &cs, &etcd_url, &set.ca.cert_pem, api_wait)
+        .await
+        .in_phase("wait-control-plane")?;
     if !skip.skipped("control-plane-join/mark-control-plane") {
         println!("[mark-control-plane] Marking the node {node_name} as control-plane by adding the labels: [node-role.kubernetes.io/control-plane node.kubernetes.io/exclude-from-external-load-balancers]");
         println!("[mark-control-plane] Marking the node {node_name} as control-plane by adding the taints [node-role.kubernetes.io/control-plane:NoSchedule]");

@@ -10,7 +10,7 @@ use drover_common::token::BootstrapToken;
 
 use crate::certs::parse_kubeconfig;
 use crate::cmd_init::{check_token_groups, check_token_usages, DEFAULT_TOKEN_GROUP};
-use crate::net::{self, is_connect_error, status_message};
+use crate::net::{is_connect_error, status_message};
 use crate::store::StoredToken;
 use crate::util::{parse_go_duration_std, Root};
 
@@ -75,7 +75,7 @@ pub async fn create(root: &Root, o: CreateOpts) -> Result<()> {
             kubeconfig_logical.display()
         )
     })?;
-    let ca_pem = kc.ca_pem.ok_or_else(|| {
+    let ca_pem = kc.ca_pem.clone().ok_or_else(|| {
         anyhow!(
             "the kubeconfig {} holds no certificate authority",
             kubeconfig_logical.display()
@@ -88,19 +88,9 @@ pub async fn create(root: &Root, o: CreateOpts) -> Result<()> {
             "[dryrun] Would perform action CREATE on resource \"secrets\" in API group \"core/v1\""
         );
     } else {
-        let client_creds = match (&kc.client_cert_pem, &kc.client_key_pem) {
-            (Some(c), Some(k)) => Some((c.as_str(), k.as_str())),
-            _ => None,
-        };
-        let client = net::http_client(
-            net::client_config(&ca_pem, client_creds)?,
-            Duration::from_secs(10),
-        )?;
+        let client = kc.http_client(&ca_pem, Duration::from_secs(10))?;
         let secret = stored.secret_json();
-        let url = format!(
-            "{}/api/v1/namespaces/kube-system/secrets",
-            kc.server.trim_end_matches('/')
-        );
+        let url = format!("{}/api/v1/namespaces/kube-system/secrets", kc.server_url());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let resp = loop {
             match client.post(&url).json(&secret).send().await {

@@ -483,20 +483,15 @@ impl Api {
         })?;
         let kc = parse_kubeconfig(&text, host.parent())
             .with_context(|| format!("failed to load kubeconfig {}", logical.display()))?;
-        let ca = kc.ca_pem.ok_or_else(|| {
+        let ca = kc.ca_pem.clone().ok_or_else(|| {
             anyhow!(
                 "the kubeconfig {} holds no certificate authority",
                 logical.display()
             )
         })?;
-        let creds = match (&kc.client_cert_pem, &kc.client_key_pem) {
-            (Some(c), Some(k)) => Some((c.as_str(), k.as_str())),
-            _ => None,
-        };
-        let client = net::http_client(net::client_config(&ca, creds)?, Duration::from_secs(10))?;
         Ok(Self {
-            client,
-            server: kc.server.trim_end_matches('/').to_owned(),
+            client: kc.http_client(&ca, Duration::from_secs(10))?,
+            server: kc.server_url().to_owned(),
         })
     }
 

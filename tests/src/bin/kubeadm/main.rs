@@ -122,6 +122,19 @@ struct NodeArgs {
     node_name: Option<String>,
 }
 
+impl NodeArgs {
+    /// The options of `init` or `join`, reading the config at `config`.
+    fn opts(self, config: PathBuf) -> cmd_init::NodeOpts {
+        cmd_init::NodeOpts {
+            config,
+            ignore_preflight_errors: self.ignore_preflight_errors,
+            skip_phases: self.skip_phases,
+            dry_run: self.dry_run == Some(true),
+            node_name: self.node_name,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 struct InitArgs {
     #[command(flatten)]
@@ -562,11 +575,7 @@ async fn dispatch(
             cmd_init::run(
                 &root,
                 cmd_init::InitOpts {
-                    config,
-                    ignore_preflight_errors: a.node.ignore_preflight_errors,
-                    skip_phases: a.node.skip_phases,
-                    dry_run: a.node.dry_run == Some(true),
-                    node_name: a.node.node_name,
+                    node: a.node.opts(config),
                     skip_token_print: a.skip_token_print == Some(true),
                 },
             )
@@ -577,17 +586,7 @@ async fn dispatch(
                 bail!("can not mix '--config' with the API server endpoint argument {ep:?}: the config's discovery.bootstrapToken.apiServerEndpoint names it");
             }
             let config = check_mix(sub_m, sub_cmd, &a.node.config, "join")?;
-            cmd_join::run(
-                &root,
-                cmd_join::JoinOpts {
-                    config,
-                    ignore_preflight_errors: a.node.ignore_preflight_errors,
-                    skip_phases: a.node.skip_phases,
-                    dry_run: a.node.dry_run == Some(true),
-                    node_name: a.node.node_name,
-                },
-            )
-            .await
+            cmd_join::run(&root, a.node.opts(config)).await
         }
         Cmd::Reset(a) => {
             if a.config.is_some() {

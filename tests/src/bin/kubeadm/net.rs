@@ -4,11 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use drover_common::tls_verify::{CheckedVerifier, PresentedCert, ServerCertCheck};
+use rustls::client::danger::ServerCertVerified;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -18,50 +19,11 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// `cluster-info` fetch (trust comes from the JWS and the CA pin instead).
 /// Handshake signatures are still checked.
 #[derive(Debug)]
-struct AcceptAnyServerCert(Arc<CryptoProvider>);
+struct AcceptAnyServerCert;
 
-impl ServerCertVerifier for AcceptAnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+impl ServerCertCheck for AcceptAnyServerCert {
+    fn check(&self, _presented: PresentedCert<'_>) -> Result<ServerCertVerified, rustls::Error> {
         Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -97,7 +59,7 @@ pub fn insecure_client_config() -> ClientConfig {
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCert(p)))
+        .with_custom_certificate_verifier(Arc::new(CheckedVerifier::new(AcceptAnyServerCert, p)))
         .with_no_client_auth()
 }
 

@@ -6,14 +6,14 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use drover_common::kubeadm::{Arg, ClusterConfiguration, NodeRegistration};
+use drover_common::kubeadm::{ApiEndpoint, Arg, ClusterConfiguration, NodeRegistration};
 use serde_json::Value;
 
 use crate::certs::{self, EncryptionAlgorithm, LeafSpec, SharedCaSet};
 use crate::daemon;
 use crate::kubelet;
 use crate::util::{
-    cidr_nth_ip, join_host_port, split_host_port, write_file, InPhase, Root, SkipPhases,
+    cidr_nth_ip, join_host_port, split_host_port, write_file, InPhase, Preflight, Root, SkipPhases,
 };
 
 pub const KUBERNETES_DIR: &str = "/etc/kubernetes";
@@ -226,6 +226,52 @@ pub struct ControlPlaneNode {
     pub advertise: IpAddr,
     pub bind_port: u16,
     pub joining: bool,
+}
+
+impl ControlPlaneNode {
+    pub fn new(name: &str, advertise: IpAddr, bind_port: u16, joining: bool) -> Self {
+        Self {
+            name: name.to_owned(),
+            advertise,
+            bind_port,
+            joining,
+        }
+    }
+
+    /// The host and port this machine's API server listens on.
+    pub fn bind_address(&self) -> String {
+        join_host_port(&self.advertise.to_string(), self.bind_port)
+    }
+
+    /// This machine's API server, `https://` its bind address.
+    pub fn local_server(&self) -> String {
+        format!("https://{}", self.bind_address())
+    }
+}
+
+/// The advertise address and port of a local API endpoint (`what`, for
+/// errors), the port 6443 when unset.
+pub fn local_endpoint(endpoint: &ApiEndpoint, what: &str) -> Result<(IpAddr, u16)> {
+    let advertise = parse_advertise(&endpoint.advertise_address, what)?;
+    let bind_port = match endpoint.bind_port {
+        0 => 6443,
+        p => p,
+    };
+    Ok((advertise, bind_port))
+}
+
+/// Checks, before a control plane starts, that none of its static Pod
+/// manifests and no `admin.conf` are there yet.
+pub fn control_plane_files_available(pf: &mut Preflight, root: &Root) {
+    for m in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "etcd",
+    ] {
+        pf.file_available(root, &format!("{MANIFESTS_DIR}/{m}.yaml"));
+    }
+    pf.file_available(root, "/etc/kubernetes/admin.conf");
 }
 
 pub fn parse_advertise(addr: &str, what: &str) -> Result<IpAddr> {
@@ -467,6 +513,23 @@ fn merged_args(base: Vec<(String, String)>, extra: &[Arg]) -> Vec<String> {
         .collect()
 }
 
+/// Writes component `component`'s static Pod manifest (see
+/// [`pod_manifest`]; the command is the component's name).
+fn write_pod_manifest(
+    root: &Root,
+    component: &str,
+    image: &str,
+    args: &[String],
+    annotation: Option<(&str, String)>,
+) -> Result<()> {
+    let text = pod_manifest(component, image, component, args, annotation);
+    write_file(
+        &root.path(format!("{MANIFESTS_DIR}/{component}.yaml")),
+        text.as_bytes(),
+        0o600,
+    )
+}
+
 fn pod_manifest(
     component: &str,
     image: &str,
@@ -571,20 +634,15 @@ pub fn write_control_plane_manifests(
             ],
             &cs.api_server_extra_args,
         );
-        let text = pod_manifest(
+        write_pod_manifest(
+            root,
             "kube-apiserver",
             &image("kube-apiserver"),
-            "kube-apiserver",
             &args,
             Some((
                 "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint",
                 join_host_port(&node.advertise.to_string(), node.bind_port),
             )),
-        );
-        write_file(
-            &root.path(format!("{MANIFESTS_DIR}/kube-apiserver.yaml")),
-            text.as_bytes(),
-            0o600,
         )?;
     }
     if !skip.skipped(&sub("controller-manager")) {
@@ -615,17 +673,12 @@ pub fn write_control_plane_manifests(
             base.push(p("cluster-cidr", cs.pod_subnet.clone()));
         }
         let args = merged_args(base, &cs.controller_manager_extra_args);
-        let text = pod_manifest(
+        write_pod_manifest(
+            root,
             "kube-controller-manager",
             &image("kube-controller-manager"),
-            "kube-controller-manager",
             &args,
             None,
-        );
-        write_file(
-            &root.path(format!("{MANIFESTS_DIR}/kube-controller-manager.yaml")),
-            text.as_bytes(),
-            0o600,
         )?;
     }
     if !skip.skipped(&sub("scheduler")) {
@@ -641,17 +694,12 @@ pub fn write_control_plane_manifests(
             ],
             &cs.scheduler_extra_args,
         );
-        let text = pod_manifest(
+        write_pod_manifest(
+            root,
             "kube-scheduler",
             &image("kube-scheduler"),
-            "kube-scheduler",
             &args,
             None,
-        );
-        write_file(
-            &root.path(format!("{MANIFESTS_DIR}/kube-scheduler.yaml")),
-            text.as_bytes(),
-            0o600,
         )?;
     }
     Ok(())
@@ -719,20 +767,15 @@ pub fn write_etcd_manifest(
         base.push(p("initial-cluster-state", "existing".into()));
     }
     let args = merged_args(base, &cs.etcd_extra_args);
-    let text = pod_manifest(
+    write_pod_manifest(
+        root,
         "etcd",
         &format!("{}/etcd:{ETCD_IMAGE_TAG}", cs.image_repository),
-        "etcd",
         &args,
         Some((
             "kubeadm.kubernetes.io/etcd.advertise-client-urls",
             client_url,
         )),
-    );
-    write_file(
-        &root.path(format!("{MANIFESTS_DIR}/etcd.yaml")),
-        text.as_bytes(),
-        0o600,
     )?;
     std::fs::create_dir_all(root.path(&cs.etcd_data_dir))
         .with_context(|| format!("cannot create {}", cs.etcd_data_dir))?;
@@ -980,27 +1023,29 @@ pub async fn start_etcd(
     Ok(())
 }
 
-/// Starts the stand-in API server on `bind` and waits until /readyz answers
+/// Starts the stand-in API server of control plane `node` on its bind
+/// address, for the cluster's server URL, and waits until /readyz answers
 /// (verifying its serving certificate against the cluster CA).
 pub async fn start_apiserver(
     root: &Root,
-    bind: &str,
-    cert_dir: &str,
-    server: &str,
+    node: &ControlPlaneNode,
+    cs: &ClusterSettings,
     etcd_servers: &str,
     ca_pem: &str,
     timeout: Duration,
 ) -> Result<()> {
+    let bind = node.bind_address();
+    let server = cs.server_url(&node.advertise.to_string(), node.bind_port);
     let mut child = daemon::spawn(
         root,
         "apiserver",
         &[
             "--bind".into(),
-            bind.into(),
+            bind.clone(),
             "--cert-dir".into(),
-            cert_dir.into(),
+            cs.cert_dir.clone(),
             "--server".into(),
-            server.into(),
+            server,
             "--etcd-servers".into(),
             etcd_servers.into(),
         ],

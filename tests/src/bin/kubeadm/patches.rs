@@ -359,28 +359,31 @@ mod tests {
 
     #[test]
     fn file_names_as_kubeadm_parses_them() {
-        let ok = |name: &str| parse_file_name(name).unwrap().unwrap();
-        assert_eq!(
-            ok("kubeletconfiguration.yaml"),
-            ("kubeletconfiguration", PatchType::Strategic)
-        );
-        assert_eq!(
-            ok("kubeletconfiguration+merge.yaml"),
-            ("kubeletconfiguration", PatchType::Merge)
-        );
-        assert_eq!(
-            ok("kubeletconfiguration0+json.json"),
-            ("kubeletconfiguration", PatchType::Json)
-        );
-        assert_eq!(
-            ok("kubeletconfiguration-a+strategic.yaml"),
-            ("kubeletconfiguration", PatchType::Strategic)
-        );
-        assert_eq!(ok("etcd.json"), ("etcd", PatchType::Strategic));
-        assert_eq!(
-            ok("kube-apiserver+merge.yaml"),
-            ("kube-apiserver", PatchType::Merge)
-        );
+        for (name, want) in [
+            (
+                "kubeletconfiguration.yaml",
+                ("kubeletconfiguration", PatchType::Strategic),
+            ),
+            (
+                "kubeletconfiguration+merge.yaml",
+                ("kubeletconfiguration", PatchType::Merge),
+            ),
+            (
+                "kubeletconfiguration0+json.json",
+                ("kubeletconfiguration", PatchType::Json),
+            ),
+            (
+                "kubeletconfiguration-a+strategic.yaml",
+                ("kubeletconfiguration", PatchType::Strategic),
+            ),
+            ("etcd.json", ("etcd", PatchType::Strategic)),
+            (
+                "kube-apiserver+merge.yaml",
+                ("kube-apiserver", PatchType::Merge),
+            ),
+        ] {
+            assert_eq!(parse_file_name(name).unwrap().unwrap(), want, "{name}");
+        }
         // Ignored with a warning: another extension, an unknown target.
         let warned = |name: &str| parse_file_name(name).unwrap().unwrap_err();
         assert_eq!(

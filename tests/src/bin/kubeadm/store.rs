@@ -464,67 +464,20 @@ impl Store {
         options: Option<GetOptions>,
         what: &str,
     ) -> Result<Vec<serde_json::Value>> {
-        let resp = self
-            .get(key, options)
-            .await
-            .with_context(|| format!("cannot read {what} from etcd"))?;
-        resp.kvs()
-            .iter()
-            .map(|kv| {
-                serde_json::from_slice(kv.value())
-                    .with_context(|| format!("the stored {what} is corrupt"))
-            })
-            .collect()
+        let entries = self.read_entries(key, options, what).await?;
+        Ok(entries.into_iter().map(|(_, value, _)| value).collect())
     }
 
-    /// Writes the object at `key`: `create` only when absent (false: it
-    /// exists), else only when present (false: it is gone).
-    pub async fn put_object(
+    /// What a read of `key` with `options` finds: each object parsed, with
+    /// its key and etcd mod revision.
+    async fn read_entries(
         &self,
         key: &str,
-        value: &serde_json::Value,
-        create: bool,
-    ) -> Result<bool> {
-        let cmp = if create {
-            Compare::version(key, CompareOp::Equal, 0)
-        } else {
-            Compare::version(key, CompareOp::Greater, 0)
-        };
-        let mut kv = self.client.kv_client();
-        let added = put_when(&mut kv, key, serde_json::to_vec(value)?, cmp).await?;
-        Ok(matches!(added, Added::Created))
-    }
-
-    /// The object at `key` with its etcd modification revision, for an
-    /// update that must not overwrite a concurrent one.
-    pub async fn object_with_revision(
-        &self,
-        key: &str,
-        what: &str,
-    ) -> Result<Option<(serde_json::Value, i64)>> {
-        let resp = self
-            .get(key, None)
-            .await
-            .with_context(|| format!("cannot read {what} from etcd"))?;
-        resp.kvs()
-            .first()
-            .map(|kv| {
-                serde_json::from_slice(kv.value())
-                    .map(|v| (v, kv.mod_revision()))
-                    .with_context(|| format!("the stored {what} is corrupt"))
-            })
-            .transpose()
-    }
-
-    /// Every object stored under `prefix` (`what`, for errors), each with
-    /// its key and etcd mod revision, for [`Self::replace_object`].
-    pub async fn objects_with_revisions(
-        &self,
-        prefix: &str,
+        options: Option<GetOptions>,
         what: &str,
     ) -> Result<Vec<(String, serde_json::Value, i64)>> {
         let resp = self
-            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .get(key, options)
             .await
             .with_context(|| format!("cannot read {what} from etcd"))?;
         resp.kvs()
@@ -541,6 +494,59 @@ impl Store {
             .collect()
     }
 
+    /// Puts `value` at `key` if `cmp` holds.
+    async fn put_object_when(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        cmp: Compare,
+    ) -> Result<Added> {
+        let mut kv = self.client.kv_client();
+        put_when(&mut kv, key, serde_json::to_vec(value)?, cmp).await
+    }
+
+    /// Writes the object at `key`: `create` only when absent (false: it
+    /// exists), else only when present (false: it is gone).
+    pub async fn put_object(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        create: bool,
+    ) -> Result<bool> {
+        let cmp = if create {
+            Compare::version(key, CompareOp::Equal, 0)
+        } else {
+            Compare::version(key, CompareOp::Greater, 0)
+        };
+        let added = self.put_object_when(key, value, cmp).await?;
+        Ok(matches!(added, Added::Created))
+    }
+
+    /// The object at `key` with its etcd modification revision, for an
+    /// update that must not overwrite a concurrent one.
+    pub async fn object_with_revision(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<(serde_json::Value, i64)>> {
+        let entries = self.read_entries(key, None, what).await?;
+        Ok(entries
+            .into_iter()
+            .next()
+            .map(|(_, value, rev)| (value, rev)))
+    }
+
+    /// Every object stored under `prefix` (`what`, for errors), each with
+    /// its key and etcd mod revision, for [`Self::replace_object`].
+    pub async fn objects_with_revisions(
+        &self,
+        prefix: &str,
+        what: &str,
+    ) -> Result<Vec<(String, serde_json::Value, i64)>> {
+        let options = GetOptions::new().with_prefix();
+        self.read_entries(prefix, Some(options), what).await
+    }
+
     /// Replaces the object at `key` if it is still at `revision`, as the
     /// API server's optimistic concurrency does; false when another writer
     /// changed it first.
@@ -551,8 +557,7 @@ impl Store {
         revision: i64,
     ) -> Result<bool> {
         let unchanged = Compare::mod_revision(key, CompareOp::Equal, revision);
-        let mut kv = self.client.kv_client();
-        let put = put_when(&mut kv, key, serde_json::to_vec(value)?, unchanged).await?;
+        let put = self.put_object_when(key, value, unchanged).await?;
         Ok(put == Added::Created)
     }
 

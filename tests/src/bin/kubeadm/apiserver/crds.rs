@@ -23,8 +23,11 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 
-use super::objects::{is_subdomain, merge, namespace_exists};
-use super::{forbidden, internal, json_resp, read_body, status, Identity, Resp, State};
+use super::objects::{
+    apply_over_stored, bad_request, invalid, not_allowed, not_found, read_apply, shown_name, store,
+    subdomain_problem,
+};
+use super::{forbidden, internal, json_resp, status, Identity, Resp, State};
 
 pub(super) const GROUP: &str = "apiextensions.k8s.io";
 const GROUP_VERSION: &str = "apiextensions.k8s.io/v1";
@@ -169,26 +172,6 @@ fn crd_discovery() -> Value {
                           "shortNames": ["crd", "crds"]}]})
 }
 
-fn not_found(what: &str, name: &str) -> Resp {
-    status(
-        StatusCode::NOT_FOUND,
-        "NotFound",
-        &format!("{what} \"{name}\" not found"),
-    )
-}
-
-fn invalid(kind: &str, name: &str, why: &str) -> Resp {
-    status(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "Invalid",
-        &format!("{kind} \"{name}\" is invalid: {why}"),
-    )
-}
-
-fn bad_request(message: &str) -> Resp {
-    status(StatusCode::BAD_REQUEST, "BadRequest", message)
-}
-
 /// The path of nothing served: what kube-apiserver answers for a kind whose
 /// definition is not established (or absent).
 fn nothing_here() -> Resp {
@@ -306,14 +289,6 @@ fn verb(method: &Method, name: &Option<String>) -> &'static str {
         (&Method::DELETE, _) => "delete",
         _ => "create",
     }
-}
-
-fn not_allowed() -> Resp {
-    status(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "MethodNotAllowed",
-        "the server does not allow this method on the requested resource",
-    )
 }
 
 fn resource_version(obj: &Value) -> u64 {
@@ -484,170 +459,30 @@ fn check_definition(name: &str, crd: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// The fields of an apply patch every kind checks: the media type, the
-/// field manager, the body's apiVersion, kind and name against the URL's.
-async fn read_apply(
-    req: Request<Incoming>,
-    api_version: &str,
-    kind: &str,
-    name: &str,
-) -> Result<(Value, String), Resp> {
-    let content_type = req
-        .headers()
-        .get(hyper::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    if content_type != "application/apply-patch+yaml" {
-        return Err(status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            "the body of the request was in an unknown format - accepted media types include: application/apply-patch+yaml (the stand-in API server applies custom resources by server-side apply only)",
-        ));
-    }
-    let query = req.uri().query().unwrap_or_default().to_owned();
-    let manager = form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == "fieldManager")
-        .map(|(_, v)| v.into_owned())
-        .filter(|m| !m.is_empty());
-    let Some(manager) = manager else {
-        return Err(invalid(
-            "PatchOptions.meta.k8s.io",
-            "",
-            "fieldManager: Required value: is required for apply patch",
-        ));
-    };
-    let body = read_body(req).await?;
-    let applied: Value = match serde_saphyr::from_str::<Value>(&String::from_utf8_lossy(&body)) {
-        Ok(v) if v.is_object() => v,
-        Ok(_) => return Err(bad_request("the apply patch is not an object")),
-        Err(e) => return Err(bad_request(&format!("error decoding YAML: {e}"))),
-    };
-    if applied["apiVersion"] != api_version {
-        return Err(bad_request(&format!(
-            "the API version in the data ({}) does not match the expected API version ({api_version})",
-            applied["apiVersion"].as_str().unwrap_or_default()
-        )));
-    }
-    if applied["kind"] != kind {
-        return Err(bad_request(&format!(
-            "the kind in the data ({}) does not match the expected kind ({kind})",
-            applied["kind"].as_str().unwrap_or_default()
-        )));
-    }
-    let body_name = applied["metadata"]["name"].as_str().unwrap_or_default();
-    if body_name.is_empty() {
-        return Err(invalid(
-            kind,
-            "",
-            "metadata.name: Required value: name is required",
-        ));
-    }
-    if body_name != name {
-        return Err(bad_request(&format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
-        )));
-    }
-    if !is_subdomain(name) {
-        return Err(invalid(
-            kind,
-            name,
-            &format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
-        ));
-    }
-    Ok((applied, manager))
-}
-
-/// Merges `applied` into `current` (or a new object) and stamps it as
-/// server-side apply does: uid, creation time, resourceVersion, the
-/// manager's entry in `managedFields`.
-fn applied_object(
-    current: Option<Value>,
-    applied: &Value,
-    manager: &str,
-    api_version: &str,
-) -> Value {
-    let now = super::now_rfc3339();
-    let mut obj = current.unwrap_or_else(|| {
-        json!({"metadata": {"uid": format!("{:032x}", rand::random::<u128>()),
-                            "creationTimestamp": now.clone()}})
-    });
-    // Status is not applied through the main resource.
-    let status = obj.get("status").cloned();
-    merge(&mut obj, applied);
-    match status {
-        Some(s) => obj["status"] = s,
-        None => {
-            if let Some(o) = obj.as_object_mut() {
-                o.remove("status");
-            }
-        }
-    }
-    let version = obj["metadata"]["resourceVersion"]
-        .as_str()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        + 1;
-    obj["metadata"]["resourceVersion"] = version.to_string().into();
-    let mut managed: Vec<Value> = obj["metadata"]["managedFields"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|m| m["manager"] != manager)
-        .collect();
-    managed.push(
-        json!({"manager": manager, "operation": "Apply", "apiVersion": api_version,
-                        "time": now, "fieldsType": "FieldsV1"}),
-    );
-    obj["metadata"]["managedFields"] = managed.into();
-    obj
-}
-
-/// Stores `obj` at `key` (created when `created`), answering as the API
-/// server does.
-async fn store(
-    state: &State,
-    key: &str,
-    obj: &Value,
-    created: bool,
-    what: &str,
-    name: &str,
-) -> Resp {
-    match state.store.put_object(key, obj, created).await {
-        Ok(true) => {
-            println!("standin-apiserver: applied {what} {name}");
-            json_resp(
-                if created {
-                    StatusCode::CREATED
-                } else {
-                    StatusCode::OK
-                },
-                obj,
-            )
-        }
-        Ok(false) => status(
-            StatusCode::CONFLICT,
-            "Conflict",
-            &format!("Operation cannot be fulfilled on {what} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
-        ),
-        Err(e) => internal(e),
-    }
-}
-
 async fn apply_definition(state: &State, name: &str, req: Request<Incoming>) -> Resp {
     let kind = "CustomResourceDefinition";
-    let (applied, manager) = match read_apply(req, GROUP_VERSION, kind, name).await {
+    let problem = subdomain_problem(name);
+    let patch = match read_apply(
+        req,
+        "custom resources",
+        GROUP_VERSION,
+        kind,
+        name,
+        problem,
+        None,
+    )
+    .await
+    {
         Ok(a) => a,
         Err(r) => return r,
     };
     let key = format!("{CRD_PREFIX}{name}");
-    let current = match state.store.object(&key, "customresourcedefinitions").await {
-        Ok(c) => c,
-        Err(e) => return internal(e),
-    };
-    let created = current.is_none();
-    let mut obj = applied_object(current, &applied, &manager, GROUP_VERSION);
+    let plural = "customresourcedefinitions";
+    let (mut obj, created) =
+        match apply_over_stored(state, &key, plural, None, &patch, GROUP_VERSION, true).await {
+            Ok(o) => o,
+            Err(r) => return r,
+        };
     if let Err(why) = check_definition(name, &obj) {
         return invalid(kind, name, &why);
     }
@@ -670,6 +505,7 @@ async fn apply_definition(state: &State, name: &str, req: Request<Incoming>) -> 
         &obj,
         created,
         "customresourcedefinitions.apiextensions.k8s.io",
+        name,
         name,
     )
     .await
@@ -726,36 +562,47 @@ async fn delete_object(state: &State, t: &Target, name: &str) -> Resp {
 
 async fn apply_object(state: &State, t: &Target, name: &str, req: Request<Incoming>) -> Resp {
     let api_version = t.api_version();
-    let (applied, manager) = match read_apply(req, &api_version, &t.kind.kind, name).await {
+    let ns = t.ns.as_deref();
+    let problem = subdomain_problem(name);
+    let read = read_apply(
+        req,
+        "custom resources",
+        &api_version,
+        &t.kind.kind,
+        name,
+        problem,
+        ns,
+    );
+    let patch = match read.await {
         Ok(a) => a,
         Err(r) => return r,
     };
-    if let (Some(ns), Some(body_ns)) = (&t.ns, applied["metadata"]["namespace"].as_str()) {
-        if ns != body_ns {
-            return bad_request("the namespace of the provided object does not match the namespace sent on the request");
-        }
-    }
-    if let Some(ns) = &t.ns {
-        match namespace_exists(state, ns).await {
-            Ok(true) => {}
-            Ok(false) => return not_found("namespaces", ns),
-            Err(e) => return internal(e),
-        }
-    }
-    let key = t.kind.key(t.ns.as_deref(), name);
-    let current = match state.store.object(&key, &t.kind.plural).await {
-        Ok(c) => c,
-        Err(e) => return internal(e),
+    let key = t.kind.key(ns, name);
+    let (obj, created) = match apply_over_stored(
+        state,
+        &key,
+        &t.kind.plural,
+        ns,
+        &patch,
+        &api_version,
+        true,
+    )
+    .await
+    {
+        Ok(o) => o,
+        Err(r) => return r,
     };
-    let created = current.is_none();
-    let mut obj = applied_object(current, &applied, &manager, &api_version);
-    if let Some(ns) = &t.ns {
-        obj["metadata"]["namespace"] = ns.as_str().into();
-    }
-    let shown =
-        t.ns.as_ref()
-            .map_or(name.to_owned(), |ns| format!("{ns}/{name}"));
-    store(state, &key, &obj, created, &t.kind.qualified(), &shown).await
+    let shown = shown_name(ns, name);
+    store(
+        state,
+        &key,
+        &obj,
+        created,
+        &t.kind.qualified(),
+        &shown,
+        &shown,
+    )
+    .await
 }
 
 /// The naming and establishing controllers, every [`CONTROLLER_PERIOD`]

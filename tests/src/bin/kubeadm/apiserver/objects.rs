@@ -270,15 +270,19 @@ pub(super) async fn route(
         (Method::POST, None) => write(state, &target, None, req).await,
         (Method::PUT, Some(name)) => write(state, &target, Some(name), req).await,
         (Method::DELETE, Some(name)) => delete(state, &target, &name).await,
-        _ => status(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "MethodNotAllowed",
-            "the server does not allow this method on the requested resource",
-        ),
+        _ => not_allowed(),
     })
 }
 
-fn not_found(what: &str, name: &str) -> Resp {
+pub(super) fn not_allowed() -> Resp {
+    status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+    )
+}
+
+pub(super) fn not_found(what: &str, name: &str) -> Resp {
     status(
         StatusCode::NOT_FOUND,
         "NotFound",
@@ -286,7 +290,7 @@ fn not_found(what: &str, name: &str) -> Resp {
     )
 }
 
-fn invalid(kind: &str, name: &str, why: &str) -> Resp {
+pub(super) fn invalid(kind: &str, name: &str, why: &str) -> Resp {
     status(
         StatusCode::UNPROCESSABLE_ENTITY,
         "Invalid",
@@ -294,7 +298,7 @@ fn invalid(kind: &str, name: &str, why: &str) -> Resp {
     )
 }
 
-fn bad_request(message: &str) -> Resp {
+pub(super) fn bad_request(message: &str) -> Resp {
     status(StatusCode::BAD_REQUEST, "BadRequest", message)
 }
 
@@ -389,7 +393,9 @@ fn name_problem(kind: &str, name: &str) -> Option<String> {
     match kind {
         "ClusterRole" | "ClusterRoleBinding" | "Role" | "RoleBinding" => {
             if name == "." || name == ".." {
-                Some(format!("metadata.name: Invalid value: {name:?}: may not be '{name}'"))
+                Some(format!(
+                    "metadata.name: Invalid value: {name:?}: may not be '{name}'"
+                ))
             } else if name.contains('/') || name.contains('%') {
                 Some(format!(
                     "metadata.name: Invalid value: {name:?}: may not contain '/' or '%'"
@@ -409,8 +415,13 @@ fn name_problem(kind: &str, name: &str) -> Option<String> {
                 None
             }
         }
-        _ => (!is_subdomain(name)).then(|| format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")),
+        _ => subdomain_problem(name),
     }
+}
+
+/// Why `name` is no DNS-1123 subdomain, the name of most kinds.
+pub(super) fn subdomain_problem(name: &str) -> Option<String> {
+    (!is_subdomain(name)).then(|| format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"))
 }
 
 /// What the real API server checks of these kinds, as far as tests use
@@ -475,101 +486,219 @@ pub(super) fn merge(stored: &mut Value, applied: &Value) {
 /// `PATCH` with an apply patch: server-side apply.
 async fn apply(state: &State, t: &Target, name: &str, req: Request<Incoming>) -> Resp {
     let r = t.resource;
-    let content_type = req
-        .headers()
-        .get(hyper::header::CONTENT_TYPE)
+    let gv = r.group_version();
+    let ns = t.ns.as_deref();
+    let problem = name_problem(r.kind, name);
+    let patch = match read_apply(req, &r.qualified(), &gv, r.kind, name, problem, ns).await {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    if let Err(why) = check_kind(r.kind, &patch.0) {
+        return invalid(r.kind, name, &why);
+    }
+    let key = r.key(ns, name);
+    let (mut obj, created) =
+        match apply_over_stored(state, &key, r.plural, ns, &patch, &gv, false).await {
+            Ok(o) => o,
+            Err(r) => return r,
+        };
+    if r.kind == "Namespace" {
+        obj["status"] = json!({"phase": "Active"});
+    }
+    let shown = format!("{} (field manager {})", shown_name(ns, name), patch.1);
+    store(state, &key, &obj, created, &r.qualified(), name, &shown).await
+}
+
+/// How the log names object `name` of namespace `ns`.
+pub(super) fn shown_name(ns: Option<&str>, name: &str) -> String {
+    ns.map_or(name.to_owned(), |ns| format!("{ns}/{name}"))
+}
+
+/// Applies `patch` (from [`read_apply`]: the body and the field manager)
+/// over what is stored at `key`, in namespace `ns` when namespaced (which
+/// must exist): the object to store, and whether it is created.
+pub(super) async fn apply_over_stored(
+    state: &State,
+    key: &str,
+    plural: &str,
+    ns: Option<&str>,
+    patch: &(Value, String),
+    api_version: &str,
+    keep_status: bool,
+) -> Result<(Value, bool), Resp> {
+    check_namespace(state, ns).await?;
+    let current = state.store.object(key, plural).await.map_err(internal)?;
+    let created = current.is_none();
+    let mut obj = applied_object(current, &patch.0, &patch.1, api_version, keep_status);
+    if let Some(ns) = ns {
+        obj["metadata"]["namespace"] = ns.into();
+    }
+    Ok((obj, created))
+}
+
+/// The entries of `obj`'s `managedFields` that `keep` keeps.
+fn managed_fields(obj: &Value, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| keep(m))
+        .cloned()
+        .collect()
+}
+
+/// A request header's value, `""` when absent or not text.
+fn header(req: &Request<Incoming>, name: hyper::header::HeaderName) -> String {
+    req.headers()
+        .get(name)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
-        .to_owned();
-    if content_type != "application/apply-patch+yaml" {
-        return status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            &format!("the body of the request was in an unknown format - accepted media types include: application/apply-patch+yaml (the stand-in API server applies {} by server-side apply only)", r.qualified()),
-        );
+        .to_owned()
+}
+
+/// The refusal of a body in another media type than `accepted`; `note`
+/// says what the stand-in does.
+fn unsupported_media_type(accepted: &str, note: &str) -> Resp {
+    status(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "UnsupportedMediaType",
+        &format!("the body of the request was in an unknown format - accepted media types include: {accepted} (the stand-in API server {note})"),
+    )
+}
+
+/// The refusal of a write over a newer version of object `name`.
+fn conflict(what: &str, name: &str) -> Resp {
+    status(
+        StatusCode::CONFLICT,
+        "Conflict",
+        &format!("Operation cannot be fulfilled on {what} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+    )
+}
+
+/// The refusal of a body whose namespace is not the URL's `ns`, if it is
+/// one.
+fn body_namespace_refusal(ns: Option<&str>, obj: &Value) -> Option<Resp> {
+    match (ns, obj["metadata"]["namespace"].as_str()) {
+        (Some(ns), Some(body_ns)) if ns != body_ns => Some(bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        _ => None,
+    }
+}
+
+/// Refuses an object of namespace `ns` (if namespaced) when `ns` does not
+/// exist.
+async fn check_namespace(state: &State, ns: Option<&str>) -> Result<(), Resp> {
+    if let Some(ns) = ns {
+        match namespace_exists(state, ns).await {
+            Ok(true) => {}
+            Ok(false) => return Err(not_found("namespaces", ns)),
+            Err(e) => return Err(internal(e)),
+        }
+    }
+    Ok(())
+}
+
+/// The fields of an apply patch every kind checks: the media type, the
+/// field manager, the body's apiVersion, kind and name against the URL's,
+/// then the name itself (`name_problem`: why the kind refuses it) and the
+/// body's namespace against the URL's `ns`.
+/// `applies` names what the stand-in applies, for the media type refusal.
+pub(super) async fn read_apply(
+    req: Request<Incoming>,
+    applies: &str,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+    name_problem: Option<String>,
+    ns: Option<&str>,
+) -> Result<(Value, String), Resp> {
+    if header(&req, hyper::header::CONTENT_TYPE) != "application/apply-patch+yaml" {
+        return Err(unsupported_media_type(
+            "application/apply-patch+yaml",
+            &format!("applies {applies} by server-side apply only"),
+        ));
     }
     let query = req.uri().query().unwrap_or_default().to_owned();
-    let param = |key: &str| {
-        form_urlencoded::parse(query.as_bytes())
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.into_owned())
-    };
-    let Some(manager) = param("fieldManager").filter(|m| !m.is_empty()) else {
-        return invalid(
+    let manager = form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "fieldManager")
+        .map(|(_, v)| v.into_owned())
+        .filter(|m| !m.is_empty());
+    let Some(manager) = manager else {
+        return Err(invalid(
             "PatchOptions.meta.k8s.io",
             "",
             "fieldManager: Required value: is required for apply patch",
-        );
+        ));
     };
-    let body = match read_body(req).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let text = String::from_utf8_lossy(&body);
-    let applied: Value = match serde_saphyr::from_str::<Value>(&text) {
+    let body = read_body(req).await?;
+    let applied: Value = match serde_saphyr::from_str::<Value>(&String::from_utf8_lossy(&body)) {
         Ok(v) if v.is_object() => v,
-        Ok(_) => return bad_request("the apply patch is not an object"),
-        Err(e) => return bad_request(&format!("error decoding YAML: {e}")),
+        Ok(_) => return Err(bad_request("the apply patch is not an object")),
+        Err(e) => return Err(bad_request(&format!("error decoding YAML: {e}"))),
     };
-    let gv = r.group_version();
-    if applied["apiVersion"] != gv.as_str() {
-        return bad_request(&format!(
-            "the API version in the data ({}) does not match the expected API version ({gv})",
+    if applied["apiVersion"] != api_version {
+        return Err(bad_request(&format!(
+            "the API version in the data ({}) does not match the expected API version ({api_version})",
             applied["apiVersion"].as_str().unwrap_or_default()
-        ));
+        )));
     }
-    if applied["kind"] != r.kind {
-        return bad_request(&format!(
-            "the kind in the data ({}) does not match the expected kind ({})",
-            applied["kind"].as_str().unwrap_or_default(),
-            r.kind
-        ));
+    if applied["kind"] != kind {
+        return Err(bad_request(&format!(
+            "the kind in the data ({}) does not match the expected kind ({kind})",
+            applied["kind"].as_str().unwrap_or_default()
+        )));
     }
     let body_name = applied["metadata"]["name"].as_str().unwrap_or_default();
     if body_name.is_empty() {
-        return invalid(
-            r.kind,
+        return Err(invalid(
+            kind,
             "",
             "metadata.name: Required value: name is required",
-        );
-    }
-    if body_name != name {
-        return bad_request(&format!(
-            "the name of the object ({body_name}) does not match the name on the URL ({name})"
         ));
     }
-    if let Some(why) = name_problem(r.kind, name) {
-        return invalid(r.kind, name, &why);
+    if body_name != name {
+        return Err(bad_request(&format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
     }
-    if let (Some(ns), Some(body_ns)) = (&t.ns, applied["metadata"]["namespace"].as_str()) {
-        if ns != body_ns {
-            return bad_request("the namespace of the provided object does not match the namespace sent on the request");
-        }
+    if let Some(why) = name_problem {
+        return Err(invalid(kind, name, &why));
     }
-    if let Err(why) = check_kind(r.kind, &applied) {
-        return invalid(r.kind, name, &why);
+    if let Some(refusal) = body_namespace_refusal(ns, &applied) {
+        return Err(refusal);
     }
-    if let Some(ns) = &t.ns {
-        match namespace_exists(state, ns).await {
-            Ok(true) => {}
-            Ok(false) => return not_found("namespaces", ns),
-            Err(e) => return internal(e),
-        }
-    }
-    let key = r.key(t.ns.as_deref(), name);
-    let current = match state.store.object(&key, r.plural).await {
-        Ok(c) => c,
-        Err(e) => return internal(e),
-    };
+    Ok((applied, manager))
+}
+
+/// Merges `applied` into `current` (or a new object) and stamps it as
+/// server-side apply does: uid, creation time, resourceVersion, the
+/// manager's entry in `managedFields`. The status is applied too unless
+/// `keep_status` (a kind with a status subresource).
+fn applied_object(
+    current: Option<Value>,
+    applied: &Value,
+    manager: &str,
+    api_version: &str,
+    keep_status: bool,
+) -> Value {
     let now = super::now_rfc3339();
-    let created = current.is_none();
     let mut obj = current.unwrap_or_else(|| {
         json!({"metadata": {"uid": format!("{:032x}", rand::random::<u128>()),
                             "creationTimestamp": now.clone()}})
     });
-    merge(&mut obj, &applied);
-    if let Some(ns) = &t.ns {
-        obj["metadata"]["namespace"] = ns.as_str().into();
+    // Status is not applied through the main resource.
+    let status = obj.get("status").cloned();
+    merge(&mut obj, applied);
+    if keep_status {
+        match status {
+            Some(s) => obj["status"] = s,
+            None => {
+                if let Some(o) = obj.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
     }
     let version = obj["metadata"]["resourceVersion"]
         .as_str()
@@ -577,45 +706,39 @@ async fn apply(state: &State, t: &Target, name: &str, req: Request<Incoming>) ->
         .unwrap_or(0)
         + 1;
     obj["metadata"]["resourceVersion"] = version.to_string().into();
-    let mut managed: Vec<Value> = obj["metadata"]["managedFields"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|m| m["manager"] != manager.as_str())
-        .collect();
+    let mut managed = managed_fields(&obj, |m| m["manager"] != manager);
     managed.push(
-        json!({"manager": manager, "operation": "Apply", "apiVersion": gv,
+        json!({"manager": manager, "operation": "Apply", "apiVersion": api_version,
                         "time": now, "fieldsType": "FieldsV1"}),
     );
     obj["metadata"]["managedFields"] = managed.into();
-    if r.kind == "Namespace" {
-        obj["status"] = json!({"phase": "Active"});
-    }
-    match state.store.put_object(&key, &obj, created).await {
+    obj
+}
+
+/// Stores `obj` at `key` (created when `created`), answering as the API
+/// server does; `shown` is how the log line names it.
+pub(super) async fn store(
+    state: &State,
+    key: &str,
+    obj: &Value,
+    created: bool,
+    what: &str,
+    name: &str,
+    shown: &str,
+) -> Resp {
+    match state.store.put_object(key, obj, created).await {
         Ok(true) => {
-            println!(
-                "standin-apiserver: applied {} {} (field manager {manager})",
-                r.qualified(),
-                t.ns.as_ref().map_or(name.to_owned(), |ns| format!("{ns}/{name}"))
-            );
+            println!("standin-apiserver: applied {what} {shown}");
             json_resp(
                 if created {
                     StatusCode::CREATED
                 } else {
                     StatusCode::OK
                 },
-                &obj,
+                obj,
             )
         }
-        Ok(false) => status(
-            StatusCode::CONFLICT,
-            "Conflict",
-            &format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                r.qualified()
-            ),
-        ),
+        Ok(false) => conflict(what, name),
         Err(e) => internal(e),
     }
 }
@@ -651,25 +774,13 @@ async fn write(
     req: Request<Incoming>,
 ) -> Resp {
     let r = t.resource;
-    let content_type = req
-        .headers()
-        .get(hyper::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    if !content_type.starts_with("application/json") {
-        return status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            &format!("the body of the request was in an unknown format - accepted media types include: application/json (the stand-in API server reads {} as JSON only)", r.qualified()),
+    if !header(&req, hyper::header::CONTENT_TYPE).starts_with("application/json") {
+        return unsupported_media_type(
+            "application/json",
+            &format!("reads {} as JSON only", r.qualified()),
         );
     }
-    let user_agent = req
-        .headers()
-        .get(hyper::header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let user_agent = header(&req, hyper::header::USER_AGENT);
     let manager = update_manager(req.uri().query().unwrap_or_default(), &user_agent);
     let body = match read_body(req).await {
         Ok(b) => b,
@@ -710,20 +821,16 @@ async fn write(
     if let Some(why) = name_problem(r.kind, &name) {
         return invalid(r.kind, &name, &why);
     }
-    if let (Some(ns), Some(body_ns)) = (&t.ns, obj["metadata"]["namespace"].as_str()) {
-        if ns != body_ns {
-            return bad_request("the namespace of the provided object does not match the namespace sent on the request");
-        }
+    if let Some(refusal) = body_namespace_refusal(t.ns.as_deref(), &obj) {
+        return refusal;
     }
     if let Err(why) = check_kind(r.kind, &obj) {
         return invalid(r.kind, &name, &why);
     }
+    if let Err(r) = check_namespace(state, t.ns.as_deref()).await {
+        return r;
+    }
     if let Some(ns) = &t.ns {
-        match namespace_exists(state, ns).await {
-            Ok(true) => {}
-            Ok(false) => return not_found("namespaces", ns),
-            Err(e) => return internal(e),
-        }
         obj["metadata"]["namespace"] = ns.as_str().into();
     }
     let key = r.key(t.ns.as_deref(), &name);
@@ -732,16 +839,7 @@ async fn write(
         Err(e) => return internal(e),
     };
     let now = super::now_rfc3339();
-    let conflict = || {
-        status(
-            StatusCode::CONFLICT,
-            "Conflict",
-            &format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                r.qualified()
-            ),
-        )
-    };
+    let conflict = || conflict(&r.qualified(), &name);
     let entry = json!({"manager": manager, "operation": "Update", "apiVersion": gv,
                        "time": now, "fieldsType": "FieldsV1"});
     let written = match (url_name.is_some(), stored) {
@@ -801,13 +899,9 @@ async fn write(
             }
             let version = was.parse::<u64>().unwrap_or(0) + 1;
             obj["metadata"]["resourceVersion"] = version.to_string().into();
-            let mut managed: Vec<Value> = current["metadata"]["managedFields"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|m| !(m["manager"] == manager.as_str() && m["operation"] == "Update"))
-                .collect();
+            let mut managed = managed_fields(&current, |m| {
+                !(m["manager"] == manager.as_str() && m["operation"] == "Update")
+            });
             managed.push(entry);
             obj["metadata"]["managedFields"] = managed.into();
             match current.get("status") {
