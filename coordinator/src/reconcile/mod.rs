@@ -104,36 +104,50 @@ impl FreeScan {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use drover_common::api::{MachinePhase, ALIVE_CONDITION};
     use drover_planner::fixtures::free;
+    use time::OffsetDateTime;
 
-    #[tokio::test]
-    async fn free_machines_are_read_again_only_when_their_heartbeats_stop_or_resume() {
-        use crate::app::Liveness;
-        use crate::store::{Kind, StoreError};
-        let dir = tempfile::tempdir().unwrap();
-        let app = crate::app::App::for_tests(dir.path());
+    use crate::app::{App, Liveness};
+    use crate::store::{Kind, StoreError};
+
+    /// A coordinator in `dir` holding free machine `m`, Registered.
+    fn with_free_machine(dir: &std::path::Path) -> Arc<App> {
+        let app = App::for_tests(dir);
         let mut m = free("m", "dev");
         m.status.phase = MachinePhase::Registered;
         app.store.create_json(Kind::Machine, "m", &m).unwrap();
-        let seen = |ago: u64| {
-            app.fleet.liveness.lock().unwrap().insert(
-                "m".into(),
-                Liveness {
-                    last_seen: drover_common::now() - Duration::from_secs(ago),
-                },
-            );
-        };
-        let alive = || {
-            let m = app.machine("m").unwrap().unwrap();
-            m.status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == ALIVE_CONDITION)
-                .map(|c| (c.status.clone(), c.reason.clone()))
-        };
+        app
+    }
+
+    /// Records that `m` was last heard from at `at`.
+    fn heard(app: &App, at: OffsetDateTime) {
+        app.fleet
+            .liveness
+            .lock()
+            .unwrap()
+            .insert("m".into(), Liveness { last_seen: at });
+    }
+
+    /// `m`'s Alive condition: status and reason.
+    fn alive(app: &App) -> Option<(String, String)> {
+        let m = app.machine("m").unwrap().unwrap();
+        m.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ALIVE_CONDITION)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    }
+
+    #[tokio::test]
+    async fn free_machines_are_read_again_only_when_their_heartbeats_stop_or_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = with_free_machine(dir.path());
+        let seen = |ago: u64| heard(&app, drover_common::now() - Duration::from_secs(ago));
+        let alive = || alive(&app);
         let mut scan = super::FreeScan::default();
         // Silent for an hour: Alive turns False.
         seen(3600);
@@ -165,58 +179,30 @@ mod tests {
 
     #[tokio::test]
     async fn silence_while_the_coordinator_stalled_is_not_held_against_a_machine() {
-        use crate::app::Liveness;
-        use crate::store::Kind;
         let dir = tempfile::tempdir().unwrap();
-        let app = crate::app::App::for_tests(dir.path());
-        let mut m = free("m", "dev");
-        m.status.phase = MachinePhase::Registered;
-        app.store.create_json(Kind::Machine, "m", &m).unwrap();
-        let alive = || {
-            let m = app.machine("m").unwrap().unwrap();
-            m.status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == ALIVE_CONDITION)
-                .map(|c| c.status.clone())
-        };
+        let app = with_free_machine(dir.path());
         // Last heard 60 s ago (the timeout is 40 s), just before the
         // coordinator's runtime stood still for 59 s.
         let now = drover_common::now();
-        let heard = now - Duration::from_secs(60);
-        app.fleet
-            .liveness
-            .lock()
-            .unwrap()
-            .insert("m".into(), Liveness { last_seen: heard });
+        let last = now - Duration::from_secs(60);
+        heard(&app, last);
         let stalls = &app.fleet.stalls;
-        stalls.tick(heard);
+        stalls.tick(last);
         assert!(stalls.tick(now - Duration::from_millis(700)).is_some());
         stalls.tick(now);
         let mut scan = super::FreeScan::default();
         assert!(scan.run(&app).is_empty());
         assert_ne!(
-            alive().as_deref(),
+            alive(&app).map(|(status, _)| status).as_deref(),
             Some("False"),
             "judged silent across a stall"
         );
         // The same silence with the coordinator running all along is.
         let other = tempfile::tempdir().unwrap();
-        let app = crate::app::App::for_tests(other.path());
-        app.store.create_json(Kind::Machine, "m", &m).unwrap();
-        app.fleet
-            .liveness
-            .lock()
-            .unwrap()
-            .insert("m".into(), Liveness { last_seen: heard });
+        let app = with_free_machine(other.path());
+        heard(&app, last);
         let mut scan = super::FreeScan::default();
         assert!(scan.run(&app).is_empty());
-        let alive = app.machine("m").unwrap().unwrap().status.conditions;
-        assert!(
-            alive
-                .iter()
-                .any(|c| c.type_ == ALIVE_CONDITION && c.status == "False"),
-            "{alive:?}"
-        );
+        assert_eq!(alive(&app), Some(("False".into(), "Silent".into())));
     }
 }
