@@ -178,6 +178,8 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
         [
             "registration-committer",
             "cluster-reconciler",
+            "stall-clock",
+            "fleet-summary",
             "free-machines",
             "orphan-sweeper",
             "gateway-listeners",
