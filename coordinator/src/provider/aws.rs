@@ -32,12 +32,12 @@ use base64::Engine as _;
 
 use drover_common::api::{Cluster, Machine, ProviderSpec};
 use drover_common::aws::{AwsMachineTemplate, MAX_USER_DATA};
-use futures_util::future::BoxFuture;
 
 use super::{
-    CloudErrorClass, CreateHost, Created, EndpointLoadBalancer, HostError, InstanceCheckError,
-    InstanceState, MachineRequest, Managed, Provider, ProviderError, ProviderMachine,
-    LABEL_CLUSTER, LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
+    Check, CloudErrorClass, CreateHost, Created, EndpointLoadBalancer, Fut, HostError,
+    InstanceCheckError, InstanceState, MachineRequest, Managed, Provider, ProviderError,
+    ProviderMachine, LABEL_CLUSTER, LABEL_CLUSTER_UID, LABEL_MACHINE, LABEL_MACHINE_UID,
+    LABEL_MANAGED,
 };
 
 const PROVIDER: &str = "aws";
@@ -581,37 +581,25 @@ impl AwsProvider {
 
 /// The `aws` provider of one region as a [`Provider`].
 impl Provider for AwsProvider {
-    fn create<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-        machine: &'a Machine,
-        host: &'a dyn CreateHost,
-    ) -> BoxFuture<'a, Result<Created, ProviderError>> {
-        Box::pin(self.create_machine(cluster, machine, host))
+    fn create<'a>(&'a self, host: &'a dyn CreateHost) -> Fut<'a, Created> {
+        Box::pin(self.create_machine(host.cluster(), host.machine(), host))
     }
 
-    fn destroy<'a>(
-        &'a self,
-        _: &'a Cluster,
-        machine: &'a Machine,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn destroy<'a>(&'a self, _: &'a Cluster, machine: &'a Machine) -> Fut<'a, ()> {
         Box::pin(self.delete_machine(
             machine.metadata.uid.as_deref().unwrap_or_default(),
             machine.status.provider_id.as_deref(),
         ))
     }
 
-    fn delete_cluster_resources<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn delete_cluster_resources<'a>(&'a self, cluster: &'a Cluster) -> Fut<'a, ()> {
         Box::pin(self.delete_load_balancer(cluster))
     }
 
     fn ensure_endpoint<'a>(
         &'a self,
         cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<Option<EndpointLoadBalancer>, ProviderError>> {
+    ) -> Fut<'a, Option<EndpointLoadBalancer>> {
         Box::pin(async move { self.ensure_load_balancer(cluster).await.map(Some) })
     }
 
@@ -619,30 +607,23 @@ impl Provider for AwsProvider {
         &'a self,
         cluster: &'a Cluster,
         config: &'a drover_common::wire::LoadBalancerConfig,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    ) -> Fut<'a, ()> {
         Box::pin(self.set_load_balancer_targets(cluster, config))
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
+    fn list(&self) -> Fut<'_, Vec<ProviderMachine>> {
         Box::pin(AwsProvider::list(self))
     }
 
-    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
+    fn managed(&self) -> Fut<'_, Vec<Managed>> {
         Box::pin(self.managed_objects())
     }
 
-    fn remove_orphan<'a>(
-        &'a self,
-        orphan: &'a Managed,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+    fn remove_orphan<'a>(&'a self, orphan: &'a Managed) -> Fut<'a, Option<String>> {
         Box::pin(self.remove(orphan))
     }
 
-    fn verify_instance<'a>(
-        &'a self,
-        machine: &'a Machine,
-        reported: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), InstanceCheckError>> {
+    fn verify_instance<'a>(&'a self, machine: &'a Machine, reported: Option<&'a str>) -> Check<'a> {
         Box::pin(self.check_instance(machine, reported))
     }
 }

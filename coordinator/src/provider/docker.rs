@@ -19,10 +19,9 @@ use bollard::Docker;
 use drover_common::api::{
     Cluster, DockerMachineProfile, DockerProviderSpec, Machine, ProviderSpec,
 };
-use futures_util::future::BoxFuture;
 
 use super::{
-    CreateHost, Created, InstanceCheckError, InstanceState, MachineRequest, Managed, Provider,
+    Check, CreateHost, Created, Fut, InstanceState, MachineRequest, Managed, Provider,
     ProviderError, ProviderMachine, ProviderNetwork, LABEL_CLUSTER, LABEL_CLUSTER_UID,
     LABEL_MACHINE, LABEL_MACHINE_UID, LABEL_MANAGED,
 };
@@ -828,20 +827,11 @@ impl<'a> DockerEngine<'a> {
 }
 
 impl Provider for DockerEngine<'_> {
-    fn create<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-        machine: &'a Machine,
-        host: &'a dyn CreateHost,
-    ) -> BoxFuture<'a, Result<Created, ProviderError>> {
-        Box::pin(self.create_machine(cluster, machine, host))
+    fn create<'a>(&'a self, host: &'a dyn CreateHost) -> Fut<'a, Created> {
+        Box::pin(self.create_machine(host.cluster(), host.machine(), host))
     }
 
-    fn destroy<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-        machine: &'a Machine,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn destroy<'a>(&'a self, cluster: &'a Cluster, machine: &'a Machine) -> Fut<'a, ()> {
         Box::pin(async move {
             self.docker()
                 .await?
@@ -850,10 +840,7 @@ impl Provider for DockerEngine<'_> {
         })
     }
 
-    fn delete_cluster_resources<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn delete_cluster_resources<'a>(&'a self, cluster: &'a Cluster) -> Fut<'a, ()> {
         Box::pin(async move {
             let docker = self.docker().await?;
             let name = &cluster.metadata.name;
@@ -867,7 +854,7 @@ impl Provider for DockerEngine<'_> {
     fn ensure_endpoint<'a>(
         &'a self,
         cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<Option<super::EndpointLoadBalancer>, ProviderError>> {
+    ) -> Fut<'a, Option<super::EndpointLoadBalancer>> {
         Box::pin(async move {
             let ProviderSpec::Docker(spec) = &cluster.spec.provider else {
                 return Ok(None);
@@ -886,7 +873,7 @@ impl Provider for DockerEngine<'_> {
         &'a self,
         cluster: &'a Cluster,
         config: &'a drover_common::wire::LoadBalancerConfig,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    ) -> Fut<'a, ()> {
         Box::pin(async move {
             self.docker()
                 .await?
@@ -895,35 +882,26 @@ impl Provider for DockerEngine<'_> {
         })
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
+    fn list(&self) -> Fut<'_, Vec<ProviderMachine>> {
         Box::pin(async move { self.docker().await?.list().await })
     }
 
-    fn endpoint_states(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<(String, InstanceState)>, ProviderError>> {
+    fn endpoint_states(&self) -> Fut<'_, Vec<(String, InstanceState)>> {
         Box::pin(async move { self.docker().await?.load_balancer_states().await })
     }
 
-    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
+    fn managed(&self) -> Fut<'_, Vec<Managed>> {
         Box::pin(self.managed_objects())
     }
 
-    fn remove_orphan<'a>(
-        &'a self,
-        orphan: &'a Managed,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+    fn remove_orphan<'a>(&'a self, orphan: &'a Managed) -> Fut<'a, Option<String>> {
         Box::pin(self.remove(orphan))
     }
 
     /// Containers run on the coordinator's own engine and read their seed
     /// from a file the coordinator copied in: there is no instance identity
     /// to check.
-    fn verify_instance<'a>(
-        &'a self,
-        _: &'a Machine,
-        _: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), InstanceCheckError>> {
+    fn verify_instance<'a>(&'a self, _: &'a Machine, _: Option<&'a str>) -> Check<'a> {
         Box::pin(async { Ok(()) })
     }
 }

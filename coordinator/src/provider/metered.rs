@@ -6,11 +6,10 @@
 use std::future::Future;
 
 use drover_common::api::{Cluster, Machine};
-use futures_util::future::BoxFuture;
 
 use super::{
-    CloudErrorClass, CreateHost, Created, EndpointLoadBalancer, InstanceCheckError, Managed,
-    Provider, ProviderError, ProviderMachine,
+    Check, CloudErrorClass, CreateHost, Created, EndpointLoadBalancer, Fut, InstanceCheckError,
+    Managed, Provider, ProviderError, ProviderMachine,
 };
 
 /// `inner`, its calls counted under provider `name`.
@@ -25,7 +24,7 @@ impl<P> Metered<P> {
         &'a self,
         operation: &'static str,
         call: impl Future<Output = Result<T, ProviderError>> + Send + 'a,
-    ) -> BoxFuture<'a, Result<T, ProviderError>>
+    ) -> Fut<'a, T>
     where
         P: Sync,
     {
@@ -42,27 +41,15 @@ impl<P> Metered<P> {
 }
 
 impl<P: Provider> Provider for Metered<P> {
-    fn create<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-        machine: &'a Machine,
-        host: &'a dyn CreateHost,
-    ) -> BoxFuture<'a, Result<Created, ProviderError>> {
-        self.metered("create", self.inner.create(cluster, machine, host))
+    fn create<'a>(&'a self, host: &'a dyn CreateHost) -> Fut<'a, Created> {
+        self.metered("create", self.inner.create(host))
     }
 
-    fn destroy<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-        machine: &'a Machine,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn destroy<'a>(&'a self, cluster: &'a Cluster, machine: &'a Machine) -> Fut<'a, ()> {
         self.metered("destroy", self.inner.destroy(cluster, machine))
     }
 
-    fn delete_cluster_resources<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn delete_cluster_resources<'a>(&'a self, cluster: &'a Cluster) -> Fut<'a, ()> {
         self.metered(
             "delete_cluster_resources",
             self.inner.delete_cluster_resources(cluster),
@@ -72,7 +59,7 @@ impl<P: Provider> Provider for Metered<P> {
     fn ensure_endpoint<'a>(
         &'a self,
         cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<Option<EndpointLoadBalancer>, ProviderError>> {
+    ) -> Fut<'a, Option<EndpointLoadBalancer>> {
         self.metered("ensure_endpoint", self.inner.ensure_endpoint(cluster))
     }
 
@@ -80,39 +67,30 @@ impl<P: Provider> Provider for Metered<P> {
         &'a self,
         cluster: &'a Cluster,
         config: &'a drover_common::wire::LoadBalancerConfig,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    ) -> Fut<'a, ()> {
         self.metered(
             "set_endpoint_backends",
             self.inner.set_endpoint_backends(cluster, config),
         )
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
+    fn list(&self) -> Fut<'_, Vec<ProviderMachine>> {
         self.metered("list", self.inner.list())
     }
 
-    fn endpoint_states(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<(String, super::InstanceState)>, ProviderError>> {
+    fn endpoint_states(&self) -> Fut<'_, Vec<(String, super::InstanceState)>> {
         self.metered("endpoint_states", self.inner.endpoint_states())
     }
 
-    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
+    fn managed(&self) -> Fut<'_, Vec<Managed>> {
         self.metered("managed", self.inner.managed())
     }
 
-    fn remove_orphan<'a>(
-        &'a self,
-        orphan: &'a Managed,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+    fn remove_orphan<'a>(&'a self, orphan: &'a Managed) -> Fut<'a, Option<String>> {
         self.metered("remove_orphan", self.inner.remove_orphan(orphan))
     }
 
-    fn verify_instance<'a>(
-        &'a self,
-        machine: &'a Machine,
-        reported: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), InstanceCheckError>> {
+    fn verify_instance<'a>(&'a self, machine: &'a Machine, reported: Option<&'a str>) -> Check<'a> {
         Box::pin(async move {
             let r = self.inner.verify_instance(machine, reported).await;
             let class = match &r {

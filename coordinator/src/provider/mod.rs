@@ -137,6 +137,10 @@ impl HostError {
 /// provisioner implements it over the coordinator's state; the provider
 /// layer never sees the store or the server).
 pub trait CreateHost: Sync {
+    /// The cluster the machine is created for.
+    fn cluster(&self) -> &Cluster;
+    /// The machine to create.
+    fn machine(&self) -> &Machine;
     /// The machine's bootstrap document (YAML) naming `coordinators`.
     /// Deterministic for a machine, so a retried create sends the same user
     /// data.
@@ -157,6 +161,13 @@ pub trait CreateHost: Sync {
     fn record_failure_domain(&self, chosen: &str) -> Result<(), HostError>;
 }
 
+/// What a provider call returns: a boxed future (the trait is used as
+/// `dyn Provider`) of its result, by default with a [`ProviderError`].
+pub type Fut<'a, T, E = ProviderError> = BoxFuture<'a, Result<T, E>>;
+
+/// What [`Provider::verify_instance`] returns.
+pub type Check<'a> = Fut<'a, (), InstanceCheckError>;
+
 /// A place machines come from (the Docker engine, an EC2 region). Every
 /// call is idempotent on the machine UID and everything created carries the
 /// labels above.
@@ -170,27 +181,15 @@ pub trait CreateHost: Sync {
 pub trait Provider: Send + Sync {
     /// Creates the machine's container or instance unless it exists, with
     /// its bootstrap document as user data and its UID as idempotency key.
-    fn create<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-        machine: &'a Machine,
-        host: &'a dyn CreateHost,
-    ) -> BoxFuture<'a, Result<Created, ProviderError>>;
+    fn create<'a>(&'a self, host: &'a dyn CreateHost) -> Fut<'a, Created>;
 
     /// Deletes the machine's container or instance; a missing one is
     /// already deleted.
-    fn destroy<'a>(
-        &'a self,
-        cluster: &'a Cluster,
-        machine: &'a Machine,
-    ) -> BoxFuture<'a, Result<(), ProviderError>>;
+    fn destroy<'a>(&'a self, cluster: &'a Cluster, machine: &'a Machine) -> Fut<'a, ()>;
 
     /// Deletes what the cluster owns beyond its machines (a network, a load
     /// balancer). A provider whose clusters own nothing else keeps this.
-    fn delete_cluster_resources<'a>(
-        &'a self,
-        _cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn delete_cluster_resources<'a>(&'a self, _cluster: &'a Cluster) -> Fut<'a, ()> {
         Box::pin(async { Ok(()) })
     }
 
@@ -200,7 +199,7 @@ pub trait Provider: Send + Sync {
     fn ensure_endpoint<'a>(
         &'a self,
         cluster: &'a Cluster,
-    ) -> BoxFuture<'a, Result<Option<EndpointLoadBalancer>, ProviderError>> {
+    ) -> Fut<'a, Option<EndpointLoadBalancer>> {
         let _ = cluster;
         Box::pin(async { Ok(None) })
     }
@@ -211,7 +210,7 @@ pub trait Provider: Send + Sync {
         &'a self,
         cluster: &'a Cluster,
         config: &'a drover_common::wire::LoadBalancerConfig,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    ) -> Fut<'a, ()> {
         let _ = (cluster, config);
         Box::pin(async {
             Err(ProviderError::Failed {
@@ -225,38 +224,29 @@ pub trait Provider: Send + Sync {
 
     /// Observes: every machine this coordinator has at this provider, with
     /// its state (the caller matches them to machines by UID label).
-    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>>;
+    fn list(&self) -> Fut<'_, Vec<ProviderMachine>>;
 
     /// Observes the control-plane endpoints this provider runs as its own
     /// objects (docker's load-balancer containers): the state of each, by
     /// cluster UID. A cluster with a recorded endpoint that is not listed
     /// has lost it. Providers whose endpoints are the cloud's own service
     /// (an NLB) list none.
-    fn endpoint_states(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<(String, InstanceState)>, ProviderError>> {
+    fn endpoint_states(&self) -> Fut<'_, Vec<(String, InstanceState)>> {
         Box::pin(async { Ok(vec![]) })
     }
 
     /// Sweep support: everything this coordinator manages at this provider.
-    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>>;
+    fn managed(&self) -> Fut<'_, Vec<Managed>>;
 
     /// Removes an orphan listed by [`Provider::managed`]; returns what was
     /// removed, or `None` when it cannot go yet (logged; the next sweep
     /// retries).
-    fn remove_orphan<'a>(
-        &'a self,
-        orphan: &'a Managed,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
+    fn remove_orphan<'a>(&'a self, orphan: &'a Managed) -> Fut<'a, Option<String>>;
 
     /// Checks at registration that a machine ticket is presented from the
     /// instance the provider created for the machine (`reported` is the
     /// instance ID the agent read from instance metadata).
-    fn verify_instance<'a>(
-        &'a self,
-        machine: &'a Machine,
-        reported: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), InstanceCheckError>>;
+    fn verify_instance<'a>(&'a self, machine: &'a Machine, reported: Option<&'a str>) -> Check<'a>;
 }
 
 /// A provider this coordinator was built without: every machine call
@@ -269,12 +259,7 @@ pub struct NotBuilt {
 
 #[cfg(not(feature = "aws"))]
 impl Provider for NotBuilt {
-    fn create<'a>(
-        &'a self,
-        _: &'a Cluster,
-        _: &'a Machine,
-        _: &'a dyn CreateHost,
-    ) -> BoxFuture<'a, Result<Created, ProviderError>> {
+    fn create<'a>(&'a self, _: &'a dyn CreateHost) -> Fut<'a, Created> {
         Box::pin(async move {
             Err(ProviderError::NotBuilt {
                 provider: self.provider,
@@ -282,11 +267,7 @@ impl Provider for NotBuilt {
         })
     }
 
-    fn destroy<'a>(
-        &'a self,
-        _: &'a Cluster,
-        _: &'a Machine,
-    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn destroy<'a>(&'a self, _: &'a Cluster, _: &'a Machine) -> Fut<'a, ()> {
         Box::pin(async move {
             Err(ProviderError::NotBuilt {
                 provider: self.provider,
@@ -294,26 +275,19 @@ impl Provider for NotBuilt {
         })
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<ProviderMachine>, ProviderError>> {
+    fn list(&self) -> Fut<'_, Vec<ProviderMachine>> {
         Box::pin(async { Ok(vec![]) })
     }
 
-    fn managed(&self) -> BoxFuture<'_, Result<Vec<Managed>, ProviderError>> {
+    fn managed(&self) -> Fut<'_, Vec<Managed>> {
         Box::pin(async { Ok(vec![]) })
     }
 
-    fn remove_orphan<'a>(
-        &'a self,
-        _: &'a Managed,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+    fn remove_orphan<'a>(&'a self, _: &'a Managed) -> Fut<'a, Option<String>> {
         Box::pin(async { Ok(None) })
     }
 
-    fn verify_instance<'a>(
-        &'a self,
-        _: &'a Machine,
-        _: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<(), InstanceCheckError>> {
+    fn verify_instance<'a>(&'a self, _: &'a Machine, _: Option<&'a str>) -> Check<'a> {
         Box::pin(async move {
             Err(InstanceCheckError::Refused(
                 ProviderError::NotBuilt {

@@ -39,7 +39,7 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
         cluster,
         machine: &m,
     };
-    let result = provider.create(cluster, &m, &host).await;
+    let result = provider.create(&host).await;
     match result {
         Ok(created) => {
             app.fleet.provision_retries.succeeded(machine);
@@ -635,6 +635,14 @@ struct Host<'a> {
 }
 
 impl CreateHost for Host<'_> {
+    fn cluster(&self) -> &Cluster {
+        self.cluster
+    }
+
+    fn machine(&self) -> &Machine {
+        self.machine
+    }
+
     fn bootstrap_document(&self, coordinators: Vec<String>) -> String {
         bootstrap_document(self.app, self.cluster, self.machine, coordinators).to_yaml()
     }
