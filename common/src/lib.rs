@@ -77,6 +77,10 @@ pub use wire::ticket;
 /// The API group and version of every Drover object.
 pub const API_VERSION: &str = "drover.dev/v1alpha1";
 
+/// The response header of a list page (`GET /v1/clusters?limit=N`) that
+/// carries the `continue` token of the next page; absent on the last page.
+pub const CONTINUE_HEADER: &str = "drover-continue";
+
 /// Current time as a UTC `OffsetDateTime`, in one place so tests can reason about it.
 pub fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()

@@ -222,9 +222,19 @@ impl App {
 
     /// Reads every cluster.
     pub fn clusters(&self) -> Result<Vec<Cluster>, StoreError> {
+        self.clusters_page("", None)
+    }
+
+    /// At most `limit` clusters by name, from the first name after `after`
+    /// (`""`: from the first), with their `resourceVersion`s.
+    pub fn clusters_page(
+        &self,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<Cluster>, StoreError> {
         Ok(self
             .store
-            .list_json::<Cluster>(Kind::Cluster)?
+            .list_json_page::<Cluster>(Kind::Cluster, after, limit)?
             .into_iter()
             .map(|(mut c, rev)| {
                 c.metadata.resource_version = Some(rev.to_string());
@@ -266,9 +276,19 @@ impl App {
 
     /// Reads every machine.
     pub fn machines(&self) -> Result<Vec<Machine>, StoreError> {
+        self.machines_page("", None)
+    }
+
+    /// At most `limit` machines by name, from the first name after `after`
+    /// (`""`: from the first), as [`App::machines`] reads them.
+    pub fn machines_page(
+        &self,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<Machine>, StoreError> {
         Ok(self
             .store
-            .list_json::<Machine>(Kind::Machine)?
+            .list_json_page::<Machine>(Kind::Machine, after, limit)?
             .into_iter()
             .map(|(m, rev)| self.overlay(m, rev))
             .collect())

@@ -1189,12 +1189,13 @@ pub struct Api {
     base: String,
 }
 
-/// An answer: status, content type and body.
-#[derive(Debug)]
+/// An answer: status, content type, body and (from [`Api::send`]) headers.
+#[derive(Debug, Default)]
 pub struct Answer {
     pub status: u16,
     pub content_type: String,
     pub body: String,
+    pub headers: reqwest::header::HeaderMap,
 }
 
 impl Answer {
@@ -1296,8 +1297,8 @@ impl Api {
                     }
                     return Answer {
                         status: 0,
-                        content_type: String::new(),
                         body: chain,
+                        ..Answer::default()
                     };
                 }
             };
@@ -1308,11 +1309,13 @@ impl Api {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_owned();
+            let headers = resp.headers().clone();
             let body = resp.text().await.unwrap_or_default();
             Answer {
                 status,
                 content_type,
                 body,
+                headers,
             }
         })
     }
@@ -1437,6 +1440,7 @@ impl Api {
                 status,
                 content_type,
                 body,
+                ..Answer::default()
             }
         })
     }

@@ -2387,6 +2387,83 @@ fn secret_names(c: &Coordinator) -> Vec<String> {
         .collect()
 }
 
+/// `GET /v1/clusters?limit=N` answers N clusters and names the next page
+/// (`Link`, `Drover-Continue`) until the last; `drover get` reads lists
+/// in pages and shows what one answer shows; a bad limit or token is
+/// refused with a problem document saying what to do.
+#[test]
+fn lists_come_in_pages_that_name_the_next() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
+    let names: Vec<String> = (0..7).map(|i| format!("paged-{i}")).collect();
+    let docs: String = names
+        .iter()
+        .map(|n| pool_cluster_yaml(n, 1, 0, "nowhere"))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    c.apply_yaml(tmp.path(), &docs);
+    let api = c.api(None);
+    let token = c.client_config_token();
+
+    let mut listed = vec![];
+    let mut path = "/v1/clusters?limit=3".to_owned();
+    let mut pages = 0;
+    loop {
+        let a = api.send("GET", &path, Some(&token), None);
+        assert_eq!(a.status, 200, "{a:?}");
+        pages += 1;
+        let page: Vec<String> = a
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(page.len() <= 3, "{page:?}");
+        listed.extend(page);
+        let Some(link) = a.headers.get("link") else {
+            assert!(a.headers.get("drover-continue").is_none(), "{a:?}");
+            break;
+        };
+        let link = link.to_str().unwrap();
+        let next = link
+            .strip_prefix('<')
+            .and_then(|l| l.strip_suffix(">; rel=\"next\""))
+            .unwrap_or_else(|| panic!("not a next link: {link}"));
+        let token = a.headers["drover-continue"].to_str().unwrap();
+        assert!(next.ends_with(&format!("&continue={token}")), "{link}");
+        path = next.to_owned();
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(listed, names);
+
+    // The CLI pages too, and shows the same as one answer.
+    let chunked = c.cli_ok(&["get", "clusters", "-o", "name", "--chunk-size", "2"]);
+    let whole = c.cli_ok(&["get", "clusters", "-o", "name", "--chunk-size", "0"]);
+    assert_eq!(chunked, whole);
+    assert_eq!(chunked.lines().count(), 7, "{chunked}");
+    let refused = c.cli(&["get", "machines", "--chunk-size", "10001"]);
+    assert_eq!(refused.status.code(), Some(64), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--chunk-size"),
+        "{refused:?}"
+    );
+
+    api.send("GET", "/v1/machines?limit=10001", Some(&token), None)
+        .assert_problem(400, "ask for at most 10000 objects a page");
+    api.send(
+        "GET",
+        "/v1/clusters?limit=2&continue=%21%21",
+        Some(&token),
+        None,
+    )
+    .assert_problem(400, "list again from the first page");
+    api.send("GET", "/v1/clusters?limit=-1", Some(&token), None)
+        .assert_problem(400, "limit");
+    api.send("GET", "/v1/clusters?color=blue", Some(&token), None)
+        .assert_problem(400, "color");
+}
+
 #[test]
 fn apply_takes_several_documents_a_directory_and_standard_input_in_order() {
     let tmp = tempfile::tempdir().unwrap();
@@ -2750,8 +2827,25 @@ fn a_real_prometheus_scrapes_the_coordinator_and_promtool_accepts_its_metrics() 
     api.send("GET", "/metrics", None, None)
         .assert_problem(401, "Authorization");
 
+    // A cluster waiting for machines has conditions; their series, which
+    // the fleet summary renders itself, pass promtool with the rest.
+    c.apply_yaml(
+        tmp.path(),
+        &pool_cluster_yaml("prom-waits", 1, 0, "nowhere"),
+    );
     // The classic text format passes promtool's parser and its lint.
-    let scraped = api.send("GET", "/metrics", Some(&viewer), None);
+    let scraped = wait_for(
+        "the waiting cluster's condition series",
+        Duration::from_secs(30),
+        || {
+            let a = api.send("GET", "/metrics", Some(&viewer), None);
+            if a.body.contains("drover_cluster_condition{cluster=\"prom-waits\",condition=\"Ready\",status=\"False\"") {
+                Ok(a)
+            } else {
+                Err(format!("{} {}", a.status, a.body.len()))
+            }
+        },
+    );
     assert_eq!(scraped.status, 200, "{scraped:?}");
     assert!(
         scraped

@@ -164,6 +164,43 @@ impl Client {
             .await
     }
 
+    /// Every object of a list at `path` (`/v1/clusters`), read `chunk` at
+    /// a time (each page names the next in its `Drover-Continue` header);
+    /// `chunk` 0 reads the list in one answer.
+    pub async fn list<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        chunk: usize,
+    ) -> anyhow::Result<Vec<T>> {
+        let mut all = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            // The token is base64url: it needs no escaping in a query.
+            let url = match (&token, chunk) {
+                (_, 0) => format!("{}{path}", self.base),
+                (None, n) => format!("{}{path}?limit={n}", self.base),
+                (Some(t), n) => format!("{}{path}?limit={n}&continue={t}", self.base),
+            };
+            let resp = self.dispatch(self.http.get(url)).await?;
+            let status = resp.status();
+            token = resp
+                .headers()
+                .get(drover_common::CONTINUE_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let bytes = resp.bytes().await?;
+            if !status.is_success() {
+                return Err(failure(status, &bytes));
+            }
+            let page: Vec<T> = serde_json::from_slice(&bytes)
+                .with_context(|| format!("unexpected answer ({status})"))?;
+            all.extend(page);
+            if token.is_none() {
+                return Ok(all);
+            }
+        }
+    }
+
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.send(self.http.delete(format!("{}{path}", self.base)))
             .await

@@ -48,6 +48,10 @@ pub struct GetArgs {
     /// when it goes; until interrupted.
     #[arg(short = 'w', long)]
     pub watch: bool,
+    /// Read lists this many objects a request (as kubectl does); 0 reads
+    /// each list in one answer.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub chunk_size: u64,
     #[command(flatten)]
     pub conn: ConnectArgs,
 }
@@ -149,12 +153,17 @@ fn print_listing(l: &Listing, output: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Objects a list request asks for.
+fn chunk(g: &GetArgs) -> usize {
+    g.chunk_size as usize
+}
+
 async fn fetch(client: &Client, g: &GetArgs) -> anyhow::Result<Listing> {
     match g.resource {
         Resource::Clusters => {
             let list: Vec<Cluster> = match &g.name {
                 Some(n) => vec![client.get(&api_path(&["v1", "clusters", n])).await?],
-                None => client.get("/v1/clusters").await?,
+                None => client.list("/v1/clusters", chunk(g)).await?,
             };
             Listing::new("cluster", &list, g.output, clusters_table)
         }
@@ -162,7 +171,7 @@ async fn fetch(client: &Client, g: &GetArgs) -> anyhow::Result<Listing> {
             let list: Vec<Machine> = match &g.name {
                 Some(n) => vec![client.get(&api_path(&["v1", "machines", n])).await?],
                 None => client
-                    .get::<Vec<Machine>>("/v1/machines")
+                    .list::<Machine>("/v1/machines", chunk(g))
                     .await?
                     .into_iter()
                     .filter(|m| {
@@ -173,7 +182,7 @@ async fn fetch(client: &Client, g: &GetArgs) -> anyhow::Result<Listing> {
             if g.output == Output::Wide {
                 // The kubelet that runs is what its Node reports, on the
                 // cluster's status.
-                let clusters: Vec<Cluster> = client.get("/v1/clusters").await?;
+                let clusters: Vec<Cluster> = client.list("/v1/clusters", chunk(g)).await?;
                 let kubelets: std::collections::HashMap<(String, String), String> = clusters
                     .iter()
                     .flat_map(|c| {

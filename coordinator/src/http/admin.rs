@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::{Extension, Json};
 use drover_common::api::{
     Cluster, ClusterStatus, CreateRegistrationToken, CreatedRegistrationToken, FieldError,
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Admin;
 use super::error::ApiError;
+use super::paging::{self, ListQuery, Page};
 use super::AuditChanges;
 use crate::app::App;
 use crate::store::Kind;
@@ -49,26 +51,43 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ObjectName {
 /// The longest a registration token may live.
 const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
 
-/// `GET /v1/clusters`: every cluster.
+/// `GET /v1/clusters`: every cluster, or one page of them.
 #[utoipa::path(
     get,
     path = "/v1/clusters",
     tag = "clusters",
     security(("adminToken" = [])),
+    params(ListQuery),
     responses(
-        (status = 200, description = "Every cluster, by name.", body = Vec<Cluster>),
+        (status = 200, description = "The clusters, by name: every one, or a page of at most `limit`.", body = Vec<Cluster>,
+            headers(
+                ("Link" = String, description = "With `limit`, when more follow: `<URL>; rel=\"next\"`, the next page."),
+                ("Drover-Continue" = String, description = "With `limit`, when more follow: the next page's `continue` token."),
+            ),
+        ),
+        (status = 400, response = super::responses::BadRequest),
         (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_clusters(
     State(app): State<Arc<App>>,
     admin: Admin,
-) -> Result<Json<Vec<Cluster>>, ApiError> {
-    Ok(Json(
-        app.clusters()?
-            .into_iter()
-            .map(|c| as_seen_by(&admin, c))
-            .collect(),
+    page: Page,
+) -> Result<Response, ApiError> {
+    let clusters = crate::store::blocking({
+        let (app, page) = (app.clone(), page.clone());
+        move || app.clusters_page(&page.after, page.read_limit())
+    })
+    .await?;
+    let clusters = clusters
+        .into_iter()
+        .map(|c| as_seen_by(&admin, c))
+        .collect();
+    Ok(paging::answer(
+        "/v1/clusters",
+        &page,
+        clusters,
+        |c: &Cluster| &c.metadata.name,
     ))
 }
 
@@ -524,22 +543,40 @@ pub async fn coordinators(
     ))
 }
 
-/// `GET /v1/machines`: every machine.
+/// `GET /v1/machines`: every machine, or one page of them.
 #[utoipa::path(
     get,
     path = "/v1/machines",
     tag = "machines",
     security(("adminToken" = [])),
+    params(ListQuery),
     responses(
-        (status = 200, description = "Every machine, by name.", body = Vec<Machine>),
+        (status = 200, description = "The machines, by name: every one, or a page of at most `limit`.", body = Vec<Machine>,
+            headers(
+                ("Link" = String, description = "With `limit`, when more follow: `<URL>; rel=\"next\"`, the next page."),
+                ("Drover-Continue" = String, description = "With `limit`, when more follow: the next page's `continue` token."),
+            ),
+        ),
+        (status = 400, response = super::responses::BadRequest),
         (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_machines(
     State(app): State<Arc<App>>,
     _admin: Admin,
-) -> Result<Json<Vec<Machine>>, ApiError> {
-    Ok(Json(app.machines()?))
+    page: Page,
+) -> Result<Response, ApiError> {
+    let machines = crate::store::blocking({
+        let (app, page) = (app.clone(), page.clone());
+        move || app.machines_page(&page.after, page.read_limit())
+    })
+    .await?;
+    Ok(paging::answer(
+        "/v1/machines",
+        &page,
+        machines,
+        |m: &Machine| &m.metadata.name,
+    ))
 }
 
 /// `GET /v1/machines/{name}`: one machine.

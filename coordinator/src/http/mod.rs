@@ -7,6 +7,7 @@ mod body;
 mod error;
 pub mod machine;
 pub mod openapi;
+pub mod paging;
 pub mod responses;
 pub mod secrets;
 pub mod security;

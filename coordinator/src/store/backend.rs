@@ -152,12 +152,19 @@ pub struct Change {
 /// - `txn` applies its operations in order, all or nothing, with exactly
 ///   the preconditions and errors documented on [`Op`] (the first failing
 ///   operation's error is returned);
-/// - `list` is ordered by name;
+/// - `list` is ordered by name, from the first name after `after`, and
+///   returns at most `limit` records (all of them without one), read at
+///   one revision;
 /// - every committed write reaches the `broadcast::Sender<Change>` the
 ///   backend was opened with, one `Change` per written object.
 pub(super) trait Backend: Send + Sync {
     fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError>;
-    fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError>;
+    fn list(
+        &self,
+        kind: Kind,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<Record>, StoreError>;
     /// With a `fence`, the transaction also requires that leadership term
     /// to be current, and fails with [`StoreError::Fenced`] otherwise. A
     /// single-replica backend has one term forever and ignores it.

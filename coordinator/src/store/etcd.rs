@@ -573,19 +573,32 @@ impl Backend for Etcd {
         })
     }
 
-    fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
+    fn list(
+        &self,
+        kind: Kind,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<Record>, StoreError> {
         let start = format!("{}{}/", self.prefix, kind.as_str());
         let members = self.members.clone();
+        // The first key after `after`'s: `after` followed by a zero byte.
+        let mut from = format!("{start}{after}").into_bytes();
+        if !after.is_empty() {
+            from.push(0);
+        }
         self.call(async move {
             let what = format!("list {start}");
             let end = prefix_end(start.as_bytes());
-            let mut from = start.clone().into_bytes();
             let mut out = vec![];
             // Every page at the first page's revision: one consistent
             // snapshot, as SQLite's single SELECT is.
             let mut at = 0;
             loop {
-                let mut opts = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+                let wanted = limit.map_or(PAGE, |n| (n - out.len()).min(PAGE as usize) as i64);
+                if wanted == 0 {
+                    return Ok(out);
+                }
+                let mut opts = GetOptions::new().with_range(end.clone()).with_limit(wanted);
                 if at != 0 {
                     opts = opts.with_revision(at);
                 }

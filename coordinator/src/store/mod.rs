@@ -413,11 +413,22 @@ impl Store {
     /// Reads every object of a kind as stored (still sealed), ordered by
     /// name, always from the backend (refreshing the read cache).
     pub fn list_raw(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
+        self.list_raw_page(kind, "", None)
+    }
+
+    /// Reads at most `limit` objects of a kind as stored, ordered by name,
+    /// from the first name after `after` (`""`: from the first).
+    fn list_raw_page(
+        &self,
+        kind: Kind,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<Record>, StoreError> {
         if !cache::caches(kind) {
-            return timed("list", || self.backend.list(kind));
+            return timed("list", || self.backend.list(kind, after, limit));
         }
         let epoch = self.cache.epoch();
-        let records = timed("list", || self.backend.list(kind))?;
+        let records = timed("list", || self.backend.list(kind, after, limit))?;
         self.cache.fill(kind, epoch, records.iter());
         Ok(records)
     }
@@ -553,9 +564,24 @@ impl Store {
 
     /// Reads and decodes every object of a kind.
     pub fn list_json<T: DeserializeOwned>(&self, kind: Kind) -> Result<Vec<(T, u64)>, StoreError> {
-        self.list(kind)?
-            .iter()
-            .map(|r| decode(kind, r).map(|v| (v, r.revision)))
+        self.list_json_page(kind, "", None)
+    }
+
+    /// Decodes at most `limit` objects of a kind, ordered by name, from the
+    /// first name after `after` (`""`: from the first): one page of a list
+    /// reads only that page.
+    pub fn list_json_page<T: DeserializeOwned>(
+        &self,
+        kind: Kind,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<(T, u64)>, StoreError> {
+        self.list_raw_page(kind, after, limit)?
+            .into_iter()
+            .map(|r| {
+                let r = self.open(kind, r)?;
+                decode(kind, &r).map(|v| (v, r.revision))
+            })
             .collect()
     }
 
@@ -1087,6 +1113,31 @@ mod tests {
             names
         );
         assert!(s.list(Kind::RegistrationToken).unwrap().is_empty());
+        // Pages of 257 (an etcd range is read 256 at a time) from the name
+        // after the last one listed give every name once, in order, and
+        // a name that no longer exists still places the next page.
+        let mut paged = vec![];
+        let mut after = String::new();
+        loop {
+            let page = s
+                .list_json_page::<String>(Kind::Machine, &after, Some(257))
+                .unwrap();
+            assert!(page.len() <= 257);
+            let Some((last, _)) = page.last() else { break };
+            after = last.clone();
+            paged.extend(page.into_iter().map(|(v, _)| v));
+        }
+        assert_eq!(paged, names);
+        let from_gone = s
+            .list_json_page::<String>(Kind::Machine, "m-0995", Some(2))
+            .unwrap();
+        assert_eq!(
+            from_gone
+                .iter()
+                .map(|(v, _)| v.as_str())
+                .collect::<Vec<_>>(),
+            ["m-100", "m-101"]
+        );
     }
 
     fn survives_reopen(b: &Backing) {

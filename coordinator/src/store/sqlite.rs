@@ -73,12 +73,19 @@ impl Backend for Sqlite {
         }))
     }
 
-    fn list(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
+    fn list(
+        &self,
+        kind: Kind,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<Record>, StoreError> {
         let conn = self.conn.lock().expect("store lock poisoned");
         let mut stmt = conn.prepare_cached(
-            "SELECT name, revision, body FROM objects WHERE kind = ?1 ORDER BY name",
+            "SELECT name, revision, body FROM objects WHERE kind = ?1 AND name > ?2 ORDER BY name LIMIT ?3",
         )?;
-        let rows = stmt.query_map(params![kind.as_str()], |r| {
+        // SQLite reads a negative LIMIT as none.
+        let limit = limit.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        let rows = stmt.query_map(params![kind.as_str(), after, limit], |r| {
             Ok(Record {
                 name: r.get(0)?,
                 revision: r.get::<_, i64>(1)? as u64,
