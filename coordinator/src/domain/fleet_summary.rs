@@ -44,20 +44,23 @@ pub fn not_alive(m: &Machine) -> Option<&drover_common::api::Condition> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ClusterEntry {
     phase: ClusterPhase,
-    /// (type, status, reason) of each condition.
-    conditions: Vec<[String; 3]>,
+    /// Its `drover_cluster_condition` series, rendered when it changes.
+    condition_series: String,
 }
 
 impl ClusterEntry {
     fn of(c: &Cluster) -> Self {
+        let mut condition_series = String::new();
+        for k in &c.status.conditions {
+            crate::metrics::write_condition_series(
+                &mut condition_series,
+                &c.metadata.name,
+                [&k.type_, &k.status, &k.reason],
+            );
+        }
         Self {
             phase: c.status.phase,
-            conditions: c
-                .status
-                .conditions
-                .iter()
-                .map(|k| [k.type_.clone(), k.status.clone(), k.reason.clone()])
-                .collect(),
+            condition_series,
         }
     }
 }
@@ -225,12 +228,10 @@ impl FleetGauges for FleetSummary {
             .collect()
     }
 
-    fn each_condition(&self, f: &mut dyn FnMut([&str; 4])) {
+    fn write_condition_series(&self, out: &mut String) {
         let inner = self.lock();
-        for (name, entry) in &inner.clusters {
-            for [type_, status, reason] in &entry.conditions {
-                f([name, type_, status, reason]);
-            }
+        for entry in inner.clusters.values() {
+            out.push_str(&entry.condition_series);
         }
     }
 }
@@ -262,10 +263,23 @@ mod tests {
         m
     }
 
+    /// cluster/type/status/reason of each `drover_cluster_condition` series.
     fn conditions(s: &FleetSummary) -> Vec<String> {
-        let mut out = vec![];
-        s.each_condition(&mut |l| out.push(l.join("/")));
-        out
+        let mut text = String::new();
+        s.write_condition_series(&mut text);
+        text.lines()
+            .map(|l| {
+                let labels = l
+                    .strip_prefix("drover_cluster_condition{")
+                    .and_then(|l| l.strip_suffix("} 1"))
+                    .unwrap_or_else(|| panic!("not a condition series: {l}"));
+                labels
+                    .split(',')
+                    .map(|kv| kv.split_once('=').unwrap().1.trim_matches('"'))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .collect()
     }
 
     #[test]
