@@ -19,6 +19,7 @@ pub mod protocol;
 pub mod provider;
 pub mod proxy;
 pub mod reconcile;
+pub mod restore;
 pub mod serve;
 pub mod store;
 pub mod summary;

@@ -27,7 +27,8 @@ enum TopCommand {
     #[command(flatten)]
     Main(Command),
     /// Work on a stopped coordinator's store: `drover store migrate` moves
-    /// it from SQLite to etcd.
+    /// it from SQLite to etcd; `drover store restore` makes a data
+    /// directory from a backup.
     Store(migrate::StoreArgs),
 }
 

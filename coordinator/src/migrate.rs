@@ -73,6 +73,10 @@ enum StoreCommand {
     /// so replicas can share it (`drover serve --store etcd://...`). The
     /// source is only read; the copy is verified.
     Migrate(MigrateArgs),
+    /// Make a coordinator's data directory from a backup (`drover backup
+    /// --out FILE`): checked, with the encryption key, before anything is
+    /// written; never over an existing store.
+    Restore(crate::restore::RestoreArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,6 +111,7 @@ struct Usage(String);
 /// Runs `drover store ...`.
 pub fn run(args: StoreArgs) -> ExitCode {
     match args.command {
+        StoreCommand::Restore(a) => crate::restore::run(a),
         StoreCommand::Migrate(a) => {
             let plan = match Plan::from_args(a) {
                 Ok(p) => p,

@@ -3310,3 +3310,129 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
     let m = &blocked.machines()[0];
     assert_eq!(m["status"]["phase"], "Registered", "{m:#}");
 }
+
+/// `drover store restore --from FILE` with `--data-dir` of `c`, and
+/// `extra` flags; the process's output.
+fn store_restore(c: &Coordinator, file: &Path, extra: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin("drover"))
+        .args(["store", "restore", "--from"])
+        .arg(file)
+        .arg("--data-dir")
+        .arg(c.dir.join("data"))
+        .args(extra)
+        .env_remove("DROVER_ENCRYPTION_KEY")
+        .output()
+        .unwrap()
+}
+
+/// The runbook of README "Backing up the coordinator": a backup taken
+/// while machines heartbeat, the data directory lost, a damaged backup
+/// and a missing key refused with nothing written, the restore, and the
+/// coordinator started on it: the same machines, heard again, none
+/// replaced, the cluster Running, the secret readable, the admin token
+/// still valid.
+#[test]
+fn the_coordinator_backed_up_while_serving_is_restored_and_its_machines_carry_on() {
+    let (tmp, mut c, _agents) = registered_pool(2, "bk-");
+    apply(&c, tmp.path(), &pool_cluster_yaml("kept", 1, 1, "dev"));
+    c.wait_cluster_phase("kept", "Running", BOOT);
+    c.apply_file(
+        &tmp.path().join("secret.yaml"),
+        &secret_doc("registry", "auth.json"),
+    );
+    let uids = |c: &Coordinator| {
+        let mut v: Vec<String> = c
+            .machines()
+            .iter()
+            .map(|m| m["metadata"]["uid"].as_str().unwrap().to_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = uids(&c);
+    assert_eq!(before.len(), 2);
+
+    // A viewer may not take one: it holds every sealed secret.
+    let viewer = c.create_admin_token("viewer");
+    c.api(None)
+        .send("POST", "/v1/backup", Some(&viewer), None)
+        .assert_problem(403, "viewer");
+    let file = tmp.path().join("coordinator.backup");
+    let out = c.cli_ok(&["backup", "--out", file.to_str().unwrap()]);
+    assert!(out.starts_with("backup of store revision "), "{out}");
+    for want in ["clusters=1", "machines=2", "not the encryption key"] {
+        assert!(out.contains(want), "{want} not in {out}");
+    }
+    let again = c.cli(&["backup", "--out", file.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(64), "{again:?}");
+
+    // The data directory is lost; the backup and the key, kept apart as
+    // the backup's message says, remain.
+    let data = c.dir.join("data");
+    let key = tmp.path().join("kept-apart.key");
+    std::fs::copy(data.join("encryption.key"), &key).unwrap();
+    c.kill();
+    std::fs::remove_dir_all(&data).unwrap();
+
+    let bytes = std::fs::read(&file).unwrap();
+    let damaged = tmp.path().join("damaged.backup");
+    std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
+    let key_flag = ["--encryption-key-file", key.to_str().unwrap()];
+    for (from, extra, want) in [
+        (&damaged, &key_flag[..], "refusing to restore"),
+        (&file, &[][..], "never the key"),
+    ] {
+        let out = store_restore(&c, from, extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(want), "{want} not in {stderr}");
+        assert!(stderr.contains("othing was written"), "{stderr}");
+        assert!(!data.join("drover.db").exists());
+    }
+    let out = store_restore(&c, &file, &key_flag);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("Restored "), "{stdout}");
+    assert!(stdout.contains("fresh heartbeat grace period"), "{stdout}");
+    let over = store_restore(&c, &file, &key_flag);
+    assert_eq!(over.status.code(), Some(64), "{over:?}");
+    assert!(
+        String::from_utf8_lossy(&over.stderr).contains("never overwritten"),
+        "{over:?}"
+    );
+
+    // Started on the restored store with the key put back: the same
+    // machines report again and none is replaced.
+    std::fs::copy(&key, data.join("encryption.key")).unwrap();
+    c.restart();
+    wait_for(
+        "both machines heard after the restore",
+        Duration::from_secs(60),
+        || {
+            let machines = c.machines();
+            let heard = machines
+                .iter()
+                .filter(|m| m["status"]["phase"] == "Running")
+                .filter(|m| {
+                    m["status"]["lastHeartbeatTime"]
+                        .as_str()
+                        .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+                        .is_some_and(|t| OffsetDateTime::now_utc() - t < time::Duration::seconds(5))
+                })
+                .count();
+            if heard == 2 {
+                Ok(())
+            } else {
+                Err(format!("{machines:#?}"))
+            }
+        },
+    );
+    assert_eq!(uids(&c), before, "no machine replaced or added");
+    assert_eq!(c.cluster("kept").unwrap()["status"]["phase"], "Running");
+    let secret = c.cli_ok(&["get", "secrets"]);
+    assert!(secret.contains("registry"), "{secret}");
+}

@@ -30,6 +30,7 @@ const OPERATIONS: &[&str] = &[
     "POST /v1/machine/certificate",
     "GET /v1/admintokens",
     "POST /v1/admintokens",
+    "POST /v1/backup",
     "DELETE /v1/admintokens/{id}",
     "GET /v1/keys",
     "POST /v1/keys/rotate",

@@ -201,6 +201,43 @@ impl Client {
         }
     }
 
+    /// POSTs to `path` and writes the answer's body into `file` as it
+    /// arrives (created new: an existing file is never overwritten);
+    /// returns the answer's headers. A refused request writes nothing.
+    pub async fn download(
+        &self,
+        path: &str,
+        file: &std::path::Path,
+    ) -> anyhow::Result<reqwest::header::HeaderMap> {
+        use tokio::io::AsyncWriteExt;
+        let mut resp = self
+            .dispatch(self.http.post(format!("{}{path}", self.base)))
+            .await?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(failure(status, &resp.bytes().await?));
+        }
+        let mut out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(file)
+            .await
+            .with_context(|| format!("cannot create {}", file.display()))?;
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .with_context(|| format!("the answer to POST {path} broke off"))?
+        {
+            out.write_all(&chunk)
+                .await
+                .with_context(|| format!("cannot write {}", file.display()))?;
+        }
+        out.sync_all()
+            .await
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        Ok(resp.headers().clone())
+    }
+
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.send(self.http.delete(format!("{}{path}", self.base)))
             .await

@@ -10,6 +10,7 @@ pub mod documents;
 
 mod admin;
 mod apply;
+mod backup;
 mod delete;
 mod describe;
 mod get;
@@ -26,6 +27,7 @@ pub use admin::{
     RoleArg,
 };
 pub use apply::ApplyArgs;
+pub use backup::BackupArgs;
 pub use delete::DeleteArgs;
 pub use describe::DescribeArgs;
 pub use get::{GetArgs, Resource};
@@ -69,6 +71,9 @@ pub enum Command {
     Rollout(RolloutArgs),
     /// Print this client's version and the coordinator's.
     Version(VersionArgs),
+    /// Back up the coordinator's store while it serves (restore with
+    /// `drover store restore`).
+    Backup(BackupArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -118,5 +123,6 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Revoke(r) => revoke::revoke(r).await,
         Command::Rollout(r) => rollout::rollout(r.command).await,
         Command::Version(v) => version::version(v).await,
+        Command::Backup(b) => backup::backup(b).await,
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod admin;
 mod auth;
+mod backup;
 mod body;
 mod error;
 pub mod machine;
@@ -108,6 +109,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/keys", get(security::list_keys))
         .route("/v1/keys/rotate", post(security::rotate_keys))
         .route("/v1/audit", get(security::read_audit))
+        .route("/v1/backup", post(backup::backup))
         .fallback(|| async { ApiError::not_found("route", "this path") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_oversized))

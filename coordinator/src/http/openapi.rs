@@ -68,6 +68,7 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         security::list_keys,
         security::rotate_keys,
         security::read_audit,
+        super::backup::backup,
     ),
     components(
         schemas(Problem, drover_common::api::FieldError),

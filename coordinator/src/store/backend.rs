@@ -171,6 +171,11 @@ pub(super) trait Backend: Send + Sync {
     fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError>;
     /// Where the data lives, for messages ("SQLite database /d/drover.db").
     fn describe(&self) -> String;
+    /// Writes every object, as stored (sealed records stay sealed), at one
+    /// revision into a new SQLite database at `dest` in the embedded
+    /// backend's schema, with that revision; the store keeps serving. `dest`
+    /// must not exist.
+    fn backup(&self, dest: &std::path::Path) -> Result<(), StoreError>;
 }
 
 /// A leadership term: the revision at which this replica's leader key was

@@ -546,39 +546,16 @@ impl Etcd {
     }
 }
 
-impl Backend for Etcd {
-    fn describe(&self) -> String {
-        format!(
-            "etcd {} (keys under {})",
-            self.members.endpoints, self.prefix
-        )
-    }
-
-    fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
-        let key = self.key(kind, name);
-        let (members, name) = (self.members.clone(), name.to_owned());
-        self.call(async move {
-            let what = format!("get {key}");
-            let resp = members
-                .request(&what, true, |mut kv| {
-                    let key = key.clone();
-                    async move { kv.get(key, None).await }
-                })
-                .await?;
-            Ok(resp.kvs().first().map(|kv| Record {
-                name,
-                revision: kv.mod_revision() as u64,
-                body: kv.value().to_vec(),
-            }))
-        })
-    }
-
-    fn list(
+impl Etcd {
+    /// The records of `kind` after `after`, at most `limit`, read at
+    /// revision `at` (0: the current one), and the revision read at.
+    fn range(
         &self,
         kind: Kind,
         after: &str,
         limit: Option<usize>,
-    ) -> Result<Vec<Record>, StoreError> {
+        at: i64,
+    ) -> Result<(Vec<Record>, i64), StoreError> {
         let start = format!("{}{}/", self.prefix, kind.as_str());
         let members = self.members.clone();
         // The first key after `after`'s: `after` followed by a zero byte.
@@ -592,11 +569,11 @@ impl Backend for Etcd {
             let mut out = vec![];
             // Every page at the first page's revision: one consistent
             // snapshot, as SQLite's single SELECT is.
-            let mut at = 0;
+            let mut at = at;
             loop {
                 let wanted = limit.map_or(PAGE, |n| (n - out.len()).min(PAGE as usize) as i64);
                 if wanted == 0 {
-                    return Ok(out);
+                    return Ok((out, at));
                 }
                 let mut opts = GetOptions::new().with_range(end.clone()).with_limit(wanted);
                 if at != 0 {
@@ -630,10 +607,59 @@ impl Backend for Etcd {
                         from = last.key().to_vec();
                         from.push(0);
                     }
-                    _ => return Ok(out),
+                    _ => return Ok((out, at)),
                 }
             }
         })
+    }
+}
+
+impl Backend for Etcd {
+    fn describe(&self) -> String {
+        format!(
+            "etcd {} (keys under {})",
+            self.members.endpoints, self.prefix
+        )
+    }
+
+    fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
+        let key = self.key(kind, name);
+        let (members, name) = (self.members.clone(), name.to_owned());
+        self.call(async move {
+            let what = format!("get {key}");
+            let resp = members
+                .request(&what, true, |mut kv| {
+                    let key = key.clone();
+                    async move { kv.get(key, None).await }
+                })
+                .await?;
+            Ok(resp.kvs().first().map(|kv| Record {
+                name,
+                revision: kv.mod_revision() as u64,
+                body: kv.value().to_vec(),
+            }))
+        })
+    }
+
+    fn list(
+        &self,
+        kind: Kind,
+        after: &str,
+        limit: Option<usize>,
+    ) -> Result<Vec<Record>, StoreError> {
+        Ok(self.range(kind, after, limit, 0)?.0)
+    }
+
+    /// Every kind read at one revision, into a SQLite database.
+    fn backup(&self, dest: &std::path::Path) -> Result<(), StoreError> {
+        let mut at = 0;
+        let mut all = vec![];
+        for kind in Kind::ALL {
+            let (records, read_at) = self.range(kind, "", None, at)?;
+            at = read_at;
+            all.extend(records.into_iter().map(|r| (kind, r)));
+        }
+        super::sqlite::write_snapshot(dest, at as u64, &all)
     }
 
     fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError> {

@@ -34,17 +34,7 @@ impl Sqlite {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS objects (
-                kind TEXT NOT NULL,
-                name TEXT NOT NULL,
-                revision INTEGER NOT NULL,
-                body BLOB NOT NULL,
-                PRIMARY KEY (kind, name)
-            );
-            CREATE TABLE IF NOT EXISTS revision (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL);
-            INSERT OR IGNORE INTO revision (id, value) VALUES (0, 0);",
-        )?;
+        conn.execute_batch(SCHEMA)?;
         Ok(Self {
             conn: Mutex::new(conn),
             path: path.to_owned(),
@@ -53,7 +43,63 @@ impl Sqlite {
     }
 }
 
+/// The tables: every object by kind and name, and the global revision.
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS objects (
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        revision INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (kind, name)
+    );
+    CREATE TABLE IF NOT EXISTS revision (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL);
+    INSERT OR IGNORE INTO revision (id, value) VALUES (0, 0);";
+
+/// Writes `records` at store revision `revision` into a new database at
+/// `dest` in this backend's schema, in one transaction (a backup of
+/// another backend).
+pub(super) fn write_snapshot(
+    dest: &Path,
+    revision: u64,
+    records: &[(Kind, Record)],
+) -> Result<(), StoreError> {
+    let mut conn = Connection::open_with_flags(
+        dest,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_CREATE,
+    )?;
+    conn.execute_batch(SCHEMA)?;
+    let tx = conn.transaction()?;
+    {
+        let mut insert =
+            tx.prepare("INSERT INTO objects (kind, name, revision, body) VALUES (?1, ?2, ?3, ?4)")?;
+        for (kind, r) in records {
+            insert.execute(params![kind.as_str(), r.name, r.revision as i64, r.body])?;
+        }
+    }
+    tx.execute(
+        "UPDATE revision SET value = ?1 WHERE id = 0",
+        params![revision as i64],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
 impl Backend for Sqlite {
+    /// `VACUUM INTO` on a read-only connection of its own: one read
+    /// transaction (a consistent copy at one revision) that WAL lets run
+    /// beside the writer, which is never held up.
+    fn backup(&self, dest: &Path) -> Result<(), StoreError> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let dest = dest.to_str().ok_or_else(|| {
+            StoreError::Backend(format!("the backup path {} is not UTF-8", dest.display()))
+        })?;
+        conn.execute("VACUUM INTO ?1", params![dest])?;
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         format!("SQLite database {}", self.path.display())
     }
