@@ -11,7 +11,7 @@ use drover_common::ticket::TicketKey;
 use time::OffsetDateTime;
 
 pub use crate::domain::liveness::Liveness;
-use crate::store::{Kind, Store, StoreError};
+use crate::store::{Kind, Span, Store, StoreError};
 
 pub use crate::domain::settings::Settings;
 
@@ -222,19 +222,14 @@ impl App {
 
     /// Reads every cluster.
     pub fn clusters(&self) -> Result<Vec<Cluster>, StoreError> {
-        self.clusters_page("", None)
+        self.clusters_page(Span::ALL)
     }
 
-    /// At most `limit` clusters by name, from the first name after `after`
-    /// (`""`: from the first), with their `resourceVersion`s.
-    pub fn clusters_page(
-        &self,
-        after: &str,
-        limit: Option<usize>,
-    ) -> Result<Vec<Cluster>, StoreError> {
+    /// The clusters in `span`, by name, with their `resourceVersion`s.
+    pub fn clusters_page(&self, span: Span<'_>) -> Result<Vec<Cluster>, StoreError> {
         Ok(self
             .store
-            .list_json_page::<Cluster>(Kind::Cluster, after, limit)?
+            .list_json_page::<Cluster>(Kind::Cluster, span)?
             .into_iter()
             .map(|(mut c, rev)| {
                 c.metadata.resource_version = Some(rev.to_string());
@@ -276,19 +271,14 @@ impl App {
 
     /// Reads every machine.
     pub fn machines(&self) -> Result<Vec<Machine>, StoreError> {
-        self.machines_page("", None)
+        self.machines_page(Span::ALL)
     }
 
-    /// At most `limit` machines by name, from the first name after `after`
-    /// (`""`: from the first), as [`App::machines`] reads them.
-    pub fn machines_page(
-        &self,
-        after: &str,
-        limit: Option<usize>,
-    ) -> Result<Vec<Machine>, StoreError> {
+    /// The machines in `span`, by name, as [`App::machines`] reads them.
+    pub fn machines_page(&self, span: Span<'_>) -> Result<Vec<Machine>, StoreError> {
         Ok(self
             .store
-            .list_json_page::<Machine>(Kind::Machine, after, limit)?
+            .list_json_page::<Machine>(Kind::Machine, span)?
             .into_iter()
             .map(|(m, rev)| self.overlay(m, rev))
             .collect())

@@ -406,57 +406,16 @@ struct Snapshot {
 }
 
 /// Reads every object of the SQLite store at `db` in one read transaction
-/// on a read-only connection. The schema is `sqlite.rs`'s.
+/// on a read-only connection (the checks and reader of a backup: the
+/// schema is the same).
 fn read_snapshot(db: &Path) -> anyhow::Result<Snapshot> {
-    let read = || -> Result<(i64, Vec<(String, Record)>), rusqlite::Error> {
-        let conn = open_read_only(db)?;
-        let tx = conn.unchecked_transaction()?;
-        let revision = tx.query_row("SELECT value FROM revision WHERE id = 0", [], |r| r.get(0))?;
-        let mut stmt = tx.prepare("SELECT kind, name, revision, body FROM objects")?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    Record {
-                        name: r.get(1)?,
-                        revision: r.get::<_, i64>(2)? as u64,
-                        body: r.get(3)?,
-                    },
-                ))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok((revision, rows))
-    };
-    let (revision, rows) =
-        read().with_context(|| format!("cannot read {} as a Drover store", db.display()))?;
-    let mut records = vec![];
-    for (kind, record) in rows {
-        let Some(k) = Kind::parse(&kind) else {
-            bail!(
-                "cannot migrate {}: it holds objects of kind {kind:?}, which this drover does not know; migrate with the drover version that wrote it",
-                db.display()
-            );
-        };
-        records.push((k, record));
-    }
+    let (revision, mut records) = crate::store::backup::read_snapshot(db)
+        .with_context(|| format!("cannot migrate {}", db.display()))?;
     records.sort_by(|(ka, a), (kb, b)| {
         let pos = |k: &Kind| WRITE_ORDER.iter().position(|w| w == k);
         (pos(ka), &a.name).cmp(&(pos(kb), &b.name))
     });
-    Ok(Snapshot {
-        revision: revision as u64,
-        records,
-    })
-}
-
-fn open_read_only(db: &Path) -> Result<rusqlite::Connection, rusqlite::Error> {
-    use rusqlite::OpenFlags;
-    let conn = rusqlite::Connection::open_with_flags(
-        db,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    Ok(conn)
+    Ok(Snapshot { revision, records })
 }
 
 /// Checks that the keyring opens every sealed record, and makes the items
@@ -497,13 +456,9 @@ fn check_sealed(keyring: &Keyring, records: Vec<(Kind, Record)>) -> anyhow::Resu
         }
     }
     if let Some(first) = failed.first() {
-        let origin = match &keyring.source {
-            KeySource::File(p) => format!("file {}", p.display()),
-            KeySource::Env => format!("from {KEY_ENV}"),
-        };
         bail!(
-            "refusing to migrate: the encryption key ({origin}, key ids {}) does not open {} of the source's {sealed} encrypted records (first: {first}). Pass the key the source coordinator runs with (--encryption-key-file or {KEY_ENV}); the etcd replicas need it too. Nothing was written.",
-            keyring.ids().join(", "),
+            "refusing to migrate: the encryption key ({}) does not open {} of the source's {sealed} encrypted records (first: {first}). Pass the key the source coordinator runs with (--encryption-key-file or {KEY_ENV}); the etcd replicas need it too. Nothing was written.",
+            keyring.describe(),
             failed.len(),
         );
     }
@@ -595,7 +550,7 @@ fn verify(dest: &Store, keyring: &Keyring, items: &[Item]) -> anyhow::Result<()>
 
 /// Nothing wrote to the source while it was copied, and nothing has it open.
 fn source_unchanged(plan: &Plan, revision: u64) -> anyhow::Result<()> {
-    let now: i64 = open_read_only(&plan.db)
+    let now: i64 = crate::store::backup::open_read_only(&plan.db)
         .and_then(|c| c.query_row("SELECT value FROM revision WHERE id = 0", [], |r| r.get(0)))
         .with_context(|| format!("cannot read {} again", plan.db.display()))?;
     if now as u64 != revision {
@@ -1143,7 +1098,7 @@ mod tests {
             &plan(dir.path(), unreachable, &ring(7), false),
             &mut vec![],
         ));
-        assert!(msg.contains("as a Drover store"), "{msg}");
+        assert!(msg.contains("is not a Drover store"), "{msg}");
     }
 
     #[test]

@@ -143,7 +143,8 @@ fn load_keyring(a: &RestoreArgs) -> anyhow::Result<Keyring> {
 /// Fails, naming the records and key ids, unless `keyring` opens every
 /// sealed record of the backup.
 fn check_key(keyring: &Keyring, file: &Path) -> anyhow::Result<()> {
-    let records = backup::read_records(file).context("refusing to restore; nothing was written")?;
+    let (_, records) =
+        backup::read_snapshot(file).context("refusing to restore; nothing was written")?;
     let mut sealed = 0;
     let mut failed = vec![];
     for (kind, r) in records.iter().filter(|(k, _)| k.is_sealed()) {
@@ -153,13 +154,9 @@ fn check_key(keyring: &Keyring, file: &Path) -> anyhow::Result<()> {
         }
     }
     if let Some(first) = failed.first() {
-        let origin = match &keyring.source {
-            KeySource::File(p) => format!("file {}", p.display()),
-            KeySource::Env => format!("from {KEY_ENV}"),
-        };
         bail!(
-            "refusing to restore: the encryption key ({origin}, key ids {}) does not open {} of the backup's {sealed} encrypted records (first: {first}). Pass the key the backed-up coordinator ran with (--encryption-key-file or {KEY_ENV}). Nothing was written.",
-            keyring.ids().join(", "),
+            "refusing to restore: the encryption key ({}) does not open {} of the backup's {sealed} encrypted records (first: {first}). Pass the key the backed-up coordinator ran with (--encryption-key-file or {KEY_ENV}). Nothing was written.",
+            keyring.describe(),
             failed.len()
         );
     }

@@ -74,11 +74,7 @@ pub async fn list_clusters(
     admin: Admin,
     page: Page,
 ) -> Result<Response, ApiError> {
-    let clusters = crate::store::blocking({
-        let (app, page) = (app.clone(), page.clone());
-        move || app.clusters_page(&page.after, page.read_limit())
-    })
-    .await?;
+    let clusters = page.read(&app, App::clusters_page).await?;
     let clusters = clusters
         .into_iter()
         .map(|c| as_seen_by(&admin, c))
@@ -566,11 +562,7 @@ pub async fn list_machines(
     _admin: Admin,
     page: Page,
 ) -> Result<Response, ApiError> {
-    let machines = crate::store::blocking({
-        let (app, page) = (app.clone(), page.clone());
-        move || app.machines_page(&page.after, page.read_limit())
-    })
-    .await?;
+    let machines = page.read(&app, App::machines_page).await?;
     Ok(paging::answer(
         "/v1/machines",
         &page,

@@ -270,11 +270,12 @@ mod tests {
             "/v1/audit",
             "/v1/status",
             "/v1/secrets/{name}",
+            "/v1/backup",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 35);
+        assert_eq!(operations, 36);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -10,6 +10,8 @@
 //! created or deleted between two pages shows, or not, by where its name
 //! falls; none is listed twice and none that lived throughout is missed.
 
+use std::sync::Arc;
+
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{FromRequestParts, Query};
 use axum::http::request::Parts;
@@ -21,6 +23,8 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
+use crate::app::App;
+use crate::store::{Span, StoreError};
 
 /// The most objects one page may ask for.
 pub const MAX_LIMIT: usize = 10_000;
@@ -55,6 +59,24 @@ impl Page {
     /// whether another page follows.
     pub fn read_limit(&self) -> Option<usize> {
         self.limit.map(|n| n + 1)
+    }
+
+    /// Reads the page (and one more object) with `list`, off the async
+    /// workers.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        app: &Arc<App>,
+        list: fn(&App, Span<'_>) -> Result<Vec<T>, StoreError>,
+    ) -> Result<Vec<T>, ApiError> {
+        let (app, page) = (app.clone(), self.clone());
+        Ok(crate::store::blocking(move || {
+            let span = Span {
+                after: &page.after,
+                limit: page.read_limit(),
+            };
+            list(&app, span)
+        })
+        .await?)
     }
 }
 

@@ -144,6 +144,22 @@ pub struct Change {
     pub deleted: bool,
 }
 
+/// Which objects of a kind a list reads: those named after `after` (`""`:
+/// from the first), at most `limit` of them (`None`: all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span<'a> {
+    pub after: &'a str,
+    pub limit: Option<usize>,
+}
+
+impl Span<'_> {
+    /// Every object.
+    pub const ALL: Span<'static> = Span {
+        after: "",
+        limit: None,
+    };
+}
+
 /// What a backend provides. Bodies arrive sealed and leave as stored; the
 /// `Store` around it seals and opens. Semantics every backend keeps:
 ///
@@ -159,12 +175,7 @@ pub struct Change {
 ///   backend was opened with, one `Change` per written object.
 pub(super) trait Backend: Send + Sync {
     fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError>;
-    fn list(
-        &self,
-        kind: Kind,
-        after: &str,
-        limit: Option<usize>,
-    ) -> Result<Vec<Record>, StoreError>;
+    fn list(&self, kind: Kind, span: Span<'_>) -> Result<Vec<Record>, StoreError>;
     /// With a `fence`, the transaction also requires that leadership term
     /// to be current, and fails with [`StoreError::Fenced`] otherwise. A
     /// single-replica backend has one term forever and ignores it.

@@ -44,11 +44,11 @@ impl BackupSummary {
 /// Why a file is not a backup this coordinator can restore.
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {
-    #[error("{path} is not a Drover store backup: {why}")]
+    #[error("{path} is not a Drover store or store backup: {why}")]
     NotABackup { path: String, why: String },
     #[error("{path} is damaged: SQLite's integrity check says {report}")]
     Damaged { path: String, report: String },
-    #[error("{path} holds objects of kind {kind:?}, which this drover does not know; restore it with the drover version that wrote it")]
+    #[error("{path} holds objects of kind {kind:?}, which this drover does not know; use the drover version that wrote it")]
     UnknownKind { path: String, kind: String },
 }
 
@@ -67,6 +67,17 @@ impl Store {
     }
 }
 
+/// A read-only connection to the SQLite database at `path` (a store that
+/// may be in use, or a backup), waiting up to 5 s for a writer's lock.
+pub(crate) fn open_read_only(path: &Path) -> Result<Connection, rusqlite::Error> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(conn)
+}
+
 /// Opens a backup read-only and checks it: a SQLite database whose
 /// integrity check passes, with the store's tables and only kinds this
 /// drover knows.
@@ -75,11 +86,7 @@ fn open_checked(path: &Path) -> Result<Connection, BackupError> {
         path: path.display().to_string(),
         why,
     };
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| not_a_backup(e.to_string()))?;
+    let conn = open_read_only(path).map_err(|e| not_a_backup(e.to_string()))?;
     let report: String = conn
         .query_row("PRAGMA quick_check", [], |r| r.get(0))
         .map_err(|e| not_a_backup(e.to_string()))?;
@@ -106,72 +113,74 @@ fn open_checked(path: &Path) -> Result<Connection, BackupError> {
 
 /// What the backup at `path` holds, after the checks of a restore.
 pub fn summarize(path: &Path) -> Result<BackupSummary, BackupError> {
-    let conn = open_checked(path)?;
-    let fail = |e: rusqlite::Error| BackupError::NotABackup {
-        path: path.display().to_string(),
-        why: e.to_string(),
-    };
-    let revision: i64 = conn
-        .query_row("SELECT value FROM revision WHERE id = 0", [], |r| r.get(0))
-        .map_err(fail)?;
-    let mut stmt = conn
-        .prepare("SELECT kind, count(*) FROM objects GROUP BY kind")
-        .map_err(fail)?;
-    let rows = stmt
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-        .map_err(fail)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(fail)?;
+    let (revision, rows) = read_by_kind(
+        path,
+        "SELECT kind, count(*) FROM objects GROUP BY kind",
+        |r| r.get::<_, i64>(1),
+    )?;
     let mut counts: Vec<(Kind, usize)> = Kind::ALL.iter().map(|k| (*k, 0)).collect();
     for (kind, n) in rows {
-        let k = Kind::parse(&kind).ok_or_else(|| BackupError::UnknownKind {
-            path: path.display().to_string(),
-            kind: kind.clone(),
-        })?;
-        if let Some(c) = counts.iter_mut().find(|(x, _)| *x == k) {
+        if let Some(c) = counts.iter_mut().find(|(x, _)| *x == kind) {
             c.1 = n as usize;
         }
     }
     Ok(BackupSummary {
-        revision: revision as u64,
+        revision,
         counts,
         bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
     })
 }
 
-/// Every object of the backup at `path`, by kind then name, after the
-/// checks of [`summarize`].
-pub fn read_records(path: &Path) -> Result<Vec<(Kind, Record)>, BackupError> {
+/// The store revision and every object of the database at `path` (a
+/// backup, or a stopped coordinator's `drover.db`), by kind then name, read
+/// in one read transaction after the checks of [`summarize`].
+pub fn read_snapshot(path: &Path) -> Result<(u64, Vec<(Kind, Record)>), BackupError> {
+    read_by_kind(
+        path,
+        "SELECT kind, name, revision, body FROM objects ORDER BY kind, name",
+        |r| {
+            Ok(Record {
+                name: r.get(1)?,
+                revision: r.get::<_, i64>(2)? as u64,
+                body: r.get(3)?,
+            })
+        },
+    )
+}
+
+/// The store revision and the rows of `sql` (whose first column is the
+/// kind) as `row` reads them, in one read transaction of the checked
+/// database at `path`; a kind this drover does not know fails.
+fn read_by_kind<T>(
+    path: &Path,
+    sql: &str,
+    mut row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<(u64, Vec<(Kind, T)>), BackupError> {
     let conn = open_checked(path)?;
     let fail = |e: rusqlite::Error| BackupError::NotABackup {
         path: path.display().to_string(),
         why: e.to_string(),
     };
-    let mut stmt = conn
-        .prepare("SELECT kind, name, revision, body FROM objects ORDER BY kind, name")
+    let tx = conn.unchecked_transaction().map_err(fail)?;
+    let revision: i64 = tx
+        .query_row("SELECT value FROM revision WHERE id = 0", [], |r| r.get(0))
         .map_err(fail)?;
+    let mut stmt = tx.prepare(sql).map_err(fail)?;
     let rows = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                Record {
-                    name: r.get(1)?,
-                    revision: r.get::<_, i64>(2)? as u64,
-                    body: r.get(3)?,
-                },
-            ))
-        })
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, row(r)?)))
         .map_err(fail)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(fail)?;
-    rows.into_iter()
-        .map(|(kind, r)| {
+    let rows = rows
+        .into_iter()
+        .map(|(kind, v)| {
             Kind::parse(&kind)
-                .map(|k| (k, r))
+                .map(|k| (k, v))
                 .ok_or_else(|| BackupError::UnknownKind {
                     path: path.display().to_string(),
                     kind,
                 })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((revision as u64, rows))
 }

@@ -79,7 +79,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::broadcast;
 
-use super::backend::{Backend, Change, Fence, Kind, Op, Record, StoreError};
+use super::backend::{Backend, Change, Fence, Kind, Op, Record, Span, StoreError};
 use super::cache::{self, ReadCache};
 
 /// Objects read per range request when listing a kind.
@@ -549,13 +549,8 @@ impl Etcd {
 impl Etcd {
     /// The records of `kind` after `after`, at most `limit`, read at
     /// revision `at` (0: the current one), and the revision read at.
-    fn range(
-        &self,
-        kind: Kind,
-        after: &str,
-        limit: Option<usize>,
-        at: i64,
-    ) -> Result<(Vec<Record>, i64), StoreError> {
+    fn range(&self, kind: Kind, span: Span<'_>, at: i64) -> Result<(Vec<Record>, i64), StoreError> {
+        let Span { after, limit } = span;
         let start = format!("{}{}/", self.prefix, kind.as_str());
         let members = self.members.clone();
         // The first key after `after`'s: `after` followed by a zero byte.
@@ -641,13 +636,8 @@ impl Backend for Etcd {
         })
     }
 
-    fn list(
-        &self,
-        kind: Kind,
-        after: &str,
-        limit: Option<usize>,
-    ) -> Result<Vec<Record>, StoreError> {
-        Ok(self.range(kind, after, limit, 0)?.0)
+    fn list(&self, kind: Kind, span: Span<'_>) -> Result<Vec<Record>, StoreError> {
+        Ok(self.range(kind, span, 0)?.0)
     }
 
     /// Every kind read at one revision, into a SQLite database.
@@ -655,7 +645,7 @@ impl Backend for Etcd {
         let mut at = 0;
         let mut all = vec![];
         for kind in Kind::ALL {
-            let (records, read_at) = self.range(kind, "", None, at)?;
+            let (records, read_at) = self.range(kind, Span::ALL, at)?;
             at = read_at;
             all.extend(records.into_iter().map(|r| (kind, r)));
         }

@@ -187,6 +187,16 @@ impl Keyring {
         self.keys.iter().map(|k| k.id.clone()).collect()
     }
 
+    /// Where the keyring came from and its key ids, for messages: `file
+    /// /d/encryption.key, key ids k2, k1`.
+    pub fn describe(&self) -> String {
+        let origin = match &self.source {
+            KeySource::File(p) => format!("file {}", p.display()),
+            KeySource::Env => format!("from {KEY_ENV}"),
+        };
+        format!("{origin}, key ids {}", self.ids().join(", "))
+    }
+
     /// Puts a new key first.
     pub fn push_primary(&mut self, key: Key) {
         self.keys.insert(0, key);

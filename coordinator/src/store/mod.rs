@@ -30,7 +30,7 @@ mod sqlite;
 pub(crate) mod test_etcd;
 
 use backend::Backend;
-pub use backend::{Change, Fence, Kind, Op, Record, StoreError};
+pub use backend::{Change, Fence, Kind, Op, Record, Span, StoreError};
 pub use etcd::{Election, EtcdOptions, EtcdTls, EtcdTlsError, TlsFile};
 
 /// Where `drover serve` keeps its objects (`--store`).
@@ -414,22 +414,16 @@ impl Store {
     /// Reads every object of a kind as stored (still sealed), ordered by
     /// name, always from the backend (refreshing the read cache).
     pub fn list_raw(&self, kind: Kind) -> Result<Vec<Record>, StoreError> {
-        self.list_raw_page(kind, "", None)
+        self.list_raw_page(kind, Span::ALL)
     }
 
-    /// Reads at most `limit` objects of a kind as stored, ordered by name,
-    /// from the first name after `after` (`""`: from the first).
-    fn list_raw_page(
-        &self,
-        kind: Kind,
-        after: &str,
-        limit: Option<usize>,
-    ) -> Result<Vec<Record>, StoreError> {
+    /// Reads the objects of a kind in `span` as stored, ordered by name.
+    fn list_raw_page(&self, kind: Kind, span: Span<'_>) -> Result<Vec<Record>, StoreError> {
         if !cache::caches(kind) {
-            return timed("list", || self.backend.list(kind, after, limit));
+            return timed("list", || self.backend.list(kind, span));
         }
         let epoch = self.cache.epoch();
-        let records = timed("list", || self.backend.list(kind, after, limit))?;
+        let records = timed("list", || self.backend.list(kind, span))?;
         self.cache.fill(kind, epoch, records.iter());
         Ok(records)
     }
@@ -565,19 +559,17 @@ impl Store {
 
     /// Reads and decodes every object of a kind.
     pub fn list_json<T: DeserializeOwned>(&self, kind: Kind) -> Result<Vec<(T, u64)>, StoreError> {
-        self.list_json_page(kind, "", None)
+        self.list_json_page(kind, Span::ALL)
     }
 
-    /// Decodes at most `limit` objects of a kind, ordered by name, from the
-    /// first name after `after` (`""`: from the first): one page of a list
-    /// reads only that page.
+    /// Decodes the objects of a kind in `span`, ordered by name: one page
+    /// of a list reads only that page.
     pub fn list_json_page<T: DeserializeOwned>(
         &self,
         kind: Kind,
-        after: &str,
-        limit: Option<usize>,
+        span: Span<'_>,
     ) -> Result<Vec<(T, u64)>, StoreError> {
-        self.list_raw_page(kind, after, limit)?
+        self.list_raw_page(kind, span)?
             .into_iter()
             .map(|r| {
                 let r = self.open(kind, r)?;
@@ -843,7 +835,8 @@ mod tests {
         assert!(summary.bytes > 0);
         assert!(s.backup(&file).is_err(), "a backup never overwrites a file");
 
-        let records = backup::read_records(&file).unwrap();
+        let (revision, records) = backup::read_snapshot(&file).unwrap();
+        assert_eq!(revision, summary.revision);
         let sealed = records
             .iter()
             .find(|(k, r)| *k == Kind::Secret && r.name == "ca")
@@ -1190,18 +1183,22 @@ mod tests {
         let mut paged = vec![];
         let mut after = String::new();
         loop {
-            let page = s
-                .list_json_page::<String>(Kind::Machine, &after, Some(257))
-                .unwrap();
+            let span = Span {
+                after: &after,
+                limit: Some(257),
+            };
+            let page = s.list_json_page::<String>(Kind::Machine, span).unwrap();
             assert!(page.len() <= 257);
             let Some((last, _)) = page.last() else { break };
             after = last.clone();
             paged.extend(page.into_iter().map(|(v, _)| v));
         }
         assert_eq!(paged, names);
-        let from_gone = s
-            .list_json_page::<String>(Kind::Machine, "m-0995", Some(2))
-            .unwrap();
+        let span = Span {
+            after: "m-0995",
+            limit: Some(2),
+        };
+        let from_gone = s.list_json_page::<String>(Kind::Machine, span).unwrap();
         assert_eq!(
             from_gone
                 .iter()

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use tokio::sync::broadcast;
 
-use super::backend::{Backend, Change, Fence, Kind, Op, Record, StoreError};
+use super::backend::{Backend, Change, Fence, Kind, Op, Record, Span, StoreError};
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -119,19 +119,16 @@ impl Backend for Sqlite {
         }))
     }
 
-    fn list(
-        &self,
-        kind: Kind,
-        after: &str,
-        limit: Option<usize>,
-    ) -> Result<Vec<Record>, StoreError> {
+    fn list(&self, kind: Kind, span: Span<'_>) -> Result<Vec<Record>, StoreError> {
         let conn = self.conn.lock().expect("store lock poisoned");
         let mut stmt = conn.prepare_cached(
             "SELECT name, revision, body FROM objects WHERE kind = ?1 AND name > ?2 ORDER BY name LIMIT ?3",
         )?;
         // SQLite reads a negative LIMIT as none.
-        let limit = limit.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-        let rows = stmt.query_map(params![kind.as_str(), after, limit], |r| {
+        let limit = span
+            .limit
+            .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        let rows = stmt.query_map(params![kind.as_str(), span.after, limit], |r| {
             Ok(Record {
                 name: r.get(0)?,
                 revision: r.get::<_, i64>(1)? as u64,
