@@ -640,16 +640,18 @@ impl Backend for Etcd {
         Ok(self.range(kind, span, 0)?.0)
     }
 
-    /// Every kind read at one revision, into a SQLite database.
+    /// Every kind read at one revision, written into a SQLite database a
+    /// kind at a time (never the whole store in memory at once).
     fn backup(&self, dest: &std::path::Path) -> Result<(), StoreError> {
-        let mut at = 0;
-        let mut all = vec![];
-        for kind in Kind::ALL {
-            let (records, read_at) = self.range(kind, Span::ALL, at)?;
-            at = read_at;
-            all.extend(records.into_iter().map(|r| (kind, r)));
-        }
-        super::sqlite::write_snapshot(dest, at as u64, &all)
+        super::sqlite::write_snapshot(dest, |write| {
+            let mut at = 0;
+            for kind in Kind::ALL {
+                let (records, read_at) = self.range(kind, Span::ALL, at)?;
+                at = read_at;
+                write(kind, records)?;
+            }
+            Ok(at as u64)
+        })
     }
 
     fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError> {

@@ -54,13 +54,15 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS objects (
     CREATE TABLE IF NOT EXISTS revision (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL);
     INSERT OR IGNORE INTO revision (id, value) VALUES (0, 0);";
 
-/// Writes `records` at store revision `revision` into a new database at
-/// `dest` in this backend's schema, in one transaction (a backup of
-/// another backend).
+/// A new database at `dest` in this backend's schema, filled in one
+/// transaction by `fill` (a backup of another backend): `fill` hands each
+/// batch of records of a kind to the writer it is given, as it reads them,
+/// and returns the store revision they were read at.
 pub(super) fn write_snapshot(
     dest: &Path,
-    revision: u64,
-    records: &[(Kind, Record)],
+    fill: impl FnOnce(
+        &mut dyn FnMut(Kind, Vec<Record>) -> Result<(), StoreError>,
+    ) -> Result<u64, StoreError>,
 ) -> Result<(), StoreError> {
     let mut conn = Connection::open_with_flags(
         dest,
@@ -71,14 +73,18 @@ pub(super) fn write_snapshot(
     {
         let mut insert =
             tx.prepare("INSERT INTO objects (kind, name, revision, body) VALUES (?1, ?2, ?3, ?4)")?;
-        for (kind, r) in records {
-            insert.execute(params![kind.as_str(), r.name, r.revision as i64, r.body])?;
-        }
+        let revision = fill(&mut |kind, records| {
+            for r in records {
+                insert.execute(params![kind.as_str(), r.name, r.revision as i64, r.body])?;
+            }
+            Ok(())
+        })?;
+        drop(insert);
+        tx.execute(
+            "UPDATE revision SET value = ?1 WHERE id = 0",
+            params![revision as i64],
+        )?;
     }
-    tx.execute(
-        "UPDATE revision SET value = ?1 WHERE id = 0",
-        params![revision as i64],
-    )?;
     tx.commit()?;
     Ok(())
 }
