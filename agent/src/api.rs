@@ -9,7 +9,8 @@ use std::time::Duration;
 use drover_common::api::Problem;
 use drover_common::wire::{
     ConfigNotReady, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
-    RenewRequest, RenewResponse,
+    RenewRequest, RenewResponse, SnapshotGrant, SnapshotSaved, SnapshotUpload,
+    SEALED_SHA256_HEADER, SNAPSHOT_PATH,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -405,6 +406,92 @@ impl CoordinatorClient {
             StatusCode::OK | StatusCode::CREATED => answer.json(),
             _ => Err(answer.refused()),
         }
+    }
+}
+
+impl CoordinatorClient {
+    /// `GET /v1/machine/snapshots/{name}`: the grant to save snapshot
+    /// `name`.
+    pub async fn snapshot_grant(&self, name: &str) -> Result<SnapshotGrant, ApiError> {
+        let path = format!("{SNAPSHOT_PATH}/{name}");
+        let answer = self.call::<()>(Method::GET, &path, None).await?;
+        match answer.status {
+            StatusCode::OK => answer.json(),
+            _ => Err(answer.refused()),
+        }
+    }
+
+    /// `POST /v1/machine/snapshots/{name}`: snapshot `name` was saved and
+    /// uploaded.
+    pub async fn snapshot_saved(&self, name: &str, saved: &SnapshotSaved) -> Result<(), ApiError> {
+        let path = format!("{SNAPSHOT_PATH}/{name}");
+        let answer = self.call(Method::POST, &path, Some(saved)).await?;
+        match answer.status {
+            StatusCode::OK | StatusCode::CREATED | StatusCode::NO_CONTENT => Ok(()),
+            _ => Err(answer.refused()),
+        }
+    }
+
+    /// `PUT`s the sealed snapshot at `file` (`len` bytes, SHA-256
+    /// `sealed_sha256`) to `upload`: the coordinator that granted it (the
+    /// replica that answered last, with the machine's certificate) or a
+    /// presigned URL (with nothing of the machine's). The body streams from
+    /// the file; `timeout` bounds the whole upload.
+    pub async fn upload_snapshot(
+        &self,
+        upload: &SnapshotUpload,
+        file: &std::path::Path,
+        len: u64,
+        sealed_sha256: &str,
+        timeout: Duration,
+    ) -> Result<(), ApiError> {
+        let (client, url) = match upload {
+            SnapshotUpload::Coordinator { path } => {
+                (self.http.clone(), format!("{}{path}", self.preferred_url()))
+            }
+            SnapshotUpload::Presigned { url } => {
+                let tls = crate::tls::system_roots_config()
+                    .map_err(|e| ApiError::Client(e.to_string()))?;
+                let plain = reqwest::Client::builder()
+                    .tls_backend_preconfigured(tls)
+                    .user_agent(concat!("drover-agent/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| ApiError::Client(error_chain(&e)))?;
+                (plain, url.clone())
+            }
+        };
+        // What a log line may say of the URL: never a presigned query.
+        let shown = url.split('?').next().unwrap_or_default().to_owned();
+        let opened = tokio::fs::File::open(file)
+            .await
+            .map_err(|e| ApiError::Unreachable(format!("cannot read {}: {e}", file.display())))?;
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(opened));
+        let response = client
+            .put(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .header(reqwest::header::CONTENT_LENGTH, len)
+            .header(SEALED_SHA256_HEADER, sealed_sha256)
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| ApiError::Unreachable(format!("PUT {shown}: {}", error_chain(&e))))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = response
+            .bytes()
+            .await
+            .map(|b| b.to_vec())
+            .unwrap_or_default();
+        Err(Answer {
+            method: Method::PUT,
+            url: shown,
+            status,
+            body,
+        }
+        .refused())
     }
 }
 

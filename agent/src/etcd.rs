@@ -81,6 +81,11 @@ impl Etcd {
         }
     }
 
+    /// The client for a snapshot's calls (each sets its own timeout).
+    pub fn snapshot_client(&mut self) -> Result<reqwest::Client, EtcdError> {
+        self.client()
+    }
+
     fn client(&mut self) -> Result<reqwest::Client, EtcdError> {
         let files = [
             "etc/kubernetes/pki/etcd/ca.crt",

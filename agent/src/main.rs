@@ -42,7 +42,10 @@ mod register;
 mod settings;
 mod shutdown;
 mod simulate;
+mod snapshot;
 mod state;
+#[cfg(test)]
+mod test_etcd;
 mod tls;
 
 use std::net::IpAddr;

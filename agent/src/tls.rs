@@ -155,6 +155,28 @@ pub fn pinned_config(pin: &CaPin) -> Result<ClientConfig, TlsError> {
         .with_no_client_auth())
 }
 
+/// The configuration for object storage reached through a presigned URL:
+/// the system's trust roots (`rustls-native-certs` reads the distribution's
+/// bundle, or `SSL_CERT_FILE`), no client certificate.
+pub fn system_roots_config() -> Result<ClientConfig, TlsError> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found
+            .errors
+            .first()
+            .map_or("none found".to_owned(), |e| e.to_string());
+        return Err(TlsError::Root {
+            what: "the system's trust roots",
+            detail: why,
+        });
+    }
+    Ok(builder()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 /// Parses every certificate of a PEM document.
 pub fn certs_from_pem(
     pem: &str,

@@ -52,6 +52,7 @@ pub mod names;
 pub mod pem;
 pub mod process;
 pub(crate) mod serde_skip;
+pub mod snapshot;
 #[cfg(feature = "tcp-proxy")]
 pub mod tcp_proxy;
 #[cfg(feature = "tls")]

@@ -104,7 +104,7 @@ const PLANNERS: &[Target] = &[
 const RULES: &[Rule] = &[
     Rule {
         krate: "common",
-        from: Modules::Only(&["jws", "names", "pem", "process", "token", "units"]),
+        from: Modules::Only(&["jws", "names", "pem", "process", "snapshot", "token", "units"]),
         forbidden: &[Target::AnyModule],
         why: "the leaves are the shared primitives every other module may use",
     },

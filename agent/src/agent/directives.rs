@@ -187,6 +187,23 @@ impl Agent {
                         (command, Box::pin(call))
                     });
                 }
+                DirectiveAction::SaveEtcdSnapshot { snapshot } => {
+                    tracing::info!(%snapshot, "saving an etcd snapshot at the coordinator's request");
+                    let api = self.coordinator.api.clone();
+                    let mut etcd = crate::etcd::Etcd::new(&self.settings.root);
+                    let dir = self.settings.state_dir.join("snapshots");
+                    self.start_cluster_call(directive.id, "save etcd snapshots", |ip, _| {
+                        let endpoint = crate::etcd::local_endpoint(ip);
+                        let command = format!("etcd snapshot {snapshot} via {endpoint}");
+                        let call = async move {
+                            Ok(crate::snapshot::save_and_upload(
+                                &api, &mut etcd, &endpoint, &snapshot, &dir,
+                            )
+                            .await?)
+                        };
+                        (command, Box::pin(call))
+                    });
+                }
                 DirectiveAction::SetKubernetesVersion { version } => {
                     if let Err(e) = drover_common::api::KubernetesVersion::parse(&version) {
                         self.finish_directive(
@@ -550,6 +567,8 @@ pub(super) enum ClusterCallError {
     Command(String),
     #[error("restarting the static Pods: {0}")]
     StaticPods(#[from] crate::certificates::StaticPodError),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SaveError),
 }
 
 #[cfg(test)]

@@ -147,7 +147,7 @@ struct Saved {
 /// The connection to the coordinator.
 struct Connection {
     /// The HTTPS client of the machine API, with the saved identity.
-    api: CoordinatorClient,
+    api: std::sync::Arc<CoordinatorClient>,
     /// The heartbeat interval the coordinator last named.
     interval: Duration,
     next_heartbeat: Instant,
@@ -254,7 +254,7 @@ impl Agent {
                 pinned: state.ca_pin.clone(),
             });
         }
-        let api = mtls_client(&state)?;
+        let api = std::sync::Arc::new(mtls_client(&state)?);
         let prober = Prober::new(&settings.root, settings.kubelet_healthz_url.clone());
         let now = Instant::now();
         let renew_at = Self::renewal_instant(&state);

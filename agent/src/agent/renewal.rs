@@ -67,7 +67,7 @@ impl Agent {
             return Ok(());
         }
         self.saved.state = next;
-        self.coordinator.api = client;
+        self.coordinator.api = std::sync::Arc::new(client);
         self.renewal.key = None;
         self.renewal.backoff.reset();
         self.renewal.at = Self::renewal_instant(&self.saved.state);

@@ -40,6 +40,9 @@ pub fn describe(action: &DirectiveAction) -> String {
         DirectiveAction::ApplyImageManifests { addon } => {
             format!("apply addon {addon} from the node image")
         }
+        DirectiveAction::SaveEtcdSnapshot { snapshot } => {
+            format!("save etcd snapshot {snapshot}")
+        }
     }
 }
 

@@ -519,6 +519,9 @@ impl Sim {
                 DirectiveAction::UncordonNode { node } => {
                     cannot("API server", format!("node {node} was not uncordoned"))
                 }
+                DirectiveAction::SaveEtcdSnapshot { snapshot } => {
+                    cannot("etcd", format!("snapshot {snapshot} was not saved"))
+                }
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

@@ -103,6 +103,12 @@ pub enum DirectiveAction {
     /// runs without it) is left alone; one already at its image is done.
     #[serde(rename_all = "camelCase")]
     UpgradeEssentialAddons { version: String },
+    /// Save snapshot `snapshot` of the cluster's etcd through this control
+    /// plane's member (etcd's Maintenance.Snapshot), sealed with the
+    /// cluster's snapshot key, where its grant says
+    /// ([`crate::wire::snapshot`]).
+    #[serde(rename_all = "camelCase")]
+    SaveEtcdSnapshot { snapshot: String },
 }
 
 /// The outcome of a directive.

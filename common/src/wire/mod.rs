@@ -15,6 +15,7 @@ pub mod directive;
 pub mod heartbeat;
 pub mod load_balancer;
 pub mod register;
+pub mod snapshot;
 pub mod ticket;
 
 pub use bootstrap::*;
@@ -23,3 +24,4 @@ pub use directive::*;
 pub use heartbeat::*;
 pub use load_balancer::*;
 pub use register::*;
+pub use snapshot::*;
