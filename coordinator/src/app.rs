@@ -568,6 +568,7 @@ impl App {
                     bind: std::net::Ipv4Addr::LOCALHOST.into(),
                     host: "127.0.0.1".into(),
                 },
+                snapshot_dir: dir.join("snapshots"),
             },
             leadership: crate::domain::leadership::Leadership::sole(me),
             listen_requests,

@@ -69,6 +69,8 @@ pub enum MachineCallError {
     ConfigBusy { machine: String, retry_after: u64 },
     #[error("{0}")]
     Encode(#[from] serde_json::Error),
+    #[error(transparent)]
+    Snapshot(#[from] crate::domain::snapshots::SnapshotCallError),
 }
 
 type Result<T, E = MachineCallError> = std::result::Result<T, E>;
@@ -506,6 +508,9 @@ fn log_reported(cluster: &str, via: &str, r: &Reported) {
         } => {
             tracing::warn!(cluster, %addon, via, error = %message, "addon apply failed; trying again after a back-off")
         }
+        Reported::SnapshotFailed { snapshot, message } => {
+            tracing::warn!(cluster, %snapshot, via, error = %message, "etcd snapshot failed; the cluster's SnapshotsCurrent condition says so")
+        }
     }
 }
 
@@ -621,6 +626,84 @@ pub fn datagram_heartbeat(
             app.saw(name, OffsetDateTime::from(now))
         })
         .map_err(DatagramRefusal::Refused)
+}
+
+// ---------------------------------------------------------------- snapshots
+
+/// The grant of the machine presenting `presented` to save snapshot `name`
+/// (blocking: it may make the cluster's snapshot key).
+pub fn snapshot_grant(
+    app: &App,
+    presented: Option<&Result<CertInfo, PkiError>>,
+    name: &str,
+) -> Result<drover_common::wire::SnapshotGrant> {
+    let machine = authenticate(app, presented)?;
+    Ok(crate::domain::snapshots::grant(app, &machine, name)?)
+}
+
+/// Takes the sealed snapshot `name` the machine presenting `presented`
+/// uploads as `body`, written off the async workers as it arrives and kept
+/// only whole and matching `sha256` (when the machine named one). Its size.
+pub async fn snapshot_upload(
+    app: &Arc<App>,
+    presented: Option<Arc<Result<CertInfo, PkiError>>>,
+    name: String,
+    sha256: Option<String>,
+    body: axum::body::Body,
+) -> Result<u64> {
+    use crate::domain::snapshots::{SnapshotCallError, Upload};
+    use futures_util::StreamExt;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, String>>(8);
+    let writer = {
+        let (app, name) = (app.clone(), name.clone());
+        crate::store::blocking(move || -> Result<u64> {
+            let machine = authenticate(&app, presented.as_deref())?;
+            let mut upload = Upload::start(&app, &machine, &name)?;
+            while let Some(piece) = rx.blocking_recv() {
+                let written = match piece {
+                    Ok(bytes) => upload.write(&bytes),
+                    Err(detail) => Err(SnapshotCallError::Upload {
+                        snapshot: name.clone(),
+                        detail,
+                    }),
+                };
+                if let Err(e) = written {
+                    upload.abandon();
+                    return Err(e.into());
+                }
+            }
+            Ok(upload.finish(sha256.as_deref())?)
+        })
+    };
+    let reader = async move {
+        let mut stream = body.into_data_stream();
+        while let Some(piece) = stream.next().await {
+            let piece = piece.map_err(|e| e.to_string());
+            let failed = piece.is_err();
+            // The writer stopped (it refused the upload): its error says why.
+            if tx.send(piece).await.is_err() || failed {
+                return;
+            }
+        }
+    };
+    let (written, ()) = tokio::join!(writer, reader);
+    let len = written?;
+    tracing::info!(snapshot = %name, bytes = len, "sealed etcd snapshot received");
+    Ok(len)
+}
+
+/// Records snapshot `name` the machine presenting `presented` reports
+/// saved (blocking: it reads the sealed file).
+pub fn snapshot_saved(
+    app: &App,
+    presented: Option<&Result<CertInfo, PkiError>>,
+    name: &str,
+    saved: &drover_common::wire::SnapshotSaved,
+) -> Result<drover_common::api::Snapshot> {
+    let machine = authenticate(app, presented)?;
+    Ok(crate::domain::snapshots::record(
+        app, &machine, name, saved,
+    )?)
 }
 
 // ---------------------------------------------------------------- config

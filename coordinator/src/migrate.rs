@@ -51,13 +51,14 @@ const MAX_TXN_BYTES: usize = 1 << 20;
 /// The order objects are written in: secrets first, so a replica started
 /// too early finds the coordinator's keys instead of creating new ones (and
 /// then fails the migration's creates rather than being overwritten).
-const WRITE_ORDER: [Kind; 6] = [
+const WRITE_ORDER: [Kind; 7] = [
     Kind::Secret,
     Kind::JoinTokens,
     Kind::UserSecret,
     Kind::Cluster,
     Kind::RegistrationToken,
     Kind::Machine,
+    Kind::Snapshot,
 ];
 
 /// `drover store`.

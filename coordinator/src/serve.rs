@@ -701,6 +701,7 @@ pub async fn start(
                 bind: bound.ip(),
                 host: url_host(&advertise_urls[0]),
             },
+            snapshot_dir: cfg.data_dir.join("snapshots"),
         },
         listen_requests: listen_tx,
         audit: crate::domain::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(

@@ -119,6 +119,7 @@ pub fn pool_cluster(cp: u32, workers: u32) -> Cluster {
             health: None,
             drain: None,
             upgrade: None,
+            backup: None,
             files: vec![],
             pre_kubeadm_commands: vec![],
             post_kubeadm_commands: vec![],

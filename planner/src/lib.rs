@@ -17,13 +17,16 @@
 //!   machines a provider (docker, aws) creates; `rollout.rs` rolls a
 //!   provider cluster to a new version or image, `in_place.rs` upgrades a
 //!   pool cluster's machines where they stand, `addons.rs` applies the
-//!   spec's addons, and `drain.rs` holds back the removal of a machine
+//!   spec's addons, `backup.rs` asks for etcd snapshots, and `drain.rs`
+//!   holds back the removal of a machine
 //!   leaving on purpose until its Node is drained.
 //! - `fixtures.rs` (tests, and the `fixtures` feature for the coordinator's
 //!   tests): the objects every planner test builds on.
 
 mod addons;
 pub use addons::pending_addon;
+mod backup;
+pub use backup::{snapshot_due_at, SNAPSHOT_FAILED_RETRY, SNAPSHOT_TIMEOUT};
 mod drain;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;

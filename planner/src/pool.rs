@@ -656,6 +656,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             &plan_nodes(self.cluster, &owners, &via, self.observed.now),
         );
         super::addons::apply_addons(&mut self.status, self.cluster, &via, self.observed.now);
+        super::backup::apply_backup(&mut self.status, self.cluster, &via, self.observed.now);
         set_remediation_condition(&mut self.status, &self.paused);
         set_control_plane_lost(&mut self.status, &self.cluster.metadata.name, self.lost);
         if self.held.is_empty() {

@@ -765,6 +765,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             .collect();
         apply_nodes(&mut status, &plan_nodes(cluster, &owners, via, now));
         super::addons::apply_addons(&mut status, cluster, via, now);
+        super::backup::apply_backup(&mut status, cluster, via, now);
         set_remediation_condition(&mut status, &self.paused);
         status.rollout = rollout::rollout_status(
             cluster,

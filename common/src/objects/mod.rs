@@ -17,6 +17,7 @@ pub mod problem;
 pub mod registration;
 pub mod report;
 pub mod secret;
+pub mod snapshot;
 
 pub use addons::*;
 pub use cluster::*;
@@ -29,6 +30,7 @@ pub use problem::*;
 pub use registration::*;
 pub use report::*;
 pub use secret::*;
+pub use snapshot::*;
 
 pub use crate::names::CONTROL_PLANE_POOL;
 pub use crate::units::{parse_duration, parse_percent, UnitError};

@@ -6,8 +6,8 @@ use drover_common::api::{Cluster, Machine, RegistrationToken, SecretInfo};
 
 use crate::cli::client::{Client, ConnectArgs};
 use crate::cli::render::tables::{
-    clusters_table, coordinators_table, machines_rows, machines_table, secrets_table, tasks_table,
-    tokens_table,
+    clusters_table, coordinators_table, machines_rows, machines_table, secrets_table,
+    snapshots_table, tasks_table, tokens_table,
 };
 use crate::cli::render::{column_widths, object_name_of, print_table, printable, table_line};
 use crate::cli::{api_path, object_name, Output};
@@ -30,6 +30,9 @@ pub enum Resource {
     /// tokens only).
     #[value(alias = "secret")]
     Secrets,
+    /// Clusters' etcd snapshots; NAME, when given, is the cluster's.
+    #[value(alias = "snapshot")]
+    Snapshots,
 }
 
 #[derive(Debug, clap::Args)]
@@ -199,6 +202,14 @@ async fn fetch(client: &Client, g: &GetArgs) -> anyhow::Result<Listing> {
                 return Ok(l);
             }
             Listing::new("machine", &list, g.output, machines_table)
+        }
+        Resource::Snapshots => {
+            let path = match &g.name {
+                Some(cluster) => format!("/v1/snapshots?cluster={cluster}"),
+                None => "/v1/snapshots".to_owned(),
+            };
+            let list: Vec<drover_common::api::Snapshot> = client.get(&path).await?;
+            Listing::new("snapshot", &list, g.output, snapshots_table)
         }
         Resource::Tokens => {
             let list: Vec<RegistrationToken> = client.get("/v1/registrationtokens").await?;

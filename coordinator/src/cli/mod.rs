@@ -72,8 +72,9 @@ pub enum Command {
     /// Print this client's version and the coordinator's.
     Version(VersionArgs),
     /// Back up the coordinator's store while it serves (restore with
-    /// `drover store restore`).
-    Backup(BackupArgs),
+    /// `drover store restore`), or a cluster's etcd (`drover backup
+    /// cluster NAME`).
+    Backup(Box<BackupArgs>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -123,6 +124,6 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Revoke(r) => revoke::revoke(r).await,
         Command::Rollout(r) => rollout::rollout(r.command).await,
         Command::Version(v) => version::version(v).await,
-        Command::Backup(b) => backup::backup(b).await,
+        Command::Backup(b) => backup::backup(*b).await,
     }
 }

@@ -28,6 +28,9 @@ pub struct Settled {
     /// The cluster's machines and their revisions, by name.
     pub machines: Vec<(String, u64)>,
     pub heartbeat_timeout: Duration,
+    /// When the cluster's next scheduled etcd snapshot is due, if it has
+    /// a schedule.
+    pub snapshot_due: Option<time::OffsetDateTime>,
     /// When the full reconcile ran.
     pub at: tokio::time::Instant,
 }

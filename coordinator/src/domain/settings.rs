@@ -18,4 +18,7 @@ pub struct Settings {
     pub health_defaults: drover_planner::health::Policy,
     /// Managed control-plane endpoints: their ports and address.
     pub endpoints: crate::domain::endpoint::EndpointSettings,
+    /// Where the sealed etcd snapshots of clusters are kept
+    /// (`DATA_DIR/snapshots`).
+    pub snapshot_dir: std::path::PathBuf,
 }

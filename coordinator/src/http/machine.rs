@@ -19,6 +19,7 @@ use drover_common::wire::{
 use super::body::Body;
 use super::error::ApiError;
 use crate::app::App;
+use crate::domain::snapshots::SnapshotCallError;
 use crate::http::server::PeerCertificate;
 use crate::machine_service::{self, MachineCallError};
 use crate::protocol::identity::{AuthError, IssueError};
@@ -169,6 +170,128 @@ pub async fn renew(
     Ok(Json(renewed))
 }
 
+/// `GET /v1/machine/snapshots/{name}`: what the machine asked to save
+/// etcd snapshot `name` needs: the cluster's snapshot key and where to
+/// upload.
+#[utoipa::path(
+    get,
+    path = "/v1/machine/snapshots/{name}",
+    tag = "machine",
+    security(("machineCertificate" = [])),
+    params(("name" = String, Path, description = "The snapshot, as the directive named it.")),
+    responses(
+        (status = 200, description = "The grant.", body = drover_common::wire::SnapshotGrant),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
+        (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn snapshot_grant(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<PeerCertificate>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Json<drover_common::wire::SnapshotGrant>, ApiError> {
+    let grant = crate::store::blocking(move || {
+        machine_service::snapshot_grant(&app, peer.0.as_deref(), &name)
+    })
+    .await?;
+    Ok(Json(grant))
+}
+
+/// `PUT /v1/machine/snapshots/{name}/data`: the sealed snapshot, streamed
+/// to the coordinator's disk; kept only whole and matching the
+/// `Drover-Sealed-Sha256` header.
+#[utoipa::path(
+    put,
+    path = "/v1/machine/snapshots/{name}/data",
+    tag = "machine",
+    security(("machineCertificate" = [])),
+    params(
+        ("name" = String, Path, description = "The snapshot, as the directive named it."),
+        ("Drover-Sealed-Sha256" = Option<String>, Header, description = "SHA-256 (hex) of the sealed file; a body that does not match is discarded."),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The sealed snapshot (see `drover_common::snapshot`)."),
+    responses(
+        (status = 204, description = "Received whole."),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
+        (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 422, description = "The body does not match the SHA-256 it was sent with; nothing was kept.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn snapshot_upload(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<PeerCertificate>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<StatusCode, ApiError> {
+    let sha256 = headers
+        .get(drover_common::wire::SEALED_SHA256_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    machine_service::snapshot_upload(&app, peer.0.clone(), name, sha256, body).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/machine/snapshots/{name}`: snapshot `name` was saved and
+/// uploaded; the coordinator checks the sealed file against the report and
+/// records it.
+#[utoipa::path(
+    post,
+    path = "/v1/machine/snapshots/{name}",
+    tag = "machine",
+    security(("machineCertificate" = [])),
+    params(("name" = String, Path, description = "The snapshot, as the directive named it.")),
+    request_body = drover_common::wire::SnapshotSaved,
+    responses(
+        (status = 201, description = "Recorded.", body = drover_common::api::Snapshot),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::MachineUnauthorized),
+        (status = 403, response = super::responses::MachineForbidden),
+        (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more), or it was not uploaded.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+        (status = 422, description = "The report does not match the sealed file the coordinator holds.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn snapshot_saved(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<PeerCertificate>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    Body(saved): Body<drover_common::wire::SnapshotSaved>,
+) -> Result<(StatusCode, Json<drover_common::api::Snapshot>), ApiError> {
+    let snapshot = crate::store::blocking(move || {
+        machine_service::snapshot_saved(&app, peer.0.as_deref(), &name, &saved)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(snapshot)))
+}
+
+impl From<SnapshotCallError> for ApiError {
+    fn from(e: SnapshotCallError) -> Self {
+        let detail = e.to_string();
+        match e {
+            SnapshotCallError::NotAssigned { .. }
+            | SnapshotCallError::NotAsked { .. }
+            | SnapshotCallError::NotUploaded { .. } => ApiError::conflict(detail),
+            SnapshotCallError::TooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "Snapshot too large", detail)
+            }
+            SnapshotCallError::Mismatch { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Snapshot does not match",
+                detail,
+            ),
+            SnapshotCallError::Upload { .. } => ApiError::bad_request(detail),
+            SnapshotCallError::Io { .. } | SnapshotCallError::Key { .. } => {
+                ApiError::internal(detail)
+            }
+            SnapshotCallError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<MachineCallError> for ApiError {
     fn from(e: MachineCallError) -> Self {
         let detail = e.to_string();
@@ -225,6 +348,7 @@ impl From<MachineCallError> for ApiError {
                 e
             }
             MachineCallError::Encode(_) => ApiError::internal(detail),
+            MachineCallError::Snapshot(e) => e.into(),
         }
     }
 }

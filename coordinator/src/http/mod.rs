@@ -13,6 +13,7 @@ pub mod responses;
 pub mod secrets;
 pub mod security;
 pub mod server;
+pub mod snapshots;
 pub mod ui;
 
 use std::sync::Arc;
@@ -42,11 +43,26 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/machine/heartbeat", post(machine::heartbeat))
         .route("/v1/machine/config", get(machine::config))
         .route("/v1/machine/certificate", post(machine::renew))
+        .route(
+            "/v1/machine/snapshots/{name}",
+            get(machine::snapshot_grant).post(machine::snapshot_saved),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             leader_only,
         ))
         .route_layer(axum::middleware::from_fn(measure_machine_request));
+    // A sealed etcd snapshot is streamed to disk, up to
+    // `domain::snapshots::MAX_SEALED_BYTES`: outside the body size limit.
+    let snapshot_upload = Router::new()
+        .route(
+            "/v1/machine/snapshots/{name}/data",
+            axum::routing::put(machine::snapshot_upload),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            leader_only,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/livez", get(|| async { "ok" }))
@@ -74,6 +90,11 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/clusters/{name}/rollout/resume",
             post(admin::resume_rollout),
         )
+        .route(
+            "/v1/clusters/{name}/snapshots",
+            post(snapshots::request_snapshot),
+        )
+        .route("/v1/snapshots", get(snapshots::list_snapshots))
         .route("/v1/machines", get(admin::list_machines))
         .route("/v1/status", get(admin::status))
         .route(
@@ -113,6 +134,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(|| async { ApiError::not_found("route", "this path") })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_oversized))
+        .merge(snapshot_upload)
         // Outside the size check, so 413 refusals are audited too.
         .layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .layer(axum::middleware::from_fn(close_if_body_unread))

@@ -62,6 +62,11 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         machine::heartbeat,
         machine::config,
         machine::renew,
+        machine::snapshot_grant,
+        machine::snapshot_upload,
+        machine::snapshot_saved,
+        super::snapshots::request_snapshot,
+        super::snapshots::list_snapshots,
         security::list_admin_tokens,
         security::create_admin_token,
         security::revoke_admin_token,
@@ -271,11 +276,15 @@ mod tests {
             "/v1/status",
             "/v1/secrets/{name}",
             "/v1/backup",
+            "/v1/snapshots",
+            "/v1/clusters/{name}/snapshots",
+            "/v1/machine/snapshots/{name}",
+            "/v1/machine/snapshots/{name}/data",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 36);
+        assert_eq!(operations, 41);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -9,9 +9,9 @@
 use drover_common::api::{
     AddonApply, AddonPhase, AddonSource, CertificateRenewal, Cluster, ClusterStatus, DrainResult,
     EssentialAddonsUpgrade, EtcdRemoval, MachineUpgrade, MachineUpgradeStep, NodeDrain,
-    NodeRemoval, VersionUpdate, ADDON_APPLY_PREFIX, CERTIFICATE_RENEWAL_PREFIX, DRAIN_PREFIX,
-    ESSENTIAL_ADDONS_PREFIX, ETCD_REMOVAL_PREFIX, MACHINE_UPGRADE_PREFIX, NODE_DELETE_PREFIX,
-    UNCORDON_PREFIX, VERSION_UPDATE_PREFIX,
+    NodeRemoval, SnapshotSave, VersionUpdate, ADDON_APPLY_PREFIX, CERTIFICATE_RENEWAL_PREFIX,
+    DRAIN_PREFIX, ESSENTIAL_ADDONS_PREFIX, ETCD_REMOVAL_PREFIX, MACHINE_UPGRADE_PREFIX,
+    NODE_DELETE_PREFIX, SNAPSHOT_PREFIX, UNCORDON_PREFIX, VERSION_UPDATE_PREFIX,
 };
 use drover_common::wire::{Directive, DirectiveAction, DirectiveResult};
 use time::OffsetDateTime;
@@ -79,6 +79,9 @@ pub enum Reported {
         ok: bool,
         message: String,
     },
+    /// An etcd snapshot failed (one saved is recorded by the machine's
+    /// report, before its directive's result).
+    SnapshotFailed { snapshot: String, message: String },
 }
 
 impl Reported {
@@ -107,6 +110,7 @@ pub fn directives(cluster: &Cluster, me: &str) -> Vec<Directive> {
         of::<VersionUpdate>(cluster, me),
         of::<EssentialAddonsUpgrade>(cluster, me),
         of::<EtcdRemoval>(cluster, me),
+        of::<SnapshotSave>(cluster, me),
     ]
     .into_iter()
     .flatten()
@@ -141,6 +145,7 @@ pub fn record_results(
     each::<CertificateRenewal>(status, by, results, now, &mut out);
     each::<MachineUpgrade>(status, by, results, now, &mut out);
     each::<AddonApply>(status, by, results, now, &mut out);
+    each::<SnapshotSave>(status, by, results, now, &mut out);
     out
 }
 
@@ -153,6 +158,7 @@ pub fn is_recorded(result: &DirectiveResult) -> bool {
         || CertificateRenewal::answers(result)
         || MachineUpgrade::answers(result)
         || AddonApply::answers(result)
+        || SnapshotSave::answers(result)
 }
 
 /// Whether `result` ends a cleanup of the cluster (a member removal or a
@@ -209,6 +215,46 @@ impl InFlight for MachineUpgrade {
             machine: u.machine.clone(),
             step: u.step,
             ok: result.ok,
+            message: result.message.clone(),
+        })
+    }
+}
+
+impl InFlight for SnapshotSave {
+    const PREFIXES: &'static [&'static str] = &[SNAPSHOT_PREFIX];
+
+    fn under_way(status: &ClusterStatus) -> Option<&Self> {
+        status.snapshot.as_ref().filter(|s| s.under_way())
+    }
+
+    fn directive(&self, _: &Cluster, me: &str) -> Option<Directive> {
+        (self.via == me && self.under_way()).then(|| Directive {
+            id: self.directive_id(),
+            action: DirectiveAction::SaveEtcdSnapshot {
+                snapshot: self.name.clone(),
+            },
+        })
+    }
+
+    /// Only a failure: a snapshot saved was recorded by the machine's
+    /// report (`POST /v1/machine/snapshots/{name}`), which comes first.
+    fn record(
+        status: &mut ClusterStatus,
+        by: &str,
+        result: &DirectiveResult,
+        now: OffsetDateTime,
+    ) -> Option<Reported> {
+        if result.ok {
+            return None;
+        }
+        let s = status
+            .snapshot
+            .as_mut()
+            .filter(|s| s.via == by && s.directive_id() == result.id && s.under_way())?;
+        s.failed_at = Some(now);
+        s.error.clone_from(&result.message);
+        Some(Reported::SnapshotFailed {
+            snapshot: s.name.clone(),
             message: result.message.clone(),
         })
     }

@@ -222,7 +222,7 @@ fn on_change(app: &Arc<App>, c: &crate::store::Change) -> bool {
         }
         // Machine files may name an operator's Secret.
         Kind::UserSecret => enqueue_all(app),
-        Kind::RegistrationToken | Kind::Secret | Kind::JoinTokens => {}
+        Kind::RegistrationToken | Kind::Secret | Kind::JoinTokens | Kind::Snapshot => {}
     }
     true
 }
@@ -376,7 +376,14 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
     let requeue = if !is_settled {
         period
     } else {
+        let snapshot = drover_planner::snapshot_due_at(&cluster).map(|at| {
+            Duration::try_from(at - now + time::Duration::milliseconds(100))
+                .unwrap_or(Duration::from_millis(100))
+        });
         next_deadline(&mine, &observed)
+            .into_iter()
+            .chain(snapshot)
+            .min()
             .unwrap_or(RESYNC)
             .min(jittered(RESYNC, name))
     };
@@ -401,6 +408,7 @@ fn settled_mark(
             .map(|m| Some((m.metadata.name.clone(), revision(&m.metadata)?)))
             .collect::<Option<Vec<_>>>()?,
         heartbeat_timeout,
+        snapshot_due: drover_planner::snapshot_due_at(cluster),
         at: tokio::time::Instant::now(),
     })
 }
@@ -425,7 +433,10 @@ fn still_settled(app: &App, name: &str) -> Option<Duration> {
         return None;
     }
     let now = drover_common::now();
-    let mut first: Option<time::OffsetDateTime> = None;
+    if mark.snapshot_due.is_some_and(|due| due <= now) {
+        return None;
+    }
+    let mut first: Option<time::OffsetDateTime> = mark.snapshot_due;
     for (m, _) in &mark.machines {
         let deadline = app.last_seen(m)? + mark.heartbeat_timeout;
         if deadline <= now {
@@ -476,6 +487,8 @@ fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
         && s.version_update.is_none()
         && s.machine_upgrade.is_none()
         && s.addon_apply.is_none()
+        && s.snapshot_requested_at.is_none()
+        && s.snapshot.as_ref().is_none_or(|s| !s.under_way())
         && s.rollout.is_none()
         && s.addons.iter().all(|a| a.phase == AddonPhase::Applied)
         // A Node not Ready is judged after a timeout of its own.

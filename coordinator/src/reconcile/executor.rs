@@ -336,6 +336,9 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 .resource_version
                 .as_ref()
                 .and_then(|r| r.parse().ok());
+            crate::domain::snapshots::forget_cluster(app, cname, &uid).map_err(|e| {
+                StoreError::Backend(format!("forgetting the cluster's etcd snapshots: {e}"))
+            })?;
             for (kind, name) in [
                 (Kind::Secret, cluster_pki_name(cname)),
                 (Kind::JoinTokens, cname.clone()),
@@ -416,6 +419,19 @@ fn keep_operation_reports(
         &planned_from.essential_addons,
         &stored.essential_addons,
     );
+    // A snapshot saved or failed meanwhile, and one asked for meanwhile.
+    keep(
+        &mut wanted.snapshot,
+        &planned_from.snapshot,
+        &stored.snapshot,
+    );
+    keep(
+        &mut wanted.snapshot_requested_at,
+        &planned_from.snapshot_requested_at,
+        &stored.snapshot_requested_at,
+    );
+    // Only a machine's report names the last snapshot saved.
+    wanted.last_snapshot.clone_from(&stored.last_snapshot);
 }
 
 /// Why remediation pauses, when `planned` pauses it and `stored` did not.

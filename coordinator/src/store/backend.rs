@@ -14,6 +14,9 @@ pub enum Kind {
     JoinTokens,
     /// The operators' Secrets (`kind: Secret`), which machine files read.
     UserSecret,
+    /// Clusters' saved etcd snapshots (the records; the sealed files are
+    /// outside the store).
+    Snapshot,
 }
 
 impl Kind {
@@ -30,17 +33,19 @@ impl Kind {
             Kind::Secret => "secrets",
             Kind::JoinTokens => "jointokens",
             Kind::UserSecret => "usersecrets",
+            Kind::Snapshot => "snapshots",
         }
     }
 
     /// Every kind, for backends that map names back to kinds.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Cluster,
         Kind::Machine,
         Kind::RegistrationToken,
         Kind::Secret,
         Kind::JoinTokens,
         Kind::UserSecret,
+        Kind::Snapshot,
     ];
 
     /// The kind whose `as_str` is `s`.

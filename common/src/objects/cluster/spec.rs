@@ -65,6 +65,8 @@ pub struct ClusterSpec {
     pub drain: Option<DrainPolicy>,
     /// How machines made for an older version (or image) are rolled.
     pub upgrade: Option<UpgradePolicy>,
+    /// Etcd snapshots on a schedule, and how many are kept.
+    pub backup: Option<crate::objects::snapshot::BackupSpec>,
     /// Files every machine gets before kubeadm runs (a pool may add its
     /// own; `controlPlaneOnly` keeps one off workers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -210,6 +210,15 @@ pub struct ClusterStatus {
     /// The rollout under way: machines made for another version or image
     /// being replaced; absent when every machine is up to date.
     pub rollout: Option<RolloutStatus>,
+    /// The etcd snapshot asked of a running control plane, until it is
+    /// saved, or its failure until it is asked again.
+    pub snapshot: Option<crate::objects::snapshot::SnapshotSave>,
+    /// When `drover backup cluster` asked for a snapshot not yet asked of
+    /// a machine.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub snapshot_requested_at: Option<time::OffsetDateTime>,
+    /// The newest snapshot saved.
+    pub last_snapshot: Option<crate::objects::snapshot::SnapshotRef>,
     /// The machine that ran `kubeadm init`.
     pub init_machine: Option<String>,
     /// Whether `kubeadm init` has succeeded once for this cluster.

@@ -291,6 +291,11 @@ impl Cluster {
                 Err(e) => err("spec.upgrade.renewCertificatesBefore", e.to_string()),
             }
         }
+        if let Some(b) = &self.spec.backup {
+            for (field, message) in b.problems() {
+                err(field, message);
+            }
+        }
         if let Some(r) = &self.spec.control_plane.rollout {
             if r.max_surge.is_some_and(|s| s > 1) {
                 err(

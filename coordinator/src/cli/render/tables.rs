@@ -1,7 +1,7 @@
 //! The tables of `drover get` (and `drover token list`): one function per
 //! kind, a header row then one row per object; `wide` adds columns.
 
-use drover_common::api::{Cluster, Machine, RegistrationToken, SecretInfo};
+use drover_common::api::{Cluster, Machine, RegistrationToken, SecretInfo, Snapshot};
 
 use crate::cli::render::{age, health_summary};
 
@@ -25,6 +25,47 @@ pub(crate) fn secrets_table(list: &[SecretInfo], _wide: bool) -> Vec<Vec<String>
             s.keys.iter().map(|k| k.bytes).sum::<usize>().to_string(),
             age(s.metadata.creation_timestamp),
         ]);
+    }
+    rows
+}
+
+/// A size in bytes as people read it (KiB, MiB, GiB; powers of 1024).
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+pub(crate) fn snapshots_table(list: &[Snapshot], wide: bool) -> Vec<Vec<String>> {
+    let columns = [
+        "NAME", "CLUSTER", "AGE", "SIZE", "REVISION", "VERSION", "TRIGGER",
+    ];
+    let mut rows = header(&columns, &["MACHINE", "ETCD", "SHA256"], wide);
+    for s in list {
+        let mut row = vec![
+            s.metadata.name.clone(),
+            s.spec.cluster.clone(),
+            age(Some(s.status.saved_at)),
+            bytes(s.status.size),
+            s.status.revision.to_string(),
+            s.spec.kubernetes_version.clone(),
+            s.spec.trigger.to_string(),
+        ];
+        if wide {
+            row.push(s.spec.machine.clone());
+            row.push(s.status.etcd_version.clone());
+            row.push(s.status.sha256.clone());
+        }
+        rows.push(row);
     }
     rows
 }

@@ -1,0 +1,140 @@
+//! Clusters' etcd snapshots in the admin API: asking for one now, and
+//! listing those saved.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use drover_common::api::{Cluster, Snapshot};
+use serde::Deserialize;
+
+use super::admin::ObjectName;
+use super::auth::Admin;
+use super::error::ApiError;
+use crate::app::App;
+use crate::store::Kind;
+
+/// `POST /v1/clusters/{name}/snapshots`: asks for an etcd snapshot of the
+/// cluster now (`drover backup cluster`).
+///
+/// The reconciler asks it of a running control plane; the cluster's
+/// `status.snapshot` names it, then `status.lastSnapshot` once saved (or
+/// `status.snapshot.error` and the `SnapshotsCurrent` condition if it
+/// failed). A snapshot already asked for or under way is the answer to a
+/// second request.
+#[utoipa::path(
+    post,
+    path = "/v1/clusters/{name}/snapshots",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
+    responses(
+        (status = 202, description = "Asked for; the cluster as it stands.", body = Cluster),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 403, response = super::responses::Forbidden),
+        (status = 404, response = super::responses::NotFound),
+        (status = 409, response = super::responses::Conflict),
+    ),
+)]
+pub async fn request_snapshot(
+    State(app): State<Arc<App>>,
+    admin: Admin,
+    ObjectName(name): ObjectName,
+) -> Result<(StatusCode, Json<Cluster>), ApiError> {
+    admin.require_write()?;
+    let cluster = crate::store::blocking({
+        let (app, name) = (app.clone(), name.clone());
+        move || {
+            app.update_cluster::<ApiError>(&name, |c| {
+                if c.metadata.deletion_timestamp.is_some() {
+                    return Err(ApiError::conflict(format!(
+                        "cluster {name} is being deleted; no snapshot is taken"
+                    )));
+                }
+                if !c.status.initialized {
+                    return Err(ApiError::conflict(format!(
+                        "cluster {name} has not run kubeadm init yet: its etcd holds nothing to snapshot; ask again once it is Running"
+                    )));
+                }
+                let pending = c.status.snapshot_requested_at.is_some()
+                    || c.status.snapshot.as_ref().is_some_and(|s| s.under_way());
+                if pending {
+                    return Ok(false);
+                }
+                c.status.snapshot_requested_at = Some(drover_common::now());
+                Ok(true)
+            })
+        }
+    })
+    .await?
+    .ok_or_else(|| ApiError::not_found("cluster", &name))?;
+    tracing::info!(cluster = %name, by = %admin.token_id, "etcd snapshot requested");
+    app.reconcile_cluster(&name);
+    Ok((StatusCode::ACCEPTED, Json(cluster)))
+}
+
+/// `GET /v1/snapshots`'s query.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SnapshotQuery {
+    /// Only this cluster's snapshots.
+    pub cluster: Option<String>,
+}
+
+/// `GET /v1/snapshots`: the etcd snapshots saved, oldest first (by cluster
+/// when no cluster is named).
+#[utoipa::path(
+    get,
+    path = "/v1/snapshots",
+    tag = "clusters",
+    security(("adminToken" = [])),
+    params(SnapshotQuery),
+    responses(
+        (status = 200, description = "The snapshots.", body = Vec<Snapshot>),
+        (status = 400, response = super::responses::BadRequest),
+        (status = 401, response = super::responses::Unauthorized),
+        (status = 404, response = super::responses::NotFound),
+    ),
+)]
+pub async fn list_snapshots(
+    State(app): State<Arc<App>>,
+    _admin: Admin,
+    query: Result<Query<SnapshotQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<Snapshot>>, ApiError> {
+    let Query(query) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{}; the only parameter is cluster=NAME",
+            e.body_text()
+        ))
+    })?;
+    let snapshots = crate::store::blocking(move || -> Result<Vec<Snapshot>, ApiError> {
+        match &query.cluster {
+            Some(name) => {
+                drover_common::names::check_dns_label("cluster name", name)
+                    .map_err(|e| ApiError::bad_request(format!("cluster={name:?}: {e}")))?;
+                let cluster = app
+                    .cluster(name)?
+                    .ok_or_else(|| ApiError::not_found("cluster", name))?;
+                let uid = cluster.metadata.uid.unwrap_or_default();
+                Ok(crate::domain::snapshots::snapshots_of(&app, name, &uid)?)
+            }
+            None => {
+                let mut all: Vec<Snapshot> = app
+                    .store
+                    .list_json::<Snapshot>(Kind::Snapshot)?
+                    .into_iter()
+                    .map(|(s, _)| s)
+                    .collect();
+                all.sort_by(|a, b| {
+                    (&a.spec.cluster, a.status.saved_at).cmp(&(&b.spec.cluster, b.status.saved_at))
+                });
+                Ok(all)
+            }
+        }
+    })
+    .await?;
+    Ok(Json(snapshots))
+}
