@@ -64,6 +64,25 @@ pub struct AddonStatus {
     pub last_attempt_at: Option<OffsetDateTime>,
 }
 
+impl AddonStatus {
+    /// Records the outcome of an apply of the manifests with SHA-256
+    /// `hash` at `at`: applied, or failed once more with `message`.
+    pub fn record_attempt(&mut self, hash: String, ok: bool, message: &str, at: OffsetDateTime) {
+        self.hash = hash;
+        self.last_attempt_at = Some(at);
+        if ok {
+            self.phase = AddonPhase::Applied;
+            self.applied_at = Some(at);
+            self.failures = 0;
+            self.message.clear();
+        } else {
+            self.phase = AddonPhase::Failed;
+            self.failures += 1;
+            message.clone_into(&mut self.message);
+        }
+    }
+}
+
 /// An addon's phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum AddonPhase {
