@@ -215,13 +215,8 @@ impl ManifestDocument {
 /// The documents of a YAML stream, each checked to have `apiVersion`,
 /// `kind` and `metadata.name` (empty documents are skipped).
 pub fn manifest_documents(text: &str) -> Result<Vec<ManifestDocument>, ManifestError> {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| ManifestError::Yaml(e.to_string()))?;
     let mut out = Vec::new();
-    for (i, doc) in docs.into_iter().enumerate() {
-        if doc.is_null() {
-            continue;
-        }
+    for (i, doc) in crate::yaml_documents(text).map_err(ManifestError::Yaml)? {
         let index = i + 1;
         let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
         let name = doc["metadata"]["name"]
