@@ -185,29 +185,11 @@ impl Probing {
         let Some(client) = &self.client else {
             return vec![];
         };
-        let probes = candidates.iter().map(|a| ready(client, *a));
-        let answers = futures_util::future::join_all(probes).await;
-        candidates
-            .iter()
-            .copied()
-            .zip(answers)
-            .filter_map(|(a, ok)| ok.then_some(a))
-            .collect()
+        drover_common::tcp_proxy::ready_backends(client, candidates, "backend").await
     }
 }
 
 fn probe_client(ca_pem: &str) -> anyhow::Result<reqwest::Client> {
     let config = crate::tls::trust_only_config(ca_pem, "the cluster CA")?;
     Ok(crate::tls::local_client(config, PROBE_TIMEOUT)?)
-}
-
-/// Whether the API server at `addr` answers `/readyz` with 200.
-async fn ready(client: &reqwest::Client, addr: SocketAddr) -> bool {
-    match client.get(format!("https://{addr}/readyz")).send().await {
-        Ok(r) => r.status().is_success(),
-        Err(e) => {
-            tracing::debug!(%addr, error = %e, "backend not ready");
-            false
-        }
-    }
 }

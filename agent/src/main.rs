@@ -241,23 +241,11 @@ fn main() -> ExitCode {
         Some(Command::LoadBalancer(args)) => return load_balancer_main(args),
         Some(Command::Completion { shell }) => {
             use clap::CommandFactory;
-            use std::io::Write;
-            let script = drover_common::cli_docs::completion(&mut Cli::command(), shell);
-            let _ = std::io::stdout().write_all(&script);
-            return ExitCode::SUCCESS;
+            return drover_common::cli_docs::print_completion(Cli::command(), shell);
         }
         Some(Command::Man { dir }) => {
             use clap::CommandFactory;
-            return match drover_common::cli_docs::man_pages(Cli::command(), &dir) {
-                Ok(pages) => {
-                    println!("{} man pages written to {}", pages.len(), dir.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("drover-agent man: cannot write into {}: {e}", dir.display());
-                    ExitCode::FAILURE
-                }
-            };
+            return drover_common::cli_docs::write_man_pages(Cli::command(), &dir);
         }
         None => {}
     }

@@ -1,7 +1,9 @@
 //! Shell completions and man pages of a binary's command line (clap's
 //! `Command`), which `drover completion` and the packages use.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 /// A shell completions are written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -34,6 +36,30 @@ pub fn man_pages(cmd: clap::Command, dir: &Path) -> std::io::Result<Vec<PathBuf>
     cmd.build();
     write_pages(&cmd, cmd.get_name(), dir, &mut written)?;
     Ok(written)
+}
+
+/// `NAME completion SHELL`: prints `cmd`'s completion script for `shell`.
+pub fn print_completion(mut cmd: clap::Command, shell: Shell) -> ExitCode {
+    let script = completion(&mut cmd, shell);
+    // A closed pipe (`| head`) is the reader's choice, not a failure.
+    let _ = std::io::stdout().write_all(&script);
+    ExitCode::SUCCESS
+}
+
+/// `NAME man DIR`: writes `cmd`'s man pages into `dir` ([`man_pages`]) and
+/// says how many, or why not.
+pub fn write_man_pages(cmd: clap::Command, dir: &Path) -> ExitCode {
+    let name = cmd.get_name().to_owned();
+    match man_pages(cmd, dir) {
+        Ok(pages) => {
+            println!("{} man pages written to {}", pages.len(), dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{name} man: cannot write into {}: {e}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn write_pages(

@@ -328,13 +328,8 @@ pub enum ConfigError {
 
 /// Parses a kubeadm config file strictly, as kubeadm does.
 pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
     let mut out = KubeadmConfig::default();
-    for (index, doc) in docs.into_iter().enumerate() {
-        if doc.is_null() {
-            continue;
-        }
+    for (index, doc) in crate::yaml_documents(text).map_err(ConfigError::Yaml)? {
         let api_version = doc.get("apiVersion").and_then(|v| v.as_str());
         let kind = doc.get("kind").and_then(|v| v.as_str());
         let (Some(api_version), Some(kind)) = (api_version, kind) else {

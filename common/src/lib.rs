@@ -86,3 +86,16 @@ pub const CONTINUE_HEADER: &str = "drover-continue";
 pub fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
+
+/// The documents of a YAML stream that are not empty, each with its place
+/// in the stream (0 for the first); the parser's message when the text is
+/// not YAML.
+pub fn yaml_documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, String> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+    Ok(docs
+        .into_iter()
+        .enumerate()
+        .filter(|(_, doc)| !doc.is_null())
+        .collect())
+}

@@ -6,8 +6,9 @@
 //! Shared by the coordinator's managed endpoints (pool clusters) and the
 //! agent's `load-balancer` mode (the docker provider's load-balancer
 //! container). Which backends are healthy is the caller's to decide (each
-//! probes `/readyz` with the cluster's CA); this module only forwards. It is
-//! the one part of this crate that does IO, behind the `tcp-proxy` feature.
+//! probes `/readyz` with [`ready_backends`] and a client trusting the
+//! cluster's CA); this module only forwards. It is the one part of this
+//! crate that does IO, behind the `tcp-proxy` feature.
 //!
 //! Anyone who reaches the port may connect, and a proxied connection holds
 //! two open files (the client's and the backend's) of the process that
@@ -36,6 +37,31 @@ use crate::caps::{source_key, within_share};
 
 /// The backends new connections go to; replaced as a whole by the caller.
 pub type Backends = Arc<RwLock<Vec<SocketAddr>>>;
+
+/// The API servers among `candidates` that answer `/readyz` with 200,
+/// probed at once with `client` (which trusts the cluster's CA); `what`
+/// names a backend in the debug log of one that does not.
+pub async fn ready_backends(
+    client: &reqwest::Client,
+    candidates: &[SocketAddr],
+    what: &str,
+) -> Vec<SocketAddr> {
+    let probes = candidates.iter().map(|addr| async move {
+        match client.get(format!("https://{addr}/readyz")).send().await {
+            Ok(r) => r.status().is_success(),
+            Err(e) => {
+                tracing::debug!(%addr, error = %e, "{what} not ready");
+                false
+            }
+        }
+    });
+    let answers = futures_util::future::join_all(probes).await;
+    candidates
+        .iter()
+        .zip(answers)
+        .filter_map(|(a, ok)| ok.then_some(*a))
+        .collect()
+}
 
 /// How long a backend may take to accept a proxied connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -227,14 +227,22 @@ impl App {
 
     /// The clusters in `span`, by name, with their `resourceVersion`s.
     pub fn clusters_page(&self, span: Span<'_>) -> Result<Vec<Cluster>, StoreError> {
+        self.page(Kind::Cluster, span, with_revision)
+    }
+
+    /// The objects of `kind` in `span`, by name, each as `read` fills in
+    /// what the store keeps beside its body.
+    fn page<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: Kind,
+        span: Span<'_>,
+        read: impl FnMut((T, u64)) -> T,
+    ) -> Result<Vec<T>, StoreError> {
         Ok(self
             .store
-            .list_json_page::<Cluster>(Kind::Cluster, span)?
+            .list_json_page::<T>(kind, span)?
             .into_iter()
-            .map(|(mut c, rev)| {
-                c.metadata.resource_version = Some(rev.to_string());
-                c
-            })
+            .map(read)
             .collect())
     }
 
@@ -276,12 +284,7 @@ impl App {
 
     /// The machines in `span`, by name, as [`App::machines`] reads them.
     pub fn machines_page(&self, span: Span<'_>) -> Result<Vec<Machine>, StoreError> {
-        Ok(self
-            .store
-            .list_json_page::<Machine>(Kind::Machine, span)?
-            .into_iter()
-            .map(|(m, rev)| self.overlay(m, rev))
-            .collect())
+        self.page(Kind::Machine, span, |(m, rev)| self.overlay(m, rev))
     }
 
     /// Every machine of the cluster with UID `cluster_uid`, and maybe

@@ -93,23 +93,10 @@ fn main() -> ExitCode {
     let command = match cli.command {
         TopCommand::Store(args) => return migrate::run(args),
         TopCommand::Main(Command::Completion { shell }) => {
-            use std::io::Write;
-            let script = cli_docs::completion(&mut Cli::command(), shell);
-            // A closed pipe (`| head`) is the reader's choice, not a failure.
-            let _ = std::io::stdout().write_all(&script);
-            return ExitCode::SUCCESS;
+            return cli_docs::print_completion(Cli::command(), shell);
         }
         TopCommand::Main(Command::Man { dir }) => {
-            return match cli_docs::man_pages(Cli::command(), &dir) {
-                Ok(pages) => {
-                    println!("{} man pages written to {}", pages.len(), dir.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("drover man: cannot write into {}: {e}", dir.display());
-                    ExitCode::FAILURE
-                }
-            };
+            return cli_docs::write_man_pages(Cli::command(), &dir);
         }
         TopCommand::Main(command) => command,
     };

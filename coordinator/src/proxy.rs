@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use drover_common::api::Cluster;
-use drover_common::tcp_proxy::{accept_loop, Admission, Backends};
+use drover_common::tcp_proxy::{accept_loop, ready_backends, Admission, Backends};
 use tokio::net::TcpListener;
 
 use crate::app::App;
@@ -192,13 +192,7 @@ async fn refresh(
         }
         let proxy = &proxies[&uid];
         let candidates = recorded_backends(cluster);
-        let probes = candidates.iter().map(|addr| ready(&proxy.probe, *addr));
-        let answers = futures_util::future::join_all(probes).await;
-        let healthy: Vec<SocketAddr> = candidates
-            .iter()
-            .zip(answers)
-            .filter_map(|(a, ok)| ok.then_some(*a))
-            .collect();
+        let healthy = ready_backends(&proxy.probe, &candidates, "control-plane backend").await;
         let mut current = proxy.backends.write().expect("backends lock");
         if *current != healthy {
             tracing::info!(cluster = %name, port, backends = ?healthy, "managed endpoint backends changed");
@@ -265,15 +259,4 @@ fn recorded_backends(cluster: &Cluster) -> Vec<SocketAddr> {
         .flat_map(|lb| &lb.backends)
         .filter_map(|b| b.parse().ok())
         .collect()
-}
-
-/// Whether the API server at `addr` answers `/readyz` with 200.
-async fn ready(client: &reqwest::Client, addr: SocketAddr) -> bool {
-    match client.get(format!("https://{addr}/readyz")).send().await {
-        Ok(r) => r.status().is_success(),
-        Err(e) => {
-            tracing::debug!(%addr, error = %e, "control-plane backend not ready");
-            false
-        }
-    }
 }

@@ -247,18 +247,7 @@ mod tests {
     fn answer(s: &mut ClusterStatus, ok: bool, message: &str, at: OffsetDateTime) {
         let r = s.addon_apply.take().unwrap();
         let st = s.addons.iter_mut().find(|x| x.name == r.addon).unwrap();
-        st.hash = r.hash;
-        st.last_attempt_at = Some(at);
-        if ok {
-            st.phase = AddonPhase::Applied;
-            st.applied_at = Some(at);
-            st.failures = 0;
-            st.message.clear();
-        } else {
-            st.phase = AddonPhase::Failed;
-            st.failures += 1;
-            st.message = message.into();
-        }
+        st.record_attempt(r.hash, ok, message, at);
     }
 
     #[test]

@@ -44,17 +44,8 @@ pub(crate) fn gate_drains(
     let deleting = cluster.metadata.deletion_timestamp.is_some();
     let mut leaving: Vec<String> = steps
         .iter()
-        .filter_map(|s| match s {
-            Step::Release {
-                machine,
-                remediation: false,
-                ..
-            }
-            | Step::DeleteMachine {
-                machine,
-                remediation: false,
-                ..
-            } if !deleting => Some(machine.clone()),
+        .filter_map(|s| match s.removal() {
+            Some((machine, false)) if !deleting => Some(machine.clone()),
             _ => None,
         })
         .collect();
@@ -111,11 +102,9 @@ pub(crate) fn gate_drains(
             }
         }
     }
-    steps.retain(|s| match s {
-        Step::Release { machine, .. } | Step::DeleteMachine { machine, .. } => {
-            !held.contains(machine)
-        }
-        _ => true,
+    steps.retain(|s| {
+        s.removal()
+            .is_none_or(|(machine, _)| !held.contains(machine))
     });
     let had_condition = cluster
         .status

@@ -518,10 +518,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         let leaving: Vec<String> = self
             .steps
             .iter()
-            .filter_map(|s| match s {
-                Step::Release { machine, .. } => Some(machine.clone()),
-                _ => None,
-            })
+            .filter_map(|s| Some(s.removal()?.0.clone()))
             .collect();
         let backends = endpoint_backends(&self.live, &leaving);
         let recorded = self.cluster.status.load_balancer.as_ref();
@@ -530,12 +527,8 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         }
         let recorded: &[String] = recorded.map(|lb| &lb.backends[..]).unwrap_or_default();
         let live = &self.live;
-        self.steps.retain(|s| match s {
-            Step::Release {
-                machine,
-                remediation: false,
-                ..
-            } => !still_served(live, recorded, machine),
+        self.steps.retain(|s| match s.removal() {
+            Some((machine, false)) => !still_served(live, recorded, machine),
             _ => true,
         });
     }

@@ -677,10 +677,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
         let leaving: Vec<String> = self
             .steps
             .iter()
-            .filter_map(|s| match s {
-                Step::DeleteMachine { machine, .. } => Some(machine.clone()),
-                _ => None,
-            })
+            .filter_map(|s| Some(s.removal()?.0.clone()))
             .chain(self.etcd_leaving.iter().map(|m| m.metadata.name.clone()))
             .collect();
         let backends = endpoint_backends(&self.live, &leaving);
@@ -688,12 +685,8 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             self.steps.insert(0, Step::SetEndpointBackends { backends });
         }
         let live = &self.live;
-        self.steps.retain(|s| match s {
-            Step::DeleteMachine {
-                machine,
-                remediation: false,
-                ..
-            } => !still_served(live, &lb.backends, machine),
+        self.steps.retain(|s| match s.removal() {
+            Some((machine, false)) => !still_served(live, &lb.backends, machine),
             _ => true,
         });
         self.etcd_leaving

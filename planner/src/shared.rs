@@ -87,6 +87,27 @@ pub enum Step {
     Finalize,
 }
 
+impl Step {
+    /// The machine a removal takes out of the cluster (a pool plan releases
+    /// it, a provider plan deletes it), and whether it goes because it is
+    /// unhealthy.
+    pub(crate) fn removal(&self) -> Option<(&String, bool)> {
+        match self {
+            Step::Release {
+                machine,
+                remediation,
+                ..
+            }
+            | Step::DeleteMachine {
+                machine,
+                remediation,
+                ..
+            } => Some((machine, *remediation)),
+            _ => None,
+        }
+    }
+}
+
 /// What the planner needs to know beyond the objects.
 pub struct Observed<'a> {
     pub now: OffsetDateTime,

@@ -1533,20 +1533,16 @@ endpointPorts: {endpoint}-{endpoint}
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        shown.contains(&format!("listen: 127.0.0.1:{port}  # file\n")),
-        "{shown}"
-    );
-    assert!(shown.contains("heartbeatTimeout: 1m  # file\n"), "{shown}");
-    assert!(shown.contains("heartbeatInterval: 5s  # flag\n"), "{shown}");
-    assert!(
-        shown.contains("machineCertTtl: 24h  # default\n"),
-        "{shown}"
-    );
-    assert!(
-        shown.contains("# DROVER_ENCRYPTION_KEY is set (redacted)"),
-        "{shown}"
-    );
+    let listen = format!("listen: 127.0.0.1:{port}  # file\n");
+    for line in [
+        listen.as_str(),
+        "heartbeatTimeout: 1m  # file\n",
+        "heartbeatInterval: 5s  # flag\n",
+        "machineCertTtl: 24h  # default\n",
+        "# DROVER_ENCRYPTION_KEY is set (redacted)",
+    ] {
+        assert!(shown.contains(line), "{line:?} is not in {shown}");
+    }
     assert!(!shown.contains("ZHJvdmVyLXRlc3Qta2V5"), "{shown}");
 
     // A misspelt key and a bad value: exit 64, naming file, line and key,

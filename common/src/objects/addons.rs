@@ -64,6 +64,25 @@ pub struct AddonStatus {
     pub last_attempt_at: Option<OffsetDateTime>,
 }
 
+impl AddonStatus {
+    /// Records the outcome of an apply of the manifests with SHA-256
+    /// `hash` at `at`: applied, or failed once more with `message`.
+    pub fn record_attempt(&mut self, hash: String, ok: bool, message: &str, at: OffsetDateTime) {
+        self.hash = hash;
+        self.last_attempt_at = Some(at);
+        if ok {
+            self.phase = AddonPhase::Applied;
+            self.applied_at = Some(at);
+            self.failures = 0;
+            self.message.clear();
+        } else {
+            self.phase = AddonPhase::Failed;
+            self.failures += 1;
+            message.clone_into(&mut self.message);
+        }
+    }
+}
+
 /// An addon's phase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum AddonPhase {
@@ -196,13 +215,8 @@ impl ManifestDocument {
 /// The documents of a YAML stream, each checked to have `apiVersion`,
 /// `kind` and `metadata.name` (empty documents are skipped).
 pub fn manifest_documents(text: &str) -> Result<Vec<ManifestDocument>, ManifestError> {
-    let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| ManifestError::Yaml(e.to_string()))?;
     let mut out = Vec::new();
-    for (i, doc) in docs.into_iter().enumerate() {
-        if doc.is_null() {
-            continue;
-        }
+    for (i, doc) in crate::yaml_documents(text).map_err(ManifestError::Yaml)? {
         let index = i + 1;
         let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
         let name = doc["metadata"]["name"]

@@ -120,6 +120,11 @@ fn decrement<K: Ord>(counts: &mut BTreeMap<K, u64>, key: &K) {
     }
 }
 
+/// The counts as a list, in key order.
+fn counted<K: Clone>(counts: &BTreeMap<K, u64>) -> Vec<(K, u64)> {
+    counts.iter().map(|(k, n)| (k.clone(), *n)).collect()
+}
+
 /// The counts the web overview shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overview {
@@ -182,11 +187,7 @@ impl FleetSummary {
         }
         Overview {
             clusters: inner.clusters.len() as u64,
-            cluster_phases: inner
-                .cluster_phases
-                .iter()
-                .map(|(p, n)| (p.clone(), *n))
-                .collect(),
+            cluster_phases: counted(&inner.cluster_phases),
             machines: inner.machines.len() as u64,
             machine_phases: phases.into_iter().collect(),
             machine_health: health.into_iter().collect(),
@@ -213,19 +214,11 @@ impl FleetSummary {
 
 impl FleetGauges for FleetSummary {
     fn cluster_phases(&self) -> Vec<(String, u64)> {
-        self.lock()
-            .cluster_phases
-            .iter()
-            .map(|(p, n)| (p.clone(), *n))
-            .collect()
+        counted(&self.lock().cluster_phases)
     }
 
     fn machine_counts(&self) -> Vec<(MachineLabels, u64)> {
-        self.lock()
-            .machine_counts
-            .iter()
-            .map(|(l, n)| (l.clone(), *n))
-            .collect()
+        counted(&self.lock().machine_counts)
     }
 
     fn write_condition_series(&self, out: &mut String) {

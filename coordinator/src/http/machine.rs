@@ -137,10 +137,7 @@ pub async fn config(
     // Reads secrets and signs: off the async workers.
     let json =
         crate::store::blocking(move || machine_service::config(&app, peer.0.as_deref())).await?;
-    Ok(axum::response::IntoResponse::into_response((
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        json,
-    )))
+    Ok(super::typed_body("application/json", json))
 }
 
 /// `POST /v1/machine/certificate`: a fresh client certificate for a new key.

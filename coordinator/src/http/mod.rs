@@ -183,24 +183,22 @@ pub async fn metrics(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/openmetrics-text"));
     Ok(if openmetrics {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
+        typed_body(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
             text,
         )
-            .into_response()
     } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
+        typed_body(
+            "text/plain; version=0.0.4; charset=utf-8",
             crate::metrics::classic_text(&text),
         )
-            .into_response()
     })
+}
+
+/// A 200 answer of `body`, already in the form `content_type` names (a
+/// document serialised ahead, a rendered exposition, a stylesheet).
+pub(crate) fn typed_body(content_type: &'static str, body: impl IntoResponse) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// Records each machine API request's time and result in the metrics.

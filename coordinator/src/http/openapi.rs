@@ -5,8 +5,6 @@
 
 use std::sync::OnceLock;
 
-use axum::http::header;
-use axum::response::IntoResponse;
 use drover_common::api::Problem;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -213,8 +211,8 @@ pub fn document() -> &'static str {
         (status = 200, description = "The OpenAPI 3.1 document of this API.", body = Object, content_type = "application/json"),
     ),
 )]
-pub async fn openapi_json() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], document())
+pub async fn openapi_json() -> axum::response::Response {
+    super::typed_body("application/json", document())
 }
 
 /// `GET /healthz`: whether the coordinator serves requests (documentation

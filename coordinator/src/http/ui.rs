@@ -43,11 +43,7 @@ const ATTENTION_ROWS: usize = 50;
 
 /// `GET /ui/static/drover.css`.
 pub async fn stylesheet() -> Response {
-    let mut r = (
-        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
-        STYLESHEET,
-    )
-        .into_response();
+    let mut r = super::typed_body("text/css; charset=utf-8", STYLESHEET);
     harden(&mut r);
     r
 }

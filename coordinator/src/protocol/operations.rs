@@ -7,7 +7,7 @@
 //! nothing.
 
 use drover_common::api::{
-    AddonApply, AddonPhase, AddonSource, CertificateRenewal, Cluster, ClusterStatus, DrainResult,
+    AddonApply, AddonSource, CertificateRenewal, Cluster, ClusterStatus, DrainResult,
     EssentialAddonsUpgrade, EtcdRemoval, MachineUpgrade, MachineUpgradeStep, NodeDrain,
     NodeRemoval, SnapshotSave, VersionUpdate, ADDON_APPLY_PREFIX, CERTIFICATE_RENEWAL_PREFIX,
     DRAIN_PREFIX, ESSENTIAL_ADDONS_PREFIX, ETCD_REMOVAL_PREFIX, MACHINE_UPGRADE_PREFIX,
@@ -411,18 +411,7 @@ impl InFlight for AddonApply {
             .filter(|r| r.via == by && r.directive_id() == result.id)?;
         status.addon_apply = None;
         let st = status.addons.iter_mut().find(|x| x.name == r.addon)?;
-        st.hash = r.hash;
-        st.last_attempt_at = Some(now);
-        if result.ok {
-            st.phase = AddonPhase::Applied;
-            st.applied_at = Some(now);
-            st.failures = 0;
-            st.message.clear();
-        } else {
-            st.phase = AddonPhase::Failed;
-            st.failures += 1;
-            st.message.clone_from(&result.message);
-        }
+        st.record_attempt(r.hash, result.ok, &result.message, now);
         Some(Reported::Addon {
             addon: r.addon,
             ok: result.ok,
@@ -563,7 +552,7 @@ impl InFlight for EtcdRemoval {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_common::api::{AddonStatus, Cluster};
+    use drover_common::api::{AddonPhase, AddonStatus, Cluster};
 
     fn t0() -> OffsetDateTime {
         time::macros::datetime!(2026-01-01 00:00 UTC)

@@ -410,19 +410,10 @@ fn facts(i: &Instance) -> Option<InstanceFacts> {
 impl AwsProvider {
     /// Launches a machine of an `aws` cluster: picks its pool's template,
     /// records its subnet, then launches with its bootstrap document.
-    async fn create_machine(
-        &self,
-        cluster: &Cluster,
-        m: &Machine,
-        host: &dyn CreateHost,
-    ) -> Result<Created, ProviderError> {
+    async fn create_machine(&self, host: &dyn CreateHost) -> Result<Created, ProviderError> {
+        let (cluster, m) = (host.cluster(), host.machine());
         let ProviderSpec::Aws(spec) = &cluster.spec.provider else {
-            return Err(ProviderError::Failed {
-                provider: PROVIDER,
-                action: "launch",
-                object: format!("machine {}", m.metadata.name),
-                detail: format!("cluster {} is not an aws cluster", cluster.metadata.name),
-            });
+            return super::not_its_cluster(PROVIDER, "launch", host, "an aws cluster");
         };
         let pool = m
             .spec
@@ -582,7 +573,7 @@ impl AwsProvider {
 /// The `aws` provider of one region as a [`Provider`].
 impl Provider for AwsProvider {
     fn create<'a>(&'a self, host: &'a dyn CreateHost) -> Fut<'a, Created> {
-        Box::pin(self.create_machine(host.cluster(), host.machine(), host))
+        Box::pin(self.create_machine(host))
     }
 
     fn destroy<'a>(&'a self, _: &'a Cluster, machine: &'a Machine) -> Fut<'a, ()> {

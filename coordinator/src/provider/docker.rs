@@ -718,19 +718,10 @@ impl<'a> DockerEngine<'a> {
             .await
     }
 
-    async fn create_machine(
-        &self,
-        cluster: &Cluster,
-        m: &Machine,
-        host: &dyn CreateHost,
-    ) -> Result<Created, ProviderError> {
+    async fn create_machine(&self, host: &dyn CreateHost) -> Result<Created, ProviderError> {
+        let (cluster, m) = (host.cluster(), host.machine());
         let ProviderSpec::Docker(spec) = &cluster.spec.provider else {
-            return Err(ProviderError::Failed {
-                provider: PROVIDER,
-                action: "create",
-                object: format!("machine {}", m.metadata.name),
-                detail: format!("cluster {} is not a docker cluster", cluster.metadata.name),
-            });
+            return super::not_its_cluster(PROVIDER, "create", host, "a docker cluster");
         };
         let docker = self.docker().await?;
         let cluster_uid = cluster.metadata.uid.clone().unwrap_or_default();
@@ -828,7 +819,7 @@ impl<'a> DockerEngine<'a> {
 
 impl Provider for DockerEngine<'_> {
     fn create<'a>(&'a self, host: &'a dyn CreateHost) -> Fut<'a, Created> {
-        Box::pin(self.create_machine(host.cluster(), host.machine(), host))
+        Box::pin(self.create_machine(host))
     }
 
     fn destroy<'a>(&'a self, cluster: &'a Cluster, machine: &'a Machine) -> Fut<'a, ()> {

@@ -370,6 +370,22 @@ impl ProviderError {
     }
 }
 
+/// The refusal of `provider` to `action` the machine of `host`, whose
+/// cluster's spec names another provider (`expected`: "an aws cluster").
+pub(crate) fn not_its_cluster<T>(
+    provider: &'static str,
+    action: &'static str,
+    host: &dyn CreateHost,
+    expected: &str,
+) -> Result<T, ProviderError> {
+    Err(ProviderError::Failed {
+        provider,
+        action,
+        object: format!("machine {}", host.machine().metadata.name),
+        detail: format!("cluster {} is not {expected}", host.cluster().metadata.name),
+    })
+}
+
 /// Kinds of provider failure, each with its own back-off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "aws"), allow(dead_code))]

@@ -48,6 +48,10 @@ struct State {
 
 type Resp = Response<Full<Bytes>>;
 
+/// What a part of the API ([`workloads`], [`objects`], [`crds`]) makes of a
+/// request: its answer, or the request back when the path is not its own.
+type Routed = Result<Resp, Request<Incoming>>;
+
 /// Who is calling.
 #[derive(Debug, Clone)]
 enum Identity {

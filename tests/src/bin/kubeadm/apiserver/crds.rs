@@ -27,7 +27,7 @@ use super::objects::{
     apply_over_stored, bad_request, invalid, not_allowed, not_found, read_apply, shown_name, store,
     subdomain_problem,
 };
-use super::{forbidden, internal, json_resp, status, Identity, Resp, State};
+use super::{forbidden, internal, json_resp, status, Identity, Resp, Routed, State};
 
 pub(super) const GROUP: &str = "apiextensions.k8s.io";
 const GROUP_VERSION: &str = "apiextensions.k8s.io/v1";
@@ -184,11 +184,7 @@ fn nothing_here() -> Resp {
 
 /// Serves the apiextensions API and established custom resources; any
 /// other path goes back.
-pub(super) async fn route(
-    state: &State,
-    who: &Identity,
-    req: Request<Incoming>,
-) -> Result<Resp, Request<Incoming>> {
+pub(super) async fn route(state: &State, who: &Identity, req: Request<Incoming>) -> Routed {
     let path = req.uri().path().to_owned();
     if path == format!("/apis/{GROUP_VERSION}") {
         return Ok(json_resp(StatusCode::OK, &crd_discovery()));

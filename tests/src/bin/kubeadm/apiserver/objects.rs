@@ -13,7 +13,7 @@
 
 use serde_json::{json, Value};
 
-use super::{forbidden, internal, json_resp, read_body, status, Identity, Resp, State};
+use super::{forbidden, internal, json_resp, read_body, status, Identity, Resp, Routed, State};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 
@@ -212,11 +212,7 @@ fn target(path: &str) -> Option<Result<Target, &'static str>> {
 }
 
 /// Serves the objects of [`RESOURCES`]; anything else goes back.
-pub(super) async fn route(
-    state: &State,
-    who: &Identity,
-    req: Request<Incoming>,
-) -> Result<Resp, Request<Incoming>> {
+pub(super) async fn route(state: &State, who: &Identity, req: Request<Incoming>) -> Routed {
     let path = req.uri().path().to_owned();
     if ELSEWHERE.contains(&path.as_str()) {
         return Err(req);

@@ -20,7 +20,7 @@
 
 use serde_json::Value;
 
-use super::{forbidden, internal, json_resp, read_json, status, Identity, Resp, State};
+use super::{forbidden, internal, json_resp, read_json, status, Identity, Resp, Routed, State};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde_json::json;
@@ -109,11 +109,7 @@ fn target(path: &str) -> Option<Target> {
 }
 
 /// Serves the request if its path is one of this file's; `None` otherwise.
-pub(super) async fn route(
-    state: &State,
-    who: &Identity,
-    req: Request<Incoming>,
-) -> Result<Resp, Request<Incoming>> {
+pub(super) async fn route(state: &State, who: &Identity, req: Request<Incoming>) -> Routed {
     let Some(target) = target(req.uri().path()) else {
         return Err(req);
     };
