@@ -329,7 +329,7 @@ pub enum ConfigError {
 /// Parses a kubeadm config file strictly, as kubeadm does.
 pub fn parse_config(text: &str) -> Result<KubeadmConfig, ConfigError> {
     let mut out = KubeadmConfig::default();
-    for (index, doc) in crate::yaml_documents(text).map_err(ConfigError::Yaml)? {
+    for (index, doc) in crate::yaml_documents(text).map_err(|e| ConfigError::Yaml(e.0))? {
         let api_version = doc.get("apiVersion").and_then(|v| v.as_str());
         let kind = doc.get("kind").and_then(|v| v.as_str());
         let (Some(api_version), Some(kind)) = (api_version, kind) else {

@@ -87,12 +87,16 @@ pub fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
 
+/// Why a text is not a YAML stream: the parser's message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotYaml(pub String);
+
 /// The documents of a YAML stream that are not empty, each with its place
-/// in the stream (0 for the first); the parser's message when the text is
-/// not YAML.
-pub fn yaml_documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, String> {
+/// in the stream (0 for the first).
+pub fn yaml_documents(text: &str) -> Result<Vec<(usize, serde_json::Value)>, NotYaml> {
     let docs: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+        serde_saphyr::from_multiple(text).map_err(|e| NotYaml(e.to_string()))?;
     Ok(docs
         .into_iter()
         .enumerate()

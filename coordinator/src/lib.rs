@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod reconcile;
 pub mod restore;
 pub mod serve;
+pub mod snapshots;
 pub mod store;
 pub mod summary;
 pub mod tasks;

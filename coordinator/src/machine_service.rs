@@ -70,7 +70,7 @@ pub enum MachineCallError {
     #[error("{0}")]
     Encode(#[from] serde_json::Error),
     #[error(transparent)]
-    Snapshot(#[from] crate::domain::snapshots::SnapshotCallError),
+    Snapshot(#[from] crate::snapshots::SnapshotCallError),
 }
 
 type Result<T, E = MachineCallError> = std::result::Result<T, E>;
@@ -638,7 +638,7 @@ pub fn snapshot_grant(
     name: &str,
 ) -> Result<drover_common::wire::SnapshotGrant> {
     let machine = authenticate(app, presented)?;
-    Ok(crate::domain::snapshots::grant(app, &machine, name)?)
+    Ok(crate::snapshots::grant(app, &machine, name)?)
 }
 
 /// Takes the sealed snapshot `name` the machine presenting `presented`
@@ -651,9 +651,9 @@ pub async fn snapshot_upload(
     sha256: Option<String>,
     body: axum::body::Body,
 ) -> Result<u64> {
-    use crate::domain::snapshots::{SnapshotCallError, Upload};
+    use crate::snapshots::{SnapshotCallError, Upload};
     use futures_util::StreamExt;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, String>>(8);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, axum::Error>>(8);
     let writer = {
         let (app, name) = (app.clone(), name.clone());
         crate::store::blocking(move || -> Result<u64> {
@@ -662,9 +662,9 @@ pub async fn snapshot_upload(
             while let Some(piece) = rx.blocking_recv() {
                 let written = match piece {
                     Ok(bytes) => upload.write(&bytes),
-                    Err(detail) => Err(SnapshotCallError::Upload {
+                    Err(e) => Err(SnapshotCallError::Upload {
                         snapshot: name.clone(),
-                        detail,
+                        detail: e.to_string(),
                     }),
                 };
                 if let Err(e) = written {
@@ -678,7 +678,6 @@ pub async fn snapshot_upload(
     let reader = async move {
         let mut stream = body.into_data_stream();
         while let Some(piece) = stream.next().await {
-            let piece = piece.map_err(|e| e.to_string());
             let failed = piece.is_err();
             // The writer stopped (it refused the upload): its error says why.
             if tx.send(piece).await.is_err() || failed {
@@ -701,9 +700,7 @@ pub fn snapshot_saved(
     saved: &drover_common::wire::SnapshotSaved,
 ) -> Result<drover_common::api::Snapshot> {
     let machine = authenticate(app, presented)?;
-    Ok(crate::domain::snapshots::record(
-        app, &machine, name, saved,
-    )?)
+    Ok(crate::snapshots::record(app, &machine, name, saved)?)
 }
 
 // ---------------------------------------------------------------- config

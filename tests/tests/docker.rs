@@ -332,6 +332,14 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
     );
     let table = c.cli_ok(&["get", "snapshots"]);
     assert!(table.contains("Manual") && table.contains(&name), "{table}");
+    let described = c.cli_ok(&["describe", "cluster", &name]);
+    assert!(
+        described.contains(&format!(
+            "last saved:   {}",
+            snap["metadata"]["name"].as_str().unwrap()
+        )),
+        "{described}"
+    );
 
     c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "120s"]);
     assert!(all_containers(&name).is_empty(), "containers left behind");

@@ -216,7 +216,7 @@ impl ManifestDocument {
 /// `kind` and `metadata.name` (empty documents are skipped).
 pub fn manifest_documents(text: &str) -> Result<Vec<ManifestDocument>, ManifestError> {
     let mut out = Vec::new();
-    for (i, doc) in crate::yaml_documents(text).map_err(ManifestError::Yaml)? {
+    for (i, doc) in crate::yaml_documents(text).map_err(|e| ManifestError::Yaml(e.0))? {
         let index = i + 1;
         let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
         let name = doc["metadata"]["name"]

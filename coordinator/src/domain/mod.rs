@@ -20,6 +20,5 @@ pub mod removal;
 pub mod replicas;
 pub mod secrets;
 pub mod settings;
-pub mod snapshots;
 pub mod user_secrets;
 pub mod workqueue;

@@ -19,12 +19,12 @@ use drover_common::wire::{
 use super::body::Body;
 use super::error::ApiError;
 use crate::app::App;
-use crate::domain::snapshots::SnapshotCallError;
 use crate::http::server::PeerCertificate;
 use crate::machine_service::{self, MachineCallError};
 use crate::protocol::identity::{AuthError, IssueError};
 use crate::protocol::register::RegisterError;
 use crate::protocol::renewal::RenewError;
+use crate::snapshots::SnapshotCallError;
 
 /// `POST /v1/machine/register`: redeem a ticket, get a client certificate.
 ///

@@ -53,7 +53,7 @@ pub fn router(app: Arc<App>) -> Router {
         ))
         .route_layer(axum::middleware::from_fn(measure_machine_request));
     // A sealed etcd snapshot is streamed to disk, up to
-    // `domain::snapshots::MAX_SEALED_BYTES`: outside the body size limit.
+    // `snapshots::MAX_SEALED_BYTES`: outside the body size limit.
     let snapshot_upload = Router::new()
         .route(
             "/v1/machine/snapshots/{name}/data",

@@ -119,7 +119,7 @@ pub async fn list_snapshots(
                     .cluster(name)?
                     .ok_or_else(|| ApiError::not_found("cluster", name))?;
                 let uid = cluster.metadata.uid.unwrap_or_default();
-                Ok(crate::domain::snapshots::snapshots_of(&app, name, &uid)?)
+                Ok(crate::snapshots::snapshots_of(&app, name, &uid)?)
             }
             None => {
                 let mut all: Vec<Snapshot> = app

@@ -336,7 +336,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 .resource_version
                 .as_ref()
                 .and_then(|r| r.parse().ok());
-            crate::domain::snapshots::forget_cluster(app, cname, &uid).map_err(|e| {
+            crate::snapshots::forget_cluster(app, cname, &uid).map_err(|e| {
                 StoreError::Backend(format!("forgetting the cluster's etcd snapshots: {e}"))
             })?;
             for (kind, name) in [

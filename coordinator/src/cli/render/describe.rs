@@ -438,6 +438,7 @@ pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             printable(&r.reason)
         );
     }
+    describe_snapshots(&mut o, c);
     if !c.status.addons.is_empty() {
         let _ = writeln!(o, "Addons:");
         for (i, a) in c.status.addons.iter().enumerate() {
@@ -515,4 +516,54 @@ pub(crate) fn describe_secret(s: &SecretInfo, clusters: &[Cluster]) -> String {
         let _ = writeln!(out, "  no cluster");
     }
     out
+}
+
+/// The cluster's etcd snapshots: the schedule, the last one saved, the one
+/// asked or its failure.
+fn describe_snapshots(o: &mut String, c: &Cluster) {
+    use std::fmt::Write;
+    let s = &c.status;
+    let every = c.spec.backup.as_ref().and_then(|b| b.every.as_deref());
+    if every.is_none() && s.last_snapshot.is_none() && s.snapshot.is_none() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "Snapshots:      {}",
+        match every {
+            Some(e) => format!("every {}", printable(e)),
+            None => "on demand (`drover backup cluster`)".to_owned(),
+        }
+    );
+    if let Some(l) = &s.last_snapshot {
+        let _ = writeln!(
+            o,
+            "  last saved:   {} at {} (etcd revision {}, {} bytes)",
+            printable(&l.name),
+            l.saved_at,
+            l.revision,
+            l.size
+        );
+    }
+    match &s.snapshot {
+        Some(op) if op.under_way() => {
+            let _ = writeln!(
+                o,
+                "  saving:       {} on {} since {}",
+                printable(&op.name),
+                printable(&op.via),
+                op.requested_at
+            );
+        }
+        Some(op) => {
+            let _ = writeln!(
+                o,
+                "  failed:       {} on {}: {}",
+                printable(&op.name),
+                printable(&op.via),
+                printable(&op.error)
+            );
+        }
+        None => {}
+    }
 }

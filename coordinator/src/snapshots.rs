@@ -543,7 +543,10 @@ mod tests {
 
         // Not the machine asked, not the snapshot asked.
         let err = super::grant(&app, &w, "c-20261128-010000").unwrap_err();
-        assert!(err.to_string().contains("asks c-20261128-010000 of cp"), "{err}");
+        assert!(
+            err.to_string().contains("asks c-20261128-010000 of cp"),
+            "{err}"
+        );
         let err = super::grant(&app, &cp, "c-other").unwrap_err();
         assert!(matches!(err, SnapshotCallError::NotAsked { .. }), "{err}");
 
@@ -557,9 +560,15 @@ mod tests {
         assert!(!path.exists() && !partial(&path).exists());
         // Reported before it was uploaded: refused.
         let err = record(&app, &cp, "c-20261128-010000", &saved_of(&body)).unwrap_err();
-        assert!(matches!(err, SnapshotCallError::NotUploaded { .. }), "{err}");
+        assert!(
+            matches!(err, SnapshotCallError::NotUploaded { .. }),
+            "{err}"
+        );
 
-        assert_eq!(upload(&app, &cp, "c-20261128-010000", &body).unwrap(), 10_000);
+        assert_eq!(
+            upload(&app, &cp, "c-20261128-010000", &body).unwrap(),
+            10_000
+        );
         // A report that does not match the file is refused.
         let mut wrong = saved_of(&body);
         wrong.sealed_size += 1;
@@ -578,7 +587,10 @@ mod tests {
         );
         // Once recorded, it is no longer asked: a second upload is refused.
         let err = Upload::start(&app, &cp, "c-20261128-010000").err().unwrap();
-        assert!(err.to_string().contains("asks for no snapshot now"), "{err}");
+        assert!(
+            err.to_string().contains("asks for no snapshot now"),
+            "{err}"
+        );
         assert_eq!(snapshots_of(&app, "c", "cu").unwrap().len(), 1);
     }
 
@@ -586,7 +598,11 @@ mod tests {
     async fn retention_prunes_records_and_files_and_a_deleted_cluster_forgets_all() {
         let dir = tempfile::tempdir().unwrap();
         let app = App::for_tests(dir.path());
-        let names = ["c-20261128-010000", "c-20261128-020000", "c-20261128-030000"];
+        let names = [
+            "c-20261128-010000",
+            "c-20261128-020000",
+            "c-20261128-030000",
+        ];
         for name in names {
             let (cp, _) = asking(&app, name, 2);
             grant(&app, &cp, name).unwrap();
