@@ -525,6 +525,10 @@ impl Metrics {
         }
         out.push_str(CLUSTER_CONDITION_HEADER);
         state.fleet.write_condition_series(&mut out);
+        out.push_str(SNAPSHOT_AGE_HEADER);
+        state
+            .fleet
+            .write_snapshot_ages(&mut out, drover_common::now().unix_timestamp());
         out.push_str("# EOF\n");
         out
     }
@@ -532,6 +536,9 @@ impl Metrics {
 
 /// The family lines of `drover_cluster_condition`.
 const CLUSTER_CONDITION_HEADER: &str = "# HELP drover_cluster_condition One series per cluster and condition type, with the condition's status and reason as labels; the value is 1.\n# TYPE drover_cluster_condition gauge\n";
+
+/// The family lines of `drover_snapshot_age_seconds`.
+const SNAPSHOT_AGE_HEADER: &str = "# HELP drover_snapshot_age_seconds How long ago each cluster's newest etcd snapshot was saved (clusters with none saved have no series).\n# TYPE drover_snapshot_age_seconds gauge\n# UNIT drover_snapshot_age_seconds seconds\n";
 
 /// Appends the `drover_cluster_condition` series of one condition of
 /// `cluster` to `out`: the fleet summary renders a cluster's series when
@@ -550,7 +557,7 @@ pub fn write_condition_series(out: &mut String, cluster: &str, [type_, status, r
 
 /// A label value as the exposition formats quote it: backslash, double
 /// quote and line feed escaped.
-fn escape_label(out: &mut String, value: &str) {
+pub fn escape_label(out: &mut String, value: &str) {
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -620,6 +627,9 @@ pub trait FleetGauges {
     /// Appends the `drover_cluster_condition` series of every condition of
     /// every cluster, each as [`write_condition_series`] writes it.
     fn write_condition_series(&self, out: &mut String);
+    /// Appends the `drover_snapshot_age_seconds` series of every cluster
+    /// with a snapshot saved, its age at `now` (Unix seconds).
+    fn write_snapshot_ages(&self, out: &mut String, now: i64);
 }
 
 /// The server's connection counts at a scrape (the HTTP layer fills it;
@@ -649,6 +659,9 @@ mod tests {
         fn write_condition_series(&self, out: &mut String) {
             write_condition_series(out, "web", ["Ready", "True", "ControlPlaneUp"]);
             write_condition_series(out, "odd", ["Ready", "False", "a \"quoted\" \\ reason"]);
+        }
+        fn write_snapshot_ages(&self, out: &mut String, _now: i64) {
+            out.push_str("drover_snapshot_age_seconds{cluster=\"web\"} 90\n");
         }
     }
 
@@ -686,6 +699,7 @@ mod tests {
             "drover_clusters{phase=\"Running\"} 3",
             "drover_cluster_condition{cluster=\"web\",condition=\"Ready\",status=\"True\",reason=\"ControlPlaneUp\"} 1",
             "drover_cluster_condition{cluster=\"odd\",condition=\"Ready\",status=\"False\",reason=\"a \\\"quoted\\\" \\\\ reason\"} 1",
+            "# TYPE drover_snapshot_age_seconds gauge\n# UNIT drover_snapshot_age_seconds seconds\ndrover_snapshot_age_seconds{cluster=\"web\"} 90\n# EOF\n",
         ] {
             assert!(text.contains(want), "{want} is missing from\n{text}");
         }

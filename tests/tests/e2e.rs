@@ -2988,7 +2988,7 @@ scrape_configs:
             .flat_map(|g| g["rules"].as_array().into_iter().flatten())
             .collect();
         let names: Vec<&str> = rules.iter().filter_map(|r| r["name"].as_str()).collect();
-        let evaluated = rules.len() == 3
+        let evaluated = rules.len() == 4
             && rules
                 .iter()
                 .all(|r| r["health"] == "ok" && r["state"] == "inactive");

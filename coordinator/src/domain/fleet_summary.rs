@@ -46,6 +46,10 @@ struct ClusterEntry {
     phase: ClusterPhase,
     /// Its `drover_cluster_condition` series, rendered when it changes.
     condition_series: String,
+    /// When its newest etcd snapshot was saved (Unix seconds), and the
+    /// `cluster` label of its `drover_snapshot_age_seconds` series, which
+    /// a scrape completes with the age then.
+    snapshot: Option<(i64, String)>,
 }
 
 impl ClusterEntry {
@@ -58,9 +62,16 @@ impl ClusterEntry {
                 [&k.type_, &k.status, &k.reason],
             );
         }
+        let snapshot = c.status.last_snapshot.as_ref().map(|l| {
+            let mut series = String::from("drover_snapshot_age_seconds{cluster=\"");
+            crate::metrics::escape_label(&mut series, &c.metadata.name);
+            series.push_str("\"} ");
+            (l.saved_at.unix_timestamp(), series)
+        });
         Self {
             phase: c.status.phase,
             condition_series,
+            snapshot,
         }
     }
 }
@@ -227,6 +238,15 @@ impl FleetGauges for FleetSummary {
             out.push_str(&entry.condition_series);
         }
     }
+
+    fn write_snapshot_ages(&self, out: &mut String, now: i64) {
+        use std::fmt::Write;
+        let inner = self.lock();
+        for (saved_at, series) in inner.clusters.values().filter_map(|e| e.snapshot.as_ref()) {
+            out.push_str(series);
+            let _ = writeln!(out, "{}", (now - saved_at).max(0));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -313,6 +333,25 @@ mod tests {
         );
         assert_eq!(conditions(&s), ["a/Ready/True/Because"]);
         assert_eq!(s.cluster_phases(), [("Running".to_owned(), 1)]);
+
+        // A snapshot saved: its age at each scrape; none for a cluster
+        // without one.
+        let mut a3 = cluster("a", ClusterPhase::Running, "True");
+        let saved_at = fixtures::t0();
+        a3.status.last_snapshot = Some(drover_common::api::SnapshotRef {
+            name: "a-1".into(),
+            saved_at,
+            revision: 9,
+            size: 1,
+        });
+        s.cluster_changed("a", Some(&a3));
+        let mut ages = String::new();
+        s.write_snapshot_ages(&mut ages, saved_at.unix_timestamp() + 75);
+        assert_eq!(ages, "drover_snapshot_age_seconds{cluster=\"a\"} 75\n");
+        s.cluster_changed("a", Some(&cluster("a", ClusterPhase::Running, "True")));
+        let mut none = String::new();
+        s.write_snapshot_ages(&mut none, 0);
+        assert_eq!(none, "");
         // A count that falls to zero leaves no series behind.
         assert!(s.machine_counts().iter().all(|(l, _)| l.provider == "pool"));
     }
