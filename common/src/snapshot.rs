@@ -117,25 +117,70 @@ pub struct Digest256 {
     pub sha256: String,
 }
 
-fn nonce(prefix: &[u8; 7], counter: u32, last: bool) -> Nonce {
-    let mut n = [0u8; 12];
-    n[..7].copy_from_slice(prefix);
-    n[7..11].copy_from_slice(&counter.to_be_bytes());
-    n[11] = u8::from(last);
-    Nonce::assume_unique_for_key(n)
+/// What sealing and opening share: the key, the associated data (the whole
+/// header), the nonce prefix, the number of the next chunk, and the size
+/// and hash of the snapshot's bytes so far.
+struct Chunks {
+    key: LessSafeKey,
+    aad: Vec<u8>,
+    prefix: [u8; 7],
+    counter: u32,
+    hash: Sha256,
+    size: u64,
+    snapshot: String,
+}
+
+impl Chunks {
+    fn new(key: &SnapshotKey, aad: Vec<u8>, prefix: [u8; 7], snapshot: &str) -> Self {
+        Self {
+            key: key.aead(),
+            aad,
+            prefix,
+            counter: 0,
+            hash: Sha256::new(),
+            size: 0,
+            snapshot: snapshot.to_owned(),
+        }
+    }
+
+    /// The nonce of the next chunk: the prefix, its number, and whether it
+    /// is the last.
+    fn nonce(&self, last: bool) -> Nonce {
+        let mut n = [0u8; 12];
+        n[..7].copy_from_slice(&self.prefix);
+        n[7..11].copy_from_slice(&self.counter.to_be_bytes());
+        n[11] = u8::from(last);
+        Nonce::assume_unique_for_key(n)
+    }
+
+    /// Counts `plain`, bytes of the snapshot.
+    fn count(&mut self, plain: &[u8]) {
+        self.hash.update(plain);
+        self.size += plain.len() as u64;
+    }
+
+    /// Moves on to the next chunk.
+    fn advance(&mut self) -> Result<(), SnapshotError> {
+        self.counter = self
+            .counter
+            .checked_add(1)
+            .ok_or_else(|| SnapshotError::TooLong(self.snapshot.clone()))?;
+        Ok(())
+    }
+
+    fn digest(self) -> Digest256 {
+        Digest256 {
+            size: self.size,
+            sha256: hex::encode(self.hash.finalize()),
+        }
+    }
 }
 
 /// Seals a snapshot as it is read: feed it in pieces of any size, take the
 /// sealed bytes as they come.
 pub struct Sealer {
-    key: LessSafeKey,
-    aad: Vec<u8>,
-    prefix: [u8; 7],
-    counter: u32,
+    chunks: Chunks,
     pending: Vec<u8>,
-    hash: Sha256,
-    size: u64,
-    snapshot: String,
 }
 
 impl Sealer {
@@ -163,44 +208,28 @@ impl Sealer {
         head.extend_from_slice(&(json.len() as u32).to_be_bytes());
         head.extend_from_slice(&json);
         let sealer = Self {
-            key: key.aead(),
-            aad: head.clone(),
-            prefix,
-            counter: 0,
+            chunks: Chunks::new(key, head.clone(), prefix, snapshot),
             pending: Vec::with_capacity(CHUNK_SIZE),
-            hash: Sha256::new(),
-            size: 0,
-            snapshot: snapshot.to_owned(),
         };
         (sealer, head)
     }
 
     fn seal_chunk(&mut self, last: bool, out: &mut Vec<u8>) -> Result<(), SnapshotError> {
-        let mut chunk = std::mem::take(&mut self.pending);
-        let tag = self
+        let c = &mut self.chunks;
+        let tag = c
             .key
-            .seal_in_place_separate_tag(
-                nonce(&self.prefix, self.counter, last),
-                Aad::from(&self.aad),
-                &mut chunk,
-            )
+            .seal_in_place_separate_tag(c.nonce(last), Aad::from(&c.aad), &mut self.pending)
             .expect("AES-GCM seals any chunk this size");
-        out.extend_from_slice(&chunk);
+        out.extend_from_slice(&self.pending);
         out.extend_from_slice(tag.as_ref());
-        chunk.clear();
-        self.pending = chunk;
-        self.counter = self
-            .counter
-            .checked_add(1)
-            .ok_or_else(|| SnapshotError::TooLong(self.snapshot.clone()))?;
-        Ok(())
+        self.pending.clear();
+        c.advance()
     }
 
     /// Seals `data`, the snapshot's next bytes, appending to `out` every
     /// chunk that is known not to be the last.
     pub fn update(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), SnapshotError> {
-        self.hash.update(data);
-        self.size += data.len() as u64;
+        self.chunks.count(data);
         while !data.is_empty() {
             // A full chunk is sealed only once a byte after it arrives: until
             // then it may be the last.
@@ -217,10 +246,7 @@ impl Sealer {
     /// Seals what is left as the last chunk; the snapshot's size and hash.
     pub fn finish(mut self, out: &mut Vec<u8>) -> Result<Digest256, SnapshotError> {
         self.seal_chunk(true, out)?;
-        Ok(Digest256 {
-            size: self.size,
-            sha256: hex::encode(self.hash.finalize()),
-        })
+        Ok(self.chunks.digest())
     }
 }
 
@@ -264,14 +290,10 @@ pub fn read_header(bytes: &[u8]) -> Result<Option<(SnapshotHeader, usize)>, Snap
 
 /// Opens a sealed snapshot as it is read, after its header.
 pub struct Opener {
-    key: LessSafeKey,
-    aad: Vec<u8>,
-    prefix: [u8; 7],
+    chunks: Chunks,
+    /// A sealed chunk's length (all but the last).
     chunk: usize,
-    counter: u32,
     pending: Vec<u8>,
-    hash: Sha256,
-    size: u64,
     header: SnapshotHeader,
 }
 
@@ -286,14 +308,9 @@ impl Opener {
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| SnapshotError::Header("the nonce prefix is not 7 bytes".into()))?;
         Ok(Self {
-            key: key.aead(),
-            aad: head[..used].to_vec(),
-            prefix,
+            chunks: Chunks::new(key, head[..used].to_vec(), prefix, &header.snapshot),
             chunk: header.chunk_size as usize + TAG_LEN,
-            counter: 0,
             pending: Vec::new(),
-            hash: Sha256::new(),
-            size: 0,
             header,
         })
     }
@@ -310,26 +327,18 @@ impl Opener {
         out: &mut Vec<u8>,
     ) -> Result<(), SnapshotError> {
         let mut sealed: Vec<u8> = self.pending.drain(..len).collect();
-        let plain = self
+        let c = &mut self.chunks;
+        let plain = c
             .key
-            .open_in_place(
-                nonce(&self.prefix, self.counter, last),
-                Aad::from(&self.aad),
-                &mut sealed,
-            )
+            .open_in_place(c.nonce(last), Aad::from(&c.aad), &mut sealed)
             .map_err(|_| SnapshotError::Tampered {
                 snapshot: self.header.snapshot.clone(),
                 cluster: self.header.cluster.clone(),
-                chunk: self.counter,
+                chunk: c.counter,
             })?;
-        self.hash.update(&*plain);
-        self.size += plain.len() as u64;
         out.extend_from_slice(plain);
-        self.counter = self
-            .counter
-            .checked_add(1)
-            .ok_or_else(|| SnapshotError::TooLong(self.header.snapshot.clone()))?;
-        Ok(())
+        c.count(plain);
+        c.advance()
     }
 
     /// Opens the sealed bytes `data`, appending to `out` the snapshot bytes
@@ -347,7 +356,7 @@ impl Opener {
         if self.pending.len() < TAG_LEN {
             return Err(SnapshotError::Truncated {
                 snapshot: self.header.snapshot.clone(),
-                chunks: self.counter,
+                chunks: self.chunks.counter,
             });
         }
         let len = self.pending.len();
@@ -356,14 +365,11 @@ impl Opener {
             // likely a file cut at a chunk boundary.
             SnapshotError::Tampered { .. } if len == self.chunk => SnapshotError::Truncated {
                 snapshot: self.header.snapshot.clone(),
-                chunks: self.counter,
+                chunks: self.chunks.counter,
             },
             e => e,
         })?;
-        Ok(Digest256 {
-            size: self.size,
-            sha256: hex::encode(self.hash.finalize()),
-        })
+        Ok(self.chunks.digest())
     }
 }
 

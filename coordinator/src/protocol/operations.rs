@@ -167,6 +167,44 @@ pub fn is_cleanup(result: &DirectiveResult) -> bool {
     EtcdRemoval::answers(result) || NodeRemoval::answers(result)
 }
 
+/// An operation that keeps its failure (when and why) until the planner
+/// asks it again.
+trait Retried {
+    fn directive_id(&self) -> String;
+    fn failure(&mut self) -> (&mut Option<OffsetDateTime>, &mut String);
+}
+
+macro_rules! retried {
+    ($($t:ty),*) => {$(
+        impl Retried for $t {
+            fn directive_id(&self) -> String {
+                <$t>::directive_id(self)
+            }
+            fn failure(&mut self) -> (&mut Option<OffsetDateTime>, &mut String) {
+                (&mut self.failed_at, &mut self.error)
+            }
+        }
+    )*};
+}
+retried!(EtcdRemoval, CertificateRenewal, SnapshotSave);
+
+/// Records a failed `result` on `op` when it answers it (its directive)
+/// and `op` has not failed yet; `op` when it did.
+fn keep_failure<'a, O: Retried>(
+    op: Option<&'a mut O>,
+    result: &DirectiveResult,
+    now: OffsetDateTime,
+) -> Option<&'a mut O> {
+    let op = op.filter(|o| !result.ok && o.directive_id() == result.id)?;
+    let (failed_at, error) = op.failure();
+    if failed_at.is_some() {
+        return None;
+    }
+    *failed_at = Some(now);
+    error.clone_from(&result.message);
+    Some(op)
+}
+
 /// A result's outcome as the status keeps it.
 fn outcome(result: &DirectiveResult) -> DrainResult {
     DrainResult {
@@ -244,15 +282,11 @@ impl InFlight for SnapshotSave {
         result: &DirectiveResult,
         now: OffsetDateTime,
     ) -> Option<Reported> {
-        if result.ok {
-            return None;
-        }
-        let s = status
-            .snapshot
-            .as_mut()
-            .filter(|s| s.via == by && s.directive_id() == result.id && s.under_way())?;
-        s.failed_at = Some(now);
-        s.error.clone_from(&result.message);
+        let s = keep_failure(
+            status.snapshot.as_mut().filter(|s| s.via == by),
+            result,
+            now,
+        )?;
         Some(Reported::SnapshotFailed {
             snapshot: s.name.clone(),
             message: result.message.clone(),
@@ -284,19 +318,8 @@ impl InFlight for CertificateRenewal {
         result: &DirectiveResult,
         now: OffsetDateTime,
     ) -> Option<Reported> {
-        if !result.ok {
-            match status.certificate_renewal.as_mut() {
-                Some(r)
-                    if r.machine == by
-                        && r.directive_id() == result.id
-                        && r.failed_at.is_none() =>
-                {
-                    r.failed_at = Some(now);
-                    r.error.clone_from(&result.message);
-                }
-                _ => {}
-            }
-        }
+        let asked = status.certificate_renewal.as_mut();
+        keep_failure(asked.filter(|r| r.machine == by), result, now);
         Some(Reported::Renewal {
             ok: result.ok,
             message: result.message.clone(),
@@ -536,15 +559,7 @@ impl InFlight for EtcdRemoval {
         result: &DirectiveResult,
         now: OffsetDateTime,
     ) -> Option<Reported> {
-        if result.ok {
-            return None;
-        }
-        let r = status
-            .etcd_removal
-            .as_mut()
-            .filter(|r| r.directive_id() == result.id && r.failed_at.is_none())?;
-        r.failed_at = Some(now);
-        r.error.clone_from(&result.message);
+        keep_failure(status.etcd_removal.as_mut(), result, now);
         None
     }
 }
