@@ -210,6 +210,7 @@ pub async fn snapshot_grant(
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The sealed snapshot (see `drover_common::snapshot`)."),
     responses(
         (status = 204, description = "Received whole."),
+        (status = 400, description = "The body broke off before its end; nothing was kept.", body = drover_common::api::Problem, content_type = "application/problem+json"),
         (status = 401, response = super::responses::MachineUnauthorized),
         (status = 403, response = super::responses::MachineForbidden),
         (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
@@ -248,6 +249,7 @@ pub async fn snapshot_upload(
         (status = 401, response = super::responses::MachineUnauthorized),
         (status = 403, response = super::responses::MachineForbidden),
         (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more), or it was not uploaded.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 413, response = super::responses::PayloadTooLarge),
         (status = 415, response = super::responses::UnsupportedMediaType),
         (status = 422, description = "The report does not match the sealed file the coordinator holds.", body = drover_common::api::Problem, content_type = "application/problem+json"),
     ),
