@@ -627,4 +627,8 @@ impl crate::domain::bootstrap::BundleSource for App {
     fn cluster_machines(&self, cluster_uid: &str) -> Result<Vec<Machine>, StoreError> {
         App::cluster_machines(self, cluster_uid)
     }
+
+    fn recall_to_https(&self, machine_uid: &str) {
+        self.fleet.datagrams.recall(machine_uid);
+    }
 }

@@ -29,7 +29,7 @@ use time::OffsetDateTime;
 
 use crate::app::App;
 use crate::domain::bootstrap::BootstrapError;
-use crate::domain::datagrams::Refusal;
+use crate::domain::datagrams::{Refusal, Stored};
 use crate::domain::jointokens::ClusterJoinTokens;
 use crate::domain::registrar::{PoolRegistration, RegistrationError};
 use crate::protocol::heartbeat::{self, ClusterRecord};
@@ -542,16 +542,21 @@ fn answer(
         interval(app),
     );
     answer.coordinators = coordinators_for(app, machine, hb)?;
-    Ok(offer_datagrams(app, machine, hb, answer))
+    let cluster_revision = cluster
+        .as_ref()
+        .and_then(|c| c.metadata.resource_version.as_deref()?.parse().ok());
+    Ok(offer_datagrams(app, machine, cluster_revision, hb, answer))
 }
 
 /// Adds the datagram offer to an answer that asks nothing of the machine,
 /// when the machine may heartbeat by datagram (see
 /// [`crate::domain::datagrams`]); `machine` is as stored after the
-/// heartbeat.
+/// heartbeat, `cluster_revision` the revision of the cluster the answer was
+/// made from (read for a running control plane only).
 fn offer_datagrams(
     app: &App,
     machine: &Machine,
+    cluster_revision: Option<u64>,
     hb: &HeartbeatRequest,
     mut answer: HeartbeatResponse,
 ) -> HeartbeatResponse {
@@ -560,7 +565,10 @@ fn offer_datagrams(
         return answer;
     }
     let now = unix_micros(SystemTime::now());
-    answer.datagram = app.fleet.datagrams.offer(machine, status_digest(hb), now);
+    answer.datagram = app
+        .fleet
+        .datagrams
+        .offer(machine, cluster_revision, status_digest(hb), now);
     answer
 }
 
@@ -619,7 +627,13 @@ pub fn datagram_heartbeat(
     if app.leadership.term().is_none() {
         return Err(DatagramRefusal::NotLeader);
     }
-    let revision = |name: &str| app.store.cached_revision(Kind::Machine, name);
+    let revision = |kind: Stored, name: &str| {
+        let kind = match kind {
+            Stored::Machine => Kind::Machine,
+            Stored::Cluster => Kind::Cluster,
+        };
+        app.store.cached_revision(kind, name)
+    };
     app.fleet
         .datagrams
         .receive(datagram, unix_micros(now), &revision, |name| {
@@ -845,6 +859,64 @@ mod tests {
             .unwrap()
             .unwrap()
             .0
+    }
+
+    #[tokio::test]
+    async fn a_running_control_plane_heartbeats_by_datagram_until_something_waits_for_it() {
+        use drover_common::wire::datagram::Beat;
+        let dir = tempfile::tempdir().unwrap();
+        let app = App::for_tests(dir.path());
+        let mut c = drover_planner::fixtures::pool_cluster(1, 1);
+        c.metadata.uid = Some("u".into());
+        app.store.create_json(Kind::Cluster, "c", &c).unwrap();
+        let cp = member(&app, "cp", MachineRole::Init);
+        let hb = HeartbeatRequest {
+            datagrams: true,
+            ..crate::protocol::fixtures::heartbeat(AgentPhase::Running, 1)
+        };
+        let offered = |app: &App| {
+            answer(app, &cp, &hb, drover_common::now())
+                .unwrap()
+                .datagram
+                .expect("a quiet running control plane is offered datagrams")
+        };
+        let offer = offered(&app);
+        let verdict = |app: &App| {
+            let beat = Beat {
+                id: offer.id,
+                counter: unix_micros(SystemTime::now()),
+                generation: 1,
+                digest: status_digest(&hb),
+            }
+            .encode(&offer.heartbeat_key().unwrap());
+            datagram_heartbeat(app, &beat, SystemTime::now()).unwrap().1
+        };
+        assert_eq!(verdict(&app), Verdict::Quiet);
+        // An operation of its cluster begins: its directive goes in an
+        // HTTPS answer, so the next datagram calls the machine over HTTPS.
+        let (mut stored, rev) = app
+            .store
+            .get_json::<Cluster>(Kind::Cluster, "c")
+            .unwrap()
+            .unwrap();
+        stored.status.snapshot_requested_at = Some(drover_common::now());
+        app.store
+            .update_json(Kind::Cluster, "c", &stored, Some(rev))
+            .unwrap();
+        assert_eq!(verdict(&app), Verdict::CallHttps);
+        // Its HTTPS heartbeat is answered and offered datagrams again.
+        assert_eq!(offered(&app).id, offer.id);
+        assert_eq!(verdict(&app), Verdict::Quiet);
+        // A joiner asks for a token, which this control plane is to
+        // register: it is called over HTTPS, where the directive waits.
+        assert!(join_token_for(app.as_ref(), "c", "u").is_err());
+        assert_eq!(verdict(&app), Verdict::CallHttps);
+        let asked = answer(&app, &cp, &hb, drover_common::now()).unwrap();
+        assert_eq!(asked.directives.len(), 1, "{asked:?}");
+        assert!(
+            asked.datagram.is_none(),
+            "an answer with a directive offers none"
+        );
     }
 
     #[tokio::test]

@@ -51,6 +51,7 @@ pub struct Metrics {
     leader_term: Gauge,
     connections: Family<Labels, Gauge>,
     handshakes: Family<Labels, Gauge>,
+    datagram_machines: Family<Labels, Gauge>,
     endpoint_proxy_connections: Family<Labels, Gauge>,
     endpoint_proxy_closed: Family<Labels, Gauge>,
     history: Mutex<std::collections::VecDeque<Minute>>,
@@ -144,6 +145,7 @@ impl Metrics {
             leader_term: Gauge::default(),
             connections: Family::default(),
             handshakes: Family::default(),
+            datagram_machines: Family::default(),
             endpoint_proxy_connections: Family::default(),
             endpoint_proxy_closed: Family::default(),
             history: Mutex::new(Default::default()),
@@ -270,6 +272,11 @@ impl Metrics {
             "leader_term",
             "This replica's leadership term while it leads, else 0",
             m.leader_term.clone(),
+        );
+        registry.register(
+            "heartbeat_datagram_machines",
+            "Machines whose last heartbeat was a quiet datagram, by role (control_plane: a running control plane; other: a worker or a pool machine)",
+            m.datagram_machines.clone(),
         );
         registry.register(
             "connections",
@@ -509,6 +516,18 @@ impl Metrics {
             (&self.handshakes, "result", "full", c.full_handshakes),
             (&self.handshakes, "result", "resumed", c.resumed_handshakes),
             (&self.handshakes, "result", "failed", c.failed_handshakes),
+            (
+                &self.datagram_machines,
+                "role",
+                "control_plane",
+                state.datagram_machines.control_planes,
+            ),
+            (
+                &self.datagram_machines,
+                "role",
+                "other",
+                state.datagram_machines.others,
+            ),
         ];
         for (family, label, value, v) in gauges {
             family
@@ -607,6 +626,14 @@ pub struct State<'a> {
     /// This replica's term while it leads.
     pub leader_term: Option<u64>,
     pub connections: Connections,
+    pub datagram_machines: DatagramMachines,
+}
+
+/// How many machines' last heartbeat was a quiet datagram.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DatagramMachines {
+    pub control_planes: u64,
+    pub others: u64,
 }
 
 /// The labels a machine is counted under in `drover_machines`.
@@ -683,6 +710,10 @@ mod tests {
             fleet: &NoFleet,
             leader_term: Some(7),
             connections: Default::default(),
+            datagram_machines: DatagramMachines {
+                control_planes: 4,
+                others: 9,
+            },
         });
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("drover_"), "{line}");
@@ -696,6 +727,8 @@ mod tests {
             "drover_loop_period_seconds{loop=\"cluster-reconciler\"} 5.0",
             "drover_leader 1",
             "drover_leader_term 7",
+            "drover_heartbeat_datagram_machines{role=\"control_plane\"} 4",
+            "drover_heartbeat_datagram_machines{role=\"other\"} 9",
             "drover_clusters{phase=\"Running\"} 3",
             "drover_cluster_condition{cluster=\"web\",condition=\"Ready\",status=\"True\",reason=\"ControlPlaneUp\"} 1",
             "drover_cluster_condition{cluster=\"odd\",condition=\"Ready\",status=\"False\",reason=\"a \\\"quoted\\\" \\\\ reason\"} 1",

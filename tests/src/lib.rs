@@ -1357,6 +1357,20 @@ impl Coordinator {
         scraped.body
     }
 
+    /// One series' value in a scrape of `/metrics` (0 when it is absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        self.metrics_text()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    }
+
     /// A raw API client, optionally with a machine identity.
     pub fn api(&self, identity: Option<(&str, &str)>) -> Api {
         Api::new(&self.url(), &self.ca_pem(), identity)

@@ -266,6 +266,14 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
         let ready = kube::ready_nodes(&kubeconfig)?;
         (ready.len() == 3).then_some(()).ok_or(format!("{ready:?}"))
     });
+    // Its control plane heartbeats by datagram like the workers, once its
+    // reports settle (a new operation of the cluster calls it over HTTPS:
+    // the snapshot below shows that still reaches it).
+    wait_for("the control plane heartbeating by datagram", BOOT, || {
+        let series = r#"drover_heartbeat_datagram_machines{role="control_plane"}"#;
+        let n = c.metric(series);
+        (n == 1.0).then_some(()).ok_or(format!("{series} {n}"))
+    });
     wait_for("the image's network applied", BOOT, || {
         let cluster = c.cluster(&name).unwrap();
         let cni = &cluster["status"]["addons"][0];

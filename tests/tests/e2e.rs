@@ -3188,20 +3188,6 @@ fn the_web_view_shows_what_the_api_says_in_a_real_browser_and_changes_nothing() 
     assert!(b.url().ends_with("/ui/login"), "{}", b.url());
 }
 
-/// A series' value in a scrape of `/metrics` with the admin token.
-fn metric(c: &Coordinator, series: &str) -> f64 {
-    c.metrics_text()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
-
 #[test]
 fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked() {
     let tmp = tempfile::tempdir().unwrap();
@@ -3216,16 +3202,16 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
     let https =
         r#"drover_machine_request_duration_seconds_count{operation="heartbeat",result="ok"}"#;
     wait_for("a first datagram heartbeat", BOOT, || {
-        let q = metric(&c, quiet);
+        let q = c.metric(quiet);
         if q >= 1.0 {
             Ok(())
         } else {
             Err(format!("{q} quiet datagrams"))
         }
     });
-    let (q0, h0) = (metric(&c, quiet), metric(&c, https));
+    let (q0, h0) = (c.metric(quiet), c.metric(https));
     wait_for("ten more datagram heartbeats", BOOT, || {
-        let q = metric(&c, quiet);
+        let q = c.metric(quiet);
         if q >= q0 + 10.0 {
             Ok(())
         } else {
@@ -3236,7 +3222,7 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
     // the machine, or a datagram's answer missed the agent's 250 ms wait
     // on a loaded host: CI saw 4 beside 10), but most heartbeats are
     // datagrams.
-    let more = metric(&c, https) - h0;
+    let more = c.metric(https) - h0;
     assert!(more < 10.0, "{more} HTTPS heartbeats beside 10 datagrams");
     let machine = &c.machines()[0];
     assert!(
@@ -3297,16 +3283,16 @@ fn quiet_agents_heartbeat_by_datagram_and_fall_back_to_https_when_udp_is_blocked
         "{described}"
     );
     // Its HTTPS heartbeats keep it alive and healthy meanwhile.
-    let h0 = metric(&blocked, https);
+    let h0 = blocked.metric(https);
     wait_for("more HTTPS heartbeats", BOOT, || {
-        let h = metric(&blocked, https);
+        let h = blocked.metric(https);
         if h >= h0 + 3.0 {
             Ok(())
         } else {
             Err(format!("{} more", h - h0))
         }
     });
-    assert_eq!(metric(&blocked, quiet), 0.0);
+    assert_eq!(blocked.metric(quiet), 0.0);
     let m = &blocked.machines()[0];
     assert_eq!(m["status"]["phase"], "Registered", "{m:#}");
 }

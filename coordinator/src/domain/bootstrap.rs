@@ -27,6 +27,10 @@ pub trait BundleSource {
     /// Every machine of the cluster with UID `cluster_uid` (and maybe
     /// others: callers filter).
     fn cluster_machines(&self, cluster_uid: &str) -> Result<Vec<Machine>, StoreError>;
+    /// Has the machine with UID `machine_uid` heartbeat over HTTPS at its
+    /// next beat: a directive for it (a join token to register) lives
+    /// outside its stored object and its cluster's.
+    fn recall_to_https(&self, machine_uid: &str);
 }
 
 /// Where the agent writes the kubeadm config, inside the machine's root.
@@ -603,6 +607,7 @@ pub fn join_token_for(
         Answer::Use(t) => Ok(t),
         Answer::Wait => Err(waiting()),
         Answer::Minted { id, registrar } => {
+            app.recall_to_https(&registrar);
             tracing::info!(cluster, token_id = %id, registrar_uid = %registrar, "join token minted; the registrar's agent will register it");
             Err(waiting())
         }

@@ -2,14 +2,18 @@
 //! with which key, and what each datagram is worth.
 //!
 //! A machine is offered datagram heartbeats in an HTTPS heartbeat answer
-//! (mutual TLS) when nothing waits for it: no directive, not a running
-//! control plane (those report their cluster and carry its directives), not
-//! leaving. The offer records, per machine, the key, the digest of the report
-//! just accepted and the revision of the machine's stored object. A datagram
-//! then counts as a heartbeat when its tag verifies, its counter is fresh,
-//! its digest matches and the stored machine has not changed since: any
-//! change (an assignment, a directive, a deletion, a revoked identity) makes
-//! the answer "call me over HTTPS", where every state change goes.
+//! (mutual TLS) when nothing waits for it: no directive, not leaving. The
+//! offer records, per machine, the key, the digest of the report just
+//! accepted and the revision of the machine's stored object; for a running
+//! control plane, whose answers carry its cluster's directives, also the
+//! revision of its cluster's object. A datagram then counts as a heartbeat
+//! when its tag verifies, its counter is fresh, its digest matches and
+//! neither stored object has changed since: any change (an assignment, a
+//! directive, an operation of the cluster, a deletion, a revoked identity)
+//! makes the answer "call me over HTTPS", where every state change goes.
+//! What changes elsewhere (a join token the control plane is to register,
+//! new coordinator URLs) recalls the machine with [`DatagramTable::recall`]
+//! or [`DatagramTable::recall_all`].
 //!
 //! Nothing here is stored: keys are derived from a master key the replicas
 //! share, ids from machine UIDs, and a new leader fills the table from the
@@ -45,7 +49,17 @@ struct Entry {
     digest: Option<[u8; 8]>,
     /// The revision of the stored machine the offer was made at.
     revision: u64,
+    /// For a running control plane: its cluster's name and the revision
+    /// of the stored cluster the offer was made at.
+    cluster: Option<(Box<str>, u64)>,
+    /// Whether the machine's last heartbeat was a quiet datagram (not an
+    /// HTTPS one, nor a datagram answered "call HTTPS").
+    by_datagram: bool,
 }
+
+/// The revision a recalled entry holds: no stored object is at revision 0,
+/// so its next datagram is answered "call HTTPS".
+const RECALLED: u64 = 0;
 
 /// How far before an entry was made its first datagram's counter may be
 /// (the sender's clock may lag this coordinator's a little).
@@ -77,38 +91,46 @@ impl Refusal {
     }
 }
 
-/// What the store says of a machine now, as the table needs it.
-pub trait StoredRevision {
-    /// The revision of machine `name`'s stored object, `None` when it is
-    /// gone or not at hand without reading the backend.
-    fn revision(&self, name: &str) -> Option<u64>;
+/// The kinds of stored object an offer depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    Machine,
+    Cluster,
 }
 
-impl<F: Fn(&str) -> Option<u64>> StoredRevision for F {
-    fn revision(&self, name: &str) -> Option<u64> {
-        self(name)
+/// What the store says of a machine or cluster now, as the table needs it.
+pub trait StoredRevision {
+    /// The revision of the stored object `name` of `kind`, `None` when it
+    /// is gone or not at hand without reading the backend.
+    fn revision(&self, kind: Stored, name: &str) -> Option<u64>;
+}
+
+impl<F: Fn(Stored, &str) -> Option<u64>> StoredRevision for F {
+    fn revision(&self, kind: Stored, name: &str) -> Option<u64> {
+        self(kind, name)
     }
 }
 
-/// Whether a machine may heartbeat by datagram: in the pool or running a
-/// worker's assignment, with nothing asked of it that only an HTTPS answer
-/// carries.
+/// Whether a machine may heartbeat by datagram: in the pool or running its
+/// assignment, with nothing asked of it that only an HTTPS answer carries.
 pub fn may_use_datagrams(m: &Machine) -> bool {
-    let control_plane = m
-        .spec
-        .assignment
-        .as_ref()
-        .is_some_and(|a| a.role.is_control_plane());
-    let steady = match m.status.phase {
-        MachinePhase::Registered => true,
-        MachinePhase::Running => !control_plane,
-        _ => false,
-    };
+    let steady = matches!(
+        m.status.phase,
+        MachinePhase::Registered | MachinePhase::Running
+    );
     steady
         && m.status.upgrade.is_none()
         && m.status.identity_revoked_at.is_none()
         && m.metadata.deletion_timestamp.is_none()
         && m.metadata.uid.is_some()
+}
+
+/// The cluster whose stored object an offer to `m` depends on: a running
+/// control plane's, whose answers carry the cluster's directives.
+fn watched_cluster(m: &Machine) -> Option<&str> {
+    let a = m.spec.assignment.as_ref()?;
+    (m.status.phase == MachinePhase::Running && a.role.is_control_plane())
+        .then_some(a.cluster.as_str())
 }
 
 impl DatagramTable {
@@ -122,17 +144,24 @@ impl DatagramTable {
 
     /// Offers datagram heartbeats to `machine` (as stored at its
     /// `resourceVersion`), whose accepted report has `digest`, at
-    /// `now_micros`. `None` when it may not use them.
+    /// `now_micros`. `cluster_revision` is the revision of the stored
+    /// cluster the answer was made from, which a running control plane's
+    /// offer depends on. `None` when it may not use them.
     pub fn offer(
         &self,
         machine: &Machine,
+        cluster_revision: Option<u64>,
         digest: [u8; 8],
         now_micros: u64,
     ) -> Option<DatagramOffer> {
-        if !may_use_datagrams(machine) {
+        let cluster = match watched_cluster(machine) {
+            Some(name) => cluster_revision.map(|r| Some((Box::from(name), r))),
+            None => Some(None),
+        };
+        let (true, Some(cluster)) = (may_use_datagrams(machine), cluster) else {
             self.forget(machine);
             return None;
-        }
+        };
         let uid = machine.metadata.uid.as_deref()?;
         let revision = machine.metadata.resource_version.as_deref()?.parse().ok()?;
         let id = machine_id(uid);
@@ -144,6 +173,8 @@ impl DatagramTable {
             last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
             digest: None,
             revision,
+            cluster: None,
+            by_datagram: false,
         });
         if *entry.name != *machine.metadata.name {
             // Two UIDs whose ids collide (about one pair in 2^64): the
@@ -156,10 +187,14 @@ impl DatagramTable {
                 last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
                 digest: None,
                 revision,
+                cluster: None,
+                by_datagram: false,
             };
         }
         entry.digest = Some(digest);
         entry.revision = revision;
+        entry.cluster = cluster;
+        entry.by_datagram = false;
         Some(DatagramOffer::new(id, &key))
     }
 
@@ -199,7 +234,8 @@ impl DatagramTable {
 
     /// Adds the machines that may send datagrams and are not in the table
     /// yet (a replica that becomes leader did not see their offers), at
-    /// `now_micros`.
+    /// `now_micros`. A running control plane is added recalled: this
+    /// replica has not made the answer its datagrams would stand for.
     pub fn fill(&self, machines: &[Machine], now_micros: u64) {
         let mut entries = self.entries.lock().expect("datagram table lock");
         for m in machines.iter().filter(|m| may_use_datagrams(m)) {
@@ -212,12 +248,18 @@ impl DatagramTable {
             ) else {
                 continue;
             };
+            let revision = match watched_cluster(m) {
+                Some(_) => RECALLED,
+                None => revision,
+            };
             entries.entry(machine_id(uid)).or_insert_with(|| Entry {
                 name: m.metadata.name.as_str().into(),
                 key: HeartbeatKey::derive(&self.master, uid),
                 last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
                 digest: None,
                 revision,
+                cluster: None,
+                by_datagram: false,
             });
         }
     }
@@ -230,9 +272,32 @@ impl DatagramTable {
     pub fn recall_all(&self) {
         let mut entries = self.entries.lock().expect("datagram table lock");
         for e in entries.values_mut() {
-            // No stored machine is at revision 0.
-            e.revision = 0;
+            e.revision = RECALLED;
         }
+    }
+
+    /// Asks the machine with UID `machine_uid` to heartbeat over HTTPS
+    /// once, as [`DatagramTable::recall_all`] does for every machine: what
+    /// its HTTPS answer would tell changed outside its stored object (a
+    /// join token it is to register).
+    pub fn recall(&self, machine_uid: &str) {
+        let mut entries = self.entries.lock().expect("datagram table lock");
+        if let Some(e) = entries.get_mut(&machine_id(machine_uid)) {
+            e.revision = RECALLED;
+        }
+    }
+
+    /// How many machines' last heartbeat was a quiet datagram: running
+    /// control planes, and the others.
+    pub fn by_datagram(&self) -> (u64, u64) {
+        let entries = self.entries.lock().expect("datagram table lock");
+        entries
+            .values()
+            .filter(|e| e.by_datagram)
+            .fold((0, 0), |(cps, others), e| match e.cluster {
+                Some(_) => (cps + 1, others),
+                None => (cps, others + 1),
+            })
     }
 
     /// How many machines may send datagrams.
@@ -267,7 +332,11 @@ impl DatagramTable {
         })?;
         check_fresh(beat.counter, entry.last_counter, now_micros).map_err(Refusal::Stale)?;
         entry.last_counter = beat.counter;
-        let current = store.revision(&entry.name);
+        let current = store.revision(Stored::Machine, &entry.name);
+        let cluster_holds = entry
+            .cluster
+            .as_ref()
+            .is_none_or(|(name, r)| store.revision(Stored::Cluster, name) == Some(*r));
         let digest_holds = match entry.digest {
             Some(d) => d == beat.digest,
             None => {
@@ -277,15 +346,16 @@ impl DatagramTable {
         };
         // Only a datagram for the machine exactly as offered is a
         // heartbeat. One for a machine changed since (revoked, marked for
-        // deletion, assigned, deleted) keeps nothing alive: it only asks
-        // the agent to call over HTTPS, where a revoked or deleted
-        // identity is refused.
-        let verdict = if current == Some(entry.revision) && digest_holds {
+        // deletion, assigned, deleted, or its cluster changed) keeps
+        // nothing alive: it only asks the agent to call over HTTPS, where a
+        // revoked or deleted identity is refused.
+        let verdict = if current == Some(entry.revision) && cluster_holds && digest_holds {
             seen(&entry.name);
             Verdict::Quiet
         } else {
             Verdict::CallHttps
         };
+        entry.by_datagram = verdict == Verdict::Quiet;
         let answer = Answer {
             id,
             counter: beat.counter,
@@ -342,8 +412,8 @@ mod tests {
     fn a_quiet_machine_is_seen_and_answered_under_its_key() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Registered, 5);
-        let offer = table.offer(&m, *b"digest01", NOW).unwrap();
-        let store = |_: &str| Some(5);
+        let offer = table.offer(&m, None, *b"digest01", NOW).unwrap();
+        let store = |_: Stored, _: &str| Some(5);
         let mut seen = None;
         let (answer, verdict) = table
             .receive(&beat(&offer, NOW, *b"digest01"), NOW, &store, |n| {
@@ -363,8 +433,8 @@ mod tests {
     fn forged_replayed_and_unknown_datagrams_are_refused_and_not_seen() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Registered, 5);
-        let offer = table.offer(&m, [1; 8], NOW).unwrap();
-        let store = |_: &str| Some(5);
+        let offer = table.offer(&m, None, [1; 8], NOW).unwrap();
+        let store = |_: Stored, _: &str| Some(5);
         let never = |n: &str| panic!("{n} was taken as seen");
         // A forged tag: the same datagram under another key.
         let forged = Beat {
@@ -412,7 +482,7 @@ mod tests {
     fn any_change_since_the_offer_asks_for_https() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Registered, 5);
-        let offer = table.offer(&m, [1; 8], NOW).unwrap();
+        let offer = table.offer(&m, None, [1; 8], NOW).unwrap();
         let changes = [
             // The agent's report changed.
             (NOW, [2; 8], Some(5)),
@@ -426,7 +496,7 @@ mod tests {
                 .receive(
                     &beat(&offer, at, report),
                     NOW,
-                    &(move |_: &str| stored),
+                    &(move |_: Stored, _: &str| stored),
                     |_| {},
                 )
                 .unwrap();
@@ -436,7 +506,7 @@ mod tests {
             table.receive(
                 &beat(&offer, NOW + 3, [1; 8]),
                 NOW,
-                &(|_: &str| Some(5)),
+                &(|_: Stored, _: &str| Some(5)),
                 |_| {}
             ),
             Err(Refusal::UnknownMachine)
@@ -447,7 +517,7 @@ mod tests {
     fn a_datagram_for_a_changed_revoked_or_deleted_machine_keeps_nothing_alive() {
         let table = DatagramTable::new([9; 32]);
         let m = machine("m1", MachinePhase::Running, 5);
-        let offer = table.offer(&m, [1; 8], NOW).unwrap();
+        let offer = table.offer(&m, None, [1; 8], NOW).unwrap();
         let never = |n: &str| panic!("{n} was taken as seen");
         // Changed since the offer (revoked on another replica, say): an
         // answer asks for HTTPS, and the machine is not seen.
@@ -456,7 +526,7 @@ mod tests {
                 .receive(
                     &beat(&offer, NOW + i as u64, [1; 8]),
                     NOW,
-                    &(move |_: &str| stored),
+                    &(move |_: Stored, _: &str| stored),
                     never,
                 )
                 .unwrap();
@@ -470,7 +540,7 @@ mod tests {
             |m: &mut Machine| m.metadata.deletion_timestamp = Some(drover_common::now()),
         ] {
             let mut m = machine("m2", MachinePhase::Running, 7);
-            let offer = table.offer(&m, [1; 8], NOW).unwrap();
+            let offer = table.offer(&m, None, [1; 8], NOW).unwrap();
             change(&mut m);
             m.metadata.resource_version = Some("8".into());
             table.forget_unless_eligible(&m);
@@ -478,7 +548,7 @@ mod tests {
                 table.receive(
                     &beat(&offer, NOW + 5, [1; 8]),
                     NOW,
-                    &(|_: &str| Some(7)),
+                    &(|_: Stored, _: &str| Some(7)),
                     never
                 ),
                 Err(Refusal::UnknownMachine)
@@ -495,7 +565,7 @@ mod tests {
     fn a_pool_machine_just_assigned_is_asked_for_https_at_its_next_datagram() {
         let table = DatagramTable::new([9; 32]);
         let mut m = machine("m3", MachinePhase::Registered, 3);
-        let offer = table.offer(&m, [1; 8], NOW).unwrap();
+        let offer = table.offer(&m, None, [1; 8], NOW).unwrap();
         // Claimed as a control plane on this replica: no longer eligible,
         // but its identity stands, so its next datagram is answered.
         m.spec.assignment = Some(control_plane_of_c());
@@ -507,18 +577,18 @@ mod tests {
             .receive(
                 &beat(&offer, NOW + 1, [1; 8]),
                 NOW,
-                &(|_: &str| Some(4)),
+                &(|_: Stored, _: &str| Some(4)),
                 |n: &str| panic!("{n} was taken as seen"),
             )
             .unwrap();
         assert_eq!(v, Verdict::CallHttps);
         // Its HTTPS heartbeat is offered nothing and drops the entry.
-        assert!(table.offer(&m, [1; 8], NOW + 2).is_none());
+        assert!(table.offer(&m, None, [1; 8], NOW + 2).is_none());
         assert_eq!(
             table.receive(
                 &beat(&offer, NOW + 3, [1; 8]),
                 NOW,
-                &(|_: &str| Some(4)),
+                &(|_: Stored, _: &str| Some(4)),
                 |n: &str| panic!("{n} was taken as seen"),
             ),
             Err(Refusal::UnknownMachine)
@@ -530,26 +600,28 @@ mod tests {
         let table = DatagramTable::new([9; 32]);
         let mut cp = machine("cp", MachinePhase::Running, 1);
         cp.spec.assignment = Some(control_plane_of_c());
-        assert!(table.offer(&cp, [0; 8], NOW).is_none());
+        // A control plane's offer needs its cluster's revision.
+        assert!(table.offer(&cp, None, [0; 8], NOW).is_none());
         let mut worker = cp.clone();
         worker.metadata.name = "w".into();
         worker.metadata.uid = Some("uid-w".into());
         worker.spec.assignment.as_mut().unwrap().role = MachineRole::Worker;
-        assert!(table.offer(&worker, [0; 8], NOW).is_some());
+        assert!(table.offer(&worker, None, [0; 8], NOW).is_some());
         let releasing = machine("r", MachinePhase::Releasing, 1);
-        assert!(table.offer(&releasing, [0; 8], NOW).is_none());
+        assert!(table.offer(&releasing, None, [0; 8], NOW).is_none());
         assert_eq!(table.len(), 1);
 
         // A new leader knows the machine but not its last digest: it takes
         // the first authentic datagram's, and holds the machine to it.
         let leader = DatagramTable::new([9; 32]);
         leader.fill(&[machine("m1", MachinePhase::Registered, 5), cp], NOW);
-        assert_eq!(leader.len(), 1);
-        let offer = DatagramOffer::new(
-            machine_id("uid-m1"),
-            &HeartbeatKey::derive(&[9; 32], "uid-m1"),
-        );
-        let store = |_: &str| Some(5);
+        assert_eq!(leader.len(), 2);
+        let offer_of = |name: &str| {
+            let uid = format!("uid-{name}");
+            DatagramOffer::new(machine_id(&uid), &HeartbeatKey::derive(&[9; 32], &uid))
+        };
+        let offer = offer_of("m1");
+        let store = |_: Stored, _: &str| Some(5);
         // A datagram from before it led (captured, replayed) is refused.
         assert!(matches!(
             leader.receive(&beat(&offer, NOW - 6_000_000, [7; 8]), NOW, &store, |_| {}),
@@ -563,5 +635,51 @@ mod tests {
             .receive(&beat(&offer, NOW + 1, [8; 8]), NOW, &store, |_| {})
             .unwrap();
         assert_eq!(v, Verdict::CallHttps);
+        // The control plane's first datagram to it calls it over HTTPS:
+        // this replica has not answered it yet.
+        let (_, v) = leader
+            .receive(&beat(&offer_of("cp"), NOW, [7; 8]), NOW, &store, |_| {})
+            .unwrap();
+        assert_eq!(v, Verdict::CallHttps);
+    }
+
+    #[test]
+    fn a_running_control_plane_is_held_to_its_cluster_as_offered() {
+        let table = DatagramTable::new([9; 32]);
+        let mut cp = machine("cp", MachinePhase::Running, 3);
+        cp.spec.assignment = Some(control_plane_of_c());
+        let offer = table.offer(&cp, Some(10), [1; 8], NOW).unwrap();
+        let stored = |cluster_revision: u64| {
+            move |kind: Stored, _: &str| match kind {
+                Stored::Machine => Some(3),
+                Stored::Cluster => Some(cluster_revision),
+            }
+        };
+        let verdict = |counter: u64, cluster_revision: u64| {
+            let mut seen = false;
+            let (_, v) = table
+                .receive(
+                    &beat(&offer, counter, [1; 8]),
+                    NOW,
+                    &stored(cluster_revision),
+                    |_| seen = true,
+                )
+                .unwrap();
+            assert_eq!(seen, v == Verdict::Quiet);
+            v
+        };
+        assert_eq!(table.by_datagram(), (0, 0));
+        assert_eq!(verdict(NOW, 10), Verdict::Quiet);
+        assert_eq!(table.by_datagram(), (1, 0));
+        // An operation of the cluster began (a snapshot, a renewal): its
+        // directive goes in an HTTPS answer.
+        assert_eq!(verdict(NOW + 1, 11), Verdict::CallHttps);
+        // Offered again from the new cluster, then recalled: a join token
+        // waits for it to register.
+        table.offer(&cp, Some(11), [1; 8], NOW).unwrap();
+        assert_eq!(verdict(NOW + 2, 11), Verdict::Quiet);
+        table.recall("uid-cp");
+        assert_eq!(verdict(NOW + 3, 11), Verdict::CallHttps);
+        assert_eq!(table.by_datagram(), (0, 0));
     }
 }

@@ -170,11 +170,17 @@ pub async fn metrics(
         }
     };
     let leader_term = app.leadership.term().map(|t| t.0);
+    let (control_planes, others) = app.fleet.datagrams.by_datagram();
+    let datagram_machines = crate::metrics::DatagramMachines {
+        control_planes,
+        others,
+    };
     let text = app.with_summary(|fleet| {
         crate::metrics::global().render(&crate::metrics::State {
             fleet,
             leader_term,
             connections,
+            datagram_machines,
         })
     })?;
     // Prometheus asks for OpenMetrics; anyone else gets the classic format.
