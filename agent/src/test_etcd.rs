@@ -2,9 +2,10 @@
 //! from the `etcd` binary scripts/setup-host installs. Plain HTTP: the
 //! tests that use it exercise the gateway calls, not TLS.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use drover_common::test_etcd::{etcd_binary, free_port, healthy};
 
 pub struct TestEtcd {
     pub url: String,
@@ -12,20 +13,11 @@ pub struct TestEtcd {
     dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
 impl TestEtcd {
     /// Starts etcd and waits until it answers; `None` (after saying why)
     /// when etcd is not installed and `CI` is not `true`.
     pub fn start() -> Option<Self> {
-        let installed = std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("etcd").is_file()));
-        if !installed {
+        if etcd_binary().is_none() {
             if std::env::var("CI").as_deref() == Ok("true") {
                 panic!("the etcd binary is not on PATH, and CI=true requires the etcd tests to run; run scripts/setup-host");
             }
@@ -67,7 +59,7 @@ impl TestEtcd {
                 let log = std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default();
                 panic!("etcd exited ({status}): {log}");
             }
-            if health(&addr) {
+            if healthy(&addr) {
                 break;
             }
             assert!(
@@ -79,20 +71,6 @@ impl TestEtcd {
         }
         Some(Self { url, child, dir })
     }
-}
-
-/// `GET /health` answers `"health":"true"`.
-fn health(addr: &str) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let req = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    let mut answer = String::new();
-    s.write_all(req.as_bytes()).is_ok()
-        && s.read_to_string(&mut answer).is_ok()
-        && answer.contains("\"health\":\"true\"")
 }
 
 impl Drop for TestEtcd {

@@ -7,7 +7,9 @@
 //! exception, `tcp_proxy` (behind the `tcp-proxy` feature), is the TCP
 //! load balancer both binaries run for control-plane endpoints; `tls_verify`
 //! (behind the `tls` feature) is the rustls server certificate verifier the
-//! agent and the stand-in kubeadm build theirs on.
+//! agent and the stand-in kubeadm build theirs on; `test_etcd` (behind the
+//! `test-etcd` feature) is what the agent's and the coordinator's tests
+//! share to run a throwaway etcd.
 
 /// Implements the OpenAPI schema, `Serialize` and `Deserialize` of a type
 /// that travels as a string: its `Display` form, parsed back with `FromStr`.
@@ -55,6 +57,8 @@ pub(crate) mod serde_skip;
 pub mod snapshot;
 #[cfg(feature = "tcp-proxy")]
 pub mod tcp_proxy;
+#[cfg(feature = "test-etcd")]
+pub mod test_etcd;
 #[cfg(feature = "tls")]
 pub mod tls_verify;
 pub mod token;

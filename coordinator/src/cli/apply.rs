@@ -20,14 +20,38 @@ pub struct ApplyArgs {
     /// applied in order; the first refused stops the rest.
     #[arg(short = 'f', long = "filename", required = true)]
     pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub until_running: UntilRunning,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+/// `--wait` and `--timeout` of the commands that may wait until a cluster
+/// is Running (`apply`, `scale`).
+#[derive(Debug, clap::Args)]
+pub struct UntilRunning {
     /// Wait until the cluster is Running, showing progress.
     #[arg(long)]
     pub wait: bool,
     /// How long --wait waits.
     #[arg(long, default_value = "15m", value_parser = drover_common::api::parse_duration)]
     pub timeout: std::time::Duration,
-    #[command(flatten)]
-    pub conn: ConnectArgs,
+}
+
+impl UntilRunning {
+    /// With `--wait`, waits until cluster `name` is Running at `generation`
+    /// ([`wait_running`]); without, returns at once.
+    pub(super) async fn wait_for(
+        &self,
+        client: &Client,
+        name: &str,
+        generation: u64,
+    ) -> anyhow::Result<()> {
+        if !self.wait {
+            return Ok(());
+        }
+        wait_running(client, name, generation, self.timeout).await
+    }
 }
 
 pub(super) async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
@@ -55,10 +79,8 @@ pub(super) async fn apply(a: ApplyArgs) -> anyhow::Result<()> {
             clusters.push((o.name.clone(), generation));
         }
     }
-    if a.wait {
-        for (name, generation) in clusters {
-            wait_running(&client, &name, generation, a.timeout).await?;
-        }
+    for (name, generation) in clusters {
+        a.until_running.wait_for(&client, &name, generation).await?;
     }
     Ok(())
 }
@@ -103,7 +125,7 @@ fn applied(kind: &str, meta: &drover_common::api::ObjectMeta, detail: String) {
 
 /// Polls the cluster until it is Running at `generation`, printing a line
 /// whenever its progress changes (a live line on a terminal).
-pub(super) async fn wait_running(
+async fn wait_running(
     client: &Client,
     name: &str,
     generation: u64,

@@ -26,7 +26,7 @@ pub use admin::{
     admin_token, audit, keys, AdminTokenArgs, AdminTokenCommand, AuditArgs, KeysArgs, KeysCommand,
     RoleArg,
 };
-pub use apply::ApplyArgs;
+pub use apply::{ApplyArgs, UntilRunning};
 pub use backup::BackupArgs;
 pub use delete::DeleteArgs;
 pub use describe::DescribeArgs;

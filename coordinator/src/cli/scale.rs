@@ -3,7 +3,7 @@
 use anyhow::Context;
 use drover_common::api::Cluster;
 
-use crate::cli::apply::wait_running;
+use crate::cli::apply::UntilRunning;
 use crate::cli::client::{Client, ConnectArgs};
 use crate::cli::{api_path, object_name};
 
@@ -34,10 +34,9 @@ pub async fn scale(s: ScaleArgs) -> anyhow::Result<()> {
         "cluster/{} pool {} scaled to {} (generation {} -> {})",
         s.cluster, s.pool, s.replicas, generation_before, updated.metadata.generation
     );
-    if s.wait {
-        wait_running(&client, &s.cluster, updated.metadata.generation, s.timeout).await?;
-    }
-    Ok(())
+    s.until_running
+        .wait_for(&client, &s.cluster, updated.metadata.generation)
+        .await
 }
 
 #[derive(Debug, clap::Args)]
@@ -49,11 +48,8 @@ pub struct ScaleArgs {
     pub pool: String,
     #[arg(long)]
     pub replicas: u32,
-    /// Wait until the cluster is Running again.
-    #[arg(long)]
-    pub wait: bool,
-    #[arg(long, default_value = "15m", value_parser = drover_common::api::parse_duration)]
-    pub timeout: std::time::Duration,
+    #[command(flatten)]
+    pub until_running: UntilRunning,
     #[command(flatten)]
     pub conn: ConnectArgs,
 }

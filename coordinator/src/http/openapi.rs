@@ -215,46 +215,51 @@ pub async fn openapi_json() -> axum::response::Response {
     super::typed_body("application/json", document())
 }
 
-/// `GET /healthz`: whether the coordinator serves requests (documentation
-/// only: the route's handler is a closure in [`super::router`]).
-#[utoipa::path(
-    get,
-    path = "/healthz",
-    tag = "meta",
-    responses(
-        (status = 200, description = "The coordinator serves requests.", body = String, content_type = "text/plain", example = "ok"),
-    ),
-)]
-#[allow(dead_code)]
-fn healthz() {}
+/// Documents a plain-text `GET` route of the `meta` tag whose handler in
+/// [`super::router`] carries no annotation (a closure, or `readyz` there):
+/// `fn $name` only carries the path for [`ApiDoc`]. Each response is
+/// `(status, description, example)`.
+macro_rules! plain_text_route {
+    ($(#[doc = $doc:tt])* fn $name:ident, $path:tt, $(($status:tt, $description:tt, $example:tt)),+ $(,)?) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(
+            get,
+            path = $path,
+            tag = "meta",
+            responses($(
+                (status = $status, description = $description, body = String, content_type = "text/plain", example = $example),
+            )+),
+        )]
+        #[allow(dead_code)]
+        fn $name() {}
+    };
+}
 
-/// `GET /livez`: whether the process serves requests; wire it to a
-/// process supervisor's liveness check (documentation only).
-#[utoipa::path(
-    get,
-    path = "/livez",
-    tag = "meta",
-    responses(
-        (status = 200, description = "The coordinator serves requests.", body = String, content_type = "text/plain", example = "ok"),
-    ),
-)]
-#[allow(dead_code)]
-fn livez() {}
+plain_text_route!(
+    /// `GET /healthz`: whether the coordinator serves requests (documentation
+    /// only: the route's handler is a closure in [`super::router`]).
+    fn healthz,
+    "/healthz",
+    (200, "The coordinator serves requests.", "ok"),
+);
 
-/// `GET /readyz`: whether this replica can do its work (store reachable,
-/// keys loaded, a leader known); wire it to a load balancer's health check
-/// (documentation only).
-#[utoipa::path(
-    get,
-    path = "/readyz",
-    tag = "meta",
-    responses(
-        (status = 200, description = "The replica is ready.", body = String, content_type = "text/plain", example = "ok"),
-        (status = 503, description = "Not ready: one line per failed check, such as `store: unreachable`.", body = String, content_type = "text/plain", example = "leader: none elected yet"),
-    ),
-)]
-#[allow(dead_code)]
-fn readyz() {}
+plain_text_route!(
+    /// `GET /livez`: whether the process serves requests; wire it to a
+    /// process supervisor's liveness check (documentation only).
+    fn livez,
+    "/livez",
+    (200, "The coordinator serves requests.", "ok"),
+);
+
+plain_text_route!(
+    /// `GET /readyz`: whether this replica can do its work (store reachable,
+    /// keys loaded, a leader known); wire it to a load balancer's health check
+    /// (documentation only).
+    fn readyz,
+    "/readyz",
+    (200, "The replica is ready.", "ok"),
+    (503, "Not ready: one line per failed check, such as `store: unreachable`.", "leader: none elected yet"),
+);
 
 #[cfg(test)]
 mod tests {

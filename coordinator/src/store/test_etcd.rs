@@ -5,11 +5,11 @@
 //! Without the binary the tests that need it are skipped with a message,
 //! except under `CI=true`, where a missing etcd fails them.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use drover_common::test_etcd::{etcd_binary, free_port, healthy};
 
 use super::{EtcdOptions, Store};
 
@@ -29,21 +29,6 @@ pub(crate) struct TestTls {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
     pub client_ca_file: Option<PathBuf>,
-}
-
-fn etcd_binary() -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| PathBuf::from(d).join("etcd"))
-        .find(|p| p.is_file())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 impl TestEtcd {
@@ -162,7 +147,8 @@ impl TestEtcd {
                         etcd.log(i)
                     ));
                 }
-                if etcd.healthy(i) {
+                // `GET /health` on the metrics port.
+                if healthy(&etcd.metrics[i]) {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -183,22 +169,6 @@ impl TestEtcd {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-
-    /// `GET /health` on the metrics port answers `"health":"true"`.
-    fn healthy(&self, i: usize) -> bool {
-        let Ok(mut s) = TcpStream::connect(&self.metrics[i]) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let req = format!(
-            "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics[i]
-        );
-        let mut answer = String::new();
-        s.write_all(req.as_bytes()).is_ok()
-            && s.read_to_string(&mut answer).is_ok()
-            && answer.contains("\"health\":\"true\"")
     }
 
     /// The last lines member `i` logged.
