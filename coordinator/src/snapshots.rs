@@ -335,8 +335,11 @@ pub fn record(app: &App, machine: &Machine, name: &str, saved: &SnapshotSaved) -
         if c.metadata.uid.as_deref() != Some(uid.as_str()) {
             return Ok(false);
         }
-        if c.status.snapshot.as_ref().is_some_and(|s| s.name == name) {
-            c.status.snapshot = None;
+        if let Some(op) = c.status.snapshot.take_if(|s| s.name == name) {
+            // The change it was taken before may go ahead.
+            if op.before.is_some() {
+                c.status.snapshot_taken_before = op.before;
+            }
         }
         let newer = c
             .status
@@ -466,7 +469,8 @@ mod tests {
     use drover_planner::fixtures::{pool_cluster, running};
 
     /// Pool cluster `c` (uid `cu`) whose status asks `cp` for snapshot
-    /// `name`, and its running control plane `cp` and worker `w`.
+    /// `name` (before its upgrade to v1.32.0), and its running control
+    /// plane `cp` and worker `w`.
     fn asking(app: &App, name: &str, keep_last: u32) -> (Machine, Machine) {
         let mut c = pool_cluster(1, 1);
         c.spec.backup = Some(drover_common::api::BackupSpec {
@@ -475,12 +479,14 @@ mod tests {
                 last: keep_last,
                 daily: 0,
             },
+            before_changes: None,
         });
         c.status.initialized = true;
         c.status.snapshot = Some(SnapshotSave {
             name: name.into(),
             via: "cp".into(),
-            trigger: SnapshotTrigger::Manual,
+            trigger: SnapshotTrigger::BeforeUpgrade,
+            before: Some("upgrade to v1.32.0".into()),
             requested_at: drover_common::now(),
             failed_at: None,
             error: String::new(),
@@ -579,8 +585,14 @@ mod tests {
         assert_eq!(snapshot.spec.cluster_uid, "cu");
         assert_eq!(snapshot.spec.machine, "cp");
         assert_eq!(snapshot.status.revision, 77);
+        assert_eq!(snapshot.spec.trigger, SnapshotTrigger::BeforeUpgrade);
         let c = app.cluster("c").unwrap().unwrap();
         assert_eq!(c.status.snapshot, None, "no longer asked");
+        assert_eq!(
+            c.status.snapshot_taken_before.as_deref(),
+            Some("upgrade to v1.32.0"),
+            "the upgrade it was taken before may go ahead"
+        );
         assert_eq!(
             c.status.last_snapshot.as_ref().map(|l| l.name.as_str()),
             Some("c-20261128-010000")

@@ -169,7 +169,7 @@ pub(crate) fn kubelet_version<'c>(cluster: &'c Cluster, m: &Machine) -> Option<&
         .map(|n| n.kubelet_version.as_str())
 }
 
-fn same_version(a: &str, b: &str) -> bool {
+pub(crate) fn same_version(a: &str, b: &str) -> bool {
     a.trim_start_matches('v') == b.trim_start_matches('v')
 }
 

@@ -4,6 +4,7 @@
 //! and release the members past the desired count. Control-plane changes go
 //! one at a time and never below etcd quorum, as on the provider path.
 
+use super::backup::{waits_for_snapshot, Before};
 use super::in_place;
 use super::shared::*;
 use std::collections::BTreeSet;
@@ -80,6 +81,10 @@ struct PoolPass<'a, 'o> {
     paused: Vec<String>,
     /// Why a scale-down waits, per pool.
     held: Vec<String>,
+    /// The change that waits for a snapshot of etcd saved before it.
+    snapshot_before: Option<Before>,
+    /// Why a control-plane scale-down waits for that snapshot.
+    removal_waits: Option<String>,
     /// Unhealthy members: the name, and "pool: machine why" without ages.
     degraded: Vec<(String, String)>,
     all_running: bool,
@@ -150,6 +155,8 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             status: base_status(cluster),
             paused: vec![],
             held: vec![],
+            snapshot_before: None,
+            removal_waits: None,
             degraded: vec![],
             all_running: true,
             assigned_any: false,
@@ -495,6 +502,14 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             ));
             return 0;
         }
+        let before = Before::scale_down(self.cluster, desired);
+        if let Some(why) = waits_for_snapshot(self.cluster, &before) {
+            self.removal_waits = Some(format!(
+                "control plane: scale-down to {desired} waits for {why}"
+            ));
+            self.snapshot_before = Some(before);
+            return 0;
+        }
         self.steps.push(Step::Release {
             machine: victim.metadata.name.clone(),
             reason,
@@ -566,6 +581,25 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             && self.cluster.status.drain.is_none()
             && self.cluster.status.certificate_renewal.is_none()
             && self.cluster.status.endpoint_ready != Some(false);
+        // An upgrade's first step (and any later one, until a snapshot
+        // was saved before this upgrade) waits for one.
+        let target = &self.cluster.spec.kubernetes_version;
+        let upgrading = members.iter().any(|m| {
+            in_place::kubelet_version(self.cluster, m)
+                .is_some_and(|v| !in_place::same_version(v, target))
+        });
+        let snapshot_wait = match upgrading {
+            true => {
+                let before = Before::upgrade(target);
+                let why = waits_for_snapshot(self.cluster, &before);
+                if why.is_some() {
+                    self.snapshot_before = Some(before);
+                }
+                why
+            }
+            false => None,
+        };
+        let may_start = may_start && snapshot_wait.is_none();
         let observed = self.observed;
         let alive = |name: &str| observed.alive(name);
         let plan = in_place::plan_in_place(
@@ -649,22 +683,16 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             &plan_nodes(self.cluster, &owners, &via, self.observed.now),
         );
         super::addons::apply_addons(&mut self.status, self.cluster, &via, self.observed.now);
-        super::backup::apply_backup(&mut self.status, self.cluster, &via, self.observed.now);
+        super::backup::apply_backup(
+            &mut self.status,
+            self.cluster,
+            &via,
+            self.snapshot_before.as_ref(),
+            self.observed.now,
+        );
         set_remediation_condition(&mut self.status, &self.paused);
         set_control_plane_lost(&mut self.status, &self.cluster.metadata.name, self.lost);
-        if self.held.is_empty() {
-            self.status
-                .conditions
-                .retain(|c| c.type_ != REMOVAL_CONDITION);
-        } else {
-            set_condition(
-                &mut self.status.conditions,
-                REMOVAL_CONDITION,
-                false,
-                "WaitingForQuorum",
-                &self.held.join("; "),
-            );
-        }
+        set_removal_condition(&mut self.status, &self.held, self.removal_waits.as_deref());
         let waiting: u32 = self
             .status
             .pools
@@ -700,6 +728,32 @@ impl<'a, 'o> PoolPass<'a, 'o> {
 /// should leave (scale-down, or an operator's request) waits for quorum or
 /// for another change to finish.
 pub const REMOVAL_CONDITION: &str = "RemovalAllowed";
+
+/// Sets `RemovalAllowed` False while a control plane's removal waits:
+/// for etcd quorum (`held`, reason `WaitingForQuorum`) or for a snapshot
+/// saved before a scale-down (`snapshot`, reason `WaitingForSnapshot`);
+/// removes it when nothing waits.
+pub(crate) fn set_removal_condition(
+    status: &mut drover_common::api::ClusterStatus,
+    held: &[String],
+    snapshot: Option<&str>,
+) {
+    let (reason, message) = match (held.is_empty(), snapshot) {
+        (false, _) => ("WaitingForQuorum", held.join("; ")),
+        (true, Some(why)) => ("WaitingForSnapshot", why.to_owned()),
+        (true, None) => {
+            status.conditions.retain(|c| c.type_ != REMOVAL_CONDITION);
+            return;
+        }
+    };
+    set_condition(
+        &mut status.conditions,
+        REMOVAL_CONDITION,
+        false,
+        reason,
+        &message,
+    );
+}
 
 /// Whether a machine serves its cluster (it is not being released).
 fn is_member(m: &Machine) -> bool {

@@ -25,6 +25,7 @@
 //! Each phase adds its steps to the pass in this order; the executor
 //! applies them in it.
 
+use super::backup::{waits_for_snapshot, Before};
 use super::rollout::{self, PoolRoll, Roll};
 use super::shared::*;
 
@@ -136,6 +137,10 @@ struct ProviderPass<'a, 'o> {
     config_behind: bool,
     /// The control-plane pool has nothing outdated and all its machines run.
     cp_rolled: bool,
+    /// The change that waits for a snapshot of etcd saved before it.
+    snapshot_before: Option<Before>,
+    /// Why a control-plane scale-down waits (for that snapshot).
+    removal_waits: Option<String>,
 }
 
 /// One pool of a pass, as it is at the start of its phases.
@@ -221,6 +226,8 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             new_failures: vec![],
             config_behind: false,
             cp_rolled: false,
+            snapshot_before: None,
+            removal_waits: None,
         }
     }
 
@@ -452,6 +459,20 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
                     }
             })
             .collect();
+        let mut blocked = self.rollout_blocked(pool, judged, remediate);
+        // The control plane's upgrade waits for a snapshot saved before it.
+        if blocked.is_none()
+            && pool.control_plane
+            && remaining
+                .iter()
+                .any(|m| rollout::made_for_another(cluster, m))
+        {
+            let before = Before::upgrade(&rollout::target(cluster));
+            blocked = waits_for_snapshot(cluster, &before);
+            if blocked.is_some() {
+                self.snapshot_before = Some(before);
+            }
+        }
         let roll = rollout::roll_pool(
             cluster,
             &PoolRoll {
@@ -462,7 +483,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
                 remaining,
                 unhealthy: &unhealthy_why,
                 failed_before: self.failed_before,
-                blocked: self.rollout_blocked(pool, judged, remediate),
+                blocked,
                 halted: self.halted,
                 leaving: &leaving,
             },
@@ -605,6 +626,17 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             control_plane: pool.control_plane,
             etcd_members: &cluster.status.etcd_members,
         };
+        if count > roll.ceiling && pool.control_plane && !roll.rolling {
+            let before = Before::scale_down(cluster, pool.desired);
+            if let Some(why) = waits_for_snapshot(cluster, &before) {
+                self.removal_waits = Some(format!(
+                    "control plane: scale-down to {} waits for {why}",
+                    pool.desired
+                ));
+                self.snapshot_before = Some(before);
+                return count;
+            }
+        }
         if count > roll.ceiling {
             let victims = scale_down(
                 remaining,
@@ -758,7 +790,14 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             .collect();
         apply_nodes(&mut status, &plan_nodes(cluster, &owners, via, now));
         super::addons::apply_addons(&mut status, cluster, via, now);
-        super::backup::apply_backup(&mut status, cluster, via, now);
+        super::backup::apply_backup(
+            &mut status,
+            cluster,
+            via,
+            self.snapshot_before.as_ref(),
+            now,
+        );
+        super::pool::set_removal_condition(&mut status, &[], self.removal_waits.as_deref());
         set_remediation_condition(&mut status, &self.paused);
         status.rollout = rollout::rollout_status(
             cluster,

@@ -64,7 +64,7 @@ pub(crate) fn expiring_certificates<'m>(
 /// Whether `m` was made for another version or image than the cluster's
 /// spec names. A machine with nothing recorded (made before rollouts) is
 /// taken as current.
-fn made_for_another(cluster: &Cluster, m: &Machine) -> bool {
+pub(crate) fn made_for_another(cluster: &Cluster, m: &Machine) -> bool {
     let Some(a) = &m.spec.assignment else {
         return false;
     };

@@ -26,6 +26,11 @@ pub struct BackupSpec {
     /// Which snapshots are kept; older ones are deleted.
     #[serde(default)]
     pub keep: Retention,
+    /// Whether a snapshot is saved before every upgrade of the control
+    /// plane and every control-plane scale-down, which wait for it. Unset:
+    /// yes. `false` lets them go ahead without one (when etcd cannot be
+    /// snapshotted and the change must happen anyway).
+    pub before_changes: Option<bool>,
 }
 
 /// Which of a cluster's snapshots are kept: the newest `last`, and the
@@ -61,6 +66,12 @@ impl Default for Retention {
 pub const MIN_BACKUP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl BackupSpec {
+    /// Whether a cluster with `spec` saves a snapshot before each risky
+    /// change: it has a `backup` and did not turn this off.
+    pub fn before_changes(spec: Option<&BackupSpec>) -> bool {
+        spec.is_some_and(|b| b.before_changes != Some(false))
+    }
+
     /// The schedule (validated at apply), if any.
     pub fn every(spec: Option<&BackupSpec>) -> Option<std::time::Duration> {
         spec.and_then(|b| b.every.as_deref())
@@ -98,6 +109,10 @@ pub enum SnapshotTrigger {
     Scheduled,
     /// `drover backup cluster` asked for it.
     Manual,
+    /// Before the control plane's upgrade to a new version or image.
+    BeforeUpgrade,
+    /// Before a control plane is removed for a lower `replicas`.
+    BeforeScaleDown,
 }
 
 impl std::fmt::Display for SnapshotTrigger {
@@ -105,6 +120,8 @@ impl std::fmt::Display for SnapshotTrigger {
         f.write_str(match self {
             SnapshotTrigger::Scheduled => "Scheduled",
             SnapshotTrigger::Manual => "Manual",
+            SnapshotTrigger::BeforeUpgrade => "BeforeUpgrade",
+            SnapshotTrigger::BeforeScaleDown => "BeforeScaleDown",
         })
     }
 }
@@ -121,6 +138,10 @@ pub struct SnapshotSave {
     /// The machine asked to save it.
     pub via: String,
     pub trigger: SnapshotTrigger,
+    /// The change it is taken before (`upgrade to v1.31.2`), which waits
+    /// for it; once it is saved the status's `snapshotTakenBefore` names
+    /// it.
+    pub before: Option<String>,
     #[serde(with = "time::serde::rfc3339")]
     pub requested_at: time::OffsetDateTime,
     /// When it failed and why, as the machine reported it (or as the
@@ -294,6 +315,7 @@ mod tests {
         let bad = BackupSpec {
             every: Some("10s".into()),
             keep: Retention { last: 0, daily: 1 },
+            before_changes: None,
         };
         let problems = bad.problems();
         assert_eq!(problems.len(), 2, "{problems:?}");

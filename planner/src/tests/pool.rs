@@ -580,3 +580,62 @@ fn a_node_without_a_machine_is_deleted_and_a_not_ready_node_keeps_the_cluster_un
     assert_eq!(st.node_removal, None);
     assert!(has_condition(&st, "Ready", "True"));
 }
+
+#[test]
+fn a_pool_control_plane_scale_down_waits_for_a_snapshot_saved_before_it() {
+    let mut c = initialized_by(pool_cluster(1, 0), "a");
+    c.spec.backup = Some(Default::default());
+    let mut machines = three_control_planes();
+    machines[2].metadata.creation_timestamp = Some(drover_common::now());
+    let steps = plan_now(&c, &machines);
+    assert!(releases(&steps).is_empty(), "{steps:?}");
+    let st = final_status(&steps);
+    let op = st.snapshot.clone().expect("a snapshot asked");
+    assert_eq!(
+        op.trigger,
+        drover_common::api::SnapshotTrigger::BeforeScaleDown
+    );
+    let removal = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RemovalAllowed")
+        .expect("RemovalAllowed");
+    assert_eq!(
+        (removal.status.as_str(), removal.reason.as_str()),
+        ("False", "WaitingForSnapshot")
+    );
+    assert!(
+        removal.message.contains("scale-down to 1"),
+        "{}",
+        removal.message
+    );
+    // Saved: the scale-down goes ahead, one machine at a time.
+    c.status.snapshot_taken_before = op.before.clone();
+    let steps = plan_now(&c, &machines);
+    assert_eq!(releases(&steps), vec![("d".to_string(), false)]);
+}
+
+#[test]
+fn a_pool_clusters_in_place_upgrade_waits_for_a_snapshot_saved_before_it() {
+    let (mut c, machines) = init_and_worker();
+    c.spec.kubernetes_version = "v1.32.0".into();
+    c.spec.backup = Some(Default::default());
+    c.status.nodes = vec![cluster_node("a", "True"), cluster_node("w1", "True")];
+    c.status.etcd_members = healthy_members(&["a"]);
+    let steps = plan_now(&c, &machines);
+    let st = final_status(&steps);
+    assert_eq!(st.machine_upgrade, None, "{steps:?}");
+    let op = st.snapshot.clone().expect("a snapshot asked");
+    assert_eq!(
+        op.trigger,
+        drover_common::api::SnapshotTrigger::BeforeUpgrade
+    );
+    assert_eq!(op.before.as_deref(), Some("upgrade to v1.32.0"));
+    // Saved: the control plane upgrades first.
+    c.status.snapshot_taken_before = op.before.clone();
+    let steps = plan_now(&c, &machines);
+    let upgrade = final_status(&steps)
+        .machine_upgrade
+        .expect("an upgrade started");
+    assert_eq!(upgrade.machine, "a");
+}

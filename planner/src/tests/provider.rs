@@ -559,3 +559,42 @@ fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version(
     );
     assert_eq!(status_of(&steps).version_update, None);
 }
+
+#[test]
+fn a_control_plane_upgrade_waits_for_a_snapshot_saved_before_it() {
+    let mut c = initialized_by(docker_cluster(3, 0), "cp1");
+    c.spec.kubernetes_version = "v1.32.0".into();
+    c.spec.backup = Some(Default::default());
+    let mut machines = created_control_planes(&["cp1", "cp2", "cp3"]);
+    hostnames_are_names(&mut machines);
+    for m in &mut machines {
+        m.spec.assignment.as_mut().unwrap().kubernetes_version = Some("v1.31.2".into());
+    }
+    c.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
+    c.status.kubeadm_config_version = Some("v1.31.2".into());
+    // Nothing of the upgrade starts (not even kubeadm-config's version):
+    // a snapshot is asked first, and the rollout says it waits for it.
+    let steps = plan_now(&c, &machines);
+    assert_eq!(creates(&steps), vec![]);
+    let st = status_of(&steps);
+    assert_eq!(st.version_update, None);
+    let op = st.snapshot.clone().expect("a snapshot asked");
+    assert_eq!(
+        op.trigger,
+        drover_common::api::SnapshotTrigger::BeforeUpgrade
+    );
+    let before = op.before.clone().unwrap();
+    assert!(before.starts_with("upgrade to v1.32.0"), "{before}");
+    let waiting = st.rollout.as_ref().and_then(|r| r.waiting_for.clone());
+    assert!(
+        waiting
+            .as_deref()
+            .is_some_and(|w| w.contains("a snapshot of etcd before the upgrade")),
+        "{waiting:?}"
+    );
+    // Saved: the upgrade goes ahead with its first step.
+    c.status.snapshot_taken_before = Some(before);
+    let steps = plan_now(&c, &machines);
+    assert!(status_of(&steps).version_update.is_some(), "{steps:?}");
+    assert_eq!(status_of(&steps).snapshot, None);
+}

@@ -219,6 +219,10 @@ pub struct ClusterStatus {
     pub snapshot_requested_at: Option<time::OffsetDateTime>,
     /// The newest snapshot saved.
     pub last_snapshot: Option<crate::objects::snapshot::SnapshotRef>,
+    /// The change (`upgrade to v1.31.2`, `control-plane scale-down to 1
+    /// at generation 7`) the last snapshot taken before one was saved
+    /// for: that change may go ahead.
+    pub snapshot_taken_before: Option<String>,
     /// The machine that ran `kubeadm init`.
     pub init_machine: Option<String>,
     /// Whether `kubeadm init` has succeeded once for this cluster.
