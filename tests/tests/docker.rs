@@ -986,7 +986,12 @@ fn wait_backends(c: &Coordinator, cluster: &str, dir: &Path) {
 fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
     let (tmp, name, _cleanup) = setup("cpscale");
     let c = start(tmp.path(), "1s", "5s");
-    let three = docker_cluster_yaml(&name, 3, 0, "");
+    // With backups, a scale-down first saves a snapshot of etcd.
+    let three = docker_cluster_yaml(&name, 3, 0, "").replace(
+        "  kubernetesVersion: v1.31.2\n",
+        "  kubernetesVersion: v1.31.2\n  backup: {}\n",
+    );
+    assert!(three.contains("  backup: {}\n"), "{three}");
     apply(&c, tmp.path(), &three);
     c.wait_cluster_phase(&name, "Running", Duration::from_secs(240));
     let init = c.cluster(&name).unwrap()["status"]["initMachine"]
@@ -1020,6 +1025,16 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
     wait_whole(&c, &name, &files, 1, "one Node and one member");
     eprintln!("the API server during 3 -> 1: {answered} answered, {failed} failed");
     assert_eq!(failed, 0, "{failed} of {} calls failed", answered + failed);
+    // The snapshot the scale-down waited for, saved by a real etcd.
+    let before = c.cluster(&name).unwrap()["status"]["snapshotTakenBefore"].clone();
+    assert!(
+        before
+            .as_str()
+            .is_some_and(|b| b.starts_with("control-plane scale-down to 1 ")),
+        "{before}"
+    );
+    let listed = c.cli_ok(&["get", "snapshots", &name]);
+    assert!(listed.contains("BeforeScaleDown"), "{listed}");
 
     // 1 -> 3: the new control planes join one after another.
     apply(&c, tmp.path(), &three);
