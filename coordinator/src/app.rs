@@ -287,6 +287,14 @@ impl App {
         self.page(Kind::Machine, span, |(m, rev)| self.overlay(m, rev))
     }
 
+    /// One page of every cluster's snapshot records, by name.
+    pub fn snapshots_page(
+        &self,
+        span: Span<'_>,
+    ) -> Result<Vec<drover_common::api::Snapshot>, StoreError> {
+        self.page(Kind::Snapshot, span, |(s, _)| s)
+    }
+
     /// Every machine of the cluster with UID `cluster_uid`, and maybe
     /// others (callers filter on the records): from the reconciler's fleet
     /// index while this replica leads, else every machine.

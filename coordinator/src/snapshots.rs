@@ -628,6 +628,18 @@ mod tests {
             .map(|s| s.metadata.name)
             .collect();
         assert_eq!(kept, names[1..], "the newest 2");
+        // Pages of the whole list, by name (GET /v1/snapshots?limit=).
+        let page = |after: &str| -> Vec<String> {
+            let span = crate::store::Span {
+                after,
+                limit: Some(1),
+            };
+            let page = app.snapshots_page(span).unwrap();
+            page.into_iter().map(|s| s.metadata.name).collect()
+        };
+        assert_eq!(page(""), names[1..2]);
+        assert_eq!(page(names[1]), names[2..]);
+        assert!(page(names[2]).is_empty());
         assert!(!file_of(&app, "cu", names[0]).exists());
         assert!(file_of(&app, "cu", names[2]).exists());
         assert!(app

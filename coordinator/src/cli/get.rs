@@ -204,11 +204,14 @@ async fn fetch(client: &Client, g: &GetArgs) -> anyhow::Result<Listing> {
             Listing::new("machine", &list, g.output, machines_table)
         }
         Resource::Snapshots => {
-            let path = match &g.name {
-                Some(cluster) => format!("/v1/snapshots?cluster={cluster}"),
-                None => "/v1/snapshots".to_owned(),
+            let list: Vec<drover_common::api::Snapshot> = match &g.name {
+                Some(cluster) => {
+                    client
+                        .get(&format!("/v1/snapshots?cluster={cluster}"))
+                        .await?
+                }
+                None => client.list("/v1/snapshots", chunk(g)).await?,
             };
-            let list: Vec<drover_common::api::Snapshot> = client.get(&path).await?;
             Listing::new("snapshot", &list, g.output, snapshots_table)
         }
         Resource::Tokens => {

@@ -9,11 +9,13 @@ use axum::Json;
 use drover_common::api::{Cluster, Snapshot};
 use serde::Deserialize;
 
+use axum::response::{IntoResponse, Response};
+
 use super::admin::ObjectName;
 use super::auth::Admin;
 use super::error::ApiError;
+use super::paging::{self, ListQuery};
 use crate::app::App;
-use crate::store::Kind;
 
 /// `POST /v1/clusters/{name}/snapshots`: asks for an etcd snapshot of the
 /// cluster now (`drover backup cluster`).
@@ -80,12 +82,23 @@ pub async fn request_snapshot(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct SnapshotQuery {
-    /// Only this cluster's snapshots.
+    /// Only this cluster's snapshots, oldest first, in one answer (as many
+    /// as its retention keeps).
     pub cluster: Option<String>,
+    /// Without `cluster`: the most snapshots to return, 1 to 10,000;
+    /// absent or 0: every one. When more follow, the answer names the next
+    /// page (`Link` and `Drover-Continue` headers).
+    pub limit: Option<usize>,
+    /// Without `cluster`: the token of the page to return, from the
+    /// previous page's `Drover-Continue` header.
+    #[serde(rename = "continue")]
+    #[param(rename = "continue")]
+    pub continue_: Option<String>,
 }
 
-/// `GET /v1/snapshots`: the etcd snapshots saved, oldest first (by cluster
-/// when no cluster is named).
+/// `GET /v1/snapshots`: the etcd snapshots saved: one cluster's, oldest
+/// first, or every cluster's by name (`<cluster>-<time>`, so each
+/// cluster's oldest first), all or one page at a time.
 #[utoipa::path(
     get,
     path = "/v1/snapshots",
@@ -93,7 +106,12 @@ pub struct SnapshotQuery {
     security(("adminToken" = [])),
     params(SnapshotQuery),
     responses(
-        (status = 200, description = "The snapshots.", body = Vec<Snapshot>),
+        (status = 200, description = "The snapshots: one cluster's, or every one or a page of at most `limit`.", body = Vec<Snapshot>,
+            headers(
+                ("Link" = String, description = "With `limit`, when more follow: `<URL>; rel=\"next\"`, the next page."),
+                ("Drover-Continue" = String, description = "With `limit`, when more follow: the next page's `continue` token."),
+            ),
+        ),
         (status = 400, response = super::responses::BadRequest),
         (status = 401, response = super::responses::Unauthorized),
         (status = 404, response = super::responses::NotFound),
@@ -103,38 +121,41 @@ pub async fn list_snapshots(
     State(app): State<Arc<App>>,
     _admin: Admin,
     query: Result<Query<SnapshotQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Vec<Snapshot>>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| {
         ApiError::bad_request(format!(
-            "{}; the only parameter is cluster=NAME",
+            "{}; the parameters are cluster=NAME, or limit=N and continue=TOKEN",
             e.body_text()
         ))
     })?;
-    let snapshots = crate::store::blocking(move || -> Result<Vec<Snapshot>, ApiError> {
-        match &query.cluster {
-            Some(name) => {
-                drover_common::names::check_dns_label("cluster name", name)
-                    .map_err(|e| ApiError::bad_request(format!("cluster={name:?}: {e}")))?;
-                let cluster = app
-                    .cluster(name)?
-                    .ok_or_else(|| ApiError::not_found("cluster", name))?;
-                let uid = cluster.metadata.uid.unwrap_or_default();
-                Ok(crate::snapshots::snapshots_of(&app, name, &uid)?)
-            }
-            None => {
-                let mut all: Vec<Snapshot> = app
-                    .store
-                    .list_json::<Snapshot>(Kind::Snapshot)?
-                    .into_iter()
-                    .map(|(s, _)| s)
-                    .collect();
-                all.sort_by(|a, b| {
-                    (&a.spec.cluster, a.status.saved_at).cmp(&(&b.spec.cluster, b.status.saved_at))
-                });
-                Ok(all)
-            }
+    let Some(name) = query.cluster else {
+        let page = ListQuery {
+            limit: query.limit,
+            continue_: query.continue_,
         }
+        .page()?;
+        let snapshots = page.read(&app, App::snapshots_page).await?;
+        return Ok(paging::answer(
+            "/v1/snapshots",
+            &page,
+            snapshots,
+            |s: &Snapshot| &s.metadata.name,
+        ));
+    };
+    if query.limit.is_some() || query.continue_.is_some() {
+        return Err(ApiError::bad_request(format!(
+            "limit and continue page the list of every cluster's snapshots; cluster={name} lists that cluster's (as many as its retention keeps) in one answer"
+        )));
+    }
+    drover_common::names::check_dns_label("cluster name", &name)
+        .map_err(|e| ApiError::bad_request(format!("cluster={name:?}: {e}")))?;
+    let snapshots = crate::store::blocking(move || -> Result<Vec<Snapshot>, ApiError> {
+        let cluster = app
+            .cluster(&name)?
+            .ok_or_else(|| ApiError::not_found("cluster", &name))?;
+        let uid = cluster.metadata.uid.unwrap_or_default();
+        Ok(crate::snapshots::snapshots_of(&app, &name, &uid)?)
     })
     .await?;
-    Ok(Json(snapshots))
+    Ok(Json(snapshots).into_response())
 }
