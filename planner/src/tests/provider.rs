@@ -519,8 +519,9 @@ fn a_control_plane_joins_only_once_the_last_ones_learner_is_promoted() {
     );
 }
 
-#[test]
-fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version() {
+/// A docker cluster of three running control planes made for v1.31.2,
+/// whose spec now names v1.32.0.
+fn three_control_planes_to_upgrade() -> (Cluster, Vec<Machine>) {
     let mut c = initialized_by(docker_cluster(3, 0), "cp1");
     c.spec.kubernetes_version = "v1.32.0".into();
     let mut machines = created_control_planes(&["cp1", "cp2", "cp3"]);
@@ -530,6 +531,12 @@ fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version(
     }
     c.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
     c.status.kubeadm_config_version = Some("v1.31.2".into());
+    (c, machines)
+}
+
+#[test]
+fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version() {
+    let (mut c, machines) = three_control_planes_to_upgrade();
     // The surge control plane would deploy v1.31.2: the config changes
     // first, through a running control plane.
     let steps = plan_now(&c, &machines);
@@ -562,16 +569,8 @@ fn a_new_version_control_plane_joins_only_once_kubeadm_config_names_its_version(
 
 #[test]
 fn a_control_plane_upgrade_waits_for_a_snapshot_saved_before_it() {
-    let mut c = initialized_by(docker_cluster(3, 0), "cp1");
-    c.spec.kubernetes_version = "v1.32.0".into();
+    let (mut c, machines) = three_control_planes_to_upgrade();
     c.spec.backup = Some(Default::default());
-    let mut machines = created_control_planes(&["cp1", "cp2", "cp3"]);
-    hostnames_are_names(&mut machines);
-    for m in &mut machines {
-        m.spec.assignment.as_mut().unwrap().kubernetes_version = Some("v1.31.2".into());
-    }
-    c.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
-    c.status.kubeadm_config_version = Some("v1.31.2".into());
     // Nothing of the upgrade starts (not even kubeadm-config's version):
     // a snapshot is asked first, and the rollout says it waits for it.
     let steps = plan_now(&c, &machines);
