@@ -20,7 +20,8 @@ use std::time::SystemTime;
 use drover_common::api::{Cluster, Machine};
 use drover_common::pki::{CertInfo, PkiError};
 use drover_common::ticket::TicketGrant;
-use drover_common::wire::datagram::{status_digest, unix_micros, Verdict, ANSWER_LEN};
+use drover_common::wire::datagram::{unix_micros, Verdict, ANSWER_LEN};
+use drover_common::wire::status_digest;
 use drover_common::wire::{
     DirectiveResult, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
     RenewResponse,

@@ -1682,7 +1682,7 @@ fn heartbeat_datagrams_refuse_forgery_replay_another_machines_key_and_garbage() 
         datagrams: true,
         ..Default::default()
     };
-    let digest = datagram::status_digest(&report);
+    let digest = drover_common::wire::status_digest(&report);
     let (id_a, hk_a) = offer_of(&c, (&cert_a, &key_a), &report);
     let (id_b, hk_b) = offer_of(&c, (&cert_b, &key_b), &report);
     assert_ne!(id_a, id_b);
@@ -1820,7 +1820,7 @@ fn a_revoked_machines_datagrams_do_not_keep_it_alive() {
         datagrams: true,
         ..Default::default()
     };
-    let digest = datagram::status_digest(&report);
+    let digest = drover_common::wire::status_digest(&report);
     let (id, hk) = offer_of(&c, (&cert, &key), &report);
     let coordinator: std::net::SocketAddr = format!("127.0.0.1:{}", c.port).parse().unwrap();
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -11,9 +11,9 @@
 use std::time::{Duration, SystemTime};
 
 use drover_common::wire::datagram::{
-    status_digest, unix_micros, Answer, Beat, DatagramOffer, HeartbeatKey, OfferError, Verdict,
-    REQUEST_LEN,
+    unix_micros, Answer, Beat, DatagramOffer, HeartbeatKey, OfferError, Verdict, REQUEST_LEN,
 };
+use drover_common::wire::status_digest;
 use drover_common::wire::{AgentPhase, HeartbeatRequest};
 
 /// How long to wait for the answer to a datagram before heartbeating over

@@ -26,8 +26,6 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::HeartbeatRequest;
-
 /// A request datagram's length.
 pub const REQUEST_LEN: usize = 52;
 /// An answer datagram's length.
@@ -325,34 +323,6 @@ pub fn machine_id(machine_uid: &str) -> u64 {
     u64::from_be_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
 }
 
-/// The digest a datagram carries of the heartbeat report it stands for:
-/// the first 8 bytes of a SHA-256 over the JSON of the report's steady
-/// part, the report less what it delivers once (directive results, the
-/// etcd members and Nodes a control plane repeats now and then, the
-/// kubeadm version, certificate expiry). The agent sends a datagram only
-/// while its report is quiet (delivers none of those) and its digest
-/// equals that of the last report the coordinator accepted over HTTPS; the
-/// coordinator compares the datagram's digest with that report's: any
-/// change goes over HTTPS. Leaving out what is delivered once lets a
-/// control plane go back to datagrams at the heartbeat after a refresh of
-/// its cluster view, not two heartbeats later.
-pub fn status_digest(report: &HeartbeatRequest) -> [u8; 8] {
-    use sha2::Digest;
-    let steady = HeartbeatRequest {
-        directive_results: Vec::new(),
-        etcd: None,
-        nodes: None,
-        kubeadm_version: None,
-        certificates: None,
-        ..report.clone()
-    };
-    let json = serde_json::to_vec(&steady).expect("a heartbeat report serialises");
-    let mut h = Sha256::new();
-    h.update(b"drover heartbeat digest v1\0");
-    h.update(&json);
-    h.finalize()[..8].try_into().expect("8 bytes")
-}
-
 /// The microseconds since the Unix epoch of `at` (0 before it).
 pub fn unix_micros(at: std::time::SystemTime) -> u64 {
     at.duration_since(std::time::UNIX_EPOCH)
@@ -474,24 +444,9 @@ mod tests {
     }
 
     #[test]
-    fn ids_and_digests_are_stable_and_distinct() {
+    fn ids_are_stable_and_distinct() {
         assert_eq!(machine_id("uid-a"), machine_id("uid-a"));
         assert_ne!(machine_id("uid-a"), machine_id("uid-b"));
-        let report = |generation| HeartbeatRequest {
-            applied_generation: generation,
-            ..Default::default()
-        };
-        let d = status_digest(&report(3));
-        assert_eq!(d, status_digest(&report(3)));
-        assert_ne!(d, status_digest(&report(4)));
-        // What a report delivers once is not part of its steady state.
-        let refresh = HeartbeatRequest {
-            nodes: Some(Default::default()),
-            etcd: Some(Default::default()),
-            kubeadm_version: Some("v1.31.1".into()),
-            ..report(3)
-        };
-        assert_eq!(d, status_digest(&refresh));
         let offer = DatagramOffer::new(7, &key(3));
         assert_eq!(offer.heartbeat_key().unwrap(), key(3));
         assert!(!format!("{offer:?}").contains(&offer.key));

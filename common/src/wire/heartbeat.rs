@@ -323,6 +323,34 @@ pub struct AssignmentNotice {
     pub generation: u64,
 }
 
+/// The digest a heartbeat datagram ([`super::datagram`]) carries of the heartbeat report it stands for:
+/// the first 8 bytes of a SHA-256 over the JSON of the report's steady
+/// part, the report less what it delivers once (directive results, the
+/// etcd members and Nodes a control plane repeats now and then, the
+/// kubeadm version, certificate expiry). The agent sends a datagram only
+/// while its report is quiet (delivers none of those) and its digest
+/// equals that of the last report the coordinator accepted over HTTPS; the
+/// coordinator compares the datagram's digest with that report's: any
+/// change goes over HTTPS. Leaving out what is delivered once lets a
+/// control plane go back to datagrams at the heartbeat after a refresh of
+/// its cluster view, not two heartbeats later.
+pub fn status_digest(report: &HeartbeatRequest) -> [u8; 8] {
+    use sha2::{Digest, Sha256};
+    let steady = HeartbeatRequest {
+        directive_results: Vec::new(),
+        etcd: None,
+        nodes: None,
+        kubeadm_version: None,
+        certificates: None,
+        ..report.clone()
+    };
+    let json = serde_json::to_vec(&steady).expect("a heartbeat report serialises");
+    let mut h = Sha256::new();
+    h.update(b"drover heartbeat digest v1\0");
+    h.update(&json);
+    h.finalize()[..8].try_into().expect("8 bytes")
+}
+
 #[cfg(test)]
 mod bound_tests {
     use time::OffsetDateTime;
@@ -381,5 +409,24 @@ mod bound_tests {
         let mut small = HeartbeatRequest::default();
         small.health.kubelet.message = "kubelet is not running".into();
         assert!(!small.bound());
+    }
+
+    #[test]
+    fn a_status_digest_covers_the_steady_report_only() {
+        let report = |generation| HeartbeatRequest {
+            applied_generation: generation,
+            ..Default::default()
+        };
+        let d = status_digest(&report(3));
+        assert_eq!(d, status_digest(&report(3)));
+        assert_ne!(d, status_digest(&report(4)));
+        // What a report delivers once is not part of its steady state.
+        let refresh = HeartbeatRequest {
+            nodes: Some(Default::default()),
+            etcd: Some(Default::default()),
+            kubeadm_version: Some("v1.31.1".into()),
+            ..report(3)
+        };
+        assert_eq!(d, status_digest(&refresh));
     }
 }
