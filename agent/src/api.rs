@@ -432,6 +432,59 @@ impl CoordinatorClient {
         }
     }
 
+    /// `GET`s the sealed snapshot at `path` of the coordinator that
+    /// answered last (with the machine's certificate) into `file`, streamed;
+    /// `timeout` bounds the whole download. The bytes written.
+    pub async fn download_snapshot(
+        &self,
+        path: &str,
+        file: &std::path::Path,
+        timeout: Duration,
+    ) -> Result<u64, ApiError> {
+        use futures_util::StreamExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        let url = format!("{}{path}", self.preferred_url());
+        let response = self
+            .http
+            .get(&url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| ApiError::Unreachable(format!("GET {url}: {}", error_chain(&e))))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response
+                .bytes()
+                .await
+                .map(|b| b.to_vec())
+                .unwrap_or_default();
+            return Err(Answer {
+                method: Method::GET,
+                url,
+                status,
+                body,
+            }
+            .refused());
+        }
+        let cannot_write =
+            |e: std::io::Error| ApiError::Client(format!("cannot write {}: {e}", file.display()));
+        let mut out = tokio::fs::File::create(file).await.map_err(cannot_write)?;
+        let mut stream = response.bytes_stream();
+        let mut len = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::Unreachable(format!(
+                    "GET {url}: the body broke off: {}",
+                    error_chain(&e)
+                ))
+            })?;
+            out.write_all(&chunk).await.map_err(cannot_write)?;
+            len += chunk.len() as u64;
+        }
+        out.sync_all().await.map_err(cannot_write)?;
+        Ok(len)
+    }
+
     /// `PUT`s the sealed snapshot at `file` (`len` bytes, SHA-256
     /// `sealed_sha256`) to `upload`: the coordinator that granted it (the
     /// replica that answered last, with the machine's certificate) or a

@@ -101,6 +101,42 @@ pub fn kubeadm_bootstrap(
     spec
 }
 
+/// `etcdctl snapshot restore DB --name N --initial-cluster N=URL
+/// --initial-advertise-peer-urls URL --data-dir DIR`: a new one-member etcd
+/// (a new cluster id; etcd 3.4's etcdctl checks the hash etcd appended to
+/// the snapshot) from the snapshot at `db`, as a restore of a cluster does
+/// before `kubeadm init` (kubeadm's etcd then starts on that data).
+pub fn etcdctl_snapshot_restore(
+    etcdctl: &str,
+    db: &Path,
+    member: &str,
+    peer_url: &str,
+    data_dir: &Path,
+) -> CommandSpec {
+    let initial = format!("{member}={peer_url}");
+    let db = db.display().to_string();
+    let data_dir = data_dir.display().to_string();
+    let mut spec = CommandSpec::new(
+        etcdctl,
+        &[
+            "snapshot",
+            "restore",
+            &db,
+            "--name",
+            member,
+            "--initial-cluster",
+            &initial,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--data-dir",
+            &data_dir,
+        ],
+    );
+    spec.env.push(("ETCDCTL_API".into(), "3".into()));
+    spec.timeout = Some(std::time::Duration::from_secs(30 * 60));
+    spec
+}
+
 /// The version of `kubeadm` (`kubeadm version -o short`), or `None` when it
 /// cannot be run or says something else (logged).
 pub async fn kubeadm_version(kubeadm: &str) -> Option<String> {

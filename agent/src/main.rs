@@ -39,6 +39,7 @@ mod nocloud;
 mod podnet;
 mod protocol;
 mod register;
+mod restore;
 mod settings;
 mod shutdown;
 mod simulate;

@@ -97,6 +97,14 @@ pub struct BootstrapProgress {
     /// restart once kubeadm has finished.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_kubeadm_commands: Vec<String>,
+    /// The etcd snapshot restored before `kubeadm init` (the init machine
+    /// of a cluster being restored), until it is restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<drover_common::wire::EtcdRestore>,
+    /// etcd's data directory once a snapshot is restored into it, which
+    /// `kubeadm init` then finds in use, as it must.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<String>,
 }
 
 /// How far bootstrap of an assignment has come.
@@ -371,6 +379,8 @@ pub(crate) mod tests {
             written_files: vec!["/etc/drover/kubeadm.yaml".into()],
             kubeadm_config_path: Some("/etc/drover/kubeadm.yaml".into()),
             post_kubeadm_commands: vec![],
+            restore: None,
+            restored: None,
         });
         s
     }

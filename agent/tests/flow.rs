@@ -216,6 +216,7 @@ async fn handle(
                 post_kubeadm_commands: s.post_commands.clone(),
                 image_cni: false,
                 addons: s.addons.clone(),
+                restore: None,
                 issued_at: drover_common::now(),
             };
             json_response(StatusCode::OK, &bundle::sign(&b, &s.ca.key_pem).unwrap())

@@ -58,6 +58,11 @@ pub struct ConfigBundle {
     /// bundle that names any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addons: Vec<String>,
+    /// For the init machine of a cluster being restored: the etcd snapshot
+    /// it restores before `kubeadm init`. An agent that does not know this
+    /// field refuses the bundle, rather than initialize a new cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<crate::wire::EtcdRestore>,
     #[serde(with = "time::serde::rfc3339")]
     pub issued_at: OffsetDateTime,
 }
@@ -153,6 +158,7 @@ mod tests {
             post_kubeadm_commands: vec![],
             image_cni: false,
             addons: vec![],
+            restore: None,
             issued_at: crate::now(),
         }
     }

@@ -389,6 +389,115 @@ pub fn open_all(
     Ok((header, out, digest))
 }
 
+/// The SHA-256 etcd appends to every snapshot it streams (its
+/// `Maintenance.Snapshot` sends the database, then the hash of it; `etcdutl
+/// snapshot restore` refuses a file whose last 32 bytes are not the hash of
+/// the rest, unless told to skip the check). Fed the snapshot as it is
+/// opened, it tells whether the file is a whole etcd snapshot.
+#[derive(Default)]
+pub struct EtcdHash {
+    hash: Sha256,
+    /// The last (up to) 32 bytes seen: the hash, once all is seen.
+    tail: Vec<u8>,
+}
+
+/// The length of etcd's trailing hash.
+const ETCD_HASH_LEN: usize = 32;
+
+impl EtcdHash {
+    pub fn update(&mut self, data: &[u8]) {
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > ETCD_HASH_LEN {
+            let hashed = self.tail.len() - ETCD_HASH_LEN;
+            self.hash.update(&self.tail[..hashed]);
+            self.tail.drain(..hashed);
+        }
+    }
+
+    /// Whether the bytes fed end with the SHA-256 of the bytes before.
+    pub fn matches(self) -> bool {
+        self.tail.len() == ETCD_HASH_LEN && self.hash.finalize().as_slice() == self.tail.as_slice()
+    }
+}
+
+/// Why a sealed snapshot file cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenFileError {
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("it is snapshot {found}, not {wanted}")]
+    OtherSnapshot { found: String, wanted: String },
+    #[error("it was taken of another cluster (UID {found}, not {wanted})")]
+    OtherCluster { found: String, wanted: String },
+    #[error("its contents do not end with the SHA-256 etcd appends to every snapshot: it is not a whole etcd snapshot")]
+    NotEtcd,
+}
+
+/// Opens the sealed snapshot `reader` holds, as it reads it, writing the
+/// snapshot to `out`; checks that it is snapshot `name` of the cluster
+/// with UID `cluster_uid` and ends with etcd's own hash. Returns its size
+/// and SHA-256.
+pub fn open_stream(
+    key: &SnapshotKey,
+    name: &str,
+    cluster_uid: &str,
+    reader: &mut impl std::io::Read,
+    out: &mut impl std::io::Write,
+) -> Result<Digest256, OpenFileError> {
+    let mut buf = vec![0u8; CHUNK_SIZE];
+    let mut head = Vec::new();
+    let used = loop {
+        if let Some((_, used)) = read_header(&head)? {
+            break used;
+        }
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            return Err(SnapshotError::Header("the header is cut short".into()).into());
+        }
+        head.extend_from_slice(&buf[..n]);
+    };
+    let mut opener = Opener::new(key, &head[..used])?;
+    let header = opener.header().clone();
+    if header.snapshot != name {
+        return Err(OpenFileError::OtherSnapshot {
+            found: header.snapshot,
+            wanted: name.to_owned(),
+        });
+    }
+    if header.cluster_uid != cluster_uid {
+        return Err(OpenFileError::OtherCluster {
+            found: header.cluster_uid,
+            wanted: cluster_uid.to_owned(),
+        });
+    }
+    let mut etcd = EtcdHash::default();
+    let mut plain = Vec::with_capacity(2 * CHUNK_SIZE);
+    let mut feed = |opener: &mut Opener, data: &[u8], plain: &mut Vec<u8>| {
+        opener.update(data, plain)?;
+        etcd.update(plain);
+        out.write_all(plain)?;
+        plain.clear();
+        Ok::<(), OpenFileError>(())
+    };
+    feed(&mut opener, &head[used..], &mut plain)?;
+    loop {
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        feed(&mut opener, &buf[..n], &mut plain)?;
+    }
+    let digest = opener.finish(&mut plain)?;
+    etcd.update(&plain);
+    out.write_all(&plain)?;
+    if !etcd.matches() {
+        return Err(OpenFileError::NotEtcd);
+    }
+    Ok(digest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,6 +618,83 @@ mod tests {
         assert_eq!(
             SnapshotKey::from_base64("c2hvcnQ=").unwrap_err(),
             SnapshotError::BadKey
+        );
+    }
+
+    /// An etcd-like snapshot: bytes, then their SHA-256.
+    fn etcd_like(len: usize) -> Vec<u8> {
+        let mut data = sample(len);
+        let hash = Sha256::digest(&data);
+        data.extend_from_slice(&hash);
+        data
+    }
+
+    #[test]
+    fn a_file_opens_as_it_is_read_and_must_end_with_etcds_hash() {
+        let key = SnapshotKey::generate();
+        for len in [0, 10, CHUNK_SIZE - 32, CHUNK_SIZE, 3 * CHUNK_SIZE + 7] {
+            let data = etcd_like(len);
+            let (sealed, digest) = seal(&key, &data, 1000);
+            let mut out = Vec::new();
+            let got = open_stream(
+                &key,
+                "prod-20261128t000000z",
+                "uid-1",
+                &mut sealed.as_slice(),
+                &mut out,
+            )
+            .unwrap();
+            assert_eq!(got, digest, "length {len}");
+            assert_eq!(out, data, "length {len}");
+        }
+        // Not etcd's: no hash at its end.
+        let (sealed, _) = seal(&key, &sample(5000), 1000);
+        let err = open_stream(
+            &key,
+            "prod-20261128t000000z",
+            "uid-1",
+            &mut sealed.as_slice(),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, OpenFileError::NotEtcd), "{err}");
+        // Another cluster's, another snapshot, a cut file.
+        let (sealed, _) = seal(&key, &etcd_like(100), 1000);
+        let err = open_stream(
+            &key,
+            "prod-20261128t000000z",
+            "uid-2",
+            &mut sealed.as_slice(),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, OpenFileError::OtherCluster { .. }), "{err}");
+        let err = open_stream(
+            &key,
+            "prod-other",
+            "uid-1",
+            &mut sealed.as_slice(),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, OpenFileError::OtherSnapshot { .. }), "{err}");
+        let cut = &sealed[..sealed.len() - 5];
+        let err = open_stream(
+            &key,
+            "prod-20261128t000000z",
+            "uid-1",
+            &mut &cut[..],
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OpenFileError::Snapshot(
+                    SnapshotError::Tampered { .. } | SnapshotError::Truncated { .. }
+                )
+            ),
+            "{err}"
         );
     }
 }

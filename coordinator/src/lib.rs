@@ -6,6 +6,7 @@ pub use types::EXIT_CONFIG;
 
 pub mod app;
 pub mod cli;
+pub mod cluster_restore;
 pub mod config_file;
 pub mod domain;
 pub mod heartbeat_udp;

@@ -420,7 +420,12 @@ pub fn prune(app: &App, cluster: &Cluster) -> Result<Vec<String>> {
         .iter()
         .map(|s| (s.metadata.name.clone(), s.status.saved_at))
         .collect();
-    let gone = to_prune(&saved, &keep);
+    // The snapshot a restore under way reads stays, whatever retention says.
+    let restoring = cluster.status.restore.as_ref().map(|r| r.snapshot.as_str());
+    let gone: Vec<String> = to_prune(&saved, &keep)
+        .into_iter()
+        .filter(|n| Some(n.as_str()) != restoring)
+        .collect();
     for name in &gone {
         match app.store.delete(Kind::Snapshot, name, None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}

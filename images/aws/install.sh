@@ -126,9 +126,11 @@ phase_kubernetes() {
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   # containerd pulls in runc; conntrack, iptables, socat and ethtool are
-  # what kubeadm's preflight and the kubelet look for on the host.
+  # what kubeadm's preflight and the kubelet look for on the host;
+  # etcd-client's etcdctl restores a cluster's etcd from a snapshot before
+  # kubeadm init (`drover restore cluster`).
   apt-get install -y -q --no-install-recommends \
-    ca-certificates curl containerd conntrack iptables socat ethtool
+    ca-certificates curl containerd conntrack iptables socat ethtool etcd-client
 
   # containerd: the kubelet and the runtime must agree on the cgroup driver;
   # kubeadm configures the kubelet for systemd.

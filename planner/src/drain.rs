@@ -41,7 +41,10 @@ pub(crate) fn gate_drains(
     mut steps: Vec<Step>,
 ) -> Vec<Step> {
     let before = cluster.status.drain.clone();
-    let deleting = cluster.metadata.deletion_timestamp.is_some();
+    // Nothing is drained from a cluster being deleted, nor from one whose
+    // etcd is being restored (its API server is what is being replaced).
+    let deleting =
+        cluster.metadata.deletion_timestamp.is_some() || cluster.status.restore.is_some();
     let mut leaving: Vec<String> = steps
         .iter()
         .filter_map(|s| match s.removal() {

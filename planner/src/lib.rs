@@ -17,7 +17,8 @@
 //!   machines a provider (docker, aws) creates; `rollout.rs` rolls a
 //!   provider cluster to a new version or image, `in_place.rs` upgrades a
 //!   pool cluster's machines where they stand, `addons.rs` applies the
-//!   spec's addons, `backup.rs` asks for etcd snapshots, and `drain.rs`
+//!   spec's addons, `backup.rs` asks for etcd snapshots, `restore.rs`
+//!   restores etcd from one onto a new init machine, and `drain.rs`
 //!   holds back the removal of a machine
 //!   leaving on purpose until its Node is drained.
 //! - `fixtures.rs` (tests, and the `fixtures` feature for the coordinator's
@@ -35,6 +36,7 @@ mod in_place;
 mod instance;
 mod pool;
 mod provider;
+mod restore;
 mod rollout;
 mod shared;
 #[cfg(test)]

@@ -50,7 +50,13 @@ pub(super) fn plan_provider(
     let mut pass = ProviderPass::new(cluster, mine, observed, steps);
     pass.repair_endpoint();
     pass.finish_deletions();
+    pass.restore();
     for (pool_name, desired) in cluster.desired_pools() {
+        if pool_name == CONTROL_PLANE_POOL && !pass.restore_old.is_empty() {
+            // The restore removes the control planes of before first.
+            pass.all_running = false;
+            continue;
+        }
         pass.pool(&pool_name, desired);
     }
     pass.endpoint_backends();
@@ -141,6 +147,9 @@ struct ProviderPass<'a, 'o> {
     snapshot_before: Option<Before>,
     /// Why a control-plane scale-down waits (for that snapshot).
     removal_waits: Option<String>,
+    /// The control planes of before a restore under way still removes
+    /// ([`super::restore`]).
+    restore_old: Vec<String>,
 }
 
 /// One pool of a pass, as it is at the start of its phases.
@@ -228,7 +237,23 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             cp_rolled: false,
             snapshot_before: None,
             removal_waits: None,
+            restore_old: vec![],
         }
+    }
+
+    /// A restore under way ([`super::restore`]) first removes the control
+    /// planes of before, and pauses remediation until it is done.
+    fn restore(&mut self) {
+        let Some(r) = &self.cluster.status.restore else {
+            return;
+        };
+        self.restore_old = super::restore::remove_old_control_planes(
+            r,
+            &self.live,
+            self.init_machine.as_deref(),
+            &mut self.steps,
+        );
+        self.paused.push(super::restore::pause_reason(r));
     }
 
     /// The load balancer is part of the cluster: checked every pass, and
@@ -357,8 +382,9 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             },
             &mut self.paused,
         );
-        if self.was_paused {
-            // Remediation resumes one pass after a pause ends.
+        if self.was_paused || self.cluster.status.restore.is_some() {
+            // Remediation resumes one pass after a pause ends, and waits
+            // for a restore.
             remediate.clear();
         }
         for (m, why) in &remediate {
@@ -798,6 +824,9 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             now,
         );
         super::pool::set_removal_condition(&mut status, &[], self.removal_waits.as_deref());
+        if let Some(r) = &cluster.status.restore {
+            super::restore::finish(&mut status, r, &self.restore_old, self.initialized, now);
+        }
         set_remediation_condition(&mut status, &self.paused);
         status.rollout = rollout::rollout_status(
             cluster,

@@ -1049,6 +1049,202 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
     assert_one_after_another(&spans);
 }
 
+/// A 3+2 cluster loses every control plane and comes back from a snapshot
+/// with `drover restore cluster`: the API answers with what was there when
+/// the snapshot was saved and not what came after, the new control planes
+/// are three started etcd members, every Node is Ready, and the workers are
+/// the same machines. Before that, a corrupt snapshot and a restore asked
+/// while the control plane is healthy are refused, with nothing torn down.
+#[test]
+fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
+    let (tmp, name, _cleanup) = setup("restore");
+    let c = start(tmp.path(), "1s", "5s");
+    let yaml = docker_cluster_yaml(&name, 3, 2, "");
+    apply(&c, tmp.path(), &yaml);
+    c.wait_cluster_phase(&name, "Running", Duration::from_secs(300));
+    let init = c.cluster(&name).unwrap()["status"]["initMachine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let files = init_files(&name, &init, tmp.path());
+    wait_whole(&c, &name, &files, 5, "five Ready Nodes and three members");
+    let admin = files.join("admin.conf");
+    let workers = worker_names(&c, &name);
+    assert_eq!(workers.len(), 2);
+
+    // What the snapshot holds, then what comes after it.
+    kube::kubectl(&admin, &["create", "namespace", "before-snapshot"]).unwrap();
+    kube::kubectl(
+        &admin,
+        &[
+            "create",
+            "configmap",
+            "kept",
+            "-n",
+            "before-snapshot",
+            "--from-literal=saved=yes",
+        ],
+    )
+    .unwrap();
+    let saved = c.cli_ok(&["backup", "cluster", &name, "--wait", "--timeout", "120s"]);
+    let snapshot = saved
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("snapshot/"))
+        .unwrap_or_else(|| panic!("{saved}"))
+        .to_owned();
+    kube::kubectl(&admin, &["create", "namespace", "after-snapshot"]).unwrap();
+
+    // Refused while the control plane is healthy, and nothing changes.
+    let before: BTreeSet<String> = live_names(&c, &name);
+    let out = c.cli(&["restore", "cluster", &name]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("healthy control plane"),
+        "{err}"
+    );
+    assert!(err.contains("--force"), "{err}");
+    // A corrupt snapshot is refused before anything is torn down, even
+    // when forced.
+    let uid = c.cluster(&name).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let file = c
+        .dir
+        .join("data/snapshots")
+        .join(&uid)
+        .join(format!("{snapshot}.drvsnap"));
+    let good = std::fs::read(&file).unwrap();
+    let mut bad = good.clone();
+    let middle = bad.len() / 2;
+    bad[middle] ^= 0x5a;
+    std::fs::write(&file, &bad).unwrap();
+    let out = c.cli(&[
+        "restore",
+        "cluster",
+        &name,
+        "--snapshot",
+        &snapshot,
+        "--force",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("cannot be restored")
+            && err.contains("nothing was torn down"),
+        "{err}"
+    );
+    assert_eq!(
+        live_names(&c, &name),
+        before,
+        "a refused restore tears nothing down"
+    );
+    assert!(c.cluster(&name).unwrap()["status"]["restore"].is_null());
+    std::fs::write(&file, &good).unwrap();
+
+    // Every control plane is lost.
+    let control_planes: Vec<String> = live_machines(&c, &name)
+        .iter()
+        .filter(|m| m["spec"]["assignment"]["role"] != "worker")
+        .map(name_of)
+        .collect();
+    assert_eq!(control_planes.len(), 3);
+    for m in &control_planes {
+        docker_ok(&["kill", &container_of(&name, m)]);
+    }
+    wait_for("every control plane silent", BOOT, || {
+        let alive: Vec<String> = live_machines(&c, &name)
+            .iter()
+            .filter(|m| control_planes.contains(&name_of(m)))
+            .filter(|m| {
+                !m["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Alive" && c["status"] == "False")
+            })
+            .map(name_of)
+            .collect();
+        alive
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("alive: {alive:?}"))
+    });
+
+    let out = c.cli(&["restore", "cluster", &name, "--wait", "--timeout", "600s"]);
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{progress}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("restored from snapshot {snapshot}")),
+        "{said}"
+    );
+    // The control planes of before were deleted for the restore.
+    for m in all_machines(&c)
+        .iter()
+        .filter(|m| control_planes.contains(&name_of(m)))
+    {
+        assert_eq!(m["status"]["phase"], "Deleted", "{m:#}");
+        let why = m["status"]["events"].to_string();
+        assert!(
+            why.contains(&format!("restore of etcd from snapshot {snapshot}")),
+            "{why}"
+        );
+    }
+
+    let cluster = c.cluster(&name).unwrap();
+    let restored = &cluster["status"]["lastRestore"];
+    assert_eq!(restored["snapshot"], snapshot.as_str(), "{restored:#}");
+    let new_init = cluster["status"]["initMachine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(restored["machine"], new_init.as_str());
+    assert!(!control_planes.contains(&new_init));
+    let after_dir = tmp.path().join("after");
+    std::fs::create_dir_all(&after_dir).unwrap();
+    let files = init_files(&name, &new_init, &after_dir);
+    wait_whole(
+        &c,
+        &name,
+        &files,
+        5,
+        "three new control planes, the workers, all Ready",
+    );
+    assert_eq!(
+        worker_names(&c, &name),
+        workers,
+        "the workers are the same machines"
+    );
+    let admin = files.join("admin.conf");
+    assert_eq!(
+        kube::kubectl(
+            &admin,
+            &[
+                "get",
+                "configmap",
+                "kept",
+                "-n",
+                "before-snapshot",
+                "-o",
+                "jsonpath={.data.saved}"
+            ]
+        )
+        .unwrap(),
+        "yes"
+    );
+    let after = kube::kubectl(&admin, &["get", "namespace", "after-snapshot"]).unwrap_err();
+    assert!(
+        after.contains("NotFound") || after.contains("not found"),
+        "{after}"
+    );
+    // The old control planes' Nodes are gone with them.
+    let (nodes, _) = kube::nodes(&admin).unwrap();
+    for m in &control_planes {
+        assert!(!nodes.contains(m), "{m}'s Node outlived it: {nodes:?}");
+    }
+}
+
 /// The init machine's `/etc/kubernetes` (admin kubeconfig and PKI), copied
 /// out as an operator takes it, for real kubectl and etcdctl.
 fn init_files(cluster: &str, init: &str, dir: &Path) -> PathBuf {

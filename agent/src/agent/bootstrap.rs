@@ -97,12 +97,28 @@ impl Agent {
             .map_or((drover_common::api::MachineRole::Worker, None), |p| {
                 (p.assignment.role, p.kubeadm_config_path.clone())
             });
-        command::kubeadm_bootstrap(
+        let mut spec = command::kubeadm_bootstrap(
             &self.settings.kubeadm,
             role,
             path.as_deref().unwrap_or("/etc/drover/kubeadm.yaml"),
             &self.settings.root,
-        )
+        );
+        // A restored etcd's data directory is in use, as kubeadm's
+        // preflight check `DirAvailable--<dir>` would say: restoring a
+        // cluster is the one case its documentation ignores it for.
+        if let Some(dir) = self
+            .saved
+            .state
+            .bootstrap
+            .as_ref()
+            .and_then(|p| p.restored.as_deref())
+        {
+            spec.args.push(format!(
+                "--ignore-preflight-errors=DirAvailable-{}",
+                dir.replace('/', "-")
+            ));
+        }
+        spec
     }
 
     pub(super) fn want_config_now(&mut self) {
@@ -289,6 +305,8 @@ impl Agent {
         }
         progress.kubeadm_config_path = Some(bundle.kubeadm_config_path.clone());
         progress.post_kubeadm_commands = bundle.post_kubeadm_commands.clone();
+        progress.restore = bundle.restore.clone();
+        progress.restored = None;
         progress.step = BootstrapStep::FilesWritten;
         self.persist();
 
@@ -372,11 +390,23 @@ impl Agent {
         self.heartbeat_soon();
     }
 
-    /// Records that kubeadm may run, then starts `kubeadm init|join`.
+    /// Restores the cluster's etcd from the bundle's snapshot first, if it
+    /// names one; then records that kubeadm may run, and starts `kubeadm
+    /// init|join`.
     fn start_kubeadm(&mut self) {
         let Some(role) = self.saved.state.role() else {
             return;
         };
+        if let Some(r) = self
+            .saved
+            .state
+            .bootstrap
+            .as_ref()
+            .and_then(|p| p.restore.clone())
+        {
+            self.start_restore(r);
+            return;
+        }
         let spec = self.bootstrap_command();
         let step = kubeadm_step_name(role);
         // The record that kubeadm may have run must exist before it runs.
@@ -398,6 +428,53 @@ impl Agent {
         tracing::info!(command = %spec.display(), "running kubeadm");
         self.start_work(WorkKind::Bootstrap, spec);
         self.heartbeat_soon();
+    }
+
+    /// Restores etcd from snapshot `r` ([`crate::restore`]) as the
+    /// bootstrap's work.
+    fn start_restore(&mut self, r: drover_common::wire::EtcdRestore) {
+        let api = self.coordinator.api.clone();
+        let root = self.settings.root.clone();
+        let dir = self.settings.state_dir.join("snapshots");
+        let command = format!(
+            "restore etcd from snapshot {} into {}",
+            r.snapshot, r.data_dir
+        );
+        tracing::info!(snapshot = %r.snapshot, revision = r.revision, member = %r.member_name, "restoring the cluster's etcd before kubeadm init");
+        let outcome = Box::pin(async move {
+            let (success, message) =
+                match crate::restore::restore(&api, &r, &root, &dir, crate::restore::ETCDCTL).await
+                {
+                    Ok(m) => (true, m),
+                    Err(e) => (false, e.to_string()),
+                };
+            CommandOutcome {
+                command,
+                success,
+                exit_code: Some(if success { 0 } else { 1 }),
+                output_tail: vec![message],
+            }
+        });
+        self.work.activity = Some(report::RESTORE_STEP);
+        self.work.running = Some(super::Work {
+            kind: WorkKind::RestoreEtcd,
+            outcome,
+        });
+        self.heartbeat_soon();
+    }
+
+    /// The restore of etcd ended: kubeadm follows, or the bootstrap fails.
+    pub(super) fn finish_restore(&mut self, outcome: CommandOutcome) {
+        if !outcome.success {
+            self.fail_bootstrap(report::RESTORE_STEP, outcome.to_failure());
+            return;
+        }
+        tracing::info!(message = %outcome.output_tail.join(" "), "etcd restored");
+        if let Some(p) = self.saved.state.bootstrap.as_mut() {
+            p.restored = p.restore.take().map(|r| r.data_dir);
+        }
+        self.persist();
+        self.start_kubeadm();
     }
 
     pub(super) fn fail_bootstrap(&mut self, step: &str, failure: CommandFailure) {

@@ -340,6 +340,8 @@ impl Agent {
                     written_files: Vec::new(),
                     kubeadm_config_path: None,
                     post_kubeadm_commands: Vec::new(),
+                    restore: None,
+                    restored: None,
                 });
                 self.persist();
                 self.want_config_now();

@@ -95,6 +95,8 @@ enum WorkKind {
     PreCommands,
     /// The bundle's `postKubeadmCommands`, one after another.
     PostCommands,
+    /// Restoring the cluster's etcd before `kubeadm init`.
+    RestoreEtcd,
 }
 
 enum Wake {
@@ -462,6 +464,7 @@ impl Agent {
             WorkKind::ResetBeforeRetry => self.finish_reset_before_retry(outcome),
             WorkKind::PreCommands => self.finish_pre_commands(outcome),
             WorkKind::PostCommands => self.finish_post_commands(outcome),
+            WorkKind::RestoreEtcd => self.finish_restore(outcome),
         }
     }
 }

@@ -194,6 +194,7 @@ mod tests {
             post_kubeadm_commands: vec![],
             image_cni: false,
             addons: vec![],
+            restore: None,
             kubeadm_config_path: "/etc/drover/kubeadm.yaml".into(),
             files: vec![],
             issued_at: time::OffsetDateTime::UNIX_EPOCH,

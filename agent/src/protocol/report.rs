@@ -9,6 +9,8 @@ pub const FETCH_CONFIG_STEP: &str = "fetch-config";
 pub const WRITE_FILES_STEP: &str = "write-files";
 /// `kubeadm reset`.
 pub const RESET_STEP: &str = "kubeadm-reset";
+/// Restoring the cluster's etcd from a snapshot, before `kubeadm init`.
+pub const RESTORE_STEP: &str = "etcd-restore";
 /// The cluster's `preKubeadmCommands`.
 pub const PRE_COMMANDS_STEP: &str = "pre-kubeadm-commands";
 /// The cluster's `postKubeadmCommands`.

@@ -16,6 +16,7 @@ pub mod operations;
 pub mod problem;
 pub mod registration;
 pub mod report;
+pub mod restore;
 pub mod secret;
 pub mod snapshot;
 
@@ -29,6 +30,7 @@ pub use operations::*;
 pub use problem::*;
 pub use registration::*;
 pub use report::*;
+pub use restore::*;
 pub use secret::*;
 pub use snapshot::*;
 

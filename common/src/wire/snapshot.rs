@@ -64,3 +64,53 @@ pub struct SnapshotSaved {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub etcd_version: String,
 }
+
+/// What the init machine of a cluster being restored does before `kubeadm
+/// init` (in its config bundle): fetch the sealed snapshot (`GET
+/// {SNAPSHOT_PATH}/{snapshot}/data`, with its certificate), open it with
+/// the cluster's snapshot key, check it against `sha256`, and restore it
+/// as a new one-member etcd in `dataDir` (as `etcdutl snapshot restore`
+/// does: new cluster id, this member alone), where kubeadm's etcd then
+/// starts.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdRestore {
+    pub snapshot: String,
+    pub cluster_uid: String,
+    /// The cluster's snapshot key, base64 (32 bytes).
+    pub key: String,
+    /// The unsealed snapshot's size and SHA-256 (hex), as recorded.
+    pub size: u64,
+    pub sha256: String,
+    /// The etcd revision it holds.
+    pub revision: i64,
+    /// The member's name: the Node name kubeadm gives the member.
+    pub member_name: String,
+    /// The member's peer URL (`https://<advertise address>:2380`).
+    pub peer_url: String,
+    /// Where kubeadm's etcd keeps its data (`/var/lib/etcd`).
+    pub data_dir: String,
+}
+
+/// Its `Debug` hides the key.
+impl std::fmt::Debug for EtcdRestore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdRestore")
+            .field("snapshot", &self.snapshot)
+            .field("cluster_uid", &self.cluster_uid)
+            .field("size", &self.size)
+            .field("sha256", &self.sha256)
+            .field("revision", &self.revision)
+            .field("member_name", &self.member_name)
+            .field("peer_url", &self.peer_url)
+            .field("data_dir", &self.data_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdRestore {
+    /// Where the machine fetches the sealed snapshot.
+    pub fn path(&self) -> String {
+        format!("{SNAPSHOT_PATH}/{}/data", self.snapshot)
+    }
+}

@@ -16,6 +16,7 @@ mod describe;
 mod get;
 mod kubeconfig;
 mod render;
+mod restore;
 mod revoke;
 mod rollout;
 mod scale;
@@ -33,6 +34,7 @@ pub use describe::DescribeArgs;
 pub use get::{GetArgs, Resource};
 pub use kubeconfig::KubeconfigArgs;
 pub use render::{age, describe_machine, health_summary, printable, printable_text, rollout_lines};
+pub use restore::RestoreArgs;
 pub use revoke::{Revocable, RevokeArgs};
 pub use rollout::{RolloutArgs, RolloutCommand, RolloutResumeArgs, RolloutStatusArgs};
 pub use scale::{scale, ScaleArgs};
@@ -75,6 +77,9 @@ pub enum Command {
     /// `drover store restore`), or a cluster's etcd (`drover backup
     /// cluster NAME`).
     Backup(Box<BackupArgs>),
+    /// Restore a cluster's etcd from one of its snapshots (`drover restore
+    /// cluster NAME`). The coordinator's own store: `drover store restore`.
+    Restore(RestoreArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -125,5 +130,6 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Rollout(r) => rollout::rollout(r.command).await,
         Command::Version(v) => version::version(v).await,
         Command::Backup(b) => backup::backup(*b).await,
+        Command::Restore(r) => restore::restore(r).await,
     }
 }

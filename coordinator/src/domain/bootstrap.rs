@@ -31,6 +31,14 @@ pub trait BundleSource {
     /// next beat: a directive for it (a join token to register) lives
     /// outside its stored object and its cluster's.
     fn recall_to_https(&self, machine_uid: &str);
+    /// The etcd snapshot the init machine `machine` restores before
+    /// `kubeadm init`, while `cluster` is being restored; why not, if it
+    /// cannot be had yet.
+    fn etcd_restore(
+        &self,
+        cluster: &Cluster,
+        machine: &Machine,
+    ) -> Result<Option<drover_common::wire::EtcdRestore>, String>;
 }
 
 /// Where the agent writes the kubeadm config, inside the machine's root.
@@ -333,6 +341,26 @@ pub fn bundle_for(
             NodeHost::Machine
         },
     };
+    // An init machine of a cluster being restored restores its snapshot:
+    // never is it handed a bundle that would initialize a new cluster.
+    let restore = match a.role {
+        MachineRole::Init if cluster.status.restore.is_some() => {
+            let r = app.etcd_restore(&cluster, machine).map_err(|why| {
+                not_ready(format!(
+                    "the etcd restore of cluster {} cannot be handed out yet: {why}",
+                    a.cluster
+                ))
+            })?;
+            if r.is_none() {
+                return Err(not_ready(format!(
+                    "cluster {} is being restored, and its snapshot is not known",
+                    a.cluster
+                )));
+            }
+            r
+        }
+        _ => None,
+    };
     let kubeadm_yaml = match a.role {
         MachineRole::Init => {
             let token = init_token(app, &cluster, machine)?;
@@ -423,6 +451,7 @@ pub fn bundle_for(
         post_kubeadm_commands: custom.post_kubeadm_commands,
         image_cni: cluster.spec.network.cni == drover_common::api::CniMode::Image,
         addons: cluster.spec.addons.iter().map(|a| a.name.clone()).collect(),
+        restore,
         issued_at: drover_common::now(),
     };
     let signed = drover_common::bundle::sign(&bundle, app.ca_key_pem())

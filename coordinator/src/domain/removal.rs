@@ -108,7 +108,7 @@ pub fn finish_leaving(m: &mut Machine) {
 
 /// Running, heard from, and reporting healthy, as far as the coordinator
 /// knows.
-fn is_healthy(m: &Machine) -> bool {
+pub fn is_healthy(m: &Machine) -> bool {
     m.status.phase == MachinePhase::Running
         && !m.status.conditions.iter().any(|c| {
             (c.type_ == HEALTHY_CONDITION || c.type_ == ALIVE_CONDITION) && c.status == "False"

@@ -10,6 +10,7 @@ pub mod machine;
 pub mod openapi;
 pub mod paging;
 pub mod responses;
+pub mod restore;
 pub mod secrets;
 pub mod security;
 pub mod server;
@@ -57,7 +58,7 @@ pub fn router(app: Arc<App>) -> Router {
     let snapshot_upload = Router::new()
         .route(
             "/v1/machine/snapshots/{name}/data",
-            axum::routing::put(machine::snapshot_upload),
+            axum::routing::put(machine::snapshot_upload).get(restore::snapshot_download),
         )
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
@@ -93,6 +94,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/clusters/{name}/snapshots",
             post(snapshots::request_snapshot),
+        )
+        .route(
+            "/v1/clusters/{name}/restore",
+            post(restore::restore_cluster),
         )
         .route("/v1/snapshots", get(snapshots::list_snapshots))
         .route("/v1/machines", get(admin::list_machines))

@@ -65,6 +65,8 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         machine::snapshot_saved,
         super::snapshots::request_snapshot,
         super::snapshots::list_snapshots,
+        super::restore::restore_cluster,
+        super::restore::snapshot_download,
         security::list_admin_tokens,
         security::create_admin_token,
         security::revoke_admin_token,

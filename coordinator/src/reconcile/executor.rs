@@ -269,6 +269,12 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 tracing::info!(cluster = %cname, reason = %why, "remediation paused");
             }
             app.update_cluster::<StoreError>(cname, |c| {
+                // A restore asked for after this pass read the cluster
+                // reset what the old control planes reported: the pass's
+                // status would bring it back.
+                if c.status.restore.is_some() && cluster.status.restore.is_none() {
+                    return Ok(false);
+                }
                 let mut wanted: ClusterStatus = status.clone();
                 wanted.etcd_members = c.status.etcd_members.clone();
                 wanted.etcd_reported_by = c.status.etcd_reported_by.clone();

@@ -223,6 +223,11 @@ pub struct ClusterStatus {
     /// at generation 7`) the last snapshot taken before one was saved
     /// for: that change may go ahead.
     pub snapshot_taken_before: Option<String>,
+    /// The restore of etcd from a snapshot under way (`drover restore
+    /// cluster`), until its init machine runs.
+    pub restore: Option<crate::objects::restore::ClusterRestore>,
+    /// The last restore that finished.
+    pub last_restore: Option<crate::objects::restore::RestoreDone>,
     /// The machine that ran `kubeadm init`.
     pub init_machine: Option<String>,
     /// Whether `kubeadm init` has succeeded once for this cluster.

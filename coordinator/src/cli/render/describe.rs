@@ -524,7 +524,12 @@ fn describe_snapshots(o: &mut String, c: &Cluster) {
     use std::fmt::Write;
     let s = &c.status;
     let every = c.spec.backup.as_ref().and_then(|b| b.every.as_deref());
-    if every.is_none() && s.last_snapshot.is_none() && s.snapshot.is_none() {
+    if every.is_none()
+        && s.last_snapshot.is_none()
+        && s.snapshot.is_none()
+        && s.restore.is_none()
+        && s.last_restore.is_none()
+    {
         return;
     }
     let _ = writeln!(
@@ -565,5 +570,28 @@ fn describe_snapshots(o: &mut String, c: &Cluster) {
             );
         }
         None => {}
+    }
+    if let Some(r) = &s.restore {
+        let _ = writeln!(
+            o,
+            "  restoring:    {} (etcd revision {}) since {}{}",
+            printable(&r.snapshot),
+            r.revision,
+            r.requested_at,
+            r.machine
+                .as_ref()
+                .map(|m| format!(" onto {}", printable(m)))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(r) = &s.last_restore {
+        let _ = writeln!(
+            o,
+            "  restored:     {} (etcd revision {}) by {} at {}",
+            printable(&r.snapshot),
+            r.revision,
+            printable(&r.machine),
+            r.completed_at
+        );
     }
 }

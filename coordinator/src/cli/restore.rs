@@ -1,0 +1,142 @@
+//! `drover restore cluster NAME [--snapshot ID] [--force] [--wait]`:
+//! restores a cluster's etcd from one of its snapshots onto a new init
+//! machine, and (with `--wait`) follows it until the cluster runs again.
+
+use std::io::IsTerminal;
+
+use anyhow::bail;
+use drover_common::api::{Cluster, ClusterPhase, RestoreRequest};
+
+use crate::cli::api_path;
+use crate::cli::client::{Client, ConnectArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct RestoreArgs {
+    #[command(subcommand)]
+    pub what: RestoreOf,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum RestoreOf {
+    /// A cluster's etcd, from one of its snapshots (`drover get snapshots
+    /// CLUSTER`): its control planes are replaced by a new init machine
+    /// that restores the snapshot before `kubeadm init`, with the same CAs,
+    /// keys, version and endpoint; the other control planes then join, and
+    /// the workers stay. Refused while a control plane is healthy, unless
+    /// --force. (The coordinator's own store: `drover store restore`.)
+    Cluster(RestoreClusterArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RestoreClusterArgs {
+    #[arg(value_parser = crate::cli::object_name)]
+    pub name: String,
+    /// The snapshot to restore; default: the newest one saved.
+    #[arg(long, value_parser = crate::cli::object_name)]
+    pub snapshot: Option<String>,
+    /// Restore although some control plane is healthy: it is replaced, and
+    /// every change made since the snapshot is lost.
+    #[arg(long)]
+    pub force: bool,
+    /// Wait until the cluster runs again with every control plane, showing
+    /// progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "15m", value_parser = drover_common::api::parse_duration)]
+    pub timeout: std::time::Duration,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+pub(super) async fn restore(r: RestoreArgs) -> anyhow::Result<()> {
+    match r.what {
+        RestoreOf::Cluster(c) => restore_cluster(c).await,
+    }
+}
+
+async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&c.conn)?;
+    let name = &c.name;
+    let asked: Cluster = client
+        .post(
+            &api_path(&["v1", "clusters", name, "restore"]),
+            &RestoreRequest {
+                snapshot: c.snapshot.clone(),
+                force: c.force,
+            },
+        )
+        .await?;
+    let Some(restore) = asked.status.restore.clone() else {
+        bail!("the coordinator did not record the restore of cluster {name}; see `drover describe cluster {name}`");
+    };
+    println!(
+        "cluster/{name}: restoring etcd from snapshot {} (revision {})",
+        restore.snapshot, restore.revision
+    );
+    if !c.wait {
+        return Ok(());
+    }
+    let since = restore.requested_at;
+    let deadline = std::time::Instant::now() + c.timeout;
+    let started = std::time::Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let mut last = String::new();
+    loop {
+        let cluster: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
+        let s = &cluster.status;
+        let done = s
+            .last_restore
+            .as_ref()
+            .filter(|d| d.requested_at == since && s.restore.is_none());
+        let line = match done {
+            Some(d) if s.phase == ClusterPhase::Running => {
+                if tty && !last.is_empty() {
+                    eprintln!();
+                }
+                println!(
+                    "cluster/{name} is Running, restored from snapshot {} by {} in {}s",
+                    d.snapshot,
+                    d.machine,
+                    started.elapsed().as_secs()
+                );
+                return Ok(());
+            }
+            Some(d) => format!(
+                "etcd restored by {}; the cluster is {} ({})",
+                d.machine,
+                s.phase,
+                s.pools
+                    .iter()
+                    .map(|p| format!("{} {}/{} running", p.name, p.running, p.desired))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => s
+                .conditions
+                .iter()
+                .find(|c| c.type_ == drover_common::api::RESTORING_CONDITION)
+                .map(|c| c.message.clone())
+                .unwrap_or_else(|| "waiting for the reconciler".into()),
+        };
+        if line != last {
+            let secs = started.elapsed().as_secs();
+            if tty {
+                eprint!("\r\x1b[2K{secs:>4}s  cluster/{name}: {line}");
+            } else {
+                eprintln!("{secs:>4}s  cluster/{name}: {line}");
+            }
+            last = line;
+        }
+        if std::time::Instant::now() > deadline {
+            if tty {
+                eprintln!();
+            }
+            bail!(
+                "cluster {name} did not run again within {:?} ({last}); the restore goes on: see `drover describe cluster {name}`",
+                c.timeout
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}

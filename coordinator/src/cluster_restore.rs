@@ -1,0 +1,394 @@
+//! Restoring a cluster's etcd from one of its snapshots (`drover restore
+//! cluster`): the checks made before anything is torn down, the restore
+//! recorded on the cluster's status, the init machine's part of its config
+//! bundle and the sealed file it fetches.
+//!
+//! Invariants:
+//! - Nothing changes until every check passed: the cluster may be
+//!   restored (a provider cluster, initialized once, not being deleted, no
+//!   control plane healthy unless forced), and the snapshot is this
+//!   cluster's (its UID), not newer than the cluster's version, and whole:
+//!   its sealed file matches the record, opens with the cluster's key and
+//!   ends with etcd's own hash.
+//! - A recorded restore names a snapshot that stays (retention keeps it)
+//!   until the restore is done; the init machine's bundle carries it, or
+//!   the machine gets no bundle.
+
+use drover_common::api::{
+    Cluster, ClusterRestore, KubernetesVersion, Machine, MachinePhase, RestoreRequest, Snapshot,
+};
+use drover_common::snapshot::{open_stream, OpenFileError};
+use drover_common::wire::EtcdRestore;
+
+use crate::app::App;
+use crate::snapshots::{self, SnapshotCallError};
+use crate::store::StoreError;
+
+/// Why a restore was not started.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("{kind} {name} does not exist")]
+    NotFound { kind: &'static str, name: String },
+    /// The cluster or the request does not allow it now; nothing changed.
+    #[error("{0}")]
+    Refused(String),
+    /// The snapshot cannot be restored; nothing changed.
+    #[error("snapshot {snapshot} of cluster {cluster} cannot be restored: {detail}; nothing was torn down. Choose another (`drover get snapshots {cluster}`)")]
+    Unusable {
+        cluster: String,
+        snapshot: String,
+        detail: String,
+    },
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotCallError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The control planes of `cluster` that are healthy: running, heard from
+/// and reporting healthy.
+fn healthy_control_planes(machines: &[Machine]) -> Vec<String> {
+    machines
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.role.is_control_plane())
+                && m.metadata.deletion_timestamp.is_none()
+                && crate::domain::removal::is_healthy(m)
+        })
+        .map(|m| m.metadata.name.clone())
+        .collect()
+}
+
+/// The control-plane machines of `cluster` that are not gone yet.
+fn control_planes(machines: &[Machine]) -> Vec<String> {
+    machines
+        .iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.role.is_control_plane())
+                && m.status.phase != MachinePhase::Deleted
+        })
+        .map(|m| m.metadata.name.clone())
+        .collect()
+}
+
+/// Checks that `cluster` may be restored as `req` asks; the snapshot to
+/// restore. Reads the whole sealed file (on a blocking thread).
+pub fn check(app: &App, cluster: &Cluster, req: &RestoreRequest) -> Result<Snapshot, RestoreError> {
+    let name = &cluster.metadata.name;
+    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let refused = |why: String| Err(RestoreError::Refused(why));
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return refused(format!(
+            "cluster {name} is being deleted; nothing is restored"
+        ));
+    }
+    if !cluster.spec.provider.creates_machines() {
+        return refused(format!(
+            "cluster {name} is a pool cluster: `drover restore cluster` restores onto machines a provider creates (docker, aws) so far; restore a pool cluster's etcd by hand (README \"Restoring a cluster\")"
+        ));
+    }
+    if let Some(r) = &cluster.status.restore {
+        if req.snapshot.as_deref().is_none_or(|s| s == r.snapshot) {
+            // Asked again: the answer is the restore under way.
+            return find(app, cluster, Some(&r.snapshot));
+        }
+        return refused(format!(
+            "cluster {name} is being restored from snapshot {} already; a restore cannot be withdrawn or replaced once asked (the cluster must not be initialized afresh). Wait for it (`drover get cluster {name}`)",
+            r.snapshot
+        ));
+    }
+    if !cluster.status.initialized {
+        return refused(format!(
+            "cluster {name} never finished `kubeadm init`: there is nothing to restore; it comes up by itself"
+        ));
+    }
+    let snapshot = find(app, cluster, req.snapshot.as_deref())?;
+    let unusable = |detail: String| RestoreError::Unusable {
+        cluster: name.clone(),
+        snapshot: snapshot.metadata.name.clone(),
+        detail,
+    };
+    if snapshot.spec.cluster_uid != uid {
+        return Err(unusable(format!(
+            "it was taken of another cluster of the same name (UID {}, this one is {uid})",
+            snapshot.spec.cluster_uid
+        )));
+    }
+    if let (Ok(taken), Ok(now)) = (
+        KubernetesVersion::parse(&snapshot.spec.kubernetes_version),
+        KubernetesVersion::parse(&cluster.spec.kubernetes_version),
+    ) {
+        if taken > now {
+            return Err(unusable(format!(
+                "it was taken at Kubernetes {}, newer than the cluster's {}: its objects may be in versions this control plane does not read. Set spec.kubernetesVersion to {} first",
+                snapshot.spec.kubernetes_version,
+                cluster.spec.kubernetes_version,
+                snapshot.spec.kubernetes_version
+            )));
+        }
+    }
+    let machines = app.cluster_machines(&uid)?;
+    let healthy = healthy_control_planes(&machines);
+    if !healthy.is_empty() && !req.force {
+        return refused(format!(
+            "cluster {name} still has {} healthy control plane(s) ({}): a restore replaces them and loses every change made since snapshot {} (saved {}). Nothing was changed; pass --force to restore anyway",
+            healthy.len(),
+            healthy.join(", "),
+            snapshot.metadata.name,
+            snapshot
+                .status
+                .saved_at
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+        ));
+    }
+    verify_file(app, cluster, &snapshot).map_err(|e| unusable(e.to_string()))?;
+    Ok(snapshot)
+}
+
+/// The snapshot `wanted` of `cluster`, or its newest.
+fn find(app: &App, cluster: &Cluster, wanted: Option<&str>) -> Result<Snapshot, RestoreError> {
+    let name = &cluster.metadata.name;
+    match wanted {
+        Some(s) => {
+            let found = app
+                .store
+                .get_json::<Snapshot>(crate::store::Kind::Snapshot, s)?
+                .map(|(s, _)| s)
+                .filter(|s| s.spec.cluster == *name);
+            found.ok_or_else(|| RestoreError::NotFound {
+                kind: "snapshot",
+                name: format!("{s} of cluster {name}"),
+            })
+        }
+        None => {
+            let uid = cluster.metadata.uid.clone().unwrap_or_default();
+            snapshots::snapshots_of(app, name, &uid)?
+                .pop()
+                .ok_or_else(|| {
+                    RestoreError::Refused(format!(
+                        "cluster {name} has no snapshot to restore: none was ever saved, or retention let them all go. Nothing was changed"
+                    ))
+                })
+        }
+    }
+}
+
+/// Why a sealed snapshot file does not restore.
+#[derive(Debug, thiserror::Error)]
+enum FileProblem {
+    #[error("its sealed file {path} is missing or unreadable ({source})")]
+    Missing {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "its sealed file is {found} bytes, not the {recorded} recorded: it was cut or altered"
+    )]
+    Size { found: u64, recorded: u64 },
+    #[error("{0}")]
+    Open(#[from] OpenFileError),
+    #[error("it opens to {found}, not the SHA-256 {recorded} recorded")]
+    Digest { found: String, recorded: String },
+    #[error(transparent)]
+    Key(#[from] SnapshotCallError),
+}
+
+/// Reads the whole sealed file of `snapshot`: it must open with the
+/// cluster's key into what the record says, ending with etcd's hash.
+fn verify_file(app: &App, cluster: &Cluster, snapshot: &Snapshot) -> Result<(), FileProblem> {
+    let uid = &snapshot.spec.cluster_uid;
+    let path = snapshots::file_of(app, uid, &snapshot.metadata.name);
+    let missing = |source| FileProblem::Missing {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(&path).map_err(missing)?;
+    let found = file.metadata().map_err(missing)?.len();
+    if found != snapshot.status.sealed_size {
+        return Err(FileProblem::Size {
+            found,
+            recorded: snapshot.status.sealed_size,
+        });
+    }
+    let key = snapshots::cluster_key(app, cluster)?;
+    let digest = open_stream(
+        &key,
+        &snapshot.metadata.name,
+        uid,
+        &mut std::io::BufReader::new(file),
+        &mut std::io::sink(),
+    )?;
+    if digest.sha256 != snapshot.status.sha256 || digest.size != snapshot.status.size {
+        return Err(FileProblem::Digest {
+            found: format!("{} bytes with SHA-256 {}", digest.size, digest.sha256),
+            recorded: snapshot.status.sha256.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Asks for the restore of cluster `name` (`POST
+/// /v1/clusters/{name}/restore`): checks, then records it on the status,
+/// which the reconciler carries out. The cluster as recorded.
+pub fn request(
+    app: &App,
+    name: &str,
+    req: &RestoreRequest,
+    by: &str,
+) -> Result<Cluster, RestoreError> {
+    let not_found = || RestoreError::NotFound {
+        kind: "cluster",
+        name: name.to_owned(),
+    };
+    let cluster = app.cluster(name)?.ok_or_else(not_found)?;
+    let snapshot = check(app, &cluster, req)?;
+    if cluster.status.restore.is_some() {
+        return Ok(cluster);
+    }
+    let uid = cluster.metadata.uid.clone();
+    let replaced = control_planes(&app.cluster_machines(uid.as_deref().unwrap_or_default())?);
+    let now = drover_common::now();
+    let updated = app.update_cluster::<RestoreError>(name, |c| {
+        if c.metadata.uid != uid {
+            return Err(not_found());
+        }
+        if c.status.restore.is_some() {
+            return Ok(false);
+        }
+        begin(c, &snapshot, &replaced, req.force, by, now);
+        Ok(true)
+    })?;
+    updated.ok_or_else(not_found)
+}
+
+/// Records the restore of `snapshot` on `cluster`'s status: what the
+/// control planes of before reported (etcd members, Nodes, the operations
+/// asked of them) is forgotten, and the cluster is no longer initialized,
+/// so that the planner removes the old control planes and creates an init
+/// machine, which restores the snapshot.
+fn begin(
+    cluster: &mut Cluster,
+    snapshot: &Snapshot,
+    replaced: &[String],
+    forced: bool,
+    by: &str,
+    now: time::OffsetDateTime,
+) {
+    let s = &mut cluster.status;
+    s.restore = Some(ClusterRestore {
+        snapshot: snapshot.metadata.name.clone(),
+        revision: snapshot.status.revision,
+        requested_at: now,
+        requested_by: by.to_owned(),
+        forced,
+        replaced: replaced.to_vec(),
+        machine: None,
+    });
+    s.initialized = false;
+    s.init_machine = None;
+    s.etcd_members.clear();
+    s.etcd_reported_by = None;
+    s.etcd_reported_at = None;
+    s.nodes.clear();
+    s.node_removal = None;
+    s.etcd_removal = None;
+    s.drain = None;
+    s.endpoint_ready = None;
+    s.certificate_renewal = None;
+    s.version_update = None;
+    s.addon_apply = None;
+    s.snapshot = None;
+    s.snapshot_requested_at = None;
+}
+
+/// The restore the init machine `machine` of `cluster` carries out before
+/// `kubeadm init`, if the cluster is being restored.
+pub fn for_init_machine(
+    app: &App,
+    cluster: &Cluster,
+    machine: &Machine,
+) -> Result<Option<EtcdRestore>, RestoreError> {
+    let Some(r) = &cluster.status.restore else {
+        return Ok(None);
+    };
+    let snapshot = app
+        .store
+        .get_json::<Snapshot>(crate::store::Kind::Snapshot, &r.snapshot)?
+        .map(|(s, _)| s)
+        .ok_or_else(|| RestoreError::NotFound {
+            kind: "snapshot",
+            name: r.snapshot.clone(),
+        })?;
+    let member_name = machine.status.hostname.clone();
+    let address = machine
+        .status
+        .addresses
+        .first()
+        .cloned()
+        .unwrap_or_default();
+    if member_name.is_empty() || address.is_empty() {
+        return Err(RestoreError::Refused(format!(
+            "machine {} has not reported its hostname and address yet, which its etcd member is named by",
+            machine.metadata.name
+        )));
+    }
+    let key = snapshots::cluster_key(app, cluster)?;
+    Ok(Some(EtcdRestore {
+        snapshot: r.snapshot.clone(),
+        cluster_uid: snapshot.spec.cluster_uid.clone(),
+        key: key.to_base64(),
+        size: snapshot.status.size,
+        sha256: snapshot.status.sha256.clone(),
+        revision: snapshot.status.revision,
+        peer_url: match address.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(ip)) => format!("https://[{ip}]:2380"),
+            _ => format!("https://{address}:2380"),
+        },
+        member_name,
+        data_dir: "/var/lib/etcd".into(),
+    }))
+}
+
+/// The sealed file of snapshot `name` for `machine`, which must be the
+/// init machine restoring it.
+pub fn file_for(
+    app: &App,
+    machine: &Machine,
+    name: &str,
+) -> Result<std::path::PathBuf, RestoreError> {
+    let refused = |why: &str| {
+        RestoreError::Refused(format!(
+            "machine {} may not read snapshot {name}: {why}",
+            machine.metadata.name
+        ))
+    };
+    let a = machine
+        .spec
+        .assignment
+        .as_ref()
+        .ok_or_else(|| refused("it is in no cluster"))?;
+    let cluster = app
+        .cluster(&a.cluster)?
+        .filter(|c| c.metadata.uid.as_deref() == Some(a.cluster_uid.as_str()))
+        .ok_or_else(|| refused("its cluster is gone"))?;
+    let restoring = cluster
+        .status
+        .restore
+        .as_ref()
+        .is_some_and(|r| r.snapshot == name)
+        && a.role == drover_common::api::MachineRole::Init
+        && cluster.status.init_machine.as_deref() == Some(machine.metadata.name.as_str());
+    if !restoring {
+        return Err(refused(
+            "only the init machine of a cluster being restored from it reads a snapshot",
+        ));
+    }
+    Ok(snapshots::file_of(app, &a.cluster_uid, name))
+}

@@ -1,0 +1,123 @@
+//! Restoring a provider cluster's etcd from a snapshot, as the planner
+//! carries it out once `drover restore cluster` recorded it on the status
+//! (`status.restore`):
+//! 1. every control-plane machine of before is deleted (the load balancer
+//!    is told first), whatever quorum says: their etcd is what is being
+//!    replaced;
+//! 2. once none is left, the control-plane pool runs as for a cluster not
+//!    initialized yet, so it creates one init machine; its bundle carries
+//!    the snapshot, which it restores before `kubeadm init`;
+//! 3. once that machine runs, the restore is done (`status.lastRestore`),
+//!    the cluster is initialized again, and the other control planes join
+//!    one at a time as usual.
+//!
+//! Remediation is paused throughout: workers keep running while their API
+//! server is away, and are judged again, with a fresh grace period, once
+//! it is back.
+
+use drover_common::api::{
+    set_condition, ClusterRestore, ClusterStatus, Machine, MachinePhase, RestoreDone,
+    RESTORING_CONDITION,
+};
+use time::OffsetDateTime;
+
+use super::shared::{is_control_plane, Step};
+
+/// The control planes of before still live (not the restoring init
+/// machine `init`): deleted now, unless already on their way.
+pub(crate) fn remove_old_control_planes(
+    restore: &ClusterRestore,
+    live: &[&Machine],
+    init: Option<&str>,
+    steps: &mut Vec<Step>,
+) -> Vec<String> {
+    let old: Vec<&Machine> = live
+        .iter()
+        .copied()
+        .filter(|m| is_control_plane(m) && Some(m.metadata.name.as_str()) != init)
+        .collect();
+    for m in &old {
+        if m.status.phase != MachinePhase::Deleting && m.metadata.deletion_timestamp.is_none() {
+            steps.push(Step::DeleteMachine {
+                machine: m.metadata.name.clone(),
+                reason: format!(
+                    "replaced by the restore of etcd from snapshot {}",
+                    restore.snapshot
+                ),
+                remediation: false,
+            });
+        }
+    }
+    old.iter().map(|m| m.metadata.name.clone()).collect()
+}
+
+/// Why remediation is paused while `restore` is under way.
+pub(crate) fn pause_reason(restore: &ClusterRestore) -> String {
+    format!(
+        "etcd is being restored from snapshot {}: machines are judged again once the control plane is back",
+        restore.snapshot
+    )
+}
+
+/// The restore's record and condition on the status: done once the init
+/// machine that restored it is initialized (runs), else how far it is.
+pub(crate) fn finish(
+    status: &mut ClusterStatus,
+    restore: &ClusterRestore,
+    old_left: &[String],
+    initialized: bool,
+    now: OffsetDateTime,
+) {
+    let machine = status.init_machine.clone();
+    if initialized {
+        if let Some(machine) = machine {
+            status.restore = None;
+            status.last_restore = Some(RestoreDone {
+                snapshot: restore.snapshot.clone(),
+                revision: restore.revision,
+                machine: machine.clone(),
+                requested_at: restore.requested_at,
+                completed_at: now,
+            });
+            set_condition(
+                &mut status.conditions,
+                RESTORING_CONDITION,
+                false,
+                "Restored",
+                &format!(
+                    "etcd was restored from snapshot {} (revision {}) by {machine}",
+                    restore.snapshot, restore.revision
+                ),
+            );
+            return;
+        }
+    }
+    let mut r = restore.clone();
+    r.machine.clone_from(&machine);
+    let message = if !old_left.is_empty() {
+        format!(
+            "restoring etcd from snapshot {} (revision {}): removing the control planes of before ({})",
+            r.snapshot,
+            r.revision,
+            old_left.join(", ")
+        )
+    } else if let Some(m) = &machine {
+        format!(
+            "restoring etcd from snapshot {} (revision {}): init machine {m} restores it and runs kubeadm init",
+            r.snapshot, r.revision
+        )
+    } else {
+        format!(
+            "restoring etcd from snapshot {} (revision {}): creating the init machine that restores it",
+            r.snapshot, r.revision
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        RESTORING_CONDITION,
+        true,
+        "RestoringSnapshot",
+        &message,
+    );
+    status.restore = Some(r);
+}
