@@ -639,12 +639,4 @@ impl crate::domain::bootstrap::BundleSource for App {
     fn recall_to_https(&self, machine_uid: &str) {
         self.fleet.datagrams.recall(machine_uid);
     }
-
-    fn etcd_restore(
-        &self,
-        cluster: &Cluster,
-        machine: &Machine,
-    ) -> Result<Option<drover_common::wire::EtcdRestore>, String> {
-        crate::cluster_restore::for_init_machine(self, cluster, machine).map_err(|e| e.to_string())
-    }
 }

@@ -1,7 +1,8 @@
 //! Restoring a cluster's etcd from one of its snapshots (`drover restore
 //! cluster`): the checks made before anything is torn down, the restore
-//! recorded on the cluster's status, the init machine's part of its config
-//! bundle and the sealed file it fetches.
+//! recorded on the cluster's status, and the sealed file the init machine
+//! fetches (its part of the config bundle is
+//! `crate::domain::etcd_restore`'s).
 //!
 //! Invariants:
 //! - Nothing changes until every check passed: the cluster may be
@@ -18,7 +19,6 @@ use drover_common::api::{
     Cluster, ClusterRestore, KubernetesVersion, Machine, MachinePhase, RestoreRequest, Snapshot,
 };
 use drover_common::snapshot::{open_stream, OpenFileError};
-use drover_common::wire::EtcdRestore;
 
 use crate::app::App;
 use crate::snapshots::{self, SnapshotCallError};
@@ -306,54 +306,6 @@ fn begin(
     s.addon_apply = None;
     s.snapshot = None;
     s.snapshot_requested_at = None;
-}
-
-/// The restore the init machine `machine` of `cluster` carries out before
-/// `kubeadm init`, if the cluster is being restored.
-pub fn for_init_machine(
-    app: &App,
-    cluster: &Cluster,
-    machine: &Machine,
-) -> Result<Option<EtcdRestore>, RestoreError> {
-    let Some(r) = &cluster.status.restore else {
-        return Ok(None);
-    };
-    let snapshot = app
-        .store
-        .get_json::<Snapshot>(crate::store::Kind::Snapshot, &r.snapshot)?
-        .map(|(s, _)| s)
-        .ok_or_else(|| RestoreError::NotFound {
-            kind: "snapshot",
-            name: r.snapshot.clone(),
-        })?;
-    let member_name = machine.status.hostname.clone();
-    let address = machine
-        .status
-        .addresses
-        .first()
-        .cloned()
-        .unwrap_or_default();
-    if member_name.is_empty() || address.is_empty() {
-        return Err(RestoreError::Refused(format!(
-            "machine {} has not reported its hostname and address yet, which its etcd member is named by",
-            machine.metadata.name
-        )));
-    }
-    let key = snapshots::cluster_key(app, cluster)?;
-    Ok(Some(EtcdRestore {
-        snapshot: r.snapshot.clone(),
-        cluster_uid: snapshot.spec.cluster_uid.clone(),
-        key: key.to_base64(),
-        size: snapshot.status.size,
-        sha256: snapshot.status.sha256.clone(),
-        revision: snapshot.status.revision,
-        peer_url: match address.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V6(ip)) => format!("https://[{ip}]:2380"),
-            _ => format!("https://{address}:2380"),
-        },
-        member_name,
-        data_dir: "/var/lib/etcd".into(),
-    }))
 }
 
 /// The sealed file of snapshot `name` for `machine`, which must be the

@@ -21,6 +21,7 @@ use drover_common::wire::{SnapshotGrant, SnapshotSaved, SnapshotUpload, SNAPSHOT
 use sha2::{Digest, Sha256};
 
 use crate::app::App;
+use crate::domain::etcd_restore::key_record;
 use crate::store::{Kind, Span, StoreError};
 
 /// The largest sealed snapshot the coordinator takes (etcd's own database
@@ -63,11 +64,6 @@ pub enum SnapshotCallError {
 }
 
 type Result<T, E = SnapshotCallError> = std::result::Result<T, E>;
-
-/// The `Secret` record holding cluster `uid`'s snapshot key.
-fn key_record(uid: &str) -> String {
-    format!("snapshot-key-{uid}")
-}
 
 /// Cluster `cluster`'s snapshot key, made and stored on first use.
 pub fn cluster_key(app: &App, cluster: &Cluster) -> Result<SnapshotKey> {

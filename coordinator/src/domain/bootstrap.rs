@@ -31,14 +31,6 @@ pub trait BundleSource {
     /// next beat: a directive for it (a join token to register) lives
     /// outside its stored object and its cluster's.
     fn recall_to_https(&self, machine_uid: &str);
-    /// The etcd snapshot the init machine `machine` restores before
-    /// `kubeadm init`, while `cluster` is being restored; why not, if it
-    /// cannot be had yet.
-    fn etcd_restore(
-        &self,
-        cluster: &Cluster,
-        machine: &Machine,
-    ) -> Result<Option<drover_common::wire::EtcdRestore>, String>;
 }
 
 /// Where the agent writes the kubeadm config, inside the machine's root.
@@ -344,20 +336,13 @@ pub fn bundle_for(
     // An init machine of a cluster being restored restores its snapshot:
     // never is it handed a bundle that would initialize a new cluster.
     let restore = match a.role {
-        MachineRole::Init if cluster.status.restore.is_some() => {
-            let r = app.etcd_restore(&cluster, machine).map_err(|why| {
-                not_ready(format!(
-                    "the etcd restore of cluster {} cannot be handed out yet: {why}",
-                    a.cluster
-                ))
-            })?;
-            if r.is_none() {
-                return Err(not_ready(format!(
-                    "cluster {} is being restored, and its snapshot is not known",
-                    a.cluster
-                )));
-            }
-            r
+        MachineRole::Init => {
+            use crate::domain::etcd_restore::{for_init_machine, RestoreBundleError};
+            for_init_machine(app.store(), &cluster, machine).map_err(|e| match e {
+                RestoreBundleError::Gone(why) => BootstrapError::Conflict(why),
+                RestoreBundleError::NotYet(why) => not_ready(why),
+                RestoreBundleError::Store(e) => e.into(),
+            })?
         }
         _ => None,
     };

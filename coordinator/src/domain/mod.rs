@@ -8,6 +8,7 @@ pub mod controller;
 pub mod customise;
 pub mod datagrams;
 pub mod endpoint;
+pub mod etcd_restore;
 pub mod fleet_index;
 pub mod fleet_summary;
 pub mod jointokens;
