@@ -825,7 +825,19 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
         );
         super::pool::set_removal_condition(&mut status, &[], self.removal_waits.as_deref());
         if let Some(r) = &cluster.status.restore {
-            super::restore::finish(&mut status, r, &self.restore_old, self.initialized, now);
+            let init = self
+                .live
+                .iter()
+                .copied()
+                .find(|m| Some(&m.metadata.name) == status.init_machine.as_ref());
+            super::restore::finish(
+                &mut status,
+                r,
+                &self.restore_old,
+                init,
+                self.initialized,
+                now,
+            );
         }
         set_remediation_condition(&mut status, &self.paused);
         status.rollout = rollout::rollout_status(

@@ -65,6 +65,7 @@ pub(crate) fn finish(
     status: &mut ClusterStatus,
     restore: &ClusterRestore,
     old_left: &[String],
+    init: Option<&Machine>,
     initialized: bool,
     now: OffsetDateTime,
 ) {
@@ -102,10 +103,21 @@ pub(crate) fn finish(
             old_left.join(", ")
         )
     } else if let Some(m) = &machine {
-        format!(
-            "restoring etcd from snapshot {} (revision {}): init machine {m} restores it and runs kubeadm init",
-            r.snapshot, r.revision
-        )
+        match init
+            .and_then(|i| i.status.bootstrap.as_ref())
+            .and_then(|b| Some((b.step.as_str(), b.failure.as_ref()?)))
+        {
+            Some((step, failure)) => format!(
+                "restoring etcd from snapshot {} (revision {}): init machine {m} failed at {step}: {}; see `drover describe machine {m}`, then delete it (`drover delete machine {m}`) and a new one tries again",
+                r.snapshot,
+                r.revision,
+                failure.output_tail.last().map(String::as_str).unwrap_or("no output")
+            ),
+            None => format!(
+                "restoring etcd from snapshot {} (revision {}): init machine {m} restores it and runs kubeadm init",
+                r.snapshot, r.revision
+            ),
+        }
     } else {
         format!(
             "restoring etcd from snapshot {} (revision {}): creating the init machine that restores it",

@@ -285,11 +285,12 @@ mod tests {
             "/v1/clusters/{name}/snapshots",
             "/v1/machine/snapshots/{name}",
             "/v1/machine/snapshots/{name}/data",
+            "/v1/clusters/{name}/restore",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 41);
+        assert_eq!(operations, 43);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

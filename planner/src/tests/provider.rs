@@ -597,3 +597,135 @@ fn a_control_plane_upgrade_waits_for_a_snapshot_saved_before_it() {
     assert!(status_of(&steps).version_update.is_some(), "{steps:?}");
     assert_eq!(status_of(&steps).snapshot, None);
 }
+
+/// A restore recorded on the status (as `drover restore cluster` leaves
+/// it: not initialized, no init machine, nothing reported) first deletes
+/// the control planes of before, whatever quorum says, with remediation
+/// paused; once they are gone, one init machine is created (it restores
+/// the snapshot); once it runs, the restore is done and the cluster is
+/// initialized again.
+#[test]
+fn a_restore_replaces_the_old_control_planes_by_one_init_machine_and_ends_when_it_runs() {
+    use drover_common::api::ClusterRestore;
+    let mut c = initialized_docker(3, 1);
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
+    c.status.restore = Some(ClusterRestore {
+        snapshot: "c-20261128-000000".into(),
+        revision: 42,
+        requested_at: t0(),
+        requested_by: "admin".into(),
+        forced: false,
+        replaced: vec!["i".into(), "b".into(), "d".into()],
+        machine: None,
+    });
+    c.status.initialized = false;
+    c.status.init_machine = None;
+    let mut machines = created_control_planes(&["i", "b", "d"]);
+    machines.extend(created_workers(&["w1"]));
+
+    // The old control planes are silent: all three go at once, and the
+    // silent worker is not remediated meanwhile.
+    let steps = plan_silent(&c, &machines, &["i", "b", "d", "w1"]);
+    let mut gone = deletes(&steps);
+    gone.sort();
+    assert_eq!(gone, vec!["b", "d", "i"], "{steps:?}");
+    assert!(creates(&steps).is_empty(), "{steps:?}");
+    let st = status_of(&steps);
+    assert_condition(
+        st,
+        "Restoring",
+        "True",
+        "removing the control planes of before",
+    );
+    assert_condition(st, "RemediationAllowed", "False", "etcd is being restored");
+    assert!(!st.initialized);
+
+    // Gone: one init machine, and only one.
+    for m in machines.iter_mut().take(3) {
+        m.status.phase = MachinePhase::Deleted;
+    }
+    let steps = plan_now(&c, &machines);
+    assert_eq!(
+        creates(&steps),
+        vec![(CONTROL_PLANE_POOL.to_owned(), MachineRole::Init)],
+        "{steps:?}"
+    );
+    assert!(deletes(&steps).is_empty());
+
+    // Named and bootstrapping: the restore names it and waits.
+    c.status.init_machine = Some("n".into());
+    let mut n = created_cp("n", MachineRole::Init);
+    n.status.phase = MachinePhase::Bootstrapping;
+    machines.push(n);
+    let steps = plan_now(&c, &machines);
+    assert!(creates(&steps).is_empty(), "{steps:?}");
+    let st = status_of(&steps);
+    assert_eq!(
+        st.restore.as_ref().and_then(|r| r.machine.as_deref()),
+        Some("n")
+    );
+    assert_condition(st, "Restoring", "True", "init machine n restores it");
+
+    // Running: done.
+    machines.last_mut().unwrap().status.phase = MachinePhase::Running;
+    let steps = plan_now(&c, &machines);
+    let st = status_of(&steps);
+    assert!(st.restore.is_none(), "{st:?}");
+    assert!(st.initialized);
+    let done = st.last_restore.as_ref().expect("lastRestore");
+    assert_eq!(
+        (done.snapshot.as_str(), done.machine.as_str(), done.revision),
+        ("c-20261128-000000", "n", 42)
+    );
+    assert_condition(
+        st,
+        "Restoring",
+        "False",
+        "restored from snapshot c-20261128-000000",
+    );
+}
+
+/// An init machine whose restore failed says so, with what to do, in the
+/// `Restoring` condition, and is not remediated: its failure is kept to
+/// read.
+#[test]
+fn a_failed_restore_says_where_and_waits_for_the_operator() {
+    use drover_common::api::{BootstrapReport, ClusterRestore, CommandFailure};
+    let mut c = initialized_docker(1, 0);
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
+    c.status.restore = Some(ClusterRestore {
+        snapshot: "c-20261128-000000".into(),
+        revision: 42,
+        requested_at: t0(),
+        requested_by: "admin".into(),
+        forced: false,
+        replaced: vec!["i".into()],
+        machine: Some("n".into()),
+    });
+    c.status.initialized = false;
+    c.status.init_machine = Some("n".into());
+    let mut n = created_cp("n", MachineRole::Init);
+    n.status.phase = MachinePhase::Failed;
+    n.status.bootstrap = Some(BootstrapReport {
+        step: "etcd-restore".into(),
+        failure: Some(CommandFailure {
+            command: "restore etcd from snapshot c-20261128-000000 into /var/lib/etcd".into(),
+            exit_code: Some(1),
+            output_tail: vec![
+                "snapshot c-20261128-000000 does not restore: it opens to 3 bytes".into(),
+            ],
+            at: t0(),
+        }),
+    });
+    let steps = plan_now(&c, &[n]);
+    assert!(deletes(&steps).is_empty(), "{steps:?}");
+    assert!(creates(&steps).is_empty(), "{steps:?}");
+    let st = status_of(&steps);
+    assert_condition(
+        st,
+        "Restoring",
+        "True",
+        "init machine n failed at etcd-restore: snapshot c-20261128-000000 does not restore",
+    );
+    assert_condition(st, "Restoring", "True", "drover delete machine n");
+}
