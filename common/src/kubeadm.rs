@@ -541,6 +541,15 @@ pub fn kubeadm_patch_files(node: &NodeParams) -> Vec<KubeadmPatchFile> {
     }]
 }
 
+/// `localAPIEndpoint` of a rendered config: where the machine's API
+/// server listens, if it is a control plane.
+fn local_api_endpoint(node: &NodeParams) -> ApiEndpoint {
+    ApiEndpoint {
+        advertise_address: node.advertise_address.clone(),
+        bind_port: node.api_server_port,
+    }
+}
+
 /// `patches` of a rendered config: the patches directory, when the
 /// machine has patches.
 fn patches_for(node: &NodeParams) -> Option<serde_json::Value> {
@@ -577,10 +586,7 @@ pub fn render_init(
         }],
         dry_run: None,
         node_registration: node_registration(node, cluster.nodes),
-        local_api_endpoint: ApiEndpoint {
-            advertise_address: node.advertise_address.clone(),
-            bind_port: node.api_server_port,
-        },
+        local_api_endpoint: local_api_endpoint(node),
         certificate_key: None,
         skip_phases: vec![],
         patches: patches_for(node),
@@ -648,10 +654,7 @@ pub fn render_join(
             tls_bootstrap_token: None,
         },
         control_plane: control_plane.then(|| JoinControlPlane {
-            local_api_endpoint: ApiEndpoint {
-                advertise_address: node.advertise_address.clone(),
-                bind_port: node.api_server_port,
-            },
+            local_api_endpoint: local_api_endpoint(node),
             certificate_key: None,
         }),
         skip_phases: vec![],
@@ -688,6 +691,12 @@ mod tests {
             dns_domain: "cluster.local".into(),
             nodes: NodeHost::Machine,
         }
+    }
+
+    fn pin() -> CaPin {
+        "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+            .parse()
+            .unwrap()
     }
 
     fn node() -> NodeParams {
@@ -737,9 +746,7 @@ mod tests {
     #[test]
     fn container_nodes_get_what_kubeadm_needs_inside_a_container() {
         let token = BootstrapToken::generate();
-        let pin: CaPin = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-            .parse()
-            .unwrap();
+        let pin = pin();
         let params = ClusterParams {
             nodes: NodeHost::Container,
             ..cluster()
@@ -772,9 +779,7 @@ mod tests {
     #[test]
     fn join_round_trips_strictly() {
         let token = BootstrapToken::generate();
-        let pin: CaPin = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-            .parse()
-            .unwrap();
+        let pin = pin();
         let text = render_join(&cluster(), &node(), &token, &pin, true);
         let cfg = parse_config(&text).unwrap();
         let join = cfg.join.unwrap();
@@ -801,9 +806,7 @@ mod tests {
     #[test]
     fn a_machines_own_healthz_port_is_a_kubelet_config_patch_never_a_flag() {
         let token = BootstrapToken::generate();
-        let pin: CaPin = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-            .parse()
-            .unwrap();
+        let pin = pin();
         let node = NodeParams {
             kubelet_healthz_port: 10300,
             ..node()

@@ -57,6 +57,22 @@ struct Entry {
     by_datagram: bool,
 }
 
+impl Entry {
+    /// The entry of machine `name` made at `now_micros`, at its stored
+    /// `revision`: no datagram accepted yet, no digest, no cluster.
+    fn new(name: &str, key: HeartbeatKey, revision: u64, now_micros: u64) -> Self {
+        Self {
+            name: name.into(),
+            key,
+            last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
+            digest: None,
+            revision,
+            cluster: None,
+            by_datagram: false,
+        }
+    }
+}
+
 /// The revision a recalled entry holds: no stored object is at revision 0,
 /// so its next datagram is answered "call HTTPS".
 const RECALLED: u64 = 0;
@@ -167,29 +183,14 @@ impl DatagramTable {
         let id = machine_id(uid);
         let key = HeartbeatKey::derive(&self.master, uid);
         let mut entries = self.entries.lock().expect("datagram table lock");
-        let entry = entries.entry(id).or_insert_with(|| Entry {
-            name: machine.metadata.name.as_str().into(),
-            key: key.clone(),
-            last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
-            digest: None,
-            revision,
-            cluster: None,
-            by_datagram: false,
-        });
+        let fresh = || Entry::new(&machine.metadata.name, key.clone(), revision, now_micros);
+        let entry = entries.entry(id).or_insert_with(fresh);
         if *entry.name != *machine.metadata.name {
             // Two UIDs whose ids collide (about one pair in 2^64): the
             // newer offer wins, and the other machine's datagrams fail
             // their tag, so it heartbeats over HTTPS.
             tracing::warn!(machine = %machine.metadata.name, other = %entry.name, id, "two machines share a heartbeat id; the other now heartbeats over HTTPS");
-            *entry = Entry {
-                name: machine.metadata.name.as_str().into(),
-                key: key.clone(),
-                last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
-                digest: None,
-                revision,
-                cluster: None,
-                by_datagram: false,
-            };
+            *entry = fresh();
         }
         entry.digest = Some(digest);
         entry.revision = revision;
@@ -252,14 +253,9 @@ impl DatagramTable {
                 Some(_) => RECALLED,
                 None => revision,
             };
-            entries.entry(machine_id(uid)).or_insert_with(|| Entry {
-                name: m.metadata.name.as_str().into(),
-                key: HeartbeatKey::derive(&self.master, uid),
-                last_counter: now_micros.saturating_sub(NEW_ENTRY_SLACK_MICROS),
-                digest: None,
-                revision,
-                cluster: None,
-                by_datagram: false,
+            entries.entry(machine_id(uid)).or_insert_with(|| {
+                let key = HeartbeatKey::derive(&self.master, uid);
+                Entry::new(&m.metadata.name, key, revision, now_micros)
             });
         }
     }

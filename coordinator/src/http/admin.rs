@@ -151,6 +151,24 @@ pub(super) fn parse_document<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// Refuses a document whose `metadata.name` is not the URL's `name`.
+pub(super) fn check_document_name(document_name: &str, name: &str) -> Result<(), ApiError> {
+    if document_name != name {
+        return Err(ApiError::bad_request(format!(
+            "metadata.name {document_name:?} does not match the URL's name {name:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The conflict of a document whose `metadata.resourceVersion` (`rv`) is
+/// not the stored `found` one of the `kind` object `name`.
+pub(super) fn stale_document(kind: &str, name: &str, found: &str, rv: &str) -> ApiError {
+    ApiError::conflict(format!(
+        "{kind} {name} has resourceVersion {found}, the document says {rv}; fetch it again and reapply"
+    ))
+}
+
 /// `PUT /v1/clusters/{name}`: create or update a cluster (what `drover apply` sends).
 ///
 /// The document is YAML unless sent as `application/json`; it is parsed
@@ -198,12 +216,7 @@ pub async fn apply_cluster(
             errors,
         ));
     }
-    if desired.metadata.name != name {
-        return Err(ApiError::bad_request(format!(
-            "metadata.name {:?} does not match the URL's name {name:?}",
-            desired.metadata.name
-        )));
-    }
+    check_document_name(&desired.metadata.name, &name)?;
     let unresolved = crate::domain::user_secrets::unresolved_refs(&app.store, &desired.spec)?;
     if !unresolved.is_empty() {
         return Err(ApiError::invalid(
@@ -265,10 +278,8 @@ pub async fn apply_cluster(
                 .update_cluster(&name, |current| {
                     if let Some(rv) = &desired.metadata.resource_version {
                         if Some(rv) != current.metadata.resource_version.as_ref() {
-                            return Err(ApiError::conflict(format!(
-                                "cluster {name} has resourceVersion {}, the document says {rv}; fetch it again and reapply",
-                                current.metadata.resource_version.as_deref().unwrap_or("?")
-                            )));
+                            let found = current.metadata.resource_version.as_deref();
+                            return Err(stale_document("cluster", &name, found.unwrap_or("?"), rv));
                         }
                     }
                     if current.metadata.deletion_timestamp.is_some() {

@@ -115,12 +115,7 @@ pub async fn apply_secret(
             errors,
         )
     })?;
-    if desired.metadata.name != name {
-        return Err(ApiError::bad_request(format!(
-            "metadata.name {:?} does not match the URL's name {name:?}",
-            desired.metadata.name
-        )));
-    }
+    super::admin::check_document_name(&desired.metadata.name, &name)?;
     for _ in 0..MODIFY_ATTEMPTS {
         let current = user_secrets::get(&app.store, &name)?;
         if let Some(rv) = &desired.metadata.resource_version {
@@ -128,9 +123,7 @@ pub async fn apply_secret(
             if found.as_ref() != Some(rv) {
                 return Err(match found {
                     None => ApiError::not_found("secret", &name),
-                    Some(found) => ApiError::conflict(format!(
-                        "secret {name} has resourceVersion {found}, the document says {rv}; fetch it again and reapply"
-                    )),
+                    Some(found) => super::admin::stale_document("secret", &name, &found, rv),
                 });
             }
         }

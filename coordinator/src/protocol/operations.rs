@@ -117,6 +117,28 @@ pub fn directives(cluster: &Cluster, me: &str) -> Vec<Directive> {
     .collect()
 }
 
+/// One operation's [`InFlight::answers`] and [`InFlight::record`].
+type Recorder = (
+    fn(&DirectiveResult) -> bool,
+    fn(&mut ClusterStatus, &str, &DirectiveResult, OffsetDateTime) -> Option<Reported>,
+);
+
+/// The operations that record results, in the fixed order
+/// [`record_results`] offers them each result.
+const RECORDERS: &[Recorder] = &[
+    (EtcdRemoval::answers, EtcdRemoval::record),
+    (NodeDrain::answers, NodeDrain::record),
+    (VersionUpdate::answers, VersionUpdate::record),
+    (
+        EssentialAddonsUpgrade::answers,
+        EssentialAddonsUpgrade::record,
+    ),
+    (CertificateRenewal::answers, CertificateRenewal::record),
+    (MachineUpgrade::answers, MachineUpgrade::record),
+    (AddonApply::answers, AddonApply::record),
+    (SnapshotSave::answers, SnapshotSave::record),
+];
+
 /// Records the `results` machine `by` reported on its cluster's `status`,
 /// each offered to the operations whose prefix it has, in a fixed order;
 /// what they told.
@@ -126,39 +148,18 @@ pub fn record_results(
     results: &[DirectiveResult],
     now: OffsetDateTime,
 ) -> Vec<Reported> {
-    fn each<O: InFlight>(
-        status: &mut ClusterStatus,
-        by: &str,
-        results: &[DirectiveResult],
-        now: OffsetDateTime,
-        out: &mut Vec<Reported>,
-    ) {
-        for r in results.iter().filter(|r| O::answers(r)) {
-            out.extend(O::record(status, by, r, now));
+    let mut out = vec![];
+    for (answers, record) in RECORDERS {
+        for r in results.iter().filter(|r| answers(r)) {
+            out.extend(record(status, by, r, now));
         }
     }
-    let mut out = vec![];
-    each::<EtcdRemoval>(status, by, results, now, &mut out);
-    each::<NodeDrain>(status, by, results, now, &mut out);
-    each::<VersionUpdate>(status, by, results, now, &mut out);
-    each::<EssentialAddonsUpgrade>(status, by, results, now, &mut out);
-    each::<CertificateRenewal>(status, by, results, now, &mut out);
-    each::<MachineUpgrade>(status, by, results, now, &mut out);
-    each::<AddonApply>(status, by, results, now, &mut out);
-    each::<SnapshotSave>(status, by, results, now, &mut out);
     out
 }
 
 /// Whether `result` is one that [`record_results`] may record.
 pub fn is_recorded(result: &DirectiveResult) -> bool {
-    EtcdRemoval::answers(result)
-        || NodeDrain::answers(result)
-        || VersionUpdate::answers(result)
-        || EssentialAddonsUpgrade::answers(result)
-        || CertificateRenewal::answers(result)
-        || MachineUpgrade::answers(result)
-        || AddonApply::answers(result)
-        || SnapshotSave::answers(result)
+    RECORDERS.iter().any(|(answers, _)| answers(result))
 }
 
 /// Whether `result` ends a cleanup of the cluster (a member removal or a

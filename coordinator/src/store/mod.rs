@@ -352,13 +352,29 @@ impl Store {
     /// Reads one object as stored (still sealed), from the backend: the
     /// latest committed copy (refreshing the read cache).
     pub fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
+        self.read_through(kind, "get", || self.backend.get(kind, name))
+    }
+
+    /// Reads records of `kind` from the backend with `read` (timed as
+    /// `operation`) and, for a kind the read cache holds, installs them
+    /// there; the cache's epoch is taken before the read, so records a
+    /// removal made stale meanwhile are not installed.
+    fn read_through<R>(
+        &self,
+        kind: Kind,
+        operation: &'static str,
+        read: impl FnOnce() -> Result<R, StoreError>,
+    ) -> Result<R, StoreError>
+    where
+        for<'a> &'a R: IntoIterator<Item = &'a Record>,
+    {
         if !cache::caches(kind) {
-            return timed("get", || self.backend.get(kind, name));
+            return timed(operation, read);
         }
         let epoch = self.cache.epoch();
-        let r = timed("get", || self.backend.get(kind, name))?;
-        self.cache.fill(kind, epoch, r.iter());
-        Ok(r)
+        let records = timed(operation, read)?;
+        self.cache.fill(kind, epoch, (&records).into_iter());
+        Ok(records)
     }
 
     /// Reads one object of a kind not sealed at rest from the read cache,
@@ -419,13 +435,7 @@ impl Store {
 
     /// Reads the objects of a kind in `span` as stored, ordered by name.
     fn list_raw_page(&self, kind: Kind, span: Span<'_>) -> Result<Vec<Record>, StoreError> {
-        if !cache::caches(kind) {
-            return timed("list", || self.backend.list(kind, span));
-        }
-        let epoch = self.cache.epoch();
-        let records = timed("list", || self.backend.list(kind, span))?;
-        self.cache.fill(kind, epoch, records.iter());
-        Ok(records)
+        self.read_through(kind, "list", || self.backend.list(kind, span))
     }
 
     /// Checks that every sealed record opens with the keyring and re-seals
