@@ -344,3 +344,169 @@ pub fn file_for(
     }
     Ok(snapshots::file_of(app, &a.cluster_uid, name))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::{
+        MachineRole, ObjectMeta, SnapshotSpec, SnapshotStatus, SnapshotTrigger,
+    };
+    use drover_common::snapshot::Sealer;
+    use drover_planner::fixtures::{docker_cluster, pool_cluster, running};
+    use sha2::{Digest, Sha256};
+
+    use crate::store::Kind;
+
+    const SNAP: &str = "c-20261128-010000";
+
+    /// Docker cluster `c` (uid `cu`), initialized, stored, with snapshot
+    /// `SNAP` of it saved at `version`: its record and sealed file. The
+    /// cluster as stored.
+    fn with_snapshot(app: &App, version: &str) -> Cluster {
+        let mut c = docker_cluster(1, 1);
+        c.status.initialized = true;
+        c.status.init_machine = Some("cp".into());
+        app.store.create_json(Kind::Cluster, "c", &c).unwrap();
+        let key = snapshots::cluster_key(app, &c).unwrap();
+        // An etcd snapshot ends with the SHA-256 of what comes before.
+        let mut plain = vec![7u8; 5000];
+        let hash = Sha256::digest(&plain);
+        plain.extend_from_slice(&hash);
+        let (mut sealer, mut sealed) = Sealer::new(&key, "c", "cu", SNAP);
+        sealer.update(&plain, &mut sealed).unwrap();
+        let digest = sealer.finish(&mut sealed).unwrap();
+        let path = snapshots::file_of(app, "cu", SNAP);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &sealed).unwrap();
+        let record = Snapshot {
+            api_version: drover_common::API_VERSION.into(),
+            kind: "Snapshot".into(),
+            metadata: ObjectMeta {
+                name: SNAP.into(),
+                ..Default::default()
+            },
+            spec: SnapshotSpec {
+                cluster: "c".into(),
+                cluster_uid: "cu".into(),
+                trigger: SnapshotTrigger::Manual,
+                kubernetes_version: version.into(),
+                machine: "cp".into(),
+                destination: "coordinator".into(),
+            },
+            status: SnapshotStatus {
+                saved_at: drover_common::now(),
+                revision: 77,
+                size: digest.size,
+                sha256: digest.sha256,
+                sealed_size: sealed.len() as u64,
+                sealed_sha256: hex::encode(Sha256::digest(&sealed)),
+                etcd_version: "3.4.23".into(),
+            },
+        };
+        app.store
+            .create_json(Kind::Snapshot, SNAP, &record)
+            .unwrap();
+        app.cluster("c").unwrap().unwrap()
+    }
+
+    fn refused(e: RestoreError) -> String {
+        match e {
+            RestoreError::Refused(why) => why,
+            e => panic!("not a refusal: {e}"),
+        }
+    }
+
+    fn unusable(e: RestoreError) -> String {
+        match e {
+            e @ RestoreError::Unusable { .. } => e.to_string(),
+            e => panic!("not an unusable snapshot: {e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_check_passes_before_anything_changes_and_a_restore_cannot_be_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = App::for_tests(dir.path());
+        let c = with_snapshot(&app, "v1.31.2");
+        let newest = RestoreRequest::default();
+        assert_eq!(check(&app, &c, &newest).unwrap().metadata.name, SNAP);
+
+        // A snapshot from a newer version, or of another cluster of the
+        // same name, is not restored.
+        let mut older = c.clone();
+        older.spec.kubernetes_version = "v1.30.4".into();
+        let why = unusable(check(&app, &older, &newest).unwrap_err());
+        assert!(why.contains("newer than the cluster's v1.30.4"), "{why}");
+        let mut other = c.clone();
+        other.metadata.uid = Some("another".into());
+        let named = RestoreRequest {
+            snapshot: Some(SNAP.into()),
+            force: false,
+        };
+        let why = unusable(check(&app, &other, &named).unwrap_err());
+        assert!(why.contains("another cluster of the same name"), "{why}");
+        // The newest of its own: it has none.
+        let why = refused(check(&app, &other, &newest).unwrap_err());
+        assert!(why.contains("no snapshot to restore"), "{why}");
+        // Nor is a pool cluster, nor one never initialized.
+        let mut pool = pool_cluster(1, 1);
+        pool.status.initialized = true;
+        assert!(refused(check(&app, &pool, &newest).unwrap_err()).contains("pool cluster"));
+        let mut fresh = c.clone();
+        fresh.status.initialized = false;
+        assert!(refused(check(&app, &fresh, &newest).unwrap_err()).contains("nothing to restore"));
+        // A healthy control plane stops it, unless forced.
+        let cp = running("cp", "control-plane", MachineRole::Init);
+        app.store.create_json(Kind::Machine, "cp", &cp).unwrap();
+        let why = refused(check(&app, &c, &newest).unwrap_err());
+        assert!(
+            why.contains("1 healthy control plane(s) (cp)") && why.contains("--force"),
+            "{why}"
+        );
+        let forced = RestoreRequest {
+            snapshot: Some(SNAP.into()),
+            force: true,
+        };
+        check(&app, &c, &forced).unwrap();
+        // A file cut short is found before anything is torn down.
+        let path = snapshots::file_of(&app, "cu", SNAP);
+        let whole = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &whole[..whole.len() - 20]).unwrap();
+        let why = unusable(check(&app, &c, &forced).unwrap_err());
+        assert!(why.contains("nothing was torn down"), "{why}");
+        assert!(app.cluster("c").unwrap().unwrap().status.restore.is_none());
+        std::fs::write(&path, &whole).unwrap();
+
+        // Recorded: the cluster is not initialized, what the old control
+        // plane reported is forgotten, the old control plane is named.
+        let recorded = request(&app, "c", &forced, "admin").unwrap();
+        let r = recorded.status.restore.as_ref().unwrap();
+        assert_eq!(
+            (r.snapshot.as_str(), r.revision, r.forced),
+            (SNAP, 77, true)
+        );
+        assert_eq!(r.replaced, vec!["cp".to_string()]);
+        assert!(!recorded.status.initialized && recorded.status.init_machine.is_none());
+        // Asked again: the same restore; another snapshot: refused.
+        let again = request(&app, "c", &forced, "admin").unwrap();
+        assert_eq!(again.status.restore, recorded.status.restore);
+        let another = RestoreRequest {
+            snapshot: Some("c-20261128-020000".into()),
+            force: true,
+        };
+        let why = refused(request(&app, "c", &another, "admin").unwrap_err());
+        assert!(why.contains("cannot be withdrawn or replaced"), "{why}");
+
+        // Only the restoring init machine reads the sealed file.
+        let why = file_for(&app, &cp, SNAP).unwrap_err().to_string();
+        assert!(why.contains("only the init machine"), "{why}");
+        app.update_cluster::<StoreError>("c", |c| {
+            c.status.init_machine = Some("n".into());
+            Ok(true)
+        })
+        .unwrap();
+        let n = running("n", "control-plane", MachineRole::Init);
+        assert_eq!(file_for(&app, &n, SNAP).unwrap(), path);
+        assert!(file_for(&app, &n, "c-other").is_err());
+    }
+}

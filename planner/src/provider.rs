@@ -954,8 +954,15 @@ fn remediation<'a>(
     if !gate.initialized || quorum_allows_removal(active.len() as u32, healthy_others) {
         vec![(*m, why.to_string())]
     } else {
+        // With no healthy member left, etcd is lost: only a snapshot brings
+        // it back.
+        let lost = if healthy_others == 0 {
+            "; if no control plane comes back, restore etcd from a snapshot: `drover restore cluster`"
+        } else {
+            ""
+        };
         paused.push(format!(
-            "control plane: {} is {} but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated",
+            "control plane: {} is {} but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated{lost}",
             m.metadata.name,
             why.summary(),
             active.len()
