@@ -397,6 +397,21 @@ pub struct CommandOutcome {
 }
 
 impl CommandOutcome {
+    /// The outcome of work done in the agent itself (a call on the
+    /// cluster, a restore), shown as `command`: its message, or its error.
+    pub fn of_call<E: std::fmt::Display>(command: String, result: Result<String, E>) -> Self {
+        let (success, message) = match result {
+            Ok(m) => (true, m),
+            Err(e) => (false, e.to_string()),
+        };
+        Self {
+            command,
+            success,
+            exit_code: Some(if success { 0 } else { 1 }),
+            output_tail: vec![message],
+        }
+    }
+
     /// The outcome as a wire failure report.
     pub fn to_failure(&self) -> drover_common::wire::CommandFailure {
         drover_common::wire::CommandFailure {

@@ -45,16 +45,22 @@ pub enum RestoreError {
     Store(#[from] StoreError),
 }
 
-/// The control planes of `cluster` that are healthy: running, heard from
-/// and reporting healthy.
-fn healthy_control_planes(machines: &[Machine]) -> Vec<String> {
+/// Whether `m` is a control plane of the cluster with UID `uid` (the
+/// fleet index may list others).
+fn control_plane_of(m: &Machine, uid: &str) -> bool {
+    m.spec
+        .assignment
+        .as_ref()
+        .is_some_and(|a| a.cluster_uid == uid && a.role.is_control_plane())
+}
+
+/// The control planes of the cluster with UID `uid` that are healthy:
+/// running, heard from and reporting healthy.
+fn healthy_control_planes(machines: &[Machine], uid: &str) -> Vec<String> {
     machines
         .iter()
         .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.role.is_control_plane())
+            control_plane_of(m, uid)
                 && m.metadata.deletion_timestamp.is_none()
                 && crate::domain::removal::is_healthy(m)
         })
@@ -62,17 +68,12 @@ fn healthy_control_planes(machines: &[Machine]) -> Vec<String> {
         .collect()
 }
 
-/// The control-plane machines of `cluster` that are not gone yet.
-fn control_planes(machines: &[Machine]) -> Vec<String> {
+/// The control-plane machines of the cluster with UID `uid` that are not
+/// gone yet.
+fn control_planes(machines: &[Machine], uid: &str) -> Vec<String> {
     machines
         .iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.role.is_control_plane())
-                && m.status.phase != MachinePhase::Deleted
-        })
+        .filter(|m| control_plane_of(m, uid) && m.status.phase != MachinePhase::Deleted)
         .map(|m| m.metadata.name.clone())
         .collect()
 }
@@ -134,7 +135,7 @@ pub fn check(app: &App, cluster: &Cluster, req: &RestoreRequest) -> Result<Snaps
         }
     }
     let machines = app.cluster_machines(&uid)?;
-    let healthy = healthy_control_planes(&machines);
+    let healthy = healthy_control_planes(&machines, &uid);
     if !healthy.is_empty() && !req.force {
         return refused(format!(
             "cluster {name} still has {} healthy control plane(s) ({}): a restore replaces them and loses every change made since snapshot {} (saved {}). Nothing was changed; pass --force to restore anyway",
@@ -253,7 +254,8 @@ pub fn request(
         return Ok(cluster);
     }
     let uid = cluster.metadata.uid.clone();
-    let replaced = control_planes(&app.cluster_machines(uid.as_deref().unwrap_or_default())?);
+    let own = uid.as_deref().unwrap_or_default();
+    let replaced = control_planes(&app.cluster_machines(own)?, own);
     let now = drover_common::now();
     let updated = app.update_cluster::<RestoreError>(name, |c| {
         if c.metadata.uid != uid {
@@ -455,7 +457,12 @@ mod tests {
         let mut fresh = c.clone();
         fresh.status.initialized = false;
         assert!(refused(check(&app, &fresh, &newest).unwrap_err()).contains("nothing to restore"));
-        // A healthy control plane stops it, unless forced.
+        // Another cluster's healthy control plane does not count ...
+        let mut x = running("x", "control-plane", MachineRole::Init);
+        x.spec.assignment.as_mut().unwrap().cluster_uid = "other".into();
+        app.store.create_json(Kind::Machine, "x", &x).unwrap();
+        check(&app, &c, &newest).unwrap();
+        // ... its own stops it, unless forced.
         let cp = running("cp", "control-plane", MachineRole::Init);
         app.store.create_json(Kind::Machine, "cp", &cp).unwrap();
         let why = refused(check(&app, &c, &newest).unwrap_err());

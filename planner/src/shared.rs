@@ -542,7 +542,7 @@ pub(crate) fn endpoint_for(cluster: &Cluster, init: &Machine) -> String {
     if let Some(ep) = stable_endpoint(cluster) {
         return ep;
     }
-    let addr = init.status.addresses.first().cloned().unwrap_or_default();
+    let addr = init.status.address().to_owned();
     let host = if addr.contains(':') {
         format!("[{addr}]")
     } else {

@@ -442,18 +442,9 @@ impl Agent {
         );
         tracing::info!(snapshot = %r.snapshot, revision = r.revision, member = %r.member_name, "restoring the cluster's etcd before kubeadm init");
         let outcome = Box::pin(async move {
-            let (success, message) =
-                match crate::restore::restore(&api, &r, &root, &dir, crate::restore::ETCDCTL).await
-                {
-                    Ok(m) => (true, m),
-                    Err(e) => (false, e.to_string()),
-                };
-            CommandOutcome {
-                command,
-                success,
-                exit_code: Some(if success { 0 } else { 1 }),
-                output_tail: vec![message],
-            }
+            let restored =
+                crate::restore::restore(&api, &r, &root, &dir, crate::restore::ETCDCTL).await;
+            CommandOutcome::of_call(command, restored)
         });
         self.work.activity = Some(report::RESTORE_STEP);
         self.work.running = Some(super::Work {

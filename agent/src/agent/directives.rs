@@ -429,18 +429,7 @@ impl Agent {
 
     /// Runs `call` as the work of directive `id`, shown as `command`.
     fn start_call(&mut self, id: String, command: String, call: ClusterCall) {
-        let outcome = Box::pin(async move {
-            let (success, message) = match call.await {
-                Ok(m) => (true, m),
-                Err(e) => (false, e.to_string()),
-            };
-            CommandOutcome {
-                command,
-                success,
-                exit_code: Some(if success { 0 } else { 1 }),
-                output_tail: vec![message],
-            }
-        });
+        let outcome = Box::pin(async move { CommandOutcome::of_call(command, call.await) });
         self.work.running = Some(super::Work {
             kind: WorkKind::ClusterCall { id },
             outcome,

@@ -197,6 +197,17 @@ pub struct MachineStatus {
     pub events: Vec<Event>,
 }
 
+impl MachineStatus {
+    /// The machine's address (the first it reported), or `""` before it
+    /// reported any.
+    pub fn address(&self) -> &str {
+        self.addresses
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default()
+    }
+}
+
 /// The kubeadm certificate of a control plane that expires first: the
 /// leaf certificates under `/etc/kubernetes/pki` and the client
 /// certificates of the kubeconfigs kubeadm writes (what `kubeadm certs

@@ -2,7 +2,6 @@
 //! with `--wait`, until each cluster applied is Running (the wait `drover
 //! scale --wait` shares).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::bail;
@@ -11,6 +10,7 @@ use drover_common::api::{Cluster, SecretInfo};
 use crate::cli::api_path;
 use crate::cli::client::{Client, ConnectArgs};
 use crate::cli::documents;
+use crate::cli::render::Progress;
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
@@ -132,9 +132,7 @@ async fn wait_running(
     timeout: std::time::Duration,
 ) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + timeout;
-    let started = std::time::Instant::now();
-    let tty = std::io::stderr().is_terminal();
-    let mut last = String::new();
+    let mut progress = Progress::new(format!("cluster/{name}"));
     loop {
         let c: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
         let pools: Vec<String> = c
@@ -143,34 +141,16 @@ async fn wait_running(
             .iter()
             .map(|p| format!("{} {}/{}", p.name, p.running, p.desired))
             .collect();
-        let line = format!("{} [{}]", c.status.phase, pools.join(", "));
-        if line != last {
-            if tty {
-                eprint!(
-                    "\r\x1b[2K{:>4}s  cluster/{name}: {line}",
-                    started.elapsed().as_secs()
-                );
-            } else {
-                eprintln!(
-                    "{:>4}s  cluster/{name}: {line}",
-                    started.elapsed().as_secs()
-                );
-            }
-            last = line;
-        }
+        progress.show(format!("{} [{}]", c.status.phase, pools.join(", ")));
         if c.status.phase == drover_common::api::ClusterPhase::Running
             && c.status.observed_generation >= generation
         {
-            if tty {
-                eprintln!();
-            }
+            progress.end();
             println!("cluster/{name} is Running");
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
-            if tty {
-                eprintln!();
-            }
+            progress.end();
             bail!(
                 "cluster {name} is not Running after {:?} (it is {}); see `drover describe cluster {name}`",
                 timeout,

@@ -2,7 +2,6 @@
 //! while it serves, written to FILE; `drover backup cluster NAME`: an etcd
 //! snapshot of a cluster, now (`--wait` until it is saved).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -10,6 +9,7 @@ use drover_common::api::Cluster;
 
 use crate::cli::api_path;
 use crate::cli::client::{Client, ConnectArgs, Usage};
+use crate::cli::render::Progress;
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -83,16 +83,12 @@ async fn backup_cluster(c: BackupClusterArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let deadline = std::time::Instant::now() + c.timeout;
-    let started = std::time::Instant::now();
-    let tty = std::io::stderr().is_terminal();
-    let mut last = String::new();
+    let mut progress = Progress::new(format!("cluster/{name}"));
     loop {
         let cluster: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
         let s = &cluster.status;
         if let Some(saved) = s.last_snapshot.as_ref().filter(|l| l.saved_at >= since) {
-            if tty && !last.is_empty() {
-                eprintln!();
-            }
+            progress.end();
             println!(
                 "snapshot/{} saved: etcd revision {}, {} bytes",
                 saved.name, saved.revision, saved.size
@@ -101,9 +97,7 @@ async fn backup_cluster(c: BackupClusterArgs) -> anyhow::Result<()> {
         }
         let line = match &s.snapshot {
             Some(op) if op.requested_at >= since && !op.under_way() => {
-                if tty && !last.is_empty() {
-                    eprintln!();
-                }
+                progress.end();
                 bail!(
                     "snapshot {} of cluster {name} failed on {}: {}",
                     op.name,
@@ -116,22 +110,13 @@ async fn backup_cluster(c: BackupClusterArgs) -> anyhow::Result<()> {
             }
             _ => "waiting for a running control plane to ask".to_owned(),
         };
-        if line != last {
-            let secs = started.elapsed().as_secs();
-            if tty {
-                eprint!("\r\x1b[2K{secs:>4}s  cluster/{name}: {line}");
-            } else {
-                eprintln!("{secs:>4}s  cluster/{name}: {line}");
-            }
-            last = line;
-        }
+        progress.show(line);
         if std::time::Instant::now() > deadline {
-            if tty {
-                eprintln!();
-            }
+            progress.end();
             bail!(
-                "no snapshot of cluster {name} was saved within {:?} ({last}); see `drover describe cluster {name}`",
-                c.timeout
+                "no snapshot of cluster {name} was saved within {:?} ({}); see `drover describe cluster {name}`",
+                c.timeout,
+                progress.last()
             );
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

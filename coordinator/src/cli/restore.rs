@@ -2,13 +2,12 @@
 //! restores a cluster's etcd from one of its snapshots onto a new init
 //! machine, and (with `--wait`) follows it until the cluster runs again.
 
-use std::io::IsTerminal;
-
 use anyhow::bail;
 use drover_common::api::{Cluster, ClusterPhase, RestoreRequest};
 
 use crate::cli::api_path;
 use crate::cli::client::{Client, ConnectArgs};
+use crate::cli::render::Progress;
 
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
@@ -79,9 +78,7 @@ async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
     }
     let since = restore.requested_at;
     let deadline = std::time::Instant::now() + c.timeout;
-    let started = std::time::Instant::now();
-    let tty = std::io::stderr().is_terminal();
-    let mut last = String::new();
+    let mut progress = Progress::new(format!("cluster/{name}"));
     loop {
         let cluster: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
         let s = &cluster.status;
@@ -91,14 +88,12 @@ async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
             .filter(|d| d.requested_at == since && s.restore.is_none());
         let line = match done {
             Some(d) if s.phase == ClusterPhase::Running => {
-                if tty && !last.is_empty() {
-                    eprintln!();
-                }
+                progress.end();
                 println!(
                     "cluster/{name} is Running, restored from snapshot {} by {} in {}s",
                     d.snapshot,
                     d.machine,
-                    started.elapsed().as_secs()
+                    progress.seconds()
                 );
                 return Ok(());
             }
@@ -119,22 +114,13 @@ async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
                 .map(|c| c.message.clone())
                 .unwrap_or_else(|| "waiting for the reconciler".into()),
         };
-        if line != last {
-            let secs = started.elapsed().as_secs();
-            if tty {
-                eprint!("\r\x1b[2K{secs:>4}s  cluster/{name}: {line}");
-            } else {
-                eprintln!("{secs:>4}s  cluster/{name}: {line}");
-            }
-            last = line;
-        }
+        progress.show(line);
         if std::time::Instant::now() > deadline {
-            if tty {
-                eprintln!();
-            }
+            progress.end();
             bail!(
-                "cluster {name} did not run again within {:?} ({last}); the restore goes on: see `drover describe cluster {name}`",
-                c.timeout
+                "cluster {name} did not run again within {:?} ({}); the restore goes on: see `drover describe cluster {name}`",
+                c.timeout,
+                progress.last()
             );
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -308,12 +308,7 @@ pub fn bundle_for(
                 a.cluster
             ))
         })?;
-    let address = machine
-        .status
-        .addresses
-        .first()
-        .cloned()
-        .unwrap_or_default();
+    let address = machine.status.address().to_owned();
     let node = NodeParams {
         node_name: machine.status.hostname.clone(),
         advertise_address: address,

@@ -61,12 +61,7 @@ pub fn for_init_machine(
                 .map_err(|e| gone(format!("its snapshot key is unreadable ({e})")))
         })?;
     let member_name = machine.status.hostname.clone();
-    let address = machine
-        .status
-        .addresses
-        .first()
-        .cloned()
-        .unwrap_or_default();
+    let address = machine.status.address();
     if member_name.is_empty() || address.is_empty() {
         return Err(RestoreBundleError::NotYet(format!(
             "machine {} has not reported its hostname and address yet, which its restored etcd member is named by",

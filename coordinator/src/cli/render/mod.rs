@@ -5,9 +5,11 @@
 //! describe` and `drover rollout status` in [`describe`].
 
 pub mod describe;
+pub(crate) mod progress;
 pub mod tables;
 
 pub use describe::{describe_machine, rollout_lines};
+pub(crate) use progress::Progress;
 
 pub use crate::types::age;
 
