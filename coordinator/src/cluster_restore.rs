@@ -6,7 +6,7 @@
 //!
 //! Invariants:
 //! - Nothing changes until every check passed: the cluster may be
-//!   restored (a provider cluster, initialized once, not being deleted, no
+//!   restored (initialized once, not being deleted, no
 //!   control plane healthy unless forced), and the snapshot is this
 //!   cluster's (its UID), not newer than the cluster's version, and whole:
 //!   its sealed file matches the record, opens with the cluster's key and
@@ -89,11 +89,6 @@ pub fn check(app: &App, cluster: &Cluster, req: &RestoreRequest) -> Result<Snaps
             "cluster {name} is being deleted; nothing is restored"
         ));
     }
-    if !cluster.spec.provider.creates_machines() {
-        return refused(format!(
-            "cluster {name} is a pool cluster: `drover restore cluster` restores onto machines a provider creates (docker, aws) so far; restore a pool cluster's etcd by hand (README \"Restoring a cluster\")"
-        ));
-    }
     if let Some(r) = &cluster.status.restore {
         if req.snapshot.as_deref().is_none_or(|s| s == r.snapshot) {
             // Asked again: the answer is the restore under way.
@@ -107,6 +102,12 @@ pub fn check(app: &App, cluster: &Cluster, req: &RestoreRequest) -> Result<Snaps
     if !cluster.status.initialized {
         return refused(format!(
             "cluster {name} never finished `kubeadm init`: there is nothing to restore; it comes up by itself"
+        ));
+    }
+    if drover_planner::stable_endpoint(cluster).is_none() {
+        return refused(format!(
+            "cluster {name}'s control-plane endpoint ({}) is the address of its first control plane: a restore onto a new machine would change it, and every kubeconfig and kubelet of the cluster names it. A restore needs an endpoint that outlives every machine (spec.controlPlaneEndpoint, or {{managed: coordinator}}), which a cluster gets when it is created; nothing was changed",
+            cluster.status.control_plane_endpoint.as_deref().unwrap_or("none yet")
         ));
     }
     let snapshot = find(app, cluster, req.snapshot.as_deref())?;
@@ -354,7 +355,7 @@ mod tests {
         MachineRole, ObjectMeta, SnapshotSpec, SnapshotStatus, SnapshotTrigger,
     };
     use drover_common::snapshot::Sealer;
-    use drover_planner::fixtures::{docker_cluster, pool_cluster, running};
+    use drover_planner::fixtures::{docker_cluster, docker_load_balancer, running};
     use sha2::{Digest, Sha256};
 
     use crate::store::Kind;
@@ -366,6 +367,7 @@ mod tests {
     /// cluster as stored.
     fn with_snapshot(app: &App, version: &str) -> Cluster {
         let mut c = docker_cluster(1, 1);
+        c.status.load_balancer = Some(docker_load_balancer(&[]));
         c.status.initialized = true;
         c.status.init_machine = Some("cp".into());
         app.store.create_json(Kind::Cluster, "c", &c).unwrap();
@@ -450,10 +452,12 @@ mod tests {
         // The newest of its own: it has none.
         let why = refused(check(&app, &other, &newest).unwrap_err());
         assert!(why.contains("no snapshot to restore"), "{why}");
-        // Nor is a pool cluster, nor one never initialized.
-        let mut pool = pool_cluster(1, 1);
-        pool.status.initialized = true;
-        assert!(refused(check(&app, &pool, &newest).unwrap_err()).contains("pool cluster"));
+        // Nor is one whose endpoint is its first control plane's address.
+        let mut unstable = c.clone();
+        unstable.status.load_balancer = None;
+        let why = refused(check(&app, &unstable, &newest).unwrap_err());
+        assert!(why.contains("outlives every machine"), "{why}");
+        // Nor one never initialized.
         let mut fresh = c.clone();
         fresh.status.initialized = false;
         assert!(refused(check(&app, &fresh, &newest).unwrap_err()).contains("nothing to restore"));

@@ -51,7 +51,13 @@ pub(super) fn plan_pool(
         unreachable!("plan_pool is called for pool clusters only")
     };
     let mut pass = PoolPass::new(cluster, mine, machines, provider, observed);
+    pass.restore();
     for (pool_name, desired) in cluster.desired_pools() {
+        if pool_name == CONTROL_PLANE_POOL && !pass.restore_old.is_empty() {
+            // The restore releases the control planes of before first.
+            pass.all_running = false;
+            continue;
+        }
         pass.pool(&pool_name, desired);
     }
     steps.extend(pass.finish());
@@ -89,9 +95,30 @@ struct PoolPass<'a, 'o> {
     degraded: Vec<(String, String)>,
     all_running: bool,
     assigned_any: bool,
+    /// The control planes of before a restore under way still releases
+    /// ([`super::restore`]).
+    restore_old: Vec<String>,
 }
 
 impl<'a, 'o> PoolPass<'a, 'o> {
+    /// A restore under way ([`super::restore`]) first releases the control
+    /// planes of before (back to their pool once their agent resets), and
+    /// pauses remediation until it is done.
+    fn restore(&mut self) {
+        let Some(r) = &self.cluster.status.restore else {
+            return;
+        };
+        let members: Vec<&Machine> = self.live.iter().copied().filter(|m| is_member(m)).collect();
+        self.restore_old = super::restore::remove_old_control_planes(
+            r,
+            &members,
+            self.init_machine.as_deref(),
+            false,
+            &mut self.steps,
+        );
+        self.paused.push(super::restore::pause_reason(r));
+    }
+
     fn new(
         cluster: &'a Cluster,
         mine: &[&'a Machine],
@@ -160,6 +187,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             degraded: vec![],
             all_running: true,
             assigned_any: false,
+            restore_old: vec![],
         }
     }
 
@@ -293,7 +321,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             }
             Decision::Remediate(names) => names,
         };
-        if self.was_paused {
+        if self.was_paused || self.cluster.status.restore.is_some() {
             return vec![];
         }
         let chosen = judged
@@ -690,6 +718,21 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             self.snapshot_before.as_ref(),
             self.observed.now,
         );
+        if let Some(r) = &self.cluster.status.restore {
+            let init = self
+                .live
+                .iter()
+                .copied()
+                .find(|m| Some(&m.metadata.name) == self.status.init_machine.as_ref());
+            super::restore::finish(
+                &mut self.status,
+                r,
+                &self.restore_old,
+                init,
+                self.initialized,
+                self.observed.now,
+            );
+        }
         set_remediation_condition(&mut self.status, &self.paused);
         set_control_plane_lost(&mut self.status, &self.cluster.metadata.name, self.lost);
         set_removal_condition(&mut self.status, &self.held, self.removal_waits.as_deref());

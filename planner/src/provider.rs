@@ -251,6 +251,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             r,
             &self.live,
             self.init_machine.as_deref(),
+            true,
             &mut self.steps,
         );
         self.paused.push(super::restore::pause_reason(r));

@@ -1,11 +1,11 @@
-//! Restoring a provider cluster's etcd from a snapshot, as the planner
+//! Restoring a cluster's etcd from a snapshot, as the planner
 //! carries it out once `drover restore cluster` recorded it on the status
 //! (`status.restore`):
-//! 1. every control-plane machine of before is deleted (the load balancer
-//!    is told first), whatever quorum says: their etcd is what is being
-//!    replaced;
+//! 1. every control-plane machine of before is taken out (a provider's
+//!    deleted, the load balancer told first; a pool's released), whatever
+//!    quorum says: their etcd is what is being replaced;
 //! 2. once none is left, the control-plane pool runs as for a cluster not
-//!    initialized yet, so it creates one init machine; its bundle carries
+//!    initialized yet, so it creates (or claims) one init machine; its bundle carries
 //!    the snapshot, which it restores before `kubeadm init`;
 //! 3. once that machine runs, the restore is done (`status.lastRestore`),
 //!    the cluster is initialized again, and the other control planes join
@@ -23,12 +23,16 @@ use time::OffsetDateTime;
 
 use super::shared::{is_control_plane, Step};
 
-/// The control planes of before still live (not the restoring init
-/// machine `init`): deleted now, unless already on their way.
+/// The control planes of before still in the cluster (not the restoring
+/// init machine `init`): taken out now, unless already on their way:
+/// deleted when a provider made them (`provider_made`), else released
+/// (their agent resets them when it is heard again, and they return to
+/// their pool).
 pub(crate) fn remove_old_control_planes(
     restore: &ClusterRestore,
     live: &[&Machine],
     init: Option<&str>,
+    provider_made: bool,
     steps: &mut Vec<Step>,
 ) -> Vec<String> {
     let old: Vec<&Machine> = live
@@ -36,16 +40,25 @@ pub(crate) fn remove_old_control_planes(
         .copied()
         .filter(|m| is_control_plane(m) && Some(m.metadata.name.as_str()) != init)
         .collect();
+    let reason = format!(
+        "replaced by the restore of etcd from snapshot {}",
+        restore.snapshot
+    );
     for m in &old {
-        if m.status.phase != MachinePhase::Deleting && m.metadata.deletion_timestamp.is_none() {
-            steps.push(Step::DeleteMachine {
-                machine: m.metadata.name.clone(),
-                reason: format!(
-                    "replaced by the restore of etcd from snapshot {}",
-                    restore.snapshot
-                ),
+        let machine = m.metadata.name.clone();
+        match m.status.phase {
+            MachinePhase::Deleting | MachinePhase::Releasing => {}
+            _ if m.metadata.deletion_timestamp.is_some() => {}
+            _ if provider_made => steps.push(Step::DeleteMachine {
+                machine,
+                reason: reason.clone(),
                 remediation: false,
-            });
+            }),
+            _ => steps.push(Step::Release {
+                machine,
+                reason: reason.clone(),
+                remediation: false,
+            }),
         }
     }
     old.iter().map(|m| m.metadata.name.clone()).collect()

@@ -287,7 +287,7 @@ pub(crate) fn set_control_plane_lost(status: &mut ClusterStatus, cluster: &str, 
             true,
             "NoControlPlaneLeft",
             &format!(
-                "every control-plane machine of cluster {cluster} is gone, and its etcd data with them; Drover will not run `kubeadm init` again, which would make a different cluster. Restore etcd from a backup onto a new control-plane machine, or delete and re-create the cluster"
+                "every control-plane machine of cluster {cluster} is gone, and its etcd data with them; Drover will not run `kubeadm init` again, which would make a different cluster. Restore etcd from a snapshot onto a new control-plane machine (`drover restore cluster {cluster}`), or delete and re-create the cluster"
             ),
         );
     } else if status
@@ -525,7 +525,7 @@ pub fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
 /// The endpoint that outlives every machine, when the cluster has one: the
 /// spec's address, the provider's load balancer once made, or the
 /// coordinator's managed endpoint once allocated.
-pub(crate) fn stable_endpoint(cluster: &Cluster) -> Option<String> {
+pub fn stable_endpoint(cluster: &Cluster) -> Option<String> {
     if let Some(ep) = cluster.spec.endpoint_address() {
         return Some(ep.to_owned());
     }

@@ -3422,3 +3422,106 @@ fn the_coordinator_backed_up_while_serving_is_restored_and_its_machines_carry_on
     let secret = c.cli_ok(&["get", "secrets"]);
     assert!(secret.contains("registry"), "{secret}");
 }
+
+/// A pool cluster (1 control plane + 1 worker, the coordinator's managed
+/// endpoint) loses its control plane, agent and daemons, and `drover
+/// restore cluster` claims the free machine as the init machine that
+/// restores the snapshot with real etcdctl: real kubectl, through the
+/// unchanged endpoint, finds what was there before the snapshot and not
+/// what came after, and the worker is the same machine, Ready.
+#[test]
+fn a_lost_pool_control_plane_is_restored_from_a_snapshot_onto_a_free_machine() {
+    let (tmp, c, mut agents) = registered_pool(3, "r");
+    let yaml = cluster_yaml(
+        "back",
+        1,
+        1,
+        &format!(
+            "{}  controlPlaneEndpoint:\n    managed: coordinator\n",
+            pool_selector("dev")
+        ),
+    );
+    apply(&c, tmp.path(), &yaml);
+    c.wait_cluster_phase("back", "Running", BOOT);
+    let kubeconfig = kubeconfig_with_ready_nodes(&c, tmp.path(), "back", 2);
+    kubectl(&kubeconfig, &["create", "namespace", "before-snapshot"]).unwrap();
+    let saved = c.cli_ok(&["backup", "cluster", "back", "--wait", "--timeout", "60s"]);
+    assert!(saved.contains("snapshot/back-"), "{saved}");
+    kubectl(&kubeconfig, &["create", "namespace", "after-snapshot"]).unwrap();
+
+    let ms = c.machines();
+    let role_of = |h: &str| {
+        machine_by_host(&ms, h)["spec"]["assignment"]["role"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let init = ["r0", "r1", "r2"]
+        .into_iter()
+        .find(|h| role_of(h).as_deref() == Some("init"))
+        .unwrap();
+    let worker = ["r0", "r1", "r2"]
+        .into_iter()
+        .find(|h| role_of(h).as_deref() == Some("worker"))
+        .unwrap();
+    let spare = ["r0", "r1", "r2"]
+        .into_iter()
+        .find(|h| role_of(h).is_none())
+        .unwrap();
+    let i = agents.iter().position(|a| a.hostname == init).unwrap();
+    agents[i].kill();
+    agents[i].stop_daemons();
+    let init_name = name_of(&c, init);
+    wait_for("the control plane judged silent", BOOT, || {
+        let m = c
+            .machines()
+            .into_iter()
+            .find(|m| m["metadata"]["name"] == init_name.as_str())
+            .unwrap();
+        let silent = m["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Alive" && c["status"] == "False");
+        silent
+            .then_some(())
+            .ok_or(format!("{:#}", m["status"]["conditions"]))
+    });
+
+    let out = c.cli(&["restore", "cluster", "back", "--wait", "--timeout", "120s"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cluster = c.cluster("back").unwrap();
+    assert_eq!(
+        cluster["status"]["lastRestore"]["machine"],
+        name_of(&c, spare).as_str(),
+        "{:#}",
+        cluster["status"]
+    );
+    let j = agents.iter().position(|a| a.hostname == spare).unwrap();
+    assert!(
+        agents[j].log().contains("etcd restored"),
+        "{}",
+        agents[j].log()
+    );
+    // The same endpoint and CA: the kubeconfig of before works.
+    wait_for("the restored API with the worker Ready", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.contains(&worker.to_owned()) && ready.contains(&spare.to_owned()))
+            .then_some(())
+            .ok_or(format!("{ready:?}"))
+    });
+    kubectl(&kubeconfig, &["get", "namespace", "before-snapshot"]).unwrap();
+    let after = kubectl(&kubeconfig, &["get", "namespace", "after-snapshot"]).unwrap_err();
+    assert!(
+        after.contains("NotFound") || after.contains("not found"),
+        "{after}"
+    );
+    assert_eq!(
+        role_of(worker).as_deref(),
+        Some("worker"),
+        "the worker is the same machine"
+    );
+}

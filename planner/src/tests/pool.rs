@@ -639,3 +639,66 @@ fn a_pool_clusters_in_place_upgrade_waits_for_a_snapshot_saved_before_it() {
         .expect("an upgrade started");
     assert_eq!(upgrade.machine, "a");
 }
+
+/// A pool cluster whose control plane is lost is restored: `drover restore
+/// cluster` clears `initialized`, the dead control plane is released (it
+/// resets and returns to its pool when heard again), a free machine is
+/// claimed as the init machine that restores the snapshot, and once it
+/// runs the restore is done; the worker stays throughout.
+#[test]
+fn a_lost_pool_control_plane_is_restored_onto_a_free_machine() {
+    let mut c = initialized_by(pool_cluster(1, 1), "a");
+    c.status.restore = Some(drover_common::api::ClusterRestore {
+        snapshot: "c-20261128-000000".into(),
+        revision: 42,
+        requested_at: t0(),
+        requested_by: "admin".into(),
+        forced: false,
+        replaced: vec!["a".into()],
+        machine: None,
+    });
+    c.status.initialized = false;
+    c.status.init_machine = None;
+    let mut machines = init_a_workers_and_free_f(&["w1"]);
+
+    // The dead control plane is released first; nothing is claimed, and
+    // the silent worker is not taken out.
+    let steps = plan_silent(&c, &machines, &["a", "w1"]);
+    assert_eq!(releases(&steps), vec![("a".to_owned(), false)], "{steps:?}");
+    assert!(assigns(&steps).is_empty(), "{steps:?}");
+    let st = final_status(&steps);
+    assert_condition(
+        &st,
+        "Restoring",
+        "True",
+        "removing the control planes of before (a)",
+    );
+    assert!(!has_condition(&st, "ControlPlaneLost", "True"));
+
+    // Released: the free machine becomes the init machine.
+    machines[0].status.phase = MachinePhase::Releasing;
+    let steps = plan_silent(&c, &machines, &["a"]);
+    assert_eq!(
+        assigns(&steps),
+        vec![("f".to_owned(), MachineRole::Init, None)],
+        "{steps:?}"
+    );
+    assert!(releases(&steps).is_empty(), "{steps:?}");
+
+    // It runs: the restore is done and the cluster initialized again.
+    c.status.init_machine = Some("f".into());
+    let f = &mut machines[2];
+    *f = claimed(
+        "f",
+        CONTROL_PLANE_POOL,
+        MachineRole::Init,
+        MachinePhase::Running,
+    );
+    let steps = plan_silent(&c, &machines, &["a"]);
+    let st = final_status(&steps);
+    assert!(st.restore.is_none() && st.initialized, "{st:?}");
+    assert_eq!(
+        st.last_restore.as_ref().map(|r| r.machine.as_str()),
+        Some("f")
+    );
+}
