@@ -186,6 +186,51 @@ fn twenty_machines_register_heartbeat_fetch_config_and_go_silent() {
     );
 }
 
+/// A simulated control plane saves the snapshot it is asked for as the
+/// agent does: the coordinator receives it sealed and records it, with
+/// the size of the made-up database and etcd's hash.
+#[test]
+fn a_simulated_control_plane_saves_the_snapshot_it_is_asked_for() {
+    let (tmp, c, boot) = coordinator_with_token("sim", "env=sim", 1, "1h");
+    let cluster = tmp.path().join("cluster.yaml");
+    std::fs::write(&cluster, pool_cluster_yaml("simb", 1, 0, "sim")).unwrap();
+    c.cli_ok(&["apply", "-f", cluster.to_str().unwrap()]);
+    let mut child = Command::new(bin("drover-agent"))
+        .args(["simulate", "--bootstrap", boot.to_str().unwrap()])
+        .args(["--machines", "1", "--duration", "10m", "--ramp", "0"])
+        .args(["--progress", "0", "--snapshot-bytes", "100000"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start drover-agent simulate");
+    c.wait_cluster_phase("simb", "Running", Duration::from_secs(30));
+    let saved = c.cli(&["backup", "cluster", "simb", "--wait", "--timeout", "30s"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        saved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    let snapshots: serde_json::Value =
+        serde_json::from_str(&c.cli_ok(&["get", "snapshots", "simb", "-o", "json"])).unwrap();
+    let snap = &snapshots[0];
+    assert_eq!(snap["status"]["size"], 100_032, "{snapshots:#}");
+    assert_eq!(snap["status"]["etcdVersion"], "simulated", "{snap:#}");
+    let file = c.dir.join("data/snapshots").join("").join(format!(
+        "{}/{}.drvsnap",
+        snap["spec"]["clusterUid"].as_str().unwrap(),
+        snap["metadata"]["name"].as_str().unwrap()
+    ));
+    let sealed = std::fs::read(&file).unwrap();
+    assert!(sealed.starts_with(b"DRVSNAP1"));
+    assert_eq!(
+        sealed.len() as u64,
+        snap["status"]["sealedSize"].as_u64().unwrap()
+    );
+}
+
 #[test]
 fn sigterm_stops_early_and_still_prints_the_summary() {
     let (tmp, c, boot) = coordinator_with_token("sim", "env=sim", 5, "1h");

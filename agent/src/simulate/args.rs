@@ -92,6 +92,13 @@ pub struct SimulateArgs {
     /// kept connection (the transport agents fall back to).
     #[arg(long, value_name = "TRANSPORT", default_value = "datagram")]
     pub transport: Transport,
+
+    /// The size of the etcd snapshot a simulated control plane saves when
+    /// asked (`drover backup cluster`): this many bytes and the SHA-256
+    /// etcd appends, sealed with the cluster's key and uploaded as the
+    /// agent does.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(0..=1 << 30))]
+    pub snapshot_bytes: u64,
 }
 
 /// How simulated machines send quiet heartbeats.

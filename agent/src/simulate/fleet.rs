@@ -47,6 +47,8 @@ pub(super) struct Fleet {
     jitter: f64,
     /// `--settle`, if given.
     settle: Option<Duration>,
+    /// `--snapshot-bytes`.
+    pub(super) snapshot_bytes: u64,
     pub(super) start: Instant,
     pub(super) registrations: Semaphore,
     pub(super) concurrency: u32,
@@ -125,6 +127,7 @@ impl Fleet {
             hostname_width: n.to_string().len(),
             jitter: args.jitter.fraction(),
             settle: args.settle,
+            snapshot_bytes: args.snapshot_bytes,
             start,
             registrations: Semaphore::new(args.concurrency as usize),
             concurrency: args.concurrency,

@@ -218,6 +218,9 @@ struct Sim {
     bootstrap: Option<BootstrapReport>,
     results: Vec<DirectiveResult>,
     done: VecDeque<String>,
+    /// Snapshots asked of this machine (directive id, snapshot), saved
+    /// after the heartbeat that asked.
+    snapshots: Vec<(String, String)>,
     config: ConfigFetch,
     /// The coordinator URLs a heartbeat answer named for this machine, and
     /// their digest; `None` while it uses the run's.
@@ -252,6 +255,7 @@ impl Sim {
             bootstrap: None,
             results: Vec::new(),
             done: VecDeque::new(),
+            snapshots: Vec::new(),
             config: ConfigFetch::default(),
             coordinators: None,
         })
@@ -420,7 +424,8 @@ impl Sim {
                 self.take_coordinators(fleet, reply.coordinators.take());
                 self.take_offer(reply.datagram.take(), &request, fleet)
                     .await;
-                let soon = self.on_reply(fleet, reply);
+                let mut soon = self.on_reply(fleet, reply);
+                soon |= self.save_snapshots(fleet).await;
                 Ok(if soon {
                     Instant::now()
                 } else {
@@ -487,6 +492,16 @@ impl Sim {
         for d in reply.directives {
             if self.done.contains(&d.id) {
                 continue;
+            }
+            if let DirectiveAction::SaveEtcdSnapshot { snapshot } = &d.action {
+                if self.phase == AgentPhase::Running
+                    && self.role().is_some_and(|r| r.is_control_plane())
+                {
+                    // Saved (and answered) once this answer is read.
+                    self.remember(&d.id);
+                    self.snapshots.push((d.id.clone(), snapshot.clone()));
+                    continue;
+                }
             }
             let (ok, message) = match d.action {
                 DirectiveAction::RemoveEtcdMember { id, .. } => {
@@ -556,10 +571,7 @@ impl Sim {
                 }
             };
             fleet.stats().directives += 1;
-            if self.done.len() == REMEMBERED_DIRECTIVES {
-                self.done.pop_front();
-            }
-            self.done.push_back(d.id.clone());
+            self.remember(&d.id);
             self.results.push(DirectiveResult {
                 id: d.id,
                 ok,
@@ -571,6 +583,85 @@ impl Sim {
             soon |= self.on_assignment(fleet, notice);
         }
         soon
+    }
+
+    /// Remembers directive `id` as done, so a repeat is not redone.
+    fn remember(&mut self, id: &str) {
+        if self.done.len() == REMEMBERED_DIRECTIVES {
+            self.done.pop_front();
+        }
+        self.done.push_back(id.to_owned());
+    }
+
+    /// Saves the snapshots asked in the last answer; true when there were
+    /// any (their results go with the next heartbeat).
+    async fn save_snapshots(&mut self, fleet: &Fleet) -> bool {
+        let asked = std::mem::take(&mut self.snapshots);
+        let any = !asked.is_empty();
+        for (id, snapshot) in asked {
+            let (ok, message) = match self.save_snapshot(fleet, &snapshot).await {
+                Ok(m) => (true, m),
+                Err(e) => (false, format!("snapshot {snapshot}: {e}")),
+            };
+            fleet.stats().directives += 1;
+            self.results.push(DirectiveResult { id, ok, message });
+        }
+        any
+    }
+
+    /// Saves snapshot `name` as a control plane's agent does, of a made-up
+    /// database of `--snapshot-bytes` (with the SHA-256 etcd appends): the
+    /// grant, the snapshot sealed with the cluster's key, its upload and
+    /// its report.
+    async fn save_snapshot(&mut self, fleet: &Fleet, name: &str) -> Result<String, String> {
+        use drover_common::snapshot::{Sealer, SnapshotKey};
+        use sha2::{Digest, Sha256};
+        let size = fleet.snapshot_bytes as usize;
+        let api = self.api(fleet).map_err(|e| e.to_string())?;
+        let grant = api.snapshot_grant(name).await.map_err(|e| e.to_string())?;
+        let key = SnapshotKey::from_base64(&grant.key).map_err(|e| e.to_string())?;
+        let mut plain: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let hash = Sha256::digest(&plain);
+        plain.extend_from_slice(&hash);
+        let (mut sealer, mut sealed) = Sealer::new(&key, &grant.cluster, &grant.cluster_uid, name);
+        sealer
+            .update(&plain, &mut sealed)
+            .map_err(|e| e.to_string())?;
+        let digest = sealer.finish(&mut sealed).map_err(|e| e.to_string())?;
+        drop(plain);
+        let sealed_sha256 = hex::encode(Sha256::digest(&sealed));
+        let file = std::env::temp_dir().join(format!(
+            "drover-simulate-{}-{name}.drvsnap",
+            std::process::id()
+        ));
+        std::fs::write(&file, &sealed)
+            .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+        let uploaded = api
+            .upload_snapshot(
+                &grant.upload,
+                &file,
+                sealed.len() as u64,
+                &sealed_sha256,
+                crate::snapshot::UPLOAD_TIMEOUT,
+            )
+            .await;
+        let _ = std::fs::remove_file(&file);
+        uploaded.map_err(|e| e.to_string())?;
+        let saved = drover_common::wire::SnapshotSaved {
+            size: digest.size,
+            sha256: digest.sha256,
+            sealed_size: sealed.len() as u64,
+            sealed_sha256,
+            revision: 1,
+            etcd_version: "simulated".into(),
+        };
+        api.snapshot_saved(name, &saved)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(format!(
+            "simulated etcd snapshot {name} saved: {} bytes (sealed {})",
+            saved.size, saved.sealed_size
+        ))
     }
 
     /// Acts on an assignment notice by the protocol's rule; true when the
