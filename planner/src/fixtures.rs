@@ -519,3 +519,21 @@ pub fn assert_condition(st: &ClusterStatus, t: &str, status: &str, part: &str) {
     assert_eq!(cond.status, status, "{t}: {cond:?}");
     assert!(cond.message.contains(part), "{t}: {}", cond.message);
 }
+
+/// `c` as `drover restore cluster` leaves it, restoring snapshot
+/// `c-20261128-000000` (revision 42) in place of control planes `old`:
+/// not initialized, no init machine.
+pub fn restoring(mut c: Cluster, old: &[&str]) -> Cluster {
+    c.status.restore = Some(drover_common::api::ClusterRestore {
+        snapshot: "c-20261128-000000".into(),
+        revision: 42,
+        requested_at: t0(),
+        requested_by: "admin".into(),
+        forced: false,
+        replaced: old.iter().map(|o| o.to_string()).collect(),
+        machine: None,
+    });
+    c.status.initialized = false;
+    c.status.init_machine = None;
+    c
+}

@@ -169,6 +169,20 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
 struct Stopped;
 
 /// Records a heartbeat answered `took` after it was sent `at`.
+/// Why a simulated control plane did not save a snapshot.
+#[derive(Debug, thiserror::Error)]
+enum SimulatedSnapshotError {
+    #[error("the coordinator: {0}")]
+    Coordinator(#[from] ApiError),
+    #[error("sealing it: {0}")]
+    Seal(#[from] drover_common::snapshot::SnapshotError),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// The result of a directive a simulated machine cannot carry out, for it
 /// runs no `what`: what did not happen.
 fn cannot(what: &str, outcome: String) -> (bool, String) {
@@ -613,29 +627,33 @@ impl Sim {
     /// database of `--snapshot-bytes` (with the SHA-256 etcd appends): the
     /// grant, the snapshot sealed with the cluster's key, its upload and
     /// its report.
-    async fn save_snapshot(&mut self, fleet: &Fleet, name: &str) -> Result<String, String> {
+    async fn save_snapshot(
+        &mut self,
+        fleet: &Fleet,
+        name: &str,
+    ) -> Result<String, SimulatedSnapshotError> {
         use drover_common::snapshot::{Sealer, SnapshotKey};
         use sha2::{Digest, Sha256};
         let size = fleet.snapshot_bytes as usize;
-        let api = self.api(fleet).map_err(|e| e.to_string())?;
-        let grant = api.snapshot_grant(name).await.map_err(|e| e.to_string())?;
-        let key = SnapshotKey::from_base64(&grant.key).map_err(|e| e.to_string())?;
+        let api = self.api(fleet)?;
+        let grant = api.snapshot_grant(name).await?;
+        let key = SnapshotKey::from_base64(&grant.key)?;
         let mut plain: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         let hash = Sha256::digest(&plain);
         plain.extend_from_slice(&hash);
         let (mut sealer, mut sealed) = Sealer::new(&key, &grant.cluster, &grant.cluster_uid, name);
-        sealer
-            .update(&plain, &mut sealed)
-            .map_err(|e| e.to_string())?;
-        let digest = sealer.finish(&mut sealed).map_err(|e| e.to_string())?;
+        sealer.update(&plain, &mut sealed)?;
+        let digest = sealer.finish(&mut sealed)?;
         drop(plain);
         let sealed_sha256 = hex::encode(Sha256::digest(&sealed));
         let file = std::env::temp_dir().join(format!(
             "drover-simulate-{}-{name}.drvsnap",
             std::process::id()
         ));
-        std::fs::write(&file, &sealed)
-            .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+        std::fs::write(&file, &sealed).map_err(|source| SimulatedSnapshotError::Write {
+            path: file.clone(),
+            source,
+        })?;
         let uploaded = api
             .upload_snapshot(
                 &grant.upload,
@@ -646,7 +664,7 @@ impl Sim {
             )
             .await;
         let _ = std::fs::remove_file(&file);
-        uploaded.map_err(|e| e.to_string())?;
+        uploaded?;
         let saved = drover_common::wire::SnapshotSaved {
             size: digest.size,
             sha256: digest.sha256,
@@ -655,9 +673,7 @@ impl Sim {
             revision: 1,
             etcd_version: "simulated".into(),
         };
-        api.snapshot_saved(name, &saved)
-            .await
-            .map_err(|e| e.to_string())?;
+        api.snapshot_saved(name, &saved).await?;
         Ok(format!(
             "simulated etcd snapshot {name} saved: {} bytes (sealed {})",
             saved.size, saved.sealed_size

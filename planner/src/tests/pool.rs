@@ -647,18 +647,7 @@ fn a_pool_clusters_in_place_upgrade_waits_for_a_snapshot_saved_before_it() {
 /// runs the restore is done; the worker stays throughout.
 #[test]
 fn a_lost_pool_control_plane_is_restored_onto_a_free_machine() {
-    let mut c = initialized_by(pool_cluster(1, 1), "a");
-    c.status.restore = Some(drover_common::api::ClusterRestore {
-        snapshot: "c-20261128-000000".into(),
-        revision: 42,
-        requested_at: t0(),
-        requested_by: "admin".into(),
-        forced: false,
-        replaced: vec!["a".into()],
-        machine: None,
-    });
-    c.status.initialized = false;
-    c.status.init_machine = None;
+    let mut c = restoring(initialized_by(pool_cluster(1, 1), "a"), &["a"]);
     let mut machines = init_a_workers_and_free_f(&["w1"]);
 
     // The dead control plane is released first; nothing is claimed, and

@@ -598,25 +598,6 @@ fn a_control_plane_upgrade_waits_for_a_snapshot_saved_before_it() {
     assert_eq!(status_of(&steps).snapshot, None);
 }
 
-/// `c` as `drover restore cluster` leaves it, restoring snapshot
-/// `c-20261128-000000` (revision 42) in place of control planes `old`:
-/// not initialized, no init machine; its load balancer made.
-fn restoring(mut c: Cluster, old: &[&str]) -> Cluster {
-    c.status.load_balancer = Some(docker_load_balancer(&[]));
-    c.status.restore = Some(drover_common::api::ClusterRestore {
-        snapshot: "c-20261128-000000".into(),
-        revision: 42,
-        requested_at: t0(),
-        requested_by: "admin".into(),
-        forced: false,
-        replaced: old.iter().map(|o| o.to_string()).collect(),
-        machine: None,
-    });
-    c.status.initialized = false;
-    c.status.init_machine = None;
-    c
-}
-
 /// A restore recorded on the status (as `drover restore cluster` leaves
 /// it: not initialized, no init machine, nothing reported) first deletes
 /// the control planes of before, whatever quorum says, with remediation
@@ -626,6 +607,7 @@ fn restoring(mut c: Cluster, old: &[&str]) -> Cluster {
 #[test]
 fn a_restore_replaces_the_old_control_planes_by_one_init_machine_and_ends_when_it_runs() {
     let mut c = restoring(initialized_docker(3, 1), &["i", "b", "d"]);
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
     let mut machines = created_control_planes(&["i", "b", "d"]);
     machines.extend(created_workers(&["w1"]));
 
@@ -698,6 +680,7 @@ fn a_restore_replaces_the_old_control_planes_by_one_init_machine_and_ends_when_i
 fn a_failed_restore_says_where_and_waits_for_the_operator() {
     use drover_common::api::{BootstrapReport, CommandFailure};
     let mut c = restoring(initialized_docker(1, 0), &["i"]);
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
     c.status.restore.as_mut().unwrap().machine = Some("n".into());
     c.status.init_machine = Some("n".into());
     let mut n = created_cp("n", MachineRole::Init);
