@@ -419,11 +419,7 @@ impl App {
 
     /// Whether anything in the store uses the Docker provider.
     pub fn docker_in_use(&self) -> bool {
-        self.providers.docker_connected()
-            || self.clusters().is_ok_and(|cs| {
-                cs.iter()
-                    .any(|c| matches!(c.spec.provider, drover_common::api::ProviderSpec::Docker(_)))
-            })
+        self.providers.docker_connected() || self.with_summary(|s| s.uses_docker()).unwrap_or(false)
     }
 
     /// Makes the API reachable on `ip` (at the main port), for machines on
@@ -467,7 +463,8 @@ impl App {
         name: &str,
         change: impl FnMut(&mut Machine) -> Result<bool, E>,
     ) -> Result<Option<Machine>, E> {
-        let updated = self.update_object(name, None, |n| self.machine(n), change)?;
+        let first = self.first_copy(|| self.machine_cached(name))?;
+        let updated = self.update_object(name, first, |n| self.machine(n), change)?;
         if let Some(m) = &updated {
             self.fleet.datagrams.forget_unless_eligible(m);
         }
@@ -496,7 +493,25 @@ impl App {
         name: &str,
         change: impl FnMut(&mut Cluster) -> Result<bool, E>,
     ) -> Result<Option<Cluster>, E> {
-        self.update_object(name, None, |n| self.cluster(n), change)
+        let first = self.first_copy(|| self.cluster_cached(name))?;
+        self.update_object(name, first, |n| self.cluster(n), change)
+    }
+
+    /// The copy a read-modify-write starts from: the cached one when the
+    /// cache is known current (a SQLite store this process serves), which
+    /// spares a database read and a decryption; `None` (read the backend)
+    /// on etcd, where a change that sees a lagging copy might decide there
+    /// is nothing to write. Either way the write is conditional on the
+    /// revision read, and a conflict re-reads the backend.
+    fn first_copy<T>(
+        &self,
+        cached: impl FnOnce() -> Result<Option<T>, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        if self.store.cache_is_current() {
+            cached()
+        } else {
+            Ok(None)
+        }
     }
 
     fn update_object<T: StoredObject, E: From<StoreError>>(

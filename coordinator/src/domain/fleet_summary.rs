@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use drover_common::api::{Cluster, ClusterPhase, Machine, MachinePhase};
+use drover_common::api::{Cluster, ClusterPhase, Machine, MachinePhase, ProviderSpec};
 
 use crate::metrics::{FleetGauges, MachineLabels};
 
@@ -50,6 +50,34 @@ struct ClusterEntry {
     /// `cluster` label of its `drover_snapshot_age_seconds` series, which
     /// a scrape completes with the age then.
     snapshot: Option<(i64, String)>,
+    /// Where its provider keeps objects outside the store, for the tasks
+    /// that look after them without reading every cluster.
+    provider: ProviderUse,
+}
+
+/// What a cluster's provider keeps outside the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ProviderUse {
+    /// Claimed machines only.
+    Pool,
+    /// A Docker network (found by the cluster's name and UID) and containers.
+    Docker { uid: String },
+    /// Instances in an AWS region.
+    Aws { region: String },
+}
+
+impl ProviderUse {
+    fn of(c: &Cluster) -> Self {
+        match &c.spec.provider {
+            ProviderSpec::Pool(_) => ProviderUse::Pool,
+            ProviderSpec::Docker(_) => ProviderUse::Docker {
+                uid: c.metadata.uid.clone().unwrap_or_default(),
+            },
+            ProviderSpec::Aws(a) => ProviderUse::Aws {
+                region: a.region.clone(),
+            },
+        }
+    }
 }
 
 impl ClusterEntry {
@@ -72,6 +100,7 @@ impl ClusterEntry {
             phase: c.status.phase,
             condition_series,
             snapshot,
+            provider: ProviderUse::of(c),
         }
     }
 }
@@ -220,6 +249,38 @@ impl FleetSummary {
             }
         }
         (names, all)
+    }
+
+    /// Whether any cluster uses the Docker provider.
+    pub fn uses_docker(&self) -> bool {
+        self.lock()
+            .clusters
+            .values()
+            .any(|e| matches!(e.provider, ProviderUse::Docker { .. }))
+    }
+
+    /// The name and UID of every cluster that uses the Docker provider.
+    pub fn docker_clusters(&self) -> Vec<(String, String)> {
+        self.lock()
+            .clusters
+            .iter()
+            .filter_map(|(name, e)| match &e.provider {
+                ProviderUse::Docker { uid } => Some((name.clone(), uid.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every AWS region a cluster uses.
+    pub fn aws_regions(&self) -> std::collections::BTreeSet<String> {
+        self.lock()
+            .clusters
+            .values()
+            .filter_map(|e| match &e.provider {
+                ProviderUse::Aws { region } => Some(region.clone()),
+                _ => None,
+            })
+            .collect()
     }
 }
 
@@ -378,5 +439,39 @@ mod tests {
             s.clusters_not_in(ClusterPhase::Running, 10),
             (vec!["c1".to_owned(), "c3".to_owned()], 2)
         );
+    }
+
+    #[test]
+    fn the_providers_in_use_follow_the_clusters() {
+        let mut d = fixtures::docker_cluster(1, 0);
+        d.metadata.name = "d".into();
+        d.metadata.uid = Some("uid-d".into());
+        let mut a = fixtures::pool_cluster(1, 0);
+        a.metadata.name = "a".into();
+        a.spec.provider = serde_json::from_value(serde_json::json!({"aws": {
+            "region": "eu-west-1",
+            "controlPlane": {"ami": "ami-1", "instanceType": "t3.medium", "subnets": ["subnet-1"]},
+            "workerPools": {},
+        }}))
+        .unwrap();
+        let p = fixtures::pool_cluster(1, 0);
+        let s = FleetSummary::default();
+        s.rebuild(std::slice::from_ref(&p), &[]);
+        assert!(!s.uses_docker());
+        assert!(s.docker_clusters().is_empty() && s.aws_regions().is_empty());
+
+        s.cluster_changed("d", Some(&d));
+        s.cluster_changed("a", Some(&a));
+        assert!(s.uses_docker());
+        assert_eq!(
+            s.docker_clusters(),
+            vec![("d".to_owned(), "uid-d".to_owned())]
+        );
+        assert_eq!(s.aws_regions(), ["eu-west-1".to_owned()].into());
+
+        s.cluster_changed("d", None);
+        s.cluster_changed("a", None);
+        assert!(!s.uses_docker());
+        assert!(s.docker_clusters().is_empty() && s.aws_regions().is_empty());
     }
 }

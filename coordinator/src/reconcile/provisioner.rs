@@ -152,19 +152,15 @@ pub const GATEWAY_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_
 /// served; a cluster whose network cannot be read or served is logged and
 /// the others are still served.
 pub async fn restore_gateway_listeners(app: &App) -> Result<Vec<std::net::IpAddr>, ReconcileError> {
-    let clusters: Vec<Cluster> = app
-        .clusters()?
-        .into_iter()
-        .filter(|c| matches!(c.spec.provider, ProviderSpec::Docker(_)))
-        .collect();
+    // From the fleet summary: a fleet without docker clusters costs no
+    // read of every cluster each period.
+    let clusters = app.with_summary(|s| s.docker_clusters())?;
     if clusters.is_empty() {
         return Ok(vec![]);
     }
     let docker = app.providers.docker().await?;
     let mut served = vec![];
-    for c in &clusters {
-        let name = &c.metadata.name;
-        let uid = c.metadata.uid.as_deref().unwrap_or_default();
+    for (name, uid) in &clusters {
         let network = match docker.find_network(name, uid).await {
             Ok(Some(n)) => n,
             // Not made yet (provisioning makes it) or already removed.
@@ -445,7 +441,7 @@ pub async fn observe(
     let docker = clusters
         .iter()
         .any(|c| matches!(c.spec.provider, ProviderSpec::Docker(_)));
-    for provider in providers_in_use(app, clusters, docker).await {
+    for provider in providers_in_use(app, docker, aws_regions_of(clusters)).await {
         match provider.list().await {
             Ok(list) => add(&mut states, list),
             Err(e) => errors.push(e),
@@ -482,9 +478,11 @@ pub async fn observe(
 /// clusters that no longer exist. Returns what it removed.
 pub async fn sweep(app: &App) -> Result<Vec<String>, ReconcileError> {
     let mut removed = vec![];
+    // Which providers to list comes from the fleet summary, so a fleet of
+    // pool clusters costs no read of every cluster each sweep.
     let docker = app.docker_in_use();
-    let clusters = app.clusters()?;
-    for provider in providers_in_use(app, &clusters, docker).await {
+    let regions = app.with_summary(|s| s.aws_regions())?;
+    for provider in providers_in_use(app, docker, regions).await {
         // List the provider first: a machine is recorded before its
         // container or instance is created, so everything listed here has
         // its record in the store read next, unless it is an orphan.
@@ -593,12 +591,13 @@ pub async fn provider_for<'a>(app: &'a App, spec: &ProviderSpec) -> Option<Box<d
 }
 
 /// The providers to observe or sweep: Docker if `docker` says so, and every
-/// AWS region a cluster uses now or that this coordinator has launched in
-/// since it started (a deleted cluster may have left instances).
+/// AWS region in `aws_regions` (those the clusters at hand use) or that
+/// this coordinator has launched in since it started (a deleted cluster
+/// may have left instances).
 async fn providers_in_use<'a>(
     app: &'a App,
-    clusters: &[Cluster],
     docker: bool,
+    aws_regions: std::collections::BTreeSet<String>,
 ) -> Vec<Box<dyn Provider + 'a>> {
     let mut providers: Vec<Box<dyn Provider + 'a>> = vec![];
     if docker {
@@ -610,11 +609,7 @@ async fn providers_in_use<'a>(
     #[cfg(feature = "aws")]
     {
         let mut regions = app.providers.aws_regions();
-        for c in clusters {
-            if let ProviderSpec::Aws(a) = &c.spec.provider {
-                regions.insert(a.region.clone());
-            }
-        }
+        regions.extend(aws_regions);
         for region in regions {
             providers.push(Box::new(Metered {
                 name: "aws",
@@ -623,8 +618,19 @@ async fn providers_in_use<'a>(
         }
     }
     #[cfg(not(feature = "aws"))]
-    let _ = clusters;
+    let _ = aws_regions;
     providers
+}
+
+/// The AWS regions `clusters` use.
+fn aws_regions_of(clusters: &[Cluster]) -> std::collections::BTreeSet<String> {
+    clusters
+        .iter()
+        .filter_map(|c| match &c.spec.provider {
+            ProviderSpec::Aws(a) => Some(a.region.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What the providers ask of the coordinator while creating one machine.

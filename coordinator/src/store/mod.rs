@@ -230,7 +230,7 @@ pub struct Store {
     /// Leader election, on a store several replicas share (etcd).
     election: Option<etcd::Election>,
     /// The exclusive lock of a SQLite database being served.
-    _serving: Option<Arc<nix::fcntl::Flock<std::fs::File>>>,
+    serving: Option<Arc<nix::fcntl::Flock<std::fs::File>>>,
 }
 
 impl Store {
@@ -272,7 +272,7 @@ impl Store {
             }
         })?;
         let mut store = Self::open_sqlite(path)?;
-        store._serving = Some(Arc::new(lock));
+        store.serving = Some(Arc::new(lock));
         Ok(store)
     }
 
@@ -299,7 +299,7 @@ impl Store {
             cache,
             keyring: None,
             election: None,
-            _serving: None,
+            serving: None,
         }
     }
 
@@ -399,6 +399,14 @@ impl Store {
     /// datagram heartbeat, which asks only whether a machine changed.
     pub fn cached_revision(&self, kind: Kind, name: &str) -> Option<u64> {
         self.cache.revision(kind, name)
+    }
+
+    /// Whether a cached copy is the latest committed one: while this
+    /// process serves a SQLite store it makes every write, and installs
+    /// each in the cache before the write returns. On etcd another
+    /// replica's write shows only once the watch delivers it.
+    pub fn cache_is_current(&self) -> bool {
+        self.serving.is_some()
     }
 
     /// Reads and decodes one object like [`Store::get_cached`].
