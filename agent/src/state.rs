@@ -16,6 +16,7 @@ use drover_common::api::MachineRole;
 use drover_common::pin::CaPin;
 use drover_common::wire::{AssignmentNotice, CommandFailure, DirectiveResult};
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
 use crate::files;
@@ -27,6 +28,7 @@ pub const STATE_VERSION: u32 = 1;
 const COMPLETED_DIRECTIVES_KEPT: usize = 256;
 
 /// Everything the agent must remember across restarts.
+#[skip_serializing_none]
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct State {
@@ -49,7 +51,6 @@ pub struct State {
     #[serde(with = "time::serde::rfc3339")]
     pub certificate_not_after: OffsetDateTime,
     /// The assignment being bootstrapped or bootstrapped, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapProgress>,
     /// The highest assignment generation this machine was reset away from.
     /// Only a newer assignment is bootstrapped after a reset.
@@ -81,6 +82,7 @@ impl fmt::Debug for State {
 }
 
 /// Bootstrap progress for one assignment.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapProgress {
@@ -91,7 +93,6 @@ pub struct BootstrapProgress {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub written_files: Vec<String>,
     /// The kubeadm config path of the bundle (absolute within the root).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeadm_config_path: Option<String>,
     /// The bundle's `postKubeadmCommands`, kept so they run (again) after a
     /// restart once kubeadm has finished.
@@ -99,11 +100,9 @@ pub struct BootstrapProgress {
     pub post_kubeadm_commands: Vec<String>,
     /// The etcd snapshot restored before `kubeadm init` (the init machine
     /// of a cluster being restored), until it is restored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<drover_common::wire::EtcdRestore>,
     /// etcd's data directory once a snapshot is restored into it, which
     /// `kubeadm init` then finds in use, as it must.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<String>,
 }
 

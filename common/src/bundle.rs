@@ -7,6 +7,7 @@ use base64::Engine;
 use ring::rand::SystemRandom;
 use ring::signature::{self, EcdsaKeyPair, UnparsedPublicKey};
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
 use crate::objects::{MachineFileContent, MachineRole};
@@ -23,6 +24,7 @@ pub struct BundleFile {
 }
 
 /// The content of a config bundle.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigBundle {
@@ -61,7 +63,6 @@ pub struct ConfigBundle {
     /// For the init machine of a cluster being restored: the etcd snapshot
     /// it restores before `kubeadm init`. An agent that does not know this
     /// field refuses the bundle, rather than initialize a new cluster.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<crate::wire::EtcdRestore>,
     #[serde(with = "time::serde::rfc3339")]
     pub issued_at: OffsetDateTime,

@@ -647,46 +647,22 @@ mod tests {
             assert_eq!(got, digest, "length {len}");
             assert_eq!(out, data, "length {len}");
         }
+        // Why `sealed` does not open as snapshot `name` of cluster `uid`.
+        let refused = |name: &str, uid: &str, mut sealed: &[u8]| {
+            open_stream(&key, name, uid, &mut sealed, &mut Vec::new()).unwrap_err()
+        };
         // Not etcd's: no hash at its end.
         let (sealed, _) = seal(&key, &sample(5000), 1000);
-        let err = open_stream(
-            &key,
-            "prod-20261128t000000z",
-            "uid-1",
-            &mut sealed.as_slice(),
-            &mut Vec::new(),
-        )
-        .unwrap_err();
+        let err = refused("prod-20261128t000000z", "uid-1", &sealed);
         assert!(matches!(err, OpenFileError::NotEtcd), "{err}");
         // Another cluster's, another snapshot, a cut file.
         let (sealed, _) = seal(&key, &etcd_like(100), 1000);
-        let err = open_stream(
-            &key,
-            "prod-20261128t000000z",
-            "uid-2",
-            &mut sealed.as_slice(),
-            &mut Vec::new(),
-        )
-        .unwrap_err();
+        let err = refused("prod-20261128t000000z", "uid-2", &sealed);
         assert!(matches!(err, OpenFileError::OtherCluster { .. }), "{err}");
-        let err = open_stream(
-            &key,
-            "prod-other",
-            "uid-1",
-            &mut sealed.as_slice(),
-            &mut Vec::new(),
-        )
-        .unwrap_err();
+        let err = refused("prod-other", "uid-1", &sealed);
         assert!(matches!(err, OpenFileError::OtherSnapshot { .. }), "{err}");
         let cut = &sealed[..sealed.len() - 5];
-        let err = open_stream(
-            &key,
-            "prod-20261128t000000z",
-            "uid-1",
-            &mut &cut[..],
-            &mut Vec::new(),
-        )
-        .unwrap_err();
+        let err = refused("prod-20261128t000000z", "uid-1", cut);
         assert!(
             matches!(
                 err,

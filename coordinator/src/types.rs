@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
 /// Exit code for invalid configuration or flags (EX_USAGE), of `drover
@@ -58,6 +59,7 @@ pub struct KeysInfo {
 }
 
 /// One coordinator replica, as announced to the others.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaInfo {
@@ -72,7 +74,6 @@ pub struct ReplicaInfo {
     /// Docker cluster network (its listen port); machines of docker
     /// clusters reach it at `https://drover-coordinator:PORT`. Absent from
     /// replicas that predate it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_port: Option<u16>,
     /// The URLs the replica advertises to machines (`--advertise-url`);
     /// the leader hands every replica's to machines outside docker
@@ -91,6 +92,7 @@ pub struct CoordinatorEntry {
 }
 
 /// One audited request.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEntry {
@@ -112,11 +114,9 @@ pub struct AuditEntry {
     /// `RequestReceived` in the entry of an admin's change written before
     /// the change is carried out (the entry with its answer follows); unset
     /// in every entry written after the answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<AuditStage>,
     /// In a summary entry: how many refused requests from `source` it
     /// stands for, which were not recorded one by one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suppressed: Option<u64>,
     /// What the request changed that runs or lands on machines (files and
     /// commands around kubeadm), one line each, content as hashes only.
@@ -132,13 +132,12 @@ pub enum AuditStage {
 }
 
 /// The client config file.
+#[skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClientConfigFile {
     pub server: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
 }
 

@@ -520,6 +520,12 @@ pub fn assert_condition(st: &ClusterStatus, t: &str, status: &str, part: &str) {
     assert!(cond.message.contains(part), "{t}: {}", cond.message);
 }
 
+/// Asserts that `st` says a restore is under way, its message holding
+/// `part`.
+pub fn assert_restoring(st: &ClusterStatus, part: &str) {
+    assert_condition(st, "Restoring", "True", part);
+}
+
 /// `c` as `drover restore cluster` leaves it, restoring snapshot
 /// `c-20261128-000000` (revision 42) in place of control planes `old`:
 /// not initialized, no init machine.

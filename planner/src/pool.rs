@@ -52,12 +52,8 @@ pub(super) fn plan_pool(
     };
     let mut pass = PoolPass::new(cluster, mine, machines, provider, observed);
     pass.restore();
-    for (pool_name, desired) in cluster.desired_pools() {
-        if pool_name == CONTROL_PLANE_POOL && !pass.restore_old.is_empty() {
-            // The restore releases the control planes of before first.
-            pass.all_running = false;
-            continue;
-        }
+    pass.all_running &= pass.restore_old.is_empty();
+    for (pool_name, desired) in super::restore::pools_to_plan(cluster, &pass.restore_old) {
         pass.pool(&pool_name, desired);
     }
     steps.extend(pass.finish());

@@ -16,12 +16,25 @@
 //! it is back.
 
 use drover_common::api::{
-    set_condition, ClusterRestore, ClusterStatus, Machine, MachinePhase, RestoreDone,
-    RESTORING_CONDITION,
+    set_condition, Cluster, ClusterRestore, ClusterStatus, Machine, MachinePhase, RestoreDone,
+    CONTROL_PLANE_POOL, RESTORING_CONDITION,
 };
 use time::OffsetDateTime;
 
 use super::shared::{is_control_plane, Step};
+
+/// The pools a planning pass goes through, each with its desired
+/// replicas: all of `cluster`'s, but not the control plane while the
+/// control planes of before (`old`) are still being taken out (released
+/// from a pool cluster, removed from a provider's); the pass then does not
+/// count the cluster as all running.
+pub(crate) fn pools_to_plan(cluster: &Cluster, old: &[String]) -> Vec<(String, u32)> {
+    let mut pools = cluster.desired_pools();
+    if !old.is_empty() {
+        pools.retain(|(name, _)| name != CONTROL_PLANE_POOL);
+    }
+    pools
+}
 
 /// The control planes of before still in the cluster (not the restoring
 /// init machine `init`): taken out now, unless already on their way:

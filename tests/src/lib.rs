@@ -564,6 +564,18 @@ impl Coordinator {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Runs a CLI command that must fail; returns its stderr.
+    pub fn cli_refused(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "drover {args:?} succeeded: {err}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        err
+    }
+
     /// Writes `yaml` to a file of its own under `dir` and applies it with
     /// `drover apply -f`, which must succeed.
     pub fn apply_yaml(&self, dir: &Path, yaml: &str) {
@@ -671,6 +683,28 @@ impl Coordinator {
                 other => Err(format!("{other:?}")),
             },
         )
+    }
+
+    /// The sealed file this coordinator keeps of etcd snapshot `snap` (as
+    /// `drover get snapshots -o json` prints it) and its bytes, checked to
+    /// be one: the format's magic first, and the size the snapshot's record
+    /// says.
+    pub fn sealed_snapshot(&self, snap: &serde_json::Value) -> (PathBuf, Vec<u8>) {
+        let file = self
+            .dir
+            .join("data/snapshots")
+            .join(snap["spec"]["clusterUid"].as_str().unwrap())
+            .join(format!(
+                "{}.drvsnap",
+                snap["metadata"]["name"].as_str().unwrap()
+            ));
+        let sealed = std::fs::read(&file).unwrap();
+        assert!(sealed.starts_with(b"DRVSNAP1"), "{}", file.display());
+        assert_eq!(
+            sealed.len() as u64,
+            snap["status"]["sealedSize"].as_u64().unwrap()
+        );
+        (file, sealed)
     }
 
     /// Waits until the cluster's phase is `phase`.
@@ -1018,7 +1052,7 @@ pub fn pool_cluster_yaml(name: &str, cp: u32, workers: u32, env: &str) -> String
 /// When the last bootstrap of each of `machines` (JSON, as `drover get
 /// machines -o json` prints them) began and ended, from its `Bootstrapping`
 /// and `Bootstrapped` events, sorted by start.
-pub fn bootstrap_spans(
+fn bootstrap_spans(
     machines: &[serde_json::Value],
 ) -> Vec<(time::OffsetDateTime, time::OffsetDateTime)> {
     let mut spans: Vec<_> = machines
@@ -1045,9 +1079,12 @@ pub fn bootstrap_spans(
     spans
 }
 
-/// Panics unless each span in `spans` (sorted, see [`bootstrap_spans`])
-/// ended before the next began.
-pub fn assert_one_after_another(spans: &[(time::OffsetDateTime, time::OffsetDateTime)]) {
+/// Panics unless `machines` (JSON, as `drover get machines -o json`
+/// prints them) are `n` whose last bootstraps ran one after another: each
+/// ended before the next began (see [`bootstrap_spans`]).
+pub fn assert_bootstrapped_one_after_another(machines: &[serde_json::Value], n: usize) {
+    let spans = bootstrap_spans(machines);
+    assert_eq!(spans.len(), n, "{spans:?}");
     for pair in spans.windows(2) {
         assert!(
             pair[0].1 <= pair[1].0,

@@ -321,17 +321,8 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
         cluster["status"]["lastSnapshot"]["name"],
         snap["metadata"]["name"]
     );
-    let uid = cluster["metadata"]["uid"].as_str().unwrap().to_owned();
-    let file = c.dir.join("data/snapshots").join(&uid).join(format!(
-        "{}.drvsnap",
-        snap["metadata"]["name"].as_str().unwrap()
-    ));
-    let sealed = std::fs::read(&file).unwrap();
-    assert!(sealed.starts_with(b"DRVSNAP1"));
-    assert_eq!(
-        sealed.len() as u64,
-        snap["status"]["sealedSize"].as_u64().unwrap()
-    );
+    assert_eq!(snap["spec"]["clusterUid"], cluster["metadata"]["uid"]);
+    let (file, sealed) = c.sealed_snapshot(snap);
     // etcd holds the stand-in API server's objects under /registry/...: none
     // of it shows through the seal.
     assert!(
@@ -1044,9 +1035,7 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
         .into_iter()
         .filter(|m| name_of(m) != init)
         .collect();
-    let spans = bootstrap_spans(&joined);
-    assert_eq!(spans.len(), 2, "{spans:?}");
-    assert_one_after_another(&spans);
+    assert_bootstrapped_one_after_another(&joined, 2);
 }
 
 /// A 3+2 cluster loses every control plane and comes back from a snapshot
@@ -1096,12 +1085,8 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
 
     // Refused while the control plane is healthy, and nothing changes.
     let before: BTreeSet<String> = live_names(&c, &name);
-    let out = c.cli(&["restore", "cluster", &name]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("healthy control plane"),
-        "{err}"
-    );
+    let err = c.cli_refused(&["restore", "cluster", &name]);
+    assert!(err.contains("healthy control plane"), "{err}");
     assert!(err.contains("--force"), "{err}");
     // A corrupt snapshot is refused before anything is torn down, even
     // when forced.
@@ -1119,7 +1104,7 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
     let middle = bad.len() / 2;
     bad[middle] ^= 0x5a;
     std::fs::write(&file, &bad).unwrap();
-    let out = c.cli(&[
+    let err = c.cli_refused(&[
         "restore",
         "cluster",
         &name,
@@ -1127,11 +1112,8 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
         &snapshot,
         "--force",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success()
-            && err.contains("cannot be restored")
-            && err.contains("nothing was torn down"),
+        err.contains("cannot be restored") && err.contains("nothing was torn down"),
         "{err}"
     );
     assert_eq!(

@@ -48,9 +48,7 @@ fn twenty_machines_register_heartbeat_fetch_config_and_go_silent() {
     let (tmp, c, boot) = coordinator_with_token("sim", "env=sim", 20, "1h");
     // A cluster that claims three simulated machines as they register, so
     // they fetch (and verify) their config bundles.
-    let cluster = tmp.path().join("cluster.yaml");
-    std::fs::write(&cluster, pool_cluster_yaml("simc", 1, 2, "sim")).unwrap();
-    c.cli_ok(&["apply", "-f", cluster.to_str().unwrap()]);
+    c.apply_yaml(tmp.path(), &pool_cluster_yaml("simc", 1, 2, "sim"));
 
     let summary_path = tmp.path().join("summary.json");
     let out = simulate_fleet(
@@ -192,9 +190,7 @@ fn twenty_machines_register_heartbeat_fetch_config_and_go_silent() {
 #[test]
 fn a_simulated_control_plane_saves_the_snapshot_it_is_asked_for() {
     let (tmp, c, boot) = coordinator_with_token("sim", "env=sim", 1, "1h");
-    let cluster = tmp.path().join("cluster.yaml");
-    std::fs::write(&cluster, pool_cluster_yaml("simb", 1, 0, "sim")).unwrap();
-    c.cli_ok(&["apply", "-f", cluster.to_str().unwrap()]);
+    c.apply_yaml(tmp.path(), &pool_cluster_yaml("simb", 1, 0, "sim"));
     let mut child = Command::new(bin("drover-agent"))
         .args(["simulate", "--bootstrap", boot.to_str().unwrap()])
         .args(["--machines", "1", "--duration", "10m", "--ramp", "0"])
@@ -218,17 +214,7 @@ fn a_simulated_control_plane_saves_the_snapshot_it_is_asked_for() {
     let snap = &snapshots[0];
     assert_eq!(snap["status"]["size"], 100_032, "{snapshots:#}");
     assert_eq!(snap["status"]["etcdVersion"], "simulated", "{snap:#}");
-    let file = c.dir.join("data/snapshots").join("").join(format!(
-        "{}/{}.drvsnap",
-        snap["spec"]["clusterUid"].as_str().unwrap(),
-        snap["metadata"]["name"].as_str().unwrap()
-    ));
-    let sealed = std::fs::read(&file).unwrap();
-    assert!(sealed.starts_with(b"DRVSNAP1"));
-    assert_eq!(
-        sealed.len() as u64,
-        snap["status"]["sealedSize"].as_u64().unwrap()
-    );
+    c.sealed_snapshot(snap);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use crate::protocol::config::{self, BundleRefusal, ConfigStep};
 use crate::protocol::report::{self, kubeadm_step_name};
 use crate::settings::Customisation;
 use crate::shutdown::Shutdown;
-use crate::state::{decide_resume, BootstrapStep, ResumeAction, ResumeFiles};
+use crate::state::{decide_resume, BootstrapProgress, BootstrapStep, ResumeAction, ResumeFiles};
 
 impl Agent {
     pub(super) fn resume(&mut self) {
@@ -81,6 +81,11 @@ impl Agent {
         self.start_work(WorkKind::ResetBeforeRetry, spec);
     }
 
+    /// The bootstrap under way (its assignment, bundle and step), if any.
+    fn progress(&self) -> Option<&BootstrapProgress> {
+        self.saved.state.bootstrap.as_ref()
+    }
+
     pub(super) fn set_step(&mut self, step: BootstrapStep) {
         if let Some(p) = self.saved.state.bootstrap.as_mut() {
             p.step = step;
@@ -90,10 +95,7 @@ impl Agent {
 
     pub(super) fn bootstrap_command(&self) -> CommandSpec {
         let (role, path) = self
-            .saved
-            .state
-            .bootstrap
-            .as_ref()
+            .progress()
             .map_or((drover_common::api::MachineRole::Worker, None), |p| {
                 (p.assignment.role, p.kubeadm_config_path.clone())
             });
@@ -106,13 +108,7 @@ impl Agent {
         // A restored etcd's data directory is in use, as kubeadm's
         // preflight check `DirAvailable--<dir>` would say: restoring a
         // cluster is the one case its documentation ignores it for.
-        if let Some(dir) = self
-            .saved
-            .state
-            .bootstrap
-            .as_ref()
-            .and_then(|p| p.restored.as_deref())
-        {
+        if let Some(dir) = self.progress().and_then(|p| p.restored.as_deref()) {
             spec.args.push(format!(
                 "--ignore-preflight-errors=DirAvailable-{}",
                 dir.replace('/', "-")
@@ -375,10 +371,7 @@ impl Agent {
     /// the machine is running.
     fn after_kubeadm(&mut self) {
         let commands = self
-            .saved
-            .state
-            .bootstrap
-            .as_ref()
+            .progress()
             .map(|p| p.post_kubeadm_commands.clone())
             .unwrap_or_default();
         if commands.is_empty() {
@@ -397,13 +390,7 @@ impl Agent {
         let Some(role) = self.saved.state.role() else {
             return;
         };
-        if let Some(r) = self
-            .saved
-            .state
-            .bootstrap
-            .as_ref()
-            .and_then(|p| p.restore.clone())
-        {
+        if let Some(r) = self.progress().and_then(|p| p.restore.clone()) {
             self.start_restore(r);
             return;
         }

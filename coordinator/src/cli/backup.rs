@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use drover_common::api::Cluster;
 
-use crate::cli::api_path;
 use crate::cli::client::{Client, ConnectArgs, Usage};
 use crate::cli::render::Progress;
+use crate::cli::{api_path, cluster_action};
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -62,12 +62,7 @@ pub(super) async fn backup(b: BackupArgs) -> anyhow::Result<()> {
 async fn backup_cluster(c: BackupClusterArgs) -> anyhow::Result<()> {
     let client = Client::connect(&c.conn)?;
     let name = &c.name;
-    let asked: Cluster = client
-        .post(
-            &api_path(&["v1", "clusters", name, "snapshots"]),
-            &serde_json::json!({}),
-        )
-        .await?;
+    let asked = cluster_action(&client, name, &["snapshots"], &serde_json::json!({})).await?;
     // The coordinator's clock: the request, or the snapshot already asked.
     let since = asked.status.snapshot_requested_at.or(asked
         .status

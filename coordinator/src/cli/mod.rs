@@ -113,6 +113,20 @@ pub(crate) fn api_path(segments: &[&str]) -> String {
     crate::cli::client::path(segments)
 }
 
+/// Asks cluster `name` for an action (the segments after its path:
+/// `snapshots`, `restore`, `rollout` `resume`) with `body`; the cluster as
+/// the coordinator answers.
+pub(crate) async fn cluster_action<B: serde::Serialize>(
+    client: &client::Client,
+    name: &str,
+    action: &[&str],
+    body: &B,
+) -> anyhow::Result<drover_common::api::Cluster> {
+    let mut segments = vec!["v1", "clusters", name];
+    segments.extend_from_slice(action);
+    client.post(&api_path(&segments), body).await
+}
+
 /// Runs one operator command.
 pub async fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {

@@ -5,9 +5,9 @@
 use anyhow::bail;
 use drover_common::api::{Cluster, ClusterPhase, RestoreRequest};
 
-use crate::cli::api_path;
 use crate::cli::client::{Client, ConnectArgs};
 use crate::cli::render::Progress;
+use crate::cli::{api_path, cluster_action};
 
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
@@ -57,15 +57,11 @@ pub(super) async fn restore(r: RestoreArgs) -> anyhow::Result<()> {
 async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
     let client = Client::connect(&c.conn)?;
     let name = &c.name;
-    let asked: Cluster = client
-        .post(
-            &api_path(&["v1", "clusters", name, "restore"]),
-            &RestoreRequest {
-                snapshot: c.snapshot.clone(),
-                force: c.force,
-            },
-        )
-        .await?;
+    let request = RestoreRequest {
+        snapshot: c.snapshot.clone(),
+        force: c.force,
+    };
+    let asked = cluster_action(&client, name, &["restore"], &request).await?;
     let Some(restore) = asked.status.restore.clone() else {
         bail!("the coordinator did not record the restore of cluster {name}; see `drover describe cluster {name}`");
     };

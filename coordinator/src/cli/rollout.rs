@@ -6,7 +6,7 @@ use drover_common::api::Cluster;
 
 use crate::cli::client::{Client, ConnectArgs};
 use crate::cli::render::rollout_lines;
-use crate::cli::{api_path, object_name};
+use crate::cli::{api_path, cluster_action, object_name};
 
 #[derive(Debug, clap::Args)]
 pub struct RolloutArgs {
@@ -48,12 +48,13 @@ pub(super) async fn rollout(command: RolloutCommand) -> anyhow::Result<()> {
     match command {
         RolloutCommand::Resume(r) => {
             let client = Client::connect(&r.conn)?;
-            let c: Cluster = client
-                .post(
-                    &api_path(&["v1", "clusters", &r.cluster, "rollout", "resume"]),
-                    &serde_json::json!({}),
-                )
-                .await?;
+            let c = cluster_action(
+                &client,
+                &r.cluster,
+                &["rollout", "resume"],
+                &serde_json::json!({}),
+            )
+            .await?;
             println!("cluster/{} rollout resumed", c.metadata.name);
             Ok(())
         }

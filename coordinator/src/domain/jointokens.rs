@@ -7,6 +7,7 @@
 
 use drover_common::token::BootstrapToken;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 use time::{Duration, OffsetDateTime};
 
 /// Whether the cluster knows a token yet.
@@ -19,6 +20,7 @@ pub enum TokenState {
 }
 
 /// One join token.
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinToken {
@@ -30,11 +32,9 @@ pub struct JoinToken {
     pub expires_at: OffsetDateTime,
     /// The UID of the control-plane machine asked to register this token:
     /// only it is sent the directive, and only its result activates it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registrar: Option<String>,
     /// For the token in an init machine's `InitConfiguration`: that
     /// machine's UID. Its config fetches reuse this one token.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_for: Option<String>,
 }
 

@@ -66,7 +66,6 @@ const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
             ),
         ),
         (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_clusters(
@@ -105,7 +104,6 @@ fn as_seen_by(admin: &Admin, cluster: Cluster) -> Cluster {
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 200, description = "The cluster.", body = Cluster),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 404, response = super::responses::NotFound),
     ),
 )]
@@ -192,9 +190,6 @@ pub(super) fn stale_document(kind: &str, name: &str, found: &str, rv: &str) -> A
     responses(
         (status = 200, description = "The cluster was updated, or already matched the document.", body = Cluster),
         (status = 201, description = "The cluster was created.", body = Cluster),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
         (status = 413, response = super::responses::PayloadTooLarge),
@@ -442,8 +437,6 @@ fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 202, description = "Deletion was requested (or already under way); the cluster as marked.", body = Cluster),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),
@@ -501,7 +494,6 @@ pub struct CoordinatorStatus {
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The coordinator and its loops.", body = CoordinatorStatus),
-        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<CoordinatorStatus> {
@@ -534,7 +526,6 @@ pub async fn status(State(app): State<Arc<App>>, _admin: Admin) -> Json<Coordina
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The replicas, by id.", body = Vec<CoordinatorEntry>),
-        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn coordinators(
@@ -565,7 +556,6 @@ pub async fn coordinators(
             ),
         ),
         (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_machines(
@@ -591,7 +581,6 @@ pub async fn list_machines(
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
         (status = 200, description = "The machine.", body = Machine),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 404, response = super::responses::NotFound),
     ),
 )]
@@ -622,9 +611,6 @@ pub async fn get_machine(
     responses(
         (status = 200, description = "The machine served no cluster and is deregistered; its record as it was.", body = Machine),
         (status = 202, description = "The machine leaves its cluster through the safe path; the machine as marked.", body = Machine),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),
@@ -707,9 +693,6 @@ fn request_removal(
     params(("name" = String, Path, description = "The machine's name.", example = "default-a1b2c3")),
     responses(
         (status = 200, description = "The machine, its identity revoked.", body = Machine),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
     ),
 )]
@@ -757,9 +740,6 @@ pub async fn revoke_machine(
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 200, description = "The cluster, its rollout no longer halted.", body = Cluster),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),
@@ -803,13 +783,8 @@ pub async fn resume_rollout(
     ),
     responses(
         (status = 201, description = "The token, and the bootstrap document (with its ticket) to hand to `drover-agent --bootstrap`.", body = CreatedRegistrationToken),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 409, response = super::responses::Conflict),
-        (status = 413, response = super::responses::PayloadTooLarge),
-        (status = 415, response = super::responses::UnsupportedMediaType),
-        (status = 422, response = super::responses::Unprocessable),
+        super::responses::JsonBodyRefusals,
     ),
 )]
 pub async fn create_token(
@@ -917,7 +892,6 @@ pub async fn create_token(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every registration token, by name.", body = Vec<RegistrationToken>),
-        (status = 401, response = super::responses::Unauthorized),
     ),
 )]
 pub async fn list_tokens(
@@ -945,8 +919,6 @@ pub async fn list_tokens(
     params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
     responses(
         (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),
@@ -969,8 +941,6 @@ pub async fn revoke_token_put(
     params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
     responses(
         (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),
@@ -1021,14 +991,9 @@ fn default_kubeconfig_ttl() -> u64 {
     ),
     responses(
         (status = 200, description = "An admin kubeconfig with a client certificate signed by the cluster CA.", body = KubeconfigResponse),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
-        (status = 413, response = super::responses::PayloadTooLarge),
-        (status = 415, response = super::responses::UnsupportedMediaType),
-        (status = 422, response = super::responses::Unprocessable),
+        super::responses::JsonBodyRefusals,
     ),
 )]
 pub async fn kubeconfig(

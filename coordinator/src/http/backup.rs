@@ -40,8 +40,6 @@ pub const OBJECTS_HEADER: &str = "drover-backup-objects";
                 ("Drover-Backup-Objects" = String, description = "Objects per kind: `clusters=3,machines=12,...`."),
             ),
         ),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
     ),
 )]
 pub async fn backup(State(app): State<Arc<App>>, admin: Admin) -> Result<Response, ApiError> {

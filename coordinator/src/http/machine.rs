@@ -51,15 +51,12 @@ use crate::snapshots::SnapshotCallError;
     ),
     responses(
         (status = 201, description = "Registered: the machine's name and client certificate.", body = RegisterResponse),
-        (status = 400, response = super::responses::BadRequest),
         (status = 401, description = "The ticket is invalid, expired or revoked, or its machine is gone.", body = drover_common::api::Problem, content_type = "application/problem+json"),
         (status = 403, description = "The ticket is presented from another cloud instance than the one launched for its machine.", body = drover_common::api::Problem, content_type = "application/problem+json"),
         (status = 503, description = "The cloud provider could not confirm the instance now; retry after `Retry-After` seconds.", body = drover_common::api::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The ticket was already used.", body = drover_common::api::Problem, content_type = "application/problem+json"),
-        (status = 413, response = super::responses::PayloadTooLarge),
-        (status = 415, response = super::responses::UnsupportedMediaType),
-        (status = 422, response = super::responses::Unprocessable),
         (status = 429, response = super::responses::TooManyRequests),
+        super::responses::JsonBodyRefusals,
     ),
 )]
 pub async fn register(
@@ -89,12 +86,7 @@ fn authenticate(
     request_body = HeartbeatRequest,
     responses(
         (status = 200, description = "The machine's assignment and the directives it is to carry out.", body = HeartbeatResponse),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 413, response = super::responses::PayloadTooLarge),
-        (status = 415, response = super::responses::UnsupportedMediaType),
-        (status = 422, response = super::responses::Unprocessable),
-        (status = 401, response = super::responses::MachineUnauthorized),
-        (status = 403, response = super::responses::MachineForbidden),
+        super::responses::JsonBodyRefusals,
     ),
 )]
 pub async fn heartbeat(
@@ -114,8 +106,6 @@ pub async fn heartbeat(
     security(("machineCertificate" = [])),
     responses(
         (status = 200, description = "The config bundle, signed with the coordinator CA key.", body = drover_common::bundle::SignedBundle),
-        (status = 401, response = super::responses::MachineUnauthorized),
-        (status = 403, response = super::responses::MachineForbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, description = "The machine cannot bootstrap yet (a `ConfigNotReady` to retry after `retryAfterSeconds`), or its state conflicts (a problem document; also when its bundle would be over the 4 MiB cap).",
             headers(("Retry-After" = u64, description = "Seconds to wait before asking again (with a `ConfigNotReady`).")),
@@ -149,12 +139,7 @@ pub async fn config(
     request_body(content = RenewRequest, example = json!({"csrPem": super::responses::EXAMPLE_CSR})),
     responses(
         (status = 200, description = "A new client certificate for the CSR's key.", body = RenewResponse),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 413, response = super::responses::PayloadTooLarge),
-        (status = 415, response = super::responses::UnsupportedMediaType),
-        (status = 422, response = super::responses::Unprocessable),
-        (status = 401, response = super::responses::MachineUnauthorized),
-        (status = 403, response = super::responses::MachineForbidden),
+        super::responses::JsonBodyRefusals,
     ),
 )]
 pub async fn renew(
@@ -178,8 +163,6 @@ pub async fn renew(
     params(("name" = String, Path, description = "The snapshot, as the directive named it.")),
     responses(
         (status = 200, description = "The grant.", body = drover_common::wire::SnapshotGrant),
-        (status = 401, response = super::responses::MachineUnauthorized),
-        (status = 403, response = super::responses::MachineForbidden),
         (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
     ),
 )]
@@ -211,8 +194,6 @@ pub async fn snapshot_grant(
     responses(
         (status = 204, description = "Received whole."),
         (status = 400, description = "The body broke off before its end; nothing was kept.", body = drover_common::api::Problem, content_type = "application/problem+json"),
-        (status = 401, response = super::responses::MachineUnauthorized),
-        (status = 403, response = super::responses::MachineForbidden),
         (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
         (status = 413, response = super::responses::PayloadTooLarge),
         (status = 422, description = "The body does not match the SHA-256 it was sent with; nothing was kept.", body = drover_common::api::Problem, content_type = "application/problem+json"),
@@ -245,9 +226,6 @@ pub async fn snapshot_upload(
     request_body = drover_common::wire::SnapshotSaved,
     responses(
         (status = 201, description = "Recorded.", body = drover_common::api::Snapshot),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::MachineUnauthorized),
-        (status = 403, response = super::responses::MachineForbidden),
         (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more), or it was not uploaded.", body = drover_common::api::Problem, content_type = "application/problem+json"),
         (status = 413, response = super::responses::PayloadTooLarge),
         (status = 415, response = super::responses::UnsupportedMediaType),

@@ -155,7 +155,6 @@ pub fn router(app: Arc<App>) -> Router {
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every drover_ series: OpenMetrics when the Accept header asks for it (Prometheus does), else the classic text format 0.0.4.", body = String, content_type = "text/plain"),
-        (status = 401, response = responses::Unauthorized),
     ),
 )]
 pub async fn metrics(

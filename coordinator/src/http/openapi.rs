@@ -110,7 +110,7 @@ struct SecuritySchemes;
 impl Modify for SecuritySchemes {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         optional_kubeconfig_body(doc);
-        invalid_path_names_are_bad_requests(doc);
+        shared_refusals(doc);
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             ADMIN_TOKEN,
@@ -169,27 +169,53 @@ fn optional_kubeconfig_body(doc: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// Every operation with a name in its path refuses a name that is not a
-/// valid object name with 400 before anything else (issue 12): declared
-/// here once, so no route can forget it.
-fn invalid_path_names_are_bad_requests(doc: &mut utoipa::openapi::OpenApi) {
+/// The refusals whole kinds of operations share, declared here once so no
+/// route can forget them; an operation that documents its own keeps it:
+/// - with a name in its path: 400 for a name that is not a valid object
+///   name, before anything else (issue 12);
+/// - behind an admin token: 401 without a valid one (the `Admin`
+///   extractor) and, when it may change something, 403 to a viewer (the
+///   audit middleware refuses a viewer's change before the body is read);
+/// - behind a machine certificate: 401 and 403 when the certificate names
+///   no machine, or is not a machine's.
+fn shared_refusals(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::SecurityRequirement;
     use utoipa::openapi::{Ref, RefOr};
+    let admin = SecurityRequirement::new(ADMIN_TOKEN, [""; 0]);
+    let machine = SecurityRequirement::new(MACHINE_CERTIFICATE, [""; 0]);
     for (path, item) in doc.paths.paths.iter_mut() {
-        if !path.contains('{') {
-            continue;
-        }
         let operations = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
+            (&mut item.get, true),
+            (&mut item.put, false),
+            (&mut item.post, false),
+            (&mut item.delete, false),
+            (&mut item.patch, false),
         ];
-        for op in operations.into_iter().flatten() {
-            op.responses
-                .responses
-                .entry("400".to_owned())
-                .or_insert_with(|| RefOr::Ref(Ref::from_response_name("BadRequest")));
+        for (op, reads) in operations {
+            let Some(op) = op else {
+                continue;
+            };
+            let security = op.security.as_deref().unwrap_or_default();
+            let mut refusals = vec![];
+            if path.contains('{') {
+                refusals.push(("400", "BadRequest"));
+            }
+            if security.contains(&admin) {
+                refusals.push(("401", "Unauthorized"));
+                if !reads {
+                    refusals.push(("403", "Forbidden"));
+                }
+            }
+            if security.contains(&machine) {
+                refusals.push(("401", "MachineUnauthorized"));
+                refusals.push(("403", "MachineForbidden"));
+            }
+            for (status, response) in refusals {
+                op.responses
+                    .responses
+                    .entry(status.to_owned())
+                    .or_insert_with(|| RefOr::Ref(Ref::from_response_name(response)));
+            }
         }
     }
 }

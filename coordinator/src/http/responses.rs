@@ -90,6 +90,22 @@ pub struct UnsupportedMediaType(Problem);
 #[allow(dead_code)]
 pub struct Unprocessable(Problem);
 
+/// What is refused of a JSON request body before the operation looks at
+/// it: 400 when it is not JSON, 413 when it is over 1 MiB, 415 when it is
+/// not sent as `application/json`, 422 when it does not match the schema.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum JsonBodyRefusals {
+    #[response(status = 400)]
+    Malformed(#[ref_response] BadRequest),
+    #[response(status = 413)]
+    TooLarge(#[ref_response] PayloadTooLarge),
+    #[response(status = 415)]
+    NotJson(#[ref_response] UnsupportedMediaType),
+    #[response(status = 422)]
+    Invalid(#[ref_response] Unprocessable),
+}
+
 /// Too many registrations from this source address.
 #[derive(utoipa::ToResponse)]
 #[response(

@@ -54,9 +54,6 @@ impl From<RestoreError> for ApiError {
     request_body = RestoreRequest,
     responses(
         (status = 202, description = "Started (or under way); the cluster as it stands.", body = Cluster),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
         (status = 413, response = super::responses::PayloadTooLarge),
@@ -94,8 +91,6 @@ pub async fn restore_cluster(
     params(("name" = String, Path, description = "The snapshot the machine's bundle names.")),
     responses(
         (status = 200, description = "The sealed snapshot (see `drover_common::snapshot`).", body = Vec<u8>, content_type = "application/octet-stream"),
-        (status = 401, response = super::responses::MachineUnauthorized),
-        (status = 403, response = super::responses::MachineForbidden),
         (status = 409, description = "The machine does not restore this snapshot, or this coordinator does not hold its file.", body = drover_common::api::Problem, content_type = "application/problem+json"),
     ),
 )]

@@ -25,7 +25,6 @@ use crate::store::{Kind, StoreError, MODIFY_ATTEMPTS};
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every Secret, by name: keys and sizes only.", body = Vec<SecretInfo>),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 403, response = super::responses::Forbidden),
     ),
 )]
@@ -51,7 +50,6 @@ pub async fn list_secrets(
     params(("name" = String, Path, description = "The Secret's name.", example = "registry")),
     responses(
         (status = 200, description = "The Secret: keys and sizes only.", body = SecretInfo),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
     ),
@@ -91,9 +89,6 @@ pub async fn get_secret(
     responses(
         (status = 200, description = "The Secret was replaced, or already held these values.", body = SecretInfo),
         (status = 201, description = "The Secret was created.", body = SecretInfo),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
         (status = 413, response = super::responses::PayloadTooLarge),
@@ -197,8 +192,6 @@ pub async fn apply_secret(
     params(("name" = String, Path, description = "The Secret's name.", example = "registry")),
     responses(
         (status = 200, description = "The Secret is gone; what it held, keys only.", body = SecretInfo),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),

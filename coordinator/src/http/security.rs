@@ -44,13 +44,8 @@ fn modify_tokens(
     request_body(content = CreateAdminToken, example = json!({"role": "viewer"})),
     responses(
         (status = 201, description = "The token, with its secret (shown once).", body = CreatedAdminToken),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 409, response = super::responses::Conflict),
-        (status = 413, response = super::responses::PayloadTooLarge),
-        (status = 415, response = super::responses::UnsupportedMediaType),
-        (status = 422, response = super::responses::Unprocessable),
+        super::responses::JsonBodyRefusals,
     ),
 )]
 pub async fn create_admin_token(
@@ -84,7 +79,6 @@ pub async fn create_admin_token(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "Every admin token.", body = Vec<AdminTokenInfo>),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 403, response = super::responses::Forbidden),
     ),
 )]
@@ -121,8 +115,6 @@ pub async fn list_admin_tokens(
     params(("id" = String, Path, description = "The token's id (8 hex digits).", example = "0a1b2c3d")),
     responses(
         (status = 204, description = "Revoked."),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),
@@ -173,7 +165,6 @@ fn keyring<'a>(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The key that encrypts, then older keys still accepted.", body = KeysInfo),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 403, response = super::responses::Forbidden),
     ),
 )]
@@ -197,8 +188,6 @@ pub async fn list_keys(
     security(("adminToken" = [])),
     responses(
         (status = 200, description = "The keys after rotation and how many records were re-encrypted.", body = KeysInfo),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 409, response = super::responses::Conflict),
     ),
 )]
@@ -273,7 +262,6 @@ fn default_limit() -> usize {
     responses(
         (status = 200, description = "The last `limit` audit entries (at most 10000).", body = Vec<crate::domain::audit::AuditEntry>),
         (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 403, response = super::responses::Forbidden),
     ),
 )]

@@ -33,9 +33,6 @@ use crate::app::App;
     params(("name" = String, Path, description = "The cluster's name.", example = "demo")),
     responses(
         (status = 202, description = "Asked for; the cluster as it stands.", body = Cluster),
-        (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
-        (status = 403, response = super::responses::Forbidden),
         (status = 404, response = super::responses::NotFound),
         (status = 409, response = super::responses::Conflict),
     ),
@@ -113,7 +110,6 @@ pub struct SnapshotQuery {
             ),
         ),
         (status = 400, response = super::responses::BadRequest),
-        (status = 401, response = super::responses::Unauthorized),
         (status = 404, response = super::responses::NotFound),
     ),
 )]

@@ -656,12 +656,7 @@ fn a_lost_pool_control_plane_is_restored_onto_a_free_machine() {
     assert_eq!(releases(&steps), vec![("a".to_owned(), false)], "{steps:?}");
     assert!(assigns(&steps).is_empty(), "{steps:?}");
     let st = final_status(&steps);
-    assert_condition(
-        &st,
-        "Restoring",
-        "True",
-        "removing the control planes of before (a)",
-    );
+    assert_restoring(&st, "removing the control planes of before (a)");
     assert!(!has_condition(&st, "ControlPlaneLost", "True"));
 
     // Released: the free machine becomes the init machine.

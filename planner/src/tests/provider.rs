@@ -619,12 +619,7 @@ fn a_restore_replaces_the_old_control_planes_by_one_init_machine_and_ends_when_i
     assert_eq!(gone, vec!["b", "d", "i"], "{steps:?}");
     assert!(creates(&steps).is_empty(), "{steps:?}");
     let st = status_of(&steps);
-    assert_condition(
-        st,
-        "Restoring",
-        "True",
-        "removing the control planes of before",
-    );
+    assert_restoring(st, "removing the control planes of before");
     assert_condition(st, "RemediationAllowed", "False", "etcd is being restored");
     assert!(!st.initialized);
 
@@ -652,7 +647,7 @@ fn a_restore_replaces_the_old_control_planes_by_one_init_machine_and_ends_when_i
         st.restore.as_ref().and_then(|r| r.machine.as_deref()),
         Some("n")
     );
-    assert_condition(st, "Restoring", "True", "init machine n restores it");
+    assert_restoring(st, "init machine n restores it");
 
     // Running: done.
     machines.last_mut().unwrap().status.phase = MachinePhase::Running;
@@ -700,11 +695,9 @@ fn a_failed_restore_says_where_and_waits_for_the_operator() {
     assert!(deletes(&steps).is_empty(), "{steps:?}");
     assert!(creates(&steps).is_empty(), "{steps:?}");
     let st = status_of(&steps);
-    assert_condition(
+    assert_restoring(
         st,
-        "Restoring",
-        "True",
         "init machine n failed at etcd-restore: snapshot c-20261128-000000 does not restore",
     );
-    assert_condition(st, "Restoring", "True", "drover delete machine n");
+    assert_restoring(st, "drover delete machine n");
 }
