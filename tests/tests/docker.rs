@@ -1131,9 +1131,14 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
         .map(name_of)
         .collect();
     assert_eq!(control_planes.len(), 3);
-    for m in &control_planes {
-        docker_ok(&["kill", &container_of(&name, m)]);
-    }
+    // One command, so the coordinator most likely sees them stop together.
+    let containers: Vec<String> = control_planes
+        .iter()
+        .map(|m| container_of(&name, m))
+        .collect();
+    let mut kill = vec!["kill"];
+    kill.extend(containers.iter().map(String::as_str));
+    docker_ok(&kill);
     wait_for("every control plane silent", BOOT, || {
         let alive: Vec<String> = live_machines(&c, &name)
             .iter()
@@ -1161,18 +1166,28 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
         said.contains(&format!("restored from snapshot {snapshot}")),
         "{said}"
     );
-    // The control planes of before were deleted for the restore.
+    // The control planes of before are gone, deleted for the restore. One
+    // seen stopped while the others still looked healthy may have been
+    // remediated before the restore was asked (the quorum of the others
+    // allowed it, as it would for a single failure): CI once saw the first
+    // one killed replaced 2 s before the restore.
+    let mut for_the_restore = 0;
     for m in all_machines(&c)
         .iter()
         .filter(|m| control_planes.contains(&name_of(m)))
     {
         assert_eq!(m["status"]["phase"], "Deleted", "{m:#}");
         let why = m["status"]["events"].to_string();
-        assert!(
-            why.contains(&format!("restore of etcd from snapshot {snapshot}")),
-            "{why}"
-        );
+        if why.contains(&format!("restore of etcd from snapshot {snapshot}")) {
+            for_the_restore += 1;
+        } else {
+            assert!(why.contains("\"Remediating\""), "{why}");
+        }
     }
+    assert!(
+        for_the_restore >= 1,
+        "none of {control_planes:?} went for the restore"
+    );
 
     let cluster = c.cluster(&name).unwrap();
     let restored = &cluster["status"]["lastRestore"];
