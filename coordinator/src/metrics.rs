@@ -244,7 +244,7 @@ impl Metrics {
         );
         registry.register(
             "remediations",
-            "Machines taken out of their cluster to be replaced, by why (silent, stopped, not_started, node_not_ready, reported)",
+            "Machines taken out of their cluster to be replaced, by why (silent, stopped, not_started, node_not_ready, node_missing, reported)",
             m.remediations.clone(),
         );
         registry.register(

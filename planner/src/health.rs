@@ -20,6 +20,11 @@ pub use drover_common::api::ALIVE_CONDITION;
 /// The condition type the heartbeat handler keeps on machines.
 pub const HEALTHY_CONDITION: &str = "Healthy";
 
+/// The condition type the planner sets False on a Running machine whose
+/// Node the cluster's API server no longer lists (True again once it
+/// does); a machine whose Node was always listed carries none.
+pub const NODE_FOUND_CONDITION: &str = "NodeFound";
+
 /// Effective health settings of one cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -95,6 +100,14 @@ pub enum Unhealthy {
         since: time::Duration,
         timeout: Duration,
     },
+    /// Its Node has been missing from the cluster's Nodes for longer than
+    /// the unhealthy timeout: a kubelet whose Node object was deleted (or
+    /// was never in a restored etcd) does not register it again until it
+    /// restarts.
+    NodeMissing {
+        since: time::Duration,
+        timeout: Duration,
+    },
     /// A probe reported failing for longer than the unhealthy timeout.
     Reported {
         since: time::Duration,
@@ -113,6 +126,7 @@ pub fn remediation_class(reason: &str) -> &'static str {
         ("not Running ", "not_started"),
         ("no heartbeat ", "silent"),
         ("its Node has been Ready=", "node_not_ready"),
+        ("its Node has been missing ", "node_missing"),
         ("reported unhealthy ", "reported"),
     ]
     .into_iter()
@@ -122,13 +136,14 @@ pub fn remediation_class(reason: &str) -> &'static str {
 
 impl Unhealthy {
     /// A metric label for this state: stopped, not_started, silent,
-    /// node_not_ready or reported.
+    /// node_not_ready, node_missing or reported.
     pub fn class(&self) -> &'static str {
         match self {
             Unhealthy::Stopped => "stopped",
             Unhealthy::NotStarted { .. } => "not_started",
             Unhealthy::Silent { .. } => "silent",
             Unhealthy::NodeNotReady { .. } => "node_not_ready",
+            Unhealthy::NodeMissing { .. } => "node_missing",
             Unhealthy::Reported { .. } => "reported",
         }
     }
@@ -142,6 +157,7 @@ impl Unhealthy {
             Unhealthy::Silent { .. } => "silent".into(),
             Unhealthy::Reported { reason, .. } => format!("reports {reason}"),
             Unhealthy::NodeNotReady { ready, .. } => format!("Node Ready={ready}"),
+            Unhealthy::NodeMissing { .. } => "Node missing".into(),
         }
     }
 }
@@ -168,6 +184,12 @@ impl std::fmt::Display for Unhealthy {
             } => write!(
                 f,
                 "its Node has been Ready={ready} for {}s, longer than the unhealthy timeout {}s",
+                since.whole_seconds(),
+                timeout.as_secs()
+            ),
+            Unhealthy::NodeMissing { since, timeout } => write!(
+                f,
+                "its Node has been missing from the cluster for {}s, longer than the unhealthy timeout {}s (a kubelet registers its Node only when it starts)",
                 since.whole_seconds(),
                 timeout.as_secs()
             ),
@@ -260,6 +282,28 @@ pub fn node_not_ready(
     let since = now - node.since?;
     (since > policy.unhealthy_timeout).then(|| Unhealthy::NodeNotReady {
         ready: node.ready.clone(),
+        since,
+        timeout: policy.unhealthy_timeout,
+    })
+}
+
+/// Whether a Running machine's Node has been missing from the cluster for
+/// longer than the unhealthy timeout, as its [`NODE_FOUND_CONDITION`]
+/// says. Cluster API's MachineHealthCheck remediates a machine whose Node
+/// went missing too (`machinehealthcheck_targets.go`, `nodeMissing`); here
+/// it waits the unhealthy timeout, since the condition is set from a Node
+/// list that a control plane reports some seconds after a machine joins.
+pub fn node_missing(m: &Machine, now: OffsetDateTime, policy: &Policy) -> Option<Unhealthy> {
+    if m.status.phase != MachinePhase::Running {
+        return None;
+    }
+    let c = m
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == NODE_FOUND_CONDITION && c.status == "False")?;
+    let since = now - c.last_transition_time;
+    (since > policy.unhealthy_timeout).then_some(Unhealthy::NodeMissing {
         since,
         timeout: policy.unhealthy_timeout,
     })

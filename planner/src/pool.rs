@@ -665,6 +665,12 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         self.managed_endpoint_backends();
         let members: Vec<&Machine> = self.live.iter().copied().filter(|m| is_member(m)).collect();
         self.steps.extend(alive_steps(&members, self.observed));
+        self.steps.extend(node_found_steps(
+            self.cluster,
+            &members,
+            nodes_to_judge(self.cluster, false),
+            self.observed,
+        ));
         finish_status(
             self.cluster,
             &self.live,

@@ -262,7 +262,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
     }
 
     /// Machines already being deleted are finished first; every machine's
-    /// `Alive` condition follows what is heard of it.
+    /// `Alive` and `NodeFound` conditions follow what is heard of it.
     fn finish_deletions(&mut self) {
         for m in &self.live {
             if m.status.phase == MachinePhase::Deleting {
@@ -272,6 +272,12 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             }
         }
         self.steps.extend(alive_steps(&self.live, self.observed));
+        self.steps.extend(node_found_steps(
+            self.cluster,
+            &self.live,
+            nodes_to_judge(self.cluster, self.endpoint_down.is_some()),
+            self.observed,
+        ));
     }
 
     /// One pool's phases, in order: creations, health and remediation,

@@ -73,6 +73,13 @@ pub enum Step {
         reason: String,
         message: String,
     },
+    /// Record whether a Running machine's Node is among the cluster's
+    /// (its `NodeFound` condition).
+    SetNodeFound {
+        machine: String,
+        found: bool,
+        message: String,
+    },
     /// Ask a pool machine to run an in-place upgrade, or stop asking.
     SetUpgradeRequest {
         machine: String,
@@ -522,6 +529,72 @@ pub fn alive_steps(mine: &[&Machine], observed: &Observed<'_>) -> Vec<Step> {
     steps
 }
 
+/// Keeps each Running machine's `NodeFound` condition true to the Nodes a
+/// control plane last reported (`nodes`, as [`nodes_to_judge`] gives
+/// them): False once its Node is not among them, True again once it is.
+/// Says nothing while there is no report, before `kubeadm init` and while
+/// etcd is being restored; nor of a machine that became Running less than
+/// a heartbeat timeout ago, whose Node the next report lists (a kubelet
+/// registers it before the agent reports Running, and a control plane
+/// reports the Nodes when they change). A machine whose Node was always
+/// listed carries no condition (no write).
+pub fn node_found_steps(
+    cluster: &Cluster,
+    mine: &[&Machine],
+    nodes: &[drover_common::api::ClusterNode],
+    observed: &Observed<'_>,
+) -> Vec<Step> {
+    use crate::health::NODE_FOUND_CONDITION;
+    if nodes.is_empty() || !cluster.status.initialized || cluster.status.restore.is_some() {
+        return vec![];
+    }
+    let mut steps = vec![];
+    for m in mine {
+        let host = &m.status.hostname;
+        if m.status.phase != MachinePhase::Running || host.is_empty() {
+            continue;
+        }
+        let listed = nodes.iter().any(|n| &n.name == host);
+        let missing = m
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == NODE_FOUND_CONDITION && c.status == "False");
+        let settled = running_since(m).is_none_or(|t| {
+            observed.now - t
+                > time::Duration::try_from(observed.policy.heartbeat_timeout)
+                    .unwrap_or(time::Duration::MAX)
+        });
+        let step = |found: bool, message: String| Step::SetNodeFound {
+            machine: m.metadata.name.clone(),
+            found,
+            message,
+        };
+        if listed && missing {
+            steps.push(step(true, String::new()));
+        } else if !listed && !missing && settled {
+            steps.push(step(
+                false,
+                format!(
+                    "the cluster's API server lists no Node {host}; its kubelet registers one only when it starts"
+                ),
+            ));
+        }
+    }
+    steps
+}
+
+/// When a machine last became Running (its `Bootstrapped` event), if its
+/// events still say.
+fn running_since(m: &Machine) -> Option<OffsetDateTime> {
+    m.status
+        .events
+        .iter()
+        .rev()
+        .find(|e| e.reason == "Bootstrapped")
+        .map(|e| e.time)
+}
+
 /// The endpoint that outlives every machine, when the cluster has one: the
 /// spec's address, the provider's load balancer once made, or the
 /// coordinator's managed endpoint once allocated.
@@ -735,7 +808,7 @@ pub(crate) fn judge<'a>(
     nodes: &[drover_common::api::ClusterNode],
     observed: &Observed<'_>,
 ) -> Judgement<'a> {
-    use crate::health::{check, decide, is_late, node_not_ready, PoolHealth};
+    use crate::health::{check, decide, is_late, node_missing, node_not_ready, PoolHealth};
     let unhealthy: Vec<(&'a Machine, crate::health::Unhealthy)> = members
         .iter()
         .filter_map(|m| {
@@ -750,6 +823,12 @@ pub(crate) fn judge<'a>(
             .or_else(|| {
                 let node = nodes.iter().find(|n| n.name == m.status.hostname);
                 node_not_ready(m, node, observed.now, &observed.policy)
+            })
+            // Only while there is a Node list to be missing from.
+            .or_else(|| {
+                (!nodes.is_empty())
+                    .then(|| node_missing(m, observed.now, &observed.policy))
+                    .flatten()
             })
             .map(|u| (*m, u))
         })

@@ -1042,13 +1042,17 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
 /// with `drover restore cluster`: the API answers with what was there when
 /// the snapshot was saved and not what came after, the new control planes
 /// are three started etcd members, every Node is Ready, and the workers are
-/// the same machines. Before that, a corrupt snapshot and a restore asked
-/// while the control plane is healthy are refused, with nothing torn down.
+/// the same machines; a third worker, which joined after the snapshot and
+/// so has no Node in it, is replaced once its Node has been missing for
+/// the unhealthy timeout. Before that, a corrupt snapshot and a restore
+/// asked while the control plane is healthy are refused, with nothing
+/// torn down.
 #[test]
 fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
     let (tmp, name, _cleanup) = setup("restore");
     let c = start(tmp.path(), "1s", "5s");
-    let yaml = docker_cluster_yaml(&name, 3, 2, "");
+    let health = "  health:\n    unhealthyTimeout: 30s\n";
+    let yaml = docker_cluster_yaml(&name, 3, 2, health);
     apply(&c, tmp.path(), &yaml);
     c.wait_cluster_phase(&name, "Running", Duration::from_secs(300));
     let init = c.cluster(&name).unwrap()["status"]["initMachine"]
@@ -1082,6 +1086,15 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
         .unwrap_or_else(|| panic!("{saved}"))
         .to_owned();
     kube::kubectl(&admin, &["create", "namespace", "after-snapshot"]).unwrap();
+    // A worker joins after the snapshot.
+    apply(&c, tmp.path(), &docker_cluster_yaml(&name, 3, 3, health));
+    wait_whole(&c, &name, &files, 6, "a third worker joined");
+    let late: Vec<String> = worker_names(&c, &name)
+        .into_iter()
+        .filter(|w| !workers.contains(w))
+        .collect();
+    assert_eq!(late.len(), 1, "{late:?}");
+    let late = late[0].clone();
 
     // Refused while the control plane is healthy, and nothing changes.
     let before: BTreeSet<String> = live_names(&c, &name);
@@ -1201,17 +1214,30 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
     let after_dir = tmp.path().join("after");
     std::fs::create_dir_all(&after_dir).unwrap();
     let files = init_files(&name, &new_init, &after_dir);
+    // The worker that joined after the snapshot has no Node in the
+    // restored etcd, and its kubelet does not register one again: it is
+    // replaced, and the others stay.
+    let replacement = wait_replaced(&c, &name, &late);
+    let gone = all_machines(&c)
+        .into_iter()
+        .find(|m| name_of(m) == late)
+        .unwrap();
+    let why = gone["status"]["events"].to_string();
+    assert!(why.contains("its Node has been missing"), "{why}");
     wait_whole(
         &c,
         &name,
         &files,
-        5,
+        6,
         "three new control planes, the workers, all Ready",
     );
+    let mut kept = workers.clone();
+    kept.push(replacement);
+    kept.sort();
     assert_eq!(
         worker_names(&c, &name),
-        workers,
-        "the workers are the same machines"
+        kept,
+        "the workers of before the snapshot are the same machines"
     );
     let admin = files.join("admin.conf");
     assert_eq!(

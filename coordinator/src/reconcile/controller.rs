@@ -498,6 +498,11 @@ fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
             m.status.phase == MachinePhase::Running
                 && m.metadata.deletion_timestamp.is_none()
                 && m.status.upgrade.is_none()
+                // A missing Node is judged after the unhealthy timeout.
+                && !m.status.conditions.iter().any(|c| {
+                    c.type_ == drover_planner::health::NODE_FOUND_CONDITION && c.status == "False"
+                })
+                && (s.nodes.is_empty() || s.nodes.iter().any(|n| n.name == m.status.hostname))
         })
 }
 
@@ -636,6 +641,32 @@ mod tests {
         let mut changed = c.clone();
         changed.metadata.generation += 1;
         assert!(!settled(&changed, &[&cp, &w], &[]), "a new generation");
+        // A Running machine whose Node the reported list lacks, or whose
+        // Node is known missing, is judged on a timeout of its own.
+        let mut reported = c.clone();
+        let node = |name: &str| drover_common::api::ClusterNode {
+            name: name.into(),
+            ready: "True".into(),
+            since: None,
+            unschedulable: false,
+            kubelet_version: String::new(),
+            message: String::new(),
+        };
+        let (mut cp, mut w) = (cp, w);
+        cp.status.hostname = "cp".into();
+        w.status.hostname = "w1".into();
+        reported.status.nodes = vec![node("cp")];
+        assert!(!settled(&reported, &[&cp, &w], &[]), "a Node not listed");
+        reported.status.nodes.push(node("w1"));
+        assert!(settled(&reported, &[&cp, &w], &[]));
+        drover_common::api::set_condition(
+            &mut w.status.conditions,
+            drover_planner::health::NODE_FOUND_CONDITION,
+            false,
+            "NodeMissing",
+            "",
+        );
+        assert!(!settled(&reported, &[&cp, &w], &[]), "a Node missing");
     }
 
     #[test]

@@ -216,6 +216,17 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
             reason,
             message,
         } => set_alive(app, Some(cname), machine, *alive, reason, message)?,
+        Step::SetNodeFound {
+            machine,
+            found,
+            message,
+        } => {
+            let reason = if *found { "NodeListed" } else { "NodeMissing" };
+            let condition = drover_planner::health::NODE_FOUND_CONDITION;
+            if set_machine_condition(app, machine, condition, *found, reason, message)? {
+                tracing::info!(cluster = %cname, %machine, found, %message, "machine's Node found or missing");
+            }
+        }
         Step::SetUpgradeRequest { machine, request } => {
             let mut changed = false;
             app.update_machine::<StoreError>(machine, |m| {
@@ -463,24 +474,31 @@ pub(super) fn set_alive(
     reason: &str,
     message: &str,
 ) -> Result<(), StoreError> {
+    if set_machine_condition(app, machine, ALIVE_CONDITION, alive, reason, message)? {
+        tracing::info!(cluster = cluster.unwrap_or("-"), machine = %machine, alive, %reason, "machine liveness changed");
+    }
+    Ok(())
+}
+
+/// Sets condition `type_` of a machine that is not leaving; whether it
+/// changed.
+fn set_machine_condition(
+    app: &App,
+    machine: &str,
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+) -> Result<bool, StoreError> {
     let mut changed = false;
     app.update_machine::<StoreError>(machine, |m| {
         changed = !matches!(
             m.status.phase,
             MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
-        ) && set_condition(
-            &mut m.status.conditions,
-            ALIVE_CONDITION,
-            alive,
-            reason,
-            message,
-        );
+        ) && set_condition(&mut m.status.conditions, type_, ok, reason, message);
         Ok(changed)
     })?;
-    if changed {
-        tracing::info!(cluster = cluster.unwrap_or("-"), machine = %machine, alive, %reason, "machine liveness changed");
-    }
-    Ok(())
+    Ok(changed)
 }
 
 /// Keeps the `Alive` condition of machines in no cluster (pool machines

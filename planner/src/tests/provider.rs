@@ -701,3 +701,89 @@ fn a_failed_restore_says_where_and_waits_for_the_operator() {
     );
     assert_restoring(st, "drover delete machine n");
 }
+
+#[test]
+fn a_worker_whose_node_went_missing_is_replaced_after_the_unhealthy_timeout() {
+    let mut c = initialized_docker(1, 3);
+    let mut machines = init_i_and_workers(&["w1", "w2", "w3"]);
+    hostnames_are_names(&mut machines);
+    let now = drover_common::now();
+    // The Nodes a control plane reports: no w2 (its Node is not in a
+    // restored etcd, or was deleted).
+    c.status.nodes = ["i", "w1", "w3"]
+        .iter()
+        .map(|n| cluster_node(n, "True"))
+        .collect();
+    let node_found = |steps: &[Step]| -> Vec<(String, bool)> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::SetNodeFound { machine, found, .. } => Some((machine.clone(), *found)),
+                _ => None,
+            })
+            .collect()
+    };
+    // w2 became Running a moment ago: the next report lists it; nothing
+    // is said yet.
+    push_event(
+        &mut machines[2].status.events,
+        "Bootstrapped",
+        "kubeadm finished",
+    );
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert!(node_found(&steps).is_empty(), "{steps:?}");
+    // Running for longer than the heartbeat timeout (40 s): missing.
+    machines[2].status.events[0].time = now - time::Duration::minutes(5);
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert_eq!(node_found(&steps), vec![("w2".to_string(), false)]);
+    assert!(deletes(&steps).is_empty(), "{steps:?}");
+    // Missing for less than the unhealthy timeout (2 m): kept.
+    let missing_since = |m: &mut Machine, ago: time::Duration| {
+        set_condition(
+            &mut m.status.conditions,
+            crate::health::NODE_FOUND_CONDITION,
+            false,
+            "NodeMissing",
+            "no Node w2",
+        );
+        let c = m.status.conditions.iter_mut();
+        c.filter(|c| c.type_ == crate::health::NODE_FOUND_CONDITION)
+            .for_each(|c| c.last_transition_time = now - ago);
+    };
+    missing_since(&mut machines[2], time::Duration::seconds(60));
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert!(node_found(&steps).is_empty(), "{steps:?}");
+    assert!(deletes(&steps).is_empty(), "{steps:?}");
+    // Past it: replaced, and the reason says why.
+    missing_since(&mut machines[2], time::Duration::seconds(121));
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert_eq!(deletes(&steps), vec!["w2".to_string()]);
+    let reason = steps
+        .iter()
+        .find_map(|s| match s {
+            Step::DeleteMachine { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        reason.starts_with("unhealthy: its Node has been missing from the cluster for 121s"),
+        "{reason}"
+    );
+    assert_eq!(
+        crate::health::remediation_class(&reason),
+        "node_missing",
+        "{reason}"
+    );
+    // Its Node is back before then: the condition goes True.
+    missing_since(&mut machines[2], time::Duration::seconds(60));
+    c.status.nodes.push(cluster_node("w2", "True"));
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert_eq!(node_found(&steps), vec![("w2".to_string(), true)]);
+    // With no report, or while etcd is restored, nothing is said or
+    // judged of Nodes.
+    c.status.nodes.clear();
+    missing_since(&mut machines[2], time::Duration::seconds(600));
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert!(node_found(&steps).is_empty(), "{steps:?}");
+    assert!(deletes(&steps).is_empty(), "{steps:?}");
+}
