@@ -7,8 +7,11 @@
 //! and renews the Node's `Ready` condition every few seconds: NotReady while
 //! failing, and, as the real one, NotReady with "cni plugin not
 //! initialized" until a CNI network configuration exists in
-//! `/etc/cni/net.d` on its machine. A Node deleted through the API is not registered again until
-//! the kubelet restarts.
+//! `/etc/cni/net.d` on its machine. A Node deleted through the API (or
+//! missing from a restored etcd) is not registered again until the kubelet
+//! restarts, as upstream's `pkg/kubelet/kubelet_node_status.go`:
+//! `registerWithAPIServer` returns at once once `registrationCompleted`,
+//! and the status update then fails on the missing Node.
 
 use std::convert::Infallible;
 use std::sync::Arc;
