@@ -10,7 +10,7 @@
 //! `/etc/cni/net.d` on its machine. A Node deleted through the API (or
 //! missing from a restored etcd) is not registered again until the kubelet
 //! restarts, as upstream's `pkg/kubelet/kubelet_node_status.go`:
-//! `registerWithAPIServer` returns at once once `registrationCompleted`,
+//! `registerWithAPIServer` returns at once when `registrationCompleted` is set,
 //! and the status update then fails on the missing Node.
 
 use std::convert::Infallible;
