@@ -548,13 +548,15 @@ pub fn node_found_steps(
     if nodes.is_empty() || !cluster.status.initialized || cluster.status.restore.is_some() {
         return vec![];
     }
+    // Once per pass, not per machine: a cluster of thousands of Nodes.
+    let names: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let mut steps = vec![];
     for m in mine {
         let host = &m.status.hostname;
         if m.status.phase != MachinePhase::Running || host.is_empty() {
             continue;
         }
-        let listed = nodes.iter().any(|n| &n.name == host);
+        let listed = names.contains(host.as_str());
         let missing = m
             .status
             .conditions

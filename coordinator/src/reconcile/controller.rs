@@ -476,6 +476,7 @@ fn lacks_machines(cluster: &Cluster, mine: &[&Machine]) -> bool {
 /// to do.
 fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
     let s = &cluster.status;
+    let nodes: std::collections::HashSet<&str> = s.nodes.iter().map(|n| n.name.as_str()).collect();
     steps.is_empty()
         && cluster.metadata.deletion_timestamp.is_none()
         && s.phase == ClusterPhase::Running
@@ -502,7 +503,7 @@ fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
                 && !m.status.conditions.iter().any(|c| {
                     c.type_ == drover_planner::health::NODE_FOUND_CONDITION && c.status == "False"
                 })
-                && (s.nodes.is_empty() || s.nodes.iter().any(|n| n.name == m.status.hostname))
+                && (nodes.is_empty() || nodes.contains(m.status.hostname.as_str()))
         })
 }
 
