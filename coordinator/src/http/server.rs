@@ -344,6 +344,8 @@ struct DeadlineBody {
     inner: hyper::body::Incoming,
     timeout: Duration,
     timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Told when the deadline passes.
+    shared: Arc<Shared>,
 }
 
 impl hyper::body::Body for DeadlineBody {
@@ -363,6 +365,7 @@ impl hyper::body::Body for DeadlineBody {
                     .timer
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                 if timer.as_mut().poll(cx).is_ready() {
+                    self.shared.body_timed_out.store(true, Ordering::Relaxed);
                     Poll::Ready(Some(Err(Box::new(BodyTimedOut(timeout)))))
                 } else {
                     Poll::Pending
@@ -473,6 +476,11 @@ pub struct ConnectionPolicy {
 /// is parked (see [`run`]): long enough for a burst (registration, config,
 /// first heartbeat) to share one hyper connection.
 const PARK_AFTER: Duration = Duration::from_millis(250);
+
+/// How long a closing connection keeps reading what its client still
+/// sends (see [`close_lingering`]), and how much of it.
+const LINGER: Duration = Duration::from_secs(5);
+const LINGER_BYTES: usize = 4 * crate::http::MAX_BODY_BYTES;
 
 /// How long the server waits after a failed accept before the next.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -612,6 +620,28 @@ pub async fn run(
 /// regression). Boxed, it exists once per connection.
 type Tls = Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>;
 
+/// What a connection's requests share with the connection: how many are
+/// in flight, and whether one's body missed its deadline. One allocation
+/// per connection.
+#[derive(Default)]
+struct Shared {
+    in_flight: AtomicU64,
+    /// A request body timed out ([`BodyTimedOut`]): the client is too slow
+    /// to be waited for again, so the connection closes without lingering.
+    body_timed_out: std::sync::atomic::AtomicBool,
+}
+
+/// [`Shared`]'s in-flight count, as a [`Gauge`] counts it.
+#[derive(Clone)]
+struct InFlight(Arc<Shared>);
+
+impl std::ops::Deref for InFlight {
+    type Target = AtomicU64;
+    fn deref(&self) -> &AtomicU64 {
+        &self.0.in_flight
+    }
+}
+
 /// Serves one client connection until the client closes it, it stays idle
 /// past `policy.idle_timeout`, or the server stops; parks it between bursts
 /// of requests (see [`run`]).
@@ -625,7 +655,7 @@ async fn serve_connection(
     unauthenticated: bool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let in_flight = Arc::new(AtomicU64::new(0));
+    let in_flight = InFlight(Arc::new(Shared::default()));
     let body_timeout = policy.body_timeout;
     let service = {
         let in_flight = in_flight.clone();
@@ -634,6 +664,7 @@ async fn serve_connection(
                 inner,
                 timeout: body_timeout,
                 timer: None,
+                shared: in_flight.0.clone(),
             });
             req.extensions_mut().insert(peer_cert.clone());
             req.extensions_mut()
@@ -715,7 +746,7 @@ async fn serve_burst<S>(
     tls: Tls,
     pending: bytes::Bytes,
     park_after: Duration,
-    in_flight: &Arc<AtomicU64>,
+    in_flight: &InFlight,
     service: S,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     peer: std::net::SocketAddr,
@@ -742,24 +773,64 @@ where
             }
         }
     };
-    if let Err(e) = served {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
-        return None;
-    }
     let parts = conn.into_parts();
     let io = parts.io.into_inner();
     // A client that sent nothing is not kept: parking is for clients
     // between requests. Nor is a connection hyper finished on its own
     // rather than for being quiet: a request or an answer said
-    // `Connection: close`, or a body was left unread.
-    if io.peer_closed || !io.heard || !io.quiet_ended || draining || *stop.borrow() {
-        let mut tls = io.inner;
-        let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
+    // `Connection: close`, a body was left unread, or hyper failed (and may
+    // have answered 400 or 431 with the rest of the request unread).
+    let done = served.is_err() || io.peer_closed || !io.heard || !io.quiet_ended;
+    if let Err(e) = served {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+    if done || draining || *stop.borrow() {
+        // A client still sending is read out first, so it gets the answer,
+        // unless it has closed or was too slow to send its body in time.
+        if io.peer_closed || in_flight.0.body_timed_out.load(Ordering::Relaxed) {
+            let mut tls = io.inner;
+            let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
+        } else {
+            Box::pin(close_lingering(io.inner)).await;
+        }
         return None;
     }
     // `read_buf` shares hyper's 8 KiB read buffer: keep a copy of what is
     // left in it (usually nothing), so the buffer itself goes now.
     Some((io.inner, bytes::Bytes::copy_from_slice(&parts.read_buf)))
+}
+
+/// Closes a connection the server is done with while its client may still
+/// be sending (a body answered before it was read: 413, 400 for a bad
+/// name, 403 for a viewer's change), without losing the answer: sends
+/// `close_notify` and a FIN, then reads and drops what still arrives until
+/// the client closes, for at most [`LINGER`] and [`LINGER_BYTES`].
+///
+/// Closing a socket with unread bytes makes the kernel send a reset in
+/// place of the FIN, and a client still writing its body then fails on its
+/// write before it reads the answer (Python's `ssl` raises "EOF occurred
+/// in violation of protocol"). hyper reads no more than a handler asks
+/// for and leaves this to the server (hyperium/hyper#3078, #3944); it is
+/// the lingering close of Apache's `ap_lingering_close` and nginx's
+/// `lingering_close`.
+async fn close_lingering(mut tls: Tls) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = tokio::time::Instant::now() + LINGER;
+    if tokio::time::timeout_at(deadline, tls.shutdown())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut left = LINGER_BYTES;
+    while left > 0 {
+        match tokio::time::timeout_at(deadline, tls.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
+            // The client closed, the connection failed, or time ran out.
+            _ => return,
+        }
+    }
 }
 
 /// A connection's stream as hyper sees it: first the bytes read before
@@ -772,7 +843,7 @@ struct IdleClose<T> {
     inner: T,
     prefix: bytes::Bytes,
     quiet: Duration,
-    in_flight: Arc<AtomicU64>,
+    in_flight: InFlight,
     last_activity: tokio::time::Instant,
     timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     /// The client really closed its side (not a quiet period).
@@ -786,7 +857,7 @@ struct IdleClose<T> {
 }
 
 impl<T> IdleClose<T> {
-    fn new(inner: T, prefix: bytes::Bytes, quiet: Duration, in_flight: Arc<AtomicU64>) -> Self {
+    fn new(inner: T, prefix: bytes::Bytes, quiet: Duration, in_flight: InFlight) -> Self {
         Self {
             inner,
             prefix,
