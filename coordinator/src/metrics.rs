@@ -239,7 +239,7 @@ impl Metrics {
         );
         registry.register(
             "loop_period_seconds",
-            "How often a background loop runs when nothing wakes it earlier, by loop",
+            "How often a background loop runs when nothing wakes it earlier, by loop; none for a loop that runs only when woken",
             m.loop_period.clone(),
         );
         registry.register(
@@ -382,7 +382,11 @@ impl Metrics {
     }
 
     /// Records one run of background loop `name`.
-    pub fn loop_run(&self, name: &str, period: Duration, took: Duration, failed: bool) {
+    /// Records a run of background loop `name`; `period` is `None` for a
+    /// loop that runs only when woken (the registration committer), which
+    /// gets no `loop_period_seconds` series: it is never late, and a period
+    /// of 0 would make `DroverLoopStalled` fire a second after each run.
+    pub fn loop_run(&self, name: &str, period: Option<Duration>, took: Duration, failed: bool) {
         let labels = vec![("loop", name.to_owned())];
         self.loop_runs
             .get_or_create(&labels)
@@ -398,9 +402,11 @@ impl Metrics {
             .unwrap_or_default()
             .as_secs_f64();
         self.loop_last_run.get_or_create(&labels).set(now);
-        self.loop_period
-            .get_or_create(&labels)
-            .set(period.as_secs_f64());
+        if let Some(period) = period {
+            self.loop_period
+                .get_or_create(&labels)
+                .set(period.as_secs_f64());
+        }
     }
 
     /// Records how long a cluster waited in the reconcile queue.
@@ -702,9 +708,15 @@ mod tests {
         m.provider_call("aws", "create", Some("throttled"));
         m.loop_run(
             "cluster-reconciler",
-            Duration::from_secs(5),
+            Some(Duration::from_secs(5)),
             Duration::from_millis(40),
             true,
+        );
+        m.loop_run(
+            "registration-committer",
+            None,
+            Duration::from_millis(3),
+            false,
         );
         let text = m.render(&State {
             fleet: &NoFleet,
@@ -736,6 +748,13 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} is missing from\n{text}");
         }
+        // A loop that runs only when woken has a last run and no period.
+        assert!(text
+            .contains("drover_loop_last_run_timestamp_seconds{loop=\"registration-committer\"}"));
+        assert!(
+            !text.contains("drover_loop_period_seconds{loop=\"registration-committer\"}"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
         let classic = classic_text(&text);
         for want in [

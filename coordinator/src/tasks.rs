@@ -309,12 +309,7 @@ impl Task {
         s.runs += 1;
         s.last_run_finished = Some(drover_common::now());
         let took = s.started_at.take().map(|t| t.elapsed()).unwrap_or_default();
-        crate::metrics::global().loop_run(
-            &self.name,
-            self.period.unwrap_or_default(),
-            took,
-            error.is_some(),
-        );
+        crate::metrics::global().loop_run(&self.name, self.period, took, error.is_some());
         s.last_error = error;
     }
 
