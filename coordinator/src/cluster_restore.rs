@@ -206,7 +206,8 @@ enum FileProblem {
 /// cluster's key into what the record says, ending with etcd's hash.
 fn verify_file(app: &App, cluster: &Cluster, snapshot: &Snapshot) -> Result<(), FileProblem> {
     let uid = &snapshot.spec.cluster_uid;
-    let path = snapshots::file_of(app, uid, &snapshot.metadata.name);
+    // What is checked is what the init machine is then sent.
+    let path = snapshots::local_copy(app, snapshot, true)?;
     let missing = |source| FileProblem::Missing {
         path: path.display().to_string(),
         source,
@@ -345,7 +346,13 @@ pub fn file_for(
             "only the init machine of a cluster being restored from it reads a snapshot",
         ));
     }
-    Ok(snapshots::file_of(app, &a.cluster_uid, name))
+    let snapshot = app
+        .store
+        .get_json::<Snapshot>(crate::store::Kind::Snapshot, name)?
+        .map(|(s, _)| s)
+        .filter(|s| s.spec.cluster_uid == a.cluster_uid)
+        .ok_or_else(|| refused("it is not one of its cluster's snapshots"))?;
+    Ok(snapshots::local_copy(app, &snapshot, false)?)
 }
 
 #[cfg(test)]
@@ -396,6 +403,7 @@ mod tests {
                 kubernetes_version: version.into(),
                 machine: "cp".into(),
                 destination: "coordinator".into(),
+                s3: None,
             },
             status: SnapshotStatus {
                 saved_at: drover_common::now(),

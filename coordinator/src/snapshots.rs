@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::app::App;
 use crate::domain::etcd_restore::key_record;
+use crate::provider::s3::{S3Error, S3Objects};
 use crate::store::{Kind, Span, StoreError};
 
 /// The largest sealed snapshot the coordinator takes (etcd's own database
@@ -59,6 +60,8 @@ pub enum SnapshotCallError {
     },
     #[error("the snapshot key of cluster {cluster} is unreadable: {detail}")]
     Key { cluster: String, detail: String },
+    #[error("snapshot storage: cannot {0}")]
+    Storage(#[from] S3Error),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -86,6 +89,44 @@ pub fn cluster_key(app: &App, cluster: &Cluster) -> Result<SnapshotKey> {
         }
     }
     Err(bad("it was made and is not found".into()))
+}
+
+/// The S3 calls of the coordinator (blocking: see `provider/s3.rs`).
+pub fn s3(app: &App) -> S3Objects {
+    app.providers.s3()
+}
+
+/// The S3 object snapshot `name` of `cluster` goes to, when the cluster's
+/// `spec.backup.destination` is a bucket.
+pub fn s3_object(cluster: &Cluster, name: &str) -> Option<drover_common::api::S3Object> {
+    let dest = cluster
+        .spec
+        .backup
+        .as_ref()?
+        .destination
+        .as_ref()?
+        .s3
+        .as_ref()?;
+    Some(dest.object(cluster.metadata.uid.as_deref().unwrap_or_default(), name))
+}
+
+/// Makes sure the coordinator holds the sealed file of `snapshot` at
+/// [`file_of`]: when it went to an S3 object, fetches it (again if
+/// `refresh`, else only when there is no copy yet). The copy stays until
+/// retention or the cluster's deletion removes it with the object. The
+/// path.
+pub fn local_copy(app: &App, snapshot: &Snapshot, refresh: bool) -> Result<PathBuf> {
+    let path = file_of(app, &snapshot.spec.cluster_uid, &snapshot.metadata.name);
+    if let Some(object) = snapshot
+        .spec
+        .s3
+        .as_ref()
+        .filter(|_| refresh || !path.exists())
+    {
+        let len = s3(app).fetch(object, &path)?;
+        tracing::info!(snapshot = %snapshot.metadata.name, %object, bytes = len, "sealed snapshot fetched from its bucket");
+    }
+    Ok(path)
 }
 
 /// Where the sealed file of snapshot `name` of cluster `uid` is kept.
@@ -145,14 +186,20 @@ fn asked(app: &App, machine: &Machine, name: &str) -> Result<(Cluster, SnapshotS
 pub fn grant(app: &App, machine: &Machine, name: &str) -> Result<SnapshotGrant> {
     let (cluster, op) = asked(app, machine, name)?;
     let key = cluster_key(app, &cluster)?;
+    let upload = match s3_object(&cluster, &op.name) {
+        Some(object) => SnapshotUpload::Presigned {
+            url: s3(app).presign_put(&object)?,
+        },
+        None => SnapshotUpload::Coordinator {
+            path: format!("{SNAPSHOT_PATH}/{}/data", op.name),
+        },
+    };
     Ok(SnapshotGrant {
         snapshot: op.name.clone(),
         cluster: cluster.metadata.name.clone(),
         cluster_uid: cluster.metadata.uid.clone().unwrap_or_default(),
         key: key.to_base64(),
-        upload: SnapshotUpload::Coordinator {
-            path: format!("{SNAPSHOT_PATH}/{}/data", op.name),
-        },
+        upload,
     })
 }
 
@@ -268,22 +315,45 @@ pub fn record(app: &App, machine: &Machine, name: &str, saved: &SnapshotSaved) -
         snapshot: name.to_owned(),
         detail,
     };
-    let (len, sha) = hash_file(&path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => SnapshotCallError::NotUploaded {
-            snapshot: name.to_owned(),
-            path: path.clone(),
-        },
-        _ => SnapshotCallError::Io {
-            action: "read",
-            path: path.clone(),
-            source,
-        },
-    })?;
-    if len != saved.sealed_size || !sha.eq_ignore_ascii_case(&saved.sealed_sha256) {
-        return Err(mismatch(format!(
-            "the machine reports {} bytes with SHA-256 {}; the coordinator holds {len} bytes with SHA-256 {sha}; upload it again",
-            saved.sealed_size, saved.sealed_sha256
-        )));
+    // Uploaded here, or (when the cluster's destination is a bucket and
+    // nothing came here) to the bucket: S3 gives the size to check; the
+    // content is checked whole before any restore (it is sealed, so an
+    // altered object does not open).
+    let object = s3_object(&cluster, name).filter(|_| !path.exists());
+    if let Some(object) = &object {
+        match s3(app).size(object)? {
+            None => {
+                return Err(SnapshotCallError::NotUploaded {
+                    snapshot: name.to_owned(),
+                    path: PathBuf::from(object.to_string()),
+                })
+            }
+            Some(len) if len != saved.sealed_size => {
+                return Err(mismatch(format!(
+                    "the machine reports {} bytes; {object} holds {len}; upload it again",
+                    saved.sealed_size
+                )))
+            }
+            Some(_) => {}
+        }
+    } else {
+        let (len, sha) = hash_file(&path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => SnapshotCallError::NotUploaded {
+                snapshot: name.to_owned(),
+                path: path.clone(),
+            },
+            _ => SnapshotCallError::Io {
+                action: "read",
+                path: path.clone(),
+                source,
+            },
+        })?;
+        if len != saved.sealed_size || !sha.eq_ignore_ascii_case(&saved.sealed_sha256) {
+            return Err(mismatch(format!(
+                "the machine reports {} bytes with SHA-256 {}; the coordinator holds {len} bytes with SHA-256 {sha}; upload it again",
+                saved.sealed_size, saved.sealed_sha256
+            )));
+        }
     }
     let now = drover_common::now();
     let snapshot = Snapshot {
@@ -305,7 +375,10 @@ pub fn record(app: &App, machine: &Machine, name: &str, saved: &SnapshotSaved) -
             trigger: op.trigger,
             kubernetes_version: cluster.spec.kubernetes_version.clone(),
             machine: machine.metadata.name.clone(),
-            destination: "coordinator".to_owned(),
+            destination: object
+                .as_ref()
+                .map_or_else(|| "coordinator".to_owned(), ToString::to_string),
+            s3: object,
         },
         status: SnapshotStatus {
             saved_at: now,
@@ -422,11 +495,25 @@ pub fn prune(app: &App, cluster: &Cluster) -> Result<Vec<String>> {
         .into_iter()
         .filter(|n| Some(n.as_str()) != restoring)
         .collect();
+    let mut pruned = Vec::with_capacity(gone.len());
     for name in &gone {
+        // The object first: a record whose object could not be deleted
+        // stays, and the next prune tries again.
+        let object = all
+            .iter()
+            .find(|s| s.metadata.name == *name)
+            .and_then(|s| s.spec.s3.as_ref());
+        if let Some(object) = object {
+            if let Err(e) = s3(app).delete(object) {
+                tracing::warn!(cluster = %cluster.metadata.name, snapshot = %name, error = %e, "cannot delete a pruned snapshot's object; retention tries again after the next snapshot");
+                continue;
+            }
+        }
         match app.store.delete(Kind::Snapshot, name, None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        pruned.push(name.clone());
         let path = file_of(app, &uid, name);
         if let Err(e) = std::fs::remove_file(&path) {
             if e.kind() != std::io::ErrorKind::NotFound {
@@ -435,13 +522,20 @@ pub fn prune(app: &App, cluster: &Cluster) -> Result<Vec<String>> {
         }
         tracing::info!(cluster = %cluster.metadata.name, snapshot = %name, "etcd snapshot pruned by the cluster's retention");
     }
-    Ok(gone)
+    Ok(pruned)
 }
 
 /// Forgets everything of the snapshots of deleted cluster `cluster` (UID
-/// `uid`): records, files and key.
+/// `uid`): records, files, objects in buckets and key. An object that
+/// cannot be deleted is left (and logged) rather than keep the cluster
+/// from going.
 pub fn forget_cluster(app: &App, cluster: &str, uid: &str) -> Result<()> {
     for s in snapshots_of(app, cluster, uid)? {
+        if let Some(object) = &s.spec.s3 {
+            if let Err(e) = s3(app).delete(object) {
+                tracing::warn!(%cluster, snapshot = %s.metadata.name, error = %e, "cannot delete the snapshot's object of a deleted cluster; delete it by hand");
+            }
+        }
         match app.store.delete(Kind::Snapshot, &s.metadata.name, None) {
             Ok(_) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -481,6 +575,7 @@ mod tests {
                 daily: 0,
             },
             before_changes: None,
+            destination: None,
         });
         c.status.initialized = true;
         c.status.snapshot = Some(SnapshotSave {

@@ -46,6 +46,13 @@ impl Moto {
     /// Starts moto (installing it into `.venv/moto` on first use) with AMI
     /// validation on, so an unknown AMI fails as it does on EC2.
     pub fn start(log_dir: &std::path::Path) -> Self {
+        Self::start_on(log_dir, "127.0.0.1")
+    }
+
+    /// Starts moto listening on `host` (an address of this host: loopback,
+    /// or the gateway of a Docker network the test made, so its containers
+    /// reach it too).
+    pub fn start_on(log_dir: &std::path::Path, host: &str) -> Self {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
         let script = root.join("scripts/moto");
         let status = Command::new(&script)
@@ -57,15 +64,15 @@ impl Moto {
         let log = log_dir.join("moto.log");
         let out = std::fs::File::create(&log).unwrap();
         let child = Command::new(&script)
-            .args(["serve", &port.to_string()])
+            .args(["serve", &port.to_string(), host])
             .env("MOTO_ENABLE_AMI_VALIDATION", "true")
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .stdin(Stdio::null())
             .spawn()
             .expect("start moto");
-        let url = format!("http://127.0.0.1:{port}");
-        let probe = format!("127.0.0.1:{port}");
+        let url = format!("http://{host}:{port}");
+        let probe = format!("{host}:{port}");
         wait_for("moto to listen", Duration::from_secs(60), || {
             std::net::TcpStream::connect(&probe)
                 .map(|_| ())
@@ -84,6 +91,80 @@ impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One bucket of a moto server, through the SDK (path-style), for a test's
+/// own looks at what the coordinator and machines put there.
+pub struct S3Bucket {
+    pub name: String,
+    client: aws_sdk_s3::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+impl S3Bucket {
+    /// Creates bucket `name` on the moto at `endpoint`.
+    pub fn create(endpoint: &str, name: &str) -> Self {
+        let config = aws_sdk_s3::config::Builder::from(&sdk_config(endpoint))
+            .force_path_style(true)
+            .build();
+        let bucket = Self {
+            name: name.to_owned(),
+            client: aws_sdk_s3::Client::from_conf(config),
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        };
+        bucket
+            .rt
+            .block_on(bucket.client.create_bucket().bucket(name).send())
+            .unwrap_or_else(|e| panic!("create bucket {name}: {e:?}"));
+        bucket
+    }
+
+    /// Every key in the bucket, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let listed = self
+            .rt
+            .block_on(self.client.list_objects_v2().bucket(&self.name).send())
+            .unwrap_or_else(|e| panic!("list bucket {}: {e:?}", self.name));
+        let mut keys: Vec<String> = listed
+            .contents()
+            .iter()
+            .filter_map(|o| o.key().map(str::to_owned))
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// The object at `key`.
+    pub fn get(&self, key: &str) -> Vec<u8> {
+        self.rt.block_on(async {
+            let answer = self
+                .client
+                .get_object()
+                .bucket(&self.name)
+                .key(key)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("get {key}: {e:?}"));
+            answer.body.collect().await.unwrap().into_bytes().to_vec()
+        })
+    }
+
+    /// Replaces the object at `key` with `body`.
+    pub fn put(&self, key: &str, body: Vec<u8>) {
+        self.rt
+            .block_on(
+                self.client
+                    .put_object()
+                    .bucket(&self.name)
+                    .key(key)
+                    .body(body.into())
+                    .send(),
+            )
+            .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
     }
 }
 

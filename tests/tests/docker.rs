@@ -1050,8 +1050,35 @@ fn docker_control_plane_scales_three_one_three_one_machine_at_a_time() {
 #[test]
 fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
     let (tmp, name, _cleanup) = setup("restore");
-    let c = start(tmp.path(), "1s", "5s");
-    let health = "  health:\n    unhealthyTimeout: 30s\n";
+    // Snapshots go to an S3 bucket (moto), on the gateway of a network of
+    // the test's own, which the coordinator and the cluster's containers
+    // both reach.
+    let net = TestNetwork::create(&format!("drover-s3-{name}"));
+    let moto = drover_tests::aws::Moto::start_on(tmp.path(), &net.gateway);
+    let bucket = drover_tests::aws::S3Bucket::create(&moto.url, "drover-snapshots");
+    ensure_image();
+    let c = Coordinator::start(
+        tmp.path(),
+        CoordinatorOptions {
+            heartbeat_interval: "1s",
+            heartbeat_timeout: "5s",
+            env: [
+                ("AWS_ACCESS_KEY_ID", "testing"),
+                ("AWS_SECRET_ACCESS_KEY", "testing"),
+                ("AWS_EC2_METADATA_DISABLED", "true"),
+                ("AWS_CONFIG_FILE", "/dev/null"),
+                ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        },
+    );
+    let health = format!(
+        "  health:\n    unhealthyTimeout: 30s\n  backup:\n    keep:\n      last: 1\n      daily: 0\n    destination:\n      s3:\n        bucket: drover-snapshots\n        prefix: t/\n        endpoint: {}\n",
+        moto.url
+    );
+    let health = health.as_str();
     let yaml = docker_cluster_yaml(&name, 3, 2, health);
     apply(&c, tmp.path(), &yaml);
     c.wait_cluster_phase(&name, "Running", Duration::from_secs(300));
@@ -1079,12 +1106,41 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
         ],
     )
     .unwrap();
-    let saved = c.cli_ok(&["backup", "cluster", &name, "--wait", "--timeout", "120s"]);
-    let snapshot = saved
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("snapshot/"))
-        .unwrap_or_else(|| panic!("{saved}"))
+    let backup = || {
+        let saved = c.cli_ok(&["backup", "cluster", &name, "--wait", "--timeout", "120s"]);
+        saved
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("snapshot/"))
+            .unwrap_or_else(|| panic!("{saved}"))
+            .to_owned()
+    };
+    let uid = c.cluster(&name).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
         .to_owned();
+    let key_of = |snapshot: &str| format!("t/{uid}/{snapshot}.drvsnap");
+    // Uploaded by the control plane through a presigned URL, into the
+    // bucket and not onto the coordinator; the second lets the first go
+    // (`keep.last: 1`), its object with it.
+    let first = backup();
+    assert_eq!(bucket.keys(), [key_of(&first)]);
+    let snapshot = backup();
+    assert_ne!(first, snapshot);
+    assert_eq!(
+        bucket.keys(),
+        [key_of(&snapshot)],
+        "retention deletes the object"
+    );
+    let local = c.dir.join("data/snapshots").join(&uid);
+    assert!(
+        std::fs::read_dir(&local).map_or(true, |mut d| d.next().is_none()),
+        "a snapshot for the bucket was kept on the coordinator too"
+    );
+    let listed = c.cli_ok(&["get", "snapshots", &name, "-o", "json"]);
+    assert!(
+        listed.contains(&format!("s3://drover-snapshots/{}", key_of(&snapshot))),
+        "{listed}"
+    );
     kube::kubectl(&admin, &["create", "namespace", "after-snapshot"]).unwrap();
     // A worker joins after the snapshot.
     apply(&c, tmp.path(), &docker_cluster_yaml(&name, 3, 3, health));
@@ -1103,20 +1159,11 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
     assert!(err.contains("--force"), "{err}");
     // A corrupt snapshot is refused before anything is torn down, even
     // when forced.
-    let uid = c.cluster(&name).unwrap()["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let file = c
-        .dir
-        .join("data/snapshots")
-        .join(&uid)
-        .join(format!("{snapshot}.drvsnap"));
-    let good = std::fs::read(&file).unwrap();
+    let good = bucket.get(&key_of(&snapshot));
     let mut bad = good.clone();
     let middle = bad.len() / 2;
     bad[middle] ^= 0x5a;
-    std::fs::write(&file, &bad).unwrap();
+    bucket.put(&key_of(&snapshot), bad);
     let err = c.cli_refused(&[
         "restore",
         "cluster",
@@ -1135,7 +1182,7 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
         "a refused restore tears nothing down"
     );
     assert!(c.cluster(&name).unwrap()["status"]["restore"].is_null());
-    std::fs::write(&file, &good).unwrap();
+    bucket.put(&key_of(&snapshot), good);
 
     // Every control plane is lost.
     let control_planes: Vec<String> = live_machines(&c, &name)
@@ -1265,6 +1312,41 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
     let (nodes, _) = kube::nodes(&admin).unwrap();
     for m in &control_planes {
         assert!(!nodes.contains(m), "{m}'s Node outlived it: {nodes:?}");
+    }
+    // Deleting the cluster deletes its snapshots' objects.
+    c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "120s"]);
+    assert_eq!(bucket.keys(), Vec::<String>::new());
+}
+
+/// A Docker network of a test's own (for a server on its gateway that the
+/// test's clusters reach), removed on drop.
+struct TestNetwork {
+    name: String,
+    gateway: String,
+}
+
+impl TestNetwork {
+    fn create(name: &str) -> Self {
+        docker_ok(&["network", "create", name]);
+        let gateway = docker_ok(&[
+            "network",
+            "inspect",
+            name,
+            "-f",
+            "{{(index .IPAM.Config 0).Gateway}}",
+        ])
+        .trim()
+        .to_owned();
+        Self {
+            name: name.to_owned(),
+            gateway,
+        }
+    }
+}
+
+impl Drop for TestNetwork {
+    fn drop(&mut self) {
+        let _ = docker(&["network", "rm", &self.name]);
     }
 }
 

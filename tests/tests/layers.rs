@@ -87,6 +87,7 @@ const CLOUD_SDKS: &[Target] = &[
     Target::Crate("bollard"),
     Target::Crate("aws_sdk_ec2"),
     Target::Crate("aws_sdk_elasticloadbalancingv2"),
+    Target::Crate("aws_sdk_s3"),
     Target::Crate("aws_config"),
 ];
 

@@ -31,6 +31,127 @@ pub struct BackupSpec {
     /// yes. `false` lets them go ahead without one (when etcd cannot be
     /// snapshotted and the change must happen anyway).
     pub before_changes: Option<bool>,
+    /// Where the sealed snapshots go. Unset: the coordinator keeps them
+    /// (under `DATA_DIR/snapshots/`).
+    pub destination: Option<BackupDestination>,
+}
+
+/// `spec.backup.destination`: somewhere other than the coordinator.
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackupDestination {
+    /// An S3 bucket (or an S3-compatible store's): the machine uploads
+    /// through a URL the coordinator presigns for that one object, so no
+    /// machine holds storage credentials; the coordinator's own AWS
+    /// credentials (its environment, profile or instance role) sign it.
+    pub s3: Option<S3Destination>,
+}
+
+/// An S3 bucket that holds a cluster's sealed snapshots, as
+/// `<prefix><cluster UID>/<snapshot>.drvsnap`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct S3Destination {
+    pub bucket: String,
+    /// Prepended to every object key (`prod/`). Unset: none.
+    pub prefix: Option<String>,
+    /// The bucket's region. Unset: `us-east-1`.
+    pub region: Option<String>,
+    /// An S3-compatible store's URL (`https://minio.example:9000`), reached
+    /// with path-style addressing. Unset: AWS S3 (or `AWS_ENDPOINT_URL`).
+    pub endpoint: Option<String>,
+}
+
+impl S3Destination {
+    /// The region its requests are signed for.
+    pub fn region(&self) -> &str {
+        self.region.as_deref().unwrap_or("us-east-1")
+    }
+
+    /// Where snapshot `name` of the cluster with UID `uid` goes.
+    pub fn object(&self, uid: &str, name: &str) -> S3Object {
+        S3Object {
+            bucket: self.bucket.clone(),
+            key: format!(
+                "{}{uid}/{name}.drvsnap",
+                self.prefix.as_deref().unwrap_or_default()
+            ),
+            region: self.region().to_owned(),
+            endpoint: self.endpoint.clone(),
+        }
+    }
+
+    /// Every problem of it, by field.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![];
+        let b = &self.bucket;
+        // S3's bucket naming rules (docs.aws.amazon.com/AmazonS3/latest/
+        // userguide/bucketnamingrules.html), without the rules for
+        // reserved prefixes and suffixes.
+        let chars_ok = b
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-');
+        let ends_ok = b.bytes().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && b.bytes().last().is_some_and(|c| c.is_ascii_alphanumeric());
+        if !(3..=63).contains(&b.len()) || !chars_ok || !ends_ok || b.contains("..") {
+            out.push((
+                "spec.backup.destination.s3.bucket",
+                format!("{b:?} is not an S3 bucket name: 3 to 63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit"),
+            ));
+        }
+        if let Some(p) = &self.prefix {
+            if p.starts_with('/') || p.len() > 512 || p.chars().any(char::is_control) {
+                out.push((
+                    "spec.backup.destination.s3.prefix",
+                    format!("{p:?} must not start with '/', hold control characters or be longer than 512 bytes"),
+                ));
+            }
+        }
+        if let Some(r) = &self.region {
+            let ok = !r.is_empty()
+                && r.len() <= 32
+                && r.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+            if !ok {
+                out.push((
+                    "spec.backup.destination.s3.region",
+                    format!("{r:?} is not a region name (e.g. eu-west-1)"),
+                ));
+            }
+        }
+        if let Some(e) = &self.endpoint {
+            let scheme_ok = e.starts_with("https://") || e.starts_with("http://");
+            let host = e.split_once("://").map(|(_, h)| h).unwrap_or_default();
+            if !scheme_ok || host.is_empty() || host.contains(['?', '#', ' ']) {
+                out.push((
+                    "spec.backup.destination.s3.endpoint",
+                    format!("{e:?} is not an http(s) URL of an S3-compatible store"),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// One object of an S3 bucket, with what it takes to reach it: a snapshot
+/// keeps where it went, so a later change of the cluster's destination
+/// does not lose it.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct S3Object {
+    pub bucket: String,
+    pub key: String,
+    pub region: String,
+    pub endpoint: Option<String>,
+}
+
+impl std::fmt::Display for S3Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)
+    }
 }
 
 /// Which of a cluster's snapshots are kept: the newest `last`, and the
@@ -90,6 +211,9 @@ impl BackupSpec {
                 Ok(_) => {}
                 Err(e) => out.push(("spec.backup.every", e.to_string())),
             }
+        }
+        if let Some(s3) = self.destination.as_ref().and_then(|d| d.s3.as_ref()) {
+            out.extend(s3.problems());
         }
         if self.keep.last == 0 {
             out.push((
@@ -215,8 +339,11 @@ pub struct SnapshotSpec {
     pub kubernetes_version: String,
     /// The control-plane machine that saved it.
     pub machine: String,
-    /// Where the sealed file is: `coordinator`.
+    /// Where the sealed file is: `coordinator`, or `s3://bucket/key`.
     pub destination: String,
+    /// The S3 object it went to, when it went to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Object>,
 }
 
 /// What was saved.
@@ -316,9 +443,39 @@ mod tests {
             every: Some("10s".into()),
             keep: Retention { last: 0, daily: 1 },
             before_changes: None,
+            destination: None,
         };
         let problems = bad.problems();
         assert_eq!(problems.len(), 2, "{problems:?}");
+        // An S3 destination: every field checked, the object key made of
+        // the prefix, the cluster's UID and the snapshot's name.
+        let s3: BackupSpec = serde_saphyr::from_str(
+            "destination:\n  s3:\n    bucket: drover-snaps\n    prefix: prod/\n    endpoint: http://127.0.0.1:5000\n",
+        )
+        .unwrap();
+        assert!(s3.problems().is_empty(), "{:?}", s3.problems());
+        let dest = s3.destination.unwrap().s3.unwrap();
+        let object = dest.object("u1", "c-20261128-010000");
+        assert_eq!(object.key, "prod/u1/c-20261128-010000.drvsnap");
+        assert_eq!(object.region, "us-east-1");
+        assert_eq!(
+            object.to_string(),
+            "s3://drover-snaps/prod/u1/c-20261128-010000.drvsnap"
+        );
+        let bad: BackupSpec = serde_saphyr::from_str(
+            "destination:\n  s3:\n    bucket: Bad_Bucket\n    prefix: /abs\n    region: EU\n    endpoint: ftp://x\n",
+        )
+        .unwrap();
+        let fields: Vec<&str> = bad.problems().iter().map(|p| p.0).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.backup.destination.s3.bucket",
+                "spec.backup.destination.s3.prefix",
+                "spec.backup.destination.s3.region",
+                "spec.backup.destination.s3.endpoint"
+            ]
+        );
         assert!(problems[0].1.contains("at least 1m"));
         assert!(serde_saphyr::from_str::<BackupSpec>("evry: 1h\n").is_err());
         let at = time::macros::datetime!(2026-11-28 00:15:03 UTC);

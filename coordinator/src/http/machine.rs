@@ -164,6 +164,7 @@ pub async fn renew(
     responses(
         (status = 200, description = "The grant.", body = drover_common::wire::SnapshotGrant),
         (status = 409, description = "The machine's cluster does not ask this snapshot of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "The cluster's snapshot bucket failed (S3 answered an error or not at all).", body = drover_common::api::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn snapshot_grant(
@@ -230,6 +231,7 @@ pub async fn snapshot_upload(
         (status = 413, response = super::responses::PayloadTooLarge),
         (status = 415, response = super::responses::UnsupportedMediaType),
         (status = 422, description = "The report does not match the sealed file the coordinator holds.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "The cluster's snapshot bucket failed (S3 answered an error or not at all).", body = drover_common::api::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn snapshot_saved(
@@ -261,6 +263,9 @@ impl From<SnapshotCallError> for ApiError {
                 detail,
             ),
             SnapshotCallError::Upload { .. } => ApiError::bad_request(detail),
+            SnapshotCallError::Storage(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "Snapshot storage failed", detail)
+            }
             SnapshotCallError::Io { .. } | SnapshotCallError::Key { .. } => {
                 ApiError::internal(detail)
             }

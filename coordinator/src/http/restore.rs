@@ -59,6 +59,7 @@ impl From<RestoreError> for ApiError {
         (status = 413, response = super::responses::PayloadTooLarge),
         (status = 415, response = super::responses::UnsupportedMediaType),
         (status = 422, description = "The snapshot cannot be restored (corrupt, cut, another cluster's, newer than the cluster's version); nothing changed.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "The cluster's snapshot bucket failed (S3 answered an error or not at all).", body = drover_common::api::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn restore_cluster(
@@ -92,6 +93,7 @@ pub async fn restore_cluster(
     responses(
         (status = 200, description = "The sealed snapshot (see `drover_common::snapshot`).", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 409, description = "The machine does not restore this snapshot, or this coordinator does not hold its file.", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 502, description = "The cluster's snapshot bucket failed (S3 answered an error or not at all).", body = drover_common::api::Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn snapshot_download(

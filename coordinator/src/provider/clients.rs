@@ -1,6 +1,7 @@
-//! The provider clients of one coordinator: the Docker engine connection
-//! and the EC2 clients by region, each made by the provider layer on first
-//! use and kept for the coordinator's life.
+//! The provider clients of one coordinator: the Docker engine connection,
+//! the EC2 clients by region and the S3 clients of snapshot buckets, each
+//! made by the provider layer on first use and kept for the coordinator's
+//! life.
 
 #[cfg(feature = "aws")]
 use std::collections::{BTreeSet, HashMap};
@@ -27,6 +28,8 @@ pub struct Providers {
     /// EC2 clients by region, made on first use.
     #[cfg(feature = "aws")]
     aws: Mutex<HashMap<String, AwsProvider>>,
+    /// S3 clients by region and endpoint, made on first use.
+    s3: super::s3::S3Clients,
 }
 
 impl Providers {
@@ -37,6 +40,14 @@ impl Providers {
             docker: Default::default(),
             #[cfg(feature = "aws")]
             aws: Default::default(),
+            s3: Default::default(),
+        }
+    }
+
+    /// The S3 calls of the snapshot code, through these clients.
+    pub fn s3(&self) -> super::s3::S3Objects {
+        super::s3::S3Objects {
+            clients: self.s3.clone(),
         }
     }
 

@@ -17,6 +17,11 @@ pub mod clients;
 pub mod docker;
 pub mod metered;
 pub mod retries;
+#[cfg(feature = "aws")]
+pub mod s3;
+#[cfg(not(feature = "aws"))]
+#[path = "s3_absent.rs"]
+pub mod s3;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
