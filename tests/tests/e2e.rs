@@ -2957,7 +2957,12 @@ scrape_configs:
         },
     );
     // The README's alert rules load and evaluate against these series
-    // (healthy machines: none fires).
+    // (healthy machines: none fires), in an evaluation after they were
+    // scraped: one before would find nothing to fire on (so a rule that
+    // fires on a healthy coordinator, as DroverLoopStalled once did for
+    // the registration committer, passed whenever Prometheus evaluated
+    // first).
+    let scraped = OffsetDateTime::now_utc();
     wait_for("the alert rules evaluated", BOOT, || {
         let r: serde_json::Value = rt
             .block_on(async {
@@ -2975,6 +2980,15 @@ scrape_configs:
             .flat_map(|g| g["rules"].as_array().into_iter().flatten())
             .collect();
         let names: Vec<&str> = rules.iter().filter_map(|r| r["name"].as_str()).collect();
+        let after_scrape = |r: &&serde_json::Value| {
+            r["lastEvaluation"]
+                .as_str()
+                .and_then(|t| OffsetDateTime::parse(t, &Rfc3339).ok())
+                .is_some_and(|t| t > scraped)
+        };
+        if !rules.iter().all(after_scrape) {
+            return Err(format!("not evaluated since {scraped}: {r}"));
+        }
         let evaluated = rules.len() == 4
             && rules
                 .iter()
