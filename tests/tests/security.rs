@@ -671,25 +671,10 @@ async fn tls_from(
 }
 
 /// Sends `head` (and `body`) on a fresh connection from 127.0.0.1 and
-/// reads the answer until the server closes or 10 s pass.
+/// reads the answer until the server closes or 10 s pass, whether or not
+/// the whole request could be written.
 fn raw_request(c: &Coordinator, head: &str, body: &[u8]) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let tls = anonymous_tls(&c.ca_pem());
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", c.port).parse().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut s = tls_from("127.0.0.1".parse().unwrap(), addr, tls)
-            .await
-            .unwrap();
-        s.write_all(head.as_bytes()).await.unwrap();
-        let _ = s.write_all(body).await;
-        let mut buf = vec![];
-        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
-        String::from_utf8_lossy(&buf).into_owned()
-    })
+    send_whole(c, head, body).1
 }
 
 /// The audit log through the CLI.

@@ -34,6 +34,16 @@ use futures_util::future::BoxFuture;
 /// in the planner crate.
 pub use drover_planner::{endpoint_key, InstanceState};
 
+/// Why a call to a snapshot bucket failed (`s3.rs`, or `s3_absent.rs` in
+/// a build without `aws`).
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {object}: {detail}")]
+pub struct S3Error {
+    pub action: &'static str,
+    pub object: String,
+    pub detail: String,
+}
+
 /// Labels (or tags) on everything a provider creates.
 pub const LABEL_MANAGED: &str = "drover.dev/managed-by";
 pub const LABEL_CLUSTER: &str = "drover.dev/cluster";

@@ -21,18 +21,11 @@ use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::Client;
 use drover_common::api::S3Object;
 
+pub use super::S3Error;
+
 /// How long a presigned upload URL is good for: the snapshot is given up
 /// after 30 minutes, and the upload starts within it.
 pub const UPLOAD_URL_TTL: Duration = Duration::from_secs(45 * 60);
-
-/// Why an S3 call failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{action} {object}: {detail}")]
-pub struct S3Error {
-    pub action: &'static str,
-    pub object: String,
-    pub detail: String,
-}
 
 /// S3 clients by region and endpoint, made on first use and kept (in
 /// `Providers`).

@@ -5,14 +5,7 @@ use std::path::Path;
 
 use drover_common::api::S3Object;
 
-/// Why an S3 call failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{action} {object}: {detail}")]
-pub struct S3Error {
-    pub action: &'static str,
-    pub object: String,
-    pub detail: String,
-}
+pub use super::S3Error;
 
 /// No S3 client is ever made in this build.
 pub type S3Clients = ();
