@@ -8,7 +8,8 @@ use drover_common::api::S3Object;
 pub use super::S3Error;
 
 /// No S3 client is ever made in this build.
-pub type S3Clients = ();
+#[derive(Debug, Clone, Default)]
+pub struct S3Clients;
 
 /// The S3 calls the snapshot code makes; none works in this build.
 pub struct S3Objects {
