@@ -4,13 +4,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
 use drover_common::api::{Cluster, SecretInfo};
 
-use crate::cli::api_path;
 use crate::cli::client::{Client, ConnectArgs};
 use crate::cli::documents;
-use crate::cli::render::Progress;
+use crate::cli::render::Look;
+use crate::cli::{api_path, wait_cluster};
 
 #[derive(Debug, clap::Args)]
 pub struct ApplyArgs {
@@ -131,34 +130,37 @@ async fn wait_running(
     generation: u64,
     timeout: std::time::Duration,
 ) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + timeout;
-    let mut progress = Progress::new(format!("cluster/{name}"));
-    loop {
-        let c: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
-        let pools: Vec<String> = c
-            .status
-            .pools
-            .iter()
-            .map(|p| format!("{} {}/{}", p.name, p.running, p.desired))
-            .collect();
-        progress.show(format!("{} [{}]", c.status.phase, pools.join(", ")));
-        if c.status.phase == drover_common::api::ClusterPhase::Running
-            && c.status.observed_generation >= generation
-        {
-            progress.end();
-            println!("cluster/{name} is Running");
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            progress.end();
-            bail!(
-                "cluster {name} is not Running after {:?} (it is {}); see `drover describe cluster {name}`",
-                timeout,
-                c.status.phase
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
+    wait_cluster(
+        client,
+        name,
+        timeout,
+        |c| {
+            if c.status.phase == drover_common::api::ClusterPhase::Running
+                && c.status.observed_generation >= generation
+            {
+                return Ok(Look::Done(()));
+            }
+            let pools: Vec<String> = c
+                .status
+                .pools
+                .iter()
+                .map(|p| format!("{} {}/{}", p.name, p.running, p.desired))
+                .collect();
+            Ok(Look::Waiting(format!(
+                "{} [{}]",
+                c.status.phase,
+                pools.join(", ")
+            )))
+        },
+        |last| {
+            anyhow::anyhow!(
+                "cluster {name} is not Running after {timeout:?} (it is {last}); see `drover describe cluster {name}`"
+            )
+        },
+    )
+    .await?;
+    println!("cluster/{name} is Running");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,11 +5,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use drover_common::api::Cluster;
 
 use crate::cli::client::{Client, ConnectArgs, Usage};
-use crate::cli::render::Progress;
-use crate::cli::{api_path, cluster_action};
+use crate::cli::render::Look;
+use crate::cli::{cluster_action, wait_cluster};
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -77,45 +76,41 @@ async fn backup_cluster(c: BackupClusterArgs) -> anyhow::Result<()> {
         println!("cluster/{name}: etcd snapshot requested (`drover get snapshots {name}` lists those saved)");
         return Ok(());
     }
-    let deadline = std::time::Instant::now() + c.timeout;
-    let mut progress = Progress::new(format!("cluster/{name}"));
-    loop {
-        let cluster: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
-        let s = &cluster.status;
-        if let Some(saved) = s.last_snapshot.as_ref().filter(|l| l.saved_at >= since) {
-            progress.end();
-            println!(
-                "snapshot/{} saved: etcd revision {}, {} bytes",
-                saved.name, saved.revision, saved.size
-            );
-            return Ok(());
-        }
-        let line = match &s.snapshot {
-            Some(op) if op.requested_at >= since && !op.under_way() => {
-                progress.end();
-                bail!(
+    let saved = wait_cluster(
+        &client,
+        name,
+        c.timeout,
+        |cluster| {
+            let s = cluster.status;
+            if let Some(saved) = s.last_snapshot.filter(|l| l.saved_at >= since) {
+                return Ok(Look::Done(saved));
+            }
+            Ok(Look::Waiting(match s.snapshot {
+                Some(op) if op.requested_at >= since && !op.under_way() => bail!(
                     "snapshot {} of cluster {name} failed on {}: {}",
                     op.name,
                     op.via,
                     op.error
-                );
-            }
-            Some(op) if op.requested_at >= since => {
-                format!("snapshot {} asked of {}", op.name, op.via)
-            }
-            _ => "waiting for a running control plane to ask".to_owned(),
-        };
-        progress.show(line);
-        if std::time::Instant::now() > deadline {
-            progress.end();
-            bail!(
-                "no snapshot of cluster {name} was saved within {:?} ({}); see `drover describe cluster {name}`",
-                c.timeout,
-                progress.last()
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
+                ),
+                Some(op) if op.requested_at >= since => {
+                    format!("snapshot {} asked of {}", op.name, op.via)
+                }
+                _ => "waiting for a running control plane to ask".to_owned(),
+            }))
+        },
+        |last| {
+            anyhow::anyhow!(
+                "no snapshot of cluster {name} was saved within {:?} ({last}); see `drover describe cluster {name}`",
+                c.timeout
+            )
+        },
+    )
+    .await?;
+    println!(
+        "snapshot/{} saved: etcd revision {}, {} bytes",
+        saved.name, saved.revision, saved.size
+    );
+    Ok(())
 }
 
 /// Takes the backup into a file beside `out`, then renames it to `out`,

@@ -1,12 +1,10 @@
 //! `drover delete`: a cluster, a machine (through the safe path) or a
 //! secret; with `--wait`, until it is gone.
 
-use std::io::IsTerminal;
-
-use anyhow::bail;
 use drover_common::api::{Cluster, Machine, MachinePhase, ProviderSpec, SecretInfo};
 
 use crate::cli::client::{Client, ConnectArgs};
+use crate::cli::render::{poll, Look};
 use crate::cli::{api_path, object_name, Single};
 
 #[derive(Debug, clap::Args)]
@@ -38,33 +36,30 @@ pub(super) async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
             };
             println!("cluster/{} deletion requested; {what}", d.name);
             if d.wait {
-                let deadline = std::time::Instant::now() + d.timeout;
-                let tty = std::io::stderr().is_terminal();
-                loop {
-                    match client
-                        .get::<Cluster>(&api_path(&["v1", "clusters", &d.name]))
-                        .await
-                    {
-                        Err(e) if e.to_string().contains("does not exist") => break,
-                        Err(e) => return Err(e),
-                        Ok(c) => {
-                            let assigned: u32 = c.status.pools.iter().map(|p| p.assigned).sum();
-                            if tty {
-                                eprint!(
-                                    "\rwaiting for {} machine(s) to be released...   ",
-                                    assigned
-                                );
-                            }
-                        }
-                    }
-                    if std::time::Instant::now() > deadline {
-                        bail!("cluster {} still exists after {:?}", d.name, d.timeout);
-                    }
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                }
-                if tty {
-                    eprintln!();
-                }
+                let path = api_path(&["v1", "clusters", &d.name]);
+                poll(
+                    format!("cluster/{}", d.name),
+                    d.timeout,
+                    || async { Ok(client.get::<Cluster>(&path).await) },
+                    |got| {
+                        Ok(match got {
+                            Err(e) if e.to_string().contains("does not exist") => Look::Done(()),
+                            Err(e) => return Err(e),
+                            Ok(c) => Look::Waiting(format!(
+                                "waiting for {} machine(s) to be released",
+                                c.status.pools.iter().map(|p| p.assigned).sum::<u32>()
+                            )),
+                        })
+                    },
+                    |last| {
+                        anyhow::anyhow!(
+                            "cluster {} still exists after {:?} ({last})",
+                            d.name,
+                            d.timeout
+                        )
+                    },
+                )
+                .await?;
                 println!("cluster/{} deleted", d.name);
             }
             Ok(())
@@ -106,33 +101,29 @@ async fn delete_machine(client: &Client, d: &DeleteArgs) -> anyhow::Result<()> {
     if !d.wait {
         return Ok(());
     }
-    let deadline = std::time::Instant::now() + d.timeout;
-    let tty = std::io::stderr().is_terminal();
-    loop {
-        match client.get::<Machine>(&path).await {
-            Err(e) if e.to_string().contains("does not exist") => break,
-            Err(e) => return Err(e),
-            Ok(m) if m.status.phase == MachinePhase::Deleted => break,
-            Ok(m) => {
-                if tty {
-                    eprint!("\rmachine {} is {}...   ", d.name, m.status.phase);
-                }
-            }
-        }
-        if std::time::Instant::now() > deadline {
-            bail!(
-                "machine {} has not left its cluster after {:?}; `drover describe machine {}` and `drover describe cluster {}` say what it waits for",
+    poll(
+        format!("machine/{}", d.name),
+        d.timeout,
+        || async { Ok(client.get::<Machine>(&path).await) },
+        |got| {
+            Ok(match got {
+                Err(e) if e.to_string().contains("does not exist") => Look::Done(()),
+                Err(e) => return Err(e),
+                Ok(m) if m.status.phase == MachinePhase::Deleted => Look::Done(()),
+                Ok(m) => Look::Waiting(format!("{}", m.status.phase)),
+            })
+        },
+        |last| {
+            anyhow::anyhow!(
+                "machine {} has not left its cluster after {:?} (it is {last}); `drover describe machine {}` and `drover describe cluster {}` say what it waits for",
                 d.name,
                 d.timeout,
                 d.name,
                 a.cluster
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
-    if tty {
-        eprintln!();
-    }
+            )
+        },
+    )
+    .await?;
     println!("machine/{} deleted", d.name);
     Ok(())
 }

@@ -127,6 +127,26 @@ pub(crate) async fn cluster_action<B: serde::Serialize>(
     client.post(&api_path(&segments), body).await
 }
 
+/// A `--wait` on cluster `name`: [`render::poll`] with each fresh copy of
+/// it handed to `look`.
+pub(crate) async fn wait_cluster<T>(
+    client: &client::Client,
+    name: &str,
+    timeout: std::time::Duration,
+    look: impl FnMut(drover_common::api::Cluster) -> anyhow::Result<render::Look<T>>,
+    timed_out: impl FnOnce(&str) -> anyhow::Error,
+) -> anyhow::Result<T> {
+    let path = api_path(&["v1", "clusters", name]);
+    render::poll(
+        format!("cluster/{name}"),
+        timeout,
+        || client.get(&path),
+        look,
+        timed_out,
+    )
+    .await
+}
+
 /// Runs one operator command.
 pub async fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {

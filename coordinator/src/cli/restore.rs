@@ -3,11 +3,11 @@
 //! machine, and (with `--wait`) follows it until the cluster runs again.
 
 use anyhow::bail;
-use drover_common::api::{Cluster, ClusterPhase, RestoreRequest};
+use drover_common::api::{ClusterPhase, RestoreRequest};
 
 use crate::cli::client::{Client, ConnectArgs};
-use crate::cli::render::Progress;
-use crate::cli::{api_path, cluster_action};
+use crate::cli::render::Look;
+use crate::cli::{cluster_action, wait_cluster};
 
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
@@ -73,52 +73,51 @@ async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let since = restore.requested_at;
-    let deadline = std::time::Instant::now() + c.timeout;
-    let mut progress = Progress::new(format!("cluster/{name}"));
-    loop {
-        let cluster: Cluster = client.get(&api_path(&["v1", "clusters", name])).await?;
-        let s = &cluster.status;
-        let done = s
-            .last_restore
-            .as_ref()
-            .filter(|d| d.requested_at == since && s.restore.is_none());
-        let line = match done {
-            Some(d) if s.phase == ClusterPhase::Running => {
-                progress.end();
-                println!(
-                    "cluster/{name} is Running, restored from snapshot {} by {} in {}s",
-                    d.snapshot,
+    let started = std::time::Instant::now();
+    let done = wait_cluster(
+        &client,
+        name,
+        c.timeout,
+        |cluster| {
+            let s = cluster.status;
+            let done = s
+                .last_restore
+                .as_ref()
+                .filter(|d| d.requested_at == since && s.restore.is_none());
+            Ok(match done {
+                Some(d) if s.phase == ClusterPhase::Running => Look::Done(d.clone()),
+                Some(d) => Look::Waiting(format!(
+                    "etcd restored by {}; the cluster is {} ({})",
                     d.machine,
-                    progress.seconds()
-                );
-                return Ok(());
-            }
-            Some(d) => format!(
-                "etcd restored by {}; the cluster is {} ({})",
-                d.machine,
-                s.phase,
-                s.pools
-                    .iter()
-                    .map(|p| format!("{} {}/{} running", p.name, p.running, p.desired))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            None => s
-                .conditions
-                .iter()
-                .find(|c| c.type_ == drover_common::api::RESTORING_CONDITION)
-                .map(|c| c.message.clone())
-                .unwrap_or_else(|| "waiting for the reconciler".into()),
-        };
-        progress.show(line);
-        if std::time::Instant::now() > deadline {
-            progress.end();
-            bail!(
-                "cluster {name} did not run again within {:?} ({}); the restore goes on: see `drover describe cluster {name}`",
-                c.timeout,
-                progress.last()
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    }
+                    s.phase,
+                    s.pools
+                        .iter()
+                        .map(|p| format!("{} {}/{} running", p.name, p.running, p.desired))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                None => Look::Waiting(
+                    s.conditions
+                        .iter()
+                        .find(|c| c.type_ == drover_common::api::RESTORING_CONDITION)
+                        .map(|c| c.message.clone())
+                        .unwrap_or_else(|| "waiting for the reconciler".into()),
+                ),
+            })
+        },
+        |last| {
+            anyhow::anyhow!(
+                "cluster {name} did not run again within {:?} ({last}); the restore goes on: see `drover describe cluster {name}`",
+                c.timeout
+            )
+        },
+    )
+    .await?;
+    println!(
+        "cluster/{name} is Running, restored from snapshot {} by {} in {}s",
+        done.snapshot,
+        done.machine,
+        started.elapsed().as_secs()
+    );
+    Ok(())
 }

@@ -5,8 +5,8 @@ use anyhow::bail;
 use drover_common::api::Cluster;
 
 use crate::cli::client::{Client, ConnectArgs};
-use crate::cli::render::rollout_lines;
-use crate::cli::{api_path, cluster_action, object_name};
+use crate::cli::render::{rollout_lines, Look};
+use crate::cli::{api_path, cluster_action, object_name, wait_cluster};
 
 #[derive(Debug, clap::Args)]
 pub struct RolloutArgs {
@@ -68,48 +68,33 @@ pub(super) async fn rollout(command: RolloutCommand) -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
-            let deadline = std::time::Instant::now() + s.timeout;
-            let started = std::time::Instant::now();
-            let mut last = vec![];
-            loop {
-                let c: Cluster = client.get(&path).await?;
-                let lines = rollout_lines(&c);
-                if lines != last {
-                    eprintln!(
-                        "{:>4}s  cluster/{}: {}",
-                        started.elapsed().as_secs(),
-                        s.cluster,
-                        lines.join("; ")
-                    );
-                    last = lines;
-                }
-                match &c.status.rollout {
-                    None if c.status.observed_generation >= c.metadata.generation => {
-                        println!(
-                            "cluster/{}: rollout done, every machine is at {}",
-                            s.cluster, c.spec.kubernetes_version
-                        );
-                        return Ok(());
+            let cluster = &s.cluster;
+            let version = wait_cluster(
+                &client,
+                cluster,
+                s.timeout,
+                |c| {
+                    let lines = rollout_lines(&c).join("; ");
+                    match &c.status.rollout {
+                        None if c.status.observed_generation >= c.metadata.generation => {
+                            Ok(Look::Done(c.spec.kubernetes_version))
+                        }
+                        Some(r) if r.halted.is_some() => {
+                            bail!("cluster/{cluster}: the rollout is halted: {lines}")
+                        }
+                        _ => Ok(Look::Waiting(lines)),
                     }
-                    Some(r) if r.halted.is_some() => {
-                        bail!(
-                            "cluster/{}: the rollout is halted: {}",
-                            s.cluster,
-                            last.join("; ")
-                        )
-                    }
-                    _ => {}
-                }
-                if std::time::Instant::now() > deadline {
-                    bail!(
-                        "cluster/{}: the rollout is not done after {:?}: {}",
-                        s.cluster,
-                        s.timeout,
-                        last.join("; ")
-                    );
-                }
-                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            }
+                },
+                |last| {
+                    anyhow::anyhow!(
+                        "cluster/{cluster}: the rollout is not done after {:?}: {last}",
+                        s.timeout
+                    )
+                },
+            )
+            .await?;
+            println!("cluster/{cluster}: rollout done, every machine is at {version}");
+            Ok(())
         }
     }
 }

@@ -9,7 +9,7 @@ pub(crate) mod progress;
 pub mod tables;
 
 pub use describe::{describe_machine, rollout_lines};
-pub(crate) use progress::Progress;
+pub(crate) use progress::{poll, Look};
 
 pub use crate::types::age;
 
