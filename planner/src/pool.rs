@@ -333,17 +333,17 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         if self.cp_change_in_flight(members, Some(m)) {
             return vec![];
         }
-        let healthy_others = judged.healthy_others(members, m);
-        if !self.initialized || quorum_allows_removal(members.len() as u32, healthy_others) {
-            vec![(*m, why.to_string())]
-        } else {
-            self.paused.push(format!(
-                "control plane: {} is {} but taking it out would break etcd quorum ({healthy_others} healthy of {} members); not remediated",
-                m.metadata.name,
-                why.summary(),
-                members.len()
-            ));
-            vec![]
+        let etcd = &self.cluster.status.etcd_members;
+        match judged.quorum_without(members, m, etcd) {
+            Err(count) if self.initialized => {
+                self.paused.push(format!(
+                    "control plane: {} is {} but taking it out would break etcd quorum ({count}); not remediated",
+                    m.metadata.name,
+                    why.summary(),
+                ));
+                vec![]
+            }
+            _ => vec![(*m, why.to_string())],
         }
     }
 
@@ -371,10 +371,10 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             ));
             return vec![];
         }
-        let healthy_others = judged.healthy_others(members, m);
-        if self.initialized && !quorum_allows_removal(members.len() as u32, healthy_others) {
+        let etcd = &self.cluster.status.etcd_members;
+        if let (true, Err(count)) = (self.initialized, judged.quorum_without(members, m, etcd)) {
             self.held.push(format!(
-                "control plane: {} stays until the others keep etcd quorum without it",
+                "control plane: {} stays until the others keep etcd quorum without it ({count})",
                 m.metadata.name
             ));
             return vec![];
@@ -523,6 +523,16 @@ impl<'a, 'o> PoolPass<'a, 'o> {
                 "control plane: taking {} out would leave {healthy_others} healthy of {} members, below etcd quorum; scale-down waits",
                 victim.metadata.name,
                 remaining.len() - 1
+            ));
+            return 0;
+        }
+        if let (true, Err(count)) = (
+            self.initialized,
+            etcd_quorum_without(&self.cluster.status.etcd_members, victim),
+        ) {
+            self.held.push(format!(
+                "control plane: taking {} out would break etcd quorum ({count}); scale-down waits",
+                victim.metadata.name,
             ));
             return 0;
         }

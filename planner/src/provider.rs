@@ -34,7 +34,7 @@ use drover_common::api::{
     ProviderSpec, RolloutHalt, CONTROL_PLANE_POOL,
 };
 
-use crate::health::{quorum_allows_removal, Decision};
+use crate::health::Decision;
 use crate::instance::InstanceState;
 
 pub(super) fn plan_provider(
@@ -382,6 +382,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
                 control_plane: pool.control_plane,
                 busy: pool.deleting > 0,
                 initialized: self.initialized,
+                etcd: &self.cluster.status.etcd_members,
             },
             &mut self.paused,
         );
@@ -425,6 +426,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
                             && m.metadata.deletion_timestamp.is_none()
                     }),
                 initialized: self.initialized,
+                etcd: &self.cluster.status.etcd_members,
             },
         );
         let etcd_members = &self.cluster.status.etcd_members;
@@ -917,13 +919,15 @@ fn made_for(m: &Machine) -> String {
 
 /// What limits a pool's changes in one pass.
 #[derive(Debug, Clone, Copy)]
-struct Gate {
+struct Gate<'e> {
     /// The pool is the control plane: one machine at a time, under quorum.
     control_plane: bool,
     /// Another change of the pool is under way.
     busy: bool,
     /// `kubeadm init` has run: there is etcd quorum to keep.
     initialized: bool,
+    /// etcd's members, as the control planes last reported them.
+    etcd: &'e [drover_common::api::EtcdMember],
 }
 
 /// The unhealthy machines to replace now: those `maxUnhealthy` allows, and
@@ -953,24 +957,23 @@ fn remediation<'a>(
     let Some((m, why)) = chosen.next().filter(|_| !gate.busy) else {
         return vec![];
     };
-    let healthy_others = judged.healthy_others(active, m);
-    if !gate.initialized || quorum_allows_removal(active.len() as u32, healthy_others) {
-        vec![(*m, why.to_string())]
-    } else {
-        // With no healthy member left, etcd is lost: only a snapshot brings
-        // it back.
-        let lost = if healthy_others == 0 {
-            "; if no control plane comes back, restore etcd from a snapshot: `drover restore cluster`"
-        } else {
-            ""
-        };
-        paused.push(format!(
-            "control plane: {} is {} but removing it would break etcd quorum ({healthy_others} healthy of {} members); not remediated{lost}",
-            m.metadata.name,
-            why.summary(),
-            active.len()
-        ));
-        vec![]
+    match judged.quorum_without(active, m, gate.etcd) {
+        Err(count) if gate.initialized => {
+            // With no healthy member left, etcd is lost: only a snapshot
+            // brings it back.
+            let lost = if judged.healthy_others(active, m) == 0 {
+                "; if no control plane comes back, restore etcd from a snapshot: `drover restore cluster`"
+            } else {
+                ""
+            };
+            paused.push(format!(
+                "control plane: {} is {} but removing it would break etcd quorum ({count}); not remediated{lost}",
+                m.metadata.name,
+                why.summary(),
+            ));
+            vec![]
+        }
+        _ => vec![(*m, why.to_string())],
     }
 }
 
@@ -990,10 +993,7 @@ fn requested_deletions<'a>(
     requested
         .into_iter()
         .take(1)
-        .filter(|m| {
-            !gate.busy
-                && quorum_allows_removal(active.len() as u32, judged.healthy_others(active, m))
-        })
+        .filter(|m| !gate.busy && judged.quorum_without(active, m, gate.etcd).is_ok())
         .collect()
 }
 

@@ -795,6 +795,56 @@ impl Judgement<'_> {
             .filter(|o| o.status.phase == MachinePhase::Running && !self.is_unhealthy(o))
             .count() as u32
     }
+
+    /// Whether control-plane machine `m` may be taken out of `members`
+    /// (the control plane's machines) without breaking etcd quorum; if
+    /// not, the count that forbids it. Two counts must both allow it: the
+    /// machines that run and heartbeat healthy (what the coordinator
+    /// sees), and the voting members of etcd as the control planes last
+    /// reported them (`etcd`; what etcd itself counts). They differ when a
+    /// member is down on a machine that still heartbeats, or when a member
+    /// whose machine is gone still votes; a removal judged by machines
+    /// alone would then take out a member etcd needs.
+    pub fn quorum_without(
+        &self,
+        members: &[&Machine],
+        m: &Machine,
+        etcd: &[drover_common::api::EtcdMember],
+    ) -> Result<(), String> {
+        use crate::health::quorum_allows_removal;
+        let healthy_others = self.healthy_others(members, m);
+        if !quorum_allows_removal(members.len() as u32, healthy_others) {
+            return Err(format!(
+                "{healthy_others} healthy of {} members",
+                members.len()
+            ));
+        }
+        etcd_quorum_without(etcd, m)
+    }
+}
+
+/// Whether etcd, as the control planes last reported its members
+/// (`etcd`), keeps quorum without the member of machine `m`; if not, the
+/// count that forbids it. A machine with no member reported takes none
+/// out.
+pub(crate) fn etcd_quorum_without(
+    etcd: &[drover_common::api::EtcdMember],
+    m: &Machine,
+) -> Result<(), String> {
+    match member_of(etcd, m) {
+        Some(victim) if !crate::health::member_removal_keeps_quorum(etcd, victim) => {
+            let voters = etcd.iter().filter(|e| e.voting());
+            let healthy = voters
+                .clone()
+                .filter(|e| e.healthy && e.id != victim.id)
+                .count();
+            Err(format!(
+                "etcd reports {healthy} other healthy of {} voting members",
+                voters.count()
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Judges a pool over all its members at once: the unhealthy ones, the

@@ -395,6 +395,39 @@ fn pool_control_plane_scale_down_goes_one_at_a_time_and_keeps_the_init_machine()
 }
 
 #[test]
+fn a_pool_control_plane_whose_member_etcd_needs_is_neither_remediated_nor_scaled_away() {
+    // etcd, as a reports it: b's member is down (its etcd crashed under a
+    // living agent), d's is healthy. Two of three machines look healthy,
+    // but without d's member etcd would have one healthy voter of two.
+    let mut c = initialized_by(pool_cluster(3, 0), "a");
+    let mut machines = three_control_planes();
+    hostnames_are_names(&mut machines);
+    c.status.etcd_members = healthy_members(&["a", "b", "d"]);
+    c.status.etcd_members[1].healthy = false;
+    let steps = plan_silent(&c, &machines, &["d"]);
+    assert!(releases(&steps).is_empty(), "{steps:?}");
+    assert_condition(
+        &final_status(&steps),
+        "RemediationAllowed",
+        "False",
+        "would break etcd quorum (etcd reports 1 other healthy of 3 voting members)",
+    );
+    // A scale-down to one would take the newest, d, out the same way.
+    c.spec.control_plane.replicas = 1;
+    machines[2].metadata.creation_timestamp = Some(drover_common::now());
+    let steps = plan_now(&c, &machines);
+    assert!(releases(&steps).is_empty(), "{steps:?}");
+    let st = final_status(&steps);
+    assert_eq!(st.drain, None, "{steps:?}");
+    assert_condition(&st, "RemovalAllowed", "False", "would break etcd quorum");
+    // With b's member healthy again, d goes (drained first).
+    c.status.etcd_members[1].healthy = true;
+    let steps = plan_now(&c, &machines);
+    let drain = final_status(&steps).drain;
+    assert_eq!(drain.map(|d| d.machine), Some("d".to_string()), "{steps:?}");
+}
+
+#[test]
 fn a_dead_init_machine_of_three_is_replaced_by_a_joining_control_plane() {
     let c = initialized_by(pool_cluster(3, 0), "a");
     let machines = {

@@ -305,6 +305,54 @@ fn three_control_planes_remediate_one_keeping_quorum() {
 }
 
 #[test]
+fn a_silent_control_plane_whose_member_etcd_needs_is_not_remediated() {
+    // cp3 is silent, but etcd, as cp1 reports it, says cp3's member is
+    // healthy and cp2's is down (its etcd crashed under a living agent):
+    // two of three machines look healthy, yet taking cp3 out would leave
+    // etcd one healthy voter of two.
+    let mut c = initialized_by(docker_cluster(3, 0), "cp1");
+    let mut machines = created_control_planes(&["cp1", "cp2", "cp3"]);
+    hostnames_are_names(&mut machines);
+    c.status.etcd_members = healthy_members(&["cp1", "cp2", "cp3"]);
+    c.status.etcd_members[1].healthy = false;
+    let five_minutes = time::Duration::minutes(5);
+    let steps = plan_with_silent(&c, &machines, &["cp3"], five_minutes);
+    assert!(deletes(&steps).is_empty(), "{steps:?}");
+    assert_remediation_paused(
+        &steps,
+        "would break etcd quorum (etcd reports 1 other healthy of 3 voting members)",
+    );
+    // Once etcd says cp3's member is down too, removing it costs etcd
+    // nothing: cp3 is replaced.
+    c.status.etcd_members[2].healthy = false;
+    assert_eq!(
+        deletes(&plan_with_silent(&c, &machines, &["cp3"], five_minutes)),
+        vec!["cp3".to_string()]
+    );
+    // An operator's deletion of a healthy cp3 waits the same way.
+    c.status.etcd_members[2].healthy = true;
+    machines[2].metadata.deletion_timestamp = Some(drover_common::now());
+    push_event(
+        &mut machines[2].status.events,
+        "DeletionRequested",
+        "by an operator",
+    );
+    let steps = plan_now(&c, &machines);
+    assert!(deletes(&steps).is_empty(), "{steps:?}");
+    assert_eq!(final_status(&steps).etcd_removal, None, "{steps:?}");
+    // With cp2's member healthy again, cp3's member is asked to leave
+    // first.
+    c.status.etcd_members[1].healthy = true;
+    let steps = plan_now(&c, &machines);
+    let removal = final_status(&steps).etcd_removal;
+    assert_eq!(
+        removal.map(|r| r.name),
+        Some("cp3".to_string()),
+        "{steps:?}"
+    );
+}
+
+#[test]
 fn scale_down_removes_newest_worker() {
     let c = initialized_docker(1, 1);
     let mut machines = init_i_and_workers(&["w1", "w2"]);
