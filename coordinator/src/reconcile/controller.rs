@@ -3,7 +3,9 @@
 //! controller-runtime and kube-rs' `Controller`).
 //!
 //! - **What wakes a cluster**: a store change of the cluster or of one of
-//!   its machines (the [`FleetIndex`] maps a machine to its cluster), a
+//!   its machines (the [`FleetIndex`] maps a machine to its cluster) that
+//!   its own reconcile did not make (a reconcile that wrote is not
+//!   settled and comes back after the reconcile period anyway), a
 //!   machine that becomes free while a pool cluster waits for one, a
 //!   machine whose heartbeats come back, an operator's request
 //!   ([`crate::app::App::reconcile_soon`]), and the cluster's own requeue
@@ -201,7 +203,12 @@ fn on_change(app: &Arc<App>, c: &crate::store::Change) -> bool {
         return true;
     }
     tracing::trace!(kind = c.kind.as_str(), name = %c.name, revision = c.revision, deleted = c.deleted, "store change");
+    // A reconcile's own writes do not wake its cluster: it planned them,
+    // and one that wrote anything is not settled, so it comes back after
+    // the reconcile period anyway.
+    let own = |cluster: &str| c.origin.as_deref() == Some(cluster);
     match c.kind {
+        Kind::Cluster if own(&c.name) => {}
         Kind::Cluster => ctl.queue.add(&c.name),
         Kind::Machine => {
             let record = if c.deleted {
@@ -217,7 +224,9 @@ fn on_change(app: &Arc<App>, c: &crate::store::Change) -> bool {
                 }
             };
             for cluster in ctl.index.machine_changed(&c.name, record.as_ref()) {
-                ctl.queue.add(&cluster);
+                if !own(&cluster) {
+                    ctl.queue.add(&cluster);
+                }
             }
         }
         // Machine files may name an operator's Secret.
@@ -250,7 +259,10 @@ async fn worker(app: Arc<App>, task: Arc<crate::tasks::Task>) {
             let (app, key) = (app.clone(), item.key.clone());
             let handle = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || {
-                handle.block_on(crate::store::fenced(term, reconcile(&app, &key)))
+                // Its own writes do not wake it again (`on_change`).
+                crate::store::attributed(&key, || {
+                    handle.block_on(crate::store::fenced(term, reconcile(&app, &key)))
+                })
             })
             .await
             .unwrap_or_else(|e| Err(Failure::Panicked(e.to_string())))
@@ -584,6 +596,48 @@ mod tests {
     use super::*;
     use drover_common::api::MachineRole;
     use drover_planner::fixtures::{running, t0};
+
+    #[tokio::test]
+    async fn a_reconciles_own_writes_do_not_wake_its_cluster_and_everyone_elses_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = App::for_tests(dir.path());
+        let ctl = &app.fleet.controller;
+        ctl.set_term(Some(crate::store::Fence(1)));
+        let mut changes = app.store.watch();
+        let cluster = drover_planner::fixtures::pool_cluster(1, 0);
+        let mut write = |origin: Option<&str>| {
+            let put = || {
+                let current = app.store.get(Kind::Cluster, "c").unwrap();
+                match current {
+                    None => app.store.create_json(Kind::Cluster, "c", &cluster),
+                    Some(r) => {
+                        app.store
+                            .update_json(Kind::Cluster, "c", &cluster, Some(r.revision))
+                    }
+                }
+                .unwrap()
+            };
+            match origin {
+                Some(o) => crate::store::attributed(o, put),
+                None => put(),
+            };
+            let change = changes.try_recv().expect("the write's change");
+            assert!(on_change(&app, &change));
+            (change.origin, ctl.queue.depth().ready)
+        };
+        // An operator's write (no origin) queues the cluster.
+        assert_eq!(write(None), (None, 1));
+        while ctl.queue.depth().ready > 0 {
+            let item = ctl.queue.next().await.unwrap();
+            ctl.queue.done(&item.key, None);
+        }
+        // Its own reconcile's write does not; another cluster's reconcile
+        // writing it (none does, but any other origin) does.
+        assert_eq!(write(Some("c")).1, 0);
+        assert_eq!(write(Some("other")).1, 1);
+        // The attribution ends with the closure.
+        assert_eq!(write(None), (None, 1));
+    }
 
     #[test]
     fn a_settled_cluster_comes_back_just_after_its_first_heartbeat_deadline() {

@@ -147,6 +147,36 @@ pub struct Change {
     pub name: String,
     pub revision: u64,
     pub deleted: bool,
+    /// Who wrote it, when the write was made under [`attributed`] on this
+    /// process's thread (the cluster a reconcile was for); `None` for
+    /// every other write, and for every change read back from etcd.
+    pub origin: Option<std::sync::Arc<str>>,
+}
+
+std::thread_local! {
+    static ORIGIN: std::cell::RefCell<Option<std::sync::Arc<str>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with every store write it makes on this thread attributed to
+/// `origin` ([`Change::origin`]). Writes that `f` hands to other threads
+/// (`store::blocking`, spawned tasks) are not attributed: a watcher then
+/// sees them as anyone's, which is always safe.
+pub fn attributed<T>(origin: &str, f: impl FnOnce() -> T) -> T {
+    struct Reset(Option<std::sync::Arc<str>>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ORIGIN.with(|o| *o.borrow_mut() = self.0.take());
+        }
+    }
+    let before = ORIGIN.with(|o| o.borrow_mut().replace(origin.into()));
+    let _reset = Reset(before);
+    f()
+}
+
+/// The origin [`attributed`] set on this thread, if any.
+pub(crate) fn current_origin() -> Option<std::sync::Arc<str>> {
+    ORIGIN.with(|o| o.borrow().clone())
 }
 
 /// Which objects of a kind a list reads: those named after `after` (`""`:

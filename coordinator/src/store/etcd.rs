@@ -1256,6 +1256,7 @@ async fn watch(
                                     name,
                                     revision: kv.mod_revision() as u64,
                                     deleted: matches!(ev.event_type(), EventType::Delete),
+                                    origin: None,
                                 });
                             }
                         }

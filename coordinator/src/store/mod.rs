@@ -30,7 +30,7 @@ mod sqlite;
 pub(crate) mod test_etcd;
 
 use backend::Backend;
-pub use backend::{Change, Fence, Kind, Op, Record, Span, StoreError};
+pub use backend::{attributed, Change, Fence, Kind, Op, Record, Span, StoreError};
 pub use etcd::{Election, EtcdOptions, EtcdTls, EtcdTlsError, TlsFile};
 
 /// Where `drover serve` keeps its objects (`--store`).

@@ -197,6 +197,7 @@ impl Backend for Sqlite {
             .execute(params![revision])?;
         tx.commit()?;
         drop(conn);
+        let origin = super::backend::current_origin();
         for (kind, name, deleted) in changes {
             // Nobody listening is fine: watchers re-list on start.
             let _ = self.changes.send(Change {
@@ -204,6 +205,7 @@ impl Backend for Sqlite {
                 name,
                 revision: revision as u64,
                 deleted,
+                origin: origin.clone(),
             });
         }
         Ok(revision as u64)
