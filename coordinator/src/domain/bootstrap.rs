@@ -291,6 +291,11 @@ pub fn bundle_for(
         )));
     }
     check_kubeadm_version(machine, &cluster)?;
+    // A joining machine that asks before `kubeadm init` ran is turned away
+    // before anything is read or decrypted for it.
+    if a.role != MachineRole::Init {
+        wait_for_init(app, &cluster)?;
+    }
     let not_ready = |why: String| BootstrapError::not_ready(app, why);
     let pki = crate::domain::secrets::load_pki(app.store(), &cluster)?.ok_or_else(|| {
         not_ready(format!(
@@ -348,7 +353,6 @@ pub fn bundle_for(
             kubeadm::render_init(&cparams, &node, &token, ttl)
         }
         MachineRole::ControlPlane | MachineRole::Worker => {
-            wait_for_init(app, &cluster)?;
             let token = join_token_for(app, &cluster.metadata.name, &a.cluster_uid)?;
             let pin = CaPin::from_cert_pem(&pki.ca.cert_pem)
                 .map_err(|e| BootstrapError::Internal(e.to_string()))?;
