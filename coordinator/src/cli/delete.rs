@@ -42,13 +42,11 @@ pub(super) async fn delete(d: DeleteArgs) -> anyhow::Result<()> {
                     d.timeout,
                     || async { Ok(client.get::<Cluster>(&path).await) },
                     |got| {
-                        Ok(match got {
-                            Err(e) if e.to_string().contains("does not exist") => Look::Done(()),
-                            Err(e) => return Err(e),
-                            Ok(c) => Look::Waiting(format!(
+                        gone(got, |c: Cluster| {
+                            Look::Waiting(format!(
                                 "waiting for {} machine(s) to be released",
                                 c.status.pools.iter().map(|p| p.assigned).sum::<u32>()
-                            )),
+                            ))
                         })
                     },
                     |last| {
@@ -106,11 +104,9 @@ async fn delete_machine(client: &Client, d: &DeleteArgs) -> anyhow::Result<()> {
         d.timeout,
         || async { Ok(client.get::<Machine>(&path).await) },
         |got| {
-            Ok(match got {
-                Err(e) if e.to_string().contains("does not exist") => Look::Done(()),
-                Err(e) => return Err(e),
-                Ok(m) if m.status.phase == MachinePhase::Deleted => Look::Done(()),
-                Ok(m) => Look::Waiting(format!("{}", m.status.phase)),
+            gone(got, |m: Machine| match m.status.phase {
+                MachinePhase::Deleted => Look::Done(()),
+                phase => Look::Waiting(phase.to_string()),
             })
         },
         |last| {
@@ -126,4 +122,35 @@ async fn delete_machine(client: &Client, d: &DeleteArgs) -> anyhow::Result<()> {
     .await?;
     println!("machine/{} deleted", d.name);
     Ok(())
+}
+
+/// One look of a `--wait` until an object is gone: done once the
+/// coordinator says it does not exist, else what `present` makes of it.
+fn gone<T>(
+    got: anyhow::Result<T>,
+    present: impl FnOnce(T) -> Look<()>,
+) -> anyhow::Result<Look<()>> {
+    match got {
+        Err(e) if e.to_string().contains("does not exist") => Ok(Look::Done(())),
+        Err(e) => Err(e),
+        Ok(object) => Ok(present(object)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_for_deletion_ends_when_the_object_does_not_exist_and_only_then() {
+        let missing: anyhow::Result<u32> = Err(anyhow::anyhow!("machine m1 does not exist"));
+        assert!(matches!(
+            gone(missing, |_| unreachable!()),
+            Ok(Look::Done(()))
+        ));
+        let refused: anyhow::Result<u32> = Err(anyhow::anyhow!("403: this token may only read"));
+        assert!(gone(refused, |_| unreachable!()).is_err());
+        let present = gone(Ok(3u32), |n| Look::Waiting(format!("{n} left")));
+        assert!(matches!(present, Ok(Look::Waiting(line)) if line == "3 left"));
+    }
 }
