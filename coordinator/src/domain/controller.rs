@@ -4,7 +4,7 @@
 //! workers; the HTTP edge queues clusters through `App::reconcile_cluster`
 //! and `App::reconcile_machine`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -53,8 +53,10 @@ struct State {
     /// The last error of each cluster whose last reconcile failed.
     errors: BTreeMap<String, String>,
     /// Clusters known to have their PKI (it is never removed while the
-    /// cluster lives): spares decrypting it on every reconcile.
-    has_pki: HashSet<String>,
+    /// cluster lives), by name, with the UID of the cluster of that name
+    /// that has it: a new cluster of a deleted one's name does not inherit
+    /// it. Spares decrypting it on every reconcile.
+    has_pki: HashMap<String, String>,
     /// Clusters whose last reconcile found nothing to do and nothing that
     /// moves with time but their machines' heartbeats.
     settled: HashMap<String, Settled>,
@@ -86,13 +88,13 @@ impl Controller {
         self.lock().term = term;
     }
 
-    /// Whether cluster `name` is known to have its PKI.
-    pub fn has_pki(&self, name: &str) -> bool {
-        self.lock().has_pki.contains(name)
+    /// Whether cluster `name` with UID `uid` is known to have its PKI.
+    pub fn has_pki(&self, name: &str, uid: &str) -> bool {
+        self.lock().has_pki.get(name).is_some_and(|u| u == uid)
     }
 
-    pub fn pki_created(&self, name: &str) {
-        self.lock().has_pki.insert(name.to_owned());
+    pub fn pki_created(&self, name: &str, uid: &str) {
+        self.lock().has_pki.insert(name.to_owned(), uid.to_owned());
     }
 
     /// Records that cluster `name` was settled at its last full
@@ -171,5 +173,16 @@ mod tests {
         assert_eq!(c.errors(), ["cluster a: boom again"]);
         assert_eq!(c.finished("a", None), 0);
         assert!(c.errors().is_empty());
+    }
+
+    #[test]
+    fn a_new_cluster_of_a_deleted_ones_name_does_not_inherit_its_pki() {
+        let c = Controller::default();
+        c.pki_created("prod", "uid-1");
+        assert!(c.has_pki("prod", "uid-1"));
+        // Deleted and applied again before a reconcile saw it gone.
+        assert!(!c.has_pki("prod", "uid-2"));
+        c.cluster_gone("prod");
+        assert!(!c.has_pki("prod", "uid-1"));
     }
 }

@@ -319,10 +319,10 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
             machines.push(m);
         }
     }
-    let has_pki = ctl.has_pki(name) || {
+    let has_pki = ctl.has_pki(name, &uid) || {
         let has = crate::domain::secrets::load_pki(&app.store, &cluster)?.is_some();
         if has {
-            ctl.pki_created(name);
+            ctl.pki_created(name, &uid);
         }
         has
     };
