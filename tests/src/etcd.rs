@@ -78,6 +78,30 @@ impl EtcdCluster {
 
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The members' own account, before their directory goes: a
+            // member that died under a test says why only here.
+            for i in 0..self.endpoints.len() {
+                let dir = self.dir.path();
+                let alive = std::fs::read_to_string(dir.join(format!("member-{i}.pid")))
+                    .ok()
+                    .and_then(|p| p.trim().parse::<i32>().ok())
+                    .is_some_and(|pid| {
+                        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+                    });
+                let log = std::fs::read_to_string(dir.join(format!("member-{i}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                eprintln!(
+                    "--- etcd member {i} ({}, {}), the last lines of its log ---",
+                    self.endpoints[i],
+                    if alive { "running" } else { "not running" }
+                );
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
         let _ = Command::new(script())
             .args(["stop", self.dir.path().to_str().unwrap()])
             .output();
