@@ -810,16 +810,42 @@ impl Judgement<'_> {
         members: &[&Machine],
         m: &Machine,
         etcd: &[drover_common::api::EtcdMember],
-    ) -> Result<(), String> {
+    ) -> Result<(), QuorumAtStake> {
         use crate::health::quorum_allows_removal;
-        let healthy_others = self.healthy_others(members, m);
-        if !quorum_allows_removal(members.len() as u32, healthy_others) {
-            return Err(format!(
-                "{healthy_others} healthy of {} members",
-                members.len()
-            ));
+        let healthy = self.healthy_others(members, m);
+        if !quorum_allows_removal(members.len() as u32, healthy) {
+            return Err(QuorumAtStake::Machines {
+                healthy,
+                members: members.len(),
+            });
         }
         etcd_quorum_without(etcd, m)
+    }
+}
+
+/// Why a control plane may not be taken out: the count that would fall
+/// below etcd quorum without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuorumAtStake {
+    /// The control-plane machines that run and heartbeat healthy, besides
+    /// the one to go, of all of them.
+    Machines { healthy: u32, members: usize },
+    /// etcd's voting members reported healthy, besides the one to go, of
+    /// all voting members.
+    Etcd { healthy: usize, voters: usize },
+}
+
+impl std::fmt::Display for QuorumAtStake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuorumAtStake::Machines { healthy, members } => {
+                write!(f, "{healthy} healthy of {members} members")
+            }
+            QuorumAtStake::Etcd { healthy, voters } => write!(
+                f,
+                "etcd reports {healthy} other healthy of {voters} voting members"
+            ),
+        }
     }
 }
 
@@ -830,18 +856,17 @@ impl Judgement<'_> {
 pub(crate) fn etcd_quorum_without(
     etcd: &[drover_common::api::EtcdMember],
     m: &Machine,
-) -> Result<(), String> {
+) -> Result<(), QuorumAtStake> {
     match member_of(etcd, m) {
         Some(victim) if !crate::health::member_removal_keeps_quorum(etcd, victim) => {
             let voters = etcd.iter().filter(|e| e.voting());
-            let healthy = voters
-                .clone()
-                .filter(|e| e.healthy && e.id != victim.id)
-                .count();
-            Err(format!(
-                "etcd reports {healthy} other healthy of {} voting members",
-                voters.count()
-            ))
+            Err(QuorumAtStake::Etcd {
+                healthy: voters
+                    .clone()
+                    .filter(|e| e.healthy && e.id != victim.id)
+                    .count(),
+                voters: voters.count(),
+            })
         }
         _ => Ok(()),
     }
