@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use drover_common::api::Problem;
 use drover_common::wire::{
-    ConfigNotReady, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
-    RenewRequest, RenewResponse, SnapshotGrant, SnapshotSaved, SnapshotUpload,
-    SEALED_SHA256_HEADER, SNAPSHOT_PATH,
+    ConfigNotReady, HeartbeatRequest, HeartbeatResponse, InventoryReport, RegisterRequest,
+    RegisterResponse, RenewRequest, RenewResponse, SnapshotGrant, SnapshotSaved, SnapshotUpload,
+    INVENTORY_PATH, SEALED_SHA256_HEADER, SNAPSHOT_PATH,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -426,6 +426,17 @@ impl CoordinatorClient {
     pub async fn snapshot_saved(&self, name: &str, saved: &SnapshotSaved) -> Result<(), ApiError> {
         let path = format!("{SNAPSHOT_PATH}/{name}");
         let answer = self.call(Method::POST, &path, Some(saved)).await?;
+        match answer.status {
+            StatusCode::OK | StatusCode::CREATED | StatusCode::NO_CONTENT => Ok(()),
+            _ => Err(answer.refused()),
+        }
+    }
+
+    /// Reports the inventory a drill cluster asked of this machine.
+    pub async fn inventory(&self, report: &InventoryReport) -> Result<(), ApiError> {
+        let answer = self
+            .call(Method::POST, INVENTORY_PATH, Some(report))
+            .await?;
         match answer.status {
             StatusCode::OK | StatusCode::CREATED | StatusCode::NO_CONTENT => Ok(()),
             _ => Err(answer.refused()),

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use base64::Engine as _;
 use drover_common::api::EtcdMember;
 use drover_common::wire::EtcdReport;
 use serde::Deserialize;
@@ -139,6 +140,13 @@ impl Etcd {
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
         Ok(out)
+    }
+
+    /// The keys under `/registry/` (what the API server stores) counted by
+    /// resource, through `endpoint` ([`count_keys`]).
+    pub async fn count_objects(&mut self, endpoint: &str) -> Result<ObjectCount, EtcdError> {
+        let client = self.client()?;
+        count_keys(&client, endpoint).await
     }
 
     /// The report a heartbeat carries.
@@ -295,6 +303,101 @@ async fn query<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// The keys under `/registry/` (what the API server stores) counted by
+/// resource, through `endpoint`, at one revision: keys only, in pages
+/// of [`KEYS_PAGE`]. The counts, their total and the revision.
+pub async fn count_keys(
+    client: &reqwest::Client,
+    endpoint: &str,
+) -> Result<ObjectCount, EtcdError> {
+    #[derive(Deserialize)]
+    struct Header {
+        #[serde(default)]
+        revision: String,
+    }
+    #[derive(Deserialize)]
+    struct Kv {
+        key: String,
+    }
+    #[derive(Deserialize)]
+    struct Range {
+        header: Header,
+        #[serde(default)]
+        kvs: Vec<Kv>,
+        #[serde(default)]
+        more: bool,
+    }
+    const PREFIX: &str = "/registry/";
+    let call = "range /registry/ (keys only)";
+    let bad = |detail: String| EtcdError::Call {
+        call,
+        endpoint: endpoint.to_owned(),
+        detail,
+    };
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut count = ObjectCount::default();
+    let mut from = PREFIX.as_bytes().to_vec();
+    loop {
+        let mut body = serde_json::json!({
+            "key": b64(&from),
+            "range_end": b64(b"/registry0"),
+            "keys_only": true,
+            "limit": KEYS_PAGE,
+        });
+        if count.revision > 0 {
+            body["revision"] = count.revision.to_string().into();
+        }
+        let text = post(client, endpoint, call, "/v3/kv/range", body).await?;
+        let page: Range = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if count.revision == 0 {
+            count.revision = page.header.revision.parse().unwrap_or_default();
+        }
+        let mut last = None;
+        for kv in &page.kvs {
+            let key = base64::engine::general_purpose::STANDARD
+                .decode(&kv.key)
+                .map_err(|e| bad(format!("a key is not base64: {e}")))?;
+            let text = String::from_utf8_lossy(&key);
+            let rest = text.strip_prefix(PREFIX).unwrap_or(&text);
+            *count.objects.entry(resource_of(rest)).or_default() += 1;
+            count.total += 1;
+            last = Some(key);
+        }
+        match last {
+            Some(mut key) if page.more => {
+                key.push(0);
+                from = key;
+            }
+            _ => return Ok(count),
+        }
+    }
+}
+
+/// How many keys one page of [`count_keys`] reads.
+pub const KEYS_PAGE: u64 = 5000;
+
+/// What etcd holds under `/registry/`, by resource.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObjectCount {
+    pub objects: std::collections::BTreeMap<String, u64>,
+    pub total: u64,
+    pub revision: i64,
+}
+
+/// The resource of a key under `/registry/` (`rest` is what follows it):
+/// its first part (`pods/ns/name` is `pods`), or its first two when the
+/// first is an API group, as the API server stores custom and aggregated
+/// resources (`apiextensions.k8s.io/customresourcedefinitions/name`;
+/// k8s.io/apiserver's storage/names.go and the `etcd3` key layout).
+fn resource_of(rest: &str) -> String {
+    let mut parts = rest.split('/');
+    let first = parts.next().unwrap_or_default();
+    match parts.next() {
+        Some(second) if first.contains('.') => format!("{first}/{second}"),
+        _ => first.to_owned(),
+    }
+}
+
 /// One call of etcd's JSON gateway; the answer's body when it succeeded.
 async fn post(
     client: &reqwest::Client,
@@ -449,5 +552,47 @@ mod tests {
             own.hand_over_own_leadership(&a, "cp-a").await.unwrap(),
             None
         );
+    }
+
+    /// A real etcd holding more keys than a page, under `/registry/` and
+    /// beside it: every key under it is counted once, by resource (a
+    /// group's resource by group and resource), at one revision; what is
+    /// put after the first page is not counted.
+    #[tokio::test]
+    async fn a_real_etcds_objects_are_counted_by_resource_page_by_page() {
+        use base64::engine::general_purpose::STANDARD;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let Some(etcd) = crate::test_etcd::TestEtcd::start() else {
+            return;
+        };
+        let client = reqwest::Client::builder().build().unwrap();
+        let put = |key: String| {
+            let client = client.clone();
+            let url = format!("{}/v3/kv/put", etcd.url);
+            async move {
+                let body =
+                    serde_json::json!({"key": STANDARD.encode(key), "value": STANDARD.encode("v")});
+                let r = client.post(url).json(&body).send().await.unwrap();
+                assert!(r.status().is_success());
+            }
+        };
+        let n = KEYS_PAGE as usize + 7;
+        for i in 0..n {
+            put(format!("/registry/configmaps/ns{}/cm-{i}", i % 3)).await;
+        }
+        put("/registry/namespaces/ns0".into()).await;
+        put("/registry/apiextensions.k8s.io/customresourcedefinitions/a.example.com".into()).await;
+        put("/registry0-not-it".into()).await;
+        put("/other/key".into()).await;
+        let count = count_keys(&client, &etcd.url).await.unwrap();
+        assert_eq!(count.total, n as u64 + 2, "{count:?}");
+        assert_eq!(count.objects["configmaps"], n as u64);
+        assert_eq!(count.objects["namespaces"], 1);
+        assert_eq!(
+            count.objects["apiextensions.k8s.io/customresourcedefinitions"],
+            1
+        );
+        assert_eq!(count.objects.len(), 3, "{count:?}");
+        assert!(count.revision > n as i64, "{count:?}");
     }
 }

@@ -94,6 +94,27 @@ impl Kube {
             })
     }
 
+    /// The names of every namespace, through the API server at `api`.
+    pub async fn namespaces(&mut self, api: &str) -> Result<Vec<String>, KubeError> {
+        let call = "list namespaces";
+        let (status, body) = self
+            .call(api, call, reqwest::Method::GET, "/api/v1/namespaces")
+            .await?;
+        if !status.is_success() {
+            return Err(failed(call, api, format!("{status}: {body}")));
+        }
+        let list: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| failed(call, api, e.to_string()))?;
+        let mut names: Vec<String> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| Some(n["metadata"]["name"].as_str()?.to_owned()))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
     /// Every Node with its `Ready` condition, through the API server at
     /// `api` (`https://host:port`).
     pub async fn nodes(&mut self, api: &str) -> Result<Vec<ClusterNode>, KubeError> {

@@ -32,6 +32,7 @@ mod fake_https;
 mod files;
 mod health;
 mod imds;
+mod inventory;
 mod kube;
 mod load_balancer;
 mod netfilter;

@@ -155,7 +155,11 @@ pub fn check(app: &App, cluster: &Cluster, req: &RestoreRequest) -> Result<Snaps
 }
 
 /// The snapshot `wanted` of `cluster`, or its newest.
-fn find(app: &App, cluster: &Cluster, wanted: Option<&str>) -> Result<Snapshot, RestoreError> {
+pub(crate) fn find(
+    app: &App,
+    cluster: &Cluster,
+    wanted: Option<&str>,
+) -> Result<Snapshot, RestoreError> {
     let name = &cluster.metadata.name;
     match wanted {
         Some(s) => {
@@ -184,7 +188,7 @@ fn find(app: &App, cluster: &Cluster, wanted: Option<&str>) -> Result<Snapshot, 
 
 /// Why a sealed snapshot file does not restore.
 #[derive(Debug, thiserror::Error)]
-enum FileProblem {
+pub(crate) enum FileProblem {
     #[error("its sealed file {path} is missing or unreadable ({source})")]
     Missing {
         path: String,
@@ -204,7 +208,11 @@ enum FileProblem {
 
 /// Reads the whole sealed file of `snapshot`: it must open with the
 /// cluster's key into what the record says, ending with etcd's hash.
-fn verify_file(app: &App, cluster: &Cluster, snapshot: &Snapshot) -> Result<(), FileProblem> {
+pub(crate) fn verify_file(
+    app: &App,
+    cluster: &Cluster,
+    snapshot: &Snapshot,
+) -> Result<(), FileProblem> {
     let uid = &snapshot.spec.cluster_uid;
     // What is checked is what the init machine is then sent.
     let path = snapshots::local_copy(app, snapshot, true)?;
@@ -294,6 +302,7 @@ fn begin(
         forced,
         replaced: replaced.to_vec(),
         machine: None,
+        source: None,
     });
     s.initialized = false;
     s.init_machine = None;
@@ -338,25 +347,29 @@ pub fn file_for(
         .status
         .restore
         .as_ref()
-        .is_some_and(|r| r.snapshot == name)
-        && a.role == drover_common::api::MachineRole::Init
-        && cluster.status.init_machine.as_deref() == Some(machine.metadata.name.as_str());
-    if !restoring {
+        .filter(|r| r.snapshot == name)
+        .filter(|_| {
+            a.role == drover_common::api::MachineRole::Init
+                && cluster.status.init_machine.as_deref() == Some(machine.metadata.name.as_str())
+        });
+    let Some(restore) = restoring else {
         return Err(refused(
             "only the init machine of a cluster being restored from it reads a snapshot",
         ));
-    }
+    };
+    // A drill cluster restores a snapshot of the cluster it drills.
+    let owner = restore.snapshot_uid(&a.cluster_uid);
     let snapshot = app
         .store
         .get_json::<Snapshot>(crate::store::Kind::Snapshot, name)?
         .map(|(s, _)| s)
-        .filter(|s| s.spec.cluster_uid == a.cluster_uid)
+        .filter(|s| s.spec.cluster_uid == owner)
         .ok_or_else(|| refused("it is not one of its cluster's snapshots"))?;
     Ok(snapshots::local_copy(app, &snapshot, false)?)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use drover_common::api::{
         MachineRole, ObjectMeta, SnapshotSpec, SnapshotStatus, SnapshotTrigger,
@@ -367,12 +380,12 @@ mod tests {
 
     use crate::store::Kind;
 
-    const SNAP: &str = "c-20261128-010000";
+    pub(crate) const SNAP: &str = "c-20261128-010000";
 
     /// Docker cluster `c` (uid `cu`), initialized, stored, with snapshot
     /// `SNAP` of it saved at `version`: its record and sealed file. The
     /// cluster as stored.
-    fn with_snapshot(app: &App, version: &str) -> Cluster {
+    pub(crate) fn with_snapshot(app: &App, version: &str) -> Cluster {
         let mut c = docker_cluster(1, 1);
         c.status.load_balancer = Some(docker_load_balancer(&[]));
         c.status.initialized = true;
@@ -453,7 +466,7 @@ mod tests {
         other.metadata.uid = Some("another".into());
         let named = RestoreRequest {
             snapshot: Some(SNAP.into()),
-            force: false,
+            ..Default::default()
         };
         let why = unusable(check(&app, &other, &named).unwrap_err());
         assert!(why.contains("another cluster of the same name"), "{why}");
@@ -485,6 +498,7 @@ mod tests {
         let forced = RestoreRequest {
             snapshot: Some(SNAP.into()),
             force: true,
+            into: None,
         };
         check(&app, &c, &forced).unwrap();
         // A file cut short is found before anything is torn down.
@@ -512,6 +526,7 @@ mod tests {
         let another = RestoreRequest {
             snapshot: Some("c-20261128-020000".into()),
             force: true,
+            into: None,
         };
         let why = refused(request(&app, "c", &another, "admin").unwrap_err());
         assert!(why.contains("cannot be withdrawn or replaced"), "{why}");

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cluster_restore;
 pub mod config_file;
 pub mod domain;
+pub mod drills;
 pub mod heartbeat_udp;
 pub mod http;
 pub mod leader;

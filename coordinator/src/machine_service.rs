@@ -72,6 +72,8 @@ pub enum MachineCallError {
     Encode(#[from] serde_json::Error),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshots::SnapshotCallError),
+    #[error(transparent)]
+    Inventory(#[from] crate::drills::InventoryError),
 }
 
 type Result<T, E = MachineCallError> = std::result::Result<T, E>;
@@ -512,6 +514,9 @@ fn log_reported(cluster: &str, via: &str, r: &Reported) {
         Reported::SnapshotFailed { snapshot, message } => {
             tracing::warn!(cluster, %snapshot, via, error = %message, "etcd snapshot failed; the cluster's SnapshotsCurrent condition says so")
         }
+        Reported::InventoryFailed { message } => {
+            tracing::warn!(cluster, via, error = %message, "a drill cluster's inventory failed; the drill fails")
+        }
     }
 }
 
@@ -716,6 +721,17 @@ pub fn snapshot_saved(
 ) -> Result<drover_common::api::Snapshot> {
     let machine = authenticate(app, presented)?;
     Ok(crate::snapshots::record(app, &machine, name, saved)?)
+}
+
+/// Records the inventory a drill cluster asked of the machine presenting
+/// `presented`; the drill cluster's name.
+pub fn inventory(
+    app: &App,
+    presented: Option<&Result<CertInfo, PkiError>>,
+    report: &drover_common::wire::InventoryReport,
+) -> Result<String> {
+    let machine = authenticate(app, presented)?;
+    Ok(crate::drills::record_inventory(app, &machine, report)?)
 }
 
 // ---------------------------------------------------------------- config

@@ -489,11 +489,13 @@ pub fn prune(app: &App, cluster: &Cluster) -> Result<Vec<String>> {
         .iter()
         .map(|s| (s.metadata.name.clone(), s.status.saved_at))
         .collect();
-    // The snapshot a restore under way reads stays, whatever retention says.
+    // The snapshot a restore or a drill under way reads stays, whatever
+    // retention says.
     let restoring = cluster.status.restore.as_ref().map(|r| r.snapshot.as_str());
+    let drilling = cluster.status.drill.as_ref().map(|d| d.snapshot.as_str());
     let gone: Vec<String> = to_prune(&saved, &keep)
         .into_iter()
-        .filter(|n| Some(n.as_str()) != restoring)
+        .filter(|n| Some(n.as_str()) != restoring && Some(n.as_str()) != drilling)
         .collect();
     let mut pruned = Vec::with_capacity(gone.len());
     for name in &gone {
@@ -574,8 +576,7 @@ mod tests {
                 last: keep_last,
                 daily: 0,
             },
-            before_changes: None,
-            destination: None,
+            ..Default::default()
         });
         c.status.initialized = true;
         c.status.snapshot = Some(SnapshotSave {

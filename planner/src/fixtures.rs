@@ -538,6 +538,7 @@ pub fn restoring(mut c: Cluster, old: &[&str]) -> Cluster {
         forced: false,
         replaced: old.iter().map(|o| o.to_string()).collect(),
         machine: None,
+        source: None,
     });
     c.status.initialized = false;
     c.status.init_machine = None;

@@ -18,7 +18,8 @@
 //!   provider cluster to a new version or image, `in_place.rs` upgrades a
 //!   pool cluster's machines where they stand, `addons.rs` applies the
 //!   spec's addons, `backup.rs` asks for etcd snapshots, `restore.rs`
-//!   restores etcd from one onto a new init machine, and `drain.rs`
+//!   restores etcd from one onto a new init machine, `drill.rs` restores
+//!   one into a new cluster to prove it (restore drills), and `drain.rs`
 //!   holds back the removal of a machine
 //!   leaving on purpose until its Node is drained.
 //! - `fixtures.rs` (tests, and the `fixtures` feature for the coordinator's
@@ -29,6 +30,8 @@ pub use addons::pending_addon;
 mod backup;
 pub use backup::{snapshot_due_at, SNAPSHOT_FAILED_RETRY, SNAPSHOT_TIMEOUT};
 mod drain;
+mod drill;
+pub use drill::{drill_due_at, drill_name};
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod health;
@@ -71,5 +74,7 @@ pub fn plan(cluster: &Cluster, machines: &[Machine], observed: &Observed<'_>) ->
     } else {
         plan_pool(cluster, &mine, machines, observed)
     };
-    drain::gate_drains(cluster, &mine, observed, steps)
+    let mut steps = drain::gate_drains(cluster, &mine, observed, steps);
+    steps.extend(drill::drill_steps(cluster, &mine, observed.now));
+    steps
 }

@@ -730,6 +730,13 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             self.snapshot_before.as_ref(),
             self.observed.now,
         );
+        super::drill::apply_drill(
+            &mut self.status,
+            self.cluster,
+            &via,
+            self.initialized,
+            self.observed.now,
+        );
         if let Some(r) = &self.cluster.status.restore {
             let init = self
                 .live

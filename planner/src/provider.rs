@@ -829,6 +829,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             now,
         );
         super::pool::set_removal_condition(&mut status, &[], self.removal_waits.as_deref());
+        super::drill::apply_drill(&mut status, cluster, via, self.initialized, now);
         if let Some(r) = &cluster.status.restore {
             let init = self
                 .live

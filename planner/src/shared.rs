@@ -92,6 +92,15 @@ pub enum Step {
     SetStatus(Box<ClusterStatus>),
     /// Every machine is gone: remove the cluster, its network and its secrets.
     Finalize,
+    /// Start a restore drill of the cluster into new cluster `into`: its
+    /// `spec.backup.drill` schedule is due.
+    StartDrill { into: String },
+    /// This drill cluster's drill ended: record `done` on the cluster
+    /// drilled (if it is still the one of `status.drillOf`) and delete this
+    /// one.
+    FinishDrill {
+        done: Box<drover_common::api::DrillDone>,
+    },
 }
 
 impl Step {

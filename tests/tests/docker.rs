@@ -1182,7 +1182,75 @@ fn every_control_plane_lost_is_restored_from_a_snapshot_and_the_workers_stay() {
         "a refused restore tears nothing down"
     );
     assert!(c.cluster(&name).unwrap()["status"]["restore"].is_null());
+    // Nor is a drill of it started.
+    let drill = format!("{name}-d");
+    let _drill_cleanup = DockerCleanup(drill.clone());
+    let err = c.cli_refused(&[
+        "restore",
+        "cluster",
+        &name,
+        "--snapshot",
+        &snapshot,
+        "--into",
+        &drill,
+    ]);
+    assert!(err.contains("cannot be restored"), "{err}");
+    assert!(
+        c.cluster(&drill).is_none(),
+        "a refused drill made a cluster"
+    );
     bucket.put(&key_of(&snapshot), good);
+
+    // A restore drill: the snapshot restored into a new cluster, whose API
+    // answers with what the snapshot holds and nothing after it; the drill
+    // cluster is then deleted, and the cluster drilled is untouched.
+    let out = c.cli(&[
+        "restore",
+        "cluster",
+        &name,
+        "--snapshot",
+        &snapshot,
+        "--into",
+        &drill,
+        "--wait",
+        "--timeout",
+        "300s",
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("restore drill passed"), "{said}");
+    let namespaces = said
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("namespaces: "))
+        .unwrap_or_else(|| panic!("no namespaces in {said}"));
+    let namespaces: Vec<&str> = namespaces.split(", ").collect();
+    assert!(namespaces.contains(&"before-snapshot"), "{said}");
+    assert!(!namespaces.contains(&"after-snapshot"), "{said}");
+    let drilled = c.cluster(&name).unwrap();
+    let last = &drilled["status"]["lastDrill"];
+    assert_eq!(last["ok"], true, "{last:#}");
+    assert_eq!(last["snapshot"], snapshot.as_str());
+    assert!(
+        last["inventory"]["objects"]["configmaps"].as_u64() >= Some(1),
+        "{last:#}"
+    );
+    assert!(drilled["status"]["drill"].is_null());
+    assert_eq!(
+        live_names(&c, &name),
+        before,
+        "the drill touched the cluster"
+    );
+    wait_for("the drill cluster deleted", BOOT, || {
+        match c.cluster(&drill) {
+            None if containers(&drill).is_empty() => Ok(()),
+            None => Err(format!("containers left: {:?}", containers(&drill))),
+            Some(d) => Err(format!("phase {}", d["status"]["phase"])),
+        }
+    });
 
     // Every control plane is lost.
     let control_planes: Vec<String> = live_machines(&c, &name)

@@ -29,6 +29,7 @@ const OPERATIONS: &[&str] = &[
     "DELETE /v1/registrationtokens/{name}",
     "POST /v1/machine/register",
     "POST /v1/machine/heartbeat",
+    "POST /v1/machine/inventory",
     "GET /v1/machine/config",
     "POST /v1/machine/certificate",
     "GET /v1/machine/snapshots/{name}",

@@ -204,6 +204,27 @@ impl Agent {
                         (command, Box::pin(call))
                     });
                 }
+                DirectiveAction::TakeInventory { snapshot } => {
+                    tracing::info!(%snapshot, "taking this drill cluster's inventory at the coordinator's request");
+                    let api = self.coordinator.api.clone();
+                    let mut kube = crate::kube::Kube::new(&self.settings.root);
+                    let mut etcd = crate::etcd::Etcd::new(&self.settings.root);
+                    let id = directive.id.clone();
+                    self.start_cluster_call(directive.id, "take an inventory", |ip, port| {
+                        let server = crate::kube::local_api(ip, port);
+                        let endpoint = crate::etcd::local_endpoint(ip);
+                        let command = format!(
+                            "inventory of the restore of {snapshot} via {server} and {endpoint}"
+                        );
+                        let call = async move {
+                            Ok(crate::inventory::take_and_report(
+                                &api, &mut kube, &mut etcd, &server, &endpoint, id,
+                            )
+                            .await?)
+                        };
+                        (command, Box::pin(call))
+                    });
+                }
                 DirectiveAction::SetKubernetesVersion { version } => {
                     if let Err(e) = drover_common::api::KubernetesVersion::parse(&version) {
                         self.finish_directive(
@@ -558,6 +579,8 @@ pub(super) enum ClusterCallError {
     StaticPods(#[from] crate::certificates::StaticPodError),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SaveError),
+    #[error(transparent)]
+    Inventory(#[from] crate::inventory::InventoryError),
 }
 
 #[cfg(test)]

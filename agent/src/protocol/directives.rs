@@ -43,6 +43,9 @@ pub fn describe(action: &DirectiveAction) -> String {
         DirectiveAction::SaveEtcdSnapshot { snapshot } => {
             format!("save etcd snapshot {snapshot}")
         }
+        DirectiveAction::TakeInventory { snapshot } => {
+            format!("take the inventory of the restore of {snapshot}")
+        }
     }
 }
 

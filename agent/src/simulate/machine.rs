@@ -551,6 +551,10 @@ impl Sim {
                 DirectiveAction::SaveEtcdSnapshot { snapshot } => {
                     cannot("etcd", format!("snapshot {snapshot} was not saved"))
                 }
+                DirectiveAction::TakeInventory { snapshot } => cannot(
+                    "API server",
+                    format!("no inventory of the restore of {snapshot} was taken"),
+                ),
                 DirectiveAction::CreateBootstrapToken { token, .. } => {
                     if may_create_token(self.phase == AgentPhase::Running, self.role()) {
                         (

@@ -34,7 +34,24 @@ pub struct BackupSpec {
     /// Where the sealed snapshots go. Unset: the coordinator keeps them
     /// (under `DATA_DIR/snapshots/`).
     pub destination: Option<BackupDestination>,
+    /// Restore drills on a schedule: the newest snapshot restored into a
+    /// new cluster `<name>-drill`, inventoried, then deleted
+    /// (`status.lastDrill`). Unset: only on demand (`drover restore
+    /// cluster NAME --into NEW`).
+    pub drill: Option<DrillSchedule>,
 }
+
+/// `spec.backup.drill`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DrillSchedule {
+    /// How often (`24h`, `168h`; at least `10m`), counted from the last
+    /// drill's start, or from the cluster's creation.
+    pub every: String,
+}
+
+/// The shortest `spec.backup.drill.every`: a drill makes a whole cluster.
+pub const MIN_DRILL_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// `spec.backup.destination`: somewhere other than the coordinator.
 #[skip_serializing_none]
@@ -193,7 +210,13 @@ impl BackupSpec {
         spec.is_some_and(|b| b.before_changes != Some(false))
     }
 
-    /// The schedule (validated at apply), if any.
+    /// The drill schedule (validated at apply), if any.
+    pub fn drill_every(spec: Option<&BackupSpec>) -> Option<std::time::Duration> {
+        spec.and_then(|b| b.drill.as_ref())
+            .and_then(|d| parse_duration(&d.every).ok())
+    }
+
+    /// The snapshot schedule (validated at apply), if any.
     pub fn every(spec: Option<&BackupSpec>) -> Option<std::time::Duration> {
         spec.and_then(|b| b.every.as_deref())
             .and_then(|t| parse_duration(t).ok())
@@ -214,6 +237,16 @@ impl BackupSpec {
         }
         if let Some(s3) = self.destination.as_ref().and_then(|d| d.s3.as_ref()) {
             out.extend(s3.problems());
+        }
+        if let Some(d) = &self.drill {
+            match parse_duration(&d.every) {
+                Ok(t) if t < MIN_DRILL_EVERY => out.push((
+                    "spec.backup.drill.every",
+                    format!("must be at least 10m, got {:?}", d.every),
+                )),
+                Ok(_) => {}
+                Err(e) => out.push(("spec.backup.drill.every", e.to_string())),
+            }
         }
         if self.keep.last == 0 {
             out.push((
@@ -444,9 +477,18 @@ mod tests {
             keep: Retention { last: 0, daily: 1 },
             before_changes: None,
             destination: None,
+            drill: Some(DrillSchedule { every: "5m".into() }),
         };
         let problems = bad.problems();
-        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems[2].0, "spec.backup.drill.every");
+        assert!(problems[2].1.contains("at least 10m"), "{problems:?}");
+        let drilled: BackupSpec = serde_saphyr::from_str("drill:\n  every: 24h\n").unwrap();
+        assert!(drilled.problems().is_empty());
+        assert_eq!(
+            BackupSpec::drill_every(Some(&drilled)),
+            Some(std::time::Duration::from_secs(86400))
+        );
         // An S3 destination: every field checked, the object key made of
         // the prefix, the cluster's UID and the snapshot's name.
         let s3: BackupSpec = serde_saphyr::from_str(

@@ -109,6 +109,24 @@ pub enum DirectiveAction {
     /// ([`crate::wire::snapshot`]).
     #[serde(rename_all = "camelCase")]
     SaveEtcdSnapshot { snapshot: String },
+    /// Take the inventory of this drill cluster's restored control plane
+    /// (restored from `snapshot`): the namespaces its API server lists and
+    /// the objects its etcd holds by resource, reported with
+    /// `POST /v1/machine/inventory` ([`InventoryReport`]) before the
+    /// directive's result.
+    #[serde(rename_all = "camelCase")]
+    TakeInventory { snapshot: String },
+}
+
+/// Where a machine reports an inventory.
+pub const INVENTORY_PATH: &str = "/v1/machine/inventory";
+
+/// `POST /v1/machine/inventory`'s body: the inventory directive `id` asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InventoryReport {
+    pub id: String,
+    pub inventory: crate::api::Inventory,
 }
 
 /// The outcome of a directive.

@@ -22,7 +22,10 @@ pub enum RestoreOf {
     /// that restores the snapshot before `kubeadm init`, with the same CAs,
     /// keys, version and endpoint; the other control planes then join, and
     /// the workers stay. Refused while a control plane is healthy, unless
-    /// --force. (The coordinator's own store: `drover store restore`.)
+    /// --force. With --into NEW, a restore drill instead: the snapshot is
+    /// restored into a new cluster NEW (one control plane, a copy of the
+    /// CAs), inventoried once its API answers, and NEW is deleted; NAME is
+    /// not touched. (The coordinator's own store: `drover store restore`.)
     Cluster(RestoreClusterArgs),
 }
 
@@ -35,10 +38,14 @@ pub struct RestoreClusterArgs {
     pub snapshot: Option<String>,
     /// Restore although some control plane is healthy: it is replaced, and
     /// every change made since the snapshot is lost.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "into")]
     pub force: bool,
-    /// Wait until the cluster runs again with every control plane, showing
-    /// progress.
+    /// Restore into a new cluster of this name (a drill) and report what it
+    /// holds; the new cluster is deleted after.
+    #[arg(long, value_parser = crate::cli::object_name)]
+    pub into: Option<String>,
+    /// Wait until the cluster runs again with every control plane (a drill:
+    /// until it ended), showing progress.
     #[arg(long)]
     pub wait: bool,
     /// How long --wait waits.
@@ -60,7 +67,11 @@ async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
     let request = RestoreRequest {
         snapshot: c.snapshot.clone(),
         force: c.force,
+        into: c.into.clone(),
     };
+    if c.into.is_some() {
+        return drill(&client, &c, &request).await;
+    }
     let asked = cluster_action(&client, name, &["restore"], &request).await?;
     let Some(restore) = asked.status.restore.clone() else {
         bail!("the coordinator did not record the restore of cluster {name}; see `drover describe cluster {name}`");
@@ -119,5 +130,75 @@ async fn restore_cluster(c: RestoreClusterArgs) -> anyhow::Result<()> {
         done.machine,
         started.elapsed().as_secs()
     );
+    Ok(())
+}
+
+/// `drover restore cluster NAME --into NEW`: starts the drill and, with
+/// `--wait`, follows it until it ended; fails when the drill failed.
+async fn drill(
+    client: &Client,
+    c: &RestoreClusterArgs,
+    request: &RestoreRequest,
+) -> anyhow::Result<()> {
+    let name = &c.name;
+    let asked = cluster_action(client, name, &["restore"], request).await?;
+    let Some(drill) = asked.status.drill.clone() else {
+        bail!("the coordinator did not record the drill of cluster {name}; see `drover describe cluster {name}`");
+    };
+    println!(
+        "cluster/{name}: drilling the restore of snapshot {} into cluster/{}",
+        drill.snapshot, drill.cluster
+    );
+    if !c.wait {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let done = wait_cluster(
+        client,
+        name,
+        c.timeout,
+        |cluster| {
+            let s = cluster.status;
+            Ok(
+                match s
+                    .last_drill
+                    .filter(|d| d.cluster == drill.cluster && d.started_at == drill.started_at)
+                {
+                    Some(d) => Look::Done(d),
+                    None => Look::Waiting(format!(
+                        "drill cluster {} restores snapshot {} (`drover describe cluster {}`)",
+                        drill.cluster, drill.snapshot, drill.cluster
+                    )),
+                },
+            )
+        },
+        |last| {
+            anyhow::anyhow!(
+                "the drill of cluster {name} did not end within {:?} ({last}); it goes on: see `drover describe cluster {}`",
+                c.timeout,
+                drill.cluster
+            )
+        },
+    )
+    .await?;
+    if !done.ok {
+        bail!(
+            "the restore drill of cluster {name} failed after {}s: {}",
+            started.elapsed().as_secs(),
+            done.message
+        );
+    }
+    println!(
+        "cluster/{name}: restore drill passed in {}s: {}",
+        started.elapsed().as_secs(),
+        done.message
+    );
+    if let Some(inventory) = &done.inventory {
+        println!("  namespaces: {}", inventory.namespaces.join(", "));
+        for (resource, count) in &inventory.objects {
+            println!("  {resource}: {count}");
+        }
+    }
+    println!("cluster/{} is being deleted", done.cluster);
     Ok(())
 }

@@ -41,7 +41,10 @@ pub fn for_init_machine(
         return Ok(None);
     };
     let name = &cluster.metadata.name;
-    let uid = cluster.metadata.uid.clone().unwrap_or_default();
+    let own = cluster.metadata.uid.clone().unwrap_or_default();
+    // A drill cluster restores a snapshot of the cluster it drills: that
+    // one's record, key and UID.
+    let uid = r.snapshot_uid(&own).to_owned();
     let gone = |what: String| {
         RestoreBundleError::Gone(format!(
             "cluster {name} is being restored from snapshot {}, but {what}; the restore cannot go on: delete and re-create the cluster, or restore the coordinator's store from a backup that holds it",

@@ -247,6 +247,36 @@ pub async fn snapshot_saved(
     Ok((StatusCode::CREATED, Json(snapshot)))
 }
 
+/// `POST /v1/machine/inventory`: the inventory of a drill cluster's
+/// restored control plane, which the drill cluster asked of this machine
+/// (directive `TakeInventory`).
+#[utoipa::path(
+    post,
+    path = "/v1/machine/inventory",
+    tag = "machine",
+    security(("machineCertificate" = [])),
+    request_body = drover_common::wire::InventoryReport,
+    responses(
+        (status = 204, description = "Recorded."),
+        (status = 409, description = "The machine's cluster does not ask this inventory of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
+        (status = 413, response = super::responses::PayloadTooLarge),
+        (status = 415, response = super::responses::UnsupportedMediaType),
+    ),
+)]
+pub async fn inventory(
+    State(app): State<Arc<App>>,
+    Extension(peer): Extension<PeerCertificate>,
+    Body(report): Body<drover_common::wire::InventoryReport>,
+) -> Result<StatusCode, ApiError> {
+    let drill = crate::store::blocking(move || {
+        machine_service::inventory(&app, peer.0.as_deref(), &report)
+            .map(|drill| (drill, report.inventory.summary()))
+    })
+    .await?;
+    tracing::info!(drill = %drill.0, inventory = %drill.1, "drill cluster inventory recorded");
+    Ok(StatusCode::NO_CONTENT)
+}
+
 impl From<SnapshotCallError> for ApiError {
     fn from(e: SnapshotCallError) -> Self {
         let detail = e.to_string();
@@ -331,6 +361,10 @@ impl From<MachineCallError> for ApiError {
             }
             MachineCallError::Encode(_) => ApiError::internal(detail),
             MachineCallError::Snapshot(e) => e.into(),
+            MachineCallError::Inventory(e @ crate::drills::InventoryError::NotAsked { .. }) => {
+                ApiError::conflict(e.to_string())
+            }
+            MachineCallError::Inventory(crate::drills::InventoryError::Store(e)) => e.into(),
         }
     }
 }

@@ -48,6 +48,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/machine/snapshots/{name}",
             get(machine::snapshot_grant).post(machine::snapshot_saved),
         )
+        .route("/v1/machine/inventory", post(machine::inventory))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             leader_only,

@@ -63,6 +63,7 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         machine::snapshot_grant,
         machine::snapshot_upload,
         machine::snapshot_saved,
+        machine::inventory,
         super::snapshots::request_snapshot,
         super::snapshots::list_snapshots,
         super::restore::restore_cluster,
@@ -311,12 +312,13 @@ mod tests {
             "/v1/clusters/{name}/snapshots",
             "/v1/machine/snapshots/{name}",
             "/v1/machine/snapshots/{name}/data",
+            "/v1/machine/inventory",
             "/v1/clusters/{name}/restore",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 43);
+        assert_eq!(operations, 44);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
-use drover_common::api::{Cluster, RestoreRequest};
+use drover_common::api::{Cluster, DrillTrigger, RestoreRequest};
 
 use super::admin::ObjectName;
 use super::auth::Admin;
@@ -45,6 +45,13 @@ impl From<RestoreError> for ApiError {
 /// joins the others as usual; `status.restore` says how far it is, then
 /// `status.lastRestore`. Asking again for the restore under way answers
 /// it.
+///
+/// With `into`, a restore drill instead: the snapshot (checked the same
+/// way) is restored into a new cluster of that name, with one control
+/// plane and a copy of this cluster's CAs, which is inventoried once its
+/// API answers and then deleted; this cluster is not touched but for its
+/// status (`status.drill`, then `status.lastDrill` and the `RestoreDrill`
+/// condition). The answer is this cluster.
 #[utoipa::path(
     post,
     path = "/v1/clusters/{name}/restore",
@@ -70,11 +77,21 @@ pub async fn restore_cluster(
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
     admin.require_write()?;
     let by = admin.token_id.clone();
+    let drill = req.into.clone();
     let cluster = crate::store::blocking({
         let (app, name) = (app.clone(), name.clone());
-        move || cluster_restore::request(&app, &name, &req, &by).map_err(ApiError::from)
+        move || {
+            match req.into {
+                Some(_) => crate::drills::start(&app, &name, &req, &by, DrillTrigger::Manual),
+                None => cluster_restore::request(&app, &name, &req, &by),
+            }
+            .map_err(ApiError::from)
+        }
     })
     .await?;
+    if drill.is_some() {
+        return Ok((StatusCode::ACCEPTED, Json(cluster)));
+    }
     if let Some(r) = &cluster.status.restore {
         tracing::info!(cluster = %name, snapshot = %r.snapshot, revision = r.revision, forced = r.forced, by = %admin.token_id, "etcd restore requested");
     }

@@ -7,11 +7,12 @@
 //! nothing.
 
 use drover_common::api::{
-    AddonApply, AddonSource, CertificateRenewal, Cluster, ClusterStatus, DrainResult,
+    AddonApply, AddonSource, CertificateRenewal, Cluster, ClusterStatus, DrainResult, DrillOf,
     EssentialAddonsUpgrade, EtcdRemoval, MachineUpgrade, MachineUpgradeStep, NodeDrain,
     NodeRemoval, SnapshotSave, VersionUpdate, ADDON_APPLY_PREFIX, CERTIFICATE_RENEWAL_PREFIX,
-    DRAIN_PREFIX, ESSENTIAL_ADDONS_PREFIX, ETCD_REMOVAL_PREFIX, MACHINE_UPGRADE_PREFIX,
-    NODE_DELETE_PREFIX, SNAPSHOT_PREFIX, UNCORDON_PREFIX, VERSION_UPDATE_PREFIX,
+    DRAIN_PREFIX, ESSENTIAL_ADDONS_PREFIX, ETCD_REMOVAL_PREFIX, INVENTORY_PREFIX,
+    MACHINE_UPGRADE_PREFIX, NODE_DELETE_PREFIX, SNAPSHOT_PREFIX, UNCORDON_PREFIX,
+    VERSION_UPDATE_PREFIX,
 };
 use drover_common::wire::{Directive, DirectiveAction, DirectiveResult};
 use time::OffsetDateTime;
@@ -82,6 +83,9 @@ pub enum Reported {
     /// An etcd snapshot failed (one saved is recorded by the machine's
     /// report, before its directive's result).
     SnapshotFailed { snapshot: String, message: String },
+    /// A drill cluster's inventory failed (one taken is recorded by the
+    /// machine's report, before its directive's result).
+    InventoryFailed { message: String },
 }
 
 impl Reported {
@@ -111,6 +115,7 @@ pub fn directives(cluster: &Cluster, me: &str) -> Vec<Directive> {
         of::<EssentialAddonsUpgrade>(cluster, me),
         of::<EtcdRemoval>(cluster, me),
         of::<SnapshotSave>(cluster, me),
+        of::<DrillOf>(cluster, me),
     ]
     .into_iter()
     .flatten()
@@ -137,6 +142,7 @@ const RECORDERS: &[Recorder] = &[
     (MachineUpgrade::answers, MachineUpgrade::record),
     (AddonApply::answers, AddonApply::record),
     (SnapshotSave::answers, SnapshotSave::record),
+    (DrillOf::answers, DrillOf::record),
 ];
 
 /// Records the `results` machine `by` reported on its cluster's `status`,
@@ -292,6 +298,55 @@ impl InFlight for SnapshotSave {
             snapshot: s.name.clone(),
             message: result.message.clone(),
         })
+    }
+}
+
+impl InFlight for DrillOf {
+    const PREFIXES: &'static [&'static str] = &[INVENTORY_PREFIX];
+
+    /// The inventory a drill cluster asked, until reported.
+    fn under_way(status: &ClusterStatus) -> Option<&Self> {
+        status
+            .drill_of
+            .as_ref()
+            .filter(|d| d.inventory.as_ref().is_some_and(|i| i.under_way()))
+    }
+
+    fn directive(&self, _: &Cluster, me: &str) -> Option<Directive> {
+        let ask = self.inventory.as_ref().filter(|i| i.via == me)?;
+        Some(Directive {
+            id: ask.directive_id(),
+            action: DirectiveAction::TakeInventory {
+                snapshot: self.snapshot.clone(),
+            },
+        })
+    }
+
+    /// Only a failure, or a success whose inventory never arrived: one
+    /// taken was recorded by the machine's report (`POST
+    /// /v1/machine/inventory`), which comes first.
+    fn record(
+        status: &mut ClusterStatus,
+        by: &str,
+        result: &DirectiveResult,
+        _: OffsetDateTime,
+    ) -> Option<Reported> {
+        let ask = status
+            .drill_of
+            .as_mut()?
+            .inventory
+            .as_mut()
+            .filter(|i| i.via == by && i.directive_id() == result.id && i.under_way())?;
+        let message = if result.ok {
+            format!(
+                "{by} reported the inventory taken ({}), but it never reached the coordinator",
+                result.message
+            )
+        } else {
+            result.message.clone()
+        };
+        ask.error = Some(message.clone());
+        Some(Reported::InventoryFailed { message })
     }
 }
 

@@ -388,7 +388,7 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
     let requeue = if !is_settled {
         period
     } else {
-        let snapshot = drover_planner::snapshot_due_at(&cluster).map(|at| {
+        let snapshot = timed_work_due(&cluster).map(|at| {
             Duration::try_from(at - now + time::Duration::milliseconds(100))
                 .unwrap_or(Duration::from_millis(100))
         });
@@ -402,6 +402,15 @@ async fn reconcile(app: &Arc<App>, name: &str) -> Result<Outcome, Failure> {
     Ok(Outcome {
         requeue: Some(requeue),
     })
+}
+
+/// When the first scheduled work of `cluster` is due: a snapshot or a
+/// restore drill.
+fn timed_work_due(cluster: &Cluster) -> Option<time::OffsetDateTime> {
+    drover_planner::snapshot_due_at(cluster)
+        .into_iter()
+        .chain(drover_planner::drill_due_at(cluster))
+        .min()
 }
 
 /// What a settled cluster looks like, to skip its reconciles while it
@@ -420,7 +429,7 @@ fn settled_mark(
             .map(|m| Some((m.metadata.name.clone(), revision(&m.metadata)?)))
             .collect::<Option<Vec<_>>>()?,
         heartbeat_timeout,
-        snapshot_due: drover_planner::snapshot_due_at(cluster),
+        snapshot_due: timed_work_due(cluster),
         at: tokio::time::Instant::now(),
     })
 }

@@ -333,7 +333,40 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 Ok(true)
             })?;
         }
+        Step::StartDrill { into } => {
+            let req = drover_common::api::RestoreRequest {
+                into: Some(into.clone()),
+                ..Default::default()
+            };
+            let started = crate::drills::start(
+                app,
+                cname,
+                &req,
+                "schedule",
+                drover_common::api::DrillTrigger::Scheduled,
+            );
+            if let Err(e) = started {
+                // Recorded as the drill's outcome, so that the schedule
+                // waits for its next turn rather than trying every pass.
+                tracing::warn!(cluster = %cname, drill = %into, error = %e, "scheduled restore drill not started");
+                let now = drover_common::now();
+                let done = drover_common::api::DrillDone {
+                    cluster: into.clone(),
+                    snapshot: String::new(),
+                    revision: 0,
+                    trigger: drover_common::api::DrillTrigger::Scheduled,
+                    started_at: now,
+                    completed_at: now,
+                    ok: false,
+                    message: format!("the scheduled drill into {into} did not start: {e}"),
+                    inventory: None,
+                };
+                crate::drills::record_not_started(app, cluster, &done)?;
+            }
+        }
+        Step::FinishDrill { done } => crate::drills::finish(app, cluster, done)?,
         Step::Finalize => {
+            crate::drills::forget(app, cluster)?;
             if cluster.spec.provider.creates_machines() {
                 crate::reconcile::provisioner::delete_cluster_resources(app, cluster).await?;
             }

@@ -835,3 +835,235 @@ fn a_worker_whose_node_went_missing_is_replaced_after_the_unhealthy_timeout() {
     assert!(node_found(&steps).is_empty(), "{steps:?}");
     assert!(deletes(&steps).is_empty(), "{steps:?}");
 }
+
+/// Drill cluster `c` (docker, one control plane) as the coordinator makes
+/// it: restoring snapshot `src-20261128-000000` of cluster `src`, started
+/// at `started`.
+fn drill_cluster(started: time::OffsetDateTime) -> Cluster {
+    use drover_common::api::{DrillOf, DrillTrigger, RestoreSource};
+    let mut c = restoring(docker_cluster(1, 0), &[]);
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
+    let source = RestoreSource {
+        cluster: "src".into(),
+        uid: "src-uid".into(),
+    };
+    c.status.restore.as_mut().unwrap().source = Some(source.clone());
+    c.status.drill_of = Some(DrillOf {
+        source,
+        snapshot: "src-20261128-000000".into(),
+        revision: 42,
+        trigger: DrillTrigger::Manual,
+        started_at: started,
+        inventory: None,
+        failed: None,
+    });
+    c
+}
+
+/// The drill's end, if a pass planned it.
+fn drill_end(steps: &[Step]) -> Option<&drover_common::api::DrillDone> {
+    steps.iter().find_map(|s| match s {
+        Step::FinishDrill { done } => Some(&**done),
+        _ => None,
+    })
+}
+
+/// A drill cluster comes up as a restore's first init machine; once the
+/// restore is done its control plane is asked for the inventory, and once
+/// that is reported the drill ends, passed, with it.
+#[test]
+fn a_drill_cluster_is_inventoried_once_restored_then_ends() {
+    use drover_common::api::Inventory;
+    let now = drover_common::now();
+    let mut c = drill_cluster(now);
+    let steps = plan_at(&c, &[], now, &seen_now);
+    assert_eq!(
+        creates(&steps),
+        vec![(CONTROL_PLANE_POOL.to_owned(), MachineRole::Init)],
+        "{steps:?}"
+    );
+    assert!(drill_end(&steps).is_none(), "{steps:?}");
+
+    // Running: the restore is done this pass, the inventory asked the next.
+    c.status.init_machine = Some("n".into());
+    let machines = vec![created_cp("n", MachineRole::Init)];
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    let st = status_of(&steps).clone();
+    assert!(st.restore.is_none() && st.initialized, "{st:?}");
+    assert!(st.drill_of.as_ref().unwrap().inventory.is_none());
+    c.status = st;
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    let st = status_of(&steps).clone();
+    let ask = st.drill_of.as_ref().unwrap().inventory.clone().unwrap();
+    assert_eq!(ask.via, "n");
+    assert!(ask.under_way());
+    assert!(drill_end(&steps).is_none(), "{steps:?}");
+
+    // Reported: the drill ends, passed, with what was found.
+    c.status = st;
+    let inventory = Inventory {
+        namespaces: vec!["default".into(), "kept".into()],
+        objects: [("configmaps".to_string(), 3u64)].into_iter().collect(),
+        total: 3,
+        revision: 50,
+    };
+    c.status
+        .drill_of
+        .as_mut()
+        .unwrap()
+        .inventory
+        .as_mut()
+        .unwrap()
+        .result = Some(inventory.clone());
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    let done = drill_end(&steps).expect("the drill ends");
+    assert!(done.ok, "{done:?}");
+    assert_eq!(done.inventory.as_ref(), Some(&inventory));
+    assert!(
+        done.message
+            .contains("snapshot src-20261128-000000 (revision 42) of cluster src restored into c"),
+        "{}",
+        done.message
+    );
+    assert!(
+        done.message.contains("2 namespace(s), 3 object(s)"),
+        "{}",
+        done.message
+    );
+
+    // A drill being deleted plans no end again.
+    c.metadata.deletion_timestamp = Some(now);
+    assert!(drill_end(&plan_at(&c, &machines, now, &seen_now)).is_none());
+}
+
+/// A drill fails, and ends, when its init machine fails, when its
+/// inventory fails, or when it does not come up in time.
+#[test]
+fn a_drill_that_cannot_restore_fails_and_ends() {
+    use drover_common::api::{BootstrapReport, CommandFailure, DRILL_TIMEOUT};
+    let now = drover_common::now();
+    let mut c = drill_cluster(now);
+    c.status.init_machine = Some("n".into());
+    let mut n = created_cp("n", MachineRole::Init);
+    n.status.phase = MachinePhase::Failed;
+    n.status.bootstrap = Some(BootstrapReport {
+        step: "etcd-restore".into(),
+        failure: Some(CommandFailure {
+            command: "restore etcd".into(),
+            exit_code: Some(1),
+            output_tail: vec!["it opens to 3 bytes".into()],
+            at: now,
+        }),
+    });
+    let steps = plan_at(&c, &[n], now, &seen_now);
+    let done = drill_end(&steps).expect("the drill ends");
+    assert!(!done.ok);
+    assert!(
+        done.message
+            .contains("did not restore: machine n failed at etcd-restore: it opens to 3 bytes"),
+        "{}",
+        done.message
+    );
+
+    // Still bootstrapping when the time is up.
+    let mut n = created_cp("n", MachineRole::Init);
+    n.status.phase = MachinePhase::Bootstrapping;
+    let machines = vec![n];
+    assert!(drill_end(&plan_at(&c, &machines, now, &seen_now)).is_none());
+    let late = now + DRILL_TIMEOUT;
+    let done = drill_end(&plan_at(&c, &machines, late, &|_| Some(late)))
+        .expect("the drill ends")
+        .clone();
+    assert!(!done.ok);
+    assert!(
+        done.message.contains("did not come up within 45 minutes"),
+        "{}",
+        done.message
+    );
+
+    // The inventory failed.
+    c.status.restore = None;
+    c.status.initialized = true;
+    c.status.drill_of.as_mut().unwrap().inventory = Some(drover_common::api::InventoryAsk {
+        via: "n".into(),
+        requested_at: now,
+        result: None,
+        error: Some("list namespaces failed".into()),
+    });
+    let steps = plan_at(&c, &[created_cp("n", MachineRole::Init)], now, &seen_now);
+    let done = drill_end(&steps).expect("the drill ends");
+    assert!(!done.ok);
+    assert!(
+        done.message
+            .contains("its inventory failed on n: list namespaces failed"),
+        "{}",
+        done.message
+    );
+}
+
+/// `spec.backup.drill` starts a drill into `<name>-drill` once due, when
+/// the cluster has a snapshot and no drill under way, and not before.
+#[test]
+fn a_scheduled_drill_starts_when_due_with_a_snapshot_and_none_under_way() {
+    use drover_common::api::{
+        BackupSpec, DrillDone, DrillSchedule, DrillTrigger, DrillUnderWay, SnapshotRef,
+    };
+    let now = drover_common::now();
+    let mut c = initialized_docker(1, 0);
+    c.status.load_balancer = Some(docker_load_balancer(&[]));
+    c.metadata.creation_timestamp = Some(now - time::Duration::hours(2));
+    c.spec.backup = Some(BackupSpec {
+        drill: Some(DrillSchedule { every: "1h".into() }),
+        ..Default::default()
+    });
+    let machines = vec![created_cp("i", MachineRole::Init)];
+    let starts = |c: &Cluster, at| {
+        plan_at(c, &machines, at, &|_| Some(at))
+            .into_iter()
+            .filter_map(|s| match s {
+                Step::StartDrill { into } => Some(into),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // No snapshot yet: nothing to drill.
+    assert!(starts(&c, now).is_empty());
+    assert_eq!(crate::drill_due_at(&c), None);
+    c.status.last_snapshot = Some(SnapshotRef {
+        name: "c-20261128-000000".into(),
+        saved_at: now,
+        revision: 7,
+        size: 10,
+    });
+    assert_eq!(starts(&c, now), vec!["c-drill".to_string()]);
+    // Under way: no second one.
+    c.status.drill = Some(DrillUnderWay {
+        cluster: "c-drill".into(),
+        snapshot: "c-20261128-000000".into(),
+        trigger: DrillTrigger::Scheduled,
+        started_at: now,
+    });
+    assert!(starts(&c, now).is_empty());
+    // Ended: the next is due an hour after it started.
+    c.status.drill = None;
+    c.status.last_drill = Some(DrillDone {
+        cluster: "c-drill".into(),
+        snapshot: "c-20261128-000000".into(),
+        revision: 7,
+        trigger: DrillTrigger::Scheduled,
+        started_at: now,
+        completed_at: now,
+        ok: true,
+        message: String::new(),
+        inventory: None,
+    });
+    assert!(starts(&c, now + time::Duration::minutes(59)).is_empty());
+    assert_eq!(
+        starts(&c, now + time::Duration::hours(1)),
+        vec!["c-drill".to_string()]
+    );
+    assert_eq!(
+        crate::drill_name(&"x".repeat(60)),
+        format!("{}-drill", "x".repeat(48))
+    );
+}

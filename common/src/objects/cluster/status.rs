@@ -228,6 +228,13 @@ pub struct ClusterStatus {
     pub restore: Option<crate::objects::restore::ClusterRestore>,
     /// The last restore that finished.
     pub last_restore: Option<crate::objects::restore::RestoreDone>,
+    /// On a drill cluster: the cluster and snapshot it drills, and its
+    /// inventory.
+    pub drill_of: Option<crate::objects::restore::DrillOf>,
+    /// The restore drill of this cluster under way (its drill cluster).
+    pub drill: Option<crate::objects::restore::DrillUnderWay>,
+    /// The last restore drill of this cluster that ended.
+    pub last_drill: Option<crate::objects::restore::DrillDone>,
     /// The machine that ran `kubeadm init`.
     pub init_machine: Option<String>,
     /// Whether `kubeadm init` has succeeded once for this cluster.
