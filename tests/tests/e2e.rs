@@ -3450,9 +3450,9 @@ fn a_lost_pool_control_plane_is_restored_from_a_snapshot_onto_a_free_machine() {
     assert!(saved.contains("snapshot/back-"), "{saved}");
     kubectl(&kubeconfig, &["create", "namespace", "after-snapshot"]).unwrap();
 
-    let ms = c.machines();
+    // As the coordinator has it now.
     let role_of = |h: &str| {
-        machine_by_host(&ms, h)["spec"]["assignment"]["role"]
+        machine_by_host(&c.machines(), h)["spec"]["assignment"]["role"]
             .as_str()
             .map(str::to_owned)
     };
@@ -3468,6 +3468,45 @@ fn a_lost_pool_control_plane_is_restored_from_a_snapshot_onto_a_free_machine() {
         .into_iter()
         .find(|h| role_of(h).is_none())
         .unwrap();
+    // A drill first: the snapshot restored into a new pool cluster on the
+    // free machine, whose API answers with what the snapshot holds; the
+    // drill cluster is then deleted and the machine returns to the pool.
+    let out = c.cli(&[
+        "restore",
+        "cluster",
+        "back",
+        "--into",
+        "back-d",
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{said}");
+    let namespaces = said
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("namespaces: "))
+        .unwrap_or_else(|| panic!("no namespaces in {said}"));
+    let namespaces: Vec<&str> = namespaces.split(", ").collect();
+    assert!(namespaces.contains(&"before-snapshot"), "{said}");
+    assert!(!namespaces.contains(&"after-snapshot"), "{said}");
+    let drilled_on = c.cluster("back").unwrap()["status"]["lastDrill"].clone();
+    assert_eq!(drilled_on["ok"], true, "{drilled_on:#}");
+    wait_for("the drill cluster gone, its machine free", BOOT, || {
+        let free = role_of(spare).is_none()
+            && machine_by_host(&c.machines(), spare)["status"]["phase"] == "Registered";
+        match c.cluster("back-d") {
+            None if free => Ok(()),
+            None => Err(format!("{spare} not back in the pool")),
+            Some(d) => Err(format!("back-d is {}", d["status"]["phase"])),
+        }
+    });
+    assert_eq!(role_of(worker).as_deref(), Some("worker"));
     let i = agents.iter().position(|a| a.hostname == init).unwrap();
     agents[i].kill();
     agents[i].stop_daemons();
