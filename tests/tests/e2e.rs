@@ -2989,7 +2989,7 @@ scrape_configs:
         if !rules.iter().all(after_scrape) {
             return Err(format!("not evaluated since {scraped}: {r}"));
         }
-        let evaluated = rules.len() == 4
+        let evaluated = rules.len() == 5
             && rules
                 .iter()
                 .all(|r| r["health"] == "ok" && r["state"] == "inactive");

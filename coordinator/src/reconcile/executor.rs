@@ -840,4 +840,52 @@ mod tests {
             "the answer recorded meanwhile is kept"
         );
     }
+
+    /// A scheduled drill starts as a manual one does, marked scheduled; one
+    /// that cannot start (its name is taken) is recorded as the last drill,
+    /// failed, so that the schedule waits for its next turn.
+    #[tokio::test]
+    async fn a_scheduled_drill_starts_or_records_why_it_could_not() {
+        use drover_common::api::DrillTrigger;
+        let dir = tempfile::tempdir().unwrap();
+        let app = crate::app::App::for_tests(dir.path());
+        let c = crate::cluster_restore::tests::with_snapshot(&app, "v1.31.2");
+        app.store
+            .create_json(
+                Kind::Secret,
+                &cluster_pki_name("c"),
+                &ClusterPki::generate("cu").unwrap(),
+            )
+            .unwrap();
+        let start = Step::StartDrill {
+            into: "c-drill".into(),
+        };
+        execute(&app, &c, &start).await.unwrap();
+        let drilled = app.cluster("c").unwrap().unwrap();
+        let under_way = drilled.status.drill.expect("a drill under way");
+        assert_eq!(under_way.cluster, "c-drill");
+        assert_eq!(under_way.trigger, DrillTrigger::Scheduled);
+        let d = app.cluster("c-drill").unwrap().unwrap();
+        assert_eq!(
+            d.status.drill_of.map(|o| o.trigger),
+            Some(DrillTrigger::Scheduled)
+        );
+
+        // Its drill cluster gone by hand, and the name taken meanwhile.
+        app.update_cluster::<StoreError>("c", |c| {
+            c.status.drill = None;
+            Ok(true)
+        })
+        .unwrap();
+        let c = app.cluster("c").unwrap().unwrap();
+        execute(&app, &c, &start).await.unwrap();
+        let last = app.cluster("c").unwrap().unwrap().status.last_drill;
+        let last = last.expect("the failed start recorded");
+        assert!(!last.ok);
+        assert!(
+            last.message.contains("did not start") && last.message.contains("exists already"),
+            "{}",
+            last.message
+        );
+    }
 }

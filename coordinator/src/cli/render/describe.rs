@@ -529,6 +529,9 @@ fn describe_snapshots(o: &mut String, c: &Cluster) {
         && s.snapshot.is_none()
         && s.restore.is_none()
         && s.last_restore.is_none()
+        && s.drill.is_none()
+        && s.last_drill.is_none()
+        && s.drill_of.is_none()
     {
         return;
     }
@@ -592,6 +595,141 @@ fn describe_snapshots(o: &mut String, c: &Cluster) {
             r.revision,
             printable(&r.machine),
             r.completed_at
+        );
+    }
+    describe_drills(o, c);
+}
+
+/// The restore drills of the cluster (`drilling`, `last drill`), or the
+/// one it is (`drill of`).
+fn describe_drills(o: &mut String, c: &Cluster) {
+    use std::fmt::Write;
+    let s = &c.status;
+    if let Some(every) = c
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.drill.as_ref())
+        .map(|d| d.every.as_str())
+    {
+        let _ = writeln!(o, "  drills:       every {}", printable(every));
+    }
+    if let Some(d) = &s.drill {
+        let _ = writeln!(
+            o,
+            "  drilling:     {} into cluster {} since {} ({})",
+            printable(&d.snapshot),
+            printable(&d.cluster),
+            d.started_at,
+            d.trigger
+        );
+    }
+    if let Some(d) = &s.last_drill {
+        let _ = writeln!(
+            o,
+            "  last drill:   {} at {} ({}): {}",
+            if d.ok { "passed" } else { "FAILED" },
+            d.completed_at,
+            d.trigger,
+            printable(&d.message)
+        );
+        if let Some(i) = &d.inventory {
+            let _ = writeln!(
+                o,
+                "    namespaces: {}",
+                i.namespaces
+                    .iter()
+                    .map(|n| printable(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    if let Some(d) = &s.drill_of {
+        let stage = match (&d.failed, &d.inventory) {
+            (Some(why), _) => format!("failed: {}", printable(why)),
+            (None, Some(i)) if i.result.is_some() => "inventory taken".to_owned(),
+            (None, Some(i)) => format!("inventory asked of {}", printable(&i.via)),
+            (None, None) => "restoring".to_owned(),
+        };
+        let _ = writeln!(
+            o,
+            "  drill of:     cluster {}, snapshot {} since {}: {stage}",
+            printable(&d.source.cluster),
+            printable(&d.snapshot),
+            d.started_at
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::api::{
+        DrillDone, DrillOf, DrillTrigger, DrillUnderWay, Inventory, InventoryAsk, RestoreSource,
+    };
+
+    /// A cluster drilled shows the drill under way and the last one, with
+    /// what it found; a drill cluster shows what it drills and how far.
+    #[test]
+    fn drills_are_described_on_both_clusters() {
+        let at = time::OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let mut c = drover_planner::fixtures::docker_cluster(1, 0);
+        c.status.drill = Some(DrillUnderWay {
+            cluster: "c-drill".into(),
+            snapshot: "c-1".into(),
+            trigger: DrillTrigger::Scheduled,
+            started_at: at,
+        });
+        c.status.last_drill = Some(DrillDone {
+            cluster: "c-drill".into(),
+            snapshot: "c-0".into(),
+            revision: 5,
+            trigger: DrillTrigger::Manual,
+            started_at: at,
+            completed_at: at,
+            ok: true,
+            message: "restored into c-drill".into(),
+            inventory: Some(Inventory {
+                namespaces: vec!["default".into(), "kept".into()],
+                ..Default::default()
+            }),
+        });
+        let text = describe_cluster(&c, &[]);
+        assert!(
+            text.contains("drilling:     c-1 into cluster c-drill since")
+                && text.contains("(scheduled)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("last drill:   passed at") && text.contains("restored into c-drill"),
+            "{text}"
+        );
+        assert!(text.contains("namespaces: default, kept"), "{text}");
+
+        let mut d = drover_planner::fixtures::docker_cluster(1, 0);
+        d.status.drill_of = Some(DrillOf {
+            source: RestoreSource {
+                cluster: "c".into(),
+                uid: "cu".into(),
+            },
+            snapshot: "c-1".into(),
+            revision: 5,
+            trigger: DrillTrigger::Manual,
+            started_at: at,
+            inventory: Some(InventoryAsk {
+                via: "n".into(),
+                requested_at: at,
+                result: None,
+                error: None,
+            }),
+            failed: None,
+        });
+        let text = describe_cluster(&d, &[]);
+        assert!(
+            text.contains("drill of:     cluster c, snapshot c-1 since")
+                && text.contains("inventory asked of n"),
+            "{text}"
         );
     }
 }
