@@ -26,6 +26,7 @@ pub mod serve;
 pub mod snapshots;
 pub mod store;
 pub mod summary;
+pub mod tables;
 pub mod tasks;
 pub mod tls;
 pub mod types;

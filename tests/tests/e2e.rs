@@ -3565,3 +3565,97 @@ fn a_lost_pool_control_plane_is_restored_from_a_snapshot_onto_a_free_machine() {
         "the worker is the same machine"
     );
 }
+
+/// Real kubectl reads the coordinator's clusters and machines as
+/// `drover.dev/v1alpha1`, through `drover kubeconfig --coordinator`:
+/// discovery (`api-resources`, short names), `get` as a table with the
+/// columns of `drover get` (`-o wide` adding its wide ones), `-o yaml`,
+/// label and field selectors, pages (`--chunk-size`), NotFound as a
+/// Status, a viewer's token reading and a wrong token refused.
+#[test]
+fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
+    let (tmp, c, _agents) = registered_pool(2, "k");
+    let web = cluster_yaml("web", 1, 1, &pool_selector("dev")).replace(
+        "metadata:\n  name: web\n",
+        "metadata:\n  name: web\n  labels:\n    team: web\n",
+    );
+    apply(&c, tmp.path(), &web);
+    apply(
+        &c,
+        tmp.path(),
+        &cluster_yaml("idle", 1, 0, &pool_selector("none")),
+    );
+    let kubeconfig = tmp.path().join("coordinator.kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "--coordinator"])).unwrap();
+
+    let resources = kubectl(&kubeconfig, &["api-resources", "--api-group=drover.dev"]).unwrap();
+    assert!(
+        resources.contains("clusters")
+            && resources.contains(" cl ")
+            && resources.contains("Cluster"),
+        "{resources}"
+    );
+    let table = kubectl(&kubeconfig, &["get", "clusters"]).unwrap();
+    let header = table.lines().next().unwrap_or_default();
+    for column in [
+        "NAME",
+        "PHASE",
+        "VERSION",
+        "CONTROL-PLANE",
+        "WORKERS",
+        "ENDPOINT",
+        "AGE",
+    ] {
+        assert!(header.contains(column), "{table}");
+    }
+    assert!(!header.contains("PROVIDER"), "{table}");
+    assert_eq!(table.lines().count(), 3, "{table}");
+    assert!(table.lines().any(|l| l.starts_with("web ")), "{table}");
+    let wide = kubectl(&kubeconfig, &["get", "cl", "-o", "wide"]).unwrap();
+    assert!(
+        wide.lines().next().unwrap_or_default().contains("PROVIDER"),
+        "{wide}"
+    );
+    assert!(wide.contains("pool"), "{wide}");
+
+    let yaml = kubectl(&kubeconfig, &["get", "cluster", "web", "-o", "yaml"]).unwrap();
+    assert!(
+        yaml.contains("kind: Cluster") && yaml.contains("kubernetesVersion: v1.31.2"),
+        "{yaml}"
+    );
+    let named = |args: &[&str]| {
+        let mut all = vec!["get", "clusters", "-o", "name"];
+        all.extend_from_slice(args);
+        kubectl(&kubeconfig, &all).unwrap()
+    };
+    assert_eq!(named(&["-l", "team=web"]).trim(), "cluster.drover.dev/web");
+    assert_eq!(named(&["-l", "!team"]).trim(), "cluster.drover.dev/idle");
+    assert_eq!(
+        named(&["--field-selector", "metadata.name=idle"]).trim(),
+        "cluster.drover.dev/idle"
+    );
+    assert_eq!(
+        named(&["--chunk-size", "1"]).lines().collect::<Vec<_>>(),
+        ["cluster.drover.dev/idle", "cluster.drover.dev/web"]
+    );
+    let machines = kubectl(&kubeconfig, &["get", "machines"]).unwrap();
+    assert_eq!(machines.lines().count(), 3, "{machines}");
+    let missing = kubectl(&kubeconfig, &["get", "cluster", "nope"]).unwrap_err();
+    assert!(missing.contains("(NotFound)"), "{missing}");
+
+    // A viewer reads; a wrong token does not.
+    let viewer = c.create_admin_token("viewer");
+    let text = std::fs::read_to_string(&kubeconfig).unwrap();
+    let as_viewer = tmp.path().join("viewer.kubeconfig");
+    std::fs::write(&as_viewer, text.replace(&c.admin_token, &viewer)).unwrap();
+    assert!(kubectl(&as_viewer, &["get", "clusters", "web"]).is_ok());
+    let wrong = tmp.path().join("wrong.kubeconfig");
+    std::fs::write(&wrong, text.replace(&c.admin_token, "drv_00000000_wrong")).unwrap();
+    let refused = kubectl(&wrong, &["get", "clusters"]).unwrap_err();
+    // kubectl's words for a 401 Status, then the coordinator's reason.
+    assert!(
+        refused.contains("You must be logged in to the server")
+            && refused.contains("the admin token is not valid"),
+        "{refused}"
+    );
+}

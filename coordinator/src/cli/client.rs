@@ -69,6 +69,8 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// The coordinator CA it trusts (PEM).
+    ca_pem: Vec<u8>,
 }
 
 impl Client {
@@ -122,7 +124,28 @@ impl Client {
             http,
             base: base.trim_end_matches('/').to_owned(),
             token,
+            ca_pem,
         })
+    }
+
+    /// A kubeconfig for the coordinator itself, as this client reaches it
+    /// (its URL, its CA, the admin token as a bearer token), for kubectl
+    /// and GitOps tools reading `drover.dev/v1alpha1`.
+    pub fn coordinator_kubeconfig(&self) -> anyhow::Result<String> {
+        use base64::Engine as _;
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        let doc = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "drover", "cluster": {
+                "server": self.base,
+                "certificate-authority-data": ca,
+            }}],
+            "users": [{"name": "drover-admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "drover", "context": {"cluster": "drover", "user": "drover-admin"}}],
+            "current-context": "drover",
+        });
+        Ok(serde_saphyr::to_string(&doc)?)
     }
 
     /// Sends `req` with the token; an answer of any status is `Ok`.

@@ -6,6 +6,7 @@ mod auth;
 mod backup;
 mod body;
 mod error;
+pub mod kube;
 pub mod machine;
 pub mod openapi;
 pub mod paging;
@@ -80,6 +81,26 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/ui/machines", get(ui::machines))
         .route("/ui/machines/{name}", get(ui::machine))
         .route("/openapi.json", get(openapi::openapi_json))
+        .route("/api", get(kube::core_versions))
+        .route("/apis", get(kube::groups))
+        .route("/apis/drover.dev/v1alpha1", get(kube::resources))
+        .route(
+            "/apis/drover.dev/v1alpha1/clusters",
+            get(kube::list_clusters),
+        )
+        .route(
+            "/apis/drover.dev/v1alpha1/clusters/{name}",
+            get(kube::get_cluster),
+        )
+        .route(
+            "/apis/drover.dev/v1alpha1/machines",
+            get(kube::list_machines),
+        )
+        .route(
+            "/apis/drover.dev/v1alpha1/machines/{name}",
+            get(kube::get_machine),
+        )
+        .route("/apis/{*rest}", get(kube::not_found))
         .route("/v1/clusters", get(admin::list_clusters))
         .route(
             "/v1/clusters/{name}",

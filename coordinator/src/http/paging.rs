@@ -117,7 +117,7 @@ impl ListQuery {
 }
 
 /// The token for the page after the object named `last`.
-fn encode_token(last: &str) -> String {
+pub(crate) fn encode_token(last: &str) -> String {
     URL_SAFE_NO_PAD.encode(last)
 }
 

@@ -6,15 +6,13 @@
 
 pub mod describe;
 pub(crate) mod progress;
-pub mod tables;
+pub use crate::tables;
 
 pub use describe::{describe_machine, rollout_lines};
 pub(crate) use progress::{poll, Look};
 
+pub use crate::tables::health_summary;
 pub use crate::types::age;
-
-use drover_common::api::Machine;
-use drover_common::wire::ProbeState;
 
 pub(crate) fn print_table(rows: &[Vec<String>]) {
     let widths = column_widths(rows);
@@ -89,51 +87,4 @@ pub(crate) fn object_name_of(o: &serde_json::Value) -> String {
         .or(o["replica"]["id"].as_str())
         .unwrap_or("?")
         .to_owned()
-}
-
-/// A one-word summary of a machine's health.
-pub fn health_summary(m: &Machine) -> String {
-    use drover_common::api::MachinePhase;
-    // A deleted machine has no health; a silent or stopped one is not
-    // healthy, whatever its last report said.
-    if matches!(
-        m.status.phase,
-        MachinePhase::Deleting | MachinePhase::Deleted
-    ) {
-        return "-".into();
-    }
-    if let Some(c) = m
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False")
-    {
-        return c.reason.clone();
-    }
-    let Some(h) = &m.status.health else {
-        return "-".into();
-    };
-    let mut bad = vec![];
-    let mut unknown = true;
-    if h.kubelet.state != ProbeState::Unknown {
-        unknown = false;
-    }
-    if h.kubelet.state == ProbeState::Unhealthy {
-        bad.push("kubelet");
-    }
-    if let Some(a) = &h.api_server {
-        if a.state != ProbeState::Unknown {
-            unknown = false;
-        }
-        if a.state == ProbeState::Unhealthy {
-            bad.push("apiserver");
-        }
-    }
-    if !bad.is_empty() {
-        format!("Unhealthy({})", bad.join(","))
-    } else if unknown {
-        "Unknown".into()
-    } else {
-        "Healthy".into()
-    }
 }

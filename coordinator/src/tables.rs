@@ -1,9 +1,14 @@
-//! The tables of `drover get` (and `drover token list`): one function per
-//! kind, a header row then one row per object; `wide` adds columns.
+//! The tables of `drover get` (and `drover token list`), which the
+//! Kubernetes-style API serves as `Table` responses too: one function per
+//! kind, a header row then one row per object; `wide` adds columns (a
+//! `Table`'s priority-1 columns). What machines report is left as it is:
+//! the CLI escapes it when it prints.
 
 use drover_common::api::{Cluster, Machine, RegistrationToken, SecretInfo, Snapshot};
 
-use crate::cli::render::{age, health_summary};
+use drover_common::wire::ProbeState;
+
+use crate::types::age;
 
 /// The rows of a table so far: its header, the `wide_columns` after the
 /// others when `wide`.
@@ -272,4 +277,51 @@ pub(crate) fn tokens_table(list: &[RegistrationToken], _wide: bool) -> Vec<Vec<S
         ]);
     }
     rows
+}
+
+/// A one-word summary of a machine's health.
+pub fn health_summary(m: &Machine) -> String {
+    use drover_common::api::MachinePhase;
+    // A deleted machine has no health; a silent or stopped one is not
+    // healthy, whatever its last report said.
+    if matches!(
+        m.status.phase,
+        MachinePhase::Deleting | MachinePhase::Deleted
+    ) {
+        return "-".into();
+    }
+    if let Some(c) = m
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::types::ALIVE_CONDITION && c.status == "False")
+    {
+        return c.reason.clone();
+    }
+    let Some(h) = &m.status.health else {
+        return "-".into();
+    };
+    let mut bad = vec![];
+    let mut unknown = true;
+    if h.kubelet.state != ProbeState::Unknown {
+        unknown = false;
+    }
+    if h.kubelet.state == ProbeState::Unhealthy {
+        bad.push("kubelet");
+    }
+    if let Some(a) = &h.api_server {
+        if a.state != ProbeState::Unknown {
+            unknown = false;
+        }
+        if a.state == ProbeState::Unhealthy {
+            bad.push("apiserver");
+        }
+    }
+    if !bad.is_empty() {
+        format!("Unhealthy({})", bad.join(","))
+    } else if unknown {
+        "Unknown".into()
+    } else {
+        "Healthy".into()
+    }
 }

@@ -1,0 +1,652 @@
+//! The coordinator's objects served the way the Kubernetes API serves
+//! its own, so that real kubectl reads them with no management cluster:
+//! discovery (`/api`, `/apis`, `/apis/drover.dev/v1alpha1`), and get and
+//! list of clusters and machines, as JSON or as a `Table` (the columns of
+//! `drover get`, its `-o wide` ones at priority 1), with `limit` and
+//! `continue`, `labelSelector` and `fieldSelector=metadata.name`; every
+//! failure a `metav1.Status` with its `reason` and `code`. Over the same
+//! domain and admin tokens as `/v1`, which stays for the CLI.
+//!
+//! What this copies, from Kubernetes' own sources: the discovery documents
+//! (staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/types.go:
+//! APIVersions, APIGroupList, APIResourceList), the Table (meta/v1/types.go
+//! Table, TableColumnDefinition, TableRow; a row's object is a
+//! PartialObjectMetadata), the content negotiation of
+//! `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`
+//! (apiserver/pkg/endpoints/handlers/response.go), label selectors
+//! (apimachinery/pkg/labels/selector.go: `=`, `==`, `!=`, exists, `!`
+//! not exists, `in`, `notin`) and Status reasons
+//! (apimachinery/pkg/api/errors/errors.go).
+//!
+//! Invariant: a page's `continue` names the last object read, not the last
+//! returned, so a selector that filters a page out never stops a list.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::resolve_admin;
+use super::error::ApiError;
+use super::paging::ListQuery;
+use crate::app::App;
+use crate::store::{Span, StoreError};
+
+/// The API group Drover's objects are served in.
+pub const GROUP: &str = "drover.dev";
+
+/// Its one version.
+pub const VERSION: &str = "v1alpha1";
+
+/// A resource served under [`GROUP`].
+struct Resource {
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    short_names: &'static [&'static str],
+}
+
+const CLUSTERS: Resource = Resource {
+    plural: "clusters",
+    singular: "cluster",
+    kind: "Cluster",
+    short_names: &["cl"],
+};
+
+const MACHINES: Resource = Resource {
+    plural: "machines",
+    singular: "machine",
+    kind: "Machine",
+    short_names: &["ma"],
+};
+
+const RESOURCES: [&Resource; 2] = [&CLUSTERS, &MACHINES];
+
+/// A failure as the Kubernetes API answers it: a `metav1.Status`.
+#[derive(Debug)]
+pub struct KubeError(ApiError);
+
+impl<E: Into<ApiError>> From<E> for KubeError {
+    fn from(e: E) -> Self {
+        KubeError(e.into())
+    }
+}
+
+/// The `reason` Kubernetes gives a status code
+/// (apimachinery/pkg/api/errors/errors.go).
+fn reason(code: StatusCode) -> &'static str {
+    match code {
+        StatusCode::BAD_REQUEST => "BadRequest",
+        StatusCode::UNAUTHORIZED => "Unauthorized",
+        StatusCode::FORBIDDEN => "Forbidden",
+        StatusCode::NOT_FOUND => "NotFound",
+        StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
+        StatusCode::NOT_ACCEPTABLE => "NotAcceptable",
+        StatusCode::CONFLICT => "Conflict",
+        StatusCode::GONE => "Expired",
+        StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLarge",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "UnsupportedMediaType",
+        StatusCode::UNPROCESSABLE_ENTITY => "Invalid",
+        StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+        StatusCode::GATEWAY_TIMEOUT => "Timeout",
+        _ => "InternalError",
+    }
+}
+
+impl IntoResponse for KubeError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let mut message = e.detail.clone();
+        for f in &e.errors {
+            message.push_str(&format!("; {}: {}", f.field, f.message));
+        }
+        let body = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason(e.status),
+            "code": e.status.as_u16(),
+        });
+        let mut response = (e.status, axum::Json(body)).into_response();
+        if let Some(s) = e.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+type KubeResult = Result<Response, KubeError>;
+
+fn json_response(v: Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+/// `GET /api`: the legacy core group, which the coordinator does not serve.
+pub async fn core_versions(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
+    resolve_admin(&app, &headers)?;
+    Ok(json_response(json!({
+        "kind": "APIVersions",
+        "versions": [],
+        "serverAddressByClientCIDRs": [],
+    })))
+}
+
+fn group_version() -> String {
+    format!("{GROUP}/{VERSION}")
+}
+
+/// `GET /apis`: the one group.
+pub async fn groups(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
+    resolve_admin(&app, &headers)?;
+    let version = json!({"groupVersion": group_version(), "version": VERSION});
+    Ok(json_response(json!({
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [{
+            "name": GROUP,
+            "versions": [version],
+            "preferredVersion": version,
+        }],
+    })))
+}
+
+/// `GET /apis/drover.dev/v1alpha1`: its resources and their verbs.
+pub async fn resources(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
+    resolve_admin(&app, &headers)?;
+    let resources: Vec<Value> = RESOURCES
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.plural,
+                "singularName": r.singular,
+                "namespaced": false,
+                "kind": r.kind,
+                "verbs": ["get", "list"],
+                "shortNames": r.short_names,
+                "categories": ["drover"],
+            })
+        })
+        .collect();
+    Ok(json_response(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version(),
+        "resources": resources,
+    })))
+}
+
+/// Whether the client asked for a `Table` (kubectl's `get` does), as the
+/// API server negotiates it: a media range of `application/json` with
+/// `as=Table` and `g=meta.k8s.io`, `v=v1` (or `v1beta1`, answered as
+/// v1).
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let params: Vec<&str> = range.split(';').map(str::trim).collect();
+            params.contains(&"as=Table")
+                && params.contains(&"g=meta.k8s.io")
+                && (params.contains(&"v=v1") || params.contains(&"v=v1beta1"))
+        })
+}
+
+/// A list call's query: paging, selectors and what kubectl adds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListParams {
+    limit: Option<usize>,
+    #[serde(rename = "continue")]
+    continue_: Option<String>,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+    /// `Metadata` (kubectl's), `None` or `Object`: what a Table row
+    /// carries.
+    include_object: Option<String>,
+    /// Sent by clients that want a consistent read; every list here is read
+    /// from the store as it is.
+    #[allow(dead_code)]
+    resource_version: Option<String>,
+    #[allow(dead_code)]
+    resource_version_match: Option<String>,
+    /// A watch is not served yet.
+    watch: Option<bool>,
+    #[allow(dead_code)]
+    timeout_seconds: Option<u64>,
+    #[allow(dead_code)]
+    allow_watch_bookmarks: Option<bool>,
+}
+
+/// One requirement of a label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Requirement {
+    Equals(String, String),
+    NotEquals(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+impl Requirement {
+    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            Requirement::Equals(k, v) => labels.get(k) == Some(v),
+            Requirement::NotEquals(k, v) => labels.get(k) != Some(v),
+            Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+            Requirement::NotIn(k, vs) => !labels.get(k).is_some_and(|v| vs.contains(v)),
+            Requirement::Exists(k) => labels.contains_key(k),
+            Requirement::NotExists(k) => !labels.contains_key(k),
+        }
+    }
+}
+
+/// Splits `s` at the commas outside parentheses.
+fn split_top(s: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (vec![], 0usize, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// Parses a label selector (apimachinery/pkg/labels/selector.go's
+/// grammar): requirements separated by commas, each `k=v`, `k==v`,
+/// `k!=v`, `k`, `!k`, `k in (a,b)` or `k notin (a,b)`.
+fn parse_label_selector(s: &str) -> Result<Vec<Requirement>, ApiError> {
+    let bad = |part: &str, why: &str| {
+        ApiError::bad_request(format!(
+            "labelSelector {s:?}: {part:?} {why}; write requirements as k=v, k!=v, k, !k, k in (a,b) or k notin (a,b), separated by commas"
+        ))
+    };
+    let mut out = vec![];
+    for part in split_top(s).into_iter().map(str::trim) {
+        if part.is_empty() {
+            continue;
+        }
+        let set = |rest: &str| -> Option<Vec<String>> {
+            let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
+            Some(inner.split(',').map(|v| v.trim().to_owned()).collect())
+        };
+        let r = if let Some(k) = part.strip_prefix('!') {
+            Requirement::NotExists(k.trim().to_owned())
+        } else if let Some((k, v)) = part.split_once("!=") {
+            Requirement::NotEquals(k.trim().to_owned(), v.trim().to_owned())
+        } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+            Requirement::Equals(k.trim().to_owned(), v.trim().to_owned())
+        } else if let Some((k, rest)) = part.split_once(" notin ") {
+            let vs = set(rest).ok_or_else(|| bad(part, "needs a set in parentheses"))?;
+            Requirement::NotIn(k.trim().to_owned(), vs)
+        } else if let Some((k, rest)) = part.split_once(" in ") {
+            let vs = set(rest).ok_or_else(|| bad(part, "needs a set in parentheses"))?;
+            Requirement::In(k.trim().to_owned(), vs)
+        } else if part.contains(|c: char| c.is_whitespace() || "()".contains(c)) {
+            return Err(bad(part, "is not a requirement"));
+        } else {
+            Requirement::Exists(part.to_owned())
+        };
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Parses a field selector: only `metadata.name` (`=`, `==`, `!=`) is
+/// served, as for most resources of the Kubernetes API.
+fn parse_field_selector(s: &str) -> Result<Vec<(bool, String)>, ApiError> {
+    let mut out = vec![];
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
+            (f, false, v)
+        } else if let Some((f, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+            (f, true, v)
+        } else {
+            return Err(ApiError::bad_request(format!(
+                "fieldSelector {s:?}: {part:?} is not field=value or field!=value"
+            )));
+        };
+        if field.trim() != "metadata.name" {
+            return Err(ApiError::bad_request(format!(
+                "fieldSelector {s:?}: field label {:?} is not supported; only metadata.name is",
+                field.trim()
+            )));
+        }
+        out.push((equal, value.trim().to_owned()));
+    }
+    Ok(out)
+}
+
+/// What a list keeps of each object read.
+struct Selection {
+    labels: Vec<Requirement>,
+    names: Vec<(bool, String)>,
+}
+
+impl Selection {
+    fn of(p: &ListParams) -> Result<Self, ApiError> {
+        Ok(Self {
+            labels: p
+                .label_selector
+                .as_deref()
+                .map(parse_label_selector)
+                .transpose()?
+                .unwrap_or_default(),
+            names: p
+                .field_selector
+                .as_deref()
+                .map(parse_field_selector)
+                .transpose()?
+                .unwrap_or_default(),
+        })
+    }
+
+    fn keeps(&self, meta: &drover_common::api::ObjectMeta) -> bool {
+        self.labels.iter().all(|r| r.matches(&meta.labels))
+            && self
+                .names
+                .iter()
+                .all(|(equal, name)| (meta.name == *name) == *equal)
+    }
+}
+
+/// How one kind is listed, shown and tabled.
+struct Kind<T> {
+    resource: &'static Resource,
+    page: fn(&App, Span<'_>) -> Result<Vec<T>, StoreError>,
+    get: fn(&App, &str) -> Result<Option<T>, StoreError>,
+    meta: fn(&T) -> &drover_common::api::ObjectMeta,
+    table: fn(&[T], bool) -> Vec<Vec<String>>,
+}
+
+const CLUSTER_KIND: Kind<drover_common::api::Cluster> = Kind {
+    resource: &CLUSTERS,
+    page: App::clusters_page,
+    get: App::cluster,
+    meta: |c| &c.metadata,
+    table: crate::tables::clusters_table,
+};
+
+const MACHINE_KIND: Kind<drover_common::api::Machine> = Kind {
+    resource: &MACHINES,
+    page: App::machines_page,
+    get: App::machine,
+    meta: |m| &m.metadata,
+    table: crate::tables::machines_table,
+};
+
+/// A column's name as the API gives it (`CONTROL-PLANE` is
+/// `Control-Plane`; kubectl prints it upper-cased again).
+fn column_name(header: &str) -> String {
+    let mut out = String::with_capacity(header.len());
+    let mut start = true;
+    for c in header.chars() {
+        out.extend(if start {
+            c.to_uppercase().collect::<Vec<_>>()
+        } else {
+            c.to_lowercase().collect()
+        });
+        start = !c.is_alphanumeric();
+    }
+    out
+}
+
+/// `objects` as a `Table`: the CLI's columns (its wide ones at priority
+/// 1), each row with the object's metadata unless `include_object` is
+/// `None`.
+fn table<T: serde::Serialize>(kind: &Kind<T>, objects: &[T], include: &str, meta: Value) -> Value {
+    let narrow = (kind.table)(&[], false)[0].len();
+    let rows = (kind.table)(objects, true);
+    let header = rows.first().cloned().unwrap_or_default();
+    let columns: Vec<Value> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            json!({
+                "name": column_name(h),
+                "type": "string",
+                "format": if i == 0 { "name" } else { "" },
+                "description": "",
+                "priority": if i < narrow { 0 } else { 1 },
+            })
+        })
+        .collect();
+    let rows: Vec<Value> = rows
+        .iter()
+        .skip(1)
+        .zip(objects)
+        .map(|(cells, o)| {
+            let object = match include {
+                "None" => Value::Null,
+                "Object" => serde_json::to_value(o).unwrap_or(Value::Null),
+                _ => json!({
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": serde_json::to_value((kind.meta)(o)).unwrap_or(Value::Null),
+                }),
+            };
+            json!({"cells": cells, "object": object})
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": columns,
+        "rows": rows,
+    })
+}
+
+async fn list<T: serde::Serialize + Send + 'static>(
+    app: Arc<App>,
+    headers: HeaderMap,
+    params: ListParams,
+    kind: &'static Kind<T>,
+) -> KubeResult {
+    resolve_admin(&app, &headers)?;
+    if params.watch == Some(true) {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Watch not served",
+            format!(
+                "watching {} is not served yet; list again instead",
+                kind.resource.plural
+            ),
+        )
+        .into());
+    }
+    let selection = Selection::of(&params)?;
+    let page = ListQuery {
+        limit: params.limit,
+        continue_: params.continue_.clone(),
+    }
+    .page()?;
+    let mut read = page.read(&app, kind.page).await?;
+    let next = match page.limit {
+        Some(limit) if read.len() > limit => {
+            read.truncate(limit);
+            read.last()
+                .map(|o| super::paging::encode_token(&(kind.meta)(o).name))
+        }
+        _ => None,
+    };
+    let items: Vec<T> = read
+        .into_iter()
+        .filter(|o| selection.keeps((kind.meta)(o)))
+        .collect();
+    let mut meta = json!({"resourceVersion": ""});
+    if let Some(token) = next {
+        meta["continue"] = token.into();
+    }
+    if wants_table(&headers) {
+        let include = params.include_object.as_deref().unwrap_or("Metadata");
+        return Ok(json_response(table(kind, &items, include, meta)));
+    }
+    Ok(json_response(json!({
+        "apiVersion": group_version(),
+        "kind": format!("{}List", kind.resource.kind),
+        "metadata": meta,
+        "items": items,
+    })))
+}
+
+async fn get_one<T: serde::Serialize + Send + 'static>(
+    app: Arc<App>,
+    headers: HeaderMap,
+    name: String,
+    kind: &'static Kind<T>,
+) -> KubeResult {
+    resolve_admin(&app, &headers)?;
+    let found = crate::store::blocking({
+        let (app, name) = (app.clone(), name.clone());
+        move || (kind.get)(&app, &name)
+    })
+    .await?
+    .ok_or_else(|| {
+        ApiError::not_found(
+            &format!("{}.{GROUP}", kind.resource.plural),
+            &format!("{name:?}"),
+        )
+    })?;
+    if wants_table(&headers) {
+        return Ok(json_response(table(
+            kind,
+            std::slice::from_ref(&found),
+            "Metadata",
+            json!({}),
+        )));
+    }
+    Ok(json_response(
+        serde_json::to_value(&found).map_err(ApiError::internal)?,
+    ))
+}
+
+/// `GET /apis/drover.dev/v1alpha1/clusters`.
+pub async fn list_clusters(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<ListParams>,
+) -> KubeResult {
+    list(app, headers, params, &CLUSTER_KIND).await
+}
+
+/// `GET /apis/drover.dev/v1alpha1/clusters/{name}`.
+pub async fn get_cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> KubeResult {
+    get_one(app, headers, name, &CLUSTER_KIND).await
+}
+
+/// `GET /apis/drover.dev/v1alpha1/machines`.
+pub async fn list_machines(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<ListParams>,
+) -> KubeResult {
+    list(app, headers, params, &MACHINE_KIND).await
+}
+
+/// `GET /apis/drover.dev/v1alpha1/machines/{name}`.
+pub async fn get_machine(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> KubeResult {
+    get_one(app, headers, name, &MACHINE_KIND).await
+}
+
+/// Any other path under `/apis`: a Status, as the API server answers.
+pub async fn not_found() -> KubeResult {
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        "the server could not find the requested resource",
+    )
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn label_selectors_parse_and_match_as_kubernetes_does() {
+        let env = labels(&[("env", "prod"), ("tier", "web")]);
+        let matches = |s: &str| {
+            parse_label_selector(s)
+                .unwrap()
+                .iter()
+                .all(|r| r.matches(&env))
+        };
+        assert!(matches("env=prod"));
+        assert!(matches("env==prod,tier"));
+        assert!(matches("env in (dev, prod),!team"));
+        assert!(!matches("env notin (prod)"));
+        assert!(!matches("env!=prod"));
+        assert!(!matches("team"));
+        assert!(matches(""));
+        let e = parse_label_selector("env in prod").unwrap_err();
+        assert!(
+            e.detail.contains("needs a set in parentheses"),
+            "{}",
+            e.detail
+        );
+        let e = parse_field_selector("spec.x=1").unwrap_err();
+        assert!(e.detail.contains("only metadata.name"), "{}", e.detail);
+        assert_eq!(
+            parse_field_selector("metadata.name!=a").unwrap(),
+            vec![(false, "a".to_string())]
+        );
+    }
+
+    #[test]
+    fn a_table_is_asked_as_kubectl_asks_it() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static(
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
+            ),
+        );
+        assert!(wants_table(&h));
+        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        assert!(!wants_table(&h));
+        assert_eq!(column_name("CONTROL-PLANE"), "Control-Plane");
+        assert_eq!(column_name("NAME"), "Name");
+    }
+
+    #[test]
+    fn failures_are_statuses_with_kubernetes_reasons() {
+        let r = KubeError(ApiError::not_found("clusters.drover.dev", "\"x\"")).into_response();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(reason(StatusCode::UNPROCESSABLE_ENTITY), "Invalid");
+        assert_eq!(reason(StatusCode::FORBIDDEN), "Forbidden");
+    }
+}
