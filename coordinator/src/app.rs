@@ -93,6 +93,9 @@ pub struct Fleet {
     /// The fleet in numbers (for `/metrics` and the web overview), kept up
     /// to date from store changes by the `fleet-summary` task.
     pub summary: crate::domain::fleet_summary::FleetSummary,
+    /// The recent store changes watches replay, kept by the `change-log`
+    /// task.
+    pub changes: std::sync::Arc<crate::change_log::ChangeLog>,
 }
 
 /// What machines and listeners ask of the coordinator: registrations and
@@ -176,6 +179,7 @@ impl App {
                 provision_retries: Default::default(),
                 bundle_builds: Default::default(),
                 summary: Default::default(),
+                changes: Default::default(),
             },
             providers,
             intake: Intake {

@@ -5,6 +5,7 @@
 pub use types::EXIT_CONFIG;
 
 pub mod app;
+pub mod change_log;
 pub mod cli;
 pub mod cluster_restore;
 pub mod config_file;

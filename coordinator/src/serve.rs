@@ -839,6 +839,13 @@ fn start_tasks(
         Start::Now,
         crate::summary::Summarizer::new(app.clone()),
     );
+    // Every replica serves watches from it.
+    tasks.spawn(
+        "change-log",
+        Some(crate::summary::PERIOD),
+        Start::Now,
+        crate::change_log::Recorder::new(app.store.clone(), app.fleet.changes.clone()),
+    );
     tasks.spawn(
         "free-machines",
         Some(app.settings.heartbeat_interval),

@@ -3574,7 +3574,7 @@ fn a_lost_pool_control_plane_is_restored_from_a_snapshot_onto_a_free_machine() {
 /// Status, a viewer's token reading and a wrong token refused.
 #[test]
 fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
-    let (tmp, c, _agents) = registered_pool(2, "k");
+    let (tmp, mut c, _agents) = registered_pool(2, "k");
     let web = cluster_yaml("web", 1, 1, &pool_selector("dev")).replace(
         "metadata:\n  name: web\n",
         "metadata:\n  name: web\n  labels:\n    team: web\n",
@@ -3638,6 +3638,76 @@ fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
         named(&["--chunk-size", "1"]).lines().collect::<Vec<_>>(),
         ["cluster.drover.dev/idle", "cluster.drover.dev/web"]
     );
+    // A watch sees a deletion, as a Table row with its event type; a watch
+    // from the list's resourceVersion replays it; one from before what the
+    // coordinator keeps is told 410 Gone.
+    let listed: serde_json::Value = serde_json::from_str(
+        &kubectl(
+            &kubeconfig,
+            &["get", "--raw", "/apis/drover.dev/v1alpha1/clusters"],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listed["kind"], "ClusterList", "{listed}");
+    let listed = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .filter(|rv| rv.parse::<u64>().is_ok_and(|rv| rv > 0))
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_owned();
+    let mut watcher = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "clusters", "--watch", "--output-watch-events"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let out = watcher.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut shown = vec![];
+    let mut saw = |what: &dyn Fn(&str) -> bool| {
+        let until = std::time::Instant::now() + BOOT;
+        while std::time::Instant::now() < until {
+            if let Ok(line) = lines.recv_timeout(std::time::Duration::from_secs(1)) {
+                let hit = what(&line);
+                shown.push(line);
+                if hit {
+                    return;
+                }
+            }
+        }
+        panic!("the watch showed {shown:#?}");
+    };
+    saw(&|l| l.starts_with("ADDED") && l.contains("idle"));
+    c.cli_ok(&["delete", "cluster", "idle"]);
+    saw(&|l| l.starts_with("DELETED") && l.contains("idle"));
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    let replay = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "--raw",
+            &format!(
+                "/apis/drover.dev/v1alpha1/clusters?watch=true&resourceVersion={listed}&timeoutSeconds=1"
+            ),
+        ],
+    )
+    .unwrap();
+    assert!(
+        replay.contains(r#""type":"DELETED""#) && replay.contains(r#""name":"idle""#),
+        "{replay}"
+    );
+
     let machines = kubectl(&kubeconfig, &["get", "machines"]).unwrap();
     assert_eq!(machines.lines().count(), 3, "{machines}");
     let missing = kubectl(&kubeconfig, &["get", "cluster", "nope"]).unwrap_err();
@@ -3657,5 +3727,21 @@ fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
         refused.contains("You must be logged in to the server")
             && refused.contains("the admin token is not valid"),
         "{refused}"
+    );
+
+    // Restarted, the coordinator keeps no changes from before: a watch
+    // from the list's resourceVersion is told 410 Gone (Expired), and the
+    // client lists again.
+    c.restart();
+    let from = format!(
+        "/apis/drover.dev/v1alpha1/clusters?watch=true&resourceVersion={listed}&timeoutSeconds=1"
+    );
+    wait_for(
+        "a watch from before the restart expired",
+        BOOT,
+        || match kubectl(&kubeconfig, &["get", "--raw", &from]) {
+            Err(e) if e.contains("too old resource version") => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
     );
 }

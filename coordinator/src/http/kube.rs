@@ -1,10 +1,12 @@
 //! The coordinator's objects served the way the Kubernetes API serves
 //! its own, so that real kubectl reads them with no management cluster:
-//! discovery (`/api`, `/apis`, `/apis/drover.dev/v1alpha1`), and get and
-//! list of clusters and machines, as JSON or as a `Table` (the columns of
-//! `drover get`, its `-o wide` ones at priority 1), with `limit` and
-//! `continue`, `labelSelector` and `fieldSelector=metadata.name`; every
-//! failure a `metav1.Status` with its `reason` and `code`. Over the same
+//! discovery (`/api`, `/apis`, `/apis/drover.dev/v1alpha1`), and get,
+//! list and watch of clusters and machines, as JSON or as a `Table` (the
+//! columns of `drover get`, its `-o wide` ones at priority 1), with `limit`
+//! and `continue`, `labelSelector` and `fieldSelector=metadata.name`; a
+//! watch from a list's `resourceVersion` replays what the change log
+//! (`change_log.rs`) holds after it, or answers `410 Gone`; every failure a
+//! `metav1.Status` with its `reason` and `code`. Over the same
 //! domain and admin tokens as `/v1`, which stays for the CLI.
 //!
 //! What this copies, from Kubernetes' own sources: the discovery documents
@@ -34,7 +36,7 @@ use super::auth::resolve_admin;
 use super::error::ApiError;
 use super::paging::ListQuery;
 use crate::app::App;
-use crate::store::{Span, StoreError};
+use crate::store::{Change, Span, StoreError};
 
 /// The API group Drover's objects are served in.
 pub const GROUP: &str = "drover.dev";
@@ -170,7 +172,7 @@ pub async fn resources(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeR
                 "singularName": r.singular,
                 "namespaced": false,
                 "kind": r.kind,
-                "verbs": ["get", "list"],
+                "verbs": ["get", "list", "watch"],
                 "shortNames": r.short_names,
                 "categories": ["drover"],
             })
@@ -214,18 +216,22 @@ pub struct ListParams {
     /// `Metadata` (kubectl's), `None` or `Object`: what a Table row
     /// carries.
     include_object: Option<String>,
-    /// Sent by clients that want a consistent read; every list here is read
-    /// from the store as it is.
-    #[allow(dead_code)]
+    /// A list is read from the store as it is, whatever is asked; a watch
+    /// starts after this revision (unset or `0`: with the objects there
+    /// are now, as ADDED events).
     resource_version: Option<String>,
+    /// Accepted and ignored, as `resourceVersion` is for a list.
     #[allow(dead_code)]
     resource_version_match: Option<String>,
-    /// A watch is not served yet.
+    /// A watch instead of a list.
     watch: Option<bool>,
-    #[allow(dead_code)]
+    /// How long a watch lasts (at most [`MAX_WATCH`]).
     timeout_seconds: Option<u64>,
-    #[allow(dead_code)]
+    /// Whether a watch sends BOOKMARK events.
     allow_watch_bookmarks: Option<bool>,
+    /// Sent by informers; accepted and ignored.
+    #[allow(dead_code)]
+    send_initial_events: Option<bool>,
 }
 
 /// One requirement of a label selector.
@@ -371,6 +377,7 @@ impl Selection {
 /// How one kind is listed, shown and tabled.
 struct Kind<T> {
     resource: &'static Resource,
+    stored: crate::store::Kind,
     page: fn(&App, Span<'_>) -> Result<Vec<T>, StoreError>,
     get: fn(&App, &str) -> Result<Option<T>, StoreError>,
     meta: fn(&T) -> &drover_common::api::ObjectMeta,
@@ -379,6 +386,7 @@ struct Kind<T> {
 
 const CLUSTER_KIND: Kind<drover_common::api::Cluster> = Kind {
     resource: &CLUSTERS,
+    stored: crate::store::Kind::Cluster,
     page: App::clusters_page,
     get: App::cluster,
     meta: |c| &c.metadata,
@@ -387,6 +395,7 @@ const CLUSTER_KIND: Kind<drover_common::api::Cluster> = Kind {
 
 const MACHINE_KIND: Kind<drover_common::api::Machine> = Kind {
     resource: &MACHINES,
+    stored: crate::store::Kind::Machine,
     page: App::machines_page,
     get: App::machine,
     meta: |m| &m.metadata,
@@ -455,25 +464,25 @@ fn table<T: serde::Serialize>(kind: &Kind<T>, objects: &[T], include: &str, meta
     })
 }
 
-async fn list<T: serde::Serialize + Send + 'static>(
+async fn list<T: serde::Serialize + Clone + Send + Sync + 'static>(
     app: Arc<App>,
     headers: HeaderMap,
     params: ListParams,
     kind: &'static Kind<T>,
 ) -> KubeResult {
     resolve_admin(&app, &headers)?;
-    if params.watch == Some(true) {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "Watch not served",
-            format!(
-                "watching {} is not served yet; list again instead",
-                kind.resource.plural
-            ),
-        )
-        .into());
-    }
     let selection = Selection::of(&params)?;
+    if params.watch == Some(true) {
+        return watch(app, &headers, &params, selection, kind);
+    }
+    // The list's resourceVersion: the store's revision before it is read,
+    // so a watch from it misses nothing (it may repeat a change the list
+    // already shows).
+    let revision = crate::store::blocking({
+        let app = app.clone();
+        move || app.store.revision()
+    })
+    .await?;
     let page = ListQuery {
         limit: params.limit,
         continue_: params.continue_.clone(),
@@ -492,7 +501,7 @@ async fn list<T: serde::Serialize + Send + 'static>(
         .into_iter()
         .filter(|o| selection.keeps((kind.meta)(o)))
         .collect();
-    let mut meta = json!({"resourceVersion": ""});
+    let mut meta = json!({"resourceVersion": revision.to_string()});
     if let Some(token) = next {
         meta["continue"] = token.into();
     }
@@ -506,6 +515,232 @@ async fn list<T: serde::Serialize + Send + 'static>(
         "metadata": meta,
         "items": items,
     })))
+}
+
+/// The longest a watch lasts; the client watches again from where it got.
+pub const MAX_WATCH: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// How often a watch that asked for them gets a BOOKMARK.
+pub const BOOKMARK_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// One watch event as a line of the stream (`application/json`,
+/// newline-delimited, as the API server streams them).
+fn event_line(kind: &str, object: Value) -> bytes::Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    line.push(b'\n');
+    line.into()
+}
+
+/// What a watch sends of `object`: itself, or a one-row Table.
+fn watched<T: serde::Serialize>(kind: &Kind<T>, object: &T, table_rows: bool) -> Value {
+    if table_rows {
+        table(kind, std::slice::from_ref(object), "Metadata", json!({}))
+    } else {
+        serde_json::to_value(object).unwrap_or(Value::Null)
+    }
+}
+
+/// What a watch sends of an object deleted before it saw it: its name
+/// and the revision of its deletion (a Table row: the name, the other
+/// cells empty).
+fn deleted_stub<T: serde::Serialize>(
+    kind: &Kind<T>,
+    name: &str,
+    revision: u64,
+    table_rows: bool,
+) -> Value {
+    let metadata = json!({"name": name, "resourceVersion": revision.to_string()});
+    if !table_rows {
+        return json!({
+            "apiVersion": group_version(),
+            "kind": kind.resource.kind,
+            "metadata": metadata,
+        });
+    }
+    let mut t = table(kind, &[], "Metadata", json!({}));
+    let columns = t["columnDefinitions"].as_array().map_or(1, Vec::len);
+    let mut cells = vec![Value::from(name)];
+    cells.resize(columns, Value::from(""));
+    t["rows"] = json!([{
+        "cells": cells,
+        "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata},
+    }]);
+    t
+}
+
+/// A watch of `kind`: from `resourceVersion` (the changes after it, which
+/// the change log must still hold, else `410 Gone`), or, without one, the
+/// objects there are now as ADDED events then every change; each change
+/// sends the object as it is when read (so several changes may arrive as
+/// one), DELETED when it is gone or stops matching the selectors;
+/// BOOKMARKs every [`BOOKMARK_EVERY`] when asked; ends after
+/// `timeoutSeconds` (at most [`MAX_WATCH`]), or with an ERROR event
+/// (`Expired`) when it fell behind the change log.
+fn watch<T>(
+    app: Arc<App>,
+    headers: &HeaderMap,
+    params: &ListParams,
+    selection: Selection,
+    kind: &'static Kind<T>,
+) -> KubeResult
+where
+    T: serde::Serialize + Clone + Send + Sync + 'static,
+{
+    let log = app.fleet.changes.clone();
+    let from = match params.resource_version.as_deref() {
+        None | Some("") | Some("0") => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "resourceVersion {v:?} is not a revision this coordinator gives; watch without one, or from a list's"
+            ))
+        })?),
+    };
+    let start = match from {
+        Some(rv) => {
+            if let Err(e) = log.since(kind.stored, rv) {
+                return Err(ApiError::new(StatusCode::GONE, "Expired", e.to_string()).into());
+            }
+            rv
+        }
+        None => log.head().ok_or_else(|| ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Starting",
+                "this coordinator is starting its change log; watch again in a moment",
+            )
+        })?,
+    };
+    let table_rows = wants_table(headers);
+    let timeout = params
+        .timeout_seconds
+        .map(std::time::Duration::from_secs)
+        .unwrap_or(MAX_WATCH)
+        .min(MAX_WATCH);
+    let bookmarks = params.allow_watch_bookmarks == Some(true);
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut seen: BTreeMap<String, T> = BTreeMap::new();
+        let mut cursor = start;
+        let send = |line| tx.send(line);
+        if from.is_none() {
+            let all = crate::store::blocking({
+                let app = app.clone();
+                move || {
+                    (kind.page)(
+                        &app,
+                        Span {
+                            after: "",
+                            limit: None,
+                        },
+                    )
+                }
+            })
+            .await;
+            let Ok(all) = all else { return };
+            for o in all.into_iter().filter(|o| selection.keeps((kind.meta)(o))) {
+                if send(event_line("ADDED", watched(kind, &o, table_rows)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                seen.insert((kind.meta)(&o).name.clone(), o);
+            }
+        }
+        let mut last_bookmark = tokio::time::Instant::now();
+        loop {
+            let notified = log.changed();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (changes, head) = match log.since(kind.stored, cursor) {
+                Ok(c) => c,
+                Err(e) => {
+                    let status =
+                        KubeError(ApiError::new(StatusCode::GONE, "Expired", e.to_string()));
+                    let body = axum::body::to_bytes(status.into_response().into_body(), 1 << 20)
+                        .await
+                        .unwrap_or_default();
+                    let object: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let _ = send(event_line("ERROR", object)).await;
+                    return;
+                }
+            };
+            // The newest change of each object, in revision order.
+            let mut newest: Vec<&Change> = vec![];
+            for c in changes.iter().rev() {
+                if !newest.iter().any(|n| n.name == c.name) {
+                    newest.push(c);
+                }
+            }
+            newest.reverse();
+            for c in newest {
+                let now = if c.deleted {
+                    None
+                } else {
+                    let (app, name) = (app.clone(), c.name.clone());
+                    match crate::store::blocking(move || (kind.get)(&app, &name)).await {
+                        Ok(o) => o,
+                        Err(_) => return,
+                    }
+                };
+                let line = match now.filter(|o| selection.keeps((kind.meta)(o))) {
+                    Some(o) => {
+                        let what = if seen.contains_key(&c.name) {
+                            "MODIFIED"
+                        } else {
+                            "ADDED"
+                        };
+                        let line = event_line(what, watched(kind, &o, table_rows));
+                        seen.insert(c.name.clone(), o);
+                        line
+                    }
+                    None => match seen.remove(&c.name) {
+                        Some(gone) => event_line("DELETED", watched(kind, &gone, table_rows)),
+                        // Gone since the revision the client watches
+                        // from: it may hold it, so it hears of it.
+                        None if c.deleted && from.is_some() => event_line(
+                            "DELETED",
+                            deleted_stub(kind, &c.name, c.revision, table_rows),
+                        ),
+                        None => continue,
+                    },
+                };
+                if send(line).await.is_err() {
+                    return;
+                }
+            }
+            cursor = head;
+            let bookmark_at = last_bookmark + BOOKMARK_EVERY;
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tokio::time::sleep_until(bookmark_at), if bookmarks => {
+                    let mark = json!({
+                        "apiVersion": group_version(),
+                        "kind": kind.resource.kind,
+                        "metadata": {"resourceVersion": cursor.to_string()},
+                    });
+                    if send(event_line("BOOKMARK", mark)).await.is_err() {
+                        return;
+                    }
+                    last_bookmark = tokio::time::Instant::now();
+                }
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|line| (Ok::<_, std::convert::Infallible>(line), rx))
+    });
+    let mut response = Response::new(axum::body::Body::from_stream(stream));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
 }
 
 async fn get_one<T: serde::Serialize + Send + 'static>(

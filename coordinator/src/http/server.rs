@@ -348,6 +348,33 @@ struct DeadlineBody {
     shared: Arc<Shared>,
 }
 
+/// A response body that counts as a request in flight until it is sent
+/// whole (or dropped).
+struct InFlightBody {
+    inner: axum::body::Body,
+    _guard: Gauge<InFlight>,
+}
+
+impl hyper::body::Body for InFlightBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 impl hyper::body::Body for DeadlineBody {
     type Data = bytes::Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -672,9 +699,17 @@ async fn serve_connection(
             let guard = Gauge::new(in_flight.clone());
             let answer = app.clone().oneshot(req);
             Box::pin(async move {
-                let resp = answer.await;
-                drop(guard);
-                resp
+                // In flight until its body is sent: a response that streams
+                // (a watch, a snapshot) keeps the connection from parking
+                // while it waits between chunks.
+                answer.await.map(|resp| {
+                    resp.map(|inner| {
+                        axum::body::Body::new(InFlightBody {
+                            inner,
+                            _guard: guard,
+                        })
+                    })
+                })
             })
         })
     };

@@ -215,6 +215,9 @@ pub(super) trait Backend: Send + Sync {
     /// to be current, and fails with [`StoreError::Fenced`] otherwise. A
     /// single-replica backend has one term forever and ignores it.
     fn txn(&self, ops: &[Op], fence: Option<Fence>) -> Result<u64, StoreError>;
+    /// The store's revision now: every committed write has a revision at
+    /// most this, and the next one will have more.
+    fn revision(&self) -> Result<u64, StoreError>;
     /// Where the data lives, for messages ("SQLite database /d/drover.db").
     fn describe(&self) -> String;
     /// Writes every object, as stored (sealed records stay sealed), at one

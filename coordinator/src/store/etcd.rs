@@ -610,6 +610,19 @@ impl Etcd {
 }
 
 impl Backend for Etcd {
+    fn revision(&self) -> Result<u64, StoreError> {
+        let (members, key) = (self.members.clone(), self.prefix.clone());
+        self.call(async move {
+            let resp = members
+                .request("read the revision", true, |mut kv| {
+                    let key = key.clone();
+                    async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+                })
+                .await?;
+            Ok(resp.header().map_or(0, |h| h.revision()) as u64)
+        })
+    }
+
     fn describe(&self) -> String {
         format!(
             "etcd {} (keys under {})",

@@ -491,6 +491,11 @@ impl Store {
         Ok(!self.list_raw(Kind::Secret)?.is_empty())
     }
 
+    /// The store's revision now (see `Backend::revision`).
+    pub fn revision(&self) -> Result<u64, StoreError> {
+        self.backend.revision()
+    }
+
     /// Subscribes to committed changes.
     pub fn watch(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()

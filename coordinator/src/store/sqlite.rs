@@ -110,6 +110,14 @@ impl Backend for Sqlite {
         format!("SQLite database {}", self.path.display())
     }
 
+    fn revision(&self) -> Result<u64, StoreError> {
+        let conn = self.conn.lock().expect("store lock poisoned");
+        let revision: i64 = conn
+            .prepare_cached("SELECT value FROM revision WHERE id = 0")?
+            .query_row([], |r| r.get(0))?;
+        Ok(revision as u64)
+    }
+
     fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
         let conn = self.conn.lock().expect("store lock poisoned");
         let row = conn
