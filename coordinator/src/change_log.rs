@@ -62,10 +62,12 @@ impl ChangeLog {
             });
         }
         let head = ring.changes.back().map_or(floor, |c| c.revision.max(floor));
+        // In revision order: the first one after `after` is found by halves.
+        let first = ring.changes.partition_point(|c| c.revision <= after);
         let changes = ring
             .changes
-            .iter()
-            .filter(|c| c.revision > after && c.kind == kind)
+            .range(first..)
+            .filter(|c| c.kind == kind)
             .cloned()
             .collect();
         Ok((changes, head))

@@ -540,9 +540,9 @@ fn watched<T: serde::Serialize>(kind: &Kind<T>, object: &T, table_rows: bool) ->
     }
 }
 
-/// What a watch sends of an object deleted before it saw it: its name
-/// and the revision of its deletion (a Table row: the name, the other
-/// cells empty).
+/// What a watch sends of an object deleted (or no longer selected): its
+/// name and the revision of the change (a Table row: the name, the other
+/// cells empty), as a watch keeps no objects.
 fn deleted_stub<T: serde::Serialize>(
     kind: &Kind<T>,
     name: &str,
@@ -572,7 +572,8 @@ fn deleted_stub<T: serde::Serialize>(
 /// the change log must still hold, else `410 Gone`), or, without one, the
 /// objects there are now as ADDED events then every change; each change
 /// sends the object as it is when read (so several changes may arrive as
-/// one), DELETED when it is gone or stops matching the selectors;
+/// one), DELETED (its name and revision) when it is gone or stops matching
+/// the selectors;
 /// BOOKMARKs every [`BOOKMARK_EVERY`] when asked; ends after
 /// `timeoutSeconds` (at most [`MAX_WATCH`]), or with an ERROR event
 /// (`Expired`) when it fell behind the change log.
@@ -621,7 +622,9 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut seen: BTreeMap<String, T> = BTreeMap::new();
+        // The names the client holds: a watch keeps no objects, so a
+        // watch of 100,000 machines costs their names, not their records.
+        let mut seen: std::collections::BTreeSet<String> = Default::default();
         let mut cursor = start;
         let send = |line| tx.send(line);
         if from.is_none() {
@@ -646,7 +649,7 @@ where
                 {
                     return;
                 }
-                seen.insert((kind.meta)(&o).name.clone(), o);
+                seen.insert((kind.meta)(&o).name.clone());
             }
         }
         let mut last_bookmark = tokio::time::Instant::now();
@@ -687,25 +690,20 @@ where
                 };
                 let line = match now.filter(|o| selection.keeps((kind.meta)(o))) {
                     Some(o) => {
-                        let what = if seen.contains_key(&c.name) {
-                            "MODIFIED"
-                        } else {
+                        let what = if seen.insert(c.name.clone()) {
                             "ADDED"
+                        } else {
+                            "MODIFIED"
                         };
-                        let line = event_line(what, watched(kind, &o, table_rows));
-                        seen.insert(c.name.clone(), o);
-                        line
+                        event_line(what, watched(kind, &o, table_rows))
                     }
-                    None => match seen.remove(&c.name) {
-                        Some(gone) => event_line("DELETED", watched(kind, &gone, table_rows)),
-                        // Gone since the revision the client watches
-                        // from: it may hold it, so it hears of it.
-                        None if c.deleted && from.is_some() => event_line(
-                            "DELETED",
-                            deleted_stub(kind, &c.name, c.revision, table_rows),
-                        ),
-                        None => continue,
-                    },
+                    // Gone, or no longer selected: DELETED, if the client
+                    // holds it (or may: it watches from a revision).
+                    None if seen.remove(&c.name) || (c.deleted && from.is_some()) => event_line(
+                        "DELETED",
+                        deleted_stub(kind, &c.name, c.revision, table_rows),
+                    ),
+                    None => continue,
                 };
                 if send(line).await.is_err() {
                     return;
@@ -715,6 +713,7 @@ where
             let bookmark_at = last_bookmark + BOOKMARK_EVERY;
             tokio::select! {
                 _ = &mut notified => {}
+                _ = tx.closed() => return,
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = tokio::time::sleep_until(bookmark_at), if bookmarks => {
                     let mark = json!({
