@@ -427,37 +427,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let app = App::for_tests(dir.path());
         let source = with_snapshot(&app, "v1.31.2");
+        let drill = |snapshot: Option<&str>, into: &str| {
+            start(
+                &app,
+                "c",
+                &drill_of(snapshot, into),
+                "admin",
+                DrillTrigger::Manual,
+            )
+        };
         let refused = |e: RestoreError| match e {
             RestoreError::Refused(why) => why,
             e => panic!("not a refusal: {e}"),
         };
         // No CAs yet: nothing to drill.
-        let why = refused(
-            start(
-                &app,
-                "c",
-                &drill_of(None, "d"),
-                "admin",
-                DrillTrigger::Manual,
-            )
-            .unwrap_err(),
-        );
+        let why = refused(drill(None, "d").unwrap_err());
         assert!(why.contains("no CAs yet"), "{why}");
         let pki = ClusterPki::generate("cu").unwrap();
         app.store
             .create_json(Kind::Secret, &cluster_pki_name("c"), &pki)
             .unwrap();
         // Not into itself, nor an existing cluster, nor with --force.
-        let why = refused(
-            start(
-                &app,
-                "c",
-                &drill_of(None, "c"),
-                "admin",
-                DrillTrigger::Manual,
-            )
-            .unwrap_err(),
-        );
+        let why = refused(drill(None, "c").unwrap_err());
         assert!(why.contains("leave out --into"), "{why}");
         let forced = RestoreRequest {
             force: true,
@@ -467,14 +458,7 @@ mod tests {
         assert!(why.contains("no meaning"), "{why}");
         assert!(app.cluster("d").unwrap().is_none());
 
-        let drilled = start(
-            &app,
-            "c",
-            &drill_of(Some(SNAP), "d"),
-            "admin",
-            DrillTrigger::Manual,
-        )
-        .unwrap();
+        let drilled = drill(Some(SNAP), "d").unwrap();
         let under_way = drilled.status.drill.clone().unwrap();
         assert_eq!(
             (under_way.cluster.as_str(), under_way.snapshot.as_str()),
@@ -494,24 +478,8 @@ mod tests {
         assert_eq!(copied.cluster_uid, duid);
         assert_eq!(copied.ca.cert_pem, pki.ca.cert_pem);
         // Asked again: the same drill; another: refused.
-        start(
-            &app,
-            "c",
-            &drill_of(Some(SNAP), "d"),
-            "admin",
-            DrillTrigger::Manual,
-        )
-        .unwrap();
-        let why = refused(
-            start(
-                &app,
-                "c",
-                &drill_of(None, "e"),
-                "admin",
-                DrillTrigger::Manual,
-            )
-            .unwrap_err(),
-        );
+        drill(Some(SNAP), "d").unwrap();
+        let why = refused(drill(None, "e").unwrap_err());
         assert!(why.contains("under way"), "{why}");
 
         // Its init machine restores the source's snapshot with its key.
@@ -626,14 +594,7 @@ mod tests {
         // A drill cluster deleted by hand before its end fails the drill,
         // so that the next may start.
         app.store.delete(Kind::Cluster, "d", None).unwrap();
-        start(
-            &app,
-            "c",
-            &drill_of(None, "e"),
-            "admin",
-            DrillTrigger::Manual,
-        )
-        .unwrap();
+        drill(None, "e").unwrap();
         let e = app.cluster("e").unwrap().unwrap();
         forget(&app, &e).unwrap();
         let c = app.cluster("c").unwrap().unwrap();

@@ -999,6 +999,25 @@ pub fn cluster_yaml(name: &str, cp: u32, workers: u32, provider: &str) -> String
     )
 }
 
+/// What `drover restore cluster NAME --into NEW --wait` printed, which
+/// must be a drill that passed: the namespaces its inventory lists.
+pub fn drill_passed(out: &std::process::Output) -> Vec<String> {
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("restore drill passed"), "{said}");
+    eprintln!("{said}");
+    said.lines()
+        .find_map(|l| l.trim().strip_prefix("namespaces: "))
+        .unwrap_or_else(|| panic!("no namespaces in {said}"))
+        .split(", ")
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The start of a Cluster document named `name` at v1.31.2, then `spec`:
 /// the rest of its spec, indented by two.
 pub fn cluster_doc(name: &str, spec: &str) -> String {
