@@ -180,6 +180,7 @@ fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
             "cluster-reconciler",
             "stall-clock",
             "fleet-summary",
+            "change-log",
             "free-machines",
             "orphan-sweeper",
             "gateway-listeners",
