@@ -259,8 +259,7 @@ pub async fn snapshot_saved(
     responses(
         (status = 204, description = "Recorded."),
         (status = 409, description = "The machine's cluster does not ask this inventory of it (any more).", body = drover_common::api::Problem, content_type = "application/problem+json"),
-        (status = 413, response = super::responses::PayloadTooLarge),
-        (status = 415, response = super::responses::UnsupportedMediaType),
+        super::responses::JsonBodyRefusals,
     ),
 )]
 pub async fn inventory(
