@@ -3715,6 +3715,18 @@ fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
     let as_viewer = tmp.path().join("viewer.kubeconfig");
     std::fs::write(&as_viewer, text.replace(&c.admin_token, &viewer)).unwrap();
     assert!(kubectl(&as_viewer, &["get", "clusters", "web"]).is_ok());
+    // As through /v1, a viewer sees inline files by size and hash only.
+    assert!(yaml.contains("cniVersion"), "{yaml}");
+    for args in [
+        &["get", "cluster", "web", "-o", "yaml"][..],
+        &["get", "clusters", "-o", "yaml"][..],
+    ] {
+        let seen = kubectl(&as_viewer, args).unwrap();
+        assert!(
+            seen.contains("/etc/cni/net.d/10-bridge.conflist") && !seen.contains("cniVersion"),
+            "{seen}"
+        );
+    }
     let wrong = tmp.path().join("wrong.kubeconfig");
     std::fs::write(&wrong, text.replace(&c.admin_token, "drv_00000000_wrong")).unwrap();
     let refused = kubectl(&wrong, &["get", "clusters"]).unwrap_err();

@@ -382,6 +382,18 @@ struct Kind<T> {
     get: fn(&App, &str) -> Result<Option<T>, StoreError>,
     meta: fn(&T) -> &drover_common::api::ObjectMeta,
     table: fn(&[T], bool) -> Vec<Vec<String>>,
+    /// What a viewer's token is shown of an object (as through `/v1`).
+    for_viewer: fn(T) -> T,
+}
+
+impl<T> Kind<T> {
+    /// `o` as `admin` may see it.
+    fn as_seen_by(&self, admin: &super::auth::Admin, o: T) -> T {
+        match admin.role {
+            crate::types::AdminRole::Admin => o,
+            crate::types::AdminRole::Viewer => (self.for_viewer)(o),
+        }
+    }
 }
 
 const CLUSTER_KIND: Kind<drover_common::api::Cluster> = Kind {
@@ -391,6 +403,7 @@ const CLUSTER_KIND: Kind<drover_common::api::Cluster> = Kind {
     get: App::cluster,
     meta: |c| &c.metadata,
     table: crate::tables::clusters_table,
+    for_viewer: crate::domain::customise::for_viewer,
 };
 
 const MACHINE_KIND: Kind<drover_common::api::Machine> = Kind {
@@ -400,6 +413,7 @@ const MACHINE_KIND: Kind<drover_common::api::Machine> = Kind {
     get: App::machine,
     meta: |m| &m.metadata,
     table: crate::tables::machines_table,
+    for_viewer: |m| m,
 };
 
 /// A column's name as the API gives it (`CONTROL-PLANE` is
@@ -470,10 +484,10 @@ async fn list<T: serde::Serialize + Clone + Send + Sync + 'static>(
     params: ListParams,
     kind: &'static Kind<T>,
 ) -> KubeResult {
-    resolve_admin(&app, &headers)?;
+    let admin = resolve_admin(&app, &headers)?;
     let selection = Selection::of(&params)?;
     if params.watch == Some(true) {
-        return watch(app, &headers, &params, selection, kind);
+        return watch(app, admin, &headers, &params, selection, kind);
     }
     // The list's resourceVersion: the store's revision before it is read,
     // so a watch from it misses nothing (it may repeat a change the list
@@ -500,6 +514,7 @@ async fn list<T: serde::Serialize + Clone + Send + Sync + 'static>(
     let items: Vec<T> = read
         .into_iter()
         .filter(|o| selection.keeps((kind.meta)(o)))
+        .map(|o| kind.as_seen_by(&admin, o))
         .collect();
     let mut meta = json!({"resourceVersion": revision.to_string()});
     if let Some(token) = next {
@@ -579,6 +594,7 @@ fn deleted_stub<T: serde::Serialize>(
 /// (`Expired`) when it fell behind the change log.
 fn watch<T>(
     app: Arc<App>,
+    admin: super::auth::Admin,
     headers: &HeaderMap,
     params: &ListParams,
     selection: Selection,
@@ -642,7 +658,11 @@ where
             })
             .await;
             let Ok(all) = all else { return };
-            for o in all.into_iter().filter(|o| selection.keeps((kind.meta)(o))) {
+            for o in all
+                .into_iter()
+                .filter(|o| selection.keeps((kind.meta)(o)))
+                .map(|o| kind.as_seen_by(&admin, o))
+            {
                 if send(event_line("ADDED", watched(kind, &o, table_rows)))
                     .await
                     .is_err()
@@ -690,6 +710,7 @@ where
                 };
                 let line = match now.filter(|o| selection.keeps((kind.meta)(o))) {
                     Some(o) => {
+                        let o = kind.as_seen_by(&admin, o);
                         let what = if seen.insert(c.name.clone()) {
                             "ADDED"
                         } else {
@@ -748,7 +769,7 @@ async fn get_one<T: serde::Serialize + Send + 'static>(
     name: String,
     kind: &'static Kind<T>,
 ) -> KubeResult {
-    resolve_admin(&app, &headers)?;
+    let admin = resolve_admin(&app, &headers)?;
     let found = crate::store::blocking({
         let (app, name) = (app.clone(), name.clone());
         move || (kind.get)(&app, &name)
@@ -760,6 +781,7 @@ async fn get_one<T: serde::Serialize + Send + 'static>(
             &format!("{name:?}"),
         )
     })?;
+    let found = kind.as_seen_by(&admin, found);
     if wants_table(&headers) {
         return Ok(json_response(table(
             kind,
