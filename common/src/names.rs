@@ -174,6 +174,29 @@ pub fn check_labels<'a>(
         .collect()
 }
 
+/// The most bytes an object's annotations (keys and values) may hold, as
+/// in Kubernetes (apimachinery/pkg/api/validation/objectmeta.go:
+/// `TotalAnnotationSizeLimitB`).
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
+
+/// What is wrong with annotations: keys are label keys
+/// ([`check_label_key`]); values are free text, together at most
+/// [`MAX_ANNOTATION_BYTES`].
+pub fn check_annotations(annotations: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let mut out: Vec<String> = annotations
+        .keys()
+        .filter_map(|k| check_label_key(k).err())
+        .map(|e| e.to_string())
+        .collect();
+    let size: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_ANNOTATION_BYTES {
+        out.push(format!(
+            "annotations hold {size} bytes, over the limit of {MAX_ANNOTATION_BYTES}; keep large data elsewhere"
+        ));
+    }
+    out
+}
+
 /// `len` random lowercase letters and digits: the suffix that makes a
 /// generated object name unique (`<pool>-x7k2q`).
 pub fn random_suffix(len: usize) -> String {

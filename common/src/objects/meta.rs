@@ -25,11 +25,46 @@ pub struct ObjectMeta {
     pub resource_version: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Notes for tools, never read by Drover (kubectl keeps its
+    /// `kubectl.kubernetes.io/last-applied-configuration` here).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Which client (field manager) last set which fields of `metadata`
+    /// and `spec`, as server-side apply records it; written by the
+    /// coordinator, ignored in what clients send.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub managed_fields: Vec<ManagedFieldsEntry>,
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub creation_timestamp: Option<OffsetDateTime>,
     /// Set when deletion was requested; the object goes once cleanup is done.
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub deletion_timestamp: Option<OffsetDateTime>,
+}
+
+/// One field manager's fields, as in Kubernetes' `metav1.ManagedFieldsEntry`
+/// (staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/types.go).
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ManagedFieldsEntry {
+    /// The client that set them: `kubectl`'s `--field-manager`, or the
+    /// name it gives itself (`kubectl-edit`, `kubectl-client-side-apply`).
+    pub manager: String,
+    /// `Apply` (server-side apply) or `Update` (any other write).
+    pub operation: String,
+    /// The API version the fields are named in.
+    pub api_version: String,
+    /// When the set last changed.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub time: Option<OffsetDateTime>,
+    /// Always `FieldsV1`.
+    pub fields_type: String,
+    /// The fields, as a tree of `f:<name>` (a field), `k:<json>` (an item
+    /// of a list keyed by name) and `.` (the item itself).
+    #[schema(value_type = Object)]
+    pub fields_v1: serde_json::Value,
+    /// The subresource written through, if any (`status`).
+    pub subresource: Option<String>,
 }
 
 /// A condition, as in Kubernetes' `metav1.Condition`.

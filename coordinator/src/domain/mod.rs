@@ -15,6 +15,7 @@ pub mod jointokens;
 pub mod kubeconfig;
 pub mod leadership;
 pub mod liveness;
+pub mod managed_fields;
 pub mod ratelimit;
 pub mod registrar;
 pub mod removal;

@@ -8,9 +8,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
 use drover_common::api::{
-    Cluster, ClusterStatus, CreateRegistrationToken, CreatedRegistrationToken, FieldError,
-    KubeconfigResponse, Machine, ObjectMeta, RegistrationToken, RegistrationTokenSpec,
-    RegistrationTokenStatus,
+    Cluster, CreateRegistrationToken, CreatedRegistrationToken, FieldError, KubeconfigResponse,
+    Machine, ObjectMeta, RegistrationToken, RegistrationTokenSpec, RegistrationTokenStatus,
 };
 use drover_common::names::{check_dns_label, check_labels, check_object_name};
 use drover_common::ticket::{new_nonce, TicketClaims, TicketGrant};
@@ -149,16 +148,6 @@ pub(super) fn parse_document<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Refuses a document whose `metadata.name` is not the URL's `name`.
-pub(super) fn check_document_name(document_name: &str, name: &str) -> Result<(), ApiError> {
-    if document_name != name {
-        return Err(ApiError::bad_request(format!(
-            "metadata.name {document_name:?} does not match the URL's name {name:?}"
-        )));
-    }
-    Ok(())
-}
-
 /// The conflict of a document whose `metadata.resourceVersion` (`rv`) is
 /// not the stored `found` one of the `kind` object `name`.
 pub(super) fn stale_document(kind: &str, name: &str, found: &str, rv: &str) -> ApiError {
@@ -203,228 +192,34 @@ pub async fn apply_cluster(
     headers: HeaderMap,
     super::body::RawBody(body): super::body::RawBody,
 ) -> Result<(StatusCode, Extension<AuditChanges>, Json<Cluster>), ApiError> {
+    use super::cluster_write::{write_cluster, Creation, Decided, Write};
     admin.require_write()?;
-    let mut desired = parse_document::<Cluster>("Cluster", &headers, &body)?;
-    if let Err(errors) = desired.validate() {
-        return Err(ApiError::invalid(
-            format!("Cluster {name:?} is invalid; nothing was changed"),
-            errors,
-        ));
-    }
-    check_document_name(&desired.metadata.name, &name)?;
-    let unresolved = crate::domain::user_secrets::unresolved_refs(&app.store, &desired.spec)?;
-    if !unresolved.is_empty() {
-        return Err(ApiError::invalid(
-            format!(
-                "Cluster {name:?} reads Secrets that cannot give what it asks; nothing was changed"
-            ),
-            unresolved,
-        ));
-    }
-    let secrets = crate::domain::user_secrets::referenced(&app.store, &desired.spec)?;
-    let oversized = crate::domain::bootstrap::oversized_pools(&desired.spec, &secrets);
-    drop(secrets);
-    if !oversized.is_empty() {
-        return Err(ApiError::invalid(
-            format!(
-                "Cluster {name:?} would give machines config bundles over the cap of {} MiB; nothing was changed",
-                drover_common::api::MAX_BUNDLE_BYTES / (1024 * 1024)
-            ),
-            oversized
-                .iter()
-                .map(|o| FieldError {
-                    field: o.field.clone(),
-                    message: o.to_string(),
-                })
-                .collect(),
-        ));
-    }
-    let now = drover_common::now();
-    let existing = app.cluster(&name)?;
-    if !document_sets_cni(&body) {
-        desired.spec.network.cni = defaulted_cni(&desired.spec, existing.as_ref().map(|c| &c.spec));
-    }
-    match existing {
-        None => {
-            if desired.metadata.resource_version.is_some() {
-                return Err(ApiError::not_found("cluster", &name));
+    let desired = parse_document::<Cluster>("Cluster", &headers, &body)?;
+    let sets_cni = super::cluster_write::document_sets_cni(&body);
+    let write = Write {
+        name: &name,
+        admin: &admin,
+        creation: Creation::Allowed,
+        dry_run: false,
+        manager: Some(super::cluster_write::DROVER_MANAGER),
+    };
+    let (outcome, changes, cluster) = write_cluster(&app, &write, |current| {
+        // A resourceVersion in the document makes the write conditional.
+        if let Some(rv) = &desired.metadata.resource_version {
+            match current {
+                None => return Err(ApiError::not_found("cluster", &name)),
+                Some(c) if c.metadata.resource_version.as_ref() != Some(rv) => {
+                    let found = c.metadata.resource_version.as_deref();
+                    return Err(stale_document("cluster", &name, found.unwrap_or("?"), rv));
+                }
+                Some(_) => {}
             }
-            desired.metadata.uid = Some(uuid::Uuid::new_v4().to_string());
-            desired.metadata.generation = 1;
-            desired.metadata.creation_timestamp = Some(now);
-            desired.metadata.deletion_timestamp = None;
-            desired.status = ClusterStatus::default();
-            app.store.create_json(Kind::Cluster, &name, &desired)?;
-            let changes = audited(&name, &admin, None, &desired.spec);
-            tracing::info!(cluster = %name, by = %admin.token_id, "cluster created");
-            app.reconcile_cluster(&name);
-            let created = app
-                .cluster(&name)?
-                .ok_or_else(|| ApiError::not_found("cluster", &name))?;
-            Ok((StatusCode::CREATED, changes, Json(created)))
         }
-        Some(_) => {
-            // The reconciler may write the cluster's status meanwhile: a
-            // conflict re-reads it and decides again, so only a
-            // resourceVersion the document itself carries can refuse it.
-            let mut changed = false;
-            let mut before = None;
-            let current = app
-                .update_cluster(&name, |current| {
-                    if let Some(rv) = &desired.metadata.resource_version {
-                        if Some(rv) != current.metadata.resource_version.as_ref() {
-                            let found = current.metadata.resource_version.as_deref();
-                            return Err(stale_document("cluster", &name, found.unwrap_or("?"), rv));
-                        }
-                    }
-                    if current.metadata.deletion_timestamp.is_some() {
-                        return Err(ApiError::conflict(format!(
-                            "cluster {name} is being deleted; wait until it is gone to create it again"
-                        )));
-                    }
-                    if let Some((field, message)) = current
-                        .spec
-                        .provider
-                        .immutable_change(&desired.spec.provider)
-                    {
-                        return Err(ApiError::invalid(
-                            format!("Cluster {name:?} is invalid; nothing was changed"),
-                            vec![FieldError {
-                                field: field.into(),
-                                message: message.into(),
-                            }],
-                        ));
-                    }
-                    if let Some(problem) = version_change_problem(current, &desired) {
-                        return Err(ApiError::invalid(
-                            format!("Cluster {name:?} is invalid; nothing was changed"),
-                            vec![FieldError {
-                                field: "spec.kubernetesVersion".into(),
-                                message: problem,
-                            }],
-                        ));
-                    }
-                    let spec_changed = current.spec != desired.spec;
-                    changed = spec_changed || current.metadata.labels != desired.metadata.labels;
-                    if !changed {
-                        return Ok(false);
-                    }
-                    if spec_changed {
-                        current.metadata.generation += 1;
-                    }
-                    before = Some(current.spec.clone());
-                    current.spec = desired.spec.clone();
-                    current.metadata.labels = desired.metadata.labels.clone();
-                    Ok(true)
-                })?
-                .ok_or_else(|| ApiError::not_found("cluster", &name))?;
-            if !changed {
-                return Ok((
-                    StatusCode::OK,
-                    Extension(AuditChanges::default()),
-                    Json(current),
-                ));
-            }
-            let changes = audited(&name, &admin, before.as_ref(), &current.spec);
-            tracing::info!(cluster = %name, generation = current.metadata.generation, by = %admin.token_id, "cluster updated");
-            app.reconcile_cluster(&name);
-            let updated = app
-                .cluster(&name)?
-                .ok_or_else(|| ApiError::not_found("cluster", &name))?;
-            Ok((StatusCode::OK, changes, Json(updated)))
-        }
-    }
-}
-
-/// Whether a Cluster document says `spec.network.cni` itself.
-fn document_sets_cni(body: &[u8]) -> bool {
-    std::str::from_utf8(body)
-        .ok()
-        .and_then(|t| serde_saphyr::from_str::<serde_json::Value>(t).ok())
-        .is_some_and(|d| d["spec"]["network"].get("cni").is_some())
-}
-
-/// `spec.network.cni` of a document that leaves it out. An existing
-/// cluster keeps what it has (so clusters stored before this default keep
-/// `none`). A new docker cluster gets the node image's network, as kind
-/// installs kindnet unless told `disableDefaultCNI`, unless its spec
-/// brings its own: a file in `/etc/cni/net.d` or an addon named `cni`.
-/// Pool and aws clusters get `none`: their machines' networks differ too
-/// much for one default.
-fn defaulted_cni(
-    spec: &drover_common::api::ClusterSpec,
-    existing: Option<&drover_common::api::ClusterSpec>,
-) -> drover_common::api::CniMode {
-    use drover_common::api::{CniMode, ProviderSpec, IMAGE_CNI_ADDON};
-    if let Some(existing) = existing {
-        return existing.network.cni;
-    }
-    let own_network = spec
-        .files
-        .iter()
-        .chain(&spec.control_plane.files)
-        .chain(spec.worker_pools.iter().flat_map(|p| &p.files))
-        .any(|f| f.path.starts_with("/etc/cni/net.d/"))
-        || spec.addons.iter().any(|a| a.name == IMAGE_CNI_ADDON);
-    match spec.provider {
-        ProviderSpec::Docker(_) if !own_network => CniMode::Image,
-        _ => CniMode::None,
-    }
-}
-
-/// The changes of an apply to what lands on machines, logged and handed to
-/// the audit log.
-fn audited(
-    name: &str,
-    admin: &Admin,
-    before: Option<&drover_common::api::ClusterSpec>,
-    after: &drover_common::api::ClusterSpec,
-) -> Extension<AuditChanges> {
-    let changes = crate::domain::customise::changes(before, after);
-    for change in &changes {
-        tracing::info!(cluster = %name, by = %admin.token_id, %change, "machine files or commands changed");
-    }
-    Extension(AuditChanges(changes))
-}
-
-/// Why `desired` may not change `current`'s Kubernetes version, if it may
-/// not: the version moves up one minor release at a time, and for a pool
-/// cluster, whose machines upgrade in place, from the oldest version its
-/// kubelets run (kubeadm upgrades one minor release at a time, from the
-/// version that runs).
-fn version_change_problem(current: &Cluster, desired: &Cluster) -> Option<String> {
-    let (from, to) = (
-        &current.spec.kubernetes_version,
-        &desired.spec.kubernetes_version,
-    );
-    if from == to {
-        return None;
-    }
-    if let Err(why) = drover_common::api::check_version_change(from, to) {
-        return Some(why.to_string());
-    }
-    // Provider clusters roll: new machines replace the old ones, made for
-    // the newest version. Pool machines upgrade where they stand.
-    if current.spec.provider.creates_machines() {
-        return None;
-    }
-    let oldest = current
-        .status
-        .nodes
-        .iter()
-        .filter_map(|n| {
-            let v = drover_common::api::KubernetesVersion::parse(&n.kubelet_version).ok()?;
-            Some((v, n.kubelet_version.as_str()))
-        })
-        .min_by_key(|(v, _)| *v)
-        .map(|(_, text)| text)
-        .filter(|oldest| oldest != from);
-    let oldest = oldest?;
-    let why = drover_common::api::check_version_change(oldest, to).err()?;
-    Some(format!(
-        "cannot change pool cluster {name} to {to}: a machine still runs {oldest} (the in-place upgrade to {from} is not done; see `drover rollout status {name}`), and {why}",
-        name = current.metadata.name
-    ))
+        let mut cluster = desired.clone();
+        cluster.metadata.managed_fields.clear();
+        Ok(Decided { cluster, sets_cni })
+    })?;
+    Ok((outcome.status(), Extension(changes), Json(cluster)))
 }
 
 /// `DELETE /v1/clusters/{name}`: marks the cluster for deletion; the
@@ -447,23 +242,11 @@ pub async fn delete_cluster(
     ObjectName(name): ObjectName,
 ) -> Result<(StatusCode, Json<Cluster>), ApiError> {
     admin.require_write()?;
-    // The reconciler may write the cluster's status meanwhile: a conflict
-    // re-reads it rather than failing the operator's request.
-    let mut requested = false;
-    let c = app
-        .update_cluster(&name, |c| {
-            requested = c.metadata.deletion_timestamp.is_none();
-            if requested {
-                c.metadata.deletion_timestamp = Some(drover_common::now());
-            }
-            Ok::<_, ApiError>(requested)
-        })?
-        .ok_or_else(|| ApiError::not_found("cluster", &name))?;
-    if requested {
-        tracing::info!(cluster = %name, by = %admin.token_id, "cluster deletion requested");
-    }
-    app.reconcile_cluster(&name);
-    let c = app.cluster(&name)?.unwrap_or(c);
+    let c = crate::store::blocking({
+        let app = app.clone();
+        move || super::cluster_write::request_deletion(&app, &name, &admin, false, |_| Ok(()))
+    })
+    .await?;
     Ok((StatusCode::ACCEPTED, Json(c)))
 }
 
@@ -625,26 +408,38 @@ pub async fn delete_machine(
     let answer = crate::store::blocking({
         let app = app.clone();
         let name = name.clone();
-        move || request_removal(&app, &name, &by)
+        move || request_removal(&app, &name, &by, false, |_| Ok(()))
     })
     .await?;
     app.reconcile_machine(&name);
-    Ok(answer)
+    Ok((answer.0, Json(answer.1)))
 }
 
-/// Checks and records a removal request (blocking: it reads and writes the
-/// store).
-fn request_removal(
+/// Checks and records a removal request, once `check` accepts the
+/// machine; for a dry run, only checks it (blocking: it reads and writes
+/// the store).
+pub(super) fn request_removal(
     app: &App,
     name: &str,
     by: &str,
-) -> Result<(StatusCode, Json<Machine>), ApiError> {
+    dry_run: bool,
+    check: impl Fn(&Machine) -> Result<(), ApiError>,
+) -> Result<(StatusCode, Machine), ApiError> {
     use crate::domain::removal::{check_removal, Removal};
     let machine = app
         .machine(name)?
         .ok_or_else(|| ApiError::not_found("machine", name))?;
+    check(&machine)?;
     let all = app.machines()?;
-    match check_removal(&machine, &all).map_err(|e| ApiError::conflict(e.to_string()))? {
+    let removal = check_removal(&machine, &all).map_err(|e| ApiError::conflict(e.to_string()))?;
+    if dry_run {
+        let status = match removal {
+            Removal::Deregister => StatusCode::OK,
+            Removal::AlreadyLeaving | Removal::Mark => StatusCode::ACCEPTED,
+        };
+        return Ok((status, machine));
+    }
+    match removal {
         Removal::Deregister => {
             let rev = machine
                 .metadata
@@ -654,12 +449,13 @@ fn request_removal(
             app.store.delete(Kind::Machine, name, rev)?;
             app.fleet.datagrams.forget(&machine);
             tracing::info!(machine = %name, by, "free machine deregistered");
-            Ok((StatusCode::OK, Json(machine)))
+            Ok((StatusCode::OK, machine))
         }
-        Removal::AlreadyLeaving => Ok((StatusCode::ACCEPTED, Json(machine))),
+        Removal::AlreadyLeaving => Ok((StatusCode::ACCEPTED, machine)),
         Removal::Mark => {
             let marked = app
                 .update_machine::<ApiError>(name, |m| {
+                    check(m)?;
                     if m.metadata.deletion_timestamp.is_some() {
                         return Ok(false);
                     }
@@ -673,7 +469,7 @@ fn request_removal(
                 })?
                 .ok_or_else(|| ApiError::not_found("machine", name))?;
             tracing::info!(machine = %name, by, "machine deletion requested");
-            Ok((StatusCode::ACCEPTED, Json(marked)))
+            Ok((StatusCode::ACCEPTED, marked))
         }
     }
 }
@@ -1042,48 +838,4 @@ pub async fn kubeconfig(
     .map_err(ApiError::internal)?;
     tracing::info!(cluster = %name, by = %admin.token_id, ttl, "admin kubeconfig issued");
     Ok(Json(kc))
-}
-
-#[cfg(test)]
-mod cni_default_tests {
-    use super::*;
-    use drover_common::api::CniMode;
-
-    fn doc(provider: &str, extra: &str) -> String {
-        format!(
-            "apiVersion: drover.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: c\nspec:\n  kubernetesVersion: v1.31.2\n{extra}  controlPlane:\n    replicas: 1\n  provider:\n{provider}"
-        )
-    }
-
-    fn spec(text: &str) -> drover_common::api::ClusterSpec {
-        serde_saphyr::from_str::<Cluster>(text).unwrap().spec
-    }
-
-    const DOCKER: &str = "    docker:\n      image: drover-node:test\n";
-    const POOL: &str = "    pool:\n      selector:\n        matchLabels:\n          env: dev\n";
-
-    #[test]
-    fn a_new_docker_cluster_gets_the_image_network_unless_it_says_or_brings_one() {
-        let plain = doc(DOCKER, "");
-        assert!(!document_sets_cni(plain.as_bytes()));
-        assert_eq!(defaulted_cni(&spec(&plain), None), CniMode::Image);
-        // An explicit `none` is the document's own.
-        let none = doc(DOCKER, "  network:\n    cni: none\n");
-        assert!(document_sets_cni(none.as_bytes()));
-        assert_eq!(spec(&none).network.cni, CniMode::None);
-        // A CNI config of its own, or an addon named cni: none.
-        let files = doc(
-            DOCKER,
-            "  files:\n    - path: /etc/cni/net.d/10-calico.conflist\n      content: \"{}\"\n",
-        );
-        assert_eq!(defaulted_cni(&spec(&files), None), CniMode::None);
-        // Pool clusters: none.
-        assert_eq!(defaulted_cni(&spec(&doc(POOL, "")), None), CniMode::None);
-        // A stored cluster keeps what it has, image or none.
-        let stored = spec(&none);
-        assert_eq!(defaulted_cni(&spec(&plain), Some(&stored)), CniMode::None);
-        let mut image = stored.clone();
-        image.network.cni = CniMode::Image;
-        assert_eq!(defaulted_cni(&spec(&plain), Some(&image)), CniMode::Image);
-    }
 }

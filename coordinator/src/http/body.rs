@@ -74,3 +74,13 @@ where
         }
     }
 }
+
+/// Refuses a document whose `metadata.name` is not the URL's `name`.
+pub(super) fn check_document_name(document_name: &str, name: &str) -> Result<(), ApiError> {
+    if document_name != name {
+        return Err(ApiError::bad_request(format!(
+            "metadata.name {document_name:?} does not match the URL's name {name:?}"
+        )));
+    }
+    Ok(())
+}

@@ -5,6 +5,7 @@ pub mod admin;
 mod auth;
 mod backup;
 mod body;
+pub mod cluster_write;
 mod error;
 pub mod kube;
 pub mod machine;
@@ -86,11 +87,20 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/apis/drover.dev/v1alpha1", get(kube::resources))
         .route(
             "/apis/drover.dev/v1alpha1/clusters",
-            get(kube::list_clusters),
+            get(kube::list_clusters).post(kube::write::create_cluster),
         )
         .route(
             "/apis/drover.dev/v1alpha1/clusters/{name}",
-            get(kube::get_cluster),
+            get(kube::get_cluster)
+                .put(kube::write::replace_cluster)
+                .patch(kube::write::patch_cluster)
+                .delete(kube::write::delete_cluster),
+        )
+        .route(
+            "/apis/drover.dev/v1alpha1/clusters/{name}/status",
+            get(kube::get_cluster)
+                .put(kube::write::write_status)
+                .patch(kube::write::write_status),
         )
         .route(
             "/apis/drover.dev/v1alpha1/machines",
@@ -98,7 +108,24 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route(
             "/apis/drover.dev/v1alpha1/machines/{name}",
-            get(kube::get_machine),
+            get(kube::get_machine).delete(kube::write::delete_machine),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1",
+            get(kube::access::resources),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            post(kube::access::access_review),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+            post(kube::access::rules_review),
+        )
+        .route("/openapi/v3", get(kube::openapi_v3::index))
+        .route(
+            "/openapi/v3/apis/drover.dev/v1alpha1",
+            get(kube::openapi_v3::group_version_document),
         )
         .route("/apis/{*rest}", get(kube::not_found))
         .route("/v1/clusters", get(admin::list_clusters))
@@ -332,7 +359,9 @@ pub async fn audit(
     next: axum::middleware::Next,
 ) -> Response {
     use axum::http::Method;
-    let reads = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    // An access review is a question, not a change: a POST that reads.
+    let reads = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS)
+        || req.uri().path().starts_with(kube::access::REVIEWS_PREFIX);
     if reads && req.uri().path() != "/v1/machine/config" && !announces_oversized(req.headers()) {
         return next.run(req).await;
     }
@@ -436,6 +465,8 @@ pub async fn audit(
     // parsed, whatever the route.
     let resp = match viewer {
         Some(v) if !reads => match v.require_write() {
+            // The Kubernetes-style API answers with a Status.
+            Err(e) if path.starts_with("/apis/") => kube::KubeError::from(e).into_response(),
             Err(e) => e.into_response(),
             Ok(()) => next.run(req).await,
         },

@@ -110,7 +110,7 @@ pub async fn apply_secret(
             errors,
         )
     })?;
-    super::admin::check_document_name(&desired.metadata.name, &name)?;
+    super::body::check_document_name(&desired.metadata.name, &name)?;
     for _ in 0..MODIFY_ATTEMPTS {
         let current = user_secrets::get(&app.store, &name)?;
         if let Some(rv) = &desired.metadata.resource_version {

@@ -59,6 +59,9 @@ impl Cluster {
         for e in check_labels(&self.metadata.labels) {
             err("metadata.labels", e.to_string());
         }
+        for e in crate::names::check_annotations(&self.metadata.annotations) {
+            err("metadata.annotations", e);
+        }
         for e in check_labels(&self.spec.control_plane.selector.match_labels) {
             err("spec.controlPlane.selector.matchLabels", e.to_string());
         }

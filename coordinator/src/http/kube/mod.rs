@@ -32,6 +32,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+pub mod access;
+pub mod openapi_v3;
+pub mod write;
+
 use super::auth::resolve_admin;
 use super::error::ApiError;
 use super::paging::ListQuery;
@@ -45,11 +49,16 @@ pub const GROUP: &str = "drover.dev";
 pub const VERSION: &str = "v1alpha1";
 
 /// A resource served under [`GROUP`].
-struct Resource {
+#[derive(Debug)]
+pub struct Resource {
     plural: &'static str,
     singular: &'static str,
     kind: &'static str,
     short_names: &'static [&'static str],
+    verbs: &'static [&'static str],
+    /// Whether it has a `status` subresource (read-only: the coordinator
+    /// alone writes status).
+    status: bool,
 }
 
 const CLUSTERS: Resource = Resource {
@@ -57,26 +66,56 @@ const CLUSTERS: Resource = Resource {
     singular: "cluster",
     kind: "Cluster",
     short_names: &["cl"],
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
+    status: true,
 };
 
+/// Machines are made by the coordinator (a provider's, or registered into
+/// a pool): they are read, watched and deleted, never created.
 const MACHINES: Resource = Resource {
     plural: "machines",
     singular: "machine",
     kind: "Machine",
     short_names: &["ma"],
+    verbs: &["delete", "get", "list", "watch"],
+    status: false,
 };
 
 const RESOURCES: [&Resource; 2] = [&CLUSTERS, &MACHINES];
 
 /// A failure as the Kubernetes API answers it: a `metav1.Status`.
 #[derive(Debug)]
-pub struct KubeError(ApiError);
+pub struct KubeError {
+    error: Box<ApiError>,
+    /// The Status's `details`: the object it is about (`name`, `group`,
+    /// `kind`).
+    object: Option<(&'static Resource, String)>,
+}
 
 impl<E: Into<ApiError>> From<E> for KubeError {
     fn from(e: E) -> Self {
-        KubeError(e.into())
+        KubeError {
+            error: Box::new(e.into()),
+            object: None,
+        }
     }
 }
+
+impl KubeError {
+    /// The failure, about the `resource` object `name`.
+    fn about(self, resource: &'static Resource, name: &str) -> Self {
+        KubeError {
+            object: Some((resource, name.to_owned())),
+            ..self
+        }
+    }
+}
+
+/// The reasons an [`ApiError`]'s title may name itself, where the status
+/// code alone does not say (a 409 is `Conflict` or `AlreadyExists`).
+const TITLED_REASONS: [&str; 2] = ["AlreadyExists", "Expired"];
 
 /// The `reason` Kubernetes gives a status code
 /// (apimachinery/pkg/api/errors/errors.go).
@@ -102,20 +141,51 @@ fn reason(code: StatusCode) -> &'static str {
 
 impl IntoResponse for KubeError {
     fn into_response(self) -> Response {
-        let e = self.0;
+        let e = *self.error;
+        let conflict = e.status == StatusCode::CONFLICT;
         let mut message = e.detail.clone();
-        for f in &e.errors {
-            message.push_str(&format!("; {}: {}", f.field, f.message));
+        if !conflict {
+            for f in &e.errors {
+                message.push_str(&format!("; {}: {}", f.field, f.message));
+            }
         }
-        let body = json!({
+        let reason = TITLED_REASONS
+            .into_iter()
+            .find(|r| *r == e.title)
+            .unwrap_or_else(|| reason(e.status));
+        let mut body = json!({
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
             "status": "Failure",
             "message": message,
-            "reason": reason(e.status),
+            "reason": reason,
             "code": e.status.as_u16(),
         });
+        let mut details = serde_json::Map::new();
+        if let Some((resource, name)) = &self.object {
+            details.insert("name".into(), name.clone().into());
+            details.insert("group".into(), GROUP.into());
+            details.insert("kind".into(), resource.plural.into());
+        }
+        if !e.errors.is_empty() {
+            // Apply conflicts are `FieldManagerConflict` causes
+            // (apiserver/pkg/endpoints/handlers/fieldmanager: NewConflictError).
+            let cause = if conflict {
+                "FieldManagerConflict"
+            } else {
+                "FieldValueInvalid"
+            };
+            let causes: Vec<Value> = e
+                .errors
+                .iter()
+                .map(|f| json!({"type": cause, "message": f.message, "field": f.field}))
+                .collect();
+            details.insert("causes".into(), causes.into());
+        }
+        if !details.is_empty() {
+            body["details"] = Value::Object(details);
+        }
         let mut response = (e.status, axum::Json(body)).into_response();
         if let Some(s) = e.retry_after {
             response
@@ -150,6 +220,10 @@ fn group_version() -> String {
 pub async fn groups(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
     resolve_admin(&app, &headers)?;
     let version = json!({"groupVersion": group_version(), "version": VERSION});
+    let authorization = json!({
+        "groupVersion": format!("{}/v1", access::AUTHORIZATION_GROUP),
+        "version": "v1",
+    });
     Ok(json_response(json!({
         "kind": "APIGroupList",
         "apiVersion": "v1",
@@ -157,6 +231,10 @@ pub async fn groups(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResu
             "name": GROUP,
             "versions": [version],
             "preferredVersion": version,
+        }, {
+            "name": access::AUTHORIZATION_GROUP,
+            "versions": [authorization],
+            "preferredVersion": authorization,
         }],
     })))
 }
@@ -164,20 +242,27 @@ pub async fn groups(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResu
 /// `GET /apis/drover.dev/v1alpha1`: its resources and their verbs.
 pub async fn resources(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
     resolve_admin(&app, &headers)?;
-    let resources: Vec<Value> = RESOURCES
-        .iter()
-        .map(|r| {
-            json!({
-                "name": r.plural,
-                "singularName": r.singular,
+    let mut resources: Vec<Value> = vec![];
+    for r in RESOURCES {
+        resources.push(json!({
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": false,
+            "kind": r.kind,
+            "verbs": r.verbs,
+            "shortNames": r.short_names,
+            "categories": ["drover"],
+        }));
+        if r.status {
+            resources.push(json!({
+                "name": format!("{}/status", r.plural),
+                "singularName": "",
                 "namespaced": false,
                 "kind": r.kind,
-                "verbs": ["get", "list", "watch"],
-                "shortNames": r.short_names,
-                "categories": ["drover"],
-            })
-        })
-        .collect();
+                "verbs": ["get"],
+            }));
+        }
+    }
     Ok(json_response(json!({
         "kind": "APIResourceList",
         "apiVersion": "v1",
@@ -681,7 +766,7 @@ where
                 Ok(c) => c,
                 Err(e) => {
                     let status =
-                        KubeError(ApiError::new(StatusCode::GONE, "Expired", e.to_string()));
+                        KubeError::from(ApiError::new(StatusCode::GONE, "Expired", e.to_string()));
                     let body = axum::body::to_bytes(status.into_response().into_body(), 1 << 20)
                         .await
                         .unwrap_or_default();
@@ -900,7 +985,8 @@ mod tests {
 
     #[test]
     fn failures_are_statuses_with_kubernetes_reasons() {
-        let r = KubeError(ApiError::not_found("clusters.drover.dev", "\"x\"")).into_response();
+        let r =
+            KubeError::from(ApiError::not_found("clusters.drover.dev", "\"x\"")).into_response();
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
         assert_eq!(reason(StatusCode::UNPROCESSABLE_ENTITY), "Invalid");
         assert_eq!(reason(StatusCode::FORBIDDEN), "Forbidden");

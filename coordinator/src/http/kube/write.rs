@@ -1,0 +1,873 @@
+//! Writes through the Kubernetes-style API: create, update (with
+//! `resourceVersion` preconditions), delete, JSON merge patch, JSON patch
+//! and server-side apply of clusters; delete of machines. Each takes
+//! `dryRun=All`, `fieldManager` and `fieldValidation`, and lands through
+//! the same [`write_cluster`] as `drover apply`.
+//!
+//! What this copies, from Kubernetes' own sources:
+//! - the patch types and the 415 for others
+//!   (apiserver/pkg/endpoints/handlers/patch.go: `PatchResource`; custom
+//!   resources refuse strategic merge patch);
+//! - field validation (apiserver/pkg/endpoints/handlers/rest.go:
+//!   `fieldValidation`; Strict is a 400 `strict decoding error: unknown
+//!   field "spec.x"`, Warn a `Warning: 299 - "unknown field \"spec.x\""`
+//!   header, Ignore drops them; unset is Warn);
+//! - a patched object whose `metadata.resourceVersion` is not the stored
+//!   one is a 409, as the API server's optimistic concurrency makes it
+//!   (apiserver/pkg/registry/generic/registry/store.go: `Update`);
+//! - server-side apply needs a `fieldManager` (422 otherwise:
+//!   apiserver/pkg/endpoints/handlers/patch.go `applyPatcher`), and its
+//!   conflicts are a 409 naming each other manager and field
+//!   (see `domain::managed_fields`);
+//! - the default manager of a write without `fieldManager` is the
+//!   User-Agent's product (fieldmanager.go: `prefixFromUserAgent`);
+//! - `DeleteOptions` preconditions (`uid`, `resourceVersion`) and
+//!   `propagationPolicy` (meta/v1/types.go).
+//!
+//! Drover's deletion is already what `Foreground` asks: a cluster keeps
+//! existing, with `deletionTimestamp` set, until its machines are
+//! released, then goes. `Background` is answered the same way (the
+//! machines cannot outlive their cluster's record); `Orphan` is refused,
+//! as no machine may outlive its cluster.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use drover_common::api::{Cluster, FieldError};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{KubeError, KubeResult, CLUSTERS, MACHINES};
+use crate::app::App;
+use crate::domain::managed_fields;
+use crate::http::auth::{resolve_admin, Admin};
+use crate::http::cluster_write::{write_cluster, Creation, Decided, Write};
+use crate::http::error::ApiError;
+use crate::http::AuditChanges;
+
+/// The query of a write.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteParams {
+    dry_run: Option<String>,
+    field_manager: Option<String>,
+    field_validation: Option<String>,
+    force: Option<bool>,
+    propagation_policy: Option<String>,
+    /// Accepted and ignored: Drover's deletion has no grace period.
+    #[allow(dead_code)]
+    grace_period_seconds: Option<i64>,
+    /// Accepted and ignored: answers are always indented the same.
+    #[allow(dead_code)]
+    pretty: Option<String>,
+}
+
+/// What a write does about fields the schema does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldValidation {
+    Strict,
+    Warn,
+    Ignore,
+}
+
+/// A write's options, checked.
+struct Options {
+    dry_run: bool,
+    manager: Option<String>,
+    validation: FieldValidation,
+    force: bool,
+}
+
+/// The longest field manager name (apiserver/pkg/endpoints/handlers/rest.go
+/// `validateFieldManagerName`'s limit).
+const MAX_MANAGER: usize = 128;
+
+fn dry_run_of(v: Option<&str>) -> Result<bool, ApiError> {
+    match v {
+        None | Some("") => Ok(false),
+        Some("All") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "dryRun {other:?} is not supported; the only value is All"
+        ))),
+    }
+}
+
+impl WriteParams {
+    fn options(&self, headers: &HeaderMap) -> Result<Options, ApiError> {
+        let validation = match self.field_validation.as_deref() {
+            None | Some("") | Some("Warn") => FieldValidation::Warn,
+            Some("Strict") => FieldValidation::Strict,
+            Some("Ignore") => FieldValidation::Ignore,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "fieldValidation {other:?} is not one of Strict, Warn, Ignore"
+                )))
+            }
+        };
+        let manager = match self.field_manager.as_deref() {
+            Some(m) if m.len() > MAX_MANAGER || m.chars().any(|c| c.is_control()) => {
+                return Err(ApiError::invalid(
+                    "the field manager is invalid; nothing was changed",
+                    vec![FieldError {
+                        field: "fieldManager".into(),
+                        message: format!("must be at most {MAX_MANAGER} printable characters"),
+                    }],
+                ))
+            }
+            Some(m) if !m.is_empty() => Some(m.to_owned()),
+            _ => None,
+        };
+        Ok(Options {
+            dry_run: dry_run_of(self.dry_run.as_deref())?,
+            manager: manager.or_else(|| user_agent_manager(headers)),
+            validation,
+            force: self.force == Some(true),
+        })
+    }
+}
+
+/// The manager of a write that names none: the User-Agent up to its first
+/// `/` (`kubectl` for `kubectl/v1.32.0 (linux/amd64) ...`).
+fn user_agent_manager(headers: &HeaderMap) -> Option<String> {
+    let agent = headers.get(header::USER_AGENT)?.to_str().ok()?;
+    let product = agent.split('/').next()?.trim();
+    (!product.is_empty()).then(|| product.chars().take(MAX_MANAGER).collect())
+}
+
+/// A request body whose refusals are Statuses.
+pub struct KubeBody(pub axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for KubeBody {
+    type Rejection = KubeError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, KubeError> {
+        let crate::http::body::RawBody(b) =
+            crate::http::body::RawBody::from_request(req, state).await?;
+        Ok(KubeBody(b))
+    }
+}
+
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// A body as JSON: JSON, or YAML (which JSON is too).
+fn parse_body(body: &[u8], what: &str) -> Result<Value, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request(format!("the {what} is not UTF-8 text")))?;
+    if let Ok(v) = serde_json::from_str::<Value>(text) {
+        return Ok(v);
+    }
+    serde_saphyr::from_str::<Value>(text).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the {what} is neither JSON nor YAML: {}",
+            crate::types::yaml_error(&e, None, 1)
+        ))
+    })
+}
+
+/// Where a `serde_path_to_error` path points in a JSON value.
+fn json_path(path: &serde_path_to_error::Path) -> Option<Vec<Result<String, usize>>> {
+    use serde_path_to_error::Segment;
+    path.iter()
+        .map(|s| match s {
+            Segment::Map { key } => Some(Ok(key.clone())),
+            Segment::Enum { variant } => Some(Ok(variant.clone())),
+            Segment::Seq { index } => Some(Err(*index)),
+            Segment::Unknown => None,
+        })
+        .collect()
+}
+
+fn display_path(path: &[Result<String, usize>]) -> String {
+    let mut out = String::new();
+    for s in path {
+        match s {
+            Ok(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Err(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+fn remove_path(doc: &mut Value, path: &[Result<String, usize>]) -> bool {
+    let Some((last, parent)) = path.split_last() else {
+        return false;
+    };
+    let mut at = doc;
+    for s in parent {
+        let next = match s {
+            Ok(k) => at.get_mut(k.as_str()),
+            Err(i) => at.get_mut(*i),
+        };
+        match next {
+            Some(n) => at = n,
+            None => return false,
+        }
+    }
+    match (last, at) {
+        (Ok(k), Value::Object(m)) => m.remove(k).is_some(),
+        _ => false,
+    }
+}
+
+/// Decodes `doc` as a `kind` object, doing with fields its schema does not
+/// know what `validation` says: each is an error (Strict), a warning
+/// (Warn) or dropped (Ignore). Any other mismatch is a 422 naming the
+/// field. Returns the object and the warnings.
+pub fn decode<T: serde::de::DeserializeOwned>(
+    kind: &str,
+    mut doc: Value,
+    validation: FieldValidation,
+) -> Result<(T, Vec<String>), ApiError> {
+    let mut unknown = vec![];
+    // Each round drops one unknown field; a document has finitely many.
+    loop {
+        let e = match serde_path_to_error::deserialize::<_, T>(&doc) {
+            Ok(v) => {
+                if validation == FieldValidation::Strict && !unknown.is_empty() {
+                    let list: Vec<String> = unknown
+                        .iter()
+                        .map(|f| format!("unknown field {f:?}"))
+                        .collect();
+                    return Err(ApiError::bad_request(format!(
+                        "{kind} cannot be handled: strict decoding error: {}; remove them, or send fieldValidation=Warn to drop them",
+                        list.join(", ")
+                    )));
+                }
+                let warnings = match validation {
+                    FieldValidation::Warn => unknown
+                        .iter()
+                        .map(|f| format!("unknown field {f:?}"))
+                        .collect(),
+                    _ => vec![],
+                };
+                return Ok((v, warnings));
+            }
+            Err(e) => e,
+        };
+        let message = e.inner().to_string();
+        let field = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_owned);
+        let path = json_path(e.path());
+        if let (Some(field), Some(mut path)) = (field, path) {
+            if path.last() != Some(&Ok(field.clone())) {
+                path.push(Ok(field));
+            }
+            if remove_path(&mut doc, &path) {
+                unknown.push(display_path(&path));
+                continue;
+            }
+        }
+        let at = e.path().to_string();
+        return Err(ApiError::invalid(
+            format!("the {kind} does not match the schema; nothing was changed"),
+            vec![FieldError {
+                field: if at == "." { "(document)".into() } else { at },
+                message,
+            }],
+        ));
+    }
+}
+
+/// A written object as the API server answers it, with the warnings and
+/// the changes for the audit log.
+fn written<T: serde::Serialize>(
+    status: StatusCode,
+    object: &T,
+    warnings: &[String],
+    changes: AuditChanges,
+) -> KubeResult {
+    let mut response = (
+        status,
+        axum::Json(serde_json::to_value(object).map_err(ApiError::internal)?),
+    )
+        .into_response();
+    for w in warnings {
+        // RFC 7234 warn-code 299, agent `-`, the text quoted.
+        let text = format!("299 - {}", Value::from(w.as_str()));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            response.headers_mut().append(header::WARNING, v);
+        }
+    }
+    response.extensions_mut().insert(changes);
+    Ok(response)
+}
+
+fn writer(app: &App, headers: &HeaderMap) -> Result<Admin, ApiError> {
+    let admin = resolve_admin(app, headers)?;
+    admin.require_write()?;
+    Ok(admin)
+}
+
+/// Refuses a document whose `apiVersion` or `kind` is not a Cluster's.
+fn check_type(doc: &Value, kind: &str) -> Result<(), ApiError> {
+    let api_version = doc.get("apiVersion").and_then(Value::as_str);
+    let found = doc.get("kind").and_then(Value::as_str);
+    if api_version != Some(drover_common::API_VERSION) || found != Some(kind) {
+        return Err(ApiError::bad_request(format!(
+            "the document is {}/{}, not {}/{kind}; send it to the resource it is",
+            api_version.unwrap_or("(no apiVersion)"),
+            found.unwrap_or("(no kind)"),
+            drover_common::API_VERSION,
+        )));
+    }
+    Ok(())
+}
+
+/// Runs a cluster write on the blocking pool.
+async fn run_write(
+    app: Arc<App>,
+    admin: Admin,
+    name: String,
+    creation: Creation,
+    options: Options,
+    apply: bool,
+    decide: impl FnOnce(Option<&Cluster>, &Options) -> Result<(Decided, Vec<String>), ApiError>
+        + Send
+        + 'static,
+) -> KubeResult {
+    let about = name.clone();
+    let result = crate::store::blocking(move || {
+        let mut warnings = vec![];
+        let w = Write {
+            name: &name,
+            admin: &admin,
+            creation,
+            dry_run: options.dry_run,
+            // An apply sets managedFields itself.
+            manager: if apply {
+                None
+            } else {
+                Some(options.manager.as_deref().unwrap_or("unknown"))
+            },
+        };
+        let out = write_cluster(&app, &w, |current| {
+            let (decided, w) = decide(current, &options)?;
+            warnings = w;
+            Ok(decided)
+        })?;
+        Ok::<_, ApiError>((out, warnings))
+    })
+    .await;
+    let ((outcome, changes, cluster), warnings) =
+        result.map_err(|e| KubeError::from(e).about(&CLUSTERS, &about))?;
+    written(outcome.status(), &cluster, &warnings, changes)
+}
+
+/// `POST /apis/drover.dev/v1alpha1/clusters`: creates a cluster.
+pub async fn create_cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let options = params.options(&headers)?;
+    let doc = parse_body(&body, "Cluster document")?;
+    check_type(&doc, "Cluster")?;
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "the Cluster has no name; nothing was changed",
+                vec![FieldError {
+                    field: "metadata.name".into(),
+                    message: "name is required (generateName is not served)".into(),
+                }],
+            )
+        })?
+        .to_owned();
+    run_write(
+        app,
+        admin,
+        name,
+        Creation::Only,
+        options,
+        false,
+        move |_, options| decide_document(doc, options.validation),
+    )
+    .await
+}
+
+/// A whole document as the cluster wanted.
+fn decide_document(
+    doc: Value,
+    validation: FieldValidation,
+) -> Result<(Decided, Vec<String>), ApiError> {
+    let sets_cni = doc["spec"]["network"].get("cni").is_some();
+    let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
+    cluster.metadata.managed_fields.clear();
+    Ok((Decided { cluster, sets_cni }, warnings))
+}
+
+/// Refuses a document decided against `current` whose resourceVersion is
+/// another.
+fn precondition(doc: &Value, current: Option<&Cluster>, name: &str) -> Result<(), ApiError> {
+    let Some(rv) = doc["metadata"]["resourceVersion"].as_str() else {
+        return Ok(());
+    };
+    let found = current.and_then(|c| c.metadata.resource_version.as_deref());
+    if found != Some(rv) {
+        return Err(ApiError::conflict(format!(
+            "Operation cannot be fulfilled on clusters.drover.dev {name:?}: the object has been modified (resourceVersion {} now, {rv} sent); read it again and resend",
+            found.unwrap_or("none")
+        )));
+    }
+    Ok(())
+}
+
+/// `PUT /apis/drover.dev/v1alpha1/clusters/{name}`: replaces a cluster's
+/// spec, labels and annotations; `metadata.resourceVersion` in the
+/// document makes it conditional.
+pub async fn replace_cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let options = params.options(&headers)?;
+    let doc = parse_body(&body, "Cluster document")?;
+    check_type(&doc, "Cluster")?;
+    let url_name = name.clone();
+    run_write(
+        app,
+        admin,
+        name,
+        Creation::Refused,
+        options,
+        false,
+        move |current, options| {
+            precondition(&doc, current, &url_name)?;
+            decide_document(doc, options.validation)
+        },
+    )
+    .await
+}
+
+/// `PATCH /apis/drover.dev/v1alpha1/clusters/{name}`: a JSON merge patch
+/// (`application/merge-patch+json`), a JSON patch
+/// (`application/json-patch+json`) or a server-side apply
+/// (`application/apply-patch+yaml`, which may create the cluster).
+pub async fn patch_cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let mut options = params.options(&headers)?;
+    let kind = content_type(&headers);
+    match kind.as_str() {
+        "application/merge-patch+json" => {
+            let patch = parse_body(&body, "merge patch")?;
+            if !patch.is_object() {
+                return Err(ApiError::bad_request("a merge patch is a JSON object").into());
+            }
+            let url_name = name.clone();
+            run_write(app, admin, name, Creation::Refused, options, false, move |current, options| {
+                let mut doc = current_document(current, &url_name)?;
+                json_patch::merge(&mut doc, &patch);
+                precondition(&doc, current, &url_name)?;
+                decide_document(doc, options.validation)
+            })
+            .await
+        }
+        "application/json-patch+json" => {
+            let ops: json_patch::Patch = serde_json::from_slice(&body).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the JSON patch is not a list of RFC 6902 operations: {e}"
+                ))
+            })?;
+            let url_name = name.clone();
+            run_write(app, admin, name, Creation::Refused, options, false, move |current, options| {
+                let mut doc = current_document(current, &url_name)?;
+                json_patch::patch(&mut doc, &ops).map_err(|e| {
+                    ApiError::invalid(
+                        format!("the JSON patch cannot be applied to cluster {url_name}; nothing was changed"),
+                        vec![FieldError { field: "(patch)".into(), message: e.to_string() }],
+                    )
+                })?;
+                precondition(&doc, current, &url_name)?;
+                decide_document(doc, options.validation)
+            })
+            .await
+        }
+        "application/apply-patch+yaml" => {
+            let config = parse_body(&body, "applied configuration")?;
+            check_type(&config, "Cluster")?;
+            if config["metadata"]["name"].as_str() != Some(name.as_str()) {
+                return Err(ApiError::bad_request(format!(
+                    "metadata.name {} does not match the URL's name {name:?}",
+                    config["metadata"]["name"]
+                ))
+                .into());
+            }
+            let manager = options.manager.take().filter(|_| params.field_manager.is_some()).ok_or_else(|| {
+                ApiError::invalid(
+                    "PatchOptions.meta.k8s.io is invalid; nothing was changed",
+                    vec![FieldError {
+                        field: "fieldManager".into(),
+                        message: "Required value: is required for apply patch".into(),
+                    }],
+                )
+            })?;
+            let force = options.force;
+            let url_name = name.clone();
+            run_write(app, admin, name, Creation::Allowed, options, true, move |current, options| {
+                decide_apply(current, &config, &manager, force, options.validation, &url_name)
+            })
+            .await
+        }
+        "application/strategic-merge-patch+json" => Err(unsupported_patch(
+            "strategic merge patch is not served for drover.dev resources (as for every custom resource)",
+        )),
+        other => Err(unsupported_patch(&format!(
+            "the patch type {other:?} is not served"
+        ))),
+    }
+}
+
+fn unsupported_patch(why: &str) -> KubeError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "Unsupported patch type",
+        format!(
+            "{why}; send application/merge-patch+json (kubectl patch --type merge), application/json-patch+json (--type json) or application/apply-patch+yaml (kubectl apply --server-side)"
+        ),
+    )
+    .into()
+}
+
+/// The stored cluster as a document a patch applies to.
+fn current_document(current: Option<&Cluster>, name: &str) -> Result<Value, ApiError> {
+    let current = current.ok_or_else(|| ApiError::not_found("cluster", name))?;
+    serde_json::to_value(current).map_err(ApiError::internal)
+}
+
+/// What a server-side apply of `config` by `manager` makes of `current`.
+fn decide_apply(
+    current: Option<&Cluster>,
+    config: &Value,
+    manager: &str,
+    force: bool,
+    validation: FieldValidation,
+    name: &str,
+) -> Result<(Decided, Vec<String>), ApiError> {
+    precondition(config, current, name)?;
+    let current_doc = match current {
+        Some(c) => serde_json::to_value(c).map_err(ApiError::internal)?,
+        None => json!({
+            "apiVersion": drover_common::API_VERSION,
+            "kind": "Cluster",
+            "metadata": {"name": name},
+        }),
+    };
+    let entries = current.map_or(&[][..], |c| &c.metadata.managed_fields);
+    let owned = if current.is_some() {
+        managed_fields::owned_part(&current_doc)
+    } else {
+        Value::Null
+    };
+    let applied = managed_fields::apply(
+        &owned,
+        entries,
+        &managed_fields::owned_part(config),
+        manager,
+        force,
+        drover_common::API_VERSION,
+        drover_common::now(),
+    )
+    .map_err(|conflicts| ApiError {
+        errors: conflicts
+            .iter()
+            .map(|c| FieldError {
+                field: managed_fields::path_string(&c.path),
+                message: format!(
+                    "conflict with {:?}: {}",
+                    c.manager,
+                    managed_fields::path_string(&c.path)
+                ),
+            })
+            .collect(),
+        ..ApiError::conflict(managed_fields::conflicts_message(&conflicts))
+    })?;
+    let mut doc = current_doc;
+    for field in ["labels", "annotations"] {
+        match applied.object["metadata"].get(field) {
+            Some(v) => doc["metadata"][field] = v.clone(),
+            None => {
+                if let Some(m) = doc["metadata"].as_object_mut() {
+                    m.remove(field);
+                }
+            }
+        }
+    }
+    match applied.object.get("spec") {
+        Some(spec) => doc["spec"] = spec.clone(),
+        None => {
+            if let Some(m) = doc.as_object_mut() {
+                m.remove("spec");
+            }
+        }
+    }
+    let sets_cni = current.is_some() || doc["spec"]["network"].get("cni").is_some();
+    let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
+    cluster.metadata.managed_fields = applied.managed_fields;
+    Ok((Decided { cluster, sets_cni }, warnings))
+}
+
+/// `DeleteOptions`, as kubectl sends them in a DELETE's body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    #[serde(default)]
+    propagation_policy: Option<String>,
+    #[serde(default)]
+    preconditions: Option<Preconditions>,
+    #[serde(default)]
+    dry_run: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Preconditions {
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+/// The options of a DELETE: its body's and its query's.
+fn delete_options(params: &WriteParams, body: &[u8]) -> Result<(DeleteOptions, bool), ApiError> {
+    let options: DeleteOptions = if body.iter().all(u8::is_ascii_whitespace) {
+        DeleteOptions::default()
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not DeleteOptions: {e}")))?
+    };
+    let policy = options
+        .propagation_policy
+        .as_deref()
+        .or(params.propagation_policy.as_deref());
+    match policy {
+        None | Some("Foreground") | Some("Background") => {}
+        Some("Orphan") => {
+            return Err(ApiError::invalid(
+                "Drover cannot orphan: a cluster's machines are released before it goes, and nothing outlives it",
+                vec![FieldError {
+                    field: "propagationPolicy".into(),
+                    message: "Orphan is not served; use Foreground or Background".into(),
+                }],
+            ))
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "propagationPolicy {other:?} is not one of Foreground, Background, Orphan"
+            )))
+        }
+    }
+    let mut dry_run = dry_run_of(params.dry_run.as_deref())?;
+    for d in &options.dry_run {
+        dry_run |= dry_run_of(Some(d))?;
+    }
+    Ok((options, dry_run))
+}
+
+fn check_preconditions(
+    p: Option<&Preconditions>,
+    meta: &drover_common::api::ObjectMeta,
+    what: &str,
+) -> Result<(), ApiError> {
+    let Some(p) = p else { return Ok(()) };
+    if let Some(uid) = &p.uid {
+        if meta.uid.as_ref() != Some(uid) {
+            return Err(ApiError::conflict(format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}; {what} is another object now",
+                meta.uid.as_deref().unwrap_or("")
+            )));
+        }
+    }
+    if let Some(rv) = &p.resource_version {
+        if meta.resource_version.as_ref() != Some(rv) {
+            return Err(ApiError::conflict(format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}; read {what} again",
+                meta.resource_version.as_deref().unwrap_or("")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `DELETE /apis/drover.dev/v1alpha1/clusters/{name}`: marks the cluster
+/// for deletion (as `drover delete cluster`); it stays, with
+/// `deletionTimestamp`, until its machines are released.
+pub async fn delete_cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let (options, dry_run) = delete_options(&params, &body)?;
+    let about = name.clone();
+    let cluster = crate::store::blocking({
+        let app = app.clone();
+        move || {
+            crate::http::cluster_write::request_deletion(&app, &name, &admin, dry_run, |c| {
+                check_preconditions(options.preconditions.as_ref(), &c.metadata, "the cluster")
+            })
+        }
+    })
+    .await
+    .map_err(|e| KubeError::from(e).about(&CLUSTERS, &about))?;
+    written(StatusCode::OK, &cluster, &[], AuditChanges::default())
+}
+
+/// `DELETE /apis/drover.dev/v1alpha1/machines/{name}`: as `drover delete
+/// machine`: a free machine is deregistered at once (a `Success` Status), a
+/// cluster's leaves through the safe path (the machine, marked).
+pub async fn delete_machine(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let (options, dry_run) = delete_options(&params, &body)?;
+    let about = name.clone();
+    let by = admin.token_id.clone();
+    let (status, machine) = crate::store::blocking({
+        let app = app.clone();
+        let name = name.clone();
+        move || {
+            crate::http::admin::request_removal(&app, &name, &by, dry_run, |m| {
+                check_preconditions(options.preconditions.as_ref(), &m.metadata, "the machine")
+            })
+        }
+    })
+    .await
+    .map_err(|e| KubeError::from(e).about(&MACHINES, &about))?;
+    if !dry_run {
+        app.reconcile_machine(&name);
+    }
+    if status == StatusCode::OK {
+        // Gone at once: a Status, as for an object without finalizers.
+        return Ok(axum::Json(json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": {
+                "name": name,
+                "group": super::GROUP,
+                "kind": "machines",
+                "uid": machine.metadata.uid,
+            },
+        }))
+        .into_response());
+    }
+    written(StatusCode::OK, &machine, &[], AuditChanges::default())
+}
+
+/// `PUT` and `PATCH` of `clusters/{name}/status`: refused, as the
+/// coordinator alone writes a cluster's status.
+pub async fn write_status(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> KubeResult {
+    resolve_admin(&app, &headers)?;
+    Err(KubeError::from(ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method not allowed",
+        format!(
+            "the status of cluster {name} is written by the coordinator alone; change its spec instead"
+        ),
+    ))
+    .about(&CLUSTERS, &name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        a: u32,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        spec: Inner,
+        items: Vec<Inner>,
+    }
+
+    #[test]
+    fn unknown_fields_are_errors_warnings_or_dropped_as_asked() {
+        let doc = json!({"spec": {"a": 1, "b": 2}, "items": [{"a": 1}, {"a": 2, "c": 3}], "d": 4});
+        let e = decode::<Outer>("Outer", doc.clone(), FieldValidation::Strict).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.detail.contains(
+                r#"unknown field "d", unknown field "items[1].c", unknown field "spec.b""#
+            ),
+            "{}",
+            e.detail
+        );
+        let (_, warnings) = decode::<Outer>("Outer", doc.clone(), FieldValidation::Warn).unwrap();
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        let (_, warnings) = decode::<Outer>("Outer", doc, FieldValidation::Ignore).unwrap();
+        assert!(warnings.is_empty());
+        let e = decode::<Outer>(
+            "Outer",
+            json!({"spec": {"a": "x"}, "items": []}),
+            FieldValidation::Ignore,
+        )
+        .unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(e.errors[0].field, "spec.a");
+    }
+
+    #[test]
+    fn a_write_without_a_field_manager_is_its_user_agents() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static("kubectl/v1.32.0 (linux/amd64) kubernetes/abc"),
+        );
+        assert_eq!(user_agent_manager(&h).as_deref(), Some("kubectl"));
+        let p = WriteParams {
+            field_manager: Some("ops".into()),
+            ..Default::default()
+        };
+        assert_eq!(p.options(&h).unwrap().manager.as_deref(), Some("ops"));
+        let p = WriteParams {
+            dry_run: Some("Some".into()),
+            ..Default::default()
+        };
+        assert!(p.options(&h).is_err());
+    }
+}
