@@ -1126,6 +1126,7 @@ pub mod aws;
 pub mod browser;
 pub mod etcd;
 pub mod kube;
+pub mod kube_api;
 
 pub mod docker {
     use std::path::Path;

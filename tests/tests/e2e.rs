@@ -3571,18 +3571,70 @@ fn a_lost_pool_control_plane_is_restored_from_a_snapshot_onto_a_free_machine() {
 #[test]
 fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
     let (tmp, mut c, _agents) = registered_pool(2, "k");
+    let kubeconfig = tmp.path().join("coordinator.kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "--coordinator"])).unwrap();
+    // A watch from before the cluster exists sees it come and go Running;
+    // kubectl wait sees it Ready.
+    let mut phases = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "clusters", "--watch", "--output-watch-events"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (phase_tx, phase_lines) = std::sync::mpsc::channel::<String>();
+    let phase_out = phases.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(phase_out)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if phase_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let web = cluster_yaml("web", 1, 1, &pool_selector("dev")).replace(
         "metadata:\n  name: web\n",
         "metadata:\n  name: web\n  labels:\n    team: web\n",
     );
     apply(&c, tmp.path(), &web);
+    let waited = kubectl(
+        &kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "cluster/web",
+            "--timeout=180s",
+            "--request-timeout=0",
+        ],
+    )
+    .unwrap();
+    assert!(waited.contains("condition met"), "{waited}");
+    let mut seen = vec![];
+    wait_for("the watch to show web Running", BOOT, || {
+        while let Ok(line) = phase_lines.try_recv() {
+            seen.push(line);
+        }
+        let added = seen
+            .iter()
+            .any(|l| l.starts_with("ADDED") && l.contains("web"));
+        let running = seen
+            .iter()
+            .any(|l| l.starts_with("MODIFIED") && l.contains("web") && l.contains("Running"));
+        (added && running)
+            .then_some(())
+            .ok_or_else(|| format!("{seen:#?}"))
+    });
+    let _ = phases.kill();
+    let _ = phases.wait();
     apply(
         &c,
         tmp.path(),
         &cluster_yaml("idle", 1, 0, &pool_selector("none")),
     );
-    let kubeconfig = tmp.path().join("coordinator.kubeconfig");
-    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "--coordinator"])).unwrap();
 
     let resources = kubectl(&kubeconfig, &["api-resources", "--api-group=drover.dev"]).unwrap();
     assert!(
@@ -3752,4 +3804,15 @@ fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
             other => Err(format!("{other:?}")),
         },
     );
+}
+
+/// kubectl manages a cluster on the embedded store as drover does: apply
+/// (twice, the second a no-op), server-side apply with a conflict and
+/// --force-conflicts, diff, explain, label, patch, edit, strict field
+/// validation, a server dry run, delete --wait, and a viewer refused.
+#[test]
+fn kubectl_manages_clusters_on_the_embedded_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
+    drover_tests::kube_api::kubectl_manages_a_cluster(&c, tmp.path(), "web");
 }

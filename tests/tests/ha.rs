@@ -386,3 +386,24 @@ fn a_machine_learns_a_later_replica_and_follows_the_leader_to_it() {
             .ok_or(format!("{seen:?} after {after}"))
     });
 }
+
+/// kubectl manages a cluster on a coordinator whose store is etcd, as on
+/// the embedded store (`--test e2e`).
+#[test]
+fn kubectl_manages_clusters_on_etcd() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdCluster::start(1);
+    let key = tmp.path().join("encryption.key");
+    let c = Coordinator::start_with_args(
+        &tmp.path().join("coordinator"),
+        CoordinatorOptions::default(),
+        &[
+            "--store",
+            &etcd.store_url(),
+            "--encryption-key-file",
+            key.to_str().unwrap(),
+        ],
+        &format!("127.0.0.1:{}", free_port()),
+    );
+    drover_tests::kube_api::kubectl_manages_a_cluster(&c, tmp.path(), "web");
+}

@@ -1,0 +1,257 @@
+//! What real kubectl does to clusters through the coordinator's
+//! Kubernetes-style API, as Argo CD and Flux would (they use the same
+//! verbs: apply, server-side apply, dry runs, watch): shared by the test
+//! on the embedded store (`--test e2e`) and the one on etcd (`--test ha`).
+
+use std::path::{Path, PathBuf};
+
+use crate::kube::kubectl;
+use crate::{cluster_yaml, pool_selector, Coordinator};
+
+/// Runs kubectl, returning its exit status, stdout and stderr.
+fn kubectl_status(kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout", "10s"])
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("kubectl runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `kubectl get cluster NAME -o jsonpath=PATH`.
+fn field(kubeconfig: &Path, name: &str, path: &str) -> String {
+    kubectl(
+        kubeconfig,
+        &["get", "cluster", name, "-o", &format!("jsonpath={path}")],
+    )
+    .unwrap_or_else(|e| panic!("cluster {name} {path}: {e}"))
+}
+
+/// A cluster `name` of one control plane and `workers` workers in pool
+/// `default`, claiming machines no one has (it stays Pending), labelled
+/// `team: web`.
+pub fn web_cluster(name: &str, workers: u32) -> String {
+    cluster_yaml(name, 1, workers, &pool_selector("nowhere")).replace(
+        &format!("metadata:\n  name: {name}\n"),
+        &format!("metadata:\n  name: {name}\n  labels:\n    team: web\n"),
+    )
+}
+
+/// Writes a kubeconfig for `c` itself under `dir`, as the admin and as a
+/// new viewer.
+pub fn coordinator_kubeconfigs(c: &Coordinator, dir: &Path) -> (PathBuf, PathBuf) {
+    let admin = dir.join("coordinator.kubeconfig");
+    std::fs::write(&admin, c.cli_ok(&["kubeconfig", "--coordinator"])).unwrap();
+    let viewer_token = c.create_admin_token("viewer");
+    let text = std::fs::read_to_string(&admin).unwrap();
+    assert!(text.contains(&c.admin_token), "{text}");
+    let viewer = dir.join("viewer.kubeconfig");
+    std::fs::write(&viewer, text.replace(&c.admin_token, &viewer_token)).unwrap();
+    (admin, viewer)
+}
+
+/// kubectl creates, applies, patches, edits, labels, diffs, explains,
+/// dry-runs and deletes cluster `name` on `c`, and a viewer may only read.
+pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
+    let (kc, viewer) = coordinator_kubeconfigs(c, dir);
+    let file = |workers: u32, tag: &str| {
+        let path = dir.join(format!("{name}-{tag}.yaml"));
+        std::fs::write(&path, web_cluster(name, workers)).unwrap();
+        path
+    };
+    let two = file(2, "two");
+    let two = two.to_str().unwrap();
+
+    // Client-side apply: created, then unchanged (no write: the same
+    // resourceVersion).
+    let out = kubectl(&kc, &["apply", "-f", two]).unwrap();
+    assert!(
+        out.contains(&format!("cluster.drover.dev/{name} created")),
+        "{out}"
+    );
+    let rv = field(&kc, name, "{.metadata.resourceVersion}");
+    let out = kubectl(&kc, &["apply", "-f", two]).unwrap();
+    assert!(out.contains("unchanged"), "{out}");
+    assert_eq!(field(&kc, name, "{.metadata.resourceVersion}"), rv);
+    let table = kubectl(&kc, &["get", "clusters", name]).unwrap();
+    assert!(
+        table.starts_with("NAME") && table.contains("PHASE"),
+        "{table}"
+    );
+    // What drover sees is what kubectl wrote.
+    let shown = c.cli_ok(&["get", "cluster", name, "-o", "yaml"]);
+    assert!(shown.contains("replicas: 2"), "{shown}");
+
+    // A merge patch, then a server-side apply that would take its field:
+    // refused naming kubectl-patch, then forced.
+    let out = kubectl(
+        &kc,
+        &[
+            "patch",
+            "cluster",
+            name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"workerPools":[{"name":"default","replicas":3}]}}"#,
+        ],
+    )
+    .unwrap();
+    assert!(out.contains("patched"), "{out}");
+    let four = file(4, "four");
+    let four = four.to_str().unwrap();
+    let refused = kubectl(&kc, &["apply", "--server-side", "-f", four]).unwrap_err();
+    assert!(
+        refused.contains(r#"conflict with "kubectl-patch""#)
+            && refused.contains(r#".spec.workerPools[name="default"].replicas"#),
+        "{refused}"
+    );
+    assert_eq!(field(&kc, name, "{.spec.workerPools[0].replicas}"), "3");
+    kubectl(
+        &kc,
+        &["apply", "--server-side", "--force-conflicts", "-f", four],
+    )
+    .unwrap();
+    assert_eq!(field(&kc, name, "{.spec.workerPools[0].replicas}"), "4");
+    let managers = kubectl(
+        &kc,
+        &[
+            "get",
+            "cluster",
+            name,
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={range .metadata.managedFields[*]}{.manager}/{.operation} {end}",
+        ],
+    )
+    .unwrap();
+    assert!(managers.contains("kubectl/Apply"), "{managers}");
+
+    // diff shows the change a dry run would make, and makes none.
+    let five = file(5, "five");
+    let (code, diff, err) = kubectl_status(&kc, &["diff", "-f", five.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "{diff}{err}");
+    assert!(
+        diff.contains("+    replicas: 5") && diff.contains("-    replicas: 4"),
+        "{diff}"
+    );
+    assert_eq!(field(&kc, name, "{.spec.workerPools[0].replicas}"), "4");
+
+    // explain reads the OpenAPI v3 schema.
+    let explained = kubectl(&kc, &["explain", "clusters.spec.workerPools"]).unwrap();
+    assert!(
+        explained.contains("FIELD: workerPools") && explained.contains("replicas"),
+        "{explained}"
+    );
+
+    // label and edit (EDITOR a script).
+    kubectl(&kc, &["label", "cluster", name, "tier=gold"]).unwrap();
+    let labelled = kubectl(&kc, &["get", "clusters", "-l", "tier=gold", "-o", "name"]).unwrap();
+    assert_eq!(labelled.trim(), format!("cluster.drover.dev/{name}"));
+    let editor = dir.join("editor.sh");
+    std::fs::write(
+        &editor,
+        "#!/bin/sh\nsed -i 's/replicas: 4/replicas: 6/' \"$1\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (code, out, err) = kubectl_status(
+        &kc,
+        &["edit", "cluster", name],
+        &[("EDITOR", editor.to_str().unwrap()), ("KUBE_EDITOR", "")],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(field(&kc, name, "{.spec.workerPools[0].replicas}"), "6");
+
+    // Unknown fields: kubectl validates strictly by default; the server
+    // names the field, and nothing is created.
+    let bogus = dir.join(format!("{name}-bogus.yaml"));
+    std::fs::write(
+        &bogus,
+        web_cluster("bogus", 1).replace("  controlPlane:\n", "  bogusField: 1\n  controlPlane:\n"),
+    )
+    .unwrap();
+    let refused = kubectl(&kc, &["apply", "-f", bogus.to_str().unwrap()]).unwrap_err();
+    assert!(
+        refused.contains(r#"unknown field "spec.bogusField""#),
+        "{refused}"
+    );
+    // A server dry run creates nothing.
+    let dry = dir.join(format!("{name}-dry.yaml"));
+    std::fs::write(&dry, web_cluster("dry", 1)).unwrap();
+    let out = kubectl(
+        &kc,
+        &["apply", "--dry-run=server", "-f", dry.to_str().unwrap()],
+    )
+    .unwrap();
+    assert!(out.contains("(server dry run)"), "{out}");
+    for gone in ["bogus", "dry"] {
+        let missing = kubectl(&kc, &["get", "cluster", gone]).unwrap_err();
+        assert!(missing.contains("(NotFound)"), "{missing}");
+    }
+
+    // The status is the coordinator's.
+    let refused = kubectl(
+        &kc,
+        &[
+            "patch",
+            "cluster",
+            name,
+            "--subresource",
+            "status",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"status":{"phase":"Running"}}"#,
+        ],
+    )
+    .unwrap_err();
+    assert!(refused.contains("(MethodNotAllowed)"), "{refused}");
+
+    // A viewer reads, may not write, and kubectl auth can-i says so.
+    assert_eq!(
+        kubectl(&kc, &["auth", "can-i", "create", "clusters"])
+            .unwrap()
+            .trim(),
+        "yes"
+    );
+    assert_eq!(
+        kubectl(&viewer, &["auth", "can-i", "list", "clusters"])
+            .unwrap()
+            .trim(),
+        "yes"
+    );
+    let (code, out, _) = kubectl_status(&viewer, &["auth", "can-i", "create", "clusters"], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("no - the viewer role"), "{out}");
+    let refused = kubectl(&viewer, &["apply", "-f", five.to_str().unwrap()]).unwrap_err();
+    assert!(
+        refused.contains("(Forbidden)") && refused.contains("viewer"),
+        "{refused}"
+    );
+    assert_eq!(field(&kc, name, "{.spec.workerPools[0].replicas}"), "6");
+
+    // delete --wait returns once the cluster is gone.
+    let out = kubectl(
+        &kc,
+        &[
+            "delete",
+            "cluster",
+            name,
+            "--wait",
+            "--timeout=120s",
+            "--request-timeout=0",
+        ],
+    )
+    .unwrap();
+    assert!(out.contains("deleted"), "{out}");
+    let missing = kubectl(&kc, &["get", "cluster", name]).unwrap_err();
+    assert!(missing.contains("(NotFound)"), "{missing}");
+}
