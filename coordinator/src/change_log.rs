@@ -5,11 +5,18 @@
 //! of recent events; a watch from before its oldest is answered `410
 //! Gone`, "too old resource version", and the client lists again).
 //!
+//! The ring starts from the store's own history ([`Store::history`]: a
+//! table SQLite writes with every transaction, etcd's revisions), so a
+//! watch from a `resourceVersion` given before a restart, or by another
+//! replica, resumes instead of listing again.
+//!
 //! Invariant: every change with a revision above `floor` is in the ring,
-//! in revision order. The task subscribes before it reads the store's
-//! revision (the first floor), so nothing falls between; when the change
-//! feed lags, or the ring is full, the floor moves up past what was lost,
-//! and a watch that needs older changes expires instead of missing them.
+//! in revision order. The task subscribes before it reads the history
+//! (the first floor, up to its head), so nothing falls between, and the
+//! feed's copies of changes the history held are not recorded twice; when
+//! the change feed lags, or the ring is full, the floor moves up past what
+//! was lost, and a watch that needs older changes expires instead of
+//! missing them.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -38,6 +45,9 @@ struct Ring {
     /// Every change above it is in `changes`; `None` until the task's
     /// first run.
     floor: Option<u64>,
+    /// Changes up to this revision came from the store's history: the
+    /// change feed's copies of them are not recorded twice.
+    loaded_to: u64,
     changes: VecDeque<Change>,
 }
 
@@ -86,11 +96,14 @@ impl ChangeLog {
         self.notify.notified()
     }
 
-    /// Starts over at `floor`: what was recorded is dropped.
-    fn reset(&self, floor: u64) {
+    /// Starts over from the store's `history`: what was recorded is
+    /// dropped; the newest [`CAPACITY`] changes of the history are kept.
+    fn reset(&self, mut history: crate::store::History) {
+        history.truncate(CAPACITY);
         let mut ring = self.ring.lock().expect("change log poisoned");
-        ring.floor = Some(floor);
-        ring.changes.clear();
+        ring.floor = Some(history.floor);
+        ring.loaded_to = history.head;
+        ring.changes = history.changes.into();
         drop(ring);
         self.notify.notify_waiters();
     }
@@ -100,7 +113,7 @@ impl ChangeLog {
     fn record(&self, c: Change) {
         let mut ring = self.ring.lock().expect("change log poisoned");
         let Some(floor) = ring.floor else { return };
-        if c.revision <= floor {
+        if c.revision <= floor.max(ring.loaded_to) {
             return;
         }
         if ring.changes.len() == CAPACITY {
@@ -142,14 +155,20 @@ impl BackgroundTask for Recorder {
             return Outcome::Idle;
         }
         let store = self.store.clone();
-        match crate::store::blocking(move || store.revision()).await {
-            Ok(floor) => {
-                self.log.reset(floor);
+        match crate::store::blocking(move || store.history(CAPACITY)).await {
+            Ok(history) => {
+                tracing::info!(
+                    from = history.floor,
+                    to = history.head,
+                    changes = history.changes.len(),
+                    "change log started from the store's history; watches from these revisions resume"
+                );
+                self.log.reset(history);
                 self.restart = false;
                 Outcome::Done
             }
             Err(e) => Outcome::Failed(TaskError::new(format_args!(
-                "cannot read the store's revision to start the change log: {e}"
+                "cannot read the store's change history to start the change log: {e}"
             ))),
         }
     }
@@ -193,7 +212,11 @@ mod tests {
     fn a_watch_replays_what_the_ring_holds_and_expires_before_it() {
         let log = ChangeLog::default();
         assert!(log.since(Kind::Cluster, 0).is_err(), "not started");
-        log.reset(10);
+        log.reset(crate::store::History {
+            floor: 10,
+            head: 10,
+            changes: vec![],
+        });
         log.record(change(9, "old"));
         log.record(change(11, "a"));
         log.record(change(12, "b"));
@@ -218,5 +241,25 @@ mod tests {
         }
         assert!(log.since(Kind::Cluster, 11).is_err());
         assert!(log.since(Kind::Cluster, 12).is_ok());
+    }
+
+    #[test]
+    fn a_log_started_from_history_replays_it_and_records_no_change_twice() {
+        let log = ChangeLog::default();
+        log.reset(crate::store::History {
+            floor: 4,
+            head: 7,
+            changes: vec![change(5, "a"), change(7, "b")],
+        });
+        // The feed's copy of revision 7 (it subscribed first) is dropped.
+        log.record(change(7, "b"));
+        log.record(change(8, "c"));
+        let (got, head) = log.since(Kind::Cluster, 4).unwrap();
+        assert_eq!(
+            got.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+        assert_eq!(head, 8);
+        assert!(log.since(Kind::Cluster, 3).is_err());
     }
 }

@@ -255,3 +255,57 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
     let missing = kubectl(&kc, &["get", "cluster", name]).unwrap_err();
     assert!(missing.contains("(NotFound)"), "{missing}");
 }
+
+/// A watch from a `resourceVersion` given before `c` restarted replays
+/// what changed since, deletions included, instead of `410 Gone`.
+pub fn a_watch_resumes_after_a_restart(c: &mut Coordinator, dir: &Path) {
+    let (kc, _) = coordinator_kubeconfigs(c, dir);
+    let file = dir.join("before.yaml");
+    std::fs::write(&file, web_cluster("before", 1)).unwrap();
+    kubectl(&kc, &["apply", "-f", file.to_str().unwrap()]).unwrap();
+    let listed: serde_json::Value = serde_json::from_str(
+        &kubectl(&kc, &["get", "--raw", "/apis/drover.dev/v1alpha1/clusters"]).unwrap(),
+    )
+    .unwrap();
+    let rv = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_owned();
+    let file = dir.join("after.yaml");
+    std::fs::write(&file, web_cluster("after", 1)).unwrap();
+    kubectl(&kc, &["apply", "-f", file.to_str().unwrap()]).unwrap();
+    kubectl(
+        &kc,
+        &["delete", "cluster", "before", "--wait", "--timeout=60s"],
+    )
+    .unwrap();
+    c.restart();
+    let replay = kubectl(
+        &kc,
+        &[
+            "get",
+            "--raw",
+            &format!("/apis/drover.dev/v1alpha1/clusters?watch=true&resourceVersion={rv}&timeoutSeconds=2"),
+        ],
+    )
+    .unwrap();
+    let events: Vec<(String, String)> = replay
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or_default().to_owned(),
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        events.contains(&("ADDED".into(), "after".into()))
+            && events.contains(&("DELETED".into(), "before".into())),
+        "{replay}"
+    );
+    assert!(!replay.contains("Expired"), "{replay}");
+}

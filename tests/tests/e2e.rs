@@ -3816,3 +3816,12 @@ fn kubectl_manages_clusters_on_the_embedded_store() {
     let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
     drover_tests::kube_api::kubectl_manages_a_cluster(&c, tmp.path(), "web");
 }
+
+/// A watch resumes from a resourceVersion given before the coordinator
+/// restarted: the embedded store keeps the change history.
+#[test]
+fn a_kubectl_watch_resumes_after_a_coordinator_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
+    drover_tests::kube_api::a_watch_resumes_after_a_restart(&mut c, tmp.path());
+}

@@ -153,6 +153,36 @@ pub struct Change {
     pub origin: Option<std::sync::Arc<str>>,
 }
 
+/// Recent changes as a backend keeps them (see [`Backend::history`]).
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// Every change with a revision above it, up to `head`, is in
+    /// `changes`.
+    pub floor: u64,
+    /// The revision the history was read at.
+    pub head: u64,
+    pub changes: Vec<Change>,
+}
+
+impl History {
+    /// Keeps the newest `limit` changes, raising the floor past what was
+    /// dropped (a revision's changes go all or none, so the invariant
+    /// holds).
+    pub fn truncate(&mut self, limit: usize) {
+        if self.changes.len() <= limit {
+            return;
+        }
+        // The newest revision dropped: its other changes go too.
+        let cut = self.changes[self.changes.len() - limit - 1].revision;
+        self.changes.retain(|c| c.revision > cut);
+        self.floor = self.floor.max(cut);
+    }
+}
+
+/// How many revisions of history a backend keeps, at least: SQLite prunes
+/// older changes; etcd is read back this far (or to its compaction).
+pub const HISTORY_REVISIONS: u64 = 10_000;
+
 std::thread_local! {
     static ORIGIN: std::cell::RefCell<Option<std::sync::Arc<str>>> =
         const { std::cell::RefCell::new(None) };
@@ -218,6 +248,10 @@ pub(super) trait Backend: Send + Sync {
     /// The store's revision now: every committed write has a revision at
     /// most this, and the next one will have more.
     fn revision(&self) -> Result<u64, StoreError>;
+    /// The newest changes the backend still keeps (SQLite: a table written
+    /// with every transaction; etcd: its own history, until compacted), at
+    /// most `limit`, in revision order, read at one revision.
+    fn history(&self, limit: usize) -> Result<History, StoreError>;
     /// Where the data lives, for messages ("SQLite database /d/drover.db").
     fn describe(&self) -> String;
     /// Writes every object, as stored (sealed records stay sealed), at one

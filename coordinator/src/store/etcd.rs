@@ -79,7 +79,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::broadcast;
 
-use super::backend::{Backend, Change, Fence, Kind, Op, Record, Span, StoreError};
+use super::backend::{
+    Backend, Change, Fence, History, Kind, Op, Record, Span, StoreError, HISTORY_REVISIONS,
+};
 use super::cache::{self, ReadCache};
 
 /// Objects read per range request when listing a kind.
@@ -620,6 +622,35 @@ impl Backend for Etcd {
                 })
                 .await?;
             Ok(resp.header().map_or(0, |h| h.revision()) as u64)
+        })
+    }
+
+    fn history(&self, limit: usize) -> Result<History, StoreError> {
+        let head = self.revision()?;
+        let (members, prefix) = (self.members.clone(), self.prefix.clone());
+        self.call(async move {
+            let mut start = head.saturating_sub(HISTORY_REVISIONS).max(1) as i64;
+            // A second try starts after a compaction the first ran into.
+            for _ in 0..2 {
+                match read_history(&members, &prefix, start).await? {
+                    Ok((changes, head)) => {
+                        let mut history = History {
+                            floor: (start - 1) as u64,
+                            head,
+                            changes,
+                        };
+                        history.truncate(limit);
+                        return Ok(history);
+                    }
+                    Err(compacted) => start = compacted,
+                }
+            }
+            // Compacted twice over: no history, only the present.
+            Ok(History {
+                floor: head,
+                head,
+                changes: vec![],
+            })
         })
     }
 
@@ -1206,6 +1237,77 @@ fn parse_key(prefix: &str, key: &[u8]) -> Option<(Kind, String)> {
     let rest = std::str::from_utf8(key.strip_prefix(prefix.as_bytes())?).ok()?;
     let (kind, name) = rest.split_once('/')?;
     Some((Kind::parse(kind)?, name.to_owned()))
+}
+
+/// The changes under `prefix` from revision `start` on, read with a watch
+/// from `start`, and the revision they are complete up to; `Err(revision)`
+/// when etcd compacted the history before `start` (the oldest it keeps).
+///
+/// Where the replay ends is marked by a write: a key outside every kind
+/// is put once the watch runs (and deleted after). A watch delivers events
+/// in revision order, so when the marker's arrives every earlier change
+/// has. (etcd 3.4 answers a progress request at once, before the replay,
+/// so a progress notification cannot mark it: etcd-io/etcd#15220.)
+async fn read_history(
+    members: &Members,
+    prefix: &str,
+    start: i64,
+) -> Result<Result<(Vec<Change>, u64), i64>, StoreError> {
+    let what = "read the change history";
+    let member = &members.list[members.preferred.load(Ordering::Relaxed) % members.list.len()];
+    let opts = WatchOptions::new().with_prefix().with_start_revision(start);
+    let mut wc = member.client.watch_client();
+    let mut stream = tokio::time::timeout(members.timeout, wc.watch(prefix, Some(opts)))
+        .await
+        .map_err(|_| members.error(what, "no answer"))?
+        .map_err(|e| members.error(what, describe(&e)))?;
+    let marker = format!("{prefix}~history/{}", uuid::Uuid::new_v4());
+    let mut kv = member.client.kv_client();
+    let put = tokio::time::timeout(members.timeout, kv.put(marker.as_str(), "", None))
+        .await
+        .map_err(|_| members.error(what, "no answer"))?
+        .map_err(|e| members.error(what, describe(&e)))?;
+    let marked = put.header().map_or(0, |h| h.revision()) as u64;
+    let mut changes = vec![];
+    let result = loop {
+        let resp = tokio::time::timeout(members.timeout, stream.message())
+            .await
+            .map_err(|_| members.error(what, "no answer"))?
+            .map_err(|e| members.error(what, describe(&e)))?
+            .ok_or_else(|| members.error(what, "the watch ended"))?;
+        if resp.canceled() {
+            if resp.compact_revision() > 0 {
+                break Err(resp.compact_revision());
+            }
+            return Err(members.error(
+                what,
+                format!("the watch was cancelled: {}", resp.cancel_reason()),
+            ));
+        }
+        let mut done = false;
+        for ev in resp.events() {
+            let Some(ev_kv) = ev.kv() else { continue };
+            let revision = ev_kv.mod_revision() as u64;
+            if ev_kv.key() == marker.as_bytes() || revision >= marked {
+                done = true;
+                break;
+            }
+            if let Some((kind, name)) = parse_key(prefix, ev_kv.key()) {
+                changes.push(Change {
+                    kind,
+                    name,
+                    revision,
+                    deleted: matches!(ev.event_type(), EventType::Delete),
+                    origin: None,
+                });
+            }
+        }
+        if done {
+            break Ok((changes, marked.saturating_sub(1)));
+        }
+    };
+    let _ = tokio::time::timeout(members.timeout, kv.delete(marker.as_str(), None)).await;
+    Ok(result)
 }
 
 /// Broadcasts every change under `prefix` from revision `next` on, for the

@@ -30,7 +30,7 @@ mod sqlite;
 pub(crate) mod test_etcd;
 
 use backend::Backend;
-pub use backend::{attributed, Change, Fence, Kind, Op, Record, Span, StoreError};
+pub use backend::{attributed, Change, Fence, History, Kind, Op, Record, Span, StoreError};
 pub use etcd::{Election, EtcdOptions, EtcdTls, EtcdTlsError, TlsFile};
 
 /// Where `drover serve` keeps its objects (`--store`).
@@ -496,6 +496,13 @@ impl Store {
         self.backend.revision()
     }
 
+    /// The newest changes the store keeps, at most `limit` (see
+    /// [`History`]): what a watch from before this process started can
+    /// still be replayed from.
+    pub fn history(&self, limit: usize) -> Result<History, StoreError> {
+        self.backend.history(limit)
+    }
+
     /// Subscribes to committed changes.
     pub fn watch(&self) -> broadcast::Receiver<Change> {
         self.changes.subscribe()
@@ -820,7 +827,42 @@ mod tests {
         watch_reports_committed_changes,
         modify_creates_retries_a_conflict_and_keeps,
         a_backup_holds_every_object_at_one_revision_and_restores,
+        history_survives_reopen,
     );
+
+    /// The store's change history outlives the handle that wrote it:
+    /// another handle (a restarted coordinator, another replica) reads
+    /// every change after the floor, deletions included, and a limit
+    /// keeps the newest.
+    fn history_survives_reopen(b: &Backing) {
+        let first = b.open();
+        let start = first.revision().unwrap();
+        first.create_json(Kind::Cluster, "h-a", &1).unwrap();
+        first.create_json(Kind::Cluster, "h-b", &2).unwrap();
+        first.delete(Kind::Cluster, "h-a", None).unwrap();
+        let head = first.revision().unwrap();
+        drop(first);
+        let second = b.open();
+        let history = second.history(100).unwrap();
+        assert!(
+            history.floor <= start && history.head >= head,
+            "{history:?}"
+        );
+        let seen: Vec<(&str, bool)> = history
+            .changes
+            .iter()
+            .filter(|c| c.kind == Kind::Cluster && c.name.starts_with("h-"))
+            .map(|c| (c.name.as_str(), c.deleted))
+            .collect();
+        assert_eq!(seen, [("h-a", false), ("h-b", false), ("h-a", true)]);
+        assert!(history
+            .changes
+            .windows(2)
+            .all(|w| w[0].revision <= w[1].revision));
+        let newest = second.history(1).unwrap();
+        assert_eq!(newest.changes.len(), 1, "{newest:?}");
+        assert_eq!(newest.floor, newest.changes[0].revision - 1);
+    }
 
     /// A backup taken while another handle writes holds every object as
     /// stored (a sealed one still sealed) at one revision, and opens as a

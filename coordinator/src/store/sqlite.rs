@@ -10,7 +10,9 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use tokio::sync::broadcast;
 
-use super::backend::{Backend, Change, Fence, Kind, Op, Record, Span, StoreError};
+use super::backend::{
+    Backend, Change, Fence, History, Kind, Op, Record, Span, StoreError, HISTORY_REVISIONS,
+};
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -52,7 +54,19 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS objects (
         PRIMARY KEY (kind, name)
     );
     CREATE TABLE IF NOT EXISTS revision (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL);
-    INSERT OR IGNORE INTO revision (id, value) VALUES (0, 0);";
+    INSERT OR IGNORE INTO revision (id, value) VALUES (0, 0);
+    CREATE TABLE IF NOT EXISTS changes (
+        revision INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        deleted INTEGER NOT NULL,
+        PRIMARY KEY (revision, kind, name)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS change_floor (id INTEGER PRIMARY KEY CHECK (id = 0), value INTEGER NOT NULL);
+    INSERT OR IGNORE INTO change_floor (id, value) SELECT 0, value FROM revision WHERE id = 0;";
+
+/// How often (in revisions) a transaction prunes the change history.
+const PRUNE_EVERY: i64 = 256;
 
 /// A new database at `dest` in this backend's schema, filled in one
 /// transaction by `fill` (a backup of another backend): `fill` hands each
@@ -82,6 +96,11 @@ pub(super) fn write_snapshot(
         drop(insert);
         tx.execute(
             "UPDATE revision SET value = ?1 WHERE id = 0",
+            params![revision as i64],
+        )?;
+        // A copy keeps no history: it starts at its revision.
+        tx.execute(
+            "UPDATE change_floor SET value = ?1 WHERE id = 0",
             params![revision as i64],
         )?;
     }
@@ -116,6 +135,53 @@ impl Backend for Sqlite {
             .prepare_cached("SELECT value FROM revision WHERE id = 0")?
             .query_row([], |r| r.get(0))?;
         Ok(revision as u64)
+    }
+
+    fn history(&self, limit: usize) -> Result<History, StoreError> {
+        let conn = self.conn.lock().expect("store lock poisoned");
+        let tx = conn.unchecked_transaction()?;
+        let floor: i64 = tx
+            .prepare_cached("SELECT value FROM change_floor WHERE id = 0")?
+            .query_row([], |r| r.get(0))?;
+        let head: i64 = tx
+            .prepare_cached("SELECT value FROM revision WHERE id = 0")?
+            .query_row([], |r| r.get(0))?;
+        let mut stmt = tx.prepare_cached(
+            "SELECT revision, kind, name, deleted FROM changes WHERE revision > ?1 ORDER BY revision DESC, kind, name LIMIT ?2",
+        )?;
+        let take = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
+        let rows = stmt.query_map(params![floor, take], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, bool>(3)?,
+            ))
+        })?;
+        let mut changes = vec![];
+        for row in rows {
+            let (revision, kind, name, deleted) = row?;
+            let Some(kind) = Kind::parse(&kind) else {
+                continue;
+            };
+            changes.push(Change {
+                kind,
+                name,
+                revision: revision as u64,
+                deleted,
+                origin: None,
+            });
+        }
+        drop(stmt);
+        tx.finish()?;
+        changes.reverse();
+        let mut history = History {
+            floor: floor as u64,
+            head: head as u64,
+            changes,
+        };
+        history.truncate(limit);
+        Ok(history)
     }
 
     fn get(&self, kind: Kind, name: &str) -> Result<Option<Record>, StoreError> {
@@ -203,6 +269,21 @@ impl Backend for Sqlite {
         }
         tx.prepare_cached("UPDATE revision SET value = ?1 WHERE id = 0")?
             .execute(params![revision])?;
+        {
+            let mut history = tx.prepare_cached(
+                "INSERT OR REPLACE INTO changes (revision, kind, name, deleted) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for (kind, name, deleted) in &changes {
+                history.execute(params![revision, kind.as_str(), name, deleted])?;
+            }
+        }
+        let cut = revision - HISTORY_REVISIONS as i64;
+        if revision % PRUNE_EVERY == 0 && cut > 0 {
+            tx.prepare_cached("DELETE FROM changes WHERE revision <= ?1")?
+                .execute(params![cut])?;
+            tx.prepare_cached("UPDATE change_floor SET value = max(value, ?1) WHERE id = 0")?
+                .execute(params![cut])?;
+        }
         tx.commit()?;
         drop(conn);
         let origin = super::backend::current_origin();

@@ -697,6 +697,17 @@ where
             ))
         })?),
     };
+    let starting = || ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Starting",
+            "this coordinator is starting its change log; watch again in a moment",
+        )
+    };
+    if log.head().is_none() {
+        return Err(starting().into());
+    }
     let start = match from {
         Some(rv) => {
             if let Err(e) = log.since(kind.stored, rv) {
@@ -704,14 +715,7 @@ where
             }
             rv
         }
-        None => log.head().ok_or_else(|| ApiError {
-            retry_after: Some(1),
-            ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Starting",
-                "this coordinator is starting its change log; watch again in a moment",
-            )
-        })?,
+        None => log.head().ok_or_else(starting)?,
     };
     let table_rows = wants_table(headers);
     let timeout = params
