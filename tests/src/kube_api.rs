@@ -69,6 +69,13 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
     let two = file(2, "two");
     let two = two.to_str().unwrap();
 
+    // The server's version, as kubectl reads it.
+    let version = kubectl(&kc, &["version", "-o", "json"]).unwrap();
+    assert!(
+        version.contains(r#""gitVersion": "v1.32.0+drover-"#),
+        "{version}"
+    );
+
     // Client-side apply: created, then unchanged (no write: the same
     // resourceVersion).
     let out = kubectl(&kc, &["apply", "-f", two]).unwrap();

@@ -3789,20 +3789,16 @@ fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
         "{refused}"
     );
 
-    // Restarted, the coordinator keeps no changes from before: a watch
-    // from the list's resourceVersion is told 410 Gone (Expired), and the
-    // client lists again.
+    // Restarted, the coordinator replays from the store's history: a
+    // watch from the list's resourceVersion still sees the deletion.
     c.restart();
     let from = format!(
         "/apis/drover.dev/v1alpha1/clusters?watch=true&resourceVersion={listed}&timeoutSeconds=1"
     );
-    wait_for(
-        "a watch from before the restart expired",
-        BOOT,
-        || match kubectl(&kubeconfig, &["get", "--raw", &from]) {
-            Err(e) if e.contains("too old resource version") => Ok(()),
-            other => Err(format!("{other:?}")),
-        },
+    let replay = kubectl(&kubeconfig, &["get", "--raw", &from]).unwrap();
+    assert!(
+        replay.contains(r#""type":"DELETED""#) && replay.contains(r#""name":"idle""#),
+        "{replay}"
     );
 }
 

@@ -83,6 +83,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/ui/machines/{name}", get(ui::machine))
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/api", get(kube::core_versions))
+        .route("/version", get(kube::version))
         .route("/apis", get(kube::groups))
         .route("/apis/drover.dev/v1alpha1", get(kube::resources))
         .route(

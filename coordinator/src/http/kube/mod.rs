@@ -216,6 +216,34 @@ fn group_version() -> String {
     format!("{GROUP}/{VERSION}")
 }
 
+/// The Kubernetes API version whose conventions the coordinator follows
+/// (and real kubectl of it is tested against).
+pub const KUBERNETES_API: (&str, &str) = ("1", "32");
+
+/// `GET /version`: what an API server says of itself
+/// (apimachinery/pkg/version/types.go: `Info`), which kubectl, Argo CD and
+/// Flux read first; public, as the API server's is (the
+/// `system:public-info-viewer` role). Drover's own version is the build
+/// metadata.
+pub async fn version() -> Response {
+    let (major, minor) = KUBERNETES_API;
+    json_response(json!({
+        "major": major,
+        "minor": minor,
+        "gitVersion": format!("v{major}.{minor}.0+drover-{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        }),
+    }))
+}
+
 /// `GET /apis`: the one group.
 pub async fn groups(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
     resolve_admin(&app, &headers)?;
