@@ -245,6 +245,32 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
     );
     assert_eq!(field(&kc, name, "{.spec.workerPools[0].replicas}"), "6");
 
+    // Registration tokens and Secrets are read as drover shows them; a
+    // Secret's values never, and not by a viewer at all.
+    c.token("edge", "env=edge", 3, "1h", &dir.join("edge-token.yaml"));
+    let tokens = kubectl(&kc, &["get", "registrationtokens"]).unwrap();
+    assert!(
+        tokens.starts_with("NAME") && tokens.contains("edge"),
+        "{tokens}"
+    );
+    assert!(kubectl(&viewer, &["get", "rt", "-o", "name"])
+        .unwrap()
+        .contains("registrationtoken.drover.dev/rt-"));
+    let secret = dir.join("secret.yaml");
+    std::fs::write(
+        &secret,
+        "apiVersion: drover.dev/v1alpha1\nkind: Secret\nmetadata:\n  name: registry\nstringData:\n  auth.json: not-shown-anywhere\n",
+    )
+    .unwrap();
+    c.cli_ok(&["apply", "-f", secret.to_str().unwrap()]);
+    let shown = kubectl(&kc, &["get", "secret", "registry", "-o", "yaml"]).unwrap();
+    assert!(
+        shown.contains("auth.json") && !shown.contains("not-shown-anywhere"),
+        "{shown}"
+    );
+    let refused = kubectl(&viewer, &["get", "secrets"]).unwrap_err();
+    assert!(refused.contains("(Forbidden)"), "{refused}");
+
     // delete --wait returns once the cluster is gone.
     let out = kubectl(
         &kc,

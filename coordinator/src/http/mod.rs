@@ -112,6 +112,19 @@ pub fn router(app: Arc<App>) -> Router {
             get(kube::get_machine).delete(kube::write::delete_machine),
         )
         .route(
+            "/apis/drover.dev/v1alpha1/registrationtokens",
+            get(kube::list_tokens),
+        )
+        .route(
+            "/apis/drover.dev/v1alpha1/registrationtokens/{name}",
+            get(kube::get_token),
+        )
+        .route("/apis/drover.dev/v1alpha1/secrets", get(kube::list_secrets))
+        .route(
+            "/apis/drover.dev/v1alpha1/secrets/{name}",
+            get(kube::get_secret),
+        )
+        .route(
             "/apis/authorization.k8s.io/v1",
             get(kube::access::resources),
         )

@@ -65,6 +65,9 @@ pub fn decide(
             format!("{resource} cannot be {verb}: it is not served"),
         );
     }
+    if r.admin_only && role != AdminRole::Admin {
+        return (false, format!("only the admin role reads {resource}"));
+    }
     match role {
         AdminRole::Admin => (true, "the admin role may read and write".into()),
         AdminRole::Viewer if reads => (true, "the viewer role may read".into()),
@@ -231,8 +234,11 @@ pub async fn rules_review(
             .verbs
             .iter()
             .copied()
-            .filter(|v| admin.role == AdminRole::Admin || READS.contains(v))
+            .filter(|v| admin.role == AdminRole::Admin || (READS.contains(v) && !r.admin_only))
             .collect();
+        if verbs.is_empty() {
+            continue;
+        }
         rules.push(json!({"verbs": verbs, "apiGroups": [GROUP], "resources": [r.plural]}));
         if r.status {
             rules.push(json!({"verbs": ["get"], "apiGroups": [GROUP], "resources": [format!("{}/status", r.plural)]}));
@@ -319,5 +325,8 @@ mod tests {
         assert!(!admin("create", "machines"));
         assert!(!decide(AdminRole::Admin, GROUP, "clusters", "status", "update").0);
         assert!(!decide(AdminRole::Admin, "apps", "deployments", "", "get").0);
+        // Secrets are the admin role's alone, as through /v1.
+        assert!(!viewer("get", "secrets") && admin("list", "secrets"));
+        assert!(viewer("watch", "registrationtokens"));
     }
 }

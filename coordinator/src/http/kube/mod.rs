@@ -59,6 +59,10 @@ pub struct Resource {
     /// Whether it has a `status` subresource (read-only: the coordinator
     /// alone writes status).
     status: bool,
+    /// Whether only the `admin` role reads it (as through `/v1`).
+    admin_only: bool,
+    /// The name of its schema in `/openapi.json`.
+    schema: &'static str,
 }
 
 const CLUSTERS: Resource = Resource {
@@ -70,6 +74,8 @@ const CLUSTERS: Resource = Resource {
         "create", "delete", "get", "list", "patch", "update", "watch",
     ],
     status: true,
+    admin_only: false,
+    schema: "Cluster",
 };
 
 /// Machines are made by the coordinator (a provider's, or registered into
@@ -81,9 +87,38 @@ const MACHINES: Resource = Resource {
     short_names: &["ma"],
     verbs: &["delete", "get", "list", "watch"],
     status: false,
+    admin_only: false,
+    schema: "Machine",
 };
 
-const RESOURCES: [&Resource; 2] = [&CLUSTERS, &MACHINES];
+/// Registration tokens are read here; made (their ticket is shown once,
+/// at creation) and revoked with `drover token` or `/v1`.
+const REGISTRATION_TOKENS: Resource = Resource {
+    plural: "registrationtokens",
+    singular: "registrationtoken",
+    kind: "RegistrationToken",
+    short_names: &["rt"],
+    verbs: &["get", "list", "watch"],
+    status: false,
+    admin_only: false,
+    schema: "RegistrationToken",
+};
+
+/// Secrets are read here as `/v1` shows them (keys and sizes, never a
+/// value, to the admin role only); written with `drover apply`, since a
+/// value is never read back for kubectl to compare.
+const SECRETS: Resource = Resource {
+    plural: "secrets",
+    singular: "secret",
+    kind: "Secret",
+    short_names: &[],
+    verbs: &["get", "list", "watch"],
+    status: false,
+    admin_only: true,
+    schema: "SecretInfo",
+};
+
+const RESOURCES: [&Resource; 4] = [&CLUSTERS, &MACHINES, &REGISTRATION_TOKENS, &SECRETS];
 
 /// A failure as the Kubernetes API answers it: a `metav1.Status`.
 #[derive(Debug)]
@@ -500,6 +535,17 @@ struct Kind<T> {
 }
 
 impl<T> Kind<T> {
+    /// Refuses `admin` a kind its role does not read.
+    fn check_reader(&self, admin: &super::auth::Admin) -> Result<(), ApiError> {
+        if self.resource.admin_only && admin.role != crate::types::AdminRole::Admin {
+            return Err(ApiError::forbidden(format!(
+                "token {} has the viewer role and cannot read {}",
+                admin.token_id, self.resource.plural
+            )));
+        }
+        Ok(())
+    }
+
     /// `o` as `admin` may see it.
     fn as_seen_by(&self, admin: &super::auth::Admin, o: T) -> T {
         match admin.role {
@@ -517,6 +563,63 @@ const CLUSTER_KIND: Kind<drover_common::api::Cluster> = Kind {
     meta: |c| &c.metadata,
     table: crate::tables::clusters_table,
     for_viewer: crate::domain::customise::for_viewer,
+};
+
+const TOKEN_KIND: Kind<drover_common::api::RegistrationToken> = Kind {
+    resource: &REGISTRATION_TOKENS,
+    stored: crate::store::Kind::RegistrationToken,
+    page: |app, span| {
+        Ok(app
+            .store
+            .list_json_page::<drover_common::api::RegistrationToken>(
+                crate::store::Kind::RegistrationToken,
+                span,
+            )?
+            .into_iter()
+            .map(|(mut t, rev)| {
+                t.metadata.resource_version = Some(rev.to_string());
+                t
+            })
+            .collect())
+    },
+    get: |app, name| {
+        Ok(app
+            .store
+            .get_json::<drover_common::api::RegistrationToken>(
+                crate::store::Kind::RegistrationToken,
+                name,
+            )?
+            .map(|(mut t, rev)| {
+                t.metadata.resource_version = Some(rev.to_string());
+                t
+            }))
+    },
+    meta: |t| &t.metadata,
+    table: crate::tables::tokens_table,
+    for_viewer: |t| t,
+};
+
+const SECRET_KIND: Kind<drover_common::api::SecretInfo> = Kind {
+    resource: &SECRETS,
+    stored: crate::store::Kind::UserSecret,
+    page: |app, span| {
+        app.store
+            .list_json_page::<crate::domain::user_secrets::StoredSecret>(
+                crate::store::Kind::UserSecret,
+                span,
+            )?
+            .into_iter()
+            .map(|(s, rev)| s.info(rev))
+            .collect()
+    },
+    get: |app, name| {
+        crate::domain::user_secrets::get(&app.store, name)?
+            .map(|(s, rev)| s.info(rev))
+            .transpose()
+    },
+    meta: |s| &s.metadata,
+    table: crate::tables::secrets_table,
+    for_viewer: |s| s,
 };
 
 const MACHINE_KIND: Kind<drover_common::api::Machine> = Kind {
@@ -598,6 +701,7 @@ async fn list<T: serde::Serialize + Clone + Send + Sync + 'static>(
     kind: &'static Kind<T>,
 ) -> KubeResult {
     let admin = resolve_admin(&app, &headers)?;
+    kind.check_reader(&admin)?;
     let selection = Selection::of(&params)?;
     if params.watch == Some(true) {
         return watch(app, admin, &headers, &params, selection, kind);
@@ -887,6 +991,7 @@ async fn get_one<T: serde::Serialize + Send + 'static>(
     kind: &'static Kind<T>,
 ) -> KubeResult {
     let admin = resolve_admin(&app, &headers)?;
+    kind.check_reader(&admin)?;
     let found = crate::store::blocking({
         let (app, name) = (app.clone(), name.clone());
         move || (kind.get)(&app, &name)
@@ -946,6 +1051,42 @@ pub async fn get_machine(
     Path(name): Path<String>,
 ) -> KubeResult {
     get_one(app, headers, name, &MACHINE_KIND).await
+}
+
+/// `GET /apis/drover.dev/v1alpha1/registrationtokens`.
+pub async fn list_tokens(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<ListParams>,
+) -> KubeResult {
+    list(app, headers, params, &TOKEN_KIND).await
+}
+
+/// `GET /apis/drover.dev/v1alpha1/registrationtokens/{name}`.
+pub async fn get_token(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> KubeResult {
+    get_one(app, headers, name, &TOKEN_KIND).await
+}
+
+/// `GET /apis/drover.dev/v1alpha1/secrets`.
+pub async fn list_secrets(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<ListParams>,
+) -> KubeResult {
+    list(app, headers, params, &SECRET_KIND).await
+}
+
+/// `GET /apis/drover.dev/v1alpha1/secrets/{name}`.
+pub async fn get_secret(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> KubeResult {
+    get_one(app, headers, name, &SECRET_KIND).await
 }
 
 /// Any other path under `/apis`: a Status, as the API server answers.

@@ -162,7 +162,7 @@ fn operation(r: &Resource, action: &str, verb: &str) -> Value {
         "tags": ["droverDev_v1alpha1"],
         "x-kubernetes-action": action,
         "x-kubernetes-group-version-kind": gvk(r.kind),
-        "responses": {"200": ok(r.kind), "401": {"description": "Unauthorized"}},
+        "responses": {"200": ok(r.schema), "401": {"description": "Unauthorized"}},
     })
 }
 
@@ -217,8 +217,8 @@ fn resource_paths(r: &Resource, paths: &mut Map<String, Value>) {
     if can("create") {
         let mut create = operation(r, "post", "create");
         create["parameters"] = Value::Array(write_params());
-        create["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.kind)}}});
-        create["responses"]["201"] = ok(r.kind);
+        create["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.schema)}}});
+        create["responses"]["201"] = ok(r.schema);
         collection.insert("post".into(), create);
     }
     paths.insert(base, Value::Object(collection));
@@ -228,7 +228,7 @@ fn resource_paths(r: &Resource, paths: &mut Map<String, Value>) {
     if can("update") {
         let mut put = operation(r, "put", "replace");
         put["parameters"] = Value::Array(write_params());
-        put["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.kind)}}});
+        put["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.schema)}}});
         one.insert("put".into(), put);
     }
     if can("patch") {
@@ -246,7 +246,7 @@ fn resource_paths(r: &Resource, paths: &mut Map<String, Value>) {
             "application/json-patch+json": body,
             "application/merge-patch+json": body,
         }});
-        patch["responses"]["201"] = ok(r.kind);
+        patch["responses"]["201"] = ok(r.schema);
         one.insert("patch".into(), patch);
     }
     if can("delete") {
@@ -289,7 +289,7 @@ pub fn document() -> &'static Value {
             }
         }
         for r in RESOURCES {
-            if let Some(Value::Object(s)) = schemas.get_mut(&format!("{PREFIX}{}", r.kind)) {
+            if let Some(Value::Object(s)) = schemas.get_mut(&format!("{PREFIX}{}", r.schema)) {
                 s.insert("x-kubernetes-group-version-kind".into(), json!([gvk(r.kind)]));
             }
             schemas.insert(
@@ -302,7 +302,7 @@ pub fn document() -> &'static Value {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
                         "metadata": {"type": "object", "properties": {"resourceVersion": {"type": "string"}, "continue": {"type": "string"}}},
-                        "items": {"type": "array", "items": schema_ref(r.kind)},
+                        "items": {"type": "array", "items": schema_ref(r.schema)},
                     },
                     "x-kubernetes-group-version-kind": [gvk(&format!("{}List", r.kind))],
                 }),
