@@ -95,6 +95,8 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
     // What drover sees is what kubectl wrote.
     let shown = c.cli_ok(&["get", "cluster", name, "-o", "yaml"]);
     assert!(shown.contains("replicas: 2"), "{shown}");
+    // drover leaves managedFields out, as kubectl does.
+    assert!(!shown.contains("managedFields"), "{shown}");
 
     // A merge patch, then a server-side apply that would take its field:
     // refused naming kubectl-patch, then forced.

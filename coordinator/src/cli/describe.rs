@@ -42,6 +42,7 @@ pub(super) async fn describe(d: DescribeArgs) -> anyhow::Result<()> {
         }
         Single::Secret => read.of("secret", Some("/v1/clusters"), secret_text).await?,
     };
+    let object = super::get::without_managed_fields(object);
     match (d.output, text) {
         (_, Some(text)) => print!("{}", printable_text(&text)),
         (Output::Json, _) => println!("{}", serde_json::to_string_pretty(&object)?),

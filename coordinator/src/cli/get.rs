@@ -119,7 +119,7 @@ impl Listing {
             kind,
             objects: list
                 .iter()
-                .map(serde_json::to_value)
+                .map(|o| serde_json::to_value(o).map(without_managed_fields))
                 .collect::<Result<_, _>>()?,
             rows: table(list, output == Output::Wide),
         })
@@ -140,6 +140,16 @@ impl Listing {
             })
             .collect()
     }
+}
+
+/// `o` without `metadata.managedFields`, which `-o yaml` and `-o json`
+/// leave out as kubectl does (`kubectl get --show-managed-fields` shows
+/// them).
+pub(super) fn without_managed_fields(mut o: serde_json::Value) -> serde_json::Value {
+    if let Some(meta) = o.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("managedFields");
+    }
+    o
 }
 
 fn print_listing(l: &Listing, output: Output) -> anyhow::Result<()> {
