@@ -22,6 +22,33 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// A running `kubectl` (say `get clusters --watch`) and the lines it
+/// prints, read on a thread of their own; kill the child when done.
+pub fn kubectl_lines(
+    kubeconfig: &Path,
+    args: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let out = child.stdout.take().expect("kubectl's stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, lines)
+}
+
 /// `kubectl get WHAT -n NAMESPACE -o jsonpath=PATH` with `kubeconfig`.
 pub fn jsonpath(
     kubeconfig: &Path,

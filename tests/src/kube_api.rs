@@ -258,18 +258,82 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
     assert!(kubectl(&viewer, &["get", "rt", "-o", "name"])
         .unwrap()
         .contains("registrationtoken.drover.dev/rt-"));
+    // A Secret: server-side applied (its values never in any answer,
+    // a conflicting value refused naming its manager), never client-side
+    // applied (the last-applied annotation would hold its values).
     let secret = dir.join("secret.yaml");
-    std::fs::write(
-        &secret,
-        "apiVersion: drover.dev/v1alpha1\nkind: Secret\nmetadata:\n  name: registry\nstringData:\n  auth.json: not-shown-anywhere\n",
+    let secret_doc = |value: &str| {
+        format!("apiVersion: drover.dev/v1alpha1\nkind: Secret\nmetadata:\n  name: registry\nstringData:\n  auth.json: {value}\n")
+    };
+    std::fs::write(&secret, secret_doc("not-shown-anywhere")).unwrap();
+    let secret = secret.to_str().unwrap();
+    let refused = kubectl(&kc, &["apply", "-f", secret]).unwrap_err();
+    assert!(
+        refused.contains("kubectl apply --server-side") && !refused.contains("not-shown-anywhere"),
+        "{refused}"
+    );
+    let out = kubectl(
+        &kc,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=platform",
+            "-f",
+            secret,
+            "-o",
+            "yaml",
+        ],
     )
     .unwrap();
-    c.cli_ok(&["apply", "-f", secret.to_str().unwrap()]);
+    assert!(
+        !out.contains("not-shown-anywhere") && out.contains("auth.json"),
+        "{out}"
+    );
     let shown = kubectl(&kc, &["get", "secret", "registry", "-o", "yaml"]).unwrap();
     assert!(
         shown.contains("auth.json") && !shown.contains("not-shown-anywhere"),
         "{shown}"
     );
+    // drover reads what kubectl wrote: one key, its size.
+    let described = c.cli_ok(&["get", "secrets"]);
+    assert!(described.contains("registry"), "{described}");
+    kubectl(
+        &kc,
+        &[
+            "patch",
+            "secret",
+            "registry",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"stringData":{"auth.json":"changed-by-hand"}}"#,
+        ],
+    )
+    .unwrap();
+    std::fs::write(dir.join("secret.yaml"), secret_doc("another-value")).unwrap();
+    let refused = kubectl(
+        &kc,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=platform",
+            "-f",
+            secret,
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        refused.contains(r#"conflict with "kubectl-patch""#) && refused.contains(".data.auth.json"),
+        "{refused}"
+    );
+    assert!(
+        !refused.contains("changed-by-hand") && !refused.contains("another-value"),
+        "{refused}"
+    );
+    kubectl(&kc, &["delete", "secret", "registry"]).unwrap();
+    assert!(kubectl(&kc, &["get", "secret", "registry"])
+        .unwrap_err()
+        .contains("(NotFound)"));
     let refused = kubectl(&viewer, &["get", "secrets"]).unwrap_err();
     assert!(refused.contains("(Forbidden)"), "{refused}");
 

@@ -3575,27 +3575,10 @@ fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
     std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "--coordinator"])).unwrap();
     // A watch from before the cluster exists sees it come and go Running;
     // kubectl wait sees it Ready.
-    let mut phases = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["get", "clusters", "--watch", "--output-watch-events"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (phase_tx, phase_lines) = std::sync::mpsc::channel::<String>();
-    let phase_out = phases.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(phase_out)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if phase_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut phases, phase_lines) = kube::kubectl_lines(
+        &kubeconfig,
+        &["get", "clusters", "--watch", "--output-watch-events"],
+    );
     let web = cluster_yaml("web", 1, 1, &pool_selector("dev")).replace(
         "metadata:\n  name: web\n",
         "metadata:\n  name: web\n  labels:\n    team: web\n",
@@ -3703,24 +3686,10 @@ fn kubectl_reads_clusters_and_machines_from_the_coordinator() {
         .filter(|rv| rv.parse::<u64>().is_ok_and(|rv| rv > 0))
         .unwrap_or_else(|| panic!("{listed}"))
         .to_owned();
-    let mut watcher = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["get", "clusters", "--watch", "--output-watch-events"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
-    let out = watcher.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut watcher, lines) = kube::kubectl_lines(
+        &kubeconfig,
+        &["get", "clusters", "--watch", "--output-watch-events"],
+    );
     let mut shown = vec![];
     let mut saw = |what: &dyn Fn(&str) -> bool| {
         let until = std::time::Instant::now() + BOOT;

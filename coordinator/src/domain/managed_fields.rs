@@ -65,6 +65,13 @@ pub fn list_key(path: &[Segment]) -> Option<&'static str> {
 /// The part of an object managers own: `metadata.labels`,
 /// `metadata.annotations` and `spec`.
 pub fn owned_part(object: &Value) -> Value {
+    owned_part_of(object, &["spec"])
+}
+
+/// The part of an object managers own: `metadata.labels`,
+/// `metadata.annotations` and the top-level fields `body` (`spec` for a
+/// Cluster, `data` for a Secret).
+pub fn owned_part_of(object: &Value, body: &[&str]) -> Value {
     let mut metadata = Map::new();
     for field in ["labels", "annotations"] {
         if let Some(v) = object["metadata"].get(field) {
@@ -77,8 +84,10 @@ pub fn owned_part(object: &Value) -> Value {
     if !metadata.is_empty() {
         out.insert("metadata".into(), Value::Object(metadata));
     }
-    if let Some(spec) = object.get("spec") {
-        out.insert("spec".into(), spec.clone());
+    for field in body {
+        if let Some(v) = object.get(*field) {
+            out.insert((*field).to_owned(), v.clone());
+        }
     }
     Value::Object(out)
 }

@@ -119,10 +119,16 @@ pub fn router(app: Arc<App>) -> Router {
             "/apis/drover.dev/v1alpha1/registrationtokens/{name}",
             get(kube::get_token),
         )
-        .route("/apis/drover.dev/v1alpha1/secrets", get(kube::list_secrets))
+        .route(
+            "/apis/drover.dev/v1alpha1/secrets",
+            get(kube::list_secrets).post(kube::write::create_secret),
+        )
         .route(
             "/apis/drover.dev/v1alpha1/secrets/{name}",
-            get(kube::get_secret),
+            get(kube::get_secret)
+                .put(kube::write::replace_secret)
+                .patch(kube::write::patch_secret)
+                .delete(kube::write::delete_secret),
         )
         .route(
             "/apis/authorization.k8s.io/v1",

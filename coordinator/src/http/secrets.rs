@@ -11,6 +11,7 @@ use drover_common::api::{FieldError, Secret, SecretInfo};
 
 use super::admin::ObjectName;
 use super::auth::Admin;
+use super::cluster_write::Creation;
 use super::error::ApiError;
 use super::AuditChanges;
 use crate::app::App;
@@ -104,17 +105,16 @@ pub async fn apply_secret(
 ) -> Result<(StatusCode, Extension<AuditChanges>, Json<SecretInfo>), ApiError> {
     require_admin(&admin)?;
     let desired: Secret = super::admin::parse_document("Secret", &headers, &body)?;
-    let values = desired.values().map_err(|errors| {
-        ApiError::invalid(
-            format!("Secret {name:?} is invalid; nothing was changed"),
-            errors,
-        )
-    })?;
-    super::body::check_document_name(&desired.metadata.name, &name)?;
-    for _ in 0..MODIFY_ATTEMPTS {
-        let current = user_secrets::get(&app.store, &name)?;
+    let write = SecretWrite {
+        name: &name,
+        admin: &admin,
+        creation: Creation::Allowed,
+        dry_run: false,
+        manager: Some(super::cluster_write::DROVER_MANAGER),
+    };
+    let (status, changes, info) = write_secret(&app, &write, |current| {
         if let Some(rv) = &desired.metadata.resource_version {
-            let found = current.as_ref().map(|(_, r)| r.to_string());
+            let found = current.map(|(_, r)| r.to_string());
             if found.as_ref() != Some(rv) {
                 return Err(match found {
                     None => ApiError::not_found("secret", &name),
@@ -122,54 +122,168 @@ pub async fn apply_secret(
                 });
             }
         }
+        let mut desired = desired.clone();
+        desired.metadata.managed_fields.clear();
+        Ok(desired)
+    })?;
+    Ok((status, Extension(changes), Json(info)))
+}
+
+/// The annotation kubectl's client-side apply keeps the whole applied
+/// document in: for a Secret, its values, which nothing may show back.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What a Secret write does besides the Secret its caller decides.
+pub struct SecretWrite<'a> {
+    pub name: &'a str,
+    pub admin: &'a Admin,
+    pub creation: Creation,
+    /// Check everything, write nothing.
+    pub dry_run: bool,
+    /// The field manager of a write that is not an apply (see
+    /// `cluster_write::Write::manager`).
+    pub manager: Option<&'a str>,
+}
+
+/// The part of a Secret field managers own: labels, annotations and the
+/// values (base64, so ownership and conflicts compare values without
+/// showing one).
+pub fn owned_secret(
+    metadata: &drover_common::api::ObjectMeta,
+    data: &std::collections::BTreeMap<String, String>,
+) -> serde_json::Value {
+    crate::domain::managed_fields::owned_part_of(
+        &serde_json::json!({"metadata": metadata, "data": data}),
+        &["data"],
+    )
+}
+
+/// Writes the Secret `decide` makes of the stored one (with its revision;
+/// `None`: there is none), whichever API it came through: `/v1`'s PUT and
+/// the Kubernetes-style writes. Its values replace the stored ones as a
+/// whole; a key a live cluster's file reads may not go; no machine's
+/// bundle may outgrow its cap. Blocking: it reads and writes the store.
+pub fn write_secret(
+    app: &App,
+    w: &SecretWrite<'_>,
+    mut decide: impl FnMut(Option<&(StoredSecret, u64)>) -> Result<Secret, ApiError>,
+) -> Result<(StatusCode, AuditChanges, SecretInfo), ApiError> {
+    let name = w.name;
+    for _ in 0..MODIFY_ATTEMPTS {
+        let current = user_secrets::get(&app.store, name)?;
+        match (&current, w.creation) {
+            (None, Creation::Refused) => return Err(ApiError::not_found("secret", name)),
+            (Some(_), Creation::Only) => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    format!("secret {name} already exists; replace it, or delete it first"),
+                ))
+            }
+            _ => {}
+        }
+        let desired = decide(current.as_ref())?;
+        super::body::check_document_name(&desired.metadata.name, name)?;
+        if desired.metadata.annotations.contains_key(LAST_APPLIED) {
+            return Err(ApiError::invalid(
+                format!("Secret {name:?} carries {LAST_APPLIED}, which would show its values to anyone who reads it; nothing was changed"),
+                vec![FieldError {
+                    field: format!("metadata.annotations.{LAST_APPLIED}"),
+                    message: "apply Secrets with kubectl apply --server-side (or drover apply), which keep no copy".into(),
+                }],
+            ));
+        }
+        if let Some(e) = drover_common::names::check_annotations(&desired.metadata.annotations)
+            .into_iter()
+            .next()
+        {
+            return Err(ApiError::invalid(
+                format!("Secret {name:?} is invalid; nothing was changed"),
+                vec![FieldError {
+                    field: "metadata.annotations".into(),
+                    message: e,
+                }],
+            ));
+        }
+        let values = desired.values().map_err(|errors| {
+            ApiError::invalid(
+                format!("Secret {name:?} is invalid; nothing was changed"),
+                errors,
+            )
+        })?;
+        let mut metadata = current
+            .as_ref()
+            .map(|(old, _)| old.metadata.clone())
+            .unwrap_or_else(|| drover_common::api::ObjectMeta {
+                name: name.to_owned(),
+                uid: Some(uuid::Uuid::new_v4().to_string()),
+                generation: 1,
+                creation_timestamp: Some(drover_common::now()),
+                ..Default::default()
+            });
+        metadata.labels = desired.metadata.labels.clone();
+        metadata.annotations = desired.metadata.annotations.clone();
+        let stored = StoredSecret::new(metadata, &values);
+        let mut stored = stored;
+        stored.metadata.managed_fields = match w.manager {
+            Some(manager) => crate::domain::managed_fields::update(
+                &current
+                    .as_ref()
+                    .map(|(old, _)| owned_secret(&old.metadata, &old.data))
+                    .unwrap_or(serde_json::Value::Null),
+                &owned_secret(&stored.metadata, &stored.data),
+                current
+                    .as_ref()
+                    .map_or(&[][..], |(old, _)| &old.metadata.managed_fields),
+                manager,
+                drover_common::API_VERSION,
+                drover_common::now(),
+            ),
+            None => desired.metadata.managed_fields.clone(),
+        };
         let written = match &current {
             None => {
-                refuse_oversized_bundles(&app, &name, &values)?;
-                let metadata = drover_common::api::ObjectMeta {
-                    name: name.clone(),
-                    uid: Some(uuid::Uuid::new_v4().to_string()),
-                    generation: 1,
-                    labels: desired.metadata.labels.clone(),
-                    creation_timestamp: Some(drover_common::now()),
-                    ..Default::default()
-                };
-                let stored = StoredSecret::new(metadata, &values);
+                refuse_oversized_bundles(app, name, &values)?;
+                if w.dry_run {
+                    return Ok((
+                        StatusCode::CREATED,
+                        AuditChanges::default(),
+                        stored.info(0)?,
+                    ));
+                }
                 app.store
-                    .create_json(Kind::UserSecret, &name, &stored)
+                    .create_json(Kind::UserSecret, name, &stored)
                     .map(|rev| (StatusCode::CREATED, stored, rev, None))
             }
             Some((old, rev)) => {
                 let old_values = old.values()?;
-                if old_values == values && old.metadata.labels == desired.metadata.labels {
-                    return Ok((
-                        StatusCode::OK,
-                        Extension(AuditChanges::default()),
-                        Json(old.info(*rev)?),
-                    ));
+                let unchanged = old_values == values
+                    && old.metadata.labels == stored.metadata.labels
+                    && old.metadata.annotations == stored.metadata.annotations
+                    && old.metadata.managed_fields == stored.metadata.managed_fields;
+                if unchanged {
+                    return Ok((StatusCode::OK, AuditChanges::default(), old.info(*rev)?));
                 }
-                refuse_removing_used_keys(&app, &name, &values)?;
-                refuse_oversized_bundles(&app, &name, &values)?;
-                let mut stored = StoredSecret::new(old.metadata.clone(), &values);
-                stored.metadata.labels = desired.metadata.labels.clone();
+                refuse_removing_used_keys(app, name, &values)?;
+                refuse_oversized_bundles(app, name, &values)?;
                 if old_values != values {
                     stored.metadata.generation += 1;
                 }
+                if w.dry_run {
+                    return Ok((StatusCode::OK, AuditChanges::default(), stored.info(*rev)?));
+                }
                 app.store
-                    .update_json(Kind::UserSecret, &name, &stored, Some(*rev))
+                    .update_json(Kind::UserSecret, name, &stored, Some(*rev))
                     .map(|rev| (StatusCode::OK, stored, rev, Some(old_values)))
             }
         };
         match written {
             Ok((status, stored, rev, before)) => {
-                let changes = user_secrets::changes(&name, before.as_ref(), &values);
+                let changes = user_secrets::changes(name, before.as_ref(), &values);
                 for change in &changes {
-                    tracing::info!(secret = %name, by = %admin.token_id, %change, "secret changed");
+                    tracing::info!(secret = %name, by = %w.admin.token_id, %change, "secret changed");
                 }
-                return Ok((
-                    status,
-                    Extension(AuditChanges(changes)),
-                    Json(stored.info(rev)?),
-                ));
+                return Ok((status, AuditChanges(changes), stored.info(rev)?));
             }
             Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
             Err(e) => return Err(e.into()),
@@ -177,7 +291,7 @@ pub async fn apply_secret(
     }
     Err(StoreError::Contended {
         kind: Kind::UserSecret.as_str(),
-        name,
+        name: name.to_owned(),
         attempts: MODIFY_ATTEMPTS,
     }
     .into())
@@ -202,16 +316,38 @@ pub async fn delete_secret(
     ObjectName(name): ObjectName,
 ) -> Result<(Extension<AuditChanges>, Json<SecretInfo>), ApiError> {
     require_admin(&admin)?;
-    let (old, rev) = user_secrets::get(&app.store, &name)?
-        .ok_or_else(|| ApiError::not_found("secret", &name))?;
-    let (uses, _) = user_secrets::users(&app.clusters()?, &name);
+    let (changes, info) = crate::store::blocking({
+        let app = app.clone();
+        move || remove_secret(&app, &admin, &name, false, |_| Ok(()))
+    })
+    .await?;
+    Ok((Extension(changes), Json(info)))
+}
+
+/// Deletes Secret `name` once `check` accepts it, unless a live cluster
+/// reads it; for a dry run, only checks. Blocking: it reads and writes the
+/// store.
+pub fn remove_secret(
+    app: &App,
+    admin: &Admin,
+    name: &str,
+    dry_run: bool,
+    check: impl Fn(&StoredSecret) -> Result<(), ApiError>,
+) -> Result<(AuditChanges, SecretInfo), ApiError> {
+    let (old, rev) =
+        user_secrets::get(&app.store, name)?.ok_or_else(|| ApiError::not_found("secret", name))?;
+    check(&old)?;
+    let (uses, _) = user_secrets::users(&app.clusters()?, name);
     if !uses.is_empty() {
         return Err(ApiError::conflict(format!(
             "secret {name} is read by {}; change those files first, then delete it",
             uses.join(", ")
         )));
     }
-    match app.store.delete(Kind::UserSecret, &name, Some(rev)) {
+    if dry_run {
+        return Ok((AuditChanges::default(), old.info(rev)?));
+    }
+    match app.store.delete(Kind::UserSecret, name, Some(rev)) {
         Ok(_) => {}
         Err(StoreError::Conflict { .. }) => {
             return Err(ApiError::conflict(format!(
@@ -222,8 +358,8 @@ pub async fn delete_secret(
     }
     tracing::info!(secret = %name, by = %admin.token_id, "secret deleted");
     Ok((
-        Extension(AuditChanges(vec![format!("secret {name} deleted")])),
-        Json(old.info(rev)?),
+        AuditChanges(vec![format!("secret {name} deleted")]),
+        old.info(rev)?,
     ))
 }
 

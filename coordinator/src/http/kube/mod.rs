@@ -104,15 +104,17 @@ const REGISTRATION_TOKENS: Resource = Resource {
     schema: "RegistrationToken",
 };
 
-/// Secrets are read here as `/v1` shows them (keys and sizes, never a
-/// value, to the admin role only); written with `drover apply`, since a
-/// value is never read back for kubectl to compare.
+/// Secrets are shown as `/v1` shows them (keys and sizes, never a value)
+/// and to the admin role only; written with their values, which no answer
+/// holds (`kube/write.rs`).
 const SECRETS: Resource = Resource {
     plural: "secrets",
     singular: "secret",
     kind: "Secret",
     short_names: &[],
-    verbs: &["get", "list", "watch"],
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
     status: false,
     admin_only: true,
     schema: "SecretInfo",

@@ -217,7 +217,9 @@ fn resource_paths(r: &Resource, paths: &mut Map<String, Value>) {
     if can("create") {
         let mut create = operation(r, "post", "create");
         create["parameters"] = Value::Array(write_params());
-        create["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.schema)}}});
+        // What is sent is the kind's document (a Secret with values);
+        // what comes back, the resource's schema (a Secret's keys).
+        create["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.kind)}}});
         create["responses"]["201"] = ok(r.schema);
         collection.insert("post".into(), create);
     }
@@ -228,7 +230,7 @@ fn resource_paths(r: &Resource, paths: &mut Map<String, Value>) {
     if can("update") {
         let mut put = operation(r, "put", "replace");
         put["parameters"] = Value::Array(write_params());
-        put["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.schema)}}});
+        put["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": schema_ref(r.kind)}}});
         one.insert("put".into(), put);
     }
     if can("patch") {

@@ -1,8 +1,9 @@
 //! Writes through the Kubernetes-style API: create, update (with
 //! `resourceVersion` preconditions), delete, JSON merge patch, JSON patch
-//! and server-side apply of clusters; delete of machines. Each takes
-//! `dryRun=All`, `fieldManager` and `fieldValidation`, and lands through
-//! the same [`write_cluster`] as `drover apply`.
+//! and server-side apply of clusters and Secrets; delete of machines. Each
+//! takes `dryRun=All`, `fieldManager` and `fieldValidation`, and lands
+//! through the same [`write_cluster`] or [`write_secret`] as `drover
+//! apply`.
 //!
 //! What this copies, from Kubernetes' own sources:
 //! - the patch types and the 415 for others
@@ -35,16 +36,18 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
-use drover_common::api::{Cluster, FieldError};
+use drover_common::api::{Cluster, FieldError, Secret};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{KubeError, KubeResult, CLUSTERS, MACHINES};
+use super::{KubeError, KubeResult, Resource, CLUSTERS, MACHINES, SECRETS};
 use crate::app::App;
 use crate::domain::managed_fields;
+use crate::domain::user_secrets::StoredSecret;
 use crate::http::auth::{resolve_admin, Admin};
 use crate::http::cluster_write::{write_cluster, Creation, Decided, Write};
 use crate::http::error::ApiError;
+use crate::http::secrets::{write_secret, SecretWrite};
 use crate::http::AuditChanges;
 
 /// The query of a write.
@@ -416,20 +419,159 @@ fn decide_document(
     Ok((Decided { cluster, sets_cni }, warnings))
 }
 
-/// Refuses a document decided against `current` whose resourceVersion is
-/// another.
-fn precondition(doc: &Value, current: Option<&Cluster>, name: &str) -> Result<(), ApiError> {
+/// Refuses a document decided against an object whose resourceVersion
+/// is `found` (`None`: there is none) when the document names another.
+fn precondition(
+    doc: &Value,
+    found: Option<&str>,
+    resource: &Resource,
+    name: &str,
+) -> Result<(), ApiError> {
     let Some(rv) = doc["metadata"]["resourceVersion"].as_str() else {
         return Ok(());
     };
-    let found = current.and_then(|c| c.metadata.resource_version.as_deref());
     if found != Some(rv) {
         return Err(ApiError::conflict(format!(
-            "Operation cannot be fulfilled on clusters.drover.dev {name:?}: the object has been modified (resourceVersion {} now, {rv} sent); read it again and resend",
+            "Operation cannot be fulfilled on {}.{} {name:?}: the object has been modified (resourceVersion {} now, {rv} sent); read it again and resend",
+            resource.plural,
+            super::GROUP,
             found.unwrap_or("none")
         )));
     }
     Ok(())
+}
+
+fn cluster_rv(c: Option<&Cluster>) -> Option<&str> {
+    c.and_then(|c| c.metadata.resource_version.as_deref())
+}
+
+/// A patch, as its content type says.
+enum Patch {
+    Merge(Value),
+    Json(json_patch::Patch),
+    Apply(Value),
+}
+
+impl Patch {
+    /// Reads a PATCH body: JSON merge patch, JSON patch or an applied
+    /// configuration; any other type is 415.
+    fn of(headers: &HeaderMap, body: &[u8]) -> Result<Self, KubeError> {
+        match content_type(headers).as_str() {
+            "application/merge-patch+json" => {
+                let patch = parse_body(body, "merge patch")?;
+                if !patch.is_object() {
+                    return Err(ApiError::bad_request("a merge patch is a JSON object").into());
+                }
+                Ok(Patch::Merge(patch))
+            }
+            "application/json-patch+json" => Ok(Patch::Json(
+                serde_json::from_slice(body).map_err(|e| {
+                    ApiError::bad_request(format!(
+                        "the JSON patch is not a list of RFC 6902 operations: {e}"
+                    ))
+                })?,
+            )),
+            "application/apply-patch+yaml" => {
+                Ok(Patch::Apply(parse_body(body, "applied configuration")?))
+            }
+            "application/strategic-merge-patch+json" => Err(unsupported_patch(
+                "strategic merge patch is not served for drover.dev resources (as for every custom resource)",
+            )),
+            other => Err(unsupported_patch(&format!(
+                "the patch type {other:?} is not served"
+            ))),
+        }
+    }
+
+    /// Applies a merge or JSON patch to `doc`, the object `what` names.
+    fn apply_to(&self, doc: &mut Value, what: &str) -> Result<(), ApiError> {
+        match self {
+            Patch::Merge(patch) => json_patch::merge(doc, patch),
+            Patch::Json(ops) => json_patch::patch(doc, ops).map_err(|e| {
+                ApiError::invalid(
+                    format!("the JSON patch cannot be applied to {what}; nothing was changed"),
+                    vec![FieldError {
+                        field: "(patch)".into(),
+                        message: e.to_string(),
+                    }],
+                )
+            })?,
+            Patch::Apply(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// Checks an applied configuration: its type, its name, and fields
+/// outside what it may set (as `fieldValidation` says: Strict refuses
+/// them, Warn warns).
+fn check_config(
+    config: &Value,
+    kind: &str,
+    allowed: &[&str],
+    name: &str,
+    validation: FieldValidation,
+) -> Result<Vec<String>, ApiError> {
+    check_type(config, kind)?;
+    if config["metadata"]["name"].as_str() != Some(name) {
+        return Err(ApiError::bad_request(format!(
+            "metadata.name {} does not match the URL's name {name:?}",
+            config["metadata"]["name"]
+        )));
+    }
+    let unknown: Vec<String> = config
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| {
+            !["apiVersion", "kind", "metadata"].contains(&k.as_str())
+                && !allowed.contains(&k.as_str())
+        })
+        .map(|k| format!("unknown field {k:?}"))
+        .collect();
+    match validation {
+        FieldValidation::Strict if !unknown.is_empty() => Err(ApiError::bad_request(format!(
+            "{kind} cannot be handled: strict decoding error: {}; remove them, or send fieldValidation=Warn to drop them",
+            unknown.join(", ")
+        ))),
+        FieldValidation::Warn => Ok(unknown),
+        _ => Ok(vec![]),
+    }
+}
+
+/// The field manager an apply names, which it must.
+fn apply_manager(params: &WriteParams) -> Result<String, ApiError> {
+    params
+        .field_manager
+        .clone()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "PatchOptions.meta.k8s.io is invalid; nothing was changed",
+                vec![FieldError {
+                    field: "fieldManager".into(),
+                    message: "Required value: is required for apply patch".into(),
+                }],
+            )
+        })
+}
+
+/// The conflicts of an apply as a 409 naming each manager and field.
+fn conflict_error(conflicts: &[managed_fields::Conflict]) -> ApiError {
+    ApiError {
+        errors: conflicts
+            .iter()
+            .map(|c| FieldError {
+                field: managed_fields::path_string(&c.path),
+                message: format!(
+                    "conflict with {:?}: {}",
+                    c.manager,
+                    managed_fields::path_string(&c.path)
+                ),
+            })
+            .collect(),
+        ..ApiError::conflict(managed_fields::conflicts_message(conflicts))
+    }
 }
 
 /// `PUT /apis/drover.dev/v1alpha1/clusters/{name}`: replaces a cluster's
@@ -455,7 +597,7 @@ pub async fn replace_cluster(
         options,
         false,
         move |current, options| {
-            precondition(&doc, current, &url_name)?;
+            precondition(&doc, cluster_rv(current), &CLUSTERS, &url_name)?;
             decide_document(doc, options.validation)
         },
     )
@@ -474,75 +616,54 @@ pub async fn patch_cluster(
     KubeBody(body): KubeBody,
 ) -> KubeResult {
     let admin = writer(&app, &headers)?;
-    let mut options = params.options(&headers)?;
-    let kind = content_type(&headers);
-    match kind.as_str() {
-        "application/merge-patch+json" => {
-            let patch = parse_body(&body, "merge patch")?;
-            if !patch.is_object() {
-                return Err(ApiError::bad_request("a merge patch is a JSON object").into());
-            }
-            let url_name = name.clone();
-            run_write(app, admin, name, Creation::Refused, options, false, move |current, options| {
-                let mut doc = current_document(current, &url_name)?;
-                json_patch::merge(&mut doc, &patch);
-                precondition(&doc, current, &url_name)?;
-                decide_document(doc, options.validation)
-            })
+    let options = params.options(&headers)?;
+    let url_name = name.clone();
+    match Patch::of(&headers, &body)? {
+        Patch::Apply(config) => {
+            let mut warnings = check_config(
+                &config,
+                "Cluster",
+                &["spec", "status"],
+                &name,
+                options.validation,
+            )?;
+            let apply = Apply {
+                manager: apply_manager(&params)?,
+                force: options.force,
+            };
+            run_write(
+                app,
+                admin,
+                name,
+                Creation::Allowed,
+                options,
+                true,
+                move |current, options| {
+                    let (decided, more) =
+                        decide_apply(current, &config, &apply, options.validation, &url_name)?;
+                    warnings.extend(more);
+                    Ok((decided, warnings))
+                },
+            )
             .await
         }
-        "application/json-patch+json" => {
-            let ops: json_patch::Patch = serde_json::from_slice(&body).map_err(|e| {
-                ApiError::bad_request(format!(
-                    "the JSON patch is not a list of RFC 6902 operations: {e}"
-                ))
-            })?;
-            let url_name = name.clone();
-            run_write(app, admin, name, Creation::Refused, options, false, move |current, options| {
-                let mut doc = current_document(current, &url_name)?;
-                json_patch::patch(&mut doc, &ops).map_err(|e| {
-                    ApiError::invalid(
-                        format!("the JSON patch cannot be applied to cluster {url_name}; nothing was changed"),
-                        vec![FieldError { field: "(patch)".into(), message: e.to_string() }],
-                    )
-                })?;
-                precondition(&doc, current, &url_name)?;
-                decide_document(doc, options.validation)
-            })
+        patch => {
+            run_write(
+                app,
+                admin,
+                name,
+                Creation::Refused,
+                options,
+                false,
+                move |current, options| {
+                    let mut doc = current_document(current, &url_name)?;
+                    patch.apply_to(&mut doc, &format!("cluster {url_name}"))?;
+                    precondition(&doc, cluster_rv(current), &CLUSTERS, &url_name)?;
+                    decide_document(doc, options.validation)
+                },
+            )
             .await
         }
-        "application/apply-patch+yaml" => {
-            let config = parse_body(&body, "applied configuration")?;
-            check_type(&config, "Cluster")?;
-            if config["metadata"]["name"].as_str() != Some(name.as_str()) {
-                return Err(ApiError::bad_request(format!(
-                    "metadata.name {} does not match the URL's name {name:?}",
-                    config["metadata"]["name"]
-                ))
-                .into());
-            }
-            let manager = options.manager.take().filter(|_| params.field_manager.is_some()).ok_or_else(|| {
-                ApiError::invalid(
-                    "PatchOptions.meta.k8s.io is invalid; nothing was changed",
-                    vec![FieldError {
-                        field: "fieldManager".into(),
-                        message: "Required value: is required for apply patch".into(),
-                    }],
-                )
-            })?;
-            let force = options.force;
-            let url_name = name.clone();
-            run_write(app, admin, name, Creation::Allowed, options, true, move |current, options| {
-                decide_apply(current, &config, &manager, force, options.validation, &url_name)
-            })
-            .await
-        }
-        "application/strategic-merge-patch+json" => Err(unsupported_patch(
-            "strategic merge patch is not served for drover.dev resources (as for every custom resource)",
-        )),
-        other => Err(unsupported_patch(&format!(
-            "the patch type {other:?} is not served"
-        ))),
     }
 }
 
@@ -563,54 +684,41 @@ fn current_document(current: Option<&Cluster>, name: &str) -> Result<Value, ApiE
     serde_json::to_value(current).map_err(ApiError::internal)
 }
 
-/// What a server-side apply of `config` by `manager` makes of `current`.
-fn decide_apply(
-    current: Option<&Cluster>,
+/// What a server-side apply of `config` by `manager` makes of
+/// `current_doc` (the stored object as a document, `None` when there is
+/// none, then a document of `kind` named `name`), whose managers are
+/// `entries`; `body` names the top-level fields managers own besides
+/// labels and annotations. The document after the apply, and its
+/// managedFields.
+fn apply_document(
+    current_doc: Option<Value>,
+    entries: &[drover_common::api::ManagedFieldsEntry],
     config: &Value,
-    manager: &str,
-    force: bool,
-    validation: FieldValidation,
+    apply: &Apply,
+    kind: &str,
+    body: &[&str],
     name: &str,
-) -> Result<(Decided, Vec<String>), ApiError> {
-    precondition(config, current, name)?;
-    let current_doc = match current {
-        Some(c) => serde_json::to_value(c).map_err(ApiError::internal)?,
-        None => json!({
-            "apiVersion": drover_common::API_VERSION,
-            "kind": "Cluster",
-            "metadata": {"name": name},
-        }),
-    };
-    let entries = current.map_or(&[][..], |c| &c.metadata.managed_fields);
-    let owned = if current.is_some() {
-        managed_fields::owned_part(&current_doc)
-    } else {
-        Value::Null
-    };
+) -> Result<(Value, Vec<drover_common::api::ManagedFieldsEntry>), ApiError> {
+    let owned = current_doc
+        .as_ref()
+        .map_or(Value::Null, |d| managed_fields::owned_part_of(d, body));
     let applied = managed_fields::apply(
         &owned,
         entries,
-        &managed_fields::owned_part(config),
-        manager,
-        force,
+        &managed_fields::owned_part_of(config, body),
+        &apply.manager,
+        apply.force,
         drover_common::API_VERSION,
         drover_common::now(),
     )
-    .map_err(|conflicts| ApiError {
-        errors: conflicts
-            .iter()
-            .map(|c| FieldError {
-                field: managed_fields::path_string(&c.path),
-                message: format!(
-                    "conflict with {:?}: {}",
-                    c.manager,
-                    managed_fields::path_string(&c.path)
-                ),
-            })
-            .collect(),
-        ..ApiError::conflict(managed_fields::conflicts_message(&conflicts))
-    })?;
-    let mut doc = current_doc;
+    .map_err(|conflicts| conflict_error(&conflicts))?;
+    let mut doc = current_doc.unwrap_or_else(|| {
+        json!({
+            "apiVersion": drover_common::API_VERSION,
+            "kind": kind,
+            "metadata": {"name": name},
+        })
+    });
     for field in ["labels", "annotations"] {
         match applied.object["metadata"].get(field) {
             Some(v) => doc["metadata"][field] = v.clone(),
@@ -621,17 +729,50 @@ fn decide_apply(
             }
         }
     }
-    match applied.object.get("spec") {
-        Some(spec) => doc["spec"] = spec.clone(),
-        None => {
-            if let Some(m) = doc.as_object_mut() {
-                m.remove("spec");
+    for field in body {
+        match applied.object.get(*field) {
+            Some(v) => doc[*field] = v.clone(),
+            None => {
+                if let Some(m) = doc.as_object_mut() {
+                    m.remove(*field);
+                }
             }
         }
     }
+    Ok((doc, applied.managed_fields))
+}
+
+/// Who applies, and whether they take fields from other managers.
+struct Apply {
+    manager: String,
+    force: bool,
+}
+
+/// What a server-side apply of `config` makes of cluster `current`.
+fn decide_apply(
+    current: Option<&Cluster>,
+    config: &Value,
+    apply: &Apply,
+    validation: FieldValidation,
+    name: &str,
+) -> Result<(Decided, Vec<String>), ApiError> {
+    precondition(config, cluster_rv(current), &CLUSTERS, name)?;
+    let current_doc = current
+        .map(|c| serde_json::to_value(c).map_err(ApiError::internal))
+        .transpose()?;
+    let entries = current.map_or(&[][..], |c| &c.metadata.managed_fields);
+    let (doc, managed) = apply_document(
+        current_doc,
+        entries,
+        config,
+        apply,
+        "Cluster",
+        &["spec"],
+        name,
+    )?;
     let sets_cni = current.is_some() || doc["spec"]["network"].get("cni").is_some();
     let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
-    cluster.metadata.managed_fields = applied.managed_fields;
+    cluster.metadata.managed_fields = managed;
     Ok((Decided { cluster, sets_cni }, warnings))
 }
 
@@ -804,6 +945,259 @@ pub async fn write_status(
         ),
     ))
     .about(&CLUSTERS, &name))
+}
+
+/// The stored Secret as a document a patch applies to: its values in
+/// `data` (base64). Never sent to anyone.
+fn secret_document(current: Option<&(StoredSecret, u64)>, name: &str) -> Result<Value, ApiError> {
+    let (stored, rev) = current.ok_or_else(|| ApiError::not_found("secret", name))?;
+    let mut metadata = stored.metadata.clone();
+    metadata.resource_version = Some(rev.to_string());
+    Ok(json!({
+        "apiVersion": drover_common::API_VERSION,
+        "kind": "Secret",
+        "metadata": metadata,
+        "data": stored.data,
+    }))
+}
+
+fn secret_rv(current: Option<&(StoredSecret, u64)>) -> Option<String> {
+    current.map(|(_, rev)| rev.to_string())
+}
+
+/// A Secret document as a Secret, its managedFields the store's business.
+fn decide_secret(
+    doc: Value,
+    validation: FieldValidation,
+) -> Result<(Secret, Vec<String>), ApiError> {
+    let (mut secret, warnings) = decode::<Secret>("Secret", doc, validation)?;
+    secret.metadata.managed_fields.clear();
+    Ok((secret, warnings))
+}
+
+/// Runs a Secret write on the blocking pool and answers with what the
+/// Secret shows (keys and sizes, never a value).
+async fn run_secret_write(
+    app: Arc<App>,
+    admin: Admin,
+    name: String,
+    creation: Creation,
+    options: Options,
+    apply: bool,
+    mut decide: impl FnMut(Option<&(StoredSecret, u64)>, &Options) -> Result<(Secret, Vec<String>), ApiError>
+        + Send
+        + 'static,
+) -> KubeResult {
+    let about = name.clone();
+    let result = crate::store::blocking(move || {
+        let mut warnings = vec![];
+        let w = SecretWrite {
+            name: &name,
+            admin: &admin,
+            creation,
+            dry_run: options.dry_run,
+            manager: if apply {
+                None
+            } else {
+                Some(options.manager.as_deref().unwrap_or("unknown"))
+            },
+        };
+        let out = write_secret(&app, &w, |current| {
+            let (secret, w) = decide(current, &options)?;
+            warnings = w;
+            Ok(secret)
+        })?;
+        Ok::<_, ApiError>((out, warnings))
+    })
+    .await;
+    let ((status, changes, info), warnings) =
+        result.map_err(|e| KubeError::from(e).about(&SECRETS, &about))?;
+    written(status, &info, &warnings, changes)
+}
+
+/// `POST /apis/drover.dev/v1alpha1/secrets`: creates a Secret (as
+/// `drover apply` does); the answer shows its keys, never a value.
+pub async fn create_secret(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let options = params.options(&headers)?;
+    let doc = parse_body(&body, "Secret document")?;
+    check_type(&doc, "Secret")?;
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| ApiError::bad_request("the Secret has no metadata.name"))?
+        .to_owned();
+    run_secret_write(
+        app,
+        admin,
+        name,
+        Creation::Only,
+        options,
+        false,
+        move |_, options| decide_secret(doc.clone(), options.validation),
+    )
+    .await
+}
+
+/// `PUT /apis/drover.dev/v1alpha1/secrets/{name}`: replaces a Secret's
+/// values and labels; `metadata.resourceVersion` makes it conditional.
+pub async fn replace_secret(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let options = params.options(&headers)?;
+    let doc = parse_body(&body, "Secret document")?;
+    check_type(&doc, "Secret")?;
+    let url_name = name.clone();
+    run_secret_write(
+        app,
+        admin,
+        name,
+        Creation::Refused,
+        options,
+        false,
+        move |current, options| {
+            precondition(&doc, secret_rv(current).as_deref(), &SECRETS, &url_name)?;
+            decide_secret(doc.clone(), options.validation)
+        },
+    )
+    .await
+}
+
+/// `PATCH /apis/drover.dev/v1alpha1/secrets/{name}`: a merge or JSON
+/// patch of its document (values in `data`, base64), or a server-side
+/// apply (`stringData` is taken as `data`, so managers own values by key
+/// and conflicts compare values without showing one).
+pub async fn patch_secret(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let options = params.options(&headers)?;
+    let url_name = name.clone();
+    match Patch::of(&headers, &body)? {
+        Patch::Apply(config) => {
+            let warnings = check_config(
+                &config,
+                "Secret",
+                &["data", "stringData"],
+                &name,
+                options.validation,
+            )?;
+            let config = with_string_data_as_data(config)?;
+            let apply = Apply {
+                manager: apply_manager(&params)?,
+                force: options.force,
+            };
+            run_secret_write(
+                app,
+                admin,
+                name,
+                Creation::Allowed,
+                options,
+                true,
+                move |current, options| {
+                    precondition(&config, secret_rv(current).as_deref(), &SECRETS, &url_name)?;
+                    let current_doc = current
+                        .map(|c| secret_document(Some(c), &url_name))
+                        .transpose()?;
+                    let entries = current.map_or(&[][..], |(s, _)| &s.metadata.managed_fields);
+                    let (doc, managed) = apply_document(
+                        current_doc,
+                        entries,
+                        &config,
+                        &apply,
+                        "Secret",
+                        &["data"],
+                        &url_name,
+                    )?;
+                    let (mut secret, mut more) =
+                        decode::<Secret>("Secret", doc, options.validation)?;
+                    secret.metadata.managed_fields = managed;
+                    more.extend(warnings.iter().cloned());
+                    Ok((secret, more))
+                },
+            )
+            .await
+        }
+        patch => {
+            run_secret_write(
+                app,
+                admin,
+                name,
+                Creation::Refused,
+                options,
+                false,
+                move |current, options| {
+                    let mut doc = secret_document(current, &url_name)?;
+                    patch.apply_to(&mut doc, &format!("secret {url_name}"))?;
+                    precondition(&doc, secret_rv(current).as_deref(), &SECRETS, &url_name)?;
+                    decide_secret(doc, options.validation)
+                },
+            )
+            .await
+        }
+    }
+}
+
+/// An applied Secret with its `stringData` moved into `data` (base64), as
+/// the API server stores it.
+fn with_string_data_as_data(mut config: Value) -> Result<Value, ApiError> {
+    use base64::Engine;
+    let Some(strings) = config.as_object_mut().and_then(|m| m.remove("stringData")) else {
+        return Ok(config);
+    };
+    let Value::Object(strings) = strings else {
+        return Err(ApiError::bad_request("stringData is a map of keys to text"));
+    };
+    if !config["data"].is_object() {
+        config["data"] = json!({});
+    }
+    for (k, v) in strings {
+        let text = v
+            .as_str()
+            .ok_or_else(|| ApiError::bad_request(format!("stringData.{k} is not text")))?;
+        config["data"][k] = base64::engine::general_purpose::STANDARD
+            .encode(text)
+            .into();
+    }
+    Ok(config)
+}
+
+/// `DELETE /apis/drover.dev/v1alpha1/secrets/{name}`: deletes a Secret no
+/// live cluster reads, as `drover delete secret` does.
+pub async fn delete_secret(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let (options, dry_run) = delete_options(&params, &body)?;
+    let about = name.clone();
+    let (changes, info) = crate::store::blocking({
+        let app = app.clone();
+        move || {
+            crate::http::secrets::remove_secret(&app, &admin, &name, dry_run, |s| {
+                check_preconditions(options.preconditions.as_ref(), &s.metadata, "the secret")
+            })
+        }
+    })
+    .await
+    .map_err(|e| KubeError::from(e).about(&SECRETS, &about))?;
+    written(StatusCode::OK, &info, &[], changes)
 }
 
 #[cfg(test)]
