@@ -34,6 +34,12 @@ fn field(kubeconfig: &Path, name: &str, path: &str) -> String {
     .unwrap_or_else(|e| panic!("cluster {name} {path}: {e}"))
 }
 
+/// Asserts kubectl finds no `kind` object `name`.
+fn assert_gone(kubeconfig: &Path, kind: &str, name: &str) {
+    let missing = kubectl(kubeconfig, &["get", kind, name]).unwrap_err();
+    assert!(missing.contains("(NotFound)"), "{kind} {name}: {missing}");
+}
+
 /// A cluster `name` of one control plane and `workers` workers in pool
 /// `default`, claiming machines no one has (it stays Pending), labelled
 /// `team: web`.
@@ -201,10 +207,8 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
     )
     .unwrap();
     assert!(out.contains("(server dry run)"), "{out}");
-    for gone in ["bogus", "dry"] {
-        let missing = kubectl(&kc, &["get", "cluster", gone]).unwrap_err();
-        assert!(missing.contains("(NotFound)"), "{missing}");
-    }
+    assert_gone(&kc, "cluster", "bogus");
+    assert_gone(&kc, "cluster", "dry");
 
     // The status is the coordinator's.
     let refused = kubectl(
@@ -331,9 +335,7 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
         "{refused}"
     );
     kubectl(&kc, &["delete", "secret", "registry"]).unwrap();
-    assert!(kubectl(&kc, &["get", "secret", "registry"])
-        .unwrap_err()
-        .contains("(NotFound)"));
+    assert_gone(&kc, "secret", "registry");
     let refused = kubectl(&viewer, &["get", "secrets"]).unwrap_err();
     assert!(refused.contains("(Forbidden)"), "{refused}");
 
@@ -351,8 +353,7 @@ pub fn kubectl_manages_a_cluster(c: &Coordinator, dir: &Path, name: &str) {
     )
     .unwrap();
     assert!(out.contains("deleted"), "{out}");
-    let missing = kubectl(&kc, &["get", "cluster", name]).unwrap_err();
-    assert!(missing.contains("(NotFound)"), "{missing}");
+    assert_gone(&kc, "cluster", name);
 }
 
 /// A watch from a `resourceVersion` given before `c` restarted replays

@@ -36,7 +36,8 @@ pub enum Creation {
     Refused,
 }
 
-/// What a write does besides the cluster it decides.
+/// What a write does besides the object it decides (a Cluster here, a
+/// Secret in `secrets.rs`).
 pub struct Write<'a> {
     pub name: &'a str,
     pub admin: &'a Admin,

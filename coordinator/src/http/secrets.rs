@@ -11,7 +11,7 @@ use drover_common::api::{FieldError, Secret, SecretInfo};
 
 use super::admin::ObjectName;
 use super::auth::Admin;
-use super::cluster_write::Creation;
+use super::cluster_write::{Creation, Write};
 use super::error::ApiError;
 use super::AuditChanges;
 use crate::app::App;
@@ -105,7 +105,7 @@ pub async fn apply_secret(
 ) -> Result<(StatusCode, Extension<AuditChanges>, Json<SecretInfo>), ApiError> {
     require_admin(&admin)?;
     let desired: Secret = super::admin::parse_document("Secret", &headers, &body)?;
-    let write = SecretWrite {
+    let write = Write {
         name: &name,
         admin: &admin,
         creation: Creation::Allowed,
@@ -133,18 +133,6 @@ pub async fn apply_secret(
 /// document in: for a Secret, its values, which nothing may show back.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// What a Secret write does besides the Secret its caller decides.
-pub struct SecretWrite<'a> {
-    pub name: &'a str,
-    pub admin: &'a Admin,
-    pub creation: Creation,
-    /// Check everything, write nothing.
-    pub dry_run: bool,
-    /// The field manager of a write that is not an apply (see
-    /// `cluster_write::Write::manager`).
-    pub manager: Option<&'a str>,
-}
-
 /// The part of a Secret field managers own: labels, annotations and the
 /// values (base64, so ownership and conflicts compare values without
 /// showing one).
@@ -165,7 +153,7 @@ pub fn owned_secret(
 /// bundle may outgrow its cap. Blocking: it reads and writes the store.
 pub fn write_secret(
     app: &App,
-    w: &SecretWrite<'_>,
+    w: &Write<'_>,
     mut decide: impl FnMut(Option<&(StoredSecret, u64)>) -> Result<Secret, ApiError>,
 ) -> Result<(StatusCode, AuditChanges, SecretInfo), ApiError> {
     let name = w.name;

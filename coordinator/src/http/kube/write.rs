@@ -47,7 +47,7 @@ use crate::domain::user_secrets::StoredSecret;
 use crate::http::auth::{resolve_admin, Admin};
 use crate::http::cluster_write::{write_cluster, Creation, Decided, Write};
 use crate::http::error::ApiError;
-use crate::http::secrets::{write_secret, SecretWrite};
+use crate::http::secrets::write_secret;
 use crate::http::AuditChanges;
 
 /// The query of a write.
@@ -333,15 +333,69 @@ fn check_type(doc: &Value, kind: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Runs a cluster write on the blocking pool.
-async fn run_write(
+/// How a write decides the object it wants from the stored one.
+type Decide<'a, C, W> = dyn FnMut(Option<&C>) -> Result<W, ApiError> + 'a;
+
+/// A kind written here: how one write of it lands, through the write
+/// `/v1` uses too.
+trait Writer {
+    /// The stored object a write is decided against.
+    type Current;
+    /// What the caller decides.
+    type Wanted;
+    /// What the answer shows.
+    type Shown: serde::Serialize + Send + 'static;
+    const RESOURCE: &'static Resource;
+    fn write(
+        app: &App,
+        w: &Write<'_>,
+        decide: &mut Decide<'_, Self::Current, Self::Wanted>,
+    ) -> Result<(StatusCode, AuditChanges, Self::Shown), ApiError>;
+}
+
+struct Clusters;
+
+impl Writer for Clusters {
+    type Current = Cluster;
+    type Wanted = Decided;
+    type Shown = Cluster;
+    const RESOURCE: &'static Resource = &CLUSTERS;
+    fn write(
+        app: &App,
+        w: &Write<'_>,
+        decide: &mut Decide<'_, Cluster, Decided>,
+    ) -> Result<(StatusCode, AuditChanges, Cluster), ApiError> {
+        let (outcome, changes, cluster) = write_cluster(app, w, decide)?;
+        Ok((outcome.status(), changes, cluster))
+    }
+}
+
+struct Secrets;
+
+impl Writer for Secrets {
+    type Current = (StoredSecret, u64);
+    type Wanted = Secret;
+    type Shown = drover_common::api::SecretInfo;
+    const RESOURCE: &'static Resource = &SECRETS;
+    fn write(
+        app: &App,
+        w: &Write<'_>,
+        decide: &mut Decide<'_, (StoredSecret, u64), Secret>,
+    ) -> Result<(StatusCode, AuditChanges, Self::Shown), ApiError> {
+        write_secret(app, w, decide)
+    }
+}
+
+/// Runs a write of kind `K` on the blocking pool: `decide` makes the
+/// object wanted (and any warnings) from the stored one.
+async fn run_write<K: Writer + 'static>(
     app: Arc<App>,
     admin: Admin,
     name: String,
     creation: Creation,
     options: Options,
     apply: bool,
-    decide: impl FnOnce(Option<&Cluster>, &Options) -> Result<(Decided, Vec<String>), ApiError>
+    mut decide: impl FnMut(Option<&K::Current>, &Options) -> Result<(K::Wanted, Vec<String>), ApiError>
         + Send
         + 'static,
 ) -> KubeResult {
@@ -360,17 +414,17 @@ async fn run_write(
                 Some(options.manager.as_deref().unwrap_or("unknown"))
             },
         };
-        let out = write_cluster(&app, &w, |current| {
-            let (decided, w) = decide(current, &options)?;
+        let out = K::write(&app, &w, &mut |current| {
+            let (wanted, w) = decide(current, &options)?;
             warnings = w;
-            Ok(decided)
+            Ok(wanted)
         })?;
         Ok::<_, ApiError>((out, warnings))
     })
     .await;
-    let ((outcome, changes, cluster), warnings) =
-        result.map_err(|e| KubeError::from(e).about(&CLUSTERS, &about))?;
-    written(outcome.status(), &cluster, &warnings, changes)
+    let ((status, changes, shown), warnings) =
+        result.map_err(|e| KubeError::from(e).about(K::RESOURCE, &about))?;
+    written(status, &shown, &warnings, changes)
 }
 
 /// `POST /apis/drover.dev/v1alpha1/clusters`: creates a cluster.
@@ -396,14 +450,14 @@ pub async fn create_cluster(
             )
         })?
         .to_owned();
-    run_write(
+    run_write::<Clusters>(
         app,
         admin,
         name,
         Creation::Only,
         options,
         false,
-        move |_, options| decide_document(doc, options.validation),
+        move |_, options| decide_document(doc.clone(), options.validation),
     )
     .await
 }
@@ -589,7 +643,7 @@ pub async fn replace_cluster(
     let doc = parse_body(&body, "Cluster document")?;
     check_type(&doc, "Cluster")?;
     let url_name = name.clone();
-    run_write(
+    run_write::<Clusters>(
         app,
         admin,
         name,
@@ -598,7 +652,7 @@ pub async fn replace_cluster(
         false,
         move |current, options| {
             precondition(&doc, cluster_rv(current), &CLUSTERS, &url_name)?;
-            decide_document(doc, options.validation)
+            decide_document(doc.clone(), options.validation)
         },
     )
     .await
@@ -620,7 +674,7 @@ pub async fn patch_cluster(
     let url_name = name.clone();
     match Patch::of(&headers, &body)? {
         Patch::Apply(config) => {
-            let mut warnings = check_config(
+            let warnings = check_config(
                 &config,
                 "Cluster",
                 &["spec", "status"],
@@ -631,7 +685,7 @@ pub async fn patch_cluster(
                 manager: apply_manager(&params)?,
                 force: options.force,
             };
-            run_write(
+            run_write::<Clusters>(
                 app,
                 admin,
                 name,
@@ -641,14 +695,13 @@ pub async fn patch_cluster(
                 move |current, options| {
                     let (decided, more) =
                         decide_apply(current, &config, &apply, options.validation, &url_name)?;
-                    warnings.extend(more);
-                    Ok((decided, warnings))
+                    Ok((decided, [warnings.clone(), more].concat()))
                 },
             )
             .await
         }
         patch => {
-            run_write(
+            run_write::<Clusters>(
                 app,
                 admin,
                 name,
@@ -975,46 +1028,6 @@ fn decide_secret(
     Ok((secret, warnings))
 }
 
-/// Runs a Secret write on the blocking pool and answers with what the
-/// Secret shows (keys and sizes, never a value).
-async fn run_secret_write(
-    app: Arc<App>,
-    admin: Admin,
-    name: String,
-    creation: Creation,
-    options: Options,
-    apply: bool,
-    mut decide: impl FnMut(Option<&(StoredSecret, u64)>, &Options) -> Result<(Secret, Vec<String>), ApiError>
-        + Send
-        + 'static,
-) -> KubeResult {
-    let about = name.clone();
-    let result = crate::store::blocking(move || {
-        let mut warnings = vec![];
-        let w = SecretWrite {
-            name: &name,
-            admin: &admin,
-            creation,
-            dry_run: options.dry_run,
-            manager: if apply {
-                None
-            } else {
-                Some(options.manager.as_deref().unwrap_or("unknown"))
-            },
-        };
-        let out = write_secret(&app, &w, |current| {
-            let (secret, w) = decide(current, &options)?;
-            warnings = w;
-            Ok(secret)
-        })?;
-        Ok::<_, ApiError>((out, warnings))
-    })
-    .await;
-    let ((status, changes, info), warnings) =
-        result.map_err(|e| KubeError::from(e).about(&SECRETS, &about))?;
-    written(status, &info, &warnings, changes)
-}
-
 /// `POST /apis/drover.dev/v1alpha1/secrets`: creates a Secret (as
 /// `drover apply` does); the answer shows its keys, never a value.
 pub async fn create_secret(
@@ -1031,7 +1044,7 @@ pub async fn create_secret(
         .as_str()
         .ok_or_else(|| ApiError::bad_request("the Secret has no metadata.name"))?
         .to_owned();
-    run_secret_write(
+    run_write::<Secrets>(
         app,
         admin,
         name,
@@ -1057,7 +1070,7 @@ pub async fn replace_secret(
     let doc = parse_body(&body, "Secret document")?;
     check_type(&doc, "Secret")?;
     let url_name = name.clone();
-    run_secret_write(
+    run_write::<Secrets>(
         app,
         admin,
         name,
@@ -1100,7 +1113,7 @@ pub async fn patch_secret(
                 manager: apply_manager(&params)?,
                 force: options.force,
             };
-            run_secret_write(
+            run_write::<Secrets>(
                 app,
                 admin,
                 name,
@@ -1132,7 +1145,7 @@ pub async fn patch_secret(
             .await
         }
         patch => {
-            run_secret_write(
+            run_write::<Secrets>(
                 app,
                 admin,
                 name,
