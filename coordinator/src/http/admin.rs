@@ -148,14 +148,6 @@ pub(super) fn parse_document<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// The conflict of a document whose `metadata.resourceVersion` (`rv`) is
-/// not the stored `found` one of the `kind` object `name`.
-pub(super) fn stale_document(kind: &str, name: &str, found: &str, rv: &str) -> ApiError {
-    ApiError::conflict(format!(
-        "{kind} {name} has resourceVersion {found}, the document says {rv}; fetch it again and reapply"
-    ))
-}
-
 /// `PUT /v1/clusters/{name}`: create or update a cluster (what `drover apply` sends).
 ///
 /// The document is YAML unless sent as `application/json`; it is parsed
@@ -204,17 +196,12 @@ pub async fn apply_cluster(
         manager: Some(super::cluster_write::DROVER_MANAGER),
     };
     let (outcome, changes, cluster) = write_cluster(&app, &write, |current| {
-        // A resourceVersion in the document makes the write conditional.
-        if let Some(rv) = &desired.metadata.resource_version {
-            match current {
-                None => return Err(ApiError::not_found("cluster", &name)),
-                Some(c) if c.metadata.resource_version.as_ref() != Some(rv) => {
-                    let found = c.metadata.resource_version.as_deref();
-                    return Err(stale_document("cluster", &name, found.unwrap_or("?"), rv));
-                }
-                Some(_) => {}
-            }
-        }
+        super::body::check_precondition(
+            "cluster",
+            &name,
+            desired.metadata.resource_version.as_deref(),
+            current.map(|c| c.metadata.resource_version.as_deref().unwrap_or("?")),
+        )?;
         let mut cluster = desired.clone();
         cluster.metadata.managed_fields.clear();
         Ok(Decided { cluster, sets_cni })

@@ -84,3 +84,22 @@ pub(super) fn check_document_name(document_name: &str, name: &str) -> Result<(),
     }
     Ok(())
 }
+
+/// Refuses a document whose `metadata.resourceVersion` (`rv`) is not the
+/// stored `kind` object `name`'s (`found`; `None`: there is none). A
+/// document without one is unconditional.
+pub(super) fn check_precondition(
+    kind: &str,
+    name: &str,
+    rv: Option<&str>,
+    found: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(rv) = rv else { return Ok(()) };
+    match found {
+        None => Err(ApiError::not_found(kind, name)),
+        Some(found) if found != rv => Err(ApiError::conflict(format!(
+            "{kind} {name} has resourceVersion {found}, the document says {rv}; fetch it again and reapply"
+        ))),
+        Some(_) => Ok(()),
+    }
+}

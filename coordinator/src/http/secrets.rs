@@ -113,15 +113,13 @@ pub async fn apply_secret(
         manager: Some(super::cluster_write::DROVER_MANAGER),
     };
     let (status, changes, info) = write_secret(&app, &write, |current| {
-        if let Some(rv) = &desired.metadata.resource_version {
-            let found = current.map(|(_, r)| r.to_string());
-            if found.as_ref() != Some(rv) {
-                return Err(match found {
-                    None => ApiError::not_found("secret", &name),
-                    Some(found) => super::admin::stale_document("secret", &name, &found, rv),
-                });
-            }
-        }
+        let found = current.map(|(_, r)| r.to_string());
+        super::body::check_precondition(
+            "secret",
+            &name,
+            desired.metadata.resource_version.as_deref(),
+            found.as_deref(),
+        )?;
         let mut desired = desired.clone();
         desired.metadata.managed_fields.clear();
         Ok(desired)

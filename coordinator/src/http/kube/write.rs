@@ -351,6 +351,17 @@ trait Writer {
         w: &Write<'_>,
         decide: &mut Decide<'_, Self::Current, Self::Wanted>,
     ) -> Result<(StatusCode, AuditChanges, Self::Shown), ApiError>;
+    /// The stored object's resourceVersion.
+    fn revision(current: &Self::Current) -> Option<String>;
+    /// The stored object as a document a patch applies to (never sent:
+    /// a Secret's has its values).
+    fn document(current: &Self::Current) -> Result<Value, ApiError>;
+    /// A whole document as the object wanted; its managedFields are the
+    /// write's to set.
+    fn wanted(
+        doc: Value,
+        validation: FieldValidation,
+    ) -> Result<(Self::Wanted, Vec<String>), ApiError>;
 }
 
 struct Clusters;
@@ -368,6 +379,18 @@ impl Writer for Clusters {
         let (outcome, changes, cluster) = write_cluster(app, w, decide)?;
         Ok((outcome.status(), changes, cluster))
     }
+    fn revision(current: &Cluster) -> Option<String> {
+        current.metadata.resource_version.clone()
+    }
+    fn document(current: &Cluster) -> Result<Value, ApiError> {
+        serde_json::to_value(current).map_err(ApiError::internal)
+    }
+    fn wanted(doc: Value, validation: FieldValidation) -> Result<(Decided, Vec<String>), ApiError> {
+        let sets_cni = doc["spec"]["network"].get("cni").is_some();
+        let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
+        cluster.metadata.managed_fields.clear();
+        Ok((Decided { cluster, sets_cni }, warnings))
+    }
 }
 
 struct Secrets;
@@ -383,6 +406,24 @@ impl Writer for Secrets {
         decide: &mut Decide<'_, (StoredSecret, u64), Secret>,
     ) -> Result<(StatusCode, AuditChanges, Self::Shown), ApiError> {
         write_secret(app, w, decide)
+    }
+    fn revision((_, rev): &(StoredSecret, u64)) -> Option<String> {
+        Some(rev.to_string())
+    }
+    fn document((stored, rev): &(StoredSecret, u64)) -> Result<Value, ApiError> {
+        let mut metadata = stored.metadata.clone();
+        metadata.resource_version = Some(rev.to_string());
+        Ok(json!({
+            "apiVersion": drover_common::API_VERSION,
+            "kind": "Secret",
+            "metadata": metadata,
+            "data": stored.data,
+        }))
+    }
+    fn wanted(doc: Value, validation: FieldValidation) -> Result<(Secret, Vec<String>), ApiError> {
+        let (mut secret, warnings) = decode::<Secret>("Secret", doc, validation)?;
+        secret.metadata.managed_fields.clear();
+        Ok((secret, warnings))
     }
 }
 
@@ -427,22 +468,28 @@ async fn run_write<K: Writer + 'static>(
     written(status, &shown, &warnings, changes)
 }
 
-/// `POST /apis/drover.dev/v1alpha1/clusters`: creates a cluster.
-pub async fn create_cluster(
-    State(app): State<Arc<App>>,
+/// The resourceVersion of `current`, if there is one.
+fn revision_of<K: Writer>(current: Option<&K::Current>) -> Option<String> {
+    current.and_then(K::revision)
+}
+
+/// POST: creates a `K` from a whole document.
+async fn create<K: Writer + 'static>(
+    app: Arc<App>,
     headers: HeaderMap,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
+    params: WriteParams,
+    body: &[u8],
 ) -> KubeResult {
     let admin = writer(&app, &headers)?;
     let options = params.options(&headers)?;
-    let doc = parse_body(&body, "Cluster document")?;
-    check_type(&doc, "Cluster")?;
+    let kind = K::RESOURCE.kind;
+    let doc = parse_body(body, &format!("{kind} document"))?;
+    check_type(&doc, kind)?;
     let name = doc["metadata"]["name"]
         .as_str()
         .ok_or_else(|| {
             ApiError::invalid(
-                "the Cluster has no name; nothing was changed",
+                format!("the {kind} has no name; nothing was changed"),
                 vec![FieldError {
                     field: "metadata.name".into(),
                     message: "name is required (generateName is not served)".into(),
@@ -450,27 +497,95 @@ pub async fn create_cluster(
             )
         })?
         .to_owned();
-    run_write::<Clusters>(
+    run_write::<K>(
         app,
         admin,
         name,
         Creation::Only,
         options,
         false,
-        move |_, options| decide_document(doc.clone(), options.validation),
+        move |_, options| K::wanted(doc.clone(), options.validation),
     )
     .await
 }
 
-/// A whole document as the cluster wanted.
-fn decide_document(
-    doc: Value,
-    validation: FieldValidation,
-) -> Result<(Decided, Vec<String>), ApiError> {
-    let sets_cni = doc["spec"]["network"].get("cni").is_some();
-    let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
-    cluster.metadata.managed_fields.clear();
-    Ok((Decided { cluster, sets_cni }, warnings))
+/// PUT: replaces `K` `name` with a whole document, conditional on the
+/// `metadata.resourceVersion` it may carry.
+async fn replace<K: Writer + 'static>(
+    app: Arc<App>,
+    headers: HeaderMap,
+    name: String,
+    params: WriteParams,
+    body: &[u8],
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let options = params.options(&headers)?;
+    let kind = K::RESOURCE.kind;
+    let doc = parse_body(body, &format!("{kind} document"))?;
+    check_type(&doc, kind)?;
+    let url_name = name.clone();
+    run_write::<K>(
+        app,
+        admin,
+        name,
+        Creation::Refused,
+        options,
+        false,
+        move |current, options| {
+            precondition(
+                &doc,
+                revision_of::<K>(current).as_deref(),
+                K::RESOURCE,
+                &url_name,
+            )?;
+            K::wanted(doc.clone(), options.validation)
+        },
+    )
+    .await
+}
+
+/// A merge or JSON patch of `K` `name`'s document.
+async fn patch_document<K: Writer + 'static>(
+    app: Arc<App>,
+    admin: Admin,
+    name: String,
+    options: Options,
+    patch: Patch,
+) -> KubeResult {
+    let url_name = name.clone();
+    run_write::<K>(
+        app,
+        admin,
+        name,
+        Creation::Refused,
+        options,
+        false,
+        move |current, options| {
+            let what = format!("{} {url_name}", K::RESOURCE.singular);
+            let current_object =
+                current.ok_or_else(|| ApiError::not_found(K::RESOURCE.singular, &url_name))?;
+            let mut doc = K::document(current_object)?;
+            patch.apply_to(&mut doc, &what)?;
+            precondition(
+                &doc,
+                K::revision(current_object).as_deref(),
+                K::RESOURCE,
+                &url_name,
+            )?;
+            K::wanted(doc, options.validation)
+        },
+    )
+    .await
+}
+
+/// `POST /apis/drover.dev/v1alpha1/clusters`: creates a cluster.
+pub async fn create_cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    create::<Clusters>(app, headers, params, &body).await
 }
 
 /// Refuses a document decided against an object whose resourceVersion
@@ -493,10 +608,6 @@ fn precondition(
         )));
     }
     Ok(())
-}
-
-fn cluster_rv(c: Option<&Cluster>) -> Option<&str> {
-    c.and_then(|c| c.metadata.resource_version.as_deref())
 }
 
 /// A patch, as its content type says.
@@ -638,24 +749,7 @@ pub async fn replace_cluster(
     Query(params): Query<WriteParams>,
     KubeBody(body): KubeBody,
 ) -> KubeResult {
-    let admin = writer(&app, &headers)?;
-    let options = params.options(&headers)?;
-    let doc = parse_body(&body, "Cluster document")?;
-    check_type(&doc, "Cluster")?;
-    let url_name = name.clone();
-    run_write::<Clusters>(
-        app,
-        admin,
-        name,
-        Creation::Refused,
-        options,
-        false,
-        move |current, options| {
-            precondition(&doc, cluster_rv(current), &CLUSTERS, &url_name)?;
-            decide_document(doc.clone(), options.validation)
-        },
-    )
-    .await
+    replace::<Clusters>(app, headers, name, params, &body).await
 }
 
 /// `PATCH /apis/drover.dev/v1alpha1/clusters/{name}`: a JSON merge patch
@@ -700,23 +794,7 @@ pub async fn patch_cluster(
             )
             .await
         }
-        patch => {
-            run_write::<Clusters>(
-                app,
-                admin,
-                name,
-                Creation::Refused,
-                options,
-                false,
-                move |current, options| {
-                    let mut doc = current_document(current, &url_name)?;
-                    patch.apply_to(&mut doc, &format!("cluster {url_name}"))?;
-                    precondition(&doc, cluster_rv(current), &CLUSTERS, &url_name)?;
-                    decide_document(doc, options.validation)
-                },
-            )
-            .await
-        }
+        patch => patch_document::<Clusters>(app, admin, name, options, patch).await,
     }
 }
 
@@ -729,12 +807,6 @@ fn unsupported_patch(why: &str) -> KubeError {
         ),
     )
     .into()
-}
-
-/// The stored cluster as a document a patch applies to.
-fn current_document(current: Option<&Cluster>, name: &str) -> Result<Value, ApiError> {
-    let current = current.ok_or_else(|| ApiError::not_found("cluster", name))?;
-    serde_json::to_value(current).map_err(ApiError::internal)
 }
 
 /// What a server-side apply of `config` by `manager` makes of
@@ -809,10 +881,13 @@ fn decide_apply(
     validation: FieldValidation,
     name: &str,
 ) -> Result<(Decided, Vec<String>), ApiError> {
-    precondition(config, cluster_rv(current), &CLUSTERS, name)?;
-    let current_doc = current
-        .map(|c| serde_json::to_value(c).map_err(ApiError::internal))
-        .transpose()?;
+    precondition(
+        config,
+        revision_of::<Clusters>(current).as_deref(),
+        &CLUSTERS,
+        name,
+    )?;
+    let current_doc = current.map(Clusters::document).transpose()?;
     let entries = current.map_or(&[][..], |c| &c.metadata.managed_fields);
     let (doc, managed) = apply_document(
         current_doc,
@@ -1000,34 +1075,6 @@ pub async fn write_status(
     .about(&CLUSTERS, &name))
 }
 
-/// The stored Secret as a document a patch applies to: its values in
-/// `data` (base64). Never sent to anyone.
-fn secret_document(current: Option<&(StoredSecret, u64)>, name: &str) -> Result<Value, ApiError> {
-    let (stored, rev) = current.ok_or_else(|| ApiError::not_found("secret", name))?;
-    let mut metadata = stored.metadata.clone();
-    metadata.resource_version = Some(rev.to_string());
-    Ok(json!({
-        "apiVersion": drover_common::API_VERSION,
-        "kind": "Secret",
-        "metadata": metadata,
-        "data": stored.data,
-    }))
-}
-
-fn secret_rv(current: Option<&(StoredSecret, u64)>) -> Option<String> {
-    current.map(|(_, rev)| rev.to_string())
-}
-
-/// A Secret document as a Secret, its managedFields the store's business.
-fn decide_secret(
-    doc: Value,
-    validation: FieldValidation,
-) -> Result<(Secret, Vec<String>), ApiError> {
-    let (mut secret, warnings) = decode::<Secret>("Secret", doc, validation)?;
-    secret.metadata.managed_fields.clear();
-    Ok((secret, warnings))
-}
-
 /// `POST /apis/drover.dev/v1alpha1/secrets`: creates a Secret (as
 /// `drover apply` does); the answer shows its keys, never a value.
 pub async fn create_secret(
@@ -1036,24 +1083,7 @@ pub async fn create_secret(
     Query(params): Query<WriteParams>,
     KubeBody(body): KubeBody,
 ) -> KubeResult {
-    let admin = writer(&app, &headers)?;
-    let options = params.options(&headers)?;
-    let doc = parse_body(&body, "Secret document")?;
-    check_type(&doc, "Secret")?;
-    let name = doc["metadata"]["name"]
-        .as_str()
-        .ok_or_else(|| ApiError::bad_request("the Secret has no metadata.name"))?
-        .to_owned();
-    run_write::<Secrets>(
-        app,
-        admin,
-        name,
-        Creation::Only,
-        options,
-        false,
-        move |_, options| decide_secret(doc.clone(), options.validation),
-    )
-    .await
+    create::<Secrets>(app, headers, params, &body).await
 }
 
 /// `PUT /apis/drover.dev/v1alpha1/secrets/{name}`: replaces a Secret's
@@ -1065,24 +1095,7 @@ pub async fn replace_secret(
     Query(params): Query<WriteParams>,
     KubeBody(body): KubeBody,
 ) -> KubeResult {
-    let admin = writer(&app, &headers)?;
-    let options = params.options(&headers)?;
-    let doc = parse_body(&body, "Secret document")?;
-    check_type(&doc, "Secret")?;
-    let url_name = name.clone();
-    run_write::<Secrets>(
-        app,
-        admin,
-        name,
-        Creation::Refused,
-        options,
-        false,
-        move |current, options| {
-            precondition(&doc, secret_rv(current).as_deref(), &SECRETS, &url_name)?;
-            decide_secret(doc.clone(), options.validation)
-        },
-    )
-    .await
+    replace::<Secrets>(app, headers, name, params, &body).await
 }
 
 /// `PATCH /apis/drover.dev/v1alpha1/secrets/{name}`: a merge or JSON
@@ -1121,10 +1134,13 @@ pub async fn patch_secret(
                 options,
                 true,
                 move |current, options| {
-                    precondition(&config, secret_rv(current).as_deref(), &SECRETS, &url_name)?;
-                    let current_doc = current
-                        .map(|c| secret_document(Some(c), &url_name))
-                        .transpose()?;
+                    precondition(
+                        &config,
+                        revision_of::<Secrets>(current).as_deref(),
+                        &SECRETS,
+                        &url_name,
+                    )?;
+                    let current_doc = current.map(Secrets::document).transpose()?;
                     let entries = current.map_or(&[][..], |(s, _)| &s.metadata.managed_fields);
                     let (doc, managed) = apply_document(
                         current_doc,
@@ -1144,23 +1160,7 @@ pub async fn patch_secret(
             )
             .await
         }
-        patch => {
-            run_write::<Secrets>(
-                app,
-                admin,
-                name,
-                Creation::Refused,
-                options,
-                false,
-                move |current, options| {
-                    let mut doc = secret_document(current, &url_name)?;
-                    patch.apply_to(&mut doc, &format!("secret {url_name}"))?;
-                    precondition(&doc, secret_rv(current).as_deref(), &SECRETS, &url_name)?;
-                    decide_secret(doc, options.validation)
-                },
-            )
-            .await
-        }
+        patch => patch_document::<Secrets>(app, admin, name, options, patch).await,
     }
 }
 
