@@ -134,9 +134,11 @@ pub async fn register(
             RegisterError::Ticket(e)
         })?;
     match claims.grant {
-        TicketGrant::PoolRegistration { token_id, pool } => {
-            register_pool_machine(app, req, &token_id, &pool, now).await
-        }
+        TicketGrant::PoolRegistration {
+            token_id,
+            pool,
+            token_uid,
+        } => register_pool_machine(app, req, &token_id, token_uid, &pool, now).await,
         TicketGrant::Machine {
             cluster,
             machine,
@@ -171,6 +173,7 @@ async fn register_pool_machine(
     app: &Arc<App>,
     req: RegisterRequest,
     token_id: &str,
+    token_uid: Option<String>,
     pool: &str,
     now: OffsetDateTime,
 ) -> Result<RegisterResponse> {
@@ -184,6 +187,7 @@ async fn register_pool_machine(
         .registrar
         .register(PoolRegistration {
             token_id: token_id.to_owned(),
+            token_uid,
             machine,
             now,
         })

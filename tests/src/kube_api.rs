@@ -409,3 +409,296 @@ pub fn a_watch_resumes_after_a_restart(c: &mut Coordinator, dir: &Path) {
     );
     assert!(!replay.contains("Expired"), "{replay}");
 }
+
+/// A RegistrationToken document for kubectl: pool `pool`, `uses` uses,
+/// living `ttl` from now; named `name`, or generated from `pool-`.
+fn token_yaml(name: Option<&str>, pool: &str, uses: u32, ttl: time::Duration) -> String {
+    let expires = (time::OffsetDateTime::now_utc() + ttl)
+        .replace_nanosecond(0)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let naming = match name {
+        Some(n) => format!("name: {n}"),
+        None => format!("generateName: {pool}-"),
+    };
+    format!(
+        "apiVersion: drover.dev/v1alpha1\nkind: RegistrationToken\nmetadata:\n  {naming}\n  labels:\n    site: lab\nspec:\n  pool: {pool}\n  labels:\n    rack: r7\n  maxUses: {uses}\n  expiresAt: \"{expires}\"\n"
+    )
+}
+
+/// `kubectl create --raw` of token `name`'s bootstrap subresource, as
+/// `kubeconfig` says: the bootstrap document, written to `file`.
+fn mint(
+    kubeconfig: &Path,
+    dir: &Path,
+    name: &str,
+    file: &Path,
+) -> Result<serde_json::Value, String> {
+    let empty = dir.join("bootstrap-request.json");
+    std::fs::write(&empty, "{}").unwrap();
+    let out = kubectl(
+        kubeconfig,
+        &[
+            "create",
+            "--raw",
+            &format!("/apis/drover.dev/v1alpha1/registrationtokens/{name}/bootstrap"),
+            "-f",
+            empty.to_str().unwrap(),
+        ],
+    )?;
+    std::fs::write(file, &out).unwrap();
+    Ok(serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}")))
+}
+
+/// Waits for `agent` to exit, returning its exit code.
+fn exit_code(agent: &mut crate::Agent) -> i32 {
+    crate::wait_for(
+        "the agent to exit",
+        std::time::Duration::from_secs(30),
+        || {
+            agent
+                .try_exit()
+                .map(|s| s.code().unwrap_or(-1))
+                .ok_or_else(|| agent.log())
+        },
+    )
+}
+
+/// kubectl makes registration tokens (named, or from `generateName`),
+/// mints their tickets through the `bootstrap` subresource (which a real
+/// agent registers with), relabels, revokes and deletes them; their spec
+/// is immutable, a revoked token stays revoked, and a ticket of a deleted
+/// token does not work for one made again under its name.
+pub fn kubectl_manages_registration_tokens(c: &Coordinator, dir: &Path) {
+    let (kc, viewer) = coordinator_kubeconfigs(c, dir);
+    let hour = time::Duration::hours(1);
+    let file = |tag: &str, text: String| {
+        let path = dir.join(format!("token-{tag}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+
+    // A token with a generated name.
+    let made = kubectl(
+        &kc,
+        &[
+            "create",
+            "-f",
+            &file("rack7", token_yaml(None, "rack7", 2, hour)),
+            "-o",
+            "name",
+        ],
+    )
+    .unwrap();
+    let name = made
+        .trim()
+        .strip_prefix("registrationtoken.drover.dev/")
+        .unwrap_or_else(|| panic!("{made}"))
+        .to_owned();
+    assert!(
+        name.starts_with("rack7-") && name.len() == "rack7-".len() + 5,
+        "{name}"
+    );
+
+    // A bad one names each field, and stores nothing.
+    let bad = token_yaml(Some("bad"), "Rack_7", 0, -hour);
+    let refused = kubectl(&kc, &["create", "-f", &file("bad", bad)]).unwrap_err();
+    for field in ["spec.pool", "spec.maxUses", "spec.expiresAt"] {
+        assert!(refused.contains(field), "{field}: {refused}");
+    }
+    assert_gone(&kc, "rt", "bad");
+
+    // Its ticket, minted by writers only; a real agent registers with it,
+    // into the token's pool with its labels.
+    assert_eq!(
+        kubectl(
+            &kc,
+            &[
+                "auth",
+                "can-i",
+                "create",
+                "registrationtokens",
+                "--subresource=bootstrap"
+            ]
+        )
+        .unwrap()
+        .trim(),
+        "yes"
+    );
+    let (code, out, _) = kubectl_status(
+        &viewer,
+        &[
+            "auth",
+            "can-i",
+            "create",
+            "registrationtokens",
+            "--subresource=bootstrap",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("no - the viewer role"), "{out}");
+    let boot = dir.join("rack7-bootstrap.json");
+    let refused = mint(&viewer, dir, &name, &boot).unwrap_err();
+    assert!(
+        refused.contains("Forbidden") || refused.contains("forbidden"),
+        "{refused}"
+    );
+    let doc = mint(&kc, dir, &name, &boot).unwrap();
+    assert_eq!(doc["kind"], "BootstrapConfig", "{doc}");
+    assert!(
+        doc["ticket"].as_str().is_some_and(|t| t.len() > 40),
+        "{doc}"
+    );
+    let agent = crate::Agent::start(&dir.join("rack7-machine"), "rack7-machine", &boot);
+    let machine = crate::wait_for(
+        "the machine to register",
+        std::time::Duration::from_secs(60),
+        || {
+            c.machines()
+                .into_iter()
+                .find(|m| m["metadata"]["labels"]["drover.dev/pool"] == "rack7")
+                .ok_or_else(|| agent.log())
+        },
+    );
+    assert_eq!(machine["metadata"]["labels"]["rack"], "r7", "{machine}");
+    let uses =
+        |name: &str| kubectl(&kc, &["get", "rt", name, "-o", "jsonpath={.status.uses}"]).unwrap();
+    assert_eq!(uses(&name), "1");
+
+    // The spec is fixed; labels are not; a revoked token stays revoked
+    // and mints nothing.
+    let refused = kubectl(
+        &kc,
+        &[
+            "patch",
+            "rt",
+            &name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"maxUses":50}}"#,
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        refused.contains("spec.maxUses") && refused.contains("immutable"),
+        "{refused}"
+    );
+    kubectl(&kc, &["label", "rt", &name, "tier=edge"]).unwrap();
+    kubectl(
+        &kc,
+        &[
+            "patch",
+            "rt",
+            &name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"revoked":true}}"#,
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        kubectl(
+            &kc,
+            &[
+                "get",
+                "rt",
+                "-l",
+                "tier=edge",
+                "-o",
+                "jsonpath={.items[0].spec.revoked}"
+            ]
+        )
+        .unwrap(),
+        "true"
+    );
+    let refused = kubectl(
+        &kc,
+        &[
+            "patch",
+            "rt",
+            &name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"revoked":false}}"#,
+        ],
+    )
+    .unwrap_err();
+    assert!(refused.contains("stays revoked"), "{refused}");
+    let refused = mint(&kc, dir, &name, &dir.join("unused.json")).unwrap_err();
+    assert!(refused.contains("revoked"), "{refused}");
+    let mut late = crate::Agent::start(&dir.join("rack7-late"), "rack7-late", &boot);
+    assert_eq!(exit_code(&mut late), 2);
+    assert!(late.log().contains("revoked"), "{}", late.log());
+    assert_eq!(uses(&name), "1");
+
+    // Server-side applied under a fixed name: a second apply changes
+    // nothing. Deleted, then made again under that name: the first
+    // one's ticket does not work for the second.
+    let applied = file("lab", token_yaml(Some("lab"), "lab", 1, hour));
+    let apply = |path: &str| {
+        kubectl(
+            &kc,
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=platform",
+                "-f",
+                path,
+            ],
+        )
+        .unwrap()
+    };
+    apply(&applied);
+    let rv = kubectl(
+        &kc,
+        &[
+            "get",
+            "rt",
+            "lab",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ],
+    )
+    .unwrap();
+    let again = apply(&applied);
+    assert!(again.contains("serverside-applied"), "{again}");
+    assert_eq!(
+        kubectl(
+            &kc,
+            &[
+                "get",
+                "rt",
+                "lab",
+                "-o",
+                "jsonpath={.metadata.resourceVersion}"
+            ]
+        )
+        .unwrap(),
+        rv
+    );
+    let old_boot = dir.join("lab-bootstrap.json");
+    mint(&kc, dir, "lab", &old_boot).unwrap();
+    let out = kubectl(&kc, &["delete", "rt", "lab", "--wait", "--timeout=30s"]).unwrap();
+    assert!(out.contains("deleted"), "{out}");
+    assert_gone(&kc, "rt", "lab");
+    apply(&applied);
+    let mut stale = crate::Agent::start(&dir.join("lab-stale"), "lab-stale", &old_boot);
+    assert_eq!(exit_code(&mut stale), 2);
+    assert!(
+        stale.log().contains("deleted and made again"),
+        "{}",
+        stale.log()
+    );
+    assert_eq!(
+        kubectl(&kc, &["get", "rt", "lab", "-o", "jsonpath={.status.uses}"]).unwrap(),
+        "0"
+    );
+    kubectl(&kc, &["delete", "rt", "lab", &name]).unwrap();
+    assert_gone(&kc, "rt", "lab");
+    assert_gone(&kc, "rt", &name);
+}

@@ -3782,6 +3782,15 @@ fn kubectl_manages_clusters_on_the_embedded_store() {
     drover_tests::kube_api::kubectl_manages_a_cluster(&c, tmp.path(), "web");
 }
 
+/// kubectl makes, revokes and deletes registration tokens and mints their
+/// tickets, which a real agent registers with.
+#[test]
+fn kubectl_manages_registration_tokens_on_the_embedded_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
+    drover_tests::kube_api::kubectl_manages_registration_tokens(&c, tmp.path());
+}
+
 /// A watch resumes from a resourceVersion given before the coordinator
 /// restarted: the embedded store keeps the change history.
 #[test]

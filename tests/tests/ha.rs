@@ -406,6 +406,9 @@ fn kubectl_manages_clusters_on_etcd() {
         &format!("127.0.0.1:{}", free_port()),
     );
     drover_tests::kube_api::kubectl_manages_a_cluster(&c, tmp.path(), "web");
+    let tokens = tmp.path().join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    drover_tests::kube_api::kubectl_manages_registration_tokens(&c, &tokens);
     // etcd's own revisions: a watch resumes across a restart.
     let mut c = c;
     drover_tests::kube_api::a_watch_resumes_after_a_restart(&mut c, tmp.path());

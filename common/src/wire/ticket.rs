@@ -31,6 +31,11 @@ pub enum TicketGrant {
         token_id: String,
         /// The pool a machine registering with it joins.
         pool: String,
+        /// The token's UID: a ticket of a deleted token does not work for
+        /// another made later under the same name. Absent in tickets
+        /// issued before tokens could be named (their names were random).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token_uid: Option<String>,
     },
     /// Register as one specific machine the coordinator created.
     #[serde(rename_all = "camelCase")]
@@ -158,6 +163,7 @@ mod tests {
             grant: TicketGrant::PoolRegistration {
                 token_id: "tok1".into(),
                 pool: "default".into(),
+                token_uid: Some("uid-1".into()),
             },
             issued_at: 100,
             expires_at: exp,

@@ -42,6 +42,8 @@ pub const RECENT_MACHINES: usize = 16;
 /// where it has its own, such as its pool).
 pub struct PoolRegistration {
     pub token_id: String,
+    /// The token's UID, as the ticket names it (older tickets do not).
+    pub token_uid: Option<String>,
     pub machine: Machine,
     pub now: time::OffsetDateTime,
 }
@@ -293,6 +295,15 @@ fn redeem(
         tokens.insert(id.clone(), found);
     }
     let (token, _) = tokens.get_mut(id).expect("inserted above");
+    if reg
+        .token_uid
+        .as_ref()
+        .is_some_and(|uid| token.metadata.uid.as_ref() != Some(uid))
+    {
+        return Err(RegistrationError::Unauthorized(format!(
+            "registration token {id} was deleted and made again; this ticket was issued under the one deleted, so mint a new one"
+        )));
+    }
     if token.spec.revoked {
         return Err(RegistrationError::Unauthorized(format!(
             "registration token {id} was revoked"
@@ -392,6 +403,7 @@ mod tests {
                     registrar
                         .register(PoolRegistration {
                             token_id: "t1".into(),
+                            token_uid: None,
                             machine: machine(i),
                             now,
                         })
@@ -468,6 +480,7 @@ mod tests {
             let err = registrar
                 .register(PoolRegistration {
                     token_id: token_id.into(),
+                    token_uid: None,
                     machine: machine(n),
                     now,
                 })
@@ -478,5 +491,41 @@ mod tests {
             assert!(err.detail.contains(says), "{token_id}: {}", err.detail);
         }
         assert!(store.list(Kind::Machine).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_ticket_of_a_deleted_token_does_not_work_for_one_made_again_under_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("drover.db")).unwrap();
+        let now = drover_common::now();
+        let mut t = token(5, now);
+        t.metadata.uid = Some("uid-now".into());
+        store
+            .create_json(Kind::RegistrationToken, "t1", &t)
+            .unwrap();
+        let driver = crate::tasks::Driver::default();
+        let registrar = Registrar::start(store.clone(), &driver);
+        let register = |n, uid: &str| {
+            registrar.register(PoolRegistration {
+                token_id: "t1".into(),
+                token_uid: Some(uid.into()),
+                machine: machine(n),
+                now,
+            })
+        };
+        let err = register(1, "uid-before")
+            .await
+            .map_err(ApiError::from)
+            .unwrap_err();
+        assert_eq!(err.status, StatusCode::UNAUTHORIZED);
+        assert!(
+            err.detail.contains("deleted and made again"),
+            "{}",
+            err.detail
+        );
+        assert!(store.list(Kind::Machine).unwrap().is_empty());
+        // The token's own tickets work.
+        register(2, "uid-now").await.unwrap();
+        assert_eq!(store.list(Kind::Machine).unwrap().len(), 1);
     }
 }

@@ -7,14 +7,8 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
-use drover_common::api::{
-    Cluster, CreateRegistrationToken, CreatedRegistrationToken, FieldError, KubeconfigResponse,
-    Machine, ObjectMeta, RegistrationToken, RegistrationTokenSpec, RegistrationTokenStatus,
-};
-use drover_common::names::{check_dns_label, check_labels, check_object_name};
-use drover_common::ticket::{new_nonce, TicketClaims, TicketGrant};
-use drover_common::wire::{BootstrapDocument, BOOTSTRAP_KIND};
-use drover_common::API_VERSION;
+use drover_common::api::{Cluster, FieldError, KubeconfigResponse, Machine};
+use drover_common::names::check_object_name;
 use serde::{Deserialize, Serialize};
 
 use super::auth::Admin;
@@ -46,9 +40,6 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ObjectName {
         Ok(Self(name))
     }
 }
-
-/// The longest a registration token may live.
-const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
 
 /// `GET /v1/clusters`: every cluster, or one page of them.
 #[utoipa::path(
@@ -552,197 +543,6 @@ pub async fn resume_rollout(
     tracing::info!(cluster = %name, by = %admin.token_id, "rollout resumed");
     app.reconcile_cluster(&name);
     Ok(Json(resumed))
-}
-
-/// `POST /v1/registrationtokens`: a token and the bootstrap document that carries its ticket.
-#[utoipa::path(
-    post,
-    path = "/v1/registrationtokens",
-    tag = "registration-tokens",
-    security(("adminToken" = [])),
-    request_body(
-        content = CreateRegistrationToken,
-        example = json!({"pool": "default", "labels": {"env": "dev"}, "ttlSeconds": 3600, "maxUses": 1}),
-    ),
-    responses(
-        (status = 201, description = "The token, and the bootstrap document (with its ticket) to hand to `drover-agent --bootstrap`.", body = CreatedRegistrationToken),
-        (status = 409, response = super::responses::Conflict),
-        super::responses::JsonBodyRefusals,
-    ),
-)]
-pub async fn create_token(
-    State(app): State<Arc<App>>,
-    admin: Admin,
-    super::body::Body(req): super::body::Body<CreateRegistrationToken>,
-) -> Result<(StatusCode, Json<CreatedRegistrationToken>), ApiError> {
-    admin.require_write()?;
-    let mut errors = vec![];
-    if let Err(e) = check_dns_label("pool name", &req.pool) {
-        errors.push(FieldError {
-            field: "pool".into(),
-            message: e.to_string(),
-        });
-    } else if req.pool.len() > drover_common::names::MAX_NAME_PREFIX {
-        errors.push(FieldError {
-            field: "pool".into(),
-            message: format!(
-                "must be at most {} characters, so the names of machines registering into it (<pool>-xxxxxx) stay DNS-1123 labels",
-                drover_common::names::MAX_NAME_PREFIX
-            ),
-        });
-    }
-    for e in check_labels(&req.labels) {
-        errors.push(FieldError {
-            field: "labels".into(),
-            message: e.to_string(),
-        });
-    }
-    if req.ttl_seconds == 0 || req.ttl_seconds > MAX_TOKEN_TTL_SECONDS {
-        errors.push(FieldError {
-            field: "ttlSeconds".into(),
-            message: format!(
-                "must be between 1 and {MAX_TOKEN_TTL_SECONDS}, got {}",
-                req.ttl_seconds
-            ),
-        });
-    }
-    if req.max_uses == 0 || req.max_uses > 100_000 {
-        errors.push(FieldError {
-            field: "maxUses".into(),
-            message: format!("must be between 1 and 100000, got {}", req.max_uses),
-        });
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::invalid(
-            "the registration token request is invalid",
-            errors,
-        ));
-    }
-    let now = drover_common::now();
-    let expires_at = now + time::Duration::seconds(req.ttl_seconds as i64);
-    let id = format!("rt-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    let token = RegistrationToken {
-        api_version: API_VERSION.into(),
-        kind: "RegistrationToken".into(),
-        metadata: ObjectMeta {
-            name: id.clone(),
-            uid: Some(uuid::Uuid::new_v4().to_string()),
-            generation: 1,
-            creation_timestamp: Some(now),
-            ..Default::default()
-        },
-        spec: RegistrationTokenSpec {
-            pool: req.pool.clone(),
-            labels: req.labels,
-            max_uses: req.max_uses,
-            expires_at,
-            revoked: false,
-        },
-        status: RegistrationTokenStatus::default(),
-    };
-    app.store
-        .create_json(Kind::RegistrationToken, &id, &token)?;
-    let ticket = app.keys.ticket_key.sign(&TicketClaims {
-        grant: TicketGrant::PoolRegistration {
-            token_id: id.clone(),
-            pool: req.pool,
-        },
-        issued_at: now.unix_timestamp(),
-        expires_at: expires_at.unix_timestamp(),
-        nonce: new_nonce(),
-    });
-    tracing::info!(token = %id, by = %admin.token_id, "registration token created");
-    Ok((
-        StatusCode::CREATED,
-        Json(CreatedRegistrationToken {
-            token,
-            bootstrap: BootstrapDocument {
-                api_version: API_VERSION.into(),
-                kind: BOOTSTRAP_KIND.into(),
-                coordinators: app.settings.advertise_urls.clone(),
-                ca_pin: app.keys.ca_pin.clone(),
-                ticket,
-            },
-        }),
-    ))
-}
-
-/// `GET /v1/registrationtokens`: every registration token (never a ticket).
-#[utoipa::path(
-    get,
-    path = "/v1/registrationtokens",
-    tag = "registration-tokens",
-    security(("adminToken" = [])),
-    responses(
-        (status = 200, description = "Every registration token, by name.", body = Vec<RegistrationToken>),
-    ),
-)]
-pub async fn list_tokens(
-    State(app): State<Arc<App>>,
-    _admin: Admin,
-) -> Result<Json<Vec<RegistrationToken>>, ApiError> {
-    Ok(Json(
-        app.store
-            .list_json::<RegistrationToken>(Kind::RegistrationToken)?
-            .into_iter()
-            .map(|(mut t, rev)| {
-                t.metadata.resource_version = Some(rev.to_string());
-                t
-            })
-            .collect(),
-    ))
-}
-
-/// `PUT /v1/registrationtokens/{name}`: the same as `DELETE`.
-#[utoipa::path(
-    put,
-    path = "/v1/registrationtokens/{name}",
-    tag = "registration-tokens",
-    security(("adminToken" = [])),
-    params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
-    responses(
-        (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 404, response = super::responses::NotFound),
-        (status = 409, response = super::responses::Conflict),
-    ),
-)]
-pub async fn revoke_token_put(
-    state: State<Arc<App>>,
-    admin: Admin,
-    path: ObjectName,
-) -> Result<Json<RegistrationToken>, ApiError> {
-    revoke_token(state, admin, path).await
-}
-
-/// `DELETE /v1/registrationtokens/{name}`: revokes a token; tickets issued
-/// under it stop working at once.
-#[utoipa::path(
-    delete,
-    path = "/v1/registrationtokens/{name}",
-    tag = "registration-tokens",
-    security(("adminToken" = [])),
-    params(("name" = String, Path, description = "The registration token's name.", example = "rt-0123456789")),
-    responses(
-        (status = 200, description = "The token, revoked; tickets issued under it stop working at once.", body = RegistrationToken),
-        (status = 404, response = super::responses::NotFound),
-        (status = 409, response = super::responses::Conflict),
-    ),
-)]
-pub async fn revoke_token(
-    State(app): State<Arc<App>>,
-    admin: Admin,
-    ObjectName(name): ObjectName,
-) -> Result<Json<RegistrationToken>, ApiError> {
-    admin.require_write()?;
-    let (mut t, rev) = app
-        .store
-        .get_json::<RegistrationToken>(Kind::RegistrationToken, &name)?
-        .ok_or_else(|| ApiError::not_found("registration token", &name))?;
-    t.spec.revoked = true;
-    app.store
-        .update_json(Kind::RegistrationToken, &name, &t, Some(rev))?;
-    tracing::info!(token = %name, by = %admin.token_id, "registration token revoked");
-    Ok(Json(t))
 }
 
 /// The request of `POST /v1/clusters/{name}/kubeconfig`.

@@ -17,6 +17,7 @@ pub mod secrets;
 pub mod security;
 pub mod server;
 pub mod snapshots;
+pub mod tokens;
 pub mod ui;
 
 use std::sync::Arc;
@@ -113,11 +114,18 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route(
             "/apis/drover.dev/v1alpha1/registrationtokens",
-            get(kube::list_tokens),
+            get(kube::list_tokens).post(kube::write::create_token),
         )
         .route(
             "/apis/drover.dev/v1alpha1/registrationtokens/{name}",
-            get(kube::get_token),
+            get(kube::get_token)
+                .put(kube::write::replace_token)
+                .patch(kube::write::patch_token)
+                .delete(kube::write::delete_token),
+        )
+        .route(
+            "/apis/drover.dev/v1alpha1/registrationtokens/{name}/bootstrap",
+            post(kube::write::create_bootstrap),
         )
         .route(
             "/apis/drover.dev/v1alpha1/secrets",
@@ -178,11 +186,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/machines/{name}/revoke", post(admin::revoke_machine))
         .route(
             "/v1/registrationtokens",
-            get(admin::list_tokens).post(admin::create_token),
+            get(tokens::list_tokens).post(tokens::create_token),
         )
         .route(
             "/v1/registrationtokens/{name}",
-            put(admin::revoke_token_put).delete(admin::revoke_token),
+            put(tokens::revoke_token_put).delete(tokens::revoke_token),
         )
         .route("/v1/coordinators", get(admin::coordinators))
         .route("/v1/secrets", get(secrets::list_secrets))

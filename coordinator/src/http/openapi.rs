@@ -14,6 +14,7 @@ use super::machine;
 use super::responses::*;
 use super::secrets;
 use super::security;
+use super::tokens;
 
 /// The name of the admin bearer-token security scheme.
 pub const ADMIN_TOKEN: &str = "adminToken";
@@ -48,10 +49,10 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         admin::delete_machine,
         admin::revoke_machine,
         admin::resume_rollout,
-        admin::list_tokens,
-        admin::create_token,
-        admin::revoke_token_put,
-        admin::revoke_token,
+        tokens::list_tokens,
+        tokens::create_token,
+        tokens::revoke_token_put,
+        tokens::revoke_token,
         secrets::list_secrets,
         secrets::get_secret,
         secrets::apply_secret,

@@ -56,6 +56,7 @@ pub fn decide(
     let served: &[&str] = match subresource {
         "" => r.verbs,
         "status" if r.status => &["get"],
+        s if r.mints.as_ref().is_some_and(|m| m.subresource == s) => &["create"],
         other => return (false, format!("{resource} has no subresource {other:?}")),
     };
     let reads = READS.contains(&verb);
@@ -243,6 +244,9 @@ pub async fn rules_review(
         if r.status {
             rules.push(json!({"verbs": ["get"], "apiGroups": [GROUP], "resources": [format!("{}/status", r.plural)]}));
         }
+        if let Some(m) = r.mints.as_ref().filter(|_| admin.role == AdminRole::Admin) {
+            rules.push(json!({"verbs": ["create"], "apiGroups": [GROUP], "resources": [format!("{}/{}", r.plural, m.subresource)]}));
+        }
     }
     Ok((
         StatusCode::CREATED,
@@ -328,5 +332,18 @@ mod tests {
         // Secrets are the admin role's alone, as through /v1.
         assert!(!viewer("get", "secrets") && admin("list", "secrets"));
         assert!(viewer("watch", "registrationtokens"));
+        // A token's tickets are minted by writers only.
+        let mint = |role| decide(role, GROUP, "registrationtokens", "bootstrap", "create").0;
+        assert!(mint(AdminRole::Admin) && !mint(AdminRole::Viewer));
+        assert!(
+            !decide(
+                AdminRole::Admin,
+                GROUP,
+                "registrationtokens",
+                "bootstrap",
+                "get"
+            )
+            .0
+        );
     }
 }

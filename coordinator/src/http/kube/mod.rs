@@ -63,6 +63,20 @@ pub struct Resource {
     admin_only: bool,
     /// The name of its schema in `/openapi.json`.
     schema: &'static str,
+    /// A subresource a writer POSTs to for a credential made from the
+    /// object, as `serviceaccounts/{name}/token` mints a service
+    /// account's tokens.
+    mints: Option<Minted>,
+}
+
+/// A subresource that mints a credential of its object.
+#[derive(Debug)]
+pub struct Minted {
+    subresource: &'static str,
+    /// The kind of the request and the answer.
+    kind: &'static str,
+    /// The name of the answer's schema in `/openapi.json`.
+    schema: &'static str,
 }
 
 const CLUSTERS: Resource = Resource {
@@ -76,6 +90,7 @@ const CLUSTERS: Resource = Resource {
     status: true,
     admin_only: false,
     schema: "Cluster",
+    mints: None,
 };
 
 /// Machines are made by the coordinator (a provider's, or registered into
@@ -89,19 +104,30 @@ const MACHINES: Resource = Resource {
     status: false,
     admin_only: false,
     schema: "Machine",
+    mints: None,
 };
 
-/// Registration tokens are read here; made (their ticket is shown once,
-/// at creation) and revoked with `drover token` or `/v1`.
+/// Registration tokens: made with a name (or `generateName`), relabelled,
+/// revoked (`spec.revoked`, for good: the rest of the spec is immutable)
+/// and deleted as other objects; their tickets, in a bootstrap document
+/// for `drover-agent --bootstrap`, come from the `bootstrap` subresource
+/// (`kube/write.rs`).
 const REGISTRATION_TOKENS: Resource = Resource {
     plural: "registrationtokens",
     singular: "registrationtoken",
     kind: "RegistrationToken",
     short_names: &["rt"],
-    verbs: &["get", "list", "watch"],
+    verbs: &[
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ],
     status: false,
     admin_only: false,
     schema: "RegistrationToken",
+    mints: Some(Minted {
+        subresource: "bootstrap",
+        kind: drover_common::wire::BOOTSTRAP_KIND,
+        schema: "BootstrapDocument",
+    }),
 };
 
 /// Secrets are shown as `/v1` shows them (keys and sizes, never a value)
@@ -118,6 +144,7 @@ const SECRETS: Resource = Resource {
     status: false,
     admin_only: true,
     schema: "SecretInfo",
+    mints: None,
 };
 
 const RESOURCES: [&Resource; 4] = [&CLUSTERS, &MACHINES, &REGISTRATION_TOKENS, &SECRETS];
@@ -325,6 +352,17 @@ pub async fn resources(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeR
                 "namespaced": false,
                 "kind": r.kind,
                 "verbs": ["get"],
+            }));
+        }
+        if let Some(m) = &r.mints {
+            resources.push(json!({
+                "name": format!("{}/{}", r.plural, m.subresource),
+                "singularName": "",
+                "namespaced": false,
+                "group": GROUP,
+                "version": VERSION,
+                "kind": m.kind,
+                "verbs": ["create"],
             }));
         }
     }

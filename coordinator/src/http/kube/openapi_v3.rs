@@ -274,6 +274,27 @@ fn resource_paths(r: &Resource, paths: &mut Map<String, Value>) {
         status.insert("get".into(), operation(r, "get", "readStatus"));
         paths.insert(format!("{item}/status"), Value::Object(status));
     }
+    if let Some(m) = &r.mints {
+        let mut create = operation(r, "post", "create");
+        create["operationId"] = format!(
+            "createDroverDevV1alpha1{}{}",
+            r.kind,
+            m.subresource[..1].to_ascii_uppercase() + &m.subresource[1..]
+        )
+        .into();
+        create["x-kubernetes-group-version-kind"] = gvk(m.kind);
+        create["parameters"] = json!([query(
+            "dryRun",
+            "All: check everything, mint nothing.",
+            json!({"type": "string"})
+        )]);
+        create["requestBody"] = json!({"required": false, "content": {"application/json": {"schema": {"type": "object"}}}});
+        create["responses"] = json!({"201": ok(m.schema), "401": {"description": "Unauthorized"}});
+        let mut minted = Map::new();
+        minted.insert("parameters".into(), json!([name_param]));
+        minted.insert("post".into(), create);
+        paths.insert(format!("{item}/{}", m.subresource), Value::Object(minted));
+    }
 }
 
 /// The group version's document.

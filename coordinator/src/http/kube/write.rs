@@ -36,11 +36,11 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
-use drover_common::api::{Cluster, FieldError, Secret};
+use drover_common::api::{Cluster, FieldError, ManagedFieldsEntry, RegistrationToken, Secret};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{KubeError, KubeResult, Resource, CLUSTERS, MACHINES, SECRETS};
+use super::{KubeError, KubeResult, Resource, CLUSTERS, MACHINES, REGISTRATION_TOKENS, SECRETS};
 use crate::app::App;
 use crate::domain::managed_fields;
 use crate::domain::user_secrets::StoredSecret;
@@ -48,7 +48,9 @@ use crate::http::auth::{resolve_admin, Admin};
 use crate::http::cluster_write::{write_cluster, Creation, Decided, Write};
 use crate::http::error::ApiError;
 use crate::http::secrets::write_secret;
+use crate::http::tokens::{remove_token, write_token};
 use crate::http::AuditChanges;
+use drover_common::wire::BOOTSTRAP_KIND;
 
 /// The query of a write.
 #[derive(Debug, Default, Deserialize)]
@@ -362,6 +364,25 @@ trait Writer {
         doc: Value,
         validation: FieldValidation,
     ) -> Result<(Self::Wanted, Vec<String>), ApiError>;
+    /// The top-level fields an applied configuration may carry besides
+    /// `apiVersion`, `kind` and `metadata`.
+    const APPLIED: &'static [&'static str];
+    /// The top-level fields managers own besides labels and annotations.
+    const OWNED: &'static [&'static str];
+    /// An applied configuration as the stored document holds it.
+    fn config(config: Value) -> Result<Value, ApiError> {
+        Ok(config)
+    }
+    /// The stored object's managers.
+    fn entries(current: &Self::Current) -> &[ManagedFieldsEntry];
+    /// The document after a server-side apply as the object wanted, with
+    /// `managed` its managers; `existed` whether it was stored before.
+    fn applied(
+        doc: Value,
+        managed: Vec<ManagedFieldsEntry>,
+        existed: bool,
+        validation: FieldValidation,
+    ) -> Result<(Self::Wanted, Vec<String>), ApiError>;
 }
 
 struct Clusters;
@@ -389,6 +410,23 @@ impl Writer for Clusters {
         let sets_cni = doc["spec"]["network"].get("cni").is_some();
         let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
         cluster.metadata.managed_fields.clear();
+        Ok((Decided { cluster, sets_cni }, warnings))
+    }
+    const APPLIED: &'static [&'static str] = &["spec", "status"];
+    const OWNED: &'static [&'static str] = &["spec"];
+    fn entries(current: &Cluster) -> &[ManagedFieldsEntry] {
+        &current.metadata.managed_fields
+    }
+    fn applied(
+        doc: Value,
+        managed: Vec<ManagedFieldsEntry>,
+        existed: bool,
+        validation: FieldValidation,
+    ) -> Result<(Decided, Vec<String>), ApiError> {
+        // The CNI default is a new cluster's only.
+        let sets_cni = existed || doc["spec"]["network"].get("cni").is_some();
+        let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
+        cluster.metadata.managed_fields = managed;
         Ok((Decided { cluster, sets_cni }, warnings))
     }
 }
@@ -424,6 +462,72 @@ impl Writer for Secrets {
         let (mut secret, warnings) = decode::<Secret>("Secret", doc, validation)?;
         secret.metadata.managed_fields.clear();
         Ok((secret, warnings))
+    }
+    const APPLIED: &'static [&'static str] = &["data", "stringData"];
+    const OWNED: &'static [&'static str] = &["data"];
+    /// `stringData` is taken as `data`, so managers own values by key and
+    /// conflicts compare values without showing one.
+    fn config(config: Value) -> Result<Value, ApiError> {
+        with_string_data_as_data(config)
+    }
+    fn entries((current, _): &(StoredSecret, u64)) -> &[ManagedFieldsEntry] {
+        &current.metadata.managed_fields
+    }
+    fn applied(
+        doc: Value,
+        managed: Vec<ManagedFieldsEntry>,
+        _existed: bool,
+        validation: FieldValidation,
+    ) -> Result<(Secret, Vec<String>), ApiError> {
+        let (mut secret, warnings) = decode::<Secret>("Secret", doc, validation)?;
+        secret.metadata.managed_fields = managed;
+        Ok((secret, warnings))
+    }
+}
+
+struct Tokens;
+
+impl Writer for Tokens {
+    type Current = (RegistrationToken, u64);
+    type Wanted = RegistrationToken;
+    type Shown = RegistrationToken;
+    const RESOURCE: &'static Resource = &REGISTRATION_TOKENS;
+    fn write(
+        app: &App,
+        w: &Write<'_>,
+        decide: &mut Decide<'_, (RegistrationToken, u64), RegistrationToken>,
+    ) -> Result<(StatusCode, AuditChanges, RegistrationToken), ApiError> {
+        write_token(app, w, decide)
+    }
+    fn revision((_, rev): &(RegistrationToken, u64)) -> Option<String> {
+        Some(rev.to_string())
+    }
+    fn document((token, rev): &(RegistrationToken, u64)) -> Result<Value, ApiError> {
+        let mut token = token.clone();
+        token.metadata.resource_version = Some(rev.to_string());
+        serde_json::to_value(token).map_err(ApiError::internal)
+    }
+    fn wanted(
+        doc: Value,
+        validation: FieldValidation,
+    ) -> Result<(RegistrationToken, Vec<String>), ApiError> {
+        Self::applied(doc, vec![], false, validation)
+    }
+    const APPLIED: &'static [&'static str] = &["spec", "status"];
+    const OWNED: &'static [&'static str] = &["spec"];
+    fn entries((current, _): &(RegistrationToken, u64)) -> &[ManagedFieldsEntry] {
+        &current.metadata.managed_fields
+    }
+    fn applied(
+        doc: Value,
+        managed: Vec<ManagedFieldsEntry>,
+        _existed: bool,
+        validation: FieldValidation,
+    ) -> Result<(RegistrationToken, Vec<String>), ApiError> {
+        let (mut token, warnings) =
+            decode::<RegistrationToken>("RegistrationToken", doc, validation)?;
+        token.metadata.managed_fields = managed;
+        Ok((token, warnings))
     }
 }
 
@@ -485,18 +589,8 @@ async fn create<K: Writer + 'static>(
     let kind = K::RESOURCE.kind;
     let doc = parse_body(body, &format!("{kind} document"))?;
     check_type(&doc, kind)?;
-    let name = doc["metadata"]["name"]
-        .as_str()
-        .ok_or_else(|| {
-            ApiError::invalid(
-                format!("the {kind} has no name; nothing was changed"),
-                vec![FieldError {
-                    field: "metadata.name".into(),
-                    message: "name is required (generateName is not served)".into(),
-                }],
-            )
-        })?
-        .to_owned();
+    let mut doc = doc;
+    let name = name_of(&mut doc, kind)?;
     run_write::<K>(
         app,
         admin,
@@ -507,6 +601,38 @@ async fn create<K: Writer + 'static>(
         move |_, options| K::wanted(doc.clone(), options.validation),
     )
     .await
+}
+
+/// The name a new object's document gives it: `metadata.name`, or
+/// `metadata.generateName` and five random characters (then written into
+/// the document), as the API server's `SimpleNameGenerator` makes them
+/// (apiserver/pkg/storage/names/generate.go).
+fn name_of(doc: &mut Value, kind: &str) -> Result<String, ApiError> {
+    if let Some(name) = doc["metadata"]["name"].as_str().filter(|n| !n.is_empty()) {
+        return Ok(name.to_owned());
+    }
+    let Some(prefix) = doc["metadata"]["generateName"].as_str() else {
+        return Err(ApiError::invalid(
+            format!("the {kind} has no name; nothing was changed"),
+            vec![FieldError {
+                field: "metadata.name".into(),
+                message: "name or generateName is required".into(),
+            }],
+        ));
+    };
+    // The generator's alphabet: no vowels, no look-alikes.
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    const MAX_PREFIX: usize = 63 - 5;
+    let prefix: String = prefix.chars().take(MAX_PREFIX).collect();
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect();
+    let name = format!("{prefix}{suffix}");
+    if let Some(m) = doc["metadata"].as_object_mut() {
+        m.remove("generateName");
+        m.insert("name".into(), name.clone().into());
+    }
+    Ok(name)
 }
 
 /// PUT: replaces `K` `name` with a whole document, conditional on the
@@ -763,39 +889,62 @@ pub async fn patch_cluster(
     Query(params): Query<WriteParams>,
     KubeBody(body): KubeBody,
 ) -> KubeResult {
+    patch::<Clusters>(app, headers, name, params, &body).await
+}
+
+/// PATCH: a merge or JSON patch of `K` `name`'s document, or a
+/// server-side apply (which may create it).
+async fn patch<K: Writer + 'static>(
+    app: Arc<App>,
+    headers: HeaderMap,
+    name: String,
+    params: WriteParams,
+    body: &[u8],
+) -> KubeResult {
     let admin = writer(&app, &headers)?;
     let options = params.options(&headers)?;
     let url_name = name.clone();
-    match Patch::of(&headers, &body)? {
-        Patch::Apply(config) => {
-            let warnings = check_config(
+    let config = match Patch::of(&headers, body)? {
+        Patch::Apply(config) => config,
+        patch => return patch_document::<K>(app, admin, name, options, patch).await,
+    };
+    let kind = K::RESOURCE.kind;
+    let warnings = check_config(&config, kind, K::APPLIED, &name, options.validation)?;
+    let config = K::config(config)?;
+    let apply = Apply {
+        manager: apply_manager(&params)?,
+        force: options.force,
+    };
+    run_write::<K>(
+        app,
+        admin,
+        name,
+        Creation::Allowed,
+        options,
+        true,
+        move |current, options| {
+            precondition(
                 &config,
-                "Cluster",
-                &["spec", "status"],
-                &name,
-                options.validation,
+                revision_of::<K>(current).as_deref(),
+                K::RESOURCE,
+                &url_name,
             )?;
-            let apply = Apply {
-                manager: apply_manager(&params)?,
-                force: options.force,
-            };
-            run_write::<Clusters>(
-                app,
-                admin,
-                name,
-                Creation::Allowed,
-                options,
-                true,
-                move |current, options| {
-                    let (decided, more) =
-                        decide_apply(current, &config, &apply, options.validation, &url_name)?;
-                    Ok((decided, [warnings.clone(), more].concat()))
-                },
-            )
-            .await
-        }
-        patch => patch_document::<Clusters>(app, admin, name, options, patch).await,
-    }
+            let current_doc = current.map(K::document).transpose()?;
+            let entries = current.map_or(&[][..], K::entries);
+            let (doc, managed) = apply_document(
+                current_doc,
+                entries,
+                &config,
+                &apply,
+                kind,
+                K::OWNED,
+                &url_name,
+            )?;
+            let (wanted, more) = K::applied(doc, managed, current.is_some(), options.validation)?;
+            Ok((wanted, [warnings.clone(), more].concat()))
+        },
+    )
+    .await
 }
 
 fn unsupported_patch(why: &str) -> KubeError {
@@ -871,37 +1020,6 @@ fn apply_document(
 struct Apply {
     manager: String,
     force: bool,
-}
-
-/// What a server-side apply of `config` makes of cluster `current`.
-fn decide_apply(
-    current: Option<&Cluster>,
-    config: &Value,
-    apply: &Apply,
-    validation: FieldValidation,
-    name: &str,
-) -> Result<(Decided, Vec<String>), ApiError> {
-    precondition(
-        config,
-        revision_of::<Clusters>(current).as_deref(),
-        &CLUSTERS,
-        name,
-    )?;
-    let current_doc = current.map(Clusters::document).transpose()?;
-    let entries = current.map_or(&[][..], |c| &c.metadata.managed_fields);
-    let (doc, managed) = apply_document(
-        current_doc,
-        entries,
-        config,
-        apply,
-        "Cluster",
-        &["spec"],
-        name,
-    )?;
-    let sets_cni = current.is_some() || doc["spec"]["network"].get("cni").is_some();
-    let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
-    cluster.metadata.managed_fields = managed;
-    Ok((Decided { cluster, sets_cni }, warnings))
 }
 
 /// `DeleteOptions`, as kubectl sends them in a DELETE's body.
@@ -1109,59 +1227,7 @@ pub async fn patch_secret(
     Query(params): Query<WriteParams>,
     KubeBody(body): KubeBody,
 ) -> KubeResult {
-    let admin = writer(&app, &headers)?;
-    let options = params.options(&headers)?;
-    let url_name = name.clone();
-    match Patch::of(&headers, &body)? {
-        Patch::Apply(config) => {
-            let warnings = check_config(
-                &config,
-                "Secret",
-                &["data", "stringData"],
-                &name,
-                options.validation,
-            )?;
-            let config = with_string_data_as_data(config)?;
-            let apply = Apply {
-                manager: apply_manager(&params)?,
-                force: options.force,
-            };
-            run_write::<Secrets>(
-                app,
-                admin,
-                name,
-                Creation::Allowed,
-                options,
-                true,
-                move |current, options| {
-                    precondition(
-                        &config,
-                        revision_of::<Secrets>(current).as_deref(),
-                        &SECRETS,
-                        &url_name,
-                    )?;
-                    let current_doc = current.map(Secrets::document).transpose()?;
-                    let entries = current.map_or(&[][..], |(s, _)| &s.metadata.managed_fields);
-                    let (doc, managed) = apply_document(
-                        current_doc,
-                        entries,
-                        &config,
-                        &apply,
-                        "Secret",
-                        &["data"],
-                        &url_name,
-                    )?;
-                    let (mut secret, mut more) =
-                        decode::<Secret>("Secret", doc, options.validation)?;
-                    secret.metadata.managed_fields = managed;
-                    more.extend(warnings.iter().cloned());
-                    Ok((secret, more))
-                },
-            )
-            .await
-        }
-        patch => patch_document::<Secrets>(app, admin, name, options, patch).await,
-    }
+    patch::<Secrets>(app, headers, name, params, &body).await
 }
 
 /// An applied Secret with its `stringData` moved into `data` (base64), as
@@ -1213,6 +1279,135 @@ pub async fn delete_secret(
     written(StatusCode::OK, &info, &[], changes)
 }
 
+/// `POST /apis/drover.dev/v1alpha1/registrationtokens`: makes a
+/// registration token (its spec: `pool`, `labels`, `maxUses`,
+/// `expiresAt`). Its tickets are minted by its `bootstrap` subresource.
+pub async fn create_token(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    create::<Tokens>(app, headers, params, &body).await
+}
+
+/// `PUT /apis/drover.dev/v1alpha1/registrationtokens/{name}`: changes a
+/// token's labels and annotations, or revokes it (`spec.revoked: true`);
+/// the rest of its spec is immutable.
+pub async fn replace_token(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    replace::<Tokens>(app, headers, name, params, &body).await
+}
+
+/// `PATCH /apis/drover.dev/v1alpha1/registrationtokens/{name}`: as PUT,
+/// by merge or JSON patch or a server-side apply (which may make it).
+pub async fn patch_token(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    patch::<Tokens>(app, headers, name, params, &body).await
+}
+
+/// `DELETE /apis/drover.dev/v1alpha1/registrationtokens/{name}`: deletes
+/// the token; its tickets stop working at once. (`drover token revoke`
+/// keeps it, revoked.)
+pub async fn delete_token(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let (options, dry_run) = delete_options(&params, &body)?;
+    let about = name.clone();
+    let (changes, token) = crate::store::blocking({
+        let app = app.clone();
+        move || {
+            remove_token(&app, &admin, &name, dry_run, |t| {
+                check_preconditions(
+                    options.preconditions.as_ref(),
+                    &t.metadata,
+                    "the registration token",
+                )
+            })
+        }
+    })
+    .await
+    .map_err(|e| KubeError::from(e).about(&REGISTRATION_TOKENS, &about))?;
+    written(StatusCode::OK, &token, &[], changes)
+}
+
+/// `POST /apis/drover.dev/v1alpha1/registrationtokens/{name}/bootstrap`:
+/// a bootstrap document with a new ticket of the token, for
+/// `drover-agent --bootstrap` (as `serviceaccounts/{name}/token` mints a
+/// service account's tokens). The body is empty or a `BootstrapConfig`
+/// with nothing else; a token that can register nothing more
+/// mints nothing (409).
+pub async fn create_bootstrap(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
+) -> KubeResult {
+    let admin = writer(&app, &headers)?;
+    let dry_run = dry_run_of(params.dry_run.as_deref())?;
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let request = parse_body(&body, "Bootstrap request")?;
+        let fine = request.as_object().is_some_and(|m| {
+            m.iter().all(|(k, v)| match k.as_str() {
+                "apiVersion" => v.as_str() == Some(drover_common::API_VERSION),
+                "kind" => v.as_str() == Some(BOOTSTRAP_KIND),
+                "metadata" => v.as_object().is_some_and(|m| m.is_empty()),
+                _ => false,
+            })
+        });
+        if !fine {
+            return Err(KubeError::from(ApiError::bad_request(format!(
+                "the body is not a {}/{BOOTSTRAP_KIND} request: send nothing, or {{\"apiVersion\": \"{}\", \"kind\": \"{BOOTSTRAP_KIND}\"}}; a ticket lives as long as its token",
+                drover_common::API_VERSION,
+                drover_common::API_VERSION
+            )))
+            .about(&REGISTRATION_TOKENS, &name));
+        }
+    }
+    let found = crate::store::blocking({
+        let app = app.clone();
+        let name = name.clone();
+        move || {
+            app.store
+                .get_json::<RegistrationToken>(crate::store::Kind::RegistrationToken, &name)
+        }
+    })
+    .await
+    .map_err(ApiError::from)
+    .and_then(|t| t.ok_or_else(|| ApiError::not_found("registration token", &name)));
+    let (token, _) = found.map_err(|e| KubeError::from(e).about(&REGISTRATION_TOKENS, &name))?;
+    crate::http::tokens::check_mintable(&token)
+        .map_err(|e| KubeError::from(e).about(&REGISTRATION_TOKENS, &name))?;
+    let document = crate::http::tokens::bootstrap(&app, &token);
+    let changes = if dry_run {
+        AuditChanges::default()
+    } else {
+        tracing::info!(token = %name, by = %admin.token_id, "registration ticket minted");
+        AuditChanges(vec![format!("registration token {name}: ticket minted")])
+    };
+    let mut shown = serde_json::to_value(&document).map_err(ApiError::internal)?;
+    if dry_run {
+        shown["ticket"] = Value::from("");
+    }
+    written(StatusCode::CREATED, &shown, &[], changes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1256,6 +1451,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(e.errors[0].field, "spec.a");
+    }
+
+    #[test]
+    fn generate_name_makes_a_name_as_the_api_server_does() {
+        let mut doc = json!({"metadata": {"generateName": "rack7-"}});
+        let name = name_of(&mut doc, "RegistrationToken").unwrap();
+        assert!(name.starts_with("rack7-") && name.len() == 11, "{name}");
+        assert!(name[6..]
+            .bytes()
+            .all(|b| b"bcdfghjklmnpqrstvwxz2456789".contains(&b)));
+        assert_eq!(doc["metadata"]["name"], name.as_str());
+        assert!(doc["metadata"].get("generateName").is_none());
+        // A name wins; neither is an error naming the field.
+        let mut doc = json!({"metadata": {"name": "a", "generateName": "b-"}});
+        assert_eq!(name_of(&mut doc, "Cluster").unwrap(), "a");
+        let e = name_of(&mut json!({"metadata": {}}), "Cluster").unwrap_err();
+        assert_eq!(e.errors[0].field, "metadata.name");
     }
 
     #[test]
