@@ -479,6 +479,46 @@ pub fn kubectl_manages_registration_tokens(c: &Coordinator, dir: &Path) {
         path.to_str().unwrap().to_owned()
     };
 
+    // Discovery in one request: kubectl takes the aggregated form of
+    // `/api` and `/apis` (apidiscovery.k8s.io/v2) and reads no group
+    // version's list; the bootstrap subresource is in it.
+    let cache = dir.join("discovery-cache");
+    let (code, out, log) = kubectl_status(
+        &kc,
+        &[
+            "api-resources",
+            "-o",
+            "wide",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "-v=6",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{log}");
+    assert!(
+        out.lines().any(|l| l.starts_with("registrationtokens")
+            && l.contains("create,delete,get,list,patch,update,watch")),
+        "{out}"
+    );
+    let requests: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("] GET ").nth(1))
+        .collect();
+    assert!(
+        requests.len() == 2
+            && requests[0].contains("/api?")
+            && requests[1].contains("/apis?")
+            && requests.iter().all(|r| r.contains(" 200 OK")),
+        "{log}"
+    );
+    let (_, subresources, _) =
+        kubectl_status(&kc, &["get", "--raw", "/apis/drover.dev/v1alpha1"], &[]);
+    assert!(
+        subresources.contains(r#""name":"registrationtokens/bootstrap""#),
+        "{subresources}"
+    );
+
     // A token with a generated name.
     let made = kubectl(
         &kc,

@@ -83,10 +83,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/ui/machines", get(ui::machines))
         .route("/ui/machines/{name}", get(ui::machine))
         .route("/openapi.json", get(openapi::openapi_json))
-        .route("/api", get(kube::core_versions))
+        .route("/api", get(kube::discovery::core_versions))
         .route("/version", get(kube::version))
-        .route("/apis", get(kube::groups))
-        .route("/apis/drover.dev/v1alpha1", get(kube::resources))
+        .route("/apis", get(kube::discovery::groups))
+        .route("/apis/drover.dev/v1alpha1", get(kube::discovery::resources))
         .route(
             "/apis/drover.dev/v1alpha1/clusters",
             get(kube::list_clusters).post(kube::write::create_cluster),
@@ -140,7 +140,7 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route(
             "/apis/authorization.k8s.io/v1",
-            get(kube::access::resources),
+            get(kube::discovery::authorization_resources),
         )
         .route(
             "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",

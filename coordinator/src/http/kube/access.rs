@@ -265,22 +265,6 @@ pub async fn rules_review(
         .into_response())
 }
 
-/// `GET /apis/authorization.k8s.io/v1`: the two reviews.
-pub async fn resources(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
-    resolve_admin(&app, &headers)?;
-    let review = |name: &str, kind: &str| json!({"name": name, "singularName": "", "namespaced": false, "kind": kind, "verbs": ["create"]});
-    Ok(axum::Json(json!({
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": format!("{AUTHORIZATION_GROUP}/v1"),
-        "resources": [
-            review("selfsubjectaccessreviews", "SelfSubjectAccessReview"),
-            review("selfsubjectrulesreviews", "SelfSubjectRulesReview"),
-        ],
-    }))
-    .into_response())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,6 +33,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 pub mod access;
+pub mod discovery;
 pub mod openapi_v3;
 pub mod write;
 
@@ -266,16 +267,6 @@ fn json_response(v: Value) -> Response {
     axum::Json(v).into_response()
 }
 
-/// `GET /api`: the legacy core group, which the coordinator does not serve.
-pub async fn core_versions(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
-    resolve_admin(&app, &headers)?;
-    Ok(json_response(json!({
-        "kind": "APIVersions",
-        "versions": [],
-        "serverAddressByClientCIDRs": [],
-    })))
-}
-
 fn group_version() -> String {
     format!("{GROUP}/{VERSION}")
 }
@@ -306,72 +297,6 @@ pub async fn version() -> Response {
             other => other,
         }),
     }))
-}
-
-/// `GET /apis`: the one group.
-pub async fn groups(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
-    resolve_admin(&app, &headers)?;
-    let version = json!({"groupVersion": group_version(), "version": VERSION});
-    let authorization = json!({
-        "groupVersion": format!("{}/v1", access::AUTHORIZATION_GROUP),
-        "version": "v1",
-    });
-    Ok(json_response(json!({
-        "kind": "APIGroupList",
-        "apiVersion": "v1",
-        "groups": [{
-            "name": GROUP,
-            "versions": [version],
-            "preferredVersion": version,
-        }, {
-            "name": access::AUTHORIZATION_GROUP,
-            "versions": [authorization],
-            "preferredVersion": authorization,
-        }],
-    })))
-}
-
-/// `GET /apis/drover.dev/v1alpha1`: its resources and their verbs.
-pub async fn resources(State(app): State<Arc<App>>, headers: HeaderMap) -> KubeResult {
-    resolve_admin(&app, &headers)?;
-    let mut resources: Vec<Value> = vec![];
-    for r in RESOURCES {
-        resources.push(json!({
-            "name": r.plural,
-            "singularName": r.singular,
-            "namespaced": false,
-            "kind": r.kind,
-            "verbs": r.verbs,
-            "shortNames": r.short_names,
-            "categories": ["drover"],
-        }));
-        if r.status {
-            resources.push(json!({
-                "name": format!("{}/status", r.plural),
-                "singularName": "",
-                "namespaced": false,
-                "kind": r.kind,
-                "verbs": ["get"],
-            }));
-        }
-        if let Some(m) = &r.mints {
-            resources.push(json!({
-                "name": format!("{}/{}", r.plural, m.subresource),
-                "singularName": "",
-                "namespaced": false,
-                "group": GROUP,
-                "version": VERSION,
-                "kind": m.kind,
-                "verbs": ["create"],
-            }));
-        }
-    }
-    Ok(json_response(json!({
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": group_version(),
-        "resources": resources,
-    })))
 }
 
 /// Whether the client asked for a `Table` (kubectl's `get` does), as the
