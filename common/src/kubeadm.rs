@@ -395,6 +395,16 @@ pub struct NodeParams {
     pub advertise_address: String,
     pub api_server_port: u16,
     pub kubelet_healthz_port: u16,
+    /// The Node's `spec.providerID`, which the kubelet sets from its
+    /// `--provider-id` flag when it registers the Node: how the
+    /// cluster-autoscaler matches Nodes to a provider's instances.
+    pub provider_id: String,
+}
+
+/// The `spec.providerID` of a Node on a machine no cloud names (a pool
+/// host, a container): `drover://<cluster>/<machine>`.
+pub fn drover_provider_id(cluster: &str, machine: &str) -> String {
+    format!("drover://{cluster}/{machine}")
 }
 
 /// Cluster-wide settings for rendering a config.
@@ -474,9 +484,9 @@ fn kube_proxy_config(nodes: NodeHost) -> Option<KubeProxyConfiguration> {
 }
 
 /// The machine's own registration: its name, the runtime socket, and the
-/// kubelet's `--node-ip` as `kubeletExtraArgs` (kubeadm writes them to
-/// `kubeadm-flags.env`; kubelet flags override its config file), which
-/// `init` and `join` both honour.
+/// kubelet's `--node-ip` and `--provider-id` as `kubeletExtraArgs`
+/// (kubeadm writes them to `kubeadm-flags.env`; kubelet flags override its
+/// config file), which `init` and `join` both honour.
 ///
 /// The healthz port is no flag: kubeadm waits for the kubelet on the
 /// `healthzBindAddress:healthzPort` of the kubelet configuration it wrote,
@@ -487,10 +497,16 @@ fn node_registration(node: &NodeParams, nodes: NodeHost) -> NodeRegistration {
     NodeRegistration {
         name: Some(node.node_name.clone()),
         cri_socket: Some(CRI_SOCKET.into()),
-        kubelet_extra_args: vec![Arg {
-            name: "node-ip".into(),
-            value: node.advertise_address.clone(),
-        }],
+        kubelet_extra_args: vec![
+            Arg {
+                name: "node-ip".into(),
+                value: node.advertise_address.clone(),
+            },
+            Arg {
+                name: "provider-id".into(),
+                value: node.provider_id.clone(),
+            },
+        ],
         ignore_preflight_errors: match nodes {
             NodeHost::Machine => vec![],
             NodeHost::Container => CONTAINER_IGNORED_PREFLIGHT_CHECKS
@@ -705,6 +721,7 @@ mod tests {
             advertise_address: "10.0.0.1".into(),
             api_server_port: 6443,
             kubelet_healthz_port: 10248,
+            provider_id: drover_provider_id("demo", "n1"),
         }
     }
 
@@ -733,8 +750,18 @@ mod tests {
             init.node_registration.cri_socket.as_deref(),
             Some(CRI_SOCKET)
         );
-        // The kubelet's default healthz port needs no patch, and no flag.
-        assert_eq!(init.node_registration.kubelet_extra_args.len(), 1);
+        // The kubelet's default healthz port needs no patch, and no flag;
+        // the Node's providerID is a flag.
+        let flags: Vec<(&str, &str)> = init
+            .node_registration
+            .kubelet_extra_args
+            .iter()
+            .map(|a| (a.name.as_str(), a.value.as_str()))
+            .collect();
+        assert_eq!(
+            flags,
+            [("node-ip", "10.0.0.1"), ("provider-id", "drover://demo/n1")]
+        );
         assert_eq!(init.patches, None, "{text}");
         assert!(kubeadm_patch_files(&node()).is_empty());
         assert!(cfg.join.is_none());
@@ -800,7 +827,10 @@ mod tests {
             .iter()
             .map(|a| (a.name.as_str(), a.value.as_str()))
             .collect();
-        assert_eq!(args, [("node-ip", "10.0.0.1")]);
+        assert_eq!(
+            args,
+            [("node-ip", "10.0.0.1"), ("provider-id", "drover://demo/n1")]
+        );
     }
 
     #[test]
@@ -831,7 +861,7 @@ mod tests {
                 .iter()
                 .map(|a| a.name.as_str())
                 .collect();
-            assert_eq!(names, ["node-ip"]);
+            assert_eq!(names, ["node-ip", "provider-id"]);
         };
         let text = render_init(&cluster(), &node, &token, 900);
         let cfg = parse_config(&text).unwrap();

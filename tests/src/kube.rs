@@ -87,6 +87,32 @@ pub fn nodes(kubeconfig: &Path) -> Result<(Vec<String>, Vec<String>), String> {
     Ok((all, ready))
 }
 
+/// Each Node's `spec.providerID` by its name, as real kubectl lists them
+/// (empty when it has none).
+pub fn provider_ids(
+    kubeconfig: &Path,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let out = kubectl(
+        kubeconfig,
+        &[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.providerID}{\"\\n\"}{end}",
+        ],
+    )?;
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((
+                f.next()?.to_owned(),
+                f.next().unwrap_or_default().to_owned(),
+            ))
+        })
+        .collect())
+}
+
 /// The names of the Ready Nodes, as real kubectl lists them, sorted.
 pub fn ready_nodes(kubeconfig: &Path) -> Result<Vec<String>, String> {
     nodes(kubeconfig).map(|(_, ready)| ready)

@@ -608,6 +608,30 @@ fn aws_network_load_balancer_is_the_endpoint_and_follows_the_control_planes() {
             Err(format!("{all:?}, ready {ready:?}"))
         }
     });
+    // Each Node's providerID is what the AWS cloud controller would give
+    // its instance: aws:///<zone>/<instance-id>.
+    let ids: BTreeSet<String> = drover_tests::kube::provider_ids(&kubeconfig)
+        .unwrap()
+        .into_values()
+        .collect();
+    let instances: BTreeSet<String> = w
+        .live_machines(&name)
+        .iter()
+        .map(|m| m["status"]["providerId"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    for id in &ids {
+        let (zone, instance) = id
+            .strip_prefix("aws:///")
+            .and_then(|rest| rest.split_once('/'))
+            .unwrap_or_else(|| panic!("{id}"));
+        let region = drover_tests::aws::REGION;
+        assert!(
+            zone.starts_with(region) && zone.len() == region.len() + 1,
+            "{id}"
+        );
+        assert!(instances.contains(instance), "{id} among {instances:?}");
+    }
 
     // A control plane whose instance is terminated is deregistered before
     // its machine goes, and its replacement registered; its Node goes.

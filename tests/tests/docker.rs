@@ -266,6 +266,24 @@ fn docker_cluster_reaches_running_and_deletion_leaves_nothing() {
         let ready = kube::ready_nodes(&kubeconfig)?;
         (ready.len() == 3).then_some(()).ok_or(format!("{ready:?}"))
     });
+    // Each Node names its machine as its providerID, as `drover describe
+    // machine` shows it.
+    let ids: BTreeSet<String> = kube::provider_ids(&kubeconfig)
+        .unwrap()
+        .into_values()
+        .collect();
+    let expected: BTreeSet<String> = machines
+        .iter()
+        .map(|m| format!("drover://{name}/{}", name_of(m)))
+        .collect();
+    assert_eq!(ids, expected);
+    assert!(
+        described.contains(&format!(
+            "Node provider:  drover://{name}/{}",
+            name_of(&machines[0])
+        )),
+        "{described}"
+    );
     // Its control plane heartbeats by datagram like the workers, once its
     // reports settle (a new operation of the cluster calls it over HTTPS:
     // the snapshot below shows that still reaches it).

@@ -2163,6 +2163,23 @@ fn the_image_network_makes_nodes_ready_and_goes_in_as_the_first_addon() {
         ranges.split_whitespace().map(str::to_owned).collect();
     assert_eq!(subnets.len(), 2, "{subnets:?}");
     assert_eq!(subnets, ranges);
+    // Each Node carries its machine's providerID, drover://<cluster>/<machine>.
+    let ids: std::collections::BTreeSet<String> = kube::provider_ids(&kubeconfig)
+        .unwrap()
+        .into_values()
+        .collect();
+    let machines: std::collections::BTreeSet<String> = c
+        .machines()
+        .iter()
+        .filter(|m| m["spec"]["assignment"]["cluster"] == "imgnet")
+        .map(|m| {
+            format!(
+                "drover://imgnet/{}",
+                m["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(ids, machines);
     assert_eq!(
         kube::jsonpath(
             &kubeconfig,

@@ -321,6 +321,7 @@ fn node_params(name: &str, address: &str, api_port: u16) -> NodeParams {
         advertise_address: address.into(),
         api_server_port: api_port,
         kubelet_healthz_port: free_port(),
+        provider_id: drover_common::kubeadm::drover_provider_id("standin", name),
     }
 }
 
@@ -674,6 +675,35 @@ fn nodes_get_distinct_pod_ranges_of_the_pod_subnet_and_a_deleted_nodes_range_is_
         ],
     );
     assert!(!ok && said.contains("podCIDR"), "{said}");
+    // Each kubelet registered its Node with its --provider-id (kubeadm's
+    // kubeletExtraArgs), and a providerID is the Node's for good too.
+    let out = kubectl_output(
+        &c,
+        &[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.spec.providerID} {end}",
+        ],
+    );
+    let ids = String::from_utf8_lossy(&out.stdout).into_owned();
+    for name in ["cp-1", "worker-2", "worker-3"] {
+        assert!(
+            ids.contains(&format!("{name}=drover://standin/{name} ")),
+            "{ids}"
+        );
+    }
+    let (ok, said) = kubectl_as(
+        &c,
+        &[
+            "patch",
+            "node",
+            "worker-2",
+            "-p",
+            r#"{"spec":{"providerID":"drover://other/worker-2"}}"#,
+        ],
+    );
+    assert!(!ok && said.contains("providerID"), "{said}");
 }
 
 #[test]

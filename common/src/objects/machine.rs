@@ -186,6 +186,10 @@ pub struct MachineStatus {
     pub conditions: Vec<Condition>,
     /// The provider's id for the machine (a container or instance id).
     pub provider_id: Option<String>,
+    /// Its Node's `spec.providerID` when the provider names it
+    /// (`aws:///<zone>/<instance-id>`); otherwise the Node's is
+    /// `drover://<cluster>/<machine>`.
+    pub node_provider_id: Option<String>,
     /// Where the provider placed the machine: its subnet on `aws`. Chosen
     /// and recorded before the first create call, so retries agree.
     pub failure_domain: Option<String>,

@@ -319,6 +319,9 @@ pub fn bundle_for(
         advertise_address: address,
         api_server_port: machine.status.api_server_port,
         kubelet_healthz_port: machine.status.kubelet_healthz_port,
+        provider_id: machine.status.node_provider_id.clone().unwrap_or_else(|| {
+            drover_common::kubeadm::drover_provider_id(&a.cluster, &machine.metadata.name)
+        }),
     };
     let cparams = ClusterParams {
         cluster_name: cluster.metadata.name.clone(),

@@ -82,6 +82,26 @@ pub struct InstanceFacts {
     /// EC2's own state name (`running`, `terminated`, ...).
     pub state_name: String,
     pub tags: BTreeMap<String, String>,
+    /// Its availability zone (`placement.availabilityZone`).
+    pub zone: Option<String>,
+}
+
+impl InstanceFacts {
+    /// The Node `spec.providerID` the AWS cloud controller gives an
+    /// instance's Node, `aws:///<zone>/<instance-id>`
+    /// (cloud-provider-aws pkg/providers/v1: `KubernetesInstanceID`).
+    pub fn node_provider_id(&self) -> String {
+        node_provider_id(self.zone.as_deref(), &self.instance_id)
+    }
+}
+
+/// `aws:///<zone>/<instance-id>`, or `aws:///<instance-id>` when the zone
+/// is not known (which the cloud controller also reads).
+pub fn node_provider_id(zone: Option<&str>, instance_id: &str) -> String {
+    match zone {
+        Some(z) if !z.is_empty() => format!("aws:///{z}/{instance_id}"),
+        _ => format!("aws:///{instance_id}"),
+    }
 }
 
 impl AwsProvider {
@@ -161,7 +181,7 @@ impl AwsProvider {
     /// Idempotent twice over: an instance tagged with the machine UID is
     /// adopted, and the client token makes EC2 itself return the first
     /// launch when a retried call arrives.
-    pub async fn create(&self, launch: &Launch<'_>) -> Result<String, ProviderError> {
+    pub async fn create(&self, launch: &Launch<'_>) -> Result<InstanceFacts, ProviderError> {
         let req = launch.machine;
         if req.user_data.len() > MAX_USER_DATA {
             return Err(ProviderError::Failed {
@@ -176,7 +196,7 @@ impl AwsProvider {
         }
         if let Some(existing) = self.find_machine(&req.machine_uid).await? {
             tracing::info!(machine = %req.machine, instance = %existing.instance_id, state = %existing.state_name, "instance already exists; adopted");
-            return Ok(existing.instance_id);
+            return Ok(existing);
         }
         let tags = self.tags(req, &launch.tags);
         let t = launch.template;
@@ -223,19 +243,18 @@ impl AwsProvider {
                 e,
             )
         })?;
-        let id = out
-            .instances()
-            .first()
-            .and_then(Instance::instance_id)
-            .ok_or_else(|| ProviderError::Failed {
-                provider: PROVIDER,
-                action: "launch an instance for",
-                object: format!("machine {}", req.machine),
-                detail: "RunInstances answered without an instance".into(),
-            })?
-            .to_owned();
-        tracing::info!(machine = %req.machine, instance = %id, subnet = %launch.subnet, ami = %t.ami, instance_type = %t.instance_type, region = %self.region, "instance launched");
-        Ok(id)
+        let launched =
+            out.instances()
+                .first()
+                .and_then(facts)
+                .ok_or_else(|| ProviderError::Failed {
+                    provider: PROVIDER,
+                    action: "launch an instance for",
+                    object: format!("machine {}", req.machine),
+                    detail: "RunInstances answered without an instance".into(),
+                })?;
+        tracing::info!(machine = %req.machine, instance = %launched.instance_id, zone = ?launched.zone, subnet = %launch.subnet, ami = %t.ami, instance_type = %t.instance_type, region = %self.region, "instance launched");
+        Ok(launched)
     }
 
     /// Terminates an instance; one already gone counts as terminated.
@@ -394,6 +413,10 @@ fn facts(i: &Instance) -> Option<InstanceFacts> {
         instance_id: i.instance_id()?.to_owned(),
         state,
         state_name: name.map(|n| n.as_str().to_owned()).unwrap_or_default(),
+        zone: i
+            .placement()
+            .and_then(|p| p.availability_zone())
+            .map(str::to_owned),
         tags: i
             .tags()
             .iter()
@@ -465,7 +488,7 @@ impl AwsProvider {
             user_data(&cluster.metadata.name, &m.metadata.name, &doc),
             &template.ami,
         );
-        let id = self
+        let launched = self
             .create(&Launch {
                 machine: &req,
                 template,
@@ -475,10 +498,11 @@ impl AwsProvider {
             .await?;
         Ok(Created {
             message: format!(
-                "instance {id} launched in {subnet} ({}, {}, region {})",
-                template.ami, template.instance_type, spec.region
+                "instance {} launched in {subnet} ({}, {}, region {})",
+                launched.instance_id, template.ami, template.instance_type, spec.region
             ),
-            provider_id: id,
+            node_provider_id: Some(launched.node_provider_id()),
+            provider_id: launched.instance_id,
         })
     }
 

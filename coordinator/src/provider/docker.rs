@@ -760,6 +760,7 @@ impl<'a> DockerEngine<'a> {
                 network.name
             ),
             provider_id: id,
+            node_provider_id: None,
         })
     }
 

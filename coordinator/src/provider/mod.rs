@@ -90,6 +90,10 @@ pub struct EndpointLoadBalancer {
 #[derive(Debug, Clone)]
 pub struct Created {
     pub provider_id: String,
+    /// What Kubernetes calls the machine, its Node's `spec.providerID`,
+    /// when the provider has a name for it (`aws:///<zone>/<instance-id>`);
+    /// otherwise it is [`drover_common::kubeadm::drover_provider_id`].
+    pub node_provider_id: Option<String>,
     /// The `ProviderCreated` event's message.
     pub message: String,
 }

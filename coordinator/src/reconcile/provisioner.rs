@@ -48,6 +48,7 @@ pub async fn provision(app: &App, cluster: &Cluster, machine: &str) -> Result<()
                     return Ok(false);
                 }
                 m.status.provider_id = Some(created.provider_id.clone());
+                m.status.node_provider_id = created.node_provider_id.clone();
                 set_provider_condition(m, true, "Created", "");
                 push_event(
                     &mut m.status.events,

@@ -190,6 +190,12 @@ pub fn describe_machine(m: &Machine) -> String {
             m.spec.provider.as_deref().unwrap_or("-")
         );
     }
+    if let Some(cluster) = m.spec.assignment.as_ref().map(|a| a.cluster.as_str()) {
+        let node = s.node_provider_id.clone().unwrap_or_else(|| {
+            drover_common::kubeadm::drover_provider_id(cluster, &m.metadata.name)
+        });
+        let _ = writeln!(o, "Node provider:  {node}");
+    }
     if !s.conditions.is_empty() {
         let _ = writeln!(o, "Conditions:");
         for c in &s.conditions {

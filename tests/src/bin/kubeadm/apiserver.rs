@@ -1000,15 +1000,21 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             };
             let mut next = current.clone();
             merge_patch(&mut next, &patch);
-            // A pod range, once set, is the Node's for good
-            // (pkg/apis/core/validation/validation.go ValidateNodeUpdate).
-            let had = &current["spec"]["podCIDR"];
-            if had.is_string() && next["spec"]["podCIDR"] != *had {
-                return status(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "Invalid",
-                    &format!("Node \"{name}\" is invalid: spec.podCIDRs: Forbidden: node updates may not change podCIDR except from \"\" to valid"),
-                );
+            // A pod range and a provider ID, once set, are the Node's for
+            // good (pkg/apis/core/validation/validation.go
+            // ValidateNodeUpdate).
+            for (field, shown, what) in [
+                ("podCIDR", "podCIDRs", "podCIDR"),
+                ("providerID", "providerID", "providerID"),
+            ] {
+                let had = &current["spec"][field];
+                if had.as_str().is_some_and(|v| !v.is_empty()) && next["spec"][field] != *had {
+                    return status(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        &format!("Node \"{name}\" is invalid: spec.{shown}: Forbidden: node updates may not change {what} except from \"\" to valid"),
+                    );
+                }
             }
             match state
                 .store

@@ -254,6 +254,9 @@ async fn node_status_once(root: &Root, registered: bool, version: &str) -> Resul
         .exists();
     let mut node = node_object(&name, ready, control_plane, version);
     node["status"]["addresses"] = node_addresses(root, &name);
+    if let Some(id) = flag_value(root, "provider-id") {
+        node["spec"]["providerID"] = id.into();
+    }
     if !registered {
         let r = client
             .post(format!("{}/api/v1/nodes", kc.server))
@@ -357,16 +360,29 @@ fn node_object(
     })
 }
 
+/// The value of the kubelet's flag `--NAME=` in kubeadm's flags file.
+///
+/// `--provider-id` becomes the registered Node's `spec.providerID`, as the
+/// kubelet's `initialNode` sets it (pkg/kubelet/kubelet_node_status.go);
+/// later status updates leave the spec alone.
+fn flag_value(root: &Root, name: &str) -> Option<String> {
+    let flags = std::fs::read_to_string(root.path(FLAGS_FILE)).ok()?;
+    let prefix = format!("--{name}=");
+    flags
+        .split(['"', ' ', '\n'])
+        .find_map(|f| f.strip_prefix(prefix.as_str()))
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}
+
 /// The Node's addresses as the kubelet sets them (pkg/kubelet/nodestatus/
 /// setters.go NodeAddress): the InternalIP is `--node-ip` when given,
 /// otherwise the address of the interface holding the default route
 /// (k8s.io/apimachinery/pkg/util/net ChooseHostInterface; the address a
 /// socket towards the outside would leave from), and the Hostname.
 fn node_addresses(root: &Root, name: &str) -> serde_json::Value {
-    let flags = std::fs::read_to_string(root.path(FLAGS_FILE)).unwrap_or_default();
-    let node_ip = flags
-        .split(['"', ' ', '\n'])
-        .find_map(|f| f.strip_prefix("--node-ip="))
+    let node_ip = flag_value(root, "node-ip")
+        .as_deref()
         .and_then(|v| v.split(',').next())
         .and_then(|v| v.trim().parse::<std::net::IpAddr>().ok())
         .or_else(|| {
