@@ -102,6 +102,7 @@ pub fn pool_cluster(cp: u32, workers: u32) -> Cluster {
             worker_pools: vec![WorkerPoolSpec {
                 name: "w".into(),
                 replicas: workers,
+                autoscaling: None,
                 selector: LabelSelector::default(),
                 rollout: None,
                 files: vec![],

@@ -742,3 +742,134 @@ pub fn kubectl_manages_registration_tokens(c: &Coordinator, dir: &Path) {
     assert_gone(&kc, "rt", "lab");
     assert_gone(&kc, "rt", &name);
 }
+
+/// GitOps and the autoscaler do not fight over an autoscaled pool: a
+/// manifest that leaves `replicas` out, applied by kubectl (client- and
+/// server-side, as Argo CD and Flux apply), keeps whatever count the
+/// autoscaler set; a new pool starts at its minimum; a count outside the
+/// range is refused, naming the range.
+pub fn gitops_leaves_an_autoscaled_pools_count_alone(c: &Coordinator, dir: &Path) {
+    let (kc, _) = coordinator_kubeconfigs(c, dir);
+    let doc = |range: &str, replicas: &str| {
+        web_cluster("scaled", 1).replace(
+            "      replicas: 1\n",
+            &format!("      autoscaling: {{{range}}}\n{replicas}"),
+        )
+    };
+    let manifest = dir.join("scaled.yaml");
+    let write = |text: String| {
+        std::fs::write(&manifest, text).unwrap();
+        manifest.to_str().unwrap().to_owned()
+    };
+    let replicas = || field(&kc, "scaled", "{.spec.workerPools[0].replicas}");
+    let git = write(doc("minReplicas: 2, maxReplicas: 6", ""));
+    kubectl(
+        &kc,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=argocd",
+            "-f",
+            &git,
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        replicas(),
+        "2",
+        "a new autoscaled pool starts at its minimum"
+    );
+    // `drover describe` shows the range once the reconciler has counted
+    // the pool.
+    crate::wait_for(
+        "describe to show the autoscaled pool",
+        std::time::Duration::from_secs(30),
+        || {
+            let described = c.cli_ok(&["describe", "cluster", "scaled"]);
+            described
+                .contains("├─ default: 0/2 running, 0 assigned, autoscaled 2..6")
+                .then_some(())
+                .ok_or(described)
+        },
+    );
+    // The autoscaler's write (as the coordinator's gRPC server makes it).
+    c.cli_ok(&["scale", "scaled", "--pool", "default", "--replicas", "5"]);
+    assert_eq!(replicas(), "5");
+    // GitOps re-applies its manifest, server-side and client-side: the
+    // count stays the autoscaler's.
+    let out = kubectl(
+        &kc,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=argocd",
+            "-f",
+            &git,
+        ],
+    )
+    .unwrap();
+    assert!(out.contains("serverside-applied"), "{out}");
+    assert_eq!(replicas(), "5");
+    let diff = kubectl_status(
+        &kc,
+        &[
+            "diff",
+            "--server-side",
+            "--field-manager=argocd",
+            "-f",
+            &git,
+        ],
+        &[],
+    );
+    assert_eq!(diff.0, 0, "no drift to show: {diff:?}");
+    // A narrower range brings the count into it.
+    let narrower = write(doc("minReplicas: 2, maxReplicas: 4", ""));
+    kubectl(
+        &kc,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=argocd",
+            "-f",
+            &narrower,
+        ],
+    )
+    .unwrap();
+    assert_eq!(replicas(), "4");
+    // The count has another manager now: GitOps setting it is a conflict
+    // naming it; forced, a count outside the range is refused, naming
+    // the range.
+    let outside = write(doc("minReplicas: 2, maxReplicas: 4", "      replicas: 9\n"));
+    let apply_outside = |force: &[&str]| {
+        let mut args = vec!["apply", "--server-side", "--field-manager=argocd"];
+        args.extend_from_slice(force);
+        args.extend_from_slice(&["-f", &outside]);
+        kubectl(&kc, &args).unwrap_err()
+    };
+    let refused = apply_outside(&[]);
+    assert!(
+        refused.contains(r#"conflict with "drover": .spec.workerPools[name="default"].replicas"#),
+        "{refused}"
+    );
+    let refused = apply_outside(&["--force-conflicts"]);
+    assert!(
+        refused.contains("spec.workerPools[0].replicas")
+            && refused.contains("within autoscaling's 2..4"),
+        "{refused}"
+    );
+    assert_eq!(replicas(), "4");
+    let refused = c.cli(&["scale", "scaled", "--pool", "default", "--replicas", "7"]);
+    assert!(!refused.status.success());
+    // Without autoscaling, replicas is required again.
+    let plain = write(web_cluster("scaled", 1).replace("      replicas: 1\n", ""));
+    let refused = kubectl(&kc, &["replace", "-f", &plain]).unwrap_err();
+    assert!(
+        refused.contains("unless the pool is autoscaled"),
+        "{refused}"
+    );
+    kubectl(
+        &kc,
+        &["delete", "cluster", "scaled", "--wait", "--timeout=60s"],
+    )
+    .unwrap();
+}

@@ -3799,6 +3799,15 @@ fn kubectl_manages_clusters_on_the_embedded_store() {
     drover_tests::kube_api::kubectl_manages_a_cluster(&c, tmp.path(), "web");
 }
 
+/// An autoscaled pool's count is the autoscaler's: GitOps applies that
+/// leave it out keep it.
+#[test]
+fn gitops_leaves_an_autoscaled_pools_count_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Coordinator::in_process(tmp.path(), CoordinatorOptions::default());
+    drover_tests::kube_api::gitops_leaves_an_autoscaled_pools_count_alone(&c, tmp.path());
+}
+
 /// kubectl makes, revokes and deletes registration tokens and mints their
 /// tickets, which a real agent registers with.
 #[test]

@@ -178,7 +178,7 @@ pub async fn apply_cluster(
     use super::cluster_write::{write_cluster, Creation, Decided, Write};
     admin.require_write()?;
     let desired = parse_document::<Cluster>("Cluster", &headers, &body)?;
-    let sets_cni = super::cluster_write::document_sets_cni(&body);
+    let said = super::cluster_write::Said::of_text(&body);
     let write = Write {
         name: &name,
         admin: &admin,
@@ -195,7 +195,10 @@ pub async fn apply_cluster(
         )?;
         let mut cluster = desired.clone();
         cluster.metadata.managed_fields.clear();
-        Ok(Decided { cluster, sets_cni })
+        Ok(Decided {
+            cluster,
+            said: said.clone(),
+        })
     })?;
     Ok((outcome.status(), Extension(changes), Json(cluster)))
 }

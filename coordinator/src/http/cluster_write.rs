@@ -70,9 +70,104 @@ impl Outcome {
 /// A cluster as a caller decided it.
 pub struct Decided {
     pub cluster: Cluster,
-    /// Whether the document said `spec.network.cni` (else it is
-    /// defaulted: see [`defaulted_cni`]).
-    pub sets_cni: bool,
+    /// What its document said itself, which the typed cluster (its
+    /// defaults filled in) cannot show.
+    pub said: Said,
+}
+
+/// What a Cluster document says itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Said {
+    /// Whether it says `spec.network.cni` (else it is defaulted: see
+    /// [`defaulted_cni`]).
+    pub cni: bool,
+    /// The worker pools whose `replicas` the writer itself says (an
+    /// autoscaled pool's is otherwise kept: see [`kept_replicas`]). For a
+    /// server-side apply, those of the applied configuration.
+    pub replicas_of: std::collections::BTreeSet<String>,
+    /// The worker pools whose `replicas` the document has, whoever set it.
+    pub has_replicas: std::collections::BTreeSet<String>,
+}
+
+impl Said {
+    /// What `doc` says.
+    pub fn of(doc: &serde_json::Value) -> Self {
+        let replicas_of = pools_with_replicas(doc);
+        Said {
+            cni: doc["spec"]["network"].get("cni").is_some(),
+            has_replicas: replicas_of.clone(),
+            replicas_of,
+        }
+    }
+
+    /// What a server-side apply of `config` that made `doc` says.
+    pub fn of_apply(doc: &serde_json::Value, config: &serde_json::Value) -> Self {
+        Said {
+            replicas_of: pools_with_replicas(config),
+            ..Self::of(doc)
+        }
+    }
+
+    /// What a document as text says (nothing, if it does not parse: then
+    /// it is refused anyway).
+    pub fn of_text(body: &[u8]) -> Self {
+        std::str::from_utf8(body)
+            .ok()
+            .and_then(|t| serde_saphyr::from_str::<serde_json::Value>(t).ok())
+            .map(|d| Self::of(&d))
+            .unwrap_or_default()
+    }
+}
+
+/// The worker pools whose `replicas` `doc` has.
+fn pools_with_replicas(doc: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    doc["spec"]["workerPools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p.get("replicas").is_some())
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Fills in the `replicas` a document leaves out: an autoscaled pool
+/// keeps its current count (brought into its range), a new one starts at
+/// its `minReplicas`, so GitOps and the autoscaler never undo each other;
+/// a pool that is not autoscaled must say it.
+fn kept_replicas(
+    name: &str,
+    desired: &mut Cluster,
+    current: Option<&Cluster>,
+    said: &Said,
+) -> Result<(), ApiError> {
+    let mut errors = vec![];
+    for (i, pool) in desired.spec.worker_pools.iter_mut().enumerate() {
+        if said.replicas_of.contains(&pool.name) {
+            continue;
+        }
+        let Some(range) = &pool.autoscaling else {
+            if said.has_replicas.contains(&pool.name) {
+                continue;
+            }
+            errors.push(FieldError {
+                field: format!("spec.workerPools[{i}].replicas"),
+                message: "is required unless the pool is autoscaled (autoscaling: {minReplicas, maxReplicas})".into(),
+            });
+            continue;
+        };
+        let now = current
+            .and_then(|c| c.spec.worker_pools.iter().find(|p| p.name == pool.name))
+            .map_or(range.min_replicas, |p| p.replicas);
+        pool.replicas = range.clamp(now);
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            format!("Cluster {name:?} is invalid; nothing was changed"),
+            errors,
+        ))
+    }
 }
 
 fn owned(c: Option<&Cluster>) -> serde_json::Value {
@@ -181,10 +276,11 @@ pub fn write_cluster(
     }
     let Decided {
         cluster: mut desired,
-        sets_cni,
+        said,
     } = decide(existing.as_ref())?;
+    kept_replicas(name, &mut desired, existing.as_ref(), &said)?;
     check(app, name, &desired)?;
-    if !sets_cni {
+    if !said.cni {
         desired.spec.network.cni = defaulted_cni(&desired.spec, existing.as_ref().map(|c| &c.spec));
     }
     let now = drover_common::now();
@@ -310,14 +406,6 @@ pub fn request_deletion(
     Ok(app.cluster(name)?.unwrap_or(c))
 }
 
-/// Whether a Cluster document says `spec.network.cni` itself.
-pub fn document_sets_cni(body: &[u8]) -> bool {
-    std::str::from_utf8(body)
-        .ok()
-        .and_then(|t| serde_saphyr::from_str::<serde_json::Value>(t).ok())
-        .is_some_and(|d| d["spec"]["network"].get("cni").is_some())
-}
-
 /// `spec.network.cni` of a document that leaves it out. An existing
 /// cluster keeps what it has (so clusters stored before this default keep
 /// `none`). A new docker cluster gets the node image's network, as kind
@@ -425,11 +513,11 @@ mod cni_default_tests {
     #[test]
     fn a_new_docker_cluster_gets_the_image_network_unless_it_says_or_brings_one() {
         let plain = doc(DOCKER, "");
-        assert!(!document_sets_cni(plain.as_bytes()));
+        assert!(!Said::of_text(plain.as_bytes()).cni);
         assert_eq!(defaulted_cni(&spec(&plain), None), CniMode::Image);
         // An explicit `none` is the document's own.
         let none = doc(DOCKER, "  network:\n    cni: none\n");
-        assert!(document_sets_cni(none.as_bytes()));
+        assert!(Said::of_text(none.as_bytes()).cni);
         assert_eq!(spec(&none).network.cni, CniMode::None);
         // A CNI config of its own, or an addon named cni: none.
         let files = doc(
@@ -445,5 +533,97 @@ mod cni_default_tests {
         let mut image = stored.clone();
         image.network.cni = CniMode::Image;
         assert_eq!(defaulted_cni(&spec(&plain), Some(&image)), CniMode::Image);
+    }
+}
+
+#[cfg(test)]
+mod replicas_tests {
+    use super::*;
+    use drover_common::api::AutoscalingSpec;
+
+    fn cluster(pools: &str) -> (Cluster, Said) {
+        let text = format!(
+            "apiVersion: drover.dev/v1alpha1\nkind: Cluster\nmetadata:\n  name: c\nspec:\n  kubernetesVersion: v1.31.2\n  controlPlane:\n    replicas: 1\n  workerPools:\n{pools}  provider:\n    pool:\n      selector:\n        matchLabels:\n          env: dev\n"
+        );
+        let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        (serde_json::from_value(doc.clone()).unwrap(), Said::of(&doc))
+    }
+
+    const SCALED: &str =
+        "    - name: scaled\n      autoscaling: {minReplicas: 2, maxReplicas: 6}\n";
+
+    #[test]
+    fn an_autoscaled_pool_keeps_its_count_when_a_document_leaves_it_out() {
+        // New: it starts at its minimum.
+        let (mut new, said) = cluster(SCALED);
+        assert!(said.replicas_of.is_empty());
+        kept_replicas("c", &mut new, None, &said).unwrap();
+        assert_eq!(new.spec.worker_pools[0].replicas, 2);
+        // The autoscaler took it to 5: a document without replicas keeps 5.
+        let mut current = new.clone();
+        current.spec.worker_pools[0].replicas = 5;
+        let (mut desired, said) = cluster(SCALED);
+        kept_replicas("c", &mut desired, Some(&current), &said).unwrap();
+        assert_eq!(desired.spec.worker_pools[0].replicas, 5);
+        // A narrower range brings the kept count into it.
+        let (mut desired, said) = cluster(&SCALED.replace("maxReplicas: 6", "maxReplicas: 3"));
+        kept_replicas("c", &mut desired, Some(&current), &said).unwrap();
+        assert_eq!(desired.spec.worker_pools[0].replicas, 3);
+        assert_eq!(
+            desired.spec.worker_pools[0].autoscaling,
+            Some(AutoscalingSpec {
+                min_replicas: 2,
+                max_replicas: 3
+            })
+        );
+        // A document that says replicas is taken at its word, and
+        // validation refuses it outside the range.
+        let (mut desired, said) = cluster(&format!("{SCALED}      replicas: 9\n"));
+        kept_replicas("c", &mut desired, Some(&current), &said).unwrap();
+        assert_eq!(desired.spec.worker_pools[0].replicas, 9);
+        let errors = desired.validate().unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.field == "spec.workerPools[0].replicas"
+                    && e.message.contains("within autoscaling's 2..6")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn an_apply_that_leaves_replicas_out_keeps_the_count_another_manager_set() {
+        // The merged document has the autoscaler's 5; the applied
+        // configuration says none, and narrows the range to 2..3.
+        let narrower = SCALED.replace("maxReplicas: 6", "maxReplicas: 3");
+        let (mut desired, merged) = cluster(&format!("{narrower}      replicas: 5\n"));
+        let (_, config) = cluster(&narrower);
+        let config_doc = serde_json::json!({"spec": {"workerPools": [{"name": "scaled"}]}});
+        let said = Said::of_apply(&serde_json::to_value(&desired).unwrap(), &config_doc);
+        assert!(said.replicas_of.is_empty() && said.has_replicas.contains("scaled"));
+        assert_eq!(said.replicas_of, config.replicas_of);
+        assert_eq!(said.has_replicas, merged.has_replicas);
+        let mut current = desired.clone();
+        current.spec.worker_pools[0].replicas = 5;
+        kept_replicas("c", &mut desired, Some(&current), &said).unwrap();
+        assert_eq!(desired.spec.worker_pools[0].replicas, 3);
+        // A pool that is not autoscaled keeps the count another manager set.
+        let (mut plain, merged) = cluster("    - name: plain\n      replicas: 4\n");
+        let said = Said {
+            replicas_of: Default::default(),
+            ..merged
+        };
+        kept_replicas("c", &mut plain, None, &said).unwrap();
+        assert_eq!(plain.spec.worker_pools[0].replicas, 4);
+    }
+
+    #[test]
+    fn a_pool_that_is_not_autoscaled_must_say_its_replicas() {
+        let (mut desired, said) = cluster("    - name: plain\n");
+        let e = kept_replicas("c", &mut desired, None, &said).unwrap_err();
+        assert_eq!(e.errors[0].field, "spec.workerPools[0].replicas");
+        assert!(e.errors[0]
+            .message
+            .contains("unless the pool is autoscaled"));
     }
 }

@@ -331,7 +331,15 @@ pub struct ControlPlaneSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerPoolSpec {
     pub name: String,
+    /// How many machines the pool has. An autoscaled pool's count is the
+    /// autoscaler's, within `autoscaling`: a document that leaves it out
+    /// keeps the current count (a new pool starts at `minReplicas`), and
+    /// one that sets it outside the range is refused.
+    #[serde(default)]
     pub replicas: u32,
+    /// The range the cluster-autoscaler scales the pool in, through the
+    /// coordinator's `externalgrpc` cloud provider.
+    pub autoscaling: Option<AutoscalingSpec>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub selector: LabelSelector,
     /// How the pool rolls (`maxSurge`, `maxUnavailable`).
@@ -347,6 +355,23 @@ pub struct WorkerPoolSpec {
     /// `spec.postKubeadmCommands`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_kubeadm_commands: Vec<String>,
+}
+
+/// The range an autoscaled worker pool is scaled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoscalingSpec {
+    /// The fewest machines; 0 lets the pool scale from zero.
+    pub min_replicas: u32,
+    /// The most machines.
+    pub max_replicas: u32,
+}
+
+impl AutoscalingSpec {
+    /// `replicas` brought into the range.
+    pub fn clamp(&self, replicas: u32) -> u32 {
+        replicas.clamp(self.min_replicas, self.max_replicas.max(self.min_replicas))
+    }
 }
 
 /// Pod and service networks.

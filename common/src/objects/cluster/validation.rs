@@ -21,6 +21,9 @@ use crate::objects::format::FormatError;
 use crate::objects::problem::FieldError;
 use crate::units::{parse_duration, parse_percent};
 
+/// The most machines one worker pool may have.
+pub const MAX_POOL_REPLICAS: u32 = 1000;
+
 impl Cluster {
     /// Checks everything serde cannot: names, versions, counts, networks.
     /// Returns every problem at once so a user fixes a document in one pass.
@@ -122,11 +125,39 @@ impl Cluster {
                     );
                 }
             }
-            if pool.replicas > 1000 {
+            if pool.replicas > MAX_POOL_REPLICAS {
                 err(
                     &format!("spec.workerPools[{i}].replicas"),
-                    format!("must be at most 1000, got {}", pool.replicas),
+                    format!("must be at most {MAX_POOL_REPLICAS}, got {}", pool.replicas),
                 );
+            }
+            if let Some(a) = &pool.autoscaling {
+                let field = format!("spec.workerPools[{i}].autoscaling");
+                if a.max_replicas == 0 || a.max_replicas > MAX_POOL_REPLICAS {
+                    err(
+                        &format!("{field}.maxReplicas"),
+                        format!(
+                            "must be between 1 and {MAX_POOL_REPLICAS}, got {}",
+                            a.max_replicas
+                        ),
+                    );
+                } else if a.min_replicas > a.max_replicas {
+                    err(
+                        &format!("{field}.minReplicas"),
+                        format!(
+                            "must be at most maxReplicas ({}), got {}",
+                            a.max_replicas, a.min_replicas
+                        ),
+                    );
+                } else if a.clamp(pool.replicas) != pool.replicas {
+                    err(
+                        &format!("spec.workerPools[{i}].replicas"),
+                        format!(
+                            "must be within autoscaling's {}..{} while the pool is autoscaled, got {}; leave replicas out to keep the autoscaler's count",
+                            a.min_replicas, a.max_replicas, pool.replicas
+                        ),
+                    );
+                }
             }
         }
         validate_customisation(

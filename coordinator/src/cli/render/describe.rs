@@ -343,9 +343,17 @@ pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
     }
     let _ = writeln!(o, "Pools:");
     for p in &c.status.pools {
+        let autoscaled = c
+            .spec
+            .worker_pools
+            .iter()
+            .find(|w| w.name == p.name)
+            .and_then(|w| w.autoscaling)
+            .map(|a| format!(", autoscaled {}..{}", a.min_replicas, a.max_replicas))
+            .unwrap_or_default();
         let _ = writeln!(
             o,
-            "├─ {}: {}/{} running, {} assigned",
+            "├─ {}: {}/{} running, {} assigned{autoscaled}",
             p.name, p.running, p.desired, p.assigned
         );
         let uid = c.metadata.uid.as_deref();

@@ -45,7 +45,7 @@ use crate::app::App;
 use crate::domain::managed_fields;
 use crate::domain::user_secrets::StoredSecret;
 use crate::http::auth::{resolve_admin, Admin};
-use crate::http::cluster_write::{write_cluster, Creation, Decided, Write};
+use crate::http::cluster_write::{write_cluster, Creation, Decided, Said, Write};
 use crate::http::error::ApiError;
 use crate::http::secrets::write_secret;
 use crate::http::tokens::{remove_token, write_token};
@@ -375,10 +375,12 @@ trait Writer {
     }
     /// The stored object's managers.
     fn entries(current: &Self::Current) -> &[ManagedFieldsEntry];
-    /// The document after a server-side apply as the object wanted, with
-    /// `managed` its managers; `existed` whether it was stored before.
+    /// The document after a server-side apply of `config` as the object
+    /// wanted, with `managed` its managers; `existed` whether it was
+    /// stored before.
     fn applied(
         doc: Value,
+        config: &Value,
         managed: Vec<ManagedFieldsEntry>,
         existed: bool,
         validation: FieldValidation,
@@ -407,10 +409,10 @@ impl Writer for Clusters {
         serde_json::to_value(current).map_err(ApiError::internal)
     }
     fn wanted(doc: Value, validation: FieldValidation) -> Result<(Decided, Vec<String>), ApiError> {
-        let sets_cni = doc["spec"]["network"].get("cni").is_some();
+        let said = Said::of(&doc);
         let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
         cluster.metadata.managed_fields.clear();
-        Ok((Decided { cluster, sets_cni }, warnings))
+        Ok((Decided { cluster, said }, warnings))
     }
     const APPLIED: &'static [&'static str] = &["spec", "status"];
     const OWNED: &'static [&'static str] = &["spec"];
@@ -419,15 +421,17 @@ impl Writer for Clusters {
     }
     fn applied(
         doc: Value,
+        config: &Value,
         managed: Vec<ManagedFieldsEntry>,
         existed: bool,
         validation: FieldValidation,
     ) -> Result<(Decided, Vec<String>), ApiError> {
+        let mut said = Said::of_apply(&doc, config);
         // The CNI default is a new cluster's only.
-        let sets_cni = existed || doc["spec"]["network"].get("cni").is_some();
+        said.cni |= existed;
         let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
         cluster.metadata.managed_fields = managed;
-        Ok((Decided { cluster, sets_cni }, warnings))
+        Ok((Decided { cluster, said }, warnings))
     }
 }
 
@@ -475,6 +479,7 @@ impl Writer for Secrets {
     }
     fn applied(
         doc: Value,
+        _config: &Value,
         managed: Vec<ManagedFieldsEntry>,
         _existed: bool,
         validation: FieldValidation,
@@ -511,7 +516,7 @@ impl Writer for Tokens {
         doc: Value,
         validation: FieldValidation,
     ) -> Result<(RegistrationToken, Vec<String>), ApiError> {
-        Self::applied(doc, vec![], false, validation)
+        Self::applied(doc, &Value::Null, vec![], false, validation)
     }
     const APPLIED: &'static [&'static str] = &["spec", "status"];
     const OWNED: &'static [&'static str] = &["spec"];
@@ -520,6 +525,7 @@ impl Writer for Tokens {
     }
     fn applied(
         doc: Value,
+        _config: &Value,
         managed: Vec<ManagedFieldsEntry>,
         _existed: bool,
         validation: FieldValidation,
@@ -940,7 +946,8 @@ async fn patch<K: Writer + 'static>(
                 K::OWNED,
                 &url_name,
             )?;
-            let (wanted, more) = K::applied(doc, managed, current.is_some(), options.validation)?;
+            let (wanted, more) =
+                K::applied(doc, &config, managed, current.is_some(), options.validation)?;
             Ok((wanted, [warnings.clone(), more].concat()))
         },
     )
