@@ -3,6 +3,7 @@
 //! (`crate::http`), the reconciler and `serve` use it.
 
 pub mod audit;
+pub mod autoscaling;
 pub mod bootstrap;
 pub mod controller;
 pub mod customise;
