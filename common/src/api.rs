@@ -31,6 +31,23 @@ pub struct CreatedRegistrationToken {
     pub bootstrap: BootstrapDocument,
 }
 
+/// What one cluster's autoscaler needs to reach the coordinator's
+/// `externalgrpc` service (`drover autoscaler-config`).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AutoscalerCredentials {
+    /// Where the service listens, `host:port` (the cloud-config's `address`).
+    pub address: String,
+    /// The client certificate (`cert`), for this cluster only.
+    pub cert_pem: String,
+    /// Its private key (`key`); shown once, kept nowhere.
+    pub key_pem: String,
+    /// The coordinator's CA (`cacert`), which signed the service's certificate.
+    pub ca_pem: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+}
+
 /// An admin kubeconfig minted for a cluster.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -15,6 +15,13 @@
 /// no worker pool may take it.
 pub const CONTROL_PLANE_POOL: &str = "control-plane";
 
+/// The annotation on a worker machine the cluster-autoscaler chose to
+/// take out (`NodeGroupDeleteNodes`; its value says who): the machine
+/// leaves as one an operator deleted does, but a pool machine goes back to
+/// its pool instead of being deregistered, and the pool's `replicas`,
+/// lowered in the same write, asks for no replacement.
+pub const SCALE_DOWN_ANNOTATION: &str = "drover.dev/scale-down";
+
 /// Why a name or label is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NameError {

@@ -599,6 +599,7 @@ impl App {
                     host: "127.0.0.1".into(),
                 },
                 snapshot_dir: dir.join("snapshots"),
+                autoscaler_address: None,
             },
             leadership: crate::domain::leadership::Leadership::sole(me),
             listen_requests,

@@ -11,6 +11,7 @@ pub mod cluster_restore;
 pub mod config_file;
 pub mod domain;
 pub mod drills;
+pub mod grpc;
 pub mod heartbeat_udp;
 pub mod http;
 pub mod leader;

@@ -45,6 +45,8 @@ pub struct Metrics {
     remediations: Family<Labels, Counter>,
     provider_calls: Family<Labels, Counter>,
     provider_errors: Family<Labels, Counter>,
+    autoscaler_calls: Family<Labels, Counter>,
+    autoscaler_call_seconds: Histograms,
     clusters: Family<Labels, Gauge>,
     machines: Family<Labels, Gauge>,
     leader: Gauge,
@@ -139,6 +141,8 @@ impl Metrics {
             remediations: Family::default(),
             provider_calls: Family::default(),
             provider_errors: Family::default(),
+            autoscaler_calls: Family::default(),
+            autoscaler_call_seconds: Family::new_with_constructor(latency_histogram),
             clusters: Family::default(),
             machines: Family::default(),
             leader: Gauge::default(),
@@ -256,6 +260,16 @@ impl Metrics {
             "provider_errors",
             "Failed calls to a machine provider, by provider, operation and error class (throttled, insufficient_capacity, quota_exceeded, unauthorized, invalid_configuration, transient, other)",
             m.provider_errors.clone(),
+        );
+        registry.register(
+            "autoscaler_calls",
+            "Calls of the cluster-autoscaler's externalgrpc service, by method and gRPC code (ok, invalid_argument, not_found, permission_denied, out_of_range, failed_precondition, unauthenticated, unimplemented, unavailable, other)",
+            m.autoscaler_calls.clone(),
+        );
+        registry.register(
+            "autoscaler_call_seconds",
+            "How long the externalgrpc service took to answer, by method (the autoscaler gives up after its grpc_timeout, 5 s by default)",
+            m.autoscaler_call_seconds.clone(),
         );
         registry.register("clusters", "Clusters, by phase.", m.clusters.clone());
         registry.register(
@@ -449,6 +463,20 @@ impl Metrics {
             labels.push(("class", class.to_owned()));
             self.provider_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Records a call of the autoscaler's service: its method, the gRPC
+    /// code it was answered with, and how long it took.
+    pub fn autoscaler_call(&self, method: &'static str, code: &'static str, took: Duration) {
+        self.autoscaler_calls
+            .get_or_create(&vec![
+                ("method", method.to_owned()),
+                ("code", code.to_owned()),
+            ])
+            .inc();
+        self.autoscaler_call_seconds
+            .get_or_create(&vec![("method", method.to_owned())])
+            .observe(took.as_secs_f64());
     }
 
     fn count_minute(&self, bump: impl FnOnce(&mut Minute)) {

@@ -17,6 +17,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub advertise_urls: Vec<String>,
     pub extra_sans: Vec<String>,
+    /// `--autoscaler-listen`: where the autoscaler's service listens.
+    pub autoscaler_listen: Option<SocketAddr>,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
     pub machine_cert_ttl: Duration,
@@ -82,6 +84,11 @@ pub struct ServeArgs {
     /// Extra DNS name or IP for the serving certificate (repeatable).
     #[arg(long = "san")]
     pub sans: Vec<String>,
+    /// Address of the cluster-autoscaler's `externalgrpc` cloud provider
+    /// service (gRPC over mutual TLS; `drover autoscaler-config` writes a
+    /// cluster's credentials). Not served unless given.
+    #[arg(long)]
+    pub autoscaler_listen: Option<std::net::SocketAddr>,
     /// How often agents heartbeat.
     #[arg(long, default_value = "10s", value_parser = drover_common::api::parse_duration)]
     pub heartbeat_interval: std::time::Duration,
@@ -165,6 +172,7 @@ impl ServeArgs {
             listen: self.listen,
             advertise_urls: self.advertise_urls,
             extra_sans: self.sans,
+            autoscaler_listen: self.autoscaler_listen,
             heartbeat_interval: self.heartbeat_interval,
             heartbeat_timeout: self.heartbeat_timeout,
             machine_cert_ttl: self.machine_cert_ttl,
@@ -633,7 +641,20 @@ pub async fn start(
         cfg.advertise_urls.clone()
     };
     let (dns, ips) = sans(bound, &advertise_urls, &cfg.extra_sans);
-    let tls = crate::http::server::server_config(&secrets.ca, dns, ips)?;
+    let tls = crate::http::server::server_config(&secrets.ca, dns.clone(), ips.clone())?;
+    // The autoscaler's port, bound before anything is served so a taken
+    // port stops the start with its reason.
+    let autoscaler = match cfg.autoscaler_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on --autoscaler-listen {addr}: {e}"))?;
+            let tls = crate::grpc::tls_config(&secrets.ca, dns, ips)?;
+            let bound_at = listener.local_addr()?;
+            Some((listener, tls, bound_at))
+        }
+        None => None,
+    };
 
     if let Some(token) = &secrets.first_admin_token {
         let file = ClientConfigFile {
@@ -702,6 +723,9 @@ pub async fn start(
                 host: url_host(&advertise_urls[0]),
             },
             snapshot_dir: cfg.data_dir.join("snapshots"),
+            autoscaler_address: autoscaler
+                .as_ref()
+                .map(|(_, _, at)| crate::grpc::advertised_address(&advertise_urls[0], *at)),
         },
         listen_requests: listen_tx,
         audit: crate::domain::audit::AuditLog::open(&cfg.data_dir.join("audit.log")).map_err(
@@ -786,6 +810,13 @@ pub async fn start(
             }
         })
     };
+    let autoscaler_served = autoscaler.map(|(listener, tls, at)| {
+        tracing::info!(%at, "serving the cluster-autoscaler's externalgrpc service");
+        let mut stop = stop_rx.clone();
+        tokio::spawn(crate::grpc::serve(app.clone(), listener, tls, async move {
+            let _ = stop.changed().await;
+        }))
+    });
     tracing::info!(%bound, "coordinator serving");
     let served = {
         let app = app.clone();
@@ -794,6 +825,9 @@ pub async fn start(
             let _ = stop_tx.send(true);
             app.tasks.shutdown().await;
             extra.abort();
+            if let Some(t) = autoscaler_served {
+                let _ = t.await;
+            }
             if let Some(t) = udp {
                 let _ = tokio::task::spawn_blocking(move || t.join()).await;
             }
@@ -1033,6 +1067,7 @@ mod tests {
             listen: "127.0.0.1:0".parse().unwrap(),
             advertise_urls: vec![],
             extra_sans: vec![],
+            autoscaler_listen: None,
             heartbeat_interval: Duration::from_secs(10),
             heartbeat_timeout: Duration::from_secs(40),
             machine_cert_ttl: Duration::from_secs(24 * 3600),

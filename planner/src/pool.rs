@@ -221,9 +221,19 @@ impl<'a, 'o> PoolPass<'a, 'o> {
         }
         let requested = self.requested(pool_name, &members, &judged, &remediate);
         for m in &requested {
+            let reason = match m
+                .metadata
+                .annotations
+                .get(drover_common::names::SCALE_DOWN_ANNOTATION)
+            {
+                Some(by) if m.metadata.deletion_timestamp.is_none() => {
+                    format!("scaled down by {by}; back to its pool")
+                }
+                _ => "deletion requested by an operator".into(),
+            };
             self.steps.push(Step::Release {
                 machine: m.metadata.name.clone(),
-                reason: "deletion requested by an operator".into(),
+                reason,
                 remediation: false,
             });
         }

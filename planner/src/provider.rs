@@ -435,9 +435,17 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             .partition(|m| member_of(etcd_members, m).is_none());
         self.etcd_leaving.extend(first_member);
         for m in &requested {
+            let reason = match m
+                .metadata
+                .annotations
+                .get(drover_common::names::SCALE_DOWN_ANNOTATION)
+            {
+                Some(by) => format!("scaled down by {by}"),
+                None => "deletion requested by an operator".into(),
+            };
             self.steps.push(Step::DeleteMachine {
                 machine: m.metadata.name.clone(),
-                reason: "deletion requested by an operator".into(),
+                reason,
                 remediation: false,
             });
             remediate.push((m, "deletion requested".into()));

@@ -449,8 +449,9 @@ pub(crate) fn in_flight_replacements<'a>(
     out
 }
 
-/// The machines an operator asked to delete (`drover delete machine`)
-/// that are not already being remediated, in `machines`' order.
+/// The machines an operator asked to delete (`drover delete machine`) or
+/// the autoscaler chose to take out (the scale-down annotation) that are
+/// not already being remediated, in `machines`' order.
 pub(crate) fn asked_to_leave<'a>(
     machines: &[&'a Machine],
     remediate: &[(&'a Machine, String)],
@@ -458,7 +459,12 @@ pub(crate) fn asked_to_leave<'a>(
     machines
         .iter()
         .copied()
-        .filter(|m| m.metadata.deletion_timestamp.is_some())
+        .filter(|m| {
+            m.metadata.deletion_timestamp.is_some()
+                || m.metadata
+                    .annotations
+                    .contains_key(drover_common::names::SCALE_DOWN_ANNOTATION)
+        })
         .filter(|m| {
             !remediate
                 .iter()

@@ -282,6 +282,11 @@ impl Coordinator {
     /// signal or output), no agent and no Docker. The CLI still runs as
     /// the `drover` binary.
     pub fn in_process(dir: &Path, opts: CoordinatorOptions) -> Self {
+        Self::in_process_with(dir, opts, &[])
+    }
+
+    /// [`Self::in_process`] with more `drover serve` flags.
+    pub fn in_process_with(dir: &Path, opts: CoordinatorOptions, extra: &[&str]) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -308,6 +313,10 @@ impl Coordinator {
             "--client-config".as_ref(),
             client.as_os_str(),
         ];
+        let flags: Vec<&std::ffi::OsStr> = flags
+            .into_iter()
+            .chain(extra.iter().map(|f| f.as_ref()))
+            .collect();
         let cfg = drover::serve::config_from_flags(flags).expect("valid serve flags");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = runtime
@@ -1122,6 +1131,7 @@ fn kill_child(child: &mut Option<Child>) {
 
 /// Helpers for tests that use the Docker engine.
 #[cfg(feature = "aws")]
+pub mod autoscaler;
 pub mod aws;
 pub mod browser;
 pub mod etcd;

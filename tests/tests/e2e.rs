@@ -3825,3 +3825,264 @@ fn a_kubectl_watch_resumes_after_a_coordinator_restart() {
     let mut c = Coordinator::start(tmp.path(), CoordinatorOptions::default());
     drover_tests::kube_api::a_watch_resumes_after_a_restart(&mut c, tmp.path());
 }
+
+/// The cluster-autoscaler's calls of a scale-up and a scale-down cycle,
+/// made by Python's grpcio with the credentials `drover autoscaler-config`
+/// wrote, against a pool cluster whose worker pool is autoscaled: real
+/// kubectl sees the Nodes come with their providerIDs and the one taken
+/// out go, drained, its machine back in its pool; a pool with no free
+/// machine answers out-of-resources; another cluster's certificate touches
+/// nothing of this one; every call is audited and counted.
+#[test]
+fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
+    use drover_tests::autoscaler::Autoscaler;
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let c = Coordinator::in_process_with(
+        tmp.path(),
+        CoordinatorOptions::default(),
+        &["--autoscaler-listen", &listen],
+    );
+    let boot = tmp.path().join("boot.yaml");
+    c.token("default", "env=dev", 4, "1h", &boot);
+    let _agents = start_agents(tmp.path(), &boot, 4, "m", "auto-");
+    wait_registered(&c, 4);
+    let doc = pool_cluster_yaml("auto", 1, 1, "dev").replace(
+        "    - name: default\n      replicas: 1\n",
+        "    - name: default\n      autoscaling: {minReplicas: 1, maxReplicas: 4}\n",
+    );
+    apply(&c, tmp.path(), &doc);
+    c.wait_cluster_phase("auto", "Running", BOOT);
+    let kubeconfig = tmp.path().join("auto.kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", "auto"])).unwrap();
+    let pool_machines = |c: &Coordinator| -> Vec<serde_json::Value> {
+        c.machines()
+            .into_iter()
+            .filter(|m| {
+                m["spec"]["assignment"]["cluster"] == "auto"
+                    && m["spec"]["assignment"]["machinePool"] == "default"
+                    && m["status"]["phase"] == "Running"
+            })
+            .collect()
+    };
+    let provider_id = |m: &serde_json::Value| {
+        format!("drover://auto/{}", m["metadata"]["name"].as_str().unwrap())
+    };
+
+    let ca = Autoscaler::for_cluster(&c, "auto", &tmp.path().join("autoscaler"));
+    // What the autoscaler reads each loop.
+    ca.call("Refresh", serde_json::json!({})).ok();
+    let groups = ca.call("NodeGroups", serde_json::json!({})).ok();
+    assert_eq!(
+        groups["nodeGroups"],
+        serde_json::json!([{"id": "auto/default", "minSize": 1, "maxSize": 4,
+            "debug": "cluster auto pool default: 1 of 1..4 machines"}])
+    );
+    let worker = pool_machines(&c).pop().expect("a Running worker");
+    let for_node = |id: &str| {
+        ca.call(
+            "NodeGroupForNode",
+            serde_json::json!({"node": {"providerID": id, "name": "n"}}),
+        )
+    };
+    assert_eq!(
+        for_node(&provider_id(&worker)).ok()["nodeGroup"]["id"],
+        "auto/default"
+    );
+    let cp = c
+        .machines()
+        .into_iter()
+        .find(|m| m["spec"]["assignment"]["machinePool"] == "control-plane")
+        .unwrap();
+    // A control plane is no group's: an empty group.
+    assert_eq!(
+        for_node(&provider_id(&cp)).ok()["nodeGroup"],
+        serde_json::json!({})
+    );
+    let target = || {
+        ca.call(
+            "NodeGroupTargetSize",
+            serde_json::json!({"id": "auto/default"}),
+        )
+        .ok()["targetSize"]
+            .as_i64()
+            .unwrap_or(0)
+    };
+    assert_eq!(target(), 1);
+    ca.call("GPULabel", serde_json::json!({})).ok();
+    ca.call(
+        "NodeGroupTemplateNodeInfo",
+        serde_json::json!({"id": "auto/default"}),
+    )
+    .refused("UNIMPLEMENTED", "template");
+
+    // Scale-up: two more machines; kubectl sees four Ready Nodes, each
+    // with its machine's providerID.
+    let up = ca.call(
+        "NodeGroupIncreaseSize",
+        serde_json::json!({"id": "auto/default", "delta": 2}),
+    );
+    assert!(up.seconds < 5.0, "{up:?}");
+    up.ok();
+    assert_eq!(target(), 3);
+    wait_for("four Ready Nodes", BOOT, || {
+        let ready = ready_nodes(&kubeconfig)?;
+        (ready.len() == 4).then_some(()).ok_or(format!("{ready:?}"))
+    });
+    c.wait_cluster_phase("auto", "Running", BOOT);
+    let ids: std::collections::BTreeSet<String> = kube::provider_ids(&kubeconfig)
+        .unwrap()
+        .into_values()
+        .collect();
+    let instances = |ca: &Autoscaler| {
+        ca.call("NodeGroupNodes", serde_json::json!({"id": "auto/default"}))
+            .ok()["instances"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let running = instances(&ca);
+    assert_eq!(running.len(), 3, "{running:?}");
+    for i in &running {
+        assert!(ids.contains(i["id"].as_str().unwrap()), "{i} among {ids:?}");
+        assert_eq!(i["status"]["instanceState"], "instanceRunning", "{i}");
+    }
+    // Past the maximum: refused, naming it.
+    ca.call(
+        "NodeGroupIncreaseSize",
+        serde_json::json!({"id": "auto/default", "delta": 2}),
+    )
+    .refused("OUT_OF_RANGE", "maximum is 4");
+
+    // No free machine is left: one more is asked for, and the group says
+    // it cannot be had (out of resources), so the autoscaler backs off;
+    // it gives the request up; giving up a machine that exists is refused.
+    ca.call(
+        "NodeGroupIncreaseSize",
+        serde_json::json!({"id": "auto/default", "delta": 1}),
+    )
+    .ok();
+    let short = instances(&ca);
+    let pending: Vec<&serde_json::Value> = short
+        .iter()
+        .filter(|i| i["status"]["instanceState"] == "instanceCreating")
+        .collect();
+    assert_eq!(pending.len(), 1, "{short:?}");
+    assert_eq!(pending[0]["status"]["errorInfo"]["instanceErrorClass"], 1);
+    assert_eq!(
+        pending[0]["status"]["errorInfo"]["errorCode"],
+        "NoFreeMachine"
+    );
+    ca.call(
+        "NodeGroupDecreaseTargetSize",
+        serde_json::json!({"id": "auto/default", "delta": -1}),
+    )
+    .ok();
+    assert_eq!(target(), 3);
+    ca.call(
+        "NodeGroupDecreaseTargetSize",
+        serde_json::json!({"id": "auto/default", "delta": -1}),
+    )
+    .refused("FAILED_PRECONDITION", "existing nodes");
+
+    // Another cluster's certificate touches nothing of this one.
+    apply(&c, tmp.path(), &pool_cluster_yaml("other", 1, 0, "nowhere"));
+    let other = Autoscaler::for_cluster(&c, "other", &tmp.path().join("other-autoscaler"));
+    assert_eq!(
+        other.call("NodeGroups", serde_json::json!({})).ok(),
+        serde_json::json!({})
+    );
+    other
+        .call(
+            "NodeGroupTargetSize",
+            serde_json::json!({"id": "auto/default"}),
+        )
+        .refused("PERMISSION_DENIED", "cluster auto");
+    other
+        .call(
+            "NodeGroupIncreaseSize",
+            serde_json::json!({"id": "auto/default", "delta": 1}),
+        )
+        .refused("PERMISSION_DENIED", "cluster auto");
+    other
+        .call(
+            "NodeGroupForNode",
+            serde_json::json!({"node": {"providerID": provider_id(&worker)}}),
+        )
+        .refused("PERMISSION_DENIED", "cluster auto");
+    assert_eq!(target(), 3);
+
+    // Scale-down: the autoscaler names the Node it drained; that machine
+    // leaves (its Node goes) and returns to its pool, and nothing takes
+    // its place.
+    let victim = pool_machines(&c).pop().unwrap();
+    let victim_name = victim["metadata"]["name"].as_str().unwrap().to_owned();
+    let node = victim["status"]["hostname"].as_str().unwrap().to_owned();
+    ca.call(
+        "NodeGroupDeleteNodes",
+        serde_json::json!({"id": "auto/default",
+            "nodes": [{"providerID": provider_id(&victim), "name": node}]}),
+    )
+    .ok();
+    assert_eq!(target(), 2);
+    wait_for("the machine back in its pool", BOOT, || {
+        let m = c
+            .machines()
+            .into_iter()
+            .find(|m| m["metadata"]["name"] == victim_name.as_str())
+            .ok_or("gone")?;
+        (m["status"]["phase"] == "Registered" && m["spec"]["assignment"].is_null())
+            .then_some(())
+            .ok_or(format!("{m:#}"))
+    });
+    wait_for("its Node gone", BOOT, || {
+        let (all, _) = kube::nodes(&kubeconfig)?;
+        (all.len() == 3 && !all.contains(&node))
+            .then_some(())
+            .ok_or(format!("{all:?}"))
+    });
+    c.wait_cluster_phase("auto", "Running", BOOT);
+    assert_eq!(pool_machines(&c).len(), 2);
+    // A Node of no group: refused, nothing deleted.
+    ca.call(
+        "NodeGroupDeleteNodes",
+        serde_json::json!({"id": "auto/default",
+            "nodes": [{"providerID": provider_id(&cp)}]}),
+    )
+    .refused("INVALID_ARGUMENT", "not in node group");
+    assert_eq!(target(), 2);
+
+    // The autoscaler owns the count: kubectl shows it as its field, and
+    // every call is in the audit log and counted.
+    let coordinator_kc = tmp.path().join("coordinator.kubeconfig");
+    std::fs::write(&coordinator_kc, c.cli_ok(&["kubeconfig", "--coordinator"])).unwrap();
+    let managers = kubectl(
+        &coordinator_kc,
+        &[
+            "get",
+            "cluster",
+            "auto",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+        ],
+    )
+    .unwrap();
+    assert!(managers.contains("cluster-autoscaler"), "{managers}");
+    let audit = c.cli_ok(&["audit", "--limit", "200"]);
+    assert!(
+        audit.contains("autoscaler:auto")
+            && audit.contains("CloudProvider/NodeGroupIncreaseSize")
+            && audit.contains("autoscaler:other"),
+        "{audit}"
+    );
+    assert!(
+        c.metric(r#"drover_autoscaler_calls_total{method="NodeGroupIncreaseSize",code="ok"}"#)
+            >= 2.0
+    );
+    assert!(
+        c.metric(
+            r#"drover_autoscaler_calls_total{method="NodeGroupTargetSize",code="permission_denied"}"#
+        ) >= 1.0
+    );
+}

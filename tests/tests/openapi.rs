@@ -15,6 +15,7 @@ const OPERATIONS: &[&str] = &[
     "PUT /v1/clusters/{name}",
     "DELETE /v1/clusters/{name}",
     "POST /v1/clusters/{name}/kubeconfig",
+    "POST /v1/clusters/{name}/autoscaler-credentials",
     "POST /v1/clusters/{name}/rollout/resume",
     "POST /v1/clusters/{name}/snapshots",
     "POST /v1/clusters/{name}/restore",

@@ -10,6 +10,7 @@ pub mod documents;
 
 mod admin;
 mod apply;
+mod autoscaler;
 mod backup;
 mod delete;
 mod describe;
@@ -28,6 +29,7 @@ pub use admin::{
     RoleArg,
 };
 pub use apply::{ApplyArgs, UntilRunning};
+pub use autoscaler::AutoscalerConfigArgs;
 pub use backup::BackupArgs;
 pub use delete::DeleteArgs;
 pub use describe::DescribeArgs;
@@ -56,6 +58,9 @@ pub enum Command {
     Delete(DeleteArgs),
     /// Print an admin kubeconfig for a cluster.
     Kubeconfig(KubeconfigArgs),
+    /// Write the cluster-autoscaler's externalgrpc cloud-config for a
+    /// cluster, with its client certificate, key and CA.
+    AutoscalerConfig(AutoscalerConfigArgs),
     /// Manage registration tokens for self-registering machines.
     Token(TokenArgs),
     /// Change the replica count of one pool of a cluster.
@@ -155,6 +160,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Describe(d) => describe::describe(d).await,
         Command::Delete(d) => delete::delete(d).await,
         Command::Kubeconfig(k) => kubeconfig::kubeconfig(k).await,
+        Command::AutoscalerConfig(a) => autoscaler::autoscaler_config(a).await,
         Command::Token(t) => token::token(t.command).await,
         Command::Scale(s) => scale(s).await,
         Command::AdminToken(t) => admin_token(t.command).await,

@@ -20,6 +20,35 @@
 //! `OutOfResourcesErrorClass` = 1, `OtherErrorClass` = 99).
 
 use drover_common::api::{Cluster, Machine, MachinePhase, WorkerPoolSpec};
+use drover_common::pki::{CertificateAuthority, IssuedCert, LeafSpec, LeafUsage, PkiError};
+
+/// The common name of cluster `C`'s autoscaler certificate is
+/// `autoscaler:C`: no machine's (a machine name has no colon).
+pub const COMMON_NAME_PREFIX: &str = "autoscaler:";
+
+/// Its organization names the cluster's UID, so a certificate of a
+/// deleted cluster does not work for one made again under its name.
+pub const ORGANIZATION_PREFIX: &str = "drover:autoscaler:";
+
+/// How long an autoscaler's client certificate is valid.
+pub const CREDENTIALS_VALIDITY: time::Duration = time::Duration::days(365);
+
+/// A client certificate for the autoscaler of cluster `cluster` (UID
+/// `uid`), signed by `ca`.
+pub fn client_credentials(
+    ca: &CertificateAuthority,
+    cluster: &str,
+    uid: &str,
+) -> Result<IssuedCert, PkiError> {
+    ca.issue(&LeafSpec {
+        common_name: format!("{COMMON_NAME_PREFIX}{cluster}"),
+        organizations: vec![format!("{ORGANIZATION_PREFIX}{uid}")],
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: LeafUsage::Client,
+        validity: CREDENTIALS_VALIDITY,
+    })
+}
 
 /// The error class of an instance that cannot be had: the provider (here
 /// the pool) has no capacity (cloud_provider.go `OutOfResourcesErrorClass`).

@@ -21,4 +21,7 @@ pub struct Settings {
     /// Where the sealed etcd snapshots of clusters are kept
     /// (`DATA_DIR/snapshots`).
     pub snapshot_dir: std::path::PathBuf,
+    /// Where the cluster-autoscaler's service is reached (`host:port`),
+    /// when `--autoscaler-listen` serves it.
+    pub autoscaler_address: Option<String>,
 }

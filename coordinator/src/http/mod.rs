@@ -3,6 +3,7 @@
 
 pub mod admin;
 mod auth;
+mod autoscaler;
 mod backup;
 mod body;
 pub mod cluster_write;
@@ -164,6 +165,10 @@ pub fn router(app: Arc<App>) -> Router {
                 .delete(admin::delete_cluster),
         )
         .route("/v1/clusters/{name}/kubeconfig", post(admin::kubeconfig))
+        .route(
+            "/v1/clusters/{name}/autoscaler-credentials",
+            post(autoscaler::credentials),
+        )
         .route(
             "/v1/clusters/{name}/rollout/resume",
             post(admin::resume_rollout),

@@ -42,6 +42,7 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         admin::apply_cluster,
         admin::delete_cluster,
         admin::kubeconfig,
+        super::autoscaler::credentials,
         admin::list_machines,
         admin::status,
         admin::coordinators,
@@ -315,11 +316,12 @@ mod tests {
             "/v1/machine/snapshots/{name}/data",
             "/v1/machine/inventory",
             "/v1/clusters/{name}/restore",
+            "/v1/clusters/{name}/autoscaler-credentials",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 44);
+        assert_eq!(operations, 45);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

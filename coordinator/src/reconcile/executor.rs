@@ -656,6 +656,11 @@ fn take_out(
             }
             Leave::Release => m.status.phase = MachinePhase::Releasing,
         }
+        // A scale-down's mark has done its work: back in its pool, the
+        // machine serves the next cluster that claims it.
+        m.metadata
+            .annotations
+            .remove(drover_common::names::SCALE_DOWN_ANNOTATION);
         Ok(true)
     })?;
     match how {

@@ -719,3 +719,48 @@ fn a_lost_pool_control_plane_is_restored_onto_a_free_machine() {
         Some("f")
     );
 }
+
+#[test]
+fn a_worker_the_autoscaler_takes_out_goes_back_to_its_pool_unreplaced() {
+    let mut c = initialized_by(pool_cluster(1, 2), "a");
+    let mut machines = vec![
+        claimed(
+            "a",
+            CONTROL_PLANE_POOL,
+            MachineRole::Init,
+            MachinePhase::Running,
+        ),
+        claimed("b", "w", MachineRole::Worker, MachinePhase::Running),
+        claimed("c", "w", MachineRole::Worker, MachinePhase::Running),
+        free("d", "dev"),
+    ];
+    hostnames_are_names(&mut machines);
+    // The autoscaler marks the Node it drained and lowers replicas in the
+    // same write: that one machine goes, released (not deleted), and
+    // nothing takes its place, though a free machine is there.
+    machines[1].metadata.annotations.insert(
+        drover_common::names::SCALE_DOWN_ANNOTATION.into(),
+        "cluster-autoscaler".into(),
+    );
+    c.spec.worker_pools[0].replicas = 1;
+    // First its Node is drained, as for any machine leaving on purpose.
+    let steps = plan_silent(&c, &machines, &[]);
+    assert!(
+        releases(&steps).is_empty() && assigns(&steps).is_empty(),
+        "{steps:?}"
+    );
+    let mut drain = final_status(&steps).drain.expect("a drain of b");
+    assert_eq!(drain.machine, "b");
+    drain.result = Some(drover_common::api::DrainResult {
+        ok: true,
+        message: String::new(),
+    });
+    c.status.drain = Some(drain);
+    let steps = plan_silent(&c, &machines, &[]);
+    assert_eq!(releases(&steps), vec![("b".to_owned(), false)], "{steps:?}");
+    assert!(steps
+        .iter()
+        .any(|s| matches!(s, Step::Release { reason, .. }
+        if reason == "scaled down by cluster-autoscaler; back to its pool")));
+    assert!(assigns(&steps).is_empty(), "{steps:?}");
+}

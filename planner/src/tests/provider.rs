@@ -1067,3 +1067,21 @@ fn a_scheduled_drill_starts_when_due_with_a_snapshot_and_none_under_way() {
         format!("{}-drill", "x".repeat(48))
     );
 }
+
+#[test]
+fn a_worker_the_autoscaler_takes_out_is_deleted_unreplaced() {
+    let mut c = initialized_docker(1, 2);
+    let mut machines = init_i_and_workers(&["w1", "w2"]);
+    machines[1].metadata.annotations.insert(
+        drover_common::names::SCALE_DOWN_ANNOTATION.into(),
+        "cluster-autoscaler".into(),
+    );
+    c.spec.worker_pools[0].replicas = 1;
+    let steps = plan_now(&c, &machines);
+    assert_eq!(deletes(&steps), vec!["w1".to_owned()], "{steps:?}");
+    assert!(steps
+        .iter()
+        .any(|s| matches!(s, Step::DeleteMachine { reason, .. }
+        if reason == "scaled down by cluster-autoscaler")));
+    assert!(creates(&steps).is_empty(), "{steps:?}");
+}
