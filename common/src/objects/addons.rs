@@ -328,6 +328,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_shipped_cluster_autoscaler_addon_is_a_valid_addon() {
+        let text = include_str!("../../../images/addons/cluster-autoscaler.yaml");
+        let docs = manifest_documents(text).unwrap();
+        let described: Vec<String> = docs.iter().map(ManifestDocument::describe).collect();
+        assert!(
+            described.contains(&"Deployment kube-system/cluster-autoscaler".to_owned()),
+            "{described:?}"
+        );
+        assert!(text.contains("--cloud-provider=externalgrpc"));
+        assert!(text.contains("--cloud-config=/config/cloud-config.yaml"));
+        // The credentials come from a Secret, never from the addon.
+        assert!(!text.contains("PRIVATE KEY"));
+    }
+
+    #[test]
     fn documents_are_checked_one_by_one_and_named() {
         let ok = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a, namespace: kube-system}\n---\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n";
         let docs = manifest_documents(ok).unwrap();
