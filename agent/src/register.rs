@@ -106,6 +106,7 @@ pub async fn register(
                         kubelet_healthz_port: settings.kubelet_healthz_port(),
                         agent_version: env!("CARGO_PKG_VERSION"),
                         instance_id,
+                        capacity: drover_common::api::Capacity::of_this_host(),
                     },
                 );
                 tokio::select! {

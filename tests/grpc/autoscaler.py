@@ -24,6 +24,7 @@ from google.protobuf import json_format  # noqa: E402
 
 import externalgrpc_pb2 as pb  # noqa: E402
 import externalgrpc_pb2_grpc as rpc  # noqa: E402
+import k8s_node_pb2 as k8s  # noqa: E402
 
 
 def read_config(path):
@@ -92,6 +93,11 @@ def main():
     try:
         response = call(request, timeout=timeout)
         out["response"] = json_format.MessageToDict(response)
+        if method == "NodeGroupTemplateNodeInfo":
+            # What the autoscaler does with nodeBytes: v1.Node#Unmarshal().
+            node = k8s.Node()
+            node.ParseFromString(response.nodeBytes)
+            out["node"] = json_format.MessageToDict(node)
     except grpc.RpcError as e:
         out["code"] = e.code().name
         out["message"] = e.details()

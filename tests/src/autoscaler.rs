@@ -18,6 +18,8 @@ pub struct Call {
     pub code: String,
     pub message: String,
     pub response: serde_json::Value,
+    /// A template node, decoded from `nodeBytes` as the autoscaler does.
+    pub node: serde_json::Value,
     /// How long the call took, as the client measured it.
     pub seconds: f64,
 }
@@ -75,6 +77,7 @@ impl Autoscaler {
             code: v["code"].as_str().unwrap_or_default().to_owned(),
             message: v["message"].as_str().unwrap_or_default().to_owned(),
             response: v["response"].clone(),
+            node: v["node"].clone(),
             seconds: v["seconds"].as_f64().unwrap_or_default(),
         }
     }

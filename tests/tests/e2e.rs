@@ -3845,7 +3845,7 @@ fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
         &["--autoscaler-listen", &listen],
     );
     let boot = tmp.path().join("boot.yaml");
-    c.token("default", "env=dev", 4, "1h", &boot);
+    c.token("default", "env=dev", 5, "1h", &boot);
     let _agents = start_agents(tmp.path(), &boot, 4, "m", "auto-");
     wait_registered(&c, 4);
     let doc = pool_cluster_yaml("auto", 1, 1, "dev").replace(
@@ -3911,11 +3911,31 @@ fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
     };
     assert_eq!(target(), 1);
     ca.call("GPULabel", serde_json::json!({})).ok();
-    ca.call(
+    // The template node has the hardware the agents reported (this host's).
+    let template = ca.call(
         "NodeGroupTemplateNodeInfo",
         serde_json::json!({"id": "auto/default"}),
-    )
-    .refused("UNIMPLEMENTED", "template");
+    );
+    assert_eq!(template.code, "OK", "{template:?}");
+    let host = host_capacity();
+    let node = &template.node;
+    assert_eq!(node["metadata"]["name"], "auto-default-template", "{node}");
+    assert_eq!(node["metadata"]["labels"]["kubernetes.io/os"], "linux");
+    assert_eq!(
+        node["status"]["capacity"]["cpu"]["string"],
+        host.0.to_string(),
+        "{node}"
+    );
+    assert_eq!(
+        node["status"]["capacity"]["memory"]["string"],
+        host.1.to_string()
+    );
+    assert_eq!(
+        node["status"]["allocatable"]["memory"]["string"],
+        (host.1 - (100 << 20)).to_string()
+    );
+    assert_eq!(node["status"]["capacity"]["pods"]["string"], "110");
+    assert_eq!(node["status"]["nodeInfo"]["kubeletVersion"], "v1.31.2");
 
     // Scale-up: two more machines; kubectl sees four Ready Nodes, each
     // with its machine's providerID.
@@ -4053,6 +4073,46 @@ fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
     .refused("INVALID_ARGUMENT", "not in node group");
     assert_eq!(target(), 2);
 
+    // Scale from zero: a pool of no machine takes its template from a
+    // free machine it may claim, and scaling it up claims that machine.
+    // (Another machine registers: cluster zero's control plane takes one.)
+    let _fifth = Agent::start(&tmp.path().join("m4"), "auto-4", &boot);
+    wait_registered(&c, 5);
+    apply(
+        &c,
+        tmp.path(),
+        &pool_cluster_yaml("zero", 1, 0, "dev").replace(
+            "    - name: default\n      replicas: 0\n",
+            "    - name: default\n      autoscaling: {minReplicas: 0, maxReplicas: 2}\n",
+        ),
+    );
+    let zero = Autoscaler::for_cluster(&c, "zero", &tmp.path().join("zero-autoscaler"));
+    let from_zero = zero.call(
+        "NodeGroupTemplateNodeInfo",
+        serde_json::json!({"id": "zero/default"}),
+    );
+    assert_eq!(from_zero.code, "OK", "{from_zero:?}");
+    assert_eq!(
+        from_zero.node["status"]["capacity"]["cpu"]["string"],
+        host.0.to_string()
+    );
+    zero.call(
+        "NodeGroupIncreaseSize",
+        serde_json::json!({"id": "zero/default", "delta": 1}),
+    )
+    .ok();
+    c.wait_cluster_phase("zero", "Running", BOOT);
+    let workers = c
+        .machines()
+        .into_iter()
+        .filter(|m| {
+            m["spec"]["assignment"]["cluster"] == "zero"
+                && m["spec"]["assignment"]["machinePool"] == "default"
+                && m["status"]["phase"] == "Running"
+        })
+        .count();
+    assert_eq!(workers, 1);
+
     // The autoscaler owns the count: kubectl shows it as its field, and
     // every call is in the audit log and counted.
     let coordinator_kc = tmp.path().join("coordinator.kubeconfig");
@@ -4085,4 +4145,17 @@ fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
             r#"drover_autoscaler_calls_total{method="NodeGroupTargetSize",code="permission_denied"}"#
         ) >= 1.0
     );
+}
+
+/// This host's CPUs and memory in bytes, as an agent on it reports them.
+fn host_capacity() -> (usize, u64) {
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    (cpus, kb * 1024)
 }

@@ -19,6 +19,8 @@ pub struct Facts<'a> {
     /// The cloud instance, when the bootstrap document came from instance
     /// metadata.
     pub instance_id: Option<&'a str>,
+    /// Its CPUs and memory.
+    pub capacity: Option<drover_common::api::Capacity>,
 }
 
 /// The registration request for a ticket and a CSR.
@@ -33,6 +35,7 @@ pub fn request(ticket: &str, csr_pem: &str, facts: Facts<'_>) -> RegisterRequest
             kubelet_healthz_port: facts.kubelet_healthz_port,
             agent_version: facts.agent_version.to_owned(),
             instance_id: facts.instance_id.map(str::to_owned),
+            capacity: facts.capacity,
         },
     }
 }
@@ -92,6 +95,7 @@ mod tests {
                 kubelet_healthz_port: 10248,
                 agent_version: "1.2.3",
                 instance_id: Some("i-1"),
+                capacity: None,
             },
         );
         assert_eq!(r.ticket, "dt1.t");

@@ -103,6 +103,11 @@ async fn register(fleet: &Fleet, index: usize, stop: &mut Shutdown) -> Option<Si
             kubelet_healthz_port: 10248,
             agent_version: concat!(env!("CARGO_PKG_VERSION"), "-simulated"),
             instance_id: None,
+            // What a simulated machine says it has: a 4-CPU, 16 GiB host.
+            capacity: Some(drover_common::api::Capacity {
+                cpus: 4,
+                memory_bytes: 16 << 30,
+            }),
         },
     );
     let mut backoff = Backoff::standard();

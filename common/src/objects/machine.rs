@@ -131,6 +131,38 @@ impl fmt::Display for MachinePhase {
     }
 }
 
+/// A machine's CPUs and memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Capacity {
+    /// The CPUs it may use (its cgroup's quota, if any).
+    pub cpus: u32,
+    /// Its memory, in bytes (`MemTotal` of `/proc/meminfo`).
+    pub memory_bytes: u64,
+}
+
+impl Capacity {
+    /// This host's, read from the kernel: `None` when it cannot be read.
+    pub fn of_this_host() -> Option<Self> {
+        let cpus = std::thread::available_parallelism().ok()?.get() as u32;
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let memory_bytes = parse_mem_total(&meminfo)?;
+        Some(Self { cpus, memory_bytes })
+    }
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut parts = line["MemTotal:".len()..].split_whitespace();
+    let value: u64 = parts.next()?.parse().ok()?;
+    match parts.next() {
+        Some("kB") => value.checked_mul(1024),
+        None => Some(value),
+        Some(_) => None,
+    }
+}
+
 /// What the coordinator knows about a machine.
 #[skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -186,6 +218,8 @@ pub struct MachineStatus {
     pub conditions: Vec<Condition>,
     /// The provider's id for the machine (a container or instance id).
     pub provider_id: Option<String>,
+    /// Its CPUs and memory, as its agent reported them at registration.
+    pub capacity: Option<Capacity>,
     /// Its Node's `spec.providerID` when the provider names it
     /// (`aws:///<zone>/<instance-id>`); otherwise the Node's is
     /// `drover://<cluster>/<machine>`.
@@ -224,4 +258,17 @@ pub struct CertificateExpiry {
     pub certificate: String,
     #[serde(with = "time::serde::rfc3339")]
     pub expires_at: OffsetDateTime,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_total_is_read_in_bytes() {
+        let text = "MemTotal:       16318452 kB\nMemFree:         1000 kB\n";
+        assert_eq!(parse_mem_total(text), Some(16318452 * 1024));
+        assert_eq!(parse_mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(parse_mem_total("MemTotal: x kB\n"), None);
+    }
 }

@@ -22,6 +22,10 @@ pub struct MachineFacts {
     /// the coordinator checks it against the instance it launched for the
     /// ticket's machine.
     pub instance_id: Option<String>,
+    /// What the machine has to run Pods on, as its kubelet will report it:
+    /// what a template node of its pool is built from, so the
+    /// cluster-autoscaler can scale the pool from zero.
+    pub capacity: Option<crate::objects::Capacity>,
 }
 
 /// `POST /v1/machine/register`.

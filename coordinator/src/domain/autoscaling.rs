@@ -376,6 +376,68 @@ pub fn instances(
     out
 }
 
+/// How many Pods a kubelet runs unless told otherwise (`maxPods`).
+pub const DEFAULT_MAX_PODS: u32 = 110;
+
+/// The memory a kubelet keeps from Pods by default: its hard eviction
+/// threshold `memory.available<100Mi`.
+pub const EVICTION_MEMORY: u64 = 100 << 20;
+
+/// The Node a new machine of a pool would become, for the autoscaler's
+/// scale-up simulations (and scale-from-zero).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateNode {
+    pub name: String,
+    pub provider_id: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub capacity: drover_common::api::Capacity,
+    pub kubelet_version: String,
+}
+
+/// The template node of `pool`: with the CPUs and memory of one of its
+/// machines that reported them (a Running one first), else of `free`, a
+/// machine it may claim; `None` when none reported them.
+pub fn template(
+    cluster: &Cluster,
+    pool: &WorkerPoolSpec,
+    machines: &[Machine],
+    free: Option<&Machine>,
+) -> Option<TemplateNode> {
+    let mut own: Vec<&Machine> = drover_planner::machines_of(cluster, machines)
+        .into_iter()
+        .filter(|m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.machine_pool == pool.name)
+                && m.status.capacity.is_some()
+        })
+        .collect();
+    own.sort_by_key(|m| m.status.phase != MachinePhase::Running);
+    let capacity = own
+        .first()
+        .copied()
+        .or(free)
+        .and_then(|m| m.status.capacity)?;
+    let name = format!("{}-{}-template", cluster.metadata.name, pool.name);
+    let labels = [
+        ("kubernetes.io/hostname", name.as_str()),
+        ("kubernetes.io/os", "linux"),
+        // What Drover's node images run on.
+        ("kubernetes.io/arch", "amd64"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    Some(TemplateNode {
+        provider_id: format!("drover://{}/{}/template", cluster.metadata.name, pool.name),
+        name,
+        labels,
+        capacity,
+        kubelet_version: cluster.spec.kubernetes_version.clone(),
+    })
+}
+
 /// How many of `pool`'s machines have (or are getting) a Node: what a
 /// decrease of its target must leave.
 pub fn existing(cluster: &Cluster, pool: &WorkerPoolSpec, machines: &[Machine]) -> u32 {
@@ -409,6 +471,29 @@ mod tests {
             MachineRole::Worker
         };
         claimed(name, pool, role, phase)
+    }
+
+    #[test]
+    fn a_template_has_the_hardware_a_machine_of_the_pool_reported() {
+        let c = cluster();
+        let pool = c.spec.worker_pools[0].clone();
+        let hw = |cpus| drover_common::api::Capacity {
+            cpus,
+            memory_bytes: 8 << 30,
+        };
+        let mut free = drover_planner::fixtures::free("f", "dev");
+        assert_eq!(template(&c, &pool, &[], Some(&free)), None);
+        // From zero: a free machine the pool may claim.
+        free.status.capacity = Some(hw(2));
+        let t = template(&c, &pool, &[], Some(&free)).unwrap();
+        assert_eq!((t.capacity.cpus, t.name.as_str()), (2, "c-w-template"));
+        assert_eq!(t.labels["kubernetes.io/os"], "linux");
+        assert_eq!(t.kubelet_version, c.spec.kubernetes_version);
+        // The pool's own Running machine wins over a free one.
+        let mut own = machine(&c, "w-1", "w", MachinePhase::Running);
+        own.status.capacity = Some(hw(8));
+        let t = template(&c, &pool, &[own], Some(&free)).unwrap();
+        assert_eq!(t.capacity.cpus, 8);
     }
 
     #[test]

@@ -237,11 +237,15 @@ fn pool<'a>(scope: &'a Scope, id: &str) -> Result<&'a WorkerPoolSpec, Status> {
     scaling::pool_of(&scope.cluster, id).map_err(status_of)
 }
 
-/// Whether a machine for `pool` can be had: always from a provider that
-/// creates machines; on a pool cluster, when a free machine matches.
-fn can_fill(app: &App, cluster: &Cluster, pool: &WorkerPoolSpec) -> Result<bool, Status> {
+/// A free machine pool cluster `cluster` may claim for `pool`, if there
+/// is one.
+fn free_match(
+    app: &App,
+    cluster: &Cluster,
+    pool: &WorkerPoolSpec,
+) -> Result<Option<Machine>, Status> {
     if cluster.spec.provider.creates_machines() {
-        return Ok(true);
+        return Ok(None);
     }
     let wanted = |m: &Machine| {
         m.spec.assignment.is_none()
@@ -254,17 +258,65 @@ fn can_fill(app: &App, cluster: &Cluster, pool: &WorkerPoolSpec) -> Result<bool,
         // The leader's fleet index knows the free machines this cluster may
         // claim, without reading the fleet.
         for name in app.fleet.controller.index.candidates(cluster, |_| true) {
-            if app
-                .machine(&name)
-                .map_err(internal)?
-                .is_some_and(|m| wanted(&m))
-            {
-                return Ok(true);
+            if let Some(m) = app.machine(&name).map_err(internal)?.filter(wanted) {
+                return Ok(Some(m));
             }
         }
-        return Ok(false);
+        return Ok(None);
     }
-    Ok(app.machines().map_err(internal)?.iter().any(wanted))
+    Ok(app.machines().map_err(internal)?.into_iter().find(wanted))
+}
+
+/// Whether a machine for `pool` can be had: always from a provider that
+/// creates machines; on a pool cluster, when a free machine matches.
+fn can_fill(app: &App, cluster: &Cluster, pool: &WorkerPoolSpec) -> Result<bool, Status> {
+    Ok(cluster.spec.provider.creates_machines() || free_match(app, cluster, pool)?.is_some())
+}
+
+/// `t` as `v1.Node#Marshal()` would write it: Ready, its capacity, and
+/// allocatable as the kubelet's defaults leave it (the eviction memory
+/// kept back).
+fn node_bytes(t: &scaling::TemplateNode) -> Vec<u8> {
+    use super::k8s;
+    use prost::Message;
+    let resources = |memory: u64| {
+        [
+            ("cpu", t.capacity.cpus.to_string()),
+            ("memory", memory.to_string()),
+            ("pods", scaling::DEFAULT_MAX_PODS.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), k8s::Quantity::of(v)))
+        .collect()
+    };
+    k8s::Node {
+        metadata: Some(k8s::ObjectMeta {
+            name: Some(t.name.clone()),
+            labels: t.labels.clone(),
+        }),
+        spec: Some(k8s::NodeSpec {
+            provider_id: Some(t.provider_id.clone()),
+            taints: vec![],
+        }),
+        status: Some(k8s::NodeStatus {
+            capacity: resources(t.capacity.memory_bytes),
+            allocatable: resources(
+                t.capacity
+                    .memory_bytes
+                    .saturating_sub(scaling::EVICTION_MEMORY),
+            ),
+            conditions: vec![k8s::NodeCondition {
+                r#type: Some("Ready".into()),
+                status: Some("True".into()),
+            }],
+            node_info: Some(k8s::NodeSystemInfo {
+                kubelet_version: Some(t.kubelet_version.clone()),
+                operating_system: Some("linux".into()),
+                architecture: Some("amd64".into()),
+            }),
+        }),
+    }
+    .encode_to_vec()
 }
 
 /// Whether pool cluster `cluster` may claim free machine `m`: it
@@ -575,10 +627,24 @@ impl CloudProvider for Service {
         &self,
         req: Request<proto::NodeGroupTemplateNodeInfoRequest>,
     ) -> Result<Response<proto::NodeGroupTemplateNodeInfoResponse>, Status> {
-        self.call(req, "NodeGroupTemplateNodeInfo", |_, _, scope, q| {
-            pool(scope, &q.id)?;
-            Err(unimplemented(
-                "template nodes yet: machines do not report their hardware, so a pool scales from its running Nodes, not from zero",
+        self.call(req, "NodeGroupTemplateNodeInfo", |app, _, scope, q| {
+            let p = pool(scope, &q.id)?;
+            let free = free_match(app, &scope.cluster, p)?;
+            let t = scaling::template(&scope.cluster, p, &scope.machines, free.as_ref())
+                .ok_or_else(|| {
+                    Status::failed_precondition(format!(
+                        "no machine of node group {} (nor a free one it may claim) has reported its CPUs and memory; register one with an agent of this version",
+                        q.id
+                    ))
+                })?;
+            let bytes = node_bytes(&t);
+            Ok((
+                proto::NodeGroupTemplateNodeInfoResponse {
+                    node_info: bytes.clone(),
+                    node_bytes: bytes,
+                    resource_slice_bytes: vec![],
+                },
+                vec![],
             ))
         })
         .await

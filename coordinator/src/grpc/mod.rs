@@ -9,6 +9,7 @@
 //! identifies the caller, writes, audits and counts.
 
 pub mod cloud_provider;
+pub mod k8s;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

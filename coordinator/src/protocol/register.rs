@@ -71,6 +71,17 @@ pub fn check_facts(f: &MachineFacts) -> Result<(), RegisterError> {
             "agentVersion must be at most 64 characters without control characters".to_string(),
         );
     }
+    if let Some(c) = &f.capacity {
+        if c.cpus == 0 || c.cpus > 4096 {
+            problems.push(format!("capacity.cpus must be 1 to 4096, got {}", c.cpus));
+        }
+        if !(64 << 20..=64 << 40).contains(&c.memory_bytes) {
+            problems.push(format!(
+                "capacity.memoryBytes must be 64 MiB to 64 TiB, got {}",
+                c.memory_bytes
+            ));
+        }
+    }
     if let Some(id) = &f.instance_id {
         if id.is_empty()
             || id.len() > 64
@@ -125,6 +136,7 @@ pub fn pool_machine(
             api_server_port: facts.api_server_port,
             kubelet_healthz_port: facts.kubelet_healthz_port,
             agent_version: facts.agent_version.clone(),
+            capacity: facts.capacity,
             last_heartbeat_time: Some(now),
             certificate_not_after: Some(issued.cert.not_after),
             certificate_key: Some(issued.key_pin.clone()),
@@ -191,6 +203,7 @@ impl TicketFor<'_> {
         m.status.api_server_port = facts.api_server_port;
         m.status.kubelet_healthz_port = facts.kubelet_healthz_port;
         m.status.agent_version = facts.agent_version.clone();
+        m.status.capacity = facts.capacity;
         m.status.last_heartbeat_time = Some(now);
         m.status.certificate_not_after = Some(issued.cert.not_after);
         m.status.certificate_key = Some(issued.key_pin.clone());
@@ -220,12 +233,28 @@ mod tests {
             kubelet_healthz_port: 10248,
             agent_version: "0.1.0".into(),
             instance_id: None,
+            capacity: Some(drover_common::api::Capacity {
+                cpus: 2,
+                memory_bytes: 4 << 30,
+            }),
         }
     }
 
     #[test]
     fn facts_are_checked_before_anything_keeps_them() {
         assert!(check_facts(&facts()).is_ok());
+        let none = MachineFacts {
+            capacity: Some(drover_common::api::Capacity {
+                cpus: 0,
+                memory_bytes: 1,
+            }),
+            ..facts()
+        };
+        let e = check_facts(&none).unwrap_err().to_string();
+        assert!(
+            e.contains("capacity.cpus") && e.contains("capacity.memoryBytes"),
+            "{e}"
+        );
         let bad = MachineFacts {
             hostname: "Not A Host".into(),
             addresses: vec!["nowhere".into()],
