@@ -148,6 +148,15 @@ fn oversized_and_malformed_bodies_are_refused_with_problems() {
         &serde_json::json!({"pool": "../etc", "ttlSeconds": 0, "maxUses": 0}),
     )
     .assert_problem(422, "pool");
+    // A lifetime past what a date can hold is refused, not a crash
+    // (Schemathesis found 2^63 seconds).
+    api.json(
+        "POST",
+        "/v1/registrationtokens",
+        Some(&token),
+        &serde_json::json!({"pool": "p", "ttlSeconds": 9_223_372_036_854_775_808u64, "maxUses": 1}),
+    )
+    .assert_problem(422, "ttlSeconds");
     api.send("GET", "/v1/machines/..%2F..%2Fetc", Some(&token), None)
         .assert_problem(400, "DNS-1123 subdomain");
     // Nothing was stored by any of it.

@@ -407,24 +407,24 @@ pub async fn create_token(
 ) -> Result<(StatusCode, Json<CreatedRegistrationToken>), ApiError> {
     admin.require_write()?;
     let now = drover_common::now();
-    let spec = RegistrationTokenSpec {
+    let ttl = i64::try_from(req.ttl_seconds).unwrap_or(i64::MAX);
+    let mut spec = RegistrationTokenSpec {
         pool: req.pool,
         labels: req.labels,
         max_uses: req.max_uses,
-        expires_at: now + time::Duration::seconds(req.ttl_seconds.min(i64::MAX as u64) as i64),
+        expires_at: now,
         revoked: false,
     };
     let mut errors = check_spec("", &spec);
-    errors.extend(check_lifetime(
-        "ttlSeconds",
-        req.ttl_seconds.min(i64::MAX as u64) as i64,
-    ));
+    errors.extend(check_lifetime("ttlSeconds", ttl));
     if !errors.is_empty() {
         return Err(ApiError::invalid(
             "the registration token request is invalid",
             errors,
         ));
     }
+    // Checked above: at most MAX_TOKEN_TTL_SECONDS, so this cannot overflow.
+    spec.expires_at = now + time::Duration::seconds(ttl);
     let id = format!("rt-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
     let token = new_token(&id, spec, Default::default(), Default::default(), now);
     app.store
