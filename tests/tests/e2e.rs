@@ -4129,6 +4129,11 @@ fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
     )
     .unwrap();
     assert!(managers.contains("cluster-autoscaler"), "{managers}");
+    let described = c.cli_ok(&["describe", "cluster", "auto"]);
+    assert!(
+        described.contains("├─ default: 2/2 running, 2 assigned, autoscaled 1..4, replicas set by cluster-autoscaler at "),
+        "{described}"
+    );
     let audit = c.cli_ok(&["audit", "--limit", "200"]);
     assert!(
         audit.contains("autoscaler:auto")

@@ -249,6 +249,29 @@ fn earliest_certificates<'m>(
         .min_by_key(|(_, c)| c.expires_at)
 }
 
+/// Who owns worker pool `pool`'s `replicas` in `c`'s managedFields (the
+/// FieldsV1 tree `f:spec` / `f:workerPools` / `k:{"name":...}` /
+/// `f:replicas`), and since when.
+fn replicas_setter(c: &Cluster, pool: &str) -> Option<(String, String)> {
+    let key = format!("k:{}", serde_json::json!({ "name": pool }));
+    c.metadata
+        .managed_fields
+        .iter()
+        .find(|e| {
+            e.fields_v1["f:spec"]["f:workerPools"][key.as_str()]
+                .get("f:replicas")
+                .is_some()
+        })
+        .map(|e| {
+            (
+                e.manager.clone(),
+                e.time
+                    .map(|t| format!(" at {}", rfc3339(t)))
+                    .unwrap_or_default(),
+            )
+        })
+}
+
 pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
     use std::fmt::Write;
     let mut o = String::new();
@@ -349,7 +372,15 @@ pub(crate) fn describe_cluster(c: &Cluster, machines: &[Machine]) -> String {
             .iter()
             .find(|w| w.name == p.name)
             .and_then(|w| w.autoscaling)
-            .map(|a| format!(", autoscaled {}..{}", a.min_replicas, a.max_replicas))
+            .map(|a| {
+                let setter = replicas_setter(c, &p.name)
+                    .map(|(who, at)| format!(", replicas set by {who}{at}"))
+                    .unwrap_or_default();
+                format!(
+                    ", autoscaled {}..{}{setter}",
+                    a.min_replicas, a.max_replicas
+                )
+            })
             .unwrap_or_default();
         let _ = writeln!(
             o,
