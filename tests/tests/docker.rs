@@ -2346,3 +2346,119 @@ fn a_control_plane_whose_certificates_near_expiry_is_replaced_by_one_with_new_on
     assert!(new_expiry > old_expiry, "{new_expiry} {old_expiry}");
     c.wait_cluster_phase(&name, "Running", BOOT);
 }
+
+/// The cluster-autoscaler's scale-up and scale-down of a docker pool, by
+/// Python's grpcio: new containers come as instances the group creates
+/// (never out of resources: the provider makes machines), their Nodes
+/// carry drover:// providerIDs, and the Node named in a deletion goes
+/// with its container while the others stay.
+#[test]
+fn the_cluster_autoscaler_grows_and_shrinks_a_docker_pool() {
+    use drover_tests::autoscaler::Autoscaler;
+    let (tmp, name, _cleanup) = setup("as");
+    ensure_image();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let autoscaler_listen = format!("127.0.0.1:{port}");
+    let c = Coordinator::start_with_args(
+        tmp.path(),
+        CoordinatorOptions::default(),
+        &["--autoscaler-listen", &autoscaler_listen],
+        &listen,
+    );
+    let doc = docker_cluster_yaml(&name, 1, 1, "").replace(
+        "    - name: default\n      replicas: 1\n",
+        "    - name: default\n      autoscaling: {minReplicas: 1, maxReplicas: 3}\n",
+    );
+    assert!(doc.contains("autoscaling"), "{doc}");
+    let f = tmp.path().join("c.yaml");
+    std::fs::write(&f, doc).unwrap();
+    c.cli_ok(&["apply", "-f", f.to_str().unwrap()]);
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let kubeconfig = tmp.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.cli_ok(&["kubeconfig", &name])).unwrap();
+    let ca = Autoscaler::for_cluster(&c, &name, &tmp.path().join("autoscaler"));
+    let group = format!("{name}/default");
+
+    let up = ca.call(
+        "NodeGroupIncreaseSize",
+        serde_json::json!({"id": group, "delta": 2}),
+    );
+    assert!(up.seconds < 5.0, "{up:?}");
+    up.ok();
+    // The new machines are instances being created, with no error.
+    let instances = ca
+        .call("NodeGroupNodes", serde_json::json!({"id": group}))
+        .ok()["instances"]
+        .clone();
+    assert_eq!(instances.as_array().map(Vec::len), Some(3), "{instances}");
+    assert!(
+        instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["status"]["errorInfo"].is_null()),
+        "{instances}"
+    );
+    wait_for("four Ready Nodes", BOOT, || {
+        let ready = kube::ready_nodes(&kubeconfig)?;
+        (ready.len() == 4).then_some(()).ok_or(format!("{ready:?}"))
+    });
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let workers = worker_names(&c, &name);
+    assert_eq!(workers.len(), 3, "{workers:?}");
+    let ids: BTreeSet<String> = kube::provider_ids(&kubeconfig)
+        .unwrap()
+        .into_values()
+        .collect();
+    for w in &workers {
+        assert!(ids.contains(&format!("drover://{name}/{w}")), "{w} {ids:?}");
+    }
+    assert_eq!(containers(&name).len(), 4);
+
+    // Scale-down of one named Node: its container goes, and no other.
+    let victim = workers[1].clone();
+    let node = live_machines(&c, &name)
+        .into_iter()
+        .find(|m| name_of(m) == victim)
+        .unwrap()["status"]["hostname"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    ca.call(
+        "NodeGroupDeleteNodes",
+        serde_json::json!({"id": group,
+            "nodes": [{"providerID": format!("drover://{name}/{victim}"), "name": node}]}),
+    )
+    .ok();
+    wait_for("the victim's container gone", BOOT, || {
+        let left = containers(&name);
+        let gone = !docker(&["inspect", &container_of(&name, &victim)])
+            .status
+            .success();
+        (left.len() == 3 && gone)
+            .then_some(())
+            .ok_or(format!("{left:?}"))
+    });
+    wait_for("three Nodes, the victim's gone", BOOT, || {
+        let (all, _) = kube::nodes(&kubeconfig)?;
+        (all.len() == 3 && !all.contains(&node))
+            .then_some(())
+            .ok_or(format!("{all:?}"))
+    });
+    c.wait_cluster_phase(&name, "Running", BOOT);
+    let left = worker_names(&c, &name);
+    assert_eq!(
+        left,
+        workers
+            .iter()
+            .filter(|w| **w != victim)
+            .cloned()
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ca.call("NodeGroupTargetSize", serde_json::json!({"id": group}))
+            .ok()["targetSize"],
+        2
+    );
+}
