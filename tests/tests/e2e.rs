@@ -3911,6 +3911,18 @@ fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
     };
     assert_eq!(target(), 1);
     ca.call("GPULabel", serde_json::json!({})).ok();
+    // No options of its own: a group takes the autoscaler's defaults.
+    let options = ca
+        .call(
+            "NodeGroupGetOptions",
+            serde_json::json!({"id": "auto/default",
+                "defaults": {"scaleDownUtilizationThreshold": 0.5, "scaleDownUnneededDuration": "600s"}}),
+        )
+        .ok();
+    assert_eq!(
+        options["nodeGroupAutoscalingOptions"]["scaleDownUnneededDuration"],
+        "600s"
+    );
     // The template node has the hardware the agents reported (this host's).
     let template = ca.call(
         "NodeGroupTemplateNodeInfo",

@@ -654,11 +654,16 @@ impl CloudProvider for Service {
         &self,
         req: Request<proto::NodeGroupAutoscalingOptionsRequest>,
     ) -> Result<Response<proto::NodeGroupAutoscalingOptionsResponse>, Status> {
-        // Optional upstream: unimplemented, the autoscaler uses its own
-        // defaults for every group.
+        // Drover sets no per-group options: each group gets the
+        // autoscaler's own defaults, which it sends.
         self.call(req, "NodeGroupGetOptions", |_, _, scope, q| {
             pool(scope, &q.id)?;
-            Err(unimplemented("per-group autoscaling options"))
+            Ok((
+                proto::NodeGroupAutoscalingOptionsResponse {
+                    node_group_autoscaling_options: q.defaults,
+                },
+                vec![],
+            ))
         })
         .await
     }
