@@ -30,17 +30,24 @@ struct World {
 
 impl World {
     fn start(tmp: &Path, heartbeat_timeout: &'static str) -> Self {
+        Self::start_with(tmp, heartbeat_timeout, &[])
+    }
+
+    /// [`World::start`] with more `drover serve` flags.
+    fn start_with(tmp: &Path, heartbeat_timeout: &'static str, extra: &[&str]) -> Self {
         let moto = Moto::start(tmp);
         let proxy = Ec2Proxy::start(&moto.url);
         let ec2 = Ec2::new(&moto.url);
         let placement = Placement::new(&ec2, &unique("drover-nodes"));
-        let c = Coordinator::start(
+        let c = Coordinator::start_with_args(
             tmp,
             CoordinatorOptions {
                 heartbeat_interval: "1s",
                 heartbeat_timeout,
                 env: Ec2::coordinator_env(&proxy.url),
             },
+            extra,
+            &format!("127.0.0.1:{}", free_port()),
         );
         Self {
             _moto: moto,
@@ -802,4 +809,75 @@ fn aws_control_planes_are_registered_in_the_users_target_group() {
     w.c.cli_ok(&["delete", "cluster", &name, "--wait", "--timeout", "90s"]);
     assert_eq!(targets(&w, &tg_arn), vec!["10.0.0.99:6443".to_string()]);
     assert!(load_balancers(&w).0.contains(&lb_arn));
+}
+
+/// An autoscaled AWS pool at zero: its template node has the vCPUs and
+/// memory EC2 gives its instance type (t3.medium), so the autoscaler can
+/// scale it from zero; scaled up, the new instance is the group's,
+/// matched by its aws:/// providerID.
+#[test]
+fn an_aws_pool_scales_from_zero_by_its_instance_type() {
+    use drover_tests::autoscaler::Autoscaler;
+    let tmp = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut w = World::start_with(tmp.path(), "120s", &["--autoscaler-listen", &listen]);
+    let name = unique("asg");
+    let doc = w.cluster_yaml(&name, 0, &w.ami.clone()).replace(
+        "    - name: default\n      replicas: 0\n",
+        "    - name: default\n      autoscaling: {minReplicas: 0, maxReplicas: 2}\n",
+    );
+    assert!(doc.contains("autoscaling"), "{doc}");
+    w.apply(&doc);
+    boot_until_running(&mut w, &name, 1);
+    let ca = Autoscaler::for_cluster(&w.c, &name, &tmp.path().join("autoscaler"));
+    let group = format!("{name}/default");
+    let template = ca.call(
+        "NodeGroupTemplateNodeInfo",
+        serde_json::json!({"id": group}),
+    );
+    assert_eq!(template.code, "OK", "{template:?}");
+    // t3.medium: 2 vCPUs, 4 GiB (EC2's DescribeInstanceTypes).
+    assert_eq!(template.node["status"]["capacity"]["cpu"]["string"], "2");
+    assert_eq!(
+        template.node["status"]["capacity"]["memory"]["string"],
+        (4096u64 << 20).to_string()
+    );
+
+    ca.call(
+        "NodeGroupIncreaseSize",
+        serde_json::json!({"id": group, "delta": 1}),
+    )
+    .ok();
+    boot_until_running(&mut w, &name, 2);
+    let instances = ca
+        .call("NodeGroupNodes", serde_json::json!({"id": group}))
+        .ok()["instances"]
+        .clone();
+    let ids: Vec<String> = instances
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 1, "{instances}");
+    assert!(
+        ids[0].starts_with(&format!("aws:///{}", drover_tests::aws::REGION)),
+        "{ids:?}"
+    );
+    let worker_instance = w
+        .live_machines(&name)
+        .into_iter()
+        .find(|m| m["spec"]["assignment"]["machinePool"] == "default")
+        .unwrap()["status"]["providerId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(ids[0].ends_with(&format!("/{worker_instance}")), "{ids:?}");
+    let found = ca
+        .call(
+            "NodeGroupForNode",
+            serde_json::json!({"node": {"providerID": ids[0]}}),
+        )
+        .ok();
+    assert_eq!(found["nodeGroup"]["id"], group.as_str());
 }

@@ -394,15 +394,15 @@ pub struct TemplateNode {
     pub kubelet_version: String,
 }
 
-/// The template node of `pool`: with the CPUs and memory of one of its
-/// machines that reported them (a Running one first), else of `free`, a
-/// machine it may claim; `None` when none reported them.
-pub fn template(
+/// The CPUs and memory a new machine of `pool` would have, from what
+/// machines reported: one of the pool's own (a Running one first), else
+/// `free`, a machine it may claim; `None` when none reported them.
+pub fn reported_capacity(
     cluster: &Cluster,
     pool: &WorkerPoolSpec,
     machines: &[Machine],
     free: Option<&Machine>,
-) -> Option<TemplateNode> {
+) -> Option<drover_common::api::Capacity> {
     let mut own: Vec<&Machine> = drover_planner::machines_of(cluster, machines)
         .into_iter()
         .filter(|m| {
@@ -414,11 +414,18 @@ pub fn template(
         })
         .collect();
     own.sort_by_key(|m| m.status.phase != MachinePhase::Running);
-    let capacity = own
-        .first()
+    own.first()
         .copied()
         .or(free)
-        .and_then(|m| m.status.capacity)?;
+        .and_then(|m| m.status.capacity)
+}
+
+/// The template node of `pool` with `capacity`.
+pub fn template(
+    cluster: &Cluster,
+    pool: &WorkerPoolSpec,
+    capacity: drover_common::api::Capacity,
+) -> TemplateNode {
     let name = format!("{}-{}-template", cluster.metadata.name, pool.name);
     let labels = [
         ("kubernetes.io/hostname", name.as_str()),
@@ -429,13 +436,13 @@ pub fn template(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect();
-    Some(TemplateNode {
+    TemplateNode {
         provider_id: format!("drover://{}/{}/template", cluster.metadata.name, pool.name),
         name,
         labels,
         capacity,
         kubelet_version: cluster.spec.kubernetes_version.clone(),
-    })
+    }
 }
 
 /// How many of `pool`'s machines have (or are getting) a Node: what a
@@ -482,18 +489,21 @@ mod tests {
             memory_bytes: 8 << 30,
         };
         let mut free = drover_planner::fixtures::free("f", "dev");
-        assert_eq!(template(&c, &pool, &[], Some(&free)), None);
+        assert_eq!(reported_capacity(&c, &pool, &[], Some(&free)), None);
         // From zero: a free machine the pool may claim.
         free.status.capacity = Some(hw(2));
-        let t = template(&c, &pool, &[], Some(&free)).unwrap();
-        assert_eq!((t.capacity.cpus, t.name.as_str()), (2, "c-w-template"));
-        assert_eq!(t.labels["kubernetes.io/os"], "linux");
-        assert_eq!(t.kubelet_version, c.spec.kubernetes_version);
+        assert_eq!(reported_capacity(&c, &pool, &[], Some(&free)), Some(hw(2)));
         // The pool's own Running machine wins over a free one.
         let mut own = machine(&c, "w-1", "w", MachinePhase::Running);
         own.status.capacity = Some(hw(8));
-        let t = template(&c, &pool, &[own], Some(&free)).unwrap();
-        assert_eq!(t.capacity.cpus, 8);
+        assert_eq!(
+            reported_capacity(&c, &pool, &[own], Some(&free)),
+            Some(hw(8))
+        );
+        let t = template(&c, &pool, hw(8));
+        assert_eq!((t.capacity.cpus, t.name.as_str()), (8, "c-w-template"));
+        assert_eq!(t.labels["kubernetes.io/os"], "linux");
+        assert_eq!(t.kubelet_version, c.spec.kubernetes_version);
     }
 
     #[test]

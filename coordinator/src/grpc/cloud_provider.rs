@@ -223,6 +223,49 @@ impl Service {
     }
 }
 
+impl Service {
+    /// The vCPUs and memory of the instance type of the AWS pool `req`
+    /// names, when it names one (`None` for other providers, or when the
+    /// caller or group is not one: the call itself then refuses).
+    async fn instance_type_capacity(
+        &self,
+        req: &Request<proto::NodeGroupTemplateNodeInfoRequest>,
+    ) -> Result<Option<drover_common::api::Capacity>, Status> {
+        #[cfg(feature = "aws")]
+        {
+            let Ok(caller) = caller_of(req.peer_certs()) else {
+                return Ok(None);
+            };
+            let app = self.app.clone();
+            let cluster = crate::store::blocking(move || app.cluster(&caller.cluster))
+                .await
+                .map_err(internal)?;
+            let Some(cluster) = cluster else {
+                return Ok(None);
+            };
+            let drover_common::api::ProviderSpec::Aws(spec) = &cluster.spec.provider else {
+                return Ok(None);
+            };
+            let Some((_, pool)) = req.get_ref().id.split_once('/') else {
+                return Ok(None);
+            };
+            let Some(template) = spec.template(pool) else {
+                return Ok(None);
+            };
+            let aws = self.app.providers.aws(&spec.region).await;
+            return aws
+                .instance_type_capacity(&template.instance_type)
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()));
+        }
+        #[cfg(not(feature = "aws"))]
+        {
+            let _ = req;
+            Ok(None)
+        }
+    }
+}
+
 fn group(g: scaling::NodeGroup) -> proto::NodeGroup {
     proto::NodeGroup {
         id: g.id,
@@ -627,17 +670,25 @@ impl CloudProvider for Service {
         &self,
         req: Request<proto::NodeGroupTemplateNodeInfoRequest>,
     ) -> Result<Response<proto::NodeGroupTemplateNodeInfoResponse>, Status> {
-        self.call(req, "NodeGroupTemplateNodeInfo", |app, _, scope, q| {
+        // On AWS a new machine is an instance of the pool's type: its
+        // vCPUs and memory, from EC2, before any instance exists.
+        let of_type = self.instance_type_capacity(&req).await?;
+        self.call(req, "NodeGroupTemplateNodeInfo", move |app, _, scope, q| {
             let p = pool(scope, &q.id)?;
-            let free = free_match(app, &scope.cluster, p)?;
-            let t = scaling::template(&scope.cluster, p, &scope.machines, free.as_ref())
-                .ok_or_else(|| {
-                    Status::failed_precondition(format!(
-                        "no machine of node group {} (nor a free one it may claim) has reported its CPUs and memory; register one with an agent of this version",
-                        q.id
-                    ))
-                })?;
-            let bytes = node_bytes(&t);
+            let capacity = match of_type {
+                Some(c) => Some(c),
+                None => {
+                    let free = free_match(app, &scope.cluster, p)?;
+                    scaling::reported_capacity(&scope.cluster, p, &scope.machines, free.as_ref())
+                }
+            };
+            let capacity = capacity.ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "no machine of node group {} (nor a free one it may claim) has reported its CPUs and memory; register one with an agent of this version",
+                    q.id
+                ))
+            })?;
+            let bytes = node_bytes(&scaling::template(&scope.cluster, p, capacity));
             Ok((
                 proto::NodeGroupTemplateNodeInfoResponse {
                     node_info: bytes.clone(),

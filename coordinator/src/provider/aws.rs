@@ -312,6 +312,42 @@ impl AwsProvider {
             .find(|i| !matches!(i.state_name.as_str(), "terminated" | "shutting-down")))
     }
 
+    /// The CPUs and memory of instance type `instance_type`, as EC2
+    /// describes it (`DescribeInstanceTypes`: default vCPUs, memory in
+    /// MiB); `None` when EC2 does not know the type. What a template node
+    /// of a pool of that type has, so an empty pool can scale from zero.
+    pub async fn instance_type_capacity(
+        &self,
+        instance_type: &str,
+    ) -> Result<Option<drover_common::api::Capacity>, ProviderError> {
+        let out = self
+            .client
+            .describe_instance_types()
+            .instance_types(InstanceType::from(instance_type))
+            .send()
+            .await;
+        let out = match out {
+            Ok(out) => out,
+            Err(e)
+                if e.code()
+                    .is_some_and(|c| c.starts_with("InvalidInstanceType")) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => {
+                return Err(self.error("describe", format!("instance type {instance_type}"), e))
+            }
+        };
+        Ok(out.instance_types().first().and_then(|t| {
+            let cpus = t.v_cpu_info()?.default_v_cpus()?;
+            let mib = t.memory_info()?.size_in_mib()?;
+            Some(drover_common::api::Capacity {
+                cpus: u32::try_from(cpus).ok()?,
+                memory_bytes: u64::try_from(mib).ok()? << 20,
+            })
+        }))
+    }
+
     /// One instance by ID; `None` when EC2 does not know it.
     pub async fn describe(
         &self,
