@@ -90,13 +90,13 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/apis/drover.dev/v1alpha1", get(kube::discovery::resources))
         .route(
             "/apis/drover.dev/v1alpha1/clusters",
-            get(kube::list_clusters).post(kube::write::create_cluster),
+            get(kube::list_clusters).post(kube::write::create::<kube::write::Clusters>),
         )
         .route(
             "/apis/drover.dev/v1alpha1/clusters/{name}",
             get(kube::get_cluster)
-                .put(kube::write::replace_cluster)
-                .patch(kube::write::patch_cluster)
+                .put(kube::write::replace::<kube::write::Clusters>)
+                .patch(kube::write::patch::<kube::write::Clusters>)
                 .delete(kube::write::delete_cluster),
         )
         .route(
@@ -115,13 +115,13 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route(
             "/apis/drover.dev/v1alpha1/registrationtokens",
-            get(kube::list_tokens).post(kube::write::create_token),
+            get(kube::list_tokens).post(kube::write::create::<kube::write::Tokens>),
         )
         .route(
             "/apis/drover.dev/v1alpha1/registrationtokens/{name}",
             get(kube::get_token)
-                .put(kube::write::replace_token)
-                .patch(kube::write::patch_token)
+                .put(kube::write::replace::<kube::write::Tokens>)
+                .patch(kube::write::patch::<kube::write::Tokens>)
                 .delete(kube::write::delete_token),
         )
         .route(
@@ -130,13 +130,13 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route(
             "/apis/drover.dev/v1alpha1/secrets",
-            get(kube::list_secrets).post(kube::write::create_secret),
+            get(kube::list_secrets).post(kube::write::create::<kube::write::Secrets>),
         )
         .route(
             "/apis/drover.dev/v1alpha1/secrets/{name}",
             get(kube::get_secret)
-                .put(kube::write::replace_secret)
-                .patch(kube::write::patch_secret)
+                .put(kube::write::replace::<kube::write::Secrets>)
+                .patch(kube::write::patch::<kube::write::Secrets>)
                 .delete(kube::write::delete_secret),
         )
         .route(

@@ -336,11 +336,12 @@ fn check_type(doc: &Value, kind: &str) -> Result<(), ApiError> {
 }
 
 /// How a write decides the object it wants from the stored one.
-type Decide<'a, C, W> = dyn FnMut(Option<&C>) -> Result<W, ApiError> + 'a;
+pub type Decide<'a, C, W> = dyn FnMut(Option<&C>) -> Result<W, ApiError> + 'a;
 
 /// A kind written here: how one write of it lands, through the write
-/// `/v1` uses too.
-trait Writer {
+/// `/v1` uses too. [`create`], [`replace`] and [`patch`] are its POST,
+/// PUT and PATCH handlers.
+pub trait Writer {
     /// The stored object a write is decided against.
     type Current;
     /// What the caller decides.
@@ -387,7 +388,9 @@ trait Writer {
     ) -> Result<(Self::Wanted, Vec<String>), ApiError>;
 }
 
-struct Clusters;
+/// Clusters: only `spec`, labels, annotations and managedFields are
+/// written; a server-side apply may create one (`cluster_write.rs`).
+pub struct Clusters;
 
 impl Writer for Clusters {
     type Current = Cluster;
@@ -435,7 +438,11 @@ impl Writer for Clusters {
     }
 }
 
-struct Secrets;
+/// Secrets: written with their values (in a server-side apply,
+/// `stringData` is taken as `data`, so managers own values by key and
+/// conflicts compare values without showing one); no answer holds a
+/// value (`secrets.rs`).
+pub struct Secrets;
 
 impl Writer for Secrets {
     type Current = (StoredSecret, u64);
@@ -490,7 +497,10 @@ impl Writer for Secrets {
     }
 }
 
-struct Tokens;
+/// Registration tokens: made with a spec of `pool`, `labels`, `maxUses`
+/// and `expiresAt`; afterwards only labels and annotations change, and
+/// `spec.revoked` (for good) (`tokens.rs`).
+pub struct Tokens;
 
 impl Writer for Tokens {
     type Current = (RegistrationToken, u64);
@@ -583,13 +593,15 @@ fn revision_of<K: Writer>(current: Option<&K::Current>) -> Option<String> {
     current.and_then(K::revision)
 }
 
-/// POST: creates a `K` from a whole document.
-async fn create<K: Writer + 'static>(
-    app: Arc<App>,
+/// POST `/apis/drover.dev/v1alpha1/{plural}`: creates a `K` from a whole
+/// document (named, or by `generateName`).
+pub async fn create<K: Writer + 'static>(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
-    params: WriteParams,
-    body: &[u8],
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
 ) -> KubeResult {
+    let body: &[u8] = &body;
     let admin = writer(&app, &headers)?;
     let options = params.options(&headers)?;
     let kind = K::RESOURCE.kind;
@@ -641,15 +653,17 @@ fn name_of(doc: &mut Value, kind: &str) -> Result<String, ApiError> {
     Ok(name)
 }
 
-/// PUT: replaces `K` `name` with a whole document, conditional on the
-/// `metadata.resourceVersion` it may carry.
-async fn replace<K: Writer + 'static>(
-    app: Arc<App>,
+/// PUT `/apis/drover.dev/v1alpha1/{plural}/{name}`: replaces `K` `name`
+/// with a whole document, conditional on the `metadata.resourceVersion`
+/// it may carry.
+pub async fn replace<K: Writer + 'static>(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
-    name: String,
-    params: WriteParams,
-    body: &[u8],
+    Path(name): Path<String>,
+    Query(params): Query<WriteParams>,
+    KubeBody(body): KubeBody,
 ) -> KubeResult {
+    let body: &[u8] = &body;
     let admin = writer(&app, &headers)?;
     let options = params.options(&headers)?;
     let kind = K::RESOURCE.kind;
@@ -708,16 +722,6 @@ async fn patch_document<K: Writer + 'static>(
         },
     )
     .await
-}
-
-/// `POST /apis/drover.dev/v1alpha1/clusters`: creates a cluster.
-pub async fn create_cluster(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    create::<Clusters>(app, headers, params, &body).await
 }
 
 /// Refuses a document decided against an object whose resourceVersion
@@ -871,42 +875,18 @@ fn conflict_error(conflicts: &[managed_fields::Conflict]) -> ApiError {
     }
 }
 
-/// `PUT /apis/drover.dev/v1alpha1/clusters/{name}`: replaces a cluster's
-/// spec, labels and annotations; `metadata.resourceVersion` in the
-/// document makes it conditional.
-pub async fn replace_cluster(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    replace::<Clusters>(app, headers, name, params, &body).await
-}
-
-/// `PATCH /apis/drover.dev/v1alpha1/clusters/{name}`: a JSON merge patch
+/// PATCH `/apis/drover.dev/v1alpha1/{plural}/{name}`: a JSON merge patch
 /// (`application/merge-patch+json`), a JSON patch
 /// (`application/json-patch+json`) or a server-side apply
-/// (`application/apply-patch+yaml`, which may create the cluster).
-pub async fn patch_cluster(
+/// (`application/apply-patch+yaml`, which may create it) of `K` `name`.
+pub async fn patch<K: Writer + 'static>(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(name): Path<String>,
     Query(params): Query<WriteParams>,
     KubeBody(body): KubeBody,
 ) -> KubeResult {
-    patch::<Clusters>(app, headers, name, params, &body).await
-}
-
-/// PATCH: a merge or JSON patch of `K` `name`'s document, or a
-/// server-side apply (which may create it).
-async fn patch<K: Writer + 'static>(
-    app: Arc<App>,
-    headers: HeaderMap,
-    name: String,
-    params: WriteParams,
-    body: &[u8],
-) -> KubeResult {
+    let body: &[u8] = &body;
     let admin = writer(&app, &headers)?;
     let options = params.options(&headers)?;
     let url_name = name.clone();
@@ -1200,43 +1180,6 @@ pub async fn write_status(
     .about(&CLUSTERS, &name))
 }
 
-/// `POST /apis/drover.dev/v1alpha1/secrets`: creates a Secret (as
-/// `drover apply` does); the answer shows its keys, never a value.
-pub async fn create_secret(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    create::<Secrets>(app, headers, params, &body).await
-}
-
-/// `PUT /apis/drover.dev/v1alpha1/secrets/{name}`: replaces a Secret's
-/// values and labels; `metadata.resourceVersion` makes it conditional.
-pub async fn replace_secret(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    replace::<Secrets>(app, headers, name, params, &body).await
-}
-
-/// `PATCH /apis/drover.dev/v1alpha1/secrets/{name}`: a merge or JSON
-/// patch of its document (values in `data`, base64), or a server-side
-/// apply (`stringData` is taken as `data`, so managers own values by key
-/// and conflicts compare values without showing one).
-pub async fn patch_secret(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    patch::<Secrets>(app, headers, name, params, &body).await
-}
-
 /// An applied Secret with its `stringData` moved into `data` (base64), as
 /// the API server stores it.
 fn with_string_data_as_data(mut config: Value) -> Result<Value, ApiError> {
@@ -1284,43 +1227,6 @@ pub async fn delete_secret(
     .await
     .map_err(|e| KubeError::from(e).about(&SECRETS, &about))?;
     written(StatusCode::OK, &info, &[], changes)
-}
-
-/// `POST /apis/drover.dev/v1alpha1/registrationtokens`: makes a
-/// registration token (its spec: `pool`, `labels`, `maxUses`,
-/// `expiresAt`). Its tickets are minted by its `bootstrap` subresource.
-pub async fn create_token(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    create::<Tokens>(app, headers, params, &body).await
-}
-
-/// `PUT /apis/drover.dev/v1alpha1/registrationtokens/{name}`: changes a
-/// token's labels and annotations, or revokes it (`spec.revoked: true`);
-/// the rest of its spec is immutable.
-pub async fn replace_token(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    replace::<Tokens>(app, headers, name, params, &body).await
-}
-
-/// `PATCH /apis/drover.dev/v1alpha1/registrationtokens/{name}`: as PUT,
-/// by merge or JSON patch or a server-side apply (which may make it).
-pub async fn patch_token(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    patch::<Tokens>(app, headers, name, params, &body).await
 }
 
 /// `DELETE /apis/drover.dev/v1alpha1/registrationtokens/{name}`: deletes
