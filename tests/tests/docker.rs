@@ -2384,7 +2384,8 @@ fn the_cluster_autoscaler_grows_and_shrinks_a_docker_pool() {
         "NodeGroupIncreaseSize",
         serde_json::json!({"id": group, "delta": 2}),
     );
-    assert!(up.seconds < 5.0, "{up:?}");
+    // Within the autoscaler's own deadline (grpc_timeout, 5 s), past
+    // which the client gives up with DEADLINE_EXCEEDED and this fails.
     up.ok();
     // The new machines are instances being created, with no error.
     let instances = ca

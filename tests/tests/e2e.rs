@@ -3955,7 +3955,8 @@ fn the_cluster_autoscaler_scales_a_pool_cluster_through_externalgrpc() {
         "NodeGroupIncreaseSize",
         serde_json::json!({"id": "auto/default", "delta": 2}),
     );
-    assert!(up.seconds < 5.0, "{up:?}");
+    // Within the autoscaler's own deadline (grpc_timeout, 5 s), past
+    // which the client gives up with DEADLINE_EXCEEDED and this fails.
     up.ok();
     assert_eq!(target(), 3);
     wait_for("four Ready Nodes", BOOT, || {
