@@ -331,6 +331,9 @@ pub fn instances(
         })
         .map(|m| {
             let leaving = m.metadata.deletion_timestamp.is_some()
+                || m.metadata
+                    .annotations
+                    .contains_key(drover_common::names::SCALE_DOWN_ANNOTATION)
                 || matches!(
                     m.status.phase,
                     MachinePhase::Releasing | MachinePhase::Deleting | MachinePhase::Deleted
@@ -602,10 +605,18 @@ mod tests {
         c.spec.worker_pools[0].replicas = 4;
         let mut leaving = machine(&c, "w-3", "w", MachinePhase::Running);
         leaving.metadata.deletion_timestamp = Some(drover_common::now());
+        // One the autoscaler took out is deleting from the moment it is
+        // marked, before the reconciler has released it.
+        let mut marked = machine(&c, "w-4", "w", MachinePhase::Running);
+        marked.metadata.annotations.insert(
+            drover_common::names::SCALE_DOWN_ANNOTATION.into(),
+            "cluster-autoscaler".into(),
+        );
         let machines = [
             machine(&c, "w-1", "w", MachinePhase::Running),
             machine(&c, "w-2", "w", MachinePhase::Bootstrapping),
             leaving,
+            marked,
             machine(&c, "cp-1", "control-plane", MachinePhase::Running),
         ];
         let pool = c.spec.worker_pools[0].clone();
@@ -620,6 +631,7 @@ mod tests {
                 ("drover://c/w-1", InstanceState::Running, None),
                 ("drover://c/w-2", InstanceState::Creating, None),
                 ("drover://c/w-3", InstanceState::Deleting, None),
+                ("drover://c/w-4", InstanceState::Deleting, None),
                 (
                     "drover://c/w/pending-2",
                     InstanceState::Creating,
