@@ -14,8 +14,7 @@ pub mod k8s;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use drover_common::pki::{CertificateAuthority, LeafSpec, LeafUsage};
-use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use drover_common::pki::CertificateAuthority;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
@@ -37,26 +36,7 @@ pub fn tls_config(
     dns_names: Vec<String>,
     ips: Vec<IpAddr>,
 ) -> Result<Arc<ServerConfig>, TlsSetupError> {
-    let leaf = ca.issue(&LeafSpec {
-        common_name: "drover-coordinator".into(),
-        organizations: vec![],
-        dns_names,
-        ip_addresses: ips,
-        usage: LeafUsage::Server,
-        validity: time::Duration::days(365),
-    })?;
-    let pem = |text: &str| {
-        CertificateDer::from_pem_slice(text.as_bytes())
-            .map_err(|e| TlsSetupError::Pem(e.to_string()))
-    };
-    let chain = vec![pem(&leaf.cert_pem)?, pem(&ca.cert_pem)?];
-    let key = PrivateKeyDer::from_pem_slice(
-        leaf.key_pem
-            .as_deref()
-            .expect("issue() generates the key")
-            .as_bytes(),
-    )
-    .map_err(|e| TlsSetupError::Pem(e.to_string()))?;
+    let (chain, key) = crate::http::server::serving_chain(ca, dns_names, ips)?;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(chain[1].clone()).map_err(TlsSetupError::Rustls)?;
     let verifier =

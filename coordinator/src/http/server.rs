@@ -434,28 +434,7 @@ pub fn server_config(
     dns_names: Vec<String>,
     ips: Vec<IpAddr>,
 ) -> Result<Arc<ServerConfig>, TlsSetupError> {
-    let leaf = ca.issue(&LeafSpec {
-        common_name: "drover-coordinator".into(),
-        organizations: vec![],
-        dns_names,
-        ip_addresses: ips,
-        usage: LeafUsage::Server,
-        validity: time::Duration::days(365),
-    })?;
-    let mut chain: Vec<CertificateDer<'static>> = vec![];
-    for pem in [&leaf.cert_pem, &ca.cert_pem] {
-        chain.push(
-            CertificateDer::from_pem_slice(pem.as_bytes())
-                .map_err(|e| TlsSetupError::Pem(e.to_string()))?,
-        );
-    }
-    let key = PrivateKeyDer::from_pem_slice(
-        leaf.key_pem
-            .as_deref()
-            .expect("issue() generates the key")
-            .as_bytes(),
-    )
-    .map_err(|e| TlsSetupError::Pem(e.to_string()))?;
+    let (chain, key) = serving_chain(ca, dns_names, ips)?;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(chain[1].clone()).map_err(TlsSetupError::Rustls)?;
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
@@ -478,6 +457,39 @@ pub fn server_config(
     cfg.ticketer = rustls::crypto::ring::Ticketer::new()?;
     cfg.send_tls13_tickets = 1;
     Ok(Arc::new(cfg))
+}
+
+/// A fresh serving certificate for `dns_names`/`ips` signed by `ca`, with
+/// the CA appended to the chain (agents find it there by its pin), and its
+/// key: the coordinator's API and its autoscaler port both serve one.
+pub fn serving_chain(
+    ca: &CertificateAuthority,
+    dns_names: Vec<String>,
+    ips: Vec<IpAddr>,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsSetupError> {
+    let leaf = ca.issue(&LeafSpec {
+        common_name: "drover-coordinator".into(),
+        organizations: vec![],
+        dns_names,
+        ip_addresses: ips,
+        usage: LeafUsage::Server,
+        validity: time::Duration::days(365),
+    })?;
+    let mut chain: Vec<CertificateDer<'static>> = vec![];
+    for pem in [&leaf.cert_pem, &ca.cert_pem] {
+        chain.push(
+            CertificateDer::from_pem_slice(pem.as_bytes())
+                .map_err(|e| TlsSetupError::Pem(e.to_string()))?,
+        );
+    }
+    let key = PrivateKeyDer::from_pem_slice(
+        leaf.key_pem
+            .as_deref()
+            .expect("issue() generates the key")
+            .as_bytes(),
+    )
+    .map_err(|e| TlsSetupError::Pem(e.to_string()))?;
+    Ok((chain, key))
 }
 
 /// How the server treats client connections.
