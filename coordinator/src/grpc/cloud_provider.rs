@@ -104,7 +104,13 @@ fn scope(app: &App, caller: &Caller) -> Result<Scope, Status> {
                 caller.cluster, caller.uid, caller.cluster
             ))
         })?;
-    let machines = app
+    let machines = machines_of(app, caller)?;
+    Ok(Scope { cluster, machines })
+}
+
+/// The machines assigned to the caller's cluster, as stored now.
+fn machines_of(app: &App, caller: &Caller) -> Result<Vec<Machine>, Status> {
+    Ok(app
         .cluster_machines(&caller.uid)
         .map_err(internal)?
         .into_iter()
@@ -114,8 +120,7 @@ fn scope(app: &App, caller: &Caller) -> Result<Scope, Status> {
                 .as_ref()
                 .is_some_and(|a| a.cluster_uid == caller.uid)
         })
-        .collect();
-    Ok(Scope { cluster, machines })
+        .collect())
 }
 
 fn status_of(r: Refusal) -> Status {
@@ -654,10 +659,22 @@ impl CloudProvider for Service {
         &self,
         req: Request<proto::NodeGroupNodesRequest>,
     ) -> Result<Response<proto::NodeGroupNodesResponse>, Status> {
-        self.call(req, "NodeGroupNodes", |app, _, scope, q| {
+        self.call(req, "NodeGroupNodes", |app, caller, scope, q| {
             let p = pool(scope, &q.id)?;
             let fill = can_fill(app, &scope.cluster, p)?;
-            let instances = scaling::instances(&scope.cluster, p, &scope.machines, fill)
+            // With no free machine left, the cluster's machines are read
+            // again after that look: one the reconciler claimed since the
+            // scope was read then counts as the pool's, not as missing
+            // (an out-of-resources error would make the autoscaler back
+            // off a scale-up that is going well).
+            let again;
+            let machines = if fill {
+                &scope.machines
+            } else {
+                again = machines_of(app, caller)?;
+                &again
+            };
+            let instances = scaling::instances(&scope.cluster, p, machines, fill)
                 .into_iter()
                 .map(instance)
                 .collect();
