@@ -97,7 +97,7 @@ pub fn router(app: Arc<App>) -> Router {
             get(kube::get_cluster)
                 .put(kube::write::replace::<kube::write::Clusters>)
                 .patch(kube::write::patch::<kube::write::Clusters>)
-                .delete(kube::write::delete_cluster),
+                .delete(kube::write::delete::<kube::write::Clusters>),
         )
         .route(
             "/apis/drover.dev/v1alpha1/clusters/{name}/status",
@@ -122,7 +122,7 @@ pub fn router(app: Arc<App>) -> Router {
             get(kube::get_token)
                 .put(kube::write::replace::<kube::write::Tokens>)
                 .patch(kube::write::patch::<kube::write::Tokens>)
-                .delete(kube::write::delete_token),
+                .delete(kube::write::delete::<kube::write::Tokens>),
         )
         .route(
             "/apis/drover.dev/v1alpha1/registrationtokens/{name}/bootstrap",
@@ -137,7 +137,7 @@ pub fn router(app: Arc<App>) -> Router {
             get(kube::get_secret)
                 .put(kube::write::replace::<kube::write::Secrets>)
                 .patch(kube::write::patch::<kube::write::Secrets>)
-                .delete(kube::write::delete_secret),
+                .delete(kube::write::delete::<kube::write::Secrets>),
         )
         .route(
             "/apis/authorization.k8s.io/v1",

@@ -36,7 +36,9 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
-use drover_common::api::{Cluster, FieldError, ManagedFieldsEntry, RegistrationToken, Secret};
+use drover_common::api::{
+    Cluster, FieldError, ManagedFieldsEntry, ObjectMeta, RegistrationToken, Secret,
+};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -386,6 +388,17 @@ pub trait Writer {
         existed: bool,
         validation: FieldValidation,
     ) -> Result<(Self::Wanted, Vec<String>), ApiError>;
+    /// What a failed delete precondition calls the object ("the cluster").
+    const NOUN: &'static str;
+    /// Deletes the named object (or, for one that leaves through a safe
+    /// path, marks it) once `check` accepts what is stored.
+    fn remove(
+        app: &App,
+        admin: &Admin,
+        name: &str,
+        dry_run: bool,
+        check: &dyn Fn(&ObjectMeta) -> Result<(), ApiError>,
+    ) -> Result<(AuditChanges, Self::Shown), ApiError>;
 }
 
 /// Clusters: only `spec`, labels, annotations and managedFields are
@@ -435,6 +448,20 @@ impl Writer for Clusters {
         let (mut cluster, warnings) = decode::<Cluster>("Cluster", doc, validation)?;
         cluster.metadata.managed_fields = managed;
         Ok((Decided { cluster, said }, warnings))
+    }
+    const NOUN: &'static str = "the cluster";
+    fn remove(
+        app: &App,
+        admin: &Admin,
+        name: &str,
+        dry_run: bool,
+        check: &dyn Fn(&ObjectMeta) -> Result<(), ApiError>,
+    ) -> Result<(AuditChanges, Cluster), ApiError> {
+        let cluster =
+            crate::http::cluster_write::request_deletion(app, name, admin, dry_run, |c| {
+                check(&c.metadata)
+            })?;
+        Ok((AuditChanges::default(), cluster))
     }
 }
 
@@ -495,6 +522,16 @@ impl Writer for Secrets {
         secret.metadata.managed_fields = managed;
         Ok((secret, warnings))
     }
+    const NOUN: &'static str = "the secret";
+    fn remove(
+        app: &App,
+        admin: &Admin,
+        name: &str,
+        dry_run: bool,
+        check: &dyn Fn(&ObjectMeta) -> Result<(), ApiError>,
+    ) -> Result<(AuditChanges, Self::Shown), ApiError> {
+        crate::http::secrets::remove_secret(app, admin, name, dry_run, |s| check(&s.metadata))
+    }
 }
 
 /// Registration tokens: made with a spec of `pool`, `labels`, `maxUses`
@@ -544,6 +581,16 @@ impl Writer for Tokens {
             decode::<RegistrationToken>("RegistrationToken", doc, validation)?;
         token.metadata.managed_fields = managed;
         Ok((token, warnings))
+    }
+    const NOUN: &'static str = "the registration token";
+    fn remove(
+        app: &App,
+        admin: &Admin,
+        name: &str,
+        dry_run: bool,
+        check: &dyn Fn(&ObjectMeta) -> Result<(), ApiError>,
+    ) -> Result<(AuditChanges, RegistrationToken), ApiError> {
+        remove_token(app, admin, name, dry_run, |t| check(&t.metadata))
     }
 }
 
@@ -1066,7 +1113,7 @@ fn delete_options(params: &WriteParams, body: &[u8]) -> Result<(DeleteOptions, b
 
 fn check_preconditions(
     p: Option<&Preconditions>,
-    meta: &drover_common::api::ObjectMeta,
+    meta: &ObjectMeta,
     what: &str,
 ) -> Result<(), ApiError> {
     let Some(p) = p else { return Ok(()) };
@@ -1089,10 +1136,13 @@ fn check_preconditions(
     Ok(())
 }
 
-/// `DELETE /apis/drover.dev/v1alpha1/clusters/{name}`: marks the cluster
-/// for deletion (as `drover delete cluster`); it stays, with
-/// `deletionTimestamp`, until its machines are released.
-pub async fn delete_cluster(
+/// `DELETE /apis/drover.dev/v1alpha1/{clusters,secrets,registrationtokens}/{name}`:
+/// as `drover delete`: a cluster is marked and leaves through its safe path
+/// (the cluster, marked); a Secret no live cluster reads is deleted; a
+/// token is deleted and its tickets stop working at once (`drover token
+/// revoke` keeps it, revoked). `preconditions` in a DeleteOptions body are
+/// checked against what is stored.
+pub async fn delete<K: Writer + 'static>(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(name): Path<String>,
@@ -1102,17 +1152,17 @@ pub async fn delete_cluster(
     let admin = writer(&app, &headers)?;
     let (options, dry_run) = delete_options(&params, &body)?;
     let about = name.clone();
-    let cluster = crate::store::blocking({
+    let (changes, shown) = crate::store::blocking({
         let app = app.clone();
         move || {
-            crate::http::cluster_write::request_deletion(&app, &name, &admin, dry_run, |c| {
-                check_preconditions(options.preconditions.as_ref(), &c.metadata, "the cluster")
+            K::remove(&app, &admin, &name, dry_run, &|meta| {
+                check_preconditions(options.preconditions.as_ref(), meta, K::NOUN)
             })
         }
     })
     .await
-    .map_err(|e| KubeError::from(e).about(&CLUSTERS, &about))?;
-    written(StatusCode::OK, &cluster, &[], AuditChanges::default())
+    .map_err(|e| KubeError::from(e).about(K::RESOURCE, &about))?;
+    written(StatusCode::OK, &shown, &[], changes)
 }
 
 /// `DELETE /apis/drover.dev/v1alpha1/machines/{name}`: as `drover delete
@@ -1202,61 +1252,6 @@ fn with_string_data_as_data(mut config: Value) -> Result<Value, ApiError> {
             .into();
     }
     Ok(config)
-}
-
-/// `DELETE /apis/drover.dev/v1alpha1/secrets/{name}`: deletes a Secret no
-/// live cluster reads, as `drover delete secret` does.
-pub async fn delete_secret(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    let admin = writer(&app, &headers)?;
-    let (options, dry_run) = delete_options(&params, &body)?;
-    let about = name.clone();
-    let (changes, info) = crate::store::blocking({
-        let app = app.clone();
-        move || {
-            crate::http::secrets::remove_secret(&app, &admin, &name, dry_run, |s| {
-                check_preconditions(options.preconditions.as_ref(), &s.metadata, "the secret")
-            })
-        }
-    })
-    .await
-    .map_err(|e| KubeError::from(e).about(&SECRETS, &about))?;
-    written(StatusCode::OK, &info, &[], changes)
-}
-
-/// `DELETE /apis/drover.dev/v1alpha1/registrationtokens/{name}`: deletes
-/// the token; its tickets stop working at once. (`drover token revoke`
-/// keeps it, revoked.)
-pub async fn delete_token(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    Query(params): Query<WriteParams>,
-    KubeBody(body): KubeBody,
-) -> KubeResult {
-    let admin = writer(&app, &headers)?;
-    let (options, dry_run) = delete_options(&params, &body)?;
-    let about = name.clone();
-    let (changes, token) = crate::store::blocking({
-        let app = app.clone();
-        move || {
-            remove_token(&app, &admin, &name, dry_run, |t| {
-                check_preconditions(
-                    options.preconditions.as_ref(),
-                    &t.metadata,
-                    "the registration token",
-                )
-            })
-        }
-    })
-    .await
-    .map_err(|e| KubeError::from(e).about(&REGISTRATION_TOKENS, &about))?;
-    written(StatusCode::OK, &token, &[], changes)
 }
 
 /// `POST /apis/drover.dev/v1alpha1/registrationtokens/{name}/bootstrap`:
