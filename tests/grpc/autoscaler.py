@@ -51,13 +51,28 @@ def seconds(duration):
     raise SystemExit(f"grpc_timeout {duration!r} is not a duration")
 
 
-def main():
-    if len(sys.argv) not in (3, 4):
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
-    config = read_config(sys.argv[1])
-    method = sys.argv[2]
-    request_json = sys.argv[3] if len(sys.argv) == 4 else "{}"
+REQUEST_TYPES = {
+    "NodeGroups": pb.NodeGroupsRequest,
+    "NodeGroupForNode": pb.NodeGroupForNodeRequest,
+    "PricingNodePrice": pb.PricingNodePriceRequest,
+    "PricingPodPrice": pb.PricingPodPriceRequest,
+    "GPULabel": pb.GPULabelRequest,
+    "GetAvailableGPUTypes": pb.GetAvailableGPUTypesRequest,
+    "Cleanup": pb.CleanupRequest,
+    "Refresh": pb.RefreshRequest,
+    "NodeGroupTargetSize": pb.NodeGroupTargetSizeRequest,
+    "NodeGroupIncreaseSize": pb.NodeGroupIncreaseSizeRequest,
+    "NodeGroupDeleteNodes": pb.NodeGroupDeleteNodesRequest,
+    "NodeGroupDecreaseTargetSize": pb.NodeGroupDecreaseTargetSizeRequest,
+    "NodeGroupNodes": pb.NodeGroupNodesRequest,
+    "NodeGroupTemplateNodeInfo": pb.NodeGroupTemplateNodeInfoRequest,
+    "NodeGroupGetOptions": pb.NodeGroupAutoscalingOptionsRequest,
+}
+
+
+def connect(config):
+    """A stub dialled as the autoscaler dials (mutual TLS, the server name
+    set to the address' host) and the per-call deadline, in seconds."""
     host = config["address"].rsplit(":", 1)[0].strip("[]")
     creds = grpc.ssl_channel_credentials(
         root_certificates=open(config["cacert"], "rb").read(),
@@ -67,27 +82,20 @@ def main():
     channel = grpc.secure_channel(
         config["address"], creds, options=[("grpc.ssl_target_name_override", host)]
     )
-    stub = rpc.CloudProviderStub(channel)
+    return rpc.CloudProviderStub(channel), seconds(config.get("grpc_timeout", "5s"))
+
+
+def main():
+    if len(sys.argv) not in (3, 4):
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    config = read_config(sys.argv[1])
+    method = sys.argv[2]
+    request_json = sys.argv[3] if len(sys.argv) == 4 else "{}"
+    stub, timeout = connect(config)
     call = getattr(stub, method)
-    request_type = {
-        "NodeGroups": pb.NodeGroupsRequest,
-        "NodeGroupForNode": pb.NodeGroupForNodeRequest,
-        "PricingNodePrice": pb.PricingNodePriceRequest,
-        "PricingPodPrice": pb.PricingPodPriceRequest,
-        "GPULabel": pb.GPULabelRequest,
-        "GetAvailableGPUTypes": pb.GetAvailableGPUTypesRequest,
-        "Cleanup": pb.CleanupRequest,
-        "Refresh": pb.RefreshRequest,
-        "NodeGroupTargetSize": pb.NodeGroupTargetSizeRequest,
-        "NodeGroupIncreaseSize": pb.NodeGroupIncreaseSizeRequest,
-        "NodeGroupDeleteNodes": pb.NodeGroupDeleteNodesRequest,
-        "NodeGroupDecreaseTargetSize": pb.NodeGroupDecreaseTargetSizeRequest,
-        "NodeGroupNodes": pb.NodeGroupNodesRequest,
-        "NodeGroupTemplateNodeInfo": pb.NodeGroupTemplateNodeInfoRequest,
-        "NodeGroupGetOptions": pb.NodeGroupAutoscalingOptionsRequest,
-    }[method]
+    request_type = REQUEST_TYPES[method]
     request = json_format.Parse(request_json, request_type())
-    timeout = seconds(config.get("grpc_timeout", "5s"))
     started = time.monotonic()
     out = {"code": "OK", "message": "", "response": None}
     try:
