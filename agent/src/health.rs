@@ -1,5 +1,6 @@
 //! Health probes sent with every heartbeat: kubelet `/healthz`, the API
-//! server's `/readyz` on control-plane machines, and free disk space.
+//! server's `/readyz` on control-plane machines, free disk space, and the
+//! node problem checks (`crate::problems`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,8 @@ pub struct Prober {
     kubelet: Option<reqwest::Client>,
     /// The API server client, rebuilt when `ca.crt` changes.
     api_server: tls::CachedClient,
+    /// The bounds of the node problem checks (`crate::problems`).
+    bounds: crate::problems::Bounds,
 }
 
 impl Prober {
@@ -49,7 +52,15 @@ impl Prober {
             kubelet_url,
             kubelet: None,
             api_server: tls::CachedClient::default(),
+            bounds: crate::problems::Bounds::default(),
         }
+    }
+
+    /// The node problem checks judged by `bounds` (the kubelet's
+    /// `--eviction-hard`) rather than the kubelet's defaults.
+    pub fn with_bounds(mut self, bounds: crate::problems::Bounds) -> Self {
+        self.bounds = bounds;
+        self
     }
 
     /// Runs the planned probes concurrently.
@@ -86,6 +97,7 @@ impl Prober {
             kubelet,
             api_server,
             disk_free_bytes: disk_free_bytes(&self.root),
+            problems: crate::problems::judge(&crate::problems::sample(&self.root), &self.bounds),
         }
     }
 

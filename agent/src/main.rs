@@ -38,6 +38,7 @@ mod load_balancer;
 mod netfilter;
 mod nocloud;
 mod podnet;
+mod problems;
 mod protocol;
 mod register;
 mod restore;
@@ -125,6 +126,21 @@ struct Cli {
     /// The kubelet health URL.
     #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:10248/healthz", value_parser = parse_healthz_url)]
     kubelet_healthz_url: reqwest::Url,
+
+    /// The bounds of the node problem checks, in the text of the kubelet's
+    /// `--eviction-hard` (give this machine's kubelet's, so a condition
+    /// turns when the kubelet starts to evict); signals left out keep the
+    /// kubelet's defaults [default: memory.available<100Mi,
+    /// nodefs.available<10%, nodefs.inodesFree<5%, imagefs.available<15%,
+    /// imagefs.inodesFree<5%, pid.available<10%].
+    #[arg(
+        long,
+        env = "DROVER_EVICTION_HARD",
+        value_name = "SIGNAL<QUANTITY,...",
+        default_value = "",
+        hide_default_value = true
+    )]
+    eviction_hard: crate::problems::Bounds,
 
     /// The host name to report [default: `local-hostname` of the NoCloud
     /// meta-data, else the system host name].
@@ -504,6 +520,7 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
         kubelet_healthz_url: cli.kubelet_healthz_url.clone(),
         hostname,
         static_pod_restart_wait: cli.static_pod_restart_wait,
+        eviction_hard: cli.eviction_hard.clone(),
     })
 }
 
@@ -564,6 +581,7 @@ mod tests {
                 "https://127.0.0.1/healthz",
             ],
             vec!["drover-agent", "--log-format", "xml"],
+            vec!["drover-agent", "--eviction-hard", "memory.free<1Gi"],
             vec!["drover-agent", "--frobnicate"],
             // The agent's flags do not mix with the simulator.
             vec![

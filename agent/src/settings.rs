@@ -25,6 +25,8 @@ pub struct Settings {
     pub hooks_dir: PathBuf,
     /// Whether the cluster's files and commands may be applied here.
     pub customisation: Customisation,
+    /// The bounds of the node problem checks (`--eviction-hard`).
+    pub eviction_hard: crate::problems::Bounds,
 }
 
 /// Whether an agent applies the files and commands a cluster's spec puts on

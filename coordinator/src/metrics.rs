@@ -49,6 +49,7 @@ pub struct Metrics {
     autoscaler_call_seconds: Histograms,
     clusters: Family<Labels, Gauge>,
     machines: Family<Labels, Gauge>,
+    machine_problems: Family<Labels, Gauge>,
     leader: Gauge,
     leader_term: Gauge,
     connections: Family<Labels, Gauge>,
@@ -145,6 +146,7 @@ impl Metrics {
             autoscaler_call_seconds: Family::new_with_constructor(latency_histogram),
             clusters: Family::default(),
             machines: Family::default(),
+            machine_problems: Family::default(),
             leader: Gauge::default(),
             leader_term: Gauge::default(),
             connections: Family::default(),
@@ -276,6 +278,11 @@ impl Metrics {
             "machines",
             "Machines, by phase, health (healthy, unhealthy, silent, unknown) and provider (pool, docker, aws)",
             m.machines.clone(),
+        );
+        registry.register(
+            "machine_problems",
+            "Machines whose agent reports a node problem now, by problem (ReadOnlyFilesystem, DiskPressure, MemoryPressure, PIDPressure)",
+            m.machine_problems.clone(),
         );
         registry.register(
             "leader",
@@ -534,6 +541,12 @@ impl Metrics {
                 ])
                 .set(n as i64);
         }
+        self.machine_problems.clear();
+        for (problem, n) in state.fleet.machine_problems() {
+            self.machine_problems
+                .get_or_create(&vec![("problem", problem.to_owned())])
+                .set(n as i64);
+        }
         self.leader.set(i64::from(state.leader_term.is_some()));
         self.leader_term
             .set(state.leader_term.map_or(0, |t| t as i64));
@@ -685,6 +698,8 @@ pub trait FleetGauges {
     fn cluster_phases(&self) -> Vec<(String, u64)>;
     /// How many machines (not deleted) have each set of labels.
     fn machine_counts(&self) -> Vec<(MachineLabels, u64)>;
+    /// How many machines (not deleted) have each node problem now.
+    fn machine_problems(&self) -> Vec<(&'static str, u64)>;
     /// Appends the `drover_cluster_condition` series of every condition of
     /// every cluster, each as [`write_condition_series`] writes it.
     fn write_condition_series(&self, out: &mut String);
@@ -716,6 +731,9 @@ mod tests {
         }
         fn machine_counts(&self) -> Vec<(MachineLabels, u64)> {
             vec![]
+        }
+        fn machine_problems(&self) -> Vec<(&'static str, u64)> {
+            vec![("DiskPressure", 2)]
         }
         fn write_condition_series(&self, out: &mut String) {
             write_condition_series(out, "web", ["Ready", "True", "ControlPlaneUp"]);
@@ -770,6 +788,7 @@ mod tests {
             "drover_heartbeat_datagram_machines{role=\"control_plane\"} 4",
             "drover_heartbeat_datagram_machines{role=\"other\"} 9",
             "drover_clusters{phase=\"Running\"} 3",
+            "drover_machine_problems{problem=\"DiskPressure\"} 2",
             "drover_cluster_condition{cluster=\"web\",condition=\"Ready\",status=\"True\",reason=\"ControlPlaneUp\"} 1",
             "drover_cluster_condition{cluster=\"odd\",condition=\"Ready\",status=\"False\",reason=\"a \\\"quoted\\\" \\\\ reason\"} 1",
             "# TYPE drover_snapshot_age_seconds gauge\n# UNIT drover_snapshot_age_seconds seconds\ndrover_snapshot_age_seconds{cluster=\"web\"} 90\n# EOF\n",

@@ -912,6 +912,13 @@ impl Agent {
         self.spawn();
     }
 
+    /// Starts the agent again on the same root with `env` as its extra
+    /// environment instead of what it had.
+    pub fn restart_with_env(&mut self, env: Vec<(String, String)>) {
+        self.env = env;
+        self.restart();
+    }
+
     /// Whether the agent process has exited, with its status.
     pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
         self.child

@@ -76,6 +76,79 @@ fn wait_registered(c: &Coordinator, n: usize) {
     c.wait_registered(n, BOOT);
 }
 
+/// The machine's condition `type_` as (status, reason, message), if any.
+fn machine_condition(
+    c: &Coordinator,
+    machine: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let out = c.cli_ok(&["get", "machines", machine, "-o", "json"]);
+    let m: serde_json::Value = serde_json::from_str(&out).expect("machine json");
+    let m = if m.is_array() { m[0].clone() } else { m };
+    m["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|k| k["type"] == type_)
+        .map(|k| {
+            let s = |f: &str| k[f].as_str().unwrap_or_default().to_owned();
+            (s("status"), s("reason"), s("message"))
+        })
+}
+
+#[test]
+fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear() {
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 1, "1h");
+    // The agent judges its disk by the kubelet's --eviction-hard, given
+    // here as one no real disk passes: less than 100% free.
+    let mut agent = Agent::boot_with_env(
+        &tmp.path().join("m0"),
+        "sick-0",
+        Boot::File(boot.clone()),
+        vec![(
+            "DROVER_EVICTION_HARD".into(),
+            "nodefs.available<100%".into(),
+        )],
+    );
+    wait_registered(&c, 1);
+    let name = c.machines()[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, reason, message) = wait_for("DiskPressure on the machine", BOOT, || {
+        machine_condition(&c, &name, "DiskPressure")
+            .filter(|(s, _, _)| s == "True")
+            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "DiskPressure")))
+    });
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "DiskSpaceLow"));
+    assert!(
+        message.contains("/var/lib/kubelet (nodefs)")
+            && message.contains("below nodefs.available<100%"),
+        "{message}"
+    );
+    let described = c.cli_ok(&["describe", "machine", &name]);
+    assert!(
+        described.contains("DiskPressure = True since ") && described.contains("(DiskSpaceLow)"),
+        "{described}"
+    );
+    let metrics = c.metrics_text();
+    assert!(
+        metrics.contains("drover_machine_problems{problem=\"DiskPressure\"} 1"),
+        "{metrics}"
+    );
+    // The kubelet's default bounds: the problem is gone, the condition
+    // says so, and no machine counts under it any more.
+    agent.restart_with_env(vec![]);
+    let (_, reason, _) = wait_for("DiskPressure to clear", BOOT, || {
+        machine_condition(&c, &name, "DiskPressure")
+            .filter(|(s, _, _)| s == "False")
+            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "DiskPressure")))
+    });
+    assert_eq!(reason, "NoLongerSeen");
+    let metrics = c.metrics_text();
+    assert!(!metrics.contains("drover_machine_problems{"), "{metrics}");
+    drop(agent);
+}
+
 #[test]
 fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     let (tmp, c, agents) = registered_pool(3, "node-");

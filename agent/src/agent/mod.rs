@@ -257,7 +257,8 @@ impl Agent {
             });
         }
         let api = std::sync::Arc::new(mtls_client(&state)?);
-        let prober = Prober::new(&settings.root, settings.kubelet_healthz_url.clone());
+        let prober = Prober::new(&settings.root, settings.kubelet_healthz_url.clone())
+            .with_bounds(settings.eviction_hard.clone());
         let now = Instant::now();
         let renew_at = Self::renewal_instant(&state);
         Ok(Self {

@@ -334,6 +334,9 @@ impl Sim {
                 kubelet: healthy(),
                 api_server: (self.phase == AgentPhase::Running && control_plane).then(healthy),
                 disk_free_bytes: DISK_FREE_BYTES,
+                // A simulated machine has no file systems or memory of its
+                // own to check.
+                problems: vec![],
             },
             self.bootstrap.clone(),
             &self.results,

@@ -37,7 +37,51 @@ pub struct HealthReport {
     /// Free bytes on the file system holding the agent's root.
     #[serde(default)]
     pub disk_free_bytes: u64,
+    /// What is wrong with the machine beyond its probes, as its agent's
+    /// checks see it now (none when all is well; see [`NodeProblem`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<NodeProblem>,
 }
+
+/// A problem the agent's checks see on its machine. The coordinator keeps
+/// each as a machine condition of that type (status True, and False once
+/// it is no longer reported), as node-problem-detector and the kubelet
+/// keep theirs on a Node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeProblem {
+    /// One of [`NODE_PROBLEM_TYPES`].
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// A CamelCase word that says which check saw it.
+    pub reason: String,
+    /// What was seen, with the figures and the bound.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// The root file system (or the kubelet's or containerd's directory)
+/// mounted read-only: nothing can be written, so Pods and the kubelet fail
+/// (node-problem-detector's `ReadonlyFilesystem`).
+pub const READ_ONLY_FILESYSTEM: &str = "ReadOnlyFilesystem";
+/// Free space or free inodes under the kubelet's or containerd's
+/// directory below the kubelet's eviction bounds (the kubelet's
+/// `DiskPressure`).
+pub const DISK_PRESSURE: &str = "DiskPressure";
+/// Available memory below the kubelet's eviction bound (the kubelet's
+/// `MemoryPressure`).
+pub const MEMORY_PRESSURE: &str = "MemoryPressure";
+/// Few process IDs left (the kubelet's `PIDPressure`).
+pub const PID_PRESSURE: &str = "PIDPressure";
+
+/// Every problem type an agent reports; a machine condition of one of
+/// these types comes from its agent.
+pub const NODE_PROBLEM_TYPES: &[&str] = &[
+    READ_ONLY_FILESYSTEM,
+    DISK_PRESSURE,
+    MEMORY_PRESSURE,
+    PID_PRESSURE,
+];
 
 impl HealthReport {
     /// Whether every probe that ran is healthy.

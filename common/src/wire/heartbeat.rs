@@ -169,6 +169,23 @@ impl HeartbeatRequest {
                 }
             }
         }
+        // Problems: known types only, each once, so an agent cannot add
+        // conditions of its own making to its machine.
+        let before = self.health.problems.len();
+        let mut seen = Vec::new();
+        self.health.problems.retain(|p| {
+            let known = crate::objects::NODE_PROBLEM_TYPES.contains(&p.type_.as_str())
+                && !seen.contains(&p.type_);
+            if known {
+                seen.push(p.type_.clone());
+            }
+            known
+        });
+        cut |= self.health.problems.len() != before;
+        for p in &mut self.health.problems {
+            cut |= truncate_reported(&mut p.reason, MAX_REPORTED_ID_CHARS);
+            cut |= truncate_reported(&mut p.message, MAX_REPORTED_CHARS);
+        }
         cut |= truncate_list(&mut self.directive_results, MAX_DIRECTIVE_RESULTS);
         for r in &mut self.directive_results {
             cut |= truncate_reported(&mut r.id, MAX_REPORTED_ID_CHARS);
@@ -356,6 +373,43 @@ mod bound_tests {
     use time::OffsetDateTime;
 
     use super::*;
+    use crate::objects::{NodeProblem, DISK_PRESSURE, READ_ONLY_FILESYSTEM};
+
+    #[test]
+    fn only_known_problems_are_kept_once_each_and_bounded() {
+        let problem = |t: &str, message: String| NodeProblem {
+            type_: t.into(),
+            reason: "R".repeat(500),
+            message,
+        };
+        let mut hb = HeartbeatRequest::default();
+        hb.health.problems = vec![
+            problem(DISK_PRESSURE, "x".repeat(1 << 20)),
+            problem(
+                "Ready",
+                "an agent may not set the conditions it likes".into(),
+            ),
+            problem(DISK_PRESSURE, "the same type again".into()),
+            problem(READ_ONLY_FILESYSTEM, "/ is read-only".into()),
+        ];
+        assert!(hb.bound());
+        let types: Vec<&str> = hb
+            .health
+            .problems
+            .iter()
+            .map(|p| p.type_.as_str())
+            .collect();
+        assert_eq!(types, [DISK_PRESSURE, READ_ONLY_FILESYSTEM]);
+        let disk = &hb.health.problems[0];
+        assert!(disk.reason.chars().count() <= MAX_REPORTED_ID_CHARS);
+        assert!(disk.message.chars().count() <= MAX_REPORTED_CHARS);
+        assert!(disk.message.ends_with(&format!(
+            "({} bytes cut)",
+            (1 << 20) - (MAX_REPORTED_CHARS - 40)
+        )));
+        assert_eq!(hb.health.problems[1].message, "/ is read-only");
+        assert!(!hb.bound(), "bounding twice cuts nothing more");
+    }
 
     #[test]
     fn reported_strings_are_bounded() {
@@ -371,6 +425,7 @@ mod bound_tests {
                     message: "é".repeat(5000),
                 }),
                 disk_free_bytes: 0,
+                problems: vec![],
             },
             bootstrap: Some(BootstrapReport {
                 step: big.clone(),

@@ -115,6 +115,20 @@ fn machine_labels(m: &Machine) -> Option<MachineLabels> {
     })
 }
 
+/// The node problems a machine's conditions say it has now.
+fn machine_problems(m: &Machine) -> Vec<&'static str> {
+    drover_common::api::NODE_PROBLEM_TYPES
+        .iter()
+        .copied()
+        .filter(|t| {
+            m.status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == *t && c.status == "True")
+        })
+        .collect()
+}
+
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Inner {
     /// False until the first rebuild: nothing is known yet.
@@ -123,6 +137,9 @@ struct Inner {
     machines: HashMap<String, MachineLabels>,
     cluster_phases: BTreeMap<String, u64>,
     machine_counts: BTreeMap<MachineLabels, u64>,
+    /// The node problems of each machine that has any now.
+    machine_problems: HashMap<String, Vec<&'static str>>,
+    problem_counts: BTreeMap<&'static str, u64>,
 }
 
 impl Inner {
@@ -144,9 +161,19 @@ impl Inner {
         if let Some(old) = self.machines.remove(name) {
             decrement(&mut self.machine_counts, &old);
         }
+        for p in self.machine_problems.remove(name).unwrap_or_default() {
+            decrement(&mut self.problem_counts, &p);
+        }
         if let Some(labels) = machine.and_then(machine_labels) {
             *self.machine_counts.entry(labels.clone()).or_default() += 1;
             self.machines.insert(name.to_owned(), labels);
+            let problems = machine.map(machine_problems).unwrap_or_default();
+            if !problems.is_empty() {
+                for p in &problems {
+                    *self.problem_counts.entry(p).or_default() += 1;
+                }
+                self.machine_problems.insert(name.to_owned(), problems);
+            }
         }
     }
 }
@@ -293,6 +320,10 @@ impl FleetGauges for FleetSummary {
         counted(&self.lock().machine_counts)
     }
 
+    fn machine_problems(&self) -> Vec<(&'static str, u64)> {
+        counted(&self.lock().problem_counts)
+    }
+
     fn write_condition_series(&self, out: &mut String) {
         let inner = self.lock();
         for entry in inner.clusters.values() {
@@ -364,13 +395,28 @@ mod tests {
         let m2 = machine("m2", MachinePhase::Running, Some("docker"));
         let s = FleetSummary::default();
         assert!(!s.is_built());
+        // m2 has a full disk and memory pressure; m1 had a read-only root
+        // that cleared.
+        let problem = |m: &mut Machine, t: &str, status: bool| {
+            drover_common::api::set_condition(&mut m.status.conditions, t, status, "R", "");
+        };
+        let mut m1 = m1;
+        let mut m2 = m2;
+        problem(&mut m1, "ReadOnlyFilesystem", false);
+        problem(&mut m2, "DiskPressure", true);
+        problem(&mut m2, "MemoryPressure", true);
         s.rebuild(&[a.clone(), b.clone()], &[m1.clone(), m2.clone()]);
         assert!(s.is_built());
+        assert_eq!(
+            s.machine_problems(),
+            [("DiskPressure", 1), ("MemoryPressure", 1)]
+        );
 
         // a comes up, b goes, m1 joins a cluster, m2 is deleted (its
         // tombstone is not counted), m3 registers.
         let a2 = cluster("a", ClusterPhase::Running, "True");
-        let m1b = machine("m1", MachinePhase::Running, None);
+        let mut m1b = machine("m1", MachinePhase::Running, None);
+        problem(&mut m1b, "DiskPressure", true);
         let m2b = machine("m2", MachinePhase::Deleted, Some("docker"));
         let m3 = machine("m3", MachinePhase::Registered, None);
         s.cluster_changed("a", Some(&a2));
@@ -382,6 +428,8 @@ mod tests {
         let fresh = FleetSummary::default();
         fresh.rebuild(&[a2], &[m1b, m2b, m3]);
         assert_eq!(*s.lock(), *fresh.lock());
+        // A deleted machine's problems are not counted.
+        assert_eq!(s.machine_problems(), [("DiskPressure", 1)]);
         assert_eq!(
             s.overview(),
             Overview {

@@ -12,7 +12,10 @@
 //! nothing about the current one, and a quiet heartbeat ([`is_quiet`])
 //! changes nothing and needs nothing from the store.
 
-use drover_common::api::{push_event, set_condition, Cluster, Machine, MachinePhase};
+use drover_common::api::{
+    push_event, set_condition, Cluster, Condition, Machine, MachinePhase, NodeProblem,
+    NODE_PROBLEM_TYPES,
+};
 use drover_common::wire::{
     AgentPhase, AssignmentNotice, CommandFailure, Directive, DirectiveAction, DirectiveResult,
     HealthReport, HeartbeatRequest, HeartbeatResponse, ProbeState,
@@ -106,6 +109,7 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
         }
     }
     m.status.health = Some(hb.health.clone());
+    record_problems(&mut m.status.conditions, &hb.health.problems);
     if m.status.phase == MachinePhase::Running {
         let (healthy, reason, message) = health_verdict(&hb.health);
         set_condition(
@@ -143,6 +147,29 @@ pub fn apply_heartbeat(m: &mut Machine, hb: &HeartbeatRequest) {
             other => ("PhaseChanged", format!("now {other}")),
         };
         push_event(&mut m.status.events, reason, message);
+    }
+}
+
+/// Keeps the problems the agent's checks report as conditions of their
+/// type: True while reported (the transition time says since when), False
+/// once no longer reported. A type never reported adds no condition.
+fn record_problems(conditions: &mut Vec<Condition>, problems: &[NodeProblem]) {
+    for p in problems {
+        set_condition(conditions, &p.type_, true, &p.reason, &p.message);
+    }
+    for t in NODE_PROBLEM_TYPES {
+        let was = conditions
+            .iter()
+            .any(|c| c.type_ == *t && c.status == "True");
+        if was && !problems.iter().any(|p| p.type_ == *t) {
+            set_condition(
+                conditions,
+                t,
+                false,
+                "NoLongerSeen",
+                "the agent's check no longer sees this problem",
+            );
+        }
     }
 }
 
@@ -472,6 +499,55 @@ mod tests {
         assert_eq!(m.status.phase, MachinePhase::Assigned);
         apply_heartbeat(&mut m, &hb(AgentPhase::Running, 2));
         assert_eq!(m.status.phase, MachinePhase::Running);
+    }
+
+    #[test]
+    fn the_agents_problems_become_conditions_that_say_since_when_and_clear() {
+        let mut m = machine(MachinePhase::Running, Some(2));
+        let problem = |t: &str, reason: &str| NodeProblem {
+            type_: t.into(),
+            reason: reason.into(),
+            message: format!("{t} seen"),
+        };
+        let mut beat = hb(AgentPhase::Running, 2);
+        beat.health.problems = vec![
+            problem(drover_common::api::DISK_PRESSURE, "DiskSpaceLow"),
+            problem(
+                drover_common::api::READ_ONLY_FILESYSTEM,
+                "FilesystemIsReadOnly",
+            ),
+        ];
+        apply_heartbeat(&mut m, &beat);
+        let of = |m: &Machine, t: &str| {
+            m.status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone(), c.last_transition_time))
+        };
+        let (status, reason, since) = of(&m, "DiskPressure").expect("a DiskPressure condition");
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "DiskSpaceLow"));
+        assert_eq!(of(&m, "ReadOnlyFilesystem").unwrap().0, "True");
+        assert_eq!(
+            of(&m, "MemoryPressure"),
+            None,
+            "never reported: no condition"
+        );
+        // The same again keeps its time; one gone turns False.
+        beat.health.problems.truncate(1);
+        apply_heartbeat(&mut m, &beat);
+        assert_eq!(of(&m, "DiskPressure").unwrap().2, since);
+        let (status, reason, _) = of(&m, "ReadOnlyFilesystem").unwrap();
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "NoLongerSeen")
+        );
+        // A free pool machine's problems are kept too.
+        let mut free = machine(MachinePhase::Registered, None);
+        let mut beat = hb(AgentPhase::Waiting, 0);
+        beat.health.problems = vec![problem(drover_common::api::MEMORY_PRESSURE, "MemoryLow")];
+        apply_heartbeat(&mut free, &beat);
+        assert_eq!(of(&free, "MemoryPressure").unwrap().0, "True");
     }
 
     #[test]
