@@ -175,6 +175,10 @@ pub struct Sample {
 }
 
 /// The problems a sample shows under `bounds`, at most one per type.
+/// Messages name the bound crossed and the whole, never the amount left:
+/// that moves with every write, and a message that changed would make
+/// every heartbeat a change the coordinator stores (the amount of disk
+/// left is in the report's `diskFreeBytes`, quantized).
 pub fn judge(sample: &Sample, bounds: &Bounds) -> Vec<NodeProblem> {
     let mut out = Vec::new();
     let mut read_only: Vec<String> = Vec::new();
@@ -215,18 +219,16 @@ pub fn judge(sample: &Sample, bounds: &Bounds) -> Vec<NodeProblem> {
         let Some((dir, fs)) = fs else { continue };
         if space.crossed(fs.bytes_free, fs.bytes_total) {
             disk.push(format!(
-                "{} ({signal}) has {} MiB free of {} MiB, below {signal}.available<{}",
+                "{} ({signal}, {} MiB): free space below {signal}.available<{}",
                 dir.display(),
-                fs.bytes_free >> 20,
                 fs.bytes_total >> 20,
                 space.describe("bytes")
             ));
         }
         if inodes.crossed(fs.inodes_free, fs.inodes_total) {
             disk.push(format!(
-                "{} ({signal}) has {} inodes free of {}, below {signal}.inodesFree<{}",
+                "{} ({signal}, {} inodes): free inodes below {signal}.inodesFree<{}",
                 dir.display(),
-                fs.inodes_free,
                 fs.inodes_total,
                 inodes.describe("inodes")
             ));
@@ -246,10 +248,9 @@ pub fn judge(sample: &Sample, bounds: &Bounds) -> Vec<NodeProblem> {
                 MEMORY_PRESSURE,
                 "MemoryLow",
                 format!(
-                    "{} MiB of {} MiB memory available, below memory.available<{}",
-                    available >> 20,
-                    total >> 20,
-                    bounds.memory_available.describe("bytes")
+                    "MemAvailable below memory.available<{} (MemTotal {} MiB)",
+                    bounds.memory_available.describe("bytes"),
+                    total >> 20
                 ),
             ));
         }
@@ -261,7 +262,7 @@ pub fn judge(sample: &Sample, bounds: &Bounds) -> Vec<NodeProblem> {
                 PID_PRESSURE,
                 "ProcessIdsLow",
                 format!(
-                    "{left} of {max} process IDs left, below pid.available<{}",
+                    "process IDs left below pid.available<{} (pid_max {max})",
                     bounds.pid_available.describe("process IDs")
                 ),
             ));
@@ -410,16 +411,16 @@ mod tests {
         assert_eq!(got[1].reason, "DiskSpaceLow");
         assert_eq!(
             got[1].message,
-            "/var/lib/kubelet (nodefs) has 9216 MiB free of 102400 MiB, below nodefs.available<10%; \
-             /var/lib/containerd (imagefs) has 4000 inodes free of 100000, below imagefs.inodesFree<5%"
+            "/var/lib/kubelet (nodefs, 102400 MiB): free space below nodefs.available<10%; \
+             /var/lib/containerd (imagefs, 100000 inodes): free inodes below imagefs.inodesFree<5%"
         );
         assert_eq!(
             got[2].message,
-            "99 MiB of 16384 MiB memory available, below memory.available<100 MiB"
+            "MemAvailable below memory.available<100 MiB (MemTotal 16384 MiB)"
         );
         assert_eq!(
             got[3].message,
-            "194304 of 4194304 process IDs left, below pid.available<10%"
+            "process IDs left below pid.available<10% (pid_max 4194304)"
         );
         // Just above every bound: nothing.
         s.root.as_mut().unwrap().read_only = false;
@@ -428,6 +429,17 @@ mod tests {
         s.memory = Some((100 << 20, 16 << 30));
         s.pids = Some((3_774_873, 4_194_304));
         assert_eq!(judge(&s, &bounds), vec![]);
+    }
+
+    #[test]
+    fn a_message_stays_the_same_while_the_amount_left_moves() {
+        let mut s = healthy();
+        s.memory = Some((90 << 20, 16 << 30));
+        s.nodefs = Some(("/var/lib/kubelet".into(), fs(3, 50)));
+        let before = judge(&s, &Bounds::default());
+        s.memory = Some((42 << 20, 16 << 30));
+        s.nodefs = Some(("/var/lib/kubelet".into(), fs(1, 50)));
+        assert_eq!(judge(&s, &Bounds::default()), before);
     }
 
     #[test]

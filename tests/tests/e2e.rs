@@ -121,8 +121,8 @@ fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear()
     });
     assert_eq!((status.as_str(), reason.as_str()), ("True", "DiskSpaceLow"));
     assert!(
-        message.contains("/var/lib/kubelet (nodefs)")
-            && message.contains("below nodefs.available<100%"),
+        message.contains("/var/lib/kubelet (nodefs, ")
+            && message.contains("free space below nodefs.available<100%"),
         "{message}"
     );
     let described = c.cli_ok(&["describe", "machine", &name]);
@@ -135,9 +135,14 @@ fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear()
         metrics.contains("drover_machine_problems{problem=\"DiskPressure\"} 1"),
         "{metrics}"
     );
-    // The kubelet's default bounds: the problem is gone, the condition
-    // says so, and no machine counts under it any more.
-    agent.restart_with_env(vec![]);
+    // Bounds no disk crosses (not the kubelet's defaults: the disk the
+    // tests run on may well be below those): the problem is gone, the
+    // condition says so, and no machine counts under it any more.
+    agent.restart_with_env(vec![(
+        "DROVER_EVICTION_HARD".into(),
+        "nodefs.available<0%,nodefs.inodesFree<0%,imagefs.available<0%,imagefs.inodesFree<0%"
+            .into(),
+    )]);
     let (_, reason, _) = wait_for("DiskPressure to clear", BOOT, || {
         machine_condition(&c, &name, "DiskPressure")
             .filter(|(s, _, _)| s == "False")
