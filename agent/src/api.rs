@@ -96,6 +96,9 @@ pub struct CoordinatorClient {
     http: reqwest::Client,
     /// The replica that answered last; tried first next time.
     preferred: AtomicUsize,
+    /// The coordinator's clock against this machine's, as the last answer
+    /// with a `Date` showed it.
+    clock: std::sync::Mutex<Option<crate::problems::ClockReading>>,
 }
 
 /// A raw answer.
@@ -191,6 +194,26 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
 }
 
 impl CoordinatorClient {
+    /// How far the coordinator's clock is from this machine's, as the
+    /// last answer that carried a `Date` showed it.
+    pub fn clock_reading(&self) -> Option<crate::problems::ClockReading> {
+        *self.clock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the clock reading of an answer sent at `sent` with `headers`
+    /// (HTTP servers date every answer, to the second: RFC 9110 6.6.1).
+    fn note_clock(&self, sent: std::time::SystemTime, headers: &reqwest::header::HeaderMap) {
+        let Some(date) = headers
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok())
+        else {
+            return;
+        };
+        let reading = crate::problems::ClockReading::of(sent, std::time::SystemTime::now(), date);
+        *self.clock.lock().unwrap_or_else(|e| e.into_inner()) = Some(reading);
+    }
+
     /// A client for `urls` (`https://host:port`) using the given TLS setup.
     pub fn new(
         urls: &[String],
@@ -231,6 +254,7 @@ impl CoordinatorClient {
             urls: RwLock::new(Arc::new(normalise(urls))),
             http,
             preferred: AtomicUsize::new(0),
+            clock: std::sync::Mutex::new(None),
         })
     }
 
@@ -273,8 +297,12 @@ impl CoordinatorClient {
             if let Some(t) = timeout {
                 request = request.timeout(t);
             }
+            let sent = std::time::SystemTime::now();
             let response = match request.send().await {
-                Ok(r) => r,
+                Ok(r) => {
+                    self.note_clock(sent, r.headers());
+                    r
+                }
                 Err(e) => {
                     if let Some(m) = find_pin_mismatch(&e) {
                         tracing::debug!(url = %url, "{m}");

@@ -20,6 +20,9 @@ pub struct ProbePlan {
     /// Probe the kubelet (after bootstrap finished); otherwise report Unknown.
     pub kubelet: bool,
     pub api_server: ApiServerPlan,
+    /// The coordinator's clock against this one, as its last answer
+    /// showed it (`crate::problems::ClockReading`).
+    pub clock: Option<crate::problems::ClockReading>,
 }
 
 /// Whether and where to probe the API server.
@@ -97,7 +100,13 @@ impl Prober {
             kubelet,
             api_server,
             disk_free_bytes: disk_free_bytes(&self.root),
-            problems: crate::problems::judge(&crate::problems::sample(&self.root), &self.bounds),
+            problems: crate::problems::judge(
+                &crate::problems::Sample {
+                    clock: plan.clock,
+                    ..crate::problems::sample(&self.root)
+                },
+                &self.bounds,
+            ),
         }
     }
 
@@ -251,6 +260,7 @@ mod tests {
         let plan = ProbePlan {
             kubelet: true,
             api_server: ApiServerPlan::None,
+            clock: None,
         };
         let url = |a: SocketAddr| format!("http://{a}/healthz").parse().unwrap();
 
@@ -286,6 +296,7 @@ mod tests {
             .report(&ProbePlan {
                 kubelet: false,
                 api_server: ApiServerPlan::Probe(closed),
+                clock: None,
             })
             .await;
         assert_eq!(report.kubelet.state, ProbeState::Unknown);

@@ -142,6 +142,12 @@ struct Cli {
     )]
     eviction_hard: crate::problems::Bounds,
 
+    /// How far this machine's clock may be from the coordinator's before
+    /// the agent reports the problem ClockSkew (measured from the `Date`
+    /// of the coordinator's answers).
+    #[arg(long, env = "DROVER_MAX_CLOCK_OFFSET", value_name = "DURATION", default_value = "10s", value_parser = drover_common::units::parse_duration)]
+    max_clock_offset: std::time::Duration,
+
     /// The host name to report [default: `local-hostname` of the NoCloud
     /// meta-data, else the system host name].
     #[arg(long, value_name = "NAME")]
@@ -520,7 +526,10 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
         kubelet_healthz_url: cli.kubelet_healthz_url.clone(),
         hostname,
         static_pod_restart_wait: cli.static_pod_restart_wait,
-        eviction_hard: cli.eviction_hard.clone(),
+        eviction_hard: crate::problems::Bounds {
+            clock_offset: cli.max_clock_offset,
+            ..cli.eviction_hard.clone()
+        },
     })
 }
 

@@ -13,6 +13,12 @@
 //!   the eviction bounds.
 //! - **MemoryPressure**: `MemAvailable` of `/proc/meminfo` below the
 //!   `memory.available` bound.
+//! - **ClockSkew**: this machine's clock off the coordinator's by more
+//!   than `--max-clock-offset` (10 s by default), measured from the `Date`
+//!   of the coordinator's answers and judged only beyond what the
+//!   measurement cannot tell (half the round trip, and the second `Date`
+//!   is rounded to): certificates, tokens and etcd leases all assume
+//!   clocks that agree.
 //! - **PIDPressure**: process IDs left (`/proc/sys/kernel/pid_max` less
 //!   the tasks `/proc/loadavg` counts, as the kubelet's
 //!   `pkg/kubelet/stats/pidlimit/pidlimit_linux.go` reads them) below the
@@ -29,9 +35,39 @@
 
 use std::path::{Path, PathBuf};
 
+use std::time::{Duration, SystemTime};
+
 use drover_common::objects::{
-    NodeProblem, DISK_PRESSURE, MEMORY_PRESSURE, PID_PRESSURE, READ_ONLY_FILESYSTEM,
+    NodeProblem, CLOCK_SKEW, DISK_PRESSURE, MEMORY_PRESSURE, PID_PRESSURE, READ_ONLY_FILESYSTEM,
 };
+
+/// How far the coordinator's clock was from this machine's at one answer:
+/// `offset_ms` is the coordinator's time less this machine's (positive:
+/// this clock is behind), known to within `uncertainty_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockReading {
+    pub offset_ms: i64,
+    pub uncertainty_ms: i64,
+}
+
+impl ClockReading {
+    /// The reading of a request sent at `sent` and answered at `received`
+    /// (this clock) with `date` (the coordinator's, whole seconds): the
+    /// answer was dated somewhere in the round trip, and its true time in
+    /// the second after `date`.
+    pub fn of(sent: SystemTime, received: SystemTime, date: SystemTime) -> Self {
+        let ms = |t: SystemTime| match t.duration_since(SystemTime::UNIX_EPOCH) {
+            Ok(d) => d.as_millis() as i64,
+            Err(e) => -(e.duration().as_millis() as i64),
+        };
+        let (sent, received) = (ms(sent), ms(received).max(ms(sent)));
+        let midpoint = sent + (received - sent) / 2;
+        ClockReading {
+            offset_ms: ms(date) + 500 - midpoint,
+            uncertainty_ms: (received - sent) / 2 + 500,
+        }
+    }
+}
 
 /// One bound: below this much, or below this share of the whole.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,9 +96,15 @@ impl Bound {
     }
 }
 
-/// The eviction bounds, by the kubelet's signal names.
+/// `--max-clock-offset`'s default.
+pub const DEFAULT_MAX_CLOCK_OFFSET: Duration = Duration::from_secs(10);
+
+/// The eviction bounds, by the kubelet's signal names, and the clock's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bounds {
+    /// How far this clock may be from the coordinator's
+    /// (`--max-clock-offset`).
+    pub clock_offset: Duration,
     pub memory_available: Bound,
     pub nodefs_available: Bound,
     pub nodefs_inodes_free: Bound,
@@ -75,6 +117,7 @@ impl Default for Bounds {
     /// The kubelet's `DefaultEvictionHard`, and 10% of process IDs.
     fn default() -> Self {
         Bounds {
+            clock_offset: DEFAULT_MAX_CLOCK_OFFSET,
             memory_available: Bound::Amount(100 << 20),
             nodefs_available: Bound::Percent(10.0),
             nodefs_inodes_free: Bound::Percent(5.0),
@@ -172,6 +215,8 @@ pub struct Sample {
     pub memory: Option<(u64, u64)>,
     /// Process IDs in use and `pid_max`.
     pub pids: Option<(u64, u64)>,
+    /// The coordinator's clock against this one (none answered yet).
+    pub clock: Option<ClockReading>,
 }
 
 /// The problems a sample shows under `bounds`, at most one per type.
@@ -255,6 +300,24 @@ pub fn judge(sample: &Sample, bounds: &Bounds) -> Vec<NodeProblem> {
             ));
         }
     }
+    if let Some(c) = sample.clock {
+        let bound = bounds.clock_offset.as_millis() as i64;
+        if c.offset_ms.abs() - c.uncertainty_ms > bound {
+            let way = if c.offset_ms > 0 {
+                "behind"
+            } else {
+                "ahead of"
+            };
+            out.push(problem(
+                CLOCK_SKEW,
+                "ClockOffsetLarge",
+                format!(
+                    "this machine's clock is {way} the coordinator's by more than --max-clock-offset {} s; make it keep time (NTP)",
+                    bounds.clock_offset.as_secs_f64()
+                ),
+            ));
+        }
+    }
     if let Some((used, max)) = sample.pids {
         let left = max.saturating_sub(used);
         if bounds.pid_available.crossed(left, max) {
@@ -297,6 +360,7 @@ pub fn sample(root: &Path) -> Sample {
         imagefs: dir("var/lib/containerd"),
         memory: meminfo(),
         pids: pids(),
+        clock: None,
     }
 }
 
@@ -372,6 +436,10 @@ mod tests {
             imagefs: Some(("/var/lib/containerd".into(), fs(50, 50))),
             memory: Some((4 << 30, 16 << 30)),
             pids: Some((300, 4_194_304)),
+            clock: Some(ClockReading {
+                offset_ms: 300,
+                uncertainty_ms: 520,
+            }),
         }
     }
 
@@ -456,6 +524,53 @@ mod tests {
         assert_eq!(types(&got), [READ_ONLY_FILESYSTEM, DISK_PRESSURE]);
         assert!(got[0].message.contains("/var/lib/kubelet"));
         assert_eq!(got[1].reason, "InodesLow");
+    }
+
+    #[test]
+    fn a_clock_is_judged_off_only_beyond_what_the_reading_cannot_tell() {
+        let at = |s: u64, ms: u64| {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(s) + Duration::from_millis(ms)
+        };
+        // Sent at 1000.000, answered at 1000.200, dated 1000: the answer was
+        // made between 1000.000 and 1001.000, read at about 1000.100.
+        let r = ClockReading::of(at(1000, 0), at(1000, 200), at(1000, 0));
+        assert_eq!(
+            r,
+            ClockReading {
+                offset_ms: 400,
+                uncertainty_ms: 600
+            }
+        );
+        // This clock 2 minutes ahead: the coordinator's answer is dated
+        // 120 s before.
+        let ahead = ClockReading::of(at(1120, 0), at(1120, 100), at(1000, 0));
+        assert_eq!(ahead.offset_ms, -119_550);
+        let mut s = healthy();
+        s.clock = Some(ahead);
+        let got = judge(&s, &Bounds::default());
+        assert_eq!(types(&got), [CLOCK_SKEW]);
+        assert_eq!(got[0].reason, "ClockOffsetLarge");
+        assert!(
+            got[0]
+                .message
+                .contains("ahead of the coordinator's by more than --max-clock-offset 10 s"),
+            "{}",
+            got[0].message
+        );
+        let behind = ClockReading::of(at(1000, 0), at(1000, 100), at(1120, 0));
+        s.clock = Some(behind);
+        assert!(judge(&s, &Bounds::default())[0].message.contains("behind"));
+        // 10.4 s off, read to within 0.55 s: not beyond 10 s for sure.
+        s.clock = Some(ClockReading {
+            offset_ms: 10_400,
+            uncertainty_ms: 550,
+        });
+        assert_eq!(judge(&s, &Bounds::default()), vec![]);
+        s.clock = Some(ClockReading {
+            offset_ms: -10_600,
+            uncertainty_ms: 550,
+        });
+        assert_eq!(types(&judge(&s, &Bounds::default())), [CLOCK_SKEW]);
     }
 
     #[test]

@@ -154,6 +154,64 @@ fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear()
     drop(agent);
 }
 
+/// The environment that starts a process with its clock `shift` off
+/// (`+120s`): Debian's libfaketime preloaded (scripts/setup-host installs
+/// it), the monotonic clock left alone so timers run true.
+fn clock_off_by(shift: &str) -> Vec<(String, String)> {
+    let lib = std::fs::read_dir("/usr/lib")
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists())
+        .expect("libfaketime is installed (scripts/setup-host)");
+    vec![
+        ("LD_PRELOAD".into(), lib.display().to_string()),
+        ("FAKETIME".into(), shift.into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ]
+}
+
+#[test]
+fn a_machine_whose_clock_is_off_reports_clock_skew_until_it_keeps_time() {
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 1, "1h");
+    let mut agent = Agent::boot_with_env(
+        &tmp.path().join("m0"),
+        "skewed-0",
+        Boot::File(boot.clone()),
+        clock_off_by("+120s"),
+    );
+    wait_registered(&c, 1);
+    let name = c.machines()[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, reason, message) = wait_for("ClockSkew on the machine", BOOT, || {
+        machine_condition(&c, &name, "ClockSkew")
+            .filter(|(s, _, _)| s == "True")
+            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "ClockSkew")))
+    });
+    assert_eq!(reason, "ClockOffsetLarge");
+    assert!(
+        message
+            .contains("clock is ahead of the coordinator's by more than --max-clock-offset 10 s"),
+        "{message}"
+    );
+    let metrics = c.metrics_text();
+    assert!(
+        metrics.contains("drover_machine_problems{problem=\"ClockSkew\"} 1"),
+        "{metrics}"
+    );
+    // Its clock keeps time again.
+    agent.restart_with_env(vec![]);
+    let (_, reason, _) = wait_for("ClockSkew to clear", BOOT, || {
+        machine_condition(&c, &name, "ClockSkew")
+            .filter(|(s, _, _)| s == "False")
+            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "ClockSkew")))
+    });
+    assert_eq!(reason, "NoLongerSeen");
+    drop(agent);
+}
+
 #[test]
 fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     let (tmp, c, agents) = registered_pool(3, "node-");

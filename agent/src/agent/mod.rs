@@ -420,6 +420,7 @@ impl Agent {
         ProbePlan {
             kubelet: done,
             api_server,
+            clock: self.coordinator.api.clock_reading(),
         }
     }
 

@@ -73,6 +73,9 @@ pub const DISK_PRESSURE: &str = "DiskPressure";
 pub const MEMORY_PRESSURE: &str = "MemoryPressure";
 /// Few process IDs left (the kubelet's `PIDPressure`).
 pub const PID_PRESSURE: &str = "PIDPressure";
+/// The machine's clock off the coordinator's by more than its agent's
+/// bound: certificates, tokens and etcd leases assume clocks that agree.
+pub const CLOCK_SKEW: &str = "ClockSkew";
 
 /// Every problem type an agent reports; a machine condition of one of
 /// these types comes from its agent.
@@ -81,6 +84,7 @@ pub const NODE_PROBLEM_TYPES: &[&str] = &[
     DISK_PRESSURE,
     MEMORY_PRESSURE,
     PID_PRESSURE,
+    CLOCK_SKEW,
 ];
 
 impl HealthReport {
