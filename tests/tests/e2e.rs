@@ -95,31 +95,53 @@ fn machine_condition(
         })
 }
 
-#[test]
-fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear() {
+/// Waits until the machine's condition `type_` has `status`; its reason
+/// and message.
+fn wait_machine_condition(
+    c: &Coordinator,
+    machine: &str,
+    type_: &str,
+    status: &str,
+) -> (String, String) {
+    wait_for(
+        &format!("{type_}={status} on {machine}"),
+        BOOT,
+        || match machine_condition(c, machine, type_) {
+            Some((s, reason, message)) if s == status => Ok((reason, message)),
+            other => Err(format!("{other:?}")),
+        },
+    )
+}
+
+/// A coordinator and one pool machine registered, its agent started with
+/// `env`; the machine's name.
+fn one_machine(
+    host: &str,
+    env: Vec<(String, String)>,
+) -> (tempfile::TempDir, Coordinator, Agent, String) {
     let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 1, "1h");
-    // The agent judges its disk by the kubelet's --eviction-hard, given
-    // here as one no real disk passes: less than 100% free.
-    let mut agent = Agent::boot_with_env(
-        &tmp.path().join("m0"),
-        "sick-0",
-        Boot::File(boot.clone()),
-        vec![(
-            "DROVER_EVICTION_HARD".into(),
-            "nodefs.available<100%".into(),
-        )],
-    );
+    let agent = Agent::boot_with_env(&tmp.path().join("m0"), host, Boot::File(boot), env);
     wait_registered(&c, 1);
     let name = c.machines()[0]["metadata"]["name"]
         .as_str()
         .unwrap()
         .to_owned();
-    let (status, reason, message) = wait_for("DiskPressure on the machine", BOOT, || {
-        machine_condition(&c, &name, "DiskPressure")
-            .filter(|(s, _, _)| s == "True")
-            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "DiskPressure")))
-    });
-    assert_eq!((status.as_str(), reason.as_str()), ("True", "DiskSpaceLow"));
+    (tmp, c, agent, name)
+}
+
+#[test]
+fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear() {
+    // The agent judges its disk by the kubelet's --eviction-hard, given
+    // here as one no real disk passes: less than 100% free.
+    let (_tmp, c, mut agent, name) = one_machine(
+        "sick-0",
+        vec![(
+            "DROVER_EVICTION_HARD".into(),
+            "nodefs.available<100%".into(),
+        )],
+    );
+    let (reason, message) = wait_machine_condition(&c, &name, "DiskPressure", "True");
+    assert_eq!(reason, "DiskSpaceLow");
     assert!(
         message.contains("/var/lib/kubelet (nodefs, ")
             && message.contains("free space below nodefs.available<100%"),
@@ -143,11 +165,7 @@ fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear()
         "nodefs.available<0%,nodefs.inodesFree<0%,imagefs.available<0%,imagefs.inodesFree<0%"
             .into(),
     )]);
-    let (_, reason, _) = wait_for("DiskPressure to clear", BOOT, || {
-        machine_condition(&c, &name, "DiskPressure")
-            .filter(|(s, _, _)| s == "False")
-            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "DiskPressure")))
-    });
+    let (reason, _) = wait_machine_condition(&c, &name, "DiskPressure", "False");
     assert_eq!(reason, "NoLongerSeen");
     let metrics = c.metrics_text();
     assert!(!metrics.contains("drover_machine_problems{"), "{metrics}");
@@ -173,23 +191,8 @@ fn clock_off_by(shift: &str) -> Vec<(String, String)> {
 
 #[test]
 fn a_machine_whose_clock_is_off_reports_clock_skew_until_it_keeps_time() {
-    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 1, "1h");
-    let mut agent = Agent::boot_with_env(
-        &tmp.path().join("m0"),
-        "skewed-0",
-        Boot::File(boot.clone()),
-        clock_off_by("+120s"),
-    );
-    wait_registered(&c, 1);
-    let name = c.machines()[0]["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (_, reason, message) = wait_for("ClockSkew on the machine", BOOT, || {
-        machine_condition(&c, &name, "ClockSkew")
-            .filter(|(s, _, _)| s == "True")
-            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "ClockSkew")))
-    });
+    let (_tmp, c, mut agent, name) = one_machine("skewed-0", clock_off_by("+120s"));
+    let (reason, message) = wait_machine_condition(&c, &name, "ClockSkew", "True");
     assert_eq!(reason, "ClockOffsetLarge");
     assert!(
         message
@@ -203,11 +206,7 @@ fn a_machine_whose_clock_is_off_reports_clock_skew_until_it_keeps_time() {
     );
     // Its clock keeps time again.
     agent.restart_with_env(vec![]);
-    let (_, reason, _) = wait_for("ClockSkew to clear", BOOT, || {
-        machine_condition(&c, &name, "ClockSkew")
-            .filter(|(s, _, _)| s == "False")
-            .ok_or_else(|| format!("{:?}", machine_condition(&c, &name, "ClockSkew")))
-    });
+    let (reason, _) = wait_machine_condition(&c, &name, "ClockSkew", "False");
     assert_eq!(reason, "NoLongerSeen");
     drop(agent);
 }
