@@ -13,10 +13,26 @@ pub use crate::types::{default_config_path, ClientConfigFile};
 
 /// The error for a refused request: its problem document when it has one.
 fn failure(status: reqwest::StatusCode, body: &[u8]) -> anyhow::Error {
-    match serde_json::from_slice::<Problem>(body) {
-        Ok(p) => anyhow::anyhow!("{p}"),
-        Err(_) => anyhow::anyhow!("{status}: {}", String::from_utf8_lossy(body)),
-    }
+    let message = match serde_json::from_slice::<Problem>(body) {
+        Ok(p) => p.to_string(),
+        Err(_) => format!("{status}: {}", String::from_utf8_lossy(body)),
+    };
+    anyhow::Error::new(Refused { status, message })
+}
+
+/// The coordinator answered and refused: its status and what it said.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Refused {
+    pub status: reqwest::StatusCode,
+    message: String,
+}
+
+/// Whether `e` is the coordinator refusing a write made against an older
+/// resourceVersion than the one stored (409): read again and redo it.
+pub fn is_conflict(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Refused>()
+        .is_some_and(|r| r.status == reqwest::StatusCode::CONFLICT)
 }
 
 /// Connection flags shared by every client command.
@@ -311,6 +327,23 @@ pub fn path(segments: &[&str]) -> String {
 
 #[cfg(test)]
 mod path_tests {
+    #[test]
+    fn a_refusal_keeps_its_status_so_a_conflict_can_be_redone() {
+        let body = br#"{"type":"about:blank","title":"Conflict","status":409,"detail":"cluster web has resourceVersion 48, the document says 47; fetch it again and reapply"}"#;
+        let conflict = super::failure(reqwest::StatusCode::CONFLICT, body);
+        assert!(super::is_conflict(&conflict));
+        assert!(
+            conflict.to_string().contains("resourceVersion 48"),
+            "{conflict}"
+        );
+        let gone = super::failure(reqwest::StatusCode::NOT_FOUND, b"no such cluster");
+        assert!(!super::is_conflict(&gone));
+        assert_eq!(gone.to_string(), "404 Not Found: no such cluster");
+        assert!(!super::is_conflict(&anyhow::anyhow!(
+            "409 in a message is not a refusal"
+        )));
+    }
+
     #[test]
     fn segments_are_encoded() {
         assert_eq!(

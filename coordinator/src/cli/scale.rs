@@ -4,12 +4,43 @@ use anyhow::Context;
 use drover_common::api::Cluster;
 
 use crate::cli::apply::UntilRunning;
-use crate::cli::client::{Client, ConnectArgs};
+use crate::cli::client::{is_conflict, Client, ConnectArgs};
 use crate::cli::{api_path, object_name};
+
+/// How many times `drover scale` reads and writes the cluster when the
+/// reconciler's status writes keep moving its resourceVersion (client-go's
+/// `retry.DefaultRetry` takes 5 steps).
+const ATTEMPTS: usize = 5;
 
 /// `drover scale`: change one pool's replica count.
 pub async fn scale(s: ScaleArgs) -> anyhow::Result<()> {
     let client = Client::connect(&s.conn)?;
+    let mut attempt = 1;
+    let (generation_before, updated) = loop {
+        // A read-modify-write: the write names the resourceVersion read, so
+        // a status write in between (the reconciler's, any moment on a
+        // busy cluster) refuses it and the change is made again on what is
+        // stored now; a change by someone else is never overwritten.
+        match scale_once(&client, &s).await {
+            Err(e) if is_conflict(&e) && attempt < ATTEMPTS => {
+                tracing::debug!(cluster = %s.cluster, attempt, error = %e, "cluster changed under the scale; reading it again");
+                attempt += 1;
+            }
+            other => break other?,
+        }
+    };
+    println!(
+        "cluster/{} pool {} scaled to {} (generation {} -> {})",
+        s.cluster, s.pool, s.replicas, generation_before, updated.metadata.generation
+    );
+    s.until_running
+        .wait_for(&client, &s.cluster, updated.metadata.generation)
+        .await
+}
+
+/// One read and write of the cluster with the pool's count changed: the
+/// generation before and the cluster written.
+async fn scale_once(client: &Client, s: &ScaleArgs) -> anyhow::Result<(u64, Cluster)> {
     let mut c: Cluster = client
         .get(&api_path(&["v1", "clusters", &s.cluster]))
         .await?;
@@ -30,13 +61,7 @@ pub async fn scale(s: ScaleArgs) -> anyhow::Result<()> {
     let updated: Cluster = client
         .put_yaml(&api_path(&["v1", "clusters", &s.cluster]), yaml)
         .await?;
-    println!(
-        "cluster/{} pool {} scaled to {} (generation {} -> {})",
-        s.cluster, s.pool, s.replicas, generation_before, updated.metadata.generation
-    );
-    s.until_running
-        .wait_for(&client, &s.cluster, updated.metadata.generation)
-        .await
+    Ok((generation_before, updated))
 }
 
 #[derive(Debug, clap::Args)]
