@@ -34,6 +34,15 @@ pub struct CommandSpec {
     pub timeout: Option<std::time::Duration>,
 }
 
+/// The reboot command `argv` (`--reboot-command`, never empty), bounded
+/// by `timeout`.
+pub fn reboot(argv: &[String], timeout: std::time::Duration) -> CommandSpec {
+    let mut spec = CommandSpec::new(argv.first().map_or("systemctl", String::as_str), &[]);
+    spec.args = argv.iter().skip(1).cloned().collect();
+    spec.timeout = Some(timeout);
+    spec
+}
+
 impl CommandSpec {
     fn new(program: &str, args: &[&str]) -> Self {
         Self {

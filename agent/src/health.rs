@@ -107,6 +107,8 @@ impl Prober {
                 },
                 &self.bounds,
             ),
+            // The heartbeat adds it (`crate::reboot::boot_id`).
+            boot_id: None,
         }
     }
 

@@ -40,6 +40,7 @@ mod nocloud;
 mod podnet;
 mod problems;
 mod protocol;
+mod reboot;
 mod register;
 mod restore;
 mod settings;
@@ -147,6 +148,24 @@ struct Cli {
     /// of the coordinator's answers).
     #[arg(long, env = "DROVER_MAX_CLOCK_OFFSET", value_name = "DURATION", default_value = "10s", value_parser = drover_common::units::parse_duration)]
     max_clock_offset: std::time::Duration,
+
+    /// How the agent reboots its machine when the coordinator's remediation
+    /// asks (a reboot directive), after cordoning its Node: a program and
+    /// its arguments, split at spaces, run without a shell.
+    #[arg(
+        long,
+        env = "DROVER_REBOOT_COMMAND",
+        value_name = "COMMAND",
+        default_value = "systemctl reboot"
+    )]
+    reboot_command: String,
+
+    /// Where the machine's boot ID is read, which says whether it rebooted
+    /// [default: the kernel's, /proc/sys/kernel/random/boot_id, with the
+    /// start time of PID 1, so a container machine restarted counts as
+    /// rebooted too].
+    #[arg(long, env = "DROVER_BOOT_ID_FILE", value_name = "PATH")]
+    boot_id_file: Option<PathBuf>,
 
     /// The host name to report [default: `local-hostname` of the NoCloud
     /// meta-data, else the system host name].
@@ -526,6 +545,9 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
         kubelet_healthz_url: cli.kubelet_healthz_url.clone(),
         hostname,
         static_pod_restart_wait: cli.static_pod_restart_wait,
+        reboot_command: crate::reboot::parse_command(&cli.reboot_command)
+            .map_err(|e| anyhow::anyhow!("--reboot-command: {e}"))?,
+        boot_id_file: cli.boot_id_file.clone(),
         eviction_hard: crate::problems::Bounds {
             clock_offset: cli.max_clock_offset,
             ..cli.eviction_hard.clone()

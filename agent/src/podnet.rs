@@ -426,11 +426,50 @@ async fn pass(
 
 /// The Nodes through the API, as this machine's kubelet.
 #[derive(Default)]
-struct KubeletClient {
+pub(crate) struct KubeletClient {
     cached: Option<(Vec<u8>, String, String, reqwest::Client)>,
 }
 
 impl KubeletClient {
+    /// Cordons (or uncordons) this machine's own Node, as the kubelet may
+    /// (the NodeRestriction plugin lets a node change its own
+    /// `spec.unschedulable`); the Node's name.
+    pub(crate) async fn set_unschedulable(
+        &mut self,
+        root: &Path,
+        unschedulable: bool,
+    ) -> Result<String, KubeletApiError> {
+        let (own, server, client) = self.client(root)?;
+        let verb = if unschedulable { "cordon" } else { "uncordon" };
+        let value = if unschedulable {
+            serde_json::json!(true)
+        } else {
+            serde_json::Value::Null
+        };
+        let url = format!("{server}/api/v1/nodes/{own}");
+        let resp = client
+            .patch(&url)
+            .header("Content-Type", "application/merge-patch+json")
+            .body(serde_json::json!({"spec": {"unschedulable": value}}).to_string())
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "{verb} node {own} at {server}: {}",
+                    crate::api::error_chain(&e)
+                )
+            })?;
+        let code = resp.status();
+        if !code.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(KubeletApiError(format!(
+                "{verb} node {own} at {server}: {code}: {}",
+                body.chars().take(300).collect::<String>()
+            )));
+        }
+        Ok(own)
+    }
+
     /// This machine's Node name and every Node.
     async fn nodes(&mut self, root: &Path) -> Result<(String, Vec<NodeNet>), KubeletApiError> {
         let (own, server, client) = self.client(root)?;
@@ -532,7 +571,7 @@ fn node_name(cert_pem: &str) -> Result<String, KubeletApiError> {
 
 /// Why the Nodes could not be read with the kubelet's credentials.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("reading the Nodes with the kubelet's credentials: {0}")]
+#[error("the Nodes with the kubelet's credentials: {0}")]
 pub struct KubeletApiError(String);
 
 impl From<String> for KubeletApiError {

@@ -27,6 +27,12 @@ pub struct Settings {
     pub customisation: Customisation,
     /// The bounds of the node problem checks (`--eviction-hard`).
     pub eviction_hard: crate::problems::Bounds,
+    /// The program and arguments that reboot the machine
+    /// (`--reboot-command`).
+    pub reboot_command: Vec<String>,
+    /// Where the boot ID is read instead of the kernel's
+    /// (`--boot-id-file`).
+    pub boot_id_file: Option<PathBuf>,
 }
 
 /// Whether an agent applies the files and commands a cluster's spec puts on

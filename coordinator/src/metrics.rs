@@ -43,6 +43,7 @@ pub struct Metrics {
     loop_last_run: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     loop_period: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     remediations: Family<Labels, Counter>,
+    reboots: Family<Labels, Counter>,
     provider_calls: Family<Labels, Counter>,
     provider_errors: Family<Labels, Counter>,
     autoscaler_calls: Family<Labels, Counter>,
@@ -140,6 +141,7 @@ impl Metrics {
             loop_last_run: Family::default(),
             loop_period: Family::default(),
             remediations: Family::default(),
+            reboots: Family::default(),
             provider_calls: Family::default(),
             provider_errors: Family::default(),
             autoscaler_calls: Family::default(),
@@ -250,8 +252,13 @@ impl Metrics {
         );
         registry.register(
             "remediations",
-            "Machines taken out of their cluster to be replaced, by why (silent, stopped, not_started, node_not_ready, node_missing, reported)",
+            "Machines taken out of their cluster to be replaced, by why (silent, stopped, not_started, node_not_ready, node_missing, reported, problem)",
             m.remediations.clone(),
+        );
+        registry.register(
+            "remediation_reboots",
+            "Reboots asked of unhealthy machines by their pool's remediation, by why (as drover_remediations_total)",
+            m.reboots.clone(),
         );
         registry.register(
             "provider_calls",
@@ -449,6 +456,14 @@ impl Metrics {
     pub fn remediation(&self, why: &'static str) {
         self.count_minute(|m| m.remediations += 1);
         self.remediations
+            .get_or_create(&vec![("reason", why.to_owned())])
+            .inc();
+    }
+
+    /// Records a reboot asked of an unhealthy machine, `why` as
+    /// [`Metrics::remediation`]'s.
+    pub fn reboot(&self, why: &'static str) {
+        self.reboots
             .get_or_create(&vec![("reason", why.to_owned())])
             .inc();
     }

@@ -98,6 +98,7 @@ pub fn pool_cluster(cp: u32, workers: u32) -> Cluster {
                 files: vec![],
                 pre_kubeadm_commands: vec![],
                 post_kubeadm_commands: vec![],
+                remediation: None,
             },
             worker_pools: vec![WorkerPoolSpec {
                 name: "w".into(),
@@ -108,6 +109,7 @@ pub fn pool_cluster(cp: u32, workers: u32) -> Cluster {
                 files: vec![],
                 pre_kubeadm_commands: vec![],
                 post_kubeadm_commands: vec![],
+                remediation: None,
             }],
             network: NetworkSpec::default(),
             provider: ProviderSpec::Pool(PoolProviderSpec {

@@ -108,6 +108,14 @@ pub enum Unhealthy {
         since: time::Duration,
         timeout: Duration,
     },
+    /// Its agent has reported a node problem its pool's remediation lists
+    /// (`conditions`) for longer than the unhealthy timeout.
+    Problem {
+        type_: String,
+        reason: String,
+        since: time::Duration,
+        timeout: Duration,
+    },
     /// A probe reported failing for longer than the unhealthy timeout.
     Reported {
         since: time::Duration,
@@ -128,6 +136,7 @@ pub fn remediation_class(reason: &str) -> &'static str {
         ("its Node has been Ready=", "node_not_ready"),
         ("its Node has been missing ", "node_missing"),
         ("reported unhealthy ", "reported"),
+        ("it has reported node problem ", "problem"),
     ]
     .into_iter()
     .find(|(prefix, _)| why.starts_with(prefix))
@@ -145,6 +154,7 @@ impl Unhealthy {
             Unhealthy::NodeNotReady { .. } => "node_not_ready",
             Unhealthy::NodeMissing { .. } => "node_missing",
             Unhealthy::Reported { .. } => "reported",
+            Unhealthy::Problem { .. } => "problem",
         }
     }
 
@@ -158,6 +168,7 @@ impl Unhealthy {
             Unhealthy::Reported { reason, .. } => format!("reports {reason}"),
             Unhealthy::NodeNotReady { ready, .. } => format!("Node Ready={ready}"),
             Unhealthy::NodeMissing { .. } => "Node missing".into(),
+            Unhealthy::Problem { type_, .. } => format!("reports {type_}"),
         }
     }
 }
@@ -190,6 +201,17 @@ impl std::fmt::Display for Unhealthy {
             Unhealthy::NodeMissing { since, timeout } => write!(
                 f,
                 "its Node has been missing from the cluster for {}s, longer than the unhealthy timeout {}s (a kubelet registers its Node only when it starts)",
+                since.whole_seconds(),
+                timeout.as_secs()
+            ),
+            Unhealthy::Problem {
+                type_,
+                reason,
+                since,
+                timeout,
+            } => write!(
+                f,
+                "it has reported node problem {type_} ({reason}) for {}s, longer than the unhealthy timeout {}s",
                 since.whole_seconds(),
                 timeout.as_secs()
             ),
@@ -307,6 +329,59 @@ pub fn node_missing(m: &Machine, now: OffsetDateTime, policy: &Policy) -> Option
         since,
         timeout: policy.unhealthy_timeout,
     })
+}
+
+/// Whether a Running machine has reported one of `conditions` (node
+/// problem types its pool's remediation lists) for longer than the
+/// unhealthy timeout; the one reported longest when several are.
+pub fn problem(
+    m: &Machine,
+    conditions: &[String],
+    now: OffsetDateTime,
+    policy: &Policy,
+) -> Option<Unhealthy> {
+    if m.status.phase != MachinePhase::Running {
+        return None;
+    }
+    m.status
+        .conditions
+        .iter()
+        .filter(|c| c.status == "True" && conditions.contains(&c.type_))
+        .min_by_key(|c| c.last_transition_time)
+        .map(|c| (c, now - c.last_transition_time))
+        .filter(|(_, since)| *since > policy.unhealthy_timeout)
+        .map(|(c, since)| Unhealthy::Problem {
+            type_: c.type_.clone(),
+            reason: c.reason.clone(),
+            since,
+            timeout: policy.unhealthy_timeout,
+        })
+}
+
+/// When what makes a machine unhealthy began, as far as its record says:
+/// the reboot remediation asks for counts against this episode only when
+/// it was asked after this. `None` when it cannot be told (a stopped
+/// instance).
+pub fn unhealthy_since(
+    why: &Unhealthy,
+    m: &Machine,
+    now: OffsetDateTime,
+    last_seen: Option<OffsetDateTime>,
+) -> Option<OffsetDateTime> {
+    match why {
+        Unhealthy::Stopped => None,
+        Unhealthy::NotStarted { .. } => m
+            .spec
+            .assignment
+            .as_ref()
+            .and_then(|a| a.assigned_at)
+            .or(m.metadata.creation_timestamp),
+        Unhealthy::Silent { .. } => last_seen,
+        Unhealthy::NodeNotReady { since, .. }
+        | Unhealthy::NodeMissing { since, .. }
+        | Unhealthy::Reported { since, .. }
+        | Unhealthy::Problem { since, .. } => Some(now - *since),
+    }
 }
 
 /// How long a registered machine may be silent before it counts as *late*

@@ -202,6 +202,7 @@ impl<'a, 'o> PoolPass<'a, 'o> {
             &members,
             in_flight,
             nodes_to_judge(self.cluster, false),
+            &self.cluster.spec.remediation(pool_name).conditions,
             self.observed,
         );
         let unhealthy = &judged.unhealthy;
@@ -211,7 +212,15 @@ impl<'a, 'o> PoolPass<'a, 'o> {
                 format!("{pool_name}: {} {}", m.metadata.name, u.summary()),
             ));
         }
-        let remediate = self.remediation(pool_name, &members, &judged);
+        let chosen = self.remediation(pool_name, &members, &judged);
+        let remediate = repairs(
+            self.cluster,
+            pool_name,
+            chosen,
+            &judged,
+            self.observed,
+            &mut self.steps,
+        );
         for (m, why) in &remediate {
             self.steps.push(Step::Release {
                 machine: m.metadata.name.clone(),
@@ -394,14 +403,15 @@ impl<'a, 'o> PoolPass<'a, 'o> {
 
     /// Whether a control-plane change is under way: a member other than
     /// `except` that has not reached Running (it is joining), or a released
-    /// control-plane machine still resetting (its etcd member is leaving).
+    /// control-plane machine still resetting (its etcd member is leaving),
+    /// or one rebooting.
     /// A released machine that went silent is not waited for.
     fn cp_change_in_flight(&self, members: &[&Machine], except: Option<&Machine>) -> bool {
         let other = |m: &&&Machine| except.is_none_or(|e| e.metadata.name != m.metadata.name);
-        let joining = members
-            .iter()
-            .filter(other)
-            .any(|m| m.status.phase != MachinePhase::Running);
+        let joining = members.iter().filter(other).any(|m| {
+            m.status.phase != MachinePhase::Running
+                || m.status.reboot.as_ref().is_some_and(|r| r.in_progress())
+        });
         let leaving = self.live.iter().filter(other).any(|m| {
             m.status.phase == MachinePhase::Releasing
                 && pool_of(m) == Some(CONTROL_PLANE_POOL)

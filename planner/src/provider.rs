@@ -357,6 +357,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             &pool.active,
             in_flight,
             nodes_to_judge(self.cluster, self.endpoint_down.is_some()),
+            &self.cluster.spec.remediation(&pool.name).conditions,
             self.observed,
         );
         for (m, u) in &judged.unhealthy {
@@ -391,6 +392,14 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             // for a restore.
             remediate.clear();
         }
+        let remediate = repairs(
+            self.cluster,
+            &pool.name,
+            remediate,
+            judged,
+            self.observed,
+            &mut self.steps,
+        );
         for (m, why) in &remediate {
             self.steps.push(Step::DeleteMachine {
                 machine: m.metadata.name.clone(),

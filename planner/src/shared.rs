@@ -80,6 +80,9 @@ pub enum Step {
         found: bool,
         message: String,
     },
+    /// Ask a machine to reboot (its pool's remediation reboots before it
+    /// replaces, or instead).
+    Reboot { machine: String, reason: String },
     /// Ask a pool machine to run an in-place upgrade, or stop asking.
     SetUpgradeRequest {
         machine: String,
@@ -898,9 +901,12 @@ pub(crate) fn judge<'a>(
     members: &[&'a Machine],
     in_flight: Vec<&str>,
     nodes: &[drover_common::api::ClusterNode],
+    problems: &[String],
     observed: &Observed<'_>,
 ) -> Judgement<'a> {
-    use crate::health::{check, decide, is_late, node_missing, node_not_ready, PoolHealth};
+    use crate::health::{
+        check, decide, is_late, node_missing, node_not_ready, problem, PoolHealth,
+    };
     let unhealthy: Vec<(&'a Machine, crate::health::Unhealthy)> = members
         .iter()
         .filter_map(|m| {
@@ -922,6 +928,7 @@ pub(crate) fn judge<'a>(
                     .then(|| node_missing(m, observed.now, &observed.policy))
                     .flatten()
             })
+            .or_else(|| problem(m, problems, observed.now, &observed.policy))
             .map(|u| (*m, u))
         })
         .collect();
@@ -961,6 +968,124 @@ pub(crate) fn judge<'a>(
         unhealthy,
         decision,
     }
+}
+
+/// What repairs one unhealthy machine that remediation let go, by its
+/// pool's strategy ([`repair`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Repair {
+    /// Take it out and put another in its place, for this reason.
+    Replace(String),
+    /// Ask its agent to reboot it, for this reason.
+    Reboot(String),
+    /// Nothing now: a reboot is under way, or a rebooted machine gets its
+    /// unhealthy timeout to recover, or the strategy reboots only and the
+    /// reboot cannot reach it.
+    Wait,
+}
+
+/// What repairs machine `m`, unhealthy as `why`, under its pool's
+/// remediation `rem`:
+/// - `Replace`: replace it.
+/// - `Reboot` and `RebootThenReplace`: a Running machine that answers is
+///   asked to reboot once per episode of being unhealthy (a reboot asked
+///   after the episode began counts). While a reboot is under way (asked,
+///   not yet back with a new boot ID, not refused) nothing more happens,
+///   however silent the machine is, until `rebootTimeout`; a machine back
+///   from it gets the unhealthy timeout to recover. After that,
+///   `RebootThenReplace` replaces it (as it does at once when the reboot
+///   cannot reach it: silent, stopped, or never started), and `Reboot`
+///   asks again, at most once a `rebootTimeout`.
+pub(crate) fn repair(
+    rem: &drover_common::api::EffectiveRemediation,
+    m: &Machine,
+    why: &crate::health::Unhealthy,
+    observed: &Observed<'_>,
+) -> Repair {
+    use crate::health::Unhealthy;
+    use drover_common::api::RemediationStrategy::{Reboot, RebootThenReplace, Replace};
+    let text = why.to_string();
+    if rem.strategy == Replace {
+        return Repair::Replace(text);
+    }
+    let now = observed.now;
+    let timeout = time::Duration::try_from(rem.reboot_timeout).unwrap_or(time::Duration::MAX);
+    let reboot = m.status.reboot.as_ref();
+    if let Some(r) = reboot.filter(|r| r.in_progress()) {
+        let waited = now - r.requested_at;
+        if waited <= timeout {
+            return Repair::Wait;
+        }
+        let late = format!(
+            "{text}; not back from the reboot asked {}s ago (rebootTimeout {}s)",
+            waited.whole_seconds(),
+            rem.reboot_timeout.as_secs()
+        );
+        return if rem.strategy == RebootThenReplace {
+            Repair::Replace(late)
+        } else {
+            Repair::Reboot(late)
+        };
+    }
+    let reachable = m.status.phase == MachinePhase::Running
+        && !matches!(
+            why,
+            Unhealthy::Silent { .. } | Unhealthy::Stopped | Unhealthy::NotStarted { .. }
+        );
+    let began = crate::health::unhealthy_since(why, m, now, (observed.last_seen)(&m.metadata.name));
+    let this_episode = reboot.filter(|r| began.is_some_and(|b| r.requested_at >= b));
+    let recovering = this_episode
+        .and_then(|r| r.completed_at)
+        .is_some_and(|back| now - back <= observed.policy.unhealthy_timeout);
+    match (rem.strategy, this_episode) {
+        (RebootThenReplace, _) if !reachable => {
+            Repair::Replace(format!("{text}; a reboot cannot reach it"))
+        }
+        (_, Some(_)) if recovering => Repair::Wait,
+        (RebootThenReplace, Some(r)) => Repair::Replace(match &r.failed {
+            Some(e) => format!("{text}; its reboot failed: {e}"),
+            None => format!("{text}; still unhealthy after a reboot"),
+        }),
+        (Reboot, _) if !reachable => Repair::Wait,
+        (Reboot, Some(r)) if now - r.completed_at.unwrap_or(r.requested_at) <= timeout => {
+            Repair::Wait
+        }
+        _ => Repair::Reboot(text),
+    }
+}
+
+/// Splits what remediation let go (`chosen`, with why) by [`repair`]: the
+/// machines to replace (with why) are returned; a `Reboot` step is pushed
+/// for each machine to reboot; the rest wait.
+pub(crate) fn repairs<'a>(
+    cluster: &Cluster,
+    pool: &str,
+    chosen: Vec<(&'a Machine, String)>,
+    judged: &Judgement<'a>,
+    observed: &Observed<'_>,
+    steps: &mut Vec<Step>,
+) -> Vec<(&'a Machine, String)> {
+    let rem = cluster.spec.remediation(pool);
+    let mut replace = vec![];
+    for (m, text) in chosen {
+        let Some((_, why)) = judged
+            .unhealthy
+            .iter()
+            .find(|(u, _)| u.metadata.name == m.metadata.name)
+        else {
+            replace.push((m, text));
+            continue;
+        };
+        match repair(&rem, m, why, observed) {
+            Repair::Replace(why) => replace.push((m, why)),
+            Repair::Reboot(reason) => steps.push(Step::Reboot {
+                machine: m.metadata.name.clone(),
+                reason: format!("unhealthy: {reason}"),
+            }),
+            Repair::Wait => {}
+        }
+    }
+    replace
 }
 
 /// What the reported Nodes call for.

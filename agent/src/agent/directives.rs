@@ -263,6 +263,30 @@ impl Agent {
                         },
                     );
                 }
+                DirectiveAction::Reboot { reason } => {
+                    let root = self.settings.root.clone();
+                    let state_dir = self.settings.state_dir.clone();
+                    let command = self.settings.reboot_command.clone();
+                    let boot_id_file = self.settings.boot_id_file.clone();
+                    let id = directive.id.clone();
+                    let shown = command.join(" ");
+                    let call = async move {
+                        let m = crate::reboot::Machine {
+                            root: &root,
+                            state_dir: &state_dir,
+                            command: &command,
+                            boot_id_file: boot_id_file.as_deref(),
+                        };
+                        crate::reboot::reboot(m, &id, &reason)
+                            .await
+                            .map_err(|e| ClusterCallError::Command(e.to_string()))
+                    };
+                    self.start_call(
+                        directive.id,
+                        format!("cordon, then {shown}"),
+                        Box::pin(call),
+                    );
+                }
                 DirectiveAction::Reset { reason } => {
                     tracing::info!(reason = %reason, "resetting this machine at the coordinator's request");
                     self.work.resetting = true;

@@ -46,10 +46,17 @@ impl Agent {
                 local.view.read(view_ip, api_server_port, budget),
             )
         };
-        let (health, (etcd, nodes)) = tokio::select! {
+        let (mut health, (etcd, nodes)) = tokio::select! {
             r = reads => r,
             () = shutdown.requested() => return Err(Stopped),
         };
+        health.boot_id = crate::reboot::boot_id(self.settings.boot_id_file.as_deref());
+        crate::reboot::after_reboot(
+            &self.settings.root,
+            &self.settings.state_dir,
+            health.boot_id.as_deref(),
+        )
+        .await;
         let etcd = etcd.filter(|r| worth_sending(self.delivered.etcd.as_ref(), r));
         let nodes = nodes.filter(|r| worth_sending(self.delivered.nodes.as_ref(), r));
         if self.local.kubeadm_version.is_none() {

@@ -31,6 +31,7 @@ pub fn describe(action: &DirectiveAction) -> String {
             format!("upgrade in place to {version} ({command})")
         }
         DirectiveAction::UncordonNode { node } => format!("uncordon node {node}"),
+        DirectiveAction::Reboot { reason } => format!("reboot this machine ({reason})"),
         DirectiveAction::UpgradeEssentialAddons { version } => {
             format!("upgrade kube-proxy and CoreDNS to those of {version}")
         }

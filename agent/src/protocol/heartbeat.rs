@@ -65,6 +65,7 @@ mod tests {
             api_server: None,
             disk_free_bytes: 1,
             problems: vec![],
+            boot_id: None,
         };
         let mut pending = vec![result("d1")];
         let sent = request(AgentPhase::Running, 3, health, None, &pending, None, None);

@@ -335,8 +335,9 @@ impl Sim {
                 api_server: (self.phase == AgentPhase::Running && control_plane).then(healthy),
                 disk_free_bytes: DISK_FREE_BYTES,
                 // A simulated machine has no file systems or memory of its
-                // own to check.
+                // own to check, and no boot of its own.
                 problems: vec![],
+                boot_id: None,
             },
             self.bootstrap.clone(),
             &self.results,
@@ -555,6 +556,9 @@ impl Sim {
                 ),
                 DirectiveAction::UncordonNode { node } => {
                     cannot("API server", format!("node {node} was not uncordoned"))
+                }
+                DirectiveAction::Reboot { .. } => {
+                    cannot("init system", "the machine was not rebooted".to_owned())
                 }
                 DirectiveAction::SaveEtcdSnapshot { snapshot } => {
                     cannot("etcd", format!("snapshot {snapshot} was not saved"))

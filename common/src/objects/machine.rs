@@ -192,6 +192,8 @@ pub struct MachineStatus {
     /// The in-place upgrade this machine is asked to run (pool clusters),
     /// kept here so its heartbeats carry it without reading its cluster.
     pub upgrade: Option<crate::objects::operations::UpgradeRequest>,
+    /// The last reboot remediation asked of the machine, and its outcome.
+    pub reboot: Option<crate::objects::operations::RebootRequest>,
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub last_heartbeat_time: Option<OffsetDateTime>,
     pub health: Option<HealthReport>,

@@ -278,6 +278,43 @@ pub struct UpgradeRequest {
     pub command: UpgradeCommand,
 }
 
+/// A reboot the coordinator asked of a machine to repair it (its pool's
+/// remediation reboots before it replaces): the directive its heartbeat
+/// answers carry until its agent reports the outcome, and what came of it.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RebootRequest {
+    /// The directive's id ([`REBOOT_PREFIX`] and a number).
+    pub id: String,
+    /// Why, as the remediation judged it.
+    pub reason: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub requested_at: time::OffsetDateTime,
+    /// The machine's boot ID when it was asked; a report with another one
+    /// says it rebooted.
+    pub boot_id: Option<String>,
+    /// When its agent said it asked the init system to reboot (its
+    /// directive's result); the directive is not carried after.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub started_at: Option<time::OffsetDateTime>,
+    /// When its agent reported the new boot ID.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub completed_at: Option<time::OffsetDateTime>,
+    /// Why its agent could not reboot it, when it could not.
+    pub failed: Option<String>,
+}
+
+impl RebootRequest {
+    /// Asked, neither back nor refused yet.
+    pub fn in_progress(&self) -> bool {
+        self.completed_at.is_none() && self.failed.is_none()
+    }
+}
+
+/// The id prefix of reboot directives.
+pub const REBOOT_PREFIX: &str = "reboot-";
+
 /// The id prefix of in-place upgrade directives.
 pub const MACHINE_UPGRADE_PREFIX: &str = "upgrade-";
 /// The id prefix of uncordon directives.

@@ -41,6 +41,10 @@ pub struct HealthReport {
     /// checks see it now (none when all is well; see [`NodeProblem`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<NodeProblem>,
+    /// The machine's boot ID (`/proc/sys/kernel/random/boot_id`, what the
+    /// kubelet reports as a Node's `nodeInfo.bootID`): a new one says the
+    /// machine rebooted.
+    pub boot_id: Option<String>,
 }
 
 /// A problem the agent's checks see on its machine. The coordinator keeps

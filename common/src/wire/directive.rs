@@ -116,6 +116,13 @@ pub enum DirectiveAction {
     /// directive's result.
     #[serde(rename_all = "camelCase")]
     TakeInventory { snapshot: String },
+    /// Reboot this machine to repair it: cordon its Node with the kubelet's
+    /// own credentials (what a Node may change of itself), then ask the
+    /// init system to reboot (the agent's reboot command, `systemctl
+    /// reboot` by default). The result says the reboot was asked for; the
+    /// machine's next report with a new boot ID says it came back, and its
+    /// agent then uncordons the Node it cordoned.
+    Reboot { reason: String },
 }
 
 /// Where a machine reports an inventory.

@@ -186,6 +186,9 @@ impl HeartbeatRequest {
             cut |= truncate_reported(&mut p.reason, MAX_REPORTED_ID_CHARS);
             cut |= truncate_reported(&mut p.message, MAX_REPORTED_CHARS);
         }
+        if let Some(b) = &mut self.health.boot_id {
+            cut |= truncate_reported(b, MAX_REPORTED_ID_CHARS);
+        }
         cut |= truncate_list(&mut self.directive_results, MAX_DIRECTIVE_RESULTS);
         for r in &mut self.directive_results {
             cut |= truncate_reported(&mut r.id, MAX_REPORTED_ID_CHARS);
@@ -426,6 +429,7 @@ mod bound_tests {
                 }),
                 disk_free_bytes: 0,
                 problems: vec![],
+                boot_id: Some(big.clone()),
             },
             bootstrap: Some(BootstrapReport {
                 step: big.clone(),
@@ -457,6 +461,8 @@ mod bound_tests {
             "the last lines are kept"
         );
         assert_eq!(hb.directive_results.len(), MAX_DIRECTIVE_RESULTS);
+        let boot = hb.health.boot_id.as_deref().unwrap();
+        assert!(boot.chars().count() <= MAX_REPORTED_ID_CHARS, "{boot}");
         // Bounding twice changes nothing: a stored report compares equal.
         let once = hb.clone();
         assert!(!hb.bound());

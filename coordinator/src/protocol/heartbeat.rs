@@ -57,6 +57,7 @@ pub fn record_on_machine(m: &mut Machine, hb: &HeartbeatRequest, now: OffsetDate
     let before = m.status.clone();
     let before_spec = m.spec.clone();
     apply_heartbeat(m, hb);
+    super::reboot::record(m, hb, now);
     let changed = m.status != before || m.spec != before_spec;
     if changed {
         m.status.last_heartbeat_time = Some(now);
@@ -362,6 +363,7 @@ pub fn answer(
                 generation: a.generation,
             });
             let running = machine.status.phase == MachinePhase::Running;
+            directives.extend(super::reboot::directive(machine));
             if let Some(r) = machine.status.upgrade.clone().filter(|_| running) {
                 directives.push(Directive {
                     id: r.id,

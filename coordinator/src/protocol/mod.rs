@@ -18,6 +18,7 @@ pub(crate) mod fixtures;
 pub mod heartbeat;
 pub mod identity;
 pub mod operations;
+pub mod reboot;
 pub mod register;
 pub mod renewal;
 pub mod view;

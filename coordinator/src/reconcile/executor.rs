@@ -227,6 +227,27 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 tracing::info!(cluster = %cname, %machine, found, %message, "machine's Node found or missing");
             }
         }
+        Step::Reboot { machine, reason } => {
+            let mut asked = None;
+            app.update_machine::<StoreError>(machine, |m| {
+                if m.status.reboot.as_ref().is_some_and(|r| r.in_progress()) {
+                    return Ok(false);
+                }
+                let request = crate::protocol::reboot::request(m, reason, drover_common::now());
+                push_event(
+                    &mut m.status.events,
+                    "RebootRequested",
+                    format!("{reason}; asked to reboot ({})", request.id),
+                );
+                asked = Some(request.id.clone());
+                m.status.reboot = Some(request);
+                Ok(true)
+            })?;
+            if let Some(id) = asked {
+                tracing::info!(cluster = %cname, %machine, %reason, directive = %id, "machine asked to reboot");
+                crate::metrics::global().reboot(drover_planner::health::remediation_class(reason));
+            }
+        }
         Step::SetUpgradeRequest { machine, request } => {
             let mut changed = false;
             app.update_machine::<StoreError>(machine, |m| {

@@ -6,3 +6,4 @@
 mod drain;
 mod pool;
 mod provider;
+mod repair;

@@ -323,6 +323,8 @@ pub struct ControlPlaneSpec {
     /// `spec.postKubeadmCommands`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_kubeadm_commands: Vec<String>,
+    /// How an unhealthy control-plane machine is repaired.
+    pub remediation: Option<RemediationPolicy>,
 }
 
 /// A pool of worker machines.
@@ -355,6 +357,138 @@ pub struct WorkerPoolSpec {
     /// `spec.postKubeadmCommands`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub post_kubeadm_commands: Vec<String>,
+    /// How an unhealthy machine of this pool is repaired.
+    pub remediation: Option<RemediationPolicy>,
+}
+
+/// How an unhealthy machine of a pool is repaired. Every field left out
+/// takes its default: the strategy by provider (see
+/// [`RemediationStrategy`]), [`DEFAULT_REBOOT_TIMEOUT`], and
+/// [`DEFAULT_REMEDIATION_CONDITIONS`].
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RemediationPolicy {
+    pub strategy: Option<RemediationStrategy>,
+    /// How long a machine asked to reboot may take to come back (its agent
+    /// reporting a new boot ID) before the next step, e.g. `10m`.
+    pub reboot_timeout: Option<String>,
+    /// The node problems (machine conditions its agent reports, such as
+    /// `ReadOnlyFilesystem` or `DiskPressure`) that make a machine
+    /// unhealthy once reported for longer than the unhealthy timeout. A
+    /// silent machine, one that does not start, and a failing kubelet,
+    /// API server or Node are unhealthy whatever this lists.
+    pub conditions: Option<Vec<String>>,
+}
+
+impl RemediationPolicy {
+    /// What is wrong with it, as (field under the policy, message).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![];
+        if let Some(t) = &self.reboot_timeout {
+            match parse_duration(t) {
+                Ok(d) if d < std::time::Duration::from_secs(10) => out.push((
+                    "rebootTimeout",
+                    format!("must be at least 10s (a machine needs that long to reboot and report again), got {t:?}"),
+                )),
+                Ok(_) => {}
+                Err(e) => out.push(("rebootTimeout", e.to_string())),
+            }
+        }
+        let known = crate::objects::report::NODE_PROBLEM_TYPES;
+        for c in self.conditions.iter().flatten() {
+            if !known.contains(&c.as_str()) {
+                out.push((
+                    "conditions",
+                    format!(
+                        "{c:?} is not a node problem the agent reports; use one of {}",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// What repairs an unhealthy machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum RemediationStrategy {
+    /// Take it out and put another in its place (the default where a
+    /// provider creates machines: a new VM is cheap, and a fresh one is
+    /// the surest repair).
+    Replace,
+    /// Ask its agent to reboot it (cordoned first), and again after each
+    /// `rebootTimeout` while it stays unhealthy; never replace it.
+    Reboot,
+    /// Reboot it first; replace it when it does not come back within
+    /// `rebootTimeout`, when it is still unhealthy after the reboot, or
+    /// when the reboot cannot reach it (it is silent). The default for
+    /// pool machines: a spare bare-metal server is scarce, and a reboot
+    /// fixes most of what goes wrong with one.
+    RebootThenReplace,
+}
+
+impl fmt::Display for RemediationStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RemediationStrategy::Replace => "Replace",
+            RemediationStrategy::Reboot => "Reboot",
+            RemediationStrategy::RebootThenReplace => "RebootThenReplace",
+        })
+    }
+}
+
+/// How long a rebooted machine has to come back when the pool does not
+/// say: long enough for a server's firmware and POST, which take minutes.
+pub const DEFAULT_REBOOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The node problems that make a machine unhealthy when the pool does not
+/// say: the ones the machine cannot get out of by itself. The pressure
+/// conditions are left to the kubelet, which evicts Pods to relieve them
+/// (`MemoryPressure`, `DiskPressure`, `PIDPressure`), and a clock off by
+/// some seconds harms certificates and leases but rarely the workload.
+pub const DEFAULT_REMEDIATION_CONDITIONS: &[&str] = &[crate::objects::report::READ_ONLY_FILESYSTEM];
+
+/// A pool's remediation with every default applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectiveRemediation {
+    pub strategy: RemediationStrategy,
+    pub reboot_timeout: std::time::Duration,
+    pub conditions: Vec<String>,
+}
+
+impl ClusterSpec {
+    /// The remediation of pool `pool` (`control-plane` or a worker pool's
+    /// name), every field left out taking its default.
+    pub fn remediation(&self, pool: &str) -> EffectiveRemediation {
+        let given = if pool == CONTROL_PLANE_POOL {
+            self.control_plane.remediation.as_ref()
+        } else {
+            self.worker_pools
+                .iter()
+                .find(|p| p.name == pool)
+                .and_then(|p| p.remediation.as_ref())
+        };
+        let default_strategy = if self.provider.creates_machines() {
+            RemediationStrategy::Replace
+        } else {
+            RemediationStrategy::RebootThenReplace
+        };
+        EffectiveRemediation {
+            strategy: given.and_then(|r| r.strategy).unwrap_or(default_strategy),
+            reboot_timeout: given
+                .and_then(|r| r.reboot_timeout.as_deref())
+                .and_then(|t| parse_duration(t).ok())
+                .unwrap_or(DEFAULT_REBOOT_TIMEOUT),
+            conditions: given.and_then(|r| r.conditions.clone()).unwrap_or_else(|| {
+                DEFAULT_REMEDIATION_CONDITIONS
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect()
+            }),
+        }
+    }
 }
 
 /// The range an autoscaled worker pool is scaled in.

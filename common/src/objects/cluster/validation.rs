@@ -273,6 +273,23 @@ impl Cluster {
                 &mut |f, m| err(f, m),
             );
         }
+        let remediations = std::iter::once((
+            "spec.controlPlane.remediation".to_owned(),
+            self.spec.control_plane.remediation.as_ref(),
+        ))
+        .chain(self.spec.worker_pools.iter().enumerate().map(|(i, p)| {
+            (
+                format!("spec.workerPools[{i}].remediation"),
+                p.remediation.as_ref(),
+            )
+        }));
+        for (field, r) in remediations {
+            if let Some(r) = r {
+                for (f, m) in r.problems() {
+                    err(&format!("{field}.{f}"), m);
+                }
+            }
+        }
         if let Some(h) = &self.spec.health {
             for (field, v) in [
                 ("spec.health.heartbeatTimeout", &h.heartbeat_timeout),
@@ -442,6 +459,42 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.spec.network.pod_subnet, "10.244.0.0/16");
         assert_eq!(c.desired_pools().len(), 2);
+    }
+
+    #[test]
+    fn a_remediation_names_known_problems_and_a_real_reboot_timeout() {
+        let mut c: Cluster = serde_saphyr::from_str(sample()).unwrap();
+        c.spec.worker_pools[0].remediation = serde_saphyr::from_str(
+            "strategy: Reboot\nrebootTimeout: 5m\nconditions: [DiskPressure, ReadOnlyFilesystem]",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.spec
+                .remediation(&c.spec.worker_pools[0].name.clone())
+                .reboot_timeout,
+            std::time::Duration::from_secs(300)
+        );
+        c.spec.control_plane.remediation =
+            serde_saphyr::from_str("rebootTimeout: 2s\nconditions: [DiskFull]").unwrap();
+        let errs = c.validate().unwrap_err();
+        let got: Vec<(&str, &str)> = errs
+            .iter()
+            .map(|e| (e.field.as_str(), e.message.as_str()))
+            .collect();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].0, "spec.controlPlane.remediation.rebootTimeout");
+        assert!(got[0].1.contains("must be at least 10s"), "{got:?}");
+        assert_eq!(got[1].0, "spec.controlPlane.remediation.conditions");
+        assert!(
+            got[1].1.contains("\"DiskFull\" is not a node problem")
+                && got[1].1.contains("ReadOnlyFilesystem, DiskPressure"),
+            "{got:?}"
+        );
+        // An unknown strategy is refused when the document is read.
+        let bad: Result<crate::objects::cluster::RemediationPolicy, _> =
+            serde_saphyr::from_str("strategy: Reimage");
+        assert!(bad.is_err());
     }
 
     #[test]

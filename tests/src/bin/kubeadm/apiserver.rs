@@ -851,9 +851,94 @@ fn core_node_resources() -> serde_json::Value {
     })
 }
 
+/// What the NodeRestriction admission plugin refuses of a node updating its
+/// own Node (`plugin/pkg/admission/noderestriction/admission.go`,
+/// `admitNode`, its Update branch): a new non-nil `spec.configSource`, any
+/// change of `spec.taints` or of `metadata.ownerReferences`, and a change
+/// of a label in the `kubernetes.io` or `k8s.io` domains other than the
+/// kubelet's own (`staging/src/k8s.io/kubelet/pkg/apis/well_known_labels.go`,
+/// `IsKubeletLabel`). Anything else, `spec.unschedulable` among it, a node
+/// may change of itself.
+fn node_restriction(
+    name: &str,
+    old: &serde_json::Value,
+    new: &serde_json::Value,
+) -> Result<(), String> {
+    let source = &new["spec"]["configSource"];
+    if !source.is_null() && *source != old["spec"]["configSource"] {
+        return Err(format!(
+            "node {name:?} is not allowed to update configSource to a new non-nil configSource"
+        ));
+    }
+    if new["spec"]["taints"] != old["spec"]["taints"] {
+        return Err(format!("node {name:?} is not allowed to modify taints"));
+    }
+    if new["metadata"]["ownerReferences"] != old["metadata"]["ownerReferences"] {
+        return Err(format!(
+            "node {name:?} is not allowed to modify ownerReferences"
+        ));
+    }
+    let labels = |v: &serde_json::Value| -> std::collections::BTreeMap<String, serde_json::Value> {
+        v["metadata"]["labels"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    };
+    let (before, after) = (labels(old), labels(new));
+    let mut forbidden: Vec<&String> = before
+        .keys()
+        .chain(after.keys())
+        .filter(|k| before.get(*k) != after.get(*k) && !node_may_set_label(k))
+        .collect();
+    forbidden.sort();
+    forbidden.dedup();
+    if !forbidden.is_empty() {
+        let list: Vec<&str> = forbidden.iter().map(|k| k.as_str()).collect();
+        return Err(format!(
+            "is not allowed to modify labels: {}",
+            list.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a kubelet may set label `key` on its own Node: any label outside
+/// the `kubernetes.io` and `k8s.io` domains, and in them only the kubelet's
+/// own (`well_known_labels.go`: `kubeletLabels`, and the
+/// `kubelet.kubernetes.io` and `node.kubernetes.io` namespaces).
+fn node_may_set_label(key: &str) -> bool {
+    const KUBELET_LABELS: &[&str] = &[
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/region",
+        "kubernetes.io/os",
+        "kubernetes.io/arch",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "node.kubernetes.io/instance-type",
+        "beta.kubernetes.io/instance-type",
+    ];
+    let Some((domain, _)) = key.split_once('/') else {
+        return true;
+    };
+    let in_domain = |d: &str| domain == d || domain.ends_with(&format!(".{d}"));
+    if !(in_domain("kubernetes.io") || in_domain("k8s.io")) {
+        return true;
+    }
+    KUBELET_LABELS.contains(&key)
+        || domain == "kubelet.kubernetes.io"
+        || domain.ends_with(".kubelet.kubernetes.io")
+        || domain == "node.kubernetes.io"
+        || domain.ends_with(".node.kubernetes.io")
+}
+
 /// `/api/v1/nodes[/NAME[/status]]`: list, get, create, status update,
 /// cordon (a merge patch of `spec`), delete. A node may write only its own
-/// Node; reading needs a node or an admin; patching and deleting an admin.
+/// Node, and patch it only as the NodeRestriction admission plugin lets it
+/// ([`node_restriction`]); reading needs a node or an admin; patching
+/// another's Node and deleting one, an admin.
 async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
@@ -991,7 +1076,9 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             }
         }
         (Method::PATCH, false, None) => {
-            if !who.is_admin() {
+            // The system:node ClusterRole lets a node patch Nodes; the
+            // NodeRestriction plugin narrows that to its own.
+            if !(who.is_admin() || own_node) {
                 return forbid("patch");
             }
             let (patch, current) = match body_and_node(req, &state.store, &name).await {
@@ -1000,6 +1087,15 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             };
             let mut next = current.clone();
             merge_patch(&mut next, &patch);
+            if !who.is_admin() {
+                if let Err(why) = node_restriction(&name, &current, &next) {
+                    return status(
+                        StatusCode::FORBIDDEN,
+                        "Forbidden",
+                        &format!("nodes \"{name}\" is forbidden: {why}"),
+                    );
+                }
+            }
             // A pod range and a provider ID, once set, are the Node's for
             // good (pkg/apis/core/validation/validation.go
             // ValidateNodeUpdate).
@@ -1269,6 +1365,42 @@ async fn etcd_pods(state: &State, query: &str) -> Resp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_may_cordon_itself_but_not_touch_taints_owners_or_kubernetes_labels() {
+        let node = json!({
+            "metadata": {"name": "n", "labels": {"kubernetes.io/hostname": "n", "team": "a"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
+        });
+        let with = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut n = node.clone();
+            f(&mut n);
+            node_restriction("n", &node, &n)
+        };
+        assert_eq!(with(&|n| n["spec"]["unschedulable"] = json!(true)), Ok(()));
+        assert_eq!(
+            with(&|n| n["metadata"]["labels"]["team"] = json!("b")),
+            Ok(())
+        );
+        assert_eq!(
+            with(&|n| n["metadata"]["labels"]
+                ["node.kubernetes.io/exclude-from-external-load-balancers"] = json!("")),
+            Ok(())
+        );
+        assert_eq!(
+            with(&|n| n["spec"]["taints"] = json!([])),
+            Err("node \"n\" is not allowed to modify taints".into())
+        );
+        assert_eq!(
+            with(&|n| n["metadata"]["ownerReferences"] = json!([{"name": "x"}])),
+            Err("node \"n\" is not allowed to modify ownerReferences".into())
+        );
+        assert_eq!(
+            with(&|n| n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] = json!("")),
+            Err("is not allowed to modify labels: node-role.kubernetes.io/control-plane".into())
+        );
+        assert!(with(&|n| n["spec"]["configSource"] = json!({"configMap": {}})).is_err());
+    }
 
     #[test]
     fn secret_parsing() {
