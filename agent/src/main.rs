@@ -151,7 +151,9 @@ struct Cli {
 
     /// How the agent reboots its machine when the coordinator's remediation
     /// asks (a reboot directive), after cordoning its Node: a program and
-    /// its arguments, split at spaces, run without a shell.
+    /// its arguments, split at spaces, run without a shell. An agent whose
+    /// --root is not `/` refuses to run the default (it would reboot the
+    /// host, not its machine).
     #[arg(
         long,
         env = "DROVER_REBOOT_COMMAND",

@@ -46,6 +46,9 @@ pub struct Record {
     pub cordoned: Option<String>,
 }
 
+/// `--reboot-command`'s default: systemd reboots the machine.
+pub const DEFAULT_COMMAND: &[&str] = &["systemctl", "reboot"];
+
 /// A `--reboot-command` that names no program.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("is empty; give a program and its arguments, such as \"systemctl reboot\"")]
@@ -151,6 +154,13 @@ pub async fn reboot(m: Machine<'_>, id: &str, reason: &str) -> Result<String, Re
             ));
         }
     }
+    if m.root != Path::new("/") && m.command == DEFAULT_COMMAND {
+        return Err(RebootError::Command(format!(
+            "this agent manages the machine under --root {}, not this host: it will not reboot the host with `{}`; set --reboot-command to what reboots that machine",
+            m.root.display(),
+            DEFAULT_COMMAND.join(" ")
+        )));
+    }
     tracing::info!(%reason, directive = %id, "rebooting this machine at the coordinator's request");
     let mut kubelet = KubeletClient::default();
     let (cordoned, note) = match kubelet.set_unschedulable(m.root, true).await {
@@ -248,6 +258,7 @@ mod tests {
             parse_command(" systemctl  reboot ").unwrap(),
             vec!["systemctl", "reboot"]
         );
+        assert_eq!(parse_command("systemctl reboot").unwrap(), DEFAULT_COMMAND);
         assert!(parse_command("  ")
             .unwrap_err()
             .to_string()
@@ -261,6 +272,18 @@ mod tests {
             command,
             boot_id_file: Some(boot),
         }
+    }
+
+    #[tokio::test]
+    async fn an_agent_of_a_machine_under_another_root_never_reboots_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let boot = dir.path().join("boot");
+        let default: Vec<String> = DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect();
+        let e = reboot(machine(dir.path(), &default, &boot), "reboot-1", "x")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("will not reboot the host"), "{e}");
+        assert!(load(dir.path()).is_none());
     }
 
     #[tokio::test]

@@ -893,6 +893,10 @@ impl Agent {
             // Nothing watches the stand-in's static Pod manifests.
             .args(["--static-pod-restart-wait", "1s"])
             .env("RUST_LOG", "info")
+            // A test agent's machine is a directory of this host: a reboot
+            // it is asked for fails, unless the test gives a command of
+            // its own.
+            .env("DROVER_REBOOT_COMMAND", "/bin/false")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -211,6 +211,169 @@ fn a_machine_whose_clock_is_off_reports_clock_skew_until_it_keeps_time() {
     drop(agent);
 }
 
+/// The events of machine `name`, as (reason, message), oldest first.
+fn machine_events(c: &Coordinator, name: &str) -> Vec<(String, String)> {
+    let ms = c.machines();
+    let m = ms
+        .iter()
+        .find(|m| m["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no machine {name}"));
+    m["status"]["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap_or_default().to_owned(),
+                e["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays() {
+    // Every machine judges its disk short (a bound no disk passes); only
+    // the worker pool lists DiskPressure among its remediation conditions.
+    // A "reboot" here is the reboot command giving the machine a new boot
+    // ID (the agent's --boot-id-file), as a real one would.
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 3, "1h");
+    let reboot = tmp.path().join("reboot.sh");
+    std::fs::write(
+        &reboot,
+        "date +%s%N > \"$DROVER_BOOT_ID_FILE\"\necho rebooting\n",
+    )
+    .unwrap();
+    let sick = |i: usize| {
+        let root = tmp.path().join(format!("m{i}"));
+        std::fs::create_dir_all(&root).unwrap();
+        let boot_file = root.join("boot-id");
+        std::fs::write(&boot_file, "first-boot").unwrap();
+        vec![
+            (
+                "DROVER_EVICTION_HARD".to_owned(),
+                "nodefs.available<100%".to_owned(),
+            ),
+            (
+                "DROVER_BOOT_ID_FILE".to_owned(),
+                boot_file.display().to_string(),
+            ),
+            (
+                "DROVER_REBOOT_COMMAND".to_owned(),
+                format!("/bin/sh {}", reboot.display()),
+            ),
+        ]
+    };
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            Agent::boot_with_env(
+                &tmp.path().join(format!("m{i}")),
+                &format!("rb-{i}"),
+                Boot::File(boot.clone()),
+                sick(i),
+            )
+        })
+        .collect();
+    wait_registered(&c, 2);
+    let yaml = pool_cluster_yaml("fixme", 1, 1, "dev")
+        .replace(
+            "      replicas: 1\n  provider:",
+            "      replicas: 1\n      remediation:\n        strategy: RebootThenReplace\n        rebootTimeout: 60s\n        conditions: [DiskPressure]\n  provider:",
+        )
+        // A pool of one may lose its one machine (40 % of 1 allows none).
+        .replace(
+            "  controlPlane:",
+            "  health:\n    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n  controlPlane:",
+        );
+    assert!(yaml.contains("conditions: [DiskPressure]"), "{yaml}");
+    apply(&c, tmp.path(), &yaml);
+    // The worker is Degraded's cause from the start, so the cluster never
+    // gets to Running: wait for the worker itself.
+    let worker = wait_for("the worker to run", BOOT, || {
+        c.machines()
+            .iter()
+            .find(|m| {
+                m["spec"]["assignment"]["role"] == "worker" && m["status"]["phase"] == "Running"
+            })
+            .map(|m| m["metadata"]["name"].as_str().unwrap().to_owned())
+            .ok_or_else(|| "no Running worker yet".to_owned())
+    });
+
+    // Asked to reboot: the agent cordons its Node with the kubelet's own
+    // credentials, runs the reboot command, and comes back with a new boot
+    // ID, which the coordinator records.
+    wait_for("the worker to be rebooted", BOOT, || {
+        let events = machine_events(&c, &worker);
+        if events.iter().any(|(r, _)| r == "Rebooted") {
+            Ok(events)
+        } else {
+            Err(format!("{events:?}"))
+        }
+    });
+    let events = machine_events(&c, &worker);
+    let said = |reason: &str| {
+        events
+            .iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_else(|| panic!("no {reason} event: {events:?}"))
+    };
+    assert!(
+        said("RebootRequested").contains("node problem DiskPressure"),
+        "{events:?}"
+    );
+    let started = said("RebootStarted");
+    assert!(
+        started.contains(" cordoned; /bin/sh ")
+            && started.contains("asked the init system to reboot"),
+        "the agent cordoned its Node itself: {started}"
+    );
+    // Still short of disk after the reboot: once the unhealthy timeout has
+    // passed again, a spare takes its place.
+    let _spare = Agent::boot_with_env(
+        &tmp.path().join("m2"),
+        "rb-2",
+        Boot::File(boot.clone()),
+        vec![(
+            "DROVER_EVICTION_HARD".into(),
+            "nodefs.available<0%,nodefs.inodesFree<0%,imagefs.available<0%,imagefs.inodesFree<0%"
+                .into(),
+        )],
+    );
+    wait_for("the spare to replace the rebooted worker", BOOT, || {
+        let ms = c.machines();
+        let spare = ms
+            .iter()
+            .find(|m| m["spec"]["assignment"]["replaces"] == worker.as_str());
+        match spare {
+            Some(s) if s["status"]["phase"] == "Running" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let events = machine_events(&c, &worker);
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Unhealthy" && m.contains("still unhealthy after a reboot")),
+        "{events:?}"
+    );
+    let described = c.cli_ok(&["describe", "machine", &worker]);
+    assert!(
+        described.contains("Reboot:         reboot-1 asked ") && described.contains(": back "),
+        "{described}"
+    );
+    let metrics = c.metrics_text();
+    assert!(
+        metrics.contains("drover_remediation_reboots_total{reason=\"problem\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("drover_remediations_total{reason=\"problem\"} 1"),
+        "{metrics}"
+    );
+    drop(agents);
+}
+
 #[test]
 fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     let (tmp, c, agents) = registered_pool(3, "node-");

@@ -127,6 +127,20 @@ pub fn describe_machine(m: &Machine) -> String {
         let _ = writeln!(o, "Made for:       {}", printable(v));
     }
     let _ = writeln!(o, "Last heartbeat: {} ago", age(s.last_heartbeat_time));
+    if let Some(r) = &s.reboot {
+        let outcome = match (&r.failed, r.completed_at, r.started_at) {
+            (Some(e), _, _) => format!("refused: {}", printable(e)),
+            (None, Some(t), _) => format!("back {} ago", age(Some(t))),
+            (None, None, Some(_)) => "rebooting".to_owned(),
+            (None, None, None) => "asked, not answered yet".to_owned(),
+        };
+        let _ = writeln!(
+            o,
+            "Reboot:         {} asked {} ago: {outcome}",
+            printable(&r.id),
+            age(Some(r.requested_at))
+        );
+    }
     if let Some(why) = &s.heartbeat_fallback {
         let _ = writeln!(o, "Heartbeats:     over HTTPS: {}", printable(why));
     }
