@@ -46,6 +46,8 @@ pub struct Prober {
     api_server: tls::CachedClient,
     /// The bounds of the node problem checks (`crate::problems`).
     bounds: crate::problems::Bounds,
+    /// The kernel's messages (`crate::kmsg`), read on at every report.
+    kernel: crate::kmsg::KernelLog,
 }
 
 impl Prober {
@@ -56,6 +58,7 @@ impl Prober {
             kubelet: None,
             api_server: tls::CachedClient::default(),
             bounds: crate::problems::Bounds::default(),
+            kernel: crate::kmsg::KernelLog::new(&root.join("dev/kmsg")),
         }
     }
 
@@ -63,6 +66,13 @@ impl Prober {
     /// `--eviction-hard`) rather than the kubelet's defaults.
     pub fn with_bounds(mut self, bounds: crate::problems::Bounds) -> Self {
         self.bounds = bounds;
+        self
+    }
+
+    /// The kernel's messages read from `path` rather than the machine's
+    /// `/dev/kmsg`.
+    pub fn with_kernel_log(mut self, path: &Path) -> Self {
+        self.kernel = crate::kmsg::KernelLog::new(path);
         self
     }
 
@@ -96,17 +106,19 @@ impl Prober {
             }
         };
         let (kubelet, api_server) = tokio::join!(kubelet, api_server);
+        let mut problems = crate::problems::judge(
+            &crate::problems::Sample {
+                clock: plan.clock,
+                ..crate::problems::sample(&self.root)
+            },
+            &self.bounds,
+        );
+        problems.extend(self.kernel.poll());
         HealthReport {
             kubelet,
             api_server,
             disk_free_bytes: disk_free_bytes(&self.root),
-            problems: crate::problems::judge(
-                &crate::problems::Sample {
-                    clock: plan.clock,
-                    ..crate::problems::sample(&self.root)
-                },
-                &self.bounds,
-            ),
+            problems,
             // The heartbeat adds it (`crate::reboot::boot_id`).
             boot_id: None,
         }

@@ -33,6 +33,7 @@ mod files;
 mod health;
 mod imds;
 mod inventory;
+mod kmsg;
 mod kube;
 mod load_balancer;
 mod netfilter;
@@ -148,6 +149,12 @@ struct Cli {
     /// of the coordinator's answers).
     #[arg(long, env = "DROVER_MAX_CLOCK_OFFSET", value_name = "DURATION", default_value = "10s", value_parser = drover_common::units::parse_duration)]
     max_clock_offset: std::time::Duration,
+
+    /// Where the kernel's messages are read for the kernel message checks
+    /// (hung tasks, device and file system errors) [default: the
+    /// machine's /dev/kmsg, under --root].
+    #[arg(long, env = "DROVER_KMSG", value_name = "PATH")]
+    kmsg: Option<PathBuf>,
 
     /// How the agent reboots its machine when the coordinator's remediation
     /// asks (a reboot directive), after cordoning its Node: a program and
@@ -550,6 +557,7 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
         reboot_command: crate::reboot::parse_command(&cli.reboot_command)
             .map_err(|e| anyhow::anyhow!("--reboot-command: {e}"))?,
         boot_id_file: cli.boot_id_file.clone(),
+        kmsg: cli.kmsg.clone(),
         eviction_hard: crate::problems::Bounds {
             clock_offset: cli.max_clock_offset,
             ..cli.eviction_hard.clone()

@@ -33,6 +33,9 @@ pub struct Settings {
     /// Where the boot ID is read instead of the kernel's
     /// (`--boot-id-file`).
     pub boot_id_file: Option<PathBuf>,
+    /// Where the kernel's messages are read instead of `<root>/dev/kmsg`
+    /// (`--kmsg`).
+    pub kmsg: Option<PathBuf>,
 }
 
 /// Whether an agent applies the files and commands a cluster's spec puts on

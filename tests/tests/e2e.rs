@@ -172,6 +172,40 @@ fn a_machines_node_problems_are_its_conditions_and_in_metrics_until_they_clear()
     drop(agent);
 }
 
+#[test]
+fn a_hung_task_or_a_failing_disk_in_the_kernel_log_is_a_node_problem() {
+    let (tmp, c, agent, name) = one_machine("kern-0", vec![]);
+    // The machine's /dev/kmsg, under its root: what the kernel said.
+    let dev = tmp.path().join("m0/dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    std::fs::write(
+        dev.join("kmsg"),
+        "6,1,100,-;eth0: link up\n\
+         3,2,200,-;INFO: task jbd2/sda1-8:231 blocked for more than 120 seconds.\n\
+         3,3,300,-;blk_update_request: I/O error, dev sdb, sector 2048 op 0x0:(READ)\n",
+    )
+    .unwrap();
+    let (reason, message) = wait_machine_condition(&c, &name, "KernelDeadlock", "True");
+    assert_eq!(reason, "TaskHung");
+    assert!(
+        message.contains("task jbd2/sda1-8:231 blocked for more than 120 seconds."),
+        "{message}"
+    );
+    let (reason, message) = wait_machine_condition(&c, &name, "DeviceError", "True");
+    assert_eq!(reason, "IOError");
+    assert!(message.contains("I/O error, dev sdb"), "{message}");
+    let metrics = c.metrics_text();
+    for problem in ["KernelDeadlock", "DeviceError"] {
+        assert!(
+            metrics.contains(&format!(
+                "drover_machine_problems{{problem=\"{problem}\"}} 1"
+            )),
+            "{metrics}"
+        );
+    }
+    drop(agent);
+}
+
 /// The environment that starts a process with its clock `shift` off
 /// (`+120s`): Debian's libfaketime preloaded (scripts/setup-host installs
 /// it), the monotonic clock left alone so timers run true.

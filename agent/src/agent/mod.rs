@@ -257,8 +257,11 @@ impl Agent {
             });
         }
         let api = std::sync::Arc::new(mtls_client(&state)?);
-        let prober = Prober::new(&settings.root, settings.kubelet_healthz_url.clone())
+        let mut prober = Prober::new(&settings.root, settings.kubelet_healthz_url.clone())
             .with_bounds(settings.eviction_hard.clone());
+        if let Some(kmsg) = &settings.kmsg {
+            prober = prober.with_kernel_log(kmsg);
+        }
         let now = Instant::now();
         let renew_at = Self::renewal_instant(&state);
         Ok(Self {

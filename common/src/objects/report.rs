@@ -80,6 +80,13 @@ pub const PID_PRESSURE: &str = "PIDPressure";
 /// The machine's clock off the coordinator's by more than its agent's
 /// bound: certificates, tokens and etcd leases assume clocks that agree.
 pub const CLOCK_SKEW: &str = "ClockSkew";
+/// The kernel reported a task hung in the kernel (its hung task detector):
+/// such a task never finishes, and what waits on it hangs too, until the
+/// machine reboots (node-problem-detector's `KernelDeadlock`).
+pub const KERNEL_DEADLOCK: &str = "KernelDeadlock";
+/// The kernel reported I/O errors of a block device or errors of a file
+/// system on it: a disk that is failing.
+pub const DEVICE_ERROR: &str = "DeviceError";
 
 /// Every problem type an agent reports; a machine condition of one of
 /// these types comes from its agent.
@@ -89,6 +96,8 @@ pub const NODE_PROBLEM_TYPES: &[&str] = &[
     MEMORY_PRESSURE,
     PID_PRESSURE,
     CLOCK_SKEW,
+    KERNEL_DEADLOCK,
+    DEVICE_ERROR,
 ];
 
 impl HealthReport {

@@ -444,11 +444,17 @@ impl fmt::Display for RemediationStrategy {
 pub const DEFAULT_REBOOT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The node problems that make a machine unhealthy when the pool does not
-/// say: the ones the machine cannot get out of by itself. The pressure
-/// conditions are left to the kubelet, which evicts Pods to relieve them
-/// (`MemoryPressure`, `DiskPressure`, `PIDPressure`), and a clock off by
-/// some seconds harms certificates and leases but rarely the workload.
-pub const DEFAULT_REMEDIATION_CONDITIONS: &[&str] = &[crate::objects::report::READ_ONLY_FILESYSTEM];
+/// say: the ones the machine cannot get out of by itself (a file system
+/// the kernel made read-only, a task hung in the kernel, a failing disk).
+/// The pressure conditions are left to the kubelet, which evicts Pods to
+/// relieve them (`MemoryPressure`, `DiskPressure`, `PIDPressure`), and a
+/// clock off by some seconds harms certificates and leases but rarely the
+/// workload.
+pub const DEFAULT_REMEDIATION_CONDITIONS: &[&str] = &[
+    crate::objects::report::READ_ONLY_FILESYSTEM,
+    crate::objects::report::KERNEL_DEADLOCK,
+    crate::objects::report::DEVICE_ERROR,
+];
 
 /// A pool's remediation with every default applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
