@@ -38,6 +38,7 @@ mod kube;
 mod load_balancer;
 mod netfilter;
 mod nocloud;
+mod node_conditions;
 mod podnet;
 mod problems;
 mod protocol;
@@ -149,6 +150,12 @@ struct Cli {
     /// of the coordinator's answers).
     #[arg(long, env = "DROVER_MAX_CLOCK_OFFSET", value_name = "DURATION", default_value = "10s", value_parser = drover_common::units::parse_duration)]
     max_clock_offset: std::time::Duration,
+
+    /// Mirror the node problems the kubelet does not report itself
+    /// (ReadOnlyFilesystem, KernelDeadlock, DeviceError, ClockSkew) as
+    /// conditions of this machine's Node, as node-problem-detector does.
+    #[arg(long, env = "DROVER_NODE_CONDITIONS")]
+    node_conditions: bool,
 
     /// Where the kernel's messages are read for the kernel message checks
     /// (hung tasks, device and file system errors) [default: the
@@ -558,6 +565,7 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
             .map_err(|e| anyhow::anyhow!("--reboot-command: {e}"))?,
         boot_id_file: cli.boot_id_file.clone(),
         kmsg: cli.kmsg.clone(),
+        node_conditions: cli.node_conditions,
         eviction_hard: crate::problems::Bounds {
             clock_offset: cli.max_clock_offset,
             ..cli.eviction_hard.clone()

@@ -470,6 +470,38 @@ impl KubeletClient {
         Ok(own)
     }
 
+    /// Sends `patch`, a strategic merge patch, to this machine's own Node's
+    /// status (a node may patch its own status); the Node's name.
+    pub(crate) async fn patch_own_status(
+        &mut self,
+        root: &Path,
+        patch: &serde_json::Value,
+    ) -> Result<String, KubeletApiError> {
+        let (own, server, client) = self.client(root)?;
+        let url = format!("{server}/api/v1/nodes/{own}/status");
+        let resp = client
+            .patch(&url)
+            .header("Content-Type", "application/strategic-merge-patch+json")
+            .body(patch.to_string())
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "patch the status of node {own} at {server}: {}",
+                    crate::api::error_chain(&e)
+                )
+            })?;
+        let code = resp.status();
+        if !code.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(KubeletApiError(format!(
+                "patch the status of node {own} at {server}: {code}: {}",
+                body.chars().take(300).collect::<String>()
+            )));
+        }
+        Ok(own)
+    }
+
     /// This machine's Node name and every Node.
     async fn nodes(&mut self, root: &Path) -> Result<(String, Vec<NodeNet>), KubeletApiError> {
         let (own, server, client) = self.client(root)?;

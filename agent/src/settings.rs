@@ -36,6 +36,9 @@ pub struct Settings {
     /// Where the kernel's messages are read instead of `<root>/dev/kmsg`
     /// (`--kmsg`).
     pub kmsg: Option<PathBuf>,
+    /// Whether node problems are mirrored as Node conditions
+    /// (`--node-conditions`).
+    pub node_conditions: bool,
 }
 
 /// Whether an agent applies the files and commands a cluster's spec puts on

@@ -206,6 +206,61 @@ fn a_hung_task_or_a_failing_disk_in_the_kernel_log_is_a_node_problem() {
     drop(agent);
 }
 
+#[test]
+fn node_problems_are_node_conditions_kubectl_sees_beside_the_kubelets_own() {
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 1, "1h");
+    let root = tmp.path().join("m0");
+    let agent = Agent::boot_with_env(
+        &root,
+        "npd-0",
+        Boot::File(boot),
+        vec![("DROVER_NODE_CONDITIONS".into(), "true".into())],
+    );
+    wait_registered(&c, 1);
+    apply(&c, tmp.path(), &pool_cluster_yaml("npd", 1, 0, "dev"));
+    c.wait_cluster_phase("npd", "Running", BOOT);
+    let kubeconfig = kubeconfig_with_ready_nodes(&c, tmp.path(), "npd", 1);
+    // (status reason lastHeartbeatTime) of the Node's condition `t`, as
+    // kubectl reads it.
+    let condition = |t: &str| -> Result<String, String> {
+        let path = format!(
+            "jsonpath={{.status.conditions[?(@.type==\"{t}\")].status}} {{.status.conditions[?(@.type==\"{t}\")].reason}} {{.status.conditions[?(@.type==\"{t}\")].lastHeartbeatTime}}"
+        );
+        kubectl(&kubeconfig, &["get", "node", "npd-0", "-o", &path]).map(|s| s.trim().to_owned())
+    };
+    let wait_condition = |t: &str, want: &str| {
+        wait_for(&format!("{t} {want} on the Node"), BOOT, || {
+            let got = condition(t)?;
+            got.starts_with(want).then_some(got.clone()).ok_or(got)
+        })
+    };
+    wait_condition("KernelDeadlock", "False KernelHasNoDeadlock");
+    wait_condition("ReadOnlyFilesystem", "False FilesystemIsNotReadOnly");
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::write(
+        root.join("dev/kmsg"),
+        "3,7,700,-;INFO: task kworker/0:1:42 blocked for more than 122 seconds.\n",
+    )
+    .unwrap();
+    wait_condition("KernelDeadlock", "True TaskHung");
+    // The kubelet renews its Ready condition beside it and leaves it be:
+    // each writer patches only its own conditions.
+    let ready = wait_condition("Ready", "True KubeletReady");
+    wait_for("the kubelet to renew its Node status", BOOT, || {
+        let now = condition("Ready")?;
+        (now != ready).then_some(()).ok_or(now)
+    });
+    assert!(
+        condition("KernelDeadlock")
+            .unwrap()
+            .starts_with("True TaskHung"),
+        "the kubelet's renewal kept the agent's condition"
+    );
+    // The kubelet's own pressure conditions are not the agent's to set.
+    assert_eq!(condition("DiskPressure").unwrap(), "");
+    drop(agent);
+}
+
 /// The environment that starts a process with its clock `shift` off
 /// (`+120s`): Debian's libfaketime preloaded (scripts/setup-host installs
 /// it), the monotonic clock left alone so timers run true.

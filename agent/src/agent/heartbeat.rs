@@ -57,6 +57,9 @@ impl Agent {
             health.boot_id.as_deref(),
         )
         .await;
+        if let Some(mirror) = self.local.node_conditions.as_mut() {
+            mirror.sync(&self.settings.root, &health.problems).await;
+        }
         let etcd = etcd.filter(|r| worth_sending(self.delivered.etcd.as_ref(), r));
         let nodes = nodes.filter(|r| worth_sending(self.delivered.nodes.as_ref(), r));
         if self.local.kubeadm_version.is_none() {

@@ -203,6 +203,8 @@ struct Local {
     certificates: Option<Option<drover_common::api::CertificateExpiry>>,
     /// What the image pod network's loop last did.
     podnet: crate::podnet::Shared,
+    /// The node problems mirrored on the Node (`--node-conditions`).
+    node_conditions: Option<crate::node_conditions::NodeConditions>,
 }
 
 /// What the coordinator last accepted of the agent's reports.
@@ -267,6 +269,9 @@ impl Agent {
         Ok(Self {
             local: Local {
                 prober,
+                node_conditions: settings
+                    .node_conditions
+                    .then(crate::node_conditions::NodeConditions::default),
                 view: view::ViewReader::new(&settings.root),
                 advertise: settings.advertise_address,
                 kubeadm_version: None,

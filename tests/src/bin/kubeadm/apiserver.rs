@@ -1075,6 +1075,53 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
                 Err(e) => internal(e),
             }
         }
+        (Method::PATCH, false, Some("status")) => {
+            if !(own_node || who.is_admin()) {
+                return forbid("patch");
+            }
+            let strategic = match req
+                .headers()
+                .get(hyper::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+            {
+                Some("application/strategic-merge-patch+json") => true,
+                Some("application/merge-patch+json") => false,
+                other => {
+                    return status(
+                        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                        "UnsupportedMediaType",
+                        &format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {other:?})"),
+                    )
+                }
+            };
+            let (patch, current) = match body_and_node(req, &state.store, &name).await {
+                Ok(both) => both,
+                Err(r) => return r,
+            };
+            let mut next = current.clone();
+            // Only the status: a patch of the status subresource leaves the
+            // rest of the object alone (registry/core/node/strategy.go,
+            // nodeStatusStrategy.PrepareForUpdate).
+            let status_patch = json!({"status": patch["status"].clone()});
+            if strategic {
+                strategic_merge_node_status(&mut next, &status_patch);
+            } else {
+                merge_patch(&mut next, &status_patch);
+            }
+            match state
+                .store
+                .put_object(
+                    &Store::node_key(&name),
+                    &stamped(next.clone(), Some(&current)),
+                    false,
+                )
+                .await
+            {
+                Ok(true) => json_resp(StatusCode::OK, &observed_node(next)),
+                Ok(false) => not_found(),
+                Err(e) => internal(e),
+            }
+        }
         (Method::PATCH, false, None) => {
             // The system:node ClusterRole lets a node patch Nodes; the
             // NodeRestriction plugin narrows that to its own.
@@ -1248,6 +1295,39 @@ fn now_rfc3339() -> String {
 }
 
 /// RFC 7386 merge patch.
+/// A strategic merge patch of a Node's status, as the API server applies
+/// one (`staging/src/k8s.io/apimachinery/pkg/util/strategicpatch`): like a
+/// JSON merge patch, except that the lists `status.conditions` and
+/// `status.addresses` merge item by item on their `patchMergeKey`s (`type`
+/// and `type`, `staging/src/k8s.io/api/core/v1/types.go`, NodeStatus): an
+/// item of the patch replaces the fields it names of the item of its type,
+/// or is added; the other items stay. This is how a kubelet and
+/// node-problem-detector each keep their own conditions on one Node
+/// (`pkg/util/node/node.go`, `PatchNodeStatus`).
+fn strategic_merge_node_status(node: &mut serde_json::Value, patch: &serde_json::Value) {
+    let mut rest = patch.clone();
+    for list in ["conditions", "addresses"] {
+        let Some(items) = rest["status"].as_object_mut().and_then(|s| s.remove(list)) else {
+            continue;
+        };
+        let Some(items) = items.as_array() else {
+            node["status"][list] = items;
+            continue;
+        };
+        if !node["status"][list].is_array() {
+            node["status"][list] = json!([]);
+        }
+        let have = node["status"][list].as_array_mut().expect("an array");
+        for item in items {
+            match have.iter_mut().find(|h| h["type"] == item["type"]) {
+                Some(h) => merge_patch(h, item),
+                None => have.push(item.clone()),
+            }
+        }
+    }
+    merge_patch(node, &rest);
+}
+
 fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
     match patch {
         serde_json::Value::Object(p) => {
@@ -1365,6 +1445,37 @@ async fn etcd_pods(state: &State, query: &str) -> Resp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_strategic_merge_of_node_status_keeps_the_conditions_of_other_writers() {
+        let mut node = json!({"metadata": {"name": "n"}, "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady"},
+                {"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock"},
+            ],
+            "nodeInfo": {"kubeletVersion": "v1.31.2"},
+        }});
+        strategic_merge_node_status(
+            &mut node,
+            &json!({"status": {"conditions": [
+                {"type": "KernelDeadlock", "status": "True", "reason": "TaskHung"},
+                {"type": "DeviceError", "status": "True", "reason": "IOError"},
+            ]}}),
+        );
+        let c = node["status"]["conditions"].as_array().unwrap();
+        let types: Vec<&str> = c.iter().map(|c| c["type"].as_str().unwrap()).collect();
+        assert_eq!(types, vec!["Ready", "KernelDeadlock", "DeviceError"]);
+        assert_eq!(c[0]["reason"], "KubeletReady");
+        assert_eq!(c[1]["reason"], "TaskHung");
+        assert_eq!(node["status"]["nodeInfo"]["kubeletVersion"], "v1.31.2");
+        // A JSON merge patch would have replaced the list whole.
+        let mut plain = node.clone();
+        merge_patch(
+            &mut plain,
+            &json!({"status": {"conditions": [{"type": "Ready"}]}}),
+        );
+        assert_eq!(plain["status"]["conditions"].as_array().unwrap().len(), 1);
+    }
 
     #[test]
     fn a_node_may_cordon_itself_but_not_touch_taints_owners_or_kubernetes_labels() {

@@ -272,9 +272,42 @@ async fn node_status_once(root: &Root, registered: bool, version: &str) -> Resul
             r.text().await.unwrap_or_default()
         );
     }
+    // As the real kubelet (`tryUpdateNodeStatus` in
+    // pkg/kubelet/kubelet_node_status.go): read the Node, set its own
+    // conditions (a condition keeps its lastTransitionTime while its
+    // status stays), and send a strategic merge patch of the status
+    // (`PatchNodeStatus`), so the conditions others keep on the Node
+    // (node-problem-detector's, the Drover agent's) stay.
+    let url = format!("{}/api/v1/nodes/{name}", kc.server);
+    let r = client.get(&url).send().await?;
+    match r.status() {
+        s if s.is_success() => {
+            let current: serde_json::Value = r.json().await?;
+            let before = current["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if let Some(conds) = node["status"]["conditions"].as_array_mut() {
+                for c in conds.iter_mut() {
+                    if let Some(old) = before
+                        .iter()
+                        .find(|o| o["type"] == c["type"] && o["status"] == c["status"])
+                    {
+                        c["lastTransitionTime"] = old["lastTransitionTime"].clone();
+                    }
+                }
+            }
+        }
+        StatusCode::NOT_FOUND => return Ok(NodeUpdate::Deleted),
+        s => anyhow::bail!(
+            "read node {name}: {s} {}",
+            r.text().await.unwrap_or_default()
+        ),
+    }
     let r = client
-        .put(format!("{}/api/v1/nodes/{name}/status", kc.server))
-        .json(&node)
+        .patch(format!("{url}/status"))
+        .header("Content-Type", "application/strategic-merge-patch+json")
+        .body(serde_json::json!({"status": node["status"].clone()}).to_string())
         .send()
         .await?;
     match r.status() {
