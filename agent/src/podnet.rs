@@ -439,35 +439,14 @@ impl KubeletClient {
         root: &Path,
         unschedulable: bool,
     ) -> Result<String, KubeletApiError> {
-        let (own, server, client) = self.client(root)?;
-        let verb = if unschedulable { "cordon" } else { "uncordon" };
-        let value = if unschedulable {
-            serde_json::json!(true)
+        let (verb, value) = if unschedulable {
+            ("cordon", serde_json::json!(true))
         } else {
-            serde_json::Value::Null
+            ("uncordon", serde_json::Value::Null)
         };
-        let url = format!("{server}/api/v1/nodes/{own}");
-        let resp = client
-            .patch(&url)
-            .header("Content-Type", "application/merge-patch+json")
-            .body(serde_json::json!({"spec": {"unschedulable": value}}).to_string())
-            .send()
+        let patch = serde_json::json!({"spec": {"unschedulable": value}});
+        self.patch_own(root, "", "application/merge-patch+json", &patch, verb)
             .await
-            .map_err(|e| {
-                format!(
-                    "{verb} node {own} at {server}: {}",
-                    crate::api::error_chain(&e)
-                )
-            })?;
-        let code = resp.status();
-        if !code.is_success() {
-            let body = resp.text().await.unwrap_or_default();
-            return Err(KubeletApiError(format!(
-                "{verb} node {own} at {server}: {code}: {}",
-                body.chars().take(300).collect::<String>()
-            )));
-        }
-        Ok(own)
     }
 
     /// Sends `patch`, a strategic merge patch, to this machine's own Node's
@@ -477,25 +456,36 @@ impl KubeletClient {
         root: &Path,
         patch: &serde_json::Value,
     ) -> Result<String, KubeletApiError> {
+        let what = "patch the status of";
+        let kind = "application/strategic-merge-patch+json";
+        self.patch_own(root, "/status", kind, patch, what).await
+    }
+
+    /// Patches this machine's own Node (`sub`: "" or a subresource such as
+    /// "/status") with `patch` of media type `kind`; `what` names the call
+    /// in errors ("cordon": "cordon node NAME at SERVER: ...").
+    async fn patch_own(
+        &mut self,
+        root: &Path,
+        sub: &str,
+        kind: &str,
+        patch: &serde_json::Value,
+        what: &str,
+    ) -> Result<String, KubeletApiError> {
         let (own, server, client) = self.client(root)?;
-        let url = format!("{server}/api/v1/nodes/{own}/status");
+        let call = format!("{what} node {own} at {server}");
         let resp = client
-            .patch(&url)
-            .header("Content-Type", "application/strategic-merge-patch+json")
+            .patch(format!("{server}/api/v1/nodes/{own}{sub}"))
+            .header("Content-Type", kind)
             .body(patch.to_string())
             .send()
             .await
-            .map_err(|e| {
-                format!(
-                    "patch the status of node {own} at {server}: {}",
-                    crate::api::error_chain(&e)
-                )
-            })?;
+            .map_err(|e| format!("{call}: {}", crate::api::error_chain(&e)))?;
         let code = resp.status();
         if !code.is_success() {
             let body = resp.text().await.unwrap_or_default();
             return Err(KubeletApiError(format!(
-                "patch the status of node {own} at {server}: {code}: {}",
+                "{call}: {code}: {}",
                 body.chars().take(300).collect::<String>()
             )));
         }

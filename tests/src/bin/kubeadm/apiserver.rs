@@ -1108,19 +1108,7 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
             } else {
                 merge_patch(&mut next, &status_patch);
             }
-            match state
-                .store
-                .put_object(
-                    &Store::node_key(&name),
-                    &stamped(next.clone(), Some(&current)),
-                    false,
-                )
-                .await
-            {
-                Ok(true) => json_resp(StatusCode::OK, &observed_node(next)),
-                Ok(false) => not_found(),
-                Err(e) => internal(e),
-            }
+            store_patched_node(state, &name, next, &current).await
         }
         (Method::PATCH, false, None) => {
             // The system:node ClusterRole lets a node patch Nodes; the
@@ -1159,19 +1147,7 @@ async fn nodes(state: &State, who: &Identity, req: Request<Incoming>) -> Resp {
                     );
                 }
             }
-            match state
-                .store
-                .put_object(
-                    &Store::node_key(&name),
-                    &stamped(next.clone(), Some(&current)),
-                    false,
-                )
-                .await
-            {
-                Ok(true) => json_resp(StatusCode::OK, &observed_node(next)),
-                Ok(false) => not_found(),
-                Err(e) => internal(e),
-            }
+            store_patched_node(state, &name, next, &current).await
         }
         (Method::DELETE, false, None) => {
             if !who.is_admin() {
@@ -1295,6 +1271,28 @@ fn now_rfc3339() -> String {
 }
 
 /// RFC 7386 merge patch.
+/// Stores a patched Node over `current`; the Node as the cluster sees it.
+async fn store_patched_node(
+    state: &State,
+    name: &str,
+    next: serde_json::Value,
+    current: &serde_json::Value,
+) -> Resp {
+    match state
+        .store
+        .put_object(
+            &Store::node_key(name),
+            &stamped(next.clone(), Some(current)),
+            false,
+        )
+        .await
+    {
+        Ok(true) => json_resp(StatusCode::OK, &observed_node(next)),
+        Ok(false) => node_not_found(name),
+        Err(e) => internal(e),
+    }
+}
+
 /// A strategic merge patch of a Node's status, as the API server applies
 /// one (`staging/src/k8s.io/apimachinery/pkg/util/strategicpatch`): like a
 /// JSON merge patch, except that the lists `status.conditions` and
