@@ -309,6 +309,22 @@ pub fn is_placeholder(id: &str) -> bool {
         .is_some_and(|last| last.starts_with("pending-"))
 }
 
+/// The machines of `machines` assigned to `pool` of `cluster`.
+fn pool_machines<'a>(
+    cluster: &Cluster,
+    pool: &'a WorkerPoolSpec,
+    machines: &'a [Machine],
+) -> impl Iterator<Item = &'a Machine> + 'a {
+    drover_planner::machines_of(cluster, machines)
+        .into_iter()
+        .filter(move |m| {
+            m.spec
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.machine_pool == pool.name)
+        })
+}
+
 /// The instances of `pool` of `cluster`: its machines, and a placeholder
 /// for each machine its target asks for that none fills yet.
 /// `can_fill` says whether the provider can make one: a pool cluster's
@@ -321,14 +337,7 @@ pub fn instances(
     can_fill: bool,
 ) -> Vec<Instance> {
     let name = &cluster.metadata.name;
-    let mut out: Vec<Instance> = drover_planner::machines_of(cluster, machines)
-        .into_iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.machine_pool == pool.name)
-        })
+    let mut out: Vec<Instance> = pool_machines(cluster, pool, machines)
         .map(|m| {
             let leaving = m.metadata.deletion_timestamp.is_some()
                 || m.metadata
@@ -406,15 +415,8 @@ pub fn reported_capacity(
     machines: &[Machine],
     free: Option<&Machine>,
 ) -> Option<drover_common::api::Capacity> {
-    let mut own: Vec<&Machine> = drover_planner::machines_of(cluster, machines)
-        .into_iter()
-        .filter(|m| {
-            m.spec
-                .assignment
-                .as_ref()
-                .is_some_and(|a| a.machine_pool == pool.name)
-                && m.status.capacity.is_some()
-        })
+    let mut own: Vec<&Machine> = pool_machines(cluster, pool, machines)
+        .filter(|m| m.status.capacity.is_some())
         .collect();
     own.sort_by_key(|m| m.status.phase != MachinePhase::Running);
     own.first()
