@@ -381,7 +381,12 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             &pool.active,
             Gate {
                 control_plane: pool.control_plane,
-                busy: pool.deleting > 0,
+                // A control plane rebooting is a change under way too.
+                busy: pool.deleting > 0
+                    || pool
+                        .active
+                        .iter()
+                        .any(|m| m.status.reboot.as_ref().is_some_and(|r| r.in_progress())),
                 initialized: self.initialized,
                 etcd: &self.cluster.status.etcd_members,
             },

@@ -264,3 +264,35 @@ fn a_control_plane_is_not_rebooted_while_another_reboots() {
         "{steps:#?}"
     );
 }
+
+#[test]
+fn a_provider_cluster_may_reboot_its_control_planes_one_at_a_time() {
+    let now = drover_common::now();
+    let mut c = initialized_docker(3, 0);
+    c.spec.worker_pools.clear();
+    c.status.etcd_members = healthy_members(&["i", "b", "d"]);
+    c.spec.control_plane.remediation = Some(RemediationPolicy {
+        strategy: Some(RemediationStrategy::Reboot),
+        ..Default::default()
+    });
+    let mut machines = created_control_planes(&["i", "b", "d"]);
+    hostnames_are_names(&mut machines);
+    let b = &mut machines[1];
+    set_condition(
+        &mut b.status.conditions,
+        "KernelDeadlock",
+        true,
+        "TaskHung",
+        "",
+    );
+    b.status.conditions.last_mut().unwrap().last_transition_time = now - Duration::minutes(5);
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert_eq!(reboots(&steps), vec!["b"], "{steps:#?}");
+    assert!(deletes(&steps).is_empty(), "{steps:#?}");
+    machines[2].status.reboot = Some(reboot(Duration::seconds(30), now));
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert!(
+        reboots(&steps).is_empty() && deletes(&steps).is_empty(),
+        "{steps:#?}"
+    );
+}
