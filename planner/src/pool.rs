@@ -455,9 +455,17 @@ impl<'a, 'o> PoolPass<'a, 'o> {
                 break;
             };
             let selector = pool_selector(self.cluster, pool_name);
+            // A free machine that reports a problem the pool's remediation
+            // lists would be unhealthy once claimed: it waits.
+            let problems = &self.cluster.spec.remediation(pool_name).conditions;
             let Some(pos) = self.free.iter().position(|m| {
                 selector.matches(&m.metadata.labels)
                     && !self.taken.contains(m.metadata.name.as_str())
+                    && !m
+                        .status
+                        .conditions
+                        .iter()
+                        .any(|c| c.status == "True" && problems.contains(&c.type_))
             }) else {
                 break;
             };

@@ -296,3 +296,41 @@ fn a_provider_cluster_may_reboot_its_control_planes_one_at_a_time() {
         "{steps:#?}"
     );
 }
+
+#[test]
+fn a_free_machine_reporting_a_listed_problem_is_not_claimed() {
+    let (c, mut machines, now) = with_problem("ReadOnlyFilesystem", Duration::minutes(30));
+    // w1 is replaced at once (Replace), and free f reports the problem
+    // too: nothing is claimed until a sound machine is free.
+    let mut c = c;
+    set_worker_remediation(
+        &mut c,
+        RemediationPolicy {
+            strategy: Some(RemediationStrategy::Replace),
+            ..Default::default()
+        },
+    );
+    let f = machines
+        .iter_mut()
+        .find(|m| m.metadata.name == "f")
+        .unwrap();
+    set_condition(
+        &mut f.status.conditions,
+        "ReadOnlyFilesystem",
+        true,
+        "Seen",
+        "",
+    );
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert!(release_reason(&steps, "w1").is_some(), "{steps:#?}");
+    assert!(assigns(&steps).is_empty(), "{steps:#?}");
+    // A problem the pool does not list does not keep it out.
+    let f = machines
+        .iter_mut()
+        .find(|m| m.metadata.name == "f")
+        .unwrap();
+    f.status.conditions.clear();
+    set_condition(&mut f.status.conditions, "DiskPressure", true, "Seen", "");
+    let steps = plan_at(&c, &machines, now, &seen_now);
+    assert_eq!(assigns(&steps).len(), 1, "{steps:#?}");
+}
