@@ -322,10 +322,11 @@ fn machine_events(c: &Coordinator, name: &str) -> Vec<(String, String)> {
 
 #[test]
 fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays() {
-    // Every machine judges its disk short (a bound no disk passes); only
-    // the worker pool lists DiskPressure among its remediation conditions.
-    // A "reboot" here is the reboot command giving the machine a new boot
-    // ID (the agent's --boot-id-file), as a real one would.
+    // The worker pool lists DiskPressure among its remediation conditions.
+    // Once the cluster runs, the worker's agent judges its disk short (a
+    // bound no disk passes). A "reboot" here is the reboot command giving
+    // the machine a new boot ID (the agent's --boot-id-file), as a real
+    // one would.
     let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 3, "1h");
     let reboot = tmp.path().join("reboot.sh");
     std::fs::write(
@@ -333,16 +334,23 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
         "date +%s%N > \"$DROVER_BOOT_ID_FILE\"\necho rebooting\n",
     )
     .unwrap();
-    let sick = |i: usize| {
+    // Bounds no disk crosses (not the kubelet's defaults: the disk the
+    // tests run on may well be below those), or, `short`, one every disk
+    // crosses.
+    let env = |i: usize, short: bool| {
         let root = tmp.path().join(format!("m{i}"));
         std::fs::create_dir_all(&root).unwrap();
         let boot_file = root.join("boot-id");
-        std::fs::write(&boot_file, "first-boot").unwrap();
+        if !boot_file.exists() {
+            std::fs::write(&boot_file, "first-boot").unwrap();
+        }
+        let bounds = if short {
+            "nodefs.available<100%"
+        } else {
+            "nodefs.available<0%,nodefs.inodesFree<0%,imagefs.available<0%,imagefs.inodesFree<0%"
+        };
         vec![
-            (
-                "DROVER_EVICTION_HARD".to_owned(),
-                "nodefs.available<100%".to_owned(),
-            ),
+            ("DROVER_EVICTION_HARD".to_owned(), bounds.to_owned()),
             (
                 "DROVER_BOOT_ID_FILE".to_owned(),
                 boot_file.display().to_string(),
@@ -353,13 +361,13 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
             ),
         ]
     };
-    let agents: Vec<Agent> = (0..2)
+    let mut agents: Vec<Agent> = (0..2)
         .map(|i| {
             Agent::boot_with_env(
                 &tmp.path().join(format!("m{i}")),
                 &format!("rb-{i}"),
                 Boot::File(boot.clone()),
-                sick(i),
+                env(i, false),
             )
         })
         .collect();
@@ -376,17 +384,18 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
         );
     assert!(yaml.contains("conditions: [DiskPressure]"), "{yaml}");
     apply(&c, tmp.path(), &yaml);
-    // The worker is Degraded's cause from the start, so the cluster never
-    // gets to Running: wait for the worker itself.
-    let worker = wait_for("the worker to run", BOOT, || {
-        c.machines()
-            .iter()
-            .find(|m| {
-                m["spec"]["assignment"]["role"] == "worker" && m["status"]["phase"] == "Running"
-            })
-            .map(|m| m["metadata"]["name"].as_str().unwrap().to_owned())
-            .ok_or_else(|| "no Running worker yet".to_owned())
-    });
+    c.wait_cluster_phase("fixme", "Running", BOOT);
+    let ms = c.machines();
+    let w = ms
+        .iter()
+        .find(|m| m["spec"]["assignment"]["role"] == "worker")
+        .expect("a worker");
+    let worker = w["metadata"]["name"].as_str().unwrap().to_owned();
+    let at = agents
+        .iter()
+        .position(|a| w["status"]["hostname"] == a.hostname.as_str())
+        .expect("the worker's agent");
+    agents[at].restart_with_env(env(at, true));
 
     // Asked to reboot: the agent cordons its Node with the kubelet's own
     // credentials, runs the reboot command, and comes back with a new boot
@@ -423,11 +432,7 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
         &tmp.path().join("m2"),
         "rb-2",
         Boot::File(boot.clone()),
-        vec![(
-            "DROVER_EVICTION_HARD".into(),
-            "nodefs.available<0%,nodefs.inodesFree<0%,imagefs.available<0%,imagefs.inodesFree<0%"
-                .into(),
-        )],
+        env(2, false),
     );
     wait_for("the spare to replace the rebooted worker", BOOT, || {
         let ms = c.machines();

@@ -525,7 +525,25 @@ fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
                     c.type_ == drover_planner::health::NODE_FOUND_CONDITION && c.status == "False"
                 })
                 && (nodes.is_empty() || nodes.contains(m.status.hostname.as_str()))
+                // A reboot under way ends with a report or at its timeout.
+                && m.status.reboot.as_ref().is_none_or(|r| !r.in_progress())
+                // A problem its pool's remediation lists is judged after
+                // the unhealthy timeout.
+                && !reports_listed_problem(cluster, m)
         })
+}
+
+/// Whether machine `m` reports a node problem that its pool's remediation
+/// lists.
+fn reports_listed_problem(cluster: &Cluster, m: &Machine) -> bool {
+    let Some(a) = m.spec.assignment.as_ref() else {
+        return false;
+    };
+    let listed = cluster.spec.remediation(&a.machine_pool).conditions;
+    m.status
+        .conditions
+        .iter()
+        .any(|c| c.status == "True" && listed.contains(&c.type_))
 }
 
 /// The first time a settled cluster's state changes with time alone: a
@@ -731,6 +749,40 @@ mod tests {
             "",
         );
         assert!(!settled(&reported, &[&cp, &w], &[]), "a Node missing");
+        // A problem the pool lists is judged after the unhealthy timeout;
+        // one it does not list changes nothing.
+        w.status.conditions.clear();
+        drover_common::api::set_condition(
+            &mut w.status.conditions,
+            "DiskPressure",
+            true,
+            "DiskSpaceLow",
+            "",
+        );
+        assert!(
+            settled(&reported, &[&cp, &w], &[]),
+            "DiskPressure is not listed"
+        );
+        drover_common::api::set_condition(
+            &mut w.status.conditions,
+            "KernelDeadlock",
+            true,
+            "TaskHung",
+            "",
+        );
+        assert!(!settled(&reported, &[&cp, &w], &[]), "a listed problem");
+        // A reboot under way ends with a report or at its timeout.
+        w.status.conditions.clear();
+        w.status.reboot = Some(drover_common::api::RebootRequest {
+            id: "reboot-1".into(),
+            reason: String::new(),
+            requested_at: drover_common::now(),
+            boot_id: None,
+            started_at: None,
+            completed_at: None,
+            failed: None,
+        });
+        assert!(!settled(&reported, &[&cp, &w], &[]), "a reboot under way");
     }
 
     #[test]
