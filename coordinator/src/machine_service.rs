@@ -850,6 +850,7 @@ mod tests {
                 ..Default::default()
             },
             spec: MachineSpec {
+                bmc: None,
                 pool: "p".into(),
                 provider: None,
                 assignment: Some(Assignment {

@@ -44,6 +44,7 @@ pub struct Metrics {
     loop_period: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     remediations: Family<Labels, Counter>,
     reboots: Family<Labels, Counter>,
+    bmc_actions: Family<Labels, Counter>,
     provider_calls: Family<Labels, Counter>,
     provider_errors: Family<Labels, Counter>,
     autoscaler_calls: Family<Labels, Counter>,
@@ -142,6 +143,7 @@ impl Metrics {
             loop_period: Family::default(),
             remediations: Family::default(),
             reboots: Family::default(),
+            bmc_actions: Family::default(),
             provider_calls: Family::default(),
             provider_errors: Family::default(),
             autoscaler_calls: Family::default(),
@@ -259,6 +261,11 @@ impl Metrics {
             "remediation_reboots",
             "Reboots asked of unhealthy machines by their pool's remediation, by why (as drover_remediations_total)",
             m.reboots.clone(),
+        );
+        registry.register(
+            "bmc_power_actions",
+            "Power actions asked of machines' BMCs through Redfish, by action (cycle, off, on) and result (ok, error)",
+            m.bmc_actions.clone(),
         );
         registry.register(
             "provider_calls",
@@ -465,6 +472,16 @@ impl Metrics {
     pub fn reboot(&self, why: &'static str) {
         self.reboots
             .get_or_create(&vec![("reason", why.to_owned())])
+            .inc();
+    }
+
+    /// Records a power action asked of a BMC and whether it was accepted.
+    pub fn bmc_action(&self, action: &'static str, ok: bool) {
+        self.bmc_actions
+            .get_or_create(&vec![
+                ("action", action.to_owned()),
+                ("result", if ok { "ok" } else { "error" }.to_owned()),
+            ])
             .inc();
     }
 

@@ -143,6 +143,7 @@ pub fn free(name: &str, env: &str) -> Machine {
             ..Default::default()
         },
         spec: MachineSpec {
+            bmc: None,
             pool: "p".into(),
             provider: None,
             assignment: None,

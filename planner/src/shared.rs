@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use drover_common::api::{
     set_condition, Cluster, ClusterPhase, ClusterStatus, Machine, MachinePhase, MachineRole,
-    CONTROL_PLANE_POOL,
+    RebootMethod, CONTROL_PLANE_POOL,
 };
 use time::OffsetDateTime;
 
@@ -80,9 +80,14 @@ pub enum Step {
         found: bool,
         message: String,
     },
-    /// Ask a machine to reboot (its pool's remediation reboots before it
-    /// replaces, or instead).
-    Reboot { machine: String, reason: String },
+    /// Reboot a machine (its pool's remediation reboots before it
+    /// replaces, or instead): ask its agent, or power-cycle it through its
+    /// BMC.
+    Reboot {
+        machine: String,
+        reason: String,
+        method: RebootMethod,
+    },
     /// Ask a pool machine to run an in-place upgrade, or stop asking.
     SetUpgradeRequest {
         machine: String,
@@ -976,11 +981,12 @@ pub(crate) fn judge<'a>(
 pub(crate) enum Repair {
     /// Take it out and put another in its place, for this reason.
     Replace(String),
-    /// Ask its agent to reboot it, for this reason.
-    Reboot(String),
+    /// Reboot it, for this reason: ask its agent, or power-cycle it
+    /// through its BMC.
+    Reboot(String, RebootMethod),
     /// Nothing now: a reboot is under way, or a rebooted machine gets its
-    /// unhealthy timeout to recover, or the strategy reboots only and the
-    /// reboot cannot reach it.
+    /// unhealthy timeout to recover, or the strategy reboots only and no
+    /// reboot can reach it.
     Wait,
 }
 
@@ -989,13 +995,15 @@ pub(crate) enum Repair {
 /// - `Replace`: replace it.
 /// - `Reboot` and `RebootThenReplace`: a Running machine that answers is
 ///   asked to reboot once per episode of being unhealthy (a reboot asked
-///   after the episode began counts). While a reboot is under way (asked,
-///   not yet back with a new boot ID, not refused) nothing more happens,
-///   however silent the machine is, until `rebootTimeout`; a machine back
-///   from it gets the unhealthy timeout to recover. After that,
-///   `RebootThenReplace` replaces it (as it does at once when the reboot
-///   cannot reach it: silent, stopped, or never started), and `Reboot`
-///   asks again, at most once a `rebootTimeout`.
+///   after the episode began counts); one that cannot be reached (silent,
+///   stopped, or never started) is power-cycled through its BMC when it
+///   has one. While a reboot is under way (asked, not yet back with a new
+///   boot ID, not refused) nothing more happens, however silent the
+///   machine is, until `rebootTimeout`; a machine back from it gets the
+///   unhealthy timeout to recover. An agent's reboot not back in time is
+///   followed by a power cycle when there is a BMC. After that,
+///   `RebootThenReplace` replaces it (at once when no reboot can reach
+///   it), and `Reboot` reboots again, at most once a `rebootTimeout`.
 pub(crate) fn repair(
     rem: &drover_common::api::EffectiveRemediation,
     m: &Machine,
@@ -1004,12 +1012,15 @@ pub(crate) fn repair(
 ) -> Repair {
     use crate::health::Unhealthy;
     use drover_common::api::RemediationStrategy::{Reboot, RebootThenReplace, Replace};
+    use RebootMethod::{Agent, PowerCycle};
     let text = why.to_string();
     if rem.strategy == Replace {
         return Repair::Replace(text);
     }
     let now = observed.now;
     let timeout = time::Duration::try_from(rem.reboot_timeout).unwrap_or(time::Duration::MAX);
+    let bmc = m.spec.bmc.is_some();
+    let cycle = |why: String| Repair::Reboot(why, PowerCycle);
     let reboot = m.status.reboot.as_ref();
     if let Some(r) = reboot.filter(|r| r.in_progress()) {
         let waited = now - r.requested_at;
@@ -1017,14 +1028,18 @@ pub(crate) fn repair(
             return Repair::Wait;
         }
         let late = format!(
-            "{text}; not back from the reboot asked {}s ago (rebootTimeout {}s)",
+            "{text}; not back from the {} asked {}s ago (rebootTimeout {}s)",
+            match r.method {
+                Agent => "reboot",
+                PowerCycle => "power cycle",
+            },
             waited.whole_seconds(),
             rem.reboot_timeout.as_secs()
         );
-        return if rem.strategy == RebootThenReplace {
-            Repair::Replace(late)
-        } else {
-            Repair::Reboot(late)
+        return match (rem.strategy, r.method) {
+            (_, Agent) if bmc => cycle(late),
+            (RebootThenReplace, _) => Repair::Replace(late),
+            _ => Repair::Reboot(late, if bmc { PowerCycle } else { Agent }),
         };
     }
     let reachable = m.status.phase == MachinePhase::Running
@@ -1037,20 +1052,27 @@ pub(crate) fn repair(
     let recovering = this_episode
         .and_then(|r| r.completed_at)
         .is_some_and(|back| now - back <= observed.policy.unhealthy_timeout);
+    let unreached =
+        format!("{text}; its agent cannot be reached, so it is power-cycled through its BMC");
     match (rem.strategy, this_episode) {
-        (RebootThenReplace, _) if !reachable => {
-            Repair::Replace(format!("{text}; a reboot cannot reach it"))
-        }
         (_, Some(_)) if recovering => Repair::Wait,
-        (RebootThenReplace, Some(r)) => Repair::Replace(match &r.failed {
-            Some(e) => format!("{text}; its reboot failed: {e}"),
-            None => format!("{text}; still unhealthy after a reboot"),
+        (RebootThenReplace, None) if !reachable && bmc => cycle(unreached),
+        (RebootThenReplace, Some(r)) if !reachable && bmc && r.method == Agent => cycle(unreached),
+        (RebootThenReplace, None) if !reachable => {
+            Repair::Replace(format!("{text}; a reboot cannot reach it (no BMC)"))
+        }
+        (RebootThenReplace, Some(r)) => Repair::Replace(match (&r.failed, r.method) {
+            (Some(e), Agent) => format!("{text}; its reboot failed: {e}"),
+            (Some(e), PowerCycle) => format!("{text}; its power cycle failed: {e}"),
+            (None, Agent) => format!("{text}; still unhealthy after a reboot"),
+            (None, PowerCycle) => format!("{text}; still unhealthy after a power cycle"),
         }),
-        (Reboot, _) if !reachable => Repair::Wait,
         (Reboot, Some(r)) if now - r.completed_at.unwrap_or(r.requested_at) <= timeout => {
             Repair::Wait
         }
-        _ => Repair::Reboot(text),
+        (Reboot, _) if !reachable && bmc => cycle(unreached),
+        (Reboot, _) if !reachable => Repair::Wait,
+        _ => Repair::Reboot(text, Agent),
     }
 }
 
@@ -1078,9 +1100,10 @@ pub(crate) fn repairs<'a>(
         };
         match repair(&rem, m, why, observed) {
             Repair::Replace(why) => replace.push((m, why)),
-            Repair::Reboot(reason) => steps.push(Step::Reboot {
+            Repair::Reboot(reason, method) => steps.push(Step::Reboot {
                 machine: m.metadata.name.clone(),
                 reason: format!("unhealthy: {reason}"),
+                method,
             }),
             Repair::Wait => {}
         }

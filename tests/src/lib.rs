@@ -905,6 +905,18 @@ impl Agent {
         self.child = Some(child);
     }
 
+    /// Stops the agent process (SIGSTOP) without ending it: a hung agent
+    /// on a hung machine, which answers nothing until killed.
+    pub fn hang(&mut self) {
+        if let Some(c) = &self.child {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
+            .expect("SIGSTOP the agent");
+        }
+    }
+
     /// Kills the agent process (SIGKILL); its machine's daemons keep running.
     pub fn kill(&mut self) {
         kill_child(&mut self.child);
@@ -1148,6 +1160,7 @@ pub mod browser;
 pub mod etcd;
 pub mod kube;
 pub mod kube_api;
+pub mod redfish;
 
 pub mod docker {
     use std::path::Path;

@@ -453,7 +453,8 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
     );
     let described = c.cli_ok(&["describe", "machine", &worker]);
     assert!(
-        described.contains("Reboot:         reboot-1 asked ") && described.contains(": back "),
+        described.contains("Reboot:         reboot-1 (by its agent) asked ")
+            && described.contains(": back "),
         "{described}"
     );
     let metrics = c.metrics_text();
@@ -464,6 +465,213 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
     assert!(
         metrics.contains("drover_remediations_total{reason=\"problem\"} 1"),
         "{metrics}"
+    );
+    drop(agents);
+}
+
+#[test]
+fn a_hung_pool_worker_is_power_cycled_through_its_bmc_and_one_not_back_is_replaced() {
+    // The worker's BMC is a fake system of sushy-tools' Redfish emulator.
+    // Its notifications of power changes are the test's wiring to the
+    // "hardware": Off kills the machine's agent, On boots it again with a
+    // new boot ID.
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 3, "1h");
+    let env = |i: usize| {
+        let root = tmp.path().join(format!("m{i}"));
+        std::fs::create_dir_all(&root).unwrap();
+        let boot_file = root.join("boot-id");
+        if !boot_file.exists() {
+            std::fs::write(&boot_file, "first-boot").unwrap();
+        }
+        vec![(
+            "DROVER_BOOT_ID_FILE".to_owned(),
+            boot_file.display().to_string(),
+        )]
+    };
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            Agent::boot_with_env(
+                &tmp.path().join(format!("m{i}")),
+                &format!("pc-{i}"),
+                Boot::File(boot.clone()),
+                env(i),
+            )
+        })
+        .collect();
+    wait_registered(&c, 2);
+    let yaml = pool_cluster_yaml("cycle", 1, 1, "dev")
+        .replace(
+            "      replicas: 1\n  provider:",
+            "      replicas: 1\n      remediation:\n        strategy: RebootThenReplace\n        rebootTimeout: 20s\n  provider:",
+        )
+        // A pool of one may lose its one machine (40 % of 1 allows none).
+        .replace(
+            "  controlPlane:",
+            "  health:\n    heartbeatTimeout: 4s\n    maxUnhealthy: 100%\n  controlPlane:",
+        );
+    assert!(yaml.contains("rebootTimeout: 20s"), "{yaml}");
+    apply(&c, tmp.path(), &yaml);
+    c.wait_cluster_phase("cycle", "Running", BOOT);
+    let ms = c.machines();
+    let w = ms
+        .iter()
+        .find(|m| m["spec"]["assignment"]["role"] == "worker")
+        .expect("a worker");
+    let worker = w["metadata"]["name"].as_str().unwrap().to_owned();
+    let at = agents
+        .iter()
+        .position(|a| w["status"]["hostname"] == a.hostname.as_str())
+        .expect("the worker's agent");
+
+    let bmc = drover_tests::redfish::Redfish::start(&tmp.path().join("redfish"), &["w-bmc"]);
+    let secret = |name: &str, password: &str| {
+        serde_json::json!({
+            "apiVersion": "drover.dev/v1alpha1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {
+                "username": bmc.username,
+                "password": password,
+                "ca.crt": bmc.ca_pem,
+            },
+        })
+        .to_string()
+    };
+    apply(&c, tmp.path(), &secret("bmc-wrong", "not-the-password"));
+    apply(&c, tmp.path(), &secret("bmc", &bmc.password));
+    // Wrong credentials are refused when the BMC is set, and nothing is
+    // kept.
+    let refused = c.cli(&[
+        "bmc",
+        "set",
+        &worker,
+        "--url",
+        &bmc.url,
+        "--credentials-secret",
+        "bmc-wrong",
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && said.contains("refused the credentials of Secret bmc-wrong (401)"),
+        "{said}"
+    );
+    let set = c.cli_ok(&[
+        "bmc",
+        "set",
+        &worker,
+        "--url",
+        &bmc.url,
+        "--credentials-secret",
+        "bmc",
+    ]);
+    assert!(
+        set.contains("power On") && set.contains("Secret bmc"),
+        "{set}"
+    );
+    // A machine a cluster holds is not powered off by hand; on is a no-op
+    // for a machine that is on.
+    let off = c.cli(&["bmc", "power", &worker, "off"]);
+    let said = String::from_utf8_lossy(&off.stderr);
+    assert!(
+        !off.status.success() && said.contains("serves cluster cycle"),
+        "{said}"
+    );
+    let on = c.cli_ok(&["bmc", "power", &worker, "on"]);
+    assert!(on.contains("already On"), "{on}");
+
+    // The worker hangs: silent past the heartbeat timeout, it cannot be
+    // asked to reboot, so its BMC power-cycles it.
+    agents[at].hang();
+    let off = bmc.next_change("w-bmc", BOOT);
+    assert_eq!(
+        (off.power_state.as_str(), off.pending.as_deref()),
+        ("Off", Some("ForceRestart")),
+        "{off:?}"
+    );
+    agents[at].kill();
+    let on = bmc.next_change("w-bmc", Duration::from_secs(30));
+    assert_eq!(on.power_state, "On", "{on:?}");
+    let boot_file = tmp.path().join(format!("m{at}/boot-id"));
+    std::fs::write(&boot_file, "second-boot").unwrap();
+    agents[at].restart();
+    wait_for("the worker to be back from its power cycle", BOOT, || {
+        let events = machine_events(&c, &worker);
+        if events.iter().any(|(r, _)| r == "Rebooted") {
+            Ok(())
+        } else {
+            Err(format!("{events:?}"))
+        }
+    });
+    let events = machine_events(&c, &worker);
+    let said = |reason: &str| {
+        events
+            .iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_else(|| panic!("no {reason} event: {events:?}"))
+    };
+    assert!(
+        said("PowerCycleRequested").contains("its agent cannot be reached"),
+        "{events:?}"
+    );
+    assert!(
+        said("RebootStarted").contains("ForceRestart (was On)"),
+        "{events:?}"
+    );
+    assert!(
+        said("Rebooted").contains("back with boot ID second-boot"),
+        "{events:?}"
+    );
+    c.wait_cluster_phase("cycle", "Running", BOOT);
+    let m = c
+        .machines()
+        .into_iter()
+        .find(|m| m["metadata"]["name"] == worker.as_str())
+        .unwrap();
+    assert_eq!(m["spec"]["assignment"]["role"], "worker", "not replaced");
+    let described = c.cli_ok(&["describe", "machine", &worker]);
+    assert!(
+        described.contains("(power cycle by its BMC) asked ")
+            && described.contains(&format!("BMC:            {}", bmc.url)),
+        "{described}"
+    );
+    assert!(
+        c.metrics_text()
+            .contains("drover_bmc_power_actions_total{action=\"cycle\",result=\"ok\"} 1"),
+        "{}",
+        c.metrics_text()
+    );
+
+    // Hung again, and this time power comes back but the machine does not
+    // boot: after rebootTimeout a spare takes its place.
+    let _spare = Agent::boot_with_env(
+        &tmp.path().join("m2"),
+        "pc-2",
+        Boot::File(boot.clone()),
+        env(2),
+    );
+    wait_registered(&c, 3);
+    agents[at].hang();
+    let off = bmc.next_change("w-bmc", BOOT);
+    assert_eq!(off.power_state, "Off", "{off:?}");
+    agents[at].kill();
+    wait_for("the spare to replace the worker not back", BOOT, || {
+        let ms = c.machines();
+        let spare = ms
+            .iter()
+            .find(|m| m["spec"]["assignment"]["replaces"] == worker.as_str());
+        match spare {
+            Some(s) if s["status"]["phase"] == "Running" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let events = machine_events(&c, &worker);
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Unhealthy" && m.contains("not back from the power cycle asked")),
+        "{events:?}"
     );
     drop(agents);
 }

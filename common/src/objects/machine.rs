@@ -7,6 +7,7 @@ use serde_with::skip_serializing_none;
 use time::OffsetDateTime;
 
 use super::meta::{Condition, Event, ObjectMeta};
+use super::problem::FieldError;
 use super::report::{BootstrapReport, HealthReport};
 use crate::serde_skip::is_default;
 
@@ -40,6 +41,115 @@ pub struct MachineSpec {
     pub provider: Option<String>,
     /// The cluster the machine serves, when claimed.
     pub assignment: Option<Assignment>,
+    /// The machine's baseboard management controller, set by an admin
+    /// (`drover bmc set`), never by the machine: how Drover power-cycles a
+    /// silent pool machine and powers a free one off or on.
+    pub bmc: Option<BmcSpec>,
+}
+
+/// A machine's BMC: its Redfish service and the Secret that holds its
+/// credentials (keys `username` and `password`, and `ca.crt` when the
+/// BMC's certificate is not signed by a CA this host trusts, as most are
+/// not). The credentials never leave the coordinator.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BmcSpec {
+    /// The Redfish service's root: `https://HOST[:PORT]`.
+    pub url: String,
+    /// The `ComputerSystem`'s id under `/redfish/v1/Systems/`; when
+    /// absent, the BMC's only system.
+    pub system: Option<String>,
+    /// The Secret with the BMC's `username`, `password` and optional
+    /// `ca.crt`.
+    pub credentials_secret: String,
+}
+
+/// Keys a BMC's credentials Secret holds.
+pub const BMC_USERNAME_KEY: &str = "username";
+pub const BMC_PASSWORD_KEY: &str = "password";
+pub const BMC_CA_KEY: &str = "ca.crt";
+
+impl BmcSpec {
+    /// Every field error of the spec, under `spec.bmc`.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = vec![];
+        if let Err(why) = check_bmc_url(&self.url) {
+            errors.push(FieldError {
+                field: "spec.bmc.url".into(),
+                message: format!("{:?} {why}", self.url),
+            });
+        }
+        if let Some(system) = &self.system {
+            let ok = !system.is_empty()
+                && system.len() <= 253
+                && system
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                && system != "."
+                && system != "..";
+            if !ok {
+                errors.push(FieldError {
+                    field: "spec.bmc.system".into(),
+                    message: format!(
+                        "{system:?} must be a system id of 1 to 253 letters, digits, '-', '_' or '.' (the last segment of /redfish/v1/Systems/ID)"
+                    ),
+                });
+            }
+        }
+        if let Err(e) =
+            crate::names::check_object_name("credentials Secret", &self.credentials_secret)
+        {
+            errors.push(FieldError {
+                field: "spec.bmc.credentialsSecret".into(),
+                message: e.to_string(),
+            });
+        }
+        errors
+    }
+}
+
+/// Why a BMC URL is refused: it must be `https://HOST[:PORT]` with an
+/// optional trailing `/` (the Redfish root is found under it).
+fn check_bmc_url(url: &str) -> Result<(), &'static str> {
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or("must start with https:// (the BMC's credentials never cross plain HTTP)")?;
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#', '@']) || authority.chars().any(char::is_whitespace) {
+        return Err("must be https://HOST[:PORT], without a path, query or user");
+    }
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (addr, after) = v6
+                .split_once(']')
+                .ok_or("has an unclosed '[' in its host")?;
+            addr.parse::<std::net::Ipv6Addr>()
+                .map_err(|_| "has an IPv6 host that does not parse")?;
+            (addr, after.strip_prefix(':'))
+        }
+        None => match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    if host.is_empty() {
+        return Err("has no host");
+    }
+    if host.parse::<std::net::IpAddr>().is_err()
+        && !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
+        return Err("has a host that is neither a DNS name nor an IP address");
+    }
+    if let Some(p) = port {
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 => {}
+            _ => return Err("has a port that is not 1 to 65535"),
+        }
+    }
+    Ok(())
 }
 
 /// A machine's place in a cluster.
@@ -265,6 +375,47 @@ pub struct CertificateExpiry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bmc_spec_is_an_https_root_a_system_id_and_a_secret_name() {
+        let ok = |url: &str| BmcSpec {
+            url: url.into(),
+            system: None,
+            credentials_secret: "bmc-1".into(),
+        };
+        for url in [
+            "https://10.0.0.5",
+            "https://bmc-1.example.com:8443/",
+            "https://[fd00::5]:443",
+        ] {
+            assert_eq!(ok(url).validate(), vec![], "{url}");
+        }
+        for (url, why) in [
+            ("http://10.0.0.5", "https://"),
+            ("https://10.0.0.5/redfish/v1", "without a path"),
+            ("https://admin@10.0.0.5", "without a path, query or user"),
+            ("https://", "no host"),
+            ("https://10.0.0.5:0", "port"),
+            ("https://[fd00::5", "unclosed"),
+            ("https://bad_host!", "neither a DNS name"),
+        ] {
+            let errors = ok(url).validate();
+            assert_eq!(errors.len(), 1, "{url}: {errors:?}");
+            assert_eq!(errors[0].field, "spec.bmc.url");
+            assert!(errors[0].message.contains(why), "{url}: {}", errors[0]);
+        }
+        let bad = BmcSpec {
+            url: "https://10.0.0.5".into(),
+            system: Some("../Managers".into()),
+            credentials_secret: "Not A Name".into(),
+        };
+        let fields: Vec<_> = bad.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            ["spec.bmc.system", "spec.bmc.credentialsSecret"],
+            "both named"
+        );
+    }
 
     #[test]
     fn mem_total_is_read_in_bytes() {

@@ -303,6 +303,20 @@ pub struct RebootRequest {
     pub completed_at: Option<time::OffsetDateTime>,
     /// Why its agent could not reboot it, when it could not.
     pub failed: Option<String>,
+    /// How: asked of the agent (the default), or a power cycle through the
+    /// machine's BMC, for a machine whose agent cannot be reached.
+    #[serde(default, skip_serializing_if = "crate::serde_skip::is_default")]
+    pub method: RebootMethod,
+}
+
+/// How a reboot is carried out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum RebootMethod {
+    /// A directive the agent carries out: cordon, then the init system.
+    #[default]
+    Agent,
+    /// A Redfish reset through the machine's BMC (`spec.bmc`).
+    PowerCycle,
 }
 
 impl RebootRequest {

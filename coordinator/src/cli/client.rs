@@ -291,6 +291,15 @@ impl Client {
             .await
     }
 
+    pub async fn put_json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.send(self.http.put(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
     pub async fn put_yaml<T: DeserializeOwned>(
         &self,
         path: &str,

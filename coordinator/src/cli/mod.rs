@@ -12,6 +12,7 @@ mod admin;
 mod apply;
 mod autoscaler;
 mod backup;
+mod bmc;
 mod delete;
 mod describe;
 mod get;
@@ -31,6 +32,7 @@ pub use admin::{
 pub use apply::{ApplyArgs, UntilRunning};
 pub use autoscaler::AutoscalerConfigArgs;
 pub use backup::BackupArgs;
+pub use bmc::{BmcArgs, BmcCommand};
 pub use delete::DeleteArgs;
 pub use describe::DescribeArgs;
 pub use get::{GetArgs, Resource};
@@ -74,6 +76,9 @@ pub enum Command {
     /// Revoke a machine's identity: every certificate of it is refused from
     /// its next request on.
     Revoke(RevokeArgs),
+    /// Set or clear a pool machine's BMC (Redfish), or power it off, on or
+    /// through a cycle.
+    Bmc(BmcArgs),
     /// Follow or resume a cluster's rollout to a new version or image.
     Rollout(RolloutArgs),
     /// Print this client's version and the coordinator's.
@@ -167,6 +172,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Keys(k) => keys(k.command).await,
         Command::Audit(a) => audit(a).await,
         Command::Revoke(r) => revoke::revoke(r).await,
+        Command::Bmc(b) => bmc::bmc(b.command).await,
         Command::Rollout(r) => rollout::rollout(r.command).await,
         Command::Version(v) => version::version(v).await,
         Command::Backup(b) => backup::backup(*b).await,

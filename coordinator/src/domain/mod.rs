@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod autoscaling;
+pub mod bmc;
 pub mod bootstrap;
 pub mod controller;
 pub mod customise;

@@ -378,6 +378,7 @@ mod tests {
                 ..Default::default()
             },
             spec: MachineSpec {
+                bmc: None,
                 pool: "edge".into(),
                 provider: None,
                 assignment: None,

@@ -5,6 +5,7 @@ pub mod admin;
 mod auth;
 mod autoscaler;
 mod backup;
+mod bmc;
 mod body;
 pub mod cluster_write;
 mod error;
@@ -189,6 +190,11 @@ pub fn router(app: Arc<App>) -> Router {
             get(admin::get_machine).delete(admin::delete_machine),
         )
         .route("/v1/machines/{name}/revoke", post(admin::revoke_machine))
+        .route(
+            "/v1/machines/{name}/bmc",
+            put(bmc::set_bmc).delete(bmc::clear_bmc),
+        )
+        .route("/v1/machines/{name}/power", post(bmc::power))
         .route(
             "/v1/registrationtokens",
             get(tokens::list_tokens).post(tokens::create_token),

@@ -49,6 +49,9 @@ pub const MACHINE_CERTIFICATE: &str = "machineCertificate";
         admin::get_machine,
         admin::delete_machine,
         admin::revoke_machine,
+        super::bmc::set_bmc,
+        super::bmc::clear_bmc,
+        super::bmc::power,
         admin::resume_rollout,
         tokens::list_tokens,
         tokens::create_token,
@@ -317,11 +320,13 @@ mod tests {
             "/v1/machine/inventory",
             "/v1/clusters/{name}/restore",
             "/v1/clusters/{name}/autoscaler-credentials",
+            "/v1/machines/{name}/bmc",
+            "/v1/machines/{name}/power",
         ] {
             assert!(paths.contains_key(p), "{p} is missing");
         }
         let operations: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
-        assert_eq!(operations, 45);
+        assert_eq!(operations, 48);
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
             schemas["CaPin"]["pattern"].as_str(),

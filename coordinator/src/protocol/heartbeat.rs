@@ -436,6 +436,7 @@ mod tests {
     fn machine(phase: MachinePhase, generation: Option<u64>) -> Machine {
         Machine {
             spec: MachineSpec {
+                bmc: None,
                 pool: "p".into(),
                 provider: None,
                 assignment: generation.map(|g| Assignment {

@@ -9,12 +9,17 @@
 //! other than the one it had when asked; a directive result says only that
 //! the reboot was asked for.
 
-use drover_common::api::{push_event, Machine, RebootRequest, REBOOT_PREFIX};
+use drover_common::api::{push_event, Machine, RebootMethod, RebootRequest, REBOOT_PREFIX};
 use drover_common::wire::{Directive, DirectiveAction, HeartbeatRequest};
 use time::OffsetDateTime;
 
-/// A new reboot request for `m`, numbered after its last one.
-pub fn request(m: &Machine, reason: &str, now: OffsetDateTime) -> RebootRequest {
+/// A new reboot request for `m` by `method`, numbered after its last one.
+pub fn request(
+    m: &Machine,
+    reason: &str,
+    method: RebootMethod,
+    now: OffsetDateTime,
+) -> RebootRequest {
     let n = m
         .status
         .reboot
@@ -30,18 +35,18 @@ pub fn request(m: &Machine, reason: &str, now: OffsetDateTime) -> RebootRequest 
         started_at: None,
         completed_at: None,
         failed: None,
+        method,
     }
 }
 
 /// The reboot directive for `m`, while its request is under way and its
-/// agent has not answered it.
+/// agent has not answered it. A power cycle has none: the BMC does it.
 pub fn directive(m: &Machine) -> Option<Directive> {
     // Once asked (a result came), the machine's boot ID tells the rest.
-    let r = m
-        .status
-        .reboot
-        .as_ref()
-        .filter(|r| r.in_progress() && r.started_at.is_none())?;
+    let r =
+        m.status.reboot.as_ref().filter(|r| {
+            r.in_progress() && r.started_at.is_none() && r.method == RebootMethod::Agent
+        })?;
     Some(Directive {
         id: r.id.clone(),
         action: DirectiveAction::Reboot {
@@ -59,7 +64,12 @@ pub fn record(m: &mut Machine, hb: &HeartbeatRequest, now: OffsetDateTime) -> bo
     };
     let id = r.id.clone();
     let mut events = vec![];
-    if let Some(result) = hb.directive_results.iter().find(|d| d.id == id) {
+    let asked_of_agent = r.method == RebootMethod::Agent;
+    if let Some(result) = hb
+        .directive_results
+        .iter()
+        .find(|d| asked_of_agent && d.id == id)
+    {
         if result.ok && r.started_at.is_none() {
             r.started_at = Some(now);
             let started = format!(
@@ -81,9 +91,10 @@ pub fn record(m: &mut Machine, hb: &HeartbeatRequest, now: OffsetDateTime) -> bo
         events.push((
             "Rebooted",
             format!(
-                "back with boot ID {} after {}s ({id})",
+                "back with boot ID {} after {}s ({id}{})",
                 boot.unwrap_or_default(),
-                (now - r.requested_at).whole_seconds()
+                (now - r.requested_at).whole_seconds(),
+                if asked_of_agent { "" } else { ", power cycle" }
             ),
         ));
     }
@@ -139,7 +150,7 @@ mod tests {
     fn a_reboot_is_asked_until_answered_and_done_only_at_a_new_boot_id() {
         let now = drover_common::now();
         let mut m = machine_with_boot("boot-a");
-        let r = request(&m, "unhealthy: x", now);
+        let r = request(&m, "unhealthy: x", RebootMethod::Agent, now);
         assert_eq!(r.id, "reboot-1");
         assert_eq!(r.boot_id.as_deref(), Some("boot-a"));
         m.status.reboot = Some(r);
@@ -171,14 +182,17 @@ mod tests {
             .iter()
             .any(|e| e.reason == "Rebooted" && e.message.contains("boot-b after 90s")));
         // The next request is numbered after it.
-        assert_eq!(request(&m, "again", later).id, "reboot-2");
+        assert_eq!(
+            request(&m, "again", RebootMethod::Agent, later).id,
+            "reboot-2"
+        );
     }
 
     #[test]
     fn a_refused_reboot_is_recorded_with_the_agents_words() {
         let now = drover_common::now();
         let mut m = machine_with_boot("boot-a");
-        m.status.reboot = Some(request(&m, "unhealthy: x", now));
+        m.status.reboot = Some(request(&m, "unhealthy: x", RebootMethod::Agent, now));
         let refused = DirectiveResult {
             id: "reboot-1".into(),
             ok: false,
@@ -190,5 +204,29 @@ mod tests {
         assert!(!r.in_progress() && directive(&m).is_none());
         // A later boot ID does not turn a refusal into a reboot.
         assert!(!record(&mut m, &heartbeat("boot-b", vec![]), now));
+    }
+
+    #[test]
+    fn a_power_cycle_carries_no_directive_and_ends_at_a_new_boot_id() {
+        let now = drover_common::now();
+        let mut m = machine_with_boot("boot-a");
+        m.status.reboot = Some(request(&m, "silent", RebootMethod::PowerCycle, now));
+        assert!(directive(&m).is_none(), "the BMC does it, not the agent");
+        // A result with its id (an old agent's, a forgery) changes nothing.
+        let result = DirectiveResult {
+            id: "reboot-1".into(),
+            ok: false,
+            message: "no".into(),
+        };
+        assert!(!record(&mut m, &heartbeat("boot-a", vec![result]), now));
+        let later = now + time::Duration::seconds(40);
+        assert!(record(&mut m, &heartbeat("boot-b", vec![]), later));
+        let r = m.status.reboot.as_ref().unwrap();
+        assert_eq!((r.completed_at, r.failed.as_deref()), (Some(later), None));
+        assert!(m
+            .status
+            .events
+            .iter()
+            .any(|e| e.reason == "Rebooted" && e.message.ends_with("(reboot-1, power cycle)")));
     }
 }

@@ -125,6 +125,7 @@ pub fn pool_machine(
             ..Default::default()
         },
         spec: MachineSpec {
+            bmc: None,
             pool: pool.to_owned(),
             provider: None,
             assignment: None,
@@ -290,6 +291,7 @@ mod tests {
                 ..Default::default()
             },
             spec: MachineSpec {
+                bmc: None,
                 pool: "c-workers".into(),
                 provider: None,
                 assignment: Some(Assignment {

@@ -16,6 +16,7 @@ pub mod aws;
 pub mod clients;
 pub mod docker;
 pub mod metered;
+pub mod redfish;
 pub mod retries;
 #[cfg(feature = "aws")]
 pub mod s3;

@@ -781,6 +781,7 @@ mod tests {
             started_at: None,
             completed_at: None,
             failed: None,
+            method: drover_common::api::RebootMethod::Agent,
         });
         assert!(!settled(&reported, &[&cp, &w], &[]), "a reboot under way");
     }

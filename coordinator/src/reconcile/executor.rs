@@ -1,8 +1,9 @@
 //! The executor: applies one planned step with optimistic concurrency.
 
 use drover_common::api::{
-    push_event, set_condition, Assignment, Cluster, ClusterStatus, Machine, MachinePhase,
-    MachineRole, MachineSpec, MachineStatus, ObjectMeta, ALIVE_CONDITION, CONTROL_PLANE_POOL,
+    push_event, set_condition, Assignment, BmcSpec, Cluster, ClusterStatus, Machine, MachinePhase,
+    MachineRole, MachineSpec, MachineStatus, ObjectMeta, RebootMethod, ALIVE_CONDITION,
+    CONTROL_PLANE_POOL,
 };
 use drover_planner::{alive_steps, Observed, Step};
 
@@ -10,7 +11,63 @@ use super::error::ReconcileError;
 use super::provisioner;
 use crate::app::App;
 use crate::domain::secrets::{cluster_pki_name, ClusterPki};
+use crate::provider::redfish::PowerAction;
 use crate::store::{Kind, StoreError};
+
+/// Power-cycles `machine` through its BMC for reboot request `id`, and
+/// records what the BMC did: started when it accepted the reset, failed
+/// (with why) when it could not be reached or refused. The machine's next
+/// boot ID ends the request, as an agent's reboot's does.
+async fn power_cycle(
+    app: &App,
+    cname: &str,
+    machine: &str,
+    id: &str,
+    bmc: &BmcSpec,
+) -> Result<(), ReconcileError> {
+    let outcome = match crate::domain::bmc::connect(&app.store, bmc) {
+        Ok(client) => client
+            .power(PowerAction::Cycle)
+            .await
+            .map_err(crate::domain::bmc::BmcError::from),
+        Err(e) => Err(e),
+    };
+    crate::metrics::global().bmc_action("cycle", outcome.is_ok());
+    match &outcome {
+        Ok(done) => {
+            tracing::info!(cluster = %cname, %machine, bmc = %bmc.url, %done, directive = %id, "machine power-cycled through its BMC")
+        }
+        Err(e) => {
+            tracing::warn!(cluster = %cname, %machine, bmc = %bmc.url, error = %e, directive = %id, "machine's BMC could not power-cycle it")
+        }
+    }
+    app.update_machine::<StoreError>(machine, |m| {
+        let Some(r) = m
+            .status
+            .reboot
+            .as_mut()
+            .filter(|r| r.id == id && r.in_progress())
+        else {
+            return Ok(false);
+        };
+        let (reason, message) = match &outcome {
+            Ok(done) => {
+                r.started_at = Some(drover_common::now());
+                (
+                    "RebootStarted",
+                    format!("the BMC at {} reset {done} ({id})", bmc.url),
+                )
+            }
+            Err(e) => {
+                r.failed = Some(e.to_string());
+                ("RebootFailed", format!("{e} ({id})"))
+            }
+        };
+        push_event(&mut m.status.events, reason, message);
+        Ok(true)
+    })?;
+    Ok(())
+}
 
 /// Applies one step. Each step re-reads what it changes, so a plan made from
 /// slightly old objects cannot overwrite newer ones.
@@ -162,6 +219,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                     ..Default::default()
                 },
                 spec: MachineSpec {
+                    bmc: None,
                     pool: String::new(),
                     provider: Some(cluster.spec.provider.name().to_owned()),
                     assignment: Some(Assignment {
@@ -227,25 +285,43 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
                 tracing::info!(cluster = %cname, %machine, found, %message, "machine's Node found or missing");
             }
         }
-        Step::Reboot { machine, reason } => {
+        Step::Reboot {
+            machine,
+            reason,
+            method,
+        } => {
             let mut asked = None;
             app.update_machine::<StoreError>(machine, |m| {
                 if m.status.reboot.as_ref().is_some_and(|r| r.in_progress()) {
                     return Ok(false);
                 }
-                let request = crate::protocol::reboot::request(m, reason, drover_common::now());
+                let bmc = m.spec.bmc.clone();
+                if *method == RebootMethod::PowerCycle && bmc.is_none() {
+                    return Ok(false);
+                }
+                let request =
+                    crate::protocol::reboot::request(m, reason, *method, drover_common::now());
+                let (event, how) = match method {
+                    RebootMethod::Agent => ("RebootRequested", "asked to reboot"),
+                    RebootMethod::PowerCycle => {
+                        ("PowerCycleRequested", "to be power-cycled through its BMC")
+                    }
+                };
                 push_event(
                     &mut m.status.events,
-                    "RebootRequested",
-                    format!("{reason}; asked to reboot ({})", request.id),
+                    event,
+                    format!("{reason}; {how} ({})", request.id),
                 );
-                asked = Some(request.id.clone());
+                asked = Some((request.id.clone(), bmc));
                 m.status.reboot = Some(request);
                 Ok(true)
             })?;
-            if let Some(id) = asked {
-                tracing::info!(cluster = %cname, %machine, %reason, directive = %id, "machine asked to reboot");
+            if let Some((id, bmc)) = asked {
+                tracing::info!(cluster = %cname, %machine, %reason, ?method, directive = %id, "machine to be rebooted");
                 crate::metrics::global().reboot(drover_planner::health::remediation_class(reason));
+                if let (RebootMethod::PowerCycle, Some(bmc)) = (method, bmc) {
+                    power_cycle(app, cname, machine, &id, &bmc).await?;
+                }
             }
         }
         Step::SetUpgradeRequest { machine, request } => {

@@ -3,8 +3,8 @@
 //! is asked for, waited for, and followed by a replacement.
 
 use drover_common::api::{
-    set_condition, Cluster, Machine, MachinePhase, MachineRole, RebootRequest, RemediationPolicy,
-    RemediationStrategy,
+    set_condition, BmcSpec, Cluster, Machine, MachinePhase, MachineRole, RebootMethod,
+    RebootRequest, RemediationPolicy, RemediationStrategy,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -52,6 +52,7 @@ fn reboot(requested: Duration, now: OffsetDateTime) -> RebootRequest {
         started_at: None,
         completed_at: None,
         failed: None,
+        method: drover_common::api::RebootMethod::Agent,
     }
 }
 
@@ -59,10 +60,37 @@ fn reboots(steps: &[Step]) -> Vec<String> {
     steps
         .iter()
         .filter_map(|s| match s {
-            Step::Reboot { machine, .. } => Some(machine.clone()),
+            Step::Reboot {
+                machine,
+                method: RebootMethod::Agent,
+                ..
+            } => Some(machine.clone()),
             _ => None,
         })
         .collect()
+}
+
+/// The machines to power-cycle, with why.
+fn power_cycles(steps: &[Step]) -> Vec<(String, String)> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Reboot {
+                machine,
+                reason,
+                method: RebootMethod::PowerCycle,
+            } => Some((machine.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn with_bmc(m: &mut Machine) {
+    m.spec.bmc = Some(BmcSpec {
+        url: "https://10.0.0.5".into(),
+        system: None,
+        credentials_secret: "bmc".into(),
+    });
 }
 
 fn release_reason(steps: &[Step], machine: &str) -> Option<String> {
@@ -171,6 +199,114 @@ fn a_silent_pool_machine_is_replaced_at_once_since_no_reboot_reaches_it() {
     assert!(reboots(&steps).is_empty(), "{steps:#?}");
     let why = release_reason(&steps, "w1").expect("w1 is released");
     assert!(why.contains("a reboot cannot reach it"), "{why}");
+}
+
+#[test]
+fn a_silent_pool_machine_with_a_bmc_is_power_cycled_then_replaced_if_not_back() {
+    let (c, mut machines, now) = with_problem("ReadOnlyFilesystem", Duration::seconds(1));
+    with_bmc(&mut machines[1]);
+    let silent = heard_but(now, &["w1"], Duration::seconds(50));
+    let steps = plan_at(&c, &machines, now, &silent);
+    let cycles = power_cycles(&steps);
+    assert_eq!(cycles.len(), 1, "{steps:#?}");
+    assert_eq!(cycles[0].0, "w1");
+    assert!(
+        cycles[0].1.contains("its agent cannot be reached"),
+        "{cycles:?}"
+    );
+    assert!(
+        releases(&steps).is_empty() && reboots(&steps).is_empty(),
+        "{steps:#?}"
+    );
+    // Under way: nothing more until rebootTimeout (10 m)...
+    let mut r = reboot(Duration::minutes(2), now);
+    r.method = RebootMethod::PowerCycle;
+    r.started_at = Some(now - Duration::minutes(2));
+    machines[1].status.reboot = Some(r);
+    let silent = heard_but(now, &["w1"], Duration::minutes(3));
+    let steps = plan_at(&c, &machines, now, &silent);
+    assert!(
+        power_cycles(&steps).is_empty() && releases(&steps).is_empty(),
+        "{steps:#?}"
+    );
+    // ...then the spare takes its place.
+    machines[1].status.reboot.as_mut().unwrap().requested_at = now - Duration::minutes(11);
+    let steps = plan_at(&c, &machines, now, &silent);
+    let why = release_reason(&steps, "w1").expect("w1 is released");
+    assert!(
+        why.contains("not back from the power cycle asked 660s ago"),
+        "{why}"
+    );
+    assert!(power_cycles(&steps).is_empty(), "{steps:#?}");
+    // A BMC that failed: replaced at once, with the BMC's words.
+    let r = machines[1].status.reboot.as_mut().unwrap();
+    r.requested_at = now - Duration::seconds(10);
+    r.failed = Some("https://10.0.0.5 did not answer".into());
+    let steps = plan_at(&c, &machines, now, &silent);
+    let why = release_reason(&steps, "w1").expect("w1 is released");
+    assert!(
+        why.contains("its power cycle failed: https://10.0.0.5 did not answer"),
+        "{why}"
+    );
+}
+
+#[test]
+fn an_agent_reboot_not_back_in_time_is_followed_by_a_power_cycle_when_there_is_a_bmc() {
+    let (c, mut machines, now) = with_problem("ReadOnlyFilesystem", Duration::minutes(30));
+    with_bmc(&mut machines[1]);
+    // Answering: its agent reboots it first, the gentler way (it cordons).
+    assert_eq!(reboots(&plan_at(&c, &machines, now, &seen_now)), vec!["w1"]);
+    // Not back 11 minutes later: the BMC power-cycles it.
+    machines[1].status.reboot = Some(reboot(Duration::minutes(11), now));
+    let silent = heard_but(now, &["w1"], Duration::minutes(10));
+    let steps = plan_at(&c, &machines, now, &silent);
+    let cycles = power_cycles(&steps);
+    assert_eq!(cycles.len(), 1, "{steps:#?}");
+    assert!(
+        cycles[0]
+            .1
+            .contains("not back from the reboot asked 660s ago"),
+        "{cycles:?}"
+    );
+    assert!(releases(&steps).is_empty(), "{steps:#?}");
+    // Replace never power-cycles.
+    let mut replace = c.clone();
+    set_worker_remediation(
+        &mut replace,
+        RemediationPolicy {
+            strategy: Some(RemediationStrategy::Replace),
+            ..Default::default()
+        },
+    );
+    let steps = plan_at(&replace, &machines, now, &silent);
+    assert!(power_cycles(&steps).is_empty(), "{steps:#?}");
+    assert!(release_reason(&steps, "w1").is_some(), "{steps:#?}");
+}
+
+#[test]
+fn reboot_only_power_cycles_a_silent_machine_with_a_bmc_at_most_once_a_timeout() {
+    let (mut c, mut machines, now) = with_problem("ReadOnlyFilesystem", Duration::seconds(1));
+    set_worker_remediation(
+        &mut c,
+        RemediationPolicy {
+            strategy: Some(RemediationStrategy::Reboot),
+            reboot_timeout: Some("5m".into()),
+            ..Default::default()
+        },
+    );
+    let silent = heard_but(now, &["w1"], Duration::minutes(1));
+    // Without a BMC nothing reaches it (the test below); with one, cycled.
+    assert!(power_cycles(&plan_at(&c, &machines, now, &silent)).is_empty());
+    with_bmc(&mut machines[1]);
+    assert_eq!(power_cycles(&plan_at(&c, &machines, now, &silent)).len(), 1);
+    // Cycled 6 minutes ago and never back (rebootTimeout 5 m): again.
+    let mut r = reboot(Duration::minutes(6), now);
+    r.method = RebootMethod::PowerCycle;
+    machines[1].status.reboot = Some(r);
+    let long_silent = heard_but(now, &["w1"], Duration::minutes(7));
+    let steps = plan_at(&c, &machines, now, &long_silent);
+    assert_eq!(power_cycles(&steps).len(), 1, "{steps:#?}");
+    assert!(releases(&steps).is_empty(), "{steps:#?}");
 }
 
 #[test]

@@ -129,16 +129,32 @@ pub fn describe_machine(m: &Machine) -> String {
     let _ = writeln!(o, "Last heartbeat: {} ago", age(s.last_heartbeat_time));
     if let Some(r) = &s.reboot {
         let outcome = match (&r.failed, r.completed_at, r.started_at) {
-            (Some(e), _, _) => format!("refused: {}", printable(e)),
+            (Some(e), _, _) => format!("failed: {}", printable(e)),
             (None, Some(t), _) => format!("back {} ago", age(Some(t))),
             (None, None, Some(_)) => "rebooting".to_owned(),
             (None, None, None) => "asked, not answered yet".to_owned(),
         };
         let _ = writeln!(
             o,
-            "Reboot:         {} asked {} ago: {outcome}",
+            "Reboot:         {} ({}) asked {} ago: {outcome}",
             printable(&r.id),
+            match r.method {
+                drover_common::api::RebootMethod::Agent => "by its agent",
+                drover_common::api::RebootMethod::PowerCycle => "power cycle by its BMC",
+            },
             age(Some(r.requested_at))
+        );
+    }
+    if let Some(b) = &m.spec.bmc {
+        let _ = writeln!(
+            o,
+            "BMC:            {}{} (credentials in Secret {})",
+            printable(&b.url),
+            b.system
+                .as_deref()
+                .map(|s| format!(" system {}", printable(s)))
+                .unwrap_or_default(),
+            printable(&b.credentials_secret)
         );
     }
     if let Some(why) = &s.heartbeat_fallback {
