@@ -48,6 +48,8 @@ pub struct Prober {
     bounds: crate::problems::Bounds,
     /// The kernel's messages (`crate::kmsg`), read on at every report.
     kernel: crate::kmsg::KernelLog,
+    /// The container runtime's CRI socket check, when told the socket.
+    cri: Option<crate::cri::CriCheck>,
 }
 
 impl Prober {
@@ -59,7 +61,15 @@ impl Prober {
             api_server: tls::CachedClient::default(),
             bounds: crate::problems::Bounds::default(),
             kernel: crate::kmsg::KernelLog::new(&root.join("dev/kmsg")),
+            cri: None,
         }
+    }
+
+    /// Checks the container runtime on the CRI socket at `path` at every
+    /// report (`crate::cri`).
+    pub fn with_cri_socket(mut self, path: &Path) -> Self {
+        self.cri = Some(crate::cri::CriCheck::new(path));
+        self
     }
 
     /// The node problem checks judged by `bounds` (the kubelet's
@@ -105,7 +115,13 @@ impl Prober {
                 (ApiServerPlan::Probe(_), Err(e)) => Some(unknown(e.to_string())),
             }
         };
-        let (kubelet, api_server) = tokio::join!(kubelet, api_server);
+        let cri = async {
+            match &self.cri {
+                Some(check) => check.check().await,
+                None => None,
+            }
+        };
+        let (kubelet, api_server, runtime) = tokio::join!(kubelet, api_server, cri);
         let mut problems = crate::problems::judge(
             &crate::problems::Sample {
                 clock: plan.clock,
@@ -114,6 +130,7 @@ impl Prober {
             &self.bounds,
         );
         problems.extend(self.kernel.poll());
+        problems.extend(runtime);
         HealthReport {
             kubelet,
             api_server,

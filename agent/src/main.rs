@@ -25,6 +25,7 @@ mod backoff;
 mod boot;
 mod certificates;
 mod command;
+mod cri;
 mod essential_addons;
 mod etcd;
 #[cfg(test)]
@@ -162,6 +163,13 @@ struct Cli {
     /// machine's /dev/kmsg, under --root].
     #[arg(long, env = "DROVER_KMSG", value_name = "PATH")]
     kmsg: Option<PathBuf>,
+
+    /// The container runtime's CRI socket (containerd's is
+    /// /run/containerd/containerd.sock): when given, every health report
+    /// checks that the runtime answers CRI Version and Status within 5 s
+    /// and says RuntimeReady, else reports ContainerRuntimeUnhealthy.
+    #[arg(long, env = "DROVER_CRI_SOCKET", value_name = "PATH")]
+    cri_socket: Option<PathBuf>,
 
     /// How the agent reboots its machine when the coordinator's remediation
     /// asks (a reboot directive), after cordoning its Node: a program and
@@ -565,6 +573,7 @@ fn resolve_settings(cli: &Cli) -> anyhow::Result<Settings> {
             .map_err(|e| anyhow::anyhow!("--reboot-command: {e}"))?,
         boot_id_file: cli.boot_id_file.clone(),
         kmsg: cli.kmsg.clone(),
+        cri_socket: cli.cri_socket.clone(),
         node_conditions: cli.node_conditions,
         eviction_hard: crate::problems::Bounds {
             clock_offset: cli.max_clock_offset,

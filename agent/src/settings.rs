@@ -36,6 +36,9 @@ pub struct Settings {
     /// Where the kernel's messages are read instead of `<root>/dev/kmsg`
     /// (`--kmsg`).
     pub kmsg: Option<PathBuf>,
+    /// The container runtime's CRI socket the health reports check
+    /// (`--cri-socket`), if any.
+    pub cri_socket: Option<PathBuf>,
     /// Whether node problems are mirrored as Node conditions
     /// (`--node-conditions`).
     pub node_conditions: bool,

@@ -993,6 +993,54 @@ impl Agent {
     }
 }
 
+/// A machine's stand-in container runtime (`standin-cri`: the CRI
+/// `RuntimeService` on a unix socket), killed on drop.
+pub struct StandinCri {
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl StandinCri {
+    /// Starts it on `socket` and waits until it accepts.
+    pub fn start(socket: &Path) -> Self {
+        let log = socket.with_extension("log");
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin("standin-cri"))
+            .arg("--socket")
+            .arg(socket)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start standin-cri");
+        wait_for(
+            "the stand-in runtime to listen",
+            Duration::from_secs(30),
+            || {
+                std::os::unix::net::UnixStream::connect(socket)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        );
+        Self {
+            socket: socket.to_owned(),
+            child: Some(child),
+        }
+    }
+
+    /// Stops the runtime (SIGKILL): its socket stays, and nobody answers.
+    pub fn stop(&mut self) {
+        kill_child(&mut self.child);
+    }
+}
+
+impl Drop for StandinCri {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();

@@ -677,6 +677,90 @@ fn a_hung_pool_worker_is_power_cycled_through_its_bmc_and_one_not_back_is_replac
 }
 
 #[test]
+fn a_pool_worker_whose_container_runtime_stops_is_replaced_per_its_pool() {
+    // Every machine runs a stand-in container runtime on its CRI socket,
+    // which its agent checks with real gRPC (Version, Status).
+    let (tmp, c, boot) = coordinator_with_token("default", "env=dev", 3, "1h");
+    let socket = |i: usize| {
+        tmp.path()
+            .join(format!("m{i}/run/containerd/containerd.sock"))
+    };
+    let mut runtimes: Vec<StandinCri> = (0..3).map(|i| StandinCri::start(&socket(i))).collect();
+    let boot_agent = |i: usize| {
+        Agent::boot_with_env(
+            &tmp.path().join(format!("m{i}")),
+            &format!("cri-{i}"),
+            Boot::File(boot.clone()),
+            vec![(
+                "DROVER_CRI_SOCKET".to_owned(),
+                socket(i).display().to_string(),
+            )],
+        )
+    };
+    let agents: Vec<Agent> = (0..2).map(boot_agent).collect();
+    wait_registered(&c, 2);
+    let yaml = pool_cluster_yaml("runtime", 1, 1, "dev")
+        .replace(
+            "      replicas: 1\n  provider:",
+            "      replicas: 1\n      remediation:\n        strategy: Replace\n        conditions: [ContainerRuntimeUnhealthy]\n  provider:",
+        )
+        // A pool of one may lose its one machine (40 % of 1 allows none).
+        .replace(
+            "  controlPlane:",
+            "  health:\n    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n  controlPlane:",
+        );
+    assert!(yaml.contains("[ContainerRuntimeUnhealthy]"), "{yaml}");
+    apply(&c, tmp.path(), &yaml);
+    c.wait_cluster_phase("runtime", "Running", BOOT);
+    let ms = c.machines();
+    let w = ms
+        .iter()
+        .find(|m| m["spec"]["assignment"]["role"] == "worker")
+        .expect("a worker");
+    let worker = w["metadata"]["name"].as_str().unwrap().to_owned();
+    let at = agents
+        .iter()
+        .position(|a| w["status"]["hostname"] == a.hostname.as_str())
+        .expect("the worker's agent");
+    // Healthy runtimes report nothing.
+    for m in &ms {
+        let conditions = m["status"]["conditions"].to_string();
+        assert!(
+            !conditions.contains("ContainerRuntimeUnhealthy"),
+            "{conditions}"
+        );
+    }
+    let _spare = boot_agent(2);
+    wait_registered(&c, 3);
+
+    // The worker's runtime stops: its agent's check cannot reach it.
+    runtimes[at].stop();
+    let (reason, message) =
+        wait_machine_condition(&c, &worker, "ContainerRuntimeUnhealthy", "True");
+    assert_eq!(reason, "CRIUnreachable", "{message}");
+    assert!(message.contains("containerd.sock"), "{message}");
+    // Listed by its pool, with Replace: a spare takes its place.
+    wait_for("the spare to replace the worker", BOOT, || {
+        let ms = c.machines();
+        let spare = ms
+            .iter()
+            .find(|m| m["spec"]["assignment"]["replaces"] == worker.as_str());
+        match spare {
+            Some(s) if s["status"]["phase"] == "Running" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let events = machine_events(&c, &worker);
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Unhealthy" && m.contains("node problem ContainerRuntimeUnhealthy")),
+        "{events:?}"
+    );
+    drop(agents);
+}
+
+#[test]
 fn one_control_plane_two_workers_reach_running_and_release_on_delete() {
     let (tmp, c, agents) = registered_pool(3, "node-");
     apply(&c, tmp.path(), &pool_cluster_yaml("demo", 1, 2, "dev"));

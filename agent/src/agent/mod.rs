@@ -264,6 +264,9 @@ impl Agent {
         if let Some(kmsg) = &settings.kmsg {
             prober = prober.with_kernel_log(kmsg);
         }
+        if let Some(socket) = &settings.cri_socket {
+            prober = prober.with_cri_socket(socket);
+        }
         let now = Instant::now();
         let renew_at = Self::renewal_instant(&state);
         Ok(Self {

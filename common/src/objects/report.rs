@@ -87,6 +87,11 @@ pub const KERNEL_DEADLOCK: &str = "KernelDeadlock";
 /// The kernel reported I/O errors of a block device or errors of a file
 /// system on it: a disk that is failing.
 pub const DEVICE_ERROR: &str = "DeviceError";
+/// The container runtime did not answer its CRI socket's `Version` and
+/// `Status` within the agent's deadline, or says it is not ready
+/// (node-problem-detector's `ContainerRuntimeUnhealthy`). Checked only when
+/// the agent is told the socket (`--cri-socket`).
+pub const CONTAINER_RUNTIME_UNHEALTHY: &str = "ContainerRuntimeUnhealthy";
 
 /// Every problem type an agent reports; a machine condition of one of
 /// these types comes from its agent.
@@ -98,6 +103,7 @@ pub const NODE_PROBLEM_TYPES: &[&str] = &[
     CLOCK_SKEW,
     KERNEL_DEADLOCK,
     DEVICE_ERROR,
+    CONTAINER_RUNTIME_UNHEALTHY,
 ];
 
 impl HealthReport {
