@@ -45,6 +45,7 @@ pub struct Metrics {
     remediations: Family<Labels, Counter>,
     reboots: Family<Labels, Counter>,
     bmc_actions: Family<Labels, Counter>,
+    spot_fallbacks: Counter,
     provider_calls: Family<Labels, Counter>,
     provider_errors: Family<Labels, Counter>,
     autoscaler_calls: Family<Labels, Counter>,
@@ -144,6 +145,7 @@ impl Metrics {
             remediations: Family::default(),
             reboots: Family::default(),
             bmc_actions: Family::default(),
+            spot_fallbacks: Counter::default(),
             provider_calls: Family::default(),
             provider_errors: Family::default(),
             autoscaler_calls: Family::default(),
@@ -261,6 +263,11 @@ impl Metrics {
             "remediation_reboots",
             "Reboots asked of unhealthy machines by their pool's remediation, by why (as drover_remediations_total)",
             m.reboots.clone(),
+        );
+        registry.register(
+            "spot_fallbacks",
+            "Instances launched on demand because EC2 refused a spot launch (a pool's onDemandFallback)",
+            m.spot_fallbacks.clone(),
         );
         registry.register(
             "bmc_power_actions",
@@ -473,6 +480,11 @@ impl Metrics {
         self.reboots
             .get_or_create(&vec![("reason", why.to_owned())])
             .inc();
+    }
+
+    /// Records an on-demand launch made because spot was refused.
+    pub fn spot_fallback(&self) {
+        self.spot_fallbacks.inc();
     }
 
     /// Records a power action asked of a BMC and whether it was accepted.

@@ -881,3 +881,106 @@ fn an_aws_pool_scales_from_zero_by_its_instance_type() {
         .ok();
     assert_eq!(found["nodeGroup"]["id"], group.as_str());
 }
+
+#[test]
+fn an_aws_spot_pool_launches_on_spot_and_falls_back_to_on_demand_when_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = World::start(tmp.path(), "20s");
+    let name = unique("awsspot");
+    let spot = |workers: u32| {
+        let yaml = w.cluster_yaml(&name, workers, &w.ami.clone()).replace(
+            "          tags:\n            team: apps\n",
+            "          tags:\n            team: apps\n          spot:\n            enabled: true\n            maxPrice: \"0.05\"\n            onDemandFallback: true\n",
+        );
+        assert!(yaml.contains("onDemandFallback: true"), "{yaml}");
+        yaml
+    };
+    let spot_calls = || -> Vec<Call> {
+        w.proxy
+            .calls("RunInstances")
+            .into_iter()
+            .filter(|c| c.params.contains_key("InstanceMarketOptions.MarketType"))
+            .collect()
+    };
+    // The control plane is never on spot.
+    w.apply(&spot(0));
+    wait_for("the control plane's instance", BOOT, || {
+        let n = w.ec2.live_instances(&name).len();
+        (n == 1).then_some(()).ok_or(format!("{n}"))
+    });
+    assert!(spot_calls().is_empty(), "the control plane went to spot");
+
+    // EC2 has no spot capacity (every attempt of the SDK's three): the
+    // worker is launched on demand, under another client token, and says
+    // so.
+    w.proxy
+        .fail_next("RunInstances", 3, 500, "InsufficientInstanceCapacity");
+    w.apply(&spot(1));
+    let worker = wait_for("the worker launched on demand", BOOT, || {
+        w.live_machines(&name)
+            .into_iter()
+            .find(|m| {
+                m["spec"]["assignment"]["role"] == "worker" && m["status"]["providerId"].is_string()
+            })
+            .ok_or_else(|| "not yet".to_string())
+    });
+    let said = events(&worker);
+    assert!(
+        said.iter().any(|e| e.starts_with("ProviderCreated")
+            && e.contains("on demand after spot was refused")
+            && e.contains("InsufficientInstanceCapacity")),
+        "{said:?}"
+    );
+    let refused = spot_calls();
+    assert!(!refused.is_empty(), "no spot launch was tried");
+    for c in &refused {
+        assert_eq!(c.params["InstanceMarketOptions.MarketType"], "spot");
+        assert_eq!(
+            c.params["InstanceMarketOptions.SpotOptions.MaxPrice"],
+            "0.05"
+        );
+        assert_eq!(
+            c.params["InstanceMarketOptions.SpotOptions.SpotInstanceType"],
+            "one-time"
+        );
+    }
+    let uid = worker["metadata"]["uid"].as_str().unwrap();
+    let on_demand: Vec<Call> = w
+        .proxy
+        .calls("RunInstances")
+        .into_iter()
+        .filter(|c| {
+            c.params.get("ClientToken").map(String::as_str) == Some(&format!("{uid}-on-demand"))
+        })
+        .collect();
+    assert_eq!(on_demand.len(), 1, "one on-demand launch");
+    assert!(!on_demand[0]
+        .params
+        .contains_key("InstanceMarketOptions.MarketType"));
+    assert!(
+        w.c.metrics_text().contains("drover_spot_fallbacks_total 1"),
+        "{}",
+        w.c.metrics_text()
+    );
+
+    // With capacity, the next worker goes to spot.
+    let before = spot_calls().len();
+    w.apply(&spot(2));
+    wait_for("the second worker on spot", BOOT, || {
+        let ms = w.live_machines(&name);
+        let created: Vec<Vec<String>> = ms
+            .iter()
+            .filter(|m| m["spec"]["assignment"]["role"] == "worker")
+            .map(events)
+            .collect();
+        created
+            .iter()
+            .any(|es| {
+                es.iter()
+                    .any(|e| e.starts_with("ProviderCreated") && e.contains(", spot, region"))
+            })
+            .then_some(())
+            .ok_or(format!("{created:?}"))
+    });
+    assert_eq!(spot_calls().len(), before + 1);
+}

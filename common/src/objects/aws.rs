@@ -89,6 +89,34 @@ pub struct AwsMachineTemplate {
     /// Tags for this pool's instances; they override cluster-wide tags.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// Spot capacity for this worker pool's instances (never the control
+    /// plane's).
+    pub spot: Option<Box<AwsSpot>>,
+}
+
+/// A worker pool's instances on spot capacity: cheaper, and taken back by
+/// EC2 with two minutes' notice.
+#[skip_serializing_none]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AwsSpot {
+    /// Launch on spot (`RunInstances` with spot market options).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The most to pay per instance-hour, in US dollars (`"0.05"`); absent:
+    /// up to the on-demand price, as EC2 recommends.
+    pub max_price: Option<String>,
+    /// When EC2 has no spot capacity for the launch (or the price is
+    /// below the market), launch on demand instead of waiting for spot.
+    #[serde(default)]
+    pub on_demand_fallback: bool,
+}
+
+impl AwsSpot {
+    /// Whether instances launch on spot.
+    pub fn on(spot: Option<&AwsSpot>) -> bool {
+        spot.is_some_and(|s| s.enabled)
+    }
 }
 
 /// EC2 allows 50 tags per resource; Drover sets this many of its own.
@@ -164,6 +192,12 @@ impl AwsProviderSpec {
         }
         check_tags(&self.tags, &format!("{BASE}.tags"), err);
         check_template(&self.control_plane, &format!("{BASE}.controlPlane"), err);
+        if AwsSpot::on(self.control_plane.spot.as_deref()) {
+            err(
+                &format!("{BASE}.controlPlane.spot"),
+                "spot is for worker pools: EC2 takes a spot instance back with two minutes' notice, and a control plane taken back takes an etcd member with it".into(),
+            );
+        }
         for (name, t) in &self.worker_pools {
             let base = format!("{BASE}.workerPools.{name}");
             if !worker_pools.contains(&name.as_str()) {
@@ -236,6 +270,20 @@ fn check_template(t: &AwsMachineTemplate, base: &str, err: &mut dyn FnMut(&str, 
     for (i, s) in t.subnets.iter().enumerate() {
         if let Err(why) = check_id("subnet", s) {
             err(&format!("{base}.subnets[{i}]"), why.to_string());
+        }
+    }
+    if let Some(price) = t.spot.as_ref().and_then(|s| s.max_price.as_deref()) {
+        let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+        let valid = match price.split_once('.') {
+            Some((whole, frac)) => digits(whole) && digits(frac) && frac.len() <= 6,
+            None => digits(price),
+        } && price.len() <= 16
+            && price.bytes().any(|b| (b'1'..=b'9').contains(&b));
+        if !valid {
+            err(
+                &format!("{base}.spot.maxPrice"),
+                format!("must be a price in US dollars per hour above zero such as \"0.05\", got {price:?}"),
+            );
         }
     }
     for (i, s) in t.security_groups.iter().enumerate() {
@@ -367,6 +415,42 @@ mod tests {
             security_groups: vec!["sg-0123456789abcdef0".into()],
             instance_profile: Some("drover-node".into()),
             tags: BTreeMap::new(),
+            spot: None,
+        }
+    }
+
+    #[test]
+    fn spot_is_for_worker_pools_at_a_price_above_zero() {
+        let spot = |price: Option<&str>| {
+            Some(Box::new(AwsSpot {
+                enabled: true,
+                max_price: price.map(str::to_owned),
+                on_demand_fallback: true,
+            }))
+        };
+        let mut spec = AwsProviderSpec {
+            region: "us-east-1".into(),
+            tags: BTreeMap::new(),
+            control_plane: template(),
+            worker_pools: [("w".to_string(), template())].into(),
+            load_balancer: None,
+        };
+        spec.worker_pools.get_mut("w").unwrap().spot = spot(Some("0.05"));
+        assert_eq!(errors(&spec, &["w"]), vec![]);
+        spec.control_plane.spot = spot(None);
+        spec.worker_pools.get_mut("w").unwrap().spot = spot(Some("0"));
+        let fields: Vec<String> = errors(&spec, &["w"]).into_iter().map(|(f, _)| f).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.provider.aws.controlPlane.spot",
+                "spec.provider.aws.workerPools.w.spot.maxPrice"
+            ]
+        );
+        for bad in ["-1", "1e3", "0.1234567", ".5", "cheap"] {
+            spec.control_plane.spot = None;
+            spec.worker_pools.get_mut("w").unwrap().spot = spot(Some(bad));
+            assert_eq!(errors(&spec, &["w"]).len(), 1, "{bad}");
         }
     }
 

@@ -24,14 +24,15 @@ use std::collections::BTreeMap;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_ec2::types::{
     Filter, HttpTokensState, IamInstanceProfileSpecification, Instance,
-    InstanceMetadataEndpointState, InstanceMetadataOptionsRequest, InstanceStateName, InstanceType,
-    ResourceType, Tag, TagSpecification,
+    InstanceInterruptionBehavior, InstanceMarketOptionsRequest, InstanceMetadataEndpointState,
+    InstanceMetadataOptionsRequest, InstanceStateName, InstanceType, MarketType, ResourceType,
+    SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
 };
 use aws_sdk_ec2::Client;
 use base64::Engine as _;
 
 use drover_common::api::{Cluster, Machine, ProviderSpec};
-use drover_common::aws::{AwsMachineTemplate, MAX_USER_DATA};
+use drover_common::aws::{AwsMachineTemplate, AwsSpot, MAX_USER_DATA};
 
 use super::{
     Check, CloudErrorClass, CreateHost, Created, EndpointLoadBalancer, Fut, HostError,
@@ -84,6 +85,45 @@ pub struct InstanceFacts {
     pub tags: BTreeMap<String, String>,
     /// Its availability zone (`placement.availabilityZone`).
     pub zone: Option<String>,
+}
+
+/// Which market an instance was launched on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Market {
+    OnDemand,
+    Spot,
+    /// On demand because EC2 refused the spot launch, for this reason.
+    OnDemandAfterSpot(String),
+    /// An instance launched before (a retried create) was adopted.
+    Adopted,
+}
+
+impl std::fmt::Display for Market {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Market::OnDemand => f.write_str("on demand"),
+            Market::Spot => f.write_str("spot"),
+            Market::OnDemandAfterSpot(why) => {
+                write!(f, "on demand after spot was refused ({why})")
+            }
+            Market::Adopted => f.write_str("adopted"),
+        }
+    }
+}
+
+/// Whether EC2's error `code` refuses a spot launch for want of capacity
+/// or price, which `onDemandFallback` answers with an on-demand launch.
+fn spot_refusal(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some(
+            "InsufficientInstanceCapacity"
+                | "SpotMaxPriceTooLow"
+                | "MaxSpotInstanceCountExceeded"
+                | "UnfulfillableCapacity"
+                | "InsufficientCapacity"
+        )
+    )
 }
 
 impl InstanceFacts {
@@ -181,7 +221,10 @@ impl AwsProvider {
     /// Idempotent twice over: an instance tagged with the machine UID is
     /// adopted, and the client token makes EC2 itself return the first
     /// launch when a retried call arrives.
-    pub async fn create(&self, launch: &Launch<'_>) -> Result<InstanceFacts, ProviderError> {
+    pub async fn create(
+        &self,
+        launch: &Launch<'_>,
+    ) -> Result<(InstanceFacts, Market), ProviderError> {
         let req = launch.machine;
         if req.user_data.len() > MAX_USER_DATA {
             return Err(ProviderError::Failed {
@@ -196,47 +239,37 @@ impl AwsProvider {
         }
         if let Some(existing) = self.find_machine(&req.machine_uid).await? {
             tracing::info!(machine = %req.machine, instance = %existing.instance_id, state = %existing.state_name, "instance already exists; adopted");
-            return Ok(existing);
+            return Ok((existing, Market::Adopted));
         }
-        let tags = self.tags(req, &launch.tags);
-        let t = launch.template;
-        let mut call = self
-            .client
-            .run_instances()
-            .image_id(&t.ami)
-            .instance_type(InstanceType::from(t.instance_type.as_str()))
-            .min_count(1)
-            .max_count(1)
-            .client_token(&req.machine_uid)
-            .subnet_id(launch.subnet)
-            .set_security_group_ids(
-                (!t.security_groups.is_empty()).then(|| t.security_groups.clone()),
-            )
-            .user_data(base64::engine::general_purpose::STANDARD.encode(&req.user_data))
-            .metadata_options(
-                InstanceMetadataOptionsRequest::builder()
-                    .http_endpoint(InstanceMetadataEndpointState::Enabled)
-                    .http_tokens(HttpTokensState::Required)
-                    .http_put_response_hop_limit(1)
-                    .build(),
-            );
-        for resource in [ResourceType::Instance, ResourceType::Volume] {
-            call = call.tag_specifications(
-                TagSpecification::builder()
-                    .resource_type(resource)
-                    .set_tags(Some(tags.clone()))
-                    .build(),
-            );
-        }
-        if let Some(profile) = &t.instance_profile {
-            let spec = if profile.starts_with("arn:") {
-                IamInstanceProfileSpecification::builder().arn(profile)
-            } else {
-                IamInstanceProfileSpecification::builder().name(profile)
-            };
-            call = call.iam_instance_profile(spec.build());
-        }
-        let out = call.send().await.map_err(|e| {
+        let spot = launch.template.spot.as_deref().filter(|s| s.enabled);
+        let (out, market) = match spot {
+            None => (
+                self.run(launch, None, &req.machine_uid).await,
+                Market::OnDemand,
+            ),
+            Some(spot) => match self.run(launch, Some(spot), &req.machine_uid).await {
+                Err(e) if spot.on_demand_fallback && spot_refusal(e.code()) => {
+                    let why = self
+                        .error(
+                            "launch a spot instance for",
+                            format!("machine {}", req.machine),
+                            e,
+                        )
+                        .to_string();
+                    tracing::warn!(machine = %req.machine, region = %self.region, error = %why, "no spot capacity; launching on demand (onDemandFallback)");
+                    crate::metrics::global().spot_fallback();
+                    // Another client token: EC2 refuses a token reused with
+                    // other parameters (IdempotentParameterMismatch).
+                    let token = format!("{}-on-demand", req.machine_uid);
+                    (
+                        self.run(launch, None, &token).await,
+                        Market::OnDemandAfterSpot(why),
+                    )
+                }
+                other => (other, Market::Spot),
+            },
+        };
+        let out = out.map_err(|e| {
             self.error(
                 "launch an instance for",
                 format!("machine {}", req.machine),
@@ -253,8 +286,78 @@ impl AwsProvider {
                     object: format!("machine {}", req.machine),
                     detail: "RunInstances answered without an instance".into(),
                 })?;
-        tracing::info!(machine = %req.machine, instance = %launched.instance_id, zone = ?launched.zone, subnet = %launch.subnet, ami = %t.ami, instance_type = %t.instance_type, region = %self.region, "instance launched");
-        Ok(launched)
+        let t = launch.template;
+        tracing::info!(machine = %req.machine, instance = %launched.instance_id, zone = ?launched.zone, subnet = %launch.subnet, ami = %t.ami, instance_type = %t.instance_type, market = %market, region = %self.region, "instance launched");
+        Ok((launched, market))
+    }
+
+    /// One `RunInstances` call for the launch: on spot (at `spot`'s max
+    /// price) when given, under client token `token`.
+    async fn run(
+        &self,
+        launch: &Launch<'_>,
+        spot: Option<&AwsSpot>,
+        token: &str,
+    ) -> Result<
+        aws_sdk_ec2::operation::run_instances::RunInstancesOutput,
+        aws_sdk_ec2::error::SdkError<aws_sdk_ec2::operation::run_instances::RunInstancesError>,
+    > {
+        let req = launch.machine;
+        let tags = self.tags(req, &launch.tags);
+        let t = launch.template;
+        let mut call = self
+            .client
+            .run_instances()
+            .image_id(&t.ami)
+            .instance_type(InstanceType::from(t.instance_type.as_str()))
+            .min_count(1)
+            .max_count(1)
+            .client_token(token)
+            .subnet_id(launch.subnet)
+            .set_security_group_ids(
+                (!t.security_groups.is_empty()).then(|| t.security_groups.clone()),
+            )
+            .user_data(base64::engine::general_purpose::STANDARD.encode(&req.user_data))
+            .metadata_options(
+                InstanceMetadataOptionsRequest::builder()
+                    .http_endpoint(InstanceMetadataEndpointState::Enabled)
+                    .http_tokens(HttpTokensState::Required)
+                    .http_put_response_hop_limit(1)
+                    .build(),
+            );
+        if let Some(spot) = spot {
+            // One-time spot requests only: a persistent one would launch a
+            // new instance behind Drover's back when EC2 takes one.
+            call = call.instance_market_options(
+                InstanceMarketOptionsRequest::builder()
+                    .market_type(MarketType::Spot)
+                    .spot_options(
+                        SpotMarketOptions::builder()
+                            .set_max_price(spot.max_price.clone())
+                            .spot_instance_type(SpotInstanceType::OneTime)
+                            .instance_interruption_behavior(InstanceInterruptionBehavior::Terminate)
+                            .build(),
+                    )
+                    .build(),
+            );
+        }
+        for resource in [ResourceType::Instance, ResourceType::Volume] {
+            call = call.tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(resource)
+                    .set_tags(Some(tags.clone()))
+                    .build(),
+            );
+        }
+        if let Some(profile) = &t.instance_profile {
+            let spec = if profile.starts_with("arn:") {
+                IamInstanceProfileSpecification::builder().arn(profile)
+            } else {
+                IamInstanceProfileSpecification::builder().name(profile)
+            };
+            call = call.iam_instance_profile(spec.build());
+        }
+        call.send().await
     }
 
     /// Terminates an instance; one already gone counts as terminated.
@@ -524,7 +627,7 @@ impl AwsProvider {
             user_data(&cluster.metadata.name, &m.metadata.name, &doc),
             &template.ami,
         );
-        let launched = self
+        let (launched, market) = self
             .create(&Launch {
                 machine: &req,
                 template,
@@ -534,7 +637,7 @@ impl AwsProvider {
             .await?;
         Ok(Created {
             message: format!(
-                "instance {} launched in {subnet} ({}, {}, region {})",
+                "instance {} launched in {subnet} ({}, {}, {market}, region {})",
                 launched.instance_id, template.ami, template.instance_type, spec.region
             ),
             node_provider_id: Some(launched.node_provider_id()),
@@ -716,6 +819,7 @@ mod tests {
             security_groups: vec![],
             instance_profile: None,
             tags: BTreeMap::new(),
+            spot: None,
         };
         assert_eq!(choose_subnet(&t, &[]), Some("subnet-a"));
         assert_eq!(choose_subnet(&t, &["subnet-a"]), Some("subnet-b"));

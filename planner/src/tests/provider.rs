@@ -23,16 +23,17 @@ fn an_aws_cluster_gets_a_load_balancer_unless_the_user_keeps_the_endpoint() {
         security_groups: vec![],
         instance_profile: None,
         tags: BTreeMap::new(),
+        spot: None,
     };
     let aws = |lb: Option<AwsLoadBalancerSpec>| {
         let mut c = pool_cluster(3, 0);
-        c.spec.provider = ProviderSpec::Aws(AwsProviderSpec {
+        c.spec.provider = ProviderSpec::Aws(Box::new(AwsProviderSpec {
             region: "us-east-1".into(),
             tags: BTreeMap::new(),
             control_plane: template.clone(),
             worker_pools: BTreeMap::from([("w".into(), template.clone())]),
             load_balancer: lb,
-        });
+        }));
         c
     };
     let o = obs(true, &seen_now);

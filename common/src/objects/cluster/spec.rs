@@ -585,8 +585,9 @@ pub enum ProviderSpec {
     Pool(PoolProviderSpec),
     /// Create machines as containers on a Docker network of the cluster's own.
     Docker(DockerProviderSpec),
-    /// Create machines as EC2 instances.
-    Aws(AwsProviderSpec),
+    /// Create machines as EC2 instances (boxed: its templates make it far
+    /// larger than the other two).
+    Aws(Box<AwsProviderSpec>),
 }
 
 impl ProviderSpec {
