@@ -408,10 +408,10 @@ impl<'a, 'o> PoolPass<'a, 'o> {
     /// A released machine that went silent is not waited for.
     fn cp_change_in_flight(&self, members: &[&Machine], except: Option<&Machine>) -> bool {
         let other = |m: &&&Machine| except.is_none_or(|e| e.metadata.name != m.metadata.name);
-        let joining = members.iter().filter(other).any(|m| {
-            m.status.phase != MachinePhase::Running
-                || m.status.reboot.as_ref().is_some_and(|r| r.in_progress())
-        });
+        let joining = members
+            .iter()
+            .filter(other)
+            .any(|m| m.status.phase != MachinePhase::Running || m.status.rebooting());
         let leaving = self.live.iter().filter(other).any(|m| {
             m.status.phase == MachinePhase::Releasing
                 && pool_of(m) == Some(CONTROL_PLANE_POOL)

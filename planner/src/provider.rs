@@ -382,11 +382,7 @@ impl<'a, 'o> ProviderPass<'a, 'o> {
             Gate {
                 control_plane: pool.control_plane,
                 // A control plane rebooting is a change under way too.
-                busy: pool.deleting > 0
-                    || pool
-                        .active
-                        .iter()
-                        .any(|m| m.status.reboot.as_ref().is_some_and(|r| r.in_progress())),
+                busy: pool.deleting > 0 || pool.active.iter().any(|m| m.status.rebooting()),
                 initialized: self.initialized,
                 etcd: &self.cluster.status.etcd_members,
             },

@@ -348,6 +348,12 @@ pub struct MachineStatus {
 }
 
 impl MachineStatus {
+    /// Whether a reboot (an agent's or a power cycle) is under way: asked,
+    /// neither back nor failed.
+    pub fn rebooting(&self) -> bool {
+        self.reboot.as_ref().is_some_and(|r| r.in_progress())
+    }
+
     /// The machine's address (the first it reported), or `""` before it
     /// reported any.
     pub fn address(&self) -> &str {

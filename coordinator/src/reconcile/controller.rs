@@ -526,7 +526,7 @@ fn settled(cluster: &Cluster, mine: &[&Machine], steps: &[Step]) -> bool {
                 })
                 && (nodes.is_empty() || nodes.contains(m.status.hostname.as_str()))
                 // A reboot under way ends with a report or at its timeout.
-                && m.status.reboot.as_ref().is_none_or(|r| !r.in_progress())
+                && !m.status.rebooting()
                 // A problem its pool's remediation lists is judged after
                 // the unhealthy timeout.
                 && !reports_listed_problem(cluster, m)

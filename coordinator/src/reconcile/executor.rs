@@ -292,7 +292,7 @@ pub async fn execute(app: &App, cluster: &Cluster, step: &Step) -> Result<(), Re
         } => {
             let mut asked = None;
             app.update_machine::<StoreError>(machine, |m| {
-                if m.status.reboot.as_ref().is_some_and(|r| r.in_progress()) {
+                if m.status.rebooting() {
                     return Ok(false);
                 }
                 let bmc = m.spec.bmc.clone();
