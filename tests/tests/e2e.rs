@@ -320,6 +320,47 @@ fn machine_events(c: &Coordinator, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Applies pool cluster `name` (one control plane, one worker) over
+/// `agents`, the worker pool's remediation `remediation` (YAML lines at
+/// the pool's indentation) and `health` (lines under `spec.health`; a pool
+/// of one may lose its one machine only with `maxUnhealthy: 100%`), waits
+/// until it runs, and returns the worker's machine name and its agent's
+/// index.
+fn one_worker_cluster(
+    c: &Coordinator,
+    dir: &Path,
+    agents: &[Agent],
+    name: &str,
+    remediation: &str,
+    health: &str,
+) -> (String, usize) {
+    let yaml = pool_cluster_yaml(name, 1, 1, "dev")
+        .replace(
+            "      replicas: 1\n  provider:",
+            &format!("      replicas: 1\n      remediation:\n{remediation}  provider:"),
+        )
+        .replace(
+            "  controlPlane:",
+            &format!("  health:\n{health}  controlPlane:"),
+        );
+    assert!(
+        yaml.contains(remediation) && yaml.contains(health),
+        "{yaml}"
+    );
+    apply(c, dir, &yaml);
+    c.wait_cluster_phase(name, "Running", BOOT);
+    let ms = c.machines();
+    let w = ms
+        .iter()
+        .find(|m| m["spec"]["assignment"]["role"] == "worker")
+        .expect("a worker");
+    let at = agents
+        .iter()
+        .position(|a| w["status"]["hostname"] == a.hostname.as_str())
+        .expect("the worker's agent");
+    (w["metadata"]["name"].as_str().unwrap().to_owned(), at)
+}
+
 #[test]
 fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays() {
     // The worker pool lists DiskPressure among its remediation conditions.
@@ -372,29 +413,15 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
         })
         .collect();
     wait_registered(&c, 2);
-    let yaml = pool_cluster_yaml("fixme", 1, 1, "dev")
-        .replace(
-            "      replicas: 1\n  provider:",
-            "      replicas: 1\n      remediation:\n        strategy: RebootThenReplace\n        rebootTimeout: 60s\n        conditions: [DiskPressure]\n  provider:",
-        )
-        // A pool of one may lose its one machine (40 % of 1 allows none).
-        .replace(
-            "  controlPlane:",
-            "  health:\n    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n  controlPlane:",
-        );
-    assert!(yaml.contains("conditions: [DiskPressure]"), "{yaml}");
-    apply(&c, tmp.path(), &yaml);
-    c.wait_cluster_phase("fixme", "Running", BOOT);
-    let ms = c.machines();
-    let w = ms
-        .iter()
-        .find(|m| m["spec"]["assignment"]["role"] == "worker")
-        .expect("a worker");
-    let worker = w["metadata"]["name"].as_str().unwrap().to_owned();
-    let at = agents
-        .iter()
-        .position(|a| w["status"]["hostname"] == a.hostname.as_str())
-        .expect("the worker's agent");
+    // A pool of one may lose its one machine only with maxUnhealthy 100 %.
+    let (worker, at) = one_worker_cluster(
+        &c,
+        tmp.path(),
+        &agents,
+        "fixme",
+        "        strategy: RebootThenReplace\n        rebootTimeout: 60s\n        conditions: [DiskPressure]\n",
+        "    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n",
+    );
     agents[at].restart_with_env(env(at, true));
 
     // Asked to reboot: the agent cordons its Node with the kubelet's own
@@ -499,29 +526,15 @@ fn a_hung_pool_worker_is_power_cycled_through_its_bmc_and_one_not_back_is_replac
         })
         .collect();
     wait_registered(&c, 2);
-    let yaml = pool_cluster_yaml("cycle", 1, 1, "dev")
-        .replace(
-            "      replicas: 1\n  provider:",
-            "      replicas: 1\n      remediation:\n        strategy: RebootThenReplace\n        rebootTimeout: 20s\n  provider:",
-        )
-        // A pool of one may lose its one machine (40 % of 1 allows none).
-        .replace(
-            "  controlPlane:",
-            "  health:\n    heartbeatTimeout: 4s\n    maxUnhealthy: 100%\n  controlPlane:",
-        );
-    assert!(yaml.contains("rebootTimeout: 20s"), "{yaml}");
-    apply(&c, tmp.path(), &yaml);
-    c.wait_cluster_phase("cycle", "Running", BOOT);
-    let ms = c.machines();
-    let w = ms
-        .iter()
-        .find(|m| m["spec"]["assignment"]["role"] == "worker")
-        .expect("a worker");
-    let worker = w["metadata"]["name"].as_str().unwrap().to_owned();
-    let at = agents
-        .iter()
-        .position(|a| w["status"]["hostname"] == a.hostname.as_str())
-        .expect("the worker's agent");
+    // A pool of one may lose its one machine only with maxUnhealthy 100 %.
+    let (worker, at) = one_worker_cluster(
+        &c,
+        tmp.path(),
+        &agents,
+        "cycle",
+        "        strategy: RebootThenReplace\n        rebootTimeout: 20s\n",
+        "    heartbeatTimeout: 4s\n    maxUnhealthy: 100%\n",
+    );
 
     let bmc = drover_tests::redfish::Redfish::start(&tmp.path().join("redfish"), &["w-bmc"]);
     let secret = |name: &str, password: &str| {
@@ -699,31 +712,17 @@ fn a_pool_worker_whose_container_runtime_stops_is_replaced_per_its_pool() {
     };
     let agents: Vec<Agent> = (0..2).map(boot_agent).collect();
     wait_registered(&c, 2);
-    let yaml = pool_cluster_yaml("runtime", 1, 1, "dev")
-        .replace(
-            "      replicas: 1\n  provider:",
-            "      replicas: 1\n      remediation:\n        strategy: Replace\n        conditions: [ContainerRuntimeUnhealthy]\n  provider:",
-        )
-        // A pool of one may lose its one machine (40 % of 1 allows none).
-        .replace(
-            "  controlPlane:",
-            "  health:\n    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n  controlPlane:",
-        );
-    assert!(yaml.contains("[ContainerRuntimeUnhealthy]"), "{yaml}");
-    apply(&c, tmp.path(), &yaml);
-    c.wait_cluster_phase("runtime", "Running", BOOT);
-    let ms = c.machines();
-    let w = ms
-        .iter()
-        .find(|m| m["spec"]["assignment"]["role"] == "worker")
-        .expect("a worker");
-    let worker = w["metadata"]["name"].as_str().unwrap().to_owned();
-    let at = agents
-        .iter()
-        .position(|a| w["status"]["hostname"] == a.hostname.as_str())
-        .expect("the worker's agent");
+    // A pool of one may lose its one machine only with maxUnhealthy 100 %.
+    let (worker, at) = one_worker_cluster(
+        &c,
+        tmp.path(),
+        &agents,
+        "runtime",
+        "        strategy: Replace\n        conditions: [ContainerRuntimeUnhealthy]\n",
+        "    unhealthyTimeout: 3s\n    maxUnhealthy: 100%\n",
+    );
     // Healthy runtimes report nothing.
-    for m in &ms {
+    for m in &c.machines() {
         let conditions = m["status"]["conditions"].to_string();
         assert!(
             !conditions.contains("ContainerRuntimeUnhealthy"),

@@ -455,6 +455,19 @@ pub(super) fn request_removal(
     }
 }
 
+/// Read-modify-write of machine `name` off the async workers (the store
+/// is synchronous), as [`App::update_machine`]; 404 when it does not exist.
+pub(super) async fn change_machine(
+    app: &Arc<App>,
+    name: &str,
+    change: impl FnMut(&mut Machine) -> Result<bool, ApiError> + Send + 'static,
+) -> Result<Machine, ApiError> {
+    let (app, owned) = (app.clone(), name.to_owned());
+    crate::store::blocking(move || app.update_machine::<ApiError>(&owned, change))
+        .await?
+        .ok_or_else(|| ApiError::not_found("machine", name))
+}
+
 /// `POST /v1/machines/{name}/revoke`: revokes the machine's identity.
 ///
 /// Every certificate of the machine is refused from its next request on
@@ -480,25 +493,21 @@ pub async fn revoke_machine(
 ) -> Result<Json<Machine>, ApiError> {
     admin.require_write()?;
     let by = admin.token_id.clone();
-    let revoked = crate::store::blocking({
-        let (app, name) = (app.clone(), name.clone());
-        move || {
-            app.update_machine::<ApiError>(&name, |m| {
-                if m.status.identity_revoked_at.is_some() {
-                    return Ok(false);
-                }
-                m.status.identity_revoked_at = Some(drover_common::now());
-                drover_common::api::push_event(
-                    &mut m.status.events,
-                    "IdentityRevoked",
-                    format!("identity revoked by admin token {by}: every certificate of the machine is refused"),
-                );
-                Ok(true)
-            })
+    let revoked = change_machine(&app, &name, move |m| {
+        if m.status.identity_revoked_at.is_some() {
+            return Ok(false);
         }
+        m.status.identity_revoked_at = Some(drover_common::now());
+        drover_common::api::push_event(
+            &mut m.status.events,
+            "IdentityRevoked",
+            format!(
+                "identity revoked by admin token {by}: every certificate of the machine is refused"
+            ),
+        );
+        Ok(true)
     })
-    .await?
-    .ok_or_else(|| ApiError::not_found("machine", &name))?;
+    .await?;
     tracing::warn!(machine = %name, by = %admin.token_id, "machine identity revoked");
     app.reconcile_machine(&name);
     Ok(Json(revoked))

@@ -10,7 +10,7 @@ use axum::Json;
 use drover_common::api::{push_event, BmcSpec, FieldError, Machine};
 use serde::{Deserialize, Serialize};
 
-use super::admin::ObjectName;
+use super::admin::{change_machine, ObjectName};
 use super::auth::Admin;
 use super::error::ApiError;
 use crate::app::App;
@@ -125,28 +125,25 @@ pub async fn set_bmc(
     .await?;
     let (system, power) = client.power_state().await.map_err(BmcError::from)?;
     let by = admin.token_id.clone();
-    let set = crate::store::blocking({
-        let (app, name, spec) = (app.clone(), name.clone(), spec.clone());
-        move || {
-            app.update_machine::<ApiError>(&name, |m| {
-                if m.spec.bmc.as_ref() == Some(&spec) {
-                    return Ok(false);
-                }
-                m.spec.bmc = Some(spec.clone());
-                push_event(
-                    &mut m.status.events,
-                    "BmcSet",
-                    format!(
-                        "BMC {} (system {system}, power {power}) set by admin token {by}; credentials in Secret {}",
-                        spec.url, spec.credentials_secret
-                    ),
-                );
-                Ok(true)
-            })
-        }
-    })
-    .await?
-    .ok_or_else(|| ApiError::not_found("machine", &name))?;
+    let set = {
+        let spec = spec.clone();
+        change_machine(&app, &name, move |m| {
+            if m.spec.bmc.as_ref() == Some(&spec) {
+                return Ok(false);
+            }
+            m.spec.bmc = Some(spec.clone());
+            push_event(
+                &mut m.status.events,
+                "BmcSet",
+                format!(
+                    "BMC {} (system {system}, power {power}) set by admin token {by}; credentials in Secret {}",
+                    spec.url, spec.credentials_secret
+                ),
+            );
+            Ok(true)
+        })
+        .await?
+    };
     tracing::info!(machine = %name, bmc = %spec.url, by = %admin.token_id, "machine's BMC set");
     app.reconcile_machine(&name);
     Ok(Json(set))
@@ -173,24 +170,18 @@ pub async fn clear_bmc(
 ) -> Result<Json<Machine>, ApiError> {
     admin.require_write()?;
     let by = admin.token_id.clone();
-    let cleared = crate::store::blocking({
-        let (app, name) = (app.clone(), name.clone());
-        move || {
-            app.update_machine::<ApiError>(&name, |m| {
-                let Some(old) = m.spec.bmc.take() else {
-                    return Ok(false);
-                };
-                push_event(
-                    &mut m.status.events,
-                    "BmcCleared",
-                    format!("BMC {} forgotten by admin token {by}", old.url),
-                );
-                Ok(true)
-            })
-        }
+    let cleared = change_machine(&app, &name, move |m| {
+        let Some(old) = m.spec.bmc.take() else {
+            return Ok(false);
+        };
+        push_event(
+            &mut m.status.events,
+            "BmcCleared",
+            format!("BMC {} forgotten by admin token {by}", old.url),
+        );
+        Ok(true)
     })
-    .await?
-    .ok_or_else(|| ApiError::not_found("machine", &name))?;
+    .await?;
     tracing::info!(machine = %name, by = %admin.token_id, "machine's BMC cleared");
     Ok(Json(cleared))
 }
@@ -258,14 +249,9 @@ pub async fn power(
             None => format!("found {done}"),
         }
     );
-    crate::store::blocking({
-        let (app, name) = (app.clone(), name.clone());
-        move || {
-            app.update_machine::<ApiError>(&name, |m| {
-                push_event(&mut m.status.events, "PowerAction", message.clone());
-                Ok(true)
-            })
-        }
+    change_machine(&app, &name, move |m| {
+        push_event(&mut m.status.events, "PowerAction", message.clone());
+        Ok(true)
     })
     .await?;
     tracing::info!(machine = %name, action = label, %done, by = %admin.token_id, "machine power action through its BMC");
