@@ -320,6 +320,41 @@ fn machine_events(c: &Coordinator, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Waits until machine `name` has an event of `reason`; all its events.
+fn wait_event(c: &Coordinator, name: &str, reason: &str, what: &str) -> Vec<(String, String)> {
+    wait_for(what, BOOT, || {
+        let events = machine_events(c, name);
+        if events.iter().any(|(r, _)| r == reason) {
+            Ok(events)
+        } else {
+            Err(format!("{events:?}"))
+        }
+    })
+}
+
+/// The message of the first event of `reason` among `events`.
+fn event_message(events: &[(String, String)], reason: &str) -> String {
+    events
+        .iter()
+        .find(|(r, _)| r == reason)
+        .map(|(_, m)| m.clone())
+        .unwrap_or_else(|| panic!("no {reason} event: {events:?}"))
+}
+
+/// Waits until a machine claimed in `worker`'s place runs.
+fn wait_replaced(c: &Coordinator, worker: &str, what: &str) {
+    wait_for(what, BOOT, || {
+        let ms = c.machines();
+        let spare = ms
+            .iter()
+            .find(|m| m["spec"]["assignment"]["replaces"] == worker);
+        match spare {
+            Some(s) if s["status"]["phase"] == "Running" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+}
+
 /// Applies pool cluster `name` (one control plane, one worker) over
 /// `agents`, the worker pool's remediation `remediation` (YAML lines at
 /// the pool's indentation) and `health` (lines under `spec.health`; a pool
@@ -427,22 +462,8 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
     // Asked to reboot: the agent cordons its Node with the kubelet's own
     // credentials, runs the reboot command, and comes back with a new boot
     // ID, which the coordinator records.
-    wait_for("the worker to be rebooted", BOOT, || {
-        let events = machine_events(&c, &worker);
-        if events.iter().any(|(r, _)| r == "Rebooted") {
-            Ok(events)
-        } else {
-            Err(format!("{events:?}"))
-        }
-    });
-    let events = machine_events(&c, &worker);
-    let said = |reason: &str| {
-        events
-            .iter()
-            .find(|(r, _)| r == reason)
-            .map(|(_, m)| m.clone())
-            .unwrap_or_else(|| panic!("no {reason} event: {events:?}"))
-    };
+    let events = wait_event(&c, &worker, "Rebooted", "the worker to be rebooted");
+    let said = |reason: &str| event_message(&events, reason);
     assert!(
         said("RebootRequested").contains("node problem DiskPressure"),
         "{events:?}"
@@ -461,16 +482,7 @@ fn a_pool_worker_with_a_listed_problem_is_rebooted_then_replaced_when_it_stays()
         Boot::File(boot.clone()),
         env(2, false),
     );
-    wait_for("the spare to replace the rebooted worker", BOOT, || {
-        let ms = c.machines();
-        let spare = ms
-            .iter()
-            .find(|m| m["spec"]["assignment"]["replaces"] == worker.as_str());
-        match spare {
-            Some(s) if s["status"]["phase"] == "Running" => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    wait_replaced(&c, &worker, "the spare to replace the rebooted worker");
     let events = machine_events(&c, &worker);
     assert!(
         events
@@ -608,22 +620,13 @@ fn a_hung_pool_worker_is_power_cycled_through_its_bmc_and_one_not_back_is_replac
     let boot_file = tmp.path().join(format!("m{at}/boot-id"));
     std::fs::write(&boot_file, "second-boot").unwrap();
     agents[at].restart();
-    wait_for("the worker to be back from its power cycle", BOOT, || {
-        let events = machine_events(&c, &worker);
-        if events.iter().any(|(r, _)| r == "Rebooted") {
-            Ok(())
-        } else {
-            Err(format!("{events:?}"))
-        }
-    });
-    let events = machine_events(&c, &worker);
-    let said = |reason: &str| {
-        events
-            .iter()
-            .find(|(r, _)| r == reason)
-            .map(|(_, m)| m.clone())
-            .unwrap_or_else(|| panic!("no {reason} event: {events:?}"))
-    };
+    let events = wait_event(
+        &c,
+        &worker,
+        "Rebooted",
+        "the worker to be back from its power cycle",
+    );
+    let said = |reason: &str| event_message(&events, reason);
     assert!(
         said("PowerCycleRequested").contains("its agent cannot be reached"),
         "{events:?}"
@@ -669,16 +672,7 @@ fn a_hung_pool_worker_is_power_cycled_through_its_bmc_and_one_not_back_is_replac
     let off = bmc.next_change("w-bmc", BOOT);
     assert_eq!(off.power_state, "Off", "{off:?}");
     agents[at].kill();
-    wait_for("the spare to replace the worker not back", BOOT, || {
-        let ms = c.machines();
-        let spare = ms
-            .iter()
-            .find(|m| m["spec"]["assignment"]["replaces"] == worker.as_str());
-        match spare {
-            Some(s) if s["status"]["phase"] == "Running" => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    wait_replaced(&c, &worker, "the spare to replace the worker not back");
     let events = machine_events(&c, &worker);
     assert!(
         events
@@ -739,16 +733,7 @@ fn a_pool_worker_whose_container_runtime_stops_is_replaced_per_its_pool() {
     assert_eq!(reason, "CRIUnreachable", "{message}");
     assert!(message.contains("containerd.sock"), "{message}");
     // Listed by its pool, with Replace: a spare takes its place.
-    wait_for("the spare to replace the worker", BOOT, || {
-        let ms = c.machines();
-        let spare = ms
-            .iter()
-            .find(|m| m["spec"]["assignment"]["replaces"] == worker.as_str());
-        match spare {
-            Some(s) if s["status"]["phase"] == "Running" => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
+    wait_replaced(&c, &worker, "the spare to replace the worker");
     let events = machine_events(&c, &worker);
     assert!(
         events
