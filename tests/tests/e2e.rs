@@ -604,6 +604,14 @@ fn a_hung_pool_worker_is_power_cycled_through_its_bmc_and_one_not_back_is_replac
     );
     let on = c.cli_ok(&["bmc", "power", &worker, "on"]);
     assert!(on.contains("already On"), "{on}");
+    // The Secret a BMC names stays while it does.
+    let delete = c.cli(&["delete", "secret", "bmc"]);
+    let said = String::from_utf8_lossy(&delete.stderr);
+    assert!(
+        !delete.status.success()
+            && said.contains(&format!("holds the BMC credentials of machine {worker}")),
+        "{said}"
+    );
 
     // The worker hangs: silent past the heartbeat timeout, it cannot be
     // asked to reboot, so its BMC power-cycles it.

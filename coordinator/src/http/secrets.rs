@@ -311,7 +311,7 @@ pub async fn delete_secret(
 }
 
 /// Deletes Secret `name` once `check` accepts it, unless a live cluster
-/// reads it; for a dry run, only checks. Blocking: it reads and writes the
+/// reads it or a machine's BMC names it; for a dry run, only checks. Blocking: it reads and writes the
 /// store.
 pub fn remove_secret(
     app: &App,
@@ -328,6 +328,24 @@ pub fn remove_secret(
         return Err(ApiError::conflict(format!(
             "secret {name} is read by {}; change those files first, then delete it",
             uses.join(", ")
+        )));
+    }
+    // Rare, so a read of every machine is affordable here.
+    let bmcs: Vec<String> = app
+        .machines()?
+        .into_iter()
+        .filter(|m| {
+            m.spec
+                .bmc
+                .as_ref()
+                .is_some_and(|b| b.credentials_secret == name)
+        })
+        .map(|m| m.metadata.name)
+        .collect();
+    if !bmcs.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "secret {name} holds the BMC credentials of machine {}; point their BMC at another Secret (drover bmc set) or clear it (drover bmc clear) first",
+            bmcs.join(", ")
         )));
     }
     if dry_run {
